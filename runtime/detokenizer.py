@@ -1,0 +1,86 @@
+"""Incremental detokenization with stop strings.
+
+Text is released only once it is final: never half a UTF-8 character, and never a tail that could
+still turn out to be the start of a stop string.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .tokenizer import Tokenizer
+
+_CONTEXT_TOKENS = 5  # earlier tokens decoded alongside, so word-initial spaces come out right
+
+
+@dataclass
+class DetokenizeResult:
+    delta: str  # newly released text
+    stop: str | None  # the stop string that ended generation, if any
+
+
+@dataclass
+class IncrementalDetokenizer:
+    tokenizer: Tokenizer
+    stop: Sequence[str] = ()
+    skip_special_tokens: bool = True
+    trim_stop: bool = True
+    context_ids: Sequence[int] = ()
+    ids: list[int] = field(init=False)
+    text: str = field(init=False, default="")  # all text decoded so far (stop string trimmed at the end)
+    released: int = field(init=False, default=0)  # len(text) already handed out
+    _prefix: int = field(init=False)
+    _read: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ids = list(self.context_ids[-_CONTEXT_TOKENS:])
+        self._prefix = 0
+        self._read = len(self.ids)
+
+    def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:
+        self.ids.extend(token_ids)
+        before = self._decode(self._prefix, self._read)
+        after = self._decode(self._prefix, len(self.ids))
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            start = len(self.text)
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+            hit = self._find_stop(start) if check_stop else None
+            if hit is not None:
+                return self._finish_at(*hit)
+        return DetokenizeResult(self._release(self._held_back()), None)
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tokenizer.decode(self.ids[start:end], self.skip_special_tokens)
+
+    def flush(self) -> str:
+        """Release everything (the request finished for a reason other than a stop string)."""
+        return self._release(0)
+
+    def _find_stop(self, new_from: int) -> tuple[int, str] | None:
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            i = self.text.find(s, max(0, new_from - len(s) + 1))
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        return best
+
+    def _finish_at(self, index: int, stop: str) -> DetokenizeResult:
+        self.text = self.text[: index if self.trim_stop else index + len(stop)]
+        return DetokenizeResult(self._release(0), stop)
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of text that is a proper prefix of some stop string."""
+        longest = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def _release(self, hold: int) -> str:
+        end = max(self.released, len(self.text) - hold)
+        delta = self.text[self.released:end]
+        self.released = end
+        return delta

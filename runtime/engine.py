@@ -1,0 +1,432 @@
+"""The in-process engine: validates requests, hands them to the scheduler thread, gathers outputs."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence, TypeVar
+
+import torch
+
+from ..kernels.reference import TorchAttention
+from .config import EngineConfig, available_memory_bytes
+from .detokenizer import IncrementalDetokenizer
+from .memory import KVPool, ReqToToken, SlotAllocator
+from .model_runner import ModelRunner
+from .models.loader import load_model
+from .radix_cache import RadixCache
+from .request import Req, StreamChunk
+from .sampler import SamplingState, TokenLogprob
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+SamplingArg = SamplingParams | Mapping[str, Any] | None
+
+
+@dataclass(slots=True)
+class CompletionMeta:
+    rid: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" | "length" | "abort"
+    matched_stop: int | str | None = None
+    error: str | None = None
+    input_logprobs: list[TokenLogprob] | None = None  # scores prompt tokens from logprob_start_len on
+    output_logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str
+    output_ids: list[int]
+    meta: CompletionMeta
+
+
+@dataclass
+class _Collector:
+    """Folds a request's stream chunks into one Completion."""
+
+    text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    input_logprobs: list[TokenLogprob] | None = None
+
+    def add(self, chunk: StreamChunk) -> None:
+        self.text.append(chunk.text)
+        self.ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        if chunk.input_logprobs is not None:
+            self.input_logprobs = chunk.input_logprobs
+
+    def result(self, last: StreamChunk, with_logprobs: bool) -> Completion:
+        meta = CompletionMeta(
+            rid=last.rid, prompt_tokens=last.prompt_tokens, cached_tokens=last.cached_tokens,
+            completion_tokens=last.completion_tokens, finish_reason=last.finish_reason or "abort",
+            matched_stop=last.matched_stop, error=last.error,
+            input_logprobs=self.input_logprobs if with_logprobs else None,
+            output_logprobs=self.logprobs if with_logprobs else None,
+        )
+        return Completion("".join(self.text), self.ids, meta)
+
+
+@dataclass(slots=True)
+class _Submission:
+    prompt_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    rid: str
+
+
+class Engine:
+    def __init__(self, model: str | None = None, **options: Any):
+        self.config = cfg = EngineConfig.from_options(model, **options)
+        self.device, dtype = cfg.torch_device(), cfg.torch_dtype()
+        loaded = load_model(cfg.model, self.device, dtype)
+        self.model_name = loaded.name
+        self.tokenizer: Tokenizer = loaded.tokenizer
+        mcfg = loaded.model.config
+        self.vocab_size = mcfg.vocab_size
+        self.context_length = cfg.context_length or mcfg.max_position
+        if self.context_length > mcfg.max_position:
+            raise ValueError(f"context_length {self.context_length} exceeds the model's {mcfg.max_position}")
+        self.pool_size = self._pool_size(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
+        pool = KVPool(self.pool_size, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, self.device)
+        allocator = SlotAllocator(self.pool_size, self.device)
+        req_to_token = ReqToToken(cfg.max_running_requests, self.context_length, self.device)
+        cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=self.device)
+        runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), self.device)
+        self.scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, self.context_length)
+        self._seeds = random.Random(cfg.seed)
+        self._seed_lock = threading.Lock()
+        self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="radixlang-scheduler", daemon=True)
+        self._thread.start()
+
+    def _pool_size(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        if self.config.kv_cache_tokens is not None:
+            return self.config.kv_cache_tokens
+        per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
+        tokens = int(self.config.mem_fraction * available_memory_bytes(self.device) / per_token)
+        return max(2, min(tokens, self.config.max_running_requests * self.context_length))
+
+    # ---- the scheduler thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            if not self._drain_inbox(block=not self.scheduler.has_work):
+                break
+            try:
+                self.scheduler.step()
+            except Exception as e:  # never let a bug strand callers: fail their requests instead
+                logger.exception("scheduler step failed")
+                self.scheduler.abort_all(error=f"internal error: {e!r}")
+        self.scheduler.abort_all(error="engine shut down")
+        while True:  # commands that raced with shutdown still run, so no caller waits forever
+            try:
+                fn = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if fn is not None:
+                fn()
+                self.scheduler.abort_all(error="engine shut down")
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Runs queued commands; False once shutdown was requested."""
+        try:
+            fn = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if fn is None:
+                return False
+            fn()
+            try:
+                fn = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the scheduler thread; the future carries its result or exception."""
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                future.set_exception(e)
+
+        self._inbox.put(run)
+        return future
+
+    # ---- request construction ---------------------------------------------------------------------
+    def _submissions(self, prompt: str | Sequence[str] | None, sampling_params: SamplingArg,
+                     input_ids: Sequence[int] | Sequence[Sequence[int]] | None, return_logprob: bool,
+                     logprob_start_len: int, top_logprobs_num: int,
+                     rid: str | Sequence[str] | None) -> tuple[list[_Submission], bool]:
+        """Validated requests, one per prompt and sample; also whether the caller passed one prompt."""
+        prompts, single = self._prompt_ids(prompt, input_ids)
+        params = SamplingParams.from_any(sampling_params)
+        params.validate(self.vocab_size, self.context_length)
+        if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= self.vocab_size:
+            raise ValueError(f"top_logprobs_num must be in [0, {self.vocab_size}], got {top_logprobs_num!r}")
+        if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
+        rids = self._rids(rid, len(prompts), params.n)
+        subs = []
+        for i, ids in enumerate(prompts):
+            for j in range(params.n):
+                p = params
+                if params.n > 1:
+                    p = SamplingParams.from_any(params)
+                    p.n = 1
+                    p.seed = None if params.seed is None else params.seed + j
+                subs.append(_Submission(ids, p, return_logprob, logprob_start_len, top_logprobs_num,
+                                        rids[i * params.n + j]))
+        return subs, single
+
+    def _prompt_ids(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt and input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            texts = [prompt] if single else list(prompt)
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("prompt must be a string or a list of strings")
+            batch = [self.tokenizer.encode(t) if t else [] for t in texts]
+        else:
+            single = bool(input_ids) and not isinstance(input_ids[0], (list, tuple))
+            batch = [list(input_ids)] if single else [list(x) for x in input_ids]
+        if not batch:
+            raise ValueError("no prompts given")
+        for ids in batch:
+            self._check_prompt(ids)
+        return batch, single
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"input_ids must be token ids in [0, {self.vocab_size})")
+        if len(ids) >= self.context_length:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the context holds {self.context_length}, "
+                "so a prompt may have at most one token fewer"
+            )
+        if len(ids) + 1 > self.pool_size:
+            raise ValueError(f"prompt has {len(ids)} tokens but the KV pool holds only {self.pool_size}")
+
+    @staticmethod
+    def _rids(rid: str | Sequence[str] | None, num_prompts: int, n: int) -> list[str]:
+        total = num_prompts * n
+        if rid is None:
+            return [uuid.uuid4().hex for _ in range(total)]
+        given = [rid] if isinstance(rid, str) else list(rid)
+        if len(given) != num_prompts or not all(isinstance(r, str) and r for r in given):
+            raise ValueError(f"rid must be one non-empty string per prompt ({num_prompts})")
+        return given if n == 1 else [f"{r}-{j}" for r in given for j in range(n)]
+
+    def _make_req(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> Req:
+        p = sub.params
+        if p.seed is not None:
+            seed = p.seed
+        else:
+            with self._seed_lock:
+                seed = self._seeds.getrandbits(63)
+        return Req(
+            rid=sub.rid,
+            prompt_ids=sub.prompt_ids,
+            params=p,
+            sampling=SamplingState.create(p, sub.prompt_ids, self.tokenizer.eos_token_ids,
+                                          self.vocab_size, self.device, seed),
+            detok=IncrementalDetokenizer(self.tokenizer, p.stop, p.skip_special_tokens,
+                                         trim_stop=not p.no_stop_trim, context_ids=sub.prompt_ids),
+            sink=sink,
+            max_new_tokens=min(p.max_new_tokens, self.context_length - len(sub.prompt_ids)),
+            return_logprob=sub.return_logprob,
+            logprob_start_len=sub.logprob_start_len,
+            top_logprobs_num=sub.top_logprobs_num,
+        )
+
+    def _enqueue(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> None:
+        req = self._make_req(sub, sink)
+        self._call(lambda: self.scheduler.add(req))
+
+    def _prefill_shared(self, subs: list[_Submission]) -> list[_Submission]:
+        """For n > 1, the prompts computed once up front, so the n samples share their KV."""
+        if self.config.disable_radix_cache:
+            return []
+        seen: dict[tuple[int, ...], _Submission] = {}
+        for s in subs:
+            seen.setdefault(tuple(s.prompt_ids), s)
+        return [_Submission(s.prompt_ids, SamplingParams(max_new_tokens=0), False, -1, 0, uuid.uuid4().hex)
+                for s in seen.values()] if len(seen) < len(subs) else []
+
+    # ---- public API -------------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[str] | None = None, sampling_params: SamplingArg = None, *,
+                 input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                 rid: str | Sequence[str] | None = None) -> Completion | list[Completion]:
+        """Blocking generation. One prompt (n=1) gives a Completion; otherwise a list, prompt-major."""
+        subs, single = self._submissions(prompt, sampling_params, input_ids, return_logprob,
+                                         logprob_start_len, top_logprobs_num, rid)
+        self._run_blocking(self._prefill_shared(subs))
+        results = self._run_blocking(subs)
+        return results[0] if single and len(results) == 1 else results
+
+    def _run_blocking(self, subs: list[_Submission]) -> list[Completion]:
+        inbox: queue.Queue[StreamChunk] = queue.Queue()
+        index = {s.rid: i for i, s in enumerate(subs)}
+        collectors = [_Collector() for _ in subs]
+        results: list[Completion | None] = [None] * len(subs)
+        for s in subs:
+            self._enqueue(s, inbox.put)
+        remaining = len(subs)
+        while remaining:
+            chunk = inbox.get()
+            i = index[chunk.rid]
+            collectors[i].add(chunk)
+            if chunk.finished:
+                results[i] = collectors[i].result(chunk, subs[i].return_logprob)
+                remaining -= 1
+        return results  # type: ignore[return-value]
+
+    def stream(self, prompt: str | None = None, sampling_params: SamplingArg = None, *,
+               input_ids: Sequence[int] | None = None, return_logprob: bool = False,
+               logprob_start_len: int = -1, top_logprobs_num: int = 0,
+               rid: str | None = None) -> Iterator[StreamChunk]:
+        """Yields text as it is decided; closing the iterator early aborts the request."""
+        sub = self._single_stream_submission(prompt, sampling_params, input_ids, return_logprob,
+                                             logprob_start_len, top_logprobs_num, rid)
+        inbox: queue.Queue[StreamChunk] = queue.Queue()
+        self._enqueue(sub, inbox.put)
+        finished = False
+        try:
+            while not finished:
+                chunk = inbox.get()
+                finished = chunk.finished
+                yield chunk
+        finally:
+            if not finished:
+                self.abort(sub.rid)
+
+    def _single_stream_submission(self, prompt, sampling_params, input_ids, return_logprob,
+                                  logprob_start_len, top_logprobs_num, rid) -> _Submission:
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError("stream takes a single prompt string")
+        subs, single = self._submissions(prompt, sampling_params, input_ids, return_logprob,
+                                         logprob_start_len, top_logprobs_num, rid)
+        if not single or len(subs) != 1:
+            raise ValueError("stream takes one prompt and n=1")
+        return subs[0]
+
+    async def async_generate(self, prompt: str | Sequence[str] | None = None,
+                             sampling_params: SamplingArg = None, **kwargs: Any) -> Completion | list[Completion]:
+        subs, single = self._submissions(prompt, sampling_params, kwargs.pop("input_ids", None),
+                                         kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
+                                         kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        await self._async_run(self._prefill_shared(subs))
+        results = await self._async_run(subs)
+        return results[0] if single and len(results) == 1 else results
+
+    async def _async_run(self, subs: list[_Submission]) -> list[Completion]:
+        return list(await asyncio.gather(*(self._async_one(s) for s in subs)))
+
+    async def _async_one(self, sub: _Submission) -> Completion:
+        collector = _Collector()
+        async for chunk in self._async_chunks(sub):
+            collector.add(chunk)
+            if chunk.finished:
+                return collector.result(chunk, sub.return_logprob)
+        raise RuntimeError("stream ended without a final chunk")
+
+    async def async_stream(self, prompt: str | None = None, sampling_params: SamplingArg = None,
+                           **kwargs: Any) -> AsyncIterator[StreamChunk]:
+        """Async `stream`; cancelling or closing it aborts the request and frees its KV."""
+        sub = self._single_stream_submission(
+            prompt, sampling_params, kwargs.pop("input_ids", None), kwargs.pop("return_logprob", False),
+            kwargs.pop("logprob_start_len", -1), kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        async for chunk in self._async_chunks(sub):
+            yield chunk
+
+    async def _async_chunks(self, sub: _Submission) -> AsyncIterator[StreamChunk]:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        self._enqueue(sub, lambda c: loop.call_soon_threadsafe(inbox.put_nowait, c))
+        finished = False
+        try:
+            while not finished:
+                chunk = await inbox.get()
+                finished = chunk.finished
+                yield chunk
+        finally:
+            if not finished:
+                self.abort(sub.rid)
+
+    def abort(self, rid: str) -> None:
+        """Ends the request (its final chunk has finish_reason 'abort'); unknown ids are ignored."""
+        if not self._closed:
+            self._call(lambda: self.scheduler.abort(rid))
+
+    def flush_cache(self) -> bool:
+        """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
+        def flush() -> bool:
+            self.scheduler.cache.evict(self.scheduler.cache.evictable_size)
+            return self.scheduler.cache.total_size == 0
+        return self._call(flush).result()
+
+    def check_invariants(self) -> None:
+        """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""
+        self._call(self.scheduler.check_invariants).result()
+
+    def stats(self) -> dict[str, float]:
+        def read() -> dict[str, float]:
+            s, sch = self.scheduler.stats, self.scheduler
+            return {
+                "running_requests": len(sch.running),
+                "waiting_requests": len(sch.waiting),
+                "kv_pool_tokens": self.pool_size,
+                "kv_free_tokens": sch.allocator.num_free,
+                "kv_cached_tokens": sch.cache.total_size,
+                "kv_usage": 1.0 - sch.allocator.num_free / self.pool_size,
+                "prompt_tokens_total": s.prompt_tokens,
+                "cached_tokens_total": s.cached_tokens,
+                "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                "generated_tokens_total": s.generated_tokens,
+                "preemptions_total": s.preemptions,
+                "finished_requests_total": s.finished,
+                "aborted_requests_total": s.aborted,
+                "steps_total": s.steps,
+            }
+        return self._call(read).result()
+
+    def shutdown(self) -> None:
+        """Aborts what is still in flight and stops the scheduler thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(None)
+        self._thread.join()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

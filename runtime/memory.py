@@ -1,0 +1,97 @@
+"""KV memory: token-granular slots, the per-request position->slot table, and the per-layer K/V pool."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+class SlotAllocator:
+    """Hands out KV slot indices one token at a time; `free` takes them back."""
+
+    def __init__(self, num_slots: int, device: torch.device):
+        self.num_slots = num_slots
+        self.device = device
+        self._free = torch.arange(num_slots, dtype=torch.int64, device=device)
+
+    @property
+    def num_free(self) -> int:
+        return int(self._free.numel())
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if n > self.num_free:
+            return None
+        out, self._free = self._free[:n], self._free[n:]
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        if slots.numel():
+            self._free = torch.cat((self._free, slots.to(self.device, torch.int64)))
+
+    def free_slots(self) -> torch.Tensor:
+        return self._free
+
+
+class ReqToToken:
+    """Row r, column p: the KV slot holding position p of the request that owns row r."""
+
+    def __init__(self, max_reqs: int, max_context: int, device: torch.device):
+        self.table = torch.zeros(max_reqs, max_context, dtype=torch.int32, device=device)
+        self._free_rows = list(range(max_reqs))
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def alloc_row(self) -> int:
+        return self._free_rows.pop()
+
+    def free_row(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start : start + slots.numel()] = slots.to(torch.int32)
+
+    def read(self, row: int, start: int, end: int) -> torch.Tensor:
+        return self.table[row, start:end].to(torch.int64)
+
+
+@dataclass(slots=True)
+class SwappedKV:
+    """A request's K/V copied to host memory while it is preempted."""
+
+    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim]
+    v: torch.Tensor
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if device.type == "cpu" and dtype == torch.float32:
+        # numpy's zeros come from calloc: pages are zeroed lazily, so a big pool costs nothing up front
+        return torch.from_numpy(np.zeros(shape, dtype=np.float32))
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+class KVPool:
+    """Per-layer K and V buffers of shape [num_slots, num_kv_heads, head_dim]."""
+
+    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.num_slots = num_slots
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def swap_out(self, slots: torch.Tensor) -> SwappedKV:
+        k = torch.stack([buf[slots] for buf in self.k_buffers]).to("cpu")
+        v = torch.stack([buf[slots] for buf in self.v_buffers]).to("cpu")
+        return SwappedKV(k, v)
+
+    def swap_in(self, slots: torch.Tensor, saved: SwappedKV) -> None:
+        for layer, (kb, vb) in enumerate(zip(self.k_buffers, self.v_buffers)):
+            kb[slots] = saved.k[layer].to(kb.device)
+            vb[slots] = saved.v[layer].to(vb.device)

@@ -1,0 +1,197 @@
+"""Radix tree from token-id sequences to the KV slots that hold them.
+
+Invariants (checked by `check`): every node but the root has a non-empty key and a slot tensor of the
+same length; a node's lock_ref is the number of live requests whose matched path runs through it,
+so lock_ref(parent) >= lock_ref(child); evictable_size + protected_size = total tokens in the tree.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+_clock = itertools.count()
+
+
+class TreeNode:
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access")
+
+    def __init__(self, key: list[int], value: torch.Tensor, parent: "TreeNode | None"):
+        self.children: dict[int, TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access = next(_clock)
+
+    def __lt__(self, other: "TreeNode") -> bool:
+        return self.last_access < other.last_access
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    slots: torch.Tensor  # KV slots of the matched prefix, in order
+    node: TreeNode  # the deepest node of the match; lock it while the prefix is in use
+
+    @property
+    def length(self) -> int:
+        return int(self.slots.numel())
+
+
+def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class RadixCache:
+    def __init__(self, free_slots: Callable[[torch.Tensor], None], disable: bool = False,
+                 device: torch.device | str = "cpu"):
+        self.free_slots = free_slots
+        self.disable = disable
+        self.device = torch.device(device)
+        self.reset()
+
+    def reset(self) -> None:
+        self.root = TreeNode([], self._empty(), None)
+        self.root.lock_ref = 1  # never evicted
+        self.evictable_size = 0
+        self.protected_size = 0
+
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    # ---- lookup / insert --------------------------------------------------------------------
+    def match_prefix(self, key: Sequence[int]) -> PrefixMatch:
+        """Longest cached prefix of `key`; splits an edge so the match ends exactly at a node."""
+        if self.disable or not key:
+            return PrefixMatch(self._empty(), self.root)
+        node, values, pos = self.root, [], 0
+        node.last_access = next(_clock)
+        while pos < len(key) and key[pos] in node.children:
+            child = node.children[key[pos]]
+            n = _common_len(child.key, key[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = next(_clock)
+            values.append(child.value)
+            node, pos = child, pos + n
+        slots = torch.cat(values) if values else self._empty()
+        return PrefixMatch(slots, node)
+
+    def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
+        """Cache `key` -> `slots`; returns how many leading tokens were cached already.
+
+        The caller owns `slots[:returned]` still (duplicates of what the tree holds) and must free
+        those it does not share with the tree; the rest now belong to the tree.
+        """
+        if self.disable or not key:
+            return 0
+        assert len(key) == slots.numel(), "key and slots differ in length"
+        key = list(key)
+        node, pos = self.root, 0
+        node.last_access = next(_clock)
+        while pos < len(key) and key[pos] in node.children:
+            child = node.children[key[pos]]
+            n = _common_len(child.key, key[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = next(_clock)
+            node, pos = child, pos + n
+        if pos < len(key):
+            leaf = TreeNode(key[pos:], slots[pos:].clone(), node)
+            node.children[key[pos]] = leaf
+            self.evictable_size += len(leaf.key)  # a fresh leaf has no lock of its own
+        return pos
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child`'s edge after n tokens; returns the new upper node."""
+        parent = child.parent
+        upper = TreeNode(child.key[:n], child.value[:n], parent)
+        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.children[child.key[n]] = child
+        parent.children[child.key[0]] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        return upper
+
+    # ---- locking ----------------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        while node is not self.root and node is not None:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        while node is not self.root and node is not None:
+            assert node.lock_ref > 0, "lock_ref underflow"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.protected_size -= len(node.key)
+                self.evictable_size += len(node.key)
+            node = node.parent
+
+    # ---- eviction ---------------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free least-recently-used unlocked leaves until `num_tokens` slots are freed (or none left)."""
+        if self.disable or num_tokens <= 0:
+            return 0
+        heap = [n for n in self.nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            self.free_slots(leaf.value)
+            freed += len(leaf.key)
+            self.evictable_size -= len(leaf.key)
+            parent = leaf.parent
+            del parent.children[leaf.key[0]]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        return freed
+
+    # ---- introspection ----------------------------------------------------------------------
+    def nodes(self) -> list[TreeNode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def path_slots(self, node: TreeNode) -> torch.Tensor:
+        """Slots from the root down to `node`, in token order."""
+        values = []
+        while node is not self.root:
+            values.append(node.value)
+            node = node.parent
+        return torch.cat(values[::-1]) if values else self._empty()
+
+    def all_slots(self) -> torch.Tensor:
+        values = [n.value for n in self.nodes()]
+        return torch.cat(values) if values else self._empty()
+
+    def check(self) -> None:
+        evictable = protected = 0
+        for node in self.nodes():
+            assert node.key and len(node.key) == node.value.numel(), "node key/value mismatch"
+            assert node.parent.children.get(node.key[0]) is node, "broken parent link"
+            assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, "lock order"
+            if node.lock_ref > 0:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+        assert (evictable, protected) == (self.evictable_size, self.protected_size), (
+            f"size accounting drifted: counted {(evictable, protected)}, "
+            f"tracked {(self.evictable_size, self.protected_size)}"
+        )

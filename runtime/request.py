@@ -1,0 +1,108 @@
+"""A request as the scheduler sees it, and what it reports back each step."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .detokenizer import IncrementalDetokenizer
+from .memory import SwappedKV
+from .radix_cache import TreeNode
+from .sampler import SamplingState, TokenLogprob
+from .sampling_params import SamplingParams
+
+
+class ReqState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    """What one scheduler step produced for one request; the last chunk has `finished=True`."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    matched_stop: int | str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    input_logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingState
+    detok: IncrementalDetokenizer
+    sink: Callable[[StreamChunk], None]
+    max_new_tokens: int  # after clamping to the context
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # first prompt position to score; -1: none
+    top_logprobs_num: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+
+    state: ReqState = ReqState.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    # KV bookkeeping: positions [0, cached_len) are tree slots locked through `last_node`;
+    # positions [cached_len, kv_len) are slots this request owns.
+    # positions [kv_len, slot_len) have slots allocated for a step still in flight.
+    row: int | None = None
+    kv_len: int = 0
+    slot_len: int = 0
+    cached_len: int = 0
+    last_node: TreeNode | None = None
+    swapped: SwappedKV | None = None
+    cached_tokens: int = 0  # prompt tokens reused from the cache (reported)
+    num_preemptions: int = 0
+    input_logprobs: list[TokenLogprob] = field(default_factory=list)  # from prompt_logprob_from + 1 on
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens whose KV is still to be computed."""
+        return self.fill_len - self.kv_len
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def prompt_logprob_from(self) -> int:
+        """The first prompt position whose logits are wanted (they score the token after it)."""
+        return max(self.logprob_start_len, 1) - 1
+
+    @property
+    def next_prompt_logit(self) -> int:
+        """The next prompt position still to be scored (earlier ones survive a preemption)."""
+        return self.prompt_logprob_from + len(self.input_logprobs)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return (self.return_logprob and self.logprob_start_len >= 0
+                and self.next_prompt_logit < len(self.prompt_ids) - 1)
+
+    @property
+    def done(self) -> bool:
+        return self.state in (ReqState.FINISHED, ReqState.ABORTED)

@@ -1,0 +1,46 @@
+"""The order in which waiting requests are considered for admission."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .config import SCHEDULE_POLICIES
+from .radix_cache import RadixCache, TreeNode
+from .request import Req, ReqState
+
+LPM_MAX_QUEUE = 128  # past this, prefix matching every waiting request each step costs too much
+
+
+def order_waiting(waiting: list[Req], policy: str, cache: RadixCache) -> list[Req]:
+    """Preempted requests first (oldest first), then the rest by `policy`."""
+    resumed = [r for r in waiting if r.state is ReqState.PREEMPTED]
+    fresh = [r for r in waiting if r.state is not ReqState.PREEMPTED]
+    if policy == "fcfs" or cache.disable or len(fresh) > LPM_MAX_QUEUE:
+        return resumed + fresh
+    matches = {id(r): cache.match_prefix(r.prompt_ids) for r in fresh}
+    if policy == "lpm":
+        fresh.sort(key=lambda r: -matches[id(r)].length)  # stable: ties keep arrival order
+        return resumed + fresh
+    if policy == "dfs-weight":
+        return resumed + _dfs_weight_order(fresh, {id(r): matches[id(r)].node for r in fresh}, cache.root)
+    raise ValueError(f"unknown schedule policy {policy!r}; choose from {SCHEDULE_POLICIES}")
+
+
+def _dfs_weight_order(reqs: list[Req], node_of: dict[int, TreeNode], root: TreeNode) -> list[Req]:
+    """Walk the tree heaviest subtree first, so requests sharing a prefix run back to back."""
+    at_node: dict[int, list[Req]] = defaultdict(list)
+    weight: dict[int, int] = defaultdict(int)
+    for r in reqs:
+        node = node_of[id(r)]
+        at_node[id(node)].append(r)
+        while node is not None:
+            weight[id(node)] += 1
+            node = node.parent
+    out: list[Req] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        out.extend(at_node.get(id(node), ()))
+        children = [c for c in node.children.values() if weight.get(id(c))]
+        children.sort(key=lambda c: weight[id(c)])  # heaviest popped first
+        stack.extend(children)
+    return out

@@ -1,0 +1,235 @@
+"""Tokenizer + chat template, built from GGUF metadata or an HF folder's tokenizer.json."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import jinja2
+import jinja2.sandbox
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+logger = logging.getLogger(__name__)
+
+# llama.cpp's pre-tokenizer names -> the split regex HF uses for that family (None: GPT-2's own).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GGUF_PRE_SPLITS: dict[str, str | None] = {
+    "default": None,
+    "gpt2": None,
+    "smollm": None,  # GPT-2 regex after splitting digits one by one
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+}
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character table used by byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _render_env() -> jinja2.Environment:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(f"chat template error: {message}")
+
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env
+
+
+@dataclass
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus the special-token facts and chat template the engine needs."""
+
+    hf: HFTokenizer
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None = None
+    add_bos: bool = False
+    chat_template: str | None = None
+    byte_level: bool = True
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict[str, Any]) -> "Tokenizer":
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(
+                f"GGUF tokenizer model {model!r} is not supported; only byte-level BPE ('gpt2') is. "
+                "Load an HF folder with tokenizer.json instead."
+            )
+        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+        types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        hf.pre_tokenizer = _gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+        hf.decoder = decoders.ByteLevel()
+        hf.add_special_tokens(
+            [
+                AddedToken(tokens[i], special=True, normalized=False)
+                for i, t in enumerate(types)
+                if t in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
+            ]
+        )
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
+        return cls(
+            hf=hf,
+            eos_token_ids=eos_ids,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=meta.get("tokenizer.chat_template"),
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path, eos_token_ids: Sequence[int] = ()) -> "Tokenizer":
+        path = Path(path)
+        hf = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        hf.no_padding()
+        hf.no_truncation()
+        cfg = _read_json(path / "tokenizer_config.json")
+        special = {k: _token_content(cfg.get(k)) for k in ("bos_token", "eos_token")}
+        eos_ids = list(eos_token_ids)
+        if not eos_ids and special["eos_token"] is not None:
+            eos_ids = [hf.token_to_id(special["eos_token"])]
+        bos_id = hf.token_to_id(special["bos_token"]) if special["bos_token"] else None
+        template = cfg.get("chat_template")
+        if template is None and (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        tok_json = _read_json(path / "tokenizer.json")
+        byte_level = (tok_json.get("decoder") or {}).get("type") == "ByteLevel"
+        return cls(
+            hf=hf,
+            eos_token_ids=tuple(i for i in eos_ids if i is not None),
+            bos_token_id=bos_id,
+            add_bos=bool(cfg.get("add_bos_token", False)) and bos_id is not None,
+            chat_template=template,
+            byte_level=byte_level,
+        )
+
+    # ---- encode / decode ------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id] + ids
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.hf.id_to_token(token_id)
+
+    @cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(
+            i for i, tok in self.hf.get_added_tokens_decoder().items() if tok.special
+        )
+
+    @cached_property
+    def token_bytes(self) -> list[bytes]:
+        """The raw bytes each token id decodes to (special tokens: their literal text)."""
+        out: list[bytes] = []
+        specials = self.special_token_ids
+        for i in range(self.vocab_size):
+            tok = self.hf.id_to_token(i)
+            if tok is None:
+                out.append(b"")
+            elif i in specials:
+                out.append(tok.encode())
+            elif self.byte_level:
+                out.append(bytes(_BYTE_DECODER.get(c, 0) for c in tok) if all(
+                    c in _BYTE_DECODER for c in tok) else tok.encode())
+            else:
+                out.append(_sentencepiece_bytes(tok))
+        return out
+
+    # ---- chat ------------------------------------------------------------------------------
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; pass a plain prompt instead")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"each chat message needs 'role' and 'content', got {m!r}")
+        return self._template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._special_text(self.bos_token_id),
+            eos_token=self._special_text(self.eos_token_ids[0] if self.eos_token_ids else None),
+            **kwargs,
+        )
+
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        return _render_env().from_string(self.chat_template or "")
+
+    def _special_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else (self.hf.id_to_token(token_id) or "")
+
+
+def _gguf_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    if pre not in _GGUF_PRE_SPLITS:
+        logger.warning("unknown GGUF pre-tokenizer %r; using GPT-2's split", pre)
+    split = _GGUF_PRE_SPLITS.get(pre)
+    steps: list[pre_tokenizers.PreTokenizer] = []
+    if pre == "smollm":
+        steps.append(pre_tokenizers.Digits(individual_digits=True))
+    if split is None:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    else:
+        steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    return pre_tokenizers.Sequence(steps)
+
+
+def _sentencepiece_bytes(tok: str) -> bytes:
+    if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+        return bytes([int(tok[3:5], 16)])
+    return tok.replace("\u2581", " ").encode()
+
+
+def _token_content(tok: Any) -> str | None:
+    return tok.get("content") if isinstance(tok, dict) else tok
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
