@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used, so the language layer can read this module cheaply
+    import torch
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -62,6 +63,8 @@ class EngineConfig:
         self.torch_dtype()
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
@@ -70,6 +73,8 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a valid torch device") from e
 
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,6 +85,8 @@ class EngineConfig:
 
 def available_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
+        import torch
+
         free, _ = torch.cuda.mem_get_info(device)
         return free
     with open("/proc/meminfo") as f:
@@ -87,3 +94,17 @@ def available_memory_bytes(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+# ---- the language (lang/) ----------------------------------------------------------------------
+# gen(dtype=...) constrains the output with these regexes (the variable keeps the generated text)
+DTYPE_REGEXES = {
+    "int": r"[-+]?[0-9]+",
+    "float": r"[-+]?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?",
+    "bool": r"(True|False)",
+    "str": r'"[^"\n]*"',
+}
+MAX_FORK_SIZE = 256  # most children one fork may create
+RUN_BATCH_AUTO_THREADS = 64  # run_batch(num_threads="auto"): min(this, batch size)
+SELECT_HEAL_WINDOW = 8  # endpoint select: prefix tokens re-scored to find where healing starts
+HTTP_TIMEOUT_S = 600.0  # endpoint client: longest wait for a server response before giving up

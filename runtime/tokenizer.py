@@ -1,6 +1,7 @@
 """Tokenizer + chat template, built from GGUF metadata or an HF folder's tokenizer.json."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -187,23 +188,30 @@ class Tokenizer:
     ) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass a plain prompt instead")
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"each chat message needs 'role' and 'content', got {m!r}")
-        return self._template.render(
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
+        return render_chat_template(
+            self.chat_template, messages, add_generation_prompt,
             bos_token=self._special_text(self.bos_token_id),
             eos_token=self._special_text(self.eos_token_ids[0] if self.eos_token_ids else None),
             **kwargs,
         )
 
-    @cached_property
-    def _template(self) -> jinja2.Template:
-        return _render_env().from_string(self.chat_template or "")
-
     def _special_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.hf.id_to_token(token_id) or "")
+
+
+def render_chat_template(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                         **kwargs: Any) -> str:
+    """Renders a Jinja chat template (HF conventions) in a sandbox; also used without a Tokenizer."""
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"each chat message needs 'role' and 'content', got {m!r}")
+    return _compiled_template(template).render(
+        messages=list(messages), add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_template(template: str) -> jinja2.Template:
+    return _render_env().from_string(template)
 
 
 def _gguf_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:

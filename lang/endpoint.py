@@ -1,0 +1,211 @@
+"""The HTTP backend: a client of a radixlang (or SGLang) server's native API.
+
+It uses POST /generate (text or input_ids, sampling_params, return_logprob, logprob_start_len,
+top_logprobs_num, stream as server-sent events whose `text` is cumulative), GET /get_model_info
+(model_path, and chat_template / bos_token / eos_token for roles), POST /flush_cache, and
+POST /v1/programs for `run(remote=True)`. Only the standard library is used.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from .backend import GenDelta, StateView
+from .chat import ChatTemplate
+from .choices import decide, resolve_method
+from .ir import Gen, ProgramIR
+from ..runtime.config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
+
+_PREFILL_ONLY = {"max_new_tokens": 0}
+
+
+class Endpoint:
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = HTTP_TIMEOUT_S,
+                 chat_template: str | None = None):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self._chat_template = chat_template
+        self._info: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    # ---- HTTP ---------------------------------------------------------------------------------------
+    def _open(self, path: str, payload: Any = None) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, headers=headers,
+                                         method="GET" if payload is None else "POST")
+        try:
+            return urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            raise _http_error(e.code, e.read()) from None
+        except urllib.error.URLError as e:
+            raise ConnectionError(f"cannot reach {self.base_url}: {e.reason}") from None
+
+    def _json(self, path: str, payload: Any = None) -> Any:
+        with self._open(path, payload) as response:
+            return json.loads(response.read())
+
+    def _events(self, path: str, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The JSON objects of a server-sent event stream, until `[DONE]` or its end."""
+        with self._open(path, {**payload, "stream": True}) as response:
+            for raw in response:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                event = json.loads(data)
+                if isinstance(event, dict) and "error" in event and "event" not in event:
+                    raise _http_error(event.get("code", 500), json.dumps(event).encode())
+                yield event
+
+    def model_info(self) -> dict[str, Any]:
+        """GET /get_model_info, once ({} if the server has no such route)."""
+        with self._lock:
+            if self._info is None:
+                try:
+                    self._info = self._json("/get_model_info")
+                except ValueError:  # a 4xx: not served
+                    self._info = {}
+            return self._info
+
+    # ---- Backend protocol ---------------------------------------------------------------------------
+    def chat_template(self) -> ChatTemplate:
+        info = self.model_info()
+        template = self._chat_template or info.get("chat_template")
+        if not template:
+            raise ValueError(f"the server at {self.base_url} exposes no chat template (GET /get_model_info); "
+                             "pass Endpoint(url, chat_template=...) to use roles")
+        from ..runtime.tokenizer import render_chat_template
+
+        specials = {"bos_token": info.get("bos_token") or "", "eos_token": info.get("eos_token") or ""}
+        return ChatTemplate(lambda messages, add_generation_prompt: render_chat_template(
+            template, messages, add_generation_prompt, **specials))
+
+    def cache_prefix(self, text: str) -> None:
+        if text:
+            self._json("/generate", {"text": text, "sampling_params": _PREFILL_ONLY})
+
+    def flush_cache(self) -> bool:
+        self._json("/flush_cache", {})
+        return True
+
+    def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
+        _reject_images(state)
+        if not state.text:
+            raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
+        p = gen.params
+        payload: dict[str, Any] = {"text": state.text, "sampling_params": p.sampling_params()}
+        if p.return_logprob or p.top_logprobs_num:
+            payload.update(return_logprob=True, top_logprobs_num=p.top_logprobs_num or 0,
+                           return_text_in_logprobs=bool(p.return_text_in_logprobs))
+        sent, last = 0, None
+        for event in self._events("/generate", payload):
+            text = event.get("text", "")
+            if len(text) > sent:
+                yield GenDelta(text[sent:])
+                sent = len(text)
+            last = event
+        if last is None:
+            raise RuntimeError("the server's stream ended without a result")
+        meta = dict(last.get("meta_info") or {})
+        reason = meta.get("finish_reason")
+        meta["finish_reason"] = reason = reason if isinstance(reason, dict) else {"type": reason}
+        if reason.get("type") == "abort":
+            raise RuntimeError(f"gen {gen.name!r} was aborted: {reason.get('message') or meta.get('error')}")
+        yield GenDelta("", meta)
+
+    def select(self, state: StateView, choices: list[str], method: Any) -> tuple[int, dict[str, Any]]:
+        """As the engine backend's select, without a local tokenizer: the server scores the prefix and
+        every prefix + choice from a window before the prefix's end, and the first position where
+        a choice's tokens differ from the prefix's is where healing starts."""
+        _reject_images(state)
+        method = resolve_method(method)
+        prefix = state.text
+        prompt_tokens = self._json("/generate", {"text": prefix, "sampling_params": _PREFILL_ONLY}
+                                   )["meta_info"]["prompt_tokens"] if prefix else 0
+        if prompt_tokens == 0:
+            raise ValueError("select needs text before it to condition on")
+        window_start = max(prompt_tokens - SELECT_HEAL_WINDOW, 1)
+        while True:
+            rows, cached = self._score({"text": [prefix] + [prefix + c for c in choices]}, window_start)
+            lowest = min(rows[0])  # the first prefix position the server reported
+            start = min(_divergence(rows[0], row, prompt_tokens) for row in rows[1:])
+            if start > lowest:
+                break
+            if window_start == 0:
+                raise ValueError("select needs more text before it: the choices merge with the prompt's first token")
+            window_start = 0  # healing may reach past the window: look at the whole prompt
+        scored = [[row[i] for i in sorted(row) if i >= start] for row in rows[1:]]
+        unconditional = None
+        if getattr(method, "requires_unconditional_logprobs", False):
+            tails = [[e[1] for e in entries] for entries in scored]
+            alone, _ = self._score({"input_ids": tails}, 0)
+            unconditional = [[(None, tail[0], None)] + [row[i] for i in sorted(row) if i >= 1]
+                             for tail, row in zip(tails, alone)]
+        index, meta = decide(method, choices, scored, unconditional)
+        meta["cached_tokens"] = cached[1:]
+        return index, meta
+
+    def _score(self, prompts: dict[str, Any], start: int) -> tuple[list[dict[int, tuple]], list[int]]:
+        """Prefill-only scoring of a batch (`{"text": [...]}` or `{"input_ids": [...]}`) from `start`."""
+        outs = self._json("/generate", {**prompts, "sampling_params": _PREFILL_ONLY, "return_logprob": True,
+                                        "logprob_start_len": start})
+        return [_positioned(o["meta_info"]) for o in outs], [o["meta_info"].get("cached_tokens", 0) for o in outs]
+
+    def run_program(self, ir: ProgramIR, args: dict[str, Any], sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Runs an IR program on the server (POST /v1/programs); yields its events as dicts."""
+        payload = {"program": ir.to_dict(), "args": args,
+                   "sampling_params": {k: v for k, v in sampling.items() if v is not None}}
+        return self._events("/v1/programs", payload)
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.base_url!r})"
+
+
+RuntimeEndpoint = Endpoint  # SGLang's name
+
+
+def _reject_images(state: StateView) -> None:
+    if state.images:
+        raise ValueError(f"this program sends {len(state.images)} image(s), but /generate has no image "
+                         "field yet; the endpoint client sends text only")
+
+
+def _positioned(meta: dict[str, Any]) -> dict[int, tuple]:
+    """A prompt's token log-probability entries keyed by token position (they cover its last tokens)."""
+    entries = [tuple(e) + (None,) * (3 - len(e)) for e in meta.get("input_token_logprobs") or []]
+    first = meta["prompt_tokens"] - len(entries)
+    return {first + i: (e[0], e[1], e[2]) for i, e in enumerate(entries) if e[0] is not None or first + i == 0}
+
+
+def _divergence(prefix: dict[int, tuple], row: dict[int, tuple], prompt_tokens: int) -> int:
+    """The first position where `row`'s tokens differ from the prefix's (prompt_tokens if none do)."""
+    for pos in sorted(prefix):
+        if pos not in row or row[pos][1] != prefix[pos][1]:
+            return pos
+    return prompt_tokens
+
+
+def _http_error(code: int, body: bytes) -> Exception:
+    try:
+        detail: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        detail = body.decode(errors="replace")
+    if isinstance(detail, dict):
+        detail = detail.get("error") or detail.get("detail") or detail.get("message") or detail
+        if isinstance(detail, dict):
+            detail = detail.get("message") or detail
+    message = f"server answered {code}: {detail}"
+    return ValueError(message) if 400 <= code < 500 else RuntimeError(message)

@@ -1,0 +1,31 @@
+"""Image inputs: a file path, encoded bytes, or a PIL image, named by an xxh3_128 hash of their content."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .ir import ImageData
+
+
+def load_image(source: Any) -> ImageData:
+    """An image's data and hash. Encoded bytes hash as given; a PIL image hashes its decoded pixels."""
+    if isinstance(source, ImageData):
+        return source
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _make("encoded", bytes(source), None, None)
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"image file {str(path)!r} does not exist")
+        return _make("encoded", path.read_bytes(), None, None)
+    if all(hasattr(source, a) for a in ("tobytes", "mode", "size")):  # a PIL.Image.Image, without importing PIL
+        width, height = source.size
+        return _make("pixels", source.tobytes(), str(source.mode), [int(width), int(height)])
+    raise TypeError(f"image takes a file path, bytes or a PIL image, got {type(source).__name__}")
+
+
+def _make(kind: str, data: bytes, mode: str | None, size: list[int] | None) -> ImageData:
+    if not data:
+        raise ValueError("image is empty")
+    return ImageData(kind, data, ImageData.digest(kind, data, mode, size), mode, size)
