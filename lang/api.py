@@ -63,6 +63,7 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     if isinstance(choices, Placeholder):
         source = choices.as_choices()
     else:
+        _concrete("select", "choices", choices)
         source = check_choices(choices, f"select {name!r}")
     node = Select(name, source, method_key(choices_method), temperature)
     _check_select(node, f"select {name!r}")

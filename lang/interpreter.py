@@ -54,6 +54,7 @@ def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: Gen
             run.ret_value = func(state)
         except Exception as e:  # noqa: BLE001 - surfaced through state.error() / sync()
             run.program_error = e
+            run.cancelled.set()  # the run failed: its other states stop instead of generating for nothing
         except BaseException as e:  # e.g. KeyboardInterrupt: stop the generations in flight, then re-raise
             run.program_error = e
             run.cancelled.set()

@@ -53,7 +53,10 @@ class Program:
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple], *, num_threads: int | str = "auto",
                   progress_bar: bool = False, backend: Any = None, **sampling: Any) -> list[ProgramState]:
-        """Runs the program once per item (a dict of arguments, or a tuple of positional ones)."""
+        """Runs the program once per item (a dict of arguments, or a tuple of positional ones).
+
+        The text every run starts with is cached once first; it is found by tracing the program up
+        to its first op that depends on an argument or on generation."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, got {type(batch_kwargs).__name__}")
         defaults = sampling_defaults(sampling)

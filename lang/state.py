@@ -11,7 +11,7 @@ import contextlib
 import queue
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, ClassVar, Iterator
 
 from .backend import Backend, StateView
@@ -333,7 +333,7 @@ def _sets(node: Node | None) -> Counter[str]:
     """The variable names an op sets (so reads of them wait for it)."""
     if isinstance(node, (Gen, Select)) and node.name is not None:
         return Counter((node.name,))
-    if isinstance(node, (VarScopeBegin, SetVar)):
+    if isinstance(node, (VarScopeEnd, SetVar)):
         return Counter((node.name,))
     if isinstance(node, _JoinOp):
         return Counter(node.values.keys())
@@ -596,12 +596,13 @@ class ProgramStateGroup:
                 raise core.error
         values: dict[str, list[Any]] = {}
         metas: dict[str, list[Any]] = {}
-        for core in cores:
-            for name in core.assigned:
-                values.setdefault(name, []).append(core.vars[name])
-                metas.setdefault(name, []).append(core.meta.get(name))
-        text = "".join(core.text[core.fork_start:] for core in cores)
-        self.parent._core.submit([_JoinOp(mode, values if mode == "gather_variable" else {}, metas, text)])
+        if mode == "gather_variable":
+            for core in cores:
+                for name in core.assigned:
+                    values.setdefault(name, []).append(core.vars[name])
+                    metas.setdefault(name, []).append(core.meta.get(name))
+        text = "".join(core.text[core.fork_start:] for core in cores) if mode == "concate_and_append" else ""
+        self.parent._core.submit([_JoinOp(mode, values, metas, text)])
 
 
 def eager_nodes(item: Any) -> list[Node]:

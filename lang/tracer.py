@@ -1,10 +1,11 @@
 """The tracer: runs a program's Python once with placeholders and records what it appends as IR.
 
 Unbound arguments and generated variables become placeholders. Inserting one into text (`+`,
-f-strings, `str()`) works: the text carries a marker that becomes an `Arg` / `Var` op. Anything that
-needs the value itself (`if`, `==`, `len`, `int()`, string methods) raises TraceError, because a
-trace cannot follow Python control flow that depends on generated values; such a program still
-runs eagerly.
+f-strings, `str()`) works: the text carries a marker that becomes an `Arg` / `Var` op. Using the
+value itself (`if`, `==`, `len`, `int()`, string methods) raises TraceError, because a trace cannot
+follow Python control flow that depends on generated values; such a program still runs eagerly.
+String operations on `str(placeholder)` that cut or recase the marker are detected too; the tracer
+cannot see other uses of that string (its length, say), so keep such code out of traced programs.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .ir import (Arg, Fork, Gen, Image, Join, Node, Op, Placeholder, ProgramIR, RoleBegin, RoleEnd,
-                 Select, Seq, SetVar, Text, TraceError, Var, VarScopeBegin, VarScopeEnd)
+                 Select, Seq, SetVar, Text, TraceError, Var, VarScopeEnd)
 from .state import ProgramStateGroup, StateOps, check_fork_size, _check_name
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ class _Trace:
         if self.prefix_only and (state != 0 or not isinstance(node, _CONSTANT_PREFIX_NODES)):
             raise _PrefixEnd
         _reject_markers(node)
+        if isinstance(node, Select) and not isinstance(node.method, str):
+            raise TraceError(f"select {node.name!r} uses a custom choice method, which a traced program cannot "
+                             "carry; use a built-in method or run the program eagerly")
         self.ops.append(Op(state, node))
         name = _defines(node)
         if name is not None:
@@ -97,19 +101,26 @@ class _Trace:
         out: list[Node] = []
         pos = 0
         for m in _MARKER.finditer(text):
-            if m.start() > pos:
-                out.append(Text(text[pos:m.start()]))
+            out += self._text(text[pos:m.start()])
             out.append(self._placeholder(m.group(1)).node())
             pos = m.end()
-        if pos < len(text):
-            out.append(Text(text[pos:]))
-        return out
+        return out + self._text(text[pos:])
+
+    def _text(self, piece: str) -> list[Node]:
+        if "\ue000" in piece or "\ue001" in piece:  # a marker cut apart, e.g. by slicing
+            raise self._mangled()
+        return [Text(piece)] if piece else []
 
     def _placeholder(self, tag: str) -> "_Value":
         if not (tag.startswith("rL") and tag[2:].isdigit() and int(tag[2:]) < len(self.placeholders)):
-            raise TraceError("a string operation changed a traced value's text (upper(), replace(), slicing...); "
-                             "the tracer can only insert arguments and variables as they are")
+            raise self._mangled()
         return self.placeholders[int(tag[2:])]
+
+    @staticmethod
+    def _mangled() -> TraceError:
+        return TraceError("a string operation changed a traced value's text (upper(), replace(), slicing...); "
+                          "the tracer can only insert arguments and variables as they are")
+
 
 
 def _defines(node: Node) -> str | None:

@@ -112,7 +112,7 @@ def test_tree_of_thought_fork(backend):
     assert len(state["thought"]) == 3 and all(isinstance(t, str) for t in state["thought"])
     prefix_tokens = len(backend.engine.tokenizer.encode(backend.engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": "How can I stay warm in winter?"}])))
-    assert [m["cached_tokens"] for m in state.get_meta_info("thought")] == [prefix_tokens] * 3
+    assert all(m["cached_tokens"] >= prefix_tokens for m in state.get_meta_info("thought"))
     assert state["answer"].strip()
     assert state.messages()[-1]["content"].startswith("Here are three ideas:\n- ")
 

@@ -35,9 +35,13 @@ def test_endpoint_generates_like_the_engine_backend(backend, contract_server):
 
 
 def test_endpoint_streams_text_as_it_arrives(contract_server):
-    state = chat.run(question="Hi?", backend=rl.RuntimeEndpoint(contract_server.url), stream=True)
-    chunks = list(state.text_iter("answer"))
-    assert len(chunks) > 1 and "".join(chunks) == state["answer"]
+    @rl.function
+    def long_answer(s):
+        s += "Once upon a time" + rl.gen("story", max_tokens=64, temperature=0, ignore_eos=True)
+
+    state = long_answer.run(backend=rl.RuntimeEndpoint(contract_server.url), stream=True)
+    chunks = list(state.text_iter("story"))
+    assert len(chunks) > 1 and "".join(chunks) == state["story"]
 
 
 @pytest.mark.parametrize("method", [rl.token_length_normalized, rl.greedy_token_selection,

@@ -190,12 +190,15 @@ def test_trace_records_forks_joins_and_cross_state_references():
     (lambda s, q: s.__iadd__(s["x"].strip()), ".strip needs generated variable 'x'"),
     (lambda s, q: s.__iadd__(q.upper()), ".upper needs argument 'q'"),
     (lambda s, q: s.__iadd__(str(q).upper()), "a string operation changed a traced value"),
+    (lambda s, q: s.__iadd__(str(q)[:3]), "a string operation changed a traced value"),
+    (lambda s, q: s.__iadd__(str(q).replace("L", "l")), "a string operation changed a traced value"),
     (lambda s, q: s.__iadd__(f"{q:>9}"), "the format spec"),
     (lambda s, q: s.__iadd__(s.text()), "the state's text is unknown while tracing"),
     (lambda s, q: s.__iadd__(rl.gen("y", max_tokens=s["x"])), "gen's max_tokens depends on generated variable"),
     (lambda s, q: s.__iadd__(rl.gen("y", stop=f"{q}")), "a parameter of gen depends on a value unknown"),
     (lambda s, q: s.__iadd__(rl.select("y", choices=s["x"])), "select's choices needs generated variable 'x'"),
     (lambda s, q: [s.__iadd__(c) for c in q], "iteration needs argument 'q'"),
+    (lambda s, q: s.__iadd__(rl.select("y", ["a"], choices_method=lambda **kw: None)), "custom choice method"),
 ])
 def test_tracing_control_flow_on_unknown_values_raises_a_clear_error(body, message):
     @rl.function

@@ -17,10 +17,19 @@ def ask(s, question):
     s += rl.assistant(rl.gen("answer", max_tokens=12, temperature=0, ignore_eos=True))
 
 
+@rl.function
+def long_answer(s):
+    s += rl.user("Tell me about Peru.")
+    s += rl.assistant(rl.gen("answer", max_tokens=64, temperature=0, ignore_eos=True))
+
+
 def test_streaming_yields_the_text_as_it_is_generated(backend):
-    state = ask.run(question="Where is Peru?", stream=True, backend=backend)
+    state = long_answer.run(stream=True, backend=backend)
     chunks = list(state.text_iter("answer"))
     assert len(chunks) > 1
+    assert "".join(chunks) == state["answer"]
+    state = ask.run(question="Where is Peru?", stream=True, backend=backend)
+    chunks = list(state.text_iter("answer"))
     assert "".join(chunks) == state["answer"]
     whole = ask.run(question="Where is Peru?", stream=True, backend=backend)
     assert "".join(whole.text_iter()) == whole.text() == state.text()
