@@ -27,6 +27,7 @@ class EngineConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
     schedule_policy: str = "lpm"
+    in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
     disable_radix_cache: bool = False
     preemption_mode: str = "recompute"
     init_new_token_ratio: float = 0.7  # share of remaining max_new_tokens reserved per running request

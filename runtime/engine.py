@@ -15,13 +15,12 @@ import torch
 
 from ..kernels.reference import TorchAttention
 from .config import EngineConfig, available_memory_bytes
-from .detokenizer import IncrementalDetokenizer
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
 from .radix_cache import RadixCache
 from .request import Req, StreamChunk
-from .sampler import SamplingState, TokenLogprob
+from .sampler import TokenLogprob
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .tokenizer import Tokenizer
@@ -88,38 +87,47 @@ class _Submission:
     rid: str
 
 
+def create_scheduler(cfg: EngineConfig) -> tuple[Scheduler, Tokenizer, str]:
+    """Loads the model and builds the KV memory, cache, runner and scheduler (no thread)."""
+    device, dtype = cfg.torch_device(), cfg.torch_dtype()
+    loaded = load_model(cfg.model, device, dtype)
+    mcfg = loaded.model.config
+    context_length = cfg.context_length or mcfg.max_position
+    if context_length > mcfg.max_position:
+        raise ValueError(f"context_length {context_length} exceeds the model's {mcfg.max_position}")
+    pool_size = kv_pool_size(cfg, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, context_length)
+    pool = KVPool(pool_size, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, device)
+    allocator = SlotAllocator(pool_size, device)
+    req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
+    cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
+    runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), device)
+    scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, context_length)
+    return scheduler, loaded.tokenizer, loaded.name
+
+
+def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 context_length: int) -> int:
+    if cfg.kv_cache_tokens is not None:
+        return cfg.kv_cache_tokens
+    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
+    tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
+    return max(2, min(tokens, cfg.max_running_requests * context_length))
+
+
 class Engine:
     def __init__(self, model: str | None = None, **options: Any):
         self.config = cfg = EngineConfig.from_options(model, **options)
-        self.device, dtype = cfg.torch_device(), cfg.torch_dtype()
-        loaded = load_model(cfg.model, self.device, dtype)
-        self.model_name = loaded.name
-        self.tokenizer: Tokenizer = loaded.tokenizer
-        mcfg = loaded.model.config
-        self.vocab_size = mcfg.vocab_size
-        self.context_length = cfg.context_length or mcfg.max_position
-        if self.context_length > mcfg.max_position:
-            raise ValueError(f"context_length {self.context_length} exceeds the model's {mcfg.max_position}")
-        self.pool_size = self._pool_size(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
-        pool = KVPool(self.pool_size, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, self.device)
-        allocator = SlotAllocator(self.pool_size, self.device)
-        req_to_token = ReqToToken(cfg.max_running_requests, self.context_length, self.device)
-        cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=self.device)
-        runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), self.device)
-        self.scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, self.context_length)
+        self.scheduler, self.tokenizer, self.model_name = create_scheduler(cfg)
+        self.device = cfg.torch_device()
+        self.vocab_size = self.scheduler.runner.model.config.vocab_size
+        self.context_length = self.scheduler.context_length
+        self.pool_size = self.scheduler.pool.num_slots
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="radixlang-scheduler", daemon=True)
         self._thread.start()
-
-    def _pool_size(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        if self.config.kv_cache_tokens is not None:
-            return self.config.kv_cache_tokens
-        per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
-        tokens = int(self.config.mem_fraction * available_memory_bytes(self.device) / per_token)
-        return max(2, min(tokens, self.config.max_running_requests * self.context_length))
 
     # ---- the scheduler thread -------------------------------------------------------------------
     def _loop(self) -> None:
@@ -171,6 +179,12 @@ class Engine:
 
         self._inbox.put(run)
         return future
+
+    def _query(self, fn: Callable[[], T]) -> T:
+        """Read scheduler state on its thread, or directly once that thread has stopped."""
+        if self._closed and not self._thread.is_alive():
+            return fn()
+        return self._call(fn).result()
 
     # ---- request construction ---------------------------------------------------------------------
     def _submissions(self, prompt: str | Sequence[str] | None, sampling_params: SamplingArg,
@@ -240,26 +254,14 @@ class Engine:
         return given if n == 1 else [f"{r}-{j}" for r in given for j in range(n)]
 
     def _make_req(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> Req:
-        p = sub.params
-        if p.seed is not None:
-            seed = p.seed
-        else:
+        seed = sub.params.seed
+        if seed is None:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
-        return Req(
-            rid=sub.rid,
-            prompt_ids=sub.prompt_ids,
-            params=p,
-            sampling=SamplingState.create(p, sub.prompt_ids, self.tokenizer.eos_token_ids,
-                                          self.vocab_size, self.device, seed),
-            detok=IncrementalDetokenizer(self.tokenizer, p.stop, p.skip_special_tokens,
-                                         trim_stop=not p.no_stop_trim, context_ids=sub.prompt_ids),
-            sink=sink,
-            max_new_tokens=min(p.max_new_tokens, self.context_length - len(sub.prompt_ids)),
-            return_logprob=sub.return_logprob,
-            logprob_start_len=sub.logprob_start_len,
-            top_logprobs_num=sub.top_logprobs_num,
-        )
+        return Req.create(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
+                          context_length=self.context_length, seed=seed, device=self.device,
+                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
+                          top_logprobs_num=sub.top_logprobs_num)
 
     def _enqueue(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> None:
         req = self._make_req(sub, sink)
@@ -394,7 +396,7 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""
-        self._call(self.scheduler.check_invariants).result()
+        self._query(self.scheduler.check_invariants)
 
     def stats(self) -> dict[str, float]:
         def read() -> dict[str, float]:
@@ -415,7 +417,7 @@ class Engine:
                 "aborted_requests_total": s.aborted,
                 "steps_total": s.steps,
             }
-        return self._call(read).result()
+        return self._query(read)
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""
