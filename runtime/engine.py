@@ -27,6 +27,7 @@ from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+IDLE_POLL_SECONDS = 0.005
 SamplingArg = SamplingParams | Mapping[str, Any] | None
 
 
@@ -132,11 +133,14 @@ class Engine:
     # ---- the scheduler thread -------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        progressed = True
         while True:
-            if not self._drain_inbox(block=not self.scheduler.has_work):
+            # block when idle; poll when the last step could schedule nothing, so we never spin
+            wait = None if not self.scheduler.has_work else 0.0 if progressed else IDLE_POLL_SECONDS
+            if not self._drain_inbox(wait):
                 break
             try:
-                self.scheduler.step()
+                progressed = bool(self.scheduler.step())
             except Exception as e:  # never let a bug strand callers: fail their requests instead
                 logger.exception("scheduler step failed")
                 self.scheduler.abort_all(error=f"internal error: {e!r}")
@@ -150,10 +154,11 @@ class Engine:
                 fn()
                 self.scheduler.abort_all(error="engine shut down")
 
-    def _drain_inbox(self, block: bool) -> bool:
-        """Runs queued commands; False once shutdown was requested."""
+    def _drain_inbox(self, wait: float | None) -> bool:
+        """Runs queued commands, waiting up to `wait` seconds for the first (None: until one comes);
+        False once shutdown was requested."""
         try:
-            fn = self._inbox.get(block=block)
+            fn = self._inbox.get_nowait() if wait == 0.0 else self._inbox.get(timeout=wait)
         except queue.Empty:
             return True
         while True:
