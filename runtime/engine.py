@@ -52,7 +52,7 @@ class Completion:
 
 
 @dataclass
-class _Collector:
+class Collector:
     """Folds a request's stream chunks into one Completion."""
 
     text: list[str] = field(default_factory=list)
@@ -113,6 +113,11 @@ def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, d
     per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
     tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
     return max(2, min(tokens, cfg.max_running_requests * context_length))
+
+
+def sample_rids(rids: Sequence[str], n: int) -> list[str]:
+    """The request id of each of the n samples of each prompt: the prompt's own rid when n == 1."""
+    return list(rids) if n == 1 else [f"{r}-{j}" for r in rids for j in range(n)]
 
 
 class Engine:
@@ -256,7 +261,7 @@ class Engine:
         given = [rid] if isinstance(rid, str) else list(rid)
         if len(given) != num_prompts or not all(isinstance(r, str) and r for r in given):
             raise ValueError(f"rid must be one non-empty string per prompt ({num_prompts})")
-        return given if n == 1 else [f"{r}-{j}" for r in given for j in range(n)]
+        return sample_rids(given, n)
 
     def _make_req(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> Req:
         seed = sub.params.seed
@@ -297,7 +302,7 @@ class Engine:
     def _run_blocking(self, subs: list[_Submission]) -> list[Completion]:
         inbox: queue.Queue[StreamChunk] = queue.Queue()
         index = {s.rid: i for i, s in enumerate(subs)}
-        collectors = [_Collector() for _ in subs]
+        collectors = [Collector() for _ in subs]
         results: list[Completion | None] = [None] * len(subs)
         for s in subs:
             self._enqueue(s, inbox.put)
@@ -342,21 +347,25 @@ class Engine:
 
     async def async_generate(self, prompt: str | Sequence[str] | None = None,
                              sampling_params: SamplingArg = None, **kwargs: Any) -> Completion | list[Completion]:
-        subs, single = self._submissions(prompt, sampling_params, kwargs.pop("input_ids", None),
-                                         kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
-                                         kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
-        if kwargs:
-            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        subs, single = self._kwargs_submissions(prompt, sampling_params, kwargs)
         await self._async_run(self._prefill_shared(subs))
         results = await self._async_run(subs)
         return results[0] if single and len(results) == 1 else results
+
+    def _kwargs_submissions(self, prompt, sampling_params, kwargs: dict[str, Any]) -> tuple[list[_Submission], bool]:
+        result = self._submissions(prompt, sampling_params, kwargs.pop("input_ids", None),
+                                   kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
+                                   kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        return result
 
     async def _async_run(self, subs: list[_Submission]) -> list[Completion]:
         return list(await asyncio.gather(*(self._async_one(s) for s in subs)))
 
     async def _async_one(self, sub: _Submission) -> Completion:
-        collector = _Collector()
-        async for chunk in self._async_chunks(sub):
+        collector = Collector()
+        async for _, chunk in self._async_chunks([sub]):
             collector.add(chunk)
             if chunk.finished:
                 return collector.result(chunk, sub.return_logprob)
@@ -370,22 +379,47 @@ class Engine:
             kwargs.pop("logprob_start_len", -1), kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
         if kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-        async for chunk in self._async_chunks(sub):
+        async for _, chunk in self._async_chunks([sub]):
             yield chunk
 
-    async def _async_chunks(self, sub: _Submission) -> AsyncIterator[StreamChunk]:
+    def async_stream_batch(self, prompt: str | Sequence[str] | None = None, sampling_params: SamplingArg = None,
+                           **kwargs: Any) -> AsyncIterator[tuple[int, StreamChunk]]:
+        """Streams every prompt and sample at once as (index, chunk), indexed prompt-major like
+        `generate`'s list. Validates on the call (ValueError before anything runs); cancelling or
+        closing the iterator aborts what is unfinished."""
+        subs, _ = self._kwargs_submissions(prompt, sampling_params, kwargs)
+        return self._stream_subs(subs)
+
+    async def _stream_subs(self, subs: list[_Submission]) -> AsyncIterator[tuple[int, StreamChunk]]:
+        await self._async_run(self._prefill_shared(subs))
+        async for item in self._async_chunks(subs):
+            yield item
+
+    async def _async_chunks(self, subs: list[_Submission]) -> AsyncIterator[tuple[int, StreamChunk]]:
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        self._enqueue(sub, lambda c: loop.call_soon_threadsafe(inbox.put_nowait, c))
-        finished = False
+        inbox: asyncio.Queue[tuple[int, StreamChunk]] = asyncio.Queue()
+
+        def sink(i: int) -> Callable[[StreamChunk], None]:
+            def put(chunk: StreamChunk) -> None:
+                try:
+                    loop.call_soon_threadsafe(inbox.put_nowait, (i, chunk))
+                except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                    pass
+            return put
+
+        live: set[int] = set()
         try:
-            while not finished:
-                chunk = await inbox.get()
-                finished = chunk.finished
-                yield chunk
+            for i, sub in enumerate(subs):
+                self._enqueue(sub, sink(i))
+                live.add(i)
+            while live:
+                i, chunk = await inbox.get()
+                if chunk.finished:
+                    live.discard(i)
+                yield i, chunk
         finally:
-            if not finished:
-                self.abort(sub.rid)
+            for i in live:
+                self.abort(subs[i].rid)
 
     def abort(self, rid: str) -> None:
         """Ends the request (its final chunk has finish_reason 'abort'); unknown ids are ignored."""

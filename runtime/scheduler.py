@@ -334,7 +334,9 @@ class Scheduler:
 
     def _emit(self, req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
         first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, input_logprobs=first))
+        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, prompt_tokens=len(req.prompt_ids),
+                             cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
+                             input_logprobs=first))
 
     def _emit_final(self, req: Req, reason: str, matched: int | str | None = None,
                     error: str | None = None, text: str = "") -> None:
