@@ -15,6 +15,15 @@ DEFAULT_MAX_NEW_TOKENS = 128
 MAX_N = 128  # most samples per prompt
 MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
 
+# HTTP server
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+GRACEFUL_SHUTDOWN_S = 30.0  # on shutdown, requests in flight get this long to finish, then are aborted
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on `logprobs` / `top_logprobs`
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+METRICS_SAMPLE_INTERVAL_S = 1.0
+METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
+
 
 @dataclass(slots=True)
 class EngineConfig:
