@@ -23,6 +23,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound on `logprobs` / `top_logprobs`
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 METRICS_SAMPLE_INTERVAL_S = 1.0
 METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
+HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
 
 
 @dataclass(slots=True)

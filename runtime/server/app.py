@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from ..config import HEALTH_TIMEOUT_S
 from ..engine import Engine
 from . import native, openai_api
 from .errors import install_error_handlers
@@ -33,7 +34,10 @@ def _admin_routes(app: FastAPI) -> None:
         state = server_state(request)
         if state.draining:
             return JSONResponse({"status": "shutting down"}, status_code=503)
-        await state.stats()  # answers only if the scheduler thread does
+        try:  # the scheduler thread answers between steps; a stuck one does not
+            await asyncio.wait_for(state.stats(), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return JSONResponse({"status": "engine not responding"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.post("/flush_cache")

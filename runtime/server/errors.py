@@ -68,8 +68,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     for err in exc.errors():
         path = _loc_path(tuple(err.get("loc", ())))
         msg = str(err.get("msg", "invalid value"))
-        if err.get("type") == "extra_forbidden":
+        if err.get("type") == "json_invalid":  # its loc is a character position, not a field
+            path, msg = "", f"the body is not valid JSON: {err.get('ctx', {}).get('error', msg)}"
+        elif err.get("type") == "extra_forbidden":
             msg = "unknown field"
+        elif not path and err.get("type") in ("model_attributes_type", "dict_type"):
+            msg = "the request body must be a JSON object (Content-Type: application/json)"
         seen.setdefault(f"{path}: {msg}" if path else msg)
         first_param = first_param or path or None
     return "; ".join(list(seen)[:4]), first_param

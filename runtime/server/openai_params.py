@@ -13,14 +13,13 @@ from ..tokenizer import Tokenizer
 from .errors import APIError, user_errors
 from .protocol import ChatMessage, ResponseFormat, SamplingFields
 
-# engine field -> its OpenAI spelling, for error messages; the rest keep their names
-FIELDS = {name: name for name in (
-    "temperature", "top_p", "stop", "seed", "frequency_penalty", "presence_penalty", "n", "top_k", "min_p",
-    "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim",
-    "json_schema", "regex", "grammar")} | {"min_new_tokens": "min_tokens", "input_ids": "prompt"}
+# OpenAI / extension fields that are also engine sampling params of the same name
 _PASSTHROUGH = ("temperature", "top_p", "stop", "seed", "frequency_penalty", "presence_penalty", "top_k",
                 "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
                 "no_stop_trim", "regex", "grammar")
+# engine field -> the name the client used, for error messages (routes add their own)
+FIELDS = {name: name for name in (*_PASSTHROUGH, "n")} | {"min_new_tokens": "min_tokens", "input_ids": "prompt",
+                                                            "json_schema": "response_format"}
 _CONSTRAINTS = ("json_schema", "regex", "grammar")
 
 

@@ -94,3 +94,21 @@ def test_unknown_routes_and_methods_get_the_json_error_body(server):
         missing, wrong_method = http.get("/nope"), http.get("/generate")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"] == "Method Not Allowed"
+
+
+def test_health_fails_when_the_scheduler_does_not_answer(server, monkeypatch):
+    import time
+
+    from radixlang.runtime.server import app
+
+    real_stats = server.engine.stats
+
+    def stuck() -> dict:
+        time.sleep(1.0)
+        return real_stats()
+
+    monkeypatch.setattr(app, "HEALTH_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(server.engine, "stats", stuck)
+    with server.client() as http:
+        r = http.get("/health")
+    assert r.status_code == 503 and r.json() == {"status": "engine not responding"}

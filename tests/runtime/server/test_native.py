@@ -148,10 +148,13 @@ def test_bad_requests_get_a_json_error_naming_the_problem(server, body, status, 
         assert error["param"] == param
 
 
-def test_malformed_json_is_a_422(server):
+def test_a_body_that_is_not_a_json_object_is_a_422_saying_so(server):
     with server.client() as http:
-        r = http.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 422 and "error" in r.json()
+        malformed = http.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
+        form = http.post("/generate", content=b'{"text": "x"}',
+                         headers={"content-type": "application/x-www-form-urlencoded"})  # curl -d
+    assert malformed.status_code == 422 and "JSON" in malformed.json()["error"]["message"]
+    assert form.status_code == 422 and "Content-Type: application/json" in form.json()["error"]["message"]
 
 
 def test_a_bad_streaming_request_is_an_error_status_not_an_event_stream(server):
