@@ -19,6 +19,7 @@ MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 GRACEFUL_SHUTDOWN_S = 30.0  # on shutdown, requests in flight get this long to finish, then are aborted
+SHUTDOWN_MARGIN_S = 5.0  # then this long for the aborted ones to send their last event, then uvicorn cancels
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on `logprobs` / `top_logprobs`
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 METRICS_SAMPLE_INTERVAL_S = 1.0

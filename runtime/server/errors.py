@@ -102,4 +102,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("request to %s failed", request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {exc!r}", kind="internal_error"), status_code=500)
+        return JSONResponse(error_body(500, f"internal error: {exc!r}", kind="server_error"), status_code=500)

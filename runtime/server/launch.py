@@ -10,13 +10,10 @@ from typing import Iterator
 
 import uvicorn
 
-from ..config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
+from ..config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from ..engine import Engine
 from .app import create_app
 from .state import ServerState
-
-_SHUTDOWN_MARGIN_S = 5.0  # after the grace period, time for aborted streams to send their last event
-
 
 class DrainingServer(uvicorn.Server):
     """uvicorn that, on shutdown, lets requests in flight finish for `grace_s` seconds and then aborts
@@ -54,7 +51,7 @@ def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
     app = create_app(engine, served_model_name)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=grace_s + _SHUTDOWN_MARGIN_S)
+                            timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)
     return DrainingServer(config, app.state.server, grace_s)
 
 
@@ -80,7 +77,8 @@ def background_server(engine: Engine, host: str = DEFAULT_HOST, port: int = 0,
             sock.close()
             raise RuntimeError("the HTTP server failed to start")
         time.sleep(0.01)
-    server.url = f"http://{host}:{sock.getsockname()[1]}"
+    name = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
+    server.url = f"http://{name}:{sock.getsockname()[1]}"
     try:
         yield server
     finally:

@@ -11,7 +11,8 @@ from ..config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from ..engine import Completion
 from ..request import StreamChunk
 from ..sampler import TokenLogprob
-from .errors import APIError
+from ..sampling_params import SamplingParams
+from .errors import APIError, user_errors
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,
                             new_id, sampling_params)
@@ -97,6 +98,8 @@ class _View:
 
 async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Response:
     state, job = view.state, view.job
+    with user_errors(fields):  # before anything is sized by n
+        SamplingParams.from_any(job.params).validate(state.engine.vocab_size, state.engine.context_length)
     if view.body.stream:
         chunks = open_stream(state, job.engine_args(), job.groups, fields)
         return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from fastapi import Request
@@ -12,6 +13,7 @@ from .errors import APIError, error_body, user_errors
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
 
+logger = logging.getLogger(__name__)
 Groups = dict[str, list[str]]
 
 
@@ -61,4 +63,7 @@ async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple
                         yield sse(obj)
     except APIError as e:  # an id was taken between the check and the stream's start
         yield sse(error_body(e.status, e.message, e.param))
+    except Exception as e:  # a bug here: still end the stream with a clear error (its requests are aborted)
+        logger.exception("stream failed")
+        yield sse(error_body(500, f"internal error: {e!r}", kind="server_error"))
     yield SSE_DONE

@@ -130,6 +130,7 @@ def test_prefill_only_request_caches_the_prompt_for_the_next(server):
     ({"text": "x", "sampling_params": {"temprature": 0}}, 400, None, "temprature"),
     ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, 400, "sampling_params.max_new_tokens", "[0,"),
     ({"text": "x", "sampling_params": {"top_p": 0}}, 400, "sampling_params.top_p", "(0, 1]"),
+    ({"text": "x", "sampling_params": {"n": 10**9}}, 400, "sampling_params.n", "[1, 128]"),
     ({"text": "x", "return_logprob": True, "top_logprobs_num": -2}, 400, "top_logprobs_num", "[0,"),
     ({"text": ["a", "b"], "rid": "r"}, 400, "rid", "one non-empty string per prompt"),
     ({"text": ["a", "b"], "rid": ["r", "r"]}, 400, "rid", "unique"),
@@ -243,3 +244,17 @@ def test_a_stream_that_fails_inside_the_engine_ends_with_an_error_event(server, 
     assert events[-1] == "[DONE]"
     assert "injected failure" in events[-2]["error"]["message"] and events[-2]["error"]["code"] == 500
     assert len(events) >= 4  # the tokens before the failure still arrived
+
+
+def test_a_bug_while_rendering_a_stream_still_ends_it_with_an_error_event(server, monkeypatch, read_sse):
+    from radixlang.runtime.server import native
+
+    def broken(*args, **kwargs):
+        raise KeyError("render bug")
+
+    monkeypatch.setattr(native, "sglang_logprob_fields", broken)
+    with server.client() as http, http.stream("POST", "/generate", json={
+            "text": "go", "sampling_params": LONG, "stream": True, "return_logprob": True}) as r:
+        events = read_sse(r)
+    assert events[-1] == "[DONE]" and "render bug" in events[-2]["error"]["message"]
+    assert len(events) == 2  # nothing else went out; the request was aborted (the fixture checks the KV)

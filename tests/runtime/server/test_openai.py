@@ -193,6 +193,7 @@ def test_abort_by_response_id_ends_an_openai_stream(server, client):
     (dict(temperature=-1.0), "temperature", "temperature must be in"),
     (dict(top_p=1.5), "top_p", "top_p must be in"),
     (dict(n=0), "n", "n must be in"),
+    (dict(n=10**9), "n", "n must be in"),
     (dict(logprobs=21), "logprobs", "[0, 20]"),
     (dict(logit_bias={"1": 5}), "logit_bias", "not supported"),
     (dict(best_of=3), "best_of", "not supported"),
