@@ -16,6 +16,17 @@ DEFAULT_MAX_NEW_TOKENS = 128
 MAX_N = 128  # most samples per prompt
 MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
 
+# HTTP server
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+GRACEFUL_SHUTDOWN_S = 30.0  # on shutdown, requests in flight get this long to finish, then are aborted
+SHUTDOWN_MARGIN_S = 5.0  # then this long for the aborted ones to send their last event, then uvicorn cancels
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on `logprobs` / `top_logprobs`
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+METRICS_SAMPLE_INTERVAL_S = 1.0
+METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
+HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -28,6 +39,7 @@ class EngineConfig:
     max_running_requests: int = 64
     max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
     schedule_policy: str = "lpm"
+    in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
     disable_radix_cache: bool = False
     preemption_mode: str = "recompute"
     init_new_token_ratio: float = 0.7  # share of remaining max_new_tokens reserved per running request

@@ -15,19 +15,19 @@ import torch
 
 from ..kernels.reference import TorchAttention
 from .config import EngineConfig, available_memory_bytes
-from .detokenizer import IncrementalDetokenizer
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
 from .radix_cache import RadixCache
 from .request import Req, StreamChunk
-from .sampler import SamplingState, TokenLogprob
+from .sampler import TokenLogprob
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+IDLE_POLL_SECONDS = 0.005
 SamplingArg = SamplingParams | Mapping[str, Any] | None
 
 
@@ -52,7 +52,7 @@ class Completion:
 
 
 @dataclass
-class _Collector:
+class Collector:
     """Folds a request's stream chunks into one Completion."""
 
     text: list[str] = field(default_factory=list)
@@ -88,25 +88,46 @@ class _Submission:
     rid: str
 
 
+def create_scheduler(cfg: EngineConfig) -> tuple[Scheduler, Tokenizer, str]:
+    """Loads the model and builds the KV memory, cache, runner and scheduler (no thread)."""
+    device, dtype = cfg.torch_device(), cfg.torch_dtype()
+    loaded = load_model(cfg.model, device, dtype)
+    mcfg = loaded.model.config
+    context_length = cfg.context_length or mcfg.max_position
+    if context_length > mcfg.max_position:
+        raise ValueError(f"context_length {context_length} exceeds the model's {mcfg.max_position}")
+    pool_size = kv_pool_size(cfg, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, context_length)
+    pool = KVPool(pool_size, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, device)
+    allocator = SlotAllocator(pool_size, device)
+    req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
+    cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
+    runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), device)
+    scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, context_length)
+    return scheduler, loaded.tokenizer, loaded.name
+
+
+def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 context_length: int) -> int:
+    if cfg.kv_cache_tokens is not None:
+        return cfg.kv_cache_tokens
+    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
+    tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
+    return max(2, min(tokens, cfg.max_running_requests * context_length))
+
+
+def sample_rids(rids: Sequence[str], n: int) -> list[str]:
+    """The request id of each of the n samples of each prompt: the prompt's own rid when n == 1."""
+    return list(rids) if n == 1 else [f"{r}-{j}" for r in rids for j in range(n)]
+
+
 class Engine:
     def __init__(self, model: str | None = None, **options: Any):
         self.config = cfg = EngineConfig.from_options(model, **options)
-        self.device, dtype = cfg.torch_device(), cfg.torch_dtype()
-        loaded = load_model(cfg.model, self.device, dtype)
-        self.model_name = loaded.name
-        self.tokenizer: Tokenizer = loaded.tokenizer
-        mcfg = loaded.model.config
-        self.vocab_size = mcfg.vocab_size
-        self.context_length = cfg.context_length or mcfg.max_position
-        if self.context_length > mcfg.max_position:
-            raise ValueError(f"context_length {self.context_length} exceeds the model's {mcfg.max_position}")
-        self.pool_size = self._pool_size(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype)
-        pool = KVPool(self.pool_size, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, self.device)
-        allocator = SlotAllocator(self.pool_size, self.device)
-        req_to_token = ReqToToken(cfg.max_running_requests, self.context_length, self.device)
-        cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=self.device)
-        runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), self.device)
-        self.scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, self.context_length)
+        self.scheduler, self.tokenizer, self.model_name = create_scheduler(cfg)
+        self.device = cfg.torch_device()
+        self.vocab_size = self.scheduler.runner.model.config.vocab_size
+        self.context_length = self.scheduler.context_length
+        self.pool_size = self.scheduler.pool.num_slots
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -114,21 +135,17 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="radixlang-scheduler", daemon=True)
         self._thread.start()
 
-    def _pool_size(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        if self.config.kv_cache_tokens is not None:
-            return self.config.kv_cache_tokens
-        per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
-        tokens = int(self.config.mem_fraction * available_memory_bytes(self.device) / per_token)
-        return max(2, min(tokens, self.config.max_running_requests * self.context_length))
-
     # ---- the scheduler thread -------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        progressed = True
         while True:
-            if not self._drain_inbox(block=not self.scheduler.has_work):
+            # block when idle; poll when the last step could schedule nothing, so we never spin
+            wait = None if not self.scheduler.has_work else 0.0 if progressed else IDLE_POLL_SECONDS
+            if not self._drain_inbox(wait):
                 break
             try:
-                self.scheduler.step()
+                progressed = bool(self.scheduler.step())
             except Exception as e:  # never let a bug strand callers: fail their requests instead
                 logger.exception("scheduler step failed")
                 self.scheduler.abort_all(error=f"internal error: {e!r}")
@@ -142,10 +159,11 @@ class Engine:
                 fn()
                 self.scheduler.abort_all(error="engine shut down")
 
-    def _drain_inbox(self, block: bool) -> bool:
-        """Runs queued commands; False once shutdown was requested."""
+    def _drain_inbox(self, wait: float | None) -> bool:
+        """Runs queued commands, waiting up to `wait` seconds for the first (None: until one comes);
+        False once shutdown was requested."""
         try:
-            fn = self._inbox.get(block=block)
+            fn = self._inbox.get_nowait() if wait == 0.0 else self._inbox.get(timeout=wait)
         except queue.Empty:
             return True
         while True:
@@ -171,6 +189,12 @@ class Engine:
 
         self._inbox.put(run)
         return future
+
+    def _query(self, fn: Callable[[], T]) -> T:
+        """Read scheduler state on its thread, or directly once that thread has stopped."""
+        if self._closed and not self._thread.is_alive():
+            return fn()
+        return self._call(fn).result()
 
     # ---- request construction ---------------------------------------------------------------------
     def _submissions(self, prompt: str | Sequence[str] | None, sampling_params: SamplingArg,
@@ -237,29 +261,17 @@ class Engine:
         given = [rid] if isinstance(rid, str) else list(rid)
         if len(given) != num_prompts or not all(isinstance(r, str) and r for r in given):
             raise ValueError(f"rid must be one non-empty string per prompt ({num_prompts})")
-        return given if n == 1 else [f"{r}-{j}" for r in given for j in range(n)]
+        return sample_rids(given, n)
 
     def _make_req(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> Req:
-        p = sub.params
-        if p.seed is not None:
-            seed = p.seed
-        else:
+        seed = sub.params.seed
+        if seed is None:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
-        return Req(
-            rid=sub.rid,
-            prompt_ids=sub.prompt_ids,
-            params=p,
-            sampling=SamplingState.create(p, sub.prompt_ids, self.tokenizer.eos_token_ids,
-                                          self.vocab_size, self.device, seed),
-            detok=IncrementalDetokenizer(self.tokenizer, p.stop, p.skip_special_tokens,
-                                         trim_stop=not p.no_stop_trim, context_ids=sub.prompt_ids),
-            sink=sink,
-            max_new_tokens=min(p.max_new_tokens, self.context_length - len(sub.prompt_ids)),
-            return_logprob=sub.return_logprob,
-            logprob_start_len=sub.logprob_start_len,
-            top_logprobs_num=sub.top_logprobs_num,
-        )
+        return Req.create(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
+                          context_length=self.context_length, seed=seed, device=self.device,
+                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
+                          top_logprobs_num=sub.top_logprobs_num)
 
     def _enqueue(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> None:
         req = self._make_req(sub, sink)
@@ -290,7 +302,7 @@ class Engine:
     def _run_blocking(self, subs: list[_Submission]) -> list[Completion]:
         inbox: queue.Queue[StreamChunk] = queue.Queue()
         index = {s.rid: i for i, s in enumerate(subs)}
-        collectors = [_Collector() for _ in subs]
+        collectors = [Collector() for _ in subs]
         results: list[Completion | None] = [None] * len(subs)
         for s in subs:
             self._enqueue(s, inbox.put)
@@ -335,21 +347,25 @@ class Engine:
 
     async def async_generate(self, prompt: str | Sequence[str] | None = None,
                              sampling_params: SamplingArg = None, **kwargs: Any) -> Completion | list[Completion]:
-        subs, single = self._submissions(prompt, sampling_params, kwargs.pop("input_ids", None),
-                                         kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
-                                         kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
-        if kwargs:
-            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        subs, single = self._kwargs_submissions(prompt, sampling_params, kwargs)
         await self._async_run(self._prefill_shared(subs))
         results = await self._async_run(subs)
         return results[0] if single and len(results) == 1 else results
+
+    def _kwargs_submissions(self, prompt, sampling_params, kwargs: dict[str, Any]) -> tuple[list[_Submission], bool]:
+        result = self._submissions(prompt, sampling_params, kwargs.pop("input_ids", None),
+                                   kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
+                                   kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        return result
 
     async def _async_run(self, subs: list[_Submission]) -> list[Completion]:
         return list(await asyncio.gather(*(self._async_one(s) for s in subs)))
 
     async def _async_one(self, sub: _Submission) -> Completion:
-        collector = _Collector()
-        async for chunk in self._async_chunks(sub):
+        collector = Collector()
+        async for _, chunk in self._async_chunks([sub]):
             collector.add(chunk)
             if chunk.finished:
                 return collector.result(chunk, sub.return_logprob)
@@ -363,22 +379,47 @@ class Engine:
             kwargs.pop("logprob_start_len", -1), kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
         if kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-        async for chunk in self._async_chunks(sub):
+        async for _, chunk in self._async_chunks([sub]):
             yield chunk
 
-    async def _async_chunks(self, sub: _Submission) -> AsyncIterator[StreamChunk]:
+    def async_stream_batch(self, prompt: str | Sequence[str] | None = None, sampling_params: SamplingArg = None,
+                           **kwargs: Any) -> AsyncIterator[tuple[int, StreamChunk]]:
+        """Streams every prompt and sample at once as (index, chunk), indexed prompt-major like
+        `generate`'s list. Validates on the call (ValueError before anything runs); cancelling or
+        closing the iterator aborts what is unfinished."""
+        subs, _ = self._kwargs_submissions(prompt, sampling_params, kwargs)
+        return self._stream_subs(subs)
+
+    async def _stream_subs(self, subs: list[_Submission]) -> AsyncIterator[tuple[int, StreamChunk]]:
+        await self._async_run(self._prefill_shared(subs))
+        async for item in self._async_chunks(subs):
+            yield item
+
+    async def _async_chunks(self, subs: list[_Submission]) -> AsyncIterator[tuple[int, StreamChunk]]:
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        self._enqueue(sub, lambda c: loop.call_soon_threadsafe(inbox.put_nowait, c))
-        finished = False
+        inbox: asyncio.Queue[tuple[int, StreamChunk]] = asyncio.Queue()
+
+        def sink(i: int) -> Callable[[StreamChunk], None]:
+            def put(chunk: StreamChunk) -> None:
+                try:
+                    loop.call_soon_threadsafe(inbox.put_nowait, (i, chunk))
+                except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                    pass
+            return put
+
+        live: set[int] = set()
         try:
-            while not finished:
-                chunk = await inbox.get()
-                finished = chunk.finished
-                yield chunk
+            for i, sub in enumerate(subs):
+                self._enqueue(sub, sink(i))
+                live.add(i)
+            while live:
+                i, chunk = await inbox.get()
+                if chunk.finished:
+                    live.discard(i)
+                yield i, chunk
         finally:
-            if not finished:
-                self.abort(sub.rid)
+            for i in live:
+                self.abort(subs[i].rid)
 
     def abort(self, rid: str) -> None:
         """Ends the request (its final chunk has finish_reason 'abort'); unknown ids are ignored."""
@@ -394,7 +435,7 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""
-        self._call(self.scheduler.check_invariants).result()
+        self._query(self.scheduler.check_invariants)
 
     def stats(self) -> dict[str, float]:
         def read() -> dict[str, float]:
@@ -415,7 +456,7 @@ class Engine:
                 "aborted_requests_total": s.aborted,
                 "steps_total": s.steps,
             }
-        return self._call(read).result()
+        return self._query(read)
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""

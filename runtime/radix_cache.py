@@ -41,10 +41,11 @@ class PrefixMatch:
         return int(self.slots.numel())
 
 
-def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
+def _common_len(edge: Sequence[int], key: Sequence[int], start: int) -> int:
+    """How many leading tokens of `edge` equal key[start:] (without copying the key)."""
+    n = min(len(edge), len(key) - start)
     i = 0
-    while i < n and a[i] == b[i]:
+    while i < n and edge[i] == key[start + i]:
         i += 1
     return i
 
@@ -75,18 +76,8 @@ class RadixCache:
         """Longest cached prefix of `key`; splits an edge so the match ends exactly at a node."""
         if self.disable or not key:
             return PrefixMatch(self._empty(), self.root)
-        node, values, pos = self.root, [], 0
-        node.last_access = next(_clock)
-        while pos < len(key) and key[pos] in node.children:
-            child = node.children[key[pos]]
-            n = _common_len(child.key, key[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = next(_clock)
-            values.append(child.value)
-            node, pos = child, pos + n
-        slots = torch.cat(values) if values else self._empty()
-        return PrefixMatch(slots, node)
+        node, _, values = self._descend(key)
+        return PrefixMatch(torch.cat(values) if values else self._empty(), node)
 
     def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
         """Cache `key` -> `slots`; returns how many leading tokens were cached already.
@@ -97,21 +88,27 @@ class RadixCache:
         if self.disable or not key:
             return 0
         assert len(key) == slots.numel(), "key and slots differ in length"
-        key = list(key)
-        node, pos = self.root, 0
-        node.last_access = next(_clock)
-        while pos < len(key) and key[pos] in node.children:
-            child = node.children[key[pos]]
-            n = _common_len(child.key, key[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = next(_clock)
-            node, pos = child, pos + n
+        node, pos, _ = self._descend(key)
         if pos < len(key):
-            leaf = TreeNode(key[pos:], slots[pos:].clone(), node)
+            leaf = TreeNode(list(key[pos:]), slots[pos:].clone(), node)
             node.children[key[pos]] = leaf
             self.evictable_size += len(leaf.key)  # a fresh leaf has no lock of its own
         return pos
+
+    def _descend(self, key: Sequence[int]) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Walk down along `key`, splitting the last edge at the divergence and refreshing LRU times.
+        Returns the deepest node reached, how many tokens matched, and the slots on the way."""
+        node, pos, values = self.root, 0, []
+        node.last_access = next(_clock)
+        while pos < len(key) and key[pos] in node.children:
+            child = node.children[key[pos]]
+            n = _common_len(child.key, key, pos)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = next(_clock)
+            values.append(child.value)
+            node, pos = child, pos + n
+        return node, pos, values
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child`'s edge after n tokens; returns the new upper node."""

@@ -6,11 +6,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from .detokenizer import IncrementalDetokenizer
 from .memory import SwappedKV
 from .radix_cache import TreeNode
 from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
+from .tokenizer import Tokenizer
 
 
 class ReqState(enum.Enum):
@@ -67,6 +70,27 @@ class Req:
     cached_tokens: int = 0  # prompt tokens reused from the cache (reported)
     num_preemptions: int = 0
     input_logprobs: list[TokenLogprob] = field(default_factory=list)  # from prompt_logprob_from + 1 on
+
+    @classmethod
+    def create(cls, rid: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
+               sink: Callable[[StreamChunk], None], *, context_length: int, seed: int,
+               device: torch.device, return_logprob: bool = False, logprob_start_len: int = -1,
+               top_logprobs_num: int = 0) -> "Req":
+        """A request with its sampler and detokenizer state; `params` must be validated already."""
+        return cls(
+            rid=rid,
+            prompt_ids=prompt_ids,
+            params=params,
+            sampling=SamplingState.create(params, prompt_ids, tokenizer.eos_token_ids,
+                                          tokenizer.vocab_size, device, seed),
+            detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
+                                         trim_stop=not params.no_stop_trim, context_ids=prompt_ids),
+            sink=sink,
+            max_new_tokens=min(params.max_new_tokens, context_length - len(prompt_ids)),
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+        )
 
     @property
     def fill_len(self) -> int:

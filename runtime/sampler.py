@@ -82,11 +82,13 @@ def sample_one(logits: torch.Tensor, state: SamplingState, mask: torch.Tensor | 
                block_stop: bool) -> int:
     """One request's next token from its [vocab] logits. `mask` is True where a token is allowed."""
     logits = apply_penalties(logits, state)
-    if block_stop and state.stop_ids:
-        logits = logits.clone()
-        logits[list(state.stop_ids)] = -torch.inf
     if mask is not None:
         logits = logits.masked_fill(~mask, -torch.inf)
+    if block_stop and state.stop_ids:
+        blocked = logits.clone()
+        blocked[list(state.stop_ids)] = -torch.inf
+        if torch.isfinite(blocked).any():  # when only stopping is allowed, min_new_tokens yields
+            logits = blocked
     p = state.params
     if p.greedy:
         return int(torch.argmax(logits))

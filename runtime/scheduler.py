@@ -76,10 +76,11 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step -------------------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self) -> list[ScheduledChunk]:
+        """Runs one batch; returns what it scheduled."""
         chunks = self._schedule()
         if not chunks:
-            return
+            return chunks
         self.stats.steps += 1
         try:
             logits = self.runner.forward(chunks)
@@ -88,6 +89,7 @@ class Scheduler:
             logger.exception("step failed; aborting its %d request(s)", len(chunks))
             for c in chunks:
                 self._finish(c.req, "abort", error=f"internal error: {e!r}")
+        return chunks
 
     def _schedule(self) -> list[ScheduledChunk]:
         chunks, budget = self._schedule_running()
@@ -123,18 +125,32 @@ class Scheduler:
     def _admit(self, budget: int) -> list[ScheduledChunk]:
         chunks: list[ScheduledChunk] = []
         reserve = sum(self._future_tokens(r) for r in self.running)
+        admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
         for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.cache):
             if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
                 break
             if self.req_to_token.num_free_rows == 0:
                 break
+            if self._better_next_step(req, admitted):
+                continue
             chunk = self._try_admit(req, budget, reserve)
             if chunk is None:
                 break
             chunks.append(chunk)
             budget -= chunk.length
             reserve += self._future_tokens(req)
+            admitted.insert(req.prompt_ids, torch.zeros(len(req.prompt_ids), dtype=torch.int64))
         return chunks
+
+    def _better_next_step(self, req: Req, admitted: RadixCache) -> bool:
+        """Defer a request whose prompt shares a long uncached prefix with one admitted this step:
+        next step that prefix is in the tree, so it is computed once instead of twice."""
+        if not self.cache_enabled or req.state is not ReqState.WAITING:
+            return False
+        shared = admitted.match_prefix(req.prompt_ids).length
+        if shared < self.cfg.in_batch_share_min:
+            return False
+        return shared - self.cache.match_prefix(req.prompt_ids).length >= self.cfg.in_batch_share_min
 
     def _try_admit(self, req: Req, budget: int, reserve: int) -> ScheduledChunk | None:
         if req.swapped is not None:
@@ -174,8 +190,11 @@ class Scheduler:
         return self._allocate_chunk(req, n)
 
     def _fits(self, n: int, reserve: int) -> bool:
-        """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable."""
-        if self.allocator.num_free + self.cache.evictable_size < n + reserve:
+        """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable.
+
+        With nothing running the reserve is waived: otherwise a request that could run alone would
+        wait forever."""
+        if self.running and self.allocator.num_free + self.cache.evictable_size < n + reserve:
             return False
         return self._ensure_free(n)
 
@@ -315,7 +334,9 @@ class Scheduler:
 
     def _emit(self, req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
         first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, input_logprobs=first))
+        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, prompt_tokens=len(req.prompt_ids),
+                             cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
+                             input_logprobs=first))
 
     def _emit_final(self, req: Req, reason: str, matched: int | str | None = None,
                     error: str | None = None, text: str = "") -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -68,11 +68,11 @@ def _render_env() -> jinja2.Environment:
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus the special-token facts and chat template the engine needs."""
 
-    hf: HFTokenizer
+    hf: HFTokenizer = field(repr=False)
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None = None
     add_bos: bool = False
-    chat_template: str | None = None
+    chat_template: str | None = field(default=None, repr=False)
     byte_level: bool = True
 
     # ---- construction -------------------------------------------------------------------

@@ -1,15 +1,44 @@
-"""`radixlang` command line: generate text with the engine."""
+"""`radixlang` command line: generate text with the engine, or serve it over HTTP."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import Sequence
+from typing import Any, Sequence
+
+from ..config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, EngineConfig
+
+_ARG_TYPES = {"str": str, "int": int, "float": float}
+
+
+def _engine_fields(skip: Sequence[str]) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(EngineConfig) if f.name != "model" and f.name not in skip]
+
+
+def _add_engine_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """One flag per EngineConfig field (--kv-cache-tokens, --schedule-policy, ...); unset flags
+    leave the engine's own default. `skip`: fields whose flag the command uses otherwise."""
+    parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
+    parser.set_defaults(engine_skip=tuple(skip))
+    group = parser.add_argument_group("engine options")
+    for f in _engine_fields(skip):
+        flag = "--" + f.name.replace("_", "-")
+        base = str(f.type).split("|")[0].strip()
+        if base == "bool":
+            group.add_argument(flag, action="store_true", default=None, help=f"(default: {f.default})")
+        else:
+            group.add_argument(flag, type=_ARG_TYPES[base], default=None, help=f"(default: {f.default})")
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = (f.name for f in _engine_fields(args.engine_skip))
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _generate(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
-    with Engine(model=args.model, kv_cache_tokens=args.kv_cache_tokens) as engine:
+    with Engine(model=args.model, **_engine_options(args)) as engine:
         prompt = args.prompt
         if args.chat:
             prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -23,6 +52,16 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from ..engine import Engine
+    from .launch import serve
+
+    with Engine(model=args.model, **_engine_options(args)) as engine:
+        serve(engine, args.host, args.port, served_model_name=args.served_model_name,
+              grace_s=args.graceful_timeout, log_level=args.log_level)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlang", description="radixlang LLM runtime")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -30,11 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
     gen.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
-    gen.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
-    gen.add_argument("--kv-cache-tokens", type=int, default=None)
+    _add_engine_options(gen, skip=("seed",))
     gen.set_defaults(func=_generate)
+
+    srv = sub.add_parser("serve", help="serve the engine over HTTP (native /generate and OpenAI /v1)")
+    srv.add_argument("--host", default=DEFAULT_HOST)
+    srv.add_argument("--port", type=int, default=DEFAULT_PORT)
+    srv.add_argument("--served-model-name", default=None, help="model id in /v1 (default: the model's name)")
+    srv.add_argument("--graceful-timeout", type=float, default=GRACEFUL_SHUTDOWN_S,
+                     help="seconds requests in flight may still run on shutdown before they are aborted")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _add_engine_options(srv)
+    srv.set_defaults(func=_serve)
     return parser
 
 

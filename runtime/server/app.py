@@ -1,0 +1,63 @@
+"""The FastAPI app around one engine: native, OpenAI and admin routes."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from ..config import HEALTH_TIMEOUT_S
+from ..engine import Engine
+from . import native, openai_api
+from .errors import install_error_handlers
+from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
+from .protocol import AbortRequest
+from .state import ServerState, server_state
+
+
+def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
+    """The HTTP API over `engine`. The app does not own the engine: whoever made it shuts it down."""
+    state = ServerState(engine, served_model_name or engine.model_name)
+    app = FastAPI(title="radixlang", lifespan=state.lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(native.router)
+    app.include_router(openai_api.router)
+    _admin_routes(app)
+    return app
+
+
+def _admin_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        state = server_state(request)
+        if state.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        try:  # the scheduler thread answers between steps; a stuck one does not
+            await asyncio.wait_for(state.stats(), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return JSONResponse({"status": "engine not responding"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.post("/flush_cache")
+    async def flush_cache(request: Request) -> dict[str, Any]:
+        """Evicts every cached prefix that no request is using; `success` once the cache is empty."""
+        state = server_state(request)
+        flushed = await asyncio.to_thread(state.engine.flush_cache)  # waits on the scheduler thread
+        return {"success": flushed}
+
+    @app.post("/abort")
+    async def abort(body: AbortRequest, request: Request) -> dict[str, Any]:
+        """Aborts a request by its rid (or OpenAI response id), or every request with abort_all;
+        answers how many engine requests (samples) that ended."""
+        live = server_state(request).live
+        return {"aborted": live.abort_all() if body.abort_all else live.abort(body.rid or "")}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> PlainTextResponse:
+        state = server_state(request)
+        stats = await state.stats()
+        prompt_tps, generation_tps = state.throughput.rates()
+        text = render_metrics(stats, prompt_tps, generation_tps, state.model_name)
+        return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)

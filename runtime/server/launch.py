@@ -1,0 +1,87 @@
+"""Serving an engine with uvicorn, with a graceful shutdown that finishes or aborts what is in flight."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+import time
+from typing import Iterator
+
+import uvicorn
+
+from ..config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
+from ..engine import Engine
+from .app import create_app
+from .state import ServerState
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn that, on shutdown, lets requests in flight finish for `grace_s` seconds and then aborts
+    them through the engine, so each client still gets a final (abort) response, not a cut connection."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float):
+        super().__init__(config)
+        self.state, self.grace_s = state, grace_s
+        self.url: str | None = None  # set once it listens (background_server)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.state.begin_drain(self.grace_s)
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM start the graceful shutdown (a second SIGINT forces it). Unlike uvicorn's
+        own, this does not re-raise the signal afterwards: the caller still has an engine to close."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+                served_model_name: str | None = None, grace_s: float = GRACEFUL_SHUTDOWN_S,
+                log_level: str = "info") -> DrainingServer:
+    if grace_s < 0:
+        raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
+    app = create_app(engine, served_model_name)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)
+    return DrainingServer(config, app.state.server, grace_s)
+
+
+def serve(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, **kwargs) -> None:
+    """Runs the server until SIGINT/SIGTERM; returns after a graceful shutdown (the engine stays up)."""
+    make_server(engine, host, port, **kwargs).run()
+
+
+@contextlib.contextmanager
+def background_server(engine: Engine, host: str = DEFAULT_HOST, port: int = 0,
+                      **kwargs) -> Iterator[DrainingServer]:
+    """Serves `engine` from a thread (port 0: any free port) until the block ends, then shuts down
+    gracefully. The server's `url` is its base URL. For notebooks and tests."""
+    kwargs.setdefault("log_level", "warning")
+    server = make_server(engine, host, port, **kwargs)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="radixlang-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            sock.close()
+            raise RuntimeError("the HTTP server failed to start")
+        time.sleep(0.01)
+    name = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
+    server.url = f"http://{name}:{sock.getsockname()[1]}"
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()

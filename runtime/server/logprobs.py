@@ -1,0 +1,84 @@
+"""Token log-probabilities in the shapes SGLang's /generate and the OpenAI APIs return."""
+from __future__ import annotations
+
+import codecs
+from typing import Any
+
+from ..sampler import TokenLogprob
+from ..tokenizer import Tokenizer
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token's text; a token that is only part of a UTF-8 character is spelled `bytes:\\xNN`
+    (OpenAI's convention), so no information is lost to a replacement character."""
+    raw = tokenizer.token_bytes[token_id]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+# ---- SGLang: [logprob, token_id, text or None] ------------------------------------------------------
+def sglang_entries(tokenizer: Tokenizer, entries: list[TokenLogprob],
+                   with_text: bool) -> tuple[list[list[Any]], list[list[list[Any]]]]:
+    """(token_logprobs, top_logprobs) for a run of scored tokens."""
+    def triple(token_id: int, logprob: float) -> list[Any]:
+        return [logprob, token_id, token_text(tokenizer, token_id) if with_text else None]
+
+    tokens = [triple(e.token_id, e.logprob) for e in entries]
+    tops = [[triple(t, lp) for t, lp in e.top] for e in entries]
+    return tokens, tops
+
+
+def sglang_logprob_fields(tokenizer: Tokenizer, prompt_ids: list[int], logprob_start_len: int,
+                          input_lps: list[TokenLogprob] | None, output_lps: list[TokenLogprob] | None,
+                          with_text: bool) -> dict[str, Any]:
+    """meta_info's four logprob lists. The prompt's first token has no logprob (nothing precedes
+    it); like SGLang it is listed as [None, id, text] when logprob_start_len is 0."""
+    in_tokens, in_tops = sglang_entries(tokenizer, input_lps or [], with_text)
+    if logprob_start_len == 0 and prompt_ids:
+        first = prompt_ids[0]
+        in_tokens.insert(0, [None, first, token_text(tokenizer, first) if with_text else None])
+        in_tops.insert(0, None)
+    out_tokens, out_tops = sglang_entries(tokenizer, output_lps or [], with_text)
+    return {"input_token_logprobs": in_tokens, "output_token_logprobs": out_tokens,
+            "input_top_logprobs": in_tops, "output_top_logprobs": out_tops}
+
+
+# ---- OpenAI /v1/completions ---------------------------------------------------------------------
+class TextOffsets:
+    """Where each token starts in a choice's text, in characters: a token that completes a multi-byte
+    character started by earlier tokens starts where that character does."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars = 0
+
+    def advance(self, token_id: int) -> int:
+        start = self.chars
+        self.chars += len(self.decoder.decode(self.tokenizer.token_bytes[token_id]))
+        return start
+
+
+def completion_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: list[TokenLogprob | None],
+                        offsets: TextOffsets) -> dict[str, Any]:
+    """The legacy completions `logprobs` object. A None entry is a token with no logprob (an echoed
+    prompt's first token)."""
+    return {
+        "tokens": [token_text(tokenizer, t) for t in token_ids],
+        "token_logprobs": [None if lp is None else lp.logprob for lp in logprobs],
+        "top_logprobs": [None if lp is None else {token_text(tokenizer, t): v for t, v in lp.top}
+                         for lp in logprobs],
+        "text_offset": [offsets.advance(t) for t in token_ids],
+    }
+
+
+# ---- OpenAI /v1/chat/completions ----------------------------------------------------------------
+def chat_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": token_text(tokenizer, token_id), "logprob": logprob,
+                "bytes": list(tokenizer.token_bytes[token_id])}
+
+    return {"content": [item(lp.token_id, lp.logprob) | {"top_logprobs": [item(t, v) for t, v in lp.top]}
+                        for lp in logprobs]}

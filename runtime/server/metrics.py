@@ -1,0 +1,36 @@
+"""GET /metrics in the Prometheus text format (0.0.4), from the engine's counters."""
+from __future__ import annotations
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (metric, engine stats key or None for a rate, type, help)
+_METRICS = (
+    ("num_running_requests", "running_requests", "gauge", "Requests admitted and being computed."),
+    ("num_waiting_requests", "waiting_requests", "gauge", "Requests queued or preempted, waiting to run."),
+    ("kv_cache_usage", "kv_usage", "gauge", "Share of the KV pool in use (live requests and cached prefixes)."),
+    ("kv_pool_tokens", "kv_pool_tokens", "gauge", "Size of the KV pool in tokens."),
+    ("kv_free_tokens", "kv_free_tokens", "gauge", "KV slots free right now."),
+    ("kv_cached_tokens", "kv_cached_tokens", "gauge", "Tokens held in the radix cache."),
+    ("cache_hit_rate", "cache_hit_rate", "gauge", "Share of prompt tokens served from the radix cache."),
+    ("prompt_tokens_total", "prompt_tokens_total", "counter", "Prompt tokens admitted."),
+    ("cached_tokens_total", "cached_tokens_total", "counter", "Prompt tokens reused from the radix cache."),
+    ("generation_tokens_total", "generated_tokens_total", "counter", "Tokens generated."),
+    ("requests_finished_total", "finished_requests_total", "counter", "Requests that finished."),
+    ("requests_aborted_total", "aborted_requests_total", "counter", "Requests aborted."),
+    ("preemptions_total", "preemptions_total", "counter", "Requests preempted to free KV memory."),
+    ("scheduler_steps_total", "steps_total", "counter", "Scheduler steps that ran the model."),
+)
+
+
+def render_metrics(stats: dict[str, float], prompt_tps: float, generation_tps: float, model: str) -> str:
+    label = '{model_name="' + model.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+    rows = [(name, stats[key], kind, text) for name, key, kind, text in _METRICS]
+    rows += [
+        ("prompt_tokens_per_second", prompt_tps, "gauge", "Prompt tokens admitted per second, recent average."),
+        ("generation_tokens_per_second", generation_tps, "gauge", "Tokens generated per second, recent average."),
+    ]
+    lines = []
+    for name, value, kind, text in rows:
+        full = f"radixlang_{name}"
+        lines += [f"# HELP {full} {text}", f"# TYPE {full} {kind}", f"{full}{label} {float(value)!r}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,230 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (streaming or not)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from ..engine import Completion
+from ..request import StreamChunk
+from ..sampler import TokenLogprob
+from ..sampling_params import SamplingParams
+from .errors import APIError, user_errors
+from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
+from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,
+                            new_id, sampling_params)
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .serving import events, open_stream, run
+from .state import ServerState, server_state
+from .streaming import sse_response
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    return {"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": state.created, "owned_by": "radixlang",
+        "max_model_len": state.engine.context_length}]}
+
+
+# ---- usage ----------------------------------------------------------------------------------------
+@dataclass
+class Usage:
+    """Token counts of a request: each prompt counts once, however many samples it has."""
+
+    job: Job
+    completion_tokens: int = 0
+    cached: dict[int, int] = field(default_factory=dict)  # prompt -> cached tokens (its first sample)
+
+    def add(self, index: int, completion_tokens: int, cached_tokens: int) -> None:
+        self.completion_tokens += completion_tokens
+        self.cached.setdefault(index // self.job.n, cached_tokens)
+
+    def body(self) -> dict[str, Any]:
+        prompt = sum(len(p) for p in self.job.prompts)
+        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
+                "total_tokens": prompt + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())}}
+
+
+@dataclass
+class _View:
+    """Renders one OpenAI request's choices: whole (`choice`) or as stream events (`start`, `render`
+    per engine chunk, `finish`). Subclasses name the objects and shape a choice."""
+
+    state: ServerState
+    body: CompletionRequest | ChatCompletionRequest
+    job: Job
+    kind: ClassVar[str]  # object type of a whole response
+    chunk_kind: ClassVar[str]  # object type of a stream event
+
+    def __post_init__(self) -> None:
+        self.usage = Usage(self.job)
+
+    def choice(self, k: int, c: Completion) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def start(self) -> list[dict]:
+        return []
+
+    def render(self, k: int, chunk: StreamChunk) -> list[dict]:
+        raise NotImplementedError
+
+    @property
+    def include_usage(self) -> bool:
+        return self.body.stream_options is not None and self.body.stream_options.include_usage
+
+    def finish(self) -> list[dict]:
+        """With stream_options.include_usage, a last event with no choices carries the usage."""
+        return [self._event([]) | {"usage": self.usage.body()}] if self.include_usage else []
+
+    def _event(self, choices: list[dict]) -> dict[str, Any]:
+        obj = {"id": self.job.id, "object": self.chunk_kind, "created": self.job.created,
+               "model": self.body.model, "choices": choices}
+        return obj | {"usage": None} if self.include_usage else obj
+
+    def whole(self, results: list[Completion]) -> dict[str, Any]:
+        usage = Usage(self.job)
+        for k, c in enumerate(results):
+            usage.add(k, c.meta.completion_tokens, c.meta.cached_tokens)
+        return {"id": self.job.id, "object": self.kind, "created": self.job.created, "model": self.body.model,
+                "choices": [self.choice(k, c) for k, c in enumerate(results)], "usage": usage.body()}
+
+
+async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Response:
+    state, job = view.state, view.job
+    with user_errors(fields):  # before anything is sized by n
+        SamplingParams.from_any(job.params).validate(state.engine.vocab_size, state.engine.context_length)
+    if view.body.stream:
+        chunks = open_stream(state, job.engine_args(), job.groups, fields)
+        return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish))
+    results = await run(state, request, job.engine_args(), job.groups, fields)
+    return JSONResponse(view.whole(results))
+
+
+# ---- /v1/completions ------------------------------------------------------------------------------
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = server_state(request)
+    state.ensure_open()
+    check_model(body.model, state.model_name)
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError(400, "best_of is not supported; use n for several samples", "best_of")
+    if body.suffix is not None:
+        raise APIError(400, "suffix is not supported", "suffix")
+    check_top_logprobs(body.logprobs, "logprobs")
+    prompts, texts = completion_prompts(state.engine.tokenizer, body.prompt)
+    max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    want_logprobs = body.logprobs is not None
+    job = Job(new_id("cmpl"), prompts, sampling_params(body, max_tokens), return_logprob=want_logprobs,
+              top_logprobs_num=body.logprobs or 0,
+              logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
+    fields = FIELDS | {"max_new_tokens": "max_tokens", "top_logprobs_num": "logprobs"}
+    return await _respond(request, _CompletionView(state, body, job, texts), fields)
+
+
+@dataclass
+class _CompletionView(_View):
+    body: CompletionRequest
+    texts: list[str] | None = None  # the prompts, when given as text (for echo)
+    offsets: dict[int, TextOffsets] = field(default_factory=dict)  # per choice, across its events
+    started: set[int] = field(default_factory=set)  # choices whose first event went out
+    kind: ClassVar[str] = "text_completion"
+    chunk_kind: ClassVar[str] = "text_completion"
+
+    def echo_text(self, p: int) -> str:
+        if self.texts is not None:
+            return self.texts[p]
+        return self.state.engine.tokenizer.decode(self.job.prompts[p], skip_special_tokens=False)
+
+    def _piece(self, k: int, text: str, ids: list[int], lps: list[TokenLogprob | None],
+               input_lps: list[TokenLogprob] | None, first: bool) -> dict[str, Any]:
+        """Text and logprobs of a run of choice k's tokens; its first run carries the echoed prompt."""
+        p = k // self.job.n
+        if first and self.body.echo:
+            text = self.echo_text(p) + text
+            if self.job.return_logprob:
+                ids = self.job.prompts[p] + ids
+                lps = [None, *(input_lps or []), *lps]
+        logprobs = None
+        if self.job.return_logprob:
+            offsets = self.offsets.setdefault(k, TextOffsets(self.state.engine.tokenizer))
+            logprobs = completion_logprobs(self.state.engine.tokenizer, ids, lps, offsets)
+        return {"index": k, "text": text, "logprobs": logprobs}
+
+    def choice(self, k: int, c: Completion) -> dict[str, Any]:
+        piece = self._piece(k, c.text, c.output_ids, list(c.meta.output_logprobs or []),
+                            c.meta.input_logprobs, True)
+        return piece | {"finish_reason": c.meta.finish_reason, "matched_stop": c.meta.matched_stop}
+
+    def render(self, k: int, chunk: StreamChunk) -> list[dict]:
+        first = k not in self.started
+        self.started.add(k)
+        piece = self._piece(k, chunk.text, chunk.token_ids, list(chunk.logprobs), chunk.input_logprobs, first)
+        if chunk.finished:
+            self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens)
+            piece |= {"finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
+        elif not piece["text"] and piece["logprobs"] is None:
+            return []  # text held back (a partial character or stop string) and nothing else to say
+        else:
+            piece["finish_reason"] = None
+        return [self._event([piece])]
+
+
+# ---- /v1/chat/completions -------------------------------------------------------------------------
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = server_state(request)
+    state.ensure_open()
+    check_model(body.model, state.model_name)
+    check_top_logprobs(body.top_logprobs, "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    engine = state.engine
+    prompt = chat_prompt(engine.tokenizer, body.messages)
+    max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # no limit given: up to the context (the engine stops there)
+    params = sampling_params(body, engine.context_length if max_tokens is None else max_tokens)
+    job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
+              top_logprobs_num=body.top_logprobs or 0)
+    fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
+    return await _respond(request, _ChatView(state, body, job), fields)
+
+
+@dataclass
+class _ChatView(_View):
+    body: ChatCompletionRequest
+    kind: ClassVar[str] = "chat.completion"
+    chunk_kind: ClassVar[str] = "chat.completion.chunk"
+
+    def _logprobs(self, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        return chat_logprobs(self.state.engine.tokenizer, lps or []) if self.body.logprobs else None
+
+    def choice(self, k: int, c: Completion) -> dict[str, Any]:
+        return {"index": k, "message": {"role": "assistant", "content": c.text},
+                "logprobs": self._logprobs(c.meta.output_logprobs), "finish_reason": c.meta.finish_reason,
+                "matched_stop": c.meta.matched_stop}
+
+    def start(self) -> list[dict]:
+        """Each choice's first event names the assistant role, as OpenAI's stream does."""
+        return [self._event([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+                for k in range(len(self.job.prompts) * self.job.n)]
+
+    def render(self, k: int, chunk: StreamChunk) -> list[dict]:
+        delta = {"content": chunk.text} if chunk.text else {}
+        choice: dict[str, Any] = {"index": k, "delta": delta,
+                                  "logprobs": self._logprobs(chunk.logprobs) if chunk.logprobs else None,
+                                  "finish_reason": None}
+        if chunk.finished:
+            self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens)
+            choice |= {"finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
+        elif not delta and choice["logprobs"] is None:
+            return []
+        return [self._event([choice])]

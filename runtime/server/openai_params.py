@@ -1,0 +1,136 @@
+"""OpenAI request -> engine arguments: prompts, chat template, sampling params, request ids."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import MAX_TOP_LOGPROBS
+from ..engine import sample_rids
+from ..tokenizer import Tokenizer
+from .errors import APIError, user_errors
+from .protocol import ChatMessage, ResponseFormat, SamplingFields
+
+# OpenAI / extension fields that are also engine sampling params of the same name
+_PASSTHROUGH = ("temperature", "top_p", "stop", "seed", "frequency_penalty", "presence_penalty", "top_k",
+                "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+                "no_stop_trim", "regex", "grammar")
+# engine field -> the name the client used, for error messages (routes add their own)
+FIELDS = {name: name for name in (*_PASSTHROUGH, "n")} | {"min_new_tokens": "min_tokens", "input_ids": "prompt",
+                                                            "json_schema": "response_format"}
+_CONSTRAINTS = ("json_schema", "regex", "grammar")
+
+
+@dataclass
+class Job:
+    """One OpenAI request as the engine runs it: every prompt x n samples."""
+
+    id: str
+    prompts: list[list[int]]
+    params: dict[str, Any]
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def n(self) -> int:
+        return self.params["n"]
+
+    @property
+    def rids(self) -> list[str]:
+        return [self.id] if len(self.prompts) == 1 else [f"{self.id}-{i}" for i in range(len(self.prompts))]
+
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        """All samples abort together by the response id."""
+        return {self.id: sample_rids(self.rids, self.n)}
+
+    def engine_args(self) -> dict[str, Any]:
+        return dict(input_ids=self.prompts, sampling_params=self.params, return_logprob=self.return_logprob,
+                    logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num,
+                    rid=self.rids)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_model(model: str, served: str) -> None:
+    if model not in (served, "default"):
+        raise APIError(404, f"model {model!r} is not served here; use {served!r} (or 'default')", "model",
+                       kind="not_found_error")
+
+
+def check_top_logprobs(value: int | None, param: str) -> None:
+    if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {value}", param)
+
+
+def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
+    """Engine sampling params; response_format / regex / grammar become constrained decoding."""
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", "logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
+    params |= {name: getattr(req, name) for name in _PASSTHROUGH if getattr(req, name) is not None}
+    if req.min_tokens is not None:
+        params["min_new_tokens"] = req.min_tokens
+    schema = _response_format_schema(req.response_format)
+    if schema is not None:
+        params["json_schema"] = schema
+    constraints = [k for k in _CONSTRAINTS if k in params]
+    if len(constraints) > 1:
+        raise APIError(400, "use at most one of response_format (JSON), regex and grammar", constraints[1])
+    return params
+
+
+def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
+    """The JSON schema (as a JSON string, like SGLang's json_schema) that a response_format asks for."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json.dumps({"type": "object"})
+    assert fmt.json_schema is not None  # the model validator guarantees it
+    return json.dumps(fmt.json_schema.schema_)
+
+
+def completion_prompts(tokenizer: Tokenizer, prompt: str | list) -> tuple[list[list[int]], list[str] | None]:
+    """Token ids of each prompt of /v1/completions, and their texts when given as text."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", "prompt")
+    if isinstance(prompt[0], str):
+        return [tokenizer.encode(t) if t else [] for t in prompt], list(prompt)
+    return ([prompt] if isinstance(prompt[0], int) else prompt), None
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
+    """The conversation rendered with the model's chat template, ready for the assistant's turn."""
+    rendered = []
+    for i, m in enumerate(messages):
+        message = {"role": m.role, "content": _message_text(m, i)}
+        if m.name is not None:
+            message["name"] = m.name
+        rendered.append(message)
+    with user_errors({}):
+        text = tokenizer.apply_chat_template(rendered)
+    return tokenizer.encode(text)
+
+
+def _message_text(m: ChatMessage, i: int) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    texts = []
+    for j, part in enumerate(m.content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
+            raise APIError(400, f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, "
+                                f"got type {part.get('type')!r}", f"messages[{i}].content[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)

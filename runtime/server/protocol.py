@@ -1,0 +1,119 @@
+"""Request bodies of the HTTP API: SGLang's native /generate and the OpenAI-compatible routes.
+
+Strict models: a wrong type is an error rather than a silent coercion, and unknown fields are
+rejected, so a misspelled option never goes unnoticed.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---- native (SGLang) ------------------------------------------------------------------------------
+class GenerateRequest(StrictModel):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | None = None  # validated by the engine (SamplingParams)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt_kind(self) -> "GenerateRequest":
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("pass exactly one of text and input_ids")
+        return self
+
+
+class AbortRequest(StrictModel):
+    rid: str | None = None
+    abort_all: bool = False
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "AbortRequest":
+        if (self.rid is None) == (not self.abort_all):
+            raise ValueError("pass either rid or abort_all=true")
+        return self
+
+
+# ---- OpenAI ---------------------------------------------------------------------------------------
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(StrictModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_needed(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type 'json_schema' and allowed only with it")
+        return self
+
+
+class SamplingFields(StrictModel):
+    """What both OpenAI routes share, plus SGLang's extension fields."""
+
+    model: str
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # extensions (SGLang / vLLM names)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    regex: str | None = None
+    grammar: str | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None

@@ -1,0 +1,69 @@
+"""Running a request on the engine for a route: claim its ids, tie it to the connection, map errors."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
+
+from fastapi import Request
+
+from ..engine import Completion
+from ..request import StreamChunk
+from .errors import APIError, error_body, user_errors
+from .state import ServerState
+from .streaming import SSE_DONE, sse, until_disconnect
+
+logger = logging.getLogger(__name__)
+Groups = dict[str, list[str]]
+
+
+async def run(state: ServerState, request: Request, args: dict[str, Any], groups: Groups,
+              fields: Mapping[str, str]) -> list[Completion]:
+    """Every completion of a non-streaming request, in `generate`'s order. Raises ClientGone if the
+    client disconnects first (its requests are aborted), APIError for a bad or failed request."""
+    with state.live.claim(groups), user_errors(fields):
+        out = await until_disconnect(request, state.engine.async_generate(**args))
+    results = out if isinstance(out, list) else [out]
+    for c in results:
+        if c.meta.error is not None:
+            raise APIError(state.error_status(), c.meta.error, kind="server_error")
+    return results
+
+
+def open_stream(state: ServerState, args: dict[str, Any], groups: Groups,
+                fields: Mapping[str, str]) -> AsyncIterator[tuple[int, StreamChunk]]:
+    """The engine stream of a streaming request, validated now so errors are still a 4xx status."""
+    with user_errors(fields):
+        chunks = state.engine.async_stream_batch(**args)
+    state.live.check(groups)
+    return chunks
+
+
+async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple[int, StreamChunk]],
+                 render: Callable[[int, StreamChunk], Iterable[dict]],
+                 start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: ()
+                 ) -> AsyncIterator[str]:
+    """SSE text for a stream: `start` events, `render`'s events per chunk, `finish` events once all
+    samples are done, then [DONE]. An engine error ends the stream with an error event instead."""
+    try:
+        with state.live.claim(groups):
+            async with contextlib.aclosing(chunks):
+                for obj in start:
+                    yield sse(obj)
+                failed = False
+                async for i, chunk in chunks:
+                    if chunk.error is not None:
+                        yield sse(error_body(state.error_status(), chunk.error, kind="server_error"))
+                        failed = True
+                        break
+                    for obj in render(i, chunk):
+                        yield sse(obj)
+                if not failed:
+                    for obj in finish():
+                        yield sse(obj)
+    except APIError as e:  # an id was taken between the check and the stream's start
+        yield sse(error_body(e.status, e.message, e.param))
+    except Exception as e:  # a bug here: still end the stream with a clear error (its requests are aborted)
+        logger.exception("stream failed")
+        yield sse(error_body(500, f"internal error: {e!r}", kind="server_error"))
+    yield SSE_DONE

@@ -1,0 +1,140 @@
+"""What the HTTP layer keeps next to the engine: live request ids, throughput samples, draining."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
+
+from fastapi import Request
+
+from ..config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
+from ..engine import Engine
+from .errors import APIError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LiveRequests:
+    """Request ids in flight, grouped by the id a client can abort them by (an SGLang rid or an
+    OpenAI response id) -> the engine ids of its samples. Touched only on the event loop."""
+
+    engine: Engine
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    rids: set[str] = field(default_factory=set)
+
+    def check(self, groups: dict[str, list[str]]) -> None:
+        """Raises a 400 unless every id is new: unique in the request (a sample may share only its
+        own group's id) and not in use by a request in flight."""
+        samples = [r for rids in groups.values() for r in rids]
+        clash = any(r != key and r in groups for key, rids in groups.items() for r in rids)
+        if clash or len(set(samples)) != len(samples):
+            raise APIError(400, "request ids must be unique within a request", "rid")
+        for key in [*groups, *samples]:
+            if key in self.groups or key in self.rids:
+                raise APIError(400, f"request id {key!r} is already in use", "rid")
+
+    @contextlib.contextmanager
+    def claim(self, groups: dict[str, list[str]]) -> Iterator[None]:
+        self.check(groups)
+        self.groups.update(groups)
+        for rids in groups.values():
+            self.rids.update(rids)
+        try:
+            yield
+        finally:
+            for key, rids in groups.items():
+                self.groups.pop(key, None)
+                self.rids.difference_update(rids)
+
+    def abort(self, key: str) -> int:
+        """Aborts a group (or one sample by its engine id); how many engine requests that was."""
+        rids = self.groups.get(key) or ([key] if key in self.rids else [])
+        for rid in rids:
+            self.engine.abort(rid)
+        return len(rids)
+
+    def abort_all(self) -> int:
+        for rid in self.rids:
+            self.engine.abort(rid)
+        return len(self.rids)
+
+
+@dataclass
+class Throughput:
+    """Token rates over a sliding window of (time, prompt tokens, generated tokens) counter samples."""
+
+    window_s: float = METRICS_WINDOW_S
+    samples: deque[tuple[float, float, float]] = field(default_factory=deque)
+
+    def add(self, t: float, prompt_total: float, generated_total: float) -> None:
+        self.samples.append((t, prompt_total, generated_total))
+        while len(self.samples) > 2 and self.samples[1][0] <= t - self.window_s:
+            self.samples.popleft()
+
+    def rates(self) -> tuple[float, float]:
+        """(prompt tokens/s, generated tokens/s); zero until two samples span some time."""
+        if len(self.samples) < 2 or self.samples[-1][0] <= self.samples[0][0]:
+            return 0.0, 0.0
+        (t0, p0, g0), (t1, p1, g1) = self.samples[0], self.samples[-1]
+        return (p1 - p0) / (t1 - t0), (g1 - g0) / (t1 - t0)
+
+
+class ServerState:
+    def __init__(self, engine: Engine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+        self.created = int(time.time())
+        self.live = LiveRequests(engine)
+        self.throughput = Throughput()
+        self.draining = False
+
+    async def stats(self) -> dict[str, float]:
+        """Engine counters (read on the scheduler thread, off the event loop); also a rate sample."""
+        stats = await asyncio.to_thread(self.engine.stats)
+        self.throughput.add(time.monotonic(), stats["prompt_tokens_total"], stats["generated_tokens_total"])
+        return stats
+
+    def ensure_open(self) -> None:
+        if self.draining:
+            raise APIError(503, "the server is shutting down", kind="unavailable")
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Refuses new requests; whatever still runs after `grace_s` seconds is aborted."""
+        self.draining = True
+        asyncio.get_running_loop().call_later(max(grace_s, 0.0), self._abort_stragglers)
+
+    def _abort_stragglers(self) -> None:
+        n = self.live.abort_all()
+        if n:
+            logger.warning("shutdown: aborted %d request(s) still running after the grace period", n)
+
+    def error_status(self) -> int:
+        """Status for a request the engine ended with an error: 503 while shutting down, else 500."""
+        return 503 if self.draining else 500
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        sampler = asyncio.create_task(self._sample_forever())
+        try:
+            yield
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+    async def _sample_forever(self) -> None:
+        while True:
+            try:
+                await self.stats()
+            except RuntimeError:  # engine shut down underneath us: nothing left to sample
+                return
+            await asyncio.sleep(METRICS_SAMPLE_INTERVAL_S)
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server

@@ -1,0 +1,72 @@
+"""`radixlang serve` as a real process: it answers, and exits cleanly on SIGTERM."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+from radixlang.runtime.server.cli import _engine_options, build_parser
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_flags_become_engine_options():
+    args = build_parser().parse_args(["serve", "--port", "8123", "--kv-cache-tokens", "512",
+                                      "--schedule-policy", "fcfs", "--disable-radix-cache", "--mem-fraction", "0.2"])
+    assert args.port == 8123 and args.host == "127.0.0.1"
+    assert _engine_options(args) == {"kv_cache_tokens": 512, "schedule_policy": "fcfs",
+                                     "disable_radix_cache": True, "mem_fraction": 0.2}
+
+
+def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
+    res = subprocess.run([sys.executable, "-m", "radixlang.runtime.server.cli", "serve", "--model",
+                          str(tiny_model_dir), "--schedule-policy", "random"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "schedule_policy must be one of" in res.stderr
+
+
+def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(tiny_model_dir, stream_in_thread):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixlang.runtime.server.cli", "serve", "--model", str(tiny_model_dir),
+         "--port", str(port), "--device", "cpu", "--kv-cache-tokens", "2048", "--served-model-name", "tiny",
+         "--graceful-timeout", "2", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            assert [m.id for m in client.models.list().data] == ["tiny"]
+            out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=5, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 5
+        # still running when SIGTERM comes: aborted after the grace period
+        reader, lines = stream_in_thread(url, {"text": "go", "sampling_params": {"max_new_tokens": 1000,
+                                                                                "ignore_eos": True}})
+        proc.send_signal(signal.SIGTERM)
+        reader.join(30)
+        assert proc.wait(timeout=30) == 0
+        assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
