@@ -1,4 +1,5 @@
-"""The HTTP Endpoint backend gives what the in-process backend gives, through the /generate contract."""
+"""The HTTP Endpoint backend, against the real server (runtime/server), gives what the in-process backend
+gives."""
 from __future__ import annotations
 
 import pytest
@@ -6,6 +7,21 @@ import pytest
 import radixlang as rl
 
 PREFIX = "Question: which city is the capital of France? The answer is "
+
+
+@pytest.fixture
+def endpoint(engine, server_url) -> rl.Endpoint:
+    # the server has no GET /get_model_info (yet), so roles take the template from the caller
+    return rl.Endpoint(server_url, chat_template=engine.tokenizer.chat_template)
+
+
+def recorded(endpoint: rl.Endpoint, monkeypatch) -> list[tuple[str, dict]]:
+    """The (path, body) of every request the endpoint sends."""
+    sent: list[tuple[str, dict]] = []
+    original = endpoint._open
+    monkeypatch.setattr(endpoint, "_open", lambda path, payload=None: (sent.append((path, payload)),
+                                                                      original(path, payload))[1])
+    return sent
 
 
 @rl.function
@@ -21,33 +37,35 @@ def pick(s, method):
     s += PREFIX + rl.select("city", ["Paris", "London", "Rome and Milan"], choices_method=method)
 
 
-def test_endpoint_generates_like_the_engine_backend(backend, contract_server):
-    endpoint = rl.Endpoint(contract_server.url)
+def test_endpoint_generates_like_the_engine_backend(backend, endpoint, monkeypatch):
+    sent = recorded(endpoint, monkeypatch)
     remote = chat.run(question="Hi?", backend=endpoint)
     local = chat.run(question="Hi?", backend=backend)
     assert remote.error() is None
     assert remote.text() == local.text() and remote.messages() == local.messages()
     assert (remote["answer"], remote["topic"]) == (local["answer"], local["topic"])
-    meta = remote.get_meta_info("answer")
-    assert meta["completion_tokens"] == local.get_meta_info("answer")["completion_tokens"]
-    streamed = [body for path, body in contract_server.requests if path == "/generate" and body.get("stream")]
+    got, want = remote.get_meta_info("answer"), local.get_meta_info("answer")
+    assert got["completion_tokens"] == want["completion_tokens"]
+    assert got["finish_reason"] == want["finish_reason"]
+    assert [e[1] for e in got["output_token_logprobs"]] == [e[1] for e in want["output_token_logprobs"]]
+    streamed = [body for path, body in sent if path == "/generate" and body.get("stream")]
     assert len(streamed) == 2 and streamed[0]["sampling_params"] == {"max_new_tokens": 10, "temperature": 0}
 
 
-def test_endpoint_streams_text_as_it_arrives(contract_server):
+def test_endpoint_streams_text_as_it_arrives(endpoint):
     @rl.function
     def long_answer(s):
         s += "Once upon a time" + rl.gen("story", max_tokens=64, temperature=0, ignore_eos=True)
 
-    state = long_answer.run(backend=rl.RuntimeEndpoint(contract_server.url), stream=True)
+    state = long_answer.run(backend=endpoint, stream=True)
     chunks = list(state.text_iter("story"))
     assert len(chunks) > 1 and "".join(chunks) == state["story"]
 
 
 @pytest.mark.parametrize("method", [rl.token_length_normalized, rl.greedy_token_selection,
                                     rl.unconditional_likelihood_normalized])
-def test_endpoint_select_matches_the_engine_backend(backend, contract_server, method):
-    remote = pick.run(method, backend=rl.Endpoint(contract_server.url))
+def test_endpoint_select_matches_the_engine_backend(backend, endpoint, method):
+    remote = pick.run(method, backend=endpoint)
     local = pick.run(method, backend=backend)
     assert remote["city"] == local["city"]
     got, want = remote.get_meta_info("city"), local.get_meta_info("city")
@@ -59,63 +77,62 @@ def test_endpoint_select_matches_the_engine_backend(backend, contract_server, me
             want["normalized_unconditional_prompt_logprobs"], abs=1e-4)
 
 
-def test_endpoint_select_finds_healing_beyond_its_window(backend, contract_server, monkeypatch):
+def test_endpoint_select_finds_healing_beyond_its_window(backend, endpoint, monkeypatch):
     monkeypatch.setattr(rl.lang.endpoint, "SELECT_HEAL_WINDOW", 1)
-    prefix = "Pick a word: super"  # the choices rejoin "super" into one token, further back than one token
+    prefix = "Pick a word: super"  # "market" rejoins " super" into " supermarket": before a 1-token window
 
     @rl.function
     def word(s):
         s += prefix + rl.select("w", ["man", "market"])
 
-    remote = word.run(backend=rl.Endpoint(contract_server.url))
+    sent = recorded(endpoint, monkeypatch)
+    remote = word.run(backend=endpoint)
     local = word.run(backend=backend)
     assert remote["w"] == local["w"]
-    assert remote.get_meta_info("w")["input_token_logprobs"][0][0][1] == \
-        local.get_meta_info("w")["input_token_logprobs"][0][0][1]
+    assert [[e[1] for e in row] for row in remote.get_meta_info("w")["input_token_logprobs"]] == \
+        [[e[1] for e in row] for row in local.get_meta_info("w")["input_token_logprobs"]]
+    starts = [body["logprob_start_len"] for path, body in sent if body and "logprob_start_len" in body]
+    assert starts == [4, 0]  # the window first, then the whole prompt
 
 
-def test_remote_run_ships_the_program_and_rebuilds_its_state(backend, contract_server):
-    remote = chat.run(question="Hi?", backend=rl.Endpoint(contract_server.url), remote=True)
+def test_remote_run_ships_the_program_and_rebuilds_its_state(backend, engine, programs_server, monkeypatch):
+    endpoint = rl.Endpoint(programs_server.url, chat_template=engine.tokenizer.chat_template)
+    sent = recorded(endpoint, monkeypatch)
+    remote = chat.run(question="Hi?", backend=endpoint, remote=True)
     local = chat.run(question="Hi?", backend=backend)
     assert remote.text() == local.text() and remote.messages() == local.messages()
     assert remote["topic"] == local["topic"]
     assert remote.get_meta_info("answer")["completion_tokens"] == local.get_meta_info("answer")["completion_tokens"]
-    (program,) = [body for path, body in contract_server.requests if path == "/v1/programs"]
-    assert program["args"] == {} and program["program"]["params"] == []
+    (path, body), = sent
+    assert path == "/v1/programs" and body["args"] == {} and body["program"]["params"] == []
 
 
-def test_endpoint_cache_and_flush(contract_server, engine):
-    endpoint = rl.Endpoint(contract_server.url)
+def test_endpoint_cache_and_flush(endpoint, engine):
     endpoint.cache_prefix(PREFIX)
     assert engine.stats()["kv_cached_tokens"] == len(engine.tokenizer.encode(PREFIX))
     assert rl.flush_cache(endpoint) is True
     assert engine.stats()["kv_cached_tokens"] == 0
 
 
-def test_endpoint_errors_are_clear(contract_server):
+def test_endpoint_errors_are_clear(endpoint):
     @rl.function
     def bad(s):
         s += "x" + rl.gen("y", top_k=10**9)  # only the server knows the vocabulary size
 
-    state = bad.run(backend=rl.Endpoint(contract_server.url))
+    state = bad.run(backend=endpoint)
     assert isinstance(state.error(), ValueError) and "top_k must be in" in str(state.error())
 
     @rl.function
     def with_image(s):
         s += "x" + rl.image(b"img") + rl.gen("y", max_tokens=1)
 
-    assert "no image field" in str(with_image.run(backend=rl.Endpoint(contract_server.url)).error())
-
-    closed = rl.Endpoint("http://127.0.0.1:9")
-    state = chat.run(question="Hi?", backend=closed)
+    assert "no image field" in str(with_image.run(backend=endpoint).error())
+    state = chat.run(question="Hi?", backend=rl.Endpoint("http://127.0.0.1:9"))
     assert isinstance(state.error(), ConnectionError)
     with pytest.raises(ValueError, match="http"):
         rl.Endpoint("localhost:30000")
 
 
-def test_roles_need_a_chat_template_from_the_server_or_the_caller(backend, contract_server, engine):
-    contract_server.model_info = False
-    state = chat.run(question="Hi?", backend=rl.Endpoint(contract_server.url))
+def test_roles_need_a_chat_template_from_the_server_or_the_caller(backend, server_url):
+    state = chat.run(question="Hi?", backend=rl.Endpoint(server_url))
     assert isinstance(state.error(), ValueError) and "chat_template=" in str(state.error())
-    given = rl.Endpoint(contract_server.url, chat_template=engine.tokenizer.chat_template)
-    assert chat.run(question="Hi?", backend=given).text() == chat.run(question="Hi?", backend=backend).text()
