@@ -66,8 +66,10 @@ class Endpoint:
                 if data == b"[DONE]":
                     return
                 event = json.loads(data)
-                if isinstance(event, dict) and "error" in event and "event" not in event:
-                    raise _http_error(event.get("code", 500), json.dumps(event).encode())
+                if isinstance(event, dict) and "error" in event and "event" not in event:  # the stream failed
+                    error = event["error"]
+                    code = error.get("code") if isinstance(error, dict) else None
+                    raise _http_error(code if isinstance(code, int) else 500, data)
                 yield event
 
     def model_info(self) -> dict[str, Any]:

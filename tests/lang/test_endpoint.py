@@ -2,6 +2,8 @@
 gives."""
 from __future__ import annotations
 
+import io
+
 import pytest
 
 import radixlang as rl
@@ -136,3 +138,12 @@ def test_endpoint_errors_are_clear(endpoint):
 def test_roles_need_a_chat_template_from_the_server_or_the_caller(backend, server_url):
     state = chat.run(question="Hi?", backend=rl.Endpoint(server_url))
     assert isinstance(state.error(), ValueError) and "chat_template=" in str(state.error())
+
+
+def test_an_error_event_mid_stream_fails_the_gen(endpoint, monkeypatch):
+    lines = [b'data: {"text": "par", "meta_info": {"finish_reason": null}}\n\n',
+             b'data: {"error": {"message": "engine exploded", "type": "server_error", "code": 500}}\n\n',
+             b"data: [DONE]\n\n"]
+    monkeypatch.setattr(endpoint, "_open", lambda path, payload=None: io.BytesIO(b"".join(lines)))
+    state = rl.function(lambda s: s.__iadd__("x" + rl.gen("y"))).run(backend=endpoint)
+    assert isinstance(state.error(), RuntimeError) and "engine exploded" in str(state.error())
