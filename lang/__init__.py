@@ -9,7 +9,8 @@ from .engine_backend import EngineBackend, Runtime
 from .interpreter import interpret, run_ir
 from .ir import IR_VERSION, ProgramIR, TraceError
 from .program import Program, function, program
-from .state import ProgramCancelled, ProgramEvent, ProgramState, ProgramStateGroup
+from .executor import ProgramCancelled, ProgramEvent
+from .state import ProgramState, ProgramStateGroup
 
 __all__ = [
     "Backend", "ChoicesDecision", "ChoicesSamplingMethod", "Endpoint", "EngineBackend", "GenDelta", "IR_VERSION",

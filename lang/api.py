@@ -6,7 +6,8 @@ from typing import Any
 
 from .choices import method_key, token_length_normalized
 from .images import load_image
-from .ir import (Gen, GenParams, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, _check_select,
+from .gen_params import GenParams
+from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, check_select,
                  check_choices)
 
 _DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
@@ -66,7 +67,7 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
         _concrete("select", "choices", choices)
         source = check_choices(choices, f"select {name!r}")
     node = Select(name, source, method_key(choices_method), temperature)
-    _check_select(node, f"select {name!r}")
+    check_select(node, f"select {name!r}")
     return node
 
 

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from .backend import as_backend
 from .images import load_image
-from .ir import Arg, Fork, GenParams, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices
-from .state import ProgramEvent, ProgramState, _Run
+from .gen_params import GenParams
+from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices
+from .executor import ProgramEvent, Run
+from .state import ProgramState
 from .tracer import constant_prefix, trace_program
 from ..runtime.config import RUN_BATCH_AUTO_THREADS
 
@@ -46,7 +48,7 @@ def sampling_defaults(sampling: Mapping[str, Any] | None) -> GenParams:
 def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: GenParams, stream: bool,
                 events: queue.Queue | None = None) -> ProgramState:
     """Runs `func(state)`; with stream, in a background thread (the state streams as it grows)."""
-    run = _Run(as_backend(backend), defaults, events)
+    run = Run(as_backend(backend), defaults, events)
     state = ProgramState(run.new_core(None))
 
     def body() -> None:
