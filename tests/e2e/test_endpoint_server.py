@@ -45,6 +45,7 @@ def local(tiny_model_dir):
 
     engine = Engine(model=str(tiny_model_dir), kv_cache_tokens=8192, device="cpu")
     yield rl.EngineBackend(engine)
+    engine.check_invariants()
     engine.shutdown()
 
 
