@@ -15,6 +15,10 @@ import torch
 
 from ..kernels.reference import TorchAttention
 from .config import EngineConfig, available_memory_bytes
+from .constrained.compiler import ConstraintCompiler
+from .constrained.jump_forward import JumpForwarder
+from .constrained.matcher import Constraint, Matcher
+from .constrained.vocab import TokenVocab
 from .detokenizer import IncrementalDetokenizer
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
@@ -61,6 +65,8 @@ class _Collector:
     input_logprobs: list[TokenLogprob] | None = None
 
     def add(self, chunk: StreamChunk) -> None:
+        if chunk.rollback:  # jump-forward re-split the last tokens (their text is unchanged)
+            del self.ids[-chunk.rollback:]
         self.text.append(chunk.text)
         self.ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -86,6 +92,7 @@ class _Submission:
     logprob_start_len: int
     top_logprobs_num: int
     rid: str
+    constraint: Constraint | None = None
 
 
 class Engine:
@@ -106,7 +113,11 @@ class Engine:
         req_to_token = ReqToToken(cfg.max_running_requests, self.context_length, self.device)
         cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=self.device)
         runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), self.device)
-        self.scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, self.context_length)
+        self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
+                                              cfg.constrained_json_whitespace_pattern)
+        jump = None if cfg.disable_jump_forward else JumpForwarder(self.tokenizer)
+        self.scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, self.context_length,
+                                   jump=jump)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -186,6 +197,8 @@ class Engine:
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
         rids = self._rids(rid, len(prompts), params.n)
+        spec = params.constraint
+        constraint = self.constraints.compile(*spec) if spec is not None else None
         subs = []
         for i, ids in enumerate(prompts):
             for j in range(params.n):
@@ -195,7 +208,7 @@ class Engine:
                     p.n = 1
                     p.seed = None if params.seed is None else params.seed + j
                 subs.append(_Submission(ids, p, return_logprob, logprob_start_len, top_logprobs_num,
-                                        rids[i * params.n + j]))
+                                        rids[i * params.n + j], constraint))
         return subs, single
 
     def _prompt_ids(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
@@ -246,12 +259,18 @@ class Engine:
         else:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
+        sampling = SamplingState.create(p, sub.prompt_ids, self.tokenizer.eos_token_ids,
+                                        self.vocab_size, self.device, seed)
+        matcher = None
+        if sub.constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
+            end_ids = tuple(i for i in sub.constraint.vocab.end_ids if i in sampling.stop_ids)
+            matcher = Matcher(sub.constraint, end_ids, self.device)
         return Req(
             rid=sub.rid,
             prompt_ids=sub.prompt_ids,
             params=p,
-            sampling=SamplingState.create(p, sub.prompt_ids, self.tokenizer.eos_token_ids,
-                                          self.vocab_size, self.device, seed),
+            sampling=sampling,
+            constraint=matcher,
             detok=IncrementalDetokenizer(self.tokenizer, p.stop, p.skip_special_tokens,
                                          trim_stop=not p.no_stop_trim, context_ids=sub.prompt_ids),
             sink=sink,
@@ -414,6 +433,8 @@ class Engine:
                 "finished_requests_total": s.finished,
                 "aborted_requests_total": s.aborted,
                 "steps_total": s.steps,
+                "jump_forwards_total": s.jump_forwards,
+                "jump_forward_tokens_total": s.jump_forward_tokens,
             }
         return self._call(read).result()
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .constrained.matcher import Matcher
 from .detokenizer import IncrementalDetokenizer
 from .memory import SwappedKV
 from .radix_cache import TreeNode
@@ -37,6 +38,7 @@ class StreamChunk:
     cached_tokens: int = 0
     completion_tokens: int = 0
     input_logprobs: list[TokenLogprob] | None = None
+    rollback: int = 0  # drop this many earlier-streamed token ids before appending token_ids (jump-forward)
 
 
 @dataclass(eq=False)
@@ -52,6 +54,7 @@ class Req:
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
     arrival: float = field(default_factory=time.monotonic)
+    constraint: Matcher | None = None  # regex / JSON schema / grammar state, one per output token
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)

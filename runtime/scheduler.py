@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig
+from .constrained.jump_forward import JumpForwarder
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ChunkLogits, ModelRunner, ScheduledChunk
 from .radix_cache import RadixCache
@@ -33,6 +34,8 @@ class SchedulerStats:
     preemptions: int = 0
     finished: int = 0
     aborted: int = 0
+    jump_forwards: int = 0
+    jump_forward_tokens: int = 0  # output tokens added by jump-forward rather than sampled (net)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Scheduler:
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     stats: SchedulerStats = field(default_factory=SchedulerStats)
+    jump: JumpForwarder | None = None  # None: jump-forward disabled
 
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
@@ -227,23 +231,82 @@ class Scheduler:
     def _append_token(self, req: Req, logits: torch.Tensor) -> None:
         p = req.params
         block_stop = len(req.output_ids) < p.min_new_tokens
-        token = sample_one(logits, req.sampling, None, block_stop)
+        mask = None
+        if req.constraint is not None:
+            mask = req.constraint.mask()
+            block_stop = block_stop and not req.constraint.is_complete()  # the constraint may only end
+        token = sample_one(logits, req.sampling, mask, block_stop)
+        if req.constraint is not None and not req.constraint.advance(token):
+            self._finish(req, "abort", error=f"internal error: the constraint rejected sampled token {token}")
+            return
         req.output_ids.append(token)
         req.sampling.observe(token)
         self.stats.generated_tokens += 1
         logprobs = token_logprobs(logits.view(1, -1), torch.tensor([token], device=logits.device),
                                   req.top_logprobs_num) if req.return_logprob else []
-        n_out = len(req.output_ids)
         if token in req.sampling.stop_ids:
             self._emit(req, req.detok.flush(), [token], logprobs)
             self._finish(req, "stop", matched=token)
             return
-        result = req.detok.add([token], check_stop=n_out >= p.min_new_tokens)
-        self._emit(req, result.delta, [token], logprobs)
+        retract, new_ids = self._jump_forward(req, token) if self._may_jump(req) else (0, [token])
+        n_out = len(req.output_ids)
+        check_stop = n_out >= p.min_new_tokens
+        result = req.detok.reread(req.output_ids, check_stop) if retract else req.detok.add(new_ids, check_stop)
+        self._emit(req, result.delta, new_ids, logprobs, retract)
         if result.stop is not None:
             self._finish(req, "stop", matched=result.stop)
         elif n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
             self._finish(req, "length")
+        elif req.constraint is not None and req.constraint.is_complete() and not req.constraint.end_ids:
+            self._finish(req, "stop")  # complete, and no EOS to sample (ignore_eos)
+
+    # ---- jump-forward ---------------------------------------------------------------------------
+    def _may_jump(self, req: Req) -> bool:
+        # forced tokens are not sampled, so they have no log-probabilities to report
+        return self.jump is not None and req.constraint is not None and not req.return_logprob
+
+    def _jump_forward(self, req: Req, token: int) -> tuple[int, list[int]]:
+        """Appends the constraint's forced text as canonical tokens, re-splitting the output's tail.
+
+        Returns (token ids already streamed that were dropped, token ids to stream now).
+        """
+        m = req.constraint
+        forced = m.forced_bytes()
+        if not forced:
+            return 0, [token]
+        c = m.constraint
+        after = c.advance_bytes(m.state, forced)
+        final = after is not None and c.can_end(after) and not c.allowed(after).any()
+        plan = self.jump.plan(req.output_ids, c.vocab.bytes_of, forced, final)
+        if plan is None:
+            return 0, [token]
+        keep = len(req.output_ids) - plan.rollback
+        tokens = plan.tokens[: req.max_new_tokens - keep]
+        dropped = sum(len(c.vocab.bytes_of(t)) for t in req.output_ids[keep:])
+        if sum(len(c.vocab.bytes_of(t)) for t in tokens) <= dropped or not m.replace_tail(plan.rollback, tokens):
+            return 0, [token]
+        self._truncate_kv(req, len(req.prompt_ids) + keep)
+        del req.output_ids[keep:]
+        req.output_ids.extend(tokens)
+        req.sampling.recount(req.prompt_ids, req.output_ids)
+        self.stats.jump_forwards += 1
+        self.stats.jump_forward_tokens += len(tokens) - plan.rollback  # net growth of the output
+        return (plan.rollback - 1, tokens) if plan.rollback else (0, [token, *tokens])
+
+    def _truncate_kv(self, req: Req, length: int) -> None:
+        """Forgets the KV of positions >= length: owned slots go back to the allocator; tree-owned
+        ones stay cached and are re-locked at the shallower node."""
+        assert req.slot_len == req.kv_len, "no step may be in flight"
+        if req.kv_len <= length:
+            return
+        self.allocator.free(self.req_to_token.read(req.row, max(length, req.cached_len), req.kv_len))
+        if req.cached_len > length:
+            match = self.cache.match_prefix(req.tokens(0, length))
+            assert match.length == length, "a locked prefix must still be in the tree"
+            self.cache.inc_lock_ref(match.node)
+            self.cache.dec_lock_ref(req.last_node)
+            req.last_node, req.cached_len = match.node, length
+        req.kv_len = req.slot_len = length
 
     # ---- KV ownership -------------------------------------------------------------------------
     @property
@@ -313,9 +376,10 @@ class Scheduler:
         tail = "" if isinstance(matched, str) else req.detok.flush()  # a stop string released its text
         self._emit_final(req, reason, matched, error, tail)
 
-    def _emit(self, req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
+    def _emit(self, req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob],
+              rollback: int = 0) -> None:
         first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, input_logprobs=first))
+        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, input_logprobs=first, rollback=rollback))
 
     def _emit_final(self, req: Req, reason: str, matched: int | str | None = None,
                     error: str | None = None, text: str = "") -> None:
