@@ -90,7 +90,7 @@ def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> L
     try:
         parser = lark.Lark(text, parser="lalr", lexer="contextual", start="start")
     except GrammarError as e:
-        raise ValueError(f"grammar is not LALR(1) or is malformed: {e}") from None
+        raise ValueError(f"grammar is malformed or not LALR(1): {e}") from None
     except LarkError as e:
         raise ValueError(f"invalid Lark grammar: {e}") from None
     table = LalrTable(parser.parser.parser.parser.parse_table)
@@ -109,12 +109,9 @@ def _terminal_node(t: Any) -> ra.Node:
     if regex == _LARK_ESCAPED_STRING:
         regex = _REGULAR_ESCAPED_STRING
     try:
-        node = parse_regex(regex)
+        return parse_regex(regex)
     except ValueError as e:
         raise ValueError(f"grammar terminal {t.name}: {e}") from None
-    if ra.nullable(node):
-        raise ValueError(f"grammar terminal {t.name} matches the empty string")
-    return node
 
 
 def _rank(t: Any) -> tuple:
