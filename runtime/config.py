@@ -25,8 +25,7 @@ JSON_MAX_FRACTION_DIGITS = 16
 JSON_MAX_EXPONENT_DIGITS = 3
 LARK_MAX_IGNORED_BYTES = 64  # longest %ignore lexeme (e.g. whitespace) a Lark grammar may emit
 LARK_MAX_CONSECUTIVE_IGNORED = 2  # %ignore lexemes in a row; together they bound whitespace runs
-JUMP_FORWARD_MAX_BYTES = 256  # longest forced string appended in one jump
-JUMP_FORWARD_MAX_ROLLBACK = 8  # most trailing tokens re-tokenized at a jump's boundary
+JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 
 
 @dataclass(slots=True)

@@ -38,32 +38,6 @@ class IncrementalDetokenizer:
         self._read = len(self.ids)
 
     def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:
-        start = self._extend(token_ids)
-        if start is not None and check_stop:
-            hit = self._find_stop(start)
-            if hit is not None:
-                return self._finish_at(*hit)
-        return DetokenizeResult(self._release(self._held_back()), None)
-
-    def reread(self, output_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:
-        """Decodes the whole output afresh after its last tokens were re-split (jump-forward).
-
-        The text so far is unchanged, so what was released stays released; only text past the old
-        end is checked for stop strings and released.
-        """
-        old = self.text
-        self.ids = list(self.context_ids[-_CONTEXT_TOKENS:])
-        self._prefix, self._read, self.text = 0, len(self.ids), ""
-        for t in output_ids:
-            self._extend((t,))
-        assert self.text.startswith(old), "a re-split output must keep its text"
-        hit = self._find_stop(len(old)) if check_stop else None
-        if hit is not None:
-            return self._finish_at(*hit)
-        return DetokenizeResult(self._release(self._held_back()), None)
-
-    def _extend(self, token_ids: Sequence[int]) -> int | None:
-        """Decodes new tokens; returns where the new text starts, or None if none is final yet."""
         self.ids.extend(token_ids)
         before = self._decode(self._prefix, self._read)
         after = self._decode(self._prefix, len(self.ids))
@@ -71,8 +45,10 @@ class IncrementalDetokenizer:
             start = len(self.text)
             self.text += after[len(before):]
             self._prefix, self._read = self._read, len(self.ids)
-            return start
-        return None
+            hit = self._find_stop(start) if check_stop else None
+            if hit is not None:
+                return self._finish_at(*hit)
+        return DetokenizeResult(self._release(self._held_back()), None)
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.ids[start:end], self.skip_special_tokens)

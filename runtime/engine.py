@@ -65,8 +65,6 @@ class _Collector:
     input_logprobs: list[TokenLogprob] | None = None
 
     def add(self, chunk: StreamChunk) -> None:
-        if chunk.rollback:  # jump-forward re-split the last tokens (their text is unchanged)
-            del self.ids[-chunk.rollback:]
         self.text.append(chunk.text)
         self.ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -433,7 +431,7 @@ class Engine:
                 "finished_requests_total": s.finished,
                 "aborted_requests_total": s.aborted,
                 "steps_total": s.steps,
-                "jump_forwards_total": s.jump_forwards,
+                "jump_forward_drafted_total": s.jump_forward_drafted,
                 "jump_forward_tokens_total": s.jump_forward_tokens,
             }
         return self._call(read).result()

@@ -38,7 +38,6 @@ class StreamChunk:
     cached_tokens: int = 0
     completion_tokens: int = 0
     input_logprobs: list[TokenLogprob] | None = None
-    rollback: int = 0  # drop this many earlier-streamed token ids before appending token_ids (jump-forward)
 
 
 @dataclass(eq=False)
@@ -55,6 +54,7 @@ class Req:
     top_logprobs_num: int = 0
     arrival: float = field(default_factory=time.monotonic)
     constraint: Matcher | None = None  # regex / JSON schema / grammar state, one per output token
+    num_draft: int = 0  # trailing output_ids proposed by jump-forward, not yet verified by the model
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)

@@ -44,16 +44,6 @@ class SamplingState:
             state.seen[torch.tensor(prompt_ids, device=device)] = True
         return state
 
-    def recount(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        """Rebuilds the penalty counters after the output's last tokens were replaced (jump-forward)."""
-        if self.token_counts is not None:
-            ids = torch.tensor(output_ids, dtype=torch.int64, device=self.token_counts.device)
-            self.token_counts.zero_()
-            self.token_counts.index_add_(0, ids, torch.ones_like(ids, dtype=self.token_counts.dtype))
-        if self.seen is not None:
-            self.seen.zero_()
-            self.seen[torch.tensor(prompt_ids + output_ids, dtype=torch.int64, device=self.seen.device)] = True
-
     def observe(self, token_id: int) -> None:
         if self.token_counts is not None:
             self.token_counts[token_id] += 1

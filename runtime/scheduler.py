@@ -34,8 +34,8 @@ class SchedulerStats:
     preemptions: int = 0
     finished: int = 0
     aborted: int = 0
-    jump_forwards: int = 0
-    jump_forward_tokens: int = 0  # output tokens added by jump-forward rather than sampled (net)
+    jump_forward_drafted: int = 0  # tokens proposed by jump-forward
+    jump_forward_tokens: int = 0  # drafted tokens the model confirmed: output without a decode step
 
 
 @dataclass
@@ -107,6 +107,8 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         plan: list[tuple[Req, int]] = []
         for req in self.running:
+            if req.num_draft and req.pending > max(budget, 1):  # a draft is checked in one chunk
+                self._drop_draft(req, keep=max(budget - 1, 0))
             n = req.pending
             if n > 1:
                 n = min(n, budget)
@@ -222,83 +224,117 @@ class Scheduler:
             if not chunk.samples:
                 self._finish(req, "length")
                 continue
-            self._append_token(req, out.next_token)
+            self._sample_next(req, out)
 
     def _prompt_logprobs(self, req: Req, out: ChunkLogits) -> list[TokenLogprob]:
         targets = torch.tensor([req.prompt_ids[p + 1] for p in out.prompt_positions], dtype=torch.int64)
         return token_logprobs(out.prompt, targets.to(out.prompt.device), req.top_logprobs_num)
 
-    def _append_token(self, req: Req, logits: torch.Tensor) -> None:
-        p = req.params
-        block_stop = len(req.output_ids) < p.min_new_tokens
+    def _sample_next(self, req: Req, out: ChunkLogits) -> None:
+        """Checks the request's jump-forward draft (if any), then samples its next token."""
+        accepted, logprobs, rows = [], [], out.draft if req.num_draft else None
+        base = len(req.output_ids) - req.num_draft
+        for j in range(req.num_draft):
+            drafted = req.output_ids[base + j]
+            token = self._sample(req, rows[j], base + j)
+            if token != drafted:  # the model splits or continues differently: roll the rest back
+                self._truncate_kv(req, len(req.prompt_ids) + base + j)
+                del req.output_ids[base:]
+                req.num_draft = 0
+                self.stats.jump_forward_tokens += len(accepted)
+                self._append(req, token, rows[j], accepted, logprobs)
+                return
+            accepted.append(drafted)
+            if req.return_logprob:
+                logprobs += self._logprobs(req, rows[j], drafted)
+            req.sampling.observe(drafted)
+            assert req.constraint.advance(drafted), "a drafted token follows the constraint"
+        self.stats.jump_forward_tokens += len(accepted)
+        del req.output_ids[base:]
+        req.num_draft = 0
+        m = req.constraint
+        done = m is not None and m.is_complete() and not m.end_ids  # nothing, not even EOS, may follow
+        token = None if done else self._sample(req, out.next_token, base + len(accepted))
+        self._append(req, token, out.next_token, accepted, logprobs)
+
+    def _sample(self, req: Req, logits: torch.Tensor, num_out: int) -> int:
+        """One token from `logits` under the request's constraint; `num_out` tokens precede it."""
+        block_stop = num_out < req.params.min_new_tokens
         mask = None
         if req.constraint is not None:
             mask = req.constraint.mask()
             block_stop = block_stop and not req.constraint.is_complete()  # the constraint may only end
-        token = sample_one(logits, req.sampling, mask, block_stop)
-        if req.constraint is not None and not req.constraint.advance(token):
+        return sample_one(logits, req.sampling, mask, block_stop)
+
+    def _logprobs(self, req: Req, logits: torch.Tensor, token: int) -> list[TokenLogprob]:
+        return token_logprobs(logits.view(1, -1), torch.tensor([token], device=logits.device), req.top_logprobs_num)
+
+    def _append(self, req: Req, token: int | None, logits: torch.Tensor, accepted: list[int],
+                logprobs: list[TokenLogprob]) -> None:
+        """Appends verified draft tokens and the sampled token (None: the constraint is complete and
+        nothing was sampled); streams them; finishes the request when they end it."""
+        if token is not None and req.constraint is not None and not req.constraint.advance(token):
             self._finish(req, "abort", error=f"internal error: the constraint rejected sampled token {token}")
             return
-        req.output_ids.append(token)
-        req.sampling.observe(token)
-        self.stats.generated_tokens += 1
-        logprobs = token_logprobs(logits.view(1, -1), torch.tensor([token], device=logits.device),
-                                  req.top_logprobs_num) if req.return_logprob else []
-        if token in req.sampling.stop_ids:
-            self._emit(req, req.detok.flush(), [token], logprobs)
+        req.output_ids.extend(accepted)
+        new = list(accepted)
+        if token is not None:
+            req.output_ids.append(token)
+            req.sampling.observe(token)
+            self.stats.generated_tokens += 1
+            new.append(token)
+            if req.return_logprob:
+                logprobs = logprobs + self._logprobs(req, logits, token)
+        p, n_out = req.params, len(req.output_ids)
+        ended = token in req.sampling.stop_ids
+        result = req.detok.add(accepted if ended else new, check_stop=n_out >= p.min_new_tokens)
+        if ended and result.stop is None:
+            self._emit(req, result.delta + req.detok.flush(), new, logprobs)
             self._finish(req, "stop", matched=token)
             return
-        retract, new_ids = self._jump_forward(req, token) if self._may_jump(req) else (0, [token])
-        n_out = len(req.output_ids)
-        check_stop = n_out >= p.min_new_tokens
-        result = req.detok.reread(req.output_ids, check_stop) if retract else req.detok.add(new_ids, check_stop)
-        self._emit(req, result.delta, new_ids, logprobs, retract)
+        self._emit(req, result.delta, new, logprobs)
         if result.stop is not None:
             self._finish(req, "stop", matched=result.stop)
         elif n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
             self._finish(req, "length")
         elif req.constraint is not None and req.constraint.is_complete() and not req.constraint.end_ids:
             self._finish(req, "stop")  # complete, and no EOS to sample (ignore_eos)
+        elif self.jump is not None and req.constraint is not None:
+            self._draft(req)
 
     # ---- jump-forward ---------------------------------------------------------------------------
-    def _may_jump(self, req: Req) -> bool:
-        # forced tokens are not sampled, so they have no log-probabilities to report
-        return self.jump is not None and req.constraint is not None and not req.return_logprob
-
-    def _jump_forward(self, req: Req, token: int) -> tuple[int, list[int]]:
-        """Appends the constraint's forced text as canonical tokens, re-splitting the output's tail.
-
-        Returns (token ids already streamed that were dropped, token ids to stream now).
-        """
+    def _draft(self, req: Req) -> None:
+        """Appends the constraint's forced continuation as draft tokens, checked at the next step."""
         m = req.constraint
         forced = m.forced_bytes()
         if not forced:
-            return 0, [token]
+            return
         c = m.constraint
         after = c.advance_bytes(m.state, forced)
         final = after is not None and c.can_end(after) and not c.allowed(after).any()
-        plan = self.jump.plan(req.output_ids, c.vocab.bytes_of, forced, final)
-        if plan is None:
-            return 0, [token]
-        keep = len(req.output_ids) - plan.rollback
-        tokens = plan.tokens[: req.max_new_tokens - keep]
-        dropped = sum(len(c.vocab.bytes_of(t)) for t in req.output_ids[keep:])
-        if sum(len(c.vocab.bytes_of(t)) for t in tokens) <= dropped or not m.replace_tail(plan.rollback, tokens):
-            return 0, [token]
-        self._truncate_kv(req, len(req.prompt_ids) + keep)
-        del req.output_ids[keep:]
-        req.output_ids.extend(tokens)
-        req.sampling.recount(req.prompt_ids, req.output_ids)
-        self.stats.jump_forwards += 1
-        self.stats.jump_forward_tokens += len(tokens) - plan.rollback  # net growth of the output
-        return (plan.rollback - 1, tokens) if plan.rollback else (0, [token, *tokens])
+        room = req.max_new_tokens - len(req.output_ids) - 1  # the step after the draft still samples
+        tokens = self.jump.draft(forced, final)[:max(room, 0)]
+        if tokens:
+            req.output_ids.extend(tokens)
+            req.num_draft = len(tokens)
+            self.stats.jump_forward_drafted += len(tokens)
+
+    def _drop_draft(self, req: Req, keep: int = 0) -> None:
+        """Discards draft tokens after the first `keep`, with any KV computed for them."""
+        if req.num_draft <= keep:
+            return
+        end = len(req.output_ids) - req.num_draft + keep
+        if req.row is not None:
+            self._truncate_kv(req, len(req.prompt_ids) + end)
+        del req.output_ids[end:]
+        req.num_draft = keep
 
     def _truncate_kv(self, req: Req, length: int) -> None:
         """Forgets the KV of positions >= length: owned slots go back to the allocator; tree-owned
         ones stay cached and are re-locked at the shallower node."""
-        assert req.slot_len == req.kv_len, "no step may be in flight"
         if req.kv_len <= length:
             return
+        assert req.slot_len == req.kv_len, "no step may be in flight"
         self.allocator.free(self.req_to_token.read(req.row, max(length, req.cached_len), req.kv_len))
         if req.cached_len > length:
             match = self.cache.match_prefix(req.tokens(0, length))
@@ -343,6 +379,7 @@ class Scheduler:
         req.kv_len = req.cached_len = req.slot_len = 0
 
     def _preempt(self, req: Req) -> None:
+        self._drop_draft(req)  # the draft is re-proposed after the request resumes
         self.running.remove(req)
         self.stats.preemptions += 1
         req.num_preemptions += 1
@@ -361,6 +398,7 @@ class Scheduler:
     def _finish(self, req: Req, reason: str, matched: int | str | None = None, error: str | None = None) -> None:
         if req.done:
             return
+        self._drop_draft(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -376,10 +414,9 @@ class Scheduler:
         tail = "" if isinstance(matched, str) else req.detok.flush()  # a stop string released its text
         self._emit_final(req, reason, matched, error, tail)
 
-    def _emit(self, req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob],
-              rollback: int = 0) -> None:
+    def _emit(self, req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
         first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, input_logprobs=first, rollback=rollback))
+        req.sink(StreamChunk(req.rid, text, token_ids, logprobs, input_logprobs=first))
 
     def _emit_final(self, req: Req, reason: str, matched: int | str | None = None,
                     error: str | None = None, text: str = "") -> None:

@@ -84,7 +84,7 @@ class RegexConstraint:
 
 
 class Matcher:
-    """One request's position in a constraint, one state per output token (so it can roll back)."""
+    """One request's position in a constraint (a state per consumed token)."""
 
     def __init__(self, constraint: Constraint, end_ids: tuple[int, ...], device: torch.device):
         self.constraint = constraint
@@ -95,10 +95,6 @@ class Matcher:
     @property
     def state(self) -> Any:
         return self.states[-1]
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.states) - 1
 
     def mask(self) -> torch.Tensor:
         """Bool [vocab]: True where a token may come next (EOS only where the output may end)."""
@@ -112,9 +108,6 @@ class Matcher:
         """The output may end here and no token but EOS may follow."""
         return self.constraint.can_end(self.state) and not self.constraint.allowed(self.state).any()
 
-    def can_end(self) -> bool:
-        return self.constraint.can_end(self.state)
-
     def advance(self, token_id: int) -> bool:
         """Consumes one token; False (state unchanged) if the constraint does not allow it."""
         if token_id in self.end_ids:
@@ -126,19 +119,6 @@ class Matcher:
         if ok:
             self.states.append(nxt)
         return ok
-
-    def replace_tail(self, rollback: int, token_ids: list[int]) -> bool:
-        """Drops the last `rollback` tokens and consumes `token_ids` instead, all or nothing."""
-        assert 0 <= rollback <= self.num_tokens, "cannot roll back past the first output token"
-        state, new = self.states[len(self.states) - 1 - rollback], []
-        for t in token_ids:
-            state = self.constraint.advance(state, t)
-            if state is None:
-                return False
-            new.append(state)
-        del self.states[len(self.states) - rollback:]
-        self.states.extend(new)
-        return True
 
     def forced_bytes(self) -> bytes:
         """The unique continuation, if the constraint admits exactly one for a while ('' if none)."""

@@ -39,7 +39,8 @@ def test_json_extraction_validates_and_matches_greedy_without_jump_forward(smoll
     for a, b in zip(jumped, plain):
         jsonschema.validate(json.loads(a.text), PERSON)
         jsonschema.validate(json.loads(b.text), PERSON)
-    assert sum(a.text == b.text for a, b in zip(jumped, plain)) >= len(TEXTS) - 1
+    assert [a.text for a in jumped] == [b.text for b in plain]  # drafts are verified: no drift
+    assert smollm_engine.stats()["jump_forward_tokens_total"] > 0
     assert json.loads(jumped[0].text)["city"] == "Madrid"
 
 

@@ -1,106 +1,100 @@
-"""Jump-forward: canonical re-tokenization at the boundary, KV rollback, stream consistency."""
+"""Jump-forward: canonical drafts, verification that keeps outputs unchanged, KV rollback."""
 from __future__ import annotations
 
 import json
 import random
 import re
 
+import jsonschema
 import pytest
 
 from radixlang.runtime.constrained.jump_forward import JumpForwarder
 
-CASES = [
-    ('{"name":"John"', ',"age":'), ('{"name":"John', '","age":'), ('{"', 'name":"'), ("", '{"name":"'),
-    ("abc é", "é and more"), ("x = 1", "00;\n  y"), ("The", " quick brown fox"), ("[1, 2", ", 3]"),
-]
-
-
-def token_text(tokenizer, ids) -> bytes:
-    return b"".join(tokenizer.token_bytes[i] for i in ids)
-
-
-@pytest.mark.parametrize("before, forced", CASES)
-def test_plan_appends_canonical_tokens_for_a_prefix_of_the_forced_text(tokenizer, before, forced):
-    jf = JumpForwarder(tokenizer)
-    ids = tokenizer.encode(before) if before else []
-    plan = jf.plan(ids, lambda t: tokenizer.token_bytes[t], forced.encode(), final=False)
-    assert plan is not None
-    keep = len(ids) - plan.rollback
-    new_bytes = token_text(tokenizer, ids[:keep] + plan.tokens)
-    target = (before + forced).encode()
-    assert target.startswith(new_bytes) and len(new_bytes) > len(before.encode())
-    appended = token_text(tokenizer, plan.tokens).decode()
-    assert plan.tokens == tokenizer.encode(appended, add_special_tokens=False)  # canonical on its own
-    rest = target[len(new_bytes):].decode()
-    assert rest, "the last pre-token is kept back for the model"
-    assert tokenizer.encode(appended + rest, add_special_tokens=False)[: len(plan.tokens)] == plan.tokens
-
-
-def test_plan_rolls_back_into_the_pre_token_that_holds_the_junction(tokenizer):
-    jf = JumpForwarder(tokenizer)
-    ids = tokenizer.encode('{"name":"John"')
-    plan = jf.plan(ids, lambda t: tokenizer.token_bytes[t], b',"age":', final=False)
-    assert plan.rollback == 1  # the closing quote merges with the comma
-    assert [tokenizer.decode([t]) for t in plan.tokens] == ['","', "age"]
-
-
-def test_final_plan_appends_everything(tokenizer):
-    jf = JumpForwarder(tokenizer)
-    ids = tokenizer.encode('{"a":1')
-    plan = jf.plan(ids, lambda t: tokenizer.token_bytes[t], b"}", final=True)
-    assert token_text(tokenizer, plan.tokens).endswith(b"}")
-
-
-def test_plan_never_splits_a_utf8_character(tokenizer):
-    jf = JumpForwarder(tokenizer)
-    forced = "ab é".encode()[:-1]  # ends inside é
-    plan = jf.plan(tokenizer.encode("x"), lambda t: tokenizer.token_bytes[t], forced, final=True)
-    assert plan is not None and token_text(tokenizer, plan.tokens).decode().endswith("ab ")
-
-
-def replay_stream(engine, prompt, params):
-    ids, text, last = [], [], None
-    for chunk in engine.stream(prompt, params):
-        if chunk.rollback:
-            del ids[-chunk.rollback:]
-        ids.extend(chunk.token_ids)
-        text.append(chunk.text)
-        last = chunk
-    return ids, "".join(text), last
-
-
+FORCED = ['"name":"', ',"age":', "é and more", "00;\n  y", " quick brown fox", ", 3]", '{"name', "}"]
 SCHEMA = {"type": "object", "properties": {
     "first_name": {"type": "string", "maxLength": 5}, "last_name": {"type": "string", "maxLength": 5},
     "status": {"enum": ["active", "inactive", "banned"]}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
 }, "required": ["first_name", "last_name", "status", "age"]}
 
 
-def test_streamed_ids_with_rollbacks_rebuild_the_final_output(tiny_engine):
+def spelled(tokenizer, ids) -> bytes:
+    return b"".join(tokenizer.token_bytes[t] for t in ids)
+
+
+@pytest.mark.parametrize("forced", FORCED)
+def test_draft_is_the_canonical_split_of_a_prefix_and_holds_back_the_last_pre_token(tokenizer, forced):
+    tokens = JumpForwarder(tokenizer).draft(forced.encode(), final=False)
+    text = spelled(tokenizer, tokens).decode()
+    assert forced.startswith(text) and len(text) < len(forced)
+    assert tokens == tokenizer.encode(text, add_special_tokens=False)  # what the tokenizer produces
+    assert tokenizer.encode(forced, add_special_tokens=False)[: len(tokens)] == tokens
+    last = tokenizer.hf.pre_tokenizer.pre_tokenize_str(forced)[-1][1][0]
+    assert len(text) <= last  # the last pre-token waits for the model
+
+
+def test_final_draft_covers_the_whole_forced_text(tokenizer):
+    tokens = JumpForwarder(tokenizer).draft(b'","age":1}', final=True)
+    assert spelled(tokenizer, tokens) == b'","age":1}'
+
+
+def test_draft_never_splits_a_utf8_character(tokenizer):
+    jf = JumpForwarder(tokenizer)
+    assert spelled(tokenizer, jf.draft("ab é".encode()[:-1], final=True)) == b"ab "  # ends inside é
+    assert jf.draft("é".encode()[1:], final=True) == []  # starts inside a character
+
+
+def test_streamed_chunks_rebuild_the_final_output(tiny_engine):
     before = tiny_engine.stats()["jump_forward_tokens_total"]
     for seed in range(4):
         params = {"json_schema": SCHEMA, "max_new_tokens": 80, "temperature": 1.0, "seed": seed}
-        ids, text, last = replay_stream(tiny_engine, f"person {seed}:", params)
+        ids, text = [], []
+        for chunk in tiny_engine.stream(f"person {seed}:", params):
+            ids.extend(chunk.token_ids)
+            text.append(chunk.text)
         completion = tiny_engine.generate(f"person {seed}:", params)
-        assert ids == completion.output_ids and text == completion.text
-        assert text == tiny_engine.tokenizer.decode(ids)
-        assert last.completion_tokens == len(ids)
-        json.loads(text)
+        assert ids == completion.output_ids and "".join(text) == completion.text
+        assert chunk.completion_tokens == len(ids)
+        jsonschema.validate(json.loads(completion.text), SCHEMA)
     assert tiny_engine.stats()["jump_forward_tokens_total"] > before
     tiny_engine.check_invariants()
 
 
-def test_disabling_jump_forward_decodes_every_token(tiny_engine_factory):
-    engine = tiny_engine_factory(disable_jump_forward=True)
-    c = engine.generate("p", {"json_schema": SCHEMA, "max_new_tokens": 80, "temperature": 0})
-    json.loads(c.text)
-    assert engine.stats()["jump_forward_tokens_total"] == 0
-    assert engine.stats()["generated_tokens_total"] == len(c.output_ids)
+def test_jump_forward_changes_no_output_greedy_seeded_or_penalized(tiny_engine_factory):
+    """Drafts are verified by sampling at each drafted position, so outputs equal plain decoding."""
+    plain = tiny_engine_factory(disable_jump_forward=True)
+    jumping = tiny_engine_factory()
+    prompts = ["a", "person:", "the quick brown fox", "x y z"]
+    for extra in ({"temperature": 0}, {"temperature": 0.8, "seed": 5, "top_p": 0.9},
+                  {"temperature": 0, "frequency_penalty": 1.5, "repetition_penalty": 1.3}):
+        params = {**extra, "json_schema": SCHEMA, "max_new_tokens": 80}
+        want = plain.generate(prompts, params)
+        got = jumping.generate(prompts, params)
+        assert [c.output_ids for c in got] == [c.output_ids for c in want]
+        assert [c.text for c in got] == [c.text for c in want]
+    stats = jumping.stats()
+    assert stats["jump_forward_tokens_total"] > 0
+    assert stats["jump_forward_drafted_total"] > stats["jump_forward_tokens_total"]  # some drafts were rolled back
+    assert plain.stats()["jump_forward_drafted_total"] == 0
+    assert stats["generated_tokens_total"] < plain.stats()["generated_tokens_total"]
+
+
+def test_logprobs_of_jump_forwarded_tokens_match_plain_decoding(tiny_engine_factory):
+    plain = tiny_engine_factory(disable_jump_forward=True)
+    jumping = tiny_engine_factory()
+    params = {"json_schema": SCHEMA, "max_new_tokens": 60, "temperature": 0}
+    a = plain.generate("p", params, return_logprob=True, top_logprobs_num=2)
+    b = jumping.generate("p", params, return_logprob=True, top_logprobs_num=2)
+    assert a.output_ids == b.output_ids and jumping.stats()["jump_forward_tokens_total"] > 0
+    assert len(b.meta.output_logprobs) == len(b.output_ids)
+    for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs):
+        assert x.token_id == y.token_id and abs(x.logprob - y.logprob) < 1e-3
 
 
 def test_jump_forward_respects_max_new_tokens(tiny_engine):
-    c = tiny_engine.generate("p", {"regex": "x" + "abcdefgh" * 8, "max_new_tokens": 5, "temperature": 0})
-    assert c.meta.finish_reason == "length" and len(c.output_ids) == 5
-    assert ("x" + "abcdefgh" * 8).startswith(c.text)
+    pattern = "x" + "abcdefgh" * 8
+    for limit in (1, 2, 5):
+        c = tiny_engine.generate("p", {"regex": pattern, "max_new_tokens": limit, "temperature": 0})
+        assert c.meta.finish_reason == "length" and len(c.output_ids) == limit and pattern.startswith(c.text)
     tiny_engine.check_invariants()
 
 
@@ -112,27 +106,29 @@ def test_a_stop_string_inside_forced_text_stops_there(tiny_engine):
     tiny_engine.check_invariants()
 
 
-def test_penalties_are_recounted_after_a_jump(tiny_engine):
-    params = {"json_schema": SCHEMA, "max_new_tokens": 80, "temperature": 0, "frequency_penalty": 1.5,
-              "repetition_penalty": 1.3}
-    for c in tiny_engine.generate(["a", "b"], params):
-        json.loads(c.text)
-    tiny_engine.check_invariants()
+def test_drafts_survive_tight_prefill_budgets_and_preemption(tiny_engine_factory):
+    params = {"json_schema": SCHEMA, "max_new_tokens": 80, "temperature": 0}
+    prompts = [f"request {i}: " + "word " * (i % 4) for i in range(6)]
+    want = [c.output_ids for c in tiny_engine_factory(disable_jump_forward=True).generate(prompts, params)]
+    for options in ({"max_prefill_tokens": 3}, {"kv_cache_tokens": 170, "init_new_token_ratio": 0.02,
+                                                "min_new_token_ratio": 0.0, "preemption_mode": "swap"}):
+        engine = tiny_engine_factory(**options)
+        assert [c.output_ids for c in engine.generate(prompts, params)] == want
+        engine.check_invariants()
 
 
 def test_rolling_back_into_tree_owned_kv_relocks_the_shallower_node(tiny_engine):
-    """Drive the scheduler by hand: after a prefill (tree-owned prompt), forget the last positions
-    and check the KV invariant, then finish and compare with an untouched run."""
+    """Drive the scheduler by hand: after a prefill (tree-owned prompt), forget the last positions,
+    check the KV invariant, then finish and compare with an untouched run."""
     prompt = "the same prompt for both runs " * 3
     params = {"max_new_tokens": 6, "temperature": 0}
     reference = tiny_engine.generate(prompt, params).output_ids
     sched = tiny_engine.scheduler
     sub = tiny_engine._submissions(prompt, params, None, False, -1, 0, "relock-test")[0][0]
-    chunks = []
 
-    def scenario():
+    def scenario() -> list[int]:
         sched.cache.evict(sched.cache.evictable_size)  # forget the reference run, so all is prefilled
-        req = tiny_engine._make_req(sub, chunks.append)
+        req = tiny_engine._make_req(sub, lambda chunk: None)
         sched.add(req)
         sched.step()  # prefill: the prompt becomes tree-owned (cached_len == kv_len)
         assert req.cached_len == req.kv_len == len(req.prompt_ids)
@@ -150,8 +146,6 @@ def test_rolling_back_into_tree_owned_kv_relocks_the_shallower_node(tiny_engine)
 
 
 def test_jump_forward_with_random_schemas_always_validates(tiny_engine):
-    import jsonschema
-
     rng = random.Random(0)
     for _ in range(6):
         props = {f"k{i}_{rng.randint(0, 99)}": rng.choice([
