@@ -253,7 +253,7 @@ class Scheduler:
         del req.output_ids[base:]
         req.num_draft = 0
         m = req.constraint
-        done = m is not None and m.is_complete() and not m.end_ids  # nothing, not even EOS, may follow
+        done = m is not None and not m.end_ids and m.is_complete()  # nothing, not even EOS, may follow
         token = None if done else self._sample(req, out.next_token, base + len(accepted))
         self._append(req, token, out.next_token, accepted, logprobs)
 
@@ -297,7 +297,7 @@ class Scheduler:
             self._finish(req, "stop", matched=result.stop)
         elif n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
             self._finish(req, "length")
-        elif req.constraint is not None and req.constraint.is_complete() and not req.constraint.end_ids:
+        elif req.constraint is not None and not req.constraint.end_ids and req.constraint.is_complete():
             self._finish(req, "stop")  # complete, and no EOS to sample (ignore_eos)
         elif self.jump is not None and req.constraint is not None:
             self._draft(req)
@@ -305,15 +305,8 @@ class Scheduler:
     # ---- jump-forward ---------------------------------------------------------------------------
     def _draft(self, req: Req) -> None:
         """Appends the constraint's forced continuation as draft tokens, checked at the next step."""
-        m = req.constraint
-        forced = m.forced_bytes()
-        if not forced:
-            return
-        c = m.constraint
-        after = c.advance_bytes(m.state, forced)
-        final = after is not None and c.can_end(after) and not c.allowed(after).any()
         room = req.max_new_tokens - len(req.output_ids) - 1  # the step after the draft still samples
-        tokens = self.jump.draft(forced, final)[:max(room, 0)]
+        tokens = self.jump.draft(req.constraint.forced_bytes())[:max(room, 0)]
         if tokens:
             req.output_ids.extend(tokens)
             req.num_draft = len(tokens)

@@ -69,7 +69,7 @@ class GrammarConstraint:
         nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
                  for t in terms]
         dfa = compile_dfa(nodes, nonempty=True)
-        return Lexer(tuple(t.name for t in terms), dfa, TokenIndex.build(dfa, self.vocab, boundaries=True))
+        return Lexer(tuple(t.name for t in terms), dfa, TokenIndex(dfa, self.vocab, boundaries=True))
 
     def _after_lexeme(self, stack: Stack, run: int, terminal: str) -> tuple[Stack, int] | None:
         if terminal in self.grammar.ignore:

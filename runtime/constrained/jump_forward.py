@@ -1,15 +1,16 @@
 """Jump-forward drafts: a forced continuation string as the tokens the tokenizer would produce.
 
 When the constraint admits exactly one continuation, its text is split canonically (tokenizer
-output, never a made-up split) and appended as a *draft*: the next step computes all of it in one
-extend and the scheduler keeps each drafted token only if sampling at its position reproduces it
-(greedy: the argmax; sampling: a draw, which keeps the distribution exact). A rejected token and
-everything after it are rolled back, KV included. So jump-forward saves decode steps and can never
-change the output: models often split forced text differently from the tokenizer (e.g. `{` + `"`
-rather than `{"` in compact JSON), and appending those splits unverified is what made outputs drift.
+output, never a made-up split) and appended as a *draft*. The next step computes all of it in one
+extend, and the scheduler keeps each drafted token only if sampling at its position reproduces it
+(greedy: the argmax; sampling: a draw, which keeps the distribution exact). At the first mismatch
+the model's own token is kept instead and the rest of the draft is rolled back, KV included.
 
-The last pre-token of the forced text is held back (the model's next token may merge with it),
-unless only EOS can follow.
+So jump-forward saves decode steps but never changes the output. Models often split forced text
+differently from the tokenizer (in compact JSON SmolLM2 writes `{` + `"` rather than `{"`, and
+`",` + `"` rather than `","`); appending canonical splits unverified is what made outputs drift.
+Verification also settles the boundary: if the model's next token would merge with the draft's
+last one (`":` + `"` -> `":"`), it is the model's token that is kept, so nothing is held back.
 """
 from __future__ import annotations
 
@@ -19,23 +20,13 @@ from ..tokenizer import Tokenizer
 class JumpForwarder:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        self._pre = tokenizer.hf.pre_tokenizer
 
-    def draft(self, forced: bytes, final: bool) -> list[int]:
-        """Canonical tokens for a prefix of `forced` (the whole of it when `final`)."""
+    def draft(self, forced: bytes) -> list[int]:
+        """Canonical tokens for `forced`, up to its last whole UTF-8 character."""
         if not forced or forced[0] & 0xC0 == 0x80:  # it completes a character the model began
             return []
         text = _whole_chars(forced).decode()
-        end = len(text)
-        if not final and self._pre is not None and text:
-            end = self._pre.pre_tokenize_str(text)[-1][1][0]  # start of the last pre-token
-        if end == 0:
-            return []
-        tokens = self.tokenizer.encode(text[:end], add_special_tokens=False)
-        whole = self.tokenizer.encode(text, add_special_tokens=False)
-        while tokens and whole[: len(tokens)] != tokens:  # a split that depends on what follows
-            tokens.pop()
-        return tokens
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
 def _whole_chars(data: bytes) -> bytes:

@@ -53,7 +53,7 @@ class RegexConstraint:
 
     def __init__(self, dfa: Dfa, vocab: TokenVocab):
         self.dfa, self.vocab = dfa, vocab
-        self.index = TokenIndex.build(dfa, vocab)
+        self.index = TokenIndex(dfa, vocab)
         self._masks = MaskCache()
 
     def initial(self) -> int:

@@ -22,25 +22,16 @@ def spelled(tokenizer, ids) -> bytes:
 
 
 @pytest.mark.parametrize("forced", FORCED)
-def test_draft_is_the_canonical_split_of_a_prefix_and_holds_back_the_last_pre_token(tokenizer, forced):
-    tokens = JumpForwarder(tokenizer).draft(forced.encode(), final=False)
-    text = spelled(tokenizer, tokens).decode()
-    assert forced.startswith(text) and len(text) < len(forced)
-    assert tokens == tokenizer.encode(text, add_special_tokens=False)  # what the tokenizer produces
-    assert tokenizer.encode(forced, add_special_tokens=False)[: len(tokens)] == tokens
-    last = tokenizer.hf.pre_tokenizer.pre_tokenize_str(forced)[-1][1][0]
-    assert len(text) <= last  # the last pre-token waits for the model
-
-
-def test_final_draft_covers_the_whole_forced_text(tokenizer):
-    tokens = JumpForwarder(tokenizer).draft(b'","age":1}', final=True)
-    assert spelled(tokenizer, tokens) == b'","age":1}'
+def test_draft_is_the_tokenizers_own_split_of_the_forced_text(tokenizer, forced):
+    tokens = JumpForwarder(tokenizer).draft(forced.encode())
+    assert spelled(tokenizer, tokens) == forced.encode()
+    assert tokens == tokenizer.encode(forced, add_special_tokens=False)
 
 
 def test_draft_never_splits_a_utf8_character(tokenizer):
     jf = JumpForwarder(tokenizer)
-    assert spelled(tokenizer, jf.draft("ab é".encode()[:-1], final=True)) == b"ab "  # ends inside é
-    assert jf.draft("é".encode()[1:], final=True) == []  # starts inside a character
+    assert spelled(tokenizer, jf.draft("ab é".encode()[:-1])) == b"ab "  # ends inside é
+    assert jf.draft("é".encode()[1:]) == []  # starts inside a character
 
 
 def test_streamed_chunks_rebuild_the_final_output(tiny_engine):

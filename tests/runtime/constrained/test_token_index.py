@@ -33,7 +33,7 @@ def small_vocab(seed: int) -> TokenVocab:
 def test_index_matches_brute_force_on_a_small_vocab(pattern, seed):
     vocab = small_vocab(seed)
     dfa = compile_dfa([parse_regex(pattern)])
-    index = TokenIndex.build(dfa, vocab)
+    index = TokenIndex(dfa, vocab)
     for state in range(dfa.num_states):
         assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state)), (pattern, state)
 
@@ -41,14 +41,14 @@ def test_index_matches_brute_force_on_a_small_vocab(pattern, seed):
 def test_index_never_allows_special_or_empty_tokens():
     vocab = small_vocab(0)
     dfa = compile_dfa([parse_regex(r"(?s:.)*")])
-    mask = TokenIndex.build(dfa, vocab).mask(dfa.start)
+    mask = TokenIndex(dfa, vocab).mask(dfa.start)
     n = len(vocab.token_bytes)
     assert not mask[n - 1] and not mask[n - 2] and not mask[n:].any()
 
 
 def test_index_matches_brute_force_on_the_real_vocab(vocab):
     dfa = compile_dfa([parse_regex(r'\{"name":"[a-zA-Z ]{1,12}","n":-?[0-9]{1,4}\}')])
-    index = TokenIndex.build(dfa, vocab)
+    index = TokenIndex(dfa, vocab)
     for state in random.Random(0).sample(range(dfa.num_states), 6) + [dfa.start]:
         assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state))
 
@@ -56,7 +56,7 @@ def test_index_matches_brute_force_on_the_real_vocab(vocab):
 def test_boundaries_record_tokens_that_end_a_complete_lexeme_part_way():
     vocab = small_vocab(0)
     dfa = compile_dfa([parse_regex('"[ab]*"'), parse_regex("[0-9]+")], nonempty=True)
-    index = TokenIndex.build(dfa, vocab, boundaries=True)
+    index = TokenIndex(dfa, vocab, boundaries=True)
     for state in range(dfa.num_states):
         rows, pos, labels = index.boundaries(state)
         expected = set()
@@ -75,7 +75,7 @@ def test_boundaries_record_tokens_that_end_a_complete_lexeme_part_way():
 def test_forced_bytes_follow_single_exits():
     vocab = small_vocab(0)
     dfa = compile_dfa([parse_regex(r'\{"key":(1|22)\}')])
-    index = TokenIndex.build(dfa, vocab)
+    index = TokenIndex(dfa, vocab)
     state, forced = dfa.start, bytearray()
     while index.forced[state] >= 0:
         forced.append(int(index.forced[state]))
