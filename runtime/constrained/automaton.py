@@ -7,7 +7,6 @@ is the index of the preferred pattern that accepts in s (the lowest index), or -
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 

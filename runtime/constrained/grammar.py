@@ -44,6 +44,8 @@ class GrammarConstraint:
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._masks = MaskCache()
         self._warm_up()
+        stack = self.table.initial()
+        self._initial: State = (stack, 0, self.lexer(stack, 0).dfa.start)
 
     # ---- parser side ----------------------------------------------------------------------
     def acceptable(self, stack: Stack) -> frozenset[str]:
@@ -92,8 +94,7 @@ class GrammarConstraint:
 
     # ---- the Constraint protocol ------------------------------------------------------------
     def initial(self) -> State:
-        stack = self.table.initial()
-        return (stack, 0, self.lexer(stack, 0).dfa.start)
+        return self._initial
 
     def advance(self, state: State, token_id: int) -> State | None:
         stack, run, q = state

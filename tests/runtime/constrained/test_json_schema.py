@@ -140,9 +140,7 @@ def test_pydantic_model_class_is_accepted(compiler, walk):
         Owner.model_validate_json(text)
 
 
-def test_whitespace_policy_is_compact_by_default_and_configurable(walk):
-    from radixlang.runtime.constrained.compiler import ConstraintCompiler
-
+def test_whitespace_policy_is_compact_by_default_and_configurable():
     schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 5},
                                                "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
               "required": ["a", "b"]}
