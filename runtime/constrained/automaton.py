@@ -70,6 +70,31 @@ def compile_dfa(patterns: list[ra.Node], nonempty: bool = False) -> Dfa:
     return _determinize(nfa, start, drop_start_accept=nonempty)
 
 
+def exactly_one(dfas: list[Dfa]) -> Dfa:
+    """Strings that exactly one of `dfas` accepts (JSON schema oneOf), by a product construction."""
+    start = tuple(d.start for d in dfas)
+    dead = np.full(256, -1, np.int32)
+    ids, order, rows = {start: 0}, [start], []
+    while len(rows) < len(order):
+        nxt = np.stack([d.trans[q] if q >= 0 else dead for d, q in zip(dfas, order[len(rows)])])
+        cols, which = np.unique(nxt.T, axis=0, return_inverse=True)
+        row = np.full(256, -1, np.int64)
+        for k, col in enumerate(cols):
+            target = tuple(int(x) for x in col)
+            if max(target) < 0:
+                continue
+            if target not in ids:
+                if len(ids) >= MAX_DFA_STATES:
+                    raise ValueError(f"constraint is too large: its DFA exceeds {MAX_DFA_STATES} states")
+                ids[target] = len(order)
+                order.append(target)
+            row[which.ravel() == k] = ids[target]
+        rows.append(row)
+    accept = np.array([0 if sum(q >= 0 and d.accept[q] >= 0 for d, q in zip(dfas, t)) == 1 else -1 for t in order])
+    trans, accept = _minimize(*_trim(np.array(rows), accept))
+    return Dfa(trans.astype(np.int32), accept.astype(np.int32))
+
+
 # ---- NFA ----------------------------------------------------------------------------------------
 class _Nfa:
     def __init__(self) -> None:
@@ -110,6 +135,8 @@ class _Nfa:
             return self._repeat(node, s)
         if isinstance(node, ra.Bounded):
             return self._bounded(node, s)
+        if isinstance(node, ra.Compiled):
+            return self._embed(node.dfa, s)
         raise ValueError(f"grammar rule reference {node} cannot appear inside a regular expression")
 
     def _repeat(self, node: ra.Repeat, s: int) -> int:
@@ -125,6 +152,17 @@ class _Nfa:
         for _ in range(node.max - node.min):
             s = self.build(node.item, s)
             self.eps[s].append(end)
+        return end
+
+    def _embed(self, dfa: Dfa, s: int) -> int:
+        """Copies a DFA in, its start at state s."""
+        states = [s if q == dfa.start else self.new() for q in range(dfa.num_states)]
+        end = self.new()
+        for q in range(dfa.num_states):
+            if dfa.accept[q] >= 0:
+                self.eps[states[q]].append(end)
+            for b in np.flatnonzero(dfa.trans[q] >= 0).tolist():
+                self.edges[states[q]].append((b, b, states[int(dfa.trans[q, b])]))
         return end
 
     def _bounded(self, node: ra.Bounded, s: int) -> int:

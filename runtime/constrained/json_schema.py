@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import JSON_MAX_EXPONENT_DIGITS, JSON_MAX_FRACTION_DIGITS, JSON_MAX_INT_DIGITS
 from . import regex_ast as ra
-from .automaton import compile_dfa
+from .automaton import compile_dfa, exactly_one
 from .regex_parser import parse_regex
 
 ANNOTATIONS = frozenset({
@@ -144,8 +144,9 @@ class _SchemaCompiler:
                 if not isinstance(subs, list) or not subs:
                     raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
                 base = {k: v for k, v in schema.items() if k != key}
-                return ra.alt(*(self.compile(_merge(base, s, f"{path}/{key}/{i}"), f"{path}/{key}/{i}")
-                                for i, s in enumerate(subs)))
+                nodes = [self.compile(_merge(base, s, f"{path}/{key}/{i}"), f"{path}/{key}/{i}")
+                         for i, s in enumerate(subs)]
+                return self.one_of(nodes, path) if key == "oneOf" else ra.alt(*nodes)
         if "const" in schema:
             return self.const(schema["const"])
         if "enum" in schema:
@@ -197,6 +198,16 @@ class _SchemaCompiler:
             node = body
         self._inline[ref] = node
         return node
+
+    def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
+        """Values matching exactly one branch. Recursive branches fall back to a plain union (sound
+        when they are disjoint, as discriminated unions are)."""
+        if len(nodes) == 1 or any(ra.refs(n) for n in nodes):
+            return ra.alt(*nodes)
+        dfa = exactly_one([compile_dfa([n]) for n in nodes])
+        if dfa.accept.max() < 0:
+            raise ValueError(f"json_schema oneOf at {path}: no value matches exactly one branch")
+        return ra.Compiled(dfa)
 
     def _rule_name(self, ref: str) -> str:
         slug = "".join(c if c.isalnum() else "_" for c in ref[1:]).strip("_").lower()

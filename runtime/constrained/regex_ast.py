@@ -7,7 +7,7 @@ and never reaches the DFA builder.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -50,7 +50,14 @@ class Ref:
     name: str
 
 
-Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref]
+@dataclass(frozen=True, slots=True, eq=False)
+class Compiled:
+    """A language given directly as a DFA (`automaton.Dfa`), e.g. the result of a product."""
+
+    dfa: Any
+
+
+Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref, Compiled]
 EMPTY = Seq(())  # matches only the empty string
 NOTHING = Alt(())  # matches nothing
 
@@ -159,6 +166,8 @@ def nullable(node: Node) -> bool:
     """Whether `node` matches the empty string (a `Ref` counts as non-empty)."""
     if isinstance(node, Chars | Ref):
         return False
+    if isinstance(node, Compiled):
+        return bool(node.dfa.accept[node.dfa.start] >= 0)
     if isinstance(node, Seq):
         return all(nullable(x) for x in node.items)
     if isinstance(node, Alt):

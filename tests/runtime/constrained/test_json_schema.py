@@ -177,6 +177,20 @@ def test_unsupported_or_malformed_schemas_raise_value_errors_naming_the_problem(
         compiler.compile("json_schema", schema)
 
 
+def test_one_of_excludes_values_that_match_several_branches(compiler, walk):
+    schema = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"type": "integer", "minimum": 10, "maximum": 30},
+                        {"enum": ["x", 15]}]}
+    root = compile_json_schema(schema).root
+    for n in range(-5, 40):
+        matches = (0 <= n <= 20) + (10 <= n <= 30) + (n == 15)
+        assert regex_accepts(root, str(n)) == (matches == 1), n
+    assert regex_accepts(root, '"x"')
+    for text in complete_outputs(compiler.compile("json_schema", schema), walk, seed=1):
+        jsonschema.validate(json.loads(text), schema)
+    with pytest.raises(ValueError, match="exactly one"):
+        compile_json_schema({"oneOf": [{"const": 1}, {"enum": [1]}]})
+
+
 def test_string_pattern_uses_search_semantics_unless_anchored():
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "[0-9]"},
                                                "t": {"type": "string", "pattern": "^a"},
