@@ -53,7 +53,7 @@ class Req:
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
     arrival: float = field(default_factory=time.monotonic)
-    constraint: Matcher | None = None  # regex / JSON schema / grammar state, one per output token
+    constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
     num_draft: int = 0  # trailing output_ids proposed by jump-forward, not yet verified by the model
 
     state: ReqState = ReqState.WAITING

@@ -231,31 +231,31 @@ class Scheduler:
         return token_logprobs(out.prompt, targets.to(out.prompt.device), req.top_logprobs_num)
 
     def _sample_next(self, req: Req, out: ChunkLogits) -> None:
-        """Checks the request's jump-forward draft (if any), then samples its next token."""
-        accepted, logprobs, rows = [], [], out.draft if req.num_draft else None
+        """Keeps each jump-forward draft token while sampling at its position reproduces it (greedy:
+        the argmax; sampling: a draw, so the output distribution is unchanged), then samples on."""
         base = len(req.output_ids) - req.num_draft
-        for j in range(req.num_draft):
-            drafted = req.output_ids[base + j]
-            token = self._sample(req, rows[j], base + j)
-            if token != drafted:  # the model splits or continues differently: roll the rest back
+        drafted, accepted, logprobs = req.output_ids[base:], [], []
+        token, logits = None, out.next_token
+        for j, d in enumerate(drafted):
+            token = self._sample(req, out.draft[j], base + j)
+            if token != d:  # the model splits or goes on differently: roll the rest of the draft back
                 self._truncate_kv(req, len(req.prompt_ids) + base + j)
-                del req.output_ids[base:]
-                req.num_draft = 0
-                self.stats.jump_forward_tokens += len(accepted)
-                self._append(req, token, rows[j], accepted, logprobs)
-                return
-            accepted.append(drafted)
+                logits = out.draft[j]
+                break
+            token = None
+            accepted.append(d)
             if req.return_logprob:
-                logprobs += self._logprobs(req, rows[j], drafted)
-            req.sampling.observe(drafted)
-            assert req.constraint.advance(drafted), "a drafted token follows the constraint"
-        self.stats.jump_forward_tokens += len(accepted)
+                logprobs += self._logprobs(req, out.draft[j], d)
+            req.sampling.observe(d)
+            advanced = req.constraint.advance(d)
+            assert advanced, "a drafted token follows the constraint"
         del req.output_ids[base:]
         req.num_draft = 0
+        self.stats.jump_forward_tokens += len(accepted)
         m = req.constraint
-        done = m is not None and not m.end_ids and m.is_complete()  # nothing, not even EOS, may follow
-        token = None if done else self._sample(req, out.next_token, base + len(accepted))
-        self._append(req, token, out.next_token, accepted, logprobs)
+        if token is None and not (m is not None and not m.end_ids and m.is_complete()):
+            token = self._sample(req, logits, base + len(accepted))  # else nothing, not even EOS, may follow
+        self._append(req, token, logits, accepted, logprobs)
 
     def _sample(self, req: Req, logits: torch.Tensor, num_out: int) -> int:
         """One token from `logits` under the request's constraint; `num_out` tokens precede it."""

@@ -160,3 +160,18 @@ def test_forced_bytes_follow_the_grammar(compiler):
 def test_bad_grammars_raise_value_errors(grammar, message, compiler):
     with pytest.raises(ValueError, match=message):
         compiler.compile("grammar", grammar)
+
+
+def test_case_insensitive_literals_and_common_terminals_follow_lark(compiler):
+    grammar = r"""
+start: "select"i NAME ("," NAME)* "from"i NAME [";"]
+NAME: CNAME
+%import common.CNAME
+%import common.WS
+%ignore WS
+"""
+    constraint = compiler.compile("grammar", grammar)
+    parser = lark.Lark(grammar, parser="lalr")
+    for text in ["SELECT a FROM t", "SeLeCt a, b_2 from t;", "select a from", "select from t", "selecta from t",
+                 "select a,b FROM tbl ;", "select _x from y"]:
+        assert engine_accepts(constraint, text) == lark_accepts(parser, text), text
