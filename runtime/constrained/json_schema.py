@@ -339,7 +339,7 @@ def _merge(base: dict, sub: Any, path: str) -> Any:
         return sub
     if not isinstance(sub, dict):
         raise ValueError(f"json_schema at {path} must be an object")
-    clash = sorted(set(rest) & set(sub))
+    clash = sorted(k for k in set(rest) & set(sub) if rest[k] != sub[k])
     if clash:
         raise ValueError(f"json_schema at {path}: keywords {clash} both beside and inside a combinator are not supported")
     return {**rest, **sub}

@@ -177,6 +177,15 @@ def test_unsupported_or_malformed_schemas_raise_value_errors_naming_the_problem(
         compiler.compile("json_schema", schema)
 
 
+def test_keywords_beside_any_of_apply_to_every_branch():
+    root = compile_json_schema({"type": "string", "anyOf": [{"type": "string", "format": "date"},
+                                                             {"maxLength": 2}]}).root
+    assert regex_accepts(root, '"2024-02-28"') and regex_accepts(root, '"ab"')
+    assert not regex_accepts(root, '"abc"') and not regex_accepts(root, "12")
+    with pytest.raises(ValueError, match="beside and inside"):
+        compile_json_schema({"type": "string", "anyOf": [{"type": "integer"}]})
+
+
 def test_one_of_excludes_values_that_match_several_branches(compiler, walk):
     schema = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"type": "integer", "minimum": 10, "maximum": 30},
                         {"enum": ["x", 15]}]}
