@@ -145,7 +145,7 @@ class GrammarConstraint:
         stack, run, q = state
         lex = self.lexer(stack, run)
         vocab = self.vocab
-        mask = lex.index.mask(q).copy()
+        mask = lex.index.mask(q)
         rows, pos, labels = lex.index.boundaries(q)
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, key in enumerate(zip(pos.tolist(), labels.tolist())):

@@ -8,7 +8,7 @@ output may end.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable, Protocol
+from typing import Any, Callable, Hashable, Protocol
 
 import numpy as np
 import torch
@@ -25,27 +25,28 @@ class Constraint(Protocol):
     def initial(self) -> Hashable: ...
     def advance(self, state: Any, token_id: int) -> Any | None: ...
     def advance_bytes(self, state: Any, data: bytes) -> Any | None: ...
-    def allowed(self, state: Any) -> np.ndarray: ...  # bool [vocab.size], EOS excluded
+    def allowed(self, state: Any) -> np.ndarray: ...  # fresh bool [vocab.size], EOS excluded
     def can_end(self, state: Any) -> bool: ...
     def forced_bytes(self, state: Any, limit: int) -> bytes: ...
 
 
 class MaskCache:
-    """A small LRU of masks keyed by automaton state."""
+    """An LRU of token masks keyed by automaton state, stored as bitsets (V/8 bytes each)."""
 
     def __init__(self, size: int = MASK_CACHE_SIZE):
         self.size = size
-        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[np.ndarray, int]] = OrderedDict()
 
-    def get(self, key: Hashable, compute) -> np.ndarray:  # noqa: ANN001 - a callable
+    def get(self, key: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
         hit = self._items.get(key)
         if hit is not None:
             self._items.move_to_end(key)
-            return hit
-        value = self._items[key] = compute()
+            return np.unpackbits(hit[0], count=hit[1], bitorder="little").view(bool)
+        mask = compute()
+        self._items[key] = (np.packbits(mask, bitorder="little"), len(mask))
         if len(self._items) > self.size:
             self._items.popitem(last=False)
-        return value
+        return mask
 
 
 class RegexConstraint:
@@ -54,7 +55,6 @@ class RegexConstraint:
     def __init__(self, dfa: Dfa, vocab: TokenVocab):
         self.dfa, self.vocab = dfa, vocab
         self.index = TokenIndex(dfa, vocab)
-        self._masks = MaskCache()
 
     def initial(self) -> int:
         return self.dfa.start
@@ -69,7 +69,7 @@ class RegexConstraint:
         return None if nxt < 0 else nxt
 
     def allowed(self, state: int) -> np.ndarray:
-        return self._masks.get(state, lambda: self.index.mask(state))
+        return self.index.mask(state)
 
     def can_end(self, state: int) -> bool:
         return bool(self.dfa.accept[state] >= 0)
@@ -98,9 +98,8 @@ class Matcher:
 
     def mask(self) -> torch.Tensor:
         """Bool [vocab]: True where a token may come next (EOS only where the output may end)."""
-        allowed = self.constraint.allowed(self.state)
+        allowed = self.constraint.allowed(self.state)  # a fresh array: unpacked from a bitset
         if self.constraint.can_end(self.state) and self.end_ids:
-            allowed = allowed.copy()
             allowed[list(self.end_ids)] = True
         return torch.from_numpy(allowed).to(self.device)
 
