@@ -27,6 +27,18 @@ METRICS_SAMPLE_INTERVAL_S = 1.0
 METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
 HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
 
+# constrained decoding (runtime/constrained)
+MAX_NFA_STATES = 400_000  # a regex, schema or terminal bigger than this is refused
+MAX_DFA_STATES = 20_000
+CONSTRAINT_CACHE_SIZE = 64  # compiled constraints kept per engine (LRU)
+MASK_CACHE_SIZE = 512  # token masks kept per compiled constraint (LRU; bitsets of V/8 bytes)
+JSON_MAX_INT_DIGITS = 16  # digits of an unbounded JSON integer part (longer ones are never exact)
+JSON_MAX_FRACTION_DIGITS = 16
+JSON_MAX_EXPONENT_DIGITS = 3
+LARK_MAX_IGNORED_BYTES = 64  # longest %ignore lexeme (e.g. whitespace) a Lark grammar may emit
+LARK_MAX_CONSECUTIVE_IGNORED = 2  # %ignore lexemes in a row; together they bound whitespace runs
+JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -46,6 +58,8 @@ class EngineConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     seed: int = 0  # seeds requests that bring no seed of their own
+    disable_jump_forward: bool = False  # constrained requests decode forced text token by token
+    constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> "EngineConfig":

@@ -15,6 +15,10 @@ import torch
 
 from ..kernels.reference import TorchAttention
 from .config import EngineConfig, available_memory_bytes
+from .constrained.compiler import ConstraintCompiler
+from .constrained.jump_forward import JumpForwarder
+from .constrained.matcher import Constraint
+from .constrained.vocab import TokenVocab
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
@@ -86,6 +90,7 @@ class _Submission:
     logprob_start_len: int
     top_logprobs_num: int
     rid: str
+    constraint: Constraint | None = None
 
 
 def create_scheduler(cfg: EngineConfig) -> tuple[Scheduler, Tokenizer, str]:
@@ -102,7 +107,8 @@ def create_scheduler(cfg: EngineConfig) -> tuple[Scheduler, Tokenizer, str]:
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), device)
-    scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, context_length)
+    jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
+    scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, context_length, jump=jump)
     return scheduler, loaded.tokenizer, loaded.name
 
 
@@ -128,6 +134,8 @@ class Engine:
         self.vocab_size = self.scheduler.runner.model.config.vocab_size
         self.context_length = self.scheduler.context_length
         self.pool_size = self.scheduler.pool.num_slots
+        self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
+                                              cfg.constrained_json_whitespace_pattern)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -210,6 +218,8 @@ class Engine:
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
         rids = self._rids(rid, len(prompts), params.n)
+        spec = params.constraint
+        constraint = self.constraints.compile(*spec) if spec is not None else None
         subs = []
         for i, ids in enumerate(prompts):
             for j in range(params.n):
@@ -219,7 +229,7 @@ class Engine:
                     p.n = 1
                     p.seed = None if params.seed is None else params.seed + j
                 subs.append(_Submission(ids, p, return_logprob, logprob_start_len, top_logprobs_num,
-                                        rids[i * params.n + j]))
+                                        rids[i * params.n + j], constraint))
         return subs, single
 
     def _prompt_ids(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
@@ -271,7 +281,7 @@ class Engine:
         return Req.create(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
                           context_length=self.context_length, seed=seed, device=self.device,
                           return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
-                          top_logprobs_num=sub.top_logprobs_num)
+                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint)
 
     def _enqueue(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> None:
         req = self._make_req(sub, sink)
@@ -455,6 +465,8 @@ class Engine:
                 "finished_requests_total": s.finished,
                 "aborted_requests_total": s.aborted,
                 "steps_total": s.steps,
+                "jump_forward_drafted_total": s.jump_forward_drafted,
+                "jump_forward_tokens_total": s.jump_forward_tokens,
             }
         return self._query(read)
 

@@ -31,6 +31,15 @@ class ScheduledChunk:
     def samples(self) -> bool:
         return self.completes_fill and len(self.req.output_ids) < self.req.max_new_tokens
 
+    @property
+    def draft_positions(self) -> range:
+        """Positions whose logits check the request's jump-forward draft (each predicts a draft token)."""
+        if not self.samples or not self.req.num_draft:
+            return range(0)
+        last = self.end - 1
+        assert self.start <= last - self.req.num_draft, "a draft is never split across chunks"
+        return range(last - self.req.num_draft, last)
+
     def prompt_logit_positions(self) -> range:
         """Positions in this chunk whose logits score a prompt token the caller asked about."""
         if not self.req.wants_prompt_logprobs:
@@ -43,6 +52,7 @@ class ScheduledChunk:
 @dataclass(slots=True)
 class ChunkLogits:
     next_token: torch.Tensor | None  # [vocab] at the chunk's last position, when it samples
+    draft: torch.Tensor | None  # [num_draft, vocab]: row j predicts the request's j-th draft token
     prompt: torch.Tensor | None  # [len(prompt_positions), vocab]
     prompt_positions: range
 
@@ -77,24 +87,27 @@ class ModelRunner:
 
     def _select_logits(self, chunks: list[ScheduledChunk], hidden: torch.Tensor) -> list[ChunkLogits]:
         rows: list[int] = []
-        spans: list[tuple[int, int, int | None]] = []  # (first prompt row, count, next-token row)
+        spans: list[tuple[int, int, int, int | None]] = []  # (first prompt row, count, first draft row, next row)
         offset = 0
         for c in chunks:
             prompt_pos = c.prompt_logit_positions()
             first = len(rows)
             rows.extend(offset + p - c.start for p in prompt_pos)
+            first_draft = len(rows)
+            rows.extend(offset + p - c.start for p in c.draft_positions)
             next_row = None
             if c.samples:
                 next_row = len(rows)
                 rows.append(offset + c.length - 1)
-            spans.append((first, len(prompt_pos), next_row))
+            spans.append((first, len(prompt_pos), first_draft, next_row))
             offset += c.length
         logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.int64, device=self.device)]) \
             if rows else None
         out = []
-        for c, (first, count, next_row) in zip(chunks, spans):
+        for c, (first, count, first_draft, next_row) in zip(chunks, spans):
             out.append(ChunkLogits(
                 next_token=logits[next_row] if next_row is not None else None,
+                draft=logits[first_draft:next_row] if c.draft_positions else None,
                 prompt=logits[first:first + count] if count else None,
                 prompt_positions=c.prompt_logit_positions(),
             ))

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .memory import SwappedKV
 from .radix_cache import TreeNode
@@ -55,6 +56,8 @@ class Req:
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
     arrival: float = field(default_factory=time.monotonic)
+    constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
+    num_draft: int = 0  # trailing output_ids proposed by jump-forward, not yet verified by the model
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -75,14 +78,20 @@ class Req:
     def create(cls, rid: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
                sink: Callable[[StreamChunk], None], *, context_length: int, seed: int,
                device: torch.device, return_logprob: bool = False, logprob_start_len: int = -1,
-               top_logprobs_num: int = 0) -> "Req":
-        """A request with its sampler and detokenizer state; `params` must be validated already."""
+               top_logprobs_num: int = 0, constraint: Constraint | None = None) -> "Req":
+        """A request with its sampler, constraint and detokenizer state; `params` must be validated."""
+        sampling = SamplingState.create(params, prompt_ids, tokenizer.eos_token_ids,
+                                        tokenizer.vocab_size, device, seed)
+        matcher = None
+        if constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
+            end_ids = tuple(i for i in constraint.vocab.end_ids if i in sampling.stop_ids)
+            matcher = Matcher(constraint, end_ids, device)
         return cls(
             rid=rid,
             prompt_ids=prompt_ids,
             params=params,
-            sampling=SamplingState.create(params, prompt_ids, tokenizer.eos_token_ids,
-                                          tokenizer.vocab_size, device, seed),
+            sampling=sampling,
+            constraint=matcher,
             detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
                                          trim_stop=not params.no_stop_trim, context_ids=prompt_ids),
             sink=sink,

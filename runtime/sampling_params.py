@@ -27,6 +27,10 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
+    # constrained decoding: at most one of these
+    regex: str | None = None
+    json_schema: Any = None  # dict, JSON string, or pydantic model class
+    grammar: str | None = None  # Lark grammar (LALR), start rule `start`
 
     @classmethod
     def from_any(cls, params: "SamplingParams | Mapping[str, Any] | None") -> "SamplingParams":
@@ -45,6 +49,14 @@ class SamplingParams:
         if isinstance(values.get("stop"), str):
             values["stop"] = [values["stop"]]
         return cls(**values)
+
+    @property
+    def constraint(self) -> tuple[str, Any] | None:
+        """('regex' | 'json_schema' | 'grammar', spec), or None when unconstrained."""
+        for name in ("regex", "json_schema", "grammar"):
+            if getattr(self, name) is not None:
+                return name, getattr(self, name)
+        return None
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +88,12 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        given = [name for name in ("regex", "json_schema", "grammar") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"regex, json_schema and grammar are exclusive; got {given}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {type(getattr(self, name)).__name__}")
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int) -> None:

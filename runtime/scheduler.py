@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig
+from .constrained.jump_forward import JumpForwarder
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ChunkLogits, ModelRunner, ScheduledChunk
 from .radix_cache import RadixCache
@@ -33,6 +34,8 @@ class SchedulerStats:
     preemptions: int = 0
     finished: int = 0
     aborted: int = 0
+    jump_forward_drafted: int = 0  # tokens proposed by jump-forward
+    jump_forward_tokens: int = 0  # drafted tokens the model confirmed: output without a decode step
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Scheduler:
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     stats: SchedulerStats = field(default_factory=SchedulerStats)
+    jump: JumpForwarder | None = None  # None: jump-forward disabled
 
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
@@ -105,6 +109,8 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         plan: list[tuple[Req, int]] = []
         for req in self.running:
+            if req.num_draft and req.pending > max(budget, 1):  # a draft is checked in one chunk
+                self._drop_draft(req, keep=max(budget - 1, 0))
             n = req.pending
             if n > 1:
                 n = min(n, budget)
@@ -237,32 +243,118 @@ class Scheduler:
             if not chunk.samples:
                 self._finish(req, "length")
                 continue
-            self._append_token(req, out.next_token)
+            self._sample_next(req, out)
 
     def _prompt_logprobs(self, req: Req, out: ChunkLogits) -> list[TokenLogprob]:
         targets = torch.tensor([req.prompt_ids[p + 1] for p in out.prompt_positions], dtype=torch.int64)
         return token_logprobs(out.prompt, targets.to(out.prompt.device), req.top_logprobs_num)
 
-    def _append_token(self, req: Req, logits: torch.Tensor) -> None:
-        p = req.params
-        block_stop = len(req.output_ids) < p.min_new_tokens
-        token = sample_one(logits, req.sampling, None, block_stop)
-        req.output_ids.append(token)
-        req.sampling.observe(token)
-        self.stats.generated_tokens += 1
-        logprobs = token_logprobs(logits.view(1, -1), torch.tensor([token], device=logits.device),
-                                  req.top_logprobs_num) if req.return_logprob else []
-        n_out = len(req.output_ids)
-        if token in req.sampling.stop_ids:
-            self._emit(req, req.detok.flush(), [token], logprobs)
+    def _sample_next(self, req: Req, out: ChunkLogits) -> None:
+        """Keeps each jump-forward draft token while sampling at its position reproduces it (greedy:
+        the argmax; sampling: a draw, so the output distribution is unchanged), then samples on."""
+        base = len(req.output_ids) - req.num_draft
+        drafted, accepted, logprobs = req.output_ids[base:], [], []
+        token, logits = None, out.next_token
+        for j, d in enumerate(drafted):
+            token = self._sample(req, out.draft[j], base + j)
+            if token != d:  # the model splits or goes on differently: roll the rest of the draft back
+                self._truncate_kv(req, len(req.prompt_ids) + base + j)
+                logits = out.draft[j]
+                break
+            token = None
+            accepted.append(d)
+            if req.return_logprob:
+                logprobs += self._logprobs(req, out.draft[j], d)
+            req.sampling.observe(d)
+            advanced = req.constraint.advance(d)
+            assert advanced, "a drafted token follows the constraint"
+        del req.output_ids[base:]
+        req.num_draft = 0
+        self.stats.jump_forward_tokens += len(accepted)
+        m = req.constraint
+        if token is None and not (m is not None and not m.end_ids and m.is_complete()):
+            token = self._sample(req, logits, base + len(accepted))  # else nothing, not even EOS, may follow
+        self._append(req, token, logits, accepted, logprobs)
+
+    def _sample(self, req: Req, logits: torch.Tensor, num_out: int) -> int:
+        """One token from `logits` under the request's constraint; `num_out` tokens precede it."""
+        block_stop = num_out < req.params.min_new_tokens
+        mask = None
+        if req.constraint is not None:
+            mask = req.constraint.mask()
+            block_stop = block_stop and not req.constraint.is_complete()  # the constraint may only end
+        return sample_one(logits, req.sampling, mask, block_stop)
+
+    def _logprobs(self, req: Req, logits: torch.Tensor, token: int) -> list[TokenLogprob]:
+        return token_logprobs(logits.view(1, -1), torch.tensor([token], device=logits.device), req.top_logprobs_num)
+
+    def _append(self, req: Req, token: int | None, logits: torch.Tensor, accepted: list[int],
+                logprobs: list[TokenLogprob]) -> None:
+        """Appends verified draft tokens and the sampled token (None: the constraint is complete and
+        nothing was sampled); streams them; finishes the request when they end it."""
+        if token is not None and req.constraint is not None and not req.constraint.advance(token):
+            self._finish(req, "abort", error=f"internal error: the constraint rejected sampled token {token}")
+            return
+        req.output_ids.extend(accepted)
+        new = list(accepted)
+        if token is not None:
+            req.output_ids.append(token)
+            req.sampling.observe(token)
+            self.stats.generated_tokens += 1
+            new.append(token)
+            if req.return_logprob:
+                logprobs = logprobs + self._logprobs(req, logits, token)
+        p, n_out = req.params, len(req.output_ids)
+        ended = token in req.sampling.stop_ids
+        result = req.detok.add(accepted if ended else new, check_stop=n_out >= p.min_new_tokens)
+        if ended and result.stop is None:
+            self._emit(req, result.delta + req.detok.flush(), new, logprobs)
             self._finish(req, "stop", matched=token)
             return
-        result = req.detok.add([token], check_stop=n_out >= p.min_new_tokens)
-        self._emit(req, result.delta, [token], logprobs)
+        self._emit(req, result.delta, new, logprobs)
         if result.stop is not None:
             self._finish(req, "stop", matched=result.stop)
         elif n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
             self._finish(req, "length")
+        elif req.constraint is not None and not req.constraint.end_ids and req.constraint.is_complete():
+            self._finish(req, "stop")  # complete, and no EOS to sample (ignore_eos)
+        elif self.jump is not None and req.constraint is not None:
+            self._draft(req)
+
+    # ---- jump-forward ---------------------------------------------------------------------------
+    def _draft(self, req: Req) -> None:
+        """Appends the constraint's forced continuation as draft tokens, checked at the next step."""
+        room = req.max_new_tokens - len(req.output_ids) - 1  # the step after the draft still samples
+        tokens = self.jump.draft(req.constraint.forced_bytes())[:max(room, 0)]
+        if tokens:
+            req.output_ids.extend(tokens)
+            req.num_draft = len(tokens)
+            self.stats.jump_forward_drafted += len(tokens)
+
+    def _drop_draft(self, req: Req, keep: int = 0) -> None:
+        """Discards draft tokens after the first `keep`, with any KV computed for them."""
+        if req.num_draft <= keep:
+            return
+        end = len(req.output_ids) - req.num_draft + keep
+        if req.row is not None:
+            self._truncate_kv(req, len(req.prompt_ids) + end)
+        del req.output_ids[end:]
+        req.num_draft = keep
+
+    def _truncate_kv(self, req: Req, length: int) -> None:
+        """Forgets the KV of positions >= length: owned slots go back to the allocator; tree-owned
+        ones stay cached and are re-locked at the shallower node."""
+        if req.kv_len <= length:
+            return
+        assert req.slot_len == req.kv_len, "no step may be in flight"
+        self.allocator.free(self.req_to_token.read(req.row, max(length, req.cached_len), req.kv_len))
+        if req.cached_len > length:
+            match = self.cache.match_prefix(req.tokens(0, length))
+            assert match.length == length, "a locked prefix must still be in the tree"
+            self.cache.inc_lock_ref(match.node)
+            self.cache.dec_lock_ref(req.last_node)
+            req.last_node, req.cached_len = match.node, length
+        req.kv_len = req.slot_len = length
 
     # ---- KV ownership -------------------------------------------------------------------------
     @property
@@ -299,6 +391,7 @@ class Scheduler:
         req.kv_len = req.cached_len = req.slot_len = 0
 
     def _preempt(self, req: Req) -> None:
+        self._drop_draft(req)  # the draft is re-proposed after the request resumes
         self.running.remove(req)
         self.stats.preemptions += 1
         req.num_preemptions += 1
@@ -317,6 +410,7 @@ class Scheduler:
     def _finish(self, req: Req, reason: str, matched: int | str | None = None, error: str | None = None) -> None:
         if req.done:
             return
+        self._drop_draft(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:

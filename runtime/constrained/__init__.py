@@ -1,0 +1,11 @@
+"""Constrained decoding: regex, JSON schema and Lark grammar constraints as token masks.
+
+Module map (each file one idea):
+- regex_ast, regex_parser: regular-language trees; Python regex text -> tree (stdlib parser).
+- automaton: tree -> byte-level DFA (UTF-8, Thompson NFA, subsets, trimming, minimization).
+- vocab, token_index: the vocabulary as bytes; per DFA state, the tokens it can read (vectorised).
+- json_schema, rule_grammar: JSON schema -> one regex, or rules -> a Lark grammar when recursive.
+- lalr, grammar: Lark -> LALR table + terminal trees; the incremental parser + lexer constraint.
+- matcher: compiled constraints and the per-request Matcher; compiler: params -> constraint (LRU).
+- jump_forward: the forced continuation as canonical draft tokens (verified by the scheduler).
+"""

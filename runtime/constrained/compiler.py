@@ -1,0 +1,78 @@
+"""Sampling params -> a compiled constraint, LRU-cached per engine (compiling a pattern is the cost)."""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from ..config import CONSTRAINT_CACHE_SIZE
+from .automaton import compile_dfa
+from .grammar import GrammarConstraint
+from .json_schema import compile_json_schema, schema_to_dict, whitespace_node
+from .lalr import build_lark
+from .matcher import Constraint, RegexConstraint
+from .regex_parser import parse_regex
+from .rule_grammar import rules_to_lark
+from .vocab import TokenVocab
+
+CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")
+
+
+class ConstraintCompiler:
+    """Compiles regex / JSON schema / Lark constraints against one vocabulary; thread-safe."""
+
+    def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
+                 cache_size: int = CONSTRAINT_CACHE_SIZE):
+        whitespace_node(json_whitespace)  # a bad pattern fails here, when the engine starts
+        self._make_vocab = make_vocab
+        self._vocab: TokenVocab | None = None
+        self.json_whitespace = json_whitespace
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Constraint] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def vocab(self) -> TokenVocab:
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = self._make_vocab()
+            return self._vocab
+
+    def compile(self, kind: str, spec: Any) -> Constraint:
+        """`kind` is 'regex', 'json_schema' or 'grammar'. Raises ValueError for a bad spec."""
+        key = (kind, _cache_text(kind, spec))
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        constraint = self._build(kind, spec)
+        start = constraint.initial()
+        if not constraint.can_end(start) and not constraint.allowed(start).any():
+            raise ValueError(f"{kind} matches no text that the vocabulary can spell")
+        with self._lock:
+            self._cache[key] = constraint
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return constraint
+
+    def _build(self, kind: str, spec: Any) -> Constraint:
+        vocab = self.vocab
+        if kind == "regex":
+            return RegexConstraint(compile_dfa([parse_regex(spec)]), vocab)
+        if kind == "grammar":
+            return GrammarConstraint(build_lark(spec), vocab)
+        assert kind == "json_schema", f"unknown constraint kind {kind}"
+        grammar = compile_json_schema(spec, self.json_whitespace)
+        if not grammar.rules:
+            return RegexConstraint(compile_dfa([grammar.root]), vocab)
+        return GrammarConstraint(rules_to_lark(grammar.root, grammar.rules), vocab)
+
+
+def _cache_text(kind: str, spec: Any) -> str:
+    if kind == "json_schema":
+        return json.dumps(schema_to_dict(spec), sort_keys=True)
+    if not isinstance(spec, str):
+        raise ValueError(f"{kind} must be a string, got {type(spec).__name__}")
+    return spec

@@ -1,0 +1,200 @@
+"""Context-free constraints: an incremental LALR(1) parse over lexemes read by per-terminal DFAs.
+
+State = (parser stack, ignored-lexeme run, lexer DFA state). The lexer for a state reads exactly
+the terminals the parser would accept next (found by trial-feeding each candidate, reductions
+included), so every live lexeme can complete into a terminal the parse accepts: no dead ends.
+Lexing is longest-match, as in Lark: a lexeme ends only where no allowed terminal can go on.
+
+A token's mask bit comes from three places, all vectorised over the vocabulary:
+- tokens that stay inside the current lexeme (the lexer's precomputed token index);
+- tokens that end the lexeme part-way and go on into the next one (index boundaries: the next
+  lexeme's DFA walks their remaining bytes);
+- when the lexeme so far is complete, tokens that could not extend it but start the next one.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+import numpy as np
+
+from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
+from . import regex_ast as ra
+from .automaton import Dfa, compile_dfa
+from .lalr import LarkGrammar, Stack
+from .matcher import MaskCache
+from .token_index import TokenIndex, walk_rows
+from .vocab import TokenVocab
+
+State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
+_WARM_STACKS = 48  # parser stacks explored at compile time, so most lexers exist before decoding
+
+
+@dataclass(eq=False)
+class Lexer:
+    terminals: tuple[str, ...]  # by preference; the DFA's accept labels index this
+    dfa: Dfa
+    index: TokenIndex
+
+
+class GrammarConstraint:
+    def __init__(self, grammar: LarkGrammar, vocab: TokenVocab):
+        self.grammar, self.vocab = grammar, vocab
+        self.table = grammar.table
+        self._lexers: dict[frozenset[str], Lexer] = {}
+        self._acceptable: dict[Stack, frozenset[str]] = {}
+        self._masks = MaskCache()
+        self._warm_up()
+        stack = self.table.initial()
+        self._initial: State = (stack, 0, self.lexer(stack, 0).dfa.start)
+
+    # ---- parser side ----------------------------------------------------------------------
+    def acceptable(self, stack: Stack) -> frozenset[str]:
+        hit = self._acceptable.get(stack)
+        if hit is None:
+            terms = self.grammar.terminals
+            hit = frozenset(t for t in self.table.candidates(stack)
+                            if t in terms and self.table.feed(stack, t) is not None)
+            self._acceptable[stack] = hit
+        return hit
+
+    def lexer(self, stack: Stack, run: int) -> Lexer:
+        key = self.acceptable(stack)
+        if run < LARK_MAX_CONSECUTIVE_IGNORED:
+            key = key | self.grammar.ignore
+        lex = self._lexers.get(key)
+        if lex is None:
+            lex = self._lexers[key] = self._build_lexer(key)
+        return lex
+
+    def _build_lexer(self, names: frozenset[str]) -> Lexer:
+        terms = sorted((self.grammar.terminals[n] for n in names), key=lambda t: t.rank)
+        nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
+                 for t in terms]
+        dfa = compile_dfa(nodes, nonempty=True)
+        return Lexer(tuple(t.name for t in terms), dfa, TokenIndex(dfa, self.vocab, boundaries=True))
+
+    def _after_lexeme(self, stack: Stack, run: int, terminal: str) -> tuple[Stack, int] | None:
+        if terminal in self.grammar.ignore:
+            return stack, run + 1
+        nxt = self.table.feed(stack, terminal)
+        return None if nxt is None else (nxt, 0)
+
+    def _warm_up(self) -> None:
+        """Builds the lexers of the stacks reachable in a few terminals (compile-time cost, not per step)."""
+        seen, queue = {self.table.initial()}, [self.table.initial()]
+        while queue and len(seen) < _WARM_STACKS:
+            stack = queue.pop(0)
+            for run in range(LARK_MAX_CONSECUTIVE_IGNORED + 1):
+                self.lexer(stack, run)
+            for t in sorted(self.acceptable(stack)):
+                nxt = self.table.feed(stack, t)
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
+
+    # ---- the Constraint protocol ------------------------------------------------------------
+    def initial(self) -> State:
+        return self._initial
+
+    def advance(self, state: State, token_id: int) -> State | None:
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        data = self.vocab.bytes_of(token_id)
+        if lex.index.allows(q, token_id):
+            return (stack, run, lex.dfa.walk(q, data))
+        return self.advance_bytes(state, data) if data else None
+
+    def advance_bytes(self, state: State, data: bytes) -> State | None:
+        for b in data:
+            state = self._step(state, b)
+            if state is None:
+                return None
+        return state
+
+    def _step(self, state: State, b: int) -> State | None:
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        nxt = int(lex.dfa.trans[q, b])
+        if nxt >= 0:
+            return (stack, run, nxt)
+        label = int(lex.dfa.accept[q])
+        if label < 0:
+            return None
+        after = self._after_lexeme(stack, run, lex.terminals[label])
+        if after is None:
+            return None
+        lex2 = self.lexer(*after)
+        nxt = int(lex2.dfa.trans[lex2.dfa.start, b])
+        return None if nxt < 0 else (*after, nxt)
+
+    def can_end(self, state: State) -> bool:
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        if q == lex.dfa.start:
+            return self.table.accepts_end(stack)
+        label = int(lex.dfa.accept[q])
+        if label < 0:
+            return False
+        after = self._after_lexeme(stack, run, lex.terminals[label])
+        return after is not None and self.table.accepts_end(after[0])
+
+    def allowed(self, state: State) -> np.ndarray:
+        return self._masks.get(state, lambda: self._compute_mask(state))
+
+    def _compute_mask(self, state: State) -> np.ndarray:
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        vocab = self.vocab
+        mask = lex.index.mask(q)
+        rows, pos, labels = lex.index.boundaries(q)
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, key in enumerate(zip(pos.tolist(), labels.tolist())):
+            groups[key].append(i)
+        for (p, label), members in groups.items():
+            after = self._after_lexeme(stack, run, lex.terminals[label])
+            if after is not None:
+                self._allow_suffixes(mask, after, rows[members], p)
+        label = int(lex.dfa.accept[q])
+        if label >= 0:
+            after = self._after_lexeme(stack, run, lex.terminals[label])
+            if after is not None:
+                nxt = self.allowed((*after, self.lexer(*after).dfa.start))
+                fresh = (lex.dfa.trans[q][vocab.first_bytes] < 0) & nxt[vocab.ids]
+                mask[vocab.ids[fresh]] = True
+        return mask
+
+    def _allow_suffixes(self, mask: np.ndarray, after: tuple[Stack, int], rows: np.ndarray, p: int) -> None:
+        """Marks tokens whose bytes from p on are a valid start of what follows the finished lexeme."""
+        lex = self.lexer(*after)
+        vocab = self.vocab
+        walk = walk_rows(lex.dfa.trans, vocab.matrix, vocab.lengths, rows, np.full(len(rows), lex.dfa.start), p)
+        mask[self.vocab.ids[rows[walk.end_state >= 0]]] = True
+        nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
+        for r in rows[nested].tolist():  # a token spanning three lexemes: rare, walk it byte by byte
+            data = bytes(self.vocab.matrix[r, p:self.vocab.lengths[r]])
+            if self.advance_bytes((*after, lex.dfa.start), data) is not None:
+                mask[self.vocab.ids[r]] = True
+
+    def forced_bytes(self, state: State, limit: int) -> bytes:
+        out = bytearray()
+        while len(out) < limit and not self.can_end(state):
+            b = self._only_next_byte(state)
+            if b is None:
+                break
+            out.append(b)
+            state = self._step(state, b)
+        return bytes(out)
+
+    def _only_next_byte(self, state: State) -> int | None:
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        live = lex.dfa.trans[q] >= 0
+        label = int(lex.dfa.accept[q])
+        if label >= 0:
+            after = self._after_lexeme(stack, run, lex.terminals[label])
+            if after is not None:
+                lex2 = self.lexer(*after)
+                live = live | (lex2.dfa.trans[lex2.dfa.start] >= 0)
+        candidates = np.flatnonzero(live)
+        return int(candidates[0]) if len(candidates) == 1 else None
+

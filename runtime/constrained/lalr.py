@@ -1,0 +1,120 @@
+"""Lark grammars -> an LALR(1) table we drive incrementally, plus a regex tree per terminal.
+
+Lark builds the table (and resolves `%import common`, templates, priorities); we only read it.
+A parser stack is a persistent linked tuple `(state, parent)`, so copies are free and stacks can key
+caches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import lark
+from lark.exceptions import GrammarError, LarkError
+from lark.parsers.lalr_analysis import Shift
+
+from . import regex_ast as ra
+from .regex_parser import parse_regex
+
+Stack = Optional[tuple[int, Any]]  # (state, parent stack)
+END = "$END"
+
+# Lark's common.ESCAPED_STRING uses a look-behind; this is the same language, written regularly.
+_LARK_ESCAPED_STRING = r'".*?(?<!\\)(\\\\)*?"'
+_REGULAR_ESCAPED_STRING = r'"(?:[^"\\\n]|\\[^\n])*"'
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    name: str
+    node: ra.Node
+    rank: tuple  # lower ranks win when two terminals accept the same lexeme
+
+
+class LalrTable:
+    """Shift/reduce actions by state and symbol, from a Lark LALR parse table."""
+
+    def __init__(self, parse_table: Any, start: str = "start"):
+        self.start = parse_table.start_states[start]
+        self.end = parse_table.end_states[start]
+        self.actions: dict[int, dict[str, tuple[bool, Any]]] = {}
+        for state, row in parse_table.states.items():
+            self.actions[state] = {
+                sym: (True, arg) if action is Shift else (False, (len(arg.expansion), arg.origin.name))
+                for sym, (action, arg) in row.items()
+            }
+
+    def initial(self) -> Stack:
+        return (self.start, None)
+
+    def feed(self, stack: Stack, terminal: str) -> Stack:
+        """The stack after shifting `terminal` (with any reductions first), or None if it is an error."""
+        while True:
+            act = self.actions[stack[0]].get(terminal)
+            if act is None:
+                return None
+            shift, arg = act
+            if shift:
+                return (arg, stack)
+            stack = self._reduce(stack, *arg)
+
+    def accepts_end(self, stack: Stack) -> bool:
+        while True:
+            act = self.actions[stack[0]].get(END)
+            if act is None or act[0]:
+                return False
+            stack = self._reduce(stack, *act[1])
+            if stack[0] == self.end:
+                return True
+
+    def _reduce(self, stack: Stack, size: int, origin: str) -> Stack:
+        for _ in range(size):
+            stack = stack[1]
+        return (self.actions[stack[0]][origin][1], stack)
+
+    def candidates(self, stack: Stack) -> list[str]:
+        return list(self.actions[stack[0]])
+
+
+@dataclass(slots=True)
+class LarkGrammar:
+    table: LalrTable
+    terminals: dict[str, Terminal]
+    ignore: frozenset[str]
+
+
+def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> LarkGrammar:
+    """Compiles a Lark grammar (start rule `start`). `terminal_nodes` overrides terminals' patterns."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("grammar must be a non-empty Lark grammar string")
+    try:
+        parser = lark.Lark(text, parser="lalr", lexer="contextual", start="start")
+    except GrammarError as e:
+        raise ValueError(f"grammar is malformed or not LALR(1): {e}") from None
+    except LarkError as e:
+        raise ValueError(f"invalid Lark grammar: {e}") from None
+    table = LalrTable(parser.parser.parser.parser.parse_table)
+    terminals = {}
+    for t in parser.terminals:
+        node = (terminal_nodes or {}).get(t.name)
+        terminals[t.name] = Terminal(t.name, node if node is not None else _terminal_node(t), _rank(t))
+    return LarkGrammar(table, terminals, frozenset(parser.ignore_tokens))
+
+
+def _terminal_node(t: Any) -> ra.Node:
+    pattern = t.pattern
+    if pattern.type == "str" and not pattern.flags:
+        return ra.literal(pattern.value)
+    regex = pattern.to_regexp()  # carries the terminal's flags as an inline group
+    if regex == _LARK_ESCAPED_STRING:
+        regex = _REGULAR_ESCAPED_STRING
+    try:
+        return parse_regex(regex)
+    except ValueError as e:
+        raise ValueError(f"grammar terminal {t.name}: {e}") from None
+
+
+def _rank(t: Any) -> tuple:
+    """Lark's preference: higher priority, then string literals over regexps, then longer literals."""
+    literal = t.pattern.type == "str"
+    return (-t.priority, not literal, -len(t.pattern.value) if literal else 0, t.name)

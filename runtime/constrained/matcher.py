@@ -1,0 +1,124 @@
+"""Compiled constraints (shared, immutable) and the per-request `Matcher` that walks one of them.
+
+A constraint is an automaton over bytes whose states are hashable values. It answers, per state:
+which vocabulary tokens may come next (`allowed`), whether the output may end here (`can_end`),
+and which bytes are forced (`forced_bytes`, for jump-forward). EOS is allowed exactly where the
+output may end.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Protocol
+
+import numpy as np
+import torch
+
+from ..config import JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from .automaton import Dfa
+from .token_index import TokenIndex
+from .vocab import TokenVocab
+
+
+class Constraint(Protocol):
+    vocab: TokenVocab
+
+    def initial(self) -> Hashable: ...
+    def advance(self, state: Any, token_id: int) -> Any | None: ...
+    def advance_bytes(self, state: Any, data: bytes) -> Any | None: ...
+    def allowed(self, state: Any) -> np.ndarray: ...  # fresh bool [vocab.size], EOS excluded
+    def can_end(self, state: Any) -> bool: ...
+    def forced_bytes(self, state: Any, limit: int) -> bytes: ...
+
+
+class MaskCache:
+    """An LRU of token masks keyed by automaton state, stored as bitsets (V/8 bytes each)."""
+
+    def __init__(self, size: int = MASK_CACHE_SIZE):
+        self.size = size
+        self._items: OrderedDict[Hashable, tuple[np.ndarray, int]] = OrderedDict()
+
+    def get(self, key: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        hit = self._items.get(key)
+        if hit is not None:
+            self._items.move_to_end(key)
+            return np.unpackbits(hit[0], count=hit[1], bitorder="little").view(bool)
+        mask = compute()
+        self._items[key] = (np.packbits(mask, bitorder="little"), len(mask))
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return mask
+
+
+class RegexConstraint:
+    """A regex (or a regular JSON schema) as one DFA and its token index."""
+
+    def __init__(self, dfa: Dfa, vocab: TokenVocab):
+        self.dfa, self.vocab = dfa, vocab
+        self.index = TokenIndex(dfa, vocab)
+
+    def initial(self) -> int:
+        return self.dfa.start
+
+    def advance(self, state: int, token_id: int) -> int | None:
+        if not self.index.allows(state, token_id):
+            return None
+        return self.dfa.walk(state, self.vocab.bytes_of(token_id))
+
+    def advance_bytes(self, state: int, data: bytes) -> int | None:
+        nxt = self.dfa.walk(state, data)
+        return None if nxt < 0 else nxt
+
+    def allowed(self, state: int) -> np.ndarray:
+        return self.index.mask(state)
+
+    def can_end(self, state: int) -> bool:
+        return bool(self.dfa.accept[state] >= 0)
+
+    def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
+        out = bytearray()
+        while len(out) < limit and self.index.forced[state] >= 0:
+            b = int(self.index.forced[state])
+            out.append(b)
+            state = int(self.dfa.trans[state, b])
+        return bytes(out)
+
+
+class Matcher:
+    """One request's position in a constraint (a state per consumed token)."""
+
+    def __init__(self, constraint: Constraint, end_ids: tuple[int, ...], device: torch.device):
+        self.constraint = constraint
+        self.end_ids = end_ids
+        self.device = device
+        self.states: list[Any] = [constraint.initial()]
+
+    @property
+    def state(self) -> Any:
+        return self.states[-1]
+
+    def mask(self) -> torch.Tensor:
+        """Bool [vocab]: True where a token may come next (EOS only where the output may end)."""
+        allowed = self.constraint.allowed(self.state)  # a fresh array: unpacked from a bitset
+        if self.constraint.can_end(self.state) and self.end_ids:
+            allowed[list(self.end_ids)] = True
+        return torch.from_numpy(allowed).to(self.device)
+
+    def is_complete(self) -> bool:
+        """The output may end here and no token but EOS may follow."""
+        return self.constraint.can_end(self.state) and not self.constraint.allowed(self.state).any()
+
+    def advance(self, token_id: int) -> bool:
+        """Consumes one token; False (state unchanged) if the constraint does not allow it."""
+        if token_id in self.end_ids:
+            ok = self.constraint.can_end(self.state)
+            nxt = self.state
+        else:
+            nxt = self.constraint.advance(self.state, token_id)
+            ok = nxt is not None
+        if ok:
+            self.states.append(nxt)
+        return ok
+
+    def forced_bytes(self) -> bytes:
+        """The unique continuation, if the constraint admits exactly one for a while ('' if none)."""
+        return self.constraint.forced_bytes(self.state, JUMP_FORWARD_MAX_BYTES)

@@ -1,0 +1,187 @@
+"""Regular-language syntax trees over Unicode code points, the common input of every automaton.
+
+A `Chars` leaf is a set of code points (sorted, disjoint, inclusive ranges; surrogates never appear
+because UTF-8 cannot encode them). `Ref` names a grammar rule; it appears only in JSON-schema grammars
+and never reaches the DFA builder.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Union
+
+MAX_CODE_POINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Chars:
+    ranges: Ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    items: tuple["Node", ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    items: tuple["Node", ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    item: "Node"
+    min: int
+    max: int | None  # None: unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """`item`'s matches of at most `max_bytes` UTF-8 bytes (used to bound ignored whitespace)."""
+
+    item: "Node"
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    name: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Compiled:
+    """A language given directly as a DFA (`automaton.Dfa`), e.g. the result of a product."""
+
+    dfa: Any
+
+
+Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref, Compiled]
+EMPTY = Seq(())  # matches only the empty string
+NOTHING = Alt(())  # matches nothing
+
+
+# ---- code point sets --------------------------------------------------------------------------
+def normalize(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    """Sorted, merged ranges with surrogates removed."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        for a, b in _minus_surrogates(lo, hi):
+            if out and a <= out[-1][1] + 1:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def _minus_surrogates(lo: int, hi: int) -> list[tuple[int, int]]:
+    s_lo, s_hi = SURROGATES
+    if hi < s_lo or lo > s_hi:
+        return [(lo, hi)] if lo <= hi else []
+    return [r for r in ((lo, s_lo - 1), (s_hi + 1, hi)) if r[0] <= r[1]]
+
+
+def complement(ranges: Ranges) -> Ranges:
+    out, nxt = [], 0
+    for lo, hi in ranges:
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODE_POINT:
+        out.append((nxt, MAX_CODE_POINT))
+    return normalize(out)
+
+
+def intersect(a: Ranges, b: Ranges) -> Ranges:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+# ---- constructors -----------------------------------------------------------------------------
+def chars(ranges: Iterable[tuple[int, int]]) -> Node:
+    r = normalize(ranges)
+    return Chars(r) if r else NOTHING
+
+
+def char_class(spec: str) -> Node:
+    """A class from 'a-z0-9_'-style text (no escapes; a '-' at either end is literal)."""
+    ranges, i = [], 0
+    while i < len(spec):
+        if i + 2 < len(spec) and spec[i + 1] == "-":
+            ranges.append((ord(spec[i]), ord(spec[i + 2])))
+            i += 3
+        else:
+            ranges.append((ord(spec[i]), ord(spec[i])))
+            i += 1
+    return chars(ranges)
+
+
+def literal(text: str) -> Node:
+    return seq(*(Chars(((ord(c), ord(c)),)) for c in text))
+
+
+def seq(*items: Node) -> Node:
+    flat: list[Node] = []
+    for item in items:
+        if item == NOTHING:
+            return NOTHING
+        flat.extend(item.items if isinstance(item, Seq) else (item,))
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items: Node) -> Node:
+    flat: list[Node] = []
+    for item in items:
+        for x in item.items if isinstance(item, Alt) else (item,):
+            if x not in flat:
+                flat.append(x)
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def repeat(item: Node, lo: int, hi: int | None) -> Node:
+    if hi == 0 or item == EMPTY:
+        return EMPTY
+    if item == NOTHING:
+        return EMPTY if lo == 0 else NOTHING
+    if lo == hi == 1:
+        return item
+    return Repeat(item, lo, hi)
+
+
+def optional(item: Node) -> Node:
+    return repeat(item, 0, 1)
+
+
+# ---- properties -------------------------------------------------------------------------------
+def nullable(node: Node) -> bool:
+    """Whether `node` matches the empty string (a `Ref` counts as non-empty)."""
+    if isinstance(node, Chars | Ref):
+        return False
+    if isinstance(node, Compiled):
+        return bool(node.dfa.accept[node.dfa.start] >= 0)
+    if isinstance(node, Seq):
+        return all(nullable(x) for x in node.items)
+    if isinstance(node, Alt):
+        return any(nullable(x) for x in node.items)
+    if isinstance(node, Repeat):
+        return node.min == 0 or nullable(node.item)
+    return nullable(node.item)
+
+
+def refs(node: Node) -> set[str]:
+    if isinstance(node, Ref):
+        return {node.name}
+    if isinstance(node, Seq | Alt):
+        return set().union(*(refs(x) for x in node.items)) if node.items else set()
+    if isinstance(node, Repeat | Bounded):
+        return refs(node.item)
+    return set()

@@ -1,0 +1,74 @@
+"""Rules of regex trees with `Ref`s (recursive JSON schemas) -> a Lark grammar for the LALR engine.
+
+Every maximal Ref-free piece becomes one terminal, so lexemes stay large (few parser steps) and the
+terminal's exact language is handed to the engine directly; Lark only sees placeholder patterns and
+builds the LALR table.
+"""
+from __future__ import annotations
+
+from . import regex_ast as ra
+from .lalr import LarkGrammar, build_lark
+
+
+def rules_to_lark(root: ra.Node, rules: dict[str, ra.Node]) -> LarkGrammar:
+    writer = _Writer()
+    lines = [f"start: {writer.expand(root)}"]
+    lines += [f"{name}: {writer.expand(body)}" for name, body in rules.items()]
+    lines += [f'{name}: "<{name}>"' for name in writer.terminals.values()]
+    try:
+        return build_lark("\n".join(lines), {name: node for node, name in writer.terminals.items()})
+    except ValueError as e:
+        raise ValueError(f"json_schema: its recursive part has no unambiguous LALR(1) grammar ({e})") from None
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.terminals: dict[ra.Node, str] = {}
+
+    def terminal(self, node: ra.Node) -> str:
+        if node not in self.terminals:
+            self.terminals[node] = f"T{len(self.terminals)}"
+        return self.terminals[node]
+
+    def expand(self, node: ra.Node) -> str:
+        """Lark expansion text for `node` ('' when it matches only the empty string)."""
+        if not ra.refs(node):
+            if node == ra.EMPTY:
+                return ""
+            name = self.terminal(node)  # the engine builds terminals without their empty match
+            return f"[{name}]" if ra.nullable(node) else name
+        if isinstance(node, ra.Ref):
+            return node.name
+        if isinstance(node, ra.Seq):
+            return " ".join(p for p in (self.expand(g) for g in _groups(node.items)) if p)
+        if isinstance(node, ra.Alt):
+            parts = [self.expand(x) for x in node.items]
+            body = " | ".join(p for p in parts if p)
+            return f"[{body}]" if "" in parts else f"({body})"
+        assert isinstance(node, ra.Repeat), f"unexpected node {node!r} around a rule reference"
+        inner = self.expand(node.item)
+        lo, hi = node.min, node.max
+        if hi is None:
+            return f"({inner})*" if lo == 0 else f"({inner})+" if lo == 1 else f"({inner}) ~ {lo} ({inner})*"
+        if (lo, hi) == (0, 1):
+            return f"[{inner}]"
+        if lo == 0:
+            return f"[({inner}) ~ 1..{hi}]"
+        return f"({inner}) ~ {lo}" if lo == hi else f"({inner}) ~ {lo}..{hi}"
+
+
+def _groups(items: tuple[ra.Node, ...]) -> list[ra.Node]:
+    """Consecutive Ref-free items merged into one piece (one terminal)."""
+    out: list[ra.Node] = []
+    run: list[ra.Node] = []
+    for item in items:
+        if ra.refs(item):
+            if run:
+                out.append(ra.seq(*run))
+                run = []
+            out.append(item)
+        else:
+            run.append(item)
+    if run:
+        out.append(ra.seq(*run))
+    return out

@@ -1,0 +1,44 @@
+"""The vocabulary as byte strings, laid out for vectorised DFA walks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class TokenVocab:
+    """Tokens a constraint may allow: every non-special token with at least one byte.
+
+    Rows of `matrix` are those tokens' bytes, zero-padded; `ids[r]` is row r's token id.
+    """
+
+    size: int  # length of a mask (the model's vocabulary size)
+    token_bytes: list[bytes]  # by token id
+    end_ids: tuple[int, ...]  # tokens that end a constrained output (EOS)
+    ids: np.ndarray  # [N] int64
+    lengths: np.ndarray  # [N] int64
+    matrix: np.ndarray  # [N, max_len] uint8
+
+    @classmethod
+    def create(cls, token_bytes: Sequence[bytes], special_ids: frozenset[int] | set[int],
+               end_ids: Sequence[int], size: int) -> "TokenVocab":
+        keep = [i for i, b in enumerate(token_bytes[:size]) if b and i not in special_ids]
+        lengths = np.array([len(token_bytes[i]) for i in keep], np.int64)
+        matrix = np.zeros((len(keep), int(lengths.max())), np.uint8)
+        for row, i in enumerate(keep):
+            matrix[row, : lengths[row]] = np.frombuffer(token_bytes[i], np.uint8)
+        return cls(size, list(token_bytes), tuple(i for i in end_ids if i < size),
+                   np.array(keep, np.int64), lengths, matrix)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, size: int) -> "TokenVocab":  # noqa: ANN001 - runtime.tokenizer.Tokenizer
+        return cls.create(tokenizer.token_bytes, tokenizer.special_token_ids, tokenizer.eos_token_ids, size)
+
+    @property
+    def first_bytes(self) -> np.ndarray:
+        return self.matrix[:, 0]
+
+    def bytes_of(self, token_id: int) -> bytes:
+        return self.token_bytes[token_id] if token_id < len(self.token_bytes) else b""

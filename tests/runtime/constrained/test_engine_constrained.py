@@ -1,0 +1,155 @@
+"""Constrained generation through the engine on the tiny random model, which ignores what a sensible
+model would say and so pushes every constraint to its edges. Every output is checked by an
+independent oracle (re.fullmatch, jsonschema, Lark's parser) and every scenario ends with the KV
+invariant."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import jsonschema
+import lark
+import pytest
+
+from radixlang.runtime.sampling_params import SamplingParams
+
+REGEXES = [r"(yes|no)\. [a-z]{2,6}!", r"[0-9]{3}-[0-9]{4}", r"<(a|b|c){1,4}>( ok)?", r"\{\"k\": (true|false)\}"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "day": {"type": "string", "format": "date"},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+        "score": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]},
+    },
+    "required": ["name", "age", "day", "tags"],
+}
+NESTED = {"type": "array", "items": {"$ref": "#/$defs/v"}, "minItems": 1, "maxItems": 3,
+          "$defs": {"v": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9},
+                                    {"type": "array", "items": {"$ref": "#/$defs/v"}, "maxItems": 3}]}}}
+GRAMMAR = r"""
+start: "(" item ("," item)* ")"
+item: WORD | NUM | "<" item ">"
+WORD: /[a-z]{1,4}/
+NUM: /[0-9]{1,3}/
+%ignore " "
+"""
+PROMPTS = ["Give me data:", "x", "The answer is"]
+
+
+def check_json(completion, schema):
+    assert completion.meta.finish_reason == "stop", completion
+    jsonschema.validate(json.loads(completion.text), schema, format_checker=jsonschema.FormatChecker())
+
+
+def test_regex_outputs_fully_match(tiny_engine):
+    for pattern in REGEXES:
+        for c in tiny_engine.generate(PROMPTS, {"regex": pattern, "max_new_tokens": 40, "temperature": 0.8, "seed": 3}):
+            assert c.meta.finish_reason == "stop" and re.fullmatch(pattern, c.text), (pattern, c.text)
+    tiny_engine.check_invariants()
+
+
+def test_json_schema_outputs_validate_greedy_and_sampled(tiny_engine):
+    for temperature in (0.0, 1.0):
+        for c in tiny_engine.generate(PROMPTS, {"json_schema": SCHEMA, "max_new_tokens": 120,
+                                                "temperature": temperature, "seed": 5}):
+            check_json(c, SCHEMA)
+    tiny_engine.check_invariants()
+
+
+def test_recursive_schema_given_as_a_json_string_validates(tiny_engine):
+    outs = tiny_engine.generate(PROMPTS * 3, {"json_schema": json.dumps(NESTED), "max_new_tokens": 100,
+                                              "temperature": 1.0, "seed": 2})
+    complete = [c for c in outs if c.meta.finish_reason == "stop"]  # the random model may nest forever
+    assert len(complete) >= 2 and any("[[" in c.text or ",[" in c.text for c in complete)
+    for c in complete:
+        check_json(c, NESTED)
+    tiny_engine.check_invariants()
+
+
+def test_lark_grammar_outputs_parse(tiny_engine):
+    parser = lark.Lark(GRAMMAR, parser="lalr")
+    done = 0
+    for c in tiny_engine.generate(PROMPTS * 2, {"grammar": GRAMMAR, "max_new_tokens": 60, "temperature": 0.9,
+                                                "seed": 4}):
+        if c.meta.finish_reason == "stop":
+            parser.parse(c.text)
+            done += 1
+    assert done >= 3
+    tiny_engine.check_invariants()
+
+
+def test_n_samples_each_follow_the_constraint_independently(tiny_engine):
+    outs = tiny_engine.generate("pick:", {"regex": r"[a-z]{3,8}", "n": 6, "temperature": 30.0, "seed": 11,
+                                          "max_new_tokens": 20})
+    assert len(outs) == 6 and len({c.text for c in outs}) > 1
+    for c in outs:
+        assert re.fullmatch(r"[a-z]{3,8}", c.text)
+    tiny_engine.check_invariants()
+
+
+def test_eos_comes_exactly_when_the_constraint_is_complete(tiny_engine):
+    eos = tiny_engine.tokenizer.eos_token_ids[0]
+    c = tiny_engine.generate("q", {"regex": "(ab){2}", "max_new_tokens": 10, "temperature": 0})
+    assert c.text == "abab" and c.output_ids[-1] == eos and c.meta.matched_stop == eos
+    c = tiny_engine.generate("q", {"regex": "(ab){2}", "max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
+    assert c.text == "abab" and eos not in c.output_ids and c.meta.finish_reason == "stop"
+    c = tiny_engine.generate("q", {"regex": "(ab){2}", "max_new_tokens": 10, "temperature": 0, "min_new_tokens": 8})
+    assert c.text == "abab" and c.meta.finish_reason == "stop"
+    tiny_engine.check_invariants()
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"regex": "(?=x)"}, "look-ahead"),
+    ({"regex": "[a-"}, "invalid regex"),
+    ({"regex": 5}, "regex must be a string"),
+    ({"json_schema": {"type": "string", "format": "hostname"}}, "hostname"),
+    ({"json_schema": {"type": "object", "if": {}}}, "'if'"),
+    ({"json_schema": "{bad"}, "not valid JSON"),
+    ({"grammar": "start: ("}, "malformed"),
+    ({"regex": "a", "grammar": 'start: "a"'}, "exclusive"),
+])
+def test_bad_constraints_raise_at_submit_and_the_engine_stays_healthy(tiny_engine, params, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_engine.generate("hi", {**params, "max_new_tokens": 5})
+    assert re.fullmatch("[0-9]{2}", tiny_engine.generate("hi", {"regex": "[0-9]{2}", "max_new_tokens": 5}).text)
+    tiny_engine.check_invariants()
+
+
+def test_sampling_params_accept_the_constraint_fields():
+    p = SamplingParams.from_any({"json_schema": {"type": "integer"}})
+    assert p.constraint == ("json_schema", {"type": "integer"})
+    assert SamplingParams().constraint is None
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_constraints_survive_preemption(tiny_engine_factory, tiny_engine, mode):
+    params = {"json_schema": SCHEMA, "max_new_tokens": 120, "temperature": 0}
+    prompts = [f"request {i}: " + "word " * (i % 5) for i in range(8)]
+    expected = [c.text for c in tiny_engine.generate(prompts, params)]
+    small = tiny_engine_factory(kv_cache_tokens=200, preemption_mode=mode, max_running_requests=8,
+                                init_new_token_ratio=0.02, min_new_token_ratio=0.0)  # over-admit on purpose
+    got = small.generate(prompts, params)
+    assert small.stats()["preemptions_total"] > 0
+    for c, want in zip(got, expected):
+        check_json(c, SCHEMA)
+        assert c.text == want
+    small.check_invariants()
+
+
+def test_abort_mid_constrained_stream_frees_everything(tiny_engine):
+    stream = tiny_engine.stream("abort me", {"regex": "[a-z ]{200}", "max_new_tokens": 150, "temperature": 1.0})
+    for i, _chunk in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    rid = uuid.uuid4().hex
+    chunks = []
+    for chunk in tiny_engine.stream("abort me too", {"json_schema": SCHEMA, "max_new_tokens": 100}, rid=rid):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            tiny_engine.abort(rid)
+    assert chunks[-1].finished and chunks[-1].finish_reason == "abort"
+    tiny_engine.check_invariants()

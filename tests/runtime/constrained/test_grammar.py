@@ -1,0 +1,177 @@
+"""Lark grammars: the incremental LALR + DFA-lexer engine against Lark's own full parse."""
+from __future__ import annotations
+
+import random
+
+import lark
+import numpy as np
+import pytest
+
+from radixlang.runtime.config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
+
+JSON_GRAMMAR = r"""
+start: value
+?value: dict | list | ESCAPED_STRING | SIGNED_NUMBER | "true" | "false" | "null"
+list : "[" [value ("," value)*] "]"
+dict : "{" [pair ("," pair)*] "}"
+pair : ESCAPED_STRING ":" value
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+"""
+CALC_GRAMMAR = r"""
+start: stmt+
+stmt: "let" NAME "=" expr ";" | "print" expr ";"
+?expr: term (("+" | "-") term)*
+?term: atom (("*" | "/") atom)*
+?atom: INT | NAME | "(" expr ")" | "-" atom
+NAME: /[a-z_][a-z0-9_]*/
+%import common.INT
+%import common.WS_INLINE
+%ignore WS_INLINE
+"""
+LIST_GRAMMAR = r"""
+start: "[" item ("," item)* "]"
+item: WORD | WORD ":" INT
+%import common.WORD
+%import common.INT
+"""
+GRAMMARS = {"json": JSON_GRAMMAR, "calc": CALC_GRAMMAR, "list": LIST_GRAMMAR}
+ALPHABETS = {
+    "json": ['{', '}', '[', ']', ',', ':', '"a"', '"\\"', '"b c"', "1", "-2.5", "true", "null", " ", "\n", "x", '"'],
+    "calc": ["let", "print", " ", "x", "y1", "=", "+", "-", "*", "/", "(", ")", ";", "12", "0", "\t", "lets"],
+    "list": ["[", "]", ",", ":", "abc", "x", "1", "23", " ", "9a"],
+}
+
+
+def engine_accepts(constraint, text: str) -> bool:
+    state = constraint.advance_bytes(constraint.initial(), text.encode())
+    return state is not None and constraint.can_end(state)
+
+
+def lark_accepts(parser: lark.Lark, text: str) -> bool:
+    try:
+        parser.parse(text)
+        return True
+    except lark.exceptions.LarkError:
+        return False
+
+
+@pytest.mark.parametrize("name", GRAMMARS)
+def test_incremental_parse_agrees_with_lark_on_random_and_mutated_strings(name, compiler, walk):
+    constraint = compiler.compile("grammar", GRAMMARS[name])
+    parser = lark.Lark(GRAMMARS[name], parser="lalr")
+    rng = random.Random(name)
+    texts = ["".join(rng.choice(ALPHABETS[name]) for _ in range(rng.randint(1, 9))) for _ in range(600)]
+    valid = [d.decode() for d, done in (walk(constraint, rng, 60) for _ in range(30)) if done]
+    for text in valid:  # near misses: one piece inserted, deleted or replaced
+        for _ in range(8):
+            i = rng.randrange(len(text) + 1)
+            piece = rng.choice(ALPHABETS[name])
+            texts.append(rng.choice([text[:i] + piece + text[i:], text[:i] + text[i + 1:],
+                                     text[:i] + piece + text[i + 1:]]))
+    accepted = 0
+    for text in valid + texts:
+        expected = lark_accepts(parser, text)
+        assert engine_accepts(constraint, text) == expected, text
+        accepted += expected
+    assert accepted > 25, "the sample should hold valid strings too"
+
+
+@pytest.mark.parametrize("name", GRAMMARS)
+def test_every_complete_random_walk_output_parses_with_lark(name, compiler, walk):
+    constraint = compiler.compile("grammar", GRAMMARS[name])
+    parser = lark.Lark(GRAMMARS[name], parser="lalr")
+    rng, done = random.Random(7), 0
+    for _ in range(25):
+        data, complete = walk(constraint, rng, 100)
+        if complete:
+            parser.parse(data.decode())
+            done += 1
+    assert done >= 6
+
+
+@pytest.mark.parametrize("name", ["json", "calc"])
+def test_token_mask_matches_byte_by_byte_advance_on_the_whole_vocab(name, compiler, vocab):
+    constraint = compiler.compile("grammar", GRAMMARS[name])
+    prefixes = {"json": ['{"a": [1, ', '{"ab', '[tru', '{"k":"v"', '[1.5'],
+                "calc": ["let x = 1", "print (a", "let ab", "print 3 + 4;pri"]}[name]
+    for prefix in prefixes:
+        state = constraint.advance_bytes(constraint.initial(), prefix.encode())
+        assert state is not None, prefix
+        mask = constraint.allowed(state)
+        brute = np.zeros_like(mask)
+        for tid in vocab.ids.tolist():
+            brute[tid] = constraint.advance_bytes(state, vocab.token_bytes[tid]) is not None
+        assert np.array_equal(mask, brute), (prefix, np.flatnonzero(mask != brute)[:10])
+
+
+def test_terminals_spanning_token_boundaries_are_handled(compiler, tokenizer):
+    constraint = compiler.compile("grammar", JSON_GRAMMAR)
+    text = '{"key": [true, -1.5e3, "a\\"b"], "x": null}'
+    state = constraint.initial()
+    for tid in tokenizer.encode(text):
+        assert constraint.allowed(state)[tid], tokenizer.decode([tid])
+        state = constraint.advance(state, tid)
+    assert constraint.can_end(state)
+
+
+def test_ignored_whitespace_is_bounded(compiler, vocab):
+    constraint = compiler.compile("grammar", JSON_GRAMMAR)
+    state = constraint.advance_bytes(constraint.initial(), b"[1,")
+    space = vocab.token_bytes.index(b" ")
+    fed = 0
+    while constraint.allowed(state)[space]:
+        state = constraint.advance(state, space)
+        fed += 1
+        assert fed <= LARK_MAX_IGNORED_BYTES * LARK_MAX_CONSECUTIVE_IGNORED
+    assert fed == LARK_MAX_IGNORED_BYTES * LARK_MAX_CONSECUTIVE_IGNORED
+    assert constraint.allowed(state)[vocab.token_bytes.index(b"2")]
+
+
+def test_eos_is_allowed_exactly_where_the_parse_may_end(compiler):
+    constraint = compiler.compile("grammar", CALC_GRAMMAR)
+    for text, ok in [("print 1;", True), ("print 1", False), ("let x = 2; print x ;", True), ("", False),
+                     ("print 1; ", True), ("let", False)]:
+        state = constraint.advance_bytes(constraint.initial(), text.encode())
+        assert state is not None and constraint.can_end(state) == ok, text
+
+
+def test_forced_bytes_follow_the_grammar(compiler):
+    constraint = compiler.compile("grammar", 'start: "begin" NAME "end" "."\nNAME: /[a-z]+/')
+    state = constraint.initial()
+    assert constraint.forced_bytes(state, 64) == b"begin"
+    state = constraint.advance_bytes(state, b"beginabc")
+    assert constraint.forced_bytes(state, 64) == b""  # the name may go on, or end here
+    state = constraint.advance_bytes(state, b"en")
+    assert constraint.forced_bytes(state, 64) == b""  # "en" may be the name's continuation
+    state = constraint.advance_bytes(state, b"d")
+    assert constraint.forced_bytes(state, 64) == b""  # still a NAME ("...abcend") or the keyword
+
+
+@pytest.mark.parametrize("grammar, message", [
+    ("start: (", "malformed"),
+    ("start: a | b\na: X\nb: X\nX: \"x\"", "LALR"),
+    ("start: A\nA: /(?<=a)b/", "look"),
+    ("start: A\nA: /a*/", "zero-width"),
+    ("", "non-empty"),
+])
+def test_bad_grammars_raise_value_errors(grammar, message, compiler):
+    with pytest.raises(ValueError, match=message):
+        compiler.compile("grammar", grammar)
+
+
+def test_case_insensitive_literals_and_common_terminals_follow_lark(compiler):
+    grammar = r"""
+start: "select"i NAME ("," NAME)* "from"i NAME [";"]
+NAME: CNAME
+%import common.CNAME
+%import common.WS
+%ignore WS
+"""
+    constraint = compiler.compile("grammar", grammar)
+    parser = lark.Lark(grammar, parser="lalr")
+    for text in ["SELECT a FROM t", "SeLeCt a, b_2 from t;", "select a from", "select from t", "selecta from t",
+                 "select a,b FROM tbl ;", "select _x from y"]:
+        assert engine_accepts(constraint, text) == lark_accepts(parser, text), text

@@ -1,0 +1,83 @@
+"""The vectorised token index against a byte-by-byte brute force."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from radixlang.runtime.constrained.automaton import compile_dfa
+from radixlang.runtime.constrained.regex_parser import parse_regex
+from radixlang.runtime.constrained.token_index import TokenIndex
+from radixlang.runtime.constrained.vocab import TokenVocab
+
+
+def brute_force_allowed(dfa, vocab: TokenVocab, state: int) -> np.ndarray:
+    out = np.zeros(vocab.size, bool)
+    for row, tid in enumerate(vocab.ids.tolist()):
+        out[tid] = dfa.walk(state, vocab.token_bytes[tid]) >= 0
+    return out
+
+
+def small_vocab(seed: int) -> TokenVocab:
+    rng = random.Random(seed)
+    alphabet = b'ab"{}:,0123456789 \\' + "é😀".encode()
+    tokens = [bytes([b]) for b in range(256)]
+    tokens += [bytes(rng.choice(alphabet) for _ in range(rng.randint(2, 7))) for _ in range(300)]
+    tokens += [b"", b"<special>"]
+    return TokenVocab.create(tokens, special_ids={len(tokens) - 1}, end_ids=[len(tokens) - 1], size=len(tokens) + 3)
+
+
+@pytest.mark.parametrize("pattern", [r'\{"a":[0-9]{1,3}(,"b":"[^"]*")?\}', r"(ab|é)*😀?", r"[0-9 ,]+"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_index_matches_brute_force_on_a_small_vocab(pattern, seed):
+    vocab = small_vocab(seed)
+    dfa = compile_dfa([parse_regex(pattern)])
+    index = TokenIndex(dfa, vocab)
+    for state in range(dfa.num_states):
+        assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state)), (pattern, state)
+
+
+def test_index_never_allows_special_or_empty_tokens():
+    vocab = small_vocab(0)
+    dfa = compile_dfa([parse_regex(r"(?s:.)*")])
+    mask = TokenIndex(dfa, vocab).mask(dfa.start)
+    n = len(vocab.token_bytes)
+    assert not mask[n - 1] and not mask[n - 2] and not mask[n:].any()
+
+
+def test_index_matches_brute_force_on_the_real_vocab(vocab):
+    dfa = compile_dfa([parse_regex(r'\{"name":"[a-zA-Z ]{1,12}","n":-?[0-9]{1,4}\}')])
+    index = TokenIndex(dfa, vocab)
+    for state in random.Random(0).sample(range(dfa.num_states), 6) + [dfa.start]:
+        assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state))
+
+
+def test_boundaries_record_tokens_that_end_a_complete_lexeme_part_way():
+    vocab = small_vocab(0)
+    dfa = compile_dfa([parse_regex('"[ab]*"'), parse_regex("[0-9]+")], nonempty=True)
+    index = TokenIndex(dfa, vocab, boundaries=True)
+    for state in range(dfa.num_states):
+        rows, pos, labels = index.boundaries(state)
+        expected = set()
+        for row, tid in enumerate(vocab.ids.tolist()):
+            data, s = vocab.token_bytes[tid], state
+            for i, b in enumerate(data):
+                nxt = int(dfa.trans[s, b])
+                if nxt < 0:
+                    if i > 0 and dfa.accept[s] >= 0:
+                        expected.add((row, i, int(dfa.accept[s])))
+                    break
+                s = nxt
+        assert set(zip(rows.tolist(), pos.tolist(), labels.tolist())) == expected
+
+
+def test_forced_bytes_follow_single_exits():
+    vocab = small_vocab(0)
+    dfa = compile_dfa([parse_regex(r'\{"key":(1|22)\}')])
+    index = TokenIndex(dfa, vocab)
+    state, forced = dfa.start, bytearray()
+    while index.forced[state] >= 0:
+        forced.append(int(index.forced[state]))
+        state = int(dfa.trans[state, forced[-1]])
+    assert bytes(forced) == b'{"key":'
