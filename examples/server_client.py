@@ -65,7 +65,7 @@ def main() -> None:
         url = args.url
         if url is None:
             from radixlang.runtime.engine import Engine
-            from radixlang.runtime.server.launch import background_server
+            from radixlang.server.launch import background_server
 
             engine = stack.enter_context(Engine())
             url = stack.enter_context(background_server(engine)).url

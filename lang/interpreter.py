@@ -198,31 +198,41 @@ def interpret(ir: ProgramIR | str | Mapping[str, Any], args: Mapping[str, Any] |
 
 
 def run_ir(ir: ProgramIR | str | Mapping[str, Any], args: Mapping[str, Any] | None, backend: Any,
-           sampling: Mapping[str, Any] | None = None) -> Iterator[ProgramEvent]:
+           sampling: Mapping[str, Any] | None = None) -> "ProgramRun":
     """Runs an IR program and streams its events (for a server: `event.to_dict()` per event).
 
     Bad input (IR, arguments, sampling defaults) raises ValueError here, before anything runs. The
-    stream ends with one `end` or `error` event; closing it early cancels the run.
+    stream ends with one `end` or `error` event; `cancel()` (from any thread) or closing it early
+    stops the run and aborts its engine requests.
     """
     program, args = _load(ir, args)
     defaults = sampling_defaults(sampling)
     backend = as_backend(backend)
-    return _events(program, args, backend, defaults)
-
-
-def _events(program: ProgramIR, args: dict, backend: Any, defaults: GenParams) -> Iterator[ProgramEvent]:
     events: queue.Queue[ProgramEvent] = queue.Queue()
     state = run_program(lambda s: replay(s, program, args), backend, defaults, stream=True, events=events)
-    run = state._core.run
-    try:
-        while True:
-            event = events.get()
-            yield event
-            if event.kind in ("end", "error"):
-                return
-    finally:
-        if not run.done.is_set():
-            run.cancelled.set()
+    return ProgramRun(events, state._core.run)
+
+
+class ProgramRun(Iterator[ProgramEvent]):
+    """The event stream of one IR run."""
+
+    def __init__(self, events: "queue.Queue[ProgramEvent]", run: Run):
+        self._events, self._run, self._ended = events, run, False
+
+    def __next__(self) -> ProgramEvent:
+        if self._ended:
+            raise StopIteration
+        event = self._events.get()
+        self._ended = event.kind in ("end", "error")
+        return event
+
+    def cancel(self) -> None:
+        """Stops the run; its stream still ends with an `error` event (ProgramCancelled)."""
+        if not self._run.done.is_set():
+            self._run.cancelled.set()
+
+    def close(self) -> None:
+        self.cancel()
 
 
 # ---- remote runs ------------------------------------------------------------------------------------

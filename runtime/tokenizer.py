@@ -188,12 +188,16 @@ class Tokenizer:
     ) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass a plain prompt instead")
-        return render_chat_template(
-            self.chat_template, messages, add_generation_prompt,
-            bos_token=self._special_text(self.bos_token_id),
-            eos_token=self._special_text(self.eos_token_ids[0] if self.eos_token_ids else None),
-            **kwargs,
-        )
+        return render_chat_template(self.chat_template, messages, add_generation_prompt,
+                                    bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
+
+    @property
+    def bos_token(self) -> str:
+        return self._special_text(self.bos_token_id)
+
+    @property
+    def eos_token(self) -> str:
+        return self._special_text(self.eos_token_ids[0] if self.eos_token_ids else None)
 
     def _special_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.hf.id_to_token(token_id) or "")

@@ -20,7 +20,7 @@ def server_url(tiny_model_dir):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "radixlang.runtime.server.cli", "serve", "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "radixlang.server.cli", "serve", "--model",
                              str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port)])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -71,19 +71,7 @@ def test_endpoint_runs_programs_like_the_in_process_engine(server_url, local):
     assert "".join(streamed.text_iter()) == here.text()
 
 
-def _has_programs_route(url: str) -> bool:
-    request = urllib.request.Request(url + "/v1/programs", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        urllib.request.urlopen(request, timeout=10).close()
-    except urllib.error.HTTPError as e:
-        return e.code != 404
-    return True
-
-
 def test_remote_program_runs_server_side(server_url, local):
-    if not _has_programs_route(server_url):
-        pytest.skip("the server has no POST /v1/programs yet (issue 4)")
     remote = program.run(question="Why?", backend=rl.Endpoint(server_url), remote=True)
     here = program.run(question="Why?", backend=local)
     assert remote.error() is None

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from radixlang.runtime.server.launch import background_server
+from radixlang.server.launch import background_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -1,4 +1,4 @@
-"""The HTTP Endpoint backend, against the real server (runtime/server), gives what the in-process backend
+"""The HTTP Endpoint backend, against the real server (server/), gives what the in-process backend
 gives."""
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ PREFIX = "Question: which city is the capital of France? The answer is "
 
 @pytest.fixture
 def endpoint(engine, server_url) -> rl.Endpoint:
-    # the server has no GET /get_model_info (yet), so roles take the template from the caller
-    return rl.Endpoint(server_url, chat_template=engine.tokenizer.chat_template)
+    return rl.Endpoint(server_url)  # the chat template comes from GET /get_model_info
 
 
 def recorded(endpoint: rl.Endpoint, monkeypatch) -> list[tuple[str, dict]]:
@@ -97,16 +96,32 @@ def test_endpoint_select_finds_healing_beyond_its_window(backend, endpoint, monk
     assert starts == [4, 0]  # the window first, then the whole prompt
 
 
-def test_remote_run_ships_the_program_and_rebuilds_its_state(backend, engine, programs_server, monkeypatch):
-    endpoint = rl.Endpoint(programs_server.url, chat_template=engine.tokenizer.chat_template)
+def test_remote_run_ships_the_program_and_rebuilds_its_state(backend, endpoint, monkeypatch):
     sent = recorded(endpoint, monkeypatch)
     remote = chat.run(question="Hi?", backend=endpoint, remote=True)
     local = chat.run(question="Hi?", backend=backend)
+    assert remote.error() is None
     assert remote.text() == local.text() and remote.messages() == local.messages()
     assert remote["topic"] == local["topic"]
     assert remote.get_meta_info("answer")["completion_tokens"] == local.get_meta_info("answer")["completion_tokens"]
-    (path, body), = sent
-    assert path == "/v1/programs" and body["args"] == {} and body["program"]["params"] == []
+    programs = [(path, body) for path, body in sent if path == "/v1/programs"]
+    (path, body), = programs  # the whole program in one request
+    assert body["args"] == {} and body["program"]["params"] == []
+
+
+def test_remote_run_streams_text_as_the_server_generates_it(backend, endpoint):
+    remote = chat.run(question="Hi?", backend=endpoint, remote=True, stream=True)
+    chunks = list(remote.text_iter())
+    assert "".join(chunks) == chat.run(question="Hi?", backend=backend).text()
+
+
+def test_remote_program_errors_come_back_clearly(endpoint):
+    @rl.function
+    def bad(s):
+        s += "x" + rl.gen("y", top_k=10**9)
+
+    state = bad.run(backend=endpoint, remote=True)
+    assert state.error() is not None and "top_k must be in" in str(state.error())
 
 
 def test_endpoint_cache_and_flush(endpoint, engine):
@@ -135,9 +150,14 @@ def test_endpoint_errors_are_clear(endpoint):
         rl.Endpoint("localhost:30000")
 
 
-def test_roles_need_a_chat_template_from_the_server_or_the_caller(backend, server_url):
-    state = chat.run(question="Hi?", backend=rl.Endpoint(server_url))
-    assert isinstance(state.error(), ValueError) and "chat_template=" in str(state.error())
+def test_roles_use_the_chat_template_the_server_reports(backend, server_url, engine):
+    remote = chat.run(question="Hi?", backend=rl.Endpoint(server_url))
+    assert remote.error() is None
+    assert remote.text() == chat.run(question="Hi?", backend=backend).text()
+    template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}[assistant]{% endif %}")
+    given = chat.run(question="Hi?", backend=rl.Endpoint(server_url, chat_template=template))
+    assert given.error() is None and given.text().startswith("[system]Be brief.[user]Hi?[assistant]")
 
 
 def test_an_error_event_mid_stream_fails_the_gen(endpoint, monkeypatch):

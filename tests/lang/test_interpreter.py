@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import radixlang as rl
@@ -79,6 +79,16 @@ def outcome(state):
     return state.text(), dict(state._core.vars), state.messages()
 
 
+def has_near_tie(state, tolerance: float = 1e-3) -> bool:
+    """Whether some select's best two scores are within float noise of each other (the tiny model
+    scores e.g. "The" and "TheThe" after "The" alike): its pick may differ between two runs."""
+    for meta in state._core.meta.values():
+        scores = sorted((meta or {}).get("normalized_prompt_logprobs") or [], reverse=True)
+        if len(scores) > 1 and scores[0] - scores[1] < tolerance:
+            return True
+    return False
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(plans())
@@ -91,6 +101,7 @@ def test_programs_give_the_same_outputs_eagerly_and_from_their_ir(backend, plan)
     ir = rl.ProgramIR.from_json(prog.trace().to_json())
     assert ir.params == ["topic", "city"]
     replayed = rl.interpret(ir, ARGS, backend=backend)
+    assume(not has_near_tie(eager) and not has_near_tie(replayed))
     assert outcome(replayed) == outcome(eager)
 
 

@@ -7,8 +7,8 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from fastapi import Request
 
-from ..engine import Completion
-from ..request import StreamChunk
+from ..runtime.engine import Completion
+from ..runtime.request import StreamChunk
 from .errors import APIError, error_body, user_errors
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect

@@ -9,9 +9,9 @@ import openai
 import pytest
 
 from radixlang.runtime.sampling_params import SamplingParams
-from radixlang.runtime.server.errors import APIError
-from radixlang.runtime.server.openai_params import sampling_params
-from radixlang.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixlang.server.errors import APIError
+from radixlang.server.openai_params import sampling_params
+from radixlang.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
 

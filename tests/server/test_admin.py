@@ -99,7 +99,7 @@ def test_unknown_routes_and_methods_get_the_json_error_body(server):
 def test_health_fails_when_the_scheduler_does_not_answer(server, monkeypatch):
     import time
 
-    from radixlang.runtime.server import app
+    from radixlang.server import app
 
     real_stats = server.engine.stats
 

@@ -6,7 +6,7 @@ import sys
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "radixlang.runtime.server.cli", *args],
+    return subprocess.run([sys.executable, "-m", "radixlang.server.cli", *args],
                           capture_output=True, text=True, timeout=300)
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import sys
 from typing import Any, Sequence
 
-from ..config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, EngineConfig
+from ..runtime.config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, EngineConfig
 
 _ARG_TYPES = {"str": str, "int": int, "float": float}
 
@@ -36,7 +36,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ..engine import Engine
+    from ..runtime.engine import Engine
 
     with Engine(model=args.model, **_engine_options(args)) as engine:
         prompt = args.prompt
@@ -53,7 +53,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..engine import Engine
+    from ..runtime.engine import Engine
     from .launch import serve
 
     with Engine(model=args.model, **_engine_options(args)) as engine:

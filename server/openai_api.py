@@ -7,11 +7,11 @@ from typing import Any, ClassVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..config import COMPLETIONS_DEFAULT_MAX_TOKENS
-from ..engine import Completion
-from ..request import StreamChunk
-from ..sampler import TokenLogprob
-from ..sampling_params import SamplingParams
+from ..runtime.config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from ..runtime.engine import Completion
+from ..runtime.request import StreamChunk
+from ..runtime.sampler import TokenLogprob
+from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, user_errors
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.server.launch import background_server
+from radixlang.server.launch import background_server
 
 MAX_NEW = 24
 LONG = {"max_new_tokens": 900, "ignore_eos": True}

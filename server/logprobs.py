@@ -4,8 +4,8 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from ..sampler import TokenLogprob
-from ..tokenizer import Tokenizer
+from ..runtime.sampler import TokenLogprob
+from ..runtime.tokenizer import Tokenizer
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:

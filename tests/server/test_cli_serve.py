@@ -11,7 +11,7 @@ import time
 import httpx
 import openai
 
-from radixlang.runtime.server.cli import _engine_options, build_parser
+from radixlang.server.cli import _engine_options, build_parser
 
 
 def free_port() -> int:
@@ -29,7 +29,7 @@ def test_serve_flags_become_engine_options():
 
 
 def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
-    res = subprocess.run([sys.executable, "-m", "radixlang.runtime.server.cli", "serve", "--model",
+    res = subprocess.run([sys.executable, "-m", "radixlang.server.cli", "serve", "--model",
                           str(tiny_model_dir), "--schedule-policy", "random"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "schedule_policy must be one of" in res.stderr
@@ -38,7 +38,7 @@ def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
 def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(tiny_model_dir, stream_in_thread):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixlang.runtime.server.cli", "serve", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(tiny_model_dir),
          "--port", str(port), "--device", "cpu", "--kv-cache-tokens", "2048", "--served-model-name", "tiny",
          "--graceful-timeout", "2", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixlang.runtime.server.errors import APIError
-from radixlang.runtime.server.state import LiveRequests, Throughput
+from radixlang.server.errors import APIError
+from radixlang.server.state import LiveRequests, Throughput
 
 
 class RecordingEngine:

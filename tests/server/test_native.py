@@ -247,7 +247,7 @@ def test_a_stream_that_fails_inside_the_engine_ends_with_an_error_event(server, 
 
 
 def test_a_bug_while_rendering_a_stream_still_ends_it_with_an_error_event(server, monkeypatch, read_sse):
-    from radixlang.runtime.server import native
+    from radixlang.server import native
 
     def broken(*args, **kwargs):
         raise KeyError("render bug")

@@ -10,8 +10,8 @@ from typing import Iterator
 
 import uvicorn
 
-from ..config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
-from ..engine import Engine
+from ..runtime.config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
+from ..runtime.engine import Engine
 from .app import create_app
 from .state import ServerState
 

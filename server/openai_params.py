@@ -7,9 +7,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import MAX_TOP_LOGPROBS
-from ..engine import sample_rids
-from ..tokenizer import Tokenizer
+from ..runtime.config import MAX_TOP_LOGPROBS
+from ..runtime.engine import sample_rids
+from ..runtime.tokenizer import Tokenizer
 from .errors import APIError, user_errors
 from .protocol import ChatMessage, ResponseFormat, SamplingFields
 

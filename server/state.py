@@ -11,8 +11,8 @@ from typing import AsyncIterator, Iterator
 
 from fastapi import Request
 
-from ..config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
-from ..engine import Engine
+from ..runtime.config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
+from ..runtime.engine import Engine
 from .errors import APIError
 
 logger = logging.getLogger(__name__)

@@ -33,6 +33,13 @@ class GenerateRequest(StrictModel):
         return self
 
 
+class ProgramRequest(StrictModel):
+    program: dict[str, Any]  # a traced program's IR (ProgramIR.to_dict()); validated by lang
+    args: dict[str, Any] = Field(default_factory=dict)
+    sampling_params: dict[str, Any] | None = None  # run()'s sampling defaults
+    stream: bool = False
+
+
 class AbortRequest(StrictModel):
     rid: str | None = None
     abort_all: bool = False

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.server.launch import DrainingServer, background_server
+from radixlang.server.launch import DrainingServer, background_server
 
 
 @dataclass

@@ -9,9 +9,9 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from ..engine import Collector, Completion, CompletionMeta, Engine, sample_rids
-from ..request import StreamChunk
-from ..sampling_params import SamplingParams
+from ..runtime.engine import Collector, Completion, CompletionMeta, Engine, sample_rids
+from ..runtime.request import StreamChunk
+from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, user_errors
 from .logprobs import sglang_logprob_fields
 from .protocol import GenerateRequest

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..config import HEALTH_TIMEOUT_S
-from ..engine import Engine
-from . import native, openai_api
+from ..runtime.config import HEALTH_TIMEOUT_S
+from ..runtime.engine import Engine
+from . import native, openai_api, programs
 from .errors import install_error_handlers
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .protocol import AbortRequest
@@ -24,6 +24,7 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(native.router)
     app.include_router(openai_api.router)
+    app.include_router(programs.router)
     _admin_routes(app)
     return app
 
