@@ -1,6 +1,6 @@
 """Finite automata over abstract symbols 0..K-1: Thompson NFA, subset construction, trimming, minimization.
 
-Two alphabets use this: code-point classes (a regex's characters) and byte classes (UTF-8 decoders).
+Regexes are built over code-point classes; the token index refines byte-level DFAs over byte classes.
 A DFA here is a pair (trans [S, K] with -1 = dead, accept [S] = label or -1) whose start is state 0.
 """
 from __future__ import annotations
@@ -82,11 +82,12 @@ def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> 
 def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
     live = accept >= 0
-    while True:
-        reach = live | ((trans >= 0) & live[np.maximum(trans, 0)]).any(axis=1)
-        if (reach == live).all():
-            break
-        live = reach
+    ptr, preds = _predecessors(trans)
+    frontier = np.flatnonzero(live)
+    while frontier.size:  # backwards from the accepting states
+        frontier = np.unique(_gather(ptr, preds, frontier))
+        frontier = frontier[~live[frontier]]
+        live[frontier] = True
     live[0] = True
     new_id = np.cumsum(live) - 1
     trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
