@@ -3,6 +3,10 @@
 Runs on the real SmolLM2-135M (CPU by default). Everything compared is measured in this run:
 - compile time of JSON-object regexes over the 49k vocabulary (DFA + token index), budget 1 s;
   masks are built per DFA state on its first visit, so that cost shows up in the "cold" mask times;
+- compile time of JSON-like regex templates with Unicode fields (SGLang's character regex with its
+  `[\w\d\s]{1,16}` fields, `\w+`, `[^"]{1,64}`): the DFA alone and the whole constraint, first in
+  the process (UTF-8 decoders and `\w` tables not cached yet) and warm, against the same template
+  with ASCII fields;
 - per-token mask time (p50 / p99) while decoding, cold (fresh compile) and warm: JSON schema
   (regex path) and a Lark JSON grammar;
 - share of output tokens that jump-forward appended instead of decoding;
@@ -21,10 +25,12 @@ import time
 import jsonschema
 import numpy as np
 
+from radixlang.runtime.constrained.automaton import compile_dfa
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.grammar import GrammarConstraint
 from radixlang.runtime.constrained.jump_forward import JumpForwarder
 from radixlang.runtime.constrained.matcher import RegexConstraint
+from radixlang.runtime.constrained.regex_parser import parse_regex
 from radixlang.runtime.constrained.vocab import TokenVocab
 from radixlang.runtime.engine import Engine
 
@@ -57,6 +63,23 @@ pair : ESCAPED_STRING ":" value
 %import common.WS
 %ignore WS
 """
+# SGLang's character-generator regex; FIELD is its string fields' pattern (theirs: [\w\d\s]{1,16})
+CHARACTER_TEMPLATE = (
+    r'\{\n    "name": "FIELD",\n    "house": "(Gryffindor|Slytherin|Ravenclaw|Hufflepuff)",\n'
+    r'    "blood status": "(Pure-blood|Half-blood|Muggle-born)",\n'
+    r'    "occupation": "(student|teacher|auror|ministry of magic|death eater|order of the phoenix)",\n'
+    r'    "wand": \{\n        "wood": "FIELD",\n        "core": "FIELD",\n'
+    r'        "length": [0-9]{1,2}\.[0-9]{0,2}\n    \},\n    "alive": "(Alive|Deceased)",\n'
+    r'    "patronus": "FIELD",\n    "bogart": "FIELD"\n\}'
+)
+REGEX_TEMPLATES = {  # name -> (Unicode template, the same with ASCII fields)
+    "character regex, [\\w\\d\\s]{1,16} fields": (CHARACTER_TEMPLATE.replace("FIELD", r"[\w\d\s]{1,16}"),
+                                                CHARACTER_TEMPLATE.replace("FIELD", "[a-zA-Z0-9 ]{1,16}")),
+    "\\w+ fields": (r'\{"name": "\w+", "city": "[\w ]+", "job": "[\w ]+", "id": [0-9]{1,6}\}',
+                   r'\{"name": "[a-zA-Z0-9_]+", "city": "[a-zA-Z0-9_ ]+", "job": "[a-zA-Z0-9_ ]+", "id": [0-9]{1,6}\}'),
+    '[^"]{1,64} fields': (r'\{"title": "[^"]{1,64}", "author": "[^"]{1,64}", "year": [0-9]{4}\}',
+                          r'\{"title": "[ !#-~]{1,64}", "author": "[ !#-~]{1,64}", "year": [0-9]{4}\}'),
+}
 TEXTS = [
     "Maria Lopez is a 34 year old software engineer living in Madrid, Spain. She works at a startup.",
     "At 71, retired teacher Tom Becker still bikes around Hamburg, Germany every morning.",
@@ -123,6 +146,31 @@ def compile_times(engine: Engine, repeats: int = 3) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def template_times(engine: Engine, repeats: int = 3) -> None:
+    """Prints, per regex template: DFA states, DFA and whole-constraint compile times (first in this
+    process, then the median warm), and the ratio to the same template with ASCII fields."""
+    vocab = TokenVocab.from_tokenizer(engine.tokenizer, engine.vocab_size)
+
+    def timed(fn) -> tuple[float, object]:  # noqa: ANN001
+        t = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t, out
+
+    for name, (regex, ascii_regex) in REGEX_TEMPLATES.items():
+        row = {}
+        for label, spec in (("unicode", regex), ("ascii", ascii_regex)):
+            runs = [(timed(lambda: compile_dfa([parse_regex(spec)])),
+                     timed(lambda: ConstraintCompiler(lambda: vocab).compile("regex", spec))) for _ in range(repeats + 1)]
+            dfa = runs[0][0][1]
+            row[label] = (dfa.num_states, runs[0][0][0], runs[0][1][0],
+                          statistics.median(r[0][0] for r in runs[1:]), statistics.median(r[1][0] for r in runs[1:]))
+        (states, dfa_first, full_first, dfa_warm, full_warm), ascii_row = row["unicode"], row["ascii"]
+        print(f"compile {name}: {states} DFA states; DFA {dfa_first * 1e3:.0f} ms first, {dfa_warm * 1e3:.0f} ms "
+              f"warm; whole constraint {full_first * 1e3:.0f} ms first, {full_warm * 1e3:.0f} ms warm "
+              f"({full_warm:.2f}x of the 1 s budget; {full_warm / ascii_row[4]:.1f}x the ASCII-field template's "
+              f"{ascii_row[4] * 1e3:.0f} ms, {ascii_row[0]} states)")
+
+
 def full_index_times(engine: Engine) -> dict[str, tuple[int, float]]:
     """(states, seconds) to build every state's mask eagerly, for reference: decoding builds only
     the masks of the states it visits."""
@@ -163,6 +211,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine(device=args.device, kv_cache_tokens=32768, max_running_requests=args.max_running)
     print(f"model {engine.model_name} on {engine.device}, vocabulary {engine.vocab_size}")
+    template_times(engine)
     for name, seconds in compile_times(engine).items():
         print(f"compile {name}: {seconds * 1e3:.0f} ms ({seconds:.2f}x of the 1 s budget)")
     for name, (states, seconds) in full_index_times(engine).items():

@@ -29,7 +29,8 @@ HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answere
 
 # constrained decoding (runtime/constrained)
 MAX_NFA_STATES = 400_000  # a regex, schema or terminal bigger than this is refused
-MAX_DFA_STATES = 20_000
+MAX_DFA_STATES = 100_000  # byte-level states: 1 KiB of transitions each (~25k for SGLang's character regex)
+UTF8_DECODER_CACHE_SIZE = 64  # UTF-8 decoders of code-point splits kept across compiles (LRU; a \w one is ~0.3 MB)
 CONSTRAINT_CACHE_SIZE = 64  # compiled constraints kept per engine (LRU)
 MASK_CACHE_SIZE = 512  # token masks kept per compiled constraint (LRU; bitsets of V/8 bytes)
 JSON_MAX_INT_DIGITS = 16  # digits of an unbounded JSON integer part (longer ones are never exact)

@@ -2,7 +2,8 @@
 
 Module map (each file one idea):
 - regex_ast, regex_parser: regular-language trees; Python regex text -> tree (stdlib parser).
-- automaton: tree -> byte-level DFA (UTF-8, Thompson NFA, subsets, trimming, minimization).
+- automaton: tree -> byte-level DFA: built over code-point classes (alphabet), expanded to UTF-8 (utf8).
+- fsa: automata over abstract symbols: Thompson NFA, subsets, trimming, (incremental) Moore refinement.
 - vocab, token_index: the vocabulary as bytes; per DFA state, the tokens it can read (vectorised).
 - json_schema, rule_grammar: JSON schema -> one regex, or rules -> a Lark grammar when recursive.
 - lalr, grammar: Lark -> LALR table + terminal trees; the incremental parser + lexer constraint.

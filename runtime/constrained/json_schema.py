@@ -204,7 +204,7 @@ class _SchemaCompiler:
         when they are disjoint, as discriminated unions are)."""
         if len(nodes) == 1 or any(ra.refs(n) for n in nodes):
             return ra.alt(*nodes)
-        dfa = exactly_one([compile_dfa([n]) for n in nodes])
+        dfa = exactly_one(nodes)
         if dfa.accept.max() < 0:
             raise ValueError(f"json_schema oneOf at {path}: no value matches exactly one branch")
         return ra.Compiled(dfa)

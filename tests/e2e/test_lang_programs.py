@@ -11,6 +11,8 @@ import pytest
 import radixlang as sgl
 from radixlang.runtime.sampling_params import SamplingParams
 
+from ..conftest import CHARACTER_REGEX  # SGLang's, with its Unicode [\w\d\s]{1,16} fields
+
 pytestmark = pytest.mark.e2e
 
 
@@ -155,25 +157,6 @@ def test_tool_use_with_python_between_calls(backend):
     assert search["tool"] == "search engine" and search["word"].strip()
     with pytest.raises(sgl.TraceError):
         tool_use.trace()
-
-
-# SGLang's character example; its fields use [a-zA-Z0-9 ] where SGLang writes [\w\d\s] (Unicode classes
-# repeated 16 times make a byte-level DFA too large for runtime/constrained's limit)
-CHARACTER_REGEX = (
-    r"""\{\n"""
-    + r"""    "name": "[a-zA-Z0-9 ]{1,16}",\n"""
-    + r"""    "house": "(Gryffindor|Slytherin|Ravenclaw|Hufflepuff)",\n"""
-    + r"""    "blood status": "(Pure-blood|Half-blood|Muggle-born)",\n"""
-    + r"""    "wand": \{\n"""
-    + r"""        "wood": "[a-zA-Z0-9 ]{1,16}",\n"""
-    + r"""        "core": "[a-zA-Z0-9 ]{1,16}",\n"""
-    + r"""        "length": [0-9]{1,2}\.[0-9]{0,2}\n"""
-    + r"""    \},\n"""
-    + r"""    "alive": "(Alive|Deceased)",\n"""
-    + r"""    "patronus": "[a-zA-Z0-9 ]{1,16}",\n"""
-    + r"""    "bogart": "[a-zA-Z0-9 ]{1,16}"\n"""
-    + r"""\}"""
-)
 
 
 @sgl.function

@@ -1,13 +1,22 @@
 """Regex -> byte DFA, checked against Python's own `re.fullmatch` on random strings."""
 from __future__ import annotations
 
+import itertools
 import random
 import re
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from radixlang.runtime.constrained.automaton import compile_dfa
+from radixlang.runtime.config import MAX_DFA_STATES
+from radixlang.runtime.constrained import regex_ast as ra
+from radixlang.runtime.constrained.automaton import compile_dfa, exactly_one
+from radixlang.runtime.constrained.fsa import refine
 from radixlang.runtime.constrained.regex_parser import parse_regex
+
+from ...conftest import CHARACTER_REGEX
 
 PATTERNS = [
     r"[a-c]+x?",
@@ -82,3 +91,118 @@ def test_unsupported_or_invalid_regex_raises_a_clear_value_error(pattern, what):
 def test_finiteness_check():
     assert compile_dfa([parse_regex("[ \n]{0,4}")]).is_finite()
     assert not compile_dfa([parse_regex("[ \n]*")]).is_finite()
+
+
+# ---- Unicode templates (SGLang's character regex) and random regexes, against re.fullmatch -----------
+TEMPLATES = [
+    CHARACTER_REGEX,
+    r'\{"name": "\w+", "city": "[\w ]+", "id": [0-9]{1,6}\}',
+    r'\{"title": "[^"]{1,64}", "tags": \["[^"]{0,8}"(, "[^"]{0,8}"){0,3}\]\}',
+]
+MUTATIONS = "aZ9 _\"\n\t,.é中😀\u00a0\u2003٣ǅ"
+
+
+def sample(dfa, rng: random.Random, max_bytes: int = 600) -> bytes | None:
+    """A random string the DFA accepts (a walk over live bytes), or None if the walk ran too long."""
+    state, out = dfa.start, bytearray()
+    while len(out) < max_bytes:
+        if dfa.accept[state] >= 0 and rng.random() < 0.1:
+            return bytes(out)
+        live = np.flatnonzero(dfa.trans[state] >= 0)
+        if not live.size:
+            break
+        out.append(int(live[rng.randrange(live.size)]))
+        state = int(dfa.trans[state, out[-1]])
+    return bytes(out) if dfa.accept[state] >= 0 else None
+
+
+def mutate(text: str, rng: random.Random) -> str:
+    i = rng.randrange(len(text) + 1)
+    kind = rng.randrange(3)
+    if kind == 0 or not text[i:]:
+        return text[:i] + rng.choice(MUTATIONS) + text[i:]
+    return text[:i] + (rng.choice(MUTATIONS) if kind == 1 else "") + text[i + 1:]
+
+
+def check_samples_and_mutations(pattern: str, dfa, rng: random.Random, n: int, max_bytes: int = 600) -> None:
+    for _ in range(n):
+        data = sample(dfa, rng, max_bytes)
+        if data is None:
+            continue
+        text = data.decode()  # every accepted byte string is well-formed UTF-8
+        assert re.fullmatch(pattern, text), (pattern, text)
+        for _ in range(3):
+            wrong = mutate(text, rng)
+            assert accepts(dfa, wrong) == bool(re.fullmatch(pattern, wrong)), (pattern, wrong)
+
+
+@pytest.mark.parametrize("pattern", TEMPLATES)
+def test_json_like_templates_with_unicode_fields_compile_and_match_re(pattern):
+    dfa = compile_dfa([parse_regex(pattern)])
+    check_samples_and_mutations(pattern, dfa, random.Random(pattern), 60)
+
+
+def test_the_character_regex_is_a_minimal_dfa_within_the_state_limit():
+    dfa = compile_dfa([parse_regex(CHARACTER_REGEX)])
+    assert len(np.unique(refine(dfa.trans, dfa.accept))) == dfa.num_states <= MAX_DFA_STATES
+
+
+ATOMS = ["a", "b", "é", "中", "😀", r"\n", r"\w", r"\d", r"\s", r"\W", r"\S", r"[\w\d\s]", r'[^"]', ".",
+         "[a-zé]", r"[\u0100-\u07ff]", r"[\u0800-\uffff]", "[^a-z]", "[0-9]", "[😀-😂]"]
+QUANTIFIERS = ["*", "+", "?", "{2}", "{0,2}", "{1,3}"]
+small = st.recursive(
+    st.one_of(st.sampled_from(ATOMS), st.tuples(st.sampled_from(ATOMS), st.sampled_from(QUANTIFIERS)).map("".join)),
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=2, max_size=3).map("".join),  # concatenation
+        st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + "|".join(xs) + ")"),  # alternation
+        # bounded repetition of groups: nested stars make re.fullmatch (the oracle) backtrack for ages
+        st.tuples(inner, st.sampled_from(["?", "{2}", "{0,2}", "{1,3}"])).map(lambda t: f"(?:{t[0]}){t[1]}"),
+    ), max_leaves=5)
+# long bounded repeats as template fields: quoted, of a class without the quote (where the field
+# starts must stay known, or the DFA may be exponential, as for `.*a.{16}`)
+FIELD_CLASSES = [r"\w", r"\d", r"\s", r"[\w\d\s]", r'[^"]', "[a-zé]", r"[\u0100-\u07ff]", r"[\u0800-\uffff]"]
+fields = st.tuples(st.sampled_from(FIELD_CLASSES), st.sampled_from(["{1,16}", "{0,5}", "{3}"])).map(
+    lambda t: f'"{t[0]}{t[1]}"')
+regexes = st.lists(st.one_of(small, fields), min_size=1, max_size=3).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(regexes, st.randoms(use_true_random=False))
+def test_random_unicode_regexes_accept_what_re_fullmatch_accepts(pattern, rng):
+    dfa = compile_dfa([parse_regex(pattern)])
+    check_samples_and_mutations(pattern, dfa, rng, 15, max_bytes=80)
+    for _ in range(20):
+        text = "".join(rng.choice(ALPHABET + MUTATIONS) for _ in range(rng.randint(0, 5)))
+        assert accepts(dfa, text) == bool(re.fullmatch(pattern, text)), (pattern, text)
+    assert len(np.unique(refine(dfa.trans, dfa.accept))) == dfa.num_states  # minimal
+
+
+@settings(max_examples=40, deadline=None)
+@given(regexes, st.integers(0, 9), st.randoms(use_true_random=False))
+def test_bounded_matches_are_the_matches_of_at_most_that_many_bytes(pattern, limit, rng):
+    dfa = compile_dfa([ra.Bounded(parse_regex(pattern), limit)])
+    for _ in range(30):
+        text = "".join(rng.choice(ALPHABET + MUTATIONS) for _ in range(rng.randint(0, 4)))
+        expected = len(text.encode()) <= limit and bool(re.fullmatch(pattern, text))
+        assert accepts(dfa, text) == expected, (pattern, limit, text)
+    for _ in range(10):
+        data = sample(dfa, rng, 80)
+        assert data is None or (len(data) <= limit and re.fullmatch(pattern, data.decode()))
+
+
+def test_an_embedded_dfa_whose_start_loops_is_left_only_through_acceptance():
+    looping = ra.Compiled(exactly_one([parse_regex("(ab)*c"), parse_regex("z")]))  # back to start after "ab"
+    dfa = compile_dfa([ra.seq(ra.repeat(looping, 0, None), ra.literal("x"))])
+    for n in range(7):
+        for word in itertools.product("abczx", repeat=n):
+            text = "".join(word)
+            assert accepts(dfa, text) == bool(re.fullmatch(r"((ab)*c|z)*x", text)), text
+
+
+def test_exactly_one_of_unicode_branches():
+    a, b = r"\w{1,3}", r"[a-zé中]+"
+    dfa = compile_dfa([ra.Compiled(exactly_one([parse_regex(a), parse_regex(b)]))])
+    rng = random.Random(1)
+    for _ in range(3000):
+        text = "".join(rng.choice("aé中_9 😀Z") for _ in range(rng.randint(0, 5)))
+        assert accepts(dfa, text) == (bool(re.fullmatch(a, text)) != bool(re.fullmatch(b, text))), text

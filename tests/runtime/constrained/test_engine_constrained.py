@@ -14,6 +14,8 @@ import pytest
 
 from radixlang.runtime.sampling_params import SamplingParams
 
+from ...conftest import CHARACTER_REGEX
+
 REGEXES = [r"(yes|no)\. [a-z]{2,6}!", r"[0-9]{3}-[0-9]{4}", r"<(a|b|c){1,4}>( ok)?", r"\{\"k\": (true|false)\}"]
 SCHEMA = {
     "type": "object",
@@ -48,6 +50,15 @@ def test_regex_outputs_fully_match(tiny_engine):
     for pattern in REGEXES:
         for c in tiny_engine.generate(PROMPTS, {"regex": pattern, "max_new_tokens": 40, "temperature": 0.8, "seed": 3}):
             assert c.meta.finish_reason == "stop" and re.fullmatch(pattern, c.text), (pattern, c.text)
+    tiny_engine.check_invariants()
+
+
+def test_sglang_character_regex_with_unicode_fields_fully_matches(tiny_engine):
+    outs = tiny_engine.generate(PROMPTS, {"regex": CHARACTER_REGEX, "max_new_tokens": 600, "temperature": 1.0,
+                                          "seed": 7})
+    for c in outs:
+        assert c.meta.finish_reason == "stop" and re.fullmatch(CHARACTER_REGEX, c.text), c.text
+    assert any(not c.text.isascii() for c in outs)  # the random model does pick Unicode \w characters
     tiny_engine.check_invariants()
 
 

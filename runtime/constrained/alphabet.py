@@ -1,0 +1,65 @@
+"""Code-point classes: the coarsest partition of code points that all of a regex's character sets respect.
+
+Regexes are determinized over these classes rather than over bytes: `"[\\w\\d\\s]{1,16}"` reads
+three symbols (the quote, the letters inside the class, the other members of the class), not the
+hundreds of UTF-8 byte paths of Unicode `\\w`. Classes never straddle a UTF-8 length, so every
+class has one byte width. Code points outside every set belong to no class (they are dead).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from . import regex_ast as ra
+
+_WIDTH_CUTS = (0x80, 0x800, 0x10000)  # first code points of 2-, 3- and 4-byte UTF-8
+
+
+@dataclass(slots=True)
+class Alphabet:
+    classes: tuple[ra.Ranges, ...]  # the code points of each class
+    widths: np.ndarray  # [K] UTF-8 bytes per code point of each class
+    members: dict[ra.Ranges, tuple[int, ...]]  # each given set as the classes it is made of
+
+
+@dataclass(slots=True)
+class CharDfa:
+    """A DFA over an alphabet's classes, trimmed and minimal (see fsa)."""
+
+    trans: np.ndarray  # [S, K], -1 = dead
+    accept: np.ndarray  # [S]
+    alphabet: Alphabet
+    start: int = field(default=0, init=False)
+
+
+def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
+    """Classes of code points that belong to the same given sets and have the same UTF-8 width."""
+    sets = list(dict.fromkeys(sets))
+    cuts = {0, ra.MAX_CODE_POINT + 1, *_WIDTH_CUTS}
+    for ranges in sets:
+        for lo, hi in ranges:
+            cuts.update((lo, hi + 1))
+    bounds = np.array(sorted(cuts))
+    starts = bounds[:-1]
+    inside = np.array([_contains(ranges, starts) for ranges in sets], bool).reshape(len(sets), len(starts))
+    used = inside.any(axis=0)
+    if not used.any():
+        return Alphabet((), np.zeros(0, np.int64), {})
+    width = np.searchsorted(_WIDTH_CUTS, starts, side="right") + 1
+    signature = np.column_stack([width[used], inside[:, used].T]).astype(np.int64)
+    _, first, of_interval = np.unique(signature, axis=0, return_index=True, return_inverse=True)
+    of_interval = of_interval.ravel()
+    los, his = starts[used], bounds[1:][used] - 1
+    classes = tuple(tuple(zip(los[of_interval == k].tolist(), his[of_interval == k].tolist()))
+                    for k in range(len(first)))
+    members = {ranges: tuple(np.unique(of_interval[inside[j, used]]).tolist()) for j, ranges in enumerate(sets)}
+    return Alphabet(classes, width[used][first], members)
+
+
+def _contains(ranges: ra.Ranges, points: np.ndarray) -> np.ndarray:
+    """Whether each point lies in `ranges` (sorted, disjoint)."""
+    arr = np.array(ranges, np.int64).reshape(-1, 2)
+    i = np.minimum(np.searchsorted(arr[:, 1], points), len(arr) - 1)
+    return (arr[i, 0] <= points) & (points <= arr[i, 1])

@@ -1,0 +1,184 @@
+"""Finite automata over abstract symbols 0..K-1: Thompson NFA, subset construction, trimming, minimization.
+
+Regexes are built over code-point classes; the token index refines byte-level DFAs over byte classes.
+A DFA here is a pair (trans [S, K] with -1 = dead, accept [S] = label or -1) whose start is state 0.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from ..config import MAX_DFA_STATES, MAX_NFA_STATES
+
+
+def too_large() -> ValueError:
+    return ValueError(f"constraint is too large: its DFA exceeds {MAX_DFA_STATES} states")
+
+
+class Nfa:
+    def __init__(self) -> None:
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[Sequence[int], int]]] = []  # (symbols, target)
+        self.accepts: dict[int, int] = {}
+
+    def new(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:
+            raise ValueError(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+
+def determinize(nfa: Nfa, start: int, num_symbols: int,
+                drop_start_accept: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Subset construction, then trimming and minimization. A state accepting several labels keeps
+    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it)."""
+    closure_cache: dict[frozenset[int], frozenset[int]] = {}
+
+    def closure(states: frozenset[int]) -> frozenset[int]:
+        hit = closure_cache.get(states)
+        if hit is None:
+            seen, stack = set(states), list(states)
+            while stack:
+                for t in nfa.eps[stack.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        stack.append(t)
+            hit = closure_cache[states] = frozenset(seen)
+        return hit
+
+    first = closure(frozenset((start,)))
+    ids, order, rows = {first: 0}, [first], []
+    while len(rows) < len(order):
+        moves: dict[int, set[int]] = {}
+        for q in order[len(rows)]:
+            for symbols, t in nfa.edges[q]:
+                for c in symbols:
+                    moves.setdefault(c, set()).add(t)
+        row = np.full(num_symbols, -1, np.int64)
+        for c, targets in moves.items():
+            row[c] = state_id(ids, order, closure(frozenset(targets)))
+        rows.append(row)
+    accept = np.array([min((nfa.accepts[q] for q in d if q in nfa.accepts), default=-1) for d in order])
+    if drop_start_accept:
+        accept[0] = -1
+    return minimize(*trim(np.array(rows).reshape(len(order), num_symbols), accept))
+
+
+def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> int:
+    """The id of the DFA state `key` of a construction (subsets, products); new keys join `order`."""
+    hit = ids.get(key)
+    if hit is None:
+        if len(order) >= MAX_DFA_STATES:
+            raise too_large()
+        hit = ids[key] = len(order)
+        order.append(key)
+    return hit
+
+
+def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
+    live = accept >= 0
+    ptr, preds = _predecessors(trans)
+    frontier = np.flatnonzero(live)
+    while frontier.size:  # backwards from the accepting states
+        frontier = np.unique(_gather(ptr, preds, frontier))
+        frontier = frontier[~live[frontier]]
+        live[frontier] = True
+    live[0] = True
+    new_id = np.cumsum(live) - 1
+    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
+    return trans, accept[live]
+
+
+def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The quotient by `refine`; the start state stays 0."""
+    _, first, block = np.unique(refine(trans, accept), return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))  # blocks numbered by first member, so start's block is 0
+    part, reps = rank[block.ravel()], np.sort(first)
+    return np.where(trans[reps] >= 0, part[np.maximum(trans[reps], 0)], -1), accept[reps]
+
+
+def refine(trans: np.ndarray, labels: np.ndarray, rounds: int | None = None) -> np.ndarray:
+    """Moore's partition refinement: block ids such that two states share a block iff they agree on
+    every string of at most `rounds` symbols (all strings if None): alive or dead, and the label.
+
+    Incremental: when a block splits, its largest part keeps the id, and a round re-reads only the
+    states with a successor that moved (plus one unmoved reference per block they are in).
+    """
+    n = len(trans)
+    succ = np.where(trans >= 0, trans, n)  # index n is "dead": block -1
+    block = np.append(row_ids(labels[:, None]), -1)
+    count = int(block.max()) + 1
+    pred_ptr, preds = _predecessors(trans)
+    moved = np.arange(n)
+    for _ in itertools.count() if rounds is None else range(rounds):
+        dirty = np.zeros(n, bool)
+        dirty[_gather(pred_ptr, preds, moved)] = True
+        touched = np.zeros(count, bool)
+        touched[block[:n][dirty]] = True
+        steady = np.flatnonzero(touched[block[:n]] & ~dirty)
+        refs = steady[np.unique(block[steady], return_index=True)[1]]  # rows of the unmoved rest
+        sub = np.concatenate([refs, np.flatnonzero(dirty)])
+        ids = row_ids(np.column_stack([block[sub], block[succ[sub]]]))
+        part_block, new_ids = _split_ids(ids, block[sub], len(refs), count)
+        if not len(new_ids):
+            break
+        count += len(new_ids)
+        old = block[sub]
+        block[sub] = part_block[ids]
+        moved = sub[block[sub] != old]
+    return block[:n]
+
+
+def _split_ids(ids: np.ndarray, old: np.ndarray, num_refs: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block id per part (parts = `ids`, all within blocks `old`): each block's part holding its
+    reference (the first `num_refs` rows), else its largest part, keeps the block's id; the other
+    parts get fresh ids from `count` on (returned second)."""
+    firsts = np.unique(ids, return_index=True)[1]
+    size = np.bincount(ids) + np.bincount(ids[:num_refs], minlength=len(firsts)) * len(ids)
+    order = np.lexsort((-size, old[firsts]))
+    keeps = np.zeros(len(firsts), bool)
+    keeps[order[np.unique(old[firsts][order], return_index=True)[1]]] = True
+    fresh = count + np.arange(int((~keeps).sum()))
+    part_block = old[firsts].copy()
+    part_block[~keeps] = fresh
+    return part_block, fresh
+
+
+def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the distinct states leading into each state: preds[ptr[t]:ptr[t + 1]]."""
+    ordered = np.sort(trans, axis=1)
+    first = np.ones(ordered.shape, bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    src, col = np.nonzero(first & (ordered >= 0))
+    dst = ordered[src, col]
+    order = np.argsort(dst, kind="stable")
+    return np.searchsorted(dst[order], np.arange(len(trans) + 1)), src[order]
+
+
+def _gather(ptr: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """values[ptr[k]:ptr[k + 1]] for every k in keys, concatenated."""
+    counts = ptr[keys + 1] - ptr[keys]
+    starts = np.repeat(ptr[keys] - np.cumsum(counts) + counts, counts)
+    return values[starts + np.arange(counts.sum())]
+
+
+def row_ids(rows: np.ndarray) -> np.ndarray:
+    """Dense ids, equal exactly where the rows are equal: rows hashed to one integer (fast), then
+    checked, and sorted whole only on a hash collision."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    keys = rows @ _hash_weights(rows.shape[1])  # wraps modulo 2**64
+    _, first, ids = np.unique(keys, return_index=True, return_inverse=True)
+    ids = ids.ravel()
+    if np.array_equal(rows[first[ids]], rows):
+        return ids
+    return np.unique(rows, axis=0, return_inverse=True)[1].ravel()
+
+
+@functools.cache
+def _hash_weights(width: int) -> np.ndarray:
+    return np.random.default_rng(width).integers(1, 2**62, width, dtype=np.int64) * 2 + 1

@@ -1,0 +1,101 @@
+"""Character transitions as UTF-8 bytes: exactly the well-formed encodings, each to its own target.
+
+Oracles: Python's UTF-8 codec (strict: no overlong forms, no surrogates) and `re` itself.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+from radixlang.runtime.constrained import regex_ast as ra
+from radixlang.runtime.constrained.automaton import compile_dfa
+from radixlang.runtime.constrained.fsa import refine
+from radixlang.runtime.constrained.regex_parser import parse_regex
+from radixlang.runtime.constrained.token_index import walk_rows
+
+CODE_POINTS = np.array([cp for cp in range(ra.MAX_CODE_POINT + 1) if not 0xD800 <= cp <= 0xDFFF])
+
+
+def as_matrix(strings: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Byte strings as a zero-padded matrix and their lengths."""
+    lengths = np.array([len(s) for s in strings])
+    flat = np.frombuffer(b"".join(strings), np.uint8)
+    matrix = np.zeros((len(strings), max(lengths.max(), 1)), np.int64)
+    matrix[np.arange(lengths.max()) < lengths[:, None]] = flat
+    return matrix, lengths
+
+
+def walk(dfa, matrix: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The state each row's bytes lead to from the start (-1: dead), walked vectorised."""
+    rows = np.arange(len(lengths))
+    return walk_rows(dfa.trans, matrix, lengths, rows, np.zeros(len(rows), np.int64), 0).end_state
+
+
+def accepted(dfa, matrix: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    end = walk(dfa, matrix, lengths)
+    return (end >= 0) & (dfa.accept[np.maximum(end, 0)] >= 0)
+
+
+@pytest.fixture(scope="module")
+def every_character() -> tuple[str, list[bytes], np.ndarray, np.ndarray]:
+    """All non-surrogate code points: as text, as UTF-8 strings, and as a byte matrix with lengths."""
+    text = "".join(map(chr, CODE_POINTS.tolist()))
+    strings = [c.encode() for c in text]
+    return text, strings, *as_matrix(strings)
+
+
+@pytest.mark.parametrize("pattern", [r"\w", r"\W", r"\d", r"\D", r"\s", r"\S", r"[\w\d\s]", r"[^\W\d]", r"(?s:.)",
+                                     r"[^\"\\\x00-\x1f]"])
+def test_a_class_accepts_exactly_the_code_points_re_puts_in_it(pattern, every_character):
+    text, _, matrix, lengths = every_character
+    expected = np.zeros(len(text), bool)
+    expected[[m.start() for m in re.finditer(pattern, text)]] = True  # text[i] is the i-th non-surrogate
+    assert np.array_equal(accepted(compile_dfa([parse_regex(pattern)]), matrix, lengths), expected)
+
+
+def decodes(data: bytes) -> bool:
+    try:
+        data.decode()  # strict: no overlong forms, no surrogates
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_only_well_formed_utf8_is_read(every_character):
+    _, characters, _, _ = every_character
+    partial = {e[:k] for e in characters for k in range(1, len(e))}  # unfinished characters
+
+    def alive(data: bytes) -> bool:  # whole characters, then maybe an unfinished one
+        return any(decodes(data[:i]) and (i == len(data) or data[i:] in partial) for i in range(len(data) + 1))
+
+    dfa = compile_dfa([parse_regex(r"(?s:.)*")])
+    rng = random.Random(0)
+    short = [bytes([a]) for a in range(256)] + [bytes([a, b]) for a in range(0xC0, 256) for b in range(256)]
+    edgy = [0x00, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xFF]
+    long = [bytes([lead] + [rng.choice(edgy) if rng.random() < 0.5 else rng.randrange(256) for _ in range(n)])
+            for lead in range(0xE0, 0x100) for n in (2, 3) for _ in range(400)]
+    strings = short + long
+    for data, state in zip(strings, walk(dfa, *as_matrix(strings)).tolist()):
+        assert (state >= 0) == alive(data), data
+        assert (state >= 0 and dfa.accept[state] >= 0) == decodes(data), data
+
+
+def test_each_character_reaches_the_label_of_its_first_class(every_character):
+    text, _, matrix, lengths = every_character
+    dfa = compile_dfa([parse_regex(r"\d"), parse_regex(r"\w"), parse_regex(r"[^\w]")], nonempty=True)
+    end = walk(dfa, matrix, lengths)
+    assert (end >= 0).all()
+    expected = np.full(len(text), 2)
+    expected[[m.start() for m in re.finditer(r"\w", text)]] = 1
+    expected[[m.start() for m in re.finditer(r"\d", text)]] = 0
+    assert np.array_equal(dfa.accept[end], expected)
+
+
+@pytest.mark.parametrize("pattern", [r"[\w\d\s]{1,16}", r"(é|\w)x|(é|\d)y|中[\w中]", r"(\w|😀)+!|[^a]{2}",
+                                     r"[\u0100-\u07ff]é|[\u0800-\uffff]{1,3}|\W\w"])
+def test_the_byte_dfa_is_minimal_even_where_decoders_share_tails(pattern):
+    dfa = compile_dfa([parse_regex(pattern)])
+    assert len(np.unique(refine(dfa.trans, dfa.accept))) == dfa.num_states
