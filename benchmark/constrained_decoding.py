@@ -27,7 +27,7 @@ import numpy as np
 
 from radixlang.runtime.constrained.automaton import compile_dfa
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
-from radixlang.runtime.constrained.grammar import GrammarConstraint
+from radixlang.runtime.constrained.grammar import JSON_GRAMMAR, GrammarConstraint
 from radixlang.runtime.constrained.jump_forward import JumpForwarder
 from radixlang.runtime.constrained.matcher import RegexConstraint
 from radixlang.runtime.constrained.regex_parser import parse_regex
@@ -52,17 +52,6 @@ SCHEMA = {
     },
     "required": ["name", "age", "occupation", "city", "country", "employed"],
 }
-JSON_GRAMMAR = r"""
-start: value
-?value: dict | list | ESCAPED_STRING | SIGNED_NUMBER | "true" | "false" | "null"
-list : "[" [value ("," value)*] "]"
-dict : "{" [pair ("," pair)*] "}"
-pair : ESCAPED_STRING ":" value
-%import common.ESCAPED_STRING
-%import common.SIGNED_NUMBER
-%import common.WS
-%ignore WS
-"""
 # SGLang's character-generator regex; FIELD is its string fields' pattern (theirs: [\w\d\s]{1,16})
 CHARACTER_TEMPLATE = (
     r'\{\n    "name": "FIELD",\n    "house": "(Gryffindor|Slytherin|Ravenclaw|Hufflepuff)",\n'

@@ -25,6 +25,18 @@ from .matcher import MaskCache
 from .token_index import TokenIndex, walk_rows
 from .vocab import TokenVocab
 
+# Any JSON value, with whitespace allowed between tokens (Lark's JSON example grammar).
+JSON_GRAMMAR = r"""
+start: value
+?value: dict | list | ESCAPED_STRING | SIGNED_NUMBER | "true" | "false" | "null"
+list : "[" [value ("," value)*] "]"
+dict : "{" [pair ("," pair)*] "}"
+pair : ESCAPED_STRING ":" value
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+"""
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
 _WARM_STACKS = 48  # parser stacks explored at compile time, so most lexers exist before decoding
 

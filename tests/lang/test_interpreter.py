@@ -82,7 +82,10 @@ def outcome(state):
 def has_near_tie(state, tolerance: float = 1e-3) -> bool:
     """Whether some select's best two scores are within float noise of each other (the tiny model
     scores e.g. "The" and "TheThe" after "The" alike): its pick may differ between two runs."""
-    for meta in state._core.meta.values():
+    metas = []
+    for meta in state._core.meta.values():  # a gathered variable has one meta per fork
+        metas.extend(meta if isinstance(meta, list) else [meta])
+    for meta in metas:
         scores = sorted((meta or {}).get("normalized_prompt_logprobs") or [], reverse=True)
         if len(scores) > 1 and scores[0] - scores[1] < tolerance:
             return True

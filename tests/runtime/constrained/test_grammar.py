@@ -8,18 +8,8 @@ import numpy as np
 import pytest
 
 from radixlang.runtime.config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
+from radixlang.runtime.constrained.grammar import JSON_GRAMMAR
 
-JSON_GRAMMAR = r"""
-start: value
-?value: dict | list | ESCAPED_STRING | SIGNED_NUMBER | "true" | "false" | "null"
-list : "[" [value ("," value)*] "]"
-dict : "{" [pair ("," pair)*] "}"
-pair : ESCAPED_STRING ":" value
-%import common.ESCAPED_STRING
-%import common.SIGNED_NUMBER
-%import common.WS
-%ignore WS
-"""
 CALC_GRAMMAR = r"""
 start: stmt+
 stmt: "let" NAME "=" expr ";" | "print" expr ";"
