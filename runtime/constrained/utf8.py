@@ -2,12 +2,12 @@
 
 A state's live classes, grouped by target, split code points into groups. The decoder of such a
 split (a minimal byte DFA from an entry to one exit per group) is built once and cached: templates
-repeat a few splits many times (`[\\w\\d\\s]{1,16}` has one split per count, all alike). Copies of
-it are stamped into the byte table with numpy. Only well-formed UTF-8 is read: no overlong forms,
+repeat a few splits many times (`[\\w\\d\\s]{1,16}` has one split per count, all alike). Each state
+stamps a copy of its decoder into the byte table. Only well-formed UTF-8 is read: no overlong forms,
 no surrogates.
 
 The result is minimal when the character DFA is: two states mid-character are merged exactly when
-they read the same continuation bytes into the same states (checked bottom-up, by bytes left).
+they read the same continuation bytes into the same states (interned bottom-up, by bytes left).
 """
 from __future__ import annotations
 
@@ -48,38 +48,52 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray]:
             merged = (ra.normalize(r for c in cs for r in dfa.alphabet.classes[c]) for cs in split)
             split_decoders[split] = _decoder(tuple(merged))
         plans.append((split_decoders[split], list(groups)))
-    total = len(plans) + sum(len(d.rows) - 1 for d, _ in plans)
-    if total > MAX_DFA_STATES:
-        raise too_large()
-    trans = np.empty((total, 256), np.int32)
-    left = np.zeros(total, np.int8)
-    base = len(plans)
+    entries = np.empty((len(plans), 256), np.int32)
+    tails = _Tails(len(plans))
     for state, (decoder, targets) in enumerate(plans):
-        m = len(decoder.rows) - 1
-        lookup = np.concatenate([[-1], targets, [state], np.arange(base, base + m)]).astype(np.int32)
-        stamped = lookup[decoder.rows + 1]
-        trans[state] = stamped[0]
-        trans[base:base + m] = stamped[1:]
-        left[base:base + m] = decoder.left[1:]
-        base += m
-    accept = np.concatenate([dfa.accept, np.full(total - len(plans), -1)]).astype(np.int32)
-    return _merge_equal_tails(trans, left, accept)
+        entries[state] = tails.stamp(decoder, targets)
+    trans = np.full((len(plans) + len(tails.rows), 256), -1, np.int32)
+    trans[:len(plans)] = entries
+    if tails.rows:
+        trans[len(plans):, _CONTINUATION] = np.stack(tails.rows)
+    accept = np.concatenate([dfa.accept, np.full(len(tails.rows), -1)]).astype(np.int32)
+    return trans, accept
 
 
-def _merge_equal_tails(trans: np.ndarray, left: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merges mid-character states of different decoders that read alike (fewest bytes left first)."""
-    rep = np.arange(len(trans) + 1, dtype=np.int32)
-    rep[-1] = -1  # so that rep[-1] (dead) stays dead
-    for n in (1, 2, 3):
-        idx = np.flatnonzero(left == n)
-        if len(idx) > 1:
-            ids = row_ids(rep[trans[idx, _CONTINUATION]])
-            rep[idx] = idx[np.unique(ids, return_index=True)[1][ids]]
-    keep = rep[:-1] == np.arange(len(trans))
-    if keep.all():
-        return trans, accept
-    new_id = np.append(np.cumsum(keep, dtype=np.int32) - 1, -1)[rep]
-    return new_id[trans[keep]], accept[keep]
+class _Tails:
+    """The mid-character states of the byte DFA, hash-consed: copies of decoder rows that read the same
+    continuation bytes into the same states are one state. Interning while stamping (bytes-left order,
+    so a row's children are final before it) keeps the state limit on the merged DFA: many character
+    states' decoders share most of their rows."""
+
+    def __init__(self, first_id: int) -> None:
+        self.first_id = first_id
+        self.rows: list[np.ndarray] = []  # continuation bytes 0x80-0xBF of each state
+        self.ids: dict[bytes, int] = {}
+
+    def stamp(self, decoder: _Decoder, targets: list[int]) -> np.ndarray:
+        """The entry row of a character state whose transitions `decoder` reads into `targets`."""
+        groups = len(targets)
+        # decoder value v -> byte DFA state: dead, a group's target, the entry, or a mid-character row
+        lookup = np.concatenate([[-1], targets, np.full(len(decoder.rows), -1)]).astype(np.int32)
+        for height in (1, 2, 3):
+            level = np.flatnonzero(decoder.left == height)
+            if not level.size:
+                break
+            stamped = lookup[decoder.rows[level, _CONTINUATION] + 1]
+            for r, row in zip(level.tolist(), stamped):
+                lookup[groups + 1 + r] = self._intern(row)
+        return lookup[decoder.rows[0] + 1]
+
+    def _intern(self, row: np.ndarray) -> int:
+        key = row.tobytes()
+        state = self.ids.get(key)
+        if state is None:
+            state = self.ids[key] = self.first_id + len(self.rows)
+            if state >= MAX_DFA_STATES:
+                raise too_large()
+            self.rows.append(row)
+        return state
 
 
 @functools.lru_cache(maxsize=UTF8_DECODER_CACHE_SIZE)
