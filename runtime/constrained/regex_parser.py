@@ -6,6 +6,7 @@ conditionals, possessive/atomic groups and anchors away from the pattern's ends 
 """
 from __future__ import annotations
 
+import _sre
 import functools
 import re
 from typing import Any
@@ -114,16 +115,32 @@ class _Converter:
 
 
 def _fold(ranges: ra.Ranges, flags: int) -> ra.Ranges:
-    """Adds the simple case variants of each code point under IGNORECASE."""
+    """Adds every code point IGNORECASE makes equal to one in `ranges`."""
+    ranges = ra.normalize(ranges)
     if not flags & re.IGNORECASE:
-        return ra.normalize(ranges)
+        return ranges
+    keys, variants = _case_variants(bool(flags & re.ASCII))
     extra = []
     for lo, hi in ranges:
-        for cp in range(lo, min(hi, lo + 4096) + 1):  # huge ranges already hold their variants
-            for v in (chr(cp).lower(), chr(cp).upper()):
-                if len(v) == 1:
-                    extra.append((ord(v), ord(v)))
+        for i in range(np.searchsorted(keys, lo), np.searchsorted(keys, hi, side="right")):
+            extra.extend((v, v) for v in variants[i])
     return ra.normalize(list(ranges) + extra)
+
+
+@functools.cache
+def _case_variants(ascii_only: bool) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """Each cased code point (sorted) and every code point `(?i)` matches it with, found by running `re`
+    itself: Python's simple case mappings plus its extra equivalences (s ~ ſ, k ~ Kelvin sign,
+    i ~ ı ~ İ, µ ~ μ) are followed exactly. No uncased code point matches a cased one."""
+    if ascii_only:
+        cased = [cp for cp in range(0x80) if chr(cp).isalpha()]
+    else:
+        every = range(ra.MAX_CODE_POINT + 1)
+        cased = [cp for cp, is_cased in zip(every, map(_sre.unicode_iscased, every)) if is_cased]
+    text = "".join(map(chr, cased))
+    flags = re.IGNORECASE | (re.ASCII if ascii_only else 0)
+    variants = [tuple(map(ord, re.findall(re.escape(chr(cp)), text, flags))) for cp in cased]
+    return np.array(cased), variants
 
 
 _CATEGORY_REGEX = {"DIGIT": r"\d", "SPACE": r"\s", "WORD": r"\w"}

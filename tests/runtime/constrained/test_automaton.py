@@ -251,3 +251,20 @@ def test_exactly_one_of_unicode_branches():
     for _ in range(3000):
         text = "".join(rng.choice("aé中_9 😀Z") for _ in range(rng.randint(0, 5)))
         assert accepts(dfa, text) == (bool(re.fullmatch(a, text)) != bool(re.fullmatch(b, text))), text
+
+
+CASED = [cp for cp in range(0x110000) if chr(cp).lower() != chr(cp) or chr(cp).upper() != chr(cp)]
+
+
+@pytest.mark.parametrize("pattern", [
+    "(?i)s", "(?i)ſ", "(?i)k", "(?i)\u212a", "(?i)i", "(?i)İ", "(?i)ı", "(?i)µ", "(?i)ß", "(?i)\u2126",
+    "(?i)\u03c3", "(?i)\u0345", "(?i)[^s]", "(?i)[a-z]", "(?i)[\u0370-\u03ff]", "(?i)[\U00010400-\U0001044f]",
+    "(?i)[^\u0130-\u017f]", "(?ai)[a-zé]", "(?ai)k", "(?i)\u01c5", "(?i)[\u1f80-\u1faf]",
+])
+def test_ignorecase_matches_what_re_matches_over_every_cased_character(pattern):
+    """Python's own case rules (simple mappings plus its extra equivalences), checked on each code
+    point that has a case mapping, and on a few that have none."""
+    dfa = compile_dfa([parse_regex(pattern)])
+    for cp in CASED + [0x30, 0x20, 0x2160, 0x1F600]:
+        text = chr(cp)
+        assert accepts(dfa, text) == bool(re.fullmatch(pattern, text)), (pattern, hex(cp))
