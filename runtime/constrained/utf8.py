@@ -74,7 +74,8 @@ class _Tails:
     def stamp(self, decoder: _Decoder, targets: list[int]) -> np.ndarray:
         """The entry row of a character state whose transitions `decoder` reads into `targets`."""
         groups = len(targets)
-        # decoder value v -> byte DFA state: dead, a group's target, the entry, or a mid-character row
+        # decoder value v -> byte DFA state: dead, a group's target, or a mid-character row (the entry's
+        # slot, v == groups, stays dead: no decoder row leads back to it)
         lookup = np.concatenate([[-1], targets, np.full(len(decoder.rows), -1)]).astype(np.int32)
         for height in (1, 2, 3):
             level = np.flatnonzero(decoder.left == height)

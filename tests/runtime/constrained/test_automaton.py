@@ -213,9 +213,8 @@ def test_random_unicode_regexes_accept_what_re_fullmatch_accepts(pattern, rng):
 
 
 def test_the_state_limit_counts_merged_states_not_each_character_states_decoder_copy():
-    """452 character states, each with a Unicode decoder of ~200 rows, are 6502 byte states once
-    mid-character states that read alike are merged: the regex compiles, though the copies alone would
-    exceed the limit."""
+    """452 character states, whose copies of their Unicode decoders alone exceed the limit, are 6502
+    byte states once mid-character states that read alike are merged: the regex compiles."""
     pattern = r"[\w\d\s]*a*a*a*a+(?:(?:.\s{1,3}){2}){1,3}"
     dfa = compile_dfa([parse_regex(pattern)])
     assert dfa.num_states < MAX_DFA_STATES
@@ -265,6 +264,6 @@ def test_ignorecase_matches_what_re_matches_over_every_cased_character(pattern):
     """Python's own case rules (simple mappings plus its extra equivalences), checked on each code
     point that has a case mapping, and on a few that have none."""
     dfa = compile_dfa([parse_regex(pattern)])
-    for cp in CASED + [0x30, 0x20, 0x2160, 0x1F600]:
+    for cp in CASED + [0x30, 0x20, 0x4E2D, 0x1F600]:
         text = chr(cp)
         assert accepts(dfa, text) == bool(re.fullmatch(pattern, text)), (pattern, hex(cp))
