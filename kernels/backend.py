@@ -1,6 +1,7 @@
-"""The attention-backend contract: what the model hands a kernel for one forward pass.
+"""The attention-backend contract: `plan` once per step, then `forward` once per layer.
 
-The runtime owns the KV memory and passes its buffers in; kernels never import the runtime.
+The runtime describes a step as an `AttentionBatch` (host lists and the position->slot table) and owns
+the KV buffers, which a backend receives when it is built; kernels never import the runtime.
 """
 from __future__ import annotations
 
@@ -11,34 +12,91 @@ import torch
 
 
 @dataclass(slots=True)
-class AttentionMetadata:
-    """One batch of sequences; sequence i appends `extend_lens[i]` tokens to a KV of `seq_lens[i]`.
+class AttentionBatch:
+    """One step: sequence i appends `extend_lens[i]` new tokens to its KV, which then holds `kv_lens[i]`
+    tokens; the new tokens' K/V go to the last `extend_lens[i]` entries of row `rows[i]` of `req_to_token`.
 
-    `seq_lens` counts the new tokens too, so the cached prefix is `seq_lens[i] - extend_lens[i]`.
-    The query/key/value rows of the batch are the sequences' new tokens, concatenated in order.
+    A sequence's new tokens are a chain (each sees all earlier ones) unless `parents[i]` is given: then
+    new token j sees the cached prefix, itself and its ancestors, where `parents[i][j]` is the index of
+    its parent among the new tokens (-1: the cached prefix). A token's parent always comes before it.
     """
 
     req_to_token: torch.Tensor  # [max_reqs, max_context] int32: position -> KV slot
-    req_pool_indices: torch.Tensor  # [batch] int64: each sequence's row in req_to_token
-    seq_lens: list[int]
+    rows: list[int]
+    kv_lens: list[int]  # includes the new tokens
     extend_lens: list[int]
-    out_cache_loc: torch.Tensor  # [num_tokens] int64: the slot each new token's K/V is written to
+    positions: list[int]  # rope position of every new token, sequences concatenated
+    parents: list[list[int] | None]
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens)
+    def num_tokens(self) -> int:
+        return len(self.positions)
+
+
+@dataclass(slots=True)
+class AttentionPlan:
+    """Device index tensors shared by every layer of one step (FlashInfer's layout)."""
+
+    qo_indptr: torch.Tensor  # [batch + 1] int64: sequence i's queries are rows qo_indptr[i]:qo_indptr[i+1]
+    kv_indptr: torch.Tensor  # [batch + 1] int64
+    kv_indices: torch.Tensor  # [sum(kv_lens)] int64: every sequence's KV slots, in position order
+    out_cache_loc: torch.Tensor  # [num_tokens] int64: where each new token's K/V is written
+    positions: torch.Tensor  # [num_tokens] int64
+    max_q_len: int
+    max_kv_len: int
+
+
+def offsets(lens: list[int]) -> list[int]:
+    """[0, lens[0], lens[0] + lens[1], ...]: where each sequence's run starts in a flat layout."""
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
+
+
+def build_plan(batch: AttentionBatch, device: torch.device) -> AttentionPlan:
+    """Gathers each sequence's KV slots out of req_to_token into one flat index tensor."""
+    q_ptr, kv_ptr = offsets(batch.extend_lens), offsets(batch.kv_lens)
+    table = batch.req_to_token
+    kv_indices = torch.cat([table[row, :total] for row, total in zip(batch.rows, batch.kv_lens)]).long()
+    out_cache_loc = torch.cat([table[row, total - n : total]
+                               for row, total, n in zip(batch.rows, batch.kv_lens, batch.extend_lens)]).long()
+    return AttentionPlan(
+        qo_indptr=torch.tensor(q_ptr, dtype=torch.int64, device=device),
+        kv_indptr=torch.tensor(kv_ptr, dtype=torch.int64, device=device),
+        kv_indices=kv_indices.to(device),
+        out_cache_loc=out_cache_loc.to(device),
+        positions=torch.tensor(batch.positions, dtype=torch.int64, device=device),
+        max_q_len=max(batch.extend_lens),
+        max_kv_len=max(batch.kv_lens),
+    )
+
+
+def tree_visibility(parents: list[int]) -> torch.Tensor:
+    """[n, n] bool: new token j sees new token i when i is j or one of j's ancestors."""
+    n = len(parents)
+    seen = torch.eye(n, dtype=torch.bool)
+    for j, p in enumerate(parents):
+        assert p < j, "a token's parent comes before it"
+        if p >= 0:
+            seen[j] |= seen[p]
+    return seen
 
 
 class AttentionBackend(Protocol):
+    """Built over the per-layer KV buffers ([num_slots, num_kv_heads, head_dim] each)."""
+
+    def plan(self, batch: AttentionBatch) -> AttentionPlan:
+        """Builds this step's index tensors; `forward` uses them until the next `plan`."""
+        ...
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         v: torch.Tensor,
-        k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        layer: int,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """Write k/v into the cache at `meta.out_cache_loc`, then attend causally over each KV."""
+        """Writes k/v into layer `layer`'s cache at the plan's slots, then attends over each KV."""
         ...

@@ -1,68 +1,97 @@
 """Torch reference attention over the token-granular paged KV: runs anywhere, and is the test oracle."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from .backend import AttentionMetadata
+from .backend import AttentionBatch, AttentionPlan, build_plan, offsets, tree_visibility
+
+
+@dataclass(slots=True)
+class _Decodes:
+    """Single-token sequences, padded into one batched call."""
+
+    rows: torch.Tensor  # [b] query rows
+    slots: torch.Tensor  # [b, max_len] KV slots (0 where padded)
+    mask: torch.Tensor  # [b, 1, 1, max_len] bool: True where a key is real
+
+
+@dataclass(slots=True)
+class _Extend:
+    """One multi-token sequence: query rows [start, end) over `slots` with a [n, total] visibility mask."""
+
+    start: int
+    end: int
+    slots: torch.Tensor
+    mask: torch.Tensor
 
 
 class TorchAttention:
-    """Decodes are padded into one batched call; each extend (prefill chunk) runs on its own."""
+    """Decodes are padded into one batched call; each extend (prefill chunk or token tree) runs on its own.
+    Everything but the per-layer gather and SDPA is computed once per step, in `plan`."""
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
-        k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
-        v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)
-        out = torch.empty_like(q)
-        starts = [0]
-        for n in meta.extend_lens:
-            starts.append(starts[-1] + n)
-        decode_rows = [i for i, n in enumerate(meta.extend_lens) if n == 1]
-        if decode_rows:
-            rows = torch.tensor([starts[i] for i in decode_rows], device=q.device)
-            out[rows] = self._decode(q[rows], k_cache, v_cache, meta, decode_rows, scale)
-        for i, n in enumerate(meta.extend_lens):
-            if n > 1:
-                sl = slice(starts[i], starts[i + 1])
-                out[sl] = self._extend(q[sl], k_cache, v_cache, meta, i, scale)
-        return out
+    def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
+        self.k_buffers, self.v_buffers = k_buffers, v_buffers
+        self._plan: AttentionPlan | None = None
+        self._decodes: _Decodes | None = None
+        self._extends: list[_Extend] = []
+
+    def plan(self, batch: AttentionBatch) -> AttentionPlan:
+        device = self.k_buffers[0].device
+        plan = build_plan(batch, device)
+        q_ptr, kv_ptr = offsets(batch.extend_lens), offsets(batch.kv_lens)  # host copies: no device sync
+        decode = [i for i, n in enumerate(batch.extend_lens) if n == 1]
+        self._decodes = self._plan_decodes(plan, decode, q_ptr, kv_ptr, batch.kv_lens) if decode else None
+        self._extends = [
+            _Extend(q_ptr[i], q_ptr[i + 1], plan.kv_indices[kv_ptr[i]:kv_ptr[i + 1]],
+                    _extend_mask(batch.kv_lens[i], n, batch.parents[i]).to(device))
+            for i, n in enumerate(batch.extend_lens) if n > 1
+        ]
+        self._plan = plan
+        return plan
 
     @staticmethod
-    def _kv_slots(meta: AttentionMetadata, i: int) -> torch.Tensor:
-        return meta.req_to_token[meta.req_pool_indices[i], : meta.seq_lens[i]].long()
+    def _plan_decodes(plan: AttentionPlan, seqs: list[int], q_ptr: list[int], kv_ptr: list[int],
+                      kv_lens: list[int]) -> _Decodes:
+        device = plan.kv_indices.device
+        lens = torch.tensor([kv_lens[i] for i in seqs], device=device)
+        starts = torch.tensor([kv_ptr[i] for i in seqs], device=device)
+        cols = torch.arange(int(lens.max()), device=device)
+        valid = cols[None, :] < lens[:, None]
+        index = torch.where(valid, starts[:, None] + cols[None, :], torch.zeros_like(valid, dtype=torch.int64))
+        slots = torch.where(valid, plan.kv_indices[index], torch.zeros_like(index))
+        rows = torch.tensor([q_ptr[i] for i in seqs], device=device)
+        return _Decodes(rows, slots, valid[:, None, None, :])
 
-    def _extend(self, q, k_cache, v_cache, meta: AttentionMetadata, i: int, scale: float):
-        slots = self._kv_slots(meta, i)
-        n, total = q.shape[0], meta.seq_lens[i]
-        k = k_cache[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kv_heads, L, d]
-        v = v_cache[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
-        qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-        # query j sits at absolute position total - n + j and sees keys 0..that position
-        q_pos = torch.arange(total - n, total, device=q.device)
-        mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]
-        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        return o[0].transpose(0, 1)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+        assert self._plan is not None, "plan() runs before forward()"
+        k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
+        k_cache[self._plan.out_cache_loc] = k.to(k_cache.dtype)
+        v_cache[self._plan.out_cache_loc] = v.to(v_cache.dtype)
+        out = torch.empty_like(q)
+        d = self._decodes
+        if d is not None:
+            keys = k_cache[d.slots].permute(0, 2, 1, 3).to(q.dtype)  # [b, kv_heads, L, d]
+            values = v_cache[d.slots].permute(0, 2, 1, 3).to(q.dtype)
+            o = F.scaled_dot_product_attention(q[d.rows].unsqueeze(2), keys, values, attn_mask=d.mask,
+                                               scale=scale, enable_gqa=True)
+            out[d.rows] = o.squeeze(2)
+        for e in self._extends:
+            keys = k_cache[e.slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kv_heads, L, d]
+            values = v_cache[e.slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            qh = q[e.start:e.end].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+            o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=e.mask, scale=scale, enable_gqa=True)
+            out[e.start:e.end] = o[0].transpose(0, 1)
+        return out
 
-    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, rows: list[int], scale: float):
-        lens = [meta.seq_lens[i] for i in rows]
-        max_len = max(lens)
-        slot_table = meta.req_to_token[meta.req_pool_indices[rows], :max_len].long()
-        valid = torch.arange(max_len, device=q.device)[None, :] < torch.tensor(
-            lens, device=q.device
-        )[:, None]
-        slot_table = torch.where(valid, slot_table, torch.zeros_like(slot_table))
-        k = k_cache[slot_table].permute(0, 2, 1, 3).to(q.dtype)  # [b, kv_heads, L, d]
-        v = v_cache[slot_table].permute(0, 2, 1, 3).to(q.dtype)
-        qh = q.unsqueeze(2)  # [b, heads, 1, d]
-        mask = valid[:, None, None, :]
-        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        return o.squeeze(2)
+
+def _extend_mask(total: int, n: int, parents: list[int] | None) -> torch.Tensor:
+    """[n, total] bool: every new token sees the cached prefix, then itself and what precedes it in
+    its chain (a linear chunk) or its ancestors (a token tree)."""
+    prefix = total - n
+    mask = torch.ones(n, total, dtype=torch.bool)
+    new = torch.ones(n, n, dtype=torch.bool).tril() if parents is None else tree_visibility(parents)
+    mask[:, prefix:] = new
+    return mask

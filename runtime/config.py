@@ -61,6 +61,7 @@ class EngineConfig:
     seed: int = 0  # seeds requests that bring no seed of their own
     disable_jump_forward: bool = False  # constrained requests decode forced text token by token
     constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
+    attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> "EngineConfig":
@@ -86,7 +87,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
-        self.torch_device()
+        from ..kernels.registry import resolve_backend
+
+        resolve_backend(self.attention_backend, self.torch_device())
         self.torch_dtype()
 
     def torch_device(self) -> torch.device:

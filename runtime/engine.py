@@ -13,12 +13,13 @@ from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence, Ty
 
 import torch
 
-from ..kernels.reference import TorchAttention
+from ..kernels.registry import create_backend
 from .config import EngineConfig, available_memory_bytes
 from .constrained.compiler import ConstraintCompiler
 from .constrained.jump_forward import JumpForwarder
 from .constrained.matcher import Constraint
 from .constrained.vocab import TokenVocab
+from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
@@ -93,8 +94,17 @@ class _Submission:
     constraint: Constraint | None = None
 
 
-def create_scheduler(cfg: EngineConfig) -> tuple[Scheduler, Tokenizer, str]:
-    """Loads the model and builds the KV memory, cache, runner and scheduler (no thread)."""
+@dataclass(slots=True)
+class EngineParts:
+    scheduler: Scheduler
+    tokenizer: Tokenizer
+    model_name: str
+    vocab_size: int
+    pool_size: int
+
+
+def create_scheduler(cfg: EngineConfig) -> EngineParts:
+    """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     loaded = load_model(cfg.model, device, dtype)
     mcfg = loaded.model.config
@@ -106,10 +116,12 @@ def create_scheduler(cfg: EngineConfig) -> tuple[Scheduler, Tokenizer, str]:
     allocator = SlotAllocator(pool_size, device)
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
-    runner = ModelRunner(loaded.model, pool, req_to_token, TorchAttention(), device)
+    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+    runner = ModelRunner(loaded.model, req_to_token, attn, device)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
-    scheduler = Scheduler(cfg, runner, pool, allocator, req_to_token, cache, context_length, jump=jump)
-    return scheduler, loaded.tokenizer, loaded.name
+    kv = KVManager(pool, allocator, req_to_token, cache)
+    scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump)
+    return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size)
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -129,11 +141,11 @@ def sample_rids(rids: Sequence[str], n: int) -> list[str]:
 class Engine:
     def __init__(self, model: str | None = None, **options: Any):
         self.config = cfg = EngineConfig.from_options(model, **options)
-        self.scheduler, self.tokenizer, self.model_name = create_scheduler(cfg)
+        parts = create_scheduler(cfg)
+        self.scheduler, self.tokenizer, self.model_name = parts.scheduler, parts.tokenizer, parts.model_name
         self.device = cfg.torch_device()
-        self.vocab_size = self.scheduler.runner.model.config.vocab_size
+        self.vocab_size, self.pool_size = parts.vocab_size, parts.pool_size
         self.context_length = self.scheduler.context_length
-        self.pool_size = self.scheduler.pool.num_slots
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
                                               cfg.constrained_json_whitespace_pattern)
         self._seeds = random.Random(cfg.seed)
@@ -438,37 +450,14 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
-        def flush() -> bool:
-            self.scheduler.cache.evict(self.scheduler.cache.evictable_size)
-            return self.scheduler.cache.total_size == 0
-        return self._call(flush).result()
+        return self._call(self.scheduler.flush).result()
 
     def check_invariants(self) -> None:
         """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""
         self._query(self.scheduler.check_invariants)
 
     def stats(self) -> dict[str, float]:
-        def read() -> dict[str, float]:
-            s, sch = self.scheduler.stats, self.scheduler
-            return {
-                "running_requests": len(sch.running),
-                "waiting_requests": len(sch.waiting),
-                "kv_pool_tokens": self.pool_size,
-                "kv_free_tokens": sch.allocator.num_free,
-                "kv_cached_tokens": sch.cache.total_size,
-                "kv_usage": 1.0 - sch.allocator.num_free / self.pool_size,
-                "prompt_tokens_total": s.prompt_tokens,
-                "cached_tokens_total": s.cached_tokens,
-                "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                "generated_tokens_total": s.generated_tokens,
-                "preemptions_total": s.preemptions,
-                "finished_requests_total": s.finished,
-                "aborted_requests_total": s.aborted,
-                "steps_total": s.steps,
-                "jump_forward_drafted_total": s.jump_forward_drafted,
-                "jump_forward_tokens_total": s.jump_forward_tokens,
-            }
-        return self._query(read)
+        return self._query(self.scheduler.stats)
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -55,15 +54,12 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
-    arrival: float = field(default_factory=time.monotonic)
     constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
     num_draft: int = 0  # trailing output_ids proposed by jump-forward, not yet verified by the model
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
-    # KV bookkeeping: positions [0, cached_len) are tree slots locked through `last_node`;
-    # positions [cached_len, kv_len) are slots this request owns.
-    # positions [kv_len, slot_len) have slots allocated for a step still in flight.
+    # KV bookkeeping, assigned only by the KV owner (runtime/kv_manager.py, which says what they mean)
     row: int | None = None
     kv_len: int = 0
     slot_len: int = 0
@@ -71,7 +67,6 @@ class Req:
     last_node: TreeNode | None = None
     swapped: SwappedKV | None = None
     cached_tokens: int = 0  # prompt tokens reused from the cache (reported)
-    num_preemptions: int = 0
     input_logprobs: list[TokenLogprob] = field(default_factory=list)  # from prompt_logprob_from + 1 on
 
     @classmethod
@@ -85,7 +80,7 @@ class Req:
         matcher = None
         if constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
             end_ids = tuple(i for i in constraint.vocab.end_ids if i in sampling.stop_ids)
-            matcher = Matcher(constraint, end_ids, device)
+            matcher = Matcher(constraint, end_ids)
         return cls(
             rid=rid,
             prompt_ids=prompt_ids,
@@ -117,9 +112,6 @@ class Req:
         if start >= p:
             return self.output_ids[start - p : end - p]
         return self.prompt_ids[start:] + self.output_ids[: end - p]
-
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
 
     @property
     def prompt_logprob_from(self) -> int:

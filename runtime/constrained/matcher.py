@@ -11,9 +11,9 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable, Protocol
 
 import numpy as np
-import torch
 
 from ..config import JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from ..sampler import pack_mask
 from .automaton import Dfa
 from .token_index import TokenIndex
 from .vocab import TokenVocab
@@ -86,26 +86,45 @@ class RegexConstraint:
 class Matcher:
     """One request's position in a constraint (a state per consumed token)."""
 
-    def __init__(self, constraint: Constraint, end_ids: tuple[int, ...], device: torch.device):
+    def __init__(self, constraint: Constraint, end_ids: tuple[int, ...]):
         self.constraint = constraint
         self.end_ids = end_ids
-        self.device = device
         self.states: list[Any] = [constraint.initial()]
+        self._complete: dict[Hashable, bool] = {}  # is_complete per state: it needs the whole mask
 
     @property
     def state(self) -> Any:
         return self.states[-1]
 
-    def mask(self) -> torch.Tensor:
-        """Bool [vocab]: True where a token may come next (EOS only where the output may end)."""
-        allowed = self.constraint.allowed(self.state)  # a fresh array: unpacked from a bitset
-        if self.constraint.can_end(self.state) and self.end_ids:
-            allowed[list(self.end_ids)] = True
-        return torch.from_numpy(allowed).to(self.device)
+    def mask_words(self, state: Any) -> np.ndarray:
+        """Which tokens may come next (EOS only where the output may end), as one row of the step's
+        bitmask: int32 words, bit i of word w allowing token 32w + i."""
+        return pack_mask(self._allowed(state))
 
-    def is_complete(self) -> bool:
+    def _allowed(self, state: Any) -> np.ndarray:
+        allowed = self.constraint.allowed(state)  # a fresh array: unpacked from a bitset
+        if self.constraint.can_end(state) and self.end_ids:
+            allowed[list(self.end_ids)] = True
+        return allowed
+
+    def is_complete(self, state: Any = None) -> bool:
         """The output may end here and no token but EOS may follow."""
-        return self.constraint.can_end(self.state) and not self.constraint.allowed(self.state).any()
+        state = self.state if state is None else state
+        done = self._complete.get(state)
+        if done is None:
+            done = self._complete[state] = bool(
+                self.constraint.can_end(state) and not self.constraint.allowed(state).any())
+        return done
+
+    def lookahead(self, tokens: list[int]) -> list[Any]:
+        """The states after each prefix of `tokens` (len(tokens) + 1 of them), without consuming any;
+        the tokens must follow the constraint (a jump-forward draft does)."""
+        states = [self.state]
+        for t in tokens:
+            nxt = self.constraint.advance(states[-1], t)
+            assert nxt is not None, "a drafted token follows the constraint"
+            states.append(nxt)
+        return states
 
     def advance(self, token_id: int) -> bool:
         """Consumes one token; False (state unchanged) if the constraint does not allow it."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.backend import AttentionBackend, AttentionMetadata
+from ...kernels.backend import AttentionBackend
 
 
 @dataclass(slots=True)
@@ -33,12 +33,10 @@ class LlamaConfig:
 
 @dataclass(slots=True)
 class ForwardContext:
-    """What one forward pass needs besides token ids and positions."""
+    """What one forward pass needs besides token ids and positions: the attention backend, already
+    planned for this step (it holds the step's KV index tensors and the per-layer KV buffers)."""
 
     attn: AttentionBackend
-    meta: AttentionMetadata
-    k_buffers: list[torch.Tensor]
-    v_buffers: list[torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -117,9 +115,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, positions), rotary(k, positions)
-        o = ctx.attn.forward(
-            q, k, v, ctx.k_buffers[self.layer_id], ctx.v_buffers[self.layer_id], ctx.meta, self.scale
-        )
+        o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 

@@ -1,88 +1,198 @@
-"""Sampler semantics against direct definitions of each transform."""
+"""The batched sampler against direct definitions of each transform and against the per-request
+reference sampler (tests/runtime/sampler_reference.py), row by row and draw by draw."""
 from __future__ import annotations
 
+import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
-from radixlang.runtime.sampler import SamplingState, apply_penalties, filter_probs, sample_one, token_logprobs
+from radixlang.runtime.sampler import (SampleRow, SamplingState, ScoreRow, apply_bitmask, apply_penalties,
+                                       pack_mask, process_logits, sample_step, sample_tokens,
+                                       token_distribution, uniform)
 from radixlang.runtime.sampling_params import SamplingParams
+
+from .sampler_reference import distribution
 
 PROBS = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
 
 
-def state(prompt=(0,), eos=(4,), seed=0, **params) -> SamplingState:
-    return SamplingState.create(SamplingParams(**params), list(prompt), eos, 5, torch.device("cpu"), seed)
+def state(prompt=(0,), eos=(4,), seed=0, vocab=5, **params) -> SamplingState:
+    return SamplingState.create(SamplingParams(**params), list(prompt), eos, vocab, torch.device("cpu"), seed)
+
+
+def dist(probs: torch.Tensor, **params) -> torch.Tensor:
+    out = token_distribution(torch.log(probs)[None], [SamplingParams(**params)])[0]
+    return out / out.sum()
+
+
+def draw(logits: torch.Tensor, s: SamplingState, counter: int = 0, **row) -> int:
+    return int(sample_tokens(logits.clone()[None], [SampleRow(s, counter, **row)])[0])
 
 
 def test_top_k_keeps_the_k_most_likely():
-    out = filter_probs(PROBS, SamplingParams(top_k=2))
-    assert torch.allclose(out, torch.tensor([0, 0.4, 0, 0.3, 0]) / 0.7)
+    assert torch.allclose(dist(PROBS, top_k=2), torch.tensor([0, 0.4, 0, 0.3, 0]) / 0.7)
 
 
 def test_top_p_keeps_smallest_head_reaching_p():
     # sorted: 0.4, 0.3, 0.15, 0.1, 0.05 -> cumulative 0.4, 0.7, 0.85: p=0.7 keeps two, p=0.71 three
-    assert (filter_probs(PROBS, SamplingParams(top_p=0.7)) > 0).tolist() == [False, True, False, True, False]
-    assert (filter_probs(PROBS, SamplingParams(top_p=0.71)) > 0).tolist() == [False, True, False, True, True]
+    assert (dist(PROBS, top_p=0.7) > 0).tolist() == [False, True, False, True, False]
+    assert (dist(PROBS, top_p=0.71) > 0).tolist() == [False, True, False, True, True]
 
 
 def test_min_p_drops_tokens_below_fraction_of_best():
-    out = filter_probs(PROBS, SamplingParams(min_p=0.5))  # threshold 0.2
-    assert (out > 0).tolist() == [False, True, False, True, False]
+    assert (dist(PROBS, min_p=0.5) > 0).tolist() == [False, True, False, True, False]  # threshold 0.2
 
 
 def test_frequency_and_presence_penalties_follow_openai_formula():
     s = state(frequency_penalty=0.5, presence_penalty=1.0)
     for t in (1, 1, 3):
         s.observe(t)
-    out = apply_penalties(torch.zeros(5), s)
-    assert out.tolist() == [0.0, -2.0, 0.0, -1.5, 0.0]
+    out = torch.zeros(1, 5)
+    apply_penalties(out, [SampleRow(s, 0)])
+    assert out[0].tolist() == [0.0, -2.0, 0.0, -1.5, 0.0]
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
     s = state(prompt=(0, 1), repetition_penalty=2.0)
-    out = apply_penalties(torch.tensor([2.0, -2.0, 2.0, -2.0, 1.0]), s)
-    assert out.tolist() == [1.0, -4.0, 2.0, -2.0, 1.0]
+    out = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0]])
+    apply_penalties(out, [SampleRow(s, 0)])
+    assert out[0].tolist() == [1.0, -4.0, 2.0, -2.0, 1.0]
     s.observe(2)
-    assert apply_penalties(torch.tensor([2.0, -2.0, 2.0, -2.0, 1.0]), s)[2] == 1.0
+    out = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0]])
+    apply_penalties(out, [SampleRow(s, 0)])
+    assert out[0, 2] == 1.0
+
+
+def test_assumed_draft_tokens_count_as_output_for_penalties():
+    s = state(frequency_penalty=0.5)
+    out = torch.zeros(2, 5)
+    apply_penalties(out, [SampleRow(s, 0), SampleRow(s, 2, assumed=(3, 3))])
+    assert out.tolist() == [[0.0] * 5, [0.0, 0.0, 0.0, -1.0, 0.0]]
 
 
 def test_greedy_takes_argmax_and_mask_restricts_choice():
     logits = torch.log(PROBS)
-    assert sample_one(logits, state(temperature=0.0), None, False) == 1
-    mask = torch.tensor([True, False, True, False, False])
-    assert sample_one(logits, state(temperature=0.0), mask, False) == 2
+    assert draw(logits, state(temperature=0.0)) == 1
+    mask = pack_mask(np.array([True, False, True, False, False]))
+    assert draw(logits, state(temperature=0.0), mask=mask) == 2
 
 
 def test_block_stop_forbids_eos_and_stop_ids_until_min_tokens():
     logits = torch.tensor([0.0, 0.0, 0.0, 5.0, 10.0])
-    assert sample_one(logits, state(temperature=0.0, stop_token_ids=[3]), None, True) not in (3, 4)
-    assert sample_one(logits, state(temperature=0.0, ignore_eos=True), None, False) == 4
+    assert draw(logits, state(temperature=0.0, stop_token_ids=[3]), block_stop=True) not in (3, 4)
+    assert draw(logits, state(temperature=0.0, ignore_eos=True)) == 4
+    only_stop = pack_mask(np.array([False, False, False, False, True]))  # min_new_tokens yields
+    assert draw(logits, state(temperature=0.0), block_stop=True, mask=only_stop) == 4
 
 
 def test_same_seed_same_samples_and_frequencies_match_distribution():
-    logits = torch.log(PROBS)
+    logits = torch.log(PROBS).expand(4000, 5).contiguous()
     s1, s2 = state(seed=7, temperature=1.0), state(seed=7, temperature=1.0)
-    draws1 = [sample_one(logits, s1, None, False) for _ in range(4000)]
-    draws2 = [sample_one(logits, s2, None, False) for _ in range(4000)]
+    draws1 = sample_tokens(logits.clone(), [SampleRow(s1, i) for i in range(4000)]).tolist()
+    draws2 = sample_tokens(logits.clone(), [SampleRow(s2, i) for i in range(4000)]).tolist()
     assert draws1 == draws2
+    other = sample_tokens(logits.clone(), [SampleRow(state(seed=8), i) for i in range(4000)]).tolist()
+    assert other != draws1
     freq = Counter(draws1)
     for token, p in enumerate(PROBS.tolist()):
         assert abs(freq[token] / 4000 - p) < 0.03
 
 
 def test_temperature_sharpens_distribution():
-    logits = torch.log(PROBS)
+    logits = torch.log(PROBS).expand(2000, 5).contiguous()
     s = state(seed=1, temperature=0.25)
-    freq = Counter(sample_one(logits, s, None, False) for _ in range(2000))
-    expected = torch.softmax(logits / 0.25, -1)[1].item()
+    freq = Counter(sample_tokens(logits, [SampleRow(s, i) for i in range(2000)]).tolist())
+    expected = torch.softmax(torch.log(PROBS) / 0.25, -1)[1].item()
     assert abs(freq[1] / 2000 - expected) < 0.04
+
+
+def test_uniform_draws_are_in_the_open_unit_interval_and_spread_evenly():
+    u = uniform(torch.full((100_000,), 12345), torch.arange(100_000))
+    assert 0.0 < u.min().item() and u.max().item() < 1.0
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / 100_000
+    assert (hist - 0.1).abs().max().item() < 0.005
+    assert torch.equal(u, uniform(torch.full((100_000,), 12345), torch.arange(100_000)))
 
 
 def test_token_logprobs_are_raw_log_softmax_with_top_k():
     logits = torch.tensor([[1.0, 3.0, 2.0]])
-    (lp,) = token_logprobs(logits, torch.tensor([2]), top_k=2)
+    out = sample_step(logits.clone(), [], [], [0], [ScoreRow(2, 2)])
+    (lp,) = out.score_logprobs
     ref = torch.log_softmax(logits[0], -1)
     assert lp.token_id == 2 and lp.logprob == pytest.approx(ref[2].item())
     assert [t for t, _ in lp.top] == [1, 2]
+
+
+def test_sampled_token_logprobs_come_from_the_raw_distribution_not_the_masked_one():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.0, 0.0]])
+    mask = pack_mask(np.array([True, False, True]))
+    out = sample_step(logits.clone(), [0], [SampleRow(state(temperature=0.0, vocab=3), 0, mask=mask, top_logprobs=1)],
+                      [1], [ScoreRow(0, 0)])
+    assert out.tokens == [2]
+    (lp,) = out.sample_logprobs
+    assert lp.logprob == pytest.approx(torch.log_softmax(logits[0], -1)[2].item()) and lp.top[0][0] == 1
+    assert out.score_logprobs[0].logprob == pytest.approx(torch.log_softmax(logits[1], -1)[0].item())
+
+
+def test_bitmask_equals_the_boolean_masks_it_packs():
+    rng = np.random.default_rng(0)
+    vocab = 77  # not a multiple of 32: the last word is partial
+    masks = [rng.random(vocab) < 0.3 for _ in range(5)] + [None]
+    logits = torch.zeros(6, vocab)
+    apply_bitmask(logits, [SampleRow(state(vocab=vocab), 0, mask=None if m is None else pack_mask(m)) for m in masks])
+    for row, m in zip(logits, masks):
+        want = np.ones(vocab, dtype=bool) if m is None else m
+        assert np.array_equal(torch.isfinite(row).numpy(), want)
+
+
+def _random_row(rng: random.Random, vocab: int) -> tuple[dict, list[int], list[int], np.ndarray | None, bool]:
+    params = {"temperature": rng.choice([0.0, 0.5, 1.0, 1.7]), "top_k": rng.choice([-1, 1, 3, 20]),
+              "top_p": rng.choice([1.0, 0.9, 0.5]), "min_p": rng.choice([0.0, 0.05, 0.3]),
+              "frequency_penalty": rng.choice([0.0, 0.7]), "presence_penalty": rng.choice([0.0, -0.4]),
+              "repetition_penalty": rng.choice([1.0, 1.3]), "stop_token_ids": [rng.randrange(vocab)]}
+    prompt = [rng.randrange(vocab) for _ in range(4)]
+    output = [rng.randrange(vocab) for _ in range(rng.randrange(4))]
+    allowed = np.array([rng.random() < 0.6 for _ in range(vocab)]) if rng.random() < 0.5 else None
+    return params, prompt, output, allowed, rng.random() < 0.3
+
+
+def test_batched_distributions_equal_the_per_request_sampler_row_by_row():
+    rng, vocab = random.Random(0), 40
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0)) * 2
+    rows, expected = [], []
+    for i in range(64):
+        params, prompt, output, allowed, block = _random_row(rng, vocab)
+        s = state(prompt=prompt, eos=(0,), vocab=vocab, seed=i, **params)
+        base, assumed = output[:1], tuple(output[1:])  # part observed, part an assumed draft
+        for t in base:
+            s.observe(t)
+        rows.append(SampleRow(s, 0, block, assumed, None if allowed is None else pack_mask(allowed)))
+        expected.append(distribution(logits[i], s.params, prompt, output,
+                                     None if allowed is None else torch.from_numpy(allowed), set(s.stop_ids), block))
+    processed = logits.clone()
+    process_logits(processed, rows)
+    got = token_distribution(processed, [r.state.params for r in rows])
+    for i, (row, want) in enumerate(zip(rows, expected)):
+        if row.state.params.greedy:
+            assert processed[i].argmax() == want.argmax(), i
+        else:
+            assert torch.allclose(got[i] / got[i].sum(), want, atol=1e-6), i
+
+
+def test_seeded_batched_draws_follow_the_per_request_distribution():
+    rng, vocab, draws = random.Random(1), 12, 3000
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(1))
+    for i in range(4):
+        params, prompt, output, allowed, block = _random_row(rng, vocab)
+        params["temperature"] = 1.0
+        s = state(prompt=prompt, eos=(0,), vocab=vocab, seed=i, **params)
+        mask = None if allowed is None else pack_mask(allowed)
+        rows = [SampleRow(s, c, block, tuple(output), mask) for c in range(draws)]
+        freq = Counter(sample_tokens(logits[i].expand(draws, vocab).clone(), rows).tolist())
+        want = distribution(logits[i], s.params, prompt, output,
+                            None if allowed is None else torch.from_numpy(allowed), set(s.stop_ids), block)
+        for token in range(vocab):
+            assert abs(freq[token] / draws - want[token].item()) < 0.035, (i, token)

@@ -59,8 +59,8 @@ def harness(tiny_model_dir, tokenizer):
     def make(**options) -> Harness:
         options.setdefault("kv_cache_tokens", 2048)
         cfg = EngineConfig.from_options(str(tiny_model_dir), device="cpu", **options)
-        sched, tok, _ = create_scheduler(cfg)
-        return Harness(sched, tok)
+        parts = create_scheduler(cfg)
+        return Harness(parts.scheduler, parts.tokenizer)
     return make
 
 
@@ -77,8 +77,8 @@ def solo_outputs(tiny_model_dir):
     """Each prompt run alone, with plenty of KV and no cache: the oracle."""
     cfg = EngineConfig.from_options(str(tiny_model_dir), device="cpu", kv_cache_tokens=4096,
                                     disable_radix_cache=True)
-    sched, tok, _ = create_scheduler(cfg)
-    h = Harness(sched, tok)
+    parts = create_scheduler(cfg)
+    h = Harness(parts.scheduler, parts.tokenizer)
     out = {}
     for i, p in enumerate(PROMPTS):
         h.add(h.request(f"solo{i}", p, max_new_tokens=24))
@@ -129,7 +129,7 @@ def test_preemption_when_kv_runs_out_keeps_greedy_output(harness, solo_outputs, 
     for i, p in enumerate(PROMPTS):
         h.add(h.request(f"r{i}", p, max_new_tokens=24))
     h.run()
-    assert h.sched.stats.preemptions > 0
+    assert h.sched.stats()["preemptions_total"] > 0
     for i, p in enumerate(PROMPTS):
         assert h.output_ids(f"r{i}") == solo_outputs[p]
         assert h.final(f"r{i}").finish_reason == "length"
@@ -140,11 +140,12 @@ def test_swap_preemption_restores_kv_without_recompute(harness):
                 init_new_token_ratio=0.0, min_new_token_ratio=0.0)
     for i, p in enumerate(PROMPTS):
         h.add(h.request(f"r{i}", p, max_new_tokens=24))
-    swapped_back = 0
+    swapped_back, preempted = 0, set()
     while h.sched.has_work:
+        preempted |= {r.rid for r in h.sched.waiting if r.state is ReqState.PREEMPTED}
         for c in h.step():
             # a swapped-in request resumes with a single-token step: its KV came back from host memory
-            if c.req.num_preemptions and c.start > len(c.req.prompt_ids):
+            if c.req.rid in preempted and c.start > len(c.req.prompt_ids):
                 assert c.length == 1
                 swapped_back += 1
     assert swapped_back > 0
@@ -170,7 +171,7 @@ def test_abort_waiting_and_running_requests_frees_everything(harness):
     assert h.final("run").finish_reason == "abort" and h.final("wait").finish_reason == "abort"
     assert not h.sched.has_work and not h.sched.abort("run")
     # the aborted request's computed prefix went to the cache
-    assert h.sched.cache.total_size > 0
+    assert h.sched.kv.cache.total_size > 0
 
 
 def test_radix_cache_reuses_prefix_and_changes_nothing(harness, solo_outputs):
@@ -273,7 +274,7 @@ def test_prefill_only_request_caches_prompt(harness):
     h.run()
     assert h.final("p").finish_reason == "length" and h.final("p").completion_tokens == 0
     n = len(h.tokenizer.encode(PROMPTS[0]))
-    assert h.sched.cache.match_prefix(h.tokenizer.encode(PROMPTS[0])).length == n
+    assert h.sched.kv.cache.match_prefix(h.tokenizer.encode(PROMPTS[0])).length == n
 
 
 def test_failed_step_aborts_its_requests_and_engine_continues(harness, monkeypatch):
@@ -297,7 +298,7 @@ def test_identical_prompts_prefilled_together_leave_one_cached_copy(harness):
     h.run()
     assert h.output_ids("x") == h.output_ids("y")
     n = len(h.tokenizer.encode(PROMPTS[0]))
-    assert h.sched.cache.total_size == n + 5  # one copy of prompt + the generated tokens with KV
+    assert h.sched.kv.cache.total_size == n + 5  # one copy of prompt + the generated tokens with KV
 
 
 def test_prompts_sharing_a_long_uncached_prefix_are_staggered_to_reuse_it(harness):

@@ -1,0 +1,26 @@
+"""Attention backends by name: the `attention_backend` engine option picks one."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .backend import AttentionBackend
+from .reference import TorchAttention
+
+BackendFactory = Callable[[list[torch.Tensor], list[torch.Tensor]], AttentionBackend]
+
+ATTENTION_BACKENDS: dict[str, BackendFactory] = {"torch": TorchAttention}
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """'auto' is the torch reference on every device until a faster backend registers for it."""
+    if name == "auto":
+        return "torch"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be 'auto' or one of {sorted(ATTENTION_BACKENDS)}, got {name!r}")
+    return name
+
+
+def create_backend(name: str, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> AttentionBackend:
+    return ATTENTION_BACKENDS[resolve_backend(name, k_buffers[0].device)](k_buffers, v_buffers)

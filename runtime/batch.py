@@ -1,0 +1,111 @@
+"""One step's work: the scheduled items, the attention batch they make, and where their logits rows sit."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kernels.backend import AttentionBatch
+from .request import Req
+
+
+@dataclass(slots=True)
+class ScheduledItem:
+    """Tokens [start, start + length) of `req`'s sequence get their KV computed this step, into those
+    positions of its req_to_token row.
+
+    `parents` is None for a chain (each token follows the one before it); otherwise parents[j] is the
+    index within this item of token j's parent (-1: the token at start - 1), so a token tree (a
+    speculative draft) is one item, with each token placed at start + its depth in the tree.
+    """
+
+    req: Req
+    start: int
+    length: int
+    parents: list[int] | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def completes_fill(self) -> bool:
+        return self.end == self.req.fill_len
+
+    @property
+    def samples(self) -> bool:
+        return self.completes_fill and len(self.req.output_ids) < self.req.max_new_tokens
+
+    def positions(self) -> list[int]:
+        if self.parents is None:
+            return list(range(self.start, self.end))
+        depth: list[int] = []
+        for p in self.parents:
+            depth.append(0 if p < 0 else depth[p] + 1)
+        return [self.start + d for d in depth]
+
+    @property
+    def draft_positions(self) -> range:
+        """Positions whose logits check the request's jump-forward draft (each predicts a draft token)."""
+        if not self.samples or not self.req.num_draft:
+            return range(0)
+        last = self.end - 1
+        assert self.start <= last - self.req.num_draft, "a draft is never split across items"
+        return range(last - self.req.num_draft, last)
+
+    def prompt_logit_positions(self) -> range:
+        """Positions in this item whose logits score a prompt token the caller asked about."""
+        if not self.req.wants_prompt_logprobs:
+            return range(0)
+        lo = max(self.start, self.req.next_prompt_logit)
+        hi = min(self.end, len(self.req.prompt_ids) - 1)
+        return range(lo, max(lo, hi))
+
+
+@dataclass(slots=True)
+class LogitRows:
+    """Where one item's rows sit in the step's [rows, vocab] logits."""
+
+    prompt: range  # score prompt tokens (prompt logprobs)
+    draft: range  # row j predicts the request's j-th draft token
+    next: int | None  # predicts the token after the item; None when the item does not sample
+
+    @property
+    def samples(self) -> range:
+        """Every row that is sampled: the draft checks, then the next token."""
+        return range(self.draft.start, self.draft.stop + (self.next is not None))
+
+
+@dataclass(slots=True)
+class StepBatch:
+    items: list[ScheduledItem]
+    rows: list[LogitRows] = field(init=False)
+    hidden_rows: list[int] = field(init=False)  # for each logits row, its token's index in the step
+
+    def __post_init__(self) -> None:
+        self.rows, self.hidden_rows = [], []
+        offset = 0
+        for item in self.items:
+            prompt = self._take(offset - item.start, item.prompt_logit_positions())
+            draft = self._take(offset - item.start, item.draft_positions)
+            nxt = self._take(offset, range(item.length - 1, item.length)).start if item.samples else None
+            self.rows.append(LogitRows(prompt, draft, nxt))
+            offset += item.length
+
+    def _take(self, shift: int, positions: range) -> range:
+        first = len(self.hidden_rows)
+        self.hidden_rows.extend(p + shift for p in positions)
+        return range(first, len(self.hidden_rows))
+
+    def input_ids(self) -> list[int]:
+        return [t for item in self.items for t in item.req.tokens(item.start, item.end)]
+
+    def attention_batch(self, req_to_token: torch.Tensor) -> AttentionBatch:
+        return AttentionBatch(
+            req_to_token=req_to_token,
+            rows=[item.req.row for item in self.items],
+            kv_lens=[item.end for item in self.items],
+            extend_lens=[item.length for item in self.items],
+            positions=[p for item in self.items for p in item.positions()],
+            parents=[item.parents for item in self.items],
+        )

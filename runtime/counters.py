@@ -1,0 +1,17 @@
+"""Counters the scheduler keeps; `Engine.stats()` reports them with the KV figures."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class SchedulerCounters:
+    steps: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    aborted: int = 0
+    jump_forward_drafted: int = 0  # tokens proposed by jump-forward
+    jump_forward_tokens: int = 0  # drafted tokens the model confirmed: output without a decode step

@@ -1,0 +1,195 @@
+"""The one owner of KV memory: the slot allocator, req_to_token rows, the radix cache and swap.
+
+Only this module assigns a request's KV fields (`row`, `kv_len`, `slot_len`, `cached_len`,
+`last_node`, `swapped`). For a request holding a row:
+  positions [0, cached_len)        tree slots, locked through `last_node`;
+  positions [cached_len, kv_len)   slots the request owns, KV computed;
+  positions [kv_len, slot_len)     slots allocated for a step still in flight.
+A request's slots go back to the tree (computed, cacheable tokens) or to the allocator (the rest)
+exactly once, in `release`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Iterable
+
+import torch
+
+from .memory import KVPool, ReqToToken, SlotAllocator
+from .radix_cache import RadixCache
+from .request import Req
+
+
+class KVManager:
+    def __init__(self, pool: KVPool, allocator: SlotAllocator, req_to_token: ReqToToken, cache: RadixCache):
+        self.pool, self.allocator, self.req_to_token, self.cache = pool, allocator, req_to_token, cache
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def cache_enabled(self) -> bool:
+        return not self.cache.disable
+
+    @property
+    def num_free_rows(self) -> int:
+        return self.req_to_token.num_free_rows
+
+    @property
+    def num_slots(self) -> int:
+        return self.pool.num_slots
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cache.total_size
+
+    def cached_prefix_len(self, tokens: list[int]) -> int:
+        return self.cache.match_prefix(tokens).length
+
+    def can_fit(self, n: int, reserve: int, waive_reserve: bool) -> bool:
+        """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable."""
+        if not waive_reserve and self.allocator.num_free + self.cache.evictable_size < n + reserve:
+            return False
+        return self.ensure_free(n)
+
+    def ensure_free(self, n: int) -> bool:
+        short = n - self.allocator.num_free
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.num_free >= n
+
+    # ---- verbs --------------------------------------------------------------------------------
+    def admit(self, req: Req, match_limit: int, budget: int, fits: Callable[[int], bool]) -> int | None:
+        """Gives `req` a row holding its longest cached prefix (up to `match_limit` tokens), locked.
+        Returns how many tokens to extend now (at most `budget`), or None (nothing held) when
+        `fits(that many)` says no."""
+        match = self.cache.match_prefix(req.tokens(0, match_limit))
+        self.cache.inc_lock_ref(match.node)  # before any eviction, so the match survives it
+        n = min(req.fill_len - match.length, budget)
+        if not fits(n):
+            self.cache.dec_lock_ref(match.node)
+            return None
+        req.row = self.req_to_token.alloc_row()
+        self.req_to_token.write(req.row, 0, match.slots)
+        req.kv_len = req.cached_len = req.slot_len = match.length
+        req.last_node = match.node
+        return n
+
+    def swap_in(self, req: Req, fits: Callable[[int], bool]) -> bool:
+        """Brings a swapped-out request's KV back into fresh slots, if `fits(those + its pending)`."""
+        assert req.swapped is not None
+        if not fits(req.kv_len + req.pending):
+            return False
+        slots = self.allocator.alloc(req.kv_len)
+        self.pool.swap_in(slots, req.swapped)
+        req.swapped = None
+        req.row = self.req_to_token.alloc_row()
+        self.req_to_token.write(req.row, 0, slots)
+        req.slot_len = req.kv_len
+        req.cached_len, req.last_node = 0, self.cache.root
+        return True
+
+    def extend(self, req: Req, n: int) -> int:
+        """Allocates slots for the next n positions; returns the first of them. The caller made room."""
+        start = req.kv_len
+        slots = self.allocator.alloc(n)
+        assert slots is not None, "allocation after ensure_free cannot fail"
+        self.req_to_token.write(req.row, start, slots)
+        req.slot_len = start + n
+        return start
+
+    def computed(self, req: Req, end: int) -> None:
+        """The step that computed positions up to `end` finished."""
+        req.kv_len = end
+
+    def commit(self, req: Req) -> None:
+        """Hands the computed prefix to the tree, so concurrent requests can share it now."""
+        if not self.cache_enabled:
+            return
+        key = req.tokens(0, req.kv_len)
+        slots = self.req_to_token.read(req.row, 0, req.kv_len)
+        present = self.cache.insert(key, slots)
+        self.allocator.free(slots[req.cached_len:present])
+        match = self.cache.match_prefix(key)
+        assert match.length == req.kv_len, "prefix just inserted must match in full"
+        self.req_to_token.write(req.row, 0, match.slots)
+        self._relock(req, match.node, req.kv_len)
+
+    def truncate(self, req: Req, length: int) -> None:
+        """Forgets the KV of positions >= length (rejected draft tokens): owned slots go back to the
+        allocator; tree-owned ones stay cached and the lock moves to the shallower node."""
+        if req.kv_len <= length:
+            return
+        assert req.slot_len == req.kv_len, "no step may be in flight"
+        self.allocator.free(self.req_to_token.read(req.row, max(length, req.cached_len), req.kv_len))
+        if req.cached_len > length:
+            match = self.cache.match_prefix(req.tokens(0, length))
+            assert match.length == length, "a locked prefix must still be in the tree"
+            self._relock(req, match.node, length)
+        req.kv_len = req.slot_len = length
+
+    def release(self, req: Req, cache_computed: bool = True) -> None:
+        """Gives back the request's row and KV: computed tokens to the tree, the rest to the allocator."""
+        if req.row is None:
+            req.swapped = None
+            return
+        slots = self.req_to_token.read(req.row, 0, req.slot_len)
+        if cache_computed and self.cache_enabled and req.kv_len > req.cached_len:
+            present = self.cache.insert(req.tokens(0, req.kv_len), slots[: req.kv_len])
+            self.allocator.free(slots[req.cached_len:present])
+            self.allocator.free(slots[req.kv_len:])
+        else:
+            self.allocator.free(slots[req.cached_len:])
+        self.cache.dec_lock_ref(req.last_node)
+        self.req_to_token.free_row(req.row)
+        req.row, req.last_node, req.swapped = None, None, None
+        req.kv_len = req.cached_len = req.slot_len = 0
+
+    def swap_out(self, req: Req) -> None:
+        """Copies the computed KV to host memory and releases the slots; `swap_in` restores it."""
+        kv_len = req.kv_len
+        saved = self.pool.swap_out(self.req_to_token.read(req.row, 0, kv_len))
+        self.release(req, cache_computed=False)
+        req.swapped, req.kv_len = saved, kv_len
+
+    def flush(self) -> bool:
+        """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
+        self.cache.evict(self.cache.evictable_size)
+        return self.cache.total_size == 0
+
+    def _relock(self, req: Req, node, cached_len: int) -> None:
+        self.cache.inc_lock_ref(node)
+        self.cache.dec_lock_ref(req.last_node)
+        req.last_node, req.cached_len = node, cached_len
+
+    # ---- invariants ---------------------------------------------------------------------------
+    def check(self, running: Iterable[Req], waiting: Iterable[Req]) -> None:
+        """free + in tree + held by live requests = every slot, each exactly once; locks match users."""
+        self.cache.check()
+        running = list(running)
+        held, expected_locks = [], Counter()
+        for req in running:
+            assert req.row is not None, f"running request {req.rid} has no row"
+            assert req.cached_len <= req.kv_len <= req.slot_len <= req.fill_len, f"bad lengths in {req.rid}"
+            held.append(self.req_to_token.read(req.row, req.cached_len, req.slot_len))
+            path = self.cache.path_slots(req.last_node)
+            assert torch.equal(path, self.req_to_token.read(req.row, 0, req.cached_len)), \
+                f"request {req.rid} does not use its locked prefix"
+            node = req.last_node
+            while node is not self.cache.root:
+                expected_locks[id(node)] += 1
+                node = node.parent
+        for req in waiting:
+            assert req.row is None and req.last_node is None, f"waiting request {req.rid} holds KV"
+        for node in self.cache.nodes():
+            assert node.lock_ref == expected_locks[id(node)], "tree lock_ref differs from live requests"
+        parts = [self.allocator.free_slots(), self.cache.all_slots(), *held]
+        counts = torch.bincount(torch.cat(parts).cpu(), minlength=self.pool.num_slots)
+        assert counts.numel() == self.pool.num_slots, "slot index out of range"
+        leaked = (counts == 0).nonzero().flatten().tolist()
+        doubled = (counts > 1).nonzero().flatten().tolist()
+        assert not leaked and not doubled, f"KV slots leaked {leaked[:8]} / double-owned {doubled[:8]}"
+        rows = self.req_to_token.num_free_rows + len(running)
+        assert rows == self.req_to_token.table.shape[0], "req_to_token row leaked"

@@ -1,0 +1,86 @@
+"""The batched step: one sampler call and one device-to-host copy per step, whatever the batch holds;
+items carry explicit positions and parents."""
+from __future__ import annotations
+
+import torch
+
+from radixlang.runtime import output_processor, sampler
+from radixlang.runtime.batch import ScheduledItem, StepBatch
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+          "required": ["name", "ok"]}
+
+
+def test_each_step_copies_to_the_host_exactly_once(tiny_engine_factory, monkeypatch):
+    engine = tiny_engine_factory()
+    copies, rows = [], []  # per step: device-to-host copies, rows sampled or scored
+    real_copy, real_sample, real_step = sampler.to_host, output_processor.sample_step, engine.scheduler.step
+
+    def counting_copy(t):
+        copies[-1] += 1
+        return real_copy(t)
+
+    def counting_sample(logits, sample_rows, samples, score_rows, scores):
+        rows[-1] += len(samples) + len(scores)
+        return real_sample(logits, sample_rows, samples, score_rows, scores)
+
+    def counting_step():
+        copies.append(0)
+        rows.append(0)
+        return real_step()
+
+    monkeypatch.setattr(sampler, "to_host", counting_copy)
+    monkeypatch.setattr(output_processor, "sample_step", counting_sample)
+    monkeypatch.setattr(engine.scheduler, "step", counting_step)
+    # greedy and seeded sampling, penalties, logprobs (prompt and output), a constraint with jump-forward
+    engine.generate(["alpha beta gamma", "one two three four"],
+                    {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+    engine.generate("seeded", {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 3, "max_new_tokens": 8,
+                               "frequency_penalty": 0.5, "repetition_penalty": 1.2, "n": 3})
+    engine.generate("score me please", {"max_new_tokens": 4}, return_logprob=True, logprob_start_len=0,
+                    top_logprobs_num=3)
+    out = engine.generate("json:", {"json_schema": SCHEMA, "temperature": 0, "max_new_tokens": 40})
+    assert engine.stats()["jump_forward_tokens_total"] > 0 and out.meta.finish_reason == "stop"
+    busy = [(c, r) for c, r in zip(copies, rows) if r]
+    assert len(busy) > 20 and max(rows) > 3  # some steps held several requests' rows
+    assert all(c == 1 for c, _ in busy), busy
+    assert all(c == 0 for c, r in zip(copies, rows) if not r)  # e.g. a prefill that samples nothing
+    engine.check_invariants()
+
+
+class _Req:
+    """Just what ScheduledItem reads."""
+
+    def __init__(self, prompt: list[int], output: list[int]):
+        self.prompt_ids, self.output_ids, self.max_new_tokens = prompt, output, 100
+        self.num_draft, self.wants_prompt_logprobs, self.row = 0, False, 0
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return (self.prompt_ids + self.output_ids)[start:end]
+
+
+def test_tree_items_take_positions_from_depth_and_chains_from_order():
+    req = _Req([1, 2, 3, 4], [5, 6, 7, 8, 9])
+    chain = ScheduledItem(req, 4, 5)
+    tree = ScheduledItem(req, 4, 5, parents=[-1, 0, 0, 2, -1])
+    assert chain.positions() == [4, 5, 6, 7, 8]
+    assert tree.positions() == [4, 5, 5, 6, 4]
+    batch = StepBatch([tree]).attention_batch(torch.zeros(1, 16, dtype=torch.int32))
+    assert batch.positions == [4, 5, 5, 6, 4] and batch.parents == [[-1, 0, 0, 2, -1]]
+    assert batch.kv_lens == [9] and batch.extend_lens == [5]
+
+
+def test_logit_rows_cover_prompt_scores_drafts_and_the_next_token():
+    req = _Req([1, 2, 3, 4, 5, 6], [7, 8, 9])
+    req.num_draft = 2
+    decode = _Req([1, 2], [3])
+    batch = StepBatch([ScheduledItem(decode, 2, 1), ScheduledItem(req, 5, 4)])
+    first, second = batch.rows
+    assert first.next == 0 and not first.draft and not first.prompt
+    # req: tokens at positions 5..8; drafts 8, 9 (positions 7, 8) are predicted by positions 6, 7
+    assert list(second.draft) == [1, 2] and second.next == 3 and list(second.samples) == [1, 2, 3]
+    assert batch.hidden_rows == [0, 1 + 1, 1 + 2, 1 + 3]
