@@ -5,7 +5,7 @@ the KV buffers, which a backend receives when it is built; kernels never import 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -27,6 +27,9 @@ class AttentionBatch:
     extend_lens: list[int]
     positions: list[int]  # rope position of every new token, sequences concatenated
     parents: list[list[int] | None]
+    # cascade: groups of single-token sequences whose KV starts with the same `length` slots (a shared
+    # radix prefix), so a backend may read that prefix once per group; a sequence is in at most one group
+    prefix_groups: list[tuple[list[int], int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +88,8 @@ def tree_visibility(parents: list[int]) -> torch.Tensor:
 
 class AttentionBackend(Protocol):
     """Built over the per-layer KV buffers ([num_slots, num_kv_heads, head_dim] each)."""
+
+    supports_cascade: bool  # whether `plan` uses AttentionBatch.prefix_groups (else they need not be found)
 
     def plan(self, batch: AttentionBatch) -> AttentionPlan:
         """Builds this step's index tensors; `forward` uses them until the next `plan`."""

@@ -32,6 +32,8 @@ class TorchAttention:
     """Decodes are padded into one batched call; each extend (prefill chunk or token tree) runs on its own.
     Everything but the per-layer gather and SDPA is computed once per step, in `plan`."""
 
+    supports_cascade = False
+
     def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
         self.k_buffers, self.v_buffers = k_buffers, v_buffers
         self._plan: AttentionPlan | None = None

@@ -11,12 +11,18 @@ from .reference import TorchAttention
 BackendFactory = Callable[[list[torch.Tensor], list[torch.Tensor]], AttentionBackend]
 
 ATTENTION_BACKENDS: dict[str, BackendFactory] = {"torch": TorchAttention}
+try:  # Triton runs on CUDA, and on the CPU only under TRITON_INTERPRET=1 (the tests)
+    from .triton_backend import TritonAttention
+
+    ATTENTION_BACKENDS["triton"] = TritonAttention
+except ImportError:  # no triton wheel for this platform: the torch reference serves every device
+    pass
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """'auto' is the torch reference on every device until a faster backend registers for it."""
+    """'auto': Triton on CUDA where it is installed, else the torch reference."""
     if name == "auto":
-        return "torch"
+        return "triton" if device.type == "cuda" and "triton" in ATTENTION_BACKENDS else "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be 'auto' or one of {sorted(ATTENTION_BACKENDS)}, got {name!r}")
     return name

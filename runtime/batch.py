@@ -1,6 +1,7 @@
 """One step's work: the scheduled items, the attention batch they make, and where their logits rows sit."""
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -100,7 +101,8 @@ class StepBatch:
     def input_ids(self) -> list[int]:
         return [t for item in self.items for t in item.req.tokens(item.start, item.end)]
 
-    def attention_batch(self, req_to_token: torch.Tensor) -> AttentionBatch:
+    def attention_batch(self, req_to_token: torch.Tensor, cascade_min: int | None = None) -> AttentionBatch:
+        """`cascade_min`: group decodes sharing a radix prefix of at least this many tokens (None: don't)."""
         return AttentionBatch(
             req_to_token=req_to_token,
             rows=[item.req.row for item in self.items],
@@ -108,4 +110,35 @@ class StepBatch:
             extend_lens=[item.length for item in self.items],
             positions=[p for item in self.items for p in item.positions()],
             parents=[item.parents for item in self.items],
+            prefix_groups=[] if cascade_min is None else prefix_groups(self.items, cascade_min),
         )
+
+
+def prefix_groups(items: list[ScheduledItem], min_len: int) -> list[tuple[list[int], int]]:
+    """Decodes whose locked radix paths share a node at depth >= min_len: each joins the group of the
+    deepest such node on its path, and those positions hold the same KV slots for every member."""
+    paths: dict[int, list[tuple[int, int, object]]] = {}  # item -> (node id, depth, node), root first
+    users: Counter[int] = Counter()
+    for i, item in enumerate(items):
+        node = item.req.last_node
+        if item.length != 1 or item.parents is not None or node is None:
+            continue
+        chain = []
+        while node.parent is not None:
+            chain.append(node)
+            node = node.parent
+        depth, path = 0, []
+        for n in reversed(chain):
+            depth += len(n.key)
+            path.append((id(n), depth, n))
+        paths[i] = path
+        users.update(node_id for node_id, _, _ in path)
+    groups: dict[int, list[int]] = defaultdict(list)
+    depth_of: dict[int, int] = {}
+    for i, path in paths.items():
+        shared = [(node_id, depth) for node_id, depth, _ in path if users[node_id] >= 2 and depth >= min_len]
+        if shared:
+            node_id, depth = shared[-1]
+            groups[node_id].append(i)
+            depth_of[node_id] = depth
+    return [(members, depth_of[node_id]) for node_id, members in groups.items() if len(members) >= 2]

@@ -40,6 +40,9 @@ LARK_MAX_IGNORED_BYTES = 64  # longest %ignore lexeme (e.g. whitespace) a Lark g
 LARK_MAX_CONSECUTIVE_IGNORED = 2  # %ignore lexemes in a row; together they bound whitespace runs
 JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 
+# attention
+CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)
+
 
 @dataclass(slots=True)
 class EngineConfig:

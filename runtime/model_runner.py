@@ -5,6 +5,7 @@ import torch
 
 from ..kernels.backend import AttentionBackend
 from .batch import StepBatch
+from .config import CASCADE_MIN_PREFIX
 from .memory import ReqToToken
 from .models.llama import ForwardContext, LlamaForCausalLM
 
@@ -19,7 +20,8 @@ class ModelRunner:
 
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
-        plan = self.attn.plan(batch.attention_batch(self.req_to_token.table))
+        cascade_min = CASCADE_MIN_PREFIX if self.attn.supports_cascade else None
+        plan = self.attn.plan(batch.attention_batch(self.req_to_token.table, cascade_min))
         input_ids = torch.tensor(batch.input_ids(), dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn))
         if not batch.hidden_rows:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU-only machine (CI)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer

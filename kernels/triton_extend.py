@@ -1,0 +1,150 @@
+"""Triton extend attention: each sequence's new tokens attend over its paged KV (cached prefix + the new
+tokens themselves, already written to the cache), causally for a chain or by a custom mask for a token
+tree. Also serves a cascade's shared-prefix pass (no mask: every query sees every key).
+
+One program per (sequence, head, block of BLOCK_M queries); online softmax over blocks of BLOCK_N keys
+gathered through `kv_indices`. Optionally writes the natural-log LSE of each row, for merging states.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+NEG = -1.0e30  # finite "minus infinity": a fully masked block then adds exactly nothing once a real key is seen
+
+MASK_CAUSAL, MASK_TREE, MASK_NONE = 0, 1, 2
+
+
+def block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))  # tl.dot needs every dimension >= 16
+
+
+# Triton's interpreter computes bf16 tl.dot wrongly (3.9): there, 16-bit operands go to fp32 first
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 or INTERPRETING else "tf32"  # fp32 stays exact
+
+
+@triton.jit
+def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_lens, mask_kind, tree_mask,
+                   tree_starts, sm_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    block = tl.program_id(2)
+    q_start = tl.load(q_starts + seq)
+    q_len = tl.load(q_lens + seq)
+    if block * BLOCK_M < q_len:
+        kv_start = tl.load(kv_starts + seq)
+        kv_len = tl.load(kv_lens + seq)
+        prefix = kv_len - q_len
+        kind = tl.load(mask_kind + seq)
+        tree_start = tl.load(tree_starts + seq)
+        kv_head = head // GROUP
+        offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < q_len
+        d_ok = offs_d < D
+        q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], NEG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        # a chain's queries never see keys past their own position: stop at the block's last one
+        kv_end = kv_len
+        if kind == 0:
+            kv_end = tl.minimum(kv_len, prefix + (block + 1) * BLOCK_M)
+        for start_n in range(0, kv_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < kv_len
+            slots = tl.load(kv_indices + kv_start + offs_n, mask=col_ok, other=0).to(tl.int64)
+            kv_off = slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
+            k = tl.load(K + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
+            new = offs_n - prefix  # index of the key among the new tokens (negative: the prefix)
+            visible = row_ok[:, None] & col_ok[None, :]
+            if kind == 0:
+                visible = visible & (new[None, :] <= offs_m[:, None])
+            elif kind == 1:
+                in_tree = (new[None, :] >= 0) & visible
+                bit = tl.load(tree_mask + tree_start + offs_m[:, None] * q_len + new[None, :], mask=in_tree, other=0)
+                visible = visible & ((new[None, :] < 0) | (bit != 0))
+            s = tl.where(visible, s, NEG)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            p = tl.where(visible, p, 0.0)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION).to(tl.float32)
+            m_i = m_new
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        tl.store(O + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        if WRITE_LSE:
+            lse = tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf"))
+            tl.store(LSE + (q_start + offs_m) * tl.num_programs(1) + head, lse, mask=row_ok)
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indices: torch.Tensor,
+                     seqs: "ExtendSeqs", scale: float, want_lse: bool = False,
+                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q [tokens, heads, d] -> (o [tokens, heads, d], lse [tokens, heads] float32, or None).
+
+    Sequence i's queries are rows [q_starts[i], q_starts[i] + q_lens[i]) of q; its KV is entries
+    [kv_starts[i], kv_starts[i] + kv_lens[i]) of kv_indices, the last q_lens[i] of them its new tokens
+    (MASK_CAUSAL, MASK_TREE) unless MASK_NONE (every query sees every key). Writes into `out` when given
+    (any float dtype); rows outside every sequence are left unwritten."""
+    tokens, heads, d = q.shape
+    o = torch.empty_like(q) if out is None else out
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if want_lse else o
+    block_m = 16 if seqs.max_q_len <= 16 else 32
+    grid = (seqs.q_starts.numel(), heads, triton.cdiv(seqs.max_q_len, block_m))
+    _extend_kernel[grid](
+        q, k_cache, v_cache, o, lse, kv_indices, seqs.q_starts, seqs.q_lens, seqs.kv_starts, seqs.kv_lens,
+        seqs.mask_kind, seqs.tree_mask, seqs.tree_starts, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), o.stride(0), o.stride(1),
+        GROUP=heads // k_cache.shape[1], D=d, BLOCK_D=block_d(d), BLOCK_M=block_m, BLOCK_N=32,
+        WRITE_LSE=want_lse, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING)
+    return o, lse if want_lse else None
+
+
+@dataclass(slots=True)
+class ExtendSeqs:
+    """Per-sequence device arrays for `extend_attention` (int64), built once per step."""
+
+    q_starts: torch.Tensor
+    q_lens: torch.Tensor
+    kv_starts: torch.Tensor
+    kv_lens: torch.Tensor
+    mask_kind: torch.Tensor
+    tree_mask: torch.Tensor  # int8: the trees' [n, n] visibility matrices, row-major, concatenated
+    tree_starts: torch.Tensor
+    max_q_len: int
+
+    @classmethod
+    def build(cls, q_starts: list[int], q_lens: list[int], kv_starts: list[int], kv_lens: list[int],
+              kinds: list[int], trees: list[torch.Tensor | None], device: torch.device) -> "ExtendSeqs":
+        starts, flat, offset = [], [], 0
+        for tree in trees:
+            starts.append(offset)
+            if tree is not None:
+                flat.append(tree.flatten().to(torch.int8))
+                offset += tree.numel()
+        mask = torch.cat(flat) if flat else torch.zeros(1, dtype=torch.int8)
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(t(q_starts), t(q_lens), t(kv_starts), t(kv_lens), t(kinds), mask.to(device), t(starts),
+                   max(q_lens))
