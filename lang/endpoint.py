@@ -17,7 +17,7 @@ from .backend import GenDelta, StateView
 from .chat import ChatTemplate
 from .choices import decide, resolve_method
 from .ir import Gen, ProgramIR
-from ..runtime.config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
+from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 
 _PREFILL_ONLY = {"max_new_tokens": 0}
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..runtime.config import DTYPE_REGEXES
+from .config import DTYPE_REGEXES
 
 _UNBOUNDED = 2**62  # stands in for limits only the backend knows (context length, vocabulary size)
 _LANG_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import queue
-import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from tqdm import tqdm
 
 from .backend import as_backend
 from .images import load_image
@@ -14,7 +15,7 @@ from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, chec
 from .executor import ProgramEvent, Run
 from .state import ProgramState
 from .tracer import constant_prefix, trace_program
-from ..runtime.config import RUN_BATCH_AUTO_THREADS
+from .config import RUN_BATCH_AUTO_THREADS
 
 if TYPE_CHECKING:
     from .program import Program
@@ -80,15 +81,12 @@ def run_batch(program: "Program", calls: list[Callable[[ProgramState], Any]], ba
     threads = _thread_count(num_threads, len(calls))
     if len(calls) > 1:
         _precache(program, backend)
-    progress = _Progress(len(calls)) if progress_bar else None
     with ThreadPoolExecutor(threads, thread_name_prefix="radixlang-batch") as pool:
         futures = [pool.submit(run_program, call, backend, defaults, False) for call in calls]
-        if progress is not None:
-            for f in futures:
-                f.add_done_callback(progress.advance)
+        if progress_bar:  # updated from this thread only, as programs finish
+            for _ in tqdm(as_completed(futures), total=len(futures), desc="run_batch"):
+                pass
         states = [f.result() for f in futures]
-    if progress is not None:
-        progress.close()
     return states
 
 
@@ -112,27 +110,6 @@ def _precache(program: "Program", backend: Any) -> None:
 def _append_all(state: ProgramState, nodes: list[Node]) -> None:
     for node in nodes:
         state += node
-
-
-class _Progress:
-    """A one-line progress counter on stderr."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-        self.lock = threading.Lock()
-        self._draw()
-
-    def advance(self, _: Any = None) -> None:
-        with self.lock:
-            self.done += 1
-            self._draw()
-
-    def _draw(self) -> None:
-        sys.stderr.write(f"\rrun_batch: {self.done}/{self.total}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
 
 
 # ---- IR programs --------------------------------------------------------------------------------------

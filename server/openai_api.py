@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..runtime.config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from ..runtime.engine import Completion
 from ..runtime.request import StreamChunk
 from ..runtime.sampler import TokenLogprob

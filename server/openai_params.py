@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.config import MAX_TOP_LOGPROBS
+from .config import MAX_TOP_LOGPROBS
 from ..runtime.engine import sample_rids
 from ..runtime.tokenizer import Tokenizer
 from .errors import APIError, user_errors
