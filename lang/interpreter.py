@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from .backend import as_backend
 from .images import load_image
-from .gen_params import GenParams
+from .gen_params import GenParams, sampling_defaults
 from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices
 from .executor import ProgramEvent, Run
 from .state import ProgramState
@@ -19,31 +19,6 @@ from .config import RUN_BATCH_AUTO_THREADS
 
 if TYPE_CHECKING:
     from .program import Program
-
-# run()'s sampling defaults (runtime names) -> gen()'s names
-RUN_SAMPLING_FIELDS = {
-    "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "stop": "stop",
-    "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-    "min_p": "min_p", "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "ignore_eos": "ignore_eos", "return_logprob": "return_logprob", "top_logprobs_num": "top_logprobs_num",
-    "return_text_in_logprobs": "return_text_in_logprobs",
-}
-
-
-def sampling_defaults(sampling: Mapping[str, Any] | None) -> GenParams:
-    """A run's sampling defaults (SGLang's run() names, e.g. max_new_tokens) as validated GenParams."""
-    sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
-    unknown = sorted(set(sampling) - set(RUN_SAMPLING_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown sampling default(s) {unknown}; known ones are {sorted(RUN_SAMPLING_FIELDS)}")
-    fields = {RUN_SAMPLING_FIELDS[k]: v for k, v in sampling.items()}
-    if isinstance(fields.get("stop"), str):
-        fields["stop"] = [fields["stop"]]
-    elif isinstance(fields.get("stop"), tuple):
-        fields["stop"] = list(fields["stop"])
-    params = GenParams(**fields)
-    params.validate()
-    return params
 
 
 def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: GenParams, stream: bool,

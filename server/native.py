@@ -34,7 +34,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     prompts, single = _prompt_ids(engine, body)
     with user_errors(FIELDS):
         params = SamplingParams.from_any(body.sampling_params)
-        params.validate(engine.vocab_size, engine.context_length)
+        params.validate(engine.vocab_size, engine.context_length, names=FIELDS)
     rids = _rids(body.rid, len(prompts))
     groups = {r: sample_rids([r], params.n) for r in rids}
     args = dict(input_ids=prompts, sampling_params=params, return_logprob=body.return_logprob,
