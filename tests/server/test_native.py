@@ -254,7 +254,7 @@ def test_a_bug_while_rendering_a_stream_still_ends_it_with_an_error_event(server
     def broken(*args, **kwargs):
         raise KeyError("render bug")
 
-    monkeypatch.setattr(native, "sglang_logprob_fields", broken)
+    monkeypatch.setattr(native, "meta_info", broken)
     with server.client() as http, http.stream("POST", "/generate", json={
             "text": "go", "sampling_params": LONG, "stream": True, "return_logprob": True}) as r:
         events = read_sse(r)
