@@ -6,7 +6,7 @@ from typing import Any
 
 from .choices import method_key, token_length_normalized
 from .images import load_image
-from .gen_params import GEN_FIELDS, GenParams
+from .gen_params import GEN_FIELDS, GenParams, stop_list
 from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, check_select,
                  check_choices)
 
@@ -34,7 +34,7 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, min_tokens: i
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method or token_length_normalized)
-    fields["stop"] = [stop] if isinstance(stop, str) else (list(stop) if isinstance(stop, tuple) else stop)
+    fields["stop"] = stop_list(stop)
     fields["dtype"] = _DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
     fields["json_schema"] = _schema_text(json_schema)
     params = GenParams(**fields)

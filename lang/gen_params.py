@@ -18,15 +18,15 @@ NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", 
 # gen()'s own fields: what to report (log-probabilities) and dtype, a constraint the language names
 LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "top_logprobs_num": int, "return_text_in_logprobs": bool,
                                "dtype": str}
-LANG_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
+IR_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
 GEN_CONSTRAINTS = ("dtype", *CONSTRAINT_FIELDS)
 _RUNTIME_NAMES = {lang: runtime for runtime, lang in GEN_NAMES.items()}
 
 
 def _gen_fields() -> list[tuple[str, Any, Any]]:
-    """(name, type, None) per gen() field: each runtime sampling field gen takes, then the language's own."""
+    """(name, type | None, default None) per gen() field: each runtime sampling field gen takes, then gen()'s own."""
     hints = typing.get_type_hints(SamplingParams)
-    fields = [(GEN_NAMES.get(f.name, f.name), LANG_TYPES.get(f.name, hints[f.name]))
+    fields = [(GEN_NAMES.get(f.name, f.name), IR_TYPES.get(f.name, hints[f.name]))
               for f in dataclasses.fields(SamplingParams) if f.name not in NOT_IN_GEN]
     return [(name, kind | None, dataclasses.field(default=None)) for name, kind in [*fields, *LANG_FIELDS.items()]]
 
@@ -101,6 +101,13 @@ GenParams.__doc__ = "gen()'s fields (SGLang's names); None: inherit the run's de
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
 
 
+def stop_list(stop: Any) -> Any:
+    """One stop string, or a tuple of them, as a list (anything else is left to validation)."""
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop) if isinstance(stop, tuple) else stop
+
+
 # run()'s sampling defaults: every gen() field but the constraints, in the runtime's names -> gen()'s
 RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS if name not in GEN_CONSTRAINTS}
 
@@ -112,8 +119,8 @@ def sampling_defaults(sampling: Mapping[str, Any] | None) -> "GenParams":
     if unknown:
         raise ValueError(f"unknown sampling default(s) {unknown}; known ones are {sorted(RUN_FIELDS)}")
     fields = {RUN_FIELDS[k]: v for k, v in sampling.items()}
-    if isinstance(fields.get("stop"), (str, tuple)):
-        fields["stop"] = [fields["stop"]] if isinstance(fields["stop"], str) else list(fields["stop"])
+    if "stop" in fields:
+        fields["stop"] = stop_list(fields["stop"])
     params = GenParams(**fields)
     params.validate(names={})
     return params
