@@ -6,7 +6,7 @@ from typing import Any
 
 from .choices import method_key, token_length_normalized
 from .images import load_image
-from .gen_params import GenParams
+from .gen_params import GEN_FIELDS, GenParams, stop_list
 from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, check_select,
                  check_choices)
 
@@ -27,19 +27,14 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, min_tokens: i
     dtype (int, float, bool, str) constrains the output with a regex; regex / json_schema / grammar
     constrain it directly; choices makes this a `select`. The variable holds the generated text.
     """
-    fields = dict(max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
-                  temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                  ignore_eos=ignore_eos, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-                  return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
-                  json_schema=json_schema, grammar=grammar)
+    fields = {k: v for k, v in locals().items() if k in GEN_FIELDS}  # first line: locals() are the arguments
     for field, value in fields.items():
         _concrete("gen", field, value)
     _check_var_name(name)
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method or token_length_normalized)
-    fields["stop"] = [stop] if isinstance(stop, str) else (list(stop) if isinstance(stop, tuple) else stop)
+    fields["stop"] = stop_list(stop)
     fields["dtype"] = _DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
     fields["json_schema"] = _schema_text(json_schema)
     params = GenParams(**fields)

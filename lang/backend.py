@@ -14,6 +14,8 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 from .chat import ChatTemplate
 from .ir import Gen, ImageData
 
+PREFILL_ONLY = {"max_new_tokens": 0}  # sampling params that compute a prompt's KV (and logprobs) and stop
+
 
 @dataclass(frozen=True, slots=True)
 class StateView:

@@ -13,14 +13,11 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator
 
-from .backend import GenDelta, StateView
+from .backend import PREFILL_ONLY, GenDelta, StateView
 from .chat import ChatTemplate
 from .choices import decide, resolve_method
 from .ir import Gen, ProgramIR
-from ..runtime.config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
-
-_PREFILL_ONLY = {"max_new_tokens": 0}
-
+from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 
 class Endpoint:
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = HTTP_TIMEOUT_S,
@@ -97,7 +94,7 @@ class Endpoint:
 
     def cache_prefix(self, text: str) -> None:
         if text:
-            self._json("/generate", {"text": text, "sampling_params": _PREFILL_ONLY})
+            self._json("/generate", {"text": text, "sampling_params": PREFILL_ONLY})
 
     def flush_cache(self) -> bool:
         self._json("/flush_cache", {})
@@ -135,7 +132,7 @@ class Endpoint:
         _reject_images(state)
         method = resolve_method(method)
         prefix = state.text
-        prompt_tokens = self._json("/generate", {"text": prefix, "sampling_params": _PREFILL_ONLY}
+        prompt_tokens = self._json("/generate", {"text": prefix, "sampling_params": PREFILL_ONLY}
                                    )["meta_info"]["prompt_tokens"] if prefix else 0
         if prompt_tokens == 0:
             raise ValueError("select needs text before it to condition on")
@@ -162,7 +159,7 @@ class Endpoint:
 
     def _score(self, prompts: dict[str, Any], start: int) -> tuple[list[dict[int, tuple]], list[int]]:
         """Prefill-only scoring of a batch (`{"text": [...]}` or `{"input_ids": [...]}`) from `start`."""
-        outs = self._json("/generate", {**prompts, "sampling_params": _PREFILL_ONLY, "return_logprob": True,
+        outs = self._json("/generate", {**prompts, "sampling_params": PREFILL_ONLY, "return_logprob": True,
                                         "logprob_start_len": start})
         return [_positioned(o["meta_info"]) for o in outs], [o["meta_info"].get("cached_tokens", 0) for o in outs]
 

@@ -1,43 +1,40 @@
-"""gen()'s sampling fields, as the IR stores them, and their validation."""
+"""gen()'s fields, as the IR stores them, and their validation: derived from the runtime's request schema."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, ClassVar
+import typing
+from typing import Any, Mapping
 
-from ..runtime.config import DTYPE_REGEXES
+from ..runtime.sampling_params import CONSTRAINT_FIELDS, SamplingParams, check_fields
+from .config import DTYPE_REGEXES
 
-_UNBOUNDED = 2**62  # stands in for limits only the backend knows (context length, vocabulary size)
-_LANG_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+# gen()'s spelling of the runtime's sampling fields where SGLang's gen() differs; run()'s defaults use
+# the runtime's names
+GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+# sampling fields SGLang's gen() does not take
+NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", "seed")
+# gen()'s own fields: what to report (log-probabilities) and dtype, a constraint the language names
+LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "top_logprobs_num": int, "return_text_in_logprobs": bool,
+                               "dtype": str}
+IR_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
+GEN_CONSTRAINTS = ("dtype", *CONSTRAINT_FIELDS)
+_RUNTIME_NAMES = {lang: runtime for runtime, lang in GEN_NAMES.items()}
 
 
-@dataclass(slots=True)
-class GenParams:
-    """gen()'s sampling fields (SGLang's names); None: inherit the run's default, then the backend's."""
+def _gen_fields() -> list[tuple[str, Any, Any]]:
+    """(name, type | None, default None) per gen() field: each runtime sampling field gen takes, then gen()'s own."""
+    hints = typing.get_type_hints(SamplingParams)
+    fields = [(GEN_NAMES.get(f.name, f.name), IR_TYPES.get(f.name, hints[f.name]))
+              for f in dataclasses.fields(SamplingParams) if f.name not in NOT_IN_GEN]
+    return [(name, kind | None, dataclasses.field(default=None)) for name, kind in [*fields, *LANG_FIELDS.items()]]
 
-    max_tokens: int | None = None
-    min_tokens: int | None = None
-    stop: list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    ignore_eos: bool | None = None
-    return_logprob: bool | None = None
-    top_logprobs_num: int | None = None
-    return_text_in_logprobs: bool | None = None
-    dtype: str | None = None
-    regex: str | None = None
-    json_schema: str | None = None
-    grammar: str | None = None
 
-    _REQUEST_FIELDS: ClassVar[tuple[str, ...]] = ("return_logprob", "top_logprobs_num", "return_text_in_logprobs")
-    _CONSTRAINTS: ClassVar[tuple[str, ...]] = ("dtype", "regex", "json_schema", "grammar")
+class _GenParamsMethods:
+    """The behaviour of GenParams (its fields come from `_gen_fields`)."""
+
+    __slots__ = ()
 
     def merged(self, defaults: "GenParams") -> "GenParams":
         """These params, with unset fields taken from `defaults`."""
@@ -51,23 +48,16 @@ class GenParams:
         """The backend's `sampling_params` (runtime names); dtype becomes its regex."""
         out: dict[str, Any] = {}
         for name, value in self.set_fields().items():
-            if name in self._REQUEST_FIELDS:
-                continue
             if name == "dtype":
                 out["regex"] = DTYPE_REGEXES[value]
-            elif name == "max_tokens":
-                out["max_new_tokens"] = value
-            elif name == "min_tokens":
-                out["min_new_tokens"] = value
-            else:
-                out[name] = value
+            elif name not in LANG_FIELDS:
+                out[_RUNTIME_NAMES.get(name, name)] = value
         return out
 
-    def validate(self) -> None:
-        """Checks each set field's type and range (limits that depend on the model are the backend's)."""
-        from ..runtime.sampling_params import SamplingParams
-
-        constraints = [n for n in self._CONSTRAINTS if getattr(self, n) is not None]
+    def validate(self, names: Mapping[str, str] = GEN_NAMES) -> None:
+        """Checks each set field's type and range (limits that depend on the model are the backend's).
+        Errors spell the runtime's fields as `names` does: gen()'s names, or run()'s (the runtime's)."""
+        constraints = [n for n in GEN_CONSTRAINTS if getattr(self, n) is not None]
         if len(constraints) > 1:
             raise ValueError(f"gen takes at most one of dtype, regex, json_schema and grammar, got {constraints}")
         self._validate_constraint()
@@ -77,18 +67,9 @@ class GenParams:
         n = self.top_logprobs_num
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
             raise ValueError(f"top_logprobs_num must be an integer >= 0, got {n!r}")
-        fields = {k: v for k, v in self.sampling_params().items() if k not in ("regex", "json_schema", "grammar")}
-        if "min_new_tokens" in fields:
-            fields.setdefault("max_new_tokens", _UNBOUNDED)  # the run's default is not known here
-        try:
-            SamplingParams.from_any(fields).validate(vocab_size=_UNBOUNDED, context_length=_UNBOUNDED)
-        except ValueError as e:
-            message = str(e).replace(f", {_UNBOUNDED}]", "]").replace(f" [0, {_UNBOUNDED})", "")
-            for runtime_name, lang_name in _LANG_NAMES.items():
-                message = message.replace(runtime_name, lang_name)
-            raise ValueError(message) from None
-        if self.stop is not None and (not isinstance(self.stop, list) or not self.stop):
-            raise ValueError(f"stop must be a non-empty string or a non-empty list of them, got {self.stop!r}")
+        check_fields(self.sampling_params(), names=names)
+        if self.stop == []:
+            raise ValueError("stop must be a non-empty string or a non-empty list of them, got []")
 
     def _validate_constraint(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_REGEXES:
@@ -112,3 +93,34 @@ class GenParams:
                 raise ValueError("json_schema must be a JSON object")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
             raise ValueError(f"grammar must be a non-empty Lark grammar string, got {self.grammar!r}")
+
+
+GenParams = dataclasses.make_dataclass("GenParams", _gen_fields(), bases=(_GenParamsMethods,), slots=True)
+GenParams.__module__ = __name__
+GenParams.__doc__ = "gen()'s fields (SGLang's names); None: inherit the run's default, then the backend's."
+GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
+
+
+def stop_list(stop: Any) -> Any:
+    """One stop string, or a tuple of them, as a list (anything else is left to validation)."""
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop) if isinstance(stop, tuple) else stop
+
+
+# run()'s sampling defaults: every gen() field but the constraints, in the runtime's names -> gen()'s
+RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS if name not in GEN_CONSTRAINTS}
+
+
+def sampling_defaults(sampling: Mapping[str, Any] | None) -> "GenParams":
+    """A run's sampling defaults (SGLang's run() names, e.g. max_new_tokens) as validated GenParams."""
+    sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
+    unknown = sorted(set(sampling) - set(RUN_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown sampling default(s) {unknown}; known ones are {sorted(RUN_FIELDS)}")
+    fields = {RUN_FIELDS[k]: v for k, v in sampling.items()}
+    if "stop" in fields:
+        fields["stop"] = stop_list(fields["stop"])
+    params = GenParams(**fields)
+    params.validate(names={})
+    return params

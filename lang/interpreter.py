@@ -2,47 +2,23 @@
 from __future__ import annotations
 
 import queue
-import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from tqdm import tqdm
 
 from .backend import as_backend
 from .images import load_image
-from .gen_params import GenParams
+from .gen_params import GenParams, sampling_defaults
 from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices
 from .executor import ProgramEvent, Run
 from .state import ProgramState
 from .tracer import constant_prefix, trace_program
-from ..runtime.config import RUN_BATCH_AUTO_THREADS
+from .config import RUN_BATCH_AUTO_THREADS
 
 if TYPE_CHECKING:
     from .program import Program
-
-# run()'s sampling defaults (runtime names) -> gen()'s names
-RUN_SAMPLING_FIELDS = {
-    "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "stop": "stop",
-    "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-    "min_p": "min_p", "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "ignore_eos": "ignore_eos", "return_logprob": "return_logprob", "top_logprobs_num": "top_logprobs_num",
-    "return_text_in_logprobs": "return_text_in_logprobs",
-}
-
-
-def sampling_defaults(sampling: Mapping[str, Any] | None) -> GenParams:
-    """A run's sampling defaults (SGLang's run() names, e.g. max_new_tokens) as validated GenParams."""
-    sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
-    unknown = sorted(set(sampling) - set(RUN_SAMPLING_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown sampling default(s) {unknown}; known ones are {sorted(RUN_SAMPLING_FIELDS)}")
-    fields = {RUN_SAMPLING_FIELDS[k]: v for k, v in sampling.items()}
-    if isinstance(fields.get("stop"), str):
-        fields["stop"] = [fields["stop"]]
-    elif isinstance(fields.get("stop"), tuple):
-        fields["stop"] = list(fields["stop"])
-    params = GenParams(**fields)
-    params.validate()
-    return params
 
 
 def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: GenParams, stream: bool,
@@ -80,15 +56,12 @@ def run_batch(program: "Program", calls: list[Callable[[ProgramState], Any]], ba
     threads = _thread_count(num_threads, len(calls))
     if len(calls) > 1:
         _precache(program, backend)
-    progress = _Progress(len(calls)) if progress_bar else None
     with ThreadPoolExecutor(threads, thread_name_prefix="radixlang-batch") as pool:
         futures = [pool.submit(run_program, call, backend, defaults, False) for call in calls]
-        if progress is not None:
-            for f in futures:
-                f.add_done_callback(progress.advance)
+        if progress_bar:  # updated from this thread only, as programs finish
+            for _ in tqdm(as_completed(futures), total=len(futures), desc="run_batch"):
+                pass
         states = [f.result() for f in futures]
-    if progress is not None:
-        progress.close()
     return states
 
 
@@ -112,27 +85,6 @@ def _precache(program: "Program", backend: Any) -> None:
 def _append_all(state: ProgramState, nodes: list[Node]) -> None:
     for node in nodes:
         state += node
-
-
-class _Progress:
-    """A one-line progress counter on stderr."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-        self.lock = threading.Lock()
-        self._draw()
-
-    def advance(self, _: Any = None) -> None:
-        with self.lock:
-            self.done += 1
-            self._draw()
-
-    def _draw(self) -> None:
-        sys.stderr.write(f"\rrun_batch: {self.done}/{self.total}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
 
 
 # ---- IR programs --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 from .gen_params import GenParams
 from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, ROLES, Arg, Fork, Gen, Image, ImageData, Join, Node,
                  Op, ProgramIR, RoleBegin, RoleEnd, Select, Seq, Var, check_select)
-from ..runtime.config import MAX_FORK_SIZE
+from .config import MAX_FORK_SIZE
 
 
 def encode_program(program: ProgramIR) -> dict[str, Any]:

@@ -5,7 +5,8 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from .interpreter import RUN_SAMPLING_FIELDS, run_batch, run_program, run_remote, sampling_defaults
+from .gen_params import RUN_FIELDS, sampling_defaults
+from .interpreter import run_batch, run_program, run_remote
 from .ir import ProgramIR
 from .state import ProgramState
 from .tracer import TracingState, trace_program
@@ -44,7 +45,7 @@ class Program:
         """Runs the program. Keyword arguments named like run()'s sampling defaults (max_new_tokens,
         temperature, stop, ...) set them; the rest go to the program. Errors inside the program
         surface through `state.error()` and are raised by `state.sync()` and by reads."""
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_SAMPLING_FIELDS}
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_FIELDS}
         defaults = sampling_defaults(sampling)
         call = self._call(args, kwargs)
         if remote:

@@ -16,17 +16,6 @@ DEFAULT_MAX_NEW_TOKENS = 128
 MAX_N = 128  # most samples per prompt
 MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
 
-# HTTP server
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 30000
-GRACEFUL_SHUTDOWN_S = 30.0  # on shutdown, requests in flight get this long to finish, then are aborted
-SHUTDOWN_MARGIN_S = 5.0  # then this long for the aborted ones to send their last event, then uvicorn cancels
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound on `logprobs` / `top_logprobs`
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
-METRICS_SAMPLE_INTERVAL_S = 1.0
-METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
-HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
-
 # constrained decoding (runtime/constrained)
 MAX_NFA_STATES = 400_000  # a regex, schema or terminal bigger than this is refused
 MAX_DFA_STATES = 100_000  # byte-level states: 1 KiB of transitions each (~25k for SGLang's character regex)
@@ -128,16 +117,3 @@ def available_memory_bytes(device: torch.device) -> int:
                 return int(line.split()[1]) * 1024
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
-
-# ---- the language (lang/) ----------------------------------------------------------------------
-# gen(dtype=...) constrains the output with these regexes (the variable keeps the generated text)
-DTYPE_REGEXES = {
-    "int": r"[-+]?[0-9]+",
-    "float": r"[-+]?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?",
-    "bool": r"(True|False)",
-    "str": r'"[^"\n]*"',
-}
-MAX_FORK_SIZE = 256  # most children one fork may create
-RUN_BATCH_AUTO_THREADS = 64  # run_batch(num_threads="auto"): min(this, batch size)
-SELECT_HEAL_WINDOW = 8  # endpoint select: prefix tokens re-scored to find where healing starts
-HTTP_TIMEOUT_S = 600.0  # endpoint client: longest wait for a server response before giving up

@@ -1,4 +1,9 @@
-"""Per-request sampling parameters (SGLang's field names), validated on the caller's thread."""
+"""The request schema: per-request sampling fields (SGLang's names), their defaults, types and ranges.
+
+Declared once, here. lang/ (gen, run defaults) and server/ (native and OpenAI bodies) derive their
+fields from `SamplingParams` and check values with `check_fields`, passing their own spelling of each
+field so that an error names the field as the caller wrote it.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,29 +13,50 @@ from typing import Any, Mapping
 
 from .config import DEFAULT_MAX_NEW_TOKENS, MAX_N, MAX_PENALTY
 
+CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")  # at most one per request
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """The values a field accepts. A bound is a number or the name of a limit only known later: a
+    model's (context_length, vocab_size) or another field's value (min_new_tokens <= max_new_tokens)."""
+
+    kind: str  # int | float | bool | seed | strings | token_ids | text | any
+    lo: float | str = -math.inf
+    hi: float | str = math.inf
+    lo_open: bool = False  # (lo, hi] instead of [lo, hi]
+    accepts: Any = None  # the type a caller may send, when wider than the field's (stop: one string)
+
+
+def _field(default: Any, rule: Rule) -> Any:
+    """A field with its rule; a list default is a fresh list per instance."""
+    if isinstance(default, list):
+        return field(default_factory=list, metadata={"rule": rule})
+    return field(default=default, metadata={"rule": rule})
+
 
 @dataclass(slots=True)
 class SamplingParams:
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: no top-k
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    n: int = 1
-    seed: int | None = None
+    max_new_tokens: int = _field(DEFAULT_MAX_NEW_TOKENS, Rule("int", 0, "context_length"))
+    min_new_tokens: int = _field(0, Rule("int", 0, "max_new_tokens"))
+    temperature: float = _field(1.0, Rule("float", 0.0, math.inf))
+    top_p: float = _field(1.0, Rule("float", 0, 1, lo_open=True))
+    top_k: int = _field(-1, Rule("int", -1, "vocab_size"))  # -1 or 0: no top-k
+    min_p: float = _field(0.0, Rule("float", 0.0, 1.0))
+    frequency_penalty: float = _field(0.0, Rule("float", -MAX_PENALTY, MAX_PENALTY))
+    presence_penalty: float = _field(0.0, Rule("float", -MAX_PENALTY, MAX_PENALTY))
+    repetition_penalty: float = _field(1.0, Rule("float", 0, MAX_PENALTY, lo_open=True))
+    stop: list[str] = _field([], Rule("strings", accepts=str | list[str]))
+    stop_token_ids: list[int] = _field([], Rule("token_ids", hi="vocab_size"))
+    ignore_eos: bool = _field(False, Rule("bool"))
+    skip_special_tokens: bool = _field(True, Rule("bool"))
+    no_stop_trim: bool = _field(False, Rule("bool"))
+    n: int = _field(1, Rule("int", 1, MAX_N))
+    seed: int | None = _field(None, Rule("seed"))
     # constrained decoding: at most one of these
-    regex: str | None = None
-    json_schema: Any = None  # dict, JSON string, or pydantic model class
-    grammar: str | None = None  # Lark grammar (LALR), start rule `start`
+    regex: str | None = _field(None, Rule("text"))
+    json_schema: Any = _field(None, Rule("any"))  # dict, JSON string, or pydantic model class
+    grammar: str | None = _field(None, Rule("text"))  # Lark grammar (LALR), start rule `start`
 
     @classmethod
     def from_any(cls, params: "SamplingParams | Mapping[str, Any] | None") -> "SamplingParams":
@@ -53,7 +79,7 @@ class SamplingParams:
     @property
     def constraint(self) -> tuple[str, Any] | None:
         """('regex' | 'json_schema' | 'grammar', spec), or None when unconstrained."""
-        for name in ("regex", "json_schema", "grammar"):
+        for name in CONSTRAINT_FIELDS:
             if getattr(self, name) is not None:
                 return name, getattr(self, name)
         return None
@@ -62,49 +88,103 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    def validate(self, vocab_size: int, context_length: int) -> None:
-        _check_int("max_new_tokens", self.max_new_tokens, 0, context_length)
-        _check_int("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens)
-        _check_float("temperature", self.temperature, 0.0, math.inf)
-        _check_float("top_p", self.top_p, 0.0, 1.0)
-        if self.top_p == 0.0:
-            raise ValueError("top_p must be in (0, 1], got 0")
-        _check_int("top_k", self.top_k, -1, vocab_size)
-        _check_float("min_p", self.min_p, 0.0, 1.0)
-        _check_float("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
-        _check_float("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
-        _check_float("repetition_penalty", self.repetition_penalty, 0.0, MAX_PENALTY)
-        if self.repetition_penalty == 0.0:
-            raise ValueError("repetition_penalty must be > 0, got 0")
-        _check_int("n", self.n, 1, MAX_N)
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        if not isinstance(self.stop_token_ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in self.stop_token_ids
-        ):
-            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}")
-        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
-        given = [name for name in ("regex", "json_schema", "grammar") if getattr(self, name) is not None]
-        if len(given) > 1:
-            raise ValueError(f"regex, json_schema and grammar are exclusive; got {given}")
-        for name in ("regex", "grammar"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ValueError(f"{name} must be a string, got {type(getattr(self, name)).__name__}")
+    def validate(self, vocab_size: int | None, context_length: int | None,
+                 names: Mapping[str, str] | None = None) -> None:
+        """Checks every field; an error names a field as `names` spells it (default: as here)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        check_fields(values, vocab_size=vocab_size, context_length=context_length, names=names)
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+class FieldError(ValueError):
+    """A bad value in a request; `field` is the field's name as the caller spelled it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
-def _check_float(name: str, value: Any, lo: float, hi: float) -> None:
+RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in dataclasses.fields(SamplingParams)}
+
+
+def check_fields(values: Mapping[str, Any], *, vocab_size: int | None = None, context_length: int | None = None,
+                 names: Mapping[str, str] | None = None) -> None:
+    """Checks the given fields (a subset is fine; the engine's names); a limit that is None is not
+    known yet and not checked. Raises FieldError naming the field as `names` spells it."""
+    names = names or {}
+    limits = {"vocab_size": vocab_size, "context_length": context_length,
+              "max_new_tokens": values.get("max_new_tokens")}
+    for name, value in values.items():
+        rule = RULES[name]
+        label = names.get(name, name)
+        lo, hi = (_bound(b, limits, names) for b in (rule.lo, rule.hi))
+        _CHECKS[rule.kind](label, value, rule, lo, hi)
+    given = [name for name in CONSTRAINT_FIELDS if values.get(name) is not None]
+    if len(given) > 1:
+        spelled = [names.get(n, n) for n in given]
+        raise FieldError(spelled[1], f"{' and '.join(spelled)} are exclusive: use at most one")
+
+
+def _bound(bound: float | str, limits: Mapping[str, Any], names: Mapping[str, str]) -> float | str:
+    """A numeric bound, a known limit's value, or (unknown yet) the limit's name as the caller spells it."""
+    if not isinstance(bound, str):
+        return bound
+    value = limits.get(bound)
+    return names.get(bound, bound) if value is None else value
+
+
+def _in_range(value: float, rule: Rule, lo: float | str, hi: float | str) -> bool:
+    above = isinstance(lo, str) or (value > lo if rule.lo_open else value >= lo)
+    return above and (isinstance(hi, str) or value <= hi)
+
+
+def _range_error(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> FieldError:
+    return FieldError(label, f"{label} must be in {'(' if rule.lo_open else '['}{lo}, {hi}], got {value}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not _is_int(value):
+        raise FieldError(label, f"{label} must be an integer, got {value!r}")
+    if not _in_range(value, rule, lo, hi):
+        raise _range_error(label, value, rule, lo, hi)
+
+
+def _check_float(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+        raise FieldError(label, f"{label} must be a number, got {value!r}")
+    if not _in_range(value, rule, lo, hi):
+        raise _range_error(label, value, rule, lo, hi)
+
+
+def _check_bool(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not isinstance(value, bool):
+        raise FieldError(label, f"{label} must be a boolean, got {value!r}")
+
+
+def _check_seed(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None and not _is_int(value):
+        raise FieldError(label, f"{label} must be an integer, got {value!r}")
+
+
+def _check_strings(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise FieldError(label, f"{label} must be a non-empty string or a list of them, got {value!r}")
+
+
+def _check_token_ids(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    known = not isinstance(hi, str)
+    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t and (not known or t < hi) for t in value):
+        raise FieldError(label, f"{label} must be token ids in [0, {hi}), got {value!r}")
+
+
+def _check_text(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise FieldError(label, f"{label} must be a string, got {type(value).__name__}")
+
+
+_CHECKS = {"int": _check_int, "float": _check_float, "bool": _check_bool, "seed": _check_seed,
+           "strings": _check_strings, "token_ids": _check_token_ids, "text": _check_text,
+           "any": lambda *_: None}

@@ -149,9 +149,6 @@ class Tokenizer:
                 ids = [self.bos_token_id] + ids
         return ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

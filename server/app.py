@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..runtime.config import HEALTH_TIMEOUT_S
+from .config import HEALTH_TIMEOUT_S
 from ..runtime.engine import Engine
 from . import native, openai_api, programs
 from .errors import install_error_handlers

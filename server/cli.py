@@ -6,7 +6,8 @@ import dataclasses
 import sys
 from typing import Any, Sequence
 
-from ..runtime.config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, EngineConfig
+from ..runtime.config import EngineConfig
+from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
 
 _ARG_TYPES = {"str": str, "int": int, "float": float}
 

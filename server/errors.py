@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from ..runtime.sampling_params import FieldError
 from .streaming import ClientGone
 
 logger = logging.getLogger(__name__)
@@ -40,11 +41,13 @@ def error_response(e: APIError) -> JSONResponse:
 
 @contextlib.contextmanager
 def user_errors(fields: Mapping[str, str]) -> Iterator[None]:
-    """Turns the engine's ValueError/TypeError (a bad request) into a 400. When the message starts
-    with a field name in `fields` (engine name -> the name the client used, e.g. max_new_tokens ->
-    max_tokens), the message and `param` use the client's name."""
+    """Turns the engine's ValueError/TypeError (a bad request) into a 400. A FieldError already names
+    the field as the client spelled it; otherwise, when the message starts with a field name in
+    `fields` (engine name -> the name the client used), the message and `param` use the client's name."""
     try:
         yield
+    except FieldError as e:
+        raise APIError(400, str(e), e.field) from e
     except (ValueError, TypeError) as e:
         message, param = str(e), None
         match = _LEADING_NAME.match(message)

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import uvicorn
 
-from ..runtime.config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
+from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from ..runtime.engine import Engine
 from .app import create_app
 from .state import ServerState

@@ -1,4 +1,4 @@
-"""Token log-probabilities in the shapes SGLang's /generate and the OpenAI APIs return."""
+"""Token log-probabilities in the shapes the OpenAI APIs return (SGLang's are in runtime/meta_info.py)."""
 from __future__ import annotations
 
 import codecs
@@ -16,33 +16,6 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-
-
-# ---- SGLang: [logprob, token_id, text or None] ------------------------------------------------------
-def sglang_entries(tokenizer: Tokenizer, entries: list[TokenLogprob],
-                   with_text: bool) -> tuple[list[list[Any]], list[list[list[Any]]]]:
-    """(token_logprobs, top_logprobs) for a run of scored tokens."""
-    def triple(token_id: int, logprob: float) -> list[Any]:
-        return [logprob, token_id, token_text(tokenizer, token_id) if with_text else None]
-
-    tokens = [triple(e.token_id, e.logprob) for e in entries]
-    tops = [[triple(t, lp) for t, lp in e.top] for e in entries]
-    return tokens, tops
-
-
-def sglang_logprob_fields(tokenizer: Tokenizer, prompt_ids: list[int], logprob_start_len: int,
-                          input_lps: list[TokenLogprob] | None, output_lps: list[TokenLogprob] | None,
-                          with_text: bool) -> dict[str, Any]:
-    """meta_info's four logprob lists. The prompt's first token has no logprob (nothing precedes
-    it); like SGLang it is listed as [None, id, text] when logprob_start_len is 0."""
-    in_tokens, in_tops = sglang_entries(tokenizer, input_lps or [], with_text)
-    if logprob_start_len == 0 and prompt_ids:
-        first = prompt_ids[0]
-        in_tokens.insert(0, [None, first, token_text(tokenizer, first) if with_text else None])
-        in_tops.insert(0, None)
-    out_tokens, out_tops = sglang_entries(tokenizer, output_lps or [], with_text)
-    return {"input_token_logprobs": in_tokens, "output_token_logprobs": out_tokens,
-            "input_top_logprobs": in_tops, "output_top_logprobs": out_tops}
 
 
 # ---- OpenAI /v1/completions ---------------------------------------------------------------------

@@ -9,11 +9,11 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from ..runtime.engine import Collector, Completion, CompletionMeta, Engine, sample_rids
+from ..runtime.engine import Collector, Completion, Engine, sample_rids
+from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, user_errors
-from .logprobs import sglang_logprob_fields
 from .protocol import GenerateRequest
 from .serving import events, open_stream, run
 from .state import ServerState, server_state
@@ -34,7 +34,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     prompts, single = _prompt_ids(engine, body)
     with user_errors(FIELDS):
         params = SamplingParams.from_any(body.sampling_params)
-        params.validate(engine.vocab_size, engine.context_length)
+        params.validate(engine.vocab_size, engine.context_length, names=FIELDS)
     rids = _rids(body.rid, len(prompts))
     groups = {r: sample_rids([r], params.n) for r in rids}
     args = dict(input_ids=prompts, sampling_params=params, return_logprob=body.return_logprob,
@@ -69,29 +69,12 @@ def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
     return given
 
 
-def _finish_reason(meta: CompletionMeta) -> dict[str, Any]:
-    if meta.finish_reason == "stop":
-        return {"type": "stop", "matched": meta.matched_stop}
-    if meta.finish_reason == "length":
-        return {"type": "length", "length": meta.completion_tokens}
-    return {"type": "abort", "message": meta.error or "request aborted"}
-
-
 def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: Completion,
               finished: bool, started: float) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "id": c.meta.rid,
-        "finish_reason": _finish_reason(c.meta) if finished else None,
-        "prompt_tokens": c.meta.prompt_tokens,
-        "cached_tokens": c.meta.cached_tokens,
-        "completion_tokens": c.meta.completion_tokens,
-    }
-    if finished:
-        meta["e2e_latency"] = time.perf_counter() - started
-    if body.return_logprob:
-        meta |= sglang_logprob_fields(engine.tokenizer, prompt_ids, body.logprob_start_len,
-                                      c.meta.input_logprobs, c.meta.output_logprobs,
-                                      body.return_text_in_logprobs)
+    meta = meta_info(engine.tokenizer, c.meta, finished=finished, e2e_latency=time.perf_counter() - started,
+                     return_logprob=body.return_logprob, with_text=body.return_text_in_logprobs,
+                     prompt_ids=prompt_ids, logprob_start_len=body.logprob_start_len,
+                     input_logprobs=c.meta.input_logprobs, output_logprobs=c.meta.output_logprobs)
     return {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
 
 

@@ -7,11 +7,10 @@ from typing import Any, ClassVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..runtime.config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from ..runtime.engine import Completion
 from ..runtime.request import StreamChunk
 from ..runtime.sampler import TokenLogprob
-from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, user_errors
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,
@@ -99,7 +98,7 @@ class _View:
 async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Response:
     state, job = view.state, view.job
     with user_errors(fields):  # before anything is sized by n
-        SamplingParams.from_any(job.params).validate(state.engine.vocab_size, state.engine.context_length)
+        job.sampling.validate(state.engine.vocab_size, state.engine.context_length, names=fields)
     if view.body.stream:
         chunks = open_stream(state, job.engine_args(), job.groups, fields)
         return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish))
@@ -124,7 +123,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     job = Job(new_id("cmpl"), prompts, sampling_params(body, max_tokens), return_logprob=want_logprobs,
               top_logprobs_num=body.logprobs or 0,
               logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
-    fields = FIELDS | {"max_new_tokens": "max_tokens", "top_logprobs_num": "logprobs"}
+    fields = FIELDS | {"top_logprobs_num": "logprobs"}
     return await _respond(request, _CompletionView(state, body, job, texts), fields)
 
 

@@ -7,20 +7,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.config import MAX_TOP_LOGPROBS
 from ..runtime.engine import sample_rids
+from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES, SamplingParams
 from ..runtime.tokenizer import Tokenizer
+from .config import MAX_TOP_LOGPROBS
 from .errors import APIError, user_errors
-from .protocol import ChatMessage, ResponseFormat, SamplingFields
+from .protocol import OPENAI_NAMES, ChatMessage, ResponseFormat, SamplingFields
 
-# OpenAI / extension fields that are also engine sampling params of the same name
-_PASSTHROUGH = ("temperature", "top_p", "stop", "seed", "frequency_penalty", "presence_penalty", "top_k",
-                "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-                "no_stop_trim", "regex", "grammar")
 # engine field -> the name the client used, for error messages (routes add their own)
-FIELDS = {name: name for name in (*_PASSTHROUGH, "n")} | {"min_new_tokens": "min_tokens", "input_ids": "prompt",
-                                                            "json_schema": "response_format"}
-_CONSTRAINTS = ("json_schema", "regex", "grammar")
+FIELDS = {name: OPENAI_NAMES.get(name, name) for name in RULES} | {"input_ids": "prompt"}
+# the route's max_tokens field and default (max_completion_tokens on chat), and response_format, set these
+_SET_BY_ROUTE = ("max_new_tokens", "json_schema")
 
 
 @dataclass
@@ -34,10 +31,14 @@ class Job:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     created: int = field(default_factory=lambda: int(time.time()))
+    sampling: SamplingParams = field(init=False)  # params, with the engine's defaults for the rest
+
+    def __post_init__(self) -> None:
+        self.sampling = SamplingParams.from_any(self.params)
 
     @property
     def n(self) -> int:
-        return self.params["n"]
+        return self.sampling.n
 
     @property
     def rids(self) -> list[str]:
@@ -49,7 +50,7 @@ class Job:
         return {self.id: sample_rids(self.rids, self.n)}
 
     def engine_args(self) -> dict[str, Any]:
-        return dict(input_ids=self.prompts, sampling_params=self.params, return_logprob=self.return_logprob,
+        return dict(input_ids=self.prompts, sampling_params=self.sampling, return_logprob=self.return_logprob,
                     logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num,
                     rid=self.rids)
 
@@ -75,16 +76,15 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
         raise APIError(400, "logit_bias is not supported", "logit_bias")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
-    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
-    params |= {name: getattr(req, name) for name in _PASSTHROUGH if getattr(req, name) is not None}
-    if req.min_tokens is not None:
-        params["min_new_tokens"] = req.min_tokens
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    params |= {name: value for name in RULES if name not in _SET_BY_ROUTE
+               and (value := getattr(req, FIELDS[name])) is not None}
     schema = _response_format_schema(req.response_format)
     if schema is not None:
         params["json_schema"] = schema
-    constraints = [k for k in _CONSTRAINTS if k in params]
+    constraints = [k for k in CONSTRAINT_FIELDS if k in params]
     if len(constraints) > 1:
-        raise APIError(400, "use at most one of response_format (JSON), regex and grammar", constraints[1])
+        raise APIError(400, "use at most one of response_format (JSON), regex and grammar", FIELDS[constraints[1]])
     return params
 
 

@@ -13,13 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from ..lang.engine_backend import EngineBackend
 from ..lang.executor import ProgramEvent
 from ..lang.interpreter import ProgramRun, run_ir
+from ..lang.ir import TraceError
 from .errors import APIError, error_body, user_errors
 from .protocol import ProgramRequest
 from .state import ServerState, server_state
 from .streaming import SSE_DONE, ClientGone, sse, sse_response, until_disconnect
 
 router = APIRouter()
-_USER_ERRORS = ("ValueError", "TypeError", "TraceError")  # a program error the client caused
+_USER_ERRORS = (ValueError, TypeError, TraceError)  # a program error the client caused (FieldError included)
 
 
 @router.post("/v1/programs")
@@ -59,7 +60,7 @@ def _last_event(run: ProgramRun) -> ProgramEvent:
 
 
 def _error_status(state: ServerState, event: ProgramEvent) -> int:
-    return 400 if type(event.value).__name__ in _USER_ERRORS else state.error_status()
+    return 400 if isinstance(event.value, _USER_ERRORS) else state.error_status()
 
 
 async def _event_stream(run: ProgramRun) -> AsyncIterator[str]:

@@ -5,9 +5,15 @@ rejected, so a misspelled option never goes unnoticed.
 """
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from ..runtime.sampling_params import RULES, SamplingParams
+
+# the engine's sampling fields OpenAI spells otherwise (the others keep the engine's name)
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
 
 
 class StrictModel(BaseModel):
@@ -74,38 +80,30 @@ class ResponseFormat(StrictModel):
         return self
 
 
-class SamplingFields(StrictModel):
-    """What both OpenAI routes share, plus SGLang's extension fields."""
+class _OpenAIFields(StrictModel):
+    """What both OpenAI routes share besides the engine's sampling fields."""
 
     model: str
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
-    # extensions (SGLang / vLLM names)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    regex: str | None = None
-    grammar: str | None = None
+
+
+def _sampling_fields() -> dict[str, Any]:
+    """The engine's sampling fields as OpenAI spells them (SGLang's and vLLM's names for extensions),
+    each optional: unset, the engine's default applies. json_schema comes as response_format."""
+    hints = typing.get_type_hints(SamplingParams)
+    return {OPENAI_NAMES.get(name, name): ((rule.accepts or hints[name]) | None, None)
+            for name, rule in RULES.items() if name != "json_schema"}
+
+
+SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = None
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
@@ -120,7 +118,6 @@ class ChatMessage(StrictModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

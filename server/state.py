@@ -11,7 +11,7 @@ from typing import AsyncIterator, Iterator
 
 from fastapi import Request
 
-from ..runtime.config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
+from .config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
 from ..runtime.engine import Engine
 from .errors import APIError
 

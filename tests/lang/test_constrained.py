@@ -12,7 +12,7 @@ import re
 import pytest
 
 import radixlang as rl
-from radixlang.runtime.config import DTYPE_REGEXES
+from radixlang.lang.config import DTYPE_REGEXES
 from radixlang.runtime.sampling_params import SamplingParams
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}

@@ -167,3 +167,35 @@ def test_an_error_event_mid_stream_fails_the_gen(endpoint, monkeypatch):
     monkeypatch.setattr(endpoint, "_open", lambda path, payload=None: io.BytesIO(b"".join(lines)))
     state = rl.function(lambda s: s.__iadd__("x" + rl.gen("y"))).run(backend=endpoint)
     assert isinstance(state.error(), RuntimeError) and "engine exploded" in str(state.error())
+
+
+def _leaves(value, path=""):
+    """(path, leaf) for every leaf of nested lists and dicts."""
+    if isinstance(value, dict):
+        return [leaf for k in sorted(value) for leaf in _leaves(value[k], f"{path}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{path}[{i}]")]
+    return [(path, value)]
+
+
+def test_gen_meta_info_is_the_same_in_process_and_through_the_server(backend, endpoint, engine):
+    @rl.function
+    def prog(s):
+        s += "The cat sat on" + rl.gen("v", max_tokens=6, temperature=0, return_logprob=True, top_logprobs_num=2,
+                                       return_text_in_logprobs=True)
+
+    local = prog.run(backend=backend).get_meta_info("v")
+    engine.flush_cache()  # the second run computes its prompt again, as the first did
+    remote = prog.run(backend=endpoint).get_meta_info("v")
+    sglang_keys = {"id", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "e2e_latency",
+                   "input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs"}
+    assert set(local) == set(remote) == sglang_keys
+    assert local["e2e_latency"] > 0 and remote["e2e_latency"] > 0 and local["id"] and remote["id"]
+    got = _leaves({k: v for k, v in remote.items() if k not in ("id", "e2e_latency")})
+    want = _leaves({k: v for k, v in local.items() if k not in ("id", "e2e_latency")})
+    assert [p for p, _ in got] == [p for p, _ in want]
+    for (path, g), (_, w) in zip(got, want):
+        assert g == (pytest.approx(w, abs=1e-4) if isinstance(w, float) else w), path
+    texts = [e[2] for e in local["output_token_logprobs"]]
+    assert texts == [engine.tokenizer.decode([e[1]], skip_special_tokens=False) for e in local["output_token_logprobs"]]
+    engine.check_invariants()

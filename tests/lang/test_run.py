@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -109,7 +110,18 @@ def test_run_batch_reports_progress_and_isolates_failures(backend, capsys):
     states = maybe.run_batch([{"fail": False}, {"fail": True}, {"fail": False}], backend=backend,
                              progress_bar=True)
     assert [s.error() is None for s in states] == [True, False, True]
-    assert "run_batch: 3/3" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    draws = [d for d in err.replace("\n", "\r").split("\r") if d.strip()]  # tqdm redraws its line with \r
+    counts = [int(m.group(1)) for d in draws if (m := re.search(r"\| (\d+)/3 \[", d))]
+    assert all(d.startswith("run_batch: ") for d in draws)
+    assert counts[0] == 0 and counts[-1] == 3 and counts == sorted(counts)  # 0 to 3, never backwards
+    assert "100%" in draws[-1] and err.endswith("\n")  # tqdm closed the bar
+
+
+def test_run_batch_without_progress_bar_writes_nothing_to_stderr(backend, capsys):
+    states = ask.run_batch([{"question": q} for q in QUESTIONS[:2]], backend=backend)
+    assert all(s.error() is None for s in states)
+    assert capsys.readouterr().err == ""
 
 
 def test_run_batch_validates_its_input(backend):

@@ -131,6 +131,8 @@ def test_prefill_only_request_caches_the_prompt_for_the_next(server):
     ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, 400, "sampling_params.max_new_tokens", "[0,"),
     ({"text": "x", "sampling_params": {"top_p": 0}}, 400, "sampling_params.top_p", "(0, 1]"),
     ({"text": "x", "sampling_params": {"n": 10**9}}, 400, "sampling_params.n", "[1, 128]"),
+    ({"text": "x", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}}, 400,
+     "sampling_params.min_new_tokens", "sampling_params.min_new_tokens must be in [0, 2], got 3"),
     ({"text": "x", "return_logprob": True, "top_logprobs_num": -2}, 400, "top_logprobs_num", "[0,"),
     ({"text": ["a", "b"], "rid": "r"}, 400, "rid", "one non-empty string per prompt"),
     ({"text": ["a", "b"], "rid": ["r", "r"]}, 400, "rid", "unique"),
@@ -252,7 +254,7 @@ def test_a_bug_while_rendering_a_stream_still_ends_it_with_an_error_event(server
     def broken(*args, **kwargs):
         raise KeyError("render bug")
 
-    monkeypatch.setattr(native, "sglang_logprob_fields", broken)
+    monkeypatch.setattr(native, "meta_info", broken)
     with server.client() as http, http.stream("POST", "/generate", json={
             "text": "go", "sampling_params": LONG, "stream": True, "return_logprob": True}) as r:
         events = read_sse(r)

@@ -204,6 +204,8 @@ def test_abort_by_response_id_ends_an_openai_stream(server, client):
     (dict(stream_options={"include_usage": True}), "stream_options", "stream=true"),
     (dict(extra_body={"bogus": 1}), "bogus", "unknown field"),
     (dict(extra_body={"regex": "a", "grammar": "start: 'a'"}), "grammar", "at most one"),
+    (dict(extra_body={"min_tokens": 5}), "min_tokens", "min_tokens must be in [0, 2], got 5"),
+    (dict(extra_body={"stop_token_ids": [10**9]}), "stop_token_ids", "stop_token_ids must be token ids in [0, "),
 ])
 def test_completion_bad_requests_are_400s_naming_the_field(server, client, kwargs, param, words):
     args = dict(model="default", prompt="x", max_tokens=2) | kwargs
@@ -214,6 +216,7 @@ def test_completion_bad_requests_are_400s_naming_the_field(server, client, kwarg
 
 @pytest.mark.parametrize("kwargs, param, words", [
     (dict(max_completion_tokens=-3), "max_completion_tokens", "must be in"),
+    (dict(max_completion_tokens=3, extra_body={"min_tokens": 4}), "min_tokens", "min_tokens must be in [0, 3], got 4"),
     (dict(top_logprobs=2), "top_logprobs", "logprobs=true"),
     (dict(logprobs=True, top_logprobs=50), "top_logprobs", "[0, 20]"),
     (dict(messages=[]), "messages", "at least 1"),
