@@ -83,7 +83,8 @@ class GenParams:
         try:
             SamplingParams.from_any(fields).validate(vocab_size=_UNBOUNDED, context_length=_UNBOUNDED)
         except ValueError as e:
-            message = str(e).replace(f", {_UNBOUNDED}]", "]").replace(f" [0, {_UNBOUNDED})", "")
+            message = re.sub(rf"must be in \[(-?\d+), {_UNBOUNDED}\]", r"must be >= \1", str(e))
+            message = message.replace(f"token ids in [0, {_UNBOUNDED})", "token ids >= 0")
             for runtime_name, lang_name in _LANG_NAMES.items():
                 message = message.replace(runtime_name, lang_name)
             raise ValueError(message) from None

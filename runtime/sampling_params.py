@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .config import DEFAULT_MAX_NEW_TOKENS, MAX_N, MAX_PENALTY
+from .config import DEFAULT_MAX_NEW_TOKENS, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ class SamplingParams:
     def validate(self, vocab_size: int, context_length: int) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 0, context_length)
         _check_int("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens)
-        _check_float("temperature", self.temperature, 0.0, math.inf)
+        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         _check_float("top_p", self.top_p, 0.0, 1.0)
         if self.top_p == 0.0:
             raise ValueError("top_p must be in (0, 1], got 0")
@@ -77,8 +77,8 @@ class SamplingParams:
         if self.repetition_penalty == 0.0:
             raise ValueError("repetition_penalty must be > 0, got 0")
         _check_int("n", self.n, 1, MAX_N)
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None:  # sample j of n seeds torch with seed + j, a signed or unsigned 64-bit integer
+            _check_int("seed", self.seed, -(2**63), 2**64 - self.n)
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         if not isinstance(self.stop_token_ids, list) or not all(
@@ -104,7 +104,8 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
 
 
 def _check_float(name: str, value: Any, lo: float, hi: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+        isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")

@@ -12,12 +12,14 @@ from fastapi.responses import JSONResponse
 from ..runtime.engine import Collector, Completion, CompletionMeta, Engine, sample_rids
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
-from .errors import APIError, user_errors
+from .errors import APIError
 from .logprobs import sglang_logprob_fields
+from .openapi import streaming_responses
 from .protocol import GenerateRequest
-from .serving import events, open_stream, run
+from .serving import checked_params, events, length_hint, open_stream, run
 from .state import ServerState, server_state
 from .streaming import sse_response
+from .text_input import encode_texts
 
 router = APIRouter()
 
@@ -26,15 +28,14 @@ FIELDS = {f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(Sampli
     name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
 
 
-@router.post("/generate")
+@router.post("/generate", responses=streaming_responses(400, 413, 422, 503))
 async def generate(body: GenerateRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
     engine = state.engine
-    prompts, single = _prompt_ids(engine, body)
-    with user_errors(FIELDS):
-        params = SamplingParams.from_any(body.sampling_params)
-        params.validate(engine.vocab_size, engine.context_length)
+    params = await checked_params(state, body.sampling_params, FIELDS)
+    prompts, single = await _prompt_ids(state, body, params.n)
+    _check_logprob_start(body.logprob_start_len, prompts)
     rids = _rids(body.rid, len(prompts))
     groups = {r: sample_rids([r], params.n) for r in rids}
     args = dict(input_ids=prompts, sampling_params=params, return_logprob=body.return_logprob,
@@ -42,20 +43,37 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     started = time.perf_counter()
     if body.stream:
         chunks = open_stream(state, args, groups, FIELDS)
-        return sse_response(_events(state, body, prompts, params.n, groups, chunks, started))
+        return sse_response(_events(state, body, prompts, params, groups, chunks, started))
     results = await run(state, request, args, groups, FIELDS)
-    items = [_response(engine, body, prompts[i // params.n], c, True, started) for i, c in enumerate(results)]
+
+    def render() -> list[dict[str, Any]]:
+        return [_response(engine, body, prompts[i // params.n], c, True, started, params.max_new_tokens)
+                for i, c in enumerate(results)]
+
+    items = await state.offload(render)  # logprobs of long prompts take many detokenisations
     return JSONResponse(items[0] if single and params.n == 1 else items)
 
 
-def _prompt_ids(engine: Engine, body: GenerateRequest) -> tuple[list[list[int]], bool]:
-    """Token ids of each prompt (tokenized here, as the engine would, so logprobs can name them)."""
+async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tuple[list[list[int]], bool]:
+    """Token ids of each prompt (tokenized here, as the engine would, so logprobs can name them),
+    once their count is within the server's limits."""
     if body.text is not None:
-        texts = [body.text] if isinstance(body.text, str) else body.text
-        return [engine.tokenizer.encode(t) if t else [] for t in texts], isinstance(body.text, str)
+        single = isinstance(body.text, str)
+        texts = [body.text] if single else body.text
+        state.limits.check_prompts(len(texts), n, "text")
+        return await state.offload(encode_texts, state.engine.tokenizer, texts, "text", not single), single
     ids = body.input_ids
     single = bool(ids) and isinstance(ids[0], int)
-    return ([ids] if single else ids), single  # type: ignore[list-item, return-value]
+    prompts = [ids] if single else ids
+    state.limits.check_prompts(len(prompts), n, "input_ids")  # type: ignore[arg-type]
+    return prompts, single  # type: ignore[return-value]
+
+
+def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:
+    longest = max((len(p) for p in prompts), default=0)
+    if not -1 <= start <= longest:
+        raise APIError(400, f"logprob_start_len must be in [-1, {longest}] (-1: no prompt logprobs; the longest "
+                            f"prompt has {longest} tokens), got {start}", "logprob_start_len")
 
 
 def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
@@ -69,19 +87,20 @@ def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
     return given
 
 
-def _finish_reason(meta: CompletionMeta) -> dict[str, Any]:
+def _finish_reason(engine: Engine, meta: CompletionMeta, max_new_tokens: int) -> dict[str, Any]:
     if meta.finish_reason == "stop":
         return {"type": "stop", "matched": meta.matched_stop}
     if meta.finish_reason == "length":
-        return {"type": "length", "length": meta.completion_tokens}
+        hint = length_hint(engine, meta.prompt_tokens, meta.completion_tokens, max_new_tokens)
+        return {"type": "length", "length": meta.completion_tokens} | ({"message": hint} if hint else {})
     return {"type": "abort", "message": meta.error or "request aborted"}
 
 
 def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: Completion,
-              finished: bool, started: float) -> dict[str, Any]:
+              finished: bool, started: float, max_new_tokens: int) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": c.meta.rid,
-        "finish_reason": _finish_reason(c.meta) if finished else None,
+        "finish_reason": _finish_reason(engine, c.meta, max_new_tokens) if finished else None,
         "prompt_tokens": c.meta.prompt_tokens,
         "cached_tokens": c.meta.cached_tokens,
         "completion_tokens": c.meta.completion_tokens,
@@ -95,16 +114,18 @@ def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: C
     return {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
 
 
-def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int,
+def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], params: SamplingParams,
             groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
             started: float) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch."""
     collectors: dict[int, Collector] = {}
+    n, max_new_tokens = params.n, params.max_new_tokens
 
     def render(i: int, chunk: StreamChunk) -> list[dict]:
         collector = collectors.setdefault(i, Collector())
         collector.add(chunk)
         c = collector.result(chunk, body.return_logprob)
-        return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started) | {"index": i}]
+        return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
+                | {"index": i}]
 
     return events(state, groups, chunks, render)

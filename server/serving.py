@@ -7,14 +7,39 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from fastapi import Request
 
-from ..runtime.engine import Completion
+from ..runtime.engine import Completion, Engine
 from ..runtime.request import StreamChunk
+from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, error_body, user_errors
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
 
 logger = logging.getLogger(__name__)
 Groups = dict[str, list[str]]
+
+
+async def checked_params(state: ServerState, raw: Mapping[str, Any] | None, fields: Mapping[str, str]
+                         ) -> SamplingParams:
+    """Validated sampling params. A constraint is compiled now, on the CPU pool: the engine then finds
+    it in its cache instead of compiling it on the event loop."""
+    engine = state.engine
+    with user_errors(fields):
+        params = SamplingParams.from_any(raw)
+        params.validate(engine.vocab_size, engine.context_length)
+        if params.constraint is not None:
+            await state.offload(engine.constraints.compile, *params.constraint)
+    return params
+
+
+def length_hint(engine: Engine, prompt_tokens: int, completion_tokens: int, max_new_tokens: int) -> str | None:
+    """Why a request stopped for length before its max_new_tokens, if it did."""
+    if completion_tokens >= max_new_tokens:
+        return None
+    if prompt_tokens + completion_tokens >= engine.context_length:
+        return (f"stopped after {completion_tokens} of max_new_tokens={max_new_tokens}: prompt and output "
+                f"filled the context ({engine.context_length} tokens)")
+    return (f"stopped after {completion_tokens} of max_new_tokens={max_new_tokens}: the KV pool "
+            f"({engine.pool_size} tokens) could not hold more of this request")
 
 
 async def run(state: ServerState, request: Request, args: dict[str, Any], groups: Groups,
