@@ -19,7 +19,7 @@ from .protocol import GenerateRequest
 from .serving import checked_params, events, length_hint, open_stream, run
 from .state import ServerState, server_state
 from .streaming import sse_response
-from .text_input import encode_texts
+from .text_input import check_unicode_tree, encode_texts
 
 router = APIRouter()
 
@@ -61,7 +61,9 @@ async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tupl
         single = isinstance(body.text, str)
         texts = [body.text] if single else body.text
         state.limits.check_prompts(len(texts), n, "text")
-        return await state.offload(encode_texts, state.engine.tokenizer, texts, "text", not single), single
+        engine = state.engine
+        return await state.offload(encode_texts, engine.tokenizer, texts, "text", not single,
+                                   engine.context_length), single
     ids = body.input_ids
     single = bool(ids) and isinstance(ids[0], int)
     prompts = [ids] if single else ids
@@ -79,6 +81,7 @@ def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:
 def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(num_prompts)]
+    check_unicode_tree(rid, "rid")  # it comes back as the response's id
     given = [rid] if isinstance(rid, str) else rid
     if len(given) != num_prompts or not all(given):
         raise APIError(400, f"rid must be one non-empty string per prompt ({num_prompts})", "rid")

@@ -121,7 +121,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     fields = FIELDS | {"max_new_tokens": "max_tokens", "top_logprobs_num": "logprobs"}
     await checked_params(state, params, fields)  # before anything is sized by n
     state.limits.check_prompts(num_prompts(body.prompt), body.n, "prompt")
-    prompts, texts = await state.offload(completion_prompts, state.engine.tokenizer, body.prompt)
+    engine = state.engine
+    prompts, texts = await state.offload(completion_prompts, engine.tokenizer, body.prompt, engine.context_length)
     want_logprobs = body.logprobs is not None
     job = Job(new_id("cmpl"), prompts, params, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
               logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
@@ -193,7 +194,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
     await checked_params(state, params, fields)  # before anything is sized by n
     state.limits.check_prompts(1, body.n, "messages")
-    prompt = await state.offload(chat_prompt, engine.tokenizer, body.messages)
+    prompt = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length)
     job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0)
     return await _respond(request, _ChatView(state, body, job), fields)

@@ -104,7 +104,8 @@ def num_prompts(prompt: str | list) -> int:
     return 1 if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else len(prompt)
 
 
-def completion_prompts(tokenizer: Tokenizer, prompt: str | list) -> tuple[list[list[int]], list[str] | None]:
+def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length: int
+                       ) -> tuple[list[list[int]], list[str] | None]:
     """Token ids of each prompt of /v1/completions, and their texts when given as text. Slow on long
     texts: call it on a worker thread."""
     batched = not isinstance(prompt, str)
@@ -113,11 +114,11 @@ def completion_prompts(tokenizer: Tokenizer, prompt: str | list) -> tuple[list[l
     if not prompt:
         raise APIError(400, "prompt must not be empty", "prompt")
     if isinstance(prompt[0], str):
-        return encode_texts(tokenizer, prompt, "prompt", batched), list(prompt)
+        return encode_texts(tokenizer, prompt, "prompt", batched, context_length), list(prompt)
     return ([prompt] if isinstance(prompt[0], int) else prompt), None
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
+def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int) -> list[int]:
     """The conversation rendered with the model's chat template, ready for the assistant's turn. Slow
     on long conversations: call it on a worker thread."""
     rendered = []
@@ -130,7 +131,7 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
         rendered.append(message)
     with user_errors({}):
         text = tokenizer.apply_chat_template(rendered)
-    return encode_texts(tokenizer, [text], "messages", batched=False)[0]
+    return encode_texts(tokenizer, [text], "messages", False, context_length)[0]
 
 
 def _message_text(m: ChatMessage, i: int) -> str:

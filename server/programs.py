@@ -20,6 +20,7 @@ from .openapi import streaming_responses
 from .protocol import ProgramRequest
 from .state import ServerState, server_state
 from .streaming import SSE_DONE, sse, sse_response, until_disconnect
+from .text_input import check_unicode_tree
 
 router = APIRouter()
 _USER_ERRORS = ("ValueError", "TypeError", "TraceError")  # a program error the client caused
@@ -69,6 +70,8 @@ def program_states(program: ProgramIR) -> int:
 
 
 def _start(state: ServerState, body: ProgramRequest) -> _Tracked:
+    for param in ("program", "args", "sampling_params"):
+        check_unicode_tree(getattr(body, param), param)
     with user_errors({"program": "program", "args": "args"}):
         program = ProgramIR.from_dict(body.program)
         state.limits.check_program_states(program_states(program))

@@ -13,6 +13,7 @@ from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, error_body, user_errors
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
+from .text_input import check_unicode_tree
 
 logger = logging.getLogger(__name__)
 Groups = dict[str, list[str]]
@@ -23,6 +24,8 @@ async def checked_params(state: ServerState, raw: Mapping[str, Any] | None, fiel
     """Validated sampling params. A constraint is compiled now, on the CPU pool: the engine then finds
     it in its cache instead of compiling it on the event loop."""
     engine = state.engine
+    for name, value in (raw or {}).items():  # e.g. a stop string would come back in matched_stop
+        check_unicode_tree(value, fields.get(name, name))
     with user_errors(fields):
         params = SamplingParams.from_any(raw)
         params.validate(engine.vocab_size, engine.context_length)
