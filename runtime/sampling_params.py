@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .config import DEFAULT_MAX_NEW_TOKENS, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
+from .config import DEFAULT_MAX_NEW_TOKENS, GREEDY_TEMPERATURE, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
 
 
 @dataclass(slots=True)
@@ -60,7 +60,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int, context_length: int) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 0, context_length)
