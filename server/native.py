@@ -131,4 +131,4 @@ def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]],
         return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
                 | {"index": i}]
 
-    return events(state, groups, chunks, render)
+    return events(state, groups, chunks, render, with_logprobs=body.return_logprob)

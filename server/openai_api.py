@@ -100,7 +100,8 @@ async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Res
     state, job = view.state, view.job
     if view.body.stream:
         chunks = open_stream(state, job.engine_args(), job.groups, fields)
-        return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish))
+        return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish,
+                                   job.return_logprob))
     results = await run(state, request, job.engine_args(), job.groups, fields)
     return JSONResponse(await state.offload(view.whole, results))  # logprobs: many detokenisations
 

@@ -69,10 +69,12 @@ def open_stream(state: ServerState, args: dict[str, Any], groups: Groups,
 
 async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple[int, StreamChunk]],
                  render: Callable[[int, StreamChunk], Iterable[dict]],
-                 start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: ()
-                 ) -> AsyncIterator[str]:
+                 start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: (),
+                 with_logprobs: bool = False) -> AsyncIterator[str]:
     """SSE text for a stream: `start` events, `render`'s events per chunk, `finish` events once all
-    samples are done, then [DONE]. An engine error ends the stream with an error event instead."""
+    samples are done, then [DONE]. An engine error ends the stream with an error event instead.
+    `with_logprobs`: rendering names tokens (the whole prompt's, with prompt logprobs), so it runs on
+    the CPU pool, off the event loop."""
     try:
         with state.live.claim(groups):
             async with contextlib.aclosing(chunks):
@@ -84,7 +86,8 @@ async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple
                         yield sse(error_body(state.error_status(), chunk.error, kind="server_error"))
                         failed = True
                         break
-                    for obj in render(i, chunk):
+                    rendered = await state.offload(render, i, chunk) if with_logprobs else render(i, chunk)
+                    for obj in rendered:
                         yield sse(obj)
                 if not failed:
                     for obj in finish():

@@ -86,3 +86,28 @@ def test_token_logprobs_are_raw_log_softmax_with_top_k():
     ref = torch.log_softmax(logits[0], -1)
     assert lp.token_id == 2 and lp.logprob == pytest.approx(ref[2].item())
     assert [t for t, _ in lp.top] == [1, 2]
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily():
+    logits = torch.log(PROBS)  # dividing by 1e-98 would overflow to inf and make NaN probabilities
+    assert [sample_one(logits, state(temperature=1e-98, seed=s), None, False) for s in range(4)] == [1] * 4
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": 1e308}, "temperature must be in [0.0, 100.0]"),
+    ({"top_p": float("nan")}, "top_p must be a finite number"),
+    ({"frequency_penalty": float("-inf")}, "frequency_penalty must be a finite number"),
+    ({"seed": 2**70}, "seed must be in [-9223372036854775808, 18446744073709551615]"),
+    ({"seed": 2**64 - 1, "n": 2}, "18446744073709551614]"),  # sample 1 seeds with seed + 1
+])
+def test_validate_refuses_non_finite_and_overflowing_numbers(params, words):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(max_new_tokens=1, **params).validate(vocab_size=5, context_length=8)
+    assert words in str(e.value)
+
+
+def test_validate_takes_every_torch_seed():
+    for seed in (-(2**63), -1, 0, 2**64 - 1):
+        SamplingParams(max_new_tokens=1, seed=seed).validate(vocab_size=5, context_length=8)
+        state(seed=seed)
