@@ -1,4 +1,4 @@
-"""Property-based fuzz of the native and OpenAI request bodies: sensible values mixed with hostile ones
+"""Property-based fuzz of the native, OpenAI and program request bodies: sensible values mixed with hostile ones
 (lone surrogates, inf / nan, 2^70, wrong types, unknown fields). Whatever the body, the answer is no
 5xx, /health stays 200, and afterwards the KV invariant holds with nothing left running."""
 from __future__ import annotations
@@ -24,12 +24,12 @@ HOSTILE = st.none() | st.booleans() | HOSTILE_NUMBERS | LONE_SURROGATES | st.lis
 
 
 @st.composite
-def bodies(draw, sensible: dict[str, st.SearchStrategy], required: tuple[str, ...] = ()) -> dict:
-    """A body of sensible fields (`required` ones always), then up to two fields swapped for (or added
-    as) hostile values: lone surrogates, inf / nan, 2^70, wrong types, unknown names."""
+def bodies(draw, sensible: dict[str, st.SearchStrategy], required: tuple[str, ...] = (), hostile: int = 2) -> dict:
+    """A body of sensible fields (`required` ones always), then up to `hostile` fields swapped for (or
+    added as) hostile values: lone surrogates, inf / nan, 2^70, wrong types, unknown names."""
     body = draw(st.fixed_dictionaries({k: sensible[k] for k in required},
                                       optional={k: v for k, v in sensible.items() if k not in required}))
-    for _ in range(draw(st.integers(0, 2))):
+    for _ in range(draw(st.integers(0, hostile))):
         body[draw(st.sampled_from([*sensible, "colour"]))] = draw(HOSTILE)
     return body
 
@@ -110,6 +110,40 @@ CHAT = with_constraint(OPENAI_SAMPLING | {
 }, OPENAI_CONSTRAINTS) | bodies(OPENAI_EXTRA)
 
 
+NAMES = st.sampled_from(["a", "b", "c"])
+STATES = st.sampled_from([0] * 6 + [1, 2, 7])  # a fork below makes states 1 and 2
+OP_FIELDS = [  # (fields, required): each op kind
+    ({"op": st.just("text"), "value": TEXT}, ("op", "value")),
+    ({"op": st.just("gen"), "name": NAMES, "params": bodies({
+        "max_tokens": st.integers(0, 3), "temperature": st.floats(0, 2), "stop": TEXT, "top_k": st.integers(-1, 9),
+        "ignore_eos": st.booleans()}, ("max_tokens",), hostile=1)}, ("op", "name", "params")),
+    ({"op": st.just("var"), "name": NAMES, "source": STATES}, ("op", "name")),
+    ({"op": st.just("select"), "name": NAMES, "choices": st.lists(TEXT, min_size=1, max_size=3)},
+     ("op", "name", "choices")),
+    ({"op": st.just("role_begin"), "role": st.sampled_from(["system", "user", "assistant", "robot"])}, ("op", "role")),
+    ({"op": st.just("role_end"), "role": st.sampled_from(["system", "user", "assistant"])}, ("op", "role")),
+    ({"op": st.just("fork"), "size": st.just(2), "children": st.just([1, 2])}, ("op", "size", "children")),
+    ({"op": st.just("join"), "children": st.just([1, 2]), "mode": st.sampled_from(["gather_variable",
+                                                                                   "concate_and_append", "merge"])},
+     ("op", "children", "mode")),
+    ({"op": st.just("set_var"), "name": NAMES, "value": TEXT | st.integers()}, ("op", "name", "value")),
+    ({"op": st.just("arg"), "name": NAMES}, ("op", "name")),
+]
+OP = st.one_of(  # mostly well-formed ops; a hostile field in one now and then
+    *(bodies(fields, required, hostile=0) for fields, required in OP_FIELDS * 3),
+    *(bodies(fields, required, hostile=1) for fields, required in OP_FIELDS))
+OPS = st.lists(st.tuples(STATES, OP).map(lambda so: {"state": so[0]} | so[1]), max_size=7)
+ARGS = st.sampled_from([([], {}), ([], {}), (["a"], {"a": "x"}), (["a"], {"a": ["p", "q"]}), (["a"], {}),
+                        ([], {"b": 1})])  # (params, args): mostly matching
+PROGRAM = st.tuples(ARGS, OPS).flatmap(lambda pair: bodies({
+    "program": bodies({"version": st.just(1), "name": st.just("fuzzed"), "params": st.just(pair[0][0]),
+                       "ops": st.just(pair[1])}, ("version", "name", "params", "ops"), hostile=1),
+    "args": st.just(pair[0][1]),
+    "sampling_params": bodies({"max_new_tokens": st.integers(0, 3), "temperature": st.floats(0, 2)}, hostile=1),
+    "stream": st.booleans(),
+}, ("program",), hostile=1))
+
+
 def _post(http: httpx.Client, path: str, body: dict) -> None:
     """Sends `body` (Python's json: surrogate escapes, Infinity, NaN allowed) and checks the answer."""
     content = json.dumps(body)
@@ -154,6 +188,13 @@ def test_openai_chat_completions_never_answer_5xx(fuzzed, body):
     with fuzzed.client() as http:
         base = {"model": "default", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
         _post(http, "/v1/chat/completions", base | body)
+
+
+@SETTINGS
+@given(body=PROGRAM)
+def test_programs_never_answer_5xx(fuzzed, body):
+    with fuzzed.client() as http:
+        _post(http, "/v1/programs", body)
 
 
 def test_the_fuzzed_server_is_idle_and_its_kv_accounted_for(fuzzed):
