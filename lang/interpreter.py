@@ -113,7 +113,11 @@ def _bind(node: Node, args: Mapping[str, Any], states: Mapping[int, ProgramState
                             f"got {type(value).__name__}")
         return Text(str(value))
     if isinstance(node, Var):
-        value = states[node.source].get_var(node.name)
+        try:
+            value = states[node.source].get_var(node.name)
+        except KeyError:  # the IR reads a variable that no earlier op of that state sets
+            raise ValueError(f"the program reads variable {node.name!r} of state {node.source}, which no earlier "
+                             "op (gen, select or join) of that state sets") from None
         if not isinstance(value, str):
             raise TypeError(f"variable {node.name!r} is inserted as text but holds a {type(value).__name__}")
         return Text(value)

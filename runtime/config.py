@@ -15,6 +15,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_MAX_NEW_TOKENS = 128
 MAX_N = 128  # most samples per prompt
 MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
+MAX_TEMPERATURE = 100.0  # already near uniform; larger (or inf) is a client's mistake
+GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy: logits / 1e-98 overflow into NaN probabilities
 
 # constrained decoding (runtime/constrained)
 MAX_NFA_STATES = 400_000  # a regex, schema or terminal bigger than this is refused

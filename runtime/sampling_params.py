@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .config import DEFAULT_MAX_NEW_TOKENS, MAX_N, MAX_PENALTY
+from .config import DEFAULT_MAX_NEW_TOKENS, GREEDY_TEMPERATURE, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")  # at most one per request
 
@@ -39,7 +39,7 @@ def _field(default: Any, rule: Rule) -> Any:
 class SamplingParams:
     max_new_tokens: int = _field(DEFAULT_MAX_NEW_TOKENS, Rule("int", 0, "context_length"))
     min_new_tokens: int = _field(0, Rule("int", 0, "max_new_tokens"))
-    temperature: float = _field(1.0, Rule("float", 0.0, math.inf))
+    temperature: float = _field(1.0, Rule("float", 0.0, MAX_TEMPERATURE))
     top_p: float = _field(1.0, Rule("float", 0, 1, lo_open=True))
     top_k: int = _field(-1, Rule("int", -1, "vocab_size"))  # -1 or 0: no top-k
     min_p: float = _field(0.0, Rule("float", 0.0, 1.0))
@@ -52,7 +52,7 @@ class SamplingParams:
     skip_special_tokens: bool = _field(True, Rule("bool"))
     no_stop_trim: bool = _field(False, Rule("bool"))
     n: int = _field(1, Rule("int", 1, MAX_N))
-    seed: int | None = _field(None, Rule("seed"))
+    seed: int | None = _field(None, Rule("seed", -(2**63), 2**64 - 1))  # a signed or unsigned 64-bit integer
     # constrained decoding: at most one of these
     regex: str | None = _field(None, Rule("text"))
     json_schema: Any = _field(None, Rule("any"))  # dict, JSON string, or pydantic model class
@@ -86,7 +86,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int | None, context_length: int | None,
                  names: Mapping[str, str] | None = None) -> None:
@@ -153,8 +153,10 @@ def _check_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
 
 
 def _check_float(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise FieldError(label, f"{label} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise FieldError(label, f"{label} must be a finite number, got {value!r}")
     if not _in_range(value, rule, lo, hi):
         raise _range_error(label, value, rule, lo, hi)
 
@@ -167,6 +169,8 @@ def _check_bool(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
 def _check_seed(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
     if value is not None and not _is_int(value):
         raise FieldError(label, f"{label} must be an integer, got {value!r}")
+    if value is not None and not _in_range(value, rule, lo, hi):
+        raise _range_error(label, value, rule, lo, hi)
 
 
 def _check_strings(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:

@@ -10,17 +10,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from .config import HEALTH_TIMEOUT_S
 from ..runtime.engine import Engine
 from . import native, openai_api, programs
+from .body_limit import BodySizeLimit
 from .errors import install_error_handlers
+from .limits import ServerLimits
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
+from .openapi import error_responses
 from .protocol import AbortRequest
 from .state import ServerState, server_state
 
 
-def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
+def create_app(engine: Engine, served_model_name: str | None = None,
+               limits: ServerLimits | None = None) -> FastAPI:
     """The HTTP API over `engine`. The app does not own the engine: whoever made it shuts it down."""
-    state = ServerState(engine, served_model_name or engine.model_name)
+    state = ServerState(engine, served_model_name or engine.model_name, limits)
     app = FastAPI(title="radixlang", lifespan=state.lifespan)
     app.state.server = state
+    app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
     install_error_handlers(app)
     app.include_router(native.router)
     app.include_router(openai_api.router)
@@ -30,7 +35,7 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 
 
 def _admin_routes(app: FastAPI) -> None:
-    @app.get("/health")
+    @app.get("/health", responses=error_responses(503))
     async def health(request: Request) -> JSONResponse:
         state = server_state(request)
         if state.draining:
@@ -48,7 +53,7 @@ def _admin_routes(app: FastAPI) -> None:
         flushed = await asyncio.to_thread(state.engine.flush_cache)  # waits on the scheduler thread
         return {"success": flushed}
 
-    @app.post("/abort")
+    @app.post("/abort", responses=error_responses(413, 422))
     async def abort(body: AbortRequest, request: Request) -> dict[str, Any]:
         """Aborts a request by its rid (or OpenAI response id), or every request with abort_all;
         answers how many engine requests (samples) that ended."""

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from ..runtime.config import EngineConfig
 from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
+from .limits import ServerLimits
 
 _ARG_TYPES = {"str": str, "int": int, "float": float}
 
@@ -29,6 +30,20 @@ def _add_engine_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
             group.add_argument(flag, action="store_true", default=None, help=f"(default: {f.default})")
         else:
             group.add_argument(flag, type=_ARG_TYPES[base], default=None, help=f"(default: {f.default})")
+
+
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServerLimits field (--max-body-bytes, --max-prompts, ...)."""
+    group = parser.add_argument_group("request limits (a request over one is refused with a 4xx naming it)")
+    for f in dataclasses.fields(ServerLimits):
+        group.add_argument("--" + f.name.replace("_", "-"), type=_ARG_TYPES[str(f.type)], default=f.default,
+                           help=f"(default: {f.default})")
+
+
+def _limits(args: argparse.Namespace) -> ServerLimits:
+    limits = ServerLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerLimits)})
+    limits.validate()
+    return limits
 
 
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,9 +72,10 @@ def _serve(args: argparse.Namespace) -> int:
     from ..runtime.engine import Engine
     from .launch import serve
 
+    limits = _limits(args)  # a bad limit fails before the model loads
     with Engine(model=args.model, **_engine_options(args)) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
-              grace_s=args.graceful_timeout, log_level=args.log_level)
+              grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits)
     return 0
 
 
@@ -82,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--graceful-timeout", type=float, default=GRACEFUL_SHUTDOWN_S,
                      help="seconds requests in flight may still run on shutdown before they are aborted")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _add_limit_options(srv)
     _add_engine_options(srv)
     srv.set_defaults(func=_serve)
     return parser

@@ -32,7 +32,13 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None,
                kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return {"error": {"message": _encodable(message), "type": kind, "param": param and _encodable(param),
+                      "code": status}}
+
+
+def _encodable(text: str) -> str:
+    """`text` with any lone surrogate (echoed from a client's field name) as a \\udxxx escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(e: APIError) -> JSONResponse:

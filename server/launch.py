@@ -1,6 +1,7 @@
 """Serving an engine with uvicorn, with a graceful shutdown that finishes or aborts what is in flight."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -13,11 +14,16 @@ import uvicorn
 from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from ..runtime.engine import Engine
 from .app import create_app
+from .limits import ServerLimits
 from .state import ServerState
+
+DRAIN_POLL_S = 0.05
 
 class DrainingServer(uvicorn.Server):
     """uvicorn that, on shutdown, lets requests in flight finish for `grace_s` seconds and then aborts
-    them through the engine, so each client still gets a final (abort) response, not a cut connection."""
+    them through the engine, so each client still gets a final (abort) response, not a cut connection.
+    While it drains it still accepts connections: /health answers 503 (a load balancer sees the server
+    going) and new requests get a 503, instead of a refused connection."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float):
         super().__init__(config)
@@ -26,7 +32,16 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.begin_drain(self.grace_s)
+        await self._drain()
         await super().shutdown(sockets)
+
+    async def _drain(self) -> None:
+        """Waits, still listening, until no request is in flight: they finish, or are aborted after
+        the grace period and send their last event. A second SIGINT (force_exit) stops waiting."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s + SHUTDOWN_MARGIN_S
+        while self.server_state.tasks and not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -46,10 +61,10 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                 served_model_name: str | None = None, grace_s: float = GRACEFUL_SHUTDOWN_S,
-                log_level: str = "info") -> DrainingServer:
+                log_level: str = "info", limits: ServerLimits | None = None) -> DrainingServer:
     if grace_s < 0:
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
-    app = create_app(engine, served_model_name)
+    app = create_app(engine, served_model_name, limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)
     return DrainingServer(config, app.state.server, grace_s)

@@ -13,11 +13,13 @@ from ..runtime.engine import Collector, Completion, Engine, sample_rids
 from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
-from .errors import APIError, user_errors
+from .errors import APIError
+from .openapi import streaming_responses
 from .protocol import GenerateRequest
-from .serving import events, open_stream, run
+from .serving import checked_params, events, length_hint, open_stream, run
 from .state import ServerState, server_state
 from .streaming import sse_response
+from .text_input import check_unicode_tree, encode_texts
 
 router = APIRouter()
 
@@ -26,15 +28,14 @@ FIELDS = {f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(Sampli
     name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
 
 
-@router.post("/generate")
+@router.post("/generate", responses=streaming_responses(400, 413, 422, 503))
 async def generate(body: GenerateRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
     engine = state.engine
-    prompts, single = _prompt_ids(engine, body)
-    with user_errors(FIELDS):
-        params = SamplingParams.from_any(body.sampling_params)
-        params.validate(engine.vocab_size, engine.context_length, names=FIELDS)
+    params = await checked_params(state, body.sampling_params, FIELDS)
+    prompts, single = await _prompt_ids(state, body, params.n)
+    _check_logprob_start(body.logprob_start_len, prompts)
     rids = _rids(body.rid, len(prompts))
     groups = {r: sample_rids([r], params.n) for r in rids}
     args = dict(input_ids=prompts, sampling_params=params, return_logprob=body.return_logprob,
@@ -42,25 +43,45 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     started = time.perf_counter()
     if body.stream:
         chunks = open_stream(state, args, groups, FIELDS)
-        return sse_response(_events(state, body, prompts, params.n, groups, chunks, started))
+        return sse_response(_events(state, body, prompts, params, groups, chunks, started))
     results = await run(state, request, args, groups, FIELDS)
-    items = [_response(engine, body, prompts[i // params.n], c, True, started) for i, c in enumerate(results)]
+
+    def render() -> list[dict[str, Any]]:
+        return [_response(engine, body, prompts[i // params.n], c, True, started, params.max_new_tokens)
+                for i, c in enumerate(results)]
+
+    items = await state.offload(render)  # logprobs of long prompts take many detokenisations
     return JSONResponse(items[0] if single and params.n == 1 else items)
 
 
-def _prompt_ids(engine: Engine, body: GenerateRequest) -> tuple[list[list[int]], bool]:
-    """Token ids of each prompt (tokenized here, as the engine would, so logprobs can name them)."""
+async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tuple[list[list[int]], bool]:
+    """Token ids of each prompt (tokenized here, as the engine would, so logprobs can name them),
+    once their count is within the server's limits."""
     if body.text is not None:
-        texts = [body.text] if isinstance(body.text, str) else body.text
-        return [engine.tokenizer.encode(t) if t else [] for t in texts], isinstance(body.text, str)
+        single = isinstance(body.text, str)
+        texts = [body.text] if single else body.text
+        state.limits.check_prompts(len(texts), n, "text")
+        engine = state.engine
+        return await state.offload(encode_texts, engine.tokenizer, texts, "text", not single,
+                                   engine.context_length), single
     ids = body.input_ids
     single = bool(ids) and isinstance(ids[0], int)
-    return ([ids] if single else ids), single  # type: ignore[list-item, return-value]
+    prompts = [ids] if single else ids
+    state.limits.check_prompts(len(prompts), n, "input_ids")  # type: ignore[arg-type]
+    return prompts, single  # type: ignore[return-value]
+
+
+def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:
+    longest = max((len(p) for p in prompts), default=0)
+    if not -1 <= start <= longest:
+        raise APIError(400, f"logprob_start_len must be in [-1, {longest}] (-1: no prompt logprobs; the longest "
+                            f"prompt has {longest} tokens), got {start}", "logprob_start_len")
 
 
 def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(num_prompts)]
+    check_unicode_tree(rid, "rid")  # it comes back as the response's id
     given = [rid] if isinstance(rid, str) else rid
     if len(given) != num_prompts or not all(given):
         raise APIError(400, f"rid must be one non-empty string per prompt ({num_prompts})", "rid")
@@ -70,24 +91,31 @@ def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
 
 
 def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: Completion,
-              finished: bool, started: float) -> dict[str, Any]:
+              finished: bool, started: float, max_new_tokens: int) -> dict[str, Any]:
     meta = meta_info(engine.tokenizer, c.meta, finished=finished, e2e_latency=time.perf_counter() - started,
                      return_logprob=body.return_logprob, with_text=body.return_text_in_logprobs,
                      prompt_ids=prompt_ids, logprob_start_len=body.logprob_start_len,
                      input_logprobs=c.meta.input_logprobs, output_logprobs=c.meta.output_logprobs)
+    reason = meta["finish_reason"]
+    if reason is not None and reason["type"] == "length":
+        hint = length_hint(engine, c.meta.prompt_tokens, c.meta.completion_tokens, max_new_tokens)
+        if hint:
+            reason["message"] = hint
     return {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
 
 
-def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int,
+def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], params: SamplingParams,
             groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
             started: float) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch."""
     collectors: dict[int, Collector] = {}
+    n, max_new_tokens = params.n, params.max_new_tokens
 
     def render(i: int, chunk: StreamChunk) -> list[dict]:
         collector = collectors.setdefault(i, Collector())
         collector.add(chunk)
         c = collector.result(chunk, body.return_logprob)
-        return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started) | {"index": i}]
+        return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
+                | {"index": i}]
 
-    return events(state, groups, chunks, render)
+    return events(state, groups, chunks, render, with_logprobs=body.return_logprob)

@@ -11,19 +11,20 @@ from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from ..runtime.engine import Completion
 from ..runtime.request import StreamChunk
 from ..runtime.sampler import TokenLogprob
-from .errors import APIError, user_errors
+from .errors import APIError
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,
-                            new_id, sampling_params)
+                            new_id, num_prompts, sampling_params)
+from .openapi import error_responses, streaming_responses
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .serving import events, open_stream, run
+from .serving import checked_params, events, open_stream, run
 from .state import ServerState, server_state
 from .streaming import sse_response
 
 router = APIRouter()
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(503))
 async def models(request: Request) -> dict[str, Any]:
     state = server_state(request)
     return {"object": "list", "data": [{
@@ -97,17 +98,16 @@ class _View:
 
 async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Response:
     state, job = view.state, view.job
-    with user_errors(fields):  # before anything is sized by n
-        job.sampling.validate(state.engine.vocab_size, state.engine.context_length, names=fields)
     if view.body.stream:
         chunks = open_stream(state, job.engine_args(), job.groups, fields)
-        return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish))
+        return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish,
+                                   job.return_logprob))
     results = await run(state, request, job.engine_args(), job.groups, fields)
-    return JSONResponse(view.whole(results))
+    return JSONResponse(await state.offload(view.whole, results))  # logprobs: many detokenisations
 
 
 # ---- /v1/completions ------------------------------------------------------------------------------
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=streaming_responses(400, 404, 413, 503))
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
@@ -117,13 +117,16 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.suffix is not None:
         raise APIError(400, "suffix is not supported", "suffix")
     check_top_logprobs(body.logprobs, "logprobs")
-    prompts, texts = completion_prompts(state.engine.tokenizer, body.prompt)
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    want_logprobs = body.logprobs is not None
-    job = Job(new_id("cmpl"), prompts, sampling_params(body, max_tokens), return_logprob=want_logprobs,
-              top_logprobs_num=body.logprobs or 0,
-              logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
+    params = sampling_params(body, max_tokens)
     fields = FIELDS | {"top_logprobs_num": "logprobs"}
+    await checked_params(state, params, fields)  # before anything is sized by n
+    state.limits.check_prompts(num_prompts(body.prompt), body.n, "prompt")
+    engine = state.engine
+    prompts, texts = await state.offload(completion_prompts, engine.tokenizer, body.prompt, engine.context_length)
+    want_logprobs = body.logprobs is not None
+    job = Job(new_id("cmpl"), prompts, params, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
+              logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
     return await _respond(request, _CompletionView(state, body, job, texts), fields)
 
 
@@ -176,7 +179,7 @@ class _CompletionView(_View):
 
 
 # ---- /v1/chat/completions -------------------------------------------------------------------------
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=streaming_responses(400, 404, 413, 503))
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
@@ -185,14 +188,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     engine = state.engine
-    prompt = chat_prompt(engine.tokenizer, body.messages)
     max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # no limit given: up to the context (the engine stops there)
     params = sampling_params(body, engine.context_length if max_tokens is None else max_tokens)
+    fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
+    await checked_params(state, params, fields)  # before anything is sized by n
+    state.limits.check_prompts(1, body.n, "messages")
+    prompt = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length)
     job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0)
-    fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
     return await _respond(request, _ChatView(state, body, job), fields)
 
 

@@ -13,6 +13,7 @@ from ..runtime.tokenizer import Tokenizer
 from .config import MAX_TOP_LOGPROBS
 from .errors import APIError, user_errors
 from .protocol import OPENAI_NAMES, ChatMessage, ResponseFormat, SamplingFields
+from .text_input import check_unicode, encode_texts
 
 # engine field -> the name the client used, for error messages (routes add their own)
 FIELDS = {name: OPENAI_NAMES.get(name, name) for name in RULES} | {"input_ids": "prompt"}
@@ -98,28 +99,39 @@ def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
     return json.dumps(fmt.json_schema.schema_)
 
 
-def completion_prompts(tokenizer: Tokenizer, prompt: str | list) -> tuple[list[list[int]], list[str] | None]:
-    """Token ids of each prompt of /v1/completions, and their texts when given as text."""
-    if isinstance(prompt, str):
+def num_prompts(prompt: str | list) -> int:
+    """How many prompts /v1/completions' `prompt` holds: a string or a list of token ids is one."""
+    return 1 if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else len(prompt)
+
+
+def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length: int
+                       ) -> tuple[list[list[int]], list[str] | None]:
+    """Token ids of each prompt of /v1/completions, and their texts when given as text. Slow on long
+    texts: call it on a worker thread."""
+    batched = not isinstance(prompt, str)
+    if not batched:
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "prompt must not be empty", "prompt")
     if isinstance(prompt[0], str):
-        return [tokenizer.encode(t) if t else [] for t in prompt], list(prompt)
+        return encode_texts(tokenizer, prompt, "prompt", batched, context_length), list(prompt)
     return ([prompt] if isinstance(prompt[0], int) else prompt), None
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
-    """The conversation rendered with the model's chat template, ready for the assistant's turn."""
+def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int) -> list[int]:
+    """The conversation rendered with the model's chat template, ready for the assistant's turn. Slow
+    on long conversations: call it on a worker thread."""
     rendered = []
     for i, m in enumerate(messages):
         message = {"role": m.role, "content": _message_text(m, i)}
+        check_unicode(message["content"], f"messages[{i}].content")
         if m.name is not None:
+            check_unicode(m.name, f"messages[{i}].name")
             message["name"] = m.name
         rendered.append(message)
     with user_errors({}):
         text = tokenizer.apply_chat_template(rendered)
-    return tokenizer.encode(text)
+    return encode_texts(tokenizer, [text], "messages", False, context_length)[0]
 
 
 def _message_text(m: ChatMessage, i: int) -> str:

@@ -7,14 +7,42 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from fastapi import Request
 
-from ..runtime.engine import Completion
+from ..runtime.engine import Completion, Engine
 from ..runtime.request import StreamChunk
+from ..runtime.sampling_params import SamplingParams
 from .errors import APIError, error_body, user_errors
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
+from .text_input import check_unicode_tree
 
 logger = logging.getLogger(__name__)
 Groups = dict[str, list[str]]
+
+
+async def checked_params(state: ServerState, raw: Mapping[str, Any] | None, fields: Mapping[str, str]
+                         ) -> SamplingParams:
+    """Validated sampling params. A constraint is compiled now, on the CPU pool: the engine then finds
+    it in its cache instead of compiling it on the event loop."""
+    engine = state.engine
+    for name, value in (raw or {}).items():  # e.g. a stop string would come back in matched_stop
+        check_unicode_tree(value, fields.get(name, name))
+    with user_errors(fields):
+        params = SamplingParams.from_any(raw)
+        params.validate(engine.vocab_size, engine.context_length, names=fields)
+        if params.constraint is not None:
+            await state.offload(engine.constraints.compile, *params.constraint)
+    return params
+
+
+def length_hint(engine: Engine, prompt_tokens: int, completion_tokens: int, max_new_tokens: int) -> str | None:
+    """Why a request stopped for length before its max_new_tokens, if it did."""
+    if completion_tokens >= max_new_tokens:
+        return None
+    if prompt_tokens + completion_tokens >= engine.context_length:
+        return (f"stopped after {completion_tokens} of max_new_tokens={max_new_tokens}: prompt and output "
+                f"filled the context ({engine.context_length} tokens)")
+    return (f"stopped after {completion_tokens} of max_new_tokens={max_new_tokens}: the KV pool "
+            f"({engine.pool_size} tokens) could not hold more of this request")
 
 
 async def run(state: ServerState, request: Request, args: dict[str, Any], groups: Groups,
@@ -41,10 +69,12 @@ def open_stream(state: ServerState, args: dict[str, Any], groups: Groups,
 
 async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple[int, StreamChunk]],
                  render: Callable[[int, StreamChunk], Iterable[dict]],
-                 start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: ()
-                 ) -> AsyncIterator[str]:
+                 start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: (),
+                 with_logprobs: bool = False) -> AsyncIterator[str]:
     """SSE text for a stream: `start` events, `render`'s events per chunk, `finish` events once all
-    samples are done, then [DONE]. An engine error ends the stream with an error event instead."""
+    samples are done, then [DONE]. An engine error ends the stream with an error event instead.
+    `with_logprobs`: rendering names tokens (the whole prompt's, with prompt logprobs), so it runs on
+    the CPU pool, off the event loop."""
     try:
         with state.live.claim(groups):
             async with contextlib.aclosing(chunks):
@@ -56,7 +86,8 @@ async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple
                         yield sse(error_body(state.error_status(), chunk.error, kind="server_error"))
                         failed = True
                         break
-                    for obj in render(i, chunk):
+                    rendered = await state.offload(render, i, chunk) if with_logprobs else render(i, chunk)
+                    for obj in rendered:
                         yield sse(obj)
                 if not failed:
                     for obj in finish():

@@ -3,19 +3,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, Protocol, TypeVar
 
 from fastapi import Request
 
 from .config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
 from ..runtime.engine import Engine
 from .errors import APIError
+from .limits import ServerLimits
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 @dataclass
@@ -85,13 +94,22 @@ class Throughput:
 
 
 class ServerState:
-    def __init__(self, engine: Engine, model_name: str):
+    def __init__(self, engine: Engine, model_name: str, limits: ServerLimits | None = None):
         self.engine = engine
         self.model_name = model_name
+        self.limits = limits or ServerLimits()
+        self.limits.validate()
         self.created = int(time.time())
         self.live = LiveRequests(engine)
+        self.programs: set[Cancellable] = set()  # /v1/programs runs in flight (event loop only)
         self.throughput = Throughput()
         self.draining = False
+        # tokenising, chat templates and rendering big responses: CPU work kept off the event loop
+        self._cpu = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="radixlang-cpu")
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs `fn(*args)` on the CPU pool, so the event loop keeps answering (/health) meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, functools.partial(fn, *args))
 
     async def stats(self) -> dict[str, float]:
         """Engine counters (read on the scheduler thread, off the event loop); also a rate sample."""
@@ -110,8 +128,11 @@ class ServerState:
 
     def _abort_stragglers(self) -> None:
         n = self.live.abort_all()
-        if n:
-            logger.warning("shutdown: aborted %d request(s) still running after the grace period", n)
+        for run in list(self.programs):
+            run.cancel()
+        if n or self.programs:
+            logger.warning("shutdown: aborted %d request(s) and %d program(s) still running after the grace period",
+                           n, len(self.programs))
 
     def error_status(self) -> int:
         """Status for a request the engine ended with an error: 503 while shutting down, else 500."""
@@ -126,6 +147,7 @@ class ServerState:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+            self._cpu.shutdown(wait=False, cancel_futures=True)
 
     async def _sample_forever(self) -> None:
         while True:

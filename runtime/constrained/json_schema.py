@@ -159,6 +159,8 @@ class _SchemaCompiler:
             return self.any_value()
         if isinstance(types, str):
             types = [types]
+        if not isinstance(types, list):  # e.g. {"type": 7}
+            raise ValueError(f"json_schema type at {path} must be a type name or a list of them, got {types!r}")
         bad = [t for t in types if t not in JSON_TYPES]
         if bad or not types:
             raise ValueError(f"json_schema type at {path} must be one of {JSON_TYPES}, got {schema['type']!r}")

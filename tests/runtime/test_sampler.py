@@ -196,3 +196,27 @@ def test_seeded_batched_draws_follow_the_per_request_distribution():
                             None if allowed is None else torch.from_numpy(allowed), set(s.stop_ids), block)
         for token in range(vocab):
             assert abs(freq[token] / draws - want[token].item()) < 0.035, (i, token)
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily():
+    logits = torch.log(PROBS)  # dividing by 1e-98 would overflow to inf and make NaN probabilities
+    assert [draw(logits, state(temperature=1e-98, seed=s)) for s in range(4)] == [1] * 4
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": 1e308}, "temperature must be in [0.0, 100.0]"),
+    ({"top_p": float("nan")}, "top_p must be a finite number"),
+    ({"frequency_penalty": float("-inf")}, "frequency_penalty must be a finite number"),
+    ({"seed": 2**70}, "seed must be in [-9223372036854775808, 18446744073709551615]"),
+])
+def test_validate_refuses_non_finite_and_overflowing_numbers(params, words):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(max_new_tokens=1, **params).validate(vocab_size=5, context_length=8)
+    assert words in str(e.value)
+
+
+def test_validate_takes_every_torch_seed():
+    for seed in (-(2**63), -1, 0, 2**64 - 1):
+        SamplingParams(max_new_tokens=1, seed=seed).validate(vocab_size=5, context_length=8)
+        state(seed=seed)

@@ -144,3 +144,8 @@ def test_prompt_context_keeps_word_initial_space(tokenizer):
     ids = tokenizer.encode("Hello world")[len(prompt):]
     deltas, _ = stream_text(tokenizer, ids, context_ids=prompt)
     assert "".join(deltas) == " world"
+
+
+def test_encode_batch_gives_the_reference_ids_of_each_text(tokenizer):
+    texts = [c["input_text"] for c in REFERENCE[:6]]
+    assert tokenizer.encode_batch(texts) == [c["input_ids"] for c in REFERENCE[:6]]

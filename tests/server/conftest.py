@@ -13,6 +13,7 @@ import pytest
 
 from radixlang.runtime.engine import Engine
 from radixlang.server.launch import DrainingServer, background_server
+from radixlang.server.limits import ServerLimits
 
 
 @dataclass
@@ -44,12 +45,13 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def serving(model_dir, grace_s: float = 5.0, **options: Any) -> Iterator[LiveServer]:
+def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
+            **options: Any) -> Iterator[LiveServer]:
     options.setdefault("kv_cache_tokens", 4096)
     options.setdefault("device", "cpu")
     engine = Engine(model=str(model_dir), **options)
     try:
-        with background_server(engine, grace_s=grace_s) as server:
+        with background_server(engine, grace_s=grace_s, limits=limits) as server:
             yield LiveServer(server.url, engine, server)
         engine.check_invariants()
     finally:
@@ -71,7 +73,8 @@ def server(live_server) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def server_factory(tiny_model_dir):
-    """Starts extra servers with their own engine options; each is checked and stopped afterwards."""
+    """Starts extra servers with their own engine options (and `limits`, `grace_s`); each is checked
+    and stopped afterwards."""
     stack = contextlib.ExitStack()
 
     def make(**options: Any) -> LiveServer:

@@ -11,7 +11,8 @@ import time
 import httpx
 import openai
 
-from radixlang.server.cli import _engine_options, build_parser
+from radixlang.server.cli import _engine_options, _limits, build_parser
+from radixlang.server.limits import ServerLimits
 
 
 def free_port() -> int:
@@ -26,6 +27,17 @@ def test_serve_flags_become_engine_options():
     assert args.port == 8123 and args.host == "127.0.0.1"
     assert _engine_options(args) == {"kv_cache_tokens": 512, "schedule_policy": "fcfs",
                                      "disable_radix_cache": True, "mem_fraction": 0.2}
+
+
+def test_serve_flags_become_request_limits_with_the_defaults_for_the_rest():
+    args = build_parser().parse_args(["serve", "--max-prompts", "8", "--max-program-seconds", "2.5"])
+    assert _limits(args) == ServerLimits(max_prompts=8, max_program_seconds=2.5)
+
+
+def test_serve_rejects_a_bad_limit_before_loading_the_model():
+    res = subprocess.run([sys.executable, "-m", "radixlang.server.cli", "serve", "--model", "/no/such/model",
+                          "--max-sequences", "0"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "max_sequences must be a number > 0, got 0" in res.stderr
 
 
 def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
