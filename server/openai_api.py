@@ -120,8 +120,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, max_tokens)
     fields = FIELDS | {"top_logprobs_num": "logprobs"}
-    await checked_params(state, params, fields)  # before anything is sized by n
-    state.limits.check_prompts(num_prompts(body.prompt), body.n, "prompt")
+    n = (await checked_params(state, params, fields)).n  # checked before anything is sized by n
+    state.limits.check_prompts(num_prompts(body.prompt), n, "prompt")
     engine = state.engine
     prompts, texts = await state.offload(completion_prompts, engine.tokenizer, body.prompt, engine.context_length)
     want_logprobs = body.logprobs is not None
@@ -193,8 +193,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     # no limit given: up to the context (the engine stops there)
     params = sampling_params(body, engine.context_length if max_tokens is None else max_tokens)
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
-    await checked_params(state, params, fields)  # before anything is sized by n
-    state.limits.check_prompts(1, body.n, "messages")
+    n = (await checked_params(state, params, fields)).n  # checked before anything is sized by n
+    state.limits.check_prompts(1, n, "messages")
     prompt = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length)
     job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0)

@@ -175,15 +175,15 @@ def test_image_rejects_missing_files_and_other_types():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_tokens": -1}, "max_tokens must be >= 0, got -1"),
+    ({"max_tokens": -1}, "max_tokens must be in [0, context_length], got -1"),
     ({"max_tokens": "ten"}, "max_tokens must be an integer"),
     ({"temperature": -0.5}, "temperature must be in [0.0"),
     ({"top_p": 0.0}, "top_p must be in (0, 1]"),
     ({"min_p": 2.0}, "min_p must be in [0.0, 1.0]"),
-    ({"top_k": -3}, "top_k must be >= -1, got -3"),
+    ({"top_k": -3}, "top_k must be in [-1, vocab_size], got -3"),
     ({"frequency_penalty": 5.0}, "frequency_penalty must be in [-2.0, 2.0]"),
     ({"stop": []}, "stop must be a non-empty"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids must be token ids >= 0, got [-1]"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids must be token ids in [0, vocab_size), got [-1]"),
     ({"ignore_eos": "yes"}, "ignore_eos must be a boolean"),
     ({"top_logprobs_num": -1}, "top_logprobs_num must be an integer >= 0"),
     ({"dtype": list}, "dtype must be one of"),

@@ -90,7 +90,7 @@ def test_a_program_gen_with_a_negative_max_tokens_says_what_is_allowed(server):
     program = _ir({"op": "text", "value": "a"}, {"op": "gen", "name": "x", "params": {"max_tokens": -3}})
     with server.client() as http:
         error = _error(http.post("/v1/programs", json={"program": program}), 400)
-    assert "max_tokens must be >= 0, got -3" in error["message"]
+    assert "max_tokens must be in [0, context_length], got -3" in error["message"]
 
 
 def test_a_program_text_with_a_lone_surrogate_is_a_400(server):
