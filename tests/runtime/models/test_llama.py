@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlang.runtime.models.llama import LlamaConfig, rope_inv_freq
+from radixlang.runtime.models.rope import RopeScaling, rope_inv_freq
 from radixlang.runtime.models.loader import unpermute_qk
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder
@@ -150,18 +150,8 @@ def test_gguf_file_loads_like_hf_folder(tmp_path, tokenizer, smollm_metadata, we
 
 
 def test_llama3_rope_scaling_keeps_high_frequencies():
-    cfg = LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=8, num_layers=1, num_heads=1,
-                      num_kv_heads=1, head_dim=64, max_position=16, rope_theta=500000.0)
-    base = rope_inv_freq(cfg)
-    cfg.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
-                        "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    scaled = rope_inv_freq(cfg)
+    base = rope_inv_freq(RopeScaling(theta=500000.0), 64)
+    scaled = rope_inv_freq(RopeScaling("llama3", 500000.0, factor=8.0, original_max_position=8192,
+                                       low_freq_factor=1.0, high_freq_factor=4.0), 64)
     assert torch.allclose(scaled[:4], base[:4])  # short wavelengths untouched
     assert torch.allclose(scaled[-1], base[-1] / 8.0)  # long wavelengths divided by the factor
-
-
-def test_unknown_rope_scaling_is_a_clear_error():
-    cfg = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
-                      num_kv_heads=1, head_dim=8, max_position=4, rope_scaling={"rope_type": "yarn"})
-    with pytest.raises(ValueError, match="yarn"):
-        rope_inv_freq(cfg)
