@@ -13,7 +13,7 @@ from radixlang.runtime.tokenizer import Tokenizer
 
 from .hf_tiny import write_tokenizer
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"

@@ -8,7 +8,7 @@ from radixlang.runtime.models.hf_config import config_from_hf
 
 from .hf_tiny import BASE, save_hf_model
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 
 def saved(tmp_path, cls_name: str, **overrides) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 from radixlang.runtime.engine import Engine  # noqa: E402
 

@@ -9,7 +9,7 @@ import torch
 from radixlang.runtime.models.hf_config import config_from_hf
 from radixlang.runtime.models.rope import RopeScaling, rope_cos_sin, rope_from_hf, rope_inv_freq
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 HEAD_DIM, MAX_POSITION = 32, 512
 SCALINGS = {
