@@ -56,6 +56,8 @@ def rope_from_hf(hf: dict[str, Any]) -> RopeScaling:
     # transformers prefers a top-level original_max_position_embeddings (Phi-3 style), then the dict's
     original = int(hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
                    or max_position)
+    if rope_type in ("yarn", "llama3") and original <= 0:
+        raise ValueError(f"rope_type {rope_type!r} needs original_max_position_embeddings > 0")
     if rope_type == "default":
         return RopeScaling(theta=theta)
     if rope_type in ("linear", "dynamic"):

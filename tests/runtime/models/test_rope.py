@@ -112,3 +112,8 @@ def test_gguf_rope_freqs_divide_the_frequencies():
     base = rope_inv_freq(RopeScaling(theta=1e4), HEAD_DIM)
     scaled = rope_inv_freq(RopeScaling(theta=1e4, freq_divisors=divisors), HEAD_DIM)
     assert torch.equal(scaled, base / torch.tensor(divisors))
+
+
+def test_scaling_without_a_pretraining_context_is_refused():
+    with pytest.raises(ValueError, match="'yarn' needs original_max_position_embeddings > 0"):
+        rope_from_hf({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
