@@ -218,7 +218,20 @@ def render_chat_template(template: str, messages: Sequence[dict[str, Any]], add_
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"each chat message needs 'role' and 'content', got {m!r}")
     return _compiled_template(template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt, **kwargs)
+        messages=[_with_reasoning_aliases(m) for m in messages], add_generation_prompt=add_generation_prompt,
+        **kwargs)
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is what templates read
+
+
+def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
+    """Reasoning sent under any of its names reaches templates as `reasoning_content` (and `thinking`),
+    as transformers passes it."""
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 @functools.lru_cache(maxsize=16)

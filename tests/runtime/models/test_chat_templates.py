@@ -209,6 +209,8 @@ CONVERSATIONS = {
                   {"role": "assistant", "content": "<think>\nhm\n</think>\n\nDone."},
                   {"role": "user", "content": "Again."},
                   {"role": "assistant", "content": "Sure.", "reasoning_content": "\nok, again\n"}],
+    "reasoning-alias": [{"role": "user", "content": "Why?"},
+                        {"role": "assistant", "content": "Because.", "reasoning": "the OpenAI field name"}],
     "tools": [{"role": "user", "content": "Weather in Paris?"},
               {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
                   "name": "get_weather", "arguments": {"city": "Paris"}}}]},
