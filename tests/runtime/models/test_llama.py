@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlang.runtime.models.llama import LlamaConfig, rope_inv_freq
+from radixlang.runtime.models.rope import RopeScaling, rope_inv_freq
 from radixlang.runtime.models.loader import unpermute_qk
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder
@@ -96,48 +96,21 @@ def test_unpermute_inverts_llama_cpp_permute():
 
 def test_gguf_file_loads_like_hf_folder(tmp_path, tokenizer, smollm_metadata, weights):
     """Write the tiny model as a llama.cpp-style GGUF (permuted Q/K) and compare engine outputs."""
-    import gguf
-
     from radixlang.runtime.engine import Engine
+
+    from .gguf_tiny import Q, gguf_tensors, write_gguf
+
+    def smollm_tokenizer(writer) -> None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("smollm")
+        writer.add_token_list(smollm_metadata["tokenizer.ggml.tokens"])
+        writer.add_token_types(smollm_metadata["tokenizer.ggml.token_type"])
+        writer.add_token_merges(smollm_metadata["tokenizer.ggml.merges"])
+        writer.add_eos_token_id(2)
 
     cfg = TINY_CONFIG
     path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg["num_hidden_layers"])
-    writer.add_context_length(cfg["max_position_embeddings"])
-    writer.add_embedding_length(cfg["hidden_size"])
-    writer.add_feed_forward_length(cfg["intermediate_size"])
-    writer.add_head_count(cfg["num_attention_heads"])
-    writer.add_head_count_kv(cfg["num_key_value_heads"])
-    writer.add_rope_freq_base(cfg["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(smollm_metadata["tokenizer.ggml.tokens"])
-    writer.add_token_types(smollm_metadata["tokenizer.ggml.token_type"])
-    writer.add_token_merges(smollm_metadata["tokenizer.ggml.merges"])
-    writer.add_eos_token_id(2)
-    names = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
-    layer_names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                   "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                   "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                   "mlp.down_proj": "ffn_down"}
-    d = cfg["hidden_size"] // cfg["num_attention_heads"]
-    for name, t in weights.items():
-        parts = name.removeprefix("model.").split(".")
-        if parts[0] == "layers":
-            stem = ".".join(parts[2:-1])
-            if stem in ("self_attn.q_proj", "self_attn.k_proj"):
-                heads = cfg["num_attention_heads"] if "q_proj" in stem else cfg["num_key_value_heads"]
-                t = t.reshape(heads, 2, d // 2, -1).swapaxes(1, 2).reshape(t.shape)
-            gname = f"blk.{parts[1]}.{layer_names[stem]}.weight"
-        else:
-            gname = f"{names[parts[0]]}.weight"
-        writer.add_tensor(gname, t.numpy().astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(path, cfg, gguf_tensors(cfg, weights, Q.F32, None)[0], smollm_tokenizer)
 
     hf_dir = write_hf_folder(tmp_path / "hf", cfg, weights, tokenizer)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -150,18 +123,8 @@ def test_gguf_file_loads_like_hf_folder(tmp_path, tokenizer, smollm_metadata, we
 
 
 def test_llama3_rope_scaling_keeps_high_frequencies():
-    cfg = LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=8, num_layers=1, num_heads=1,
-                      num_kv_heads=1, head_dim=64, max_position=16, rope_theta=500000.0)
-    base = rope_inv_freq(cfg)
-    cfg.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
-                        "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    scaled = rope_inv_freq(cfg)
+    base = rope_inv_freq(RopeScaling(theta=500000.0), 64)
+    scaled = rope_inv_freq(RopeScaling("llama3", 500000.0, factor=8.0, original_max_position=8192,
+                                       low_freq_factor=1.0, high_freq_factor=4.0), 64)
     assert torch.allclose(scaled[:4], base[:4])  # short wavelengths untouched
     assert torch.allclose(scaled[-1], base[-1] / 8.0)  # long wavelengths divided by the factor
-
-
-def test_unknown_rope_scaling_is_a_clear_error():
-    cfg = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
-                      num_kv_heads=1, head_dim=8, max_position=4, rope_scaling={"rope_type": "yarn"})
-    with pytest.raises(ValueError, match="yarn"):
-        rope_inv_freq(cfg)
