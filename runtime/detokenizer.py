@@ -54,7 +54,11 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(self.ids[start:end], self.skip_special_tokens)
 
     def flush(self) -> str:
-        """Release everything (the request finished for a reason other than a stop string)."""
+        """Release everything (the request finished for a reason other than a stop string), including
+        tokens held back because their text ended in U+FFFD: that may be the token's own text."""
+        before = self._decode(self._prefix, self._read)
+        self.text += self._decode(self._prefix, len(self.ids))[len(before):]
+        self._prefix = self._read = len(self.ids)
         return self._release(0)
 
     def _find_stop(self, new_from: int) -> tuple[int, str] | None:

@@ -9,10 +9,11 @@ import pytest
 from radixlang.runtime.sampling_params import RULES, FieldError, SamplingParams, check_fields
 
 VOCAB, CONTEXT = 1000, 512
-# SGLang's documented ranges (lo, hi, lo excluded); written out here, not read from the schema
+# SGLang's documented ranges (lo, hi, lo excluded), temperature capped at 100 (near uniform already);
+# written out here, not read from the schema
 RANGES = {
     "max_new_tokens": (0, CONTEXT, False),
-    "temperature": (0.0, math.inf, False),
+    "temperature": (0.0, 100.0, False),
     "top_p": (0.0, 1.0, True),
     "top_k": (-1, VOCAB, False),
     "min_p": (0.0, 1.0, False),
@@ -55,7 +56,8 @@ def test_min_new_tokens_is_bounded_by_max_new_tokens():
     ({"ignore_eos": 1}, "ignore_eos", "must be a boolean"),
     ({"seed": 1.5}, "seed", "must be an integer"),
     ({"top_k": True}, "top_k", "must be an integer"),
-    ({"temperature": float("nan")}, "temperature", "must be a number"),
+    ({"temperature": float("nan")}, "temperature", "must be a finite number"),
+    ({"temperature": math.inf}, "temperature", "must be a finite number"),
     ({"regex": 5}, "regex", "must be a string"),
     ({"regex": "a", "grammar": "start: 'a'"}, "grammar", "regex and grammar are exclusive"),
 ])

@@ -111,6 +111,13 @@ def test_stream_never_emits_half_a_character(tokenizer, text):
     assert "".join(deltas) + detok.flush() == tokenizer.decode(ids)
 
 
+def test_a_token_whose_own_text_is_the_replacement_character_is_released_by_flush(tokenizer):
+    token = 24211  # SmolLM2 decodes it to a literal U+FFFD (hypothesis found it)
+    assert tokenizer.decode([token]).endswith("\ufffd")
+    deltas, detok = stream_text(tokenizer, tokenizer.encode("ab") + [token])
+    assert "".join(deltas) + detok.flush() == tokenizer.decode(tokenizer.encode("ab") + [token])
+
+
 def test_emoji_split_over_byte_tokens_is_released_whole(tokenizer):
     ids = tokenizer.encode("😀")
     assert len(ids) > 1  # the emoji spans several byte tokens
