@@ -1,0 +1,91 @@
+"""The n-gram drafter: per request, a trie over its own prompt and output; optionally a trie shared by
+recent requests (repeated boilerplate across a program's calls); back-off for requests it keeps failing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import SPEC_BACKOFF_MAX_STEPS, EngineConfig
+from ..request import Req
+from .ngram import NgramTrie
+from .tree import DraftTree, prune
+
+
+@dataclass(slots=True)
+class _ReqState:
+    trie: NgramTrie
+    fed: int = 0  # tokens of the request's sequence fed to its trie
+    misses: int = 0  # verifies in a row that accepted nothing
+    skip: int = 0  # steps still to sit out (back-off)
+
+
+class NgramDrafter:
+    def __init__(self, cfg: EngineConfig):
+        self.budget = cfg.speculative_num_draft_tokens
+        self.min_match = cfg.speculative_ngram_min_match_window_size
+        self.max_match = cfg.speculative_ngram_max_match_window_size
+        self.max_breadth = cfg.speculative_ngram_max_bfs_breadth
+        self.max_depth = cfg.speculative_ngram_branch_length
+        self.window = self.max_match + self.max_depth
+        self.capacity = cfg.speculative_ngram_capacity
+        self.shared = NgramTrie(self.window) if self.capacity > 0 else None
+        self._reqs: dict[str, _ReqState] = {}
+
+    def propose(self, req: Req, room: int) -> DraftTree:
+        """A draft tree of at most `room` nodes that follows the request's constraint (empty: none)."""
+        state = self._reqs.get(req.rid)
+        if state is None:
+            state = self._reqs[req.rid] = _ReqState(NgramTrie(self.window))
+        if state.skip > 0:
+            state.skip -= 1
+            return DraftTree([], [])
+        state.trie.feed(req.tokens(state.fed, req.fill_len))
+        state.fed = req.fill_len
+        context = req.tokens(max(0, req.fill_len - self.max_match), req.fill_len)
+        budget = min(self.budget, room)
+        args = (budget, self.min_match, self.max_match, self.max_breadth, self.max_depth)
+        tree = state.trie.propose(context, *args)
+        if not tree.tokens and self.shared is not None:
+            tree = self.shared.propose(context, *args)
+        return self._allowed(req, tree) if tree.tokens else tree
+
+    def verified(self, req: Req, drafted: int, accepted: int) -> None:
+        """Back-off: after k verifies in a row that kept nothing, sit out min(2^k, max) - 1 steps."""
+        state = self._reqs.get(req.rid)
+        if state is None or not drafted:
+            return
+        if accepted:
+            state.misses = 0
+            return
+        state.misses += 1
+        state.skip = min(1 << state.misses, SPEC_BACKOFF_MAX_STEPS) - 1
+
+    def forget(self, req: Req, finished: bool) -> None:
+        """Drops the request's state; a finished request's sequence goes to the shared trie."""
+        self._reqs.pop(req.rid, None)
+        if not finished or self.shared is None:
+            return
+        if self.shared.size > self.capacity:
+            self.shared.clear()  # recent requests only: start over rather than track ages
+        self.shared.end_sequence()
+        self.shared.feed(req.tokens(0, req.fill_len))
+
+    @staticmethod
+    def _allowed(req: Req, tree: DraftTree) -> DraftTree:
+        """Prunes nodes after a stop token and, for a constrained request, nodes the constraint forbids."""
+        stops = req.sampling.stop_ids
+        m = req.constraint
+        states = {-1: m.state} if m is not None else None
+
+        def keep(i: int, parent: int) -> bool:
+            if parent >= 0 and tree.tokens[kept[parent]] in stops:
+                return False  # nothing follows a stop token
+            if states is not None:
+                nxt = m.constraint.advance(states[parent], tree.tokens[i])
+                if nxt is None:
+                    return False
+                states[len(kept)] = nxt
+            kept.append(i)
+            return True
+
+        kept: list[int] = []
+        return prune(tree, keep)
