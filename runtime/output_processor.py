@@ -13,7 +13,8 @@ from .request import Req, StreamChunk
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
 from .counters import SchedulerCounters
 from .speculative.drafter import NgramDrafter
-from .speculative.tree import JUMP_FORWARD, NGRAM, Draft, DraftTree, accept_path, chain, constraint_states, paths
+from .speculative.tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
+                               constraint_states, paths)
 
 FinishFn = Callable[..., None]  # (req, reason, matched=None, error=None)
 
@@ -159,6 +160,13 @@ class OutputProcessor:
             return "stop", None, result.delta  # complete, and no EOS to sample (ignore_eos)
         return None, None, result.delta
 
+    @staticmethod
+    def _allowed(req: Req, tree: DraftTree) -> DraftTree:
+        m = req.constraint
+        if m is None:
+            return allowed_tree(tree, req.sampling.stop_ids, None, None)
+        return allowed_tree(tree, req.sampling.stop_ids, m.state, m.constraint.advance)
+
     def _draft(self, req: Req) -> None:
         """Appends draft tokens, checked at the next step: the constraint's forced continuation as a
         one-branch tree, else the drafter's tree."""
@@ -171,7 +179,7 @@ class OutputProcessor:
             tree = DraftTree(forced, chain(len(forced)))
             self.counters.jump_forward_drafted += len(forced)
         if not tree.tokens and self.drafter is not None:
-            tree, source = self.drafter.propose(req, room), NGRAM
+            tree, source = self._allowed(req, self.drafter.propose(req, room)), DRAFTER
             self.counters.spec_draft_tokens += len(tree.tokens)
         if tree.tokens:
             req.output_ids.extend(tree.tokens)

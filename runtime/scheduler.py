@@ -73,6 +73,9 @@ class Scheduler:
     def set_jump_forward(self, jump: JumpForwarder | None) -> None:
         self.jump = self.output.jump = jump
 
+    def set_drafter(self, drafter: NgramDrafter | None) -> None:
+        self.drafter = self.output.drafter = drafter
+
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[ScheduledItem]:

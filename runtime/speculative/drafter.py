@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..config import SPEC_BACKOFF_MAX_STEPS, EngineConfig
 from ..request import Req
 from .ngram import NgramTrie
-from .tree import DraftTree, prune
+from .tree import DraftTree
 
 
 @dataclass(slots=True)
@@ -46,7 +46,7 @@ class NgramDrafter:
         tree = state.trie.propose(context, *args)
         if not tree.tokens and self.shared is not None:
             tree = self.shared.propose(context, *args)
-        return self._allowed(req, tree) if tree.tokens else tree
+        return tree
 
     def verified(self, req: Req, drafted: int, accepted: int) -> None:
         """Back-off: after k verifies in a row that kept nothing, sit out min(2^k, max) - 1 steps."""
@@ -68,24 +68,3 @@ class NgramDrafter:
             self.shared.clear()  # recent requests only: start over rather than track ages
         self.shared.end_sequence()
         self.shared.feed(req.tokens(0, req.fill_len))
-
-    @staticmethod
-    def _allowed(req: Req, tree: DraftTree) -> DraftTree:
-        """Prunes nodes after a stop token and, for a constrained request, nodes the constraint forbids."""
-        stops = req.sampling.stop_ids
-        m = req.constraint
-        states = {-1: m.state} if m is not None else None
-
-        def keep(i: int, parent: int) -> bool:
-            if parent >= 0 and tree.tokens[kept[parent]] in stops:
-                return False  # nothing follows a stop token
-            if states is not None:
-                nxt = m.constraint.advance(states[parent], tree.tokens[i])
-                if nxt is None:
-                    return False
-                states[len(kept)] = nxt
-            kept.append(i)
-            return True
-
-        kept: list[int] = []
-        return prune(tree, keep)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 JUMP_FORWARD = "jump_forward"  # a constraint's forced string: a one-branch draft
-NGRAM = "ngram"
+DRAFTER = "drafter"  # the speculative drafter (n-gram)
 
 
 @dataclass(slots=True)
 class Draft:
     parents: list[int]  # node i's parent node; -1: the root
-    source: str  # JUMP_FORWARD | NGRAM
+    source: str  # JUMP_FORWARD | DRAFTER
 
 
 @dataclass(slots=True)
@@ -70,6 +70,27 @@ def prune(tree: DraftTree, keep: Callable[[int, int], bool]) -> DraftTree:
         tokens.append(token)
         parents.append(new_index[p])
     return DraftTree(tokens, parents)
+
+
+def allowed_tree(tree: DraftTree, stop_ids: frozenset[int], start: Any,
+                 advance: Callable[[Any, int], Any | None] | None) -> DraftTree:
+    """`tree` without nodes under a stop token nor, given a constraint (its state at the root and its
+    `advance`), nodes that the constraint forbids: what verification could never accept."""
+    kept: list[int] = []  # new index -> old index
+    states = {-1: start}
+
+    def keep(i: int, parent: int) -> bool:
+        if parent >= 0 and tree.tokens[kept[parent]] in stop_ids:
+            return False
+        if advance is not None:
+            state = advance(states[parent], tree.tokens[i])
+            if state is None:
+                return False
+            states[len(kept)] = state
+        kept.append(i)
+        return True
+
+    return prune(tree, keep)
 
 
 def accept_path(tokens: list[int], parents: list[int], drawn: list[int]) -> list[int]:
