@@ -43,6 +43,8 @@ JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 # speculative decoding (runtime/speculative)
 SPECULATIVE_ALGORITHMS = ("NGRAM",)  # speculative_algorithm: one of these, or None (off)
 SPEC_BACKOFF_MAX_STEPS = 16  # a drafter that keeps failing a request sits out at most this many steps
+SPEC_INITIAL_ACCEPT = 2.0  # a request's first draft trees assume this many accepted tokens per verify
+SPEC_ACCEPT_EMA = 0.3  # weight of the latest verify in that moving average (trees: 1 + 2x it nodes)
 
 
 @dataclass(slots=True)

@@ -1,10 +1,12 @@
 """The n-gram drafter: per request, a trie over its own prompt and output; optionally a trie shared by
-recent requests (repeated boilerplate across a program's calls); back-off for requests it keeps failing."""
+recent requests (repeated boilerplate across a program's calls). Trees are sized by what the request's
+recent verifies accepted, and a request whose drafts keep failing is not drafted for a while (back-off),
+so free text pays almost nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import SPEC_BACKOFF_MAX_STEPS, EngineConfig
+from ..config import SPEC_ACCEPT_EMA, SPEC_BACKOFF_MAX_STEPS, SPEC_INITIAL_ACCEPT, EngineConfig
 from ..request import Req
 from .ngram import NgramTrie
 from .tree import DraftTree
@@ -16,6 +18,7 @@ class _ReqState:
     fed: int = 0  # tokens of the request's sequence fed to its trie
     misses: int = 0  # verifies in a row that accepted nothing
     skip: int = 0  # steps still to sit out (back-off)
+    accepted: float = SPEC_INITIAL_ACCEPT  # moving average of tokens accepted per verify
 
 
 class NgramDrafter:
@@ -41,7 +44,8 @@ class NgramDrafter:
         state.trie.feed(req.tokens(state.fed, req.fill_len))
         state.fed = req.fill_len
         context = req.tokens(max(0, req.fill_len - self.max_match), req.fill_len)
-        budget = min(self.budget, room)
+        # a tree about twice as big as what recent verifies accepted: each node costs verify compute
+        budget = min(self.budget, room, 1 + int(2 * state.accepted))
         args = (budget, self.min_match, self.max_match, self.max_breadth, self.max_depth)
         tree = state.trie.propose(context, *args)
         if not tree.tokens and self.shared is not None:
@@ -49,10 +53,12 @@ class NgramDrafter:
         return tree
 
     def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        """Back-off: after k verifies in a row that kept nothing, sit out min(2^k, max) - 1 steps."""
+        """Sizes the next trees by what verifies accept; after k verifies in a row that kept nothing,
+        sits out min(2^k, max) - 1 steps."""
         state = self._reqs.get(req.rid)
         if state is None or not drafted:
             return
+        state.accepted += SPEC_ACCEPT_EMA * (accepted - state.accepted)
         if accepted:
             state.misses = 0
             return
