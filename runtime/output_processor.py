@@ -101,11 +101,7 @@ class OutputProcessor:
             self._count_verify(req, draft.source, n, len(path))
         accepted = [drafted[i] for i in path]
         rows = [0] + [1 + i for i in path]  # the row that drew each accepted token, then the bonus row
-        tokens = accepted + [drawn[rows[-1]]]
-        m = req.constraint
-        if m is not None and not m.end_ids and m.is_complete(m.lookahead(accepted)[-1]):
-            tokens.pop()  # the constraint is complete and nothing, not even EOS, may follow
-        self._append(req, tokens, [logprobs[r] for r in rows[:len(tokens)]], sampled=len(tokens) > len(accepted))
+        self._append(req, accepted + [drawn[rows[-1]]], [logprobs[r] for r in rows])
 
     def _count_verify(self, req: Req, source: str, drafted: int, accepted: int) -> None:
         if source == JUMP_FORWARD:
@@ -116,10 +112,11 @@ class OutputProcessor:
         if self.drafter is not None:
             self.drafter.verified(req, drafted, accepted)
 
-    def _append(self, req: Req, tokens: list[int], logprobs: list[TokenLogprob | None], sampled: bool) -> None:
-        """Appends verified tokens (the last one sampled when `sampled`) one at a time until one ends the
-        request, as plain decoding would have; streams what was appended in one chunk."""
-        p, m = req.params, req.constraint
+    def _append(self, req: Req, tokens: list[int], logprobs: list[TokenLogprob | None]) -> None:
+        """Appends the accepted draft tokens, then the bonus token, one at a time until one ends the
+        request, as plain decoding would have (a complete constraint without EOS ends it before the
+        bonus, which its empty mask made meaningless); streams what was appended in one chunk."""
+        m = req.constraint
         new, kept_lps, text = [], [], []
         reason, matched, error = None, None, None
         for i, token in enumerate(tokens):
@@ -131,8 +128,8 @@ class OutputProcessor:
             new.append(token)
             if req.return_logprob:
                 kept_lps.append(logprobs[i])
-            if sampled and i == len(tokens) - 1:
-                self.counters.generated_tokens += 1
+            if i == len(tokens) - 1:
+                self.counters.generated_tokens += 1  # the bonus token: the one a plain step would decode
             reason, matched, delta = self._ended(req, token)
             text.append(delta)
             if reason is not None:

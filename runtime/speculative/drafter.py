@@ -34,7 +34,7 @@ class NgramDrafter:
         self._reqs: dict[str, _ReqState] = {}
 
     def propose(self, req: Req, room: int) -> DraftTree:
-        """A draft tree of at most `room` nodes that follows the request's constraint (empty: none)."""
+        """A draft tree of at most `room` nodes (empty: none); the caller prunes it to the constraint."""
         state = self._reqs.get(req.rid)
         if state is None:
             state = self._reqs[req.rid] = _ReqState(NgramTrie(self.window))

@@ -288,12 +288,30 @@ def test_preemption_with_drafts_in_flight_keeps_outputs(tiny_model_dir, plain_ou
     assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
 
 
-def test_a_failing_drafter_backs_off_exponentially(tiny_model_dir):
-    h = Harness(tiny_model_dir)
+def bare_req(tokenizer, rid: str, prompt: str | list[int]) -> Req:
+    ids = prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
+    return Req.create(rid, ids, SamplingParams.from_any(GREEDY), tokenizer, lambda chunk: None,
+                      context_length=1024, seed=0, device=torch.device("cpu"))
+
+
+def test_finished_requests_feed_a_shared_trie_that_drafts_for_later_ones(tokenizer):
+    drafter = NgramDrafter(EngineConfig(speculative_algorithm="NGRAM", speculative_ngram_capacity=500))
+    head, boilerplate = tokenizer.encode("Letter one."), tokenizer.encode(" Sincerely yours, the radixlang team")
+    first = bare_req(tokenizer, "a", head + boilerplate)
+    later = bare_req(tokenizer, "b", tokenizer.encode("Letter two.") + boilerplate[:3])
+    assert drafter.propose(later, 8).tokens == []  # its own text has no continuation of its end
+    drafter.forget(first, finished=True)
+    expected = boilerplate[3:]  # what followed in the finished request
+    tree = drafter.propose(later, 8)
+    assert tree.tokens == expected[:len(tree.tokens)] and len(tree.tokens) >= 3
+    for i in range(30):  # past capacity the shared trie starts over
+        drafter.forget(bare_req(tokenizer, f"x{i}", f"Unrelated text number {i} goes here."), finished=True)
+    assert drafter.shared.size <= 500 + 14 * 20
+
+
+def test_a_failing_drafter_backs_off_exponentially(tokenizer):
     drafter = NgramDrafter(EngineConfig(speculative_algorithm="NGRAM"))
-    sp = SamplingParams.from_any(GREEDY)
-    req = Req.create("r", h.tokenizer.encode(PROMPTS[1]), sp, h.tokenizer, lambda chunk: None,
-                     context_length=1024, seed=0, device=torch.device("cpu"))
+    req = bare_req(tokenizer, "r", PROMPTS[1])
 
     def proposals(n: int, accepted: int) -> list[bool]:
         out = []
