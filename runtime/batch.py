@@ -46,13 +46,14 @@ class ScheduledItem:
         return [self.start + d for d in depth]
 
     @property
-    def draft_positions(self) -> range:
-        """Positions whose logits check the request's jump-forward draft (each predicts a draft token)."""
-        if not self.samples or not self.req.num_draft:
+    def sample_offsets(self) -> range:
+        """Offsets in this item of the tokens whose logits are sampled: the request's last verified token,
+        then its draft nodes (row 1 + i checks the children of node i, row 0 the root's)."""
+        if not self.samples:
             return range(0)
-        last = self.end - 1
-        assert self.start <= last - self.req.num_draft, "a draft is never split across items"
-        return range(last - self.req.num_draft, last)
+        first = self.length - 1 - self.req.num_draft
+        assert first >= 0, "a draft is never split across items"
+        return range(first, self.length)
 
     def prompt_logit_positions(self) -> range:
         """Positions in this item whose logits score a prompt token the caller asked about."""
@@ -68,13 +69,7 @@ class LogitRows:
     """Where one item's rows sit in the step's [rows, vocab] logits."""
 
     prompt: range  # score prompt tokens (prompt logprobs)
-    draft: range  # row j predicts the request's j-th draft token
-    next: int | None  # predicts the token after the item; None when the item does not sample
-
-    @property
-    def samples(self) -> range:
-        """Every row that is sampled: the draft checks, then the next token."""
-        return range(self.draft.start, self.draft.stop + (self.next is not None))
+    samples: range  # the item's sample_offsets: the root's row, then one per draft node
 
 
 @dataclass(slots=True)
@@ -88,9 +83,7 @@ class StepBatch:
         offset = 0
         for item in self.items:
             prompt = self._take(offset - item.start, item.prompt_logit_positions())
-            draft = self._take(offset - item.start, item.draft_positions)
-            nxt = self._take(offset, range(item.length - 1, item.length)).start if item.samples else None
-            self.rows.append(LogitRows(prompt, draft, nxt))
+            self.rows.append(LogitRows(prompt, self._take(offset, item.sample_offsets)))
             offset += item.length
 
     def _take(self, shift: int, positions: range) -> range:

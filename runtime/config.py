@@ -34,6 +34,12 @@ JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 # attention
 CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)
 
+# speculative decoding (runtime/speculative)
+SPECULATIVE_ALGORITHMS = ("NGRAM",)  # speculative_algorithm: one of these, or None (off)
+SPEC_BACKOFF_MAX_STEPS = 16  # a drafter that keeps failing a request sits out at most this many steps
+SPEC_INITIAL_ACCEPT = 2.0  # a request's first draft trees assume this many accepted tokens per verify
+SPEC_ACCEPT_EMA = 0.3  # weight of the latest verify in that moving average (trees: 1 + 2x it nodes)
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -56,6 +62,14 @@ class EngineConfig:
     disable_jump_forward: bool = False  # constrained requests decode forced text token by token
     constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
     attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
+    # speculative decoding, with SGLang's option names
+    speculative_algorithm: str | None = None  # "NGRAM": draft trees from n-gram tries; None: off
+    speculative_num_draft_tokens: int = 8  # draft tree nodes verified per step, at most
+    speculative_ngram_min_match_window_size: int = 1  # shortest context suffix matched in the trie
+    speculative_ngram_max_match_window_size: int = 6  # longest one (the longest match wins)
+    speculative_ngram_max_bfs_breadth: int = 3  # children per draft tree node, at most
+    speculative_ngram_branch_length: int = 8  # draft tree depth, at most
+    speculative_ngram_capacity: int = 200_000  # nodes of the trie shared by recent requests; 0: no sharing
 
     @classmethod
     def from_options(cls, model: str | None = None, **options: Any) -> "EngineConfig":
@@ -77,6 +91,7 @@ class EngineConfig:
         for name in ("max_running_requests", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._validate_speculative()
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
             raise ValueError(f"kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.context_length is not None and self.context_length < 2:
@@ -85,6 +100,21 @@ class EngineConfig:
 
         resolve_backend(self.attention_backend, self.torch_device())
         self.torch_dtype()
+
+    def _validate_speculative(self) -> None:
+        if self.speculative_algorithm is not None and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be None or one of {SPECULATIVE_ALGORITHMS}, "
+                             f"got {self.speculative_algorithm!r}")
+        for name in ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
+                     "speculative_ngram_max_bfs_breadth", "speculative_ngram_branch_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.speculative_ngram_max_match_window_size < self.speculative_ngram_min_match_window_size:
+            raise ValueError("speculative_ngram_max_match_window_size must be >= speculative_ngram_min_match_"
+                             f"window_size ({self.speculative_ngram_min_match_window_size}), got "
+                             f"{self.speculative_ngram_max_match_window_size}")
+        if self.speculative_ngram_capacity < 0:
+            raise ValueError(f"speculative_ngram_capacity must be >= 0, got {self.speculative_ngram_capacity}")
 
     def torch_device(self) -> torch.device:
         import torch

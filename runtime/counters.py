@@ -15,3 +15,6 @@ class SchedulerCounters:
     aborted: int = 0
     jump_forward_drafted: int = 0  # tokens proposed by jump-forward
     jump_forward_tokens: int = 0  # drafted tokens the model confirmed: output without a decode step
+    spec_draft_tokens: int = 0  # draft tree nodes proposed by the speculative drafter
+    spec_verifies: int = 0  # steps that verified such a tree
+    spec_accepted_tokens: int = 0  # tree nodes the target accepted

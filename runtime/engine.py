@@ -28,6 +28,7 @@ from .request import Req, StreamChunk
 from .sampler import TokenLogprob
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .speculative.drafter import NgramDrafter
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,8 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     runner = ModelRunner(loaded.model, req_to_token, attn, device)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache)
-    scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump)
+    drafter = NgramDrafter(cfg) if cfg.speculative_algorithm == "NGRAM" else None
+    scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump, drafter=drafter)
     return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size)
 
 

@@ -130,6 +130,20 @@ class KVManager:
             self._relock(req, match.node, length)
         req.kv_len = req.slot_len = length
 
+    def keep_path(self, req: Req, first: int, kept: list[int]) -> None:
+        """After a draft tree's verify: the KV of positions `kept` (ascending, >= first; a root-first path
+        of tree nodes) moves to positions first, first + 1, ... by moving slot indices in the request's
+        row (a token's K/V depends on its ancestors only, which the tree mask gave it); every other
+        slot from `first` on goes back to the allocator. Nothing of the tree has reached the radix tree."""
+        assert req.slot_len == req.kv_len and req.cached_len <= first, "a verified tree is owned, not cached"
+        slots = self.req_to_token.read(req.row, first, req.kv_len)
+        keep = torch.zeros(slots.numel(), dtype=torch.bool, device=slots.device)
+        offsets = torch.tensor([p - first for p in kept], dtype=torch.int64, device=slots.device)
+        keep[offsets] = True
+        self.allocator.free(slots[~keep])
+        self.req_to_token.write(req.row, first, slots[offsets])
+        req.kv_len = req.slot_len = first + len(kept)
+
     def release(self, req: Req, cache_computed: bool = True) -> None:
         """Gives back the request's row and KV: computed tokens to the tree, the rest to the allocator."""
         if req.row is None:

@@ -1,5 +1,5 @@
-"""After the forward pass: sample the step's rows in one batched call, verify jump-forward drafts, append
-tokens, detokenize, stream, and say which requests are done."""
+"""After the forward pass: sample the step's rows in one batched call, verify draft trees (speculative and
+jump-forward), append tokens, detokenize, stream, draft again, and say which requests are done."""
 from __future__ import annotations
 
 from typing import Callable
@@ -12,21 +12,25 @@ from .kv_manager import KVManager
 from .request import Req, StreamChunk
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
 from .counters import SchedulerCounters
+from .speculative.drafter import NgramDrafter
+from .speculative.tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
+                               constraint_states, paths)
 
 FinishFn = Callable[..., None]  # (req, reason, matched=None, error=None)
 
 
 class OutputProcessor:
     def __init__(self, kv: KVManager, context_length: int, counters: SchedulerCounters, finish: FinishFn,
-                 jump: JumpForwarder | None):
+                 jump: JumpForwarder | None, drafter: NgramDrafter | None = None):
         self.kv, self.context_length, self.counters, self.finish = kv, context_length, counters, finish
         self.jump = jump  # None: jump-forward disabled
+        self.drafter = drafter  # None: no speculative drafts (jump-forward may still draft)
 
     def process(self, batch: StepBatch, logits: torch.Tensor | None) -> None:
         live = [(item, rows) for item, rows in zip(batch.items, batch.rows) if not item.req.done]
         for item, _ in live:
             self.kv.computed(item.req, item.end)
-            if item.length > 1:
+            if item.length > 1 and not item.req.num_draft:  # a draft reaches the tree only once verified
                 self.kv.commit(item.req)
         out = self._sample(live, logits)
         sampled = scored = 0
@@ -60,91 +64,123 @@ class OutputProcessor:
 
     @staticmethod
     def _sample_rows(req: Req) -> list[SampleRow]:
-        """A row per draft token, then one for the token after the draft: row j assumes drafts [0, j)
-        were accepted (its constraint state, penalties and min_new_tokens count follow from that)."""
+        """The root's row, then one per draft node: each row assumes the tokens on its path from the
+        root were accepted (its constraint state, penalties, min_new_tokens count and place in the
+        seed's random stream follow from that)."""
         base = len(req.output_ids) - req.num_draft
         drafted = req.output_ids[base:]
+        parents = req.draft.parents if req.draft is not None else []
         m = req.constraint
-        states = m.lookahead(drafted) if m is not None else [None] * (len(drafted) + 1)
+        states = constraint_states(m.state, m.constraint.advance, drafted, parents) if m is not None else None
         top = req.top_logprobs_num if req.return_logprob else -1
         rows = []
-        for j, state in enumerate(states):
-            block_stop = base + j < req.params.min_new_tokens
+        for j, path in enumerate(paths(drafted, parents)):
+            counter = base + len(path)
+            block_stop = counter < req.params.min_new_tokens
             mask = None
             if m is not None:
-                mask = m.mask_words(state)
-                block_stop = block_stop and not m.is_complete(state)  # the constraint may only end
-            rows.append(SampleRow(req.sampling, base + j, block_stop, tuple(drafted[:j]), mask, top))
+                mask = m.mask_words(states[j])
+                block_stop = block_stop and not m.is_complete(states[j])  # the constraint may only end
+            rows.append(SampleRow(req.sampling, counter, block_stop, path, mask, top))
         return rows
 
     # ---- drafts and appending -------------------------------------------------------------------
-    def _verify_and_append(self, req: Req, tokens: list[int], logprobs: list[TokenLogprob | None]) -> None:
-        """Keeps each jump-forward draft token while the token sampled at its position reproduces it
-        (greedy: the argmax; sampling: a draw, so the output distribution is unchanged), then takes
-        the sampled token after the last kept one."""
-        base = len(req.output_ids) - req.num_draft
-        drafted, accepted, kept_lps = req.output_ids[base:], [], []
-        token, token_lp = None, None
-        for j, d in enumerate(drafted):
-            if tokens[j] != d:  # the model splits or goes on differently: roll the rest back
-                self.kv.truncate(req, len(req.prompt_ids) + base + j)
-                token, token_lp = tokens[j], logprobs[j]
-                break
-            accepted.append(d)
-            if req.return_logprob:
-                kept_lps.append(logprobs[j])
-            req.sampling.observe(d)
-            advanced = req.constraint.advance(d)
-            assert advanced, "a drafted token follows the constraint"
-        del req.output_ids[base:]
-        req.num_draft = 0
-        self.counters.jump_forward_tokens += len(accepted)
-        m = req.constraint
-        if token is None and not (m is not None and not m.end_ids and m.is_complete()):
-            token, token_lp = tokens[-1], logprobs[-1]  # else nothing, not even EOS, may follow
-        self._append(req, token, token_lp, accepted, kept_lps)
+    def _verify_and_append(self, req: Req, drawn: list[int], logprobs: list[TokenLogprob | None]) -> None:
+        """Keeps the draft nodes on the path the target's draws take through the tree (`accept_path`),
+        moves their KV into place and frees the rest, then appends them and the bonus token drawn after
+        the last kept one."""
+        draft, n = req.draft, req.num_draft
+        base = len(req.output_ids) - n
+        drafted = req.output_ids[base:]
+        path = accept_path(drafted, draft.parents, drawn) if draft is not None else []
+        if draft is not None:
+            first = len(req.prompt_ids) + base  # the root's child's position
+            self.kv.keep_path(req, first, [first + i for i in path])
+            del req.output_ids[base:]
+            req.draft = None
+            self._count_verify(req, draft.source, n, len(path))
+        accepted = [drafted[i] for i in path]
+        rows = [0] + [1 + i for i in path]  # the row that drew each accepted token, then the bonus row
+        self._append(req, accepted + [drawn[rows[-1]]], [logprobs[r] for r in rows])
 
-    def _append(self, req: Req, token: int | None, token_lp: TokenLogprob | None, accepted: list[int],
-                logprobs: list[TokenLogprob]) -> None:
-        """Appends verified draft tokens and the sampled token (None: the constraint is complete and
-        nothing was sampled); streams them; finishes the request when they end it."""
-        if token is not None and req.constraint is not None and not req.constraint.advance(token):
-            self.finish(req, "abort", error=f"internal error: the constraint rejected sampled token {token}")
+    def _count_verify(self, req: Req, source: str, drafted: int, accepted: int) -> None:
+        if source == JUMP_FORWARD:
+            self.counters.jump_forward_tokens += accepted
             return
-        req.output_ids.extend(accepted)
-        new = list(accepted)
-        if token is not None:
+        self.counters.spec_verifies += 1
+        self.counters.spec_accepted_tokens += accepted
+        if self.drafter is not None:
+            self.drafter.verified(req, drafted, accepted)
+
+    def _append(self, req: Req, tokens: list[int], logprobs: list[TokenLogprob | None]) -> None:
+        """Appends the accepted draft tokens, then the bonus token, one at a time until one ends the
+        request, as plain decoding would have (a complete constraint without EOS ends it before the
+        bonus, which its empty mask made meaningless); streams what was appended in one chunk."""
+        m = req.constraint
+        new, kept_lps, text = [], [], []
+        reason, matched, error = None, None, None
+        for i, token in enumerate(tokens):
+            if m is not None and not m.advance(token):
+                reason, error = "abort", f"internal error: the constraint rejected sampled token {token}"
+                break
             req.output_ids.append(token)
             req.sampling.observe(token)
-            self.counters.generated_tokens += 1
             new.append(token)
             if req.return_logprob:
-                logprobs = logprobs + [token_lp]
-        p, n_out = req.params, len(req.output_ids)
-        ended = token in req.sampling.stop_ids
-        result = req.detok.add(accepted if ended else new, check_stop=n_out >= p.min_new_tokens)
-        if ended and result.stop is None:
-            emit(req, result.delta + req.detok.flush(), new, logprobs)
-            self.finish(req, "stop", matched=token)
-            return
-        emit(req, result.delta, new, logprobs)
-        if result.stop is not None:
-            self.finish(req, "stop", matched=result.stop)
-        elif n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
-            self.finish(req, "length")
-        elif req.constraint is not None and not req.constraint.end_ids and req.constraint.is_complete():
-            self.finish(req, "stop")  # complete, and no EOS to sample (ignore_eos)
-        elif self.jump is not None and req.constraint is not None:
+                kept_lps.append(logprobs[i])
+            if i == len(tokens) - 1:
+                self.counters.generated_tokens += 1  # the bonus token: the one a plain step would decode
+            reason, matched, delta = self._ended(req, token)
+            text.append(delta)
+            if reason is not None:
+                break
+        self.kv.truncate(req, req.fill_len)  # KV of accepted tokens after the end is not output
+        if new:
+            emit(req, "".join(text), new, kept_lps)
+        if reason is not None:
+            self.finish(req, reason, matched=matched, error=error)
+        else:
             self._draft(req)
 
+    def _ended(self, req: Req, token: int) -> tuple[str | None, int | str | None, str]:
+        """(finish reason or None, what matched, text released) after appending `token`."""
+        if token in req.sampling.stop_ids:
+            return "stop", token, req.detok.flush()
+        n_out = len(req.output_ids)
+        result = req.detok.add([token], check_stop=n_out >= req.params.min_new_tokens)
+        if result.stop is not None:
+            return "stop", result.stop, result.delta
+        if n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
+            return "length", None, result.delta
+        m = req.constraint
+        if m is not None and not m.end_ids and m.is_complete():
+            return "stop", None, result.delta  # complete, and no EOS to sample (ignore_eos)
+        return None, None, result.delta
+
+    @staticmethod
+    def _allowed(req: Req, tree: DraftTree) -> DraftTree:
+        m = req.constraint
+        if m is None:
+            return allowed_tree(tree, req.sampling.stop_ids, None, None)
+        return allowed_tree(tree, req.sampling.stop_ids, m.state, m.constraint.advance)
+
     def _draft(self, req: Req) -> None:
-        """Appends the constraint's forced continuation as draft tokens, checked at the next step."""
+        """Appends draft tokens, checked at the next step: the constraint's forced continuation as a
+        one-branch tree, else the drafter's tree."""
         room = req.max_new_tokens - len(req.output_ids) - 1  # the step after the draft still samples
-        tokens = self.jump.draft(req.constraint.forced_bytes())[:max(room, 0)]
-        if tokens:
-            req.output_ids.extend(tokens)
-            req.num_draft = len(tokens)
-            self.counters.jump_forward_drafted += len(tokens)
+        if room <= 0:
+            return
+        tree, source = DraftTree([], []), JUMP_FORWARD
+        if self.jump is not None and req.constraint is not None:
+            forced = self.jump.draft(req.constraint.forced_bytes())[:room]
+            tree = DraftTree(forced, chain(len(forced)))
+            self.counters.jump_forward_drafted += len(forced)
+        if not tree.tokens and self.drafter is not None:
+            tree, source = self._allowed(req, self.drafter.propose(req, room)), DRAFTER
+            self.counters.spec_draft_tokens += len(tree.tokens)
+        if tree.tokens:
+            req.output_ids.extend(tree.tokens)
+            req.draft = Draft(tree.parents, source)
 
 
 def emit(req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:

@@ -13,6 +13,7 @@ from .memory import SwappedKV
 from .radix_cache import TreeNode
 from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
+from .speculative.tree import Draft
 from .tokenizer import Tokenizer
 
 
@@ -55,7 +56,7 @@ class Req:
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
     constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
-    num_draft: int = 0  # trailing output_ids proposed by jump-forward, not yet verified by the model
+    draft: Draft | None = None  # the trailing output_ids are a draft tree's nodes, not yet verified
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -99,6 +100,10 @@ class Req:
     @property
     def fill_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_draft(self) -> int:
+        return len(self.draft.parents) if self.draft is not None else 0
 
     @property
     def pending(self) -> int:

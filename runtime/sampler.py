@@ -238,7 +238,11 @@ def token_distribution(logits: torch.Tensor, params: list[SamplingParams]) -> to
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [p.top_p for p in params]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        k_max = max(top_k)
+        if k_max < vocab:  # every row keeps at most k_max tokens: order only those (a full sort is slow)
+            sorted_probs, order = torch.topk(probs, k_max, dim=-1)
+        else:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         kth = sorted_probs.gather(1, _index([k - 1 for k in top_k], device).view(-1, 1))
         sorted_probs = torch.where(sorted_probs < kth, torch.zeros_like(sorted_probs), sorted_probs)
         cum = sorted_probs.cumsum(dim=-1)

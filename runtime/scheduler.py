@@ -20,6 +20,8 @@ from .output_processor import OutputProcessor, emit_final
 from .radix_cache import RadixCache
 from .request import Req, ReqState
 from .schedule_policy import order_waiting
+from .speculative.drafter import NgramDrafter
+from .speculative.tree import item_parents
 from .counters import SchedulerCounters
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ class Scheduler:
     kv: KVManager
     context_length: int
     jump: JumpForwarder | None = None  # None: jump-forward disabled
+    drafter: NgramDrafter | None = None  # None: no speculative decoding
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
@@ -41,7 +44,8 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
-        self.output = OutputProcessor(self.kv, self.context_length, self.counters, self._finish, self.jump)
+        self.output = OutputProcessor(self.kv, self.context_length, self.counters, self._finish, self.jump,
+                                      self.drafter)
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -68,6 +72,9 @@ class Scheduler:
 
     def set_jump_forward(self, jump: JumpForwarder | None) -> None:
         self.jump = self.output.jump = jump
+
+    def set_drafter(self, drafter: NgramDrafter | None) -> None:
+        self.drafter = self.output.drafter = drafter
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -119,7 +126,8 @@ class Scheduler:
         return [self._extend(req, n) for req, n in plan], budget
 
     def _extend(self, req: Req, n: int) -> ScheduledItem:
-        return ScheduledItem(req, self.kv.extend(req, n), n)
+        parents = item_parents(n, req.draft.parents) if req.draft is not None else None
+        return ScheduledItem(req, self.kv.extend(req, n), n, parents)
 
     def _admit(self, budget: int) -> list[ScheduledItem]:
         items: list[ScheduledItem] = []
@@ -194,7 +202,9 @@ class Scheduler:
         if req.row is not None:
             self.kv.truncate(req, len(req.prompt_ids) + end)
         del req.output_ids[end:]
-        req.num_draft = keep
+        req.draft.parents = req.draft.parents[:keep]  # a prefix of a tree's nodes is a tree
+        if not keep:
+            req.draft = None
 
     def _preempt(self, req: Req) -> None:
         self._drop_draft(req)  # the draft is re-proposed after the request resumes
@@ -218,6 +228,8 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.release(req)
+        if self.drafter is not None:
+            self.drafter.forget(req, finished=reason != "abort")
         req.state = ReqState.ABORTED if reason == "abort" else ReqState.FINISHED
         self.reqs.pop(req.rid, None)
         if reason == "abort":
@@ -254,4 +266,8 @@ class Scheduler:
             "steps_total": s.steps,
             "jump_forward_drafted_total": s.jump_forward_drafted,
             "jump_forward_tokens_total": s.jump_forward_tokens,
+            "spec_draft_tokens_total": s.spec_draft_tokens,
+            "spec_verify_steps_total": s.spec_verifies,
+            "spec_accepted_tokens_total": s.spec_accepted_tokens,
+            "spec_accept_length": s.spec_accepted_tokens / s.spec_verifies if s.spec_verifies else 0.0,
         }

@@ -53,7 +53,7 @@ class _Req:
 
     def __init__(self, prompt: list[int], output: list[int]):
         self.prompt_ids, self.output_ids, self.max_new_tokens = prompt, output, 100
-        self.num_draft, self.wants_prompt_logprobs, self.row = 0, False, 0
+        self.num_draft, self.wants_prompt_logprobs, self.row = 0, False, 0  # num_draft: trailing draft nodes
 
     @property
     def fill_len(self) -> int:
@@ -80,7 +80,7 @@ def test_logit_rows_cover_prompt_scores_drafts_and_the_next_token():
     decode = _Req([1, 2], [3])
     batch = StepBatch([ScheduledItem(decode, 2, 1), ScheduledItem(req, 5, 4)])
     first, second = batch.rows
-    assert first.next == 0 and not first.draft and not first.prompt
-    # req: tokens at positions 5..8; drafts 8, 9 (positions 7, 8) are predicted by positions 6, 7
-    assert list(second.draft) == [1, 2] and second.next == 3 and list(second.samples) == [1, 2, 3]
+    assert list(first.samples) == [0] and not first.prompt
+    # req: tokens at positions 5..8; the root (position 6) and drafts 8, 9 (positions 7, 8) are sampled
+    assert list(second.samples) == [1, 2, 3]
     assert batch.hidden_rows == [0, 1 + 1, 1 + 2, 1 + 3]
