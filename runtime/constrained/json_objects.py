@@ -124,6 +124,10 @@ def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.
     """Comma-separated members in order (required ones always, optional ones maybe), then any number
     of undeclared ones."""
     comma = c.punct(",")
+    if any(ra.refs(n) for n, _ in items) or (extra is not None and ra.refs(extra)):
+        # a recursive object is lexed member by member: one lexeme spanning an optional member would
+        # read on greedily into the next member's key and fail where that member is absent
+        comma = ra.seq(c.boundary(), comma)
     options = []
     for i, (node, req) in enumerate(items):  # item i is the first one present
         rest = [ra.seq(comma, n) if r else ra.optional(ra.seq(comma, n)) for n, r in items[i + 1:]]

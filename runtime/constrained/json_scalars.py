@@ -241,8 +241,8 @@ def _fraction_digits(digits: str, op: str, budget: int, first: bool) -> ra.Node:
             return ra.repeat(ra.literal("0"), lo_len, budget)
         if op == "<":
             return ra.alt(*parts)
-        return ra.seq(ra.repeat(DIGIT, 0, budget - 1), ra.char_class("1-9"), ra.repeat(DIGIT, 0, budget - 1)) \
-            if budget > 1 else ra.char_class("1-9")
+        return ra.alt(*(ra.seq(ra.repeat(ra.literal("0"), zeros, zeros), ra.char_class("1-9"),
+                               ra.repeat(DIGIT, 0, budget - 1 - zeros)) for zeros in range(budget)))
     d = int(digits[0])
     above = d < 9 and op in (">", ">=")
     below = d > 0 and op in ("<", "<=")

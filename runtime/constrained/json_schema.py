@@ -28,6 +28,7 @@ from .schema_merge import (JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjo
                            property_schema)
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
+LEXEME_BOUNDARY = "lexeme_boundary"
 KNOWN_FORMATS = frozenset(FORMATS)
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
@@ -90,6 +91,11 @@ class _SchemaCompiler:
     # ---- tokens -------------------------------------------------------------------------------
     def punct(self, c: str) -> ra.Node:
         return ra.seq(self.ws, ra.literal(c), self.ws)
+
+    def boundary(self) -> ra.Node:
+        """An empty rule: a place where the grammar's lexer must end one lexeme and start the next."""
+        self.rules.setdefault(LEXEME_BOUNDARY, ra.EMPTY)
+        return ra.Ref(LEXEME_BOUNDARY)
 
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: Any, path: str) -> ra.Node:
