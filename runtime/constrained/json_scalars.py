@@ -109,9 +109,13 @@ def _hex_digit(d: str) -> ra.Node:
 
 
 def pattern_body(pattern: Any, path: str) -> ra.Node:
-    """A string `pattern` (search semantics, so unanchored ends match anything), raw characters only."""
+    """A string `pattern` (search semantics, so unanchored ends match anything), raw characters only.
+    Each top-level alternative is anchored on its own (`^a$|^b$`)."""
     if not isinstance(pattern, str):
         raise ValueError(f"json_schema pattern at {path} must be a string")
+    branches = _top_level_alternatives(pattern)
+    if len(branches) > 1:
+        return ra.alt(*(pattern_body(b, path) for b in branches))
     try:
         node = parse_regex(pattern, allowed=STRING_CHARS)
     except ValueError as e:
@@ -120,6 +124,29 @@ def pattern_body(pattern: Any, path: str) -> ra.Node:
     head = ra.EMPTY if pattern.startswith(("^", "\\A")) else anything
     tail = ra.EMPTY if pattern.endswith(("$", "\\Z")) and not pattern.endswith("\\$") else anything
     return ra.seq(head, node, tail)
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    """`pattern` split at the '|'s outside groups and classes."""
+    out, depth, start, i, class_start = [], 0, 0, 0, -1
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if class_start >= 0:  # a ']' first in the class (after an optional '^') is a literal
+            first = i == class_start + 1 or (i == class_start + 2 and pattern[class_start + 1] == "^")
+            if ch == "]" and not first:
+                class_start = -1
+        elif ch == "[":
+            class_start = i
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return out + [pattern[start:]]
 
 
 def constrained_string(bodies: list[ra.Node], lo: int, hi: int | None) -> ra.Node:

@@ -29,6 +29,7 @@ from .schema_merge import (JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjo
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
+MAX_UNIQUE_VALUES = 8  # uniqueItems is enforced over at most this many item values (2^n states)
 KNOWN_FORMATS = frozenset(FORMATS)
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
@@ -368,10 +369,10 @@ class _SchemaCompiler:
 
     def array(self, s: dict, path: str) -> ra.Node:
         lo, hi = _count(s, "minItems", 0, path), _count(s, "maxItems", None, path)
-        if s.get("uniqueItems", False) and (hi is None or hi > 1):
-            raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is not supported (only with maxItems <= 1)")
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxItems {hi} is below minItems {lo} at {path}")
+        if s.get("uniqueItems", False) and (hi is None or hi > 1):
+            return self.unique_array(s, lo, hi, path)
         comma = self.punct(",")
         prefix_schemas = s.get("prefixItems", [])
         if not isinstance(prefix_schemas, list):
@@ -401,6 +402,24 @@ class _SchemaCompiler:
         if not options:
             raise Unsatisfiable(f"no array length satisfies minItems/maxItems/prefixItems at {path}")
         return ra.seq(ra.literal("["), self.ws, ra.alt(*options), self.ws, ra.literal("]"))
+
+    def unique_array(self, s: dict, lo: int, hi: int | None, path: str) -> ra.Node:
+        """uniqueItems over a finite set of item values (an enum, booleans): an automaton over the
+        set of values used so far. Other item schemas cannot be enforced, and are refused."""
+        values = _finite_values(s.get("items", True)) if not s.get("prefixItems") else None
+        if values is None or len(values) > MAX_UNIQUE_VALUES:
+            raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is supported only for items with at "
+                             f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1")
+        comma = self.punct(",")
+        texts = list(dict.fromkeys(const_text(_canonical(v)) for v in values))
+        edges = [(used, ra.seq(comma if used else ra.EMPTY, ra.literal(text)), used | 1 << i)
+                 for used in range(1 << len(texts)) for i, text in enumerate(texts) if not used >> i & 1]
+        finals = tuple(used for used in range(1 << len(texts))
+                       if lo <= used.bit_count() and (hi is None or used.bit_count() <= hi))
+        if not finals:
+            raise Unsatisfiable(f"no array of distinct items at {path} has between minItems and maxItems items")
+        body = ra.Graph(1 << len(texts), tuple(edges), finals)
+        return ra.seq(ra.literal("["), self.ws, body, self.ws, ra.literal("]"))
 
     # ---- scalars ------------------------------------------------------------------------------
     def string(self, s: dict, path: str) -> ra.Node:
@@ -486,6 +505,29 @@ def _json_type(value: Any) -> str:
     if isinstance(value, float):
         return "integer" if value == int(value) else "number"
     return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _finite_values(items: Any) -> list | None:
+    """The values an items schema allows when it is a plain enum, const or boolean, else None."""
+    if not isinstance(items, dict):
+        return None
+    s = normalize(items, KNOWN_FORMATS)
+    types = _as_types(s.pop("type", list(JSON_TYPES)))
+    if not s and types == {"boolean"}:
+        return [True, False]
+    if set(s) - {"enum", "const"}:
+        return None
+    if not s:
+        return None
+    values = [s["const"]] if "const" in s else s["enum"]
+    if "const" in s and "enum" in s:
+        values = [v for v in values if v in s["enum"]]
+    return [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
+
+
+def _canonical(value: Any) -> Any:
+    """One spelling per JSON value (1.0 and 1 are equal, so they must not both appear as unique items)."""
+    return int(value) if isinstance(value, float) and value == int(value) else value
 
 
 def _dependencies_as_all_of(s: dict, path: str) -> dict:

@@ -65,6 +65,9 @@ KEYWORD_SCHEMAS = {
     "number_multiple_of_hundredth": {"type": "number", "multipleOf": 0.01, "minimum": -1, "maximum": 1},
     "pattern_with_lengths": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "minLength": 3, "maxLength": 5},
     "decimal_bounds": {"type": "number", "minimum": 0.01, "exclusiveMaximum": 2.5},
+    "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
+                          "minItems": 1},
+    "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
     "unevaluated_properties": {"type": "object", "properties": {"a": {"type": "boolean"}},
                                "unevaluatedProperties": False},
 }
@@ -155,6 +158,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("number_multiple_of_hundredth", -0.57),
     ("pattern_with_lengths", "abc12"),
     ("decimal_bounds", 0.05),
+    ("unique_enum_items", [None, "b", 1]),
+    ("anchored_alternatives", "c7"),
     *((f"format_{f}", example) for f, example in FORMAT_EXAMPLES.items()),
 ])
 def test_hand_written_valid_instances_are_accepted(name, valid, compiler):
@@ -229,6 +234,7 @@ def test_properties_named_like_keywords_are_properties(compiler, walk):
 
 @pytest.mark.parametrize("schema, message", [
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "contains": {"const": 1}}, "contains"),
     ({"not": {"pattern": "a"}}, "not"),
     ({"$ref": "other.json#/a"}, "no document is fetched"),
