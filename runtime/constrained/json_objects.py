@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 
 def object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+    if "minProperties" in s or "maxProperties" in s:  # counted members must stay regular
+        return c.exact(lambda: _object_node(c, s, path))
+    return _object_node(c, s, path)
+
+
+def _object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     props = s.get("properties", {})
     required = s.get("required", [])
     patterns = s.get("patternProperties", {})

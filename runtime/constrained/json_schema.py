@@ -29,6 +29,8 @@ from .schema_merge import (JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjo
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
+JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
+JSON_RULE_SIZE = 2_000  # ... where every object or array larger than this is a rule of its own
 MAX_UNIQUE_VALUES = 8  # uniqueItems is enforced over at most this many item values (2^n states)
 KNOWN_FORMATS = frozenset(FORMATS)
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
@@ -71,9 +73,16 @@ def whitespace_node(pattern: str | None) -> ra.Node:
 
 
 def compile_json_schema(schema: Any, whitespace: str | None = None) -> JsonGrammar:
+    """One regex when the schema is small and regular; else a grammar whose large objects and arrays
+    are rules of their own, so that each lexer DFA stays the size of one such piece."""
     root = schema_to_dict(schema)
-    compiler = _SchemaCompiler(root, whitespace_node(whitespace))
+    ws = whitespace_node(whitespace)
     try:
+        compiler = _SchemaCompiler(root, ws)
+        node = compiler.compile(root, "#")
+        if compiler.rules or ra.size(node) <= JSON_REGEX_MAX_SIZE:
+            return JsonGrammar(node, compiler.rules)
+        compiler = _SchemaCompiler(root, ws, rule_size=JSON_RULE_SIZE)
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
@@ -81,7 +90,10 @@ def compile_json_schema(schema: Any, whitespace: str | None = None) -> JsonGramm
 
 
 class _SchemaCompiler:
-    def __init__(self, root: dict | bool, ws: ra.Node):
+    def __init__(self, root: dict | bool, ws: ra.Node, rule_size: int | None = None):
+        self.rule_size = rule_size  # objects and arrays larger than this become rules (None: never)
+        self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
+        self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
         self.refs = RefResolver(root)
         self.ws = ws
         self.rules: dict[str, ra.Node] = {}
@@ -92,6 +104,14 @@ class _SchemaCompiler:
     # ---- tokens -------------------------------------------------------------------------------
     def punct(self, c: str) -> ra.Node:
         return ra.seq(self.ws, ra.literal(c), self.ws)
+
+    def exact(self, make):
+        """`make()` with no subschema turned into a rule (its language is intersected or subtracted)."""
+        self._exact += 1
+        try:
+            return make()
+        finally:
+            self._exact -= 1
 
     def boundary(self) -> ra.Node:
         """An empty rule: a place where the grammar's lexer must end one lexeme and start the next."""
@@ -106,6 +126,21 @@ class _SchemaCompiler:
             raise Unsatisfiable(f"the schema at {path} is `false`")
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
+        if self.rule_size is None or self._exact:
+            return self._compile(schema, path)
+        key = json.dumps(schema, sort_keys=True, default=repr)
+        hit = self._pieces.get(key)
+        if hit is not None:
+            return hit
+        node = self._compile(schema, path)
+        if ra.size(node) > self.rule_size and _is_container(node):
+            name = f"piece_{len(self._pieces)}"
+            self.rules[name] = node
+            node = ra.Ref(name)
+        self._pieces[key] = node
+        return node
+
+    def _compile(self, schema: dict, path: str) -> ra.Node:
         s = normalize(schema, KNOWN_FORMATS)
         for key in _UNSUPPORTED:
             if key in s:
@@ -229,7 +264,7 @@ class _SchemaCompiler:
         return out + [rest] if rest or not out else out
 
     def _intersect(self, parts: list[Any], path: str) -> ra.Node:
-        nodes = [self.compile(p, path) for p in parts]
+        nodes = self.exact(lambda: [self.compile(p, path) for p in parts])
         if any(ra.refs(n) for n in nodes):
             raise ValueError(f"json_schema allOf at {path}: its subschemas do not merge and one is recursive")
         node = compiled_or_nothing(intersection(nodes))
@@ -247,11 +282,15 @@ class _SchemaCompiler:
             return self.union([lambda i=i, b=b: self.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
                               path)
         nodes = []
-        for i, branch in enumerate(branches):
-            try:
-                nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
-            except Unsatisfiable:
-                continue
+        self._exact += 1  # a union of rules would let values matching two branches through
+        try:
+            for i, branch in enumerate(branches):
+                try:
+                    nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
+                except Unsatisfiable:
+                    continue
+        finally:
+            self._exact -= 1
         return self.one_of(nodes, path)
 
     def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
@@ -303,7 +342,7 @@ class _SchemaCompiler:
                          f"is supported, got keywords {sorted(keys)}")
 
     def _without(self, rest: dict, t: str, values: list, path: str) -> ra.Node:
-        node = self.compile({**rest, "type": t}, path)
+        node = self.exact(lambda: self.compile({**rest, "type": t}, path))
         drop = [quoted(spellings(v)) for v in values if t == "string" and isinstance(v, str)]
         drop += [ra.literal(const_text(v)) for v in values if t in ("boolean", "null") and _json_type(v) == t]
         numbers = [v for v in values if _json_type(v) in ("integer", "number")]
@@ -338,7 +377,7 @@ class _SchemaCompiler:
         node = ra.alt(*(ra.literal(const_text(v)) for v in values))
         if not rest:
             return node
-        other = self.compile(rest, path)
+        other = self.exact(lambda: self.compile(rest, path))
         if ra.refs(other):
             raise ValueError(f"json_schema at {path}: enum/const together with keywords {sorted(rest)} "
                              "on a recursive value is not supported")
@@ -505,6 +544,14 @@ def _json_type(value: Any) -> str:
     if isinstance(value, float):
         return "integer" if value == int(value) else "number"
     return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _is_container(node: ra.Node) -> bool:
+    """Whether every match starts with '{' or '[' (an object or array: a rule of its own lexes well)."""
+    first = node
+    while isinstance(first, ra.Seq) and first.items:
+        first = first.items[0]
+    return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),))
 
 
 def _finite_values(items: Any) -> list | None:

@@ -212,3 +212,25 @@ def refs(node: Node) -> set[str]:
     if isinstance(node, Graph):
         return set().union(*(refs(n) for _, n, _ in node.edges)) if node.edges else set()
     return set()
+
+
+def size(node: Node, memo: dict[int, int] | None = None) -> int:
+    """About how many NFA states `node` builds into (repeats and shared subtrees are copies)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(node))
+    if hit is not None:
+        return hit
+    if isinstance(node, Chars | Ref):
+        out = 1
+    elif isinstance(node, Seq | Alt):
+        out = 1 + sum(size(x, memo) for x in node.items)
+    elif isinstance(node, Repeat):
+        out = 1 + size(node.item, memo) * max(node.min + 1 if node.max is None else node.max, 1)
+    elif isinstance(node, Bounded):
+        out = size(node.item, memo) * node.max_bytes
+    elif isinstance(node, Compiled):
+        out = len(node.dfa.trans)
+    else:
+        out = node.num_states + sum(size(n, memo) for _, n, _ in node.edges)
+    memo[id(node)] = out
+    return out

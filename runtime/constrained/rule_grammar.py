@@ -14,6 +14,7 @@ def rules_to_lark(root: ra.Node, rules: dict[str, ra.Node]) -> LarkGrammar:
     writer = _Writer()
     lines = [f"start: {writer.expand(root)}"]
     lines += [f"{name}: {writer.expand(body)}" for name, body in rules.items()]
+    lines += writer.optionals
     lines += [f'{name}: "<{name}>"' for name in writer.terminals.values()]
     try:
         return build_lark("\n".join(lines), {name: node for node, name in writer.terminals.items()})
@@ -24,6 +25,14 @@ def rules_to_lark(root: ra.Node, rules: dict[str, ra.Node]) -> LarkGrammar:
 class _Writer:
     def __init__(self) -> None:
         self.terminals: dict[ra.Node, str] = {}
+        self.optionals: list[str] = []  # helper rules `opt_k: x?`
+
+    def optional(self, body: str) -> str:
+        """A rule for `body` or nothing. Lark expands each `[x]` in a rule into two alternatives of
+        that rule, so a rule with many inline optionals (an object's members) grows exponentially."""
+        name = f"opt_{len(self.optionals)}"
+        self.optionals.append(f"{name}: ({body})?")
+        return name
 
     def terminal(self, node: ra.Node) -> str:
         if node not in self.terminals:
@@ -36,7 +45,7 @@ class _Writer:
             if node == ra.EMPTY:
                 return ""
             name = self.terminal(node)  # the engine builds terminals without their empty match
-            return f"[{name}]" if ra.nullable(node) else name
+            return self.optional(name) if ra.nullable(node) else name
         if isinstance(node, ra.Ref):
             return node.name
         if isinstance(node, ra.Seq):
@@ -44,16 +53,16 @@ class _Writer:
         if isinstance(node, ra.Alt):
             parts = [self.expand(x) for x in node.items]
             body = " | ".join(p for p in parts if p)
-            return f"[{body}]" if "" in parts else f"({body})"
+            return self.optional(body) if "" in parts else f"({body})"
         assert isinstance(node, ra.Repeat), f"unexpected node {node!r} around a rule reference"
         inner = self.expand(node.item)
         lo, hi = node.min, node.max
         if hi is None:
             return f"({inner})*" if lo == 0 else f"({inner})+" if lo == 1 else f"({inner}) ~ {lo} ({inner})*"
         if (lo, hi) == (0, 1):
-            return f"[{inner}]"
+            return self.optional(inner)
         if lo == 0:
-            return f"[({inner}) ~ 1..{hi}]"
+            return self.optional(f"({inner}) ~ 1..{hi}")
         return f"({inner}) ~ {lo}" if lo == hi else f"({inner}) ~ {lo}..{hi}"
 
 
