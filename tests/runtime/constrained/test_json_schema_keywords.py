@@ -252,3 +252,19 @@ def test_undeclared_properties_are_refused_by_default_and_keys_follow_schema_ord
     loose = compiler.compile("json_schema", {**schema, "additionalProperties": True})
     assert accepts(loose, '{"a":1,"c":3}') and not accepts(loose, '{"a":1,"c":3,"b":2}')
     assert not accepts(loose, '{"a":1,"\\u0062":3}'), "an escaped declared name is not an undeclared key"
+
+
+def test_a_large_schema_compiles_as_a_grammar_of_small_pieces(compiler, walk):
+    """Schemas whose one regex would be huge (they timed out or passed the NFA limit) become a grammar
+    whose large objects are rules; an object with many optional members stays polynomial in Lark."""
+    address = {"type": "object", "properties": {f"f{i}": {"type": "string", "maxLength": 40} for i in range(12)}}
+    schema = {"type": "object", "properties": {f"p{i}": address for i in range(40)},
+              "required": ["p0", "p39"], "additionalProperties": False}
+    grammar = compile_json_schema(schema)
+    assert grammar.rules, "too large for one regex"
+    constraint = compiler.compile("json_schema", schema)
+    for text in complete_outputs(constraint, walk, seed=2, wanted=4, max_tokens=400):
+        validator(schema).validate(json.loads(text))
+    assert accepts(constraint, json.dumps({"p0": {"f3": "x"}, "p7": {}, "p39": {"f0": "", "f11": "y"}},
+                                          separators=(",", ":")))
+    assert not accepts(constraint, json.dumps({"p0": {"f3": "x" * 41}, "p39": {}}, separators=(",", ":")))
