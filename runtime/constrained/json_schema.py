@@ -94,6 +94,7 @@ class _SchemaCompiler:
         self.rule_size = rule_size  # objects and arrays larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
         self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
+        self._pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
         self.refs = RefResolver(root)
         self.ws = ws
         self.rules: dict[str, ra.Node] = {}
@@ -209,6 +210,7 @@ class _SchemaCompiler:
             self._recursive.add(key)
             return ra.Ref(self._rule_name(key))
         self._open.add(key)
+        self._pending_firsts[self._rule_name(key)] = _type_first_chars(target)
         try:
             body = self.compile(target, key)
         finally:
@@ -294,11 +296,19 @@ class _SchemaCompiler:
         return self.one_of(nodes, path)
 
     def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
-        """Values matching exactly one branch. Recursive branches fall back to a plain union (sound
-        when they are disjoint, as discriminated unions are)."""
+        """Values matching exactly one branch: a product of the branches' DFAs, or, for recursive
+        branches, their union when their first characters show that no value matches two."""
         if not nodes:
             raise Unsatisfiable(f"no oneOf branch at {path} is satisfiable")
-        if len(nodes) == 1 or any(ra.refs(n) for n in nodes):
+        if len(nodes) == 1:
+            return nodes[0]
+        if any(ra.refs(n) for n in nodes):
+            firsts = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes]
+            overlap = any(f is None or g is None or ra.intersect(f, g)
+                          for i, f in enumerate(firsts) for g in firsts[i + 1:])
+            if overlap:
+                raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
+                                 "are not supported (branches must differ in their first character)")
             return ra.alt(*nodes)
         dfa = exactly_one(nodes)
         if dfa.accept.max() < 0:
@@ -324,7 +334,10 @@ class _SchemaCompiler:
                 drop.add("integer")
             if "integer" in drop and "number" in types and "number" not in drop:
                 raise ValueError(f"json_schema not at {path}: `not: integer` beside number is not supported")
-            return self.compile({**rest, "type": [t for t in JSON_TYPES if t in types and t not in drop]}, path)
+            left = [t for t in JSON_TYPES if t in types and t not in drop]
+            if not left:
+                raise Unsatisfiable(f"`not` at {path} excludes every type the schema allows")
+            return self.compile({**rest, "type": left}, path)
         if keys <= {"enum", "const"}:
             values = [n["const"]] if "const" in n else []
             values += n.get("enum", [])
@@ -544,6 +557,57 @@ def _json_type(value: Any) -> str:
     if isinstance(value, float):
         return "integer" if value == int(value) else "number"
     return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+_TYPE_FIRSTS = {"object": "{", "array": "[", "string": '"', "integer": "-0-9", "number": "-0-9", "boolean": "tf",
+                "null": "n"}
+
+
+def _type_first_chars(schema: Any) -> ra.Ranges | None:
+    """The first characters of a schema's values, from its `type` alone (None when it has no type)."""
+    if not isinstance(schema, dict):
+        return None
+    s = normalize(schema, KNOWN_FORMATS)
+    types = s.get("type") if not set(s) & {"$ref", "allOf", "anyOf", "oneOf"} else None
+    if types is None or "enum" in s or "const" in s:
+        return None
+    node = ra.alt(*(ra.char_class(_TYPE_FIRSTS[t]) for t in _as_types(types) if t in _TYPE_FIRSTS))
+    return node.ranges if isinstance(node, ra.Chars) else None
+
+
+def _first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
+                 pending: dict[str, ra.Ranges | None]) -> ra.Ranges | None:
+    """The characters a match of `node` can start with; None when unknown or it may match nothing."""
+    if isinstance(node, ra.Chars):
+        return node.ranges
+    if isinstance(node, ra.Ref):
+        if node.name in seen:
+            return ()  # a rule at its own start adds no first character
+        if node.name not in rules:
+            return pending.get(node.name)  # a rule still being compiled: known by its type, if any
+        return _first_chars(rules[node.name], rules, seen | {node.name}, pending)
+    if isinstance(node, ra.Alt):
+        parts = [_first_chars(x, rules, seen, pending) for x in node.items]
+        return None if any(p is None for p in parts) else ra.normalize(r for p in parts for r in p)
+    if isinstance(node, ra.Seq):
+        out: list = []
+        for item in node.items:
+            first = _first_chars(item, rules, seen, pending)
+            if first is not None and not ra.nullable(item):
+                return ra.normalize([*out, *first])
+            if first is None:  # nullable with unknown start: be conservative
+                return None
+            out += first
+        return None
+    if isinstance(node, ra.Repeat | ra.Bounded):
+        first = _first_chars(node.item, rules, seen, pending)
+        return None if isinstance(node, ra.Repeat) and node.min == 0 else first
+    if isinstance(node, ra.Compiled):
+        if node.dfa.accept[node.dfa.start] >= 0:
+            return None
+        row = node.dfa.trans[node.dfa.start]
+        return ra.normalize(r for c, ranges in enumerate(node.dfa.alphabet.classes) if row[c] >= 0 for r in ranges)
+    return None
 
 
 def _is_container(node: ra.Node) -> bool:

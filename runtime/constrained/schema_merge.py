@@ -48,9 +48,9 @@ def normalize(schema: dict, known_formats: frozenset[str]) -> dict:
         if "additionalItems" in out:
             out["items"] = out.pop("additionalItems")
     out.pop("additionalItems", None)  # without tuple items it constrains nothing
-    if "if" not in out:
-        out.pop("then", None)
-        out.pop("else", None)
+    if "if" not in out or ("then" not in out and "else" not in out):  # then/else decide; `if` alone does not
+        for key in ("if", "then", "else"):
+            out.pop(key, None)
     deps = out.pop("dependencies", None)
     if isinstance(deps, dict):
         for name, dep in deps.items():

@@ -268,3 +268,16 @@ def test_a_large_schema_compiles_as_a_grammar_of_small_pieces(compiler, walk):
     assert accepts(constraint, json.dumps({"p0": {"f3": "x"}, "p7": {}, "p39": {"f0": "", "f11": "y"}},
                                           separators=(",", ":")))
     assert not accepts(constraint, json.dumps({"p0": {"f3": "x" * 41}, "p39": {}}, separators=(",", ":")))
+
+
+def test_recursive_one_of_is_a_union_only_when_no_value_can_match_two_branches():
+    node = {"type": "object", "properties": {"k": {"oneOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}
+    assert compile_json_schema({"$defs": {"n": node}, "$ref": "#/$defs/n"}).rules
+    overlapping = {"type": "object", "properties": {"k": {"oneOf": [{"$ref": "#/$defs/n"}, {"type": "object"}]}}}
+    with pytest.raises(ValueError, match="oneOf"):
+        compile_json_schema({"$defs": {"n": overlapping}, "$ref": "#/$defs/n"})
+
+
+def test_if_without_then_or_else_constrains_nothing():
+    assert compile_json_schema({"type": "integer", "if": {"pattern": "("}}).root == \
+        compile_json_schema({"type": "integer"}).root
