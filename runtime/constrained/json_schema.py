@@ -31,7 +31,8 @@ ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
 JSON_RULE_SIZE = 2_000  # ... where every object or array larger than this is a rule of its own
-MAX_UNIQUE_VALUES = 8  # uniqueItems is enforced over at most this many item values (2^n states)
+MAX_UNIQUE_VALUES = 8
+RELAXABLE = frozenset({"uniqueItems"})  # uniqueItems is enforced over at most this many item values (2^n states)
 KNOWN_FORMATS = frozenset(FORMATS)
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
@@ -72,17 +73,27 @@ def whitespace_node(pattern: str | None) -> ra.Node:
     return node
 
 
-def compile_json_schema(schema: Any, whitespace: str | None = None) -> JsonGrammar:
+def relaxed_keywords(relaxed: Any) -> frozenset[str]:
+    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`)."""
+    out = frozenset(relaxed or ())
+    if not out <= RELAXABLE:
+        raise ValueError(f"json_schema relaxed keywords must be among {sorted(RELAXABLE)}, got {sorted(out)}")
+    return out
+
+
+def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any = ()) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
-    are rules of their own, so that each lexer DFA stays the size of one such piece."""
+    are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
+    keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused)."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
+    relax = relaxed_keywords(relaxed)
     try:
-        compiler = _SchemaCompiler(root, ws)
+        compiler = _SchemaCompiler(root, ws, relax)
         node = compiler.compile(root, "#")
         if compiler.rules or ra.size(node) <= JSON_REGEX_MAX_SIZE:
             return JsonGrammar(node, compiler.rules)
-        compiler = _SchemaCompiler(root, ws, rule_size=JSON_RULE_SIZE)
+        compiler = _SchemaCompiler(root, ws, relax, rule_size=JSON_RULE_SIZE)
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
@@ -90,7 +101,9 @@ def compile_json_schema(schema: Any, whitespace: str | None = None) -> JsonGramm
 
 
 class _SchemaCompiler:
-    def __init__(self, root: dict | bool, ws: ra.Node, rule_size: int | None = None):
+    def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
+                 rule_size: int | None = None):
+        self.relaxed = relaxed
         self.rule_size = rule_size  # objects and arrays larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
         self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
@@ -423,7 +436,8 @@ class _SchemaCompiler:
         lo, hi = _count(s, "minItems", 0, path), _count(s, "maxItems", None, path)
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"maxItems {hi} is below minItems {lo} at {path}")
-        if s.get("uniqueItems", False) and (hi is None or hi > 1):
+        if s.get("uniqueItems", False) and (hi is None or hi > 1) and \
+                (_finite_values(s.get("items", True)) is not None or "uniqueItems" not in self.relaxed):
             return self.unique_array(s, lo, hi, path)
         comma = self.punct(",")
         prefix_schemas = s.get("prefixItems", [])
@@ -461,7 +475,8 @@ class _SchemaCompiler:
         values = _finite_values(s.get("items", True)) if not s.get("prefixItems") else None
         if values is None or len(values) > MAX_UNIQUE_VALUES:
             raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is supported only for items with at "
-                             f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1")
+                             f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1; "
+                             "relax it explicitly (relaxed=['uniqueItems']) to generate without it")
         comma = self.punct(",")
         texts = list(dict.fromkeys(const_text(_canonical(v)) for v in values))
         edges = [(used, ra.seq(comma if used else ra.EMPTY, ra.literal(text)), used | 1 << i)

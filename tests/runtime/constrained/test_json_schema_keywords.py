@@ -281,3 +281,13 @@ def test_recursive_one_of_is_a_union_only_when_no_value_can_match_two_branches()
 def test_if_without_then_or_else_constrains_nothing():
     assert compile_json_schema({"type": "integer", "if": {"pattern": "("}}).root == \
         compile_json_schema({"type": "integer"}).root
+
+
+def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed():
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "uniqueItems": True}
+    with pytest.raises(ValueError, match="relax"):
+        compile_json_schema(schema)
+    relaxed = compile_json_schema(schema, relaxed=["uniqueItems"]).root
+    assert relaxed == compile_json_schema({**schema, "uniqueItems": False}).root
+    with pytest.raises(ValueError, match="relaxed keywords"):
+        compile_json_schema(schema, relaxed=["pattern"])
