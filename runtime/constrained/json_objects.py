@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import regex_ast as ra
 from .automaton import compile_dfa, difference, intersection
-from .json_scalars import STRING_CHARS, const_text, pattern_body, quoted, spellings, string_body
+from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def _extra_pair(c: "_SchemaCompiler", s: dict, path: str, declared: list[str]) -
         kinds.append((_key(any_key, taken + list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))
     if "propertyNames" in s and s["propertyNames"] is not True:
         names = _names_node(c, s["propertyNames"], path)
-        kinds = [(_compiled(intersection([key, names])), sub, p) for key, sub, p in kinds]
+        kinds = [(compiled_or_nothing(intersection([key, names])), sub, p) for key, sub, p in kinds]
     pairs = []
     for key, sub, where in kinds:
         if key == ra.NOTHING:
@@ -119,11 +119,7 @@ def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:
     """A quoted key whose body matches `body` and none of `excluded`."""
     if not excluded:
         return quoted(body)
-    return _compiled(difference(quoted(body), quoted(ra.alt(*excluded))))
-
-
-def _compiled(dfa: Any) -> ra.Node:
-    return ra.Compiled(dfa) if dfa.accept.max() >= 0 else ra.NOTHING
+    return compiled_or_nothing(difference(quoted(body), quoted(ra.alt(*excluded))))
 
 
 def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.Node | None) -> ra.Node:

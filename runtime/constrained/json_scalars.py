@@ -7,8 +7,11 @@ import json
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
+
 from ..config import JSON_MAX_EXPONENT_DIGITS, JSON_MAX_FRACTION_DIGITS, JSON_MAX_INT_DIGITS
 from . import regex_ast as ra
+from .alphabet import CharDfa, alphabet_of
 from .automaton import intersection
 from .regex_parser import parse_regex
 
@@ -314,9 +317,6 @@ def _same_width(lo: str, hi: str) -> ra.Node:
 
 def multiples_of(k: int) -> ra.Node:
     """Integers (optional '-', digits) divisible by k: a DFA over the remainder so far, k states."""
-    from .alphabet import CharDfa, alphabet_of
-    import numpy as np
-
     digit_sets = [((ord(str(d)), ord(str(d))),) for d in range(10)] + [((ord("-"), ord("-")),)]
     alphabet = alphabet_of(digit_sets)
     cls = [alphabet.members[s][0] for s in digit_sets]

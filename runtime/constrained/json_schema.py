@@ -19,13 +19,12 @@ from typing import Any
 
 from . import regex_ast as ra
 from .automaton import compile_dfa, difference, exactly_one, intersection
-from .json_scalars import (FORMATS, STRING_CHARS, as_decimal, compiled_or_nothing, const_text, constrained_string,
-                           integer_node, multiples_of, number_node, pattern_body, quoted, spellings, string_body,
-                           string_node)
+from .json_objects import object_node
+from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
+                           multiples_of, number_node, pattern_body, quoted, spellings, string_node)
 from .json_refs import RefResolver
 from .regex_parser import parse_regex
-from .schema_merge import (JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize,
-                           property_schema)
+from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
@@ -428,8 +427,6 @@ class _SchemaCompiler:
 
     # ---- containers ---------------------------------------------------------------------------
     def object(self, s: dict, path: str) -> ra.Node:
-        from .json_objects import object_node
-
         return object_node(self, s, path)
 
     def array(self, s: dict, path: str) -> ra.Node:
