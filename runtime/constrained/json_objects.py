@@ -19,12 +19,6 @@ if TYPE_CHECKING:
 
 
 def object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
-    if "minProperties" in s or "maxProperties" in s:  # counted members must stay regular
-        return c.exact(lambda: _object_node(c, s, path))
-    return _object_node(c, s, path)
-
-
-def _object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     props = s.get("properties", {})
     required = s.get("required", [])
     patterns = s.get("patternProperties", {})
@@ -149,12 +143,11 @@ def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.
 def _counted(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
              lo: int, hi: int | None, path: str) -> ra.Node:
     """Members as `_members` writes them, counted: an automaton over (next member, count so far, whether
-    a comma is due), the count saturating at minProperties when there is no maximum."""
-    nodes = [n for n, _ in items] + ([extra] if extra is not None else [])
-    if any(ra.refs(n) for n in nodes):
-        raise ValueError(f"json_schema at {path}: minProperties/maxProperties on an object with recursive "
-                         "members are not supported")
+    a comma is due), the count saturating at minProperties when there is no maximum. With recursive
+    members it becomes right-linear grammar rules (rule_grammar)."""
     comma = c.punct(",")
+    if any(ra.refs(n) for n, _ in items) or (extra is not None and ra.refs(extra)):
+        comma = ra.seq(c.boundary(), comma)  # lexed member by member, as in `_members`
     cap = hi if hi is not None else lo
     ids: dict[tuple[int, int, bool], int] = {}
     edges: list[tuple[int, ra.Node, int]] = []

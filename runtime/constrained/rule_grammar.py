@@ -25,7 +25,8 @@ def rules_to_lark(root: ra.Node, rules: dict[str, ra.Node]) -> LarkGrammar:
 class _Writer:
     def __init__(self) -> None:
         self.terminals: dict[ra.Node, str] = {}
-        self.optionals: list[str] = []  # helper rules `opt_k: x?`
+        self.optionals: list[str] = []  # helper rules: `opt_k: x?`, and a graph's states
+        self.graphs = 0
 
     def optional(self, body: str) -> str:
         """A rule for `body` or nothing. Lark expands each `[x]` in a rule into two alternatives of
@@ -39,6 +40,28 @@ class _Writer:
             self.terminals[node] = f"T{len(self.terminals)}"
         return self.terminals[node]
 
+    def graph(self, graph: ra.Graph) -> str:
+        """A right-linear rule per live state: `s_i: <edge> s_j | ... [| nothing, when final]`."""
+        live = set(graph.finals)
+        grew = True
+        while grew:  # states that can still reach a final state
+            grew = False
+            for src, _, dst in graph.edges:
+                if dst in live and src not in live:
+                    live.add(src)
+                    grew = True
+        prefix = f"graph{self.graphs}"
+        self.graphs += 1
+        for state in sorted(live):
+            alts = [" ".join(p for p in (self.expand(n), f"{prefix}_s{dst}") if p)
+                    for src, n, dst in graph.edges if src == state and dst in live]
+            body = " | ".join(f"({a})" for a in alts)
+            if state in graph.finals:
+                body = self.optional(body) if alts else ""
+            self.optionals.append(f"{prefix}_s{state}: {body}")
+        assert 0 in live, "a graph's final states are reachable from its start"
+        return f"{prefix}_s0"
+
     def expand(self, node: ra.Node) -> str:
         """Lark expansion text for `node` ('' when it matches only the empty string)."""
         if not ra.refs(node):
@@ -48,6 +71,8 @@ class _Writer:
             return self.optional(name) if ra.nullable(node) else name
         if isinstance(node, ra.Ref):
             return node.name
+        if isinstance(node, ra.Graph):
+            return self.graph(node)
         if isinstance(node, ra.Seq):
             return " ".join(p for p in (self.expand(g) for g in _groups(node.items)) if p)
         if isinstance(node, ra.Alt):

@@ -68,6 +68,9 @@ KEYWORD_SCHEMAS = {
     "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
                           "minItems": 1},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
+    "recursive_min_max_properties": {"$defs": {"n": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 9}, "kid": {"$ref": "#/$defs/n"}, "b": {"type": "null"}},
+        "minProperties": 1, "maxProperties": 2}}, "$ref": "#/$defs/n"},
     "unevaluated_properties": {"type": "object", "properties": {"a": {"type": "boolean"}},
                                "unevaluatedProperties": False},
 }
@@ -143,6 +146,7 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("pattern_properties", {"id": 3, "x-ab": True}),
     ("additional_properties_schema", {"a": None, "zz": 2, "yy": 3}),
     ("min_max_properties", {"a": None, "c": 5}),
+    ("recursive_min_max_properties", {"a": 1, "kid": {"kid": {"b": None}}}),
     ("dependencies_draft4", {"card": 1, "billing": "abc"}),
     ("dependencies_draft4", {"billing": "x"}),
     ("dependent_schemas", {"a": 1, "b": 7}),
