@@ -96,6 +96,10 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
+    except RecursionError:
+        raise ValueError("json_schema nests too deeply to compile") from None
+    except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
+        raise ValueError(f"json_schema is malformed: {e}") from None
     return JsonGrammar(node, compiler.rules)
 
 

@@ -173,8 +173,8 @@ def property_schema(schema: dict, name: str) -> Any:
 def _search(pattern: str, name: str) -> bool:
     try:
         return re.search(pattern, name) is not None
-    except re.error:
-        raise Clash("patternProperties") from None
+    except (re.error, TypeError) as e:
+        raise ValueError(f"json_schema patternProperties pattern {pattern!r} is not a valid regex: {e}") from None
 
 
 def _item(prefix: list, schema: dict, i: int) -> Any:

@@ -295,3 +295,13 @@ def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed()
     assert relaxed == compile_json_schema({**schema, "uniqueItems": False}).root
     with pytest.raises(ValueError, match="relaxed keywords"):
         compile_json_schema(schema, relaxed=["pattern"])
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"allOf": [{"properties": [1]}, {"properties": {"a": {}}}]}, "malformed"),
+    ({"type": "object", "properties": {"a": {}}, "patternProperties": {"(": {}}}, "not a valid regex"),
+    ({"type": "object", "required": "a"}, "required a list"),
+])
+def test_malformed_schemas_raise_value_errors(schema, message):
+    with pytest.raises(ValueError, match=message):
+        compile_json_schema(schema)
