@@ -5,7 +5,8 @@ Module map (each file one idea):
 - automaton: tree -> byte-level DFA: built over code-point classes (alphabet), expanded to UTF-8 (utf8).
 - fsa: automata over abstract symbols: Thompson NFA, subsets, trimming, (incremental) Moore refinement.
 - vocab, token_index: the vocabulary as bytes; per DFA state, the tokens it can read (vectorised).
-- json_schema, rule_grammar: JSON schema -> one regex, or rules -> a Lark grammar when recursive.
+- json_schema, rule_grammar: JSON schema -> one regex, or rules -> a Lark grammar when recursive or large;
+  schema_merge (keywords, drafts, allOf merging), json_refs ($ref targets), json_objects, json_scalars.
 - lalr, grammar: Lark -> LALR table + terminal trees; the incremental parser + lexer constraint.
 - matcher: compiled constraints and the per-request Matcher; compiler: params -> constraint (LRU).
 - jump_forward: the forced continuation as canonical draft tokens (verified by the scheduler).

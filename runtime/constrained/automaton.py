@@ -11,6 +11,7 @@ is the index of the preferred pattern that accepts in s (the lowest index), or -
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -96,11 +97,29 @@ def char_sets(patterns: list[ra.Node]) -> list[ra.Ranges]:
             stack.extend(node.items)
         elif isinstance(node, ra.Repeat | ra.Bounded):
             stack.append(node.item)
+        elif isinstance(node, ra.Graph):
+            stack.extend(n for _, n, _ in node.edges)
     return out
 
 
 def exactly_one(patterns: list[ra.Node]) -> CharDfa:
-    """Strings that exactly one of `patterns` matches (JSON schema oneOf), by a product construction."""
+    """Strings that exactly one of `patterns` matches (JSON schema oneOf)."""
+    return product(patterns, lambda hits: sum(hits) == 1)
+
+
+def intersection(patterns: list[ra.Node]) -> CharDfa:
+    """Strings that every one of `patterns` matches (JSON schema allOf, pattern with length bounds)."""
+    return product(patterns, all)
+
+
+def difference(keep: ra.Node, drop: ra.Node) -> CharDfa:
+    """Strings that `keep` matches and `drop` does not (JSON schema `not`)."""
+    return product([keep, drop], lambda hits: hits[0] and not hits[1])
+
+
+def product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> CharDfa:
+    """The product of the patterns' DFAs; a state accepts when `accepts` holds of which patterns
+    accept there. Only states some pattern can still leave or accept in are built."""
     alphabet = alphabet_of(char_sets(patterns))
     dfas = [compile_chars([p], alphabet) for p in patterns]
     start = tuple(d.start for d in dfas)
@@ -113,7 +132,8 @@ def exactly_one(patterns: list[ra.Node]) -> CharDfa:
             if max(col) >= 0:
                 row[c] = state_id(ids, order, tuple(col))
         rows.append(row)
-    accept = np.array([0 if sum(q >= 0 and d.accept[q] >= 0 for d, q in zip(dfas, t)) == 1 else -1 for t in order])
+    accept = np.array([0 if accepts([q >= 0 and bool(d.accept[q] >= 0) for d, q in zip(dfas, t)]) else -1
+                       for t in order])
     trans, accept = minimize(*trim(np.array(rows).reshape(len(order), len(dead)), accept))
     return CharDfa(trans, accept, alphabet)
 
@@ -149,6 +169,8 @@ class _Builder:
             return self._bounded(node, s)
         if isinstance(node, ra.Compiled):
             return self._embed(node.dfa, s)
+        if isinstance(node, ra.Graph):
+            return self._graph(node, s)
         raise ValueError(f"grammar rule reference {node} cannot appear inside a regular expression")
 
     def _repeat(self, node: ra.Repeat, s: int) -> int:
@@ -165,6 +187,17 @@ class _Builder:
         for _ in range(node.max - node.min):
             s = self.build(node.item, s)
             nfa.eps[s].append(end)
+        return end
+
+    def _graph(self, graph: ra.Graph, s: int) -> int:
+        nfa = self.nfa
+        states = [nfa.new() for _ in range(graph.num_states)]
+        nfa.eps[s].append(states[0])
+        end = nfa.new()
+        for src, node, dst in graph.edges:
+            nfa.eps[self.build(node, states[src])].append(states[dst])
+        for f in graph.finals:
+            nfa.eps[states[f]].append(end)
         return end
 
     def _embed(self, dfa: CharDfa, s: int) -> int:

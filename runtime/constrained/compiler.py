@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ..config import CONSTRAINT_CACHE_SIZE
 from .automaton import compile_dfa
 from .grammar import GrammarConstraint
-from .json_schema import compile_json_schema, schema_to_dict, whitespace_node
+from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
 from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
@@ -23,8 +23,9 @@ class ConstraintCompiler:
     """Compiles regex / JSON schema / Lark constraints against one vocabulary; thread-safe."""
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
-                 cache_size: int = CONSTRAINT_CACHE_SIZE):
+                 cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Any = ()):
         whitespace_node(json_whitespace)  # a bad pattern fails here, when the engine starts
+        self.json_relaxed = relaxed_keywords(json_relaxed)
         self._make_vocab = make_vocab
         self._vocab: TokenVocab | None = None
         self.json_whitespace = json_whitespace
@@ -64,7 +65,7 @@ class ConstraintCompiler:
         if kind == "grammar":
             return GrammarConstraint(build_lark(spec), vocab)
         assert kind == "json_schema", f"unknown constraint kind {kind}"
-        grammar = compile_json_schema(spec, self.json_whitespace)
+        grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
         if not grammar.rules:
             return RegexConstraint(compile_dfa([grammar.root]), vocab)
         return GrammarConstraint(rules_to_lark(grammar.root, grammar.rules), vocab)

@@ -1,9 +1,12 @@
 """JSON Schema -> a grammar: a regex tree per rule, with `Ref`s where schemas recurse.
 
-Objects emit their properties in schema order (required ones always, optional ones maybe); numbers
-and strings get exact regexes for their bounds, lengths, patterns and formats. A schema without
-recursion comes out as one regular expression (the fast DFA path); a recursive one (a `$ref` cycle,
-or an unconstrained value, which is any JSON) comes out as rules for the LALR engine.
+Strict by default, as xgrammar's strict mode: objects emit their declared properties in schema order
+(required ones always, optional ones maybe) and add undeclared ones only where `patternProperties` or
+an explicit `additionalProperties` allows them (or the object declares nothing at all). Numbers and
+strings get exact regexes for their bounds, lengths, patterns and formats. Keywords that only annotate
+are ignored, as the specification says; a constraint that cannot be enforced is refused, never dropped.
+A schema without recursion comes out as one regular expression (the fast DFA path); a recursive one
+(a `$ref` cycle, or an unconstrained value, which is any JSON) comes out as rules for the LALR engine.
 Whitespace between tokens follows one finite pattern; compact (none) by default.
 """
 from __future__ import annotations
@@ -11,53 +14,26 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
-from ..config import JSON_MAX_EXPONENT_DIGITS, JSON_MAX_FRACTION_DIGITS, JSON_MAX_INT_DIGITS
 from . import regex_ast as ra
-from .automaton import compile_dfa, exactly_one
+from .automaton import compile_dfa, difference, exactly_one, intersection
+from .json_objects import object_node
+from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
+                           multiples_of, number_node, pattern_body, quoted, spellings, string_node)
+from .json_refs import RefResolver
 from .regex_parser import parse_regex
+from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize
 
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-    "readOnly", "writeOnly", "discriminator", "$defs", "definitions",
-})
-SUPPORTED = frozenset({
-    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref",
-}) | ANNOTATIONS
-JSON_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
-
-_DIGIT = ra.char_class("0-9")
-_HEX = ra.char_class("0-9a-fA-F")
-# what a JSON string may hold without escaping: no quote, backslash or control character
-STRING_CHARS = ra.complement(ra.normalize([(0, 0x1F), (ord('"'), ord('"')), (ord("\\"), ord("\\"))]))
-_ESCAPE = ra.alt(
-    ra.seq(ra.literal("\\"), ra.char_class('"\\/bfnrt')),
-    # \\u escapes outside the surrogate block, so every escape is exactly one character
-    ra.seq(ra.literal("\\u"), ra.alt(ra.seq(ra.char_class("0-9a-cA-Ce-fE-F"), ra.repeat(_HEX, 3, 3)),
-                                     ra.seq(ra.char_class("dD"), ra.char_class("0-7"), ra.repeat(_HEX, 2, 2)))),
-)
-_STRING_CHAR = ra.alt(ra.Chars(STRING_CHARS), _ESCAPE)
-
-
-def _r(pattern: str) -> ra.Node:
-    return parse_regex(pattern)
-
-
-_DATE = _r(r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
-           r"|02-(?:0[1-9]|1[0-9]|2[0-8]))")
-_TIME = _r(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
-FORMATS: dict[str, ra.Node] = {
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": ra.seq(_DATE, ra.literal("T"), _TIME),
-    "email": _r(r"[a-zA-Z0-9._%+-]{1,64}@[a-zA-Z0-9-]{1,63}(?:\.[a-zA-Z0-9-]{1,63}){0,3}\.[a-zA-Z]{2,8}"),
-    "uuid": _r(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
-    "ipv4": _r(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"),
-}
+LEXEME_BOUNDARY = "lexeme_boundary"
+JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
+JSON_RULE_SIZE = 2_000  # ... where every object or array larger than this is a rule of its own
+MAX_UNIQUE_VALUES = 8
+RELAXABLE = frozenset({"uniqueItems"})  # uniqueItems is enforced over at most this many item values (2^n states)
+KNOWN_FORMATS = frozenset(FORMATS)
+_UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
 
 
@@ -96,16 +72,46 @@ def whitespace_node(pattern: str | None) -> ra.Node:
     return node
 
 
-def compile_json_schema(schema: Any, whitespace: str | None = None) -> JsonGrammar:
+def relaxed_keywords(relaxed: Any) -> frozenset[str]:
+    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`)."""
+    out = frozenset(relaxed or ())
+    if not out <= RELAXABLE:
+        raise ValueError(f"json_schema relaxed keywords must be among {sorted(RELAXABLE)}, got {sorted(out)}")
+    return out
+
+
+def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any = ()) -> JsonGrammar:
+    """One regex when the schema is small and regular; else a grammar whose large objects and arrays
+    are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
+    keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused)."""
     root = schema_to_dict(schema)
-    compiler = _SchemaCompiler(root, whitespace_node(whitespace))
-    node = compiler.compile(root, "#")
+    ws = whitespace_node(whitespace)
+    relax = relaxed_keywords(relaxed)
+    try:
+        compiler = _SchemaCompiler(root, ws, relax)
+        node = compiler.compile(root, "#")
+        if compiler.rules or ra.size(node) <= JSON_REGEX_MAX_SIZE:
+            return JsonGrammar(node, compiler.rules)
+        compiler = _SchemaCompiler(root, ws, relax, rule_size=JSON_RULE_SIZE)
+        node = compiler.compile(root, "#")
+    except Unsatisfiable as e:
+        raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
+    except RecursionError:
+        raise ValueError("json_schema nests too deeply to compile") from None
+    except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
+        raise ValueError(f"json_schema is malformed: {e}") from None
     return JsonGrammar(node, compiler.rules)
 
 
 class _SchemaCompiler:
-    def __init__(self, root: dict | bool, ws: ra.Node):
-        self.root = root
+    def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
+                 rule_size: int | None = None):
+        self.relaxed = relaxed
+        self.rule_size = rule_size  # objects and arrays larger than this become rules (None: never)
+        self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
+        self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
+        self._pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
+        self.refs = RefResolver(root)
         self.ws = ws
         self.rules: dict[str, ra.Node] = {}
         self._inline: dict[str, ra.Node] = {}
@@ -116,170 +122,346 @@ class _SchemaCompiler:
     def punct(self, c: str) -> ra.Node:
         return ra.seq(self.ws, ra.literal(c), self.ws)
 
-    def const(self, value: Any) -> ra.Node:
-        return ra.literal(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    def exact(self, make):
+        """`make()` with no subschema turned into a rule (its language is intersected or subtracted)."""
+        self._exact += 1
+        try:
+            return make()
+        finally:
+            self._exact -= 1
+
+    def boundary(self) -> ra.Node:
+        """An empty rule: a place where the grammar's lexer must end one lexeme and start the next."""
+        self.rules.setdefault(LEXEME_BOUNDARY, ra.EMPTY)
+        return ra.Ref(LEXEME_BOUNDARY)
 
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: Any, path: str) -> ra.Node:
-        if schema is True or schema == {}:
+        if schema is True:
             return self.any_value()
         if schema is False:
-            raise ValueError(f"json_schema at {path} is `false`: no value can satisfy it")
+            raise Unsatisfiable(f"the schema at {path} is `false`")
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
-        unknown = sorted(set(schema) - SUPPORTED)
-        if unknown:
-            raise ValueError(f"json_schema keyword {unknown[0]!r} at {path} is not supported "
-                             f"(unsupported here: {unknown})")
-        if "$ref" in schema:
-            extra = sorted(set(schema) - ANNOTATIONS - {"$ref"})
-            if extra:
-                raise ValueError(f"json_schema at {path}: keywords {extra} beside $ref are not supported")
-            return self.ref(schema["$ref"], path)
-        if "allOf" in schema:
-            return self.all_of(schema, path)
+        if self.rule_size is None or self._exact:
+            return self._compile(schema, path)
+        key = json.dumps(schema, sort_keys=True, default=repr)
+        hit = self._pieces.get(key)
+        if hit is not None:
+            return hit
+        node = self._compile(schema, path)
+        if ra.size(node) > self.rule_size and _is_container(node):
+            name = f"piece_{len(self._pieces)}"
+            self.rules[name] = node
+            node = ra.Ref(name)
+        self._pieces[key] = node
+        return node
+
+    def _compile(self, schema: dict, path: str) -> ra.Node:
+        s = normalize(schema, KNOWN_FORMATS)
+        for key in _UNSUPPORTED:
+            if key in s:
+                raise ValueError(f"json_schema keyword {key!r} at {path} is not supported")
+        if not s:
+            return self.any_value()
+        if "$ref" in s:
+            return self.with_ref(s, path)
+        if "allOf" in s:
+            return self.all_of(s, path)
+        if "dependentRequired" in s or "dependentSchemas" in s:
+            return self.compile(_dependencies_as_all_of(s, path), path)
+        if "if" in s:
+            rest = {k: v for k, v in s.items() if k not in ("if", "then", "else")}
+            cond = [{"allOf": [s["if"], s.get("then", True)]}, {"allOf": [{"not": s["if"]}, s.get("else", True)]}]
+            return self.compile({**rest, "allOf": [{"anyOf": cond}]}, path)
         for key in ("anyOf", "oneOf"):
-            if key in schema:
-                subs = schema[key]
-                if not isinstance(subs, list) or not subs:
-                    raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
-                base = {k: v for k, v in schema.items() if k != key}
-                nodes = [self.compile(_merge(base, s, f"{path}/{key}/{i}"), f"{path}/{key}/{i}")
-                         for i, s in enumerate(subs)]
-                return self.one_of(nodes, path) if key == "oneOf" else ra.alt(*nodes)
-        if "const" in schema:
-            return self.const(schema["const"])
-        if "enum" in schema:
-            values = schema["enum"]
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"json_schema enum at {path} must be a non-empty list")
-            return ra.alt(*(self.const(v) for v in values))
-        types = schema.get("type", _infer_type(schema))
+            if key in s:
+                return self.combinator(key, s, path)
+        if "not" in s:
+            return self.negated(s, path)
+        if "enum" in s or "const" in s:
+            return self.enum(s, path)
+        types = s.get("type", _infer_type(s))
         if types is None:
             return self.any_value()
-        if isinstance(types, str):
-            types = [types]
+        types = [types] if isinstance(types, str) else types
         if not isinstance(types, list):  # e.g. {"type": 7}
             raise ValueError(f"json_schema type at {path} must be a type name or a list of them, got {types!r}")
         bad = [t for t in types if t not in JSON_TYPES]
         if bad or not types:
-            raise ValueError(f"json_schema type at {path} must be one of {JSON_TYPES}, got {schema['type']!r}")
-        return ra.alt(*(self.typed(t, schema, path) for t in types))
+            raise ValueError(f"json_schema type at {path} must be one of {JSON_TYPES}, got {s['type']!r}")
+        if "integer" in types and "number" in types:
+            types = [t for t in types if t != "integer"]
+        return self.union([lambda t=t: self.typed(t, s, path) for t in types], path)
 
-    def typed(self, t: str, schema: dict, path: str) -> ra.Node:
+    def union(self, makers: list, path: str) -> ra.Node:
+        """The alternatives that some value satisfies; unsatisfiable ones drop out."""
+        nodes, last = [], None
+        for make in makers:
+            try:
+                nodes.append(make())
+            except Unsatisfiable as e:
+                last = e
+        if not nodes:
+            raise last or Unsatisfiable(f"no alternative at {path}")
+        return ra.alt(*nodes)
+
+    def typed(self, t: str, s: dict, path: str) -> ra.Node:
         if t == "object":
-            return self.object(schema, path)
+            return self.object(s, path)
         if t == "array":
-            return self.array(schema, path)
+            return self.array(s, path)
         if t == "string":
-            return self.string(schema, path)
-        if t == "integer":
-            return integer_node(*_int_bounds(schema, path))
-        if t == "number":
-            return self.number(schema, path)
+            return self.string(s, path)
+        if t in ("integer", "number"):
+            return self.number(t, s, path)
         if t == "boolean":
             return ra.alt(ra.literal("true"), ra.literal("false"))
         return ra.literal("null")
 
     # ---- references -----------------------------------------------------------------------------
     def ref(self, ref: Any, path: str) -> ra.Node:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise ValueError(f"json_schema $ref {ref!r} at {path}: only local references ('#...') are supported")
-        if ref in self._inline:
-            return self._inline[ref]
-        if ref in self._open:
-            self._recursive.add(ref)
-            return ra.Ref(self._rule_name(ref))
-        self._open.add(ref)
-        body = self.compile(_resolve(self.root, ref), ref)
-        self._open.discard(ref)
-        if ref in self._recursive:
-            self.rules[self._rule_name(ref)] = body
-            node = ra.Ref(self._rule_name(ref))
+        key, target = self.refs.resolve(ref, path)
+        if key in self._inline:
+            return self._inline[key]
+        if key in self._open:
+            self._recursive.add(key)
+            return ra.Ref(self._rule_name(key))
+        self._open.add(key)
+        self._pending_firsts[self._rule_name(key)] = _type_first_chars(target)
+        try:
+            body = self.compile(target, key)
+        finally:
+            self._open.discard(key)
+        if key in self._recursive:
+            self.rules[self._rule_name(key)] = body
+            node = ra.Ref(self._rule_name(key))
         else:
             node = body
-        self._inline[ref] = node
+        self._inline[key] = node
         return node
 
-    def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
-        """Values matching exactly one branch. Recursive branches fall back to a plain union (sound
-        when they are disjoint, as discriminated unions are)."""
-        if len(nodes) == 1 or any(ra.refs(n) for n in nodes):
-            return ra.alt(*nodes)
-        dfa = exactly_one(nodes)
-        if dfa.accept.max() < 0:
-            raise ValueError(f"json_schema oneOf at {path}: no value matches exactly one branch")
-        return ra.Compiled(dfa)
+    def with_ref(self, s: dict, path: str) -> ra.Node:
+        rest = {k: v for k, v in s.items() if k != "$ref"}
+        if not rest:
+            return self.ref(s["$ref"], path)
+        return self.all_of({**rest, "allOf": [{"$ref": s["$ref"]}]}, path)
 
     def _rule_name(self, ref: str) -> str:
         slug = "".join(c if c.isalnum() else "_" for c in ref[1:]).strip("_").lower()
         return f"ref_{slug}" if slug else "ref_root"
 
-    def all_of(self, schema: dict, path: str) -> ra.Node:
-        subs = schema["allOf"]
-        if not isinstance(subs, list) or len(subs) != 1:
-            raise ValueError(f"json_schema allOf at {path}: only a single subschema is supported")
-        base = {k: v for k, v in schema.items() if k != "allOf"}
-        return self.compile(_merge(base, subs[0], f"{path}/allOf/0"), f"{path}/allOf/0")
+    # ---- combinators --------------------------------------------------------------------------
+    def all_of(self, s: dict, path: str) -> ra.Node:
+        """Merges the parts keyword by keyword; parts that do not merge are intersected as languages."""
+        parts = self._flatten(s, path, set())
+        merged: Any = True
+        try:
+            for part in parts:
+                merged = conjoin(merged, part)
+        except Clash:
+            return self._intersect(parts, path)
+        return self.compile(merged, path)
+
+    def _flatten(self, schema: Any, path: str, seen: set[str]) -> list[Any]:
+        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets, normalized."""
+        if not isinstance(schema, dict):
+            return [schema]
+        s = normalize(schema, KNOWN_FORMATS)
+        out: list[Any] = []
+        if "$ref" in s:
+            key, target = self.refs.resolve(s["$ref"], path)
+            if key in seen or key in self._open:
+                raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} with sibling keywords "
+                                 "inside its own recursion is not supported")
+            out += self._flatten(target, key, seen | {key})
+        subs = s.get("allOf", [])
+        if not isinstance(subs, list):
+            raise ValueError(f"json_schema allOf at {path} must be a list")
+        for i, sub in enumerate(subs):
+            out += self._flatten(sub, f"{path}/allOf/{i}", seen)
+        rest = {k: v for k, v in s.items() if k not in ("$ref", "allOf")}
+        return out + [rest] if rest or not out else out
+
+    def _intersect(self, parts: list[Any], path: str) -> ra.Node:
+        nodes = self.exact(lambda: [self.compile(p, path) for p in parts])
+        if any(ra.refs(n) for n in nodes):
+            raise ValueError(f"json_schema allOf at {path}: its subschemas do not merge and one is recursive")
+        node = compiled_or_nothing(intersection(nodes))
+        if node == ra.NOTHING:
+            raise Unsatisfiable(f"the allOf at {path} has no common value")
+        return node
+
+    def combinator(self, key: str, s: dict, path: str) -> ra.Node:
+        subs = s[key]
+        if not isinstance(subs, list) or not subs:
+            raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
+        rest = {k: v for k, v in s.items() if k != key}
+        branches = [conjoin_sub(rest, sub) if rest else sub for sub in subs]
+        if key == "anyOf":
+            return self.union([lambda i=i, b=b: self.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
+                              path)
+        nodes = []
+        self._exact += 1  # a union of rules would let values matching two branches through
+        try:
+            for i, branch in enumerate(branches):
+                try:
+                    nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
+                except Unsatisfiable:
+                    continue
+        finally:
+            self._exact -= 1
+        return self.one_of(nodes, path)
+
+    def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
+        """Values matching exactly one branch: a product of the branches' DFAs, or, for recursive
+        branches, their union when their first characters show that no value matches two."""
+        if not nodes:
+            raise Unsatisfiable(f"no oneOf branch at {path} is satisfiable")
+        if len(nodes) == 1:
+            return nodes[0]
+        if any(ra.refs(n) for n in nodes):
+            firsts = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes]
+            overlap = any(f is None or g is None or ra.intersect(f, g)
+                          for i, f in enumerate(firsts) for g in firsts[i + 1:])
+            if overlap:
+                raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
+                                 "are not supported (branches must differ in their first character)")
+            return ra.alt(*nodes)
+        dfa = exactly_one(nodes)
+        if dfa.accept.max() < 0:
+            raise Unsatisfiable(f"no value matches exactly one oneOf branch at {path}")
+        return ra.Compiled(dfa)
+
+    def negated(self, s: dict, path: str) -> ra.Node:
+        """`not` in its common forms: not a type, not some values, not some required properties."""
+        rest = {k: v for k, v in s.items() if k != "not"}
+        neg = s["not"]
+        if neg is False:
+            return self.compile(rest or True, path)
+        if neg is True or not isinstance(neg, dict):
+            raise Unsatisfiable(f"`not` at {path} excludes every value")
+        n = normalize(neg, KNOWN_FORMATS)
+        if not n:
+            raise Unsatisfiable(f"`not` at {path} excludes every value")
+        keys = set(n)
+        types = _as_types(rest.get("type", list(JSON_TYPES)))
+        if keys == {"type"}:
+            drop = _as_types(n["type"])
+            if "number" in drop:
+                drop.add("integer")
+            if "integer" in drop and "number" in types and "number" not in drop:
+                raise ValueError(f"json_schema not at {path}: `not: integer` beside number is not supported")
+            left = [t for t in JSON_TYPES if t in types and t not in drop]
+            if not left:
+                raise Unsatisfiable(f"`not` at {path} excludes every type the schema allows")
+            return self.compile({**rest, "type": left}, path)
+        if keys <= {"enum", "const"}:
+            values = [n["const"]] if "const" in n else []
+            values += n.get("enum", [])
+            return self.union([lambda t=t: self._without(rest, t, values, path) for t in types if t != "integer"
+                               or "number" not in types], path)
+        if keys <= {"required", "properties", "type"} and _as_types(n.get("type", "object")) == {"object"}:
+            branches = [{**rest, "type": [t for t in types if t != "object"]}] if "type" in n else []
+            obj = conjoin_sub(rest, {"type": "object"})
+            branches += [conjoin_sub(obj, {"properties": {r: False}}) for r in n.get("required", [])]
+            branches += [conjoin_sub(obj, {"required": [p], "properties": {p: {"not": sub}}})
+                         for p, sub in n.get("properties", {}).items()]
+            return self.union([lambda b=b: self.compile(b, path) for b in branches if b.get("type", True) != []],
+                              path)
+        raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, or required/properties "
+                         f"is supported, got keywords {sorted(keys)}")
+
+    def _without(self, rest: dict, t: str, values: list, path: str) -> ra.Node:
+        node = self.exact(lambda: self.compile({**rest, "type": t}, path))
+        drop = [quoted(spellings(v)) for v in values if t == "string" and isinstance(v, str)]
+        drop += [ra.literal(const_text(v)) for v in values if t in ("boolean", "null") and _json_type(v) == t]
+        numbers = [v for v in values if _json_type(v) in ("integer", "number")]
+        if t == "integer":
+            drop += [ra.literal(str(int(v))) for v in numbers if v == int(v)]
+        elif t == "number" and numbers:
+            raise ValueError(f"json_schema not at {path}: excluding numbers from a `number` is not supported")
+        if t in ("object", "array") and any(_json_type(v) == t for v in values):
+            raise ValueError(f"json_schema not at {path}: excluding {t} values is not supported")
+        if not drop:
+            return node
+        if ra.refs(node):
+            raise ValueError(f"json_schema not at {path}: excluding values from a recursive schema is not supported")
+        out = compiled_or_nothing(difference(node, ra.alt(*drop)))
+        if out == ra.NOTHING:
+            raise Unsatisfiable(f"`not` at {path} excludes every {t}")
+        return out
+
+    def enum(self, s: dict, path: str) -> ra.Node:
+        values = [s["const"]] if "const" in s else None
+        if "enum" in s:
+            if not isinstance(s["enum"], list) or not s["enum"]:
+                raise ValueError(f"json_schema enum at {path} must be a non-empty list")
+            values = s["enum"] if values is None else [v for v in values if v in s["enum"]]
+        rest = {k: v for k, v in s.items() if k not in ("enum", "const")}
+        if "type" in rest:
+            allowed = _as_types(rest.pop("type"))
+            values = [v for v in values if _json_type(v) in allowed
+                      or (_json_type(v) == "integer" and "number" in allowed)]
+        if not values:
+            raise Unsatisfiable(f"no enum/const value at {path} satisfies the schema's other keywords")
+        node = ra.alt(*(ra.literal(const_text(v)) for v in values))
+        if not rest:
+            return node
+        other = self.exact(lambda: self.compile(rest, path))
+        if ra.refs(other):
+            raise ValueError(f"json_schema at {path}: enum/const together with keywords {sorted(rest)} "
+                             "on a recursive value is not supported")
+        out = compiled_or_nothing(intersection([node, other]))
+        if out == ra.NOTHING:
+            raise Unsatisfiable(f"no enum/const value at {path} satisfies the schema's other keywords")
+        return out
 
     def any_value(self) -> ra.Node:
         if ANY_VALUE not in self.rules:
             self.rules[ANY_VALUE] = ra.NOTHING  # placeholder while the rule refers to itself
             value = ra.Ref(ANY_VALUE)
-            pair = ra.seq(string_node(0, None), self.punct(":"), value)
+            pair = ra.seq(string_node(), self.punct(":"), value)
             self.rules[ANY_VALUE] = ra.alt(
                 ra.seq(ra.literal("{"), self.ws, ra.optional(ra.seq(pair, ra.repeat(ra.seq(self.punct(","), pair), 0, None))),
                        self.ws, ra.literal("}")),
                 ra.seq(ra.literal("["), self.ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(self.punct(","), value), 0, None))),
                        self.ws, ra.literal("]")),
-                string_node(0, None), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"),
+                string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"),
             )
         return ra.Ref(ANY_VALUE)
 
     # ---- containers ---------------------------------------------------------------------------
-    def object(self, schema: dict, path: str) -> ra.Node:
-        props = schema.get("properties", {})
-        required = schema.get("required", [])
-        if not isinstance(props, dict) or not isinstance(required, list):
-            raise ValueError(f"json_schema at {path}: properties must be an object and required a list")
-        members = [(name, sub) for name, sub in props.items()]
-        members += [(name, True) for name in required if name not in props]
-        extra = schema.get("additionalProperties", True)
-        if not members and extra is not False:
-            value = self.compile(extra, f"{path}/additionalProperties")
-            pair = ra.seq(string_node(0, None), self.punct(":"), value)
-            body = ra.optional(ra.seq(pair, ra.repeat(ra.seq(self.punct(","), pair), 0, None)))
-        else:
-            items = [(ra.seq(self.const(name), self.punct(":"), self.compile(sub, f"{path}/properties/{name}")),
-                      name in required) for name, sub in members]
-            body = self.members(items)
-        return ra.seq(ra.literal("{"), self.ws, body, self.ws, ra.literal("}"))
+    def object(self, s: dict, path: str) -> ra.Node:
+        return object_node(self, s, path)
 
-    def members(self, items: list[tuple[ra.Node, bool]]) -> ra.Node:
-        """Comma-separated members in order: required ones always, optional ones maybe."""
-        comma = self.punct(",")
-        options = []
-        for i, (node, req) in enumerate(items):  # item i is the first one present
-            rest = [ra.seq(comma, n) if r else ra.optional(ra.seq(comma, n)) for n, r in items[i + 1:]]
-            options.append(ra.seq(node, *rest))
-            if req:
-                break
-        else:
-            options.append(ra.EMPTY)
-        return ra.alt(*options)
-
-    def array(self, schema: dict, path: str) -> ra.Node:
-        if schema.get("uniqueItems", False):
-            raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is not supported")
-        lo, hi = _count(schema, "minItems", 0, path), _count(schema, "maxItems", None, path)
+    def array(self, s: dict, path: str) -> ra.Node:
+        lo, hi = _count(s, "minItems", 0, path), _count(s, "maxItems", None, path)
         if hi is not None and hi < lo:
-            raise ValueError(f"json_schema at {path}: maxItems {hi} is below minItems {lo}")
+            raise Unsatisfiable(f"maxItems {hi} is below minItems {lo} at {path}")
+        if s.get("uniqueItems", False) and (hi is None or hi > 1) and \
+                (_finite_values(s.get("items", True)) is not None or "uniqueItems" not in self.relaxed):
+            return self.unique_array(s, lo, hi, path)
         comma = self.punct(",")
-        prefix = [self.compile(s, f"{path}/prefixItems/{i}") for i, s in enumerate(schema.get("prefixItems", []))]
-        items = schema.get("items", True)
-        options = [_joined(prefix[:n], comma) for n in range(lo, min(len(prefix), len(prefix) if hi is None else hi) + 1)]
-        if items is not False and (hi is None or hi > len(prefix)):  # items after the prefix
-            rest = self.compile(items, f"{path}/items")
+        prefix_schemas = s.get("prefixItems", [])
+        if not isinstance(prefix_schemas, list):
+            raise ValueError(f"json_schema prefixItems at {path} must be a list")
+        prefix: list[ra.Node] = []
+        for i, sub in enumerate(prefix_schemas):
+            try:
+                prefix.append(self.compile(sub, f"{path}/prefixItems/{i}"))
+            except Unsatisfiable:
+                break  # arrays end before an item that nothing satisfies
+        items = s.get("items", s.get("unevaluatedItems", True))
+        top = len(prefix) if hi is None else min(len(prefix), hi)
+        options = [_joined(prefix[:n], comma) for n in range(lo, top + 1)]
+        rest = None
+        if items is not False and len(prefix) == len(prefix_schemas) and (hi is None or hi > len(prefix)):
+            try:
+                rest = self.compile(items, f"{path}/items")
+            except Unsatisfiable:
+                rest = None
+        if rest is not None:
             more_lo, more_hi = max(lo - len(prefix), 1), None if hi is None else hi - len(prefix)
             if prefix:
                 options.append(ra.seq(_joined(prefix, comma), ra.repeat(ra.seq(comma, rest), more_lo, more_hi)))
@@ -287,33 +469,75 @@ class _SchemaCompiler:
                 options.append(ra.seq(rest, ra.repeat(ra.seq(comma, rest), more_lo - 1,
                                                       None if more_hi is None else more_hi - 1)))
         if not options:
-            raise ValueError(f"json_schema at {path}: no array length satisfies minItems/maxItems/prefixItems")
+            raise Unsatisfiable(f"no array length satisfies minItems/maxItems/prefixItems at {path}")
         return ra.seq(ra.literal("["), self.ws, ra.alt(*options), self.ws, ra.literal("]"))
 
-    # ---- scalars ------------------------------------------------------------------------------
-    def string(self, schema: dict, path: str) -> ra.Node:
-        lo, hi = _count(schema, "minLength", 0, path), _count(schema, "maxLength", None, path)
-        if "format" in schema:
-            fmt = schema["format"]
-            if fmt not in FORMATS:
-                raise ValueError(f"json_schema string format {fmt!r} at {path} is not supported; "
-                                 f"supported formats: {sorted(FORMATS)}")
-            return ra.seq(ra.literal('"'), FORMATS[fmt], ra.literal('"'))
-        if "pattern" in schema:
-            if "minLength" in schema or "maxLength" in schema:
-                raise ValueError(f"json_schema at {path}: pattern together with minLength/maxLength is not supported")
-            return ra.seq(ra.literal('"'), pattern_node(schema["pattern"], path), ra.literal('"'))
-        return string_node(lo, hi)
+    def unique_array(self, s: dict, lo: int, hi: int | None, path: str) -> ra.Node:
+        """uniqueItems over a finite set of item values (an enum, booleans): an automaton over the
+        set of values used so far. Other item schemas cannot be enforced, and are refused."""
+        values = _finite_values(s.get("items", True)) if not s.get("prefixItems") else None
+        if values is None or len(values) > MAX_UNIQUE_VALUES:
+            raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is supported only for items with at "
+                             f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1; "
+                             "relax it explicitly (relaxed=['uniqueItems']) to generate without it")
+        comma = self.punct(",")
+        texts = list(dict.fromkeys(const_text(_canonical(v)) for v in values))
+        edges = [(used, ra.seq(comma if used else ra.EMPTY, ra.literal(text)), used | 1 << i)
+                 for used in range(1 << len(texts)) for i, text in enumerate(texts) if not used >> i & 1]
+        finals = tuple(used for used in range(1 << len(texts))
+                       if lo <= used.bit_count() and (hi is None or used.bit_count() <= hi))
+        if not finals:
+            raise Unsatisfiable(f"no array of distinct items at {path} has between minItems and maxItems items")
+        body = ra.Graph(1 << len(texts), tuple(edges), finals)
+        return ra.seq(ra.literal("["), self.ws, body, self.ws, ra.literal("]"))
 
-    def number(self, schema: dict, path: str) -> ra.Node:
-        lo, hi = _bound(schema, "minimum", "exclusiveMinimum", path), _bound(schema, "maximum", "exclusiveMaximum", path)
-        if lo is None and hi is None:
-            return number_node(None, None)
-        low = None if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
-        high = None if hi is None else (math.ceil(hi[0]) - 1 if hi[1] else math.floor(hi[0]))
-        if low is not None and high is not None and low > high:
-            raise ValueError(f"json_schema at {path}: no number in the bounds (bounds are rounded inward to integers)")
-        return number_node(low, high)
+    # ---- scalars ------------------------------------------------------------------------------
+    def string(self, s: dict, path: str) -> ra.Node:
+        lo, hi = _count(s, "minLength", 0, path), _count(s, "maxLength", None, path)
+        if hi is not None and hi < lo:
+            raise Unsatisfiable(f"maxLength {hi} is below minLength {lo} at {path}")
+        bodies = [FORMATS[s["format"]]] if "format" in s else []
+        patterns = s.get("pattern", ())
+        bodies += [pattern_body(p, path) for p in (patterns if isinstance(patterns, tuple) else (patterns,))]
+        if not bodies:
+            return string_node(lo, hi)
+        node = constrained_string(bodies, lo, hi)
+        if node == ra.NOTHING or node == quoted(ra.NOTHING):
+            raise Unsatisfiable(f"no string at {path} satisfies its pattern, format and length together")
+        return node
+
+    def number(self, t: str, s: dict, path: str) -> ra.Node:
+        lo, hi = _bound(s, "minimum", "exclusiveMinimum", path), _bound(s, "maximum", "exclusiveMaximum", path)
+        step = s.get("multipleOf")
+        if step is not None and (not isinstance(step, int | float) or isinstance(step, bool) or step <= 0):
+            raise ValueError(f"json_schema multipleOf at {path} must be a positive number, got {step!r}")
+        if step is not None:
+            return self._multiples(t, as_decimal(step), lo, hi, path)
+        if t == "integer":
+            return integer_node(*_int_bounds(lo, hi, path))
+        node = number_node(lo, hi)
+        if node == ra.NOTHING:
+            raise Unsatisfiable(f"no number lies within the bounds at {path}")
+        return node
+
+    def _multiples(self, t: str, step: Decimal, lo, hi, path: str) -> ra.Node:
+        """Integers that are multiples of `step`; for `number`, decimals with a step of 10^-d."""
+        num, den = step.as_integer_ratio()
+        if t == "number" and num == 1 and den > 1 and 10 ** (len(str(den)) - 1) == den:
+            digits = len(str(den)) - 1
+            fits = parse_regex(rf"-?[0-9]+(?:\.[0-9]{{1,{digits}}})?")
+            out = compiled_or_nothing(intersection([number_node(lo, hi), fits]))
+        else:
+            # an integer n is a multiple of num/den iff n is a multiple of num / gcd(num, den)
+            if t == "number" and den != 1:
+                raise ValueError(f"json_schema multipleOf {step} at {path} on a number is not supported "
+                                 "(integers, or steps like 0.01, are)")
+            k = num // math.gcd(num, den)
+            a, b = _int_bounds(lo, hi, path)
+            out = integer_node(a, b) if k == 1 else compiled_or_nothing(intersection([integer_node(a, b), multiples_of(k)]))
+        if out == ra.NOTHING:
+            raise Unsatisfiable(f"no multiple of {step} lies within the bounds at {path}")
+        return out
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -321,43 +545,132 @@ def _joined(items: list[ra.Node], comma: ra.Node) -> ra.Node:
     return ra.seq(*(ra.seq(comma, x) if i else x for i, x in enumerate(items)))
 
 
+_TYPE_HINTS = (
+    ("object", {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+                "minProperties", "maxProperties", "unevaluatedProperties"}),
+    ("array", {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "unevaluatedItems"}),
+    ("string", {"pattern", "format", "minLength", "maxLength"}),
+    ("number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
+)
+
+
 def _infer_type(schema: dict) -> str | None:
+    """The type a schema's keywords imply, when it names none (a strict choice: other types would
+    be unconstrained by those keywords)."""
     keys = set(schema)
-    if keys & {"properties", "required", "additionalProperties"}:
-        return "object"
-    if keys & {"items", "prefixItems", "minItems", "maxItems"}:
-        return "array"
-    if keys & {"pattern", "format", "minLength", "maxLength"}:
-        return "string"
-    if keys & {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}:
-        return "number"
+    return next((t for t, hints in _TYPE_HINTS if keys & hints), None)
+
+
+def _as_types(value: Any) -> set[str]:
+    return {value} if isinstance(value, str) else set(value)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value == int(value) else "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+_TYPE_FIRSTS = {"object": "{", "array": "[", "string": '"', "integer": "-0-9", "number": "-0-9", "boolean": "tf",
+                "null": "n"}
+
+
+def _type_first_chars(schema: Any) -> ra.Ranges | None:
+    """The first characters of a schema's values, from its `type` alone (None when it has no type)."""
+    if not isinstance(schema, dict):
+        return None
+    s = normalize(schema, KNOWN_FORMATS)
+    types = s.get("type") if not set(s) & {"$ref", "allOf", "anyOf", "oneOf"} else None
+    if types is None or "enum" in s or "const" in s:
+        return None
+    node = ra.alt(*(ra.char_class(_TYPE_FIRSTS[t]) for t in _as_types(types) if t in _TYPE_FIRSTS))
+    return node.ranges if isinstance(node, ra.Chars) else None
+
+
+def _first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
+                 pending: dict[str, ra.Ranges | None]) -> ra.Ranges | None:
+    """The characters a match of `node` can start with; None when unknown or it may match nothing."""
+    if isinstance(node, ra.Chars):
+        return node.ranges
+    if isinstance(node, ra.Ref):
+        if node.name in seen:
+            return ()  # a rule at its own start adds no first character
+        if node.name not in rules:
+            return pending.get(node.name)  # a rule still being compiled: known by its type, if any
+        return _first_chars(rules[node.name], rules, seen | {node.name}, pending)
+    if isinstance(node, ra.Alt):
+        parts = [_first_chars(x, rules, seen, pending) for x in node.items]
+        return None if any(p is None for p in parts) else ra.normalize(r for p in parts for r in p)
+    if isinstance(node, ra.Seq):
+        out: list = []
+        for item in node.items:
+            first = _first_chars(item, rules, seen, pending)
+            if first is not None and not ra.nullable(item):
+                return ra.normalize([*out, *first])
+            if first is None:  # nullable with unknown start: be conservative
+                return None
+            out += first
+        return None
+    if isinstance(node, ra.Repeat | ra.Bounded):
+        first = _first_chars(node.item, rules, seen, pending)
+        return None if isinstance(node, ra.Repeat) and node.min == 0 else first
+    if isinstance(node, ra.Compiled):
+        if node.dfa.accept[node.dfa.start] >= 0:
+            return None
+        row = node.dfa.trans[node.dfa.start]
+        return ra.normalize(r for c, ranges in enumerate(node.dfa.alphabet.classes) if row[c] >= 0 for r in ranges)
     return None
 
 
-def _merge(base: dict, sub: Any, path: str) -> Any:
-    """A subschema of anyOf/oneOf/allOf, with the parent's other keywords applied to it."""
-    rest = {k: v for k, v in base.items() if k not in ANNOTATIONS}
-    if not rest:
-        return sub
-    if not isinstance(sub, dict):
-        raise ValueError(f"json_schema at {path} must be an object")
-    clash = sorted(k for k in set(rest) & set(sub) if rest[k] != sub[k])
-    if clash:
-        raise ValueError(f"json_schema at {path}: keywords {clash} both beside and inside a combinator are not supported")
-    return {**rest, **sub}
+def _is_container(node: ra.Node) -> bool:
+    """Whether every match starts with '{' or '[' (an object or array: a rule of its own lexes well)."""
+    first = node
+    while isinstance(first, ra.Seq) and first.items:
+        first = first.items[0]
+    return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),))
 
 
-def _resolve(root: Any, ref: str) -> Any:
-    node = root
-    for part in ref[1:].lstrip("/").split("/") if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise ValueError(f"json_schema $ref {ref!r} does not resolve")
-    return node
+def _finite_values(items: Any) -> list | None:
+    """The values an items schema allows when it is a plain enum, const or boolean, else None."""
+    if not isinstance(items, dict):
+        return None
+    s = normalize(items, KNOWN_FORMATS)
+    types = _as_types(s.pop("type", list(JSON_TYPES)))
+    if not s and types == {"boolean"}:
+        return [True, False]
+    if set(s) - {"enum", "const"}:
+        return None
+    if not s:
+        return None
+    values = [s["const"]] if "const" in s else s["enum"]
+    if "const" in s and "enum" in s:
+        values = [v for v in values if v in s["enum"]]
+    return [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
+
+
+def _canonical(value: Any) -> Any:
+    """One spelling per JSON value (1.0 and 1 are equal, so they must not both appear as unique items)."""
+    return int(value) if isinstance(value, float) and value == int(value) else value
+
+
+def _dependencies_as_all_of(s: dict, path: str) -> dict:
+    """Each dependency as a choice: the trigger property absent, or present with what it needs."""
+    rest = {k: v for k, v in s.items() if k not in ("dependentRequired", "dependentSchemas")}
+    choices = []
+    for name, needs in s.get("dependentRequired", {}).items():
+        choices.append({"anyOf": [{"properties": {name: False}}, {"required": [name, *needs]}]})
+    for name, sub in s.get("dependentSchemas", {}).items():
+        choices.append({"anyOf": [{"properties": {name: False}}, {"allOf": [{"required": [name]}, sub]}]})
+    if 2 ** len(choices) > MAX_BRANCHES:
+        raise ValueError(f"json_schema at {path}: more than {MAX_BRANCHES.bit_length() - 1} dependencies "
+                         "on one object are not supported")
+    return {**rest, "allOf": [*rest.get("allOf", []), *choices]}
 
 
 def _count(schema: dict, key: str, default: int | None, path: str) -> int | None:
@@ -367,108 +680,23 @@ def _count(schema: dict, key: str, default: int | None, path: str) -> int | None
     return value
 
 
-def _bound(schema: dict, key: str, exclusive_key: str, path: str) -> tuple[float, bool] | None:
-    """(bound, exclusive) from draft-6+ numeric or draft-4 boolean exclusive keywords."""
+def _bound(schema: dict, key: str, exclusive_key: str, path: str) -> tuple[Decimal, bool] | None:
+    """(bound, exclusive): the tighter of the inclusive and exclusive keywords, as exact decimals."""
     value, excl = schema.get(key), schema.get(exclusive_key)
     for k, v in ((key, value), (exclusive_key, excl)):
-        if v is not None and not isinstance(v, bool | int | float):
-            raise ValueError(f"json_schema {k} at {path} must be a number, got {v!r}")
-    if isinstance(excl, bool):
-        return None if value is None else (value, excl)
-    if excl is not None and value is not None:
-        tighter = excl >= value if key == "minimum" else excl <= value
-        return (excl, True) if tighter else (value, False)
-    if excl is not None:
-        return (excl, True)
-    return None if value is None else (value, False)
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v)):
+            raise ValueError(f"json_schema {k} at {path} must be a finite number, got {v!r}")
+    inclusive = None if value is None else (as_decimal(value), False)
+    exclusive = None if excl is None else (as_decimal(excl), True)
+    if inclusive is None or exclusive is None:
+        return inclusive or exclusive
+    tighter = exclusive[0] >= inclusive[0] if key == "minimum" else exclusive[0] <= inclusive[0]
+    return exclusive if tighter else inclusive
 
 
-def _int_bounds(schema: dict, path: str) -> tuple[int | None, int | None]:
-    lo, hi = _bound(schema, "minimum", "exclusiveMinimum", path), _bound(schema, "maximum", "exclusiveMaximum", path)
+def _int_bounds(lo, hi, path: str) -> tuple[int | None, int | None]:
     low = None if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
     high = None if hi is None else (math.ceil(hi[0]) - 1 if hi[1] else math.floor(hi[0]))
     if low is not None and high is not None and low > high:
-        raise ValueError(f"json_schema at {path}: no integer lies in [{low}, {high}]")
+        raise Unsatisfiable(f"no integer lies in [{low}, {high}] at {path}")
     return low, high
-
-
-def string_node(lo: int, hi: int | None) -> ra.Node:
-    return ra.seq(ra.literal('"'), ra.repeat(_STRING_CHAR, lo, hi), ra.literal('"'))
-
-
-def pattern_node(pattern: Any, path: str) -> ra.Node:
-    """A string `pattern` (search semantics, so unanchored ends match anything), raw characters only."""
-    if not isinstance(pattern, str):
-        raise ValueError(f"json_schema pattern at {path} must be a string")
-    try:
-        node = parse_regex(pattern, allowed=STRING_CHARS)
-    except ValueError as e:
-        raise ValueError(f"json_schema pattern at {path}: {e}") from None
-    anything = ra.repeat(ra.Chars(STRING_CHARS), 0, None)
-    head = ra.EMPTY if pattern.startswith(("^", "\\A")) else anything
-    tail = ra.EMPTY if pattern.endswith(("$", "\\Z")) and not pattern.endswith("\\$") else anything
-    return ra.seq(head, node, tail)
-
-
-def integer_node(lo: int | None, hi: int | None) -> ra.Node:
-    parts = []
-    if lo is None or lo < 0:  # negatives: "-" and a magnitude >= 1
-        mag_lo = 1 if hi is None or hi >= 0 else -hi
-        parts.append(ra.seq(ra.literal("-"), natural_range(mag_lo, None if lo is None else -lo)))
-    if hi is None or hi >= 0:
-        parts.append(natural_range(max(lo or 0, 0), hi))
-    return ra.alt(*parts)
-
-
-def number_node(lo: int | None, hi: int | None) -> ra.Node:
-    """JSON numbers; bounded ones (integer bounds) without exponent, split by sign and magnitude."""
-    frac = ra.optional(ra.seq(ra.literal("."), ra.repeat(_DIGIT, 1, JSON_MAX_FRACTION_DIGITS)))
-    if lo is None and hi is None:
-        exp = ra.optional(ra.seq(ra.char_class("eE"), ra.optional(ra.char_class("+-")),
-                                 ra.repeat(_DIGIT, 1, JSON_MAX_EXPONENT_DIGITS)))
-        return ra.seq(ra.optional(ra.literal("-")), natural_range(0, None), frac, exp)
-    zero_frac = ra.optional(ra.seq(ra.literal("."), ra.repeat(ra.literal("0"), 1, JSON_MAX_FRACTION_DIGITS)))
-
-    def magnitudes(a: int, b: int | None) -> ra.Node:  # values m with a <= m <= b
-        if b is None:
-            return ra.seq(natural_range(a, None), frac)
-        whole = ra.seq(natural_range(b, b), zero_frac)
-        return whole if b - 1 < a else ra.alt(ra.seq(natural_range(a, b - 1), frac), whole)
-
-    parts = []
-    if lo is None or lo < 0:
-        parts.append(ra.seq(ra.literal("-"), magnitudes(0 if hi is None or hi >= 0 else -hi, None if lo is None else -lo)))
-    if hi is None or hi >= 0:
-        parts.append(magnitudes(max(lo or 0, 0), hi))
-    return ra.alt(*parts)
-
-
-def natural_range(lo: int, hi: int | None) -> ra.Node:
-    """Decimal naturals in [lo, hi] without leading zeros; hi=None caps the length instead."""
-    if hi is None:
-        width = len(str(lo))
-        top = 10 ** width - 1
-        longer = ra.seq(ra.char_class("1-9"), ra.repeat(_DIGIT, width, JSON_MAX_INT_DIGITS - 1)) \
-            if width < JSON_MAX_INT_DIGITS else ra.NOTHING
-        return ra.alt(natural_range(lo, top), longer)
-    if hi < lo:
-        return ra.NOTHING
-    parts = []
-    for width in range(len(str(lo)), len(str(hi)) + 1):
-        a = max(lo, 10 ** (width - 1) if width > 1 else 0)
-        b = min(hi, 10 ** width - 1)
-        parts.append(_same_width(str(a), str(b)))
-    return ra.alt(*parts)
-
-
-def _same_width(lo: str, hi: str) -> ra.Node:
-    if not lo:
-        return ra.EMPTY
-    if lo[0] == hi[0]:
-        return ra.seq(ra.literal(lo[0]), _same_width(lo[1:], hi[1:]))
-    k = len(lo) - 1
-    parts = [ra.seq(ra.literal(lo[0]), _same_width(lo[1:], "9" * k))]
-    if int(hi[0]) - int(lo[0]) > 1:
-        parts.append(ra.seq(ra.char_class(f"{int(lo[0]) + 1}-{int(hi[0]) - 1}"), ra.repeat(_DIGIT, k, k)))
-    parts.append(ra.seq(ra.literal(hi[0]), _same_width("0" * k, hi[1:])))
-    return ra.alt(*parts)

@@ -57,7 +57,18 @@ class Compiled:
     dfa: Any
 
 
-Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref, Compiled]
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """An automaton whose edges read sub-languages: (source, node, target) over states 0..num_states-1,
+    entered at 0, left at any final state. Shares each sub-language once where a tree would copy it
+    (JSON objects that count their members)."""
+
+    num_states: int
+    edges: tuple[tuple[int, "Node", int], ...]
+    finals: tuple[int, ...]
+
+
+Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref, Compiled, Graph]
 EMPTY = Seq(())  # matches only the empty string
 NOTHING = Alt(())  # matches nothing
 
@@ -174,7 +185,21 @@ def nullable(node: Node) -> bool:
         return any(nullable(x) for x in node.items)
     if isinstance(node, Repeat):
         return node.min == 0 or nullable(node.item)
+    if isinstance(node, Graph):
+        return bool(graph_closure(node, 0) & set(node.finals))
     return nullable(node.item)
+
+
+def graph_closure(graph: Graph, state: int) -> set[int]:
+    """The states reachable from `state` through edges that can read nothing."""
+    seen, stack = {state}, [state]
+    while stack:
+        s = stack.pop()
+        for src, node, dst in graph.edges:
+            if src == s and dst not in seen and nullable(node):
+                seen.add(dst)
+                stack.append(dst)
+    return seen
 
 
 def refs(node: Node) -> set[str]:
@@ -184,4 +209,28 @@ def refs(node: Node) -> set[str]:
         return set().union(*(refs(x) for x in node.items)) if node.items else set()
     if isinstance(node, Repeat | Bounded):
         return refs(node.item)
+    if isinstance(node, Graph):
+        return set().union(*(refs(n) for _, n, _ in node.edges)) if node.edges else set()
     return set()
+
+
+def size(node: Node, memo: dict[int, int] | None = None) -> int:
+    """About how many NFA states `node` builds into (repeats and shared subtrees are copies)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(node))
+    if hit is not None:
+        return hit
+    if isinstance(node, Chars | Ref):
+        out = 1
+    elif isinstance(node, Seq | Alt):
+        out = 1 + sum(size(x, memo) for x in node.items)
+    elif isinstance(node, Repeat):
+        out = 1 + size(node.item, memo) * max(node.min + 1 if node.max is None else node.max, 1)
+    elif isinstance(node, Bounded):
+        out = size(node.item, memo) * node.max_bytes
+    elif isinstance(node, Compiled):
+        out = len(node.dfa.trans)
+    else:
+        out = node.num_states + sum(size(n, memo) for _, n, _ in node.edges)
+    memo[id(node)] = out
+    return out

@@ -1,0 +1,307 @@
+"""JSON Schema keywords beyond the basics, with `jsonschema` as the oracle: every output the constraint
+completes validates, and every mutant of an output that the constraint accepts validates too (no
+false accepts). Each schema is a minimal one of a shape that real-world schemas use."""
+from __future__ import annotations
+
+import json
+import random
+from decimal import Decimal
+
+import jsonschema
+import pytest
+
+from radixlang.runtime.constrained.automaton import compile_dfa
+from radixlang.runtime.constrained.json_schema import compile_json_schema, number_node
+
+from .test_json_schema import complete_outputs
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+KEYWORD_SCHEMAS = {
+    "pattern_properties": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9}},
+                           "patternProperties": {"^x-[a-z]{1,3}$": {"type": "boolean"}},
+                           "additionalProperties": False, "required": ["id"]},
+    "additional_properties_schema": {"type": "object", "properties": {"a": {"type": "null"}},
+                                     "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 3}},
+    "min_max_properties": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "boolean"},
+                                                             "c": {"type": "integer", "minimum": 0, "maximum": 5}},
+                           "minProperties": 2, "maxProperties": 2},
+    "min_properties_map": {"type": "object", "additionalProperties": {"type": "boolean"}, "minProperties": 1,
+                           "maxProperties": 3},
+    "dependencies_draft4": {"$schema": DRAFT4, "type": "object", "properties": {"card": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                              "billing": {"type": "string", "maxLength": 3}},
+                            "dependencies": {"card": ["billing"]}},
+    "dependent_schemas": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                            "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+                          "dependentSchemas": {"a": {"properties": {"b": {"minimum": 5}}, "required": ["b"]}}},
+    "all_of_several": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}},
+                                  "required": ["a"]},
+                                 {"properties": {"a": {"maximum": 20}, "b": {"type": "string", "maxLength": 2}}},
+                                 {"properties": {"a": {"multipleOf": 4}}}]},
+    "ref_with_siblings": {"$defs": {"n": {"type": "integer", "minimum": 0, "maximum": 50}},
+                          "$ref": "#/$defs/n", "maximum": 10, "description": "at most ten"},
+    "draft4_id_refs": {"$schema": DRAFT4, "id": "http://example.com/root.json", "definitions": {"s": {"id": "#short", "type": "string",
+                                                                                   "maxLength": 2}},
+                       "type": "array", "items": [{"$ref": "#short"}, {"$ref": "root.json#/definitions/s"}],
+                       "additionalItems": False},
+    "keyword_beside_and_inside_any_of": {"type": "object", "properties": {"k": {"type": "integer"}},
+                                         "anyOf": [{"properties": {"k": {"minimum": 5, "maximum": 6}}, "required": ["k"]},
+                                                   {"properties": {"k": {"maximum": -3, "minimum": -4}}}]},
+    "if_then_else": {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+                     "required": ["kind", "n"],
+                     "if": {"properties": {"kind": {"const": "a"}}},
+                     "then": {"properties": {"n": {"minimum": 0, "maximum": 3}}},
+                     "else": {"properties": {"n": {"minimum": 100, "maximum": 102}}}},
+    "not_type_enum_required": {"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 2, "not": {"enum": ["a", "b\n"]}},
+        "v": {"not": {"type": ["object", "array", "string", "number"]}},
+        "o": {"type": "object", "properties": {"p": {"type": "null"}, "q": {"type": "null"}},
+              "not": {"required": ["p", "q"]}}}, "required": ["s", "v", "o"]},
+    "property_names": {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,2}$"},
+                       "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 1}},
+    "tuple_items": {"$schema": DRAFT4, "type": "array", "items": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 3}],
+                    "additionalItems": {"type": "null"}, "maxItems": 4},
+    "integer_multiple_of": {"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 80},
+    "number_multiple_of_hundredth": {"type": "number", "multipleOf": 0.01, "minimum": -1, "maximum": 1},
+    "pattern_with_lengths": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "minLength": 3, "maxLength": 5},
+    "decimal_bounds": {"type": "number", "minimum": 0.01, "exclusiveMaximum": 2.5},
+    "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
+                          "minItems": 1},
+    "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
+    "recursive_min_max_properties": {"$defs": {"n": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 9}, "kid": {"$ref": "#/$defs/n"}, "b": {"type": "null"}},
+        "minProperties": 1, "maxProperties": 2}}, "$ref": "#/$defs/n"},
+    "unevaluated_properties": {"type": "object", "properties": {"a": {"type": "boolean"}},
+                               "unevaluatedProperties": False},
+}
+FORMAT_EXAMPLES = {"uri": "https://user@example.com:8080/a/b?q=1#f", "uri-reference": "../x?y#z",
+                   "hostname": "a-b.example.org", "ipv6": "fe80::1:2", "date": "2024-02-28",
+                   "date-time": "2024-02-28T12:00:00Z", "duration": "P1Y2M3DT4H", "time": "10:00:00+01:00"}
+KEYWORD_SCHEMAS.update({f"format_{f}": {"type": "string", "format": f} for f in FORMAT_EXAMPLES})
+
+
+def mutants(value, rng: random.Random, depth: int = 0) -> list:
+    """Small edits of a JSON value: dropped or added members, retyped or nudged values."""
+    out: list = ["x", 0, None, [], {}]
+    if isinstance(value, dict):
+        for key in list(value):
+            out.append({k: v for k, v in value.items() if k != key})
+            if depth < 3:
+                out += [{**value, key: m} for m in rng.sample(mutants(value[key], rng, depth + 1), 4)]
+        out += [{**value, "zz": 1}, {**value, "x-q": True}, {**value, "ab": 1}, {**value, "d": 2}]
+    elif isinstance(value, list):
+        out += [value[:-1], value + [None], value + value[:1], [True] + value]
+        if depth < 3:
+            out += [[m if i == j else v for j, v in enumerate(value)] for i, v in enumerate(value)
+                    for m in rng.sample(mutants(v, rng, depth + 1), 3)]
+    elif isinstance(value, str):
+        out += [value + "x", value[:-1], value + "9", "", value.upper(), "a", "b\n", value + "é"]
+    elif isinstance(value, bool) or value is None:
+        out += [not value, 1]
+    elif isinstance(value, int | float):
+        out += [value + 1, value - 1, value + 7, -value, value * 10, value + 0.5, value + 0.001, value - 0.001,
+                str(value)]
+    return out
+
+
+def decimal_multiple_of(validator, step, instance, schema):
+    """multipleOf in exact decimals, as the specification defines it (jsonschema divides floats, so
+    0.57 is not a multiple of 0.01 there)."""
+    if validator.is_type(instance, "number") and Decimal(repr(instance)) % Decimal(repr(step)) != 0:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {step!r}")
+
+
+def validator(schema):
+    """The schema's own draft, with that draft's format checks (the merged FormatChecker() reads "time"
+    as draft 3 does) and exact multipleOf."""
+    cls = jsonschema.validators.validator_for(schema)
+    exact = jsonschema.validators.extend(cls, {"multipleOf": decimal_multiple_of})
+    return exact(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def accepts(constraint, text: str) -> bool:
+    state = constraint.advance_bytes(constraint.initial(), text.encode())
+    return state is not None and constraint.can_end(state)
+
+
+@pytest.mark.parametrize("name", sorted(KEYWORD_SCHEMAS))
+def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk):
+    schema = KEYWORD_SCHEMAS[name]
+    constraint = compiler.compile("json_schema", schema)
+    rng = random.Random(name)
+    refused = 0
+    for text in complete_outputs(constraint, walk, seed=len(name), wanted=10, max_tokens=300):
+        value = json.loads(text)
+        validator(schema).validate(value)
+        for mutant in mutants(value, rng):
+            mutant_text = json.dumps(mutant, ensure_ascii=False, separators=(",", ":"))
+            if accepts(constraint, mutant_text):
+                validator(schema).validate(mutant)
+            else:
+                refused += not validator(schema).is_valid(mutant)
+    assert refused > 0, "some mutants are invalid and must be refused"
+
+
+@pytest.mark.parametrize("name, valid", [
+    ("pattern_properties", {"id": 3, "x-ab": True}),
+    ("additional_properties_schema", {"a": None, "zz": 2, "yy": 3}),
+    ("min_max_properties", {"a": None, "c": 5}),
+    ("recursive_min_max_properties", {"a": 1, "kid": {"kid": {"b": None}}}),
+    ("dependencies_draft4", {"card": 1, "billing": "abc"}),
+    ("dependencies_draft4", {"billing": "x"}),
+    ("dependent_schemas", {"a": 1, "b": 7}),
+    ("all_of_several", {"a": 8, "b": "xy"}),
+    ("ref_with_siblings", 10),
+    ("draft4_id_refs", ["ab", "c"]),
+    ("keyword_beside_and_inside_any_of", {"k": -4}),
+    ("if_then_else", {"kind": "b", "n": 101}),
+    ("not_type_enum_required", {"s": "c", "v": True, "o": {"q": None}}),
+    ("property_names", {"ab": 1, "c": 0}),
+    ("tuple_items", [True, 2, None, None]),
+    ("integer_multiple_of", -49),
+    ("number_multiple_of_hundredth", -0.57),
+    ("pattern_with_lengths", "abc12"),
+    ("decimal_bounds", 0.05),
+    ("unique_enum_items", [None, "b", 1]),
+    ("anchored_alternatives", "c7"),
+    *((f"format_{f}", example) for f, example in FORMAT_EXAMPLES.items()),
+])
+def test_hand_written_valid_instances_are_accepted(name, valid, compiler):
+    schema = KEYWORD_SCHEMAS[name]
+    validator(schema).validate(valid)
+    constraint = compiler.compile("json_schema", schema)
+    assert accepts(constraint, json.dumps(valid, separators=(",", ":")))
+
+
+@pytest.mark.parametrize("lo, hi", [
+    ((Decimal("0.01"), False), None), ((Decimal("-2.5"), True), (Decimal("0.125"), False)),
+    (None, (Decimal("-0.3"), True)), ((Decimal("1.05"), False), (Decimal("1.25"), True)),
+    ((Decimal("0"), True), (Decimal("0.001"), False)), ((Decimal("-1"), False), (Decimal("-1"), False)),
+    ((Decimal("7"), True), (Decimal("12.5"), True)),
+])
+def test_decimal_bounds_are_exact_against_brute_force(lo, hi):
+    dfa = compile_dfa([number_node(lo, hi)])
+    rng = random.Random(str((lo, hi)))
+    texts = ["0", "-0", "0.05", "0.01", "0.009", "0.0100", "-2.5", "-2.49", "0.125", "0.1251", "-0.3", "-0.31",
+             "1.05", "1.049", "1.25", "1.2499", "0.001", "0.0005", "-1", "-1.0", "-1.01", "7", "7.0001", "12.5",
+             "12.49", "00.1", "1.", ".5"]
+    texts += [f"{rng.uniform(-4, 14):.{rng.randint(0, 5)}f}" for _ in range(3000)]
+    for text in texts:
+        q = dfa.walk(dfa.start, text.encode())
+        accepted = q >= 0 and bool(dfa.accept[q] >= 0)
+        well_formed = json_number(text)
+        value = Decimal(text) if well_formed else None
+        expected = well_formed and (lo is None or (value > lo[0] if lo[1] else value >= lo[0])) \
+            and (hi is None or (value < hi[0] if hi[1] else value <= hi[0]))
+        assert accepted == expected, (lo, hi, text)
+
+
+def json_number(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), int | float)
+    except json.JSONDecodeError:
+        return False
+
+
+def test_minimum_one_hundredth_accepts_five_hundredths(compiler):
+    constraint = compiler.compile("json_schema", {"type": "number", "minimum": 0.01})
+    assert accepts(constraint, "0.05") and accepts(constraint, "0.01") and accepts(constraint, "3")
+    assert not accepts(constraint, "0.009") and not accepts(constraint, "0") and not accepts(constraint, "-1")
+
+
+ANNOTATED = {
+    "$schema": "http://json-schema.org/draft-04/schema#", "id": "http://example.com/s.json", "title": "T",
+    "description": "d", "examples": [{}], "default": {}, "$comment": "c", "x-kubernetes-group": "g", "_format": "f",
+    "links": [{"rel": "self"}], "self": {"vendor": "v"}, "name": "n", "example": 1, "readOnly": True,
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 3, "deprecated": True,
+                                           "writeOnly": False, "format": "int32", "x-order": 1}},
+    "required": ["a"],
+}
+
+
+def test_annotations_and_unknown_keywords_are_ignored():
+    plain = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 3}}, "required": ["a"]}
+    assert compile_json_schema(ANNOTATED).root == compile_json_schema(plain).root
+
+
+def test_properties_named_like_keywords_are_properties(compiler, walk):
+    schema = {"type": "object", "properties": {
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 5}, "type": {"const": "t"},
+        "$ref": {"type": "boolean"}, "properties": {"type": "null"}, "description": {"type": "string", "maxLength": 2}},
+        "required": ["additionalProperties", "type", "$ref", "properties", "description"],
+        "additionalProperties": False}
+    for text in complete_outputs(compiler.compile("json_schema", schema), walk, seed=4):
+        value = json.loads(text)
+        jsonschema.validate(value, schema)
+        assert list(value) == list(schema["properties"])
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "contains": {"const": 1}}, "contains"),
+    ({"not": {"pattern": "a"}}, "not"),
+    ({"$ref": "other.json#/a"}, "no document is fetched"),
+])
+def test_constraints_that_cannot_be_enforced_are_refused_by_name(schema, message):
+    with pytest.raises(ValueError, match=message):
+        compile_json_schema(schema)
+
+
+def test_undeclared_properties_are_refused_by_default_and_keys_follow_schema_order(compiler):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    constraint = compiler.compile("json_schema", schema)
+    assert accepts(constraint, '{"a":1,"b":2}') and accepts(constraint, '{"b":2}')
+    assert not accepts(constraint, '{"b":2,"a":1}') and not accepts(constraint, '{"a":1,"c":3}')
+    loose = compiler.compile("json_schema", {**schema, "additionalProperties": True})
+    assert accepts(loose, '{"a":1,"c":3}') and not accepts(loose, '{"a":1,"c":3,"b":2}')
+    assert not accepts(loose, '{"a":1,"\\u0062":3}'), "an escaped declared name is not an undeclared key"
+
+
+def test_a_large_schema_compiles_as_a_grammar_of_small_pieces(compiler, walk):
+    """Schemas whose one regex would be huge (they timed out or passed the NFA limit) become a grammar
+    whose large objects are rules; an object with many optional members stays polynomial in Lark."""
+    address = {"type": "object", "properties": {f"f{i}": {"type": "string", "maxLength": 40} for i in range(12)}}
+    schema = {"type": "object", "properties": {f"p{i}": address for i in range(40)},
+              "required": ["p0", "p39"], "additionalProperties": False}
+    grammar = compile_json_schema(schema)
+    assert grammar.rules, "too large for one regex"
+    constraint = compiler.compile("json_schema", schema)
+    for text in complete_outputs(constraint, walk, seed=2, wanted=4, max_tokens=400):
+        validator(schema).validate(json.loads(text))
+    assert accepts(constraint, json.dumps({"p0": {"f3": "x"}, "p7": {}, "p39": {"f0": "", "f11": "y"}},
+                                          separators=(",", ":")))
+    assert not accepts(constraint, json.dumps({"p0": {"f3": "x" * 41}, "p39": {}}, separators=(",", ":")))
+
+
+def test_recursive_one_of_is_a_union_only_when_no_value_can_match_two_branches():
+    node = {"type": "object", "properties": {"k": {"oneOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}
+    assert compile_json_schema({"$defs": {"n": node}, "$ref": "#/$defs/n"}).rules
+    overlapping = {"type": "object", "properties": {"k": {"oneOf": [{"$ref": "#/$defs/n"}, {"type": "object"}]}}}
+    with pytest.raises(ValueError, match="oneOf"):
+        compile_json_schema({"$defs": {"n": overlapping}, "$ref": "#/$defs/n"})
+
+
+def test_if_without_then_or_else_constrains_nothing():
+    assert compile_json_schema({"type": "integer", "if": {"pattern": "("}}).root == \
+        compile_json_schema({"type": "integer"}).root
+
+
+def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed():
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "uniqueItems": True}
+    with pytest.raises(ValueError, match="relax"):
+        compile_json_schema(schema)
+    relaxed = compile_json_schema(schema, relaxed=["uniqueItems"]).root
+    assert relaxed == compile_json_schema({**schema, "uniqueItems": False}).root
+    with pytest.raises(ValueError, match="relaxed keywords"):
+        compile_json_schema(schema, relaxed=["pattern"])
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"allOf": [{"properties": [1]}, {"properties": {"a": {}}}]}, "malformed"),
+    ({"type": "object", "properties": {"a": {}}, "patternProperties": {"(": {}}}, "not a valid regex"),
+    ({"type": "object", "required": "a"}, "required a list"),
+])
+def test_malformed_schemas_raise_value_errors(schema, message):
+    with pytest.raises(ValueError, match=message):
+        compile_json_schema(schema)
