@@ -16,8 +16,6 @@ from .regex_parser import parse_regex
 from .rule_grammar import rules_to_lark
 from .vocab import TokenVocab
 
-CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")
-
 
 class ConstraintCompiler:
     """Compiles regex / JSON schema / Lark constraints against one vocabulary; thread-safe."""
