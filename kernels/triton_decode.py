@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_extend import INTERPRETING, NEG, block_d, dot_precision
+from .triton_extend import INTERPRETING, NEG, block_d, dot_precision, softmax_update
 
 TARGET_PROGRAMS = 1024  # enough (sequence, head, split) programs to fill a large GPU
 MAX_SPLITS = 16
@@ -51,14 +51,8 @@ def _decode_kernel(Q, K, V, O_part, LSE_part, kv_indices, kv_starts, kv_lens, q_
         kv_off = slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
         k = tl.load(K + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
-        s = tl.where(col_ok[None, :], s, NEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.where(col_ok[None, :], tl.exp(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION).to(tl.float32)
-        m_i = m_new
+        v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+        m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, col_ok[None, :], v, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     part = (seq * num_heads + heads) * NUM_SPLITS + split
     tl.store(O_part + part[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=h_ok[:, None] & d_ok[None, :])

@@ -32,6 +32,19 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 @triton.jit
+def softmax_update(m_i, l_i, acc, s, visible, v, PRECISION: tl.constexpr):
+    """Folds one block of scores `s` (and its values `v`) into an online softmax's running max, sum and
+    weighted values; keys where `visible` is False weigh nothing."""
+    s = tl.where(visible, s, NEG)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.where(visible, tl.exp(s - m_new[:, None]), 0.0)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_lens, mask_kind, tree_mask,
                    tree_starts, sm_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -78,15 +91,8 @@ def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_
                 in_tree = (new[None, :] >= 0) & visible
                 bit = tl.load(tree_mask + tree_start + offs_m[:, None] * q_len + new[None, :], mask=in_tree, other=0)
                 visible = visible & ((new[None, :] < 0) | (bit != 0))
-            s = tl.where(visible, s, NEG)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            p = tl.where(visible, p, 0.0)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION).to(tl.float32)
-            m_i = m_new
+            v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+            m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, visible, v, PRECISION)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_safe[:, None]
         tl.store(O + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
