@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from radixlang.runtime.engine import Engine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from radix_cache import DECODE_PROMPTS as PROMPTS  # noqa: E402  (the same 16 prompts as the cache benchmark)
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = json.loads((ROOT / "tests" / "data" / "hf_greedy_smollm2.json").read_text())["cases"]
-PROMPTS = [
-    "The history of the printing press", "In mathematics, a prime number is", "The mitochondria is",
-    "Once upon a time in a small village", "The best way to learn a language is", "Photosynthesis is",
-    "The stock market", "A good breakfast", "Volcanoes form when", "The internet was invented",
-    "Dogs are loyal because", "The moon affects tides by", "Exercise improves health by",
-    "Rain happens when", "Computers store data", "The ocean is salty because",
-]
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
