@@ -1,6 +1,7 @@
 """Attention backends by name: the `attention_backend` engine option picks one."""
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
 import torch
@@ -10,13 +11,19 @@ from .reference import TorchAttention
 
 BackendFactory = Callable[[list[torch.Tensor], list[torch.Tensor]], AttentionBackend]
 
-ATTENTION_BACKENDS: dict[str, BackendFactory] = {"torch": TorchAttention}
-try:  # Triton runs on CUDA, and on the CPU only under TRITON_INTERPRET=1 (the tests)
-    from .triton_backend import TritonAttention
 
-    ATTENTION_BACKENDS["triton"] = TritonAttention
-except ImportError:  # no triton wheel for this platform: the torch reference serves every device
-    pass
+
+def _triton(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> AttentionBackend:
+    from .triton_backend import TritonAttention  # imports triton (~0.2 s): only when the backend is built
+
+    return TritonAttention(k_buffers, v_buffers)
+
+
+ATTENTION_BACKENDS: dict[str, BackendFactory] = {"torch": TorchAttention}
+# Triton runs on CUDA, and on the CPU only under TRITON_INTERPRET=1 (the tests); where no wheel exists
+# for the platform, the torch reference serves every device
+if importlib.util.find_spec("triton") is not None:
+    ATTENTION_BACKENDS["triton"] = _triton
 
 
 def resolve_backend(name: str, device: torch.device) -> str:

@@ -110,7 +110,7 @@ class StepBatch:
 def prefix_groups(items: list[ScheduledItem], min_len: int) -> list[tuple[list[int], int]]:
     """Decodes whose locked radix paths share a node at depth >= min_len: each joins the group of the
     deepest such node on its path, and those positions hold the same KV slots for every member."""
-    paths: dict[int, list[tuple[int, int, object]]] = {}  # item -> (node id, depth, node), root first
+    paths: dict[int, list[tuple[int, int]]] = {}  # item -> (node id, depth) along its path, root first
     users: Counter[int] = Counter()
     for i, item in enumerate(items):
         node = item.req.last_node
@@ -123,13 +123,13 @@ def prefix_groups(items: list[ScheduledItem], min_len: int) -> list[tuple[list[i
         depth, path = 0, []
         for n in reversed(chain):
             depth += len(n.key)
-            path.append((id(n), depth, n))
+            path.append((id(n), depth))
         paths[i] = path
-        users.update(node_id for node_id, _, _ in path)
+        users.update(node_id for node_id, _ in path)
     groups: dict[int, list[int]] = defaultdict(list)
     depth_of: dict[int, int] = {}
     for i, path in paths.items():
-        shared = [(node_id, depth) for node_id, depth, _ in path if users[node_id] >= 2 and depth >= min_len]
+        shared = [(node_id, depth) for node_id, depth in path if users[node_id] >= 2 and depth >= min_len]
         if shared:
             node_id, depth = shared[-1]
             groups[node_id].append(i)
