@@ -49,6 +49,19 @@ class AttentionPlan:
     max_kv_len: int
 
 
+@dataclass(slots=True)
+class DecodeBatch:
+    """A decode-only step of fixed shape (CUDA graphs): one new token for each of `rows.numel()` sequences,
+    all given as device tensors, so planning needs no host data and can be captured and replayed.
+    Padding sequences (a batch filled up to its graph's size) are ordinary rows whose token is dropped."""
+
+    req_to_token: torch.Tensor  # [max_reqs, max_context] int32: position -> KV slot
+    rows: torch.Tensor  # [b] int64: each sequence's req_to_token row
+    kv_lens: torch.Tensor  # [b] int64, >= 1: KV length including the new token
+    out_cache_loc: torch.Tensor  # [b] int64: where each new token's K/V is written
+    max_kv_len: int  # a bound on kv_lens fixed at capture: sizes the gathers and the split count
+
+
 def offsets(lens: list[int]) -> list[int]:
     """[0, lens[0], lens[0] + lens[1], ...]: where each sequence's run starts in a flat layout."""
     out = [0]
@@ -93,6 +106,11 @@ class AttentionBackend(Protocol):
 
     def plan(self, batch: AttentionBatch) -> AttentionPlan:
         """Builds this step's index tensors; `forward` uses them until the next `plan`."""
+        ...
+
+    def plan_decode(self, batch: DecodeBatch) -> None:
+        """Plans a fixed-shape decode step with device ops only (no host sync: it can run inside a CUDA
+        graph); `forward` then uses it until the next plan."""
         ...
 
     def forward(

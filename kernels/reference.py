@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .backend import AttentionBatch, AttentionPlan, build_plan, offsets, tree_visibility
+from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class TorchAttention:
 
     def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
         self.k_buffers, self.v_buffers = k_buffers, v_buffers
-        self._plan: AttentionPlan | None = None
+        self._out_cache_loc: torch.Tensor | None = None
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
 
@@ -51,8 +51,17 @@ class TorchAttention:
                     _extend_mask(batch.kv_lens[i], n, batch.parents[i]).to(device))
             for i, n in enumerate(batch.extend_lens) if n > 1
         ]
-        self._plan = plan
+        self._out_cache_loc = plan.out_cache_loc
         return plan
+
+    def plan_decode(self, batch: DecodeBatch) -> None:
+        cols = torch.arange(batch.max_kv_len, device=batch.rows.device)
+        valid = cols[None, :] < batch.kv_lens[:, None]
+        slots = torch.where(valid, batch.req_to_token[batch.rows, :batch.max_kv_len], 0).long()
+        rows = torch.arange(batch.rows.numel(), device=batch.rows.device)
+        self._decodes = _Decodes(rows, slots, valid[:, None, None, :])
+        self._extends = []
+        self._out_cache_loc = batch.out_cache_loc
 
     @staticmethod
     def _plan_decodes(plan: AttentionPlan, seqs: list[int], q_ptr: list[int], kv_ptr: list[int],
@@ -68,10 +77,10 @@ class TorchAttention:
         return _Decodes(rows, slots, valid[:, None, None, :])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
-        assert self._plan is not None, "plan() runs before forward()"
+        assert self._out_cache_loc is not None, "plan() runs before forward()"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        k_cache[self._plan.out_cache_loc] = k.to(k_cache.dtype)
-        v_cache[self._plan.out_cache_loc] = v.to(v_cache.dtype)
+        k_cache[self._out_cache_loc] = k.to(k_cache.dtype)
+        v_cache[self._out_cache_loc] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
         d = self._decodes
         if d is not None:

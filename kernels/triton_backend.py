@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import AttentionBatch, AttentionPlan, build_plan, offsets, tree_visibility
+from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
 from .triton_decode import decode_attention, merge_states
 from .triton_extend import MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
 
@@ -34,7 +34,8 @@ class TritonAttention:
     def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
         self.k_buffers, self.v_buffers = k_buffers, v_buffers
         self.device = k_buffers[0].device
-        self._plan: AttentionPlan | None = None
+        self._out_cache_loc: torch.Tensor | None = None
+        self._kv_indices: torch.Tensor | None = None  # KV slots that the index tensors below point into
         self._extend: ExtendSeqs | None = None
         self._decode: DecodeSeqs | None = None
         self._cascade: Cascade | None = None
@@ -57,8 +58,18 @@ class TritonAttention:
                                   self._ints([batch.kv_lens[i] for i in dec]),
                                   max(batch.kv_lens[i] for i in dec)) if dec else None
         self._cascade = self._plan_cascade(batch, q_ptr, kv_ptr) if batch.prefix_groups else None
-        self._plan = plan
+        self._out_cache_loc, self._kv_indices = plan.out_cache_loc, plan.kv_indices
         return plan
+
+    def plan_decode(self, batch: DecodeBatch) -> None:
+        """Reads KV slots straight from req_to_token (sequence i's start is its row's first entry); the
+        kernel takes each length from kv_lens on the device, so one plan serves any lengths <= max_kv_len."""
+        table = batch.req_to_token
+        b = batch.rows.numel()
+        self._decode = DecodeSeqs(torch.arange(b, device=self.device), batch.rows * table.stride(0),
+                                  batch.kv_lens, batch.max_kv_len)
+        self._extend = self._cascade = None
+        self._out_cache_loc, self._kv_indices = batch.out_cache_loc, table.view(-1)
 
     def _plan_cascade(self, batch: AttentionBatch, q_ptr: list[int], kv_ptr: list[int]) -> Cascade:
         rows, starts, sizes, prefix_starts, prefix_lens, suffix_starts, suffix_lens = [], [], [], [], [], [], []
@@ -80,11 +91,11 @@ class TritonAttention:
         return Cascade(self._ints(rows), prefix, suffix)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
-        assert self._plan is not None, "plan() runs before forward()"
+        assert self._out_cache_loc is not None, "plan() runs before forward()"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        k_cache[self._plan.out_cache_loc] = k.to(k_cache.dtype)
-        v_cache[self._plan.out_cache_loc] = v.to(v_cache.dtype)
-        kv_indices = self._plan.kv_indices
+        k_cache[self._out_cache_loc] = k.to(k_cache.dtype)
+        v_cache[self._out_cache_loc] = v.to(v_cache.dtype)
+        kv_indices = self._kv_indices
         out = torch.empty_like(q)
         if self._extend is not None:
             extend_attention(q, k_cache, v_cache, kv_indices, self._extend, scale, out=out)

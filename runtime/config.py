@@ -62,6 +62,10 @@ class EngineConfig:
     disable_jump_forward: bool = False  # constrained requests decode forced text token by token
     constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
     attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
+    # decode steps padded to batch buckets and replayed as CUDA graphs; None: on for CUDA, off on the CPU
+    # (False on the CPU runs the same padded decode path eagerly, as the tests do)
+    disable_cuda_graph: bool | None = None
+    cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
     quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
     # speculative decoding, with SGLang's option names
     speculative_algorithm: str | None = None  # "NGRAM": draft trees from n-gram tries; None: off
@@ -89,8 +93,8 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if not 0.0 < self.mem_fraction <= 0.95:
             raise ValueError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")
-        for name in ("max_running_requests", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
+        for name in ("max_running_requests", "max_prefill_tokens", "cuda_graph_max_bs"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._validate_speculative()
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
@@ -120,6 +124,15 @@ class EngineConfig:
                              f"{self.speculative_ngram_max_match_window_size}")
         if self.speculative_ngram_capacity < 0:
             raise ValueError(f"speculative_ngram_capacity must be >= 0, got {self.speculative_ngram_capacity}")
+
+    def use_decode_graphs(self) -> bool:
+        """Whether decodes run padded to batch buckets (captured as CUDA graphs on a CUDA device)."""
+        if self.disable_cuda_graph is None:
+            return self.torch_device().type == "cuda"
+        return not self.disable_cuda_graph
+
+    def decode_graph_max_bs(self) -> int:
+        return min(self.cuda_graph_max_bs or self.max_running_requests, self.max_running_requests)
 
     def torch_device(self) -> torch.device:
         import torch

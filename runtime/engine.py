@@ -19,6 +19,7 @@ from .constrained.compiler import ConstraintCompiler
 from .constrained.jump_forward import JumpForwarder
 from .constrained.matcher import Constraint
 from .constrained.vocab import TokenVocab
+from .cuda_graph import DecodeGraphs
 from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
@@ -121,7 +122,9 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
-    runner = ModelRunner(loaded.model, req_to_token, attn, device)
+    graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
+                          capture=device.type == "cuda") if cfg.use_decode_graphs() else None
+    runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache)
     drafter = NgramDrafter(cfg) if cfg.speculative_algorithm == "NGRAM" else None

@@ -73,12 +73,14 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 class KVPool:
-    """Per-layer K and V buffers of shape [num_slots, num_kv_heads, head_dim]."""
+    """Per-layer K and V buffers of shape [num_slots + 1, num_kv_heads, head_dim]: slot `pad_slot` (the
+    last) belongs to no request; the padding rows of a fixed-size decode batch (CUDA graphs) write there."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         self.num_slots = num_slots
-        shape = (num_slots, num_kv_heads, head_dim)
+        self.pad_slot = num_slots
+        shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.v_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
 

@@ -4,24 +4,28 @@ from __future__ import annotations
 import torch
 
 from ..kernels.backend import AttentionBackend
-from .batch import StepBatch
+from .batch import StepBatch, prefix_groups
 from .config import CASCADE_MIN_PREFIX
+from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
 from .models.llama import ForwardContext, LlamaForCausalLM
 
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken, attn: AttentionBackend,
-                 device: torch.device):
+                 device: torch.device, graphs: DecodeGraphs | None = None):
         self.model = model
         self.req_to_token = req_to_token
         self.attn = attn
         self.device = device
+        self.graphs = graphs  # None: every step runs eagerly
+        self.cascade_min = CASCADE_MIN_PREFIX if attn.supports_cascade else None  # None: no cascade
 
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
-        cascade_min = CASCADE_MIN_PREFIX if self.attn.supports_cascade else None
-        plan = self.attn.plan(batch.attention_batch(self.req_to_token.table, cascade_min))
+        if self.graphs is not None and self.graphs.fits(batch) and not self._cascades(batch):
+            return self.graphs.forward(batch)
+        plan = self.attn.plan(batch.attention_batch(self.req_to_token.table, self.cascade_min))
         input_ids = torch.tensor(batch.input_ids(), dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn))
         if not batch.hidden_rows:
@@ -29,3 +33,7 @@ class ModelRunner:
         if len(batch.hidden_rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(batch.hidden_rows, dtype=torch.int64, device=self.device)]
         return self.model.compute_logits(hidden)
+
+    def _cascades(self, batch: StepBatch) -> bool:
+        """Decodes sharing a long prefix read it once in an eager cascade step, which graphs cannot hold."""
+        return self.cascade_min is not None and bool(prefix_groups(batch.items, self.cascade_min))

@@ -9,10 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import lark
-from lark.exceptions import GrammarError, LarkError
-from lark.parsers.lalr_analysis import Shift
-
 from . import regex_ast as ra
 from .regex_parser import parse_regex
 
@@ -35,6 +31,8 @@ class LalrTable:
     """Shift/reduce actions by state and symbol, from a Lark LALR parse table."""
 
     def __init__(self, parse_table: Any, start: str = "start"):
+        from lark.parsers.lalr_analysis import Shift
+
         self.start = parse_table.start_states[start]
         self.end = parse_table.end_states[start]
         self.actions: dict[int, dict[str, tuple[bool, Any]]] = {}
@@ -87,6 +85,9 @@ def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> L
     """Compiles a Lark grammar (start rule `start`). `terminal_nodes` overrides terminals' patterns."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("grammar must be a non-empty Lark grammar string")
+    import lark  # only grammars need it: an engine without grammars runs where lark is not installed
+    from lark.exceptions import GrammarError, LarkError
+
     try:
         parser = lark.Lark(text, parser="lalr", lexer="contextual", start="start")
     except GrammarError as e:

@@ -1,0 +1,89 @@
+"""The padded static-buffer decode path (what CUDA graphs replay), run eagerly on the CPU: bucket choice,
+padding layout, and greedy tokens and logprobs equal to the normal path on both attention backends."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from radixlang.kernels.registry import ATTENTION_BACKENDS
+from radixlang.runtime import cuda_graph
+from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.cuda_graph import batch_buckets, bucket_for, pack_decode
+
+
+@pytest.mark.parametrize("max_batch,want", [(1, [1]), (2, [1, 2]), (8, [1, 2, 4, 8]), (5, [1, 2, 4, 5]),
+                                            (64, [1, 2, 4, 8, 16, 32, 64]), (100, [1, 2, 4, 8, 16, 32, 64, 100])])
+def test_buckets_are_powers_of_two_capped_by_the_largest_batch(max_batch, want):
+    assert batch_buckets(max_batch) == want
+
+
+def test_each_batch_runs_in_the_smallest_bucket_that_holds_it():
+    for max_batch in (1, 3, 8, 13):
+        buckets = batch_buckets(max_batch)
+        for n in range(1, max_batch + 1):
+            assert bucket_for(n, buckets) == min(b for b in buckets if b >= n)
+
+
+def test_bad_graph_sizes_are_refused():
+    with pytest.raises(ValueError, match="largest CUDA-graph batch"):
+        batch_buckets(0)
+    with pytest.raises(ValueError, match="cuda_graph_max_bs"):
+        EngineConfig.from_options(cuda_graph_max_bs=0)
+
+
+def test_graphs_default_on_for_cuda_only_and_cap_at_max_running_requests():
+    assert not EngineConfig(device="cpu").use_decode_graphs()
+    assert EngineConfig(device="cuda").use_decode_graphs()
+    assert not EngineConfig(device="cuda", disable_cuda_graph=True).use_decode_graphs()
+    assert EngineConfig(device="cpu", disable_cuda_graph=False).use_decode_graphs()
+    assert EngineConfig(max_running_requests=16, cuda_graph_max_bs=64).decode_graph_max_bs() == 16
+    assert EngineConfig(max_running_requests=16, cuda_graph_max_bs=4).decode_graph_max_bs() == 4
+
+
+def test_padding_rows_follow_the_real_ones():
+    out = torch.full((4, 8), -7, dtype=torch.int64)
+    pack_decode([11, 12, 13], [5, 0, 2], [9, 4, 30], 4, out)
+    assert out[:, :4].tolist() == [[11, 12, 13, 0], [5, 0, 2, 0], [9, 4, 30, 1], [1, 1, 1, 0]]
+    assert (out[:, 4:] == -7).all()  # beyond the bucket: untouched
+
+
+PROMPTS = ["a", "the quick brown fox jumps", "one two three", "lorem ipsum dolor sit amet, consectetur",
+           "x y", "numbers: 1 2 3 4 5 6 7", "why"]
+LENGTHS = [9, 4, 12, 7, 3, 10, 6]  # requests finish at different steps: the batch shrinks through odd sizes
+
+
+def generate_all(engine, count: int) -> list[tuple[list[int], list[float]]]:
+    """The first `count` prompts at once, each with its own max_new_tokens: greedy ids and their logprobs."""
+    def one(i: int):
+        params = {"temperature": 0, "max_new_tokens": LENGTHS[i], "ignore_eos": True}
+        out = engine.generate(PROMPTS[i], params, return_logprob=True)
+        return out.output_ids, [lp.logprob for lp in out.meta.output_logprobs]
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.parametrize("backend", sorted(ATTENTION_BACKENDS))
+def test_padded_decode_path_gives_the_normal_paths_greedy_tokens(tiny_engine_factory, monkeypatch, backend):
+    steps = []  # (sequences, bucket) of every padded decode step
+    real_forward = cuda_graph.DecodeGraphs.forward
+
+    def spying_forward(self, batch):
+        steps.append((len(batch.items), bucket_for(len(batch.items), self.buckets)))
+        return real_forward(self, batch)
+
+    monkeypatch.setattr(cuda_graph.DecodeGraphs, "forward", spying_forward)
+    options = {"attention_backend": backend, "context_length": 64, "max_running_requests": 8}
+    normal = tiny_engine_factory(**options)
+    padded = tiny_engine_factory(disable_cuda_graph=False, **options)
+    assert normal.scheduler.runner.graphs is None and padded.scheduler.runner.graphs.graphs == {}  # no capture
+    for count in (3, 7):
+        want, got = generate_all(normal, count), generate_all(padded, count)
+        assert [ids for ids, _ in got] == [ids for ids, _ in want]
+        for (_, lp_got), (_, lp_want) in zip(got, want):
+            assert torch.allclose(torch.tensor(lp_got), torch.tensor(lp_want), atol=1e-4)
+    assert any(b > n for n, b in steps) and {n for n, _ in steps} >= {1, 3}  # padded steps, odd sizes
+    normal.check_invariants()
+    padded.check_invariants()
