@@ -1,0 +1,320 @@
+"""The GPU path against HF transformers on the same GPU and the same weights, in one run; prints one JSON table.
+
+Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `generate`; the shared-prefix
+workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on and off; an attention kernel
+microbenchmark (benchmark/gpu_kernels.py); the HBM bandwidth decode achieves at 64 requests x 4k context
+(bytes of weights and KV read per step / step time); Triton vs torch attention (greedy ids in fp32, top-1
+logprobs in bf16); and decode with CUDA graphs on vs off. `goals` holds the issue's targets as booleans.
+
+On an H200 (its image has torch, triton, transformers and tokenizers; the engine imports neither gguf, lark,
+fastapi nor uvicorn on this path, so no wheels are needed). `../shared` does not travel, so first, here:
+    mkdir -p .gpu && cp -r /work/shared/gpu/. .gpu/ && echo /.gpu/ >> .git/info/exclude
+then one device run with carry [".gpu"]:
+    python3 .gpu/make_random_model.py /tmp/smol && \\
+    PYTHONUNBUFFERED=1 python3 benchmark/gpu.py --model /tmp/smol --out $OUT/gpu.json
+(add `--scale S` to make_random_model.py for sharper random logits if the agreement checks hit near-ties).
+The script makes `radixlang` importable from this checkout by itself (a symlink in a temp folder).
+
+`--quick` runs every part at tiny sizes on the CPU (torch, and Triton under TRITON_INTERPRET=1; decode
+graphs become the same padded path run eagerly): a smoke test of the script, its numbers mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+HERE = Path(__file__).resolve().parent
+H200_PEAK_TB_S = 4.8  # the datasheet's HBM3e bandwidth
+LOGPROB_TOL = {"bfloat16": 0.1, "float32": 1e-3}  # |top-1 logprob, Triton - torch| (bf16 keeps ~3 digits)
+GOALS = {"batch1_vs_hf": 20.0, "batch256_vs_hf": 5.0, "cascade_vs_no_cascade": 3.0, "decode_hbm_fraction": 0.6}
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    batches: tuple[int, ...]
+    new_tokens: int
+    prompt_len: int
+    prefix_len: int  # the shared-prefix workload
+    prefix_requests: int
+    suffix_len: int
+    cascade_min: int | None  # None: the engine's CASCADE_MIN_PREFIX
+    hbm_requests: int
+    hbm_context: int
+    hbm_steps: int
+    agree_prompts: int  # odd, so graph batches are padded
+    agree_tokens: int
+    kv_cache_tokens: int
+    max_prefill_tokens: int
+
+
+FULL = Sizes(batches=(1, 16, 64, 256), new_tokens=32, prompt_len=32, prefix_len=4096, prefix_requests=64,
+             suffix_len=16, cascade_min=None, hbm_requests=64, hbm_context=4096, hbm_steps=16, agree_prompts=37,
+             agree_tokens=32, kv_cache_tokens=320_000, max_prefill_tokens=8192)
+QUICK = Sizes(batches=(1, 3), new_tokens=3, prompt_len=6, prefix_len=40, prefix_requests=3, suffix_len=3,
+              cascade_min=16, hbm_requests=2, hbm_context=24, hbm_steps=2, agree_prompts=3, agree_tokens=3,
+              kv_cache_tokens=2048, max_prefill_tokens=256)
+
+
+def ensure_importable() -> None:
+    """`import radixlang` from this checkout without installing it (the repo root is the package)."""
+    try:
+        import radixlang  # noqa: F401
+    except ImportError:
+        link_dir = Path(tempfile.mkdtemp(prefix="radixlang-path-"))
+        (link_dir / "radixlang").symlink_to(HERE.parent)
+        sys.path.insert(0, str(link_dir))
+
+
+def kernel_sizes(quick: bool):
+    from gpu_kernels import KernelSizes
+
+    if quick:
+        return KernelSizes(heads=((9, 3, 64),), decode_requests=(1, 2), decode_contexts=(40,), extend_requests=(1,),
+                           extend_contexts=(24,), max_kv_bytes=1 << 30, reference_max_kv_bytes=1 << 30,
+                           max_extend_tokens=64)
+    return KernelSizes(heads=((9, 3, 64), (32, 8, 128)), decode_requests=(1, 16, 64, 256),
+                       decode_contexts=(1024, 4096, 16384, 32768), extend_requests=(1, 16),
+                       extend_contexts=(1024, 4096, 16384), max_kv_bytes=4 << 30, reference_max_kv_bytes=1 << 30,
+                       max_extend_tokens=65536)
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab - 100, (count, length), generator=g).tolist()
+
+
+def greedy(new_tokens: int) -> dict[str, Any]:
+    return {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@contextmanager
+def runner_set(engine, **attrs: Any) -> Iterator[None]:
+    """Sets ModelRunner attributes (graphs=None: eager decode; cascade_min=None: no cascade) while idle."""
+    runner = engine.scheduler.runner
+    saved = {k: getattr(runner, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(runner, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(runner, k, v)
+
+
+def timed_generate(engine, prompts: list[list[int]], new_tokens: int, flush: bool = True) -> float:
+    if flush:
+        engine.flush_cache()
+    t0 = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params=greedy(new_tokens))
+    return time.perf_counter() - t0
+
+
+# ---- the parts --------------------------------------------------------------------------------------
+def throughput(engine, hf, sizes: Sizes, vocab: int, device) -> list[dict]:
+    import torch
+
+    rows = []
+    for batch in sizes.batches:
+        prompts = random_prompts(batch, sizes.prompt_len, vocab, seed=batch)
+        tokens = batch * sizes.new_tokens
+        ours = tokens / timed_generate(engine, prompts, sizes.new_tokens)
+        ids = torch.tensor(prompts, device=device)
+        synchronize(device)
+        t0 = time.perf_counter()
+        hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=sizes.new_tokens,
+                    min_new_tokens=sizes.new_tokens, do_sample=False, pad_token_id=0)
+        synchronize(device)
+        theirs = tokens / (time.perf_counter() - t0)
+        rows.append({"batch": batch, "new_tokens": sizes.new_tokens, "radixlang_tok_s": ours, "hf_tok_s": theirs,
+                     "ratio": ours / theirs})
+    return rows
+
+
+def shared_prefix(engine, sizes: Sizes, vocab: int) -> dict:
+    prefix = random_prompts(1, sizes.prefix_len, vocab, seed=7)[0]
+    prompts = [prefix + s for s in random_prompts(sizes.prefix_requests, sizes.suffix_len, vocab, seed=8)]
+    on = engine.scheduler.runner.cascade_min if sizes.cascade_min is None else sizes.cascade_min
+    seconds = {}
+    for name, attrs in (("cascade", {"cascade_min": on}), ("no_cascade", {"cascade_min": None}),
+                        ("no_cascade_no_graphs", {"cascade_min": None, "graphs": None})):
+        with runner_set(engine, **attrs):
+            seconds[name] = timed_generate(engine, prompts, sizes.new_tokens)
+    return {"requests": sizes.prefix_requests, "prefix_tokens": sizes.prefix_len, "new_tokens": sizes.new_tokens,
+            "seconds": seconds, "cascade_speedup": seconds["no_cascade"] / seconds["cascade"],
+            "cascade_speedup_vs_eager": seconds["no_cascade_no_graphs"] / seconds["cascade"]}
+
+
+def decode_hbm(engine, sizes: Sizes, vocab: int, device) -> dict:
+    """Step time from two runs over the same cached prompts, 1 and 1 + hbm_steps new tokens: the
+    difference is hbm_steps decode steps. Bytes: every weight once, plus each request's KV."""
+    import torch
+
+    prompts = random_prompts(sizes.hbm_requests, sizes.hbm_context, vocab, seed=9)
+    engine.flush_cache()
+    engine.generate(input_ids=prompts, sampling_params=greedy(1))  # the prompts' KV enters the radix cache
+    one = timed_generate(engine, prompts, 1, flush=False)
+    many = timed_generate(engine, prompts, 1 + sizes.hbm_steps, flush=False)
+    step = (many - one) / sizes.hbm_steps
+    model = engine.scheduler.runner.model
+    cfg = model.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    elsize = torch.empty((), dtype=next(model.parameters()).dtype).element_size()
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elsize
+    mean_kv_len = sizes.hbm_context + 1 + sizes.hbm_steps / 2
+    step_bytes = weight_bytes + sizes.hbm_requests * mean_kv_len * kv_per_token
+    tb_s = step_bytes / step / 1e12 if step > 0 else None
+    return {"requests": sizes.hbm_requests, "context": sizes.hbm_context, "step_ms": step * 1e3,
+            "bytes_per_step": step_bytes, "weight_bytes": weight_bytes, "tb_s": tb_s,
+            "fraction_of_peak": None if tb_s is None or device.type != "cuda" else tb_s / H200_PEAK_TB_S}
+
+
+def run_ids(engine, prompts: list[list[int]], new_tokens: int, logprobs: bool = False):
+    outs = engine.generate(input_ids=prompts, sampling_params=greedy(new_tokens), return_logprob=logprobs,
+                           top_logprobs_num=1 if logprobs else 0)
+    return outs
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    equal = sum(x == y for x, y in zip(a, b))
+    return {"prompts": len(a), "equal": equal, "fraction": equal / len(a)}
+
+
+def top1_logprob_gap(a, b, dtype: str) -> dict:
+    """Over each prompt's positions up to its first differing token (the contexts are the same there)."""
+    diffs = []
+    for x, y in zip(a, b):
+        for tx, ty, lx, ly in zip(x.output_ids, y.output_ids, x.meta.output_logprobs, y.meta.output_logprobs):
+            diffs.append(abs(lx.top[0][1] - ly.top[0][1]))
+            if tx != ty:
+                break
+    worst = max(diffs)
+    return {"positions": len(diffs), "max_abs_diff": worst, "mean_abs_diff": sum(diffs) / len(diffs),
+            "tolerance": LOGPROB_TOL[dtype], "ok": worst <= LOGPROB_TOL[dtype]}
+
+
+def correctness(main_engine, make_engine, dtype: str, sizes: Sizes, vocab: int) -> dict:
+    """Graphs on vs off on the main (Triton) engine; Triton vs torch top-1 logprobs in the main dtype and
+    greedy ids in fp32 (the main engine's own runs serve when it is fp32)."""
+    prompts = random_prompts(sizes.agree_prompts, sizes.prompt_len, vocab, seed=11)
+    n = sizes.agree_tokens
+    with runner_set(main_engine, graphs=None):
+        eager = run_ids(main_engine, prompts, n, logprobs=True)
+    graphs = run_ids(main_engine, prompts, n, logprobs=True)
+    with make_engine("torch", dtype) as engine:
+        reference = run_ids(engine, prompts, n, logprobs=True)
+        engine.check_invariants()
+    ids = {"triton": [o.output_ids for o in eager], "torch": [o.output_ids for o in reference]}
+    if dtype != "float32":
+        for backend in ids:
+            with make_engine(backend, "float32") as engine:
+                ids[backend] = [o.output_ids for o in run_ids(engine, prompts, n)]
+                engine.check_invariants()
+    fp32 = agreement(ids["triton"], ids["torch"])
+    return {"graphs_on_vs_off": agreement([o.output_ids for o in graphs], [o.output_ids for o in eager]),
+            "top1_logprob_triton_vs_torch": {"dtype": dtype, **top1_logprob_gap(eager, reference, dtype)},
+            "greedy_fp32_triton_vs_torch": {**fp32, "goal": 0.95, "ok": fp32["fraction"] >= 0.95}}
+
+
+def goals(table: dict) -> dict:
+    by_batch = {r["batch"]: r["ratio"] for r in table["throughput"]}
+    hbm = table["decode_hbm"]["fraction_of_peak"]
+    return {
+        "batch1_vs_hf>=20": by_batch.get(1, 0) >= GOALS["batch1_vs_hf"],
+        "batch256_vs_hf>=5": by_batch.get(256, 0) >= GOALS["batch256_vs_hf"],
+        "cascade_vs_no_cascade>=3": table["shared_prefix"]["cascade_speedup"] >= GOALS["cascade_vs_no_cascade"],
+        "decode_hbm>=60%": hbm is not None and hbm >= GOALS["decode_hbm_fraction"],
+        "graphs_on_equals_off": table["correctness"]["graphs_on_vs_off"]["fraction"] == 1.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF folder (e.g. built by shared/gpu/make_random_model.py)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (a smoke test)")
+    parser.add_argument("--skip-kernels", action="store_true", help="leave out the kernel microbenchmark")
+    parser.add_argument("--out", type=Path, help="also write the JSON table here")
+    args = parser.parse_args()
+    if args.quick:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+    ensure_importable()
+    sys.path.insert(0, str(HERE))
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gpu_kernels import kernel_table
+    from radixlang.runtime.engine import Engine
+
+    t_start = time.perf_counter()
+    sizes = QUICK if args.quick else FULL
+    device = torch.device("cpu" if args.quick else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: run with --quick on a CPU")
+    dtype = "float32" if args.quick else "bfloat16"
+    context = max(sizes.prefix_len + sizes.suffix_len, sizes.hbm_context, sizes.prompt_len) + sizes.new_tokens + \
+        sizes.hbm_steps + 8
+    common = {"device": device.type, "context_length": context, "disable_cuda_graph": False}
+
+    @contextmanager
+    def make_engine(backend: str, engine_dtype: str) -> Iterator[Engine]:
+        engine = Engine(args.model, attention_backend=backend, dtype=engine_dtype, kv_cache_tokens=64 * 1024,
+                        max_running_requests=sizes.agree_prompts, **{**common, "disable_cuda_graph": True})
+        try:
+            yield engine
+        finally:
+            engine.shutdown()
+
+    t0 = time.perf_counter()
+    engine = Engine(args.model, attention_backend="triton", dtype=dtype, kv_cache_tokens=sizes.kv_cache_tokens,
+                    max_running_requests=max(sizes.batches + (sizes.prefix_requests, sizes.hbm_requests)),
+                    max_prefill_tokens=sizes.max_prefill_tokens, **common)
+    startup = time.perf_counter() - t0  # loading, KV pool, and capturing every graph bucket
+    vocab = engine.vocab_size
+    engine.generate(input_ids=random_prompts(2, sizes.prompt_len, vocab, 1), sampling_params=greedy(2))  # warm-up
+    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(device).eval()
+    hf.generate(input_ids=torch.tensor(random_prompts(2, sizes.prompt_len, vocab, 2), device=device),
+                max_new_tokens=2, do_sample=False, pad_token_id=0)
+    table: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "quick": args.quick, "model": args.model, "dtype": dtype, "sizes": asdict(sizes),
+        "engine_startup_s": startup,
+        "graph_buckets": sorted(engine.scheduler.runner.graphs.buckets),
+        "graphs_captured": bool(engine.scheduler.runner.graphs.graphs),
+    }
+    with torch.inference_mode():
+        table["throughput"] = throughput(engine, hf, sizes, vocab, device)
+    del hf
+    table["shared_prefix"] = shared_prefix(engine, sizes, vocab)
+    table["decode_hbm"] = decode_hbm(engine, sizes, vocab, device)
+    table["correctness"] = correctness(engine, make_engine, dtype, sizes, vocab)
+    engine.check_invariants()
+    engine.shutdown()
+    if not args.skip_kernels:
+        with torch.inference_mode():
+            table["kernels"] = kernel_table(kernel_sizes(args.quick), getattr(torch, dtype), device)
+    table["goals"] = goals(table)
+    table["seconds"] = time.perf_counter() - t_start
+    text = json.dumps(table, indent=1)
+    if args.out is not None:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

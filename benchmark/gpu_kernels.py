@@ -1,0 +1,136 @@
+"""Attention kernel microbenchmark for benchmark/gpu.py: the Triton backend's decode and extend against
+torch SDPA on dense tensors (no paging: the speed to aim at) and the torch reference backend (gather +
+SDPA), on the paged KV layout the engine uses (each request's slots contiguous, as a fresh prefill
+leaves them). Each case reports milliseconds per call and, for Triton decode, the KV bytes read per
+second; a case that fails (out of memory, a missing SDPA kernel) records its error instead."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from radixlang.kernels.backend import AttentionBatch
+from radixlang.kernels.registry import create_backend
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSizes:
+    heads: tuple[tuple[int, int, int], ...]  # (query heads, KV heads, head_dim)
+    decode_requests: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+    extend_requests: tuple[int, ...]
+    extend_contexts: tuple[int, ...]
+    max_kv_bytes: int  # skip a case whose K + V exceed this
+    reference_max_kv_bytes: int  # the reference gathers a copy of the KV: time it only below this
+    max_extend_tokens: int
+
+
+def bench_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Median ms per call: Triton's do_bench on CUDA (CUDA events, cache flushed); one timed call after a
+    warm-up elsewhere (the interpreter is slow, and CPU figures only show the script runs)."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=10, rep=40))
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _kv(tokens: int, kv_heads: int, d: int, dtype: torch.dtype, device: torch.device):
+    k = torch.randn(tokens, kv_heads, d, dtype=dtype, device=device)
+    return k, torch.randn_like(k)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float | str:
+    try:
+        return bench_ms(fn, device)
+    except Exception as e:  # noqa: BLE001 - one case's failure (OOM, no kernel) must not end the run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return f"error: {str(e).splitlines()[0][:160]}"
+
+
+def _paged_batch(requests: int, context: int, new: int, device: torch.device) -> AttentionBatch:
+    table = torch.arange(requests * context, dtype=torch.int32, device=device).view(requests, context)
+    positions = [p for _ in range(requests) for p in range(context - new, context)]
+    return AttentionBatch(table, list(range(requests)), [context] * requests, [new] * requests, positions,
+                          [None] * requests)
+
+
+def decode_case(heads: int, kv_heads: int, d: int, requests: int, context: int, dtype: torch.dtype,
+                device: torch.device, sizes: KernelSizes) -> dict:
+    kv_bytes = 2 * requests * context * kv_heads * d * torch.empty((), dtype=dtype).element_size()
+    row = {"heads": heads, "kv_heads": kv_heads, "head_dim": d, "requests": requests, "context": context,
+           "kv_bytes": kv_bytes}
+    k_cache, v_cache = _kv(requests * context, kv_heads, d, dtype, device)
+    q = torch.randn(requests, heads, d, dtype=dtype, device=device)
+    k, v = _kv(requests, kv_heads, d, dtype, device)
+    batch, scale = _paged_batch(requests, context, 1, device), 1 / math.sqrt(d)
+    triton_attn = create_backend("triton", [k_cache], [v_cache])
+    triton_attn.plan(batch)
+    row["triton_ms"] = _timed(lambda: triton_attn.forward(q, k, v, 0, scale), device)
+    dense_k = k_cache.view(requests, context, kv_heads, d).transpose(1, 2)  # [b, kv_heads, L, d], no copy
+    dense_v = v_cache.view(requests, context, kv_heads, d).transpose(1, 2)
+    q4 = q.unsqueeze(2)  # [b, heads, 1, d]
+    row["sdpa_ms"] = _timed(lambda: F.scaled_dot_product_attention(q4, dense_k, dense_v, scale=scale,
+                                                                   enable_gqa=True), device)
+    row["reference_ms"] = None
+    if kv_bytes <= sizes.reference_max_kv_bytes:
+        reference = create_backend("torch", [k_cache], [v_cache])
+        reference.plan(batch)
+        row["reference_ms"] = _timed(lambda: reference.forward(q, k, v, 0, scale), device)
+    if isinstance(row["triton_ms"], float):
+        row["triton_tb_s"] = kv_bytes / (row["triton_ms"] * 1e-3) / 1e12
+    return row
+
+
+def extend_case(heads: int, kv_heads: int, d: int, requests: int, context: int, dtype: torch.dtype,
+                device: torch.device, sizes: KernelSizes) -> dict:
+    """A causal prefill of `context` new tokens per request (no cached prefix)."""
+    tokens = requests * context
+    row = {"heads": heads, "kv_heads": kv_heads, "head_dim": d, "requests": requests, "context": context}
+    k_cache, v_cache = _kv(tokens, kv_heads, d, dtype, device)
+    q = torch.randn(tokens, heads, d, dtype=dtype, device=device)
+    k, v = _kv(tokens, kv_heads, d, dtype, device)
+    batch, scale = _paged_batch(requests, context, context, device), 1 / math.sqrt(d)
+    triton_attn = create_backend("triton", [k_cache], [v_cache])
+    triton_attn.plan(batch)
+    row["triton_ms"] = _timed(lambda: triton_attn.forward(q, k, v, 0, scale), device)
+    q4 = q.view(requests, context, heads, d).transpose(1, 2)
+    k4 = k.view(requests, context, kv_heads, d).transpose(1, 2)
+    v4 = v.view(requests, context, kv_heads, d).transpose(1, 2)
+    row["sdpa_ms"] = _timed(lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale,
+                                                                   enable_gqa=True), device)
+    row["reference_ms"] = None
+    kv_bytes = 2 * tokens * kv_heads * d * torch.empty((), dtype=dtype).element_size()
+    if kv_bytes <= sizes.reference_max_kv_bytes and context <= 4096:  # its [n, total] masks grow as n^2
+        reference = create_backend("torch", [k_cache], [v_cache])
+        reference.plan(batch)
+        row["reference_ms"] = _timed(lambda: reference.forward(q, k, v, 0, scale), device)
+    if isinstance(row["triton_ms"], float):
+        flops = 4 * requests * heads * d * context * (context + 1) / 2  # QK^T and PV over the causal half
+        row["triton_tflop_s"] = flops / (row["triton_ms"] * 1e-3) / 1e12
+    return row
+
+
+def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -> dict[str, list[dict]]:
+    decode, extend = [], []
+    elsize = torch.empty((), dtype=dtype).element_size()
+    for heads, kv_heads, d in sizes.heads:
+        for requests in sizes.decode_requests:
+            for context in sizes.decode_contexts:
+                if 2 * requests * context * kv_heads * d * elsize <= sizes.max_kv_bytes:
+                    decode.append(decode_case(heads, kv_heads, d, requests, context, dtype, device, sizes))
+        for requests in sizes.extend_requests:
+            for context in sizes.extend_contexts:
+                if requests * context <= sizes.max_extend_tokens:
+                    extend.append(extend_case(heads, kv_heads, d, requests, context, dtype, device, sizes))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"decode": decode, "extend": extend}

@@ -1,0 +1,50 @@
+"""benchmark/gpu.py --quick: the whole script runs on a CPU (torch, and Triton in its interpreter) on a tiny
+transformers-saved model and prints one JSON table with every part the GPU run reports."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+from radixlang.kernels.registry import ATTENTION_BACKENDS
+
+from ..runtime.models.hf_tiny import BASE, save_hf_model
+
+pytestmark = pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "gpu.py"
+
+
+def test_quick_mode_prints_the_full_json_table(tmp_path):
+    model = tmp_path / "model"
+    save_hf_model(model, LlamaConfig(**BASE))
+    out = tmp_path / "table.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--model", str(model), "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = json.loads(out.read_text())
+    assert json.loads(proc.stdout[proc.stdout.index("{"):]) == table  # what it printed is what it wrote
+    assert [r["batch"] for r in table["throughput"]] == [1, 3]
+    for row in table["throughput"]:
+        assert row["radixlang_tok_s"] > 0 and row["hf_tok_s"] > 0
+        assert row["ratio"] == pytest.approx(row["radixlang_tok_s"] / row["hf_tok_s"])
+    assert set(table["shared_prefix"]["seconds"]) == {"cascade", "no_cascade", "no_cascade_no_graphs"}
+    assert table["decode_hbm"]["bytes_per_step"] > table["decode_hbm"]["weight_bytes"] > 0
+    correctness = table["correctness"]
+    # fp32 on a CPU: the padded path, Triton and the torch reference all give the same greedy tokens
+    assert correctness["graphs_on_vs_off"]["fraction"] == 1.0
+    assert correctness["greedy_fp32_triton_vs_torch"]["fraction"] == 1.0
+    assert correctness["top1_logprob_triton_vs_torch"]["dtype"] == "float32"
+    assert correctness["top1_logprob_triton_vs_torch"]["ok"] and correctness["greedy_fp32_triton_vs_torch"]["ok"]
+    kernels = table["kernels"]
+    assert {(r["requests"], r["context"]) for r in kernels["decode"]} == {(1, 40), (2, 40)}
+    assert all(isinstance(r[k], float) for r in kernels["decode"] + kernels["extend"]
+               for k in ("triton_ms", "sdpa_ms", "reference_ms"))
+    assert set(table["goals"]) == {"batch1_vs_hf>=20", "batch256_vs_hf>=5", "cascade_vs_no_cascade>=3",
+                                   "decode_hbm>=60%", "graphs_on_equals_off"}
+    assert table["graph_buckets"] == [1, 2, 3] and table["graphs_captured"] is False
