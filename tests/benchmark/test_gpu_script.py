@@ -37,7 +37,7 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
     assert table["decode_hbm"]["bytes_per_step"] > table["decode_hbm"]["weight_bytes"] > 0
     correctness = table["correctness"]
     # fp32 on a CPU: the padded path, Triton and the torch reference all give the same greedy tokens
-    assert correctness["graphs_on_vs_off"]["fraction"] == 1.0
+    assert correctness["graphs_on_vs_off_float32"]["fraction"] == 1.0
     assert correctness["greedy_fp32_triton_vs_torch"]["fraction"] == 1.0
     assert correctness["top1_logprob_triton_vs_torch"]["dtype"] == "float32"
     assert correctness["top1_logprob_triton_vs_torch"]["ok"] and correctness["greedy_fp32_triton_vs_torch"]["ok"]
