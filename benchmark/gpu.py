@@ -26,10 +26,11 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 H200_PEAK_TB_S = 4.8  # the datasheet's HBM3e bandwidth
@@ -245,15 +246,49 @@ def ids_of(outs) -> list[list[int]]:
 
 
 def goals(table: dict) -> dict:
-    by_batch = {r["batch"]: r["ratio"] for r in table["throughput"]}
-    hbm = table["decode_hbm"]["fraction_of_peak"]
+    """The issue's targets; a part that failed (its entry holds "error") counts as missed."""
+    def get(part: str, *keys: Any) -> Any:
+        value = table.get(part)
+        for k in keys:
+            if not isinstance(value, dict) or k not in value:
+                return None
+            value = value[k]
+        return value
+
+    rows = table.get("throughput")
+    by_batch = {r["batch"]: r["ratio"] for r in rows} if isinstance(rows, list) else {}
+    at_least = lambda value, goal: value is not None and value >= goal  # noqa: E731
     return {
-        "batch1_vs_hf>=20": by_batch.get(1, 0) >= GOALS["batch1_vs_hf"],
-        "batch256_vs_hf>=5": by_batch.get(256, 0) >= GOALS["batch256_vs_hf"],
-        "cascade_vs_no_cascade>=3": table["shared_prefix"]["cascade_speedup"] >= GOALS["cascade_vs_no_cascade"],
-        "decode_hbm>=60%": hbm is not None and hbm >= GOALS["decode_hbm_fraction"],
-        "graphs_on_equals_off": table["correctness"]["graphs_on_vs_off_float32"]["fraction"] == 1.0,
+        "batch1_vs_hf>=20": at_least(by_batch.get(1), GOALS["batch1_vs_hf"]),
+        "batch256_vs_hf>=5": at_least(by_batch.get(256), GOALS["batch256_vs_hf"]),
+        "cascade_vs_no_cascade>=3": at_least(get("shared_prefix", "cascade_speedup"), GOALS["cascade_vs_no_cascade"]),
+        "decode_hbm>=60%": at_least(get("decode_hbm", "fraction_of_peak"), GOALS["decode_hbm_fraction"]),
+        "graphs_on_equals_off": get("correctness", "graphs_on_vs_off_float32", "fraction") == 1.0,
     }
+
+
+class Report:
+    """The JSON table, rewritten to --out after every part, so a run cut short still leaves its numbers."""
+
+    def __init__(self, out: Path | None, table: dict[str, Any]):
+        self.out, self.table = out, table
+
+    def part(self, name: str, fn: Callable[[], Any]) -> None:
+        """Runs one part; a failure is recorded under its name and the run goes on to the next part."""
+        t0 = time.perf_counter()
+        try:
+            self.table[name] = fn()
+        except Exception as e:  # noqa: BLE001 - one broken part must not cost the other figures
+            traceback.print_exc()
+            self.table[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        print(f"[gpu.py] {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        self.write()
+
+    def write(self) -> str:
+        text = json.dumps(self.table, indent=1)
+        if self.out is not None:
+            self.out.write_text(text)
+        return text
 
 
 def main() -> None:
@@ -281,51 +316,56 @@ def main() -> None:
     dtype = "float32" if args.quick else "bfloat16"
     context = max(sizes.prefix_len + sizes.suffix_len, sizes.hbm_context, sizes.prompt_len) + sizes.new_tokens + \
         sizes.hbm_steps + 8
-    common = {"device": device.type, "context_length": context, "disable_cuda_graph": False}
+    common = {"device": device.type, "context_length": context}
 
     @contextmanager
     def make_engine(backend: str, engine_dtype: str, graphs: bool) -> Iterator[Engine]:
         engine = Engine(args.model, attention_backend=backend, dtype=engine_dtype, kv_cache_tokens=64 * 1024,
-                        max_running_requests=sizes.agree_prompts, **{**common, "disable_cuda_graph": not graphs})
+                        max_running_requests=sizes.agree_prompts, disable_cuda_graph=not graphs, **common)
         try:
             yield engine
         finally:
             engine.shutdown()
 
+    report = Report(args.out, {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                               "quick": args.quick, "model": args.model, "dtype": dtype, "sizes": asdict(sizes)})
+    table = report.table
+
+    def main_engine(graphs: bool) -> Engine:
+        return Engine(args.model, attention_backend="triton", dtype=dtype, kv_cache_tokens=sizes.kv_cache_tokens,
+                      max_running_requests=max(sizes.batches + (sizes.prefix_requests, sizes.hbm_requests)),
+                      max_prefill_tokens=sizes.max_prefill_tokens, disable_cuda_graph=not graphs, **common)
+
     t0 = time.perf_counter()
-    engine = Engine(args.model, attention_backend="triton", dtype=dtype, kv_cache_tokens=sizes.kv_cache_tokens,
-                    max_running_requests=max(sizes.batches + (sizes.prefix_requests, sizes.hbm_requests)),
-                    max_prefill_tokens=sizes.max_prefill_tokens, **common)
-    startup = time.perf_counter() - t0  # loading, KV pool, and capturing every graph bucket
+    try:
+        engine = main_engine(graphs=True)
+    except Exception as e:  # noqa: BLE001 - without graphs every other figure can still be measured
+        traceback.print_exc()
+        table["graph_capture_error"] = f"{type(e).__name__}: {e}"[:500]
+        engine = main_engine(graphs=False)
+    table["engine_startup_s"] = time.perf_counter() - t0  # loading, KV pool, capturing every graph bucket
+    graphs = engine.scheduler.runner.graphs
+    table["graph_buckets"] = graphs.buckets if graphs is not None else []
+    table["graphs_captured"] = graphs is not None and bool(graphs.graphs)
     vocab = engine.vocab_size
     engine.generate(input_ids=random_prompts(2, sizes.prompt_len, vocab, 1), sampling_params=greedy(2))  # warm-up
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(device).eval()
     hf.generate(input_ids=torch.tensor(random_prompts(2, sizes.prompt_len, vocab, 2), device=device),
                 max_new_tokens=2, do_sample=False, pad_token_id=0)
-    table: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "quick": args.quick, "model": args.model, "dtype": dtype, "sizes": asdict(sizes),
-        "engine_startup_s": startup,
-        "graph_buckets": sorted(engine.scheduler.runner.graphs.buckets),
-        "graphs_captured": bool(engine.scheduler.runner.graphs.graphs),
-    }
     with torch.inference_mode():
-        table["throughput"] = throughput(engine, hf, sizes, vocab, device)
+        report.part("throughput", lambda: throughput(engine, hf, sizes, vocab, device))
     del hf
-    table["shared_prefix"] = shared_prefix(engine, sizes, vocab)
-    table["decode_hbm"] = decode_hbm(engine, sizes, vocab, device)
-    table["correctness"] = correctness(engine, make_engine, dtype, sizes, vocab)
+    report.part("shared_prefix", lambda: shared_prefix(engine, sizes, vocab))
+    report.part("decode_hbm", lambda: decode_hbm(engine, sizes, vocab, device))
+    report.part("correctness", lambda: correctness(engine, make_engine, dtype, sizes, vocab))
     engine.check_invariants()
     engine.shutdown()
     if not args.skip_kernels:
         with torch.inference_mode():
-            table["kernels"] = kernel_table(kernel_sizes(args.quick), getattr(torch, dtype), device)
+            report.part("kernels", lambda: kernel_table(kernel_sizes(args.quick), getattr(torch, dtype), device))
     table["goals"] = goals(table)
     table["seconds"] = time.perf_counter() - t_start
-    text = json.dumps(table, indent=1)
-    if args.out is not None:
-        args.out.write_text(text)
-    print(text)
+    print(report.write())
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 transformers-saved model and prints one JSON table with every part the GPU run reports."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +30,8 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = json.loads(out.read_text())
     assert json.loads(proc.stdout[proc.stdout.index("{"):]) == table  # what it printed is what it wrote
+    assert not [k for k, v in table.items() if isinstance(v, dict) and "error" in v]  # every part ran
+    assert "graph_capture_error" not in table
     assert [r["batch"] for r in table["throughput"]] == [1, 3]
     for row in table["throughput"]:
         assert row["radixlang_tok_s"] > 0 and row["hf_tok_s"] > 0
@@ -48,3 +51,25 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
     assert set(table["goals"]) == {"batch1_vs_hf>=20", "batch256_vs_hf>=5", "cascade_vs_no_cascade>=3",
                                    "decode_hbm>=60%", "graphs_on_equals_off"}
     assert table["graph_buckets"] == [1, 2, 3] and table["graphs_captured"] is False
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failing_part_is_recorded_and_the_rest_still_written(tmp_path):
+    gpu = load_script()
+    out = tmp_path / "table.json"
+    report = gpu.Report(out, {"device": "x"})
+    report.part("throughput", lambda: [{"batch": 1, "ratio": 25.0}, {"batch": 256, "ratio": 4.0}])
+    report.part("shared_prefix", lambda: 1 / 0)
+    report.part("correctness", lambda: {"graphs_on_vs_off_float32": {"fraction": 1.0}})
+    table = json.loads(out.read_text())
+    assert table["shared_prefix"] == {"error": "ZeroDivisionError: division by zero"}
+    assert gpu.goals(table) == {"batch1_vs_hf>=20": True, "batch256_vs_hf>=5": False,
+                                "cascade_vs_no_cascade>=3": False, "decode_hbm>=60%": False,
+                                "graphs_on_equals_off": True}
