@@ -87,3 +87,23 @@ def test_padded_decode_path_gives_the_normal_paths_greedy_tokens(tiny_engine_fac
     assert any(b > n for n, b in steps) and {n for n, _ in steps} >= {1, 3}  # padded steps, odd sizes
     normal.check_invariants()
     padded.check_invariants()
+
+
+@pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+def test_decodes_sharing_a_cascade_prefix_run_eagerly_the_rest_padded(tiny_engine_factory, monkeypatch):
+    shared = "one shared instruction for all. " * 2
+    prompts = [shared + q for q in ("Why?", "How so?", "Where to?")]
+    greedy = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+    want = [c.output_ids for c in tiny_engine_factory(attention_backend="torch").generate(prompts, greedy)]
+    engine = tiny_engine_factory(attention_backend="triton", disable_cuda_graph=False, context_length=64)
+    runner = engine.scheduler.runner
+    runner.cascade_min = 8
+    padded, eager_groups = [], []
+    real_padded, real_plan = runner.graphs.forward, runner.attn.plan
+    monkeypatch.setattr(runner.graphs, "forward", lambda batch: padded.append(len(batch.items)) or real_padded(batch))
+    monkeypatch.setattr(runner.attn, "plan", lambda batch: eager_groups.append(batch.prefix_groups) or real_plan(batch))
+    engine.generate(shared, greedy)  # the shared prefix enters the radix tree
+    assert [c.output_ids for c in engine.generate(prompts, greedy)] == want
+    assert any(len(members) == 3 for groups in eager_groups for members, _ in groups)  # a cascade step, eager
+    assert padded  # the lone request's decodes (the first generate) went through the padded path
+    engine.check_invariants()
