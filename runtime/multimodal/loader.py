@@ -1,0 +1,74 @@
+"""Vision-language HF folders: the language model as our Llama family, plus the vision side."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
+from ..tokenizer import Tokenizer
+from .llava import LLAVA, LlavaConfig, LlavaVision, split_llava_weights
+from .preprocess import ImageProcessor
+
+VISION_ARCHS = (LLAVA,)
+
+
+@dataclass(slots=True)
+class VisionModel:
+    """What an engine needs of a vision-language model besides its language model."""
+
+    module: nn.Module  # pixels [B, 3, H, W] -> embeddings [B, tokens_per_image, hidden]
+    processor: ImageProcessor
+    image_token_id: int  # the prompt's placeholder for one image, expanded to its span
+    placeholder: str  # that token's text
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.module.tokens_per_image
+
+
+def load_vision_language(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    hf = read_hf_config(path)
+    cfg, weights, tokenizer = read_hf_dir(path, text_config(hf))
+    text_weights, vision_weights = split_llava_weights(weights)
+    model = build_model(cfg, text_weights, device, dtype)
+    vision = build_vision(path, hf, vision_weights, tokenizer, device, dtype)
+    return LoadedModel(model, tokenizer, path.name, vision)
+
+
+def text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config.json, as a text-only folder would hold it."""
+    text = dict(hf.get("text_config") or {})
+    if text.get("model_type", "llama") != "llama":
+        raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported; "
+                         "LLaVA folders need a Llama-family language model")
+    return {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": hf.get("tie_word_embeddings", False),
+            **text}
+
+
+def build_vision(path: Path, hf: dict[str, Any], weights, tokenizer: Tokenizer, device: torch.device,
+                 dtype: torch.dtype) -> VisionModel:
+    cfg = LlavaConfig.from_hf(hf)
+    processor = ImageProcessor.from_folder(path)
+    if processor.output_size() != (cfg.vision.image_size, cfg.vision.image_size):
+        raise ValueError(f"preprocessor_config.json makes {processor.output_size()} images; the vision tower "
+                         f"takes {cfg.vision.image_size}x{cfg.vision.image_size}")
+    with torch.device("meta"):
+        module = LlavaVision(cfg)
+    module = module.to_empty(device=device)
+    module.load_weights(weights)
+    return VisionModel(module.to(dtype).eval(), processor, cfg.image_token_id,
+                       image_placeholder(tokenizer, cfg.image_token_id))
+
+
+def image_placeholder(tokenizer: Tokenizer, token_id: int) -> str:
+    """The text of the image token, which must tokenize back to that one token."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    if not text or tokenizer.encode(text, add_special_tokens=False) != [token_id]:
+        raise ValueError(f"the image token id {token_id} is not a token of its own in this tokenizer "
+                         f"(it decodes to {text!r})")
+    return text
+

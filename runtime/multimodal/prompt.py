@@ -1,0 +1,105 @@
+"""Prompts with images: each placeholder token becomes a span of radix keys derived from the image's key,
+and each step's model input takes those spans' embeddings in place of token embeddings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from .identity import ImageKeyer, is_image_key, span_keys
+from .inputs import load_pil
+
+if TYPE_CHECKING:
+    from ..batch import StepBatch
+    from .encoder import ImageEncoder
+    from .loader import VisionModel
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """Positions [offset, offset + length) of a prompt hold the image named `key`."""
+
+    offset: int
+    length: int
+    key: int
+    pixels: torch.Tensor  # [3, H, W], encoded only when no cache holds the span
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+class ImagePrompts:
+    """Turns (token ids with placeholders, image sources) into radix keys and image spans."""
+
+    def __init__(self, vision: "VisionModel", keyer: ImageKeyer | None = None):
+        self.vision = vision
+        self.keyer = keyer or ImageKeyer()
+
+    @property
+    def placeholder(self) -> str:
+        return self.vision.placeholder
+
+    def expand(self, ids: Sequence[int], sources: Sequence[Any], where: str = "image_data",
+               allow_paths: bool = True) -> tuple[list[int], list[ImageSpan]]:
+        slots = [i for i, t in enumerate(ids) if t == self.vision.image_token_id]
+        if len(slots) != len(sources):
+            raise ValueError(f"the prompt has {len(slots)} image placeholder(s) {self.placeholder!r} but "
+                             f"{len(sources)} image(s) were given; put one placeholder where each image goes")
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        n, prev = self.vision.tokens_per_image, 0
+        for j, (slot, source) in enumerate(zip(slots, sources)):
+            image = load_pil(source, f"{where}[{j}]", allow_paths)
+            out += ids[prev:slot]
+            key = self.keyer.key(image)
+            spans.append(ImageSpan(len(out), n, key, self.vision.processor(image)))
+            out += span_keys(key, n)
+            prev = slot + 1
+        return out + list(ids[prev:]), spans
+
+    def logprob_start(self, ids: Sequence[int], start: int) -> int:
+        """`start` (a position in the prompt as given) as a position in the expanded prompt; prompt
+        logprobs score text tokens only."""
+        slots = [i for i, t in enumerate(ids) if t == self.vision.image_token_id]
+        if start < 0 or not slots:
+            return start
+        if slots[-1] >= start:
+            raise ValueError(f"logprob_start_len {start} would score image tokens; it must be -1 or past the "
+                             f"last image placeholder (at least {slots[-1] + 1})")
+        return start + len(slots) * (self.vision.tokens_per_image - 1)
+
+
+def text_ids(ids: Sequence[int]) -> list[int]:
+    """The token ids of a prompt without its image spans."""
+    return [t for t in ids if not is_image_key(t)]
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: list[int]
+    embed_rows: torch.Tensor | None  # indices into the step's tokens that take image embeddings
+    embeds: torch.Tensor | None  # [len(embed_rows), hidden]
+
+
+def step_inputs(batch: "StepBatch", encoder: "ImageEncoder", image_token_id: int,
+                device: torch.device) -> StepInputs:
+    """The step's token ids (image keys -> the image token id) and the image embeddings that replace
+    those tokens' embeddings, encoding (or fetching from the cache) only the images this step reaches."""
+    ids: list[int] = []
+    rows: list[range] = []
+    parts: list[torch.Tensor] = []
+    for item in batch.items:
+        base = len(ids)
+        ids += [image_token_id if is_image_key(t) else t for t in item.req.tokens(item.start, item.end)]
+        for span in item.req.images:
+            lo, hi = max(span.offset, item.start), min(span.end, item.end)
+            if lo >= hi:
+                continue
+            parts.append(encoder.embed(span.key, span.pixels)[lo - span.offset:hi - span.offset])
+            rows.append(range(base + lo - item.start, base + hi - item.start))
+    if not parts:
+        return StepInputs(ids, None, None)
+    index = torch.tensor([r for span_rows in rows for r in span_rows], dtype=torch.int64, device=device)
+    return StepInputs(ids, index, torch.cat(parts))
