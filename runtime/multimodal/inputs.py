@@ -6,6 +6,7 @@ import base64
 import binascii
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,11 @@ def _is_image_data(source: Any) -> bool:
 
 
 def _read_file(path: Path, where: str) -> bytes:
-    if not path.is_file():
+    try:
+        exists = path.is_file()
+    except OSError:  # e.g. a name too long to be a path
+        exists = False
+    if not exists:
         raise ValueError(f"{where}: image file {str(path)!r} does not exist")
     if path.stat().st_size > MAX_IMAGE_BYTES:
         raise ValueError(f"{where}: image file {str(path)!r} is over {MAX_IMAGE_BYTES} bytes")
@@ -70,8 +75,8 @@ def _check_pixels(size: tuple[int, int], where: str) -> None:
     if width < 1 or height < 1:
         raise ValueError(f"{where} has no pixels ({width}x{height})")
     if width * height > MAX_IMAGE_PIXELS:
-        raise ValueError(f"{where} is {width}x{height} = {width * height} pixels; at most {MAX_IMAGE_PIXELS} "
-                         "are decoded (a larger one could be a decompression bomb)")
+        raise ValueError(f"{where} is {width}x{height} = {width * height} pixels, over the {MAX_IMAGE_PIXELS} "
+                         "pixels at most decoded (a decompression bomb?)")
 
 
 def _decode(data: bytes, where: str) -> Image.Image:
@@ -80,15 +85,18 @@ def _decode(data: bytes, where: str) -> Image.Image:
     if len(data) > MAX_IMAGE_BYTES:
         raise ValueError(f"{where} is over {MAX_IMAGE_BYTES} bytes")
     try:
-        image = Image.open(io.BytesIO(data))  # reads the header only: the size is checked before decoding
+        with warnings.catch_warnings():  # sizes over our limit are refused below, Pillow need not warn
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))  # reads the header only: the size is checked before decoding
     except UnidentifiedImageError:
         raise ValueError(f"{where} is not an image Pillow can decode ({len(data)} bytes)") from None
-    except Image.DecompressionBombError as e:
-        raise ValueError(f"{where} is too large to decode: {e}") from None
+    except Image.DecompressionBombError as e:  # Pillow's own, far higher limit
+        raise ValueError(f"{where} is over the {MAX_IMAGE_PIXELS} pixels at most decoded "
+                         f"(a decompression bomb?): {e}") from None
     _check_pixels(image.size, where)
     try:
         image.load()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except (OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"{where} is truncated or corrupt ({image.format}): {e}") from None
     return image
 

@@ -13,6 +13,8 @@ from tokenizers import AddedToken
 from tests.runtime.models.hf_tiny import VOCAB_SIZE, byte_tokenizer
 
 IMAGE_TOKEN = "<image>"
+GREEDY = {"max_new_tokens": 6, "temperature": 0.0}
+PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 IMAGE_SIZE, PATCH = 56, 14
 TEXT = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
