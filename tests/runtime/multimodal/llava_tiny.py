@@ -13,6 +13,8 @@ from tokenizers import AddedToken
 from tests.runtime.models.hf_tiny import VOCAB_SIZE, byte_tokenizer
 
 IMAGE_TOKEN = "<image>"
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'].upper() }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
 GREEDY = {"max_new_tokens": 6, "temperature": 0.0}
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 IMAGE_SIZE, PATCH = 56, 14
@@ -28,7 +30,7 @@ def write_tokenizer(path: Path) -> int:
     tok.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
     tok.save(str(path / "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-           "add_bos_token": False}
+           "add_bos_token": False, "chat_template": CHAT_TEMPLATE}
     (path / "tokenizer_config.json").write_text(json.dumps(cfg))
     return tok.token_to_id(IMAGE_TOKEN)
 
