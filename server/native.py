@@ -14,7 +14,7 @@ from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
 from .errors import APIError
-from .image_input import check_vision, decode_images
+from .image_input import prepare_images
 from .openapi import streaming_responses
 from .protocol import GenerateRequest
 from .serving import checked_params, events, length_hint, open_stream, run
@@ -74,19 +74,18 @@ async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tupl
 
 
 async def _images(state: ServerState, data: str | list | None) -> list | None:
-    """`image_data` decoded, in the shape it came in (a string becomes a list of one)."""
+    """`image_data` prepared for the engine, in the shape it came in (a string becomes a list of one)."""
     if data is None:
         return None
-    engine = state.engine
-    check_vision(None if engine.image_prompts is None else engine.image_prompts.placeholder, state.model_name,
-                 "image_data")
+    prompts, model = state.engine.image_prompts, state.model_name
     data = [data] if isinstance(data, str) else data
     if all(isinstance(x, list) for x in data) and data:
         names = [[f"image_data[{i}][{j}]" for j in range(len(x))] for i, x in enumerate(data)]
-        flat = await state.offload(decode_images, [s for x in data for s in x], [n for x in names for n in x])
+        flat = await state.offload(prepare_images, prompts, model, [s for x in data for s in x],
+                                   [n for x in names for n in x])
         it = iter(flat)
         return [[next(it) for _ in x] for x in data]
-    return await state.offload(decode_images, data, [f"image_data[{i}]" for i in range(len(data))])
+    return await state.offload(prepare_images, prompts, model, data, [f"image_data[{i}]" for i in range(len(data))])
 
 
 def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:

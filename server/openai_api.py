@@ -195,9 +195,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
     n = (await checked_params(state, params, fields)).n  # checked before anything is sized by n
     state.limits.check_prompts(1, n, "messages")
-    placeholder = engine.image_prompts.placeholder if engine.image_prompts is not None else None
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
-                                         placeholder, state.model_name)
+                                         engine.image_prompts, state.model_name)
     job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None)
     return await _respond(request, _ChatView(state, body, job), fields)

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.engine import sample_rids
+from ..runtime.multimodal.prompt import ImagePrompts
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES, SamplingParams
 from ..runtime.tokenizer import Tokenizer
 from .config import MAX_TOP_LOGPROBS
 from .errors import APIError, user_errors
-from .image_input import decode_images
+from .image_input import prepare_images
 from .protocol import OPENAI_NAMES, ChatMessage, ResponseFormat, SamplingFields
 from .text_input import check_unicode, encode_texts
 
@@ -121,19 +122,20 @@ def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length:
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int,
-                image_placeholder: str | None = None, model: str = "") -> tuple[list[int], list[Any]]:
+                image_prompts: ImagePrompts | None = None, model: str = "") -> tuple[list[int], list[Any]]:
     """The conversation rendered with the model's chat template, ready for the assistant's turn, and its
-    images (decoded), each where a placeholder stands in the text. Slow on long conversations and on
+    images (prepared for the engine), each where a placeholder stands in the text. Slow on long conversations and on
     images: call it on a worker thread."""
     rendered, sources, params = [], [], []
     for i, m in enumerate(messages):
-        message = {"role": m.role, "content": _message_text(m, i, sources, params, image_placeholder, model)}
+        placeholder = image_prompts.placeholder if image_prompts is not None else None
+        message = {"role": m.role, "content": _message_text(m, i, sources, params, placeholder, model)}
         check_unicode(message["content"], f"messages[{i}].content")
         if m.name is not None:
             check_unicode(m.name, f"messages[{i}].name")
             message["name"] = m.name
         rendered.append(message)
-    images = decode_images(sources, params)
+    images = prepare_images(image_prompts, model, sources, params)
     with user_errors({}):
         text = tokenizer.apply_chat_template(rendered)
     return encode_texts(tokenizer, [text], "messages", False, context_length)[0], images

@@ -30,6 +30,15 @@ class ImageSpan:
         return self.offset + self.length
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """An image decoded, keyed and preprocessed: what a prompt's span needs (a server prepares images off
+    its event loop and hands these to the engine)."""
+
+    key: int
+    pixels: torch.Tensor
+
+
 class ImagePrompts:
     """Turns (token ids with placeholders, image sources) into radix keys and image spans."""
 
@@ -41,6 +50,12 @@ class ImagePrompts:
     def placeholder(self) -> str:
         return self.vision.placeholder
 
+    def prepare(self, source: Any, where: str = "image", allow_paths: bool = True) -> PreparedImage:
+        if isinstance(source, PreparedImage):
+            return source
+        image = load_pil(source, where, allow_paths)
+        return PreparedImage(self.keyer.key(image), self.vision.processor(image))
+
     def expand(self, ids: Sequence[int], sources: Sequence[Any], where: str = "image_data",
                allow_paths: bool = True) -> tuple[list[int], list[ImageSpan]]:
         slots = [i for i, t in enumerate(ids) if t == self.vision.image_token_id]
@@ -51,11 +66,10 @@ class ImagePrompts:
         spans: list[ImageSpan] = []
         n, prev = self.vision.tokens_per_image, 0
         for j, (slot, source) in enumerate(zip(slots, sources)):
-            image = load_pil(source, f"{where}[{j}]", allow_paths)
+            image = self.prepare(source, f"{where}[{j}]", allow_paths)
             out += ids[prev:slot]
-            key = self.keyer.key(image)
-            spans.append(ImageSpan(len(out), n, key, self.vision.processor(image)))
-            out += span_keys(key, n)
+            spans.append(ImageSpan(len(out), n, image.key, image.pixels))
+            out += span_keys(image.key, n)
             prev = slot + 1
         return out + list(ids[prev:]), spans
 
