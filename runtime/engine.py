@@ -25,7 +25,7 @@ from .model_runner import ModelRunner
 from .models.loader import load_model
 from .models.quant import quantize_int8
 from .multimodal.encoder import ImageEncoder
-from .multimodal.prompt import ImagePrompts, ImageSpan
+from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
 from .radix_cache import RadixCache
 from .request import Req, StreamChunk
 from .sampler import TokenLogprob
@@ -145,16 +145,6 @@ def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, d
     per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
     tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
     return max(2, min(tokens, cfg.max_running_requests * context_length))
-
-
-def _images_per_prompt(image_data: Any, num_prompts: int) -> list[list[Any]]:
-    """One list of image sources per prompt, from one prompt's list (or one image) or a list of lists."""
-    nested = isinstance(image_data, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in image_data)
-    if num_prompts == 1 and not nested:
-        return [list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]]
-    if not nested or len(image_data) != num_prompts:
-        raise ValueError(f"image_data must hold one list of images per prompt ({num_prompts})")
-    return [list(x) for x in image_data]
 
 
 def sample_rids(rids: Sequence[str], n: int) -> list[str]:
@@ -279,12 +269,11 @@ class Engine:
             return [[] for _ in prompts], [logprob_start_len] * len(prompts)
         if self.image_prompts is None:
             raise ValueError(f"model {self.model_name!r} has no vision tower, so it takes no images")
-        per_prompt = _images_per_prompt(image_data, len(prompts))
         spans, starts = [], []
-        for i, (ids, sources) in enumerate(zip(prompts, per_prompt)):
-            where = "image_data" if len(prompts) == 1 else f"image_data[{i}]"
+        for i, (ids, sources) in enumerate(zip(prompts, images_per_prompt(image_data, len(prompts)))):
             starts.append(self.image_prompts.logprob_start(ids, logprob_start_len))
-            ids[:], found = self.image_prompts.expand(ids, sources, where)
+            ids[:], found = self.image_prompts.expand(ids, sources, "image_data" if len(prompts) == 1 else
+                                                      f"image_data[{i}]")
             self._check_length(ids)
             spans.append(found)
         return spans, starts
