@@ -34,7 +34,7 @@ class RandomLlavaSize:
 def write_random_llava(path: Path, size: RandomLlavaSize = RandomLlavaSize(), seed: int = 0) -> Path:
     """Writes config.json, model.safetensors, tokenizer files and preprocessor_config.json to `path`."""
     path.mkdir(parents=True, exist_ok=True)
-    image_token_id = _write_tokenizer(path)
+    image_token_id, eos_id = _write_tokenizer(path)
     vocab = 288  # 256 bytes + the specials, padded as checkpoints pad their embeddings
     text = LlamaConfig(vocab_size=vocab, hidden_size=size.hidden, intermediate_size=2 * size.hidden,
                        num_layers=size.layers, num_heads=4, num_kv_heads=2, head_dim=size.hidden // 4,
@@ -52,7 +52,7 @@ def write_random_llava(path: Path, size: RandomLlavaSize = RandomLlavaSize(), se
         "text_config": {"model_type": "llama", "vocab_size": vocab, "hidden_size": size.hidden,
                         "intermediate_size": 2 * size.hidden, "num_hidden_layers": size.layers,
                         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
-                        "rms_norm_eps": 1e-5, "eos_token_id": 1},
+                        "rms_norm_eps": 1e-5, "eos_token_id": eos_id},
         "vision_config": {"model_type": CLIP, "hidden_size": size.vision_hidden,
                           "intermediate_size": 4 * size.vision_hidden, "num_hidden_layers": size.vision_layers,
                           "num_attention_heads": 4, "image_size": size.image_size, "patch_size": size.patch_size},
@@ -64,8 +64,9 @@ def write_random_llava(path: Path, size: RandomLlavaSize = RandomLlavaSize(), se
     return path
 
 
-def _write_tokenizer(path: Path) -> int:
-    """Byte-level BPE without merges (one token per byte) plus the specials; returns <image>'s id."""
+def _write_tokenizer(path: Path) -> tuple[int, int]:
+    """Byte-level BPE without merges (one token per byte) plus the specials; returns the ids of <image>
+    and </s>."""
     tok = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(_bytes_to_unicode().values())}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -73,7 +74,7 @@ def _write_tokenizer(path: Path) -> int:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False, "chat_template": CHAT_TEMPLATE}))
-    return tok.token_to_id("<image>")
+    return tok.token_to_id("<image>"), tok.token_to_id("</s>")
 
 
 def _text_weights(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:

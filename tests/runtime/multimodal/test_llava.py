@@ -140,3 +140,20 @@ def test_prompt_logprobs_score_text_after_the_images_only(engine):
         engine.generate(input_ids=ids, sampling_params=GREEDY, image_data=[image], return_logprob=True,
                         logprob_start_len=start - 1)
     engine.check_invariants()
+
+
+def test_the_random_checkpoint_writer_makes_a_folder_transformers_reads_the_same(tmp_path):
+    from radixlang.runtime.multimodal.random_checkpoint import RandomLlavaSize, write_random_llava
+
+    path = write_random_llava(tmp_path / "random", RandomLlavaSize(64, 2, 28, 14, 32, 2), seed=5)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    image = noise_image(61)
+    text = "USER: <image>\nHi ASSISTANT:"
+    ids = [x for t in transformers.AutoTokenizer.from_pretrained(str(path))(text)["input_ids"]
+           for x in ([t] * 4 if t == model.config.image_token_id else [t])]
+    with torch.no_grad():
+        want = model.generate(input_ids=torch.tensor([ids]), pixel_values=hf_pixels(path, [image]),
+                              max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
+    with Engine(str(path), kv_cache_tokens=256) as engine:
+        assert engine.generate(text, GREEDY, image_data=[image]).output_ids == want
+        engine.check_invariants()
