@@ -12,6 +12,12 @@ from torch import nn
 from .vision import VisionConfig, VisionTower
 
 LLAVA = "LlavaForConditionalGeneration"
+# transformers' LlavaConfig defaults for a vision_config it leaves out (a CLIP ViT-L/14 at 336 px), and
+# LlamaConfig's for the text_config fields real folders leave out (e.g. llava-1.5-7b-hf's)
+LLAVA_VISION_DEFAULTS = dict(model_type="clip_vision_model", intermediate_size=4096, hidden_size=1024, patch_size=14,
+                             image_size=336, num_hidden_layers=24, num_attention_heads=16)
+_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6)
 _PROJECTOR_ACTS = {"gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
 
 
@@ -27,7 +33,7 @@ class LlavaConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "LlavaConfig":
-        vision = VisionConfig.from_hf(hf["vision_config"])
+        vision = VisionConfig.from_hf(LLAVA_VISION_DEFAULTS | (hf.get("vision_config") or {}))
         layer = hf.get("vision_feature_layer", -2)
         layers = (layer,) if isinstance(layer, int) else tuple(layer)
         strategy = hf.get("vision_feature_select_strategy", "default")
@@ -42,13 +48,23 @@ class LlavaConfig:
         if act not in _PROJECTOR_ACTS:
             raise ValueError(f"projector_hidden_act {act!r} is not supported ({sorted(_PROJECTOR_ACTS)} are)")
         token = hf.get("image_token_id", hf.get("image_token_index", 32000))
-        return cls(vision, hf["text_config"]["hidden_size"], token, layers, strategy, act,
+        return cls(vision, llava_text_config(hf)["hidden_size"], token, layers, strategy, act,
                    bool(hf.get("multimodal_projector_bias", True)))
 
     @property
     def tokens_per_image(self) -> int:
         cls_token = int(self.vision.has_class_token and self.select_strategy == "full")
         return self.vision.num_patches + cls_token
+
+
+def llava_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config.json, as a text-only Llama folder would hold it."""
+    text = dict(hf.get("text_config") or {})
+    if text.get("model_type", "llama") != "llama":
+        raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported; "
+                         "LLaVA folders need a Llama-family language model")
+    return {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": hf.get("tie_word_embeddings", False),
+            **_LLAMA_DEFAULTS, **text}
 
 
 class LlavaProjector(nn.Module):

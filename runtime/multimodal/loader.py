@@ -10,7 +10,7 @@ from torch import nn
 
 from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
 from ..tokenizer import Tokenizer
-from .llava import LLAVA, LlavaConfig, LlavaVision, split_llava_weights
+from .llava import LLAVA, LlavaConfig, LlavaVision, llava_text_config, split_llava_weights
 from .preprocess import ImageProcessor
 
 VISION_ARCHS = (LLAVA,)
@@ -32,21 +32,11 @@ class VisionModel:
 
 def load_vision_language(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     hf = read_hf_config(path)
-    cfg, weights, tokenizer = read_hf_dir(path, text_config(hf))
+    cfg, weights, tokenizer = read_hf_dir(path, llava_text_config(hf))
     text_weights, vision_weights = split_llava_weights(weights)
     model = build_model(cfg, text_weights, device, dtype)
     vision = build_vision(path, hf, vision_weights, tokenizer, device, dtype)
     return LoadedModel(model, tokenizer, path.name, vision)
-
-
-def text_config(hf: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config.json, as a text-only folder would hold it."""
-    text = dict(hf.get("text_config") or {})
-    if text.get("model_type", "llama") != "llama":
-        raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported; "
-                         "LLaVA folders need a Llama-family language model")
-    return {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": hf.get("tie_word_embeddings", False),
-            **text}
 
 
 def build_vision(path: Path, hf: dict[str, Any], weights, tokenizer: Tokenizer, device: torch.device,

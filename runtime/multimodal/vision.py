@@ -10,6 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 CLIP, SIGLIP = "clip_vision_model", "siglip_vision_model"
+# transformers' defaults for fields a config.json leaves out (real LLaVA folders are sparse)
+_DEFAULTS = {
+    CLIP: dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
+               patch_size=32, layer_norm_eps=1e-5, hidden_act="quick_gelu"),
+    SIGLIP: dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                 image_size=224, patch_size=16, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
+}
 _ACTIVATIONS = {
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
     "gelu": F.gelu,
@@ -36,12 +43,12 @@ class VisionConfig:
         kind = d.get("model_type", CLIP)
         if kind not in (CLIP, SIGLIP):
             raise ValueError(f"vision_config.model_type {kind!r} is not supported ({CLIP!r} and {SIGLIP!r} are)")
-        act = d.get("hidden_act", "quick_gelu" if kind == CLIP else "gelu_pytorch_tanh")
-        if act not in _ACTIVATIONS:
-            raise ValueError(f"vision_config.hidden_act {act!r} is not supported ({sorted(_ACTIVATIONS)} are)")
+        d = _DEFAULTS[kind] | d
+        if d["hidden_act"] not in _ACTIVATIONS:
+            raise ValueError(f"vision_config.hidden_act {d['hidden_act']!r} is not supported "
+                             f"({sorted(_ACTIVATIONS)} are)")
         return cls(kind, d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"], d["num_attention_heads"],
-                   d["image_size"], d["patch_size"], d.get("num_channels", 3), d.get("layer_norm_eps", 1e-5 if
-                   kind == CLIP else 1e-6), act)
+                   d["image_size"], d["patch_size"], d.get("num_channels", 3), d["layer_norm_eps"], d["hidden_act"])
 
     @property
     def num_patches(self) -> int:

@@ -157,3 +157,23 @@ def test_the_random_checkpoint_writer_makes_a_folder_transformers_reads_the_same
     with Engine(str(path), kv_cache_tokens=256) as engine:
         assert engine.generate(text, GREEDY, image_data=[image]).output_ids == want
         engine.check_invariants()
+
+
+def test_sparse_configs_take_transformers_defaults():
+    """Real folders (llava-1.5-7b-hf) leave out the fields whose value is transformers' default."""
+    from radixlang.runtime.multimodal.llava import LlavaConfig, llava_text_config
+
+    hf = {"text_config": {"model_type": "llama", "vocab_size": 32064, "max_position_embeddings": 4096},
+          "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+                            "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                            "patch_size": 14}}
+    want = transformers.LlavaConfig(**hf)
+    ours = LlavaConfig.from_hf(hf)
+    text = llava_text_config(hf)
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "max_position_embeddings", "rms_norm_eps"):
+        assert text[field] == getattr(want.text_config, field), field
+    v = want.vision_config
+    assert (ours.vision.hidden_size, ours.vision.layer_norm_eps, ours.vision.hidden_act, ours.tokens_per_image,
+            ours.image_token_id) == (v.hidden_size, v.layer_norm_eps, v.hidden_act, 576, want.image_token_id)
+    assert LlavaConfig.from_hf({"text_config": {}}).vision == LlavaConfig.from_hf(hf).vision
