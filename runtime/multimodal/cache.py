@@ -28,5 +28,9 @@ class EmbeddingCache:
         self._entries[key] = value
         self.size_bytes += nbytes
 
+    def clear(self) -> None:
+        self._entries.clear()
+        self.size_bytes = 0
+
     def __len__(self) -> int:
         return len(self._entries)
