@@ -86,8 +86,7 @@ def main() -> None:
                     result = measure(engine, workload, image, size)
                     if name not in best or result[0] < best[name][0]:
                         best[name] = result
-            print(f"\n{title} ({size} requests, one image, {engines['neither'].image_prompts.vision.tokens_per_image}"
-                  " image tokens)")
+            print(f"\n{title} ({size} requests, one image)")
             print(f"{'config':<18}{'seconds':>9}{'encodes':>9}{'cached/prompt tokens':>24}{'speedup':>9}")
             base = best["neither"][0]
             for name, (elapsed, encodes, cached, prompt) in best.items():

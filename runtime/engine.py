@@ -271,11 +271,11 @@ class Engine:
             raise ValueError(f"model {self.model_name!r} has no vision tower, so it takes no images")
         spans, starts = [], []
         for i, (ids, sources) in enumerate(zip(prompts, images_per_prompt(image_data, len(prompts)))):
-            starts.append(self.image_prompts.logprob_start(ids, logprob_start_len))
-            ids[:], found = self.image_prompts.expand(ids, sources, "image_data" if len(prompts) == 1 else
-                                                      f"image_data[{i}]")
+            where = "image_data" if len(prompts) == 1 else f"image_data[{i}]"
+            ids[:], found, start = self.image_prompts.expand(ids, sources, where, logprob_start=logprob_start_len)
             self._check_length(ids)
             spans.append(found)
+            starts.append(start)
         return spans, starts
 
     def _prompt_ids(self, prompt, input_ids) -> tuple[list[list[int]], bool]:

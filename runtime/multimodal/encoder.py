@@ -23,18 +23,14 @@ class ImageEncoder:
         self.device, self.dtype = device, dtype
         self.counters = EncoderCounters()
 
-    @property
-    def tokens_per_image(self) -> int:
-        return self.vision.tokens_per_image
-
     def embed(self, key: int, pixels: torch.Tensor) -> torch.Tensor:
-        """[tokens_per_image, hidden] embeddings of the image named `key` (its pixels: [3, H, W])."""
+        """[feature rows, hidden] embeddings of the image named `key`, from its preprocessed pixels."""
         cached = self.cache.get(key)
         if cached is not None:
             self.counters.cache_hits += 1
             return cached
         with torch.no_grad():
-            out = self.vision(pixels.to(self.device, self.dtype).unsqueeze(0))[0]
+            out = self.vision.encode(pixels.to(self.device, self.dtype))
         self.counters.encodes += 1
         self.cache.put(key, out)
         return out

@@ -88,9 +88,9 @@ class LlavaVision(nn.Module):
         self.vision_tower = VisionTower(cfg.vision)
         self.multi_modal_projector = LlavaProjector(cfg)
 
-    @property
-    def tokens_per_image(self) -> int:
-        return self.config.tokens_per_image
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """One image's [3, H, W] pixels -> its [tokens_per_image, hidden] features."""
+        return self(pixels.unsqueeze(0))[0]
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         n = self.config.vision.num_layers + 1

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from PIL import Image
 from torch import nn
 
 from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
@@ -20,14 +21,11 @@ VISION_ARCHS = (LLAVA,)
 class VisionModel:
     """What an engine needs of a vision-language model besides its language model."""
 
-    module: nn.Module  # pixels [B, 3, H, W] -> embeddings [B, tokens_per_image, hidden]
-    processor: ImageProcessor
-    image_token_id: int  # the prompt's placeholder for one image, expanded to its span
+    module: nn.Module  # encode(one image's pixels) -> [feature rows, hidden]
+    # an image -> (its pixels, the tokens that replace its placeholder: image_token_id at each feature row)
+    prepare: Callable[[Image.Image], tuple[torch.Tensor, list[int]]]
+    image_token_id: int  # the prompt's placeholder for one image, and the token of each feature row
     placeholder: str  # that token's text
-
-    @property
-    def tokens_per_image(self) -> int:
-        return self.module.tokens_per_image
 
 
 def load_vision_language(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -50,7 +48,8 @@ def build_vision(path: Path, hf: dict[str, Any], weights, tokenizer: Tokenizer, 
         module = LlavaVision(cfg)
     module = module.to_empty(device=device)
     module.load_weights(weights)
-    return VisionModel(module.to(dtype).eval(), processor, cfg.image_token_id,
+    tokens = [cfg.image_token_id] * cfg.tokens_per_image
+    return VisionModel(module.to(dtype).eval(), lambda image: (processor(image), tokens), cfg.image_token_id,
                        image_placeholder(tokenizer, cfg.image_token_id))
 
 

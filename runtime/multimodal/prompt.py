@@ -18,12 +18,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class ImageSpan:
-    """Positions [offset, offset + length) of a prompt hold the image named `key`."""
+    """Positions [offset, offset + length) of a prompt hold rows [embed_offset, embed_offset + length) of
+    the embeddings of the image named `key` (an image split into tiles has one span per tile)."""
 
     offset: int
     length: int
     key: int
-    pixels: torch.Tensor  # [3, H, W], encoded only when no cache holds the span
+    pixels: torch.Tensor  # the image's pixels, encoded only when no cache holds its embeddings
+    embed_offset: int = 0
 
     @property
     def end(self) -> int:
@@ -37,6 +39,7 @@ class PreparedImage:
 
     key: int
     pixels: torch.Tensor
+    tokens: tuple[int, ...]  # what replaces the placeholder: the image token id where each feature row goes
 
 
 class ImagePrompts:
@@ -54,35 +57,46 @@ class ImagePrompts:
         if isinstance(source, PreparedImage):
             return source
         image = load_pil(source, where, allow_paths)
-        return PreparedImage(self.keyer.key(image), self.vision.processor(image))
+        pixels, tokens = self.vision.prepare(image)
+        return PreparedImage(self.keyer.key(image), pixels, tuple(tokens))
 
     def expand(self, ids: Sequence[int], sources: Sequence[Any], where: str = "image_data",
-               allow_paths: bool = True) -> tuple[list[int], list[ImageSpan]]:
+               allow_paths: bool = True, logprob_start: int = -1) -> tuple[list[int], list[ImageSpan], int]:
+        """The prompt with each placeholder replaced by its image's tokens (feature positions as radix
+        keys), the image spans, and `logprob_start` (a position in the prompt as given) in the expanded
+        prompt: prompt logprobs score text only."""
         slots = [i for i, t in enumerate(ids) if t == self.vision.image_token_id]
         if len(slots) != len(sources):
             raise ValueError(f"the prompt has {len(slots)} image placeholder(s) {self.placeholder!r} but "
                              f"{len(sources)} image(s) were given; put one placeholder where each image goes")
+        if slots and logprob_start >= 0 and slots[-1] >= logprob_start:
+            raise ValueError(f"logprob_start_len {logprob_start} would score image tokens; it must be -1 or "
+                             f"past the last image placeholder (at least {slots[-1] + 1})")
         out: list[int] = []
         spans: list[ImageSpan] = []
-        n, prev = self.vision.tokens_per_image, 0
+        prev = 0
         for j, (slot, source) in enumerate(zip(slots, sources)):
             image = self.prepare(source, f"{where}[{j}]", allow_paths)
             out += ids[prev:slot]
-            spans.append(ImageSpan(len(out), n, image.key, image.pixels))
-            out += span_keys(image.key, n)
+            spans += self._spans(image, len(out))
+            out += [self._key_or_token(t, image.key) for t in image.tokens]
             prev = slot + 1
-        return out + list(ids[prev:]), spans
+        shift = len(out) - prev  # every placeholder is before logprob_start
+        return out + list(ids[prev:]), spans, logprob_start + shift if logprob_start >= 0 else logprob_start
 
-    def logprob_start(self, ids: Sequence[int], start: int) -> int:
-        """`start` (a position in the prompt as given) as a position in the expanded prompt; prompt
-        logprobs score text tokens only."""
-        slots = [i for i, t in enumerate(ids) if t == self.vision.image_token_id]
-        if start < 0 or not slots:
-            return start
-        if slots[-1] >= start:
-            raise ValueError(f"logprob_start_len {start} would score image tokens; it must be -1 or past the "
-                             f"last image placeholder (at least {slots[-1] + 1})")
-        return start + len(slots) * (self.vision.tokens_per_image - 1)
+    def _key_or_token(self, token: int, key: int) -> int:
+        return span_keys(key, 1)[0] if token == self.vision.image_token_id else token
+
+    def _spans(self, image: PreparedImage, offset: int) -> list[ImageSpan]:
+        """One span per run of feature positions in the image's tokens."""
+        spans, rows, start = [], 0, None
+        for i, token in enumerate((*image.tokens, None)):
+            if token == self.vision.image_token_id and start is None:
+                start = i
+            elif token != self.vision.image_token_id and start is not None:
+                spans.append(ImageSpan(offset + start, i - start, image.key, image.pixels, rows))
+                rows, start = rows + i - start, None
+        return spans
 
 
 def images_per_prompt(image_data: Any, num_prompts: int) -> list[list[Any]]:
@@ -121,7 +135,8 @@ def step_inputs(batch: "StepBatch", encoder: "ImageEncoder", image_token_id: int
             lo, hi = max(span.offset, item.start), min(span.end, item.end)
             if lo >= hi:
                 continue
-            parts.append(encoder.embed(span.key, span.pixels)[lo - span.offset:hi - span.offset])
+            first = span.embed_offset + lo - span.offset
+            parts.append(encoder.embed(span.key, span.pixels)[first:first + hi - lo])
             rows.append(range(base + lo - item.start, base + hi - item.start))
     if not parts:
         return StepInputs(ids, None, None)
