@@ -103,19 +103,24 @@ class LlavaVision(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            if name not in params:
-                raise ValueError(f"unexpected vision weight {name!r}")
-            if tuple(params[name].shape) != tuple(tensor.shape):
-                raise ValueError(f"vision weight {name!r} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(params[name].shape)}")
-            params[name].copy_(tensor.to(params[name].dtype))
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing vision weights: {missing[:5]}")
+        load_exact(self, weights)
+
+
+def load_exact(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copies each named tensor into the module's parameter of that name; every parameter must come."""
+    params = dict(module.named_parameters())
+    loaded = set()
+    for name, tensor in weights:
+        if name not in params:
+            raise ValueError(f"unexpected vision weight {name!r}")
+        if tuple(params[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"vision weight {name!r} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(params[name].shape)}")
+        params[name].copy_(tensor.to(params[name].dtype))
+        loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint is missing vision weights: {missing[:5]}")
 
 
 def split_llava_weights(weights: Iterable[tuple[str, torch.Tensor]]):

@@ -11,10 +11,12 @@ from torch import nn
 
 from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
 from ..tokenizer import Tokenizer
+from .idefics3 import IDEFICS3_ARCH, Idefics3Config, Idefics3Vision, SplitImageProcessor, make_prepare, \
+    split_idefics3_weights
 from .llava import LLAVA, LlavaConfig, LlavaVision, llava_text_config, split_llava_weights
-from .preprocess import ImageProcessor
+from .preprocess import ImageProcessor, read_preprocessor_config
 
-VISION_ARCHS = (LLAVA,)
+VISION_ARCHS = (LLAVA, IDEFICS3_ARCH)
 
 
 @dataclass(slots=True)
@@ -31,9 +33,11 @@ class VisionModel:
 def load_vision_language(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     hf = read_hf_config(path)
     cfg, weights, tokenizer = read_hf_dir(path, llava_text_config(hf))
-    text_weights, vision_weights = split_llava_weights(weights)
+    idefics3 = IDEFICS3_ARCH in (hf.get("architectures") or [])
+    text_weights, vision_weights = (split_idefics3_weights if idefics3 else split_llava_weights)(weights)
     model = build_model(cfg, text_weights, device, dtype)
-    vision = build_vision(path, hf, vision_weights, tokenizer, device, dtype)
+    build = build_idefics3 if idefics3 else build_vision
+    vision = build(path, hf, vision_weights, tokenizer, device, dtype)
     return LoadedModel(model, tokenizer, path.name, vision)
 
 
@@ -51,6 +55,19 @@ def build_vision(path: Path, hf: dict[str, Any], weights, tokenizer: Tokenizer, 
     tokens = [cfg.image_token_id] * cfg.tokens_per_image
     return VisionModel(module.to(dtype).eval(), lambda image: (processor(image), tokens), cfg.image_token_id,
                        image_placeholder(tokenizer, cfg.image_token_id))
+
+
+def build_idefics3(path: Path, hf: dict[str, Any], weights, tokenizer: Tokenizer, device: torch.device,
+                   dtype: torch.dtype) -> VisionModel:
+    cfg = Idefics3Config.from_hf(hf, llava_text_config(hf)["hidden_size"])
+    processor = SplitImageProcessor.from_dict(read_preprocessor_config(path))
+    with torch.device("meta"):
+        module = Idefics3Vision(cfg)
+    module = module.to_empty(device=device)
+    module.load_weights(weights)
+    placeholder = image_placeholder(tokenizer, cfg.image_token_id)
+    prepare = make_prepare(processor, cfg, placeholder, lambda text: tokenizer.encode(text, add_special_tokens=False))
+    return VisionModel(module.to(dtype).eval(), prepare, cfg.image_token_id, placeholder)
 
 
 def image_placeholder(tokenizer: Tokenizer, token_id: int) -> str:

@@ -27,10 +27,7 @@ class ImageProcessor:
 
     @classmethod
     def from_folder(cls, path: Path) -> "ImageProcessor":
-        file = path / "preprocessor_config.json"
-        if not file.exists():
-            raise ValueError(f"vision model folder {str(path)!r} has no preprocessor_config.json")
-        return cls.from_dict(json.loads(file.read_text()))
+        return cls.from_dict(read_preprocessor_config(path))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ImageProcessor":
@@ -82,6 +79,13 @@ class ImageProcessor:
         short, long = min(width, height), max(width, height)
         new_short, new_long = self.size["shortest_edge"], int(self.size["shortest_edge"] * long / short)
         return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
+def read_preprocessor_config(path: Path) -> dict[str, Any]:
+    file = path / "preprocessor_config.json"
+    if not file.exists():
+        raise ValueError(f"vision model folder {str(path)!r} has no preprocessor_config.json")
+    return json.loads(file.read_text())
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

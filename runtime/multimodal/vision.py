@@ -9,13 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-CLIP, SIGLIP = "clip_vision_model", "siglip_vision_model"
+CLIP, SIGLIP, IDEFICS3 = "clip_vision_model", "siglip_vision_model", "idefics3_vision"
 # transformers' defaults for fields a config.json leaves out (real LLaVA folders are sparse)
 _DEFAULTS = {
     CLIP: dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
                patch_size=32, layer_norm_eps=1e-5, hidden_act="quick_gelu"),
     SIGLIP: dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                  image_size=224, patch_size=16, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
+    IDEFICS3: dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                   image_size=224, patch_size=32, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
 }
 _ACTIVATIONS = {
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
@@ -27,7 +29,7 @@ _ACTIVATIONS = {
 
 @dataclass(frozen=True, slots=True)
 class VisionConfig:
-    kind: str  # CLIP (class token, pre-norm, bias-free patch conv) or SIGLIP
+    kind: str  # CLIP (class token, pre-norm, bias-free patch conv), SIGLIP, or IDEFICS3 (SigLIP, any tile size)
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -41,8 +43,8 @@ class VisionConfig:
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> "VisionConfig":
         kind = d.get("model_type", CLIP)
-        if kind not in (CLIP, SIGLIP):
-            raise ValueError(f"vision_config.model_type {kind!r} is not supported ({CLIP!r} and {SIGLIP!r} are)")
+        if kind not in _DEFAULTS:
+            raise ValueError(f"vision_config.model_type {kind!r} is not supported ({sorted(_DEFAULTS)} are)")
         d = _DEFAULTS[kind] | d
         if d["hidden_act"] not in _ACTIVATIONS:
             raise ValueError(f"vision_config.hidden_act {d['hidden_act']!r} is not supported "
@@ -110,7 +112,23 @@ class _Embeddings(nn.Module):
         x = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
         if self.class_embedding is not None:
             x = torch.cat([self.class_embedding.expand(x.shape[0], 1, -1), x], dim=1)
-        return x + self.position_embedding.weight
+        if x.shape[1] == self.position_embedding.num_embeddings:
+            return x + self.position_embedding.weight
+        return x + self.position_embedding(self._bucketed_positions(*pixels.shape[-2:]))
+
+    def _bucketed_positions(self, height: int, width: int) -> torch.Tensor:
+        """Idefics3's positions for a tile of another size: each patch takes the position its fractional
+        coordinates fall in on the trained grid (computed in the same float steps as transformers)."""
+        side = int(self.position_embedding.num_embeddings ** 0.5)
+        patch = self.patch_embedding.kernel_size[0]
+        device = self.position_embedding.weight.device
+        boundaries = torch.arange(1 / side, 1.0, 1 / side, device=device)
+
+        def buckets(n: int) -> torch.Tensor:
+            coords = torch.arange(n, device=device, dtype=torch.float32) * (1.0 / torch.tensor(float(n)))
+            return torch.bucketize(coords.clamp(max=1.0 - 1e-6), boundaries, right=True)
+
+        return (buckets(height // patch)[:, None] * side + buckets(width // patch)[None, :]).reshape(-1)
 
 
 class VisionTower(nn.Module):
@@ -126,9 +144,12 @@ class VisionTower(nn.Module):
     def hidden_states(self, pixels: torch.Tensor, upto: int) -> list[torch.Tensor]:
         """The input to the encoder, then each layer's output, up to and including hidden state `upto`
         (layers after the deepest selected one are skipped)."""
-        size = self.config.image_size
-        if tuple(pixels.shape[-2:]) != (size, size):
-            raise ValueError(f"pixel values are {tuple(pixels.shape[-2:])}, the vision tower takes {size}x{size}")
+        size, patch = self.config.image_size, self.config.patch_size
+        tiles_any_size = self.config.kind == IDEFICS3
+        if (tiles_any_size and any(d % patch for d in pixels.shape[-2:])) or \
+                (not tiles_any_size and tuple(pixels.shape[-2:]) != (size, size)):
+            raise ValueError(f"pixel values are {tuple(pixels.shape[-2:])}, the vision tower takes "
+                             f"{'multiples of ' + str(patch) if tiles_any_size else f'{size}x{size}'}")
         x = self.embeddings(pixels)
         if self.pre_layrnorm is not None:
             x = self.pre_layrnorm(x)
@@ -137,3 +158,6 @@ class VisionTower(nn.Module):
             x = layer(x)
             states.append(x)
         return states
+
+    def last_hidden_state(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.post_layernorm(self.hidden_states(pixels, self.config.num_layers)[-1])

@@ -82,3 +82,34 @@ def noise_image(seed: int, size: tuple[int, int] = (80, 64), mode: str = "RGB") 
     channels = len(Image.new(mode, (1, 1)).getbands())
     pixels = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
     return Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
+
+
+SMOLVLM_SPECIALS = ["<fake_token_around_image>", "<global-img>", "<end_of_utterance>"] + [
+    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+TILE = 56
+
+
+def save_smolvlm(path: Path, seed: int = 0, scale_factor: int = 2) -> torch.nn.Module:
+    """Builds, sharpens and saves an Idefics3 (SmolVLM) folder whose images split into 56-px tiles of
+    (56 / 14)^2 / scale^2 feature rows; returns the transformers model (fp32, eval)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, LlamaConfig
+    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = byte_tokenizer()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in [IMAGE_TOKEN, *SMOLVLM_SPECIALS]])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<end_of_utterance>",
+        "add_bos_token": False}))
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=TILE, patch_size=PATCH)
+    cfg = Idefics3Config(vision_config=vision, text_config=LlamaConfig(**(TEXT | {"vocab_size": 320})),
+                         image_token_id=tok.token_to_id(IMAGE_TOKEN), scale_factor=scale_factor)
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(cfg)
+    sharpen(model, seed)
+    model.save_pretrained(str(path), safe_serialization=True)
+    Idefics3ImageProcessorPil(size={"longest_edge": 2 * TILE}, max_image_size={"longest_edge": TILE}).save_pretrained(
+        str(path))
+    return model.eval()
