@@ -29,8 +29,7 @@ class Idefics3Config:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], text_hidden_size: int) -> "Idefics3Config":
-        vision = VisionConfig.from_hf({"model_type": IDEFICS3, **(hf.get("vision_config") or {}),
-                                       **{"model_type": IDEFICS3}})
+        vision = VisionConfig.from_hf({**(hf.get("vision_config") or {}), "model_type": IDEFICS3})
         return cls(vision, text_hidden_size, hf.get("image_token_id", 128257), hf.get("scale_factor", 2))
 
     @property
