@@ -74,3 +74,22 @@ def test_logprobs_and_greedy_tokens_match_transformers(smolvlm):
     assert again.output_ids == out.output_ids and engine.image_encoder.counters.encodes == encodes
     assert again.meta.cached_tokens == again.meta.prompt_tokens - 1
     engine.check_invariants()
+
+
+def test_a_program_with_images_runs_on_smolvlm_and_different_images_share_only_the_markers(smolvlm):
+    import radixlang as rl
+
+    _, _, engine = smolvlm
+
+    @rl.function
+    def ask(s, first, second):
+        s += "User:" + rl.image(first) + "and" + rl.image(second) + "Same?<end_of_utterance>\nAssistant:"
+        s += rl.gen("answer", max_tokens=5)
+
+    state = ask.run(first=IMAGES[0], second=IMAGES[2], backend=engine, temperature=0)
+    assert state["answer"] == engine.generate(TEXT, {"max_new_tokens": 5, "temperature": 0},
+                                              image_data=[IMAGES[0], IMAGES[2]]).text
+    prefix = len(engine.tokenizer.encode("User:<fake_token_around_image><row_1_col_1>"))
+    other = engine.generate(TEXT, {"max_new_tokens": 1}, image_data=[noise_image(74, (100, 90)), IMAGES[2]])
+    assert other.meta.cached_tokens == prefix  # the same 2x2 grid's first marker, then the images differ
+    engine.check_invariants()
