@@ -19,10 +19,20 @@ PREFILL_ONLY = {"max_new_tokens": 0}  # sampling params that compute a prompt's 
 
 @dataclass(frozen=True, slots=True)
 class StateView:
-    """What a backend sees of a program state: its text so far and the images in it."""
+    """What a backend sees of a program state: its text so far and the images in it, each at its offset
+    in the text (the image comes before the character there)."""
 
     text: str
     images: tuple[ImageData, ...] = ()
+    image_offsets: tuple[int, ...] = ()
+
+    def with_placeholders(self, placeholder: str) -> str:
+        """The text with `placeholder` (a model's image token) where each image goes."""
+        parts, prev = [], 0
+        for offset in self.image_offsets:
+            parts += [self.text[prev:offset], placeholder]
+            prev = offset
+        return "".join(parts) + self.text[prev:]
 
 
 @dataclass(slots=True)

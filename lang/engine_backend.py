@@ -32,16 +32,16 @@ class EngineBackend:
         return self.engine.flush_cache()
 
     def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
-        reject_images(state, self.engine.model_name)
-        if not state.text:
+        text, images = self._prompt(state)
+        if not text:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
         p = gen.params
         want_logprobs = bool(p.return_logprob or p.top_logprobs_num)
         logprobs: list[TokenLogprob] = []
         input_logprobs: list[TokenLogprob] | None = None
         started = time.perf_counter()
-        for chunk in self.engine.stream(state.text, p.sampling_params(), return_logprob=want_logprobs,
-                                        top_logprobs_num=p.top_logprobs_num or 0):
+        for chunk in self.engine.stream(text, p.sampling_params(), return_logprob=want_logprobs,
+                                        top_logprobs_num=p.top_logprobs_num or 0, image_data=images):
             logprobs.extend(chunk.logprobs)
             input_logprobs = chunk.input_logprobs if chunk.input_logprobs is not None else input_logprobs
             if not chunk.finished:
@@ -62,18 +62,19 @@ class EngineBackend:
         boundary may merge (" Paris" after "is", not " " + "Paris"). Every choice is scored from
         the first token where any choice's tokens differ from the prefix's own.
         """
-        reject_images(state, self.engine.model_name)
+        text, images = self._prompt(state)
         method = resolve_method(method)
         tok = self.engine.tokenizer
-        prefix_ids = tok.encode(state.text) if state.text else []
-        full = [tok.encode(state.text + c) for c in choices]
+        prefix_ids = tok.encode(text) if text else []
+        full = [tok.encode(text + c) for c in choices]
         start = min(common_prefix_len(prefix_ids, ids) for ids in full)
         if start == 0:
             raise ValueError("select needs text before it to condition on "
                              "(the first token of the prompt cannot be scored)")
-        self.engine.generate(input_ids=prefix_ids, sampling_params=PREFILL_ONLY)  # shared KV, computed once
+        # the shared KV, computed once
+        self.engine.generate(input_ids=prefix_ids, sampling_params=PREFILL_ONLY, image_data=images)
         outs = self.engine.generate(input_ids=full, sampling_params=PREFILL_ONLY, return_logprob=True,
-                                    logprob_start_len=start)
+                                    logprob_start_len=start, image_data=images and [images] * len(full))
         scored = [self._entries(out.meta.input_logprobs) for out in outs]
         assert all(len(s) == len(ids) - start for s, ids in zip(scored, full)), "one logprob per choice token"
         unconditional = None
@@ -88,6 +89,15 @@ class EngineBackend:
         return index, meta
 
     # ---- helpers --------------------------------------------------------------------------------
+    def _prompt(self, state: StateView) -> tuple[str, list | None]:
+        """The prompt text, with the model's image placeholder where each image goes, and the images."""
+        if not state.images:
+            return state.text, None
+        prompts = self.engine.image_prompts
+        if prompts is None:
+            reject_images(state, self.engine.model_name)
+        return state.with_placeholders(prompts.placeholder), list(state.images)
+
     @staticmethod
     def _entries(logprobs: list["TokenLogprob"] | None) -> list[tuple]:
         """Scored tokens as (logprob, token_id, None), the choice methods' input."""

@@ -137,6 +137,7 @@ class StateCore:
         self.meta: dict[str, Any] = {}
         self.messages: list[dict[str, Any]] = []
         self.images: list[ImageData] = []
+        self.image_offsets: list[int] = []  # where each image sits in the text
         self.role: str | None = None
         self.role_start = 0
         self.role_suffix = ""
@@ -158,7 +159,7 @@ class StateCore:
         with self.cond:
             child.text, child.vars, child.meta = self.text, dict(self.vars), dict(self.meta)
             child.messages = [dict(m) for m in self.messages]
-            child.images = list(self.images)
+            child.images, child.image_offsets = list(self.images), list(self.image_offsets)
             child.role, child.role_start, child.role_suffix = self.role, self.role_start, self.role_suffix
             child.scopes = dict(self.scopes)
 
@@ -200,7 +201,7 @@ class StateCore:
 
     def view(self) -> StateView:
         with self.cond:
-            return StateView(self.text, tuple(self.images))
+            return StateView(self.text, tuple(self.images), tuple(self.image_offsets))
 
     # ---- the worker's side ------------------------------------------------------------------------
     def _work(self) -> None:
@@ -239,6 +240,7 @@ class StateCore:
         elif isinstance(node, Image):
             with self.cond:
                 self.images.append(node.source)
+                self.image_offsets.append(len(self.text))
         elif isinstance(node, VarScopeBegin):
             self.scopes[node.name] = len(self.text)
         elif isinstance(node, VarScopeEnd):

@@ -67,6 +67,7 @@ class EngineConfig:
     disable_cuda_graph: bool | None = None
     cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
     quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
+    image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key; 0: off
     # speculative decoding, with SGLang's option names
     speculative_algorithm: str | None = None  # "NGRAM": draft trees from n-gram tries; None: off
     speculative_num_draft_tokens: int = 8  # draft tree nodes verified per step, at most
@@ -97,6 +98,8 @@ class EngineConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._validate_speculative()
+        if self.image_cache_mb < 0:
+            raise ValueError(f"image_cache_mb must be >= 0, got {self.image_cache_mb}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
             raise ValueError(f"kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.context_length is not None and self.context_length < 2:

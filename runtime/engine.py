@@ -25,6 +25,8 @@ from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
 from .models.quant import quantize_int8
+from .multimodal.encoder import ImageEncoder
+from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
 from .radix_cache import RadixCache
 from .request import Req, StreamChunk
 from .sampler import TokenLogprob
@@ -95,6 +97,7 @@ class _Submission:
     top_logprobs_num: int
     rid: str
     constraint: Constraint | None = None
+    images: list[ImageSpan] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -104,6 +107,8 @@ class EngineParts:
     model_name: str
     vocab_size: int
     pool_size: int
+    image_prompts: ImagePrompts | None = None  # None: a text-only model
+    image_encoder: ImageEncoder | None = None
 
 
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
@@ -124,12 +129,16 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
                           capture=device.type == "cuda") if cfg.use_decode_graphs() else None
-    runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs)
+    vision = loaded.vision
+    encoder = None if vision is None else ImageEncoder(vision.module, cfg.image_cache_mb << 20, device, dtype)
+    runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs, encoder,
+                         0 if vision is None else vision.image_token_id)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache)
     drafter = NgramDrafter(cfg) if cfg.speculative_algorithm == "NGRAM" else None
     scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump, drafter=drafter)
-    return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size)
+    return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
+                       None if vision is None else ImagePrompts(vision), encoder)
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -153,6 +162,7 @@ class Engine:
         self.scheduler, self.tokenizer, self.model_name = parts.scheduler, parts.tokenizer, parts.model_name
         self.device = cfg.torch_device()
         self.vocab_size, self.pool_size = parts.vocab_size, parts.pool_size
+        self.image_prompts, self.image_encoder = parts.image_prompts, parts.image_encoder
         self.context_length = self.scheduler.context_length
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
                                               cfg.constrained_json_whitespace_pattern)
@@ -228,9 +238,10 @@ class Engine:
     def _submissions(self, prompt: str | Sequence[str] | None, sampling_params: SamplingArg,
                      input_ids: Sequence[int] | Sequence[Sequence[int]] | None, return_logprob: bool,
                      logprob_start_len: int, top_logprobs_num: int,
-                     rid: str | Sequence[str] | None) -> tuple[list[_Submission], bool]:
+                     rid: str | Sequence[str] | None, image_data: Any = None) -> tuple[list[_Submission], bool]:
         """Validated requests, one per prompt and sample; also whether the caller passed one prompt."""
         prompts, single = self._prompt_ids(prompt, input_ids)
+        images, starts = self._images(prompts, image_data, logprob_start_len)
         params = SamplingParams.from_any(sampling_params)
         params.validate(self.vocab_size, self.context_length)
         if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= self.vocab_size:
@@ -248,9 +259,27 @@ class Engine:
                     p = SamplingParams.from_any(params)
                     p.n = 1
                     p.seed = None if params.seed is None else params.seed + j
-                subs.append(_Submission(ids, p, return_logprob, logprob_start_len, top_logprobs_num,
-                                        rids[i * params.n + j], constraint))
+                subs.append(_Submission(ids, p, return_logprob, starts[i], top_logprobs_num,
+                                        rids[i * params.n + j], constraint, images[i]))
         return subs, single
+
+    def _images(self, prompts: list[list[int]], image_data: Any,
+                logprob_start_len: int) -> tuple[list[list[ImageSpan]], list[int]]:
+        """Expands each prompt's image placeholders into spans (in place); returns the spans and each
+        prompt's logprob_start_len in the expanded prompt. `image_data`: images of one prompt, or one
+        list per prompt."""
+        if image_data is None or (isinstance(image_data, (list, tuple)) and not image_data):
+            return [[] for _ in prompts], [logprob_start_len] * len(prompts)
+        if self.image_prompts is None:
+            raise ValueError(f"model {self.model_name!r} has no vision tower, so it takes no images")
+        spans, starts = [], []
+        for i, (ids, sources) in enumerate(zip(prompts, images_per_prompt(image_data, len(prompts)))):
+            where = "image_data" if len(prompts) == 1 else f"image_data[{i}]"
+            ids[:], found, start = self.image_prompts.expand(ids, sources, where, logprob_start=logprob_start_len)
+            self._check_length(ids)
+            spans.append(found)
+            starts.append(start)
+        return spans, starts
 
     def _prompt_ids(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
         if (prompt is None) == (input_ids is None):
@@ -275,6 +304,9 @@ class Engine:
             raise ValueError("prompt is empty")
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size for t in ids):
             raise ValueError(f"input_ids must be token ids in [0, {self.vocab_size})")
+        self._check_length(ids)
+
+    def _check_length(self, ids: list[int]) -> None:
         if len(ids) >= self.context_length:
             raise ValueError(
                 f"prompt has {len(ids)} tokens; the context holds {self.context_length}, "
@@ -301,7 +333,7 @@ class Engine:
         return Req.create(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
                           context_length=self.context_length, seed=seed, device=self.device,
                           return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
-                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint)
+                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
 
     def _enqueue(self, sub: _Submission, sink: Callable[[StreamChunk], None]) -> None:
         req = self._make_req(sub, sink)
@@ -314,17 +346,19 @@ class Engine:
         seen: dict[tuple[int, ...], _Submission] = {}
         for s in subs:
             seen.setdefault(tuple(s.prompt_ids), s)
-        return [_Submission(s.prompt_ids, SamplingParams(max_new_tokens=0), False, -1, 0, uuid.uuid4().hex)
-                for s in seen.values()] if len(seen) < len(subs) else []
+        return [_Submission(s.prompt_ids, SamplingParams(max_new_tokens=0), False, -1, 0, uuid.uuid4().hex,
+                            images=s.images) for s in seen.values()] if len(seen) < len(subs) else []
 
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[str] | None = None, sampling_params: SamplingArg = None, *,
                  input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
                  return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 rid: str | Sequence[str] | None = None) -> Completion | list[Completion]:
-        """Blocking generation. One prompt (n=1) gives a Completion; otherwise a list, prompt-major."""
+                 rid: str | Sequence[str] | None = None, image_data: Any = None) -> Completion | list[Completion]:
+        """Blocking generation. One prompt (n=1) gives a Completion; otherwise a list, prompt-major.
+        `image_data`: a vision model's images (paths, bytes, data URLs, PIL images), one per placeholder
+        (`image_prompts.placeholder`) in the prompt; for a batch, one list per prompt."""
         subs, single = self._submissions(prompt, sampling_params, input_ids, return_logprob,
-                                         logprob_start_len, top_logprobs_num, rid)
+                                         logprob_start_len, top_logprobs_num, rid, image_data)
         self._run_blocking(self._prefill_shared(subs))
         results = self._run_blocking(subs)
         return results[0] if single and len(results) == 1 else results
@@ -349,10 +383,10 @@ class Engine:
     def stream(self, prompt: str | None = None, sampling_params: SamplingArg = None, *,
                input_ids: Sequence[int] | None = None, return_logprob: bool = False,
                logprob_start_len: int = -1, top_logprobs_num: int = 0,
-               rid: str | None = None) -> Iterator[StreamChunk]:
+               rid: str | None = None, image_data: Any = None) -> Iterator[StreamChunk]:
         """Yields text as it is decided; closing the iterator early aborts the request."""
         sub = self._single_stream_submission(prompt, sampling_params, input_ids, return_logprob,
-                                             logprob_start_len, top_logprobs_num, rid)
+                                             logprob_start_len, top_logprobs_num, rid, image_data)
         inbox: queue.Queue[StreamChunk] = queue.Queue()
         self._enqueue(sub, inbox.put)
         finished = False
@@ -366,11 +400,11 @@ class Engine:
                 self.abort(sub.rid)
 
     def _single_stream_submission(self, prompt, sampling_params, input_ids, return_logprob,
-                                  logprob_start_len, top_logprobs_num, rid) -> _Submission:
+                                  logprob_start_len, top_logprobs_num, rid, image_data=None) -> _Submission:
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError("stream takes a single prompt string")
         subs, single = self._submissions(prompt, sampling_params, input_ids, return_logprob,
-                                         logprob_start_len, top_logprobs_num, rid)
+                                         logprob_start_len, top_logprobs_num, rid, image_data)
         if not single or len(subs) != 1:
             raise ValueError("stream takes one prompt and n=1")
         return subs[0]
@@ -385,7 +419,8 @@ class Engine:
     def _kwargs_submissions(self, prompt, sampling_params, kwargs: dict[str, Any]) -> tuple[list[_Submission], bool]:
         result = self._submissions(prompt, sampling_params, kwargs.pop("input_ids", None),
                                    kwargs.pop("return_logprob", False), kwargs.pop("logprob_start_len", -1),
-                                   kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
+                                   kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None),
+                                   kwargs.pop("image_data", None))
         if kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)}")
         return result
@@ -406,7 +441,8 @@ class Engine:
         """Async `stream`; cancelling or closing it aborts the request and frees its KV."""
         sub = self._single_stream_submission(
             prompt, sampling_params, kwargs.pop("input_ids", None), kwargs.pop("return_logprob", False),
-            kwargs.pop("logprob_start_len", -1), kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None))
+            kwargs.pop("logprob_start_len", -1), kwargs.pop("top_logprobs_num", 0), kwargs.pop("rid", None),
+            kwargs.pop("image_data", None))
         if kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)}")
         async for _, chunk in self._async_chunks([sub]):

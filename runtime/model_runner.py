@@ -9,25 +9,37 @@ from .config import CASCADE_MIN_PREFIX
 from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
 from .models.llama import ForwardContext, LlamaForCausalLM
+from .multimodal.encoder import ImageEncoder
+from .multimodal.prompt import step_inputs
 
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken, attn: AttentionBackend,
-                 device: torch.device, graphs: DecodeGraphs | None = None):
+                 device: torch.device, graphs: DecodeGraphs | None = None,
+                 images: ImageEncoder | None = None, image_token_id: int = 0):
         self.model = model
         self.req_to_token = req_to_token
         self.attn = attn
         self.device = device
         self.graphs = graphs  # None: every step runs eagerly
         self.cascade_min = CASCADE_MIN_PREFIX if attn.supports_cascade else None  # None: no cascade
+        self.images, self.image_token_id = images, image_token_id  # a vision-language model's image side
 
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
+        # decode steps never carry image positions (images sit in prompts), so graphs serve VLMs too
         if self.graphs is not None and self.graphs.fits(batch) and not self._cascades(batch):
             return self.graphs.forward(batch)
         plan = self.attn.plan(batch.attention_batch(self.req_to_token.table, self.cascade_min))
-        input_ids = torch.tensor(batch.input_ids(), dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn))
+        embeds = None
+        if self.images is None:
+            ids = batch.input_ids()
+        else:
+            inputs = step_inputs(batch, self.images, self.image_token_id, self.device)
+            ids = inputs.input_ids
+            embeds = None if inputs.embeds is None else (inputs.embed_rows, inputs.embeds)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn), embeds)
         if not batch.hidden_rows:
             return None
         if len(batch.hidden_rows) < hidden.shape[0]:

@@ -10,6 +10,7 @@ import torch
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .memory import SwappedKV
+from .multimodal.prompt import ImageSpan, text_ids
 from .radix_cache import TreeNode
 from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
@@ -57,6 +58,7 @@ class Req:
     top_logprobs_num: int = 0
     constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
     draft: Draft | None = None  # the trailing output_ids are a draft tree's nodes, not yet verified
+    images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -74,9 +76,11 @@ class Req:
     def create(cls, rid: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
                sink: Callable[[StreamChunk], None], *, context_length: int, seed: int,
                device: torch.device, return_logprob: bool = False, logprob_start_len: int = -1,
-               top_logprobs_num: int = 0, constraint: Constraint | None = None) -> "Req":
+               top_logprobs_num: int = 0, constraint: Constraint | None = None,
+               images: list[ImageSpan] | None = None) -> "Req":
         """A request with its sampler, constraint and detokenizer state; `params` must be validated."""
-        sampling = SamplingState.create(params, prompt_ids, tokenizer.eos_token_ids,
+        token_ids = text_ids(prompt_ids) if images else prompt_ids
+        sampling = SamplingState.create(params, token_ids, tokenizer.eos_token_ids,
                                         tokenizer.vocab_size, device, seed)
         matcher = None
         if constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
@@ -89,12 +93,13 @@ class Req:
             sampling=sampling,
             constraint=matcher,
             detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
-                                         trim_stop=not params.no_stop_trim, context_ids=prompt_ids),
+                                         trim_stop=not params.no_stop_trim, context_ids=token_ids),
             sink=sink,
             max_new_tokens=min(params.max_new_tokens, context_length - len(prompt_ids)),
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
+            images=list(images or ()),
         )
 
     @property

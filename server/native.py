@@ -14,6 +14,7 @@ from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
 from .errors import APIError
+from .image_input import prepare_images
 from .openapi import streaming_responses
 from .protocol import GenerateRequest
 from .serving import checked_params, events, length_hint, open_stream, run
@@ -39,7 +40,8 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     rids = _rids(body.rid, len(prompts))
     groups = {r: sample_rids([r], params.n) for r in rids}
     args = dict(input_ids=prompts, sampling_params=params, return_logprob=body.return_logprob,
-                logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num, rid=rids)
+                logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num, rid=rids,
+                image_data=await _images(state, body.image_data))
     started = time.perf_counter()
     if body.stream:
         chunks = open_stream(state, args, groups, FIELDS)
@@ -69,6 +71,21 @@ async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tupl
     prompts = [ids] if single else ids
     state.limits.check_prompts(len(prompts), n, "input_ids")  # type: ignore[arg-type]
     return prompts, single  # type: ignore[return-value]
+
+
+async def _images(state: ServerState, data: str | list | None) -> list | None:
+    """`image_data` prepared for the engine, in the shape it came in (a string becomes a list of one)."""
+    if data is None:
+        return None
+    prompts, model = state.engine.image_prompts, state.model_name
+    data = [data] if isinstance(data, str) else data
+    if all(isinstance(x, list) for x in data) and data:
+        names = [[f"image_data[{i}][{j}]" for j in range(len(x))] for i, x in enumerate(data)]
+        flat = await state.offload(prepare_images, prompts, model, [s for x in data for s in x],
+                                   [n for x in names for n in x])
+        it = iter(flat)
+        return [[next(it) for _ in x] for x in data]
+    return await state.offload(prepare_images, prompts, model, data, [f"image_data[{i}]" for i in range(len(data))])
 
 
 def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:

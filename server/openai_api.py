@@ -195,9 +195,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
     n = (await checked_params(state, params, fields)).n  # checked before anything is sized by n
     state.limits.check_prompts(1, n, "messages")
-    prompt = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length)
+    prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
+                                         engine.image_prompts, state.model_name)
     job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
-              top_logprobs_num=body.top_logprobs or 0)
+              top_logprobs_num=body.top_logprobs or 0, image_data=images or None)
     return await _respond(request, _ChatView(state, body, job), fields)
 
 

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.engine import sample_rids
+from ..runtime.multimodal.prompt import ImagePrompts
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES, SamplingParams
 from ..runtime.tokenizer import Tokenizer
 from .config import MAX_TOP_LOGPROBS
 from .errors import APIError, user_errors
+from .image_input import prepare_images
 from .protocol import OPENAI_NAMES, ChatMessage, ResponseFormat, SamplingFields
 from .text_input import check_unicode, encode_texts
 
@@ -31,6 +33,7 @@ class Job:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
+    image_data: list[Any] | None = None  # the prompt's images (decoded), one per placeholder
     created: int = field(default_factory=lambda: int(time.time()))
     sampling: SamplingParams = field(init=False)  # params, with the engine's defaults for the rest
 
@@ -53,7 +56,7 @@ class Job:
     def engine_args(self) -> dict[str, Any]:
         return dict(input_ids=self.prompts, sampling_params=self.sampling, return_logprob=self.return_logprob,
                     logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num,
-                    rid=self.rids)
+                    rid=self.rids, image_data=self.image_data)
 
 
 def new_id(prefix: str) -> str:
@@ -118,31 +121,56 @@ def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length:
     return ([prompt] if isinstance(prompt[0], int) else prompt), None
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int) -> list[int]:
-    """The conversation rendered with the model's chat template, ready for the assistant's turn. Slow
-    on long conversations: call it on a worker thread."""
-    rendered = []
+def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int,
+                image_prompts: ImagePrompts | None = None, model: str = "") -> tuple[list[int], list[Any]]:
+    """The conversation rendered with the model's chat template, ready for the assistant's turn, and its
+    images (prepared for the engine), each where a placeholder stands in the text. Slow on long conversations and on
+    images: call it on a worker thread."""
+    rendered, sources, params = [], [], []
     for i, m in enumerate(messages):
-        message = {"role": m.role, "content": _message_text(m, i)}
+        placeholder = image_prompts.placeholder if image_prompts is not None else None
+        message = {"role": m.role, "content": _message_text(m, i, sources, params, placeholder, model)}
         check_unicode(message["content"], f"messages[{i}].content")
         if m.name is not None:
             check_unicode(m.name, f"messages[{i}].name")
             message["name"] = m.name
         rendered.append(message)
+    images = prepare_images(image_prompts, model, sources, params)
     with user_errors({}):
         text = tokenizer.apply_chat_template(rendered)
-    return encode_texts(tokenizer, [text], "messages", False, context_length)[0]
+    return encode_texts(tokenizer, [text], "messages", False, context_length)[0], images
 
 
-def _message_text(m: ChatMessage, i: int) -> str:
+def _message_text(m: ChatMessage, i: int, sources: list[Any], params: list[str], placeholder: str | None,
+                  model: str) -> str:
+    """The message's text parts and image placeholders, one per line; its image URLs go to `sources`."""
     if m.content is None:
         return ""
     if isinstance(m.content, str):
         return m.content
     texts = []
     for j, part in enumerate(m.content):
+        param = f"messages[{i}].content[{j}]"
+        if part.get("type") == "image_url":
+            if placeholder is None:
+                raise APIError(400, f"only text content parts are supported: model {model!r} has no vision "
+                                    "tower, so it takes no images", param)
+            texts.append(placeholder)
+            sources.append(_image_url(part, param))
+            params.append(f"{param}.image_url.url")
+            continue
         if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
-            raise APIError(400, f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, "
-                                f"got type {part.get('type')!r}", f"messages[{i}].content[{j}]")
+            raise APIError(400, f"only text and image_url content parts ({{'type': 'text', 'text': ...}}, "
+                                f"{{'type': 'image_url', 'image_url': {{'url': ...}}}}) are supported, "
+                                f"got type {part.get('type')!r}", param)
         texts.append(part["text"])
     return "\n".join(texts)
+
+
+def _image_url(part: dict[str, Any], param: str) -> Any:
+    image_url = part.get("image_url")
+    if set(part) != {"type", "image_url"} or not isinstance(image_url, dict) or "url" not in image_url \
+            or set(image_url) - {"url", "detail"}:
+        raise APIError(400, "an image_url part is {'type': 'image_url', 'image_url': {'url': 'data:image/...;"
+                            "base64,...'}}", param)
+    return image_url["url"]

@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse, Response
 from ..lang.engine_backend import EngineBackend
 from ..lang.executor import ProgramEvent
 from ..lang.interpreter import ProgramRun, run_ir
-from ..lang.ir import Fork, ProgramIR, TraceError
+from ..lang.ir import Arg, Fork, Image, ProgramIR, TraceError
 from .errors import APIError, error_body, user_errors
+from .image_input import decode_images
 from .openapi import streaming_responses
 from .protocol import ProgramRequest
 from .state import ServerState, server_state
@@ -75,7 +76,17 @@ def _start(state: ServerState, body: ProgramRequest) -> _Tracked:
     with user_errors({"program": "program", "args": "args"}):
         program = ProgramIR.from_dict(body.program)
         state.limits.check_program_states(program_states(program))
-        return _Tracked(run_ir(program, body.args, EngineBackend(state.engine), body.sampling_params))
+        args = body.args | _image_args(program, body.args)
+        return _Tracked(run_ir(program, args, EngineBackend(state.engine), body.sampling_params))
+
+
+def _image_args(program: ProgramIR, args: dict[str, Any]) -> dict[str, Any]:
+    """The program's image arguments decoded from base64 data URLs: over HTTP an image argument never
+    names a file on the server."""
+    names = {op.node.source.name for op in program.ops
+             if isinstance(op.node, Image) and isinstance(op.node.source, Arg) and op.node.source.name in args}
+    images = decode_images([args[n] for n in names], [f"args.{n}" for n in names])
+    return dict(zip(names, images))
 
 
 def _failure(state: ServerState, tracked: _Tracked, event: ProgramEvent) -> APIError:

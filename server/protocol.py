@@ -24,6 +24,8 @@ class StrictModel(BaseModel):
 class GenerateRequest(StrictModel):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
+    # a vision model's images as base64 data URLs: one prompt's (one, or a list), or a list per prompt
+    image_data: str | list[str] | list[list[str]] | None = None
     sampling_params: dict[str, Any] | None = None  # validated by the engine (SamplingParams)
     return_logprob: bool = False
     logprob_start_len: int = -1

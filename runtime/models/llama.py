@@ -132,9 +132,13 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = Rotary(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """Returns the final hidden states [num_tokens, hidden]; `compute_logits` picks rows."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Returns the final hidden states [num_tokens, hidden]; `compute_logits` picks rows.
+        `embeds` = (rows, values): those tokens take these input embeddings (an image's span)."""
         x = self.embed_tokens(input_ids)
+        if embeds is not None:
+            x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         for layer in self.layers:
             x = layer(x, positions, self.rotary, ctx)
         return self.norm(x)

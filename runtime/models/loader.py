@@ -24,6 +24,7 @@ class LoadedModel:
     model: LlamaForCausalLM
     tokenizer: Tokenizer
     name: str
+    vision: Any = None  # a multimodal.loader.VisionModel for vision-language folders
 
 
 def default_model_path() -> Path:
@@ -40,8 +41,12 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+    if path.is_dir() and _is_vision_folder(path):
+        from ..multimodal.loader import load_vision_language
+
+        return load_vision_language(path, device, dtype)
     if path.is_dir():
-        cfg, weights, tokenizer = _read_hf_dir(path)
+        cfg, weights, tokenizer = read_hf_dir(path)
     elif path.suffix == ".gguf":
         cfg, weights, tokenizer = _read_gguf(path)
     else:
@@ -179,11 +184,23 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 # ---- HF folder ---------------------------------------------------------------------------------
 
 
-def _read_hf_dir(path: Path):
+def read_hf_config(path: Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.exists():
         raise ValueError(f"HF model folder {str(path)!r} has no config.json")
-    hf = json.loads(config_path.read_text())
+    return json.loads(config_path.read_text())
+
+
+def _is_vision_folder(path: Path) -> bool:
+    from ..multimodal.loader import VISION_ARCHS
+
+    return any(a in VISION_ARCHS for a in read_hf_config(path).get("architectures") or [])
+
+
+def read_hf_dir(path: Path, hf: dict[str, Any] | None = None):
+    """(config, weights, tokenizer) of an HF folder; `hf`: its config.json when it is not the folder's own
+    (a vision-language folder's language model)."""
+    hf = read_hf_config(path) if hf is None else hf
     cfg = config_from_hf(hf)
     files = sorted(path.glob("*.safetensors"))
     if not files:

@@ -1,0 +1,144 @@
+"""Prompts with images: each placeholder token becomes a span of radix keys derived from the image's key,
+and each step's model input takes those spans' embeddings in place of token embeddings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from .identity import ImageKeyer, is_image_key, span_keys
+from .inputs import load_pil
+
+if TYPE_CHECKING:
+    from ..batch import StepBatch
+    from .encoder import ImageEncoder
+    from .loader import VisionModel
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """Positions [offset, offset + length) of a prompt hold rows [embed_offset, embed_offset + length) of
+    the embeddings of the image named `key` (an image split into tiles has one span per tile)."""
+
+    offset: int
+    length: int
+    key: int
+    pixels: torch.Tensor  # the image's pixels, encoded only when no cache holds its embeddings
+    embed_offset: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """An image decoded, keyed and preprocessed: what a prompt's span needs (a server prepares images off
+    its event loop and hands these to the engine)."""
+
+    key: int
+    pixels: torch.Tensor
+    tokens: tuple[int, ...]  # what replaces the placeholder: the image token id where each feature row goes
+
+
+class ImagePrompts:
+    """Turns (token ids with placeholders, image sources) into radix keys and image spans."""
+
+    def __init__(self, vision: "VisionModel", keyer: ImageKeyer | None = None):
+        self.vision = vision
+        self.keyer = keyer or ImageKeyer()
+
+    @property
+    def placeholder(self) -> str:
+        return self.vision.placeholder
+
+    def prepare(self, source: Any, where: str = "image", allow_paths: bool = True) -> PreparedImage:
+        if isinstance(source, PreparedImage):
+            return source
+        image = load_pil(source, where, allow_paths)
+        pixels, tokens = self.vision.prepare(image)
+        return PreparedImage(self.keyer.key(image), pixels, tuple(tokens))
+
+    def expand(self, ids: Sequence[int], sources: Sequence[Any], where: str = "image_data",
+               allow_paths: bool = True, logprob_start: int = -1) -> tuple[list[int], list[ImageSpan], int]:
+        """The prompt with each placeholder replaced by its image's tokens (feature positions as radix
+        keys), the image spans, and `logprob_start` (a position in the prompt as given) in the expanded
+        prompt: prompt logprobs score text only."""
+        slots = [i for i, t in enumerate(ids) if t == self.vision.image_token_id]
+        if len(slots) != len(sources):
+            raise ValueError(f"the prompt has {len(slots)} image placeholder(s) {self.placeholder!r} but "
+                             f"{len(sources)} image(s) were given; put one placeholder where each image goes")
+        if slots and logprob_start >= 0 and slots[-1] >= logprob_start:
+            raise ValueError(f"logprob_start_len {logprob_start} would score image tokens; it must be -1 or "
+                             f"past the last image placeholder (at least {slots[-1] + 1})")
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        prev = 0
+        for j, (slot, source) in enumerate(zip(slots, sources)):
+            image = self.prepare(source, f"{where}[{j}]", allow_paths)
+            out += ids[prev:slot]
+            spans += self._spans(image, len(out))
+            out += [self._key_or_token(t, image.key) for t in image.tokens]
+            prev = slot + 1
+        shift = len(out) - prev  # every placeholder is before logprob_start
+        return out + list(ids[prev:]), spans, logprob_start + shift if logprob_start >= 0 else logprob_start
+
+    def _key_or_token(self, token: int, key: int) -> int:
+        return span_keys(key, 1)[0] if token == self.vision.image_token_id else token
+
+    def _spans(self, image: PreparedImage, offset: int) -> list[ImageSpan]:
+        """One span per run of feature positions in the image's tokens."""
+        spans, rows, start = [], 0, None
+        for i, token in enumerate((*image.tokens, None)):
+            if token == self.vision.image_token_id and start is None:
+                start = i
+            elif token != self.vision.image_token_id and start is not None:
+                spans.append(ImageSpan(offset + start, i - start, image.key, image.pixels, rows))
+                rows, start = rows + i - start, None
+        return spans
+
+
+def images_per_prompt(image_data: Any, num_prompts: int) -> list[list[Any]]:
+    """One list of image sources per prompt, from one prompt's list (or one image) or a list of lists."""
+    nested = isinstance(image_data, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in image_data)
+    if num_prompts == 1 and not nested:
+        return [list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]]
+    if not nested or len(image_data) != num_prompts:
+        raise ValueError(f"image_data must hold one list of images per prompt ({num_prompts})")
+    return [list(x) for x in image_data]
+
+
+def text_ids(ids: Sequence[int]) -> list[int]:
+    """The token ids of a prompt without its image spans."""
+    return [t for t in ids if not is_image_key(t)]
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: list[int]
+    embed_rows: torch.Tensor | None  # indices into the step's tokens that take image embeddings
+    embeds: torch.Tensor | None  # [len(embed_rows), hidden]
+
+
+def step_inputs(batch: "StepBatch", encoder: "ImageEncoder", image_token_id: int,
+                device: torch.device) -> StepInputs:
+    """The step's token ids (image keys -> the image token id) and the image embeddings that replace
+    those tokens' embeddings, encoding (or fetching from the cache) only the images this step reaches."""
+    ids: list[int] = []
+    rows: list[range] = []
+    parts: list[torch.Tensor] = []
+    for item in batch.items:
+        base = len(ids)
+        ids += [image_token_id if is_image_key(t) else t for t in item.req.tokens(item.start, item.end)]
+        for span in item.req.images:
+            lo, hi = max(span.offset, item.start), min(span.end, item.end)
+            if lo >= hi:
+                continue
+            first = span.embed_offset + lo - span.offset
+            parts.append(encoder.embed(span.key, span.pixels)[first:first + hi - lo])
+            rows.append(range(base + lo - item.start, base + hi - item.start))
+    if not parts:
+        return StepInputs(ids, None, None)
+    index = torch.tensor([r for span_rows in rows for r in span_rows], dtype=torch.int64, device=device)
+    return StepInputs(ids, index, torch.cat(parts))
