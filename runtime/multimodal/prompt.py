@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from .identity import ImageKeyer, is_image_key, span_keys
-from .inputs import load_pil
 
 if TYPE_CHECKING:
     from ..batch import StepBatch
@@ -56,6 +55,8 @@ class ImagePrompts:
     def prepare(self, source: Any, where: str = "image", allow_paths: bool = True) -> PreparedImage:
         if isinstance(source, PreparedImage):
             return source
+        from .inputs import load_pil  # Pillow only when an image arrives: text models start without it
+
         image = load_pil(source, where, allow_paths)
         pixels, tokens = self.vision.prepare(image)
         return PreparedImage(self.keyer.key(image), pixels, tuple(tokens))
