@@ -1,0 +1,21 @@
+"""HF transformers on the weights radixlang serves: the baseline model the benchmarks compare against.
+
+Needs `transformers` (the `test` extra). A GGUF file is dequantised to fp32, as radixlang loads it; an HF
+folder (config.json + safetensors) loads as it is, in fp32.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def load_causal_lm(model_path: str | Path, device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.to(device).eval()
