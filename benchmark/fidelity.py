@@ -1,6 +1,6 @@
 """Greedy fidelity: radixlang vs HF transformers on the same GGUF (dequantized, fp32, CPU).
 
-Needs `transformers` and `accelerate` (not radixlang dependencies): pip install transformers accelerate
+Needs `transformers` and `accelerate`: pip install -e ".[test,bench]"
 Runs both on 20 prompts x 64 new tokens and prints how many token sequences match exactly, and the
 largest first-step log-prob difference.
 """

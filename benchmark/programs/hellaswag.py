@@ -8,28 +8,29 @@ import radixlang as rl
 
 from .measure import Run, Workload
 
-PEOPLE = ["Tom", "Anna", "A young man", "The old woman", "A girl", "Her father", "The chef", "A boy"]
+PEOPLE = [("Tom", "Tom"), ("Anna", "Anna"), ("A young man", "the young man"), ("The old woman", "the old woman"),
+          ("A girl", "the girl"), ("The chef", "the chef"), ("A boy", "the boy")]  # (first mention, again)
 SCENES = [  # (context after a person, its true ending)
-    ("fills a glass with cold water from the tap. Then", "drinks the water slowly."),
-    ("puts on running shoes and steps outside. Then", "starts jogging down the street."),
-    ("cracks two eggs into a hot pan. Then", "stirs the eggs with a fork until they are cooked."),
-    ("opens an umbrella as the rain begins. Then", "walks home under the umbrella."),
-    ("sits down at the piano and opens the music book. Then", "plays a slow song on the piano."),
-    ("picks up a toothbrush and squeezes out some toothpaste. Then", "brushes the teeth carefully."),
-    ("climbs into the car and fastens the seat belt. Then", "starts the engine and drives away."),
-    ("takes a book from the shelf and sits in a chair. Then", "reads the first page of the book."),
-    ("grabs a broom in the dusty kitchen. Then", "sweeps the floor clean."),
-    ("buys a ticket at the station. Then", "gets on the train."),
-    ("plants a small seed in a pot of soil. Then", "waters the pot."),
-    ("throws a ball to the dog in the park. Then", "watches the dog run after the ball."),
-    ("turns on the shower and waits for warm water. Then", "steps into the shower and washes."),
-    ("writes a letter and folds it. Then", "puts the letter in an envelope."),
-    ("dips a brush into blue paint. Then", "paints the wall blue."),
-    ("sharpens a pencil at the desk. Then", "writes notes in a notebook."),
+    ("fills a glass with cold water from the tap.", "drinks the water slowly."),
+    ("puts on running shoes and steps outside.", "starts jogging down the street."),
+    ("cracks two eggs into a hot pan.", "stirs the eggs with a fork until they are cooked."),
+    ("opens an umbrella as the rain begins.", "walks home under the umbrella."),
+    ("sits down at the piano and opens the music book.", "plays a slow song on the piano."),
+    ("picks up a toothbrush and squeezes out some toothpaste.", "brushes the teeth carefully."),
+    ("climbs into the car and fastens the seat belt.", "starts the engine and drives away."),
+    ("takes a book from the shelf and sits in a chair.", "reads the first page of the book."),
+    ("grabs a broom in the dusty kitchen.", "sweeps the floor clean."),
+    ("buys a ticket at the station.", "gets on the train."),
+    ("plants a small seed in a pot of soil.", "waters the pot."),
+    ("throws a ball to the dog in the park.", "watches the dog run after the ball."),
+    ("turns on the shower and waits for warm water.", "steps into the shower and washes."),
+    ("writes a letter and folds it.", "puts the letter in an envelope."),
+    ("dips a brush into blue paint.", "paints the wall blue."),
+    ("sharpens a pencil at the desk.", "writes notes in a notebook."),
 ]
 SHOTS = ("Pick the most sensible ending.\n\n"
-         "The man lights a match near the candle. Then he lights the candle.\n\n"
-         "The woman pours coffee into a mug. Then she drinks the coffee.\n\n")
+         "The man lights a match near the candle. Then the man lights the candle.\n\n"
+         "Mia pours coffee into a mug. Then Mia drinks the coffee.\n\n")
 
 
 @rl.function
@@ -45,7 +46,8 @@ def make_items(n: int) -> list[dict]:
         others = rng.sample([e for c, e in SCENES if e != ending], 3)
         endings = [" " + e for e in [ending, *others]]
         rng.shuffle(endings)
-        items.append({"context": f"{rng.choice(PEOPLE)} {context}", "endings": endings,
+        first, again = rng.choice(PEOPLE)
+        items.append({"context": f"{first} {context} Then {again}", "endings": endings,
                       "label": endings.index(" " + ending)})
     return items
 

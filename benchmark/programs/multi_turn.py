@@ -11,8 +11,9 @@ import radixlang as rl
 from .measure import Run, Workload
 
 SYSTEM = "You are a helpful assistant."
+SHORT_REPLY, LONG_TURNS, LONG_REPLY = 12, 3, 24
 SUBJECTS = ["the ocean", "volcanoes", "bees", "the moon", "trains", "bread", "rivers", "chess", "owls", "glass"]
-SHORT_ASKS = ["Tell me one fact about {}.", "Why is that interesting?", "Give another example.", "Say it shorter."]
+SHORT_ASKS = ["Tell me one fact about {}.", "Why is that interesting?", "Give another example."]
 SENTENCES = ["{} has been studied for a very long time by people from many different countries.",
              "Some of the questions about {} are simple, while others remain open after centuries of work.",
              "Teachers often use {} as an example because almost everyone has seen it at least once.",
@@ -22,18 +23,19 @@ SENTENCES = ["{} has been studied for a very long time by people from many diffe
 
 
 def long_message(rng: random.Random, subject: str, turn: int) -> str:
-    text = " ".join(rng.choice(SENTENCES).format(subject) for _ in range(8))
+    text = " ".join(rng.choice(SENTENCES).format(subject) for _ in range(6))
     return f"Here are my notes, part {turn + 1}. {text} Summarise these notes in two sentences."
 
 
 def make_short(n: int) -> list[dict]:
-    return [{"turns": [ask.format(SUBJECTS[i % len(SUBJECTS)]) for ask in SHORT_ASKS], "max_tokens": 16}
+    return [{"turns": [ask.format(SUBJECTS[i % len(SUBJECTS)]) for ask in SHORT_ASKS], "max_tokens": SHORT_REPLY}
             for i in range(n)]
 
 
 def make_long(n: int) -> list[dict]:
     rng = random.Random(0)
-    return [{"turns": [long_message(rng, SUBJECTS[i % len(SUBJECTS)], t) for t in range(3)], "max_tokens": 32}
+    return [{"turns": [long_message(rng, SUBJECTS[i % len(SUBJECTS)], t) for t in range(LONG_TURNS)],
+             "max_tokens": LONG_REPLY}
             for i in range(n)]
 
 
@@ -63,7 +65,7 @@ def run_plain(lm, items: list[dict]) -> Run:
     return Run([[m["content"] for m in h if m["role"] == "assistant"] for h in histories])
 
 
-SHORT = Workload("chat, short turns", f"{len(SHORT_ASKS)} one-line turns, 16-token replies",
+SHORT = Workload("chat, short turns", f"{len(SHORT_ASKS)} one-line turns, {SHORT_REPLY}-token replies",
                  make_short, run_radixlang, run_plain, latency=True)
-LONG = Workload("chat, long turns", "3 turns of ~8 sentences each, 32-token replies",
+LONG = Workload("chat, long turns", f"{LONG_TURNS} turns of 6 sentences each, {LONG_REPLY}-token replies",
                 make_long, run_radixlang, run_plain, latency=True)

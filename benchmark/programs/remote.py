@@ -10,7 +10,7 @@ import radixlang as rl
 from .measure import Run, Variant, Workload
 from .systems import RADIXLANG
 
-QUESTIONS = 3
+QUESTIONS = 2
 REMOTE, PER_CALL = "radixlang, remote program", "radixlang, one HTTP call per primitive"
 IN_PROCESS = "radixlang, in-process (no HTTP)"
 TOPICS = ["rivers", "planets", "birds", "music", "bread", "trains", "mountains", "colours", "oceans", "insects"]

@@ -32,9 +32,9 @@ from .systems import RADIXLANG, RADIXLANG_NO_CACHE, Systems, start_systems, warm
 
 WORKLOADS = [few_shot.WORKLOAD, hellaswag.WORKLOAD, tree_of_thought.WORKLOAD, skeleton_of_thought.WORKLOAD,
              react.WORKLOAD, json_extraction.WORKLOAD, multi_turn.SHORT, multi_turn.LONG, remote.WORKLOAD]
-FULL_ITEMS = {"few-shot QA": 32, "HellaSwag select": 32, "tree of thought": 6, "skeleton of thought": 6,
-              "ReAct agent": 12, "JSON extraction": 12, "chat, short turns": 8, "chat, long turns": 6,
-              "remote program": 4}
+FULL_ITEMS = {"few-shot QA": 16, "HellaSwag select": 16, "tree of thought": 3, "skeleton of thought": 3,
+              "ReAct agent": 6, "JSON extraction": 6, "chat, short turns": 4, "chat, long turns": 3,
+              "remote program": 3}
 QUICK_ITEMS = 2
 DEFAULT_ENGINES = (RADIXLANG, RADIXLANG_NO_CACHE)  # a workload may add its own (jump-forward off)
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "programs"

@@ -6,7 +6,7 @@ import radixlang as rl
 
 from .measure import Run, Workload
 
-POINTS, POINT_TOKENS, EXPAND_TOKENS = 3, 12, 32
+POINTS, POINT_TOKENS, EXPAND_TOKENS = 3, 10, 24
 TOPICS = ["why people keep pets", "how to prepare for an exam", "what makes a good team",
           "how bicycles changed cities", "why sleep matters", "how to start running", "what a library offers",
           "how to plan a trip", "why forests matter", "how to cook rice", "what makes a good teacher",

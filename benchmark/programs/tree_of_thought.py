@@ -8,7 +8,7 @@ from .measure import Run, Workload
 
 SYSTEM = "You are a thoughtful assistant."
 STYLES = ["the simplest way", "a creative way", "the cheapest way"]
-IDEA_TOKENS, CRITIQUE_TOKENS, ANSWER_TOKENS = 24, 16, 24
+IDEA_TOKENS, CRITIQUE_TOKENS, ANSWER_TOKENS = 16, 12, 16
 GOALS = ["sleep better", "learn to cook", "save money on food", "keep a plant alive", "run a faster mile",
          "remember new words", "tidy a small flat", "make friends in a new city", "drink more water",
          "read more books", "spend less time on the phone", "get up earlier"]
