@@ -78,25 +78,25 @@ def plot(results: list[dict[str, Any]], path: Path) -> str | None:
         return "matplotlib is not installed (pip install -e '.[bench]'); no chart"
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    systems: list[str] = []
-    for result in results:
-        systems += [r["system"] for r in result["results"][1:] if r["system"] not in systems]
-    width = 0.8 / max(len(systems), 1)
+    colors: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(10, 4.2), dpi=90)
-    for k, system in enumerate(systems):
-        xs, ys = [], []
-        for i, result in enumerate(results):
-            row = next((r for r in result["results"][1:] if r["system"] == system), None)
-            if row is not None:
-                xs.append(i + (k - (len(systems) - 1) / 2) * width)
-                ys.append(row["speedup"])
-        ax.bar(xs, ys, width, label=f"vs {system}")
+    for i, result in enumerate(results):  # each workload's bars centred on its tick, one colour per system
+        rows = result["results"][1:]
+        width = 0.8 / max(len(rows), 1)
+        for k, row in enumerate(rows):
+            new = row["system"] not in colors
+            colors.setdefault(row["system"], f"C{len(colors)}")
+            ax.bar(i + (k - (len(rows) - 1) / 2) * width, row["speedup"], width, color=colors[row["system"]],
+                   label=f"vs {row['system']}" if new else None)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
+    for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis_format(FuncFormatter(lambda value, _: f"{value:g}x"))
     ax.set_xticks(range(len(results)), [r["name"] for r in results], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("speed-up of radixlang (x, log)")
-    ax.set_title("radixlang programs/s over each baseline, same run")
+    ax.set_ylabel("speed-up (programs/s ratio, log scale)")
+    ax.set_title("radixlang over each baseline, measured in the same run (remote program: over per-call HTTP)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path)
