@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         systems.close()
     document = {
-        "command": "python -m benchmark.programs " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["python -m benchmark.programs", *(sys.argv[1:] if argv is None else argv)]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "device": args.device},
