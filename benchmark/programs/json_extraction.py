@@ -23,7 +23,8 @@ TEMPLATES = ["{name}, {age}, works as a {job} in {city}.",
              "{name} is a {age} year old {job} from {city}."]
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 32}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "properties": {"name": {"type": "string", "maxLength": 32},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120},
                    "city": {"type": "string", "maxLength": 24}, "job": {"enum": JOBS}},
     "required": ["name", "age", "city", "job"],
     "additionalProperties": False,

@@ -48,7 +48,10 @@ def default_variants(systems: Systems, workload: Workload, items: list) -> list[
     return variants
 
 
-def plan(systems: Systems, workloads: list[Workload], sizes: dict[str, int]) -> list[tuple[Workload, list, list[Variant]]]:
+Planned = list[tuple[Workload, list, list[Variant]]]  # each workload with its items and the systems to run
+
+
+def plan(systems: Systems, workloads: list[Workload], sizes: dict[str, int]) -> Planned:
     planned = []
     for workload in workloads:
         items = workload.make_items(sizes[workload.name])
