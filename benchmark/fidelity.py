@@ -1,6 +1,6 @@
 """Greedy fidelity: radixlang vs HF transformers on the same GGUF (dequantized, fp32, CPU).
 
-Needs `transformers` and `accelerate` (not radixlang dependencies): pip install transformers accelerate
+Needs `transformers` and `accelerate`: pip install -e ".[test,bench]"
 Runs both on 20 prompts x 64 new tokens and prints how many token sequences match exactly, and the
 largest first-step log-prob difference.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -16,14 +17,14 @@ import torch
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.loader import default_model_path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_baseline import load_causal_lm  # noqa: E402  (one loader for every transformers baseline)
+
 PROMPTS = json.loads((Path(__file__).parents[1] / "tests" / "data" / "hf_greedy_smollm2.json").read_text())["cases"]
 
 
 def transformers_greedy(model_path: Path, inputs: list[list[int]], new_tokens: int):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name,
-                                                 dtype=torch.float32).eval()
+    model = load_causal_lm(model_path)
     outs, firsts = [], []
     with torch.no_grad():
         for ids in inputs:

@@ -39,9 +39,12 @@ DECODE_PROMPTS = [
 ]
 
 
+def few_shot_prefix() -> str:
+    return "Answer with one word.\n" + "".join(f"Q: {q}\nA: {a}\n" for q, a in SHOTS)
+
+
 def few_shot_prompts() -> list[str]:
-    prefix = "Answer with one word.\n" + "".join(f"Q: {q}\nA: {a}\n" for q, a in SHOTS)
-    return [prefix + f"Q: {q}\nA:" for q in QUESTIONS]
+    return [few_shot_prefix() + f"Q: {q}\nA:" for q in QUESTIONS]
 
 
 def run(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, int, int]:
