@@ -44,7 +44,7 @@ class TPWorkers:
         except BaseException:
             self.close()
             raise
-        self.embeddings = BroadcastEmbeddingCache(EMBEDDING_CACHE_MB, self._publish)
+        self.embeddings = BroadcastEmbeddingCache(EMBEDDING_CACHE_MB, self.publish_embedding)
 
     def _start(self, spec: WorkerSpec) -> None:
         """A fresh interpreter (a forked child would inherit this process's threads and torch state)."""
@@ -78,7 +78,7 @@ class TPWorkers:
     def send_step(self, inputs: StepInputs) -> None:
         self._send_all(STEP, host_step(inputs))
 
-    def _publish(self, key: bytes, t: torch.Tensor, evicted: list[bytes]) -> None:
+    def publish_embedding(self, key: bytes, t: torch.Tensor, evicted: list[bytes]) -> None:
         self._send_all(EMBEDDING, (key, tuple(t.shape), t.dtype, evicted))
         try:
             self.tp.broadcast(t.to(self.device))
