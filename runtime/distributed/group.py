@@ -18,7 +18,7 @@ LOCALHOST = "127.0.0.1"
 class TensorParallel:
     rank: int = 0
     size: int = 1
-    group: dist.ProcessGroup | None = None  # None until `connect` (always None at size 1)
+    group: dist.ProcessGroup | None = None  # set by `join` (never at size 1)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums `t` over the ranks, in place."""

@@ -89,6 +89,8 @@ def main(fd: int) -> None:
 
 def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     cfg, device, dtype = spec.cfg, rank_device(spec.cfg, spec.rank), spec.cfg.torch_dtype()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL binds each rank to the current device
     tp = TensorParallel(spec.rank, spec.size)
     model = load_model(cfg.model, device, dtype, tp).model
     mcfg = model.config
