@@ -120,6 +120,9 @@ class EngineConfig:
         if self.tp_size > 1 and self.quantization != "none":
             raise ValueError(f"quantization={self.quantization!r} is not supported with tp_size > 1 "
                              "(its linears are not sharded); use quantization='none' or tp_size=1")
+        if self.tp_size > 1 and self.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with tp_size > 1 (each rank holds its own "
+                             "KV heads); use preemption_mode='recompute'")
 
     def _validate_speculative(self) -> None:
         if self.speculative_algorithm is not None and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:

@@ -111,6 +111,7 @@ def test_tp_size_that_does_not_split_the_heads_is_refused(tmp_path, tokenizer):
     ({"tp_size": 0}, "tp_size must be an integer >= 1"),
     ({"tp_size": 2, "quantization": "int8"}, "quantization='int8' is not supported with tp_size > 1"),
     ({"tp_size": 2, "dist_timeout": 0}, "dist_timeout must be > 0"),
+    ({"tp_size": 2, "preemption_mode": "swap"}, "preemption_mode='swap' is not supported with tp_size > 1"),
 ])
 def test_bad_tp_options_are_refused(mqa_model_dir, options, message):
     with pytest.raises(ValueError, match=message):
