@@ -34,6 +34,9 @@ JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 # attention
 CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)
 
+# tensor parallelism (runtime/distributed)
+EMBEDDING_CACHE_MB = 512  # image embeddings every rank keeps by image key (LRU, decided by rank 0)
+
 # speculative decoding (runtime/speculative)
 SPECULATIVE_ALGORITHMS = ("NGRAM",)  # speculative_algorithm: one of these, or None (off)
 SPEC_BACKOFF_MAX_STEPS = 16  # a drafter that keeps failing a request sits out at most this many steps
@@ -68,6 +71,8 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
     quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key; 0: off
+    tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
+    dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names
     speculative_algorithm: str | None = None  # "NGRAM": draft trees from n-gram tries; None: off
     speculative_num_draft_tokens: int = 8  # draft tree nodes verified per step, at most
@@ -110,8 +115,21 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
 
+        self._validate_tp()
         resolve_backend(self.attention_backend, self.torch_device())
         self.torch_dtype()
+
+    def _validate_tp(self) -> None:
+        if not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"tp_size must be an integer >= 1, got {self.tp_size!r}")
+        if not self.dist_timeout > 0:
+            raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        if self.tp_size > 1 and self.quantization != "none":
+            raise ValueError(f"quantization={self.quantization!r} is not supported with tp_size > 1 "
+                             "(its linears are not sharded); use quantization='none' or tp_size=1")
+        if self.tp_size > 1 and self.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported with tp_size > 1 (each rank holds its own "
+                             "KV heads); use preemption_mode='recompute'")
 
     def _validate_speculative(self) -> None:
         if self.speculative_algorithm is not None and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:

@@ -20,6 +20,10 @@ from .constrained.jump_forward import JumpForwarder
 from .constrained.matcher import Constraint
 from .constrained.vocab import TokenVocab
 from .cuda_graph import DecodeGraphs
+from .distributed.group import TensorParallel
+from .distributed.layers import kv_heads_per_rank
+from .distributed.runner import TPRunner
+from .distributed.workers import TPWorkers, WorkerFailure
 from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
@@ -114,25 +118,32 @@ class EngineParts:
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
-    loaded = load_model(cfg.model, device, dtype)
+    tp = TensorParallel(0, cfg.tp_size)
+    loaded = load_model(cfg.model, device, dtype, tp)
     if cfg.quantization == "int8":
         quantize_int8(loaded.model)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:
         raise ValueError(f"context_length {context_length} exceeds the model's {mcfg.max_position}")
-    pool_size = kv_pool_size(cfg, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, context_length)
-    pool = KVPool(pool_size, mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, dtype, device)
+    kv_heads = kv_heads_per_rank(mcfg.num_kv_heads, tp.size)  # each rank's pool holds its own heads
+    pool_size = kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length)
+    pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device)
     allocator = SlotAllocator(pool_size, device)
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
-    graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
-                          capture=device.type == "cuda") if cfg.use_decode_graphs() else None
+    graphs = None
+    if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
+        graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
+                              capture=device.type == "cuda")
     vision = loaded.vision
     encoder = None if vision is None else ImageEncoder(vision.module, cfg.image_cache_mb << 20, device, dtype)
-    runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs, encoder,
-                         0 if vision is None else vision.image_token_id)
+    image_token_id = 0 if vision is None else vision.image_token_id
+    if tp.size == 1:
+        runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs, encoder, image_token_id)
+    else:
+        runner = TPRunner(loaded.model, req_to_token, attn, device, TPWorkers(cfg, tp, pool_size, device))
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache)
     drafter = NgramDrafter(cfg) if cfg.speculative_algorithm == "NGRAM" else None
@@ -170,6 +181,7 @@ class Engine:
         self._seed_lock = threading.Lock()
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._closed = False
+        self._stopped: str | None = None  # why the engine stopped on its own (a TP worker failure)
         self._thread = threading.Thread(target=self._loop, name="radixlang-scheduler", daemon=True)
         self._thread.start()
 
@@ -184,10 +196,14 @@ class Engine:
                 break
             try:
                 progressed = bool(self.scheduler.step())
+            except WorkerFailure as e:  # a TP rank died or hung: the model cannot run again
+                logger.error("%s", e)
+                self._stopped, self._closed = str(e), True
+                break
             except Exception as e:  # never let a bug strand callers: fail their requests instead
                 logger.exception("scheduler step failed")
                 self.scheduler.abort_all(error=f"internal error: {e!r}")
-        self.scheduler.abort_all(error="engine shut down")
+        self.scheduler.abort_all(error=self._stopped or "engine shut down")
         while True:  # commands that raced with shutdown still run, so no caller waits forever
             try:
                 fn = self._inbox.get_nowait()
@@ -195,7 +211,7 @@ class Engine:
                 break
             if fn is not None:
                 fn()
-                self.scheduler.abort_all(error="engine shut down")
+                self.scheduler.abort_all(error=self._stopped or "engine shut down")
 
     def _drain_inbox(self, wait: float | None) -> bool:
         """Runs queued commands, waiting up to `wait` seconds for the first (None: until one comes);
@@ -216,7 +232,7 @@ class Engine:
     def _call(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the scheduler thread; the future carries its result or exception."""
         if self._closed:
-            raise RuntimeError("engine is shut down")
+            raise RuntimeError(self._stopped or "engine is shut down")
         future: Future[T] = Future()
 
         def run() -> None:
@@ -505,11 +521,11 @@ class Engine:
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""
-        if self._closed:
-            return
-        self._closed = True
-        self._inbox.put(None)
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(None)
         self._thread.join()
+        self.scheduler.runner.close()
 
     def __enter__(self) -> "Engine":
         return self

@@ -1,20 +1,34 @@
 """Runs one step's batch: plans attention once, runs the model, and computes the logits rows needed."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..kernels.backend import AttentionBackend
+from ..kernels.backend import AttentionBackend, AttentionBatch
 from .batch import StepBatch, prefix_groups
 from .config import CASCADE_MIN_PREFIX
 from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
 from .models.llama import ForwardContext, LlamaForCausalLM
 from .multimodal.encoder import ImageEncoder
-from .multimodal.prompt import step_inputs
+from .multimodal.prompt import step_inputs as image_step_inputs
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """All the model needs for one step, free of request objects (tensor-parallel ranks receive it)."""
+
+    input_ids: list[int]
+    attention: AttentionBatch
+    hidden_rows: list[int]  # for each logits row, its token's index in the step
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (token rows, image embeddings) replacing them
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken, attn: AttentionBackend,
+    """`req_to_token`: None on a tensor-parallel worker rank, whose steps arrive as StepInputs."""
+
+    def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken | None, attn: AttentionBackend,
                  device: torch.device, graphs: DecodeGraphs | None = None,
                  images: ImageEncoder | None = None, image_token_id: int = 0):
         self.model = model
@@ -30,22 +44,30 @@ class ModelRunner:
         # decode steps never carry image positions (images sit in prompts), so graphs serve VLMs too
         if self.graphs is not None and self.graphs.fits(batch) and not self._cascades(batch):
             return self.graphs.forward(batch)
-        plan = self.attn.plan(batch.attention_batch(self.req_to_token.table, self.cascade_min))
-        embeds = None
+        return self.run(self.step_inputs(batch))
+
+    def step_inputs(self, batch: StepBatch) -> StepInputs:
+        attention = batch.attention_batch(self.req_to_token.table, self.cascade_min)
         if self.images is None:
-            ids = batch.input_ids()
-        else:
-            inputs = step_inputs(batch, self.images, self.image_token_id, self.device)
-            ids = inputs.input_ids
-            embeds = None if inputs.embeds is None else (inputs.embed_rows, inputs.embeds)
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn), embeds)
-        if not batch.hidden_rows:
+            return StepInputs(batch.input_ids(), attention, batch.hidden_rows)
+        inputs = image_step_inputs(batch, self.images, self.image_token_id, self.device)
+        embeds = None if inputs.embeds is None else (inputs.embed_rows, inputs.embeds)
+        return StepInputs(inputs.input_ids, attention, batch.hidden_rows, embeds)
+
+    def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        plan = self.attn.plan(inputs.attention)
+        input_ids = torch.tensor(inputs.input_ids, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn), inputs.embeds)
+        rows = inputs.hidden_rows
+        if not rows:
             return None
-        if len(batch.hidden_rows) < hidden.shape[0]:
-            hidden = hidden[torch.tensor(batch.hidden_rows, dtype=torch.int64, device=self.device)]
+        if len(rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows, dtype=torch.int64, device=self.device)]
         return self.model.compute_logits(hidden)
 
     def _cascades(self, batch: StepBatch) -> bool:
         """Decodes sharing a long prefix read it once in an eager cascade step, which graphs cannot hold."""
         return self.cascade_min is not None and bool(prefix_groups(batch.items, self.cascade_min))
+
+    def close(self) -> None:
+        """Releases what the runner started (tensor-parallel worker ranks); nothing here."""

@@ -14,6 +14,7 @@ import torch
 from .batch import ScheduledItem, StepBatch
 from .config import EngineConfig
 from .constrained.jump_forward import JumpForwarder
+from .distributed.workers import WorkerFailure
 from .kv_manager import KVManager
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor, emit_final
@@ -87,6 +88,8 @@ class Scheduler:
         batch = StepBatch(items)
         try:
             self.output.process(batch, self.runner.forward(batch))
+        except WorkerFailure:  # the model cannot run again: the engine stops and fails every request
+            raise
         except Exception as e:  # a failed step must not take the engine down with it
             logger.exception("step failed; aborting its %d request(s)", len(items))
             for item in items:

@@ -11,6 +11,7 @@ from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
 from .limits import ServerLimits
 
 _ARG_TYPES = {"str": str, "int": int, "float": float}
+_FLAG_ALIASES = {"tp_size": ("--tp",)}  # extra spellings of an engine option's flag (SGLang's)
 
 
 def _engine_fields(skip: Sequence[str]) -> list[dataclasses.Field]:
@@ -24,12 +25,12 @@ def _add_engine_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
     parser.set_defaults(engine_skip=tuple(skip))
     group = parser.add_argument_group("engine options")
     for f in _engine_fields(skip):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ("--" + f.name.replace("_", "-"), *_FLAG_ALIASES.get(f.name, ()))
         base = str(f.type).split("|")[0].strip()
         if base == "bool":
-            group.add_argument(flag, action="store_true", default=None, help=f"(default: {f.default})")
+            group.add_argument(*flags, action="store_true", default=None, help=f"(default: {f.default})")
         else:
-            group.add_argument(flag, type=_ARG_TYPES[base], default=None, help=f"(default: {f.default})")
+            group.add_argument(*flags, type=_ARG_TYPES[base], default=None, help=f"(default: {f.default})")
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.backend import AttentionBackend
+from ..distributed.group import TensorParallel
+from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
+                                  VocabParallelEmbedding, check_tp_size, load_shard)
 from .rope import RopeScaling, rope_cos_sin
 
 
@@ -74,14 +77,18 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_id: int):
+    """Under tensor parallelism this rank's share of the heads (KV heads replicated when fewer than ranks)."""
+
+    def __init__(self, cfg: LlamaConfig, layer_id: int, tp: TensorParallel):
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        heads, kv_heads = Part(cfg.num_heads, cfg.head_dim), Part(cfg.num_kv_heads, cfg.head_dim)
+        self.num_heads, self.num_kv_heads = heads.local_units(tp.size), kv_heads.local_units(tp.size)
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [heads, kv_heads, kv_heads], cfg.qkv_bias, tp)
+        self.o_proj = RowParallelLinear(heads, cfg.hidden_size, cfg.o_bias, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
@@ -99,10 +106,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, tp: TensorParallel):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        channels = Part(cfg.intermediate_size)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [channels, channels], cfg.mlp_bias, tp)
+        self.down_proj = RowParallelLinear(channels, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -110,12 +118,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_id: int):
+    def __init__(self, cfg: LlamaConfig, layer_id: int, tp: TensorParallel):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id)
+        self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, positions, rotary, ctx):
         x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
@@ -123,14 +131,18 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    """`tp`: this rank's place in a tensor-parallel group (default: one process, no communication)."""
+
+    def __init__(self, cfg: LlamaConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.tp = tp = tp or TensorParallel()
+        check_tp_size(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp.size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -144,9 +156,12 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] float32 logits (under tensor parallelism: on rank 0; other ranks get their shard)."""
         if self.lm_head is None:  # tied to the embedding
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            logits = F.linear(hidden, self.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(hidden).float()
+        return self.tp.gather_vocab(logits, self.config.vocab_size)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -164,14 +179,14 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name not in params:
                 raise ValueError(f"unexpected weight {name!r} for this model")
-            _copy_into(params[name], tensor, name)
+            _copy_into(params[name], load_shard(self, name, tensor), name)
             loaded.add(name)
         for target, parts in packed.items():
             order = ("q", "k", "v") if "qkv" in target else ("gate", "up")
             missing = [p for p in order if p not in parts]
             if missing:
                 raise ValueError(f"weights for {target} are missing parts {missing}")
-            _copy_into(params[target], torch.cat([parts[p] for p in order]), target)
+            _copy_into(params[target], load_shard(self, target, torch.cat([parts[p] for p in order])), target)
             loaded.add(target)
         absent = sorted(set(params) - loaded)
         if absent:

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM, Rotary
@@ -37,11 +38,16 @@ def default_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
 
 
-def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
+               tp: TensorParallel | None = None) -> LoadedModel:
+    """`tp`: load only this tensor-parallel rank's shard of the weights."""
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
     if path.is_dir() and _is_vision_folder(path):
+        if tp is not None and tp.size > 1:
+            raise ValueError(f"tp_size {tp.size}: vision-language models run at tp_size 1 for now "
+                             f"({str(path)!r} has a vision tower)")
         from ..multimodal.loader import load_vision_language
 
         return load_vision_language(path, device, dtype)
@@ -51,12 +57,14 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
         cfg, weights, tokenizer = _read_gguf(path)
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
-    return LoadedModel(build_model(cfg, weights, device, dtype), tokenizer, path.stem if path.is_file() else path.name)
+    model = build_model(cfg, weights, device, dtype, tp)
+    return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name)
 
 
-def build_model(cfg: LlamaConfig, weights, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def build_model(cfg: LlamaConfig, weights, device: torch.device, dtype: torch.dtype,
+                tp: TensorParallel | None = None) -> LlamaForCausalLM:
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = LlamaForCausalLM(cfg, tp)
     model = model.to_empty(device=device)
     model.load_weights(weights)
     model = model.to(dtype)

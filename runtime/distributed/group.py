@@ -1,0 +1,79 @@
+"""A tensor-parallel group: this rank's place in it and the collectives the sharded layers call.
+
+Built on torch.distributed's process-group objects directly (no global default group), so one process
+may hold several engines. Size 1 is the single-process case: every collective is the identity.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(slots=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+    group: dist.ProcessGroup | None = None  # set by `join` (never at size 1)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sums `t` over the ranks, in place."""
+        if self.size > 1:
+            self.group.allreduce([t]).wait()
+        return t
+
+    def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Each rank's [rows, shard] logits -> [rows, vocab_size] on rank 0; other ranks get their own
+        shard back (their result is not used)."""
+        if self.size == 1:
+            return local
+        local = local.contiguous()
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        if self.rank != 0:
+            self.group.gather([], [local], opts).wait()
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        self.group.gather([parts], [local], opts).wait()
+        return torch.cat(parts, dim=-1)[..., :vocab_size]
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `t` into every rank's `t` (same shape and dtype everywhere)."""
+        if self.size > 1:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            self.group.broadcast([t], opts).wait()
+        return t
+
+    def join(self, store: dist.TCPStore, device: torch.device, timeout_s: float) -> None:
+        """Joins the group (blocks until every rank joins); collectives then raise rather than wait
+        longer than `timeout_s` for a rank that died or hangs."""
+        self.group = _process_group(store, self.rank, self.size, device, datetime.timedelta(seconds=timeout_s))
+
+
+def open_store(timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store, on a free localhost port (`store.port`), opened before the workers start."""
+    return dist.TCPStore(LOCALHOST, 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def connect_store(port: int, timeout_s: float) -> dist.TCPStore:
+    """A worker's client of rank 0's store."""
+    return dist.TCPStore(LOCALHOST, port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _process_group(store: dist.Store, rank: int, size: int, device: torch.device,
+                   timeout: datetime.timedelta) -> dist.ProcessGroup:
+    """NCCL between GPUs, gloo on the CPU."""
+    if device.type == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=LOCALHOST)]
+    return dist.ProcessGroupGloo(store, rank, size, opts)

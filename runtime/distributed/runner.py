@@ -1,0 +1,28 @@
+"""Rank 0's model runner under tensor parallelism: each step goes to the worker ranks first, then rank
+0 runs its own shard of the model together with them."""
+from __future__ import annotations
+
+import torch
+
+from ...kernels.backend import AttentionBackend
+from ..memory import ReqToToken
+from ..model_runner import ModelRunner, StepInputs
+from ..models.llama import LlamaForCausalLM
+from .workers import TPWorkers
+
+
+class TPRunner(ModelRunner):
+    def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken, attn: AttentionBackend,
+                 device: torch.device, workers: TPWorkers):
+        super().__init__(model, req_to_token, attn, device)
+        self.workers = workers
+
+    def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        self.workers.send_step(inputs)
+        try:
+            return super().run(inputs)
+        except Exception as e:  # noqa: BLE001 - once rank 0 leaves a step midway the ranks are out of step
+            raise self.workers.fail(e) from e
+
+    def close(self) -> None:
+        self.workers.close()

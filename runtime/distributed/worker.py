@@ -1,0 +1,125 @@
+"""A tensor-parallel worker rank (its own process): loads its shard of the model and KV pool, then runs
+every step rank 0 sends, and keeps the image embeddings rank 0 broadcasts. It never schedules.
+
+Started as `python -m radixlang.runtime.distributed.worker FD` (not multiprocessing's spawn, which
+would re-run the user's main script): FD is a socket to rank 0, which sends the WorkerSpec first and
+then pickled (kind, body) messages; the model's tensors travel through the process group's collectives.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from ...kernels.registry import create_backend
+from ..config import EngineConfig
+from ..memory import KVPool
+from ..model_runner import ModelRunner, StepInputs
+from ..models.loader import load_model
+from .embedding_cache import EmbeddingMirror
+from .group import TensorParallel, connect_store
+from .layers import kv_heads_per_rank
+
+# message kinds, rank 0 -> worker
+STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host
+EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
+INSPECT = "inspect"  # the worker replies with its embedding mirror (tests, debugging)
+STOP = "stop"
+# worker -> rank 0
+LOADED = "loaded"
+ERROR = "error"
+
+
+@dataclass(slots=True)
+class WorkerSpec:
+    cfg: EngineConfig
+    rank: int
+    size: int
+    port: int  # rank 0's rendezvous store
+    pool_size: int  # KV slots: the same on every rank (each holds its own heads)
+
+
+def send(conn: Connection, kind: str, body: Any = None) -> None:
+    conn.send_bytes(pickle.dumps((kind, body)))
+
+
+def receive(conn: Connection) -> tuple[str, Any]:
+    return pickle.loads(conn.recv_bytes())
+
+
+def rank_device(cfg: EngineConfig, rank: int) -> torch.device:
+    """One GPU per rank; on the CPU every rank shares the host."""
+    device = cfg.torch_device()
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def host_step(inputs: StepInputs) -> StepInputs:
+    """The step with just its own rows of req_to_token (renumbered 0..n-1), on the host, ready to send:
+    a worker has no request table of its own."""
+    batch = inputs.attention
+    rows = torch.tensor(batch.rows, dtype=torch.int64, device=batch.req_to_token.device)
+    table = batch.req_to_token[rows, : max(batch.kv_lens)].cpu()
+    attention = dataclasses.replace(batch, req_to_token=table, rows=list(range(len(batch.rows))))
+    return StepInputs(inputs.input_ids, attention, inputs.hidden_rows)
+
+
+def main(fd: int) -> None:
+    """The worker process's entry point."""
+    conn = Connection(fd)
+    spec = pickle.loads(conn.recv_bytes())
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))  # the ranks share the host's cores
+    timeout = spec.cfg.dist_timeout
+    try:
+        tp, runner = _build(spec)
+        send(conn, LOADED)
+        store = connect_store(spec.port, timeout)
+        tp.join(store, runner.device, timeout)
+    except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
+        send(conn, ERROR, f"{type(e).__name__}: {e}")
+        return
+    _serve(conn, tp, runner, EmbeddingMirror())
+
+
+def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
+    cfg, device, dtype = spec.cfg, rank_device(spec.cfg, spec.rank), spec.cfg.torch_dtype()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL binds each rank to the current device
+    tp = TensorParallel(spec.rank, spec.size)
+    model = load_model(cfg.model, device, dtype, tp).model
+    mcfg = model.config
+    pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, spec.size),
+                  mcfg.head_dim, dtype, device)
+    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+    return tp, ModelRunner(model, None, attn, device)
+
+
+@torch.inference_mode()
+def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: EmbeddingMirror) -> None:
+    while True:
+        try:
+            kind, body = receive(conn)
+        except EOFError:  # rank 0 is gone
+            return
+        if kind == STOP:
+            return
+        if kind == STEP:
+            body.attention.req_to_token = body.attention.req_to_token.to(runner.device)
+            runner.run(body)
+        elif kind == EMBEDDING:
+            key, shape, dtype, evicted = body
+            mirror.add(key, tp.broadcast(torch.empty(shape, dtype=dtype, device=runner.device)), evicted)
+        elif kind == INSPECT:
+            send(conn, INSPECT, ({k: t.cpu() for k, t in mirror.entries.items()}, mirror.bytes_received))
+        else:
+            raise ValueError(f"unknown message kind {kind!r}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
