@@ -62,7 +62,9 @@ class EngineConfig:
     disable_jump_forward: bool = False  # constrained requests decode forced text token by token
     constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
     attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
-    quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
+    # "none": fp32 (exact, the oracle); "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights on packed CPU kernels;
+    # "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are not exact
+    quantization: str = "none"
     # speculative decoding, with SGLang's option names
     speculative_algorithm: str | None = None  # "NGRAM": draft trees from n-gram tries; None: off
     speculative_num_draft_tokens: int = 8  # draft tree nodes verified per step, at most
@@ -102,6 +104,8 @@ class EngineConfig:
 
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quantization in ("auto", "int4") and self.torch_device().type != "cpu":
+            raise ValueError(f"quantization {self.quantization!r} runs on torch's CPU int4 kernels: use device='cpu'")
 
         resolve_backend(self.attention_backend, self.torch_device())
         self.torch_dtype()

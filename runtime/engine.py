@@ -23,7 +23,7 @@ from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
-from .models.quant import quantize_int8
+from .models.quant import quantize_model
 from .radix_cache import RadixCache
 from .request import Req, StreamChunk
 from .sampler import TokenLogprob
@@ -108,9 +108,8 @@ class EngineParts:
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
-    loaded = load_model(cfg.model, device, dtype)
-    if cfg.quantization == "int8":
-        quantize_int8(loaded.model)
+    loaded = load_model(cfg.model, device, dtype, keep_blocks=cfg.quantization == "auto")
+    quantize_model(loaded.model, cfg.quantization, loaded.blocks)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:
