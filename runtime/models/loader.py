@@ -93,7 +93,7 @@ _GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
-def _read_gguf(path: Path, blocks: dict[str, GroupQuant] | None):
+def _read_gguf(path: Path, blocks: dict[str, GroupQuant] | None = None):
     import gguf
 
     reader = gguf.GGUFReader(str(path))
