@@ -23,6 +23,7 @@ from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
+from .models.compiled import compile_layers
 from .models.quant import quantize_model
 from .radix_cache import RadixCache
 from .request import Req, StreamChunk
@@ -110,6 +111,8 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     loaded = load_model(cfg.model, device, dtype, keep_blocks=cfg.quantization == "auto")
     quantize_model(loaded.model, cfg.quantization, loaded.blocks)
+    if cfg.compile_layers:
+        compile_layers(loaded.model)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:
