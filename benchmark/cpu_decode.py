@@ -1,82 +1,145 @@
-"""CPU decode speed of SmolLM2-135M with fp32 weights (the default, exact) against weight-only int8
-(`quantization="int8"`), measured in the same run, and what int8 costs in fidelity.
+"""CPU decode speed of SmolLM2-135M in each precision mode against HF transformers (fp32, batched) and,
+if `llama_cpp` imports, llama.cpp on the same GGUF; every figure is measured in this run, the systems
+interleaved round by round (the best round counts), so machine load hits them alike.
 
-Prints tok/s at batch 1 (64 tokens) and 16 x 64, the ratio int8 / fp32, and how many of the 20
-reference prompts (tests/data/hf_greedy_smollm2.json, HF transformers' greedy ids) each mode
-reproduces exactly, how many leading tokens int8 shares with fp32, and the mean |delta| of the chosen
-tokens' logprobs over that shared part.
+Workloads: batch 1 (one prompt x 64 tokens), 16 x 64 (16 prompts x 64 tokens, batched), few-shot (32
+questions after a shared 8-shot prefix x 8 tokens). Prints tok/s (few-shot: seconds) and the ratios the
+goals name, then each low-bit mode's fidelity: greedy agreement with the fp32 engine on the 20 reference
+prompts (and with transformers' recorded ids), and the perplexity of a fixed text against fp32's.
+
+HF transformers needs `accelerate` to read a GGUF (pip install -e ".[test,bench]"); llama.cpp is optional
+(pip install llama-cpp-python); either one missing is reported and skipped.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.models.loader import default_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from radix_cache import DECODE_PROMPTS as PROMPTS  # noqa: E402  (the same 16 prompts as the cache benchmark)
+from fidelity import agreement, perplexity, reference_run  # noqa: E402
+from hf_baseline import load_causal_lm  # noqa: E402
+from radix_cache import DECODE_PROMPTS, few_shot_prompts  # noqa: E402  (the cache benchmark's workloads)
 
-ROOT = Path(__file__).resolve().parents[1]
-CASES = json.loads((ROOT / "tests" / "data" / "hf_greedy_smollm2.json").read_text())["cases"]
+MODES = ("none", "auto", "int8", "int4")
 GREEDY = {"temperature": 0, "ignore_eos": True}
+WORKLOADS = {"batch 1": (DECODE_PROMPTS[:1], 64), "16 x 64": (DECODE_PROMPTS, 64), "few-shot": (few_shot_prompts(), 8)}
+Runner = Callable[[list[str], int], int]  # (prompts, new tokens) -> tokens generated
 
 
-def tok_per_s(engine: Engine, prompts: list[str], new_tokens: int, repeats: int) -> float:
-    best = None
-    for _ in range(repeats):
+def engine_runner(engine: Engine) -> Runner:
+    def run(prompts: list[str], new_tokens: int) -> int:
         engine.flush_cache()
-        t0 = time.perf_counter()
         outs = engine.generate(prompts, {**GREEDY, "max_new_tokens": new_tokens})
-        elapsed = time.perf_counter() - t0
-        best = elapsed if best is None else min(best, elapsed)
-    return sum(o.meta.completion_tokens for o in outs) / best
+        return sum(o.meta.completion_tokens for o in outs)
+    return run
 
 
-def reference_run(engine: Engine) -> tuple[int, list[list[int]], list[list[float]]]:
-    """(prompts whose greedy ids equal transformers', ids per prompt, chosen-token logprobs per prompt)."""
-    same, ids, logprobs = 0, [], []
-    for case in CASES:
-        out = engine.generate(input_ids=case["input_ids"], return_logprob=True,
-                              sampling_params={"temperature": 0, "max_new_tokens": len(case["output_ids"])})
-        same += out.output_ids == case["output_ids"]
-        ids.append(out.output_ids)
-        logprobs.append([lp.logprob for lp in out.meta.output_logprobs])
-    return same, ids, logprobs
+def transformers_runner(tokenizer) -> Runner | None:
+    try:
+        model = load_causal_lm(default_model_path())
+    except ImportError as e:
+        print(f"skip HF transformers: {e}")
+        return None
+
+    @torch.no_grad()
+    def run(prompts: list[str], new_tokens: int) -> int:
+        ids = [tokenizer.encode(p) for p in prompts]
+        width = max(len(i) for i in ids)
+        pad = tokenizer.eos_token_ids[0]
+        batch = torch.tensor([[pad] * (width - len(i)) + i for i in ids])  # left-padded, one batch
+        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+        out = model.generate(batch, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=pad)
+        return (out.shape[1] - width) * len(prompts)
+    return run
 
 
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+def llama_cpp_runner() -> Runner | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("skip llama.cpp: `import llama_cpp` failed (pip install llama-cpp-python to compare against it)")
+        return None
+    llm = Llama(model_path=str(default_model_path()), n_ctx=2048, n_threads=os.cpu_count(), verbose=False)
+
+    def run(prompts: list[str], new_tokens: int) -> int:  # one prompt at a time: llama.cpp's Python API
+        return sum(llm(p, max_tokens=new_tokens, temperature=0.0)["usage"]["completion_tokens"] for p in prompts)
+    return run
+
+
+def measure(runners: dict[str, Runner], repeats: int) -> dict[str, dict[str, tuple[float, int]]]:
+    """Best (seconds, tokens) per system and workload, the systems interleaved within each round."""
+    best: dict[str, dict[str, tuple[float, int]]] = {name: {} for name in runners}
+    for _ in range(repeats):
+        for workload, (prompts, new_tokens) in WORKLOADS.items():
+            for name, run in runners.items():
+                t0 = time.perf_counter()
+                tokens = run(prompts, new_tokens)
+                elapsed = time.perf_counter() - t0
+                if workload not in best[name] or elapsed < best[name][workload][0]:
+                    best[name][workload] = (elapsed, tokens)
+    return best
+
+
+def report_speed(best: dict[str, dict[str, tuple[float, int]]]) -> None:
+    print(f"\n{'system':16}" + "".join(f"{w:>16}" for w in WORKLOADS))
+    for name, results in best.items():
+        cells = [f"{results[w][0]:14.2f} s" if w == "few-shot" else f"{results[w][1] / results[w][0]:10.1f} tok/s"
+                 for w in WORKLOADS]
+        print(f"{name:16}" + "".join(f"{c:>16}" for c in cells))
+    for peer in ("transformers", "llama.cpp"):
+        if peer not in best:
+            continue
+        print(f"\nspeed vs {peer} (x, higher is faster)")
+        for name in (n for n in best if n.startswith("radixlang")):
+            ratios = [best[peer][w][0] / best[peer][w][1] * best[name][w][1] / best[name][w][0] for w in WORKLOADS]
+            print(f"  {name:16}" + "".join(f"{w} {r:5.2f}x   " for w, r in zip(WORKLOADS, ratios)))
+
+
+def report_fidelity(engines: dict[str, Engine]) -> None:
+    runs = {mode: reference_run(engine) for mode, engine in engines.items()}
+    ppl = {mode: perplexity(engine) for mode, engine in engines.items()}
+    print("\nfidelity on the 20 reference prompts and the fixed text")
+    for mode, run in runs.items():
+        vs_fp32 = "" if mode == "none" or "none" not in runs else "; " + agreement(run, runs["none"])
+        delta = f" ({ppl[mode] - ppl['none']:+.3f})" if "none" in ppl else ""
+        print(f"  {mode:5} equal to transformers' ids on {run.equal_to_transformers()}/20; "
+              f"perplexity {ppl[mode]:.3f}{delta}{vs_fp32}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per workload; the best counts")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds; each system's best round counts")
+    parser.add_argument("--modes", default=",".join(MODES), help="radixlang quantization modes, comma-separated")
+    parser.add_argument("--no-peers", action="store_true", help="skip HF transformers and llama.cpp")
     args = parser.parse_args()
-    results = {}
-    for mode in ("none", "int8"):
-        with Engine(device="cpu", kv_cache_tokens=16384, quantization=mode) as engine:
-            engine.generate(PROMPTS[:2], {**GREEDY, "max_new_tokens": 4})  # warm-up
-            results[mode] = {
-                "batch 1": tok_per_s(engine, PROMPTS[:1], 64, args.repeats),
-                "16 x 64": tok_per_s(engine, PROMPTS, 64, args.repeats),
-                "reference": reference_run(engine),
-            }
+    modes = [m for m in args.modes.split(",") if m]
+    engines = {m: Engine(device="cpu", kv_cache_tokens=16384, quantization=m) for m in modes}
+    try:
+        runners: dict[str, Runner] = {f"radixlang {m}": engine_runner(e) for m, e in engines.items()}
+        if not args.no_peers:
+            peers = {"transformers": transformers_runner(next(iter(engines.values())).tokenizer),
+                     "llama.cpp": llama_cpp_runner()}
+            runners |= {name: run for name, run in peers.items() if run is not None}
+        for run in runners.values():
+            run(DECODE_PROMPTS[:2], 4)  # warm-up
+        report_speed(measure(runners, args.repeats))
+        report_fidelity(engines)
+        for engine in engines.values():
             engine.check_invariants()
-    for workload in ("batch 1", "16 x 64"):
-        fp32, int8 = results["none"][workload], results["int8"][workload]
-        print(f"{workload:8} fp32 {fp32:7.1f} tok/s   int8 {int8:7.1f} tok/s   ratio {int8 / fp32:.2f}x")
-    (same32, ids32, lp32), (same8, ids8, lp8) = results["none"]["reference"], results["int8"]["reference"]
-    shared = [shared_prefix(a, b) for a, b in zip(ids32, ids8)]
-    deltas = [abs(x - y) for n, r32, r8 in zip(shared, lp32, lp8) for x, y in zip(r32[:n], r8[:n])]
-    print(f"greedy ids equal to transformers on {len(CASES)} reference prompts: fp32 {same32}, int8 {same8}")
-    print(f"int8 shares its first {sum(shared) / len(shared):.1f} of {len(ids32[0])} tokens with fp32 on average; "
-          f"mean |logprob delta| of those tokens {sum(deltas) / len(deltas):.4f}")
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    print("\n(one run on a shared machine: compare the ratios, not the absolute figures)")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,10 @@ class EngineConfig:
     # (False on the CPU runs the same padded decode path eagerly, as the tests do)
     disable_cuda_graph: bool | None = None
     cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
-    quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
+    # "none": fp32 (exact, the oracle); "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights on packed CPU kernels;
+    # "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are not exact
+    quantization: str = "none"
+    compile_layers: bool = False  # torch.compile the MLPs and norms (~1.09x CPU decode; ~100 s to compile)
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key; 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
@@ -114,6 +117,8 @@ class EngineConfig:
 
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quantization in ("auto", "int4") and self.torch_device().type != "cpu":
+            raise ValueError(f"quantization {self.quantization!r} runs on torch's CPU int4 kernels: use device='cpu'")
 
         self._validate_tp()
         resolve_backend(self.attention_backend, self.torch_device())

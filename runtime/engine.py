@@ -28,7 +28,8 @@ from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
-from .models.quant import quantize_int8
+from .models.compiled import compile_layers
+from .models.quant import quantize_model
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
 from .radix_cache import RadixCache
@@ -119,9 +120,10 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
-    loaded = load_model(cfg.model, device, dtype, tp)
-    if cfg.quantization == "int8":
-        quantize_int8(loaded.model)
+    loaded = load_model(cfg.model, device, dtype, tp, keep_blocks=cfg.quantization == "auto")
+    quantize_model(loaded.model, cfg.quantization, loaded.blocks)
+    if cfg.compile_layers:
+        compile_layers(loaded.model)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:

@@ -173,7 +173,7 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if name == "lm_head.weight" and self.lm_head is None:
                 continue
-            target, part = _packed_target(name)
+            target, part = packed_target(name)
             if part is not None:
                 packed.setdefault(target, {})[part] = tensor
                 continue
@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
             _copy_into(params[name], load_shard(self, name, tensor), name)
             loaded.add(name)
         for target, parts in packed.items():
-            order = ("q", "k", "v") if "qkv" in target else ("gate", "up")
+            order = packed_parts(target)
             missing = [p for p in order if p not in parts]
             if missing:
                 raise ValueError(f"weights for {target} are missing parts {missing}")
@@ -202,11 +202,17 @@ _PACKED = {
 }
 
 
-def _packed_target(name: str) -> tuple[str, str | None]:
+def packed_target(name: str) -> tuple[str, str | None]:
+    """The module weight an HF weight loads into, and which row block of it (None: all of it)."""
     for src, (dst, part) in _PACKED.items():
         if f".{src}." in name:
             return name.replace(src, dst), part
     return name, None
+
+
+def packed_parts(target: str) -> tuple[str, ...]:
+    """The row blocks a fused weight stacks, in order."""
+    return tuple(part for dst, part in _PACKED.values() if f".{dst}." in target)
 
 
 def _copy_into(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -13,6 +13,7 @@ import torch
 
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
+from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM, Rotary
 
@@ -26,6 +27,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
     vision: Any = None  # a multimodal.loader.VisionModel for vision-language folders
+    blocks: dict[str, GroupQuant] = field(default_factory=dict)  # a GGUF's Q4_0/Q4_1/Q8_0 weights, if kept
 
 
 def default_model_path() -> Path:
@@ -39,8 +41,9 @@ def default_model_path() -> Path:
 
 
 def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
-               tp: TensorParallel | None = None) -> LoadedModel:
-    """`tp`: load only this tensor-parallel rank's shard of the weights."""
+               tp: TensorParallel | None = None, keep_blocks: bool = False) -> LoadedModel:
+    """`tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
+    Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels)."""
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
@@ -51,14 +54,15 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
         from ..multimodal.loader import load_vision_language
 
         return load_vision_language(path, device, dtype)
+    blocks: dict[str, GroupQuant] = {}
     if path.is_dir():
         cfg, weights, tokenizer = read_hf_dir(path)
     elif path.suffix == ".gguf":
-        cfg, weights, tokenizer = _read_gguf(path)
+        cfg, weights, tokenizer = _read_gguf(path, blocks if keep_blocks else None)
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
     model = build_model(cfg, weights, device, dtype, tp)
-    return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name)
+    return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
 
 
 def build_model(cfg: LlamaConfig, weights, device: torch.device, dtype: torch.dtype,
@@ -100,7 +104,7 @@ _GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
-def _read_gguf(path: Path):
+def _read_gguf(path: Path, blocks: dict[str, GroupQuant] | None = None):
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -113,7 +117,7 @@ def _read_gguf(path: Path):
     if "rope_freqs.weight" in tensors:  # llama.cpp bakes llama3 rope scaling into per-dimension divisors
         divisors = _dequantize(tensors["rope_freqs.weight"]).flatten().tolist()
         cfg.rope = dataclasses.replace(cfg.rope, freq_divisors=tuple(divisors))
-    return cfg, _gguf_weights(reader, cfg, arch), Tokenizer.from_gguf_metadata(meta)
+    return cfg, _gguf_weights(reader, cfg, arch, blocks), Tokenizer.from_gguf_metadata(meta)
 
 
 def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -164,23 +168,34 @@ def _dequantize(t) -> np.ndarray:
     return np.ascontiguousarray(array.reshape(list(reversed([int(d) for d in t.shape]))), dtype=np.float32)
 
 
-def _gguf_weights(reader, cfg: LlamaConfig, arch: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _gguf_weights(reader, cfg: LlamaConfig, arch: str,
+                  blocks: dict[str, GroupQuant] | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named fp32 weights; with `blocks`, also files the packable ones there as stored."""
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":  # read into the config, not a weight
             continue
         array = _dequantize(t)
         tensor = torch.from_numpy(np.array(array, copy=not array.flags.writeable))
-        parts = t.name.split(".")
-        if parts[0] == "blk":
-            stem, kind = parts[2], parts[3]
-            name = f"layers.{parts[1]}.{_GGUF_NAMES[stem]}.{kind}"
-            # llama.cpp permutes Llama's Q/K rows for its interleaved RoPE; Qwen files are not permuted
-            if arch in ("llama", "mistral") and stem in ("attn_q", "attn_k"):
-                heads = cfg.num_heads if stem == "attn_q" else cfg.num_kv_heads
-                tensor = unpermute_qk(tensor, heads)
-        else:
-            name = f"{_GGUF_NAMES[parts[0]]}.{parts[1]}"
+        name, heads = _gguf_tensor_name(t.name, cfg, arch)
+        if heads is not None:
+            tensor = unpermute_qk(tensor, heads)
+        if blocks is not None and t.tensor_type in PACKABLE and tensor.dim() == 2:
+            stored = read_blocks(t.data, t.tensor_type, tuple(tensor.shape))
+            blocks[name] = stored if heads is None else stored.rows(unpermute_qk(torch.arange(len(tensor)), heads))
         yield name, tensor
+
+
+def _gguf_tensor_name(gguf_name: str, cfg: LlamaConfig, arch: str) -> tuple[str, int | None]:
+    """The HF name of a GGUF tensor, and the head count to un-permute its rows by (None: as stored)."""
+    parts = gguf_name.split(".")
+    if parts[0] != "blk":
+        return f"{_GGUF_NAMES[parts[0]]}.{parts[1]}", None
+    stem, kind = parts[2], parts[3]
+    name = f"layers.{parts[1]}.{_GGUF_NAMES[stem]}.{kind}"
+    # llama.cpp permutes Llama's Q/K rows for its interleaved RoPE; Qwen files are not permuted
+    if arch in ("llama", "mistral") and stem in ("attn_q", "attn_k"):
+        return name, cfg.num_heads if stem == "attn_q" else cfg.num_kv_heads
+    return name, None
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:

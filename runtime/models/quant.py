@@ -1,17 +1,27 @@
-"""Weight-only int8 linears for CPU decode: each output channel's weights as int8 with one scale.
+"""Weight-only low-bit linears for CPU decode, on torch's packed CPU kernels.
 
-At batch 1 a decode step reads every weight once, so its time is the bytes read: int8 reads a quarter
-of fp32's. torch's int8pack kernel is fast only with bf16 activations, so inputs are cast to bf16 for
-the matmul and the result back to the model's dtype. Outputs then differ slightly from the fp32 model,
-which stays the default and the oracle (`quantization="none"`).
+At batch 1 a decode step reads every weight once, so its time is the bytes read: int8 reads a quarter of
+fp32's, int4 an eighth (plus one scale and zero per 32 weights). torch's int8pack / int4pack kernels are
+fast only with bf16 activations (fp32 or fp16 inputs run 50-100x slower here), so inputs are cast to bf16
+for the matmul and the result back to the model's dtype. Outputs then differ slightly from the fp32
+model, which stays the default and the oracle (`quantization="none"`).
+
+Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from the file's own blocks
+(other tensors and HF folders stay fp32); "int8" per-output-channel int8 of every linear; "int4"
+group-wise (32) round-to-nearest int4 of every linear.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-QUANTIZATIONS = ("none", "int8")
+from .gguf_blocks import GROUP, GroupQuant, cat_rows
+from .llama import packed_parts, packed_target
+
+QUANTIZATIONS = ("none", "auto", "int8", "int4")
 K_MULTIPLE = 64  # torch 2.13's CPU int8pack kernel crashes on some other input widths (K=40 with M>=5)
+N_MULTIPLE = 16  # the CPU int4pack layout tiles output rows by 16
+INNER_K_TILES = 2  # the CPU int4pack conversion takes it but lays weights out the same for 2, 4 and 8
 
 
 class Int8Linear(nn.Module):
@@ -23,7 +33,7 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale.to(torch.bfloat16))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.bias = _bias(bias)
 
     def dequantized(self) -> torch.Tensor:
         """The weights this layer computes with, in fp32."""
@@ -31,20 +41,119 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale).to(x.dtype)
-        out = out.view(*x.shape[:-1], out.shape[-1])
-        return out if self.bias is None else out + self.bias
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale)
+        return _finish(out, x, self.bias)
 
 
-def quantize_int8(model: nn.Module) -> None:
-    """Replaces every nn.Linear of `model` whose input width is a multiple of K_MULTIPLE, in place (the
-    rest stay fp32); a tied LM head gets an int8 copy of the embedding."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and child.in_features % K_MULTIPLE == 0:
-                setattr(module, name, Int8Linear(child.weight, child.bias))
+class Int4Linear(nn.Module):
+    """y = x W^T + b for a group-affine W (GroupQuant) on the int4pack kernel, which computes
+    (code - 8) * scale + zero per group of 32. A 4-bit W maps onto it exactly: zero = minimum + 8 * scale.
+    An 8-bit W (Q8_0) is split as code = 16 * hi + lo with both halves 4-bit, laid side by side along K,
+    and the input is repeated twice: one kernel call, still exactly the file's weights."""
+
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
+        super().__init__()
+        codes, scale, zero = _int4_operands(weights)
+        self.in_features = weights.codes.shape[1]
+        self.repeats = codes.shape[1] // self.in_features
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
+        self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
+        self.bias = _bias(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if self.repeats > 1:
+            flat = flat.repeat(1, self.repeats)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        return _finish(out, x, self.bias)
+
+
+def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes in [0, 15], scale, zero) with W = (codes - 8) * scale + zero per group."""
+    if w.bits == 4:
+        return w.codes.int(), w.scale, w.minimum + 8 * w.scale
+    hi = torch.div(w.codes, 16, rounding_mode="floor")  # [-8, 7]
+    lo = w.codes - 16 * hi  # [0, 15]
+    codes = torch.cat([hi + 8, lo], dim=1).int()
+    return codes, torch.cat([16 * w.scale, w.scale], dim=1), torch.cat([w.minimum, 8 * w.scale], dim=1)
+
+
+def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
+    return None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+
+def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])
+    return out if bias is None else out + bias
+
+
+def quantize_int4_rtn(weight: torch.Tensor) -> GroupQuant:
+    """Round-to-nearest asymmetric int4 per group of 32 input columns: codes in [0, 15] span each
+    group's [min, max], so the error is at most half a step, (max - min) / 30."""
+    w = weight.detach().float()
+    groups = w.view(w.shape[0], -1, GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return GroupQuant(codes.view_as(w).to(torch.int16), scale, low, bits=4)
+
+
+def packable(out_features: int, in_features: int, mode: str) -> bool:
+    """Whether the kernel for `mode` takes this shape (other linears stay fp32)."""
+    if mode == "int8":
+        return in_features % K_MULTIPLE == 0
+    return in_features % GROUP == 0 and out_features % N_MULTIPLE == 0
+
+
+def quantize_model(model: nn.Module, mode: str, blocks: dict[str, GroupQuant] | None = None) -> int:
+    """Replaces linears of `model` in place and returns how many. "int8" / "int4" quantize every
+    packable linear from its fp32 weights; "auto" packs those whose weights `blocks` holds (HF names of
+    an HF name per weight, as the loader reads them). A tied LM head gets its own packed copy of the embedding;
+    the embedding itself stays fp32 for lookups."""
+    if mode == "none":
+        return 0
+    replaced, fused = 0, fuse_blocks(blocks or {})
+    for name, linear, weight_name in _linears(model):
+        weights = fused.get(weight_name) if mode == "auto" else None
+        if mode == "auto" and weights is None or not packable(*linear.weight.shape, mode):
+            continue
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, _packed_linear(linear.weight, linear.bias, mode, weights))
+        replaced += 1
+    return replaced
+
+
+def _linears(model: nn.Module) -> list[tuple[str, nn.Linear, str]]:
+    """(module name, linear, name of its weight) for every linear, a tied LM head included."""
+    found = [(name, m, f"{name}.weight") for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     embed = getattr(model, "embed_tokens", None)
-    if getattr(model, "lm_head", False) is None and embed.embedding_dim % K_MULTIPLE == 0:
-        model.lm_head = Int8Linear(embed.weight, None)  # tied: the embedding itself stays fp32 for lookups
+    if getattr(model, "lm_head", False) is None and embed is not None:  # tied head: a linear over the embedding
+        head = nn.Linear(embed.embedding_dim, embed.num_embeddings, bias=False, device="meta")
+        head.weight = embed.weight
+        found.append(("lm_head", head, "embed_tokens.weight"))
+    return found
 
 
+def fuse_blocks(blocks: dict[str, GroupQuant]) -> dict[str, GroupQuant]:
+    """HF-named block weights keyed by the model's weights instead: q/k/v and gate/up rows stacked as the
+    fp32 loader stacks them. A fused weight whose parts differ in type is left out (it stays fp32)."""
+    fused: dict[str, dict[str | None, GroupQuant]] = {}
+    for name, weights in blocks.items():
+        target, part = packed_target(name.removeprefix("model."))
+        fused.setdefault(target, {})[part] = weights
+    out = {}
+    for target, parts in fused.items():
+        if None in parts:
+            out[target] = parts[None]
+            continue
+        ordered = [parts[p] for p in packed_parts(target) if p in parts]
+        if len(ordered) == len(packed_parts(target)) and len({p.bits for p in ordered}) == 1:
+            out[target] = cat_rows(ordered)
+    return out
+
+
+def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+                   blocks: GroupQuant | None) -> nn.Module:
+    if mode == "int8":
+        return Int8Linear(weight, bias)
+    return Int4Linear(blocks if blocks is not None else quantize_int4_rtn(weight), bias)
