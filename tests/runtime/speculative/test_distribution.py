@@ -16,6 +16,8 @@ from radixlang.runtime import output_processor
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.tree import DraftTree
 
+from .scripted import ScriptedDrafter
+
 from ...conftest import TINY_CONFIG, tiny_weights
 from ..models.test_llama import dense_logits
 
@@ -41,14 +43,14 @@ def _target(prefix: tuple[int, ...]) -> dict[int, float]:
 WEIGHTS = tiny_weights(TINY_CONFIG)
 
 
-class TopTreeDrafter:
+class TopTreeDrafter(ScriptedDrafter):
     """After the first token t1 proposes, as siblings, the target's 2nd and 1st choices, and under the
     1st its own 1st choice: every draw outcome (accept either child, the grandchild, or none) occurs."""
 
     def __init__(self, prompt: list[int]):
         self.prompt = prompt
 
-    def propose(self, req: Req, room: int) -> DraftTree:
+    def propose_one(self, req: Req, room: int) -> DraftTree:
         if len(req.output_ids) != 1 or room < 3:
             return DraftTree([], [])
         ctx = self.prompt + req.output_ids
@@ -56,11 +58,6 @@ class TopTreeDrafter:
         grand = max(target(ctx + [first]).items(), key=lambda kv: kv[1])[0]
         return DraftTree([second, first, grand], [-1, -1, 1])
 
-    def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        pass
-
-    def forget(self, req: Req, finished: bool) -> None:
-        pass
 
 
 def expected_joint(prompt: list[int]) -> dict[tuple[int, int, int], float]:
