@@ -92,20 +92,25 @@ class ModelDrafter:
         self.budget = cfg.speculative_num_draft_tokens
         self.steps = cfg.speculative_num_steps
         self.topk = cfg.speculative_eagle_topk
+        self.max_catch_up = cfg.max_prefill_tokens  # tokens one draft forward computes, like a prefill chunk
         self._reqs: dict[str, _ReqState] = {}
 
     # ---- the drafter protocol -----------------------------------------------------------------
     def propose(self, batch: list[tuple[Req, int]]) -> list[DraftTree]:
         trees = [DraftTree([], []) for _ in batch]
-        rounds = []
+        rounds: list[_Round] = []
+        catch_up = 0
         for i, (req, room) in enumerate(batch):
             state = self._reqs.get(req.rid)
             if state is None:
                 state = self._reqs[req.rid] = _ReqState(DraftSeq(req.rid))
             admitted = state.seq.row is None
-            if state.pacing.ready() and self._catch_up(state.seq, req):
-                budget = state.pacing.budget(min(self.budget, room))
-                rounds.append(_Round(i, state.seq, budget, req.fill_len, admitted))
+            room_left = self.max_catch_up - catch_up if rounds else None  # the first round always runs
+            if not state.pacing.ready() or not self._catch_up(state.seq, req, room_left):
+                continue
+            catch_up += state.seq.pending
+            budget = state.pacing.budget(min(self.budget, room))
+            rounds.append(_Round(i, state.seq, budget, req.fill_len, admitted))
         if not rounds:
             return trees
         self._expand(rounds)
@@ -134,8 +139,9 @@ class ModelDrafter:
         self.kv.check([s for s in seqs if s.row is not None], [s for s in seqs if s.row is None])
 
     # ---- a round --------------------------------------------------------------------------------
-    def _catch_up(self, seq: DraftSeq, req: Req) -> bool:
-        """Slots for the verified tokens the draft has not computed (False: no room, no draft now)."""
+    def _catch_up(self, seq: DraftSeq, req: Req, limit: int | None) -> bool:
+        """Slots for the verified tokens the draft has not computed (False: no memory, or more than
+        `limit` of them: no draft this step; the request catches up at a later one)."""
         seq.ids += req.tokens(seq.fill_len, req.fill_len)
         if seq.row is None:
             if self.kv.num_free_rows == 0:
@@ -144,7 +150,7 @@ class ModelDrafter:
             if self.kv.admit(seq, seq.fill_len - 1, seq.fill_len, self.kv.ensure_free) is None:
                 return False
         assert seq.pending >= 1, "every round has at least the bonus token to catch up"
-        if not self.kv.ensure_free(seq.pending):
+        if (limit is not None and seq.pending > limit) or not self.kv.ensure_free(seq.pending):
             return False
         self.kv.extend(seq, seq.pending)
         return True

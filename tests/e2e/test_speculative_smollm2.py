@@ -84,5 +84,5 @@ def test_draft_model_greedy_output_equals_plain_decoding(smollm_engine, draft_mo
     drafted = after["spec_draft_tokens_total"] - before["spec_draft_tokens_total"]
     assert verifies >= len(ids) and accepted < drafted
     if engine.kind == "standalone":  # the target's own top-k trees: its greedy path is always in them
-        assert accepted > 2 * verifies
+        assert accepted > verifies
     engine.check_invariants()

@@ -183,3 +183,23 @@ def test_bad_draft_model_options_are_refused_clearly(tiny_model_dir, draft_dir, 
     (swapped / "tokenizer.json").write_text(json.dumps(tok_json))
     with pytest.raises(ValueError, match="different tokenizer"):
         Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=256, **standalone(swapped))
+
+
+def test_a_catch_up_forward_computes_at_most_a_prefill_chunk_unless_alone(tiny_model_dir, plain_outputs):
+    h = Harness(tiny_model_dir, max_prefill_tokens=24, **SELF)
+    drafter = h.sched.drafter
+    real_forward = drafter._forward
+    catch_ups = []
+
+    def recording_forward(items):
+        if all(parents is None for _, _, parents, _ in items):
+            catch_ups.append([seq.slot_len - start for seq, start, _, _ in items])
+        return real_forward(items)
+
+    drafter._forward = recording_forward
+    for i, p in enumerate(PROMPTS):
+        h.add(f"r{i}", p)
+    h.run()
+    assert any(len(sizes) > 1 for sizes in catch_ups), "catch-ups were batched"
+    assert all(len(sizes) == 1 or sum(sizes) <= 24 for sizes in catch_ups)
+    assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
