@@ -33,7 +33,7 @@ from ..radix_cache import RadixCache, TreeNode
 from ..request import Req
 from .draft_model import EarlyExit, load_standalone
 from .pacing import Pacing
-from .tree import DraftTree, best_nodes, subtree, with_ancestors
+from .tree import DraftTree, best_nodes, depths, subtree, with_ancestors
 
 DraftLM = LlamaForCausalLM | EarlyExit
 
@@ -81,7 +81,6 @@ class _Round:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
-    depths: list[int] = field(default_factory=list)  # 0: a child of the root
     frontier: list[int] = field(default_factory=list)
 
 
@@ -191,13 +190,12 @@ class ModelDrafter:
         for r, parents in zip(rounds, expanded):
             new = []
             for parent in parents:
-                base, depth = (0.0, 0) if parent < 0 else (r.scores[parent], r.depths[parent] + 1)
+                base = r.scores[parent] if parent >= 0 else 0.0
                 for token, lq in zip(ids[row], values[row]):
                     new.append(len(r.tokens))
                     r.tokens.append(token)
                     r.parents.append(parent)
                     r.scores.append(base + lq)
-                    r.depths.append(depth)
                 row += 1
             r.frontier = sorted(new, key=lambda i: -r.scores[i])[: self.topk]
 
@@ -210,7 +208,7 @@ class ModelDrafter:
             n = seq.slot_len - start
             hidden_rows += [len(input_ids) + w for w in wanted]
             input_ids += seq.tokens(start, seq.slot_len)
-            positions += list(range(start, start + n)) if parents is None else [start + d for d in _depths(parents)]
+            positions += list(range(start, start + n)) if parents is None else [start + d for d in depths(parents)]
             rows.append(seq.row)
         batch = AttentionBatch(
             req_to_token=self.kv.req_to_token.table, rows=rows, kv_lens=[s.slot_len for s, *_ in items],
@@ -220,13 +218,6 @@ class ModelDrafter:
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         hidden = self.model(ids, plan.positions, ForwardContext(self.attn))
         return self.model.compute_logits(hidden[torch.tensor(hidden_rows, dtype=torch.int64, device=self.device)])
-
-
-def _depths(parents: list[int]) -> list[int]:
-    out: list[int] = []
-    for p in parents:
-        out.append(0 if p < 0 else out[p] + 1)
-    return out
 
 
 def build_model_drafter(cfg: EngineConfig, target: LoadedModel, pool_size: int, context_length: int) -> ModelDrafter:

@@ -39,6 +39,14 @@ def item_parents(length: int, parents: list[int]) -> list[int]:
     return chain(prefix) + [prefix - 1 if p < 0 else prefix + p for p in parents]
 
 
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth below the root (0: a child of the root)."""
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
 def paths(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
     """The tokens from the root to each row: [()] for the root, then one per node."""
     out: list[tuple[int, ...]] = [()]
