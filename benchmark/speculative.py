@@ -1,13 +1,16 @@
-"""Speculative decoding benchmark: n-gram draft trees vs plain decoding, measured in the same run.
+"""Speculative decoding benchmark: n-gram and draft-model trees vs plain decoding, measured in one run.
 
 Runs on the real SmolLM2-135M (CPU by default), greedy, with a fresh engine per measurement (so no
 cache or shared trie carries over from one to the next); plain and speculative runs alternate, and each
-keeps its best of `--repeats` (a shared CPU is noisy). For each workload and batch size it reports
-tok/s without and with speculation and their ratio, the mean accepted draft length per verify step,
-output tokens per decode step, the drafter's own time as a share of the wall time (draft overhead),
-and whether the outputs are identical (they must be).
+keeps its best of `--repeats` (a shared CPU is noisy). For each workload, batch size and drafter it
+reports tok/s without and with speculation and their ratio, the mean accepted draft length per verify
+step, output tokens per decode step, the drafter's own time as a share of the wall time (draft overhead:
+for a draft model, its forwards), and whether the outputs are identical (they must be).
 
-Workloads:
+Drafters: `ngram` (NGRAM), `self-k` (SELF: the target's first k layers, --draft-layers), and
+`standalone` (STANDALONE) when --draft-model names a second model file with SmolLM2's tokenizer.
+
+Workloads (tests/data/speculative_prompts.json, shared with the end-to-end test):
 - extractive: code edits that repeat the code, and summaries that quote their input;
 - free: open-ended generation.
 
@@ -16,64 +19,16 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from radixlang.runtime.engine import Engine
 
-CODE = '''def moving_average(values, window):
-    if window <= 0:
-        raise ValueError("window must be positive")
-    out = []
-    total = 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            out.append(total / window)
-    return out
-'''
-CLASS = '''class Stack:
-    def __init__(self):
-        self.items = []
-
-    def push(self, item):
-        self.items.append(item)
-
-    def pop(self):
-        if not self.items:
-            raise IndexError("pop from empty stack")
-        return self.items.pop()
-
-    def peek(self):
-        return self.items[-1] if self.items else None
-'''
-ARTICLE = ("The radix cache keeps every prompt prefix it has computed, so a second request that starts with "
-           "the same system prompt reuses its keys and values instead of recomputing them. When memory runs "
-           "short, eviction removes the least recently used leaves first, and a prefix that a running request "
-           "still uses is locked so that it cannot be evicted.")
-EXTRACTIVE = [
-    "Rewrite this function with the variable `out` renamed to `result`, changing nothing else.\n\n" + CODE,
-    "Add a docstring to each method of this class and repeat the rest of the code unchanged.\n\n" + CLASS,
-    "Quote the sentence of this text that explains eviction, then the one about locking.\n\n" + ARTICLE,
-    "Repeat the following text exactly.\n\n" + ARTICLE,
-    "Rewrite this function to use the name `width` instead of `window`, changing nothing else.\n\n" + CODE,
-    "Rename the class in this code to `LifoStack` and repeat the code.\n\n" + CLASS,
-    "Summarize this text, quoting its key sentences word for word.\n\n" + ARTICLE,
-    "Copy this code and add type hints to the function signature.\n\n" + CODE,
-]
-FREE = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain why the sky is blue to a ten-year-old.",
-    "Give me five ideas for a weekend trip in the mountains, with one sentence each.",
-    "What are the pros and cons of working from home?",
-    "Describe the taste of a ripe mango to someone who has never had one.",
-    "Write a poem about autumn rain.",
-    "How does a bicycle stay upright while moving?",
-    "Plan a three-course dinner for a friend who is vegetarian.",
-]
-WORKLOADS = {"extractive": EXTRACTIVE, "free": FREE}
+PROMPTS = json.loads((Path(__file__).parents[1] / "tests" / "data" / "speculative_prompts.json").read_text())
+WORKLOADS = {"extractive": PROMPTS["extractive"], "free": PROMPTS["free"]}
 
 
 @dataclass(slots=True)
@@ -90,8 +45,15 @@ class Run:
         return self.tokens / self.seconds
 
 
-def measure(args: argparse.Namespace, prompts: list[str], batch: int, speculative: bool) -> Run:
-    options = {"speculative_algorithm": "NGRAM"} if speculative else {}
+def drafters(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    out = {"ngram": {"speculative_algorithm": "NGRAM"},
+           f"self-{args.draft_layers}": {"speculative_algorithm": "SELF", "speculative_draft_layers": args.draft_layers}}
+    if args.draft_model:
+        out["standalone"] = {"speculative_algorithm": "STANDALONE", "speculative_draft_model": args.draft_model}
+    return out
+
+
+def measure(args: argparse.Namespace, prompts: list[str], batch: int, options: dict[str, Any]) -> Run:
     with Engine(device=args.device, kv_cache_tokens=32768, **options) as engine:
         chats = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         params = {"temperature": 0, "max_new_tokens": args.max_new_tokens}
@@ -101,10 +63,10 @@ def measure(args: argparse.Namespace, prompts: list[str], batch: int, speculativ
         if drafter is not None:  # time the drafter itself: its share of the wall time is its overhead
             propose = drafter.propose
 
-            def timed(req, room):
+            def timed(wanted):
                 t = time.perf_counter()
                 try:
-                    return propose(req, room)
+                    return propose(wanted)
                 finally:
                     drafted[0] += time.perf_counter() - t
 
@@ -130,20 +92,28 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=3, help="prompts per workload at batch 1 (batch b: b of them)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--draft-layers", type=int, default=4, help="SELF: the target's first this many layers draft")
+    ap.add_argument("--draft-model", default=None, help="STANDALONE: a draft model file sharing the tokenizer")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    print(f"{'workload':<11}{'batch':>6}{'plain tok/s':>13}{'spec tok/s':>12}{'speed-up':>10}"
+    configs = drafters(args)
+    print(f"{'workload':<11}{'batch':>6}{'drafter':>12}{'plain tok/s':>13}{'spec tok/s':>12}{'speed-up':>10}"
           f"{'accept len':>12}{'tok/step':>10}{'draft time':>12}{'identical':>11}")
     for name, prompts in WORKLOADS.items():
         for batch in args.batch_sizes:
             chosen = prompts[:max(batch, args.prompts if batch == 1 else batch)]
-            runs = [(measure(args, chosen, batch, False), measure(args, chosen, batch, True))
-                    for _ in range(args.repeats)]
-            plain = max((r[0] for r in runs), key=lambda r: r.tok_s)
-            spec = max((r[1] for r in runs), key=lambda r: r.tok_s)
-            print(f"{name:<11}{batch:>6}{plain.tok_s:>13.1f}{spec.tok_s:>12.1f}{spec.tok_s / plain.tok_s:>9.2f}x"
-                  f"{spec.accept_length:>12.2f}{spec.tokens_per_step:>10.2f}{spec.draft_share:>11.1%}"
-                  f"{str(plain.outputs == spec.outputs):>11}", flush=True)
+            best: dict[str, Run] = {}
+            for _ in range(args.repeats):  # interleaved: every configuration sees the same load
+                for label, options in {"plain": {}, **configs}.items():
+                    run = measure(args, chosen, batch, options)
+                    if label not in best or run.tok_s > best[label].tok_s:
+                        best[label] = run
+            plain = best["plain"]
+            for label in configs:
+                spec = best[label]
+                print(f"{name:<11}{batch:>6}{label:>12}{plain.tok_s:>13.1f}{spec.tok_s:>12.1f}"
+                      f"{spec.tok_s / plain.tok_s:>9.2f}x{spec.accept_length:>12.2f}{spec.tokens_per_step:>10.2f}"
+                      f"{spec.draft_share:>11.1%}{str(plain.outputs == spec.outputs):>11}", flush=True)
 
 
 if __name__ == "__main__":

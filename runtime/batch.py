@@ -8,6 +8,7 @@ import torch
 
 from ..kernels.backend import AttentionBatch
 from .request import Req
+from .speculative.tree import depths
 
 
 @dataclass(slots=True)
@@ -40,10 +41,7 @@ class ScheduledItem:
     def positions(self) -> list[int]:
         if self.parents is None:
             return list(range(self.start, self.end))
-        depth: list[int] = []
-        for p in self.parents:
-            depth.append(0 if p < 0 else depth[p] + 1)
-        return [self.start + d for d in depth]
+        return [self.start + d for d in depths(self.parents)]
 
     @property
     def sample_offsets(self) -> range:

@@ -38,7 +38,9 @@ CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it onc
 EMBEDDING_CACHE_MB = 512  # image embeddings every rank keeps by image key (LRU, decided by rank 0)
 
 # speculative decoding (runtime/speculative)
-SPECULATIVE_ALGORITHMS = ("NGRAM",)  # speculative_algorithm: one of these, or None (off)
+# speculative_algorithm: one of these, or None (off). NGRAM: n-gram tries; STANDALONE (SGLang's name): a
+# second model file, speculative_draft_model; SELF: the target's own first speculative_draft_layers layers
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE", "SELF")
 SPEC_BACKOFF_MAX_STEPS = 16  # a drafter that keeps failing a request sits out at most this many steps
 SPEC_INITIAL_ACCEPT = 2.0  # a request's first draft trees assume this many accepted tokens per verify
 SPEC_ACCEPT_EMA = 0.3  # weight of the latest verify in that moving average (trees: 1 + 2x it nodes)
@@ -77,8 +79,12 @@ class EngineConfig:
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names
-    speculative_algorithm: str | None = None  # "NGRAM": draft trees from n-gram tries; None: off
+    speculative_algorithm: str | None = None  # one of SPECULATIVE_ALGORITHMS; None: off
     speculative_num_draft_tokens: int = 8  # draft tree nodes verified per step, at most
+    speculative_draft_model: str | None = None  # STANDALONE: GGUF file or HF folder sharing the tokenizer
+    speculative_draft_layers: int = 4  # SELF: the target's first this many layers draft
+    speculative_num_steps: int = 4  # draft model trees: depth, at most (one draft forward per level)
+    speculative_eagle_topk: int = 4  # draft model trees: children per node, at most
     speculative_ngram_min_match_window_size: int = 1  # shortest context suffix matched in the trie
     speculative_ngram_max_match_window_size: int = 6  # longest one (the longest match wins)
     speculative_ngram_max_bfs_breadth: int = 3  # children per draft tree node, at most
@@ -140,7 +146,13 @@ class EngineConfig:
         if self.speculative_algorithm is not None and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm must be None or one of {SPECULATIVE_ALGORITHMS}, "
                              f"got {self.speculative_algorithm!r}")
-        for name in ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
+        standalone = self.speculative_algorithm == "STANDALONE"
+        if standalone != (self.speculative_draft_model is not None):
+            raise ValueError("speculative_draft_model (a GGUF file or HF folder) is required with, and only "
+                             f"with, speculative_algorithm='STANDALONE'; got speculative_algorithm="
+                             f"{self.speculative_algorithm!r}, speculative_draft_model={self.speculative_draft_model!r}")
+        for name in ("speculative_num_draft_tokens", "speculative_draft_layers", "speculative_num_steps",
+                     "speculative_eagle_topk", "speculative_ngram_min_match_window_size",
                      "speculative_ngram_max_bfs_breadth", "speculative_ngram_branch_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

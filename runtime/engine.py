@@ -37,7 +37,7 @@ from .request import Req, StreamChunk
 from .sampler import TokenLogprob
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .speculative.drafter import NgramDrafter
+from .speculative.drafter import create_drafter
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
         runner = TPRunner(loaded.model, req_to_token, attn, device, TPWorkers(cfg, tp, pool_size, device))
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache)
-    drafter = NgramDrafter(cfg) if cfg.speculative_algorithm == "NGRAM" else None
+    drafter = create_drafter(cfg, loaded, pool_size, context_length)
     scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump, drafter=drafter)
     return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
                        None if vision is None else ImagePrompts(vision), encoder)

@@ -12,7 +12,7 @@ from .kv_manager import KVManager
 from .request import Req, StreamChunk
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
 from .counters import SchedulerCounters
-from .speculative.drafter import NgramDrafter
+from .speculative.drafter import Drafter
 from .speculative.tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
                                constraint_states, paths)
 
@@ -21,7 +21,7 @@ FinishFn = Callable[..., None]  # (req, reason, matched=None, error=None)
 
 class OutputProcessor:
     def __init__(self, kv: KVManager, context_length: int, counters: SchedulerCounters, finish: FinishFn,
-                 jump: JumpForwarder | None, drafter: NgramDrafter | None = None):
+                 jump: JumpForwarder | None, drafter: Drafter | None = None):
         self.kv, self.context_length, self.counters, self.finish = kv, context_length, counters, finish
         self.jump = jump  # None: jump-forward disabled
         self.drafter = drafter  # None: no speculative drafts (jump-forward may still draft)
@@ -34,6 +34,7 @@ class OutputProcessor:
                 self.kv.commit(item.req)
         out = self._sample(live, logits)
         sampled = scored = 0
+        going_on: list[Req] = []  # drafted together once every request has its tokens
         for item, rows in live:
             req = item.req
             n_scores = len(rows.prompt)
@@ -45,8 +46,10 @@ class OutputProcessor:
                 self.finish(req, "length")
                 continue
             n = len(rows.samples)
-            self._verify_and_append(req, out.tokens[sampled:sampled + n], out.sample_logprobs[sampled:sampled + n])
+            if self._verify_and_append(req, out.tokens[sampled:sampled + n], out.sample_logprobs[sampled:sampled + n]):
+                going_on.append(req)
             sampled += n
+        self._draft(going_on)
 
     # ---- one batched sampler call -------------------------------------------------------------
     def _sample(self, live: list[tuple[ScheduledItem, LogitRows]], logits: torch.Tensor | None) -> StepSamples:
@@ -85,7 +88,7 @@ class OutputProcessor:
         return rows
 
     # ---- drafts and appending -------------------------------------------------------------------
-    def _verify_and_append(self, req: Req, drawn: list[int], logprobs: list[TokenLogprob | None]) -> None:
+    def _verify_and_append(self, req: Req, drawn: list[int], logprobs: list[TokenLogprob | None]) -> bool:
         """Keeps the draft nodes on the path the target's draws take through the tree (`accept_path`),
         moves their KV into place and frees the rest, then appends them and the bonus token drawn after
         the last kept one."""
@@ -101,7 +104,7 @@ class OutputProcessor:
             self._count_verify(req, draft.source, n, len(path))
         accepted = [drafted[i] for i in path]
         rows = [0] + [1 + i for i in path]  # the row that drew each accepted token, then the bonus row
-        self._append(req, accepted + [drawn[rows[-1]]], [logprobs[r] for r in rows])
+        return self._append(req, accepted + [drawn[rows[-1]]], [logprobs[r] for r in rows])
 
     def _count_verify(self, req: Req, source: str, drafted: int, accepted: int) -> None:
         if source == JUMP_FORWARD:
@@ -112,10 +115,11 @@ class OutputProcessor:
         if self.drafter is not None:
             self.drafter.verified(req, drafted, accepted)
 
-    def _append(self, req: Req, tokens: list[int], logprobs: list[TokenLogprob | None]) -> None:
+    def _append(self, req: Req, tokens: list[int], logprobs: list[TokenLogprob | None]) -> bool:
         """Appends the accepted draft tokens, then the bonus token, one at a time until one ends the
         request, as plain decoding would have (a complete constraint without EOS ends it before the
-        bonus, which its empty mask made meaningless); streams what was appended in one chunk."""
+        bonus, which its empty mask made meaningless); streams what was appended in one chunk. Returns
+        whether the request goes on."""
         m = req.constraint
         new, kept_lps, text = [], [], []
         reason, matched, error = None, None, None
@@ -139,8 +143,7 @@ class OutputProcessor:
             emit(req, "".join(text), new, kept_lps)
         if reason is not None:
             self.finish(req, reason, matched=matched, error=error)
-        else:
-            self._draft(req)
+        return reason is None
 
     def _ended(self, req: Req, token: int) -> tuple[str | None, int | str | None, str]:
         """(finish reason or None, what matched, text released) after appending `token`."""
@@ -164,20 +167,30 @@ class OutputProcessor:
             return allowed_tree(tree, req.sampling.stop_ids, None, None)
         return allowed_tree(tree, req.sampling.stop_ids, m.state, m.constraint.advance)
 
-    def _draft(self, req: Req) -> None:
+    def _draft(self, reqs: list[Req]) -> None:
         """Appends draft tokens, checked at the next step: the constraint's forced continuation as a
-        one-branch tree, else the drafter's tree."""
-        room = req.max_new_tokens - len(req.output_ids) - 1  # the step after the draft still samples
-        if room <= 0:
+        one-branch tree, else the drafter's tree (one drafter call for all requests)."""
+        wanted: list[tuple[Req, int]] = []
+        for req in reqs:
+            room = req.max_new_tokens - len(req.output_ids) - 1  # the step after the draft still samples
+            if room <= 0:
+                continue
+            if self.jump is not None and req.constraint is not None:
+                forced = self.jump.draft(req.constraint.forced_bytes())[:room]
+                self.counters.jump_forward_drafted += len(forced)
+                if forced:
+                    self._set_draft(req, DraftTree(forced, chain(len(forced))), JUMP_FORWARD)
+                    continue
+            wanted.append((req, room))
+        if self.drafter is None or not wanted:
             return
-        tree, source = DraftTree([], []), JUMP_FORWARD
-        if self.jump is not None and req.constraint is not None:
-            forced = self.jump.draft(req.constraint.forced_bytes())[:room]
-            tree = DraftTree(forced, chain(len(forced)))
-            self.counters.jump_forward_drafted += len(forced)
-        if not tree.tokens and self.drafter is not None:
-            tree, source = self._allowed(req, self.drafter.propose(req, room)), DRAFTER
+        for (req, _), tree in zip(wanted, self.drafter.propose(wanted)):
+            tree = self._allowed(req, tree)
             self.counters.spec_draft_tokens += len(tree.tokens)
+            self._set_draft(req, tree, DRAFTER)
+
+    @staticmethod
+    def _set_draft(req: Req, tree: DraftTree, source: str) -> None:
         if tree.tokens:
             req.output_ids.extend(tree.tokens)
             req.draft = Draft(tree.parents, source)

@@ -21,7 +21,7 @@ from .output_processor import OutputProcessor, emit_final
 from .radix_cache import RadixCache
 from .request import Req, ReqState
 from .schedule_policy import order_waiting
-from .speculative.drafter import NgramDrafter
+from .speculative.drafter import Drafter
 from .speculative.tree import item_parents
 from .counters import SchedulerCounters
 
@@ -37,7 +37,7 @@ class Scheduler:
     kv: KVManager
     context_length: int
     jump: JumpForwarder | None = None  # None: jump-forward disabled
-    drafter: NgramDrafter | None = None  # None: no speculative decoding
+    drafter: Drafter | None = None  # None: no speculative decoding
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
@@ -74,7 +74,7 @@ class Scheduler:
     def set_jump_forward(self, jump: JumpForwarder | None) -> None:
         self.jump = self.output.jump = jump
 
-    def set_drafter(self, drafter: NgramDrafter | None) -> None:
+    def set_drafter(self, drafter: Drafter | None) -> None:
         self.drafter = self.output.drafter = drafter
 
     # ---- one step -------------------------------------------------------------------------------
@@ -211,6 +211,8 @@ class Scheduler:
 
     def _preempt(self, req: Req) -> None:
         self._drop_draft(req)  # the draft is re-proposed after the request resumes
+        if self.drafter is not None:
+            self.drafter.forget(req, finished=False)  # draft KV goes to the draft cache, like the target's
         self.running.remove(req)
         self.counters.preemptions += 1
         if self.cfg.preemption_mode == "swap" and req.kv_len > 0:
@@ -249,6 +251,8 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         self.kv.check(self.running, self.waiting)
+        if self.drafter is not None:
+            self.drafter.check(self.running)
 
     def stats(self) -> dict[str, float]:
         s, pool, free = self.counters, self.kv.num_slots, self.kv.num_free_slots

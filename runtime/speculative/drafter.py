@@ -1,24 +1,59 @@
-"""The n-gram drafter: per request, a trie over its own prompt and output; optionally a trie shared by
-recent requests (repeated boilerplate across a program's calls). Trees are sized by what the request's
-recent verifies accepted, and a request whose drafts keep failing is not drafted for a while (back-off),
-so free text pays almost nothing."""
+"""What a drafter is, the n-gram drafter, and the one place that builds the configured drafter.
+
+The n-gram drafter keeps, per request, a trie over its own prompt and output; optionally a trie shared by
+recent requests (repeated boilerplate across a program's calls). Every drafter paces its requests
+(`Pacing`): trees sized by what recent verifies accepted, and a back-off for drafts that keep failing."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Protocol
 
-from ..config import SPEC_ACCEPT_EMA, SPEC_BACKOFF_MAX_STEPS, SPEC_INITIAL_ACCEPT, EngineConfig
+from ..config import EngineConfig
 from ..request import Req
 from .ngram import NgramTrie
+from .pacing import Pacing
 from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..models.loader import LoadedModel
+
+
+class Drafter(Protocol):
+    def propose(self, batch: list[tuple[Req, int]]) -> list[DraftTree]:
+        """For each (request, room): a draft tree of at most `room` nodes (empty: none), all requests at
+        once (a draft model runs one batched forward per tree level); the caller prunes each tree to the
+        request's stop tokens and constraint."""
+        ...
+
+    def verified(self, req: Req, drafted: int, accepted: int) -> None:
+        """The target verified a tree of `drafted` nodes of this drafter's and kept `accepted`."""
+        ...
+
+    def forget(self, req: Req, finished: bool) -> None:
+        """The request finished (finished=True), was aborted or preempted: drop what is held for it."""
+        ...
+
+    def check(self, running: Iterable[Req]) -> None:
+        """Asserts the drafter holds state (and draft KV) for running requests only."""
+        ...
+
+
+def create_drafter(cfg: EngineConfig, target: LoadedModel, pool_size: int, context_length: int) -> Drafter | None:
+    """The drafter `cfg.speculative_algorithm` names, or None (speculation off)."""
+    if cfg.speculative_algorithm is None:
+        return None
+    if cfg.speculative_algorithm == "NGRAM":
+        return NgramDrafter(cfg)
+    from .model_drafter import build_model_drafter  # loads models and KV memory: torch-heavy
+
+    return build_model_drafter(cfg, target, pool_size, context_length)
 
 
 @dataclass(slots=True)
 class _ReqState:
     trie: NgramTrie
     fed: int = 0  # tokens of the request's sequence fed to its trie
-    misses: int = 0  # verifies in a row that accepted nothing
-    skip: int = 0  # steps still to sit out (back-off)
-    accepted: float = SPEC_INITIAL_ACCEPT  # moving average of tokens accepted per verify
+    pacing: Pacing = field(default_factory=Pacing)
 
 
 class NgramDrafter:
@@ -33,37 +68,29 @@ class NgramDrafter:
         self.shared = NgramTrie(self.window) if self.capacity > 0 else None
         self._reqs: dict[str, _ReqState] = {}
 
-    def propose(self, req: Req, room: int) -> DraftTree:
-        """A draft tree of at most `room` nodes (empty: none); the caller prunes it to the constraint."""
+    def propose(self, batch: list[tuple[Req, int]]) -> list[DraftTree]:
+        return [self.propose_one(req, room) for req, room in batch]
+
+    def propose_one(self, req: Req, room: int) -> DraftTree:
         state = self._reqs.get(req.rid)
         if state is None:
             state = self._reqs[req.rid] = _ReqState(NgramTrie(self.window))
-        if state.skip > 0:
-            state.skip -= 1
+        if not state.pacing.ready():
             return DraftTree([], [])
         state.trie.feed(req.tokens(state.fed, req.fill_len))
         state.fed = req.fill_len
         context = req.tokens(max(0, req.fill_len - self.max_match), req.fill_len)
-        # a tree about twice as big as what recent verifies accepted: each node costs verify compute
-        budget = min(self.budget, room, 1 + int(2 * state.accepted))
-        args = (budget, self.min_match, self.max_match, self.max_breadth, self.max_depth)
+        args = (state.pacing.budget(min(self.budget, room)), self.min_match, self.max_match, self.max_breadth,
+                self.max_depth)
         tree = state.trie.propose(context, *args)
         if not tree.tokens and self.shared is not None:
             tree = self.shared.propose(context, *args)
         return tree
 
     def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        """Sizes the next trees by what verifies accept; after k verifies in a row that kept nothing,
-        sits out min(2^k, max) - 1 steps."""
         state = self._reqs.get(req.rid)
-        if state is None or not drafted:
-            return
-        state.accepted += SPEC_ACCEPT_EMA * (accepted - state.accepted)
-        if accepted:
-            state.misses = 0
-            return
-        state.misses += 1
-        state.skip = min(1 << state.misses, SPEC_BACKOFF_MAX_STEPS) - 1
+        if state is not None and drafted:
+            state.pacing.verified(accepted)
 
     def forget(self, req: Req, finished: bool) -> None:
         """Drops the request's state; a finished request's sequence goes to the shared trie."""
@@ -74,3 +101,7 @@ class NgramDrafter:
             self.shared.clear()  # recent requests only: start over rather than track ages
         self.shared.end_sequence()
         self.shared.feed(req.tokens(0, req.fill_len))
+
+    def check(self, running: Iterable[Req]) -> None:
+        stale = set(self._reqs) - {r.rid for r in running}
+        assert not stale, f"n-gram drafter holds state of requests not running: {sorted(stale)[:4]}"

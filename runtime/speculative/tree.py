@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 JUMP_FORWARD = "jump_forward"  # a constraint's forced string: a one-branch draft
-DRAFTER = "drafter"  # the speculative drafter (n-gram)
+DRAFTER = "drafter"  # the speculative drafter (n-gram or draft model)
 
 
 @dataclass(slots=True)
@@ -37,6 +37,14 @@ def item_parents(length: int, parents: list[int]) -> list[int]:
     prefix = length - len(parents)
     assert prefix >= 1, "the root (the last verified token) is computed with its draft"
     return chain(prefix) + [prefix - 1 if p < 0 else prefix + p for p in parents]
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth below the root (0: a child of the root)."""
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
 
 
 def paths(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
@@ -91,6 +99,31 @@ def allowed_tree(tree: DraftTree, stop_ids: frozenset[int], start: Any,
         return True
 
     return prune(tree, keep)
+
+
+def with_ancestors(parents: list[int], nodes: list[int]) -> list[int]:
+    """`nodes` and all their ancestors, ascending (so parents come first)."""
+    out: set[int] = set()
+    for node in nodes:
+        while node >= 0 and node not in out:
+            out.add(node)
+            node = parents[node]
+    return sorted(out)
+
+
+def subtree(tokens: list[int], parents: list[int], nodes: list[int]) -> DraftTree:
+    """The tree of `nodes` (ascending, closed under parents), renumbered."""
+    new_index = {-1: -1}
+    for i, node in enumerate(nodes):
+        new_index[node] = i
+    return DraftTree([tokens[n] for n in nodes], [new_index[parents[n]] for n in nodes])
+
+
+def best_nodes(scores: list[float], budget: int) -> list[int]:
+    """The `budget` highest-scoring nodes, ascending. With scores that never grow from a parent to its
+    child (cumulative log-probabilities) and ties going to the earlier node, they are closed under
+    parents: a tree."""
+    return sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:budget])
 
 
 def accept_path(tokens: list[int], parents: list[int], drawn: list[int]) -> list[int]:

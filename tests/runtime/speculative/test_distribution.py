@@ -1,5 +1,6 @@
 """Sampling with speculation follows the target distribution: the joint frequencies of the first three
-sampled tokens, with a draft tree verified after the first (children accepted and rejected), match the
+sampled tokens, with a draft tree verified after the first (children accepted and rejected; a scripted
+tree, or a draft model's top-k tree from the tiny model's own first layer), match the
 distribution computed by a dense cache-free forward pass (chi-square at a fixed seed). A deliberately
 wrong acceptance rule fails the same test."""
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from radixlang.runtime import output_processor
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.tree import DraftTree
+
+from .scripted import ScriptedDrafter
 
 from ...conftest import TINY_CONFIG, tiny_weights
 from ..models.test_llama import dense_logits
@@ -41,14 +44,14 @@ def _target(prefix: tuple[int, ...]) -> dict[int, float]:
 WEIGHTS = tiny_weights(TINY_CONFIG)
 
 
-class TopTreeDrafter:
+class TopTreeDrafter(ScriptedDrafter):
     """After the first token t1 proposes, as siblings, the target's 2nd and 1st choices, and under the
     1st its own 1st choice: every draw outcome (accept either child, the grandchild, or none) occurs."""
 
     def __init__(self, prompt: list[int]):
         self.prompt = prompt
 
-    def propose(self, req: Req, room: int) -> DraftTree:
+    def propose_one(self, req: Req, room: int) -> DraftTree:
         if len(req.output_ids) != 1 or room < 3:
             return DraftTree([], [])
         ctx = self.prompt + req.output_ids
@@ -56,11 +59,6 @@ class TopTreeDrafter:
         grand = max(target(ctx + [first]).items(), key=lambda kv: kv[1])[0]
         return DraftTree([second, first, grand], [-1, -1, 1])
 
-    def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        pass
-
-    def forget(self, req: Req, finished: bool) -> None:
-        pass
 
 
 def expected_joint(prompt: list[int]) -> dict[tuple[int, int, int], float]:
@@ -77,8 +75,16 @@ def chi_square_critical(dof: int, z: float = 3.09) -> float:
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
-def sample_joint(engine, prompt: list[int]) -> tuple[Counter, dict[str, float]]:
-    engine.scheduler.set_drafter(TopTreeDrafter(prompt))
+SELF_DRAFT = {"speculative_algorithm": "SELF", "speculative_draft_layers": 1, "speculative_eagle_topk": 2}
+DRAFTERS = ["scripted", "self-draft"]  # TopTreeDrafter's trees; the tiny model's first layer's top-k trees
+
+
+def sample_joint(factory, kind: str, prompt: list[int]) -> tuple[Counter, dict[str, float]]:
+    if kind == "scripted":
+        engine = factory(seed=1234, max_running_requests=128)
+        engine.scheduler.set_drafter(TopTreeDrafter(prompt))
+    else:
+        engine = factory(seed=1234, max_running_requests=128, **SELF_DRAFT)
     outs = engine.generate(input_ids=[prompt] * SAMPLES, sampling_params=PARAMS)
     return Counter(tuple(o.output_ids[:3]) for o in outs), engine.stats()
 
@@ -93,12 +99,17 @@ def prompt(tokenizer) -> list[int]:
     return tokenizer.encode("The quick brown fox")
 
 
-def test_speculative_sampling_matches_the_target_distribution(tiny_engine_factory, prompt):
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_speculative_sampling_matches_the_target_distribution(tiny_engine_factory, prompt, kind):
     expected = expected_joint(prompt)
-    observed, stats = sample_joint(tiny_engine_factory(seed=1234, max_running_requests=128), prompt)
-    assert stats["spec_verify_steps_total"] == SAMPLES
+    observed, stats = sample_joint(tiny_engine_factory, kind, prompt)
     accepted = stats["spec_accepted_tokens_total"] / SAMPLES
-    assert 0.3 < accepted < 1.9, "drafts were both accepted and rejected"
+    if kind == "scripted":
+        assert stats["spec_verify_steps_total"] == SAMPLES
+        assert 0.3 < accepted < 1.9, "drafts were both accepted and rejected"
+    else:
+        assert stats["spec_verify_steps_total"] >= SAMPLES
+        assert 0.1 < accepted and stats["spec_draft_tokens_total"] > 2 * stats["spec_accepted_tokens_total"]
     stat, critical = chi_square(observed, expected), chi_square_critical(len(expected) - 1)
     assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}"
 
@@ -115,8 +126,10 @@ def first_child_when_any_child(tokens: list[int], parents: list[int], drawn: lis
 
 
 def test_a_wrong_acceptance_rule_fails_the_same_test(tiny_engine_factory, prompt, monkeypatch):
+    """On the scripted tree, whose first child is the target's 2nd choice (a draft model's first child is
+    mostly the target's draw too, which hides this bug)."""
     monkeypatch.setattr(output_processor, "accept_path", first_child_when_any_child)
     expected = expected_joint(prompt)
-    observed, _ = sample_joint(tiny_engine_factory(seed=1234, max_running_requests=128), prompt)
+    observed, _ = sample_joint(tiny_engine_factory, "scripted", prompt)
     stat, critical = chi_square(observed, expected), chi_square_critical(len(expected) - 1)
     assert stat > critical, f"chi-square {stat:.1f} <= {critical:.1f}"

@@ -18,6 +18,8 @@ from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.speculative.drafter import NgramDrafter
 from radixlang.runtime.speculative.tree import DraftTree
 
+from .scripted import ScriptedDrafter
+
 SPEC = {"speculative_algorithm": "NGRAM"}
 PROMPTS = [
     "the cat sat on the mat and the cat sat on the mat and the cat",
@@ -96,14 +98,14 @@ def test_stops_and_max_new_tokens_inside_an_accepted_run_end_where_plain_decodin
     assert cut_inside_a_run >= 3, "several requests ended inside a multi-token verified run"
 
 
-class OracleDrafter:
+class OracleDrafter(ScriptedDrafter):
     """Proposes the known plain output's next tokens as one branch, with random siblings and junk."""
 
     def __init__(self, truth: dict[str, list[int]], extra: list[int], seed: int):
         self.truth, self.extra, self.rng = truth, extra, random.Random(seed)
         self.proposed = 0
 
-    def propose(self, req: Req, room: int) -> DraftTree:
+    def propose_one(self, req: Req, room: int) -> DraftTree:
         tokens, parents = [], []
         ahead = self.truth[req.rid][len(req.output_ids):][:min(room, self.rng.randint(0, 6))]
         for token in ahead:  # the true branch, with a junk sibling at each level
@@ -115,11 +117,6 @@ class OracleDrafter:
         self.proposed += len(tokens)
         return DraftTree(tokens, parents)
 
-    def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        pass
-
-    def forget(self, req: Req, finished: bool) -> None:
-        pass
 
 
 def test_draft_nodes_outside_the_constraint_are_pruned_before_verification(tiny_engine_factory):
@@ -203,21 +200,16 @@ class Harness:
         return [t for c in self.chunks[rid] for t in c.token_ids]
 
 
-class JunkDrafter:
+class JunkDrafter(ScriptedDrafter):
     """Proposes random trees: nearly every node is rejected."""
 
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
 
-    def propose(self, req: Req, room: int) -> DraftTree:
+    def propose_one(self, req: Req, room: int) -> DraftTree:
         n = min(room, self.rng.randint(0, 10))
         return DraftTree([self.rng.randrange(1000) for _ in range(n)], [self.rng.randint(-1, i - 1) for i in range(n)])
 
-    def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        pass
-
-    def forget(self, req: Req, finished: bool) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -299,10 +291,10 @@ def test_finished_requests_feed_a_shared_trie_that_drafts_for_later_ones(tokeniz
     head, boilerplate = tokenizer.encode("Letter one."), tokenizer.encode(" Sincerely yours, the radixlang team")
     first = bare_req(tokenizer, "a", head + boilerplate)
     later = bare_req(tokenizer, "b", tokenizer.encode("Letter two.") + boilerplate[:3])
-    assert drafter.propose(later, 8).tokens == []  # its own text has no continuation of its end
+    assert drafter.propose_one(later, 8).tokens == []  # its own text has no continuation of its end
     drafter.forget(first, finished=True)
     expected = boilerplate[3:]  # what followed in the finished request
-    tree = drafter.propose(later, 8)
+    tree = drafter.propose_one(later, 8)
     assert tree.tokens == expected[:len(tree.tokens)] and len(tree.tokens) >= 3
     for i in range(30):  # past capacity the shared trie starts over
         drafter.forget(bare_req(tokenizer, f"x{i}", f"Unrelated text number {i} goes here."), finished=True)
@@ -316,7 +308,7 @@ def test_a_failing_drafter_backs_off_exponentially(tokenizer):
     def proposals(n: int, accepted: int) -> list[bool]:
         out = []
         for _ in range(n):
-            out.append(bool(drafter.propose(req, 8).tokens))
+            out.append(bool(drafter.propose_one(req, 8).tokens))
             if out[-1]:
                 drafter.verified(req, 8, accepted)
         return out

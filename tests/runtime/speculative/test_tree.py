@@ -1,7 +1,8 @@
 """Draft tree helpers: item parents, paths, pruning and the acceptance walk, against hand-built trees."""
 from __future__ import annotations
 
-from radixlang.runtime.speculative.tree import DraftTree, accept_path, chain, item_parents, paths, prune
+from radixlang.runtime.speculative.tree import (DraftTree, accept_path, best_nodes, chain, item_parents, paths, prune,
+                                               subtree, with_ancestors)
 
 # root -> 10 (0) -> 11 (2) -> 12 (4)
 #      -> 20 (1) -> 21 (3)
@@ -28,3 +29,32 @@ def test_acceptance_walks_the_draws_from_the_root():
 def test_pruning_drops_subtrees():
     pruned = prune(DraftTree(TOKENS, PARENTS), lambda i, parent: TOKENS[i] != 11)
     assert pruned == DraftTree([10, 20, 21], [-1, -1, 1])
+
+
+def test_the_best_nodes_by_cumulative_score_form_a_tree():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 30)
+        parents = [rng.randint(-1, i - 1) for i in range(n)]
+        scores: list[float] = []
+        for p in parents:  # cumulative log-probabilities: a child never beats its parent
+            scores.append((0.0 if p < 0 else scores[p]) + rng.choice([0.0, -rng.random()]))
+        budget = rng.randint(1, n)
+        kept = best_nodes(scores, budget)
+        assert len(kept) == budget and kept == sorted(kept)
+        assert all(parents[i] < 0 or parents[i] in kept for i in kept), "closed under parents"
+        assert min(scores[i] for i in kept) >= max([scores[i] for i in range(n) if i not in kept], default=-1e9)
+        assert with_ancestors(parents, kept) == kept
+        tree = subtree(list(range(100, 100 + n)), parents, kept)
+        assert paths(tree.tokens, tree.parents)[1:] == [
+            tuple(100 + a for a in reversed(_ancestry(parents, i))) for i in kept]
+
+
+def _ancestry(parents: list[int], i: int) -> list[int]:
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = parents[i]
+    return out
