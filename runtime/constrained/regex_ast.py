@@ -6,6 +6,7 @@ and never reaches the DFA builder.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Union
 
@@ -137,7 +138,12 @@ def char_class(spec: str) -> Node:
 
 
 def literal(text: str) -> Node:
-    return seq(*(Chars(((ord(c), ord(c)),)) for c in text))
+    return seq(*(_char(c) for c in text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _char(c: str) -> Chars:
+    return Chars(((ord(c), ord(c)),))
 
 
 def seq(*items: Node) -> Node:
