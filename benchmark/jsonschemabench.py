@@ -43,6 +43,7 @@ class SubsetResult:
     false_rejects: int = 0
     invalid: int = 0
     false_accepts: int = 0
+    check_errors: int = 0  # instances whose check failed (a lexer too large or too slow to build): refused
 
 
 class CompileTimeout(Exception):
@@ -72,9 +73,19 @@ def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]
     return {s: sorted(rng.sample(files, min(per_subset, len(files)))) for s, files in by_subset.items()}
 
 
-def accepts(constraint, text: str) -> bool:
-    state = constraint.advance_bytes(constraint.initial(), text.encode())
-    return state is not None and constraint.can_end(state)
+def accepts(constraint, text: str, limit_s: float, result: SubsetResult) -> bool:
+    """Whether the constraint accepts `text`; a check that fails (lexers are built on first use, and one
+    may be too large or too slow) counts as a refusal, and as a check error."""
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            state = constraint.advance_bytes(constraint.initial(), text.encode())
+            return state is not None and constraint.can_end(state)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except (CompileTimeout, ValueError):
+        result.check_errors += 1
+        return False
 
 
 def bucket(message: str) -> str:
@@ -111,7 +122,7 @@ def run_schema(vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResu
     result.compiled += 1
     for test in case.get("tests", []):
         text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
-        ok = accepts(constraint, text)
+        ok = accepts(constraint, text, limit_s, result)
         if test["valid"]:
             result.valid += 1
             result.false_rejects += not ok
@@ -159,6 +170,7 @@ def main() -> None:
         total.false_rejects += r.false_rejects
         total.invalid += r.invalid
         total.false_accepts += r.false_accepts
+        total.check_errors += r.check_errors
     print_row("all", total)
     print(f"\nwhy schemas were refused (first error each, {sum(errors.values())} schemas):")
     for message, count in errors.most_common(args.errors):
@@ -172,7 +184,8 @@ def print_row(name: str, r: SubsetResult, flush: bool = False) -> None:
     rate = 100 * r.compiled / max(r.schemas, 1)
     print(f"{name:16s} compiled {r.compiled:4d}/{r.schemas:<4d} ({rate:5.1f}%)  "
           f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms  "
-          f"false rejects {r.false_rejects}/{r.valid}  false accepts {r.false_accepts}/{r.invalid}", flush=flush)
+          f"false rejects {r.false_rejects}/{r.valid}  false accepts {r.false_accepts}/{r.invalid}"
+          + (f"  check errors {r.check_errors}" if r.check_errors else ""), flush=flush)
 
 
 if __name__ == "__main__":

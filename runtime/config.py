@@ -61,6 +61,7 @@ class EngineConfig:
     seed: int = 0  # seeds requests that bring no seed of their own
     disable_jump_forward: bool = False  # constrained requests decode forced text token by token
     constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
+    constrained_json_relaxed: str | None = None  # e.g. "uniqueItems": JSON-schema keywords left unenforced
     attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
     quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
     # speculative decoding, with SGLang's option names

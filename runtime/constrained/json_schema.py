@@ -73,7 +73,10 @@ def whitespace_node(pattern: str | None) -> ra.Node:
 
 
 def relaxed_keywords(relaxed: Any) -> frozenset[str]:
-    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`)."""
+    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`),
+    as names or one comma-separated string."""
+    if isinstance(relaxed, str):
+        relaxed = [k.strip() for k in relaxed.split(",") if k.strip()]
     out = frozenset(relaxed or ())
     if not out <= RELAXABLE:
         raise ValueError(f"json_schema relaxed keywords must be among {sorted(RELAXABLE)}, got {sorted(out)}")

@@ -208,16 +208,31 @@ def graph_closure(graph: Graph, state: int) -> set[int]:
     return seen
 
 
-def refs(node: Node) -> set[str]:
+_NO_REFS: frozenset[str] = frozenset()
+_REFS_MEMO: dict[int, tuple[Node, frozenset[str]]] = {}  # by id; holding the node keeps its id unique
+_REFS_MEMO_SIZE = 1 << 18
+
+
+def refs(node: Node) -> frozenset[str]:
+    """The rule names `node` refers to. Memoized by identity: schemas share subtrees, and the grammar
+    writer asks again at every level of a tree."""
     if isinstance(node, Ref):
-        return {node.name}
+        return frozenset((node.name,))
+    if isinstance(node, Chars | Compiled):
+        return _NO_REFS
+    hit = _REFS_MEMO.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
     if isinstance(node, Seq | Alt):
-        return set().union(*(refs(x) for x in node.items)) if node.items else set()
-    if isinstance(node, Repeat | Bounded):
-        return refs(node.item)
-    if isinstance(node, Graph):
-        return set().union(*(refs(n) for _, n, _ in node.edges)) if node.edges else set()
-    return set()
+        out = frozenset().union(*(refs(x) for x in node.items))
+    elif isinstance(node, Repeat | Bounded):
+        out = refs(node.item)
+    else:
+        out = frozenset().union(*(refs(n) for _, n, _ in node.edges))
+    if len(_REFS_MEMO) >= _REFS_MEMO_SIZE:
+        _REFS_MEMO.clear()
+    _REFS_MEMO[id(node)] = (node, out)
+    return out
 
 
 def size(node: Node, memo: dict[int, int] | None = None) -> int:
