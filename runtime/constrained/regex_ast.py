@@ -7,13 +7,22 @@ and never reaches the DFA builder.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Union
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
 Ranges = tuple[tuple[int, int], ...]
+
+
+def _cached_hash(node) -> int:  # noqa: ANN001 - a composite node
+    """A composite node's hash, computed once: grammars key dicts by large shared trees."""
+    h = node._hash
+    if not h:
+        h = hash((type(node).__name__, *(getattr(node, f) for f in node.__dataclass_fields__ if f != "_hash"))) or 1
+        object.__setattr__(node, "_hash", h)
+    return h
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +33,17 @@ class Chars:
 @dataclass(frozen=True, slots=True)
 class Seq:
     items: tuple["Node", ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 @dataclass(frozen=True, slots=True)
 class Alt:
     items: tuple["Node", ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +51,9 @@ class Repeat:
     item: "Node"
     min: int
     max: int | None  # None: unbounded
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +85,9 @@ class Graph:
     num_states: int
     edges: tuple[tuple[int, "Node", int], ...]
     finals: tuple[int, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref, Compiled, Graph]
