@@ -7,7 +7,9 @@ Per subset (the file-name prefix before `---`) it reports:
 - p50 / p90 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread);
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;
-- the first error of each refused schema, bucketed by message, over all subsets.
+- the first error of each refused schema, bucketed by message, over all subsets;
+- the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
+  each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
         [--relax uniqueItems]
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
+from radixlang.runtime.constrained.matcher import Matcher
 from radixlang.runtime.constrained.vocab import TokenVocab
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
@@ -44,6 +47,8 @@ class SubsetResult:
     invalid: int = 0
     false_accepts: int = 0
     check_errors: int = 0  # instances whose check failed (a lexer too large or too slow to build): refused
+    mask_us: list[float] = field(default_factory=list)  # per-token mask times, first walk of each instance
+    mask_warm_us: list[float] = field(default_factory=list)  # the same walk again (masks cached)
 
 
 class CompileTimeout(Exception):
@@ -54,13 +59,13 @@ def _on_alarm(signum, frame):
     raise CompileTimeout()
 
 
-def load_vocab() -> TokenVocab:
+def load_vocab() -> tuple[Tokenizer, TokenVocab]:
     import gguf
 
     tokenizer = Tokenizer.from_gguf_metadata(gguf_metadata(gguf.GGUFReader(str(default_model_path()))))
     vocab = TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size)
     vocab.trie  # built once per vocabulary, as an engine does at its first constraint: not a schema's cost
-    return vocab
+    return tokenizer, vocab
 
 
 def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]]:
@@ -73,19 +78,23 @@ def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]
     return {s: sorted(rng.sample(files, min(per_subset, len(files)))) for s, files in by_subset.items()}
 
 
-def accepts(constraint, text: str, limit_s: float, result: SubsetResult) -> bool:
-    """Whether the constraint accepts `text`; a check that fails (lexers are built on first use, and one
-    may be too large or too slow) counts as a refusal, and as a check error."""
+def limited(run, limit_s: float, result: SubsetResult):
+    """run() under the time limit; a check that fails (lexers are built on first use, and one may be
+    too large or too slow) returns None and counts as a check error."""
     try:
         signal.setitimer(signal.ITIMER_REAL, limit_s)
         try:
-            state = constraint.advance_bytes(constraint.initial(), text.encode())
-            return state is not None and constraint.can_end(state)
+            return run()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except (CompileTimeout, ValueError):
         result.check_errors += 1
-        return False
+        return None
+
+
+def accepts(constraint, text: str) -> bool:
+    state = constraint.advance_bytes(constraint.initial(), text.encode())
+    return state is not None and constraint.can_end(state)
 
 
 def bucket(message: str) -> str:
@@ -95,7 +104,18 @@ def bucket(message: str) -> str:
     return text[:110]
 
 
-def run_schema(vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult, errors: Counter,
+def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) -> None:
+    """Per-token `mask_words` times along the tokenizer's tokens of `text` (an accepted instance)."""
+    matcher = Matcher(constraint, constraint.vocab.end_ids)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        start = time.perf_counter()
+        matcher.mask_words(matcher.state)
+        out.append((time.perf_counter() - start) * 1e6)
+        if not matcher.advance(token):
+            return
+
+
+def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult, errors: Counter,
                relaxed: tuple[str, ...] = (), failures: list[str] | None = None) -> None:
     case = json.loads(path.read_text())
     result.schemas += 1
@@ -122,7 +142,10 @@ def run_schema(vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResu
     result.compiled += 1
     for test in case.get("tests", []):
         text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
-        ok = accepts(constraint, text, limit_s, result)
+        ok = bool(limited(lambda: accepts(constraint, text), limit_s, result))
+        if ok and test["valid"]:
+            for out in (result.mask_us, result.mask_warm_us):
+                limited(lambda: time_masks(constraint, tokenizer, text, out), limit_s, result)
         if test["valid"]:
             result.valid += 1
             result.false_rejects += not ok
@@ -149,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"{args.data} is not a folder: pass the benchmark's maskbench/data folder")
-    vocab = load_vocab()
+    tokenizer, vocab = load_vocab()
     signal.signal(signal.SIGALRM, _on_alarm)
     results: dict[str, SubsetResult] = {}
     errors: Counter = Counter()
@@ -159,7 +182,7 @@ def main() -> None:
             continue
         result = results[subset] = SubsetResult()
         for path in files:
-            run_schema(vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
+            run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
         print_row(subset, result, flush=True)
     total = SubsetResult()
     for r in results.values():
@@ -171,7 +194,12 @@ def main() -> None:
         total.invalid += r.invalid
         total.false_accepts += r.false_accepts
         total.check_errors += r.check_errors
+        total.mask_us += r.mask_us
+        total.mask_warm_us += r.mask_warm_us
     print_row("all", total)
+    for name, times in (("cold", total.mask_us), ("warm", total.mask_warm_us)):
+        print(f"per-token mask (mask_words), {name}: {len(times)} masks, p50 {percentile(times, 50):.1f} us, "
+              f"p99 {percentile(times, 99):.1f} us")
     print(f"\nwhy schemas were refused (first error each, {sum(errors.values())} schemas):")
     for message, count in errors.most_common(args.errors):
         print(f"{count:5d}  {message}")
