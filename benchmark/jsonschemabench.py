@@ -11,8 +11,12 @@ Per subset (the file-name prefix before `---`) it reports:
 - the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
   each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 
+Where xgrammar or outlines-core is installed (`pip install --no-deps xgrammar apache-tvm-ffi
+outlines-core`: neither may pull another torch), it compiles the same schemas with it side by side
+(same vocabulary, compact JSON, one thread, compile + first mask); a missing peer prints a skip.
+
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
-        [--relax uniqueItems]
+        [--relax uniqueItems] [--no-peers]
 """
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ import signal
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.matcher import Matcher
@@ -76,6 +81,57 @@ def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]
             by_subset[subset].append(path)
     rng = random.Random(seed)
     return {s: sorted(rng.sample(files, min(per_subset, len(files)))) for s, files in by_subset.items()}
+
+
+def make_peers(tokenizer: Tokenizer, vocab: TokenVocab) -> dict[str, Callable[[dict], None]]:
+    """Compile + first mask with each installed peer, on the same vocabulary; a missing one is skipped."""
+    peers: dict[str, Callable[[dict], None]] = {}
+    try:
+        import xgrammar as xgr
+
+        encoded = [vocab.bytes_of(i) for i in range(vocab.size)]
+        info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=list(vocab.end_ids))
+
+        def xgrammar_compile(schema: dict) -> None:
+            compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True)
+            xgr.GrammarMatcher(compiled).fill_next_token_bitmask(xgr.allocate_token_bitmask(1, vocab.size))
+        peers["xgrammar"] = xgrammar_compile
+    except ImportError as e:
+        print(f"skipping peer xgrammar: not installed ({e})")
+    try:
+        import outlines_core as oc
+
+        by_bytes: dict[bytes, list[int]] = defaultdict(list)
+        for token in vocab.ids.tolist():
+            by_bytes[vocab.bytes_of(token)].append(token)
+        oc_vocab = oc.Vocabulary(vocab.end_ids[0], dict(by_bytes))
+
+        def outlines_compile(schema: dict) -> None:
+            index = oc.Index(oc.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern=""), oc_vocab)
+            index.get_allowed_tokens(index.get_initial_state())
+        peers["outlines-core"] = outlines_compile
+    except ImportError as e:
+        print(f"skipping peer outlines-core: not installed ({e})")
+    return peers
+
+
+def run_peer(compile_one: Callable[[dict], None], schema: dict, limit_s: float, result: SubsetResult) -> None:
+    """A peer's compile + first mask; its native code runs to completion, so the limit is checked after."""
+    result.schemas += 1
+    start = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            compile_one(schema)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Exception:  # noqa: BLE001 - a peer's refusal, of whatever type, is a refusal
+        return
+    elapsed = time.perf_counter() - start
+    if elapsed <= limit_s:
+        result.compiled += 1
+        result.times_ms.append(elapsed * 1e3)
 
 
 def limited(run, limit_s: float, result: SubsetResult):
@@ -165,6 +221,7 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=10.0, help="compile + first mask time limit per schema")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--errors", type=int, default=25, help="failure buckets to print")
+    parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / outlines-core even if installed")
     parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
     parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
     parser.add_argument("--relax", nargs="*", default=[], help="keywords left unenforced where they cannot be "
@@ -177,26 +234,39 @@ def main() -> None:
     results: dict[str, SubsetResult] = {}
     errors: Counter = Counter()
     failures: list[str] = []
+    peers = {} if args.no_peers else make_peers(tokenizer, vocab)
+    peer_results: dict[str, SubsetResult] = {name: SubsetResult() for name in peers}
+    times: dict[str, dict[Path, float]] = {name: {} for name in ("radixlang", *peers)}  # by schema, compiled ones
     for subset, files in sample_files(args.data, args.per_subset, args.seed).items():
         if subset not in args.subsets:
             continue
         result = results[subset] = SubsetResult()
+        per_peer = {name: SubsetResult() for name in peers}
         for path in files:
+            before = len(result.times_ms)
             run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
+            if len(result.times_ms) > before:
+                times["radixlang"][path] = result.times_ms[-1]
+            for name, compile_one in peers.items():
+                before = len(per_peer[name].times_ms)
+                run_peer(compile_one, json.loads(path.read_text())["schema"], args.limit_s, per_peer[name])
+                if len(per_peer[name].times_ms) > before:
+                    times[name][path] = per_peer[name].times_ms[-1]
         print_row(subset, result, flush=True)
+        for name, r in per_peer.items():
+            print_row(f"  {name}", r, flush=True, peer=True)
+            merge(peer_results[name], r)
     total = SubsetResult()
     for r in results.values():
-        total.schemas += r.schemas
-        total.compiled += r.compiled
-        total.times_ms += r.times_ms
-        total.valid += r.valid
-        total.false_rejects += r.false_rejects
-        total.invalid += r.invalid
-        total.false_accepts += r.false_accepts
-        total.check_errors += r.check_errors
-        total.mask_us += r.mask_us
-        total.mask_warm_us += r.mask_warm_us
+        merge(total, r)
     print_row("all", total)
+    for name, r in peer_results.items():
+        print_row(f"  {name}", r, peer=True)
+    common = set.intersection(*(set(t) for t in times.values()))
+    if peers and common:
+        print(f"compile + first mask on the {len(common)} schemas every system compiled: " + ", ".join(
+            f"{name} p50 {percentile([t[p] for p in common], 50):.1f} / p90 {percentile([t[p] for p in common], 90):.1f} ms"
+            for name, t in times.items()))
     for name, times in (("cold", total.mask_us), ("warm", total.mask_warm_us)):
         print(f"per-token mask (mask_words), {name}: {len(times)} masks, p50 {percentile(times, 50):.1f} us, "
               f"p99 {percentile(times, 99):.1f} us")
@@ -208,10 +278,19 @@ def main() -> None:
         print("\n".join(failures))
 
 
-def print_row(name: str, r: SubsetResult, flush: bool = False) -> None:
+def merge(total: SubsetResult, r: SubsetResult) -> None:
+    for f in fields(SubsetResult):
+        setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
+
+
+def print_row(name: str, r: SubsetResult, flush: bool = False, peer: bool = False) -> None:
     rate = 100 * r.compiled / max(r.schemas, 1)
-    print(f"{name:16s} compiled {r.compiled:4d}/{r.schemas:<4d} ({rate:5.1f}%)  "
-          f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms  "
+    head = (f"{name:16s} compiled {r.compiled:4d}/{r.schemas:<4d} ({rate:5.1f}%)  "
+            f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms")
+    if peer:
+        print(head, flush=flush)
+        return
+    print(head + "  "
           f"false rejects {r.false_rejects}/{r.valid}  false accepts {r.false_accepts}/{r.invalid}"
           + (f"  check errors {r.check_errors}" if r.check_errors else ""), flush=flush)
 
