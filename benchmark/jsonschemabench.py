@@ -108,7 +108,8 @@ def make_peers(tokenizer: Tokenizer, vocab: TokenVocab) -> dict[str, Callable[[d
         oc_vocab = oc.Vocabulary(vocab.end_ids[0], dict(by_bytes))
 
         def outlines_compile(schema: dict) -> None:
-            index = oc.Index(oc.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern=""), oc_vocab)
+            regex = oc.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern="")
+            index = oc.Index(regex, oc_vocab)
             index.get_allowed_tokens(index.get_initial_state())
         peers["outlines-core"] = outlines_compile
     except ImportError as e:
@@ -171,8 +172,8 @@ def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) ->
             return
 
 
-def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult, errors: Counter,
-               relaxed: tuple[str, ...] = (), failures: list[str] | None = None) -> None:
+def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult,
+               errors: Counter, relaxed: tuple[str, ...] = (), failures: list[str] | None = None) -> None:
     case = json.loads(path.read_text())
     result.schemas += 1
     compiler = ConstraintCompiler(lambda: vocab, json_relaxed=relaxed)  # fresh: every schema compiles from scratch
@@ -236,7 +237,7 @@ def main() -> None:
     failures: list[str] = []
     peers = {} if args.no_peers else make_peers(tokenizer, vocab)
     peer_results: dict[str, SubsetResult] = {name: SubsetResult() for name in peers}
-    times: dict[str, dict[Path, float]] = {name: {} for name in ("radixlang", *peers)}  # by schema, compiled ones
+    schema_ms: dict[str, dict[Path, float]] = {name: {} for name in ("radixlang", *peers)}  # compiled schemas
     for subset, files in sample_files(args.data, args.per_subset, args.seed).items():
         if subset not in args.subsets:
             continue
@@ -246,12 +247,12 @@ def main() -> None:
             before = len(result.times_ms)
             run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
             if len(result.times_ms) > before:
-                times["radixlang"][path] = result.times_ms[-1]
+                schema_ms["radixlang"][path] = result.times_ms[-1]
             for name, compile_one in peers.items():
                 before = len(per_peer[name].times_ms)
                 run_peer(compile_one, json.loads(path.read_text())["schema"], args.limit_s, per_peer[name])
                 if len(per_peer[name].times_ms) > before:
-                    times[name][path] = per_peer[name].times_ms[-1]
+                    schema_ms[name][path] = per_peer[name].times_ms[-1]
         print_row(subset, result, flush=True)
         for name, r in per_peer.items():
             print_row(f"  {name}", r, flush=True, peer=True)
@@ -262,11 +263,11 @@ def main() -> None:
     print_row("all", total)
     for name, r in peer_results.items():
         print_row(f"  {name}", r, peer=True)
-    common = set.intersection(*(set(t) for t in times.values()))
+    common = set.intersection(*(set(t) for t in schema_ms.values()))
     if peers and common:
+        shared = {name: [t[p] for p in common] for name, t in schema_ms.items()}
         print(f"compile + first mask on the {len(common)} schemas every system compiled: " + ", ".join(
-            f"{name} p50 {percentile([t[p] for p in common], 50):.1f} / p90 {percentile([t[p] for p in common], 90):.1f} ms"
-            for name, t in times.items()))
+            f"{name} p50 {percentile(v, 50):.1f} / p90 {percentile(v, 90):.1f} ms" for name, v in shared.items()))
     for name, times in (("cold", total.mask_us), ("warm", total.mask_warm_us)):
         print(f"per-token mask (mask_words), {name}: {len(times)} masks, p50 {percentile(times, 50):.1f} us, "
               f"p99 {percentile(times, 99):.1f} us")

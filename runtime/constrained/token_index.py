@@ -79,7 +79,7 @@ class TokenIndex:
         a level at a time, expanding only the children of live nodes."""
         trie, vocab, accept = self.vocab.trie, self.vocab, self.dfa.accept
         flat = self.dfa.trans.ravel()
-        alive = np.zeros(trie.num_nodes + 1, bool)  # by trie node; the last entry stands for "no node"
+        alive = np.zeros(trie.num_nodes, bool)  # by trie node: the DFA lives through its prefix
         bounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         nodes = np.arange(trie.root_children)
         from_states = np.full(len(nodes), state * 256, np.int64)
