@@ -345,6 +345,9 @@ class _SchemaCompiler:
         if neg is True or not isinstance(neg, dict):
             raise Unsatisfiable(f"`not` at {path} excludes every value")
         n = normalize(neg, KNOWN_FORMATS)
+        if set(n) == {"$ref"}:  # a named schema: its target's shape decides
+            key, target = self.refs.resolve(n["$ref"], path)
+            return self.negated({**rest, "not": target}, key)
         if not n:
             raise Unsatisfiable(f"`not` at {path} excludes every value")
         keys = set(n)

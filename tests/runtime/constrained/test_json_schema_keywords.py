@@ -57,6 +57,8 @@ KEYWORD_SCHEMAS = {
         "v": {"not": {"type": ["object", "array", "string", "number"]}},
         "o": {"type": "object", "properties": {"p": {"type": "null"}, "q": {"type": "null"}},
               "not": {"required": ["p", "q"]}}}, "required": ["s", "v", "o"]},
+    "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
+                "type": "string", "maxLength": 2, "not": {"$ref": "#/$defs/alias"}},
     "property_names": {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,2}$"},
                        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 1}},
     "tuple_items": {"$schema": DRAFT4, "type": "array", "items": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 3}],
@@ -305,3 +307,11 @@ def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed()
 def test_malformed_schemas_raise_value_errors(schema, message):
     with pytest.raises(ValueError, match=message):
         compile_json_schema(schema)
+
+
+def test_not_with_a_ref_excludes_exactly_the_targets_values(compiler):
+    schema = KEYWORD_SCHEMAS["not_ref"]
+    constraint = compiler.compile("json_schema", schema)
+    for value in ["ab", "b", "a", "", "ba", "abc", 3]:
+        text = json.dumps(value)
+        assert accepts(constraint, text) == validator(schema).is_valid(value), value
