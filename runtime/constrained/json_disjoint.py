@@ -1,5 +1,7 @@
-"""A schema-level proof that two `oneOf` branches share no value: both accept objects only, and both
-require a property (a discriminator, as in tagged unions) whose const/enum values do not overlap.
+"""A schema-level proof that two `oneOf` branches share no value: both accept objects only (by their
+`type`, or the type their keywords imply, as the compiler infers it), and both require a property (a
+discriminator, as in tagged unions) whose const/enum values do not overlap, or one requires a property
+that the other forbids.
 
 Sound, not complete: every keyword read is a conjunct of the branch (top-level keywords, `allOf`
 members, plain `$ref` targets), so each only narrows what the branch accepts; anything else is
@@ -13,13 +15,20 @@ from typing import Any, Callable
 from .schema_merge import normalize
 
 _MAX_DEPTH = 8  # $ref / allOf hops followed, at most
+# keywords that send a schema down another compile path than its own (implied) type: no inference then
+_NOT_DIRECT = frozenset({"type", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "enum", "const",
+                         "dependentRequired", "dependentSchemas"})
 
 
-def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: frozenset[str]) -> bool:
+def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: frozenset[str],
+                      infer_type: Callable[[dict], str | None]) -> bool:
     parts_a, parts_b = _conjuncts(a, resolve, formats, 0), _conjuncts(b, resolve, formats, 0)
-    if not (_objects_only(parts_a) and _objects_only(parts_b)):
+    if not (_objects_only(parts_a, infer_type) and _objects_only(parts_b, infer_type)):
         return False
-    shared = _required(parts_a) & _required(parts_b)
+    req_a, req_b = _required(parts_a), _required(parts_b)
+    if any(_forbidden(parts_a, name) for name in req_b) or any(_forbidden(parts_b, name) for name in req_a):
+        return True
+    shared = req_a & req_b
     for name in shared:
         va, vb = _values(parts_a, name, formats), _values(parts_b, name, formats)
         if va is not None and vb is not None and not va & vb:
@@ -39,8 +48,23 @@ def _conjuncts(schema: Any, resolve: Callable[[str], Any], formats: frozenset[st
     return out
 
 
-def _objects_only(parts: list[dict]) -> bool:
-    return any(p.get("type") in ("object", ["object"]) for p in parts)
+def _objects_only(parts: list[dict], infer_type: Callable[[dict], str | None]) -> bool:
+    """Whether the branch compiles to objects only: the compiler reads its top part's implied type too."""
+    if any(p.get("type") in ("object", ["object"]) for p in parts):
+        return True  # a conjunct's type: every value of the branch is an object
+    top = parts[0] if parts else {}
+    return not set(top) & _NOT_DIRECT and infer_type(top) == "object"
+
+
+def _forbidden(parts: list[dict], name: str) -> bool:
+    """Whether some conjunct allows no property `name`."""
+    for p in parts:
+        props = p.get("properties", {}) if isinstance(p.get("properties"), dict) else {}
+        if props.get(name) is False:
+            return True
+        if p.get("additionalProperties") is False and name not in props and not p.get("patternProperties"):
+            return True
+    return False
 
 
 def _required(parts: list[dict]) -> set[str]:

@@ -333,7 +333,7 @@ class _SchemaCompiler:
             if f is not None and g is not None and not ra.intersect(f, g):
                 return True
             return provably_disjoint(
-                branches[i], branches[j], lambda ref: self.refs.resolve(ref, path)[1], KNOWN_FORMATS)
+                branches[i], branches[j], lambda ref: self.refs.resolve(ref, path)[1], KNOWN_FORMATS, _infer_type)
 
         if all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes))):
             return ra.alt(*nodes)

@@ -71,6 +71,11 @@ KEYWORD_SCHEMAS = {
                                  "required": ["t"]},
                                 {"type": "object", "properties": {"t": {"enum": [1.5, "1"]}, "x": {"type": "null"}},
                                  "required": ["t"]}]},
+    "one_of_forbidden_required": {"$defs": {"d": {"oneOf": [
+        {"properties": {"mode": {"enum": ["custom"]}, "name": {"type": "string", "maxLength": 3},
+                        "kid": {"$ref": "#/$defs/d"}}, "additionalProperties": False},
+        {"properties": {"mode": {"enum": ["custom", "ref"]}, "ref_id": {"type": "integer", "minimum": 0, "maximum": 5}},
+         "required": ["ref_id"], "additionalProperties": False}]}}, "$ref": "#/$defs/d"},
     "property_names": {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,2}$"},
                        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 1}},
     "tuple_items": {"$schema": DRAFT4, "type": "array", "items": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 3}],
