@@ -7,10 +7,16 @@ Per subset (the file-name prefix before `---`) it reports:
 - p50 / p90 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread);
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;
-- the first error of each refused schema, bucketed by message, over all subsets.
+- the first error of each refused schema, bucketed by message, over all subsets;
+- the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
+  each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
+
+Where xgrammar or outlines-core is installed (`pip install --no-deps xgrammar apache-tvm-ffi
+outlines-core`: neither may pull another torch), it compiles the same schemas with it side by side
+(same vocabulary, compact JSON, one thread, compile + first mask); a missing peer prints a skip.
 
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
-        [--relax uniqueItems]
+        [--relax uniqueItems] [--no-peers]
 """
 from __future__ import annotations
 
@@ -22,10 +28,12 @@ import signal
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
+from radixlang.runtime.constrained.matcher import Matcher
 from radixlang.runtime.constrained.vocab import TokenVocab
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
@@ -43,6 +51,9 @@ class SubsetResult:
     false_rejects: int = 0
     invalid: int = 0
     false_accepts: int = 0
+    check_errors: int = 0  # instances whose check failed (a lexer too large or too slow to build): refused
+    mask_us: list[float] = field(default_factory=list)  # per-token mask times, first walk of each instance
+    mask_warm_us: list[float] = field(default_factory=list)  # the same walk again (masks cached)
 
 
 class CompileTimeout(Exception):
@@ -53,11 +64,13 @@ def _on_alarm(signum, frame):
     raise CompileTimeout()
 
 
-def load_vocab() -> TokenVocab:
+def load_vocab() -> tuple[Tokenizer, TokenVocab]:
     import gguf
 
     tokenizer = Tokenizer.from_gguf_metadata(gguf_metadata(gguf.GGUFReader(str(default_model_path()))))
-    return TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size)
+    vocab = TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size)
+    vocab.trie  # built once per vocabulary, as an engine does at its first constraint: not a schema's cost
+    return tokenizer, vocab
 
 
 def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]]:
@@ -68,6 +81,72 @@ def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]
             by_subset[subset].append(path)
     rng = random.Random(seed)
     return {s: sorted(rng.sample(files, min(per_subset, len(files)))) for s, files in by_subset.items()}
+
+
+def make_peers(tokenizer: Tokenizer, vocab: TokenVocab) -> dict[str, Callable[[dict], None]]:
+    """Compile + first mask with each installed peer, on the same vocabulary; a missing one is skipped."""
+    peers: dict[str, Callable[[dict], None]] = {}
+    try:
+        import xgrammar as xgr
+
+        encoded = [vocab.bytes_of(i) for i in range(vocab.size)]
+        info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=list(vocab.end_ids))
+
+        def xgrammar_compile(schema: dict) -> None:
+            compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True)
+            xgr.GrammarMatcher(compiled).fill_next_token_bitmask(xgr.allocate_token_bitmask(1, vocab.size))
+        peers["xgrammar"] = xgrammar_compile
+    except ImportError as e:
+        print(f"skipping peer xgrammar: not installed ({e})")
+    try:
+        import outlines_core as oc
+
+        by_bytes: dict[bytes, list[int]] = defaultdict(list)
+        for token in vocab.ids.tolist():
+            by_bytes[vocab.bytes_of(token)].append(token)
+        oc_vocab = oc.Vocabulary(vocab.end_ids[0], dict(by_bytes))
+
+        def outlines_compile(schema: dict) -> None:
+            regex = oc.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern="")
+            index = oc.Index(regex, oc_vocab)
+            index.get_allowed_tokens(index.get_initial_state())
+        peers["outlines-core"] = outlines_compile
+    except ImportError as e:
+        print(f"skipping peer outlines-core: not installed ({e})")
+    return peers
+
+
+def run_peer(compile_one: Callable[[dict], None], schema: dict, limit_s: float, result: SubsetResult) -> None:
+    """A peer's compile + first mask; its native code runs to completion, so the limit is checked after."""
+    result.schemas += 1
+    start = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            compile_one(schema)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Exception:  # noqa: BLE001 - a peer's refusal, of whatever type, is a refusal
+        return
+    elapsed = time.perf_counter() - start
+    if elapsed <= limit_s:
+        result.compiled += 1
+        result.times_ms.append(elapsed * 1e3)
+
+
+def limited(run, limit_s: float, result: SubsetResult):
+    """run() under the time limit; a check that fails (lexers are built on first use, and one may be
+    too large or too slow) returns None and counts as a check error."""
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            return run()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except (CompileTimeout, ValueError):
+        result.check_errors += 1
+        return None
 
 
 def accepts(constraint, text: str) -> bool:
@@ -82,8 +161,19 @@ def bucket(message: str) -> str:
     return text[:110]
 
 
-def run_schema(vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult, errors: Counter,
-               relaxed: tuple[str, ...] = ()) -> None:
+def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) -> None:
+    """Per-token `mask_words` times along the tokenizer's tokens of `text` (an accepted instance)."""
+    matcher = Matcher(constraint, constraint.vocab.end_ids)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        start = time.perf_counter()
+        matcher.mask_words(matcher.state)
+        out.append((time.perf_counter() - start) * 1e6)
+        if not matcher.advance(token):
+            return
+
+
+def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult,
+               errors: Counter, relaxed: tuple[str, ...] = (), failures: list[str] | None = None) -> None:
     case = json.loads(path.read_text())
     result.schemas += 1
     compiler = ConstraintCompiler(lambda: vocab, json_relaxed=relaxed)  # fresh: every schema compiles from scratch
@@ -97,15 +187,22 @@ def run_schema(vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResu
             signal.setitimer(signal.ITIMER_REAL, 0)  # the alarm may still fire in here: caught below
     except CompileTimeout:
         errors[f"timeout (> {limit_s:g} s)"] += 1
+        if failures is not None:
+            failures.append(f"{path.name}: timeout")
         return
     except (ValueError, RecursionError) as e:
         errors[bucket(str(e))] += 1
+        if failures is not None:
+            failures.append(f"{path.name}: {e}")
         return
     result.times_ms.append((time.perf_counter() - start) * 1e3)
     result.compiled += 1
     for test in case.get("tests", []):
         text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
-        ok = accepts(constraint, text)
+        ok = bool(limited(lambda: accepts(constraint, text), limit_s, result))
+        if ok and test["valid"]:
+            for out in (result.mask_us, result.mask_warm_us):
+                limited(lambda: time_masks(constraint, tokenizer, text, out), limit_s, result)
         if test["valid"]:
             result.valid += 1
             result.false_rejects += not ok
@@ -125,40 +222,78 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=10.0, help="compile + first mask time limit per schema")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--errors", type=int, default=25, help="failure buckets to print")
+    parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / outlines-core even if installed")
+    parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
+    parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
     parser.add_argument("--relax", nargs="*", default=[], help="keywords left unenforced where they cannot be "
                         "enforced (uniqueItems); false accepts then count what they let through")
     args = parser.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"{args.data} is not a folder: pass the benchmark's maskbench/data folder")
-    vocab = load_vocab()
+    tokenizer, vocab = load_vocab()
     signal.signal(signal.SIGALRM, _on_alarm)
     results: dict[str, SubsetResult] = {}
     errors: Counter = Counter()
+    failures: list[str] = []
+    peers = {} if args.no_peers else make_peers(tokenizer, vocab)
+    peer_results: dict[str, SubsetResult] = {name: SubsetResult() for name in peers}
+    schema_ms: dict[str, dict[Path, float]] = {name: {} for name in ("radixlang", *peers)}  # compiled schemas
     for subset, files in sample_files(args.data, args.per_subset, args.seed).items():
+        if subset not in args.subsets:
+            continue
         result = results[subset] = SubsetResult()
+        per_peer = {name: SubsetResult() for name in peers}
         for path in files:
-            run_schema(vocab, path, args.limit_s, result, errors, tuple(args.relax))
+            before = len(result.times_ms)
+            run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
+            if len(result.times_ms) > before:
+                schema_ms["radixlang"][path] = result.times_ms[-1]
+            for name, compile_one in peers.items():
+                before = len(per_peer[name].times_ms)
+                run_peer(compile_one, json.loads(path.read_text())["schema"], args.limit_s, per_peer[name])
+                if len(per_peer[name].times_ms) > before:
+                    schema_ms[name][path] = per_peer[name].times_ms[-1]
         print_row(subset, result, flush=True)
+        for name, r in per_peer.items():
+            print_row(f"  {name}", r, flush=True, peer=True)
+            merge(peer_results[name], r)
     total = SubsetResult()
     for r in results.values():
-        total.schemas += r.schemas
-        total.compiled += r.compiled
-        total.times_ms += r.times_ms
-        total.valid += r.valid
-        total.false_rejects += r.false_rejects
-        total.invalid += r.invalid
-        total.false_accepts += r.false_accepts
+        merge(total, r)
     print_row("all", total)
+    for name, r in peer_results.items():
+        print_row(f"  {name}", r, peer=True)
+    common = set.intersection(*(set(t) for t in schema_ms.values()))
+    if peers and common:
+        shared = {name: [t[p] for p in common] for name, t in schema_ms.items()}
+        print(f"compile + first mask on the {len(common)} schemas every system compiled: " + ", ".join(
+            f"{name} p50 {percentile(v, 50):.1f} / p90 {percentile(v, 90):.1f} ms" for name, v in shared.items()))
+    for name, times in (("cold", total.mask_us), ("warm", total.mask_warm_us)):
+        print(f"per-token mask (mask_words), {name}: {len(times)} masks, p50 {percentile(times, 50):.1f} us, "
+              f"p99 {percentile(times, 99):.1f} us")
     print(f"\nwhy schemas were refused (first error each, {sum(errors.values())} schemas):")
     for message, count in errors.most_common(args.errors):
         print(f"{count:5d}  {message}")
+    if args.failures:
+        print("\nrefused schemas:")
+        print("\n".join(failures))
 
 
-def print_row(name: str, r: SubsetResult, flush: bool = False) -> None:
+def merge(total: SubsetResult, r: SubsetResult) -> None:
+    for f in fields(SubsetResult):
+        setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
+
+
+def print_row(name: str, r: SubsetResult, flush: bool = False, peer: bool = False) -> None:
     rate = 100 * r.compiled / max(r.schemas, 1)
-    print(f"{name:16s} compiled {r.compiled:4d}/{r.schemas:<4d} ({rate:5.1f}%)  "
-          f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms  "
-          f"false rejects {r.false_rejects}/{r.valid}  false accepts {r.false_accepts}/{r.invalid}", flush=flush)
+    head = (f"{name:16s} compiled {r.compiled:4d}/{r.schemas:<4d} ({rate:5.1f}%)  "
+            f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms")
+    if peer:
+        print(head, flush=flush)
+        return
+    print(head + "  "
+          f"false rejects {r.false_rejects}/{r.valid}  false accepts {r.false_accepts}/{r.invalid}"
+          + (f"  check errors {r.check_errors}" if r.check_errors else ""), flush=flush)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class EngineConfig:
     seed: int = 0  # seeds requests that bring no seed of their own
     disable_jump_forward: bool = False  # constrained requests decode forced text token by token
     constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
+    constrained_json_relaxed: str | None = None  # e.g. "uniqueItems": JSON-schema keywords left unenforced
     attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
     # decode steps padded to batch buckets and replayed as CUDA graphs; None: on for CUDA, off on the CPU
     # (False on the CPU runs the same padded decode path eagerly, as the tests do)

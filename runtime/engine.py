@@ -178,7 +178,8 @@ class Engine:
         self.image_prompts, self.image_encoder = parts.image_prompts, parts.image_encoder
         self.context_length = self.scheduler.context_length
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
-                                              cfg.constrained_json_whitespace_pattern)
+                                              cfg.constrained_json_whitespace_pattern,
+                                              json_relaxed=cfg.constrained_json_relaxed)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()

@@ -4,9 +4,11 @@ Module map (each file one idea):
 - regex_ast, regex_parser: regular-language trees; Python regex text -> tree (stdlib parser).
 - automaton: tree -> byte-level DFA: built over code-point classes (alphabet), expanded to UTF-8 (utf8).
 - fsa: automata over abstract symbols: Thompson NFA, subsets, trimming, (incremental) Moore refinement.
-- vocab, token_index: the vocabulary as bytes; per DFA state, the tokens it can read (vectorised).
+- vocab, vocab_trie, token_index: the vocabulary as bytes and as a byte trie (once per vocabulary);
+  per DFA state, the tokens it can read (one vectorised trie walk).
 - json_schema, rule_grammar: JSON schema -> one regex, or rules -> a Lark grammar when recursive or large;
-  schema_merge (keywords, drafts, allOf merging), json_refs ($ref targets), json_objects, json_scalars.
+  schema_merge (keywords, drafts, allOf merging), json_refs ($ref targets), json_objects, json_scalars,
+  json_disjoint (oneOf branches that share no value).
 - lalr, grammar: Lark -> LALR table + terminal trees; the incremental parser + lexer constraint.
 - matcher: compiled constraints and the per-request Matcher; compiler: params -> constraint (LRU).
 - jump_forward: the forced continuation as canonical draft tokens (verified by the scheduler).

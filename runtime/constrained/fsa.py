@@ -35,37 +35,71 @@ class Nfa:
 def determinize(nfa: Nfa, start: int, num_symbols: int,
                 drop_start_accept: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Subset construction, then trimming and minimization. A state accepting several labels keeps
-    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it)."""
-    closure_cache: dict[frozenset[int], frozenset[int]] = {}
+    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
 
-    def closure(states: frozenset[int]) -> frozenset[int]:
-        hit = closure_cache.get(states)
+    Sets of NFA states are Python ints (bit q for state q): unions are one `|`, and a DFA state's
+    moves read only its members that have symbol edges, each as a precomputed symbol -> closure map."""
+    closures: dict[int, int] = {}
+
+    def closure(q: int) -> int:
+        hit = closures.get(q)
         if hit is None:
-            seen, stack = set(states), list(states)
+            seen, stack, bits = {q}, [q], 0
             while stack:
-                for t in nfa.eps[stack.pop()]:
+                s = stack.pop()
+                bits |= 1 << s
+                for t in nfa.eps[s]:
                     if t not in seen:
                         seen.add(t)
                         stack.append(t)
-            hit = closure_cache[states] = frozenset(seen)
+            hit = closures[q] = bits
         return hit
 
-    first = closure(frozenset((start,)))
+    moves_of: dict[int, dict[int, int]] = {}  # NFA state -> symbol -> closure of its targets
+    has_edges = 0
+    for q, edges in enumerate(nfa.edges):
+        if edges:
+            has_edges |= 1 << q
+    accepting = sum(1 << q for q in nfa.accepts)
+
+    def moves(q: int) -> dict[int, int]:
+        hit = moves_of.get(q)
+        if hit is None:
+            hit = moves_of[q] = {}
+            for symbols, t in nfa.edges[q]:
+                target = closure(t)
+                for c in symbols:
+                    hit[c] = hit.get(c, 0) | target
+        return hit
+
+    first = closure(start)
     ids, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):
-        moves: dict[int, set[int]] = {}
-        for q in order[len(rows)]:
-            for symbols, t in nfa.edges[q]:
-                for c in symbols:
-                    moves.setdefault(c, set()).add(t)
-        row = np.full(num_symbols, -1, np.int64)
-        for c, targets in moves.items():
-            row[c] = state_id(ids, order, closure(frozenset(targets)))
+        members = order[len(rows)] & has_edges
+        out: dict[int, int] = {}
+        while members:
+            low = members & -members
+            members ^= low
+            for c, target in moves(low.bit_length() - 1).items():
+                out[c] = out.get(c, 0) | target
+        row = [-1] * num_symbols
+        for c, targets in out.items():
+            row[c] = state_id(ids, order, targets)
         rows.append(row)
-    accept = np.array([min((nfa.accepts[q] for q in d if q in nfa.accepts), default=-1) for d in order])
+    accept = np.array([_lowest_label(d & accepting, nfa.accepts) for d in order])
     if drop_start_accept:
         accept[0] = -1
-    return minimize(*trim(np.array(rows).reshape(len(order), num_symbols), accept))
+    return minimize(*trim(np.array(rows, np.int64).reshape(len(order), num_symbols), accept))
+
+
+def _lowest_label(bits: int, accepts: dict[int, int]) -> int:
+    label = -1
+    while bits:
+        low = bits & -bits
+        bits ^= low
+        q = accepts[low.bit_length() - 1]
+        label = q if label < 0 else min(label, q)
+    return label
 
 
 def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> int:

@@ -38,7 +38,6 @@ pair : ESCAPED_STRING ":" value
 %ignore WS
 """
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
-_WARM_STACKS = 48  # parser stacks explored at compile time, so most lexers exist before decoding
 
 
 @dataclass(eq=False)
@@ -54,8 +53,7 @@ class GrammarConstraint:
         self.table = grammar.table
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
-        self._masks = MaskCache()
-        self._warm_up()
+        self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
         stack = self.table.initial()
         self._initial: State = (stack, 0, self.lexer(stack, 0).dfa.start)
 
@@ -90,19 +88,6 @@ class GrammarConstraint:
             return stack, run + 1
         nxt = self.table.feed(stack, terminal)
         return None if nxt is None else (nxt, 0)
-
-    def _warm_up(self) -> None:
-        """Builds the lexers of the stacks reachable in a few terminals (compile-time cost, not per step)."""
-        seen, queue = {self.table.initial()}, [self.table.initial()]
-        while queue and len(seen) < _WARM_STACKS:
-            stack = queue.pop(0)
-            for run in range(LARK_MAX_CONSECUTIVE_IGNORED + 1):
-                self.lexer(stack, run)
-            for t in sorted(self.acceptable(stack)):
-                nxt = self.table.feed(stack, t)
-                if nxt not in seen:
-                    seen.add(nxt)
-                    queue.append(nxt)
 
     # ---- the Constraint protocol ------------------------------------------------------------
     def initial(self) -> State:
@@ -152,6 +137,9 @@ class GrammarConstraint:
 
     def allowed(self, state: State) -> np.ndarray:
         return self._masks.get(state, lambda: self._compute_mask(state))
+
+    def allowed_bits(self, state: State) -> np.ndarray:
+        return self._masks.get_bits(state, lambda: self._compute_mask(state))
 
     def _compute_mask(self, state: State) -> np.ndarray:
         stack, run, q = state

@@ -86,6 +86,8 @@ def _extra_pair(c: "_SchemaCompiler", s: dict, path: str, declared: list[str]) -
     extra = s.get("additionalProperties", s.get("unevaluatedProperties"))
     if extra is None:
         extra = True if not declared and not patterns else False
+    if extra is False and not patterns:
+        return None
     taken = [spellings(n) for n in declared]
     pattern_bodies = {p: pattern_body(p, f"{path}/patternProperties") for p in patterns}
     kinds: list[tuple[ra.Node, Any, str]] = []

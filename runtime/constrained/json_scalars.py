@@ -3,6 +3,7 @@ numbers (exact decimal bounds, integer multiples). Numbers are written without e
 """
 from __future__ import annotations
 
+import functools
 import json
 from decimal import Decimal
 from typing import Any
@@ -95,16 +96,18 @@ def quoted(body: ra.Node) -> ra.Node:
 
 def spellings(text: str) -> ra.Node:
     """Every JSON string body that decodes to `text`: each character raw (when allowed) or escaped."""
-    parts = []
-    for ch in text:
-        cp = ord(ch)
-        options = [ra.seq(ra.literal("\\u"), *(_hex_digit(d) for d in f"{cp:04x}"))] if cp <= 0xFFFF else []
-        if ch in _SHORT_ESCAPES:
-            options.append(ra.literal("\\" + _SHORT_ESCAPES[ch]))
-        if ra.intersect(STRING_CHARS, ((cp, cp),)):
-            options.append(ra.literal(ch))
-        parts.append(ra.alt(*options))
-    return ra.seq(*parts)
+    return ra.seq(*(_char_spellings(ch) for ch in text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _char_spellings(ch: str) -> ra.Node:
+    cp = ord(ch)
+    options = [ra.seq(ra.literal("\\u"), *(_hex_digit(d) for d in f"{cp:04x}"))] if cp <= 0xFFFF else []
+    if ch in _SHORT_ESCAPES:
+        options.append(ra.literal("\\" + _SHORT_ESCAPES[ch]))
+    if ra.intersect(STRING_CHARS, ((cp, cp),)):
+        options.append(ra.literal(ch))
+    return ra.alt(*options)
 
 
 def _hex_digit(d: str) -> ra.Node:

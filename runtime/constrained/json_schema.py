@@ -22,6 +22,7 @@ from .automaton import compile_dfa, difference, exactly_one, intersection
 from .json_objects import object_node
 from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
                            multiples_of, number_node, pattern_body, quoted, spellings, string_node)
+from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
 from .regex_parser import parse_regex
 from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize
@@ -73,7 +74,10 @@ def whitespace_node(pattern: str | None) -> ra.Node:
 
 
 def relaxed_keywords(relaxed: Any) -> frozenset[str]:
-    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`)."""
+    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`),
+    as names or one comma-separated string."""
+    if isinstance(relaxed, str):
+        relaxed = [k.strip() for k in relaxed.split(",") if k.strip()]
     out = frozenset(relaxed or ())
     if not out <= RELAXABLE:
         raise ValueError(f"json_schema relaxed keywords must be among {sorted(RELAXABLE)}, got {sorted(out)}")
@@ -301,33 +305,42 @@ class _SchemaCompiler:
         if key == "anyOf":
             return self.union([lambda i=i, b=b: self.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
                               path)
-        nodes = []
+        nodes, kept = [], []
         self._exact += 1  # a union of rules would let values matching two branches through
         try:
             for i, branch in enumerate(branches):
                 try:
                     nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
+                    kept.append(branch)
                 except Unsatisfiable:
                     continue
         finally:
             self._exact -= 1
-        return self.one_of(nodes, path)
+        return self.one_of(nodes, path, kept)
 
-    def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
-        """Values matching exactly one branch: a product of the branches' DFAs, or, for recursive
-        branches, their union when their first characters show that no value matches two."""
+    def one_of(self, nodes: list[ra.Node], path: str, branches: list[Any]) -> ra.Node:
+        """Values matching exactly one branch: the branches' union when no value can match two (their
+        first characters differ, or a required discriminator property's values do), else a product of
+        the branches' DFAs (not for recursive branches)."""
         if not nodes:
             raise Unsatisfiable(f"no oneOf branch at {path} is satisfiable")
         if len(nodes) == 1:
             return nodes[0]
-        if any(ra.refs(n) for n in nodes):
-            firsts = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes]
-            overlap = any(f is None or g is None or ra.intersect(f, g)
-                          for i, f in enumerate(firsts) for g in firsts[i + 1:])
-            if overlap:
-                raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
-                                 "are not supported (branches must differ in their first character)")
+        firsts = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes]
+
+        def disjoint(i: int, j: int) -> bool:
+            f, g = firsts[i], firsts[j]
+            if f is not None and g is not None and not ra.intersect(f, g):
+                return True
+            return provably_disjoint(
+                branches[i], branches[j], lambda ref: self.refs.resolve(ref, path)[1], KNOWN_FORMATS, _infer_type)
+
+        if all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes))):
             return ra.alt(*nodes)
+        if any(ra.refs(n) for n in nodes):
+            raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
+                             "are not supported (branches must differ in their first character or in the "
+                             "const/enum values of a required property)")
         dfa = exactly_one(nodes)
         if dfa.accept.max() < 0:
             raise Unsatisfiable(f"no value matches exactly one oneOf branch at {path}")
@@ -342,6 +355,9 @@ class _SchemaCompiler:
         if neg is True or not isinstance(neg, dict):
             raise Unsatisfiable(f"`not` at {path} excludes every value")
         n = normalize(neg, KNOWN_FORMATS)
+        if set(n) == {"$ref"}:  # a named schema: its target's shape decides
+            key, target = self.refs.resolve(n["$ref"], path)
+            return self.negated({**rest, "not": target}, key)
         if not n:
             raise Unsatisfiable(f"`not` at {path} excludes every value")
         keys = set(n)

@@ -13,7 +13,6 @@ from typing import Any, Callable, Hashable, Protocol
 import numpy as np
 
 from ..config import JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
-from ..sampler import pack_mask
 from .automaton import Dfa
 from .token_index import TokenIndex
 from .vocab import TokenVocab
@@ -26,6 +25,7 @@ class Constraint(Protocol):
     def advance(self, state: Any, token_id: int) -> Any | None: ...
     def advance_bytes(self, state: Any, data: bytes) -> Any | None: ...
     def allowed(self, state: Any) -> np.ndarray: ...  # fresh bool [vocab.size], EOS excluded
+    def allowed_bits(self, state: Any) -> np.ndarray: ...  # the same as shared little-endian bits (uint8)
     def can_end(self, state: Any) -> bool: ...
     def forced_bytes(self, state: Any, limit: int) -> bytes: ...
 
@@ -43,10 +43,23 @@ class MaskCache:
             self._items.move_to_end(key)
             return np.unpackbits(hit[0], count=hit[1], bitorder="little").view(bool)
         mask = compute()
-        self._items[key] = (np.packbits(mask, bitorder="little"), len(mask))
+        self._put(key, mask)
+        return mask
+
+    def get_bits(self, key: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """`get` as packed little-endian bits (shared: do not modify)."""
+        hit = self._items.get(key)
+        if hit is None:
+            hit = self._put(key, compute())
+        else:
+            self._items.move_to_end(key)
+        return hit[0]
+
+    def _put(self, key: Hashable, mask: np.ndarray) -> tuple[np.ndarray, int]:
+        entry = self._items[key] = (np.packbits(mask, bitorder="little"), len(mask))
         if len(self._items) > self.size:
             self._items.popitem(last=False)
-        return mask
+        return entry
 
 
 class RegexConstraint:
@@ -70,6 +83,9 @@ class RegexConstraint:
 
     def allowed(self, state: int) -> np.ndarray:
         return self.index.mask(state)
+
+    def allowed_bits(self, state: int) -> np.ndarray:
+        return self.index.packed(state)
 
     def can_end(self, state: int) -> bool:
         return bool(self.dfa.accept[state] >= 0)
@@ -98,14 +114,15 @@ class Matcher:
 
     def mask_words(self, state: Any) -> np.ndarray:
         """Which tokens may come next (EOS only where the output may end), as one row of the step's
-        bitmask: int32 words, bit i of word w allowing token 32w + i."""
-        return pack_mask(self._allowed(state))
-
-    def _allowed(self, state: Any) -> np.ndarray:
-        allowed = self.constraint.allowed(state)  # a fresh array: unpacked from a bitset
-        if self.constraint.can_end(state) and self.end_ids:
-            allowed[list(self.end_ids)] = True
-        return allowed
+        bitmask: int32 words, bit i of word w allowing token 32w + i. Built from the stored bits
+        (little-endian bytes are those words' bytes), never unpacked."""
+        bits = self.constraint.allowed_bits(state)
+        words = np.zeros(-(-self.constraint.vocab.size // 32) * 4, np.uint8)
+        words[:len(bits)] = bits
+        if self.end_ids and self.constraint.can_end(state):
+            for t in self.end_ids:
+                words[t >> 3] |= 1 << (t & 7)
+        return words.view("<i4")
 
     def is_complete(self, state: Any = None) -> bool:
         """The output may end here and no token but EOS may follow."""
@@ -113,7 +130,7 @@ class Matcher:
         done = self._complete.get(state)
         if done is None:
             done = self._complete[state] = bool(
-                self.constraint.can_end(state) and not self.constraint.allowed(state).any())
+                self.constraint.can_end(state) and not self.constraint.allowed_bits(state).any())
         return done
 
     def lookahead(self, tokens: list[int]) -> list[Any]:

@@ -6,13 +6,23 @@ and never reaches the DFA builder.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Union
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
 Ranges = tuple[tuple[int, int], ...]
+
+
+def _cached_hash(node) -> int:  # noqa: ANN001 - a composite node
+    """A composite node's hash, computed once: grammars key dicts by large shared trees."""
+    h = node._hash
+    if not h:
+        h = hash((type(node).__name__, *(getattr(node, f) for f in node.__dataclass_fields__ if f != "_hash"))) or 1
+        object.__setattr__(node, "_hash", h)
+    return h
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,11 +33,17 @@ class Chars:
 @dataclass(frozen=True, slots=True)
 class Seq:
     items: tuple["Node", ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 @dataclass(frozen=True, slots=True)
 class Alt:
     items: tuple["Node", ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +51,9 @@ class Repeat:
     item: "Node"
     min: int
     max: int | None  # None: unbounded
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +85,9 @@ class Graph:
     num_states: int
     edges: tuple[tuple[int, "Node", int], ...]
     finals: tuple[int, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    __hash__ = _cached_hash
 
 
 Node = Union[Chars, Seq, Alt, Repeat, Bounded, Ref, Compiled, Graph]
@@ -137,7 +159,12 @@ def char_class(spec: str) -> Node:
 
 
 def literal(text: str) -> Node:
-    return seq(*(Chars(((ord(c), ord(c)),)) for c in text))
+    return seq(*(_char(c) for c in text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _char(c: str) -> Chars:
+    return Chars(((ord(c), ord(c)),))
 
 
 def seq(*items: Node) -> Node:
@@ -202,16 +229,31 @@ def graph_closure(graph: Graph, state: int) -> set[int]:
     return seen
 
 
-def refs(node: Node) -> set[str]:
+_NO_REFS: frozenset[str] = frozenset()
+_REFS_MEMO: dict[int, tuple[Node, frozenset[str]]] = {}  # by id; holding the node keeps its id unique
+_REFS_MEMO_SIZE = 1 << 18
+
+
+def refs(node: Node) -> frozenset[str]:
+    """The rule names `node` refers to. Memoized by identity: schemas share subtrees, and the grammar
+    writer asks again at every level of a tree."""
     if isinstance(node, Ref):
-        return {node.name}
+        return frozenset((node.name,))
+    if isinstance(node, Chars | Compiled):
+        return _NO_REFS
+    hit = _REFS_MEMO.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
     if isinstance(node, Seq | Alt):
-        return set().union(*(refs(x) for x in node.items)) if node.items else set()
-    if isinstance(node, Repeat | Bounded):
-        return refs(node.item)
-    if isinstance(node, Graph):
-        return set().union(*(refs(n) for _, n, _ in node.edges)) if node.edges else set()
-    return set()
+        out = frozenset().union(*(refs(x) for x in node.items))
+    elif isinstance(node, Repeat | Bounded):
+        out = refs(node.item)
+    else:
+        out = frozenset().union(*(refs(n) for _, n, _ in node.edges))
+    if len(_REFS_MEMO) >= _REFS_MEMO_SIZE:
+        _REFS_MEMO.clear()
+    _REFS_MEMO[id(node)] = (node, out)
+    return out
 
 
 def size(node: Node, memo: dict[int, int] | None = None) -> int:

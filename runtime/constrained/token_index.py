@@ -1,9 +1,8 @@
 """DFA x vocabulary: for each DFA state, the tokens whose bytes it can read, walked vectorised.
 
-Tokens are first reduced to sequences of the DFA's byte classes (tokens that read alike are walked
-once), then every (state, sequence) pair whose first class is live is walked at once with numpy, a
-column at a time, dropping pairs as they die. A state's mask is stored as a bitset (one
-`unpackbits` per step); a token's end state is recomputed by walking its few bytes.
+A state's tokens come from one walk of the vocabulary trie (vocab_trie), a level at a time, only
+below live nodes; the mask is stored as a bitset. A token's end state is recomputed by walking its
+few bytes. `walk_rows` walks given rows column by column (the grammar's suffix walks).
 
 For lexers (grammar terminals) the walk also records *boundaries*: tokens that die part-way while
 the bytes read so far form a complete lexeme; the grammar decides those per step.
@@ -15,10 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .automaton import Dfa
-from .fsa import refine, row_ids
 from .vocab import TokenVocab
-
-_SHORT_TOKEN = 16  # tokens up to this many bytes are walked once per look-ahead class of states
+from .vocab_trie import TrieLevel, VocabTrie
 
 
 @dataclass(slots=True)
@@ -57,100 +54,64 @@ def walk_rows(trans: np.ndarray, matrix: np.ndarray, lengths: np.ndarray, rows: 
     return Walk(end, stop_pos, stop_state)
 
 
-@dataclass(slots=True)
-class _ClassView:
-    """The vocabulary under the DFA's byte classes: tokens that read alike are walked once."""
-
-    trans: np.ndarray  # [S, C] transitions by class
-    matrix: np.ndarray  # [U, L] class sequences of the distinct tokens
-    lengths: np.ndarray  # [U]
-    of_row: np.ndarray  # [N] vocabulary row -> distinct sequence
-    rows_by_seq: np.ndarray  # vocabulary rows ordered by their sequence
-    seq_starts: np.ndarray  # [U + 1] where each sequence's rows start in rows_by_seq
-
-    @classmethod
-    def create(cls, dfa: Dfa, vocab: TokenVocab) -> "_ClassView":
-        byte_class = row_ids(dfa.trans.T)
-        first = np.unique(byte_class, return_index=True)[1]
-        cols = np.arange(vocab.matrix.shape[1])
-        seqs = np.where(cols < vocab.lengths[:, None], byte_class[vocab.matrix], len(first)).astype(np.int16)
-        seqs = np.ascontiguousarray(seqs)
-        _, pick, of_row = np.unique(seqs.view(np.dtype((np.void, seqs.shape[1] * 2))).ravel(),
-                                    return_index=True, return_inverse=True)
-        of_row = of_row.ravel()
-        order = np.argsort(of_row, kind="stable")
-        starts = np.searchsorted(of_row[order], np.arange(len(pick) + 1))
-        return cls(np.ascontiguousarray(dfa.trans[:, first]), seqs[pick], vocab.lengths[pick], of_row, order, starts)
-
-
-def _walk_from(view: _ClassView, dfa: Dfa, states: np.ndarray, seqs: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Walks every (state, sequence) pair whose first class is live; returns (state idx, seq, Walk)."""
-    first = view.matrix[seqs, 0] if len(seqs) else np.zeros(0, np.int64)
-    order = np.argsort(first, kind="stable")
-    starts = np.searchsorted(first[order], np.arange(view.trans.shape[1] + 1))
-    s_idx, cls_ = np.nonzero(view.trans[states] >= 0)
-    counts = starts[cls_ + 1] - starts[cls_]
-    pick = np.repeat(starts[cls_], counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
-    pair_states, pair_seqs = np.repeat(s_idx, counts), seqs[order[pick]]
-    start = view.trans[states[pair_states], view.matrix[pair_seqs, 0]]
-    return pair_states, pair_seqs, walk_rows(view.trans, view.matrix, view.lengths, pair_seqs, start, 1)
-
-
-def _rows_of(view: _ClassView, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(index into seqs, vocabulary row) for every vocabulary row whose class sequence is in `seqs`."""
-    lo, counts = view.seq_starts[seqs], view.seq_starts[seqs + 1] - view.seq_starts[seqs]
-    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(np.arange(len(seqs)), counts), view.rows_by_seq[np.repeat(lo, counts) + within]
-
-
 class TokenIndex:
     """Per DFA state: the tokens it can read (a bitset) and, for lexers, its boundary records.
 
-    Built on demand, one state at a time (a decode visits a small share of a big DFA's states), and
-    kept. States that no string of <= `_SHORT_TOKEN` bytes tells apart share the walk of short tokens.
+    Built on demand, one state at a time (a decode visits a small share of a big DFA's states), by one
+    walk of the vocabulary trie from the state, and kept.
     """
 
     def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False):
         self.dfa, self.vocab, self.with_boundaries = dfa, vocab, boundaries
-        self.view = _ClassView.create(dfa, vocab)
-        self.block = refine(self.view.trans, dfa.accept, _SHORT_TOKEN)
-        self.short = np.flatnonzero(self.view.lengths <= _SHORT_TOKEN)
-        self.long = np.flatnonzero(self.view.lengths > _SHORT_TOKEN)
         live = dfa.trans >= 0
         # the only byte that may follow (never in accepting states), else -1
         self.forced = np.where((live.sum(axis=1) == 1) & (dfa.accept < 0), live.argmax(axis=1), -1)
-        self._blocks: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
         self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
 
     def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         hit = self._states.get(state)
         if hit is None:
-            b = int(self.block[state])
-            if b not in self._blocks:
-                self._blocks[b] = self._walk(state, self.short)
-            short_bits, short_bounds = self._blocks[b]
-            long_bits, long_bounds = self._walk(state, self.long)
-            bounds = tuple(np.concatenate(cols) for cols in zip(short_bounds, long_bounds))
-            hit = self._states[state] = (short_bits | long_bits, bounds)
+            hit = self._states[state] = self._walk(state)
         return hit
 
-    def _walk(self, state: int, seqs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """Bits of the tokens (among `seqs`) readable from `state`, and its boundary records."""
-        view, vocab, dfa = self.view, self.vocab, self.dfa
-        _, pair_seqs, walk = _walk_from(view, dfa, np.array([state]), seqs)
-        ok = walk.end_state >= 0
+    def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """Bits of the tokens readable from `state`, and its boundary records: the trie's live nodes,
+        a level at a time, expanding only the children of live nodes."""
+        trie, vocab, accept = self.vocab.trie, self.vocab, self.dfa.accept
+        flat = self.dfa.trans.ravel()
+        alive = np.zeros(trie.num_nodes, bool)  # by trie node: the DFA lives through its prefix
+        bounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        nodes = np.arange(trie.root_children)
+        from_states = np.full(len(nodes), state * 256, np.int64)
+        for depth, level in enumerate(trie.levels, 1):
+            states = flat[from_states + level.byte[nodes]]
+            live = states >= 0
+            if self.with_boundaries and depth > 1 and not live.all():
+                labels = accept[from_states >> 8]
+                ended = ~live & (labels >= 0)
+                if ended.any():
+                    bounds.append(_ended_rows(trie, level, nodes[ended], labels[ended], depth - 1))
+            nodes, states = nodes[live], states[live]
+            if not len(nodes):
+                break
+            alive[level.offset + nodes] = True
+            lo = level.child_start[nodes]
+            counts = level.child_start[nodes + 1] - lo
+            nodes = _expand(lo, counts)
+            from_states = np.repeat(states.astype(np.int64) * 256, counts)
         mask = np.zeros(vocab.size, bool)
-        mask[vocab.ids[_rows_of(view, pair_seqs[ok])[1]]] = True
-        bounds: tuple[np.ndarray, ...] = (np.zeros(0, np.int64),) * 3
-        if self.with_boundaries:
-            hit = (~ok) & (dfa.accept[walk.stop_state] >= 0)
-            pairs, rows = _rows_of(view, pair_seqs[hit])
-            bounds = (rows, walk.stop_pos[hit][pairs], dfa.accept[walk.stop_state[hit]][pairs])
-        return np.packbits(mask, bitorder="little"), bounds
+        mask[vocab.ids] = alive[trie.token_node]
+        empty = np.zeros(0, np.int64)
+        out = tuple(np.concatenate(cols) for cols in zip(*bounds)) if bounds else (empty, empty, empty)
+        return np.packbits(mask, bitorder="little"), out
 
     def mask(self, state: int) -> np.ndarray:
         """Bool [vocab.size]: tokens whose bytes all stay inside the DFA from `state`."""
         return np.unpackbits(self._entry(state)[0], count=self.vocab.size, bitorder="little").view(bool)
+
+    def packed(self, state: int) -> np.ndarray:
+        """`mask` as little-endian bits (uint8, bit i of byte k allowing token 8k + i); shared, read-only."""
+        return self._entry(state)[0]
 
     def allows(self, state: int, token_id: int) -> bool:
         return bool(self._entry(state)[0][token_id >> 3] >> (token_id & 7) & 1)
@@ -159,3 +120,16 @@ class TokenIndex:
         """(vocabulary rows, position, accepted label) of tokens that end a complete lexeme part-way."""
         assert self.with_boundaries, "boundaries were not requested for this index"
         return self._entry(state)[1]
+
+
+def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The concatenated ranges [start, start + count)."""
+    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+
+
+def _ended_rows(trie: VocabTrie, level: TrieLevel, nodes: np.ndarray, labels: np.ndarray,
+                pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, pos, label) for every token below `nodes` (each dead after a complete lexeme of `pos` bytes)."""
+    counts = level.row_end[nodes] - level.row_start[nodes]
+    rows = trie.sorted_rows[_expand(level.row_start[nodes], counts)]
+    return rows, np.full(len(rows), pos, np.int64), np.repeat(labels, counts).astype(np.int64)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
+
+from .vocab_trie import VocabTrie
 
 
 @dataclass(eq=False)
@@ -35,6 +38,11 @@ class TokenVocab:
     @classmethod
     def from_tokenizer(cls, tokenizer, size: int) -> "TokenVocab":  # noqa: ANN001 - runtime.tokenizer.Tokenizer
         return cls.create(tokenizer.token_bytes, tokenizer.special_token_ids, tokenizer.eos_token_ids, size)
+
+    @cached_property
+    def trie(self) -> VocabTrie:
+        """The byte trie of the rows (built on first use, then shared by every constraint)."""
+        return VocabTrie.create(self.matrix, self.lengths)
 
     @property
     def first_bytes(self) -> np.ndarray:

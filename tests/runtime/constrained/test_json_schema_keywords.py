@@ -57,6 +57,25 @@ KEYWORD_SCHEMAS = {
         "v": {"not": {"type": ["object", "array", "string", "number"]}},
         "o": {"type": "object", "properties": {"p": {"type": "null"}, "q": {"type": "null"}},
               "not": {"required": ["p", "q"]}}}, "required": ["s", "v", "o"]},
+    "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
+                "type": "string", "maxLength": 2, "not": {"$ref": "#/$defs/alias"}},
+    "one_of_tagged_recursive": {"$defs": {"node": {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "leaf"}, "v": {"type": "integer", "minimum": 0, "maximum": 9}},
+         "required": ["kind", "v"], "additionalProperties": False},
+        {"allOf": [{"$ref": "#/$defs/tagged_pair"}], "properties": {"kids": {"type": "array", "maxItems": 2,
+                                                                          "items": {"$ref": "#/$defs/node"}}}}]},
+        "tagged_pair": {"type": "object", "properties": {"kind": {"enum": ["pair", 2]}, "kids": {}},
+                        "required": ["kind", "kids"], "additionalProperties": False}},
+        "$ref": "#/$defs/node"},
+    "one_of_tagged": {"oneOf": [{"type": "object", "properties": {"t": {"const": 1}, "x": {"type": "boolean"}},
+                                 "required": ["t"]},
+                                {"type": "object", "properties": {"t": {"enum": [1.5, "1"]}, "x": {"type": "null"}},
+                                 "required": ["t"]}]},
+    "one_of_forbidden_required": {"$defs": {"d": {"oneOf": [
+        {"properties": {"mode": {"enum": ["custom"]}, "name": {"type": "string", "maxLength": 3},
+                        "kid": {"$ref": "#/$defs/d"}}, "additionalProperties": False},
+        {"properties": {"mode": {"enum": ["custom", "ref"]}, "ref_id": {"type": "integer", "minimum": 0, "maximum": 5}},
+         "required": ["ref_id"], "additionalProperties": False}]}}, "$ref": "#/$defs/d"},
     "property_names": {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,2}$"},
                        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 1}},
     "tuple_items": {"$schema": DRAFT4, "type": "array", "items": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 3}],
@@ -305,3 +324,19 @@ def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed()
 def test_malformed_schemas_raise_value_errors(schema, message):
     with pytest.raises(ValueError, match=message):
         compile_json_schema(schema)
+
+
+def test_not_with_a_ref_excludes_exactly_the_targets_values(compiler):
+    schema = KEYWORD_SCHEMAS["not_ref"]
+    constraint = compiler.compile("json_schema", schema)
+    for value in ["ab", "b", "a", "", "ba", "abc", 3]:
+        text = json.dumps(value)
+        assert accepts(constraint, text) == validator(schema).is_valid(value), value
+
+
+def test_recursive_one_of_branches_without_a_disjoint_discriminator_are_refused(compiler):
+    node = {"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"$ref": "#"}},
+                       "required": ["k"]},
+                      {"type": "object", "properties": {"k": {"enum": ["b", "c"]}}, "required": ["k"]}]}
+    with pytest.raises(ValueError, match="recursive branches that may match the same value"):
+        compiler.compile("json_schema", node)

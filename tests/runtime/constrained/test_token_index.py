@@ -81,3 +81,24 @@ def test_forced_bytes_follow_single_exits():
         forced.append(int(index.forced[state]))
         state = int(dfa.trans[state, forced[-1]])
     assert bytes(forced) == b'{"key":'
+
+
+def test_vocab_trie_nodes_are_exactly_the_tokens_prefixes():
+    vocab = small_vocab(1)
+    trie = vocab.trie
+    rows_bytes = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
+    prefixes: list[list[bytes]] = []  # per level, each node's prefix, rebuilt from parents and bytes
+    for depth, level in enumerate(trie.levels, 1):
+        above = prefixes[-1] if prefixes else [b""] * trie.root_children
+        prefixes.append([above[p] + bytes([b]) if depth > 1 else bytes([b])
+                         for p, b in zip(level.parent.tolist(), level.byte.tolist())])
+        expected = {r[:depth] for r in rows_bytes if len(r) >= depth}
+        assert sorted(prefixes[-1]) == sorted(expected) and len(set(prefixes[-1])) == len(expected)
+        for k, prefix in enumerate(prefixes[-1]):  # a node's row range holds exactly its prefix's tokens
+            rows = trie.sorted_rows[level.row_start[k]:level.row_end[k]].tolist()
+            assert sorted(rows) == [r for r, b in enumerate(rows_bytes) if b.startswith(prefix)]
+            children = range(level.child_start[k], level.child_start[k + 1])
+            if depth < len(trie.levels):
+                assert all(trie.levels[depth].parent[c] == k for c in children)
+    flat = [p for level in prefixes for p in level]
+    assert [flat[n] for n in trie.token_node.tolist()] == rows_bytes

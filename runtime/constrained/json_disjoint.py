@@ -1,0 +1,93 @@
+"""A schema-level proof that two `oneOf` branches share no value: both accept objects only (by their
+`type`, or the type their keywords imply, as the compiler infers it), and both require a property (a
+discriminator, as in tagged unions) whose const/enum values do not overlap, or one requires a property
+that the other forbids.
+
+Sound, not complete: every keyword read is a conjunct of the branch (top-level keywords, `allOf`
+members, plain `$ref` targets), so each only narrows what the branch accepts; anything else is
+ignored, which can only make the proof fail.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from .schema_merge import normalize
+
+_MAX_DEPTH = 8  # $ref / allOf hops followed, at most
+# keywords that send a schema down another compile path than its own (implied) type: no inference then
+_NOT_DIRECT = frozenset({"type", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "enum", "const",
+                         "dependentRequired", "dependentSchemas"})
+
+
+def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: frozenset[str],
+                      infer_type: Callable[[dict], str | None]) -> bool:
+    parts_a, parts_b = _conjuncts(a, resolve, formats, 0), _conjuncts(b, resolve, formats, 0)
+    if not (_objects_only(parts_a, infer_type) and _objects_only(parts_b, infer_type)):
+        return False
+    req_a, req_b = _required(parts_a), _required(parts_b)
+    if any(_forbidden(parts_a, name) for name in req_b) or any(_forbidden(parts_b, name) for name in req_a):
+        return True
+    shared = req_a & req_b
+    for name in shared:
+        va, vb = _values(parts_a, name, formats), _values(parts_b, name, formats)
+        if va is not None and vb is not None and not va & vb:
+            return True
+    return False
+
+
+def _conjuncts(schema: Any, resolve: Callable[[str], Any], formats: frozenset[str], depth: int) -> list[dict]:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return []
+    s = normalize(schema, formats)
+    out = [s]
+    if isinstance(s.get("$ref"), str):
+        out += _conjuncts(resolve(s["$ref"]), resolve, formats, depth + 1)
+    for sub in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+        out += _conjuncts(sub, resolve, formats, depth + 1)
+    return out
+
+
+def _objects_only(parts: list[dict], infer_type: Callable[[dict], str | None]) -> bool:
+    """Whether the branch compiles to objects only: the compiler reads its top part's implied type too."""
+    if any(p.get("type") in ("object", ["object"]) for p in parts):
+        return True  # a conjunct's type: every value of the branch is an object
+    top = parts[0] if parts else {}
+    return not set(top) & _NOT_DIRECT and infer_type(top) == "object"
+
+
+def _forbidden(parts: list[dict], name: str) -> bool:
+    """Whether some conjunct allows no property `name`."""
+    for p in parts:
+        props = p.get("properties", {}) if isinstance(p.get("properties"), dict) else {}
+        if props.get(name) is False:
+            return True
+        if p.get("additionalProperties") is False and name not in props and not p.get("patternProperties"):
+            return True
+    return False
+
+
+def _required(parts: list[dict]) -> set[str]:
+    return {name for p in parts if isinstance(p.get("required"), list) for name in p["required"]
+            if isinstance(name, str)}
+
+
+def _values(parts: list[dict], name: str, formats: frozenset[str]) -> set[str] | None:
+    """The property's possible values (as canonical JSON text) from some conjunct's const/enum, or None."""
+    for p in parts:
+        sub = p.get("properties", {}).get(name) if isinstance(p.get("properties"), dict) else None
+        if not isinstance(sub, dict):
+            continue
+        s = normalize(sub, formats)
+        if "const" in s:
+            return {_canonical_text(s["const"])}
+        if isinstance(s.get("enum"), list):
+            return {_canonical_text(v) for v in s["enum"]}
+    return None
+
+
+def _canonical_text(value: Any) -> str:
+    """Equal JSON values, equal texts (1 and 1.0 alike; true and 1 not)."""
+    if isinstance(value, float) and value == int(value):
+        value = int(value)
+    return json.dumps(value, sort_keys=True)
