@@ -34,9 +34,6 @@ JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 # attention
 CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)
 
-# tensor parallelism (runtime/distributed)
-EMBEDDING_CACHE_MB = 512  # image embeddings every rank keeps by image key (LRU, decided by rank 0)
-
 # speculative decoding (runtime/speculative)
 SPECULATIVE_ALGORITHMS = ("NGRAM",)  # speculative_algorithm: one of these, or None (off)
 SPEC_BACKOFF_MAX_STEPS = 16  # a drafter that keeps failing a request sits out at most this many steps
@@ -70,7 +67,7 @@ class EngineConfig:
     disable_cuda_graph: bool | None = None
     cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
     quantization: str = "none"  # "int8": weight-only int8 linears (CPU decode ~4x fewer bytes; not exact)
-    image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key; 0: off
+    image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names
