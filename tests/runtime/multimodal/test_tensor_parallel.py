@@ -77,3 +77,8 @@ def test_a_cache_smaller_than_one_steps_images_is_refused_with_a_clear_error():
     one = StepImages([0] * 2, (ImagePart(2, 1, 1, 1),), {2: torch.zeros(2, 2)})
     rows, embeds = encoder.embed_step(one)  # one image fits: served from the cache, nothing sent
     assert rows.tolist() == [1] and torch.equal(embeds, torch.zeros(1, 2)) and len(published) == 2
+
+
+def test_tp_without_an_image_cache_is_refused(clip_llava):
+    with pytest.raises(ValueError, match=r"image_cache_mb must be > 0 with tp_size > 1"):
+        Engine(str(clip_llava[0]), kv_cache_tokens=2048, tp_size=2, image_cache_mb=0)
