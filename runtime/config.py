@@ -34,9 +34,6 @@ JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 # attention
 CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)
 
-# tensor parallelism (runtime/distributed)
-EMBEDDING_CACHE_MB = 512  # image embeddings every rank keeps by image key (LRU, decided by rank 0)
-
 # speculative decoding (runtime/speculative)
 # speculative_algorithm: one of these, or None (off). NGRAM: n-gram tries; STANDALONE (SGLang's name): a
 # second model file, speculative_draft_model; SELF: the target's own first speculative_draft_layers layers
@@ -76,7 +73,7 @@ class EngineConfig:
     # "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are not exact
     quantization: str = "none"
     compile_layers: bool = False  # torch.compile the MLPs and norms (~1.09x CPU decode; ~100 s to compile)
-    image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key; 0: off
+    image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names

@@ -20,6 +20,7 @@ from .constrained.jump_forward import JumpForwarder
 from .constrained.matcher import Constraint
 from .constrained.vocab import TokenVocab
 from .cuda_graph import DecodeGraphs
+from .distributed.embedding_cache import BroadcastEmbeddingCache
 from .distributed.group import TensorParallel
 from .distributed.layers import kv_heads_per_rank
 from .distributed.runner import TPRunner
@@ -140,12 +141,19 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
         graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
                               capture=device.type == "cuda")
     vision = loaded.vision
-    encoder = None if vision is None else ImageEncoder(vision.module, cfg.image_cache_mb << 20, device, dtype)
+    if vision is not None and tp.size > 1 and cfg.image_cache_mb == 0:
+        raise ValueError("image_cache_mb must be > 0 with tp_size > 1: the worker ranks take image embeddings "
+                         "from their mirror of rank 0's cache")
+    workers = None if tp.size == 1 else TPWorkers(cfg, tp, pool_size, device)
+    encoder = None
+    if vision is not None:
+        publish = None if workers is None else workers.publish_embedding
+        encoder = ImageEncoder(vision.module, BroadcastEmbeddingCache(cfg.image_cache_mb, publish), device, dtype)
     image_token_id = 0 if vision is None else vision.image_token_id
-    if tp.size == 1:
+    if workers is None:
         runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs, encoder, image_token_id)
     else:
-        runner = TPRunner(loaded.model, req_to_token, attn, device, TPWorkers(cfg, tp, pool_size, device))
+        runner = TPRunner(loaded.model, req_to_token, attn, device, workers, encoder, image_token_id)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache)
     drafter = create_drafter(cfg, loaded, pool_size, context_length)

@@ -12,7 +12,7 @@ from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
 from .models.llama import ForwardContext, LlamaForCausalLM
 from .multimodal.encoder import ImageEncoder
-from .multimodal.prompt import step_inputs as image_step_inputs
+from .multimodal.prompt import ImagePart, step_images
 
 
 @dataclass(slots=True)
@@ -23,6 +23,7 @@ class StepInputs:
     attention: AttentionBatch
     hidden_rows: list[int]  # for each logits row, its token's index in the step
     embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (token rows, image embeddings) replacing them
+    images: tuple[ImagePart, ...] = ()  # where `embeds` came from: what a worker rank resolves them from
 
 
 class ModelRunner:
@@ -50,9 +51,8 @@ class ModelRunner:
         attention = batch.attention_batch(self.req_to_token.table, self.cascade_min)
         if self.images is None:
             return StepInputs(batch.input_ids(), attention, batch.hidden_rows)
-        inputs = image_step_inputs(batch, self.images, self.image_token_id, self.device)
-        embeds = None if inputs.embeds is None else (inputs.embed_rows, inputs.embeds)
-        return StepInputs(inputs.input_ids, attention, batch.hidden_rows, embeds)
+        images = step_images(batch, self.image_token_id)
+        return StepInputs(images.input_ids, attention, batch.hidden_rows, self.images.embed_step(images), images.parts)
 
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         plan = self.attn.plan(inputs.attention)

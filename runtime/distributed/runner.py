@@ -8,16 +8,19 @@ from ...kernels.backend import AttentionBackend
 from ..memory import ReqToToken
 from ..model_runner import ModelRunner, StepInputs
 from ..models.llama import LlamaForCausalLM
+from ..multimodal.encoder import ImageEncoder
 from .workers import TPWorkers
 
 
 class TPRunner(ModelRunner):
     def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken, attn: AttentionBackend,
-                 device: torch.device, workers: TPWorkers):
-        super().__init__(model, req_to_token, attn, device)
+                 device: torch.device, workers: TPWorkers, images: ImageEncoder | None = None,
+                 image_token_id: int = 0):
+        super().__init__(model, req_to_token, attn, device, None, images, image_token_id)
         self.workers = workers
 
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        # step_inputs already published the step's new image embeddings: each worker's mirror has them
         self.workers.send_step(inputs)
         try:
             return super().run(inputs)

@@ -22,12 +22,13 @@ from ..config import EngineConfig
 from ..memory import KVPool
 from ..model_runner import ModelRunner, StepInputs
 from ..models.loader import load_model
+from ..multimodal.prompt import embed_parts
 from .embedding_cache import EmbeddingMirror
 from .group import TensorParallel, connect_store
 from .layers import kv_heads_per_rank
 
 # message kinds, rank 0 -> worker
-STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host
+STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host, images by reference
 EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
 INSPECT = "inspect"  # the worker replies with its embedding mirror (tests, debugging)
 STOP = "stop"
@@ -61,12 +62,12 @@ def rank_device(cfg: EngineConfig, rank: int) -> torch.device:
 
 def host_step(inputs: StepInputs) -> StepInputs:
     """The step with just its own rows of req_to_token (renumbered 0..n-1), on the host, ready to send:
-    a worker has no request table of its own."""
+    a worker has no request table of its own. Image embeddings travel as references into its mirror."""
     batch = inputs.attention
     rows = torch.tensor(batch.rows, dtype=torch.int64, device=batch.req_to_token.device)
     table = batch.req_to_token[rows, : max(batch.kv_lens)].cpu()
     attention = dataclasses.replace(batch, req_to_token=table, rows=list(range(len(batch.rows))))
-    return StepInputs(inputs.input_ids, attention, inputs.hidden_rows)
+    return StepInputs(inputs.input_ids, attention, inputs.hidden_rows, images=inputs.images)
 
 
 def main(fd: int) -> None:
@@ -111,6 +112,7 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
             return
         if kind == STEP:
             body.attention.req_to_token = body.attention.req_to_token.to(runner.device)
+            body.embeds = embed_parts(body.images, mirror.get, runner.device)
             runner.run(body)
         elif kind == EMBEDDING:
             key, shape, dtype, evicted = body

@@ -7,13 +7,12 @@ import socket
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Hashable
 
 import torch
 
-from ..config import EMBEDDING_CACHE_MB, EngineConfig
+from ..config import EngineConfig
 from ..model_runner import StepInputs
-from .embedding_cache import BroadcastEmbeddingCache
 from .group import TensorParallel, open_store
 from .worker import EMBEDDING, ERROR, INSPECT, STEP, STOP, WorkerSpec, host_step, receive, send
 
@@ -44,7 +43,6 @@ class TPWorkers:
         except BaseException:
             self.close()
             raise
-        self.embeddings = BroadcastEmbeddingCache(EMBEDDING_CACHE_MB, self.publish_embedding)
 
     def _start(self, spec: WorkerSpec) -> None:
         """A fresh interpreter (a forked child would inherit this process's threads and torch state)."""
@@ -78,14 +76,14 @@ class TPWorkers:
     def send_step(self, inputs: StepInputs) -> None:
         self._send_all(STEP, host_step(inputs))
 
-    def publish_embedding(self, key: bytes, t: torch.Tensor, evicted: list[bytes]) -> None:
+    def publish_embedding(self, key: Hashable, t: torch.Tensor, evicted: list[Hashable]) -> None:
         self._send_all(EMBEDDING, (key, tuple(t.shape), t.dtype, evicted))
         try:
             self.tp.broadcast(t.to(self.device))
         except Exception as e:  # noqa: BLE001 - any failure leaves the ranks out of step
             raise self.fail(e) from e
 
-    def inspect_embeddings(self) -> list[tuple[dict[bytes, torch.Tensor], int]]:
+    def inspect_embeddings(self) -> list[tuple[dict[Hashable, torch.Tensor], int]]:
         """Each worker's embedding mirror and the bytes it has received (for tests and debugging)."""
         self._send_all(INSPECT)
         return [receive(conn)[1] for conn in self._conns]

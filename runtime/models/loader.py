@@ -48,12 +48,9 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
     if path.is_dir() and _is_vision_folder(path):
-        if tp is not None and tp.size > 1:
-            raise ValueError(f"tp_size {tp.size}: vision-language models run at tp_size 1 for now "
-                             f"({str(path)!r} has a vision tower)")
         from ..multimodal.loader import load_vision_language
 
-        return load_vision_language(path, device, dtype)
+        return load_vision_language(path, device, dtype, tp)
     blocks: dict[str, GroupQuant] = {}
     if path.is_dir():
         cfg, weights, tokenizer = read_hf_dir(path)

@@ -1,36 +1,39 @@
-"""The one call that turns an image into embeddings: `ImageEncoder.embed(key, pixels)`, behind the LRU
-embedding cache. Under tensor parallelism a wrapper can put rank 0's encode + broadcast here."""
+"""The one call that turns a step's image parts into embeddings: `ImageEncoder.embed_step`, behind the
+LRU embedding cache. Under tensor parallelism that cache is rank 0's broadcast cache: an image is encoded
+once, on rank 0, and its embeddings go to every rank's mirror before the step that uses them."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .cache import EmbeddingCache
-
-
-@dataclass(slots=True)
-class EncoderCounters:
-    encodes: int = 0  # images run through the vision tower
-    cache_hits: int = 0  # images whose embeddings came from the cache
+from ..distributed.embedding_cache import BroadcastEmbeddingCache, EmbeddingCounters
+from .prompt import StepImages, embed_parts
 
 
 class ImageEncoder:
-    def __init__(self, vision: nn.Module, cache_bytes: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, vision: nn.Module, cache: BroadcastEmbeddingCache, device: torch.device, dtype: torch.dtype):
         self.vision = vision
-        self.cache = EmbeddingCache(cache_bytes)
+        self.cache = cache
         self.device, self.dtype = device, dtype
-        self.counters = EncoderCounters()
+
+    @property
+    def counters(self) -> EmbeddingCounters:
+        return self.cache.counters
 
     def embed(self, key: int, pixels: torch.Tensor) -> torch.Tensor:
         """[feature rows, hidden] embeddings of the image named `key`, from its preprocessed pixels."""
-        cached = self.cache.get(key)
-        if cached is not None:
-            self.counters.cache_hits += 1
-            return cached
+        return self.cache.get(key, lambda: self._encode(pixels))
+
+    def embed_step(self, images: StepImages) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(token rows, embeddings) of the step's image parts, encoding only the images no cache holds."""
+        embeds = embed_parts(images.parts, lambda key: self.embed(key, images.pixels[key]), self.device)
+        if self.cache.publish is not None and any(p.key not in self.cache for p in images.parts):
+            # an image this step needs was evicted by a later one: the workers could not resolve it
+            raise ValueError(f"image_cache_mb ({self.cache.lru.capacity_bytes} bytes) holds fewer than one "
+                             f"step's images ({len(images.pixels)}); raise image_cache_mb or lower "
+                             "max_prefill_tokens")
+        return embeds
+
+    def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            out = self.vision.encode(pixels.to(self.device, self.dtype))
-        self.counters.encodes += 1
-        self.cache.put(key, out)
-        return out
+            return self.vision.encode(pixels.to(self.device, self.dtype))

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ..distributed.group import TensorParallel
 from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
 from ..tokenizer import Tokenizer
 from .idefics3 import IDEFICS3_ARCH, Idefics3Config, Idefics3Vision, SplitImageProcessor, make_prepare, \
@@ -30,12 +31,17 @@ class VisionModel:
     placeholder: str  # that token's text
 
 
-def load_vision_language(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_vision_language(path: Path, device: torch.device, dtype: torch.dtype,
+                         tp: TensorParallel | None = None) -> LoadedModel:
+    """`tp`: this rank's shard of the language model; the vision side only on rank 0, which encodes every
+    image (the other ranks receive its embeddings)."""
     hf = read_hf_config(path)
     cfg, weights, tokenizer = read_hf_dir(path, llava_text_config(hf))
     idefics3 = IDEFICS3_ARCH in (hf.get("architectures") or [])
     text_weights, vision_weights = (split_idefics3_weights if idefics3 else split_llava_weights)(weights)
-    model = build_model(cfg, text_weights, device, dtype)
+    model = build_model(cfg, text_weights, device, dtype, tp)
+    if tp is not None and tp.rank > 0:
+        return LoadedModel(model, tokenizer, path.name)
     build = build_idefics3 if idefics3 else build_vision
     vision = build(path, hf, vision_weights, tokenizer, device, dtype)
     return LoadedModel(model, tokenizer, path.name, vision)

@@ -3,7 +3,7 @@ and each step's model input takes those spans' embeddings in place of token embe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -11,7 +11,6 @@ from .identity import ImageKeyer, is_image_key, span_keys
 
 if TYPE_CHECKING:
     from ..batch import StepBatch
-    from .encoder import ImageEncoder
     from .loader import VisionModel
 
 
@@ -115,31 +114,46 @@ def text_ids(ids: Sequence[int]) -> list[int]:
     return [t for t in ids if not is_image_key(t)]
 
 
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """Step tokens [at, at + count) take rows [first, first + count) of the embeddings of image `key`:
+    a reference small enough to send to every tensor-parallel rank in place of the embeddings."""
+
+    key: int
+    first: int
+    count: int
+    at: int
+
+
 @dataclass(slots=True)
-class StepInputs:
-    input_ids: list[int]
-    embed_rows: torch.Tensor | None  # indices into the step's tokens that take image embeddings
-    embeds: torch.Tensor | None  # [len(embed_rows), hidden]
+class StepImages:
+    input_ids: list[int]  # the step's token ids, each image key replaced by the image token id
+    parts: tuple[ImagePart, ...]
+    pixels: dict[int, torch.Tensor]  # each part's image's pixels, for an encoder that misses its cache
 
 
-def step_inputs(batch: "StepBatch", encoder: "ImageEncoder", image_token_id: int,
-                device: torch.device) -> StepInputs:
-    """The step's token ids (image keys -> the image token id) and the image embeddings that replace
-    those tokens' embeddings, encoding (or fetching from the cache) only the images this step reaches."""
+def step_images(batch: "StepBatch", image_token_id: int) -> StepImages:
+    """The step's token ids and the image parts whose embeddings replace image tokens' embeddings: only
+    the images (and rows of them) this step reaches."""
     ids: list[int] = []
-    rows: list[range] = []
-    parts: list[torch.Tensor] = []
+    parts: list[ImagePart] = []
+    pixels: dict[int, torch.Tensor] = {}
     for item in batch.items:
         base = len(ids)
         ids += [image_token_id if is_image_key(t) else t for t in item.req.tokens(item.start, item.end)]
         for span in item.req.images:
             lo, hi = max(span.offset, item.start), min(span.end, item.end)
-            if lo >= hi:
-                continue
-            first = span.embed_offset + lo - span.offset
-            parts.append(encoder.embed(span.key, span.pixels)[first:first + hi - lo])
-            rows.append(range(base + lo - item.start, base + hi - item.start))
+            if lo < hi:
+                parts.append(ImagePart(span.key, span.embed_offset + lo - span.offset, hi - lo, base + lo - item.start))
+                pixels[span.key] = span.pixels
+    return StepImages(ids, tuple(parts), pixels)
+
+
+def embed_parts(parts: Sequence[ImagePart], embeddings: Callable[[int], torch.Tensor],
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(token rows, embeddings) for the model's `embeds`, each part's rows sliced from `embeddings(key)`
+    (rank 0's encoder, or a worker's mirror); None when the step has no image tokens."""
     if not parts:
-        return StepInputs(ids, None, None)
-    index = torch.tensor([r for span_rows in rows for r in span_rows], dtype=torch.int64, device=device)
-    return StepInputs(ids, index, torch.cat(parts))
+        return None
+    rows = torch.cat([torch.arange(p.at, p.at + p.count, dtype=torch.int64) for p in parts]).to(device)
+    return rows, torch.cat([embeddings(p.key)[p.first:p.first + p.count] for p in parts])

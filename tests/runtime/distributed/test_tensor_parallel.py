@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache, EmbeddingLRU
+from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache
 from radixlang.runtime.distributed.workers import WorkerFailure
 from radixlang.runtime.engine import Engine
 from tests.conftest import TINY_CONFIG, tiny_weights, write_hf_folder
@@ -82,7 +82,7 @@ def test_embedding_broadcast_encodes_and_sends_each_key_once(tp2):
     first = cache.get(b"image-a", encoder(b"image-a", 1.0))
     again = cache.get(b"image-a", encoder(b"image-a", 9.0))  # a hit: the encoder is not called
     assert encodes == [b"image-a"] and torch.equal(again, first)
-    assert (cache.counters.encodes, cache.counters.hits, cache.counters.bytes_sent) == (1, 1, 96)
+    assert (cache.counters.encodes, cache.counters.cache_hits, cache.counters.bytes_sent) == (1, 1, 96)
     cache.get(b"image-b", encoder(b"image-b", 2.0))
     cache.get(b"image-a", encoder(b"image-a", 9.0))  # touch a, so b is the least recently used
     cache.get(b"image-c", encoder(b"image-c", 3.0))  # evicts b on rank 0 and on the worker
@@ -94,9 +94,12 @@ def test_embedding_broadcast_encodes_and_sends_each_key_once(tp2):
     tp2.check_invariants()
 
 
-def test_embedding_lru_refuses_an_entry_larger_than_its_capacity():
+def test_a_broadcast_cache_refuses_an_entry_larger_than_its_capacity():
+    sent = []
+    cache = BroadcastEmbeddingCache(capacity_mb=10 * 2**-20, publish=lambda *entry: sent.append(entry))
     with pytest.raises(ValueError, match="more than the whole embedding cache"):
-        EmbeddingLRU(capacity_bytes=10).put(b"k", torch.zeros(4))
+        cache.get(b"k", lambda: torch.zeros(4))
+    assert sent == [] and b"k" not in cache  # nothing a worker could not mirror
 
 
 def test_tp_size_that_does_not_split_the_heads_is_refused(tmp_path, tokenizer):
