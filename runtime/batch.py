@@ -92,8 +92,9 @@ class StepBatch:
     def input_ids(self) -> list[int]:
         return [t for item in self.items for t in item.req.tokens(item.start, item.end)]
 
-    def attention_batch(self, req_to_token: torch.Tensor, cascade_min: int | None = None) -> AttentionBatch:
-        """`cascade_min`: group decodes sharing a radix prefix of at least this many tokens (None: don't)."""
+    def attention_batch(self, req_to_token: torch.Tensor,
+                        groups: list[tuple[list[int], int]] | None = None) -> AttentionBatch:
+        """`groups`: the step's cascade groups, from `prefix_groups` (None: no cascade)."""
         return AttentionBatch(
             req_to_token=req_to_token,
             rows=[item.req.row for item in self.items],
@@ -101,7 +102,7 @@ class StepBatch:
             extend_lens=[item.length for item in self.items],
             positions=[p for item in self.items for p in item.positions()],
             parents=[item.parents for item in self.items],
-            prefix_groups=[] if cascade_min is None else prefix_groups(self.items, cascade_min),
+            prefix_groups=groups or [],
         )
 
 

@@ -42,13 +42,15 @@ class ModelRunner:
 
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
+        groups = [] if self.cascade_min is None else prefix_groups(batch.items, self.cascade_min)
+        # decodes sharing a long prefix read it once in an eager cascade step, which graphs cannot hold;
         # decode steps never carry image positions (images sit in prompts), so graphs serve VLMs too
-        if self.graphs is not None and self.graphs.fits(batch) and not self._cascades(batch):
+        if self.graphs is not None and not groups and self.graphs.fits(batch):
             return self.graphs.forward(batch)
-        return self.run(self.step_inputs(batch))
+        return self.run(self.step_inputs(batch, groups))
 
-    def step_inputs(self, batch: StepBatch) -> StepInputs:
-        attention = batch.attention_batch(self.req_to_token.table, self.cascade_min)
+    def step_inputs(self, batch: StepBatch, groups: list[tuple[list[int], int]]) -> StepInputs:
+        attention = batch.attention_batch(self.req_to_token.table, groups)
         if self.images is None:
             return StepInputs(batch.input_ids(), attention, batch.hidden_rows)
         images = step_images(batch, self.image_token_id)
@@ -64,10 +66,6 @@ class ModelRunner:
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, dtype=torch.int64, device=self.device)]
         return self.model.compute_logits(hidden)
-
-    def _cascades(self, batch: StepBatch) -> bool:
-        """Decodes sharing a long prefix read it once in an eager cascade step, which graphs cannot hold."""
-        return self.cascade_min is not None and bool(prefix_groups(batch.items, self.cascade_min))
 
     def close(self) -> None:
         """Releases what the runner started (tensor-parallel worker ranks); nothing here."""
