@@ -19,3 +19,4 @@ def clip_llava(tmp_path_factory):
 def engine(clip_llava):
     with Engine(str(clip_llava[0]), kv_cache_tokens=2048) as e:
         yield e
+        e.check_invariants()  # whatever the module's tests did, no KV slot leaked
