@@ -1,8 +1,9 @@
 """The HTTP backend: a client of a radixlang (or SGLang) server's native API.
 
-It uses POST /generate (text or input_ids, sampling_params, return_logprob, logprob_start_len,
-top_logprobs_num, stream as server-sent events whose `text` is cumulative), GET /get_model_info
-(model_path, and chat_template / bos_token / eos_token for roles), POST /flush_cache, and
+It uses POST /generate (text or input_ids, image_data as data URLs, sampling_params, return_logprob,
+logprob_start_len, top_logprobs_num, stream as server-sent events whose `text` is cumulative), GET
+/get_model_info (model_path; chat_template / bos_token / eos_token for roles; image_token, the
+placeholder a vision model's prompt has where each image goes), POST /flush_cache, and
 POST /v1/programs for `run(remote=True)`. Only the standard library is used.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Iterator
 from .backend import PREFILL_ONLY, GenDelta, StateView
 from .chat import ChatTemplate
 from .choices import decide, resolve_method
+from .images import image_data_url
 from .ir import Gen, ProgramIR
 from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 
@@ -101,11 +103,11 @@ class Endpoint:
         return True
 
     def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
-        _reject_images(state)
-        if not state.text:
+        text, images = self._prompt(state)
+        if not text:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
         p = gen.params
-        payload: dict[str, Any] = {"text": state.text, "sampling_params": p.sampling_params()}
+        payload: dict[str, Any] = {"text": text, **images, "sampling_params": p.sampling_params()}
         if p.return_logprob or p.top_logprobs_num:
             payload.update(return_logprob=True, top_logprobs_num=p.top_logprobs_num or 0,
                            return_text_in_logprobs=bool(p.return_text_in_logprobs))
@@ -129,23 +131,27 @@ class Endpoint:
         """As the engine backend's select, without a local tokenizer: the server scores the prefix and
         every prefix + choice from a window before the prefix's end, and the first position where
         a choice's tokens differ from the prefix's is where healing starts."""
-        _reject_images(state)
         method = resolve_method(method)
-        prefix = state.text
-        prompt_tokens = self._json("/generate", {"text": prefix, "sampling_params": PREFILL_ONLY}
-                                   )["meta_info"]["prompt_tokens"] if prefix else 0
-        if prompt_tokens == 0:
+        prefix, images = self._prompt(state)
+        if not prefix:
             raise ValueError("select needs text before it to condition on")
-        window_start = max(prompt_tokens - SELECT_HEAL_WINDOW, 1)
+        prompt_tokens = self._json("/generate", {"text": prefix, **images, "sampling_params": PREFILL_ONLY}
+                                   )["meta_info"]["prompt_tokens"]  # images expanded: the positions scores name
+        given, floor = self._window_bounds(state, prefix, prompt_tokens)
+        window_start = max(given - SELECT_HEAL_WINDOW, floor, 1)
         while True:
-            rows, cached = self._score({"text": [prefix] + [prefix + c for c in choices]}, window_start)
+            prompts = [prefix] + [prefix + c for c in choices]
+            batch_images = {"image_data": [images["image_data"]] * len(prompts)} if images else {}
+            rows, cached = self._score({"text": prompts, **batch_images}, window_start)
             lowest = min(rows[0])  # the first prefix position the server reported
             start = min(_divergence(rows[0], row, prompt_tokens) for row in rows[1:])
             if start > lowest:
                 break
-            if window_start == 0:
-                raise ValueError("select needs more text before it: the choices merge with the prompt's first token")
-            window_start = 0  # healing may reach past the window: look at the whole prompt
+            if window_start == floor:
+                raise ValueError("select needs more text before it: the choices merge with the prompt's first "
+                                 "token" if floor == 0 else "select needs more text after the last image: the "
+                                 "choices merge with the text right after it")
+            window_start = floor  # healing may reach past the window: look at the whole prompt
         scored = [[row[i] for i in sorted(row) if i >= start] for row in rows[1:]]
         unconditional = None
         if getattr(method, "requires_unconditional_logprobs", False):
@@ -163,6 +169,29 @@ class Endpoint:
                                         "logprob_start_len": start})
         return [_positioned(o["meta_info"]) for o in outs], [o["meta_info"].get("cached_tokens", 0) for o in outs]
 
+    def _window_bounds(self, state: StateView, prefix: str, prompt_tokens: int) -> tuple[int, int]:
+        """(prompt tokens as sent, the first of them scoring may start at). `logprob_start_len` counts
+        tokens as sent, each image placeholder one token; a prompt may not be scored from before its last
+        image. Without images both are known already; with them, the server's tokenizer says."""
+        if not state.images:
+            return prompt_tokens, 0
+        given = self._json("/tokenize", {"prompt": prefix})["count"]
+        after = self._json("/tokenize", {"prompt": state.text[state.image_offsets[-1]:],
+                                         "add_special_tokens": False})["count"]
+        return given, given - after
+
+    def _prompt(self, state: StateView) -> tuple[str, dict[str, Any]]:
+        """The prompt text, with the server model's image placeholder where each image goes, and the
+        images as /generate's `image_data` (empty without images)."""
+        if not state.images:
+            return state.text, {}
+        placeholder = self.model_info().get("image_token")
+        if not placeholder:
+            raise ValueError(f"this program sends {len(state.images)} image(s), but the server at "
+                             f"{self.base_url} names no image placeholder (GET /get_model_info has no "
+                             "image_token): its model takes no images")
+        return state.with_placeholders(placeholder), {"image_data": [image_data_url(i) for i in state.images]}
+
     def run_program(self, ir: ProgramIR, args: dict[str, Any], sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Runs an IR program on the server (POST /v1/programs); yields its events as dicts."""
         payload = {"program": ir.to_dict(), "args": args,
@@ -174,12 +203,6 @@ class Endpoint:
 
 
 RuntimeEndpoint = Endpoint  # SGLang's name
-
-
-def _reject_images(state: StateView) -> None:
-    if state.images:
-        raise ValueError(f"this program sends {len(state.images)} image(s), but /generate has no image "
-                         "field yet; the endpoint client sends text only")
 
 
 def _positioned(meta: dict[str, Any]) -> dict[int, tuple]:

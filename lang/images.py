@@ -1,6 +1,8 @@
 """Image inputs: a file path, encoded bytes, or a PIL image, named by an xxh3_128 hash of their content."""
 from __future__ import annotations
 
+import base64
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -29,3 +31,16 @@ def _make(kind: str, data: bytes, mode: str | None, size: list[int] | None) -> I
     if not data:
         raise ValueError("image is empty")
     return ImageData(kind, data, ImageData.digest(kind, data, mode, size), mode, size)
+
+
+def image_data_url(image: ImageData) -> str:
+    """The image as a base64 data URL, as a server takes it: encoded bytes as they are, raw pixels as a
+    lossless PNG (the server keys an image by its decoded pixels, so both name it as the engine would)."""
+    data = image.data
+    if image.kind == "pixels":
+        from PIL import Image  # only programs that pass PIL images get here, so Pillow is there
+
+        out = io.BytesIO()
+        Image.frombytes(image.mode, tuple(image.size), data).save(out, "PNG")
+        data = out.getvalue()
+    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()

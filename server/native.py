@@ -15,12 +15,12 @@ from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
 from .errors import APIError
 from .image_input import prepare_images
-from .openapi import streaming_responses
-from .protocol import GenerateRequest
+from .openapi import error_responses, streaming_responses
+from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from .serving import checked_params, events, length_hint, open_stream, run
 from .state import ServerState, server_state
 from .streaming import sse_response
-from .text_input import check_unicode_tree, encode_texts
+from .text_input import check_unicode, check_unicode_tree, encode_texts
 
 router = APIRouter()
 
@@ -54,6 +54,26 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
 
     items = await state.offload(render)  # logprobs of long prompts take many detokenisations
     return JSONResponse(items[0] if single and params.n == 1 else items)
+
+
+@router.post("/tokenize", responses=error_responses(400, 413, 422))
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    """vLLM's route: a prompt's token ids as /generate would see them (an image placeholder is one token)."""
+    state = server_state(request)
+    check_unicode(body.prompt, "prompt")
+    ids = await state.offload(state.engine.tokenizer.encode, body.prompt, body.add_special_tokens)
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.engine.context_length}
+
+
+@router.post("/detokenize", responses=error_responses(400, 413, 422))
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    """vLLM's route: the text of token ids."""
+    state = server_state(request)
+    vocab = state.engine.tokenizer.vocab_size
+    bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"tokens[{bad}] is {body.tokens[bad]}, not a token id in [0, {vocab})", f"tokens[{bad}]")
+    return {"prompt": await state.offload(state.engine.tokenizer.decode, body.tokens, False)}
 
 
 async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tuple[list[list[int]], bool]:

@@ -59,10 +59,11 @@ async def run_program(body: ProgramRequest, request: Request) -> Response:
 async def model_info(request: Request) -> dict[str, Any]:
     """What a remote client needs to render roles itself (SGLang's route of the same name)."""
     state = server_state(request)
-    tok = state.engine.tokenizer
+    tok, images = state.engine.tokenizer, state.engine.image_prompts
     return {"model_path": state.engine.config.model, "served_model_name": state.model_name,
             "is_generation": True, "context_length": state.engine.context_length,
-            "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+            "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+            "image_token": images.placeholder if images else None}
 
 
 def program_states(program: ProgramIR) -> int:

@@ -41,6 +41,15 @@ class GenerateRequest(StrictModel):
         return self
 
 
+class TokenizeRequest(StrictModel):  # vLLM's /tokenize
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(StrictModel):  # vLLM's /detokenize
+    tokens: list[int]
+
+
 class ProgramRequest(StrictModel):
     program: dict[str, Any]  # a traced program's IR (ProgramIR.to_dict()); validated by lang
     args: dict[str, Any] = Field(default_factory=dict)

@@ -143,7 +143,7 @@ def test_endpoint_errors_are_clear(endpoint):
     def with_image(s):
         s += "x" + rl.image(b"img") + rl.gen("y", max_tokens=1)
 
-    assert "no image field" in str(with_image.run(backend=endpoint).error())
+    assert "names no image placeholder" in str(with_image.run(backend=endpoint).error())  # a text model
     state = chat.run(question="Hi?", backend=rl.Endpoint("http://127.0.0.1:9"))
     assert isinstance(state.error(), ConnectionError)
     with pytest.raises(ValueError, match="http"):

@@ -151,6 +151,23 @@ def test_bad_requests_get_a_json_error_naming_the_problem(server, body, status, 
         assert error["param"] == param
 
 
+def test_tokenize_and_detokenize_follow_the_engines_tokenizer(server):
+    """vLLM's /tokenize and /detokenize, against the tokenizer the engine encodes /generate's text with."""
+    tok, text = server.engine.tokenizer, "Hello <|im_start|> wörld"
+    with server.client() as http:
+        ids = http.post("/tokenize", json={"prompt": text}).json()
+        bare = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+        back = http.post("/detokenize", json={"tokens": ids["tokens"]})
+        bad_id = http.post("/detokenize", json={"tokens": [1, tok.vocab_size]})
+        unknown = http.post("/tokenize", json={"prompt": "x", "text": "y"})
+    assert ids == {"tokens": tok.encode(text), "count": len(tok.encode(text)),
+                   "max_model_len": server.engine.context_length}
+    assert bare["tokens"] == tok.encode(text, add_special_tokens=False)
+    assert back.status_code == 200 and back.json()["prompt"] == tok.decode(ids["tokens"], skip_special_tokens=False)
+    assert bad_id.status_code == 400 and bad_id.json()["error"]["param"] == "tokens[1]"
+    assert unknown.status_code == 422 and "text" in unknown.text
+
+
 def test_a_body_that_is_not_a_json_object_is_a_422_saying_so(server):
     with server.client() as http:
         malformed = http.post("/generate", content=b"{not json", headers={"content-type": "application/json"})

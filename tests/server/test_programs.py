@@ -97,3 +97,4 @@ def test_model_info_reports_the_chat_template(server):
     tok = server.engine.tokenizer
     assert info["chat_template"] == tok.chat_template and info["eos_token"] == "<|im_end|>"
     assert info["context_length"] == server.engine.context_length
+    assert info["image_token"] is None  # a text model: rl.Endpoint refuses programs with images

@@ -115,6 +115,23 @@ def test_programs_route_runs_images_in_the_ir(llava_server):
     llava_server.wait_idle()
 
 
+def test_the_endpoint_client_sends_images_like_the_engine_backend(llava_server, engine):
+    """A program run through rl.Endpoint (one /generate per gen / select, images as data URLs) gives what
+    it gives in process; the server's engine and the in-process one load the same folder."""
+    endpoint = rl.Endpoint(llava_server.url)
+    assert endpoint.model_info()["image_token"] == engine.image_prompts.placeholder
+    pixels = A.convert("L")  # a PIL image travels as raw pixels, then as a PNG
+    remote = compare.run(first=pixels, second=B, backend=endpoint, temperature=0)
+    local = compare.run(first=pixels, second=B, backend=engine, temperature=0)
+    assert remote.error() is None, remote.error()
+    assert (remote["answer"], remote["sure"]) == (local["answer"], local["sure"])
+    encoded = compare.run(first=base64.b64decode(data_url(A).split(",")[1]), second=B, backend=endpoint,
+                          temperature=0)
+    assert encoded["answer"] == compare.run(first=A, second=B, backend=engine, temperature=0)["answer"]
+    llava_server.wait_idle()
+    engine.check_invariants()
+
+
 @pytest.mark.parametrize("body,param,message", [
     ({"text": QUESTION, "image_data": ["data:image/png;base64,AAAA"] * 3}, "image_data[0]", "not an image"),
     ({"text": QUESTION, "image_data": ["/etc/hosts"] * 3}, "image_data[0]", "base64"),
