@@ -196,11 +196,12 @@ class Tokenizer:
 
     # ---- chat ------------------------------------------------------------------------------
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+        image_placeholder: str | None = None, **kwargs: Any
     ) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass a plain prompt instead")
-        return render_chat_template(self.chat_template, messages, add_generation_prompt,
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, image_placeholder,
                                     bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
 
     @property
@@ -216,14 +217,48 @@ class Tokenizer:
 
 
 def render_chat_template(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                         **kwargs: Any) -> str:
-    """Renders a Jinja chat template (HF conventions) in a sandbox; also used without a Tokenizer."""
+                         image_placeholder: str | None = None, **kwargs: Any) -> str:
+    """Renders a Jinja chat template (HF conventions) in a sandbox; also used without a Tokenizer.
+
+    A message's content is a string or a list of OpenAI-style parts (`{"type": "text", "text"}`,
+    `{"type": "image"}`). Each template gets the form it reads: parts for templates that iterate over
+    content parts (llava-hf's), a string for the others, with `image_placeholder` where each image goes."""
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"each chat message needs 'role' and 'content', got {m!r}")
+    as_parts = _reads_content_parts(template)
+    shaped = [{**m, "content": _shaped_content(m["content"], as_parts, image_placeholder)} for m in messages]
     return _compiled_template(template).render(
-        messages=[_with_reasoning_aliases(m) for m in messages], add_generation_prompt=add_generation_prompt,
+        messages=[_with_reasoning_aliases(m) for m in shaped], add_generation_prompt=add_generation_prompt,
         **kwargs)
+
+
+_PROBE = "\ue000radixlang-probe\ue001"
+
+
+@functools.lru_cache(maxsize=16)
+def _reads_content_parts(template: str) -> bool:
+    """Whether the template drops string content but renders a text part's: it reads content as a list
+    of parts (judged by rendering, as vLLM's content-format detection does)."""
+    def renders(content: Any) -> bool:
+        try:
+            text = _compiled_template(template).render(messages=[{"role": "user", "content": content}],
+                                                       add_generation_prompt=False)
+        except Exception:  # noqa: BLE001 - a probe: a template that fails on this form does not read it
+            return False
+        return _PROBE in text
+
+    return not renders(_PROBE) and renders([{"type": "text", "text": _PROBE}])
+
+
+def _shaped_content(content: Any, as_parts: bool, image_placeholder: str | None) -> Any:
+    if content is None or isinstance(content, str):
+        return [{"type": "text", "text": content}] if as_parts and content else content
+    if as_parts:
+        return content
+    if image_placeholder is None and any(part.get("type") == "image" for part in content):
+        raise ValueError("a message has an image part, but this model has no image placeholder")
+    return "\n".join(image_placeholder if part.get("type") == "image" else part["text"] for part in content)
 
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is what templates read

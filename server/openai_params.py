@@ -128,34 +128,34 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_lengt
     images: call it on a worker thread."""
     rendered, sources, params = [], [], []
     for i, m in enumerate(messages):
-        placeholder = image_prompts.placeholder if image_prompts is not None else None
-        message = {"role": m.role, "content": _message_text(m, i, sources, params, placeholder, model)}
-        check_unicode(message["content"], f"messages[{i}].content")
+        message = {"role": m.role, "content": _message_content(m, i, sources, params, image_prompts is not None, model)}
         if m.name is not None:
             check_unicode(m.name, f"messages[{i}].name")
             message["name"] = m.name
         rendered.append(message)
     images = prepare_images(image_prompts, model, sources, params)
     with user_errors({}):
-        text = tokenizer.apply_chat_template(rendered)
+        text = tokenizer.apply_chat_template(rendered, image_placeholder=image_prompts and image_prompts.placeholder)
     return encode_texts(tokenizer, [text], "messages", False, context_length)[0], images
 
 
-def _message_text(m: ChatMessage, i: int, sources: list[Any], params: list[str], placeholder: str | None,
-                  model: str) -> str:
-    """The message's text parts and image placeholders, one per line; its image URLs go to `sources`."""
+def _message_content(m: ChatMessage, i: int, sources: list[Any], params: list[str], takes_images: bool,
+                     model: str) -> str | list[dict[str, str]]:
+    """The message's text, or its parts (text, and `{"type": "image"}` for each image, whose URL goes to
+    `sources`); the chat template renders either."""
     if m.content is None:
         return ""
     if isinstance(m.content, str):
+        check_unicode(m.content, f"messages[{i}].content")
         return m.content
-    texts = []
+    parts = []
     for j, part in enumerate(m.content):
         param = f"messages[{i}].content[{j}]"
         if part.get("type") == "image_url":
-            if placeholder is None:
+            if not takes_images:
                 raise APIError(400, f"only text content parts are supported: model {model!r} has no vision "
                                     "tower, so it takes no images", param)
-            texts.append(placeholder)
+            parts.append({"type": "image"})
             sources.append(_image_url(part, param))
             params.append(f"{param}.image_url.url")
             continue
@@ -163,8 +163,9 @@ def _message_text(m: ChatMessage, i: int, sources: list[Any], params: list[str],
             raise APIError(400, f"only text and image_url content parts ({{'type': 'text', 'text': ...}}, "
                                 f"{{'type': 'image_url', 'image_url': {{'url': ...}}}}) are supported, "
                                 f"got type {part.get('type')!r}", param)
-        texts.append(part["text"])
-    return "\n".join(texts)
+        check_unicode(part["text"], f"{param}.text")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
 
 
 def _image_url(part: dict[str, Any], param: str) -> Any:

@@ -54,7 +54,7 @@ def _read_response(sock: socket.socket) -> tuple[int, dict]:
     ("/v1/chat/completions", CHAT | {"messages": [{"role": "user", "content": "hi"},
                                                   {"role": "user", "content": "x\ud800"}]}, "messages[1].content"),
     ("/v1/chat/completions", CHAT | {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
-     "messages[0].content"),
+     "messages[0].content[0].text"),
 ])
 def test_a_lone_surrogate_is_a_400_naming_the_field_and_the_connection_stays_usable(server, path, body, param):
     with server.client() as http:  # one kept-alive connection for both requests

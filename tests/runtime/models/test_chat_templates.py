@@ -268,3 +268,42 @@ def test_loop_controls_and_tojson_options_render_as_transformers(tmp_path):
     expected = hf_tok.apply_chat_template(messages, tokenize=False, tools=[WEATHER_TOOL])
     assert "assistant" not in expected and '"required":["city"]' in expected
     assert ours.apply_chat_template(messages, tools=[WEATHER_TOOL]) == expected
+
+
+# llava-hf's shape: content is a list of typed parts, images first; string content would render as nothing
+CONTENT_PARTS = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}"
+    "{% endif %}{% for part in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}"
+    "{% endfor %}{% for part in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ part['text'] + ' ' }}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+def test_a_template_that_reads_content_parts_gets_parts_and_renders_as_transformers(tmp_path):
+    write_tokenizer(tmp_path, "<s>", "</s>", chat_template=CONTENT_PARTS)
+    hf_tok, ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path)), Tokenizer.from_hf_dir(tmp_path)
+    as_strings = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                  {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    as_parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in as_strings]
+    expected = hf_tok.apply_chat_template(as_parts, tokenize=False, add_generation_prompt=True)
+    assert "Hi there" in expected
+    assert ours.apply_chat_template(as_strings) == ours.apply_chat_template(as_parts) == expected
+    with_images = [{"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "image"},
+                                                {"type": "text", "text": "this?"}, {"type": "image"}]}]
+    expected = hf_tok.apply_chat_template(with_images, tokenize=False, add_generation_prompt=True)
+    assert expected.count("<image>") == 2
+    assert ours.apply_chat_template(with_images, image_placeholder="<image>") == expected
+    # lang's roles render a sentinel as the content: it comes through as a text part
+    from radixlang.lang.chat import ChatTemplate
+    prefix, suffix = ChatTemplate(ours.apply_chat_template).affixes("user", [])
+    assert (prefix, suffix) == ("USER: ", " ")
+
+
+def test_a_string_template_gets_image_parts_as_placeholders_one_per_line(tmp_path):
+    write_tokenizer(tmp_path, "<s>", "</s>", chat_template=LLAMA3)
+    ours = Tokenizer.from_hf_dir(tmp_path)
+    parts = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]}]
+    strings = [{"role": "user", "content": "<image>\nand\n<image>"}]
+    assert ours.apply_chat_template(parts, image_placeholder="<image>") == ours.apply_chat_template(strings)
+    with pytest.raises(ValueError, match="no image placeholder"):
+        ours.apply_chat_template(parts)
