@@ -13,7 +13,7 @@ from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, 
 from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
-from .rule_grammar import rules_to_lark
+from .rule_grammar import rules_grammar
 from .vocab import TokenVocab
 
 
@@ -66,7 +66,7 @@ class ConstraintCompiler:
         grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
         if not grammar.rules:
             return RegexConstraint(compile_dfa([grammar.root]), vocab)
-        return GrammarConstraint(rules_to_lark(grammar.root, grammar.rules), vocab)
+        return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
 
 
 def _cache_text(kind: str, spec: Any) -> str:

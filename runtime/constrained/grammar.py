@@ -20,7 +20,7 @@ import numpy as np
 from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
 from . import regex_ast as ra
 from .automaton import Dfa, compile_dfa
-from .lalr import LarkGrammar, Stack
+from .lalr import LalrGrammar, Stack
 from .matcher import MaskCache
 from .token_index import TokenIndex, walk_rows
 from .vocab import TokenVocab
@@ -48,7 +48,7 @@ class Lexer:
 
 
 class GrammarConstraint:
-    def __init__(self, grammar: LarkGrammar, vocab: TokenVocab):
+    def __init__(self, grammar: LalrGrammar, vocab: TokenVocab):
         self.grammar, self.vocab = grammar, vocab
         self.table = grammar.table
         self._lexers: dict[frozenset[str], Lexer] = {}
