@@ -38,7 +38,9 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
     the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
 
     Sets of NFA states are Python ints (bit q for state q): unions are one `|`, and a DFA state's
-    moves read only its members that have symbol edges, each as a precomputed symbol -> closure map."""
+    moves read only its members that have symbol edges. Edges are grouped by their symbol set first:
+    where a state's sets are disjoint (most states: a class set such as `[^"\\]` covers many classes),
+    each set costs one union and one lookup, not one per symbol."""
     closures: dict[int, int] = {}
 
     def closure(q: int) -> int:
@@ -55,41 +57,46 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
             hit = closures[q] = bits
         return hit
 
-    moves_of: dict[int, dict[int, int]] = {}  # NFA state -> symbol -> closure of its targets
     has_edges = 0
     for q, edges in enumerate(nfa.edges):
         if edges:
             has_edges |= 1 << q
     accepting = sum(1 << q for q in nfa.accepts)
-
-    def moves(q: int) -> dict[int, int]:
-        hit = moves_of.get(q)
-        if hit is None:
-            hit = moves_of[q] = {}
-            for symbols, t in nfa.edges[q]:
-                target = closure(t)
-                for c in symbols:
-                    hit[c] = hit.get(c, 0) | target
-        return hit
-
     first = closure(start)
     ids, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):
         members = order[len(rows)] & has_edges
-        out: dict[int, int] = {}
+        groups: dict[int, tuple[tuple[int, ...], int]] = {}  # by symbol tuple (shared per class set)
         while members:
             low = members & -members
             members ^= low
-            for c, target in moves(low.bit_length() - 1).items():
-                out[c] = out.get(c, 0) | target
+            for symbols, t in nfa.edges[low.bit_length() - 1]:
+                held = groups.get(id(symbols))
+                target = closure(t)
+                groups[id(symbols)] = (symbols, target if held is None else held[1] | target)
         row = [-1] * num_symbols
-        for c, targets in out.items():
-            row[c] = state_id(ids, order, targets)
+        if sum(len(s) for s, _ in groups.values()) == len(set().union(*(s for s, _ in groups.values()))):
+            for symbols, targets in groups.values():  # disjoint symbol sets: one subset per set
+                q = state_id(ids, order, targets)
+                for c in symbols:
+                    row[c] = q
+        else:
+            for c, targets in _by_symbol(groups.values()).items():
+                row[c] = state_id(ids, order, targets)
         rows.append(row)
     accept = np.array([_lowest_label(d & accepting, nfa.accepts) for d in order])
     if drop_start_accept:
         accept[0] = -1
     return minimize(*trim(np.array(rows, np.int64).reshape(len(order), num_symbols), accept))
+
+
+def _by_symbol(groups) -> dict[int, int]:  # noqa: ANN001 - (symbols, targets) pairs
+    out: dict[int, int] = {}
+    for symbols, targets in groups:
+        for c in symbols:
+            held = out.get(c)
+            out[c] = targets if held is None else held | targets
+    return out
 
 
 def _lowest_label(bits: int, accepts: dict[int, int]) -> int:
