@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 import numpy as np
 
-from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
+from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
 from . import regex_ast as ra
 from .automaton import Dfa, compile_dfa
 from .lalr import LalrGrammar, Stack
@@ -54,8 +54,22 @@ class GrammarConstraint:
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
+        self._check_lexer_sizes()
         stack = self.table.initial()
         self._initial: State = (stack, 0, self.lexer(stack, 0).dfa.start)
+
+    def _check_lexer_sizes(self) -> None:
+        """Refuses, now rather than mid-decode, a grammar with a lexer too large to build: a lexer reads
+        some of the terminals in its parser state's row (plus the ignored ones), and its automaton has
+        about as many NFA states as their trees together."""
+        size = {name: ra.size(t.node) for name, t in self.grammar.terminals.items()}
+        ignored = sum(size[name] * LARK_MAX_IGNORED_BYTES for name in self.grammar.ignore)
+        for row in self.table.actions.values():
+            total = ignored + sum(size.get(sym, 0) for sym in row)
+            if total > MAX_NFA_STATES:
+                names = sorted(sym for sym in row if sym in size)
+                raise ValueError(f"constraint is too large: the lexer for terminals {names[:8]} would exceed "
+                                 f"{MAX_NFA_STATES} NFA states (about {total})")
 
     # ---- parser side ----------------------------------------------------------------------
     def acceptable(self, stack: Stack) -> frozenset[str]:
