@@ -57,6 +57,7 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
             hit = closures[q] = bits
         return hit
 
+    moves_of: dict[int, list[tuple[int, tuple[int, ...], int]]] = {}  # NFA state -> (key, symbols, closure)
     has_edges = 0
     for q, edges in enumerate(nfa.edges):
         if edges:
@@ -70,10 +71,13 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
         while members:
             low = members & -members
             members ^= low
-            for symbols, t in nfa.edges[low.bit_length() - 1]:
-                held = groups.get(id(symbols))
-                target = closure(t)
-                groups[id(symbols)] = (symbols, target if held is None else held[1] | target)
+            q = low.bit_length() - 1
+            moves = moves_of.get(q)
+            if moves is None:
+                moves = moves_of[q] = [(id(symbols), symbols, closure(t)) for symbols, t in nfa.edges[q]]
+            for key, symbols, target in moves:
+                held = groups.get(key)
+                groups[key] = (symbols, target) if held is None else (symbols, held[1] | target)
         row = [-1] * num_symbols
         if sum(len(s) for s, _ in groups.values()) == len(set().union(*(s for s, _ in groups.values()))):
             for symbols, targets in groups.values():  # disjoint symbol sets: one subset per set
@@ -122,13 +126,17 @@ def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> 
 
 def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
-    live = accept >= 0
-    ptr, preds = _predecessors(trans)
-    frontier = np.flatnonzero(live)
-    while frontier.size:  # backwards from the accepting states
-        frontier = np.unique(_gather(ptr, preds, frontier))
-        frontier = frontier[~live[frontier]]
-        live[frontier] = True
+    ptr, preds = (a.tolist() for a in _predecessors(trans))
+    stack = np.flatnonzero(accept >= 0).tolist()
+    seen = set(stack)
+    while stack:  # backwards from the accepting states, in Python: chains make numpy levels many and small
+        t = stack.pop()
+        for s in preds[ptr[t]:ptr[t + 1]]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    live = np.zeros(len(trans), bool)
+    live[list(seen)] = True
     live[0] = True
     new_id = np.cumsum(live) - 1
     trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
