@@ -40,29 +40,34 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
     Sets of NFA states are Python ints (bit q for state q): unions are one `|`, and a DFA state's
     moves read only its members that have symbol edges. Edges are grouped by their symbol set first:
     where a state's sets are disjoint (most states: a class set such as `[^"\\]` covers many classes),
-    each set costs one union and one lookup, not one per symbol."""
-    closures: dict[int, int] = {}
-
-    def closure(q: int) -> int:
-        hit = closures.get(q)
-        if hit is None:
-            seen, stack, bits = {q}, [q], 0
-            while stack:
-                s = stack.pop()
-                bits |= 1 << s
-                for t in nfa.eps[s]:
-                    if t not in seen:
-                        seen.add(t)
-                        stack.append(t)
-            hit = closures[q] = bits
-        return hit
-
-    moves_of: dict[int, list[tuple[int, tuple[int, ...], int]]] = {}  # NFA state -> (key, symbols, closure)
+    each set costs one union and one lookup, not one per symbol. A subset keeps only the members
+    that read or accept, so subsets that differ in pass-through states alone are one state."""
     has_edges = 0
     for q, edges in enumerate(nfa.edges):
         if edges:
             has_edges |= 1 << q
     accepting = sum(1 << q for q in nfa.accepts)
+    # a subset is named by these members alone (the rest only pass on), and by the start, which keeps
+    # the start state apart from any subset that reads the same way (its acceptance may be dropped)
+    important = has_edges | accepting | 1 << start
+    closures: dict[int, int] = {}
+
+    def closure(q: int) -> int:
+        hit = closures.get(q)
+        if hit is None:
+            seen, stack = {q}, [q]
+            while stack:
+                for t in nfa.eps[stack.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        stack.append(t)
+            bits = 0
+            for t in seen:
+                bits |= 1 << t
+            hit = closures[q] = bits & important
+        return hit
+
+    moves_of: dict[int, list[tuple[int, tuple[int, ...], int]]] = {}  # NFA state -> (key, symbols, closure)
     first = closure(start)
     ids, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):

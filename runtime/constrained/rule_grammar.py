@@ -31,7 +31,7 @@ class _Writer:
     def __init__(self) -> None:
         self.terminals: dict[ra.Node, str] = {}
         self.productions: list[Production] = []
-        self._helpers: dict[tuple, str] = {}  # helper rule by its content
+        self._helpers: dict[tuple, str] = {}  # helper rules by kind and content: ("alts" | "star" | "graph", ...)
         self._expanded: dict[ra.Node, Symbols] = {}
 
     def define(self, name: str, body: ra.Node) -> None:
@@ -40,9 +40,9 @@ class _Writer:
 
     def helper(self, alts: tuple[Symbols, ...]) -> str:
         """A rule whose productions are `alts` (one rule per distinct content)."""
-        name = self._helpers.get(alts)
+        name = self._helpers.get(("alts", alts))
         if name is None:
-            name = self._helpers[alts] = f"${len(self._helpers)}"
+            name = self._helpers[("alts", alts)] = f"${len(self._helpers)}"
             self.productions += [(name, a) for a in alts]
         return name
 

@@ -4,8 +4,8 @@ ASCII classes map bytes to states directly (one gather for the whole table). A s
 classes, grouped by target, split code points into groups. The decoder of such a split (a minimal
 byte DFA from an entry to one exit per group) is built once and cached: templates repeat a few splits
 many times (`[\\w\\d\\s]{1,16}` has one split per count, all alike), and most splits are "every
-non-ASCII character", whatever the schema. Each state stamps a copy of its decoder into the table. Only well-formed UTF-8 is read: no
-overlong forms, no surrogates.
+non-ASCII character", whatever the schema. Each state stamps a copy of its decoder into the table.
+Only well-formed UTF-8 is read: no overlong forms, no surrogates.
 
 The result is minimal when the character DFA is: two states mid-character are merged exactly when
 they read the same continuation bytes into the same states (interned bottom-up, by bytes left).
