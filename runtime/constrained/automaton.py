@@ -15,9 +15,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..config import MAX_DFA_STATES
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
-from ..config import MAX_DFA_STATES
 from .fsa import Nfa, determinize, minimize, row_ids, too_large, trim
 from .utf8 import char_to_byte_dfa
 
