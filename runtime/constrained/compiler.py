@@ -1,15 +1,13 @@
 """Sampling params -> a compiled constraint, LRU-cached per engine (compiling a pattern is the cost)."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
-from .automaton import compile_dfa
+from .automaton import collector_paused, compile_dfa
 from .grammar import GrammarConstraint
 from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
 from .lalr import build_lark
@@ -48,7 +46,7 @@ class ConstraintCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        with _collector_paused():
+        with collector_paused():
             constraint = self._build(kind, spec)
             start = constraint.initial()
             if not constraint.can_end(start) and not constraint.allowed(start).any():
@@ -70,19 +68,6 @@ class ConstraintCompiler:
         if not grammar.rules:
             return RegexConstraint(compile_dfa([grammar.root]), vocab)
         return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Compiling allocates many small containers, freed by reference counting; the cyclic collector's
-    passes over the process's long-lived objects (tokenizer, model) took a third of compile time."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _cache_text(kind: str, spec: Any) -> str:

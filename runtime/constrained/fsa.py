@@ -37,22 +37,16 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
     """Subset construction, then trimming and minimization. A state accepting several labels keeps
     the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
 
-    Sets of NFA states are Python ints (bit q for state q): unions are one `|`, and a DFA state's
-    moves read only its members that have symbol edges. Edges are grouped by their symbol set first:
-    where a state's sets are disjoint (most states: a class set such as `[^"\\]` covers many classes),
-    each set costs one union and one lookup, not one per symbol. A subset keeps only the members
-    that read or accept, so subsets that differ in pass-through states alone are one state."""
-    has_edges = 0
-    for q, edges in enumerate(nfa.edges):
-        if edges:
-            has_edges |= 1 << q
-    accepting = sum(1 << q for q in nfa.accepts)
-    # a subset is named by these members alone (the rest only pass on), and by the start, which keeps
-    # the start state apart from any subset that reads the same way (its acceptance may be dropped)
-    important = has_edges | accepting | 1 << start
-    closures: dict[int, int] = {}
+    Subsets are frozensets of the NFA states that read or accept (the rest only pass on, so subsets
+    that differ in those alone are one state); their hashes are cached, and their size tracks the
+    subset, not the NFA (a bitset of a 100k-state NFA costs 12 KiB to hash). A state's edges are
+    grouped by symbol set first: where the sets are disjoint (most states: a class set such as
+    `[^"\\]` covers many classes), each set costs one union and one lookup, not one per symbol."""
+    important = {q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts)
+    important.add(start)  # keeps the start apart from any subset that reads the same way (see above)
+    closures: dict[int, frozenset[int]] = {}
 
-    def closure(q: int) -> int:
+    def closure(q: int) -> frozenset[int]:
         hit = closures.get(q)
         if hit is None:
             seen, stack = {q}, [q]
@@ -61,22 +55,15 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
                     if t not in seen:
                         seen.add(t)
                         stack.append(t)
-            bits = 0
-            for t in seen:
-                bits |= 1 << t
-            hit = closures[q] = bits & important
+            hit = closures[q] = frozenset(seen & important)
         return hit
 
-    moves_of: dict[int, list[tuple[int, tuple[int, ...], int]]] = {}  # NFA state -> (key, symbols, closure)
+    moves_of: dict[int, list[tuple[int, tuple[int, ...], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
     first = closure(start)
     ids, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):
-        members = order[len(rows)] & has_edges
-        groups: dict[int, tuple[tuple[int, ...], int]] = {}  # by symbol tuple (shared per class set)
-        while members:
-            low = members & -members
-            members ^= low
-            q = low.bit_length() - 1
+        groups: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
+        for q in order[len(rows)]:
             moves = moves_of.get(q)
             if moves is None:
                 moves = moves_of[q] = [(id(symbols), symbols, closure(t)) for symbols, t in nfa.edges[q]]
@@ -93,29 +80,20 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
             for c, targets in _by_symbol(groups.values()).items():
                 row[c] = state_id(ids, order, targets)
         rows.append(row)
-    accept = np.array([_lowest_label(d & accepting, nfa.accepts) for d in order])
+    accepts = nfa.accepts
+    accept = np.array([min((accepts[q] for q in d if q in accepts), default=-1) for d in order])
     if drop_start_accept:
         accept[0] = -1
     return minimize(*trim(np.array(rows, np.int64).reshape(len(order), num_symbols), accept))
 
 
-def _by_symbol(groups) -> dict[int, int]:  # noqa: ANN001 - (symbols, targets) pairs
-    out: dict[int, int] = {}
+def _by_symbol(groups) -> dict[int, frozenset[int]]:  # noqa: ANN001 - (symbols, targets) pairs
+    out: dict[int, frozenset[int]] = {}
     for symbols, targets in groups:
         for c in symbols:
             held = out.get(c)
             out[c] = targets if held is None else held | targets
     return out
-
-
-def _lowest_label(bits: int, accepts: dict[int, int]) -> int:
-    label = -1
-    while bits:
-        low = bits & -bits
-        bits ^= low
-        q = accepts[low.bit_length() - 1]
-        label = q if label < 0 else min(label, q)
-    return label
 
 
 def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> int:

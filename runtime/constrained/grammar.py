@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
 from . import regex_ast as ra
-from .automaton import Dfa, compile_dfa
+from .automaton import Dfa, collector_paused, compile_dfa
 from .lalr import LalrGrammar, Stack
 from .matcher import MaskCache
 from .token_index import TokenIndex, walk_rows
@@ -95,7 +95,8 @@ class GrammarConstraint:
         terms = sorted((self.grammar.terminals[n] for n in names), key=lambda t: t.rank)
         nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
                  for t in terms]
-        dfa = compile_dfa(nodes, nonempty=True)
+        with collector_paused():  # built mid-decode too (lexers are built on first use)
+            dfa = compile_dfa(nodes, nonempty=True)
         return Lexer(tuple(t.name for t in terms), dfa, TokenIndex(dfa, self.vocab, boundaries=True))
 
     def _after_lexeme(self, stack: Stack, run: int, terminal: str) -> tuple[Stack, int] | None:
