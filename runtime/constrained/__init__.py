@@ -6,10 +6,12 @@ Module map (each file one idea):
 - fsa: automata over abstract symbols: Thompson NFA, subsets, trimming, (incremental) Moore refinement.
 - vocab, vocab_trie, token_index: the vocabulary as bytes and as a byte trie (once per vocabulary);
   per DFA state, the tokens it can read (one vectorised trie walk).
-- json_schema, rule_grammar: JSON schema -> one regex, or rules -> a Lark grammar when recursive or large;
+- json_schema, rule_grammar: JSON schema -> one regex, or (when recursive or large) rules -> BNF -> an
+  LALR(1) table built directly by lr_table;
   schema_merge (keywords, drafts, allOf merging), json_refs ($ref targets), json_objects, json_scalars,
   json_disjoint (oneOf branches that share no value).
-- lalr, grammar: Lark -> LALR table + terminal trees; the incremental parser + lexer constraint.
+- lalr, grammar: LALR tables (Lark's, for Lark grammars) + terminal trees; the incremental parser + lexer
+  constraint.
 - matcher: compiled constraints and the per-request Matcher; compiler: params -> constraint (LRU).
 - jump_forward: the forced continuation as canonical draft tokens (verified by the scheduler).
 """

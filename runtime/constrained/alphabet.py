@@ -35,7 +35,8 @@ class CharDfa:
 
 
 def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
-    """Classes of code points that belong to the same given sets and have the same UTF-8 width."""
+    """Classes of code points that belong to the same given sets and have the same UTF-8 width.
+    Vectorised over all sets at once (a schema has hundreds: every literal character is one)."""
     sets = list(dict.fromkeys(sets))
     cuts = {0, ra.MAX_CODE_POINT + 1, *_WIDTH_CUTS}
     for ranges in sets:
@@ -43,7 +44,7 @@ def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
             cuts.update((lo, hi + 1))
     bounds = np.array(sorted(cuts))
     starts = bounds[:-1]
-    inside = np.array([_contains(ranges, starts) for ranges in sets], bool).reshape(len(sets), len(starts))
+    inside = _membership(sets, bounds)
     used = inside.any(axis=0)
     if not used.any():
         return Alphabet((), np.zeros(0, np.int64), {})
@@ -51,15 +52,25 @@ def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
     signature = np.column_stack([width[used], inside[:, used].T]).astype(np.int64)
     _, first, of_interval = np.unique(signature, axis=0, return_index=True, return_inverse=True)
     of_interval = of_interval.ravel()
-    los, his = starts[used], bounds[1:][used] - 1
-    classes = tuple(tuple(zip(los[of_interval == k].tolist(), his[of_interval == k].tolist()))
-                    for k in range(len(first)))
-    members = {ranges: tuple(np.unique(of_interval[inside[j, used]]).tolist()) for j, ranges in enumerate(sets)}
+    los, his = starts[used].tolist(), (bounds[1:][used] - 1).tolist()
+    by_class = np.argsort(of_interval, kind="stable")  # intervals of each class, in code-point order
+    cuts_at = np.searchsorted(of_interval[by_class], np.arange(1, len(first))).tolist()
+    classes = tuple(tuple((los[i], his[i]) for i in part) for part in np.split(by_class, cuts_at))
+    has = np.zeros((len(sets), len(first)), bool)
+    set_of, interval = np.nonzero(inside[:, used])
+    has[set_of, of_interval[interval]] = True
+    rows, cols = np.nonzero(has)
+    per_set = np.split(cols, np.searchsorted(rows, np.arange(1, len(sets))))
+    members = {ranges: tuple(part.tolist()) for ranges, part in zip(sets, per_set)}
     return Alphabet(classes, width[used][first], members)
 
 
-def _contains(ranges: ra.Ranges, points: np.ndarray) -> np.ndarray:
-    """Whether each point lies in `ranges` (sorted, disjoint)."""
-    arr = np.array(ranges, np.int64).reshape(-1, 2)
-    i = np.minimum(np.searchsorted(arr[:, 1], points), len(arr) - 1)
-    return (arr[i, 0] <= points) & (points <= arr[i, 1])
+def _membership(sets: list[ra.Ranges], bounds: np.ndarray) -> np.ndarray:
+    """inside[j, i]: whether interval [bounds[i], bounds[i + 1]) lies in set j (ranges start and end
+    at bounds, so each range is a run of intervals: +1 where it starts, -1 after it ends)."""
+    owner = [j for j, ranges in enumerate(sets) for _ in ranges]
+    flat = np.array([r for ranges in sets for r in ranges], np.int64).reshape(-1, 2)
+    diff = np.zeros((len(sets), len(bounds)), np.int64)
+    np.add.at(diff, (owner, np.searchsorted(bounds, flat[:, 0])), 1)
+    np.add.at(diff, (owner, np.searchsorted(bounds, flat[:, 1] + 1)), -1)
+    return np.cumsum(diff, axis=1)[:, :-1] > 0

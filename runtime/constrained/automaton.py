@@ -10,14 +10,17 @@ is the index of the preferred pattern that accepts in s (the lowest index), or -
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
+from ..config import MAX_DFA_STATES
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
-from .fsa import Nfa, determinize, minimize, state_id, trim
+from .fsa import Nfa, determinize, minimize, row_ids, too_large, trim
 from .utf8 import char_to_byte_dfa
 
 
@@ -58,6 +61,19 @@ class Dfa:
                 row = self.trans[child]
                 stack.append((int(child), iter(np.unique(row[row >= 0]))))
         return True
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Building automata allocates many small containers, freed by reference counting; the cyclic
+    collector's passes over the process's long-lived objects (tokenizer, model) took a third of the time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def compile_dfa(patterns: list[ra.Node], nonempty: bool = False) -> Dfa:
@@ -119,22 +135,43 @@ def difference(keep: ra.Node, drop: ra.Node) -> CharDfa:
 
 def product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> CharDfa:
     """The product of the patterns' DFAs; a state accepts when `accepts` holds of which patterns
-    accept there. Only states some pattern can still leave or accept in are built."""
+    accept there. Only states some pattern can still leave or accept in are built, a breadth-first
+    layer at a time: one gather per pattern, and a dict lookup per distinct new state."""
     alphabet = alphabet_of(char_sets(patterns))
     dfas = [compile_chars([p], alphabet) for p in patterns]
-    start = tuple(d.start for d in dfas)
-    dead = np.full(len(alphabet.classes), -1, np.int64)
-    ids, order, rows = {start: 0}, [start], []
-    while len(rows) < len(order):
-        nxt = np.stack([d.trans[q] if q >= 0 else dead for d, q in zip(dfas, order[len(rows)])])
-        row = np.full(len(dead), -1, np.int64)
-        for c, col in enumerate(nxt.T.tolist()):
-            if max(col) >= 0:
-                row[c] = state_id(ids, order, tuple(col))
-        rows.append(row)
-    accept = np.array([0 if accepts([q >= 0 and bool(d.accept[q] >= 0) for d, q in zip(dfas, t)]) else -1
-                       for t in order])
-    trans, accept = minimize(*trim(np.array(rows).reshape(len(order), len(dead)), accept))
+    width = len(alphabet.classes)
+    dead = np.array([len(d.trans) for d in dfas])  # each pattern's extra row: its dead state
+    trans_of = [np.vstack([np.where(d.trans >= 0, d.trans, n), np.full((1, width), n)]) for d, n in zip(dfas, dead)]
+    start = np.array([[d.start for d in dfas]])
+    ids = {start.tobytes(): 0}
+    layers, rows = [start], []
+    while len(layers) > len(rows):
+        frontier = layers[len(rows)]
+        nxt = np.stack([t[frontier[:, i]] for i, t in enumerate(trans_of)], axis=-1)  # [F, K, patterns]
+        alive = (nxt != dead).any(axis=-1)
+        targets = nxt[alive]
+        local = row_ids(targets)
+        _, first = np.unique(local, return_index=True)
+        state = np.empty(len(first), np.int64)
+        fresh = []
+        for j, row in enumerate(targets[first]):
+            key = row.tobytes()
+            hit = ids.get(key)
+            if hit is None:
+                if len(ids) >= MAX_DFA_STATES:
+                    raise too_large()
+                hit = ids[key] = len(ids)
+                fresh.append(row)
+            state[j] = hit
+        row_block = np.full(alive.shape, -1, np.int64)
+        row_block[alive] = state[local]
+        rows.append(row_block)
+        if fresh:
+            layers.append(np.stack(fresh))
+    order = np.concatenate(layers)
+    hits = np.column_stack([np.append(d.accept, -1)[order[:, i]] >= 0 for i, d in enumerate(dfas)])
+    accept = np.array([0 if accepts(h) else -1 for h in hits.tolist()])
+    trans, accept = minimize(*trim(np.concatenate(rows), accept))
     return CharDfa(trans, accept, alphabet)
 
 

@@ -7,13 +7,13 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
-from .automaton import compile_dfa
+from .automaton import collector_paused, compile_dfa
 from .grammar import GrammarConstraint
 from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
 from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
-from .rule_grammar import rules_to_lark
+from .rule_grammar import rules_grammar
 from .vocab import TokenVocab
 
 
@@ -46,10 +46,11 @@ class ConstraintCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        constraint = self._build(kind, spec)
-        start = constraint.initial()
-        if not constraint.can_end(start) and not constraint.allowed(start).any():
-            raise ValueError(f"{kind} matches no text that the vocabulary can spell")
+        with collector_paused():
+            constraint = self._build(kind, spec)
+            start = constraint.initial()
+            if not constraint.can_end(start) and not constraint.allowed(start).any():
+                raise ValueError(f"{kind} matches no text that the vocabulary can spell")
         with self._lock:
             self._cache[key] = constraint
             while len(self._cache) > self.cache_size:
@@ -66,7 +67,7 @@ class ConstraintCompiler:
         grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
         if not grammar.rules:
             return RegexConstraint(compile_dfa([grammar.root]), vocab)
-        return GrammarConstraint(rules_to_lark(grammar.root, grammar.rules), vocab)
+        return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
 
 
 def _cache_text(kind: str, spec: Any) -> str:

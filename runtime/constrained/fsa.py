@@ -37,69 +37,63 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
     """Subset construction, then trimming and minimization. A state accepting several labels keeps
     the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
 
-    Sets of NFA states are Python ints (bit q for state q): unions are one `|`, and a DFA state's
-    moves read only its members that have symbol edges, each as a precomputed symbol -> closure map."""
-    closures: dict[int, int] = {}
+    Subsets are frozensets of the NFA states that read or accept (the rest only pass on, so subsets
+    that differ in those alone are one state); their hashes are cached, and their size tracks the
+    subset, not the NFA (a bitset of a 100k-state NFA costs 12 KiB to hash). A state's edges are
+    grouped by symbol set first: where the sets are disjoint (most states: a class set such as
+    `[^"\\]` covers many classes), each set costs one union and one lookup, not one per symbol."""
+    important = {q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts)
+    important.add(start)  # keeps the start apart from any subset that reads the same way (see above)
+    closures: dict[int, frozenset[int]] = {}
 
-    def closure(q: int) -> int:
+    def closure(q: int) -> frozenset[int]:
         hit = closures.get(q)
         if hit is None:
-            seen, stack, bits = {q}, [q], 0
+            seen, stack = {q}, [q]
             while stack:
-                s = stack.pop()
-                bits |= 1 << s
-                for t in nfa.eps[s]:
+                for t in nfa.eps[stack.pop()]:
                     if t not in seen:
                         seen.add(t)
                         stack.append(t)
-            hit = closures[q] = bits
+            hit = closures[q] = frozenset(seen & important)
         return hit
 
-    moves_of: dict[int, dict[int, int]] = {}  # NFA state -> symbol -> closure of its targets
-    has_edges = 0
-    for q, edges in enumerate(nfa.edges):
-        if edges:
-            has_edges |= 1 << q
-    accepting = sum(1 << q for q in nfa.accepts)
-
-    def moves(q: int) -> dict[int, int]:
-        hit = moves_of.get(q)
-        if hit is None:
-            hit = moves_of[q] = {}
-            for symbols, t in nfa.edges[q]:
-                target = closure(t)
-                for c in symbols:
-                    hit[c] = hit.get(c, 0) | target
-        return hit
-
+    moves_of: dict[int, list[tuple[int, tuple[int, ...], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
     first = closure(start)
     ids, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):
-        members = order[len(rows)] & has_edges
-        out: dict[int, int] = {}
-        while members:
-            low = members & -members
-            members ^= low
-            for c, target in moves(low.bit_length() - 1).items():
-                out[c] = out.get(c, 0) | target
+        groups: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
+        for q in order[len(rows)]:
+            moves = moves_of.get(q)
+            if moves is None:
+                moves = moves_of[q] = [(id(symbols), symbols, closure(t)) for symbols, t in nfa.edges[q]]
+            for key, symbols, target in moves:
+                held = groups.get(key)
+                groups[key] = (symbols, target) if held is None else (symbols, held[1] | target)
         row = [-1] * num_symbols
-        for c, targets in out.items():
-            row[c] = state_id(ids, order, targets)
+        if sum(len(s) for s, _ in groups.values()) == len(set().union(*(s for s, _ in groups.values()))):
+            for symbols, targets in groups.values():  # disjoint symbol sets: one subset per set
+                q = state_id(ids, order, targets)
+                for c in symbols:
+                    row[c] = q
+        else:
+            for c, targets in _by_symbol(groups.values()).items():
+                row[c] = state_id(ids, order, targets)
         rows.append(row)
-    accept = np.array([_lowest_label(d & accepting, nfa.accepts) for d in order])
+    accepts = nfa.accepts
+    accept = np.array([min((accepts[q] for q in d if q in accepts), default=-1) for d in order])
     if drop_start_accept:
         accept[0] = -1
     return minimize(*trim(np.array(rows, np.int64).reshape(len(order), num_symbols), accept))
 
 
-def _lowest_label(bits: int, accepts: dict[int, int]) -> int:
-    label = -1
-    while bits:
-        low = bits & -bits
-        bits ^= low
-        q = accepts[low.bit_length() - 1]
-        label = q if label < 0 else min(label, q)
-    return label
+def _by_symbol(groups) -> dict[int, frozenset[int]]:  # noqa: ANN001 - (symbols, targets) pairs
+    out: dict[int, frozenset[int]] = {}
+    for symbols, targets in groups:
+        for c in symbols:
+            held = out.get(c)
+            out[c] = targets if held is None else held | targets
+    return out
 
 
 def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> int:
@@ -115,13 +109,17 @@ def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> 
 
 def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
-    live = accept >= 0
-    ptr, preds = _predecessors(trans)
-    frontier = np.flatnonzero(live)
-    while frontier.size:  # backwards from the accepting states
-        frontier = np.unique(_gather(ptr, preds, frontier))
-        frontier = frontier[~live[frontier]]
-        live[frontier] = True
+    ptr, preds = (a.tolist() for a in _predecessors(trans))
+    stack = np.flatnonzero(accept >= 0).tolist()
+    seen = set(stack)
+    while stack:  # backwards from the accepting states, in Python: chains make numpy levels many and small
+        t = stack.pop()
+        for s in preds[ptr[t]:ptr[t + 1]]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    live = np.zeros(len(trans), bool)
+    live[list(seen)] = True
     live[0] = True
     new_id = np.cumsum(live) - 1
     trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]

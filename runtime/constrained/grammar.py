@@ -17,10 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 import numpy as np
 
-from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
+from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
 from . import regex_ast as ra
-from .automaton import Dfa, compile_dfa
-from .lalr import LarkGrammar, Stack
+from .automaton import Dfa, collector_paused, compile_dfa
+from .lalr import LalrGrammar, Stack
 from .matcher import MaskCache
 from .token_index import TokenIndex, walk_rows
 from .vocab import TokenVocab
@@ -48,14 +48,29 @@ class Lexer:
 
 
 class GrammarConstraint:
-    def __init__(self, grammar: LarkGrammar, vocab: TokenVocab):
+    def __init__(self, grammar: LalrGrammar, vocab: TokenVocab):
         self.grammar, self.vocab = grammar, vocab
         self.table = grammar.table
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
+        self._check_lexer_sizes()
         stack = self.table.initial()
         self._initial: State = (stack, 0, self.lexer(stack, 0).dfa.start)
+
+    def _check_lexer_sizes(self) -> None:
+        """Refuses, now rather than mid-decode, a grammar with a lexer too large to build: a lexer reads
+        some of the terminals in its parser state's row (plus the ignored ones), and its automaton has
+        about as many NFA states as their trees together."""
+        memo: dict[int, int] = {}  # terminals share subtrees: size each once
+        size = {name: ra.size(t.node, memo) for name, t in self.grammar.terminals.items()}
+        ignored = sum(size[name] * LARK_MAX_IGNORED_BYTES for name in self.grammar.ignore)
+        for row in self.table.actions.values():
+            total = ignored + sum(size.get(sym, 0) for sym in row)
+            if total > MAX_NFA_STATES:
+                names = sorted(sym for sym in row if sym in size)
+                raise ValueError(f"constraint is too large: the lexer for terminals {names[:8]} would exceed "
+                                 f"{MAX_NFA_STATES} NFA states (about {total})")
 
     # ---- parser side ----------------------------------------------------------------------
     def acceptable(self, stack: Stack) -> frozenset[str]:
@@ -80,7 +95,8 @@ class GrammarConstraint:
         terms = sorted((self.grammar.terminals[n] for n in names), key=lambda t: t.rank)
         nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
                  for t in terms]
-        dfa = compile_dfa(nodes, nonempty=True)
+        with collector_paused():  # built mid-decode too (lexers are built on first use)
+            dfa = compile_dfa(nodes, nonempty=True)
         return Lexer(tuple(t.name for t in terms), dfa, TokenIndex(dfa, self.vocab, boundaries=True))
 
     def _after_lexeme(self, stack: Stack, run: int, terminal: str) -> tuple[Stack, int] | None:

@@ -1,6 +1,8 @@
-"""Lark grammars -> an LALR(1) table we drive incrementally, plus a regex tree per terminal.
+"""LALR(1) tables we drive incrementally, and Lark grammars -> a table plus a regex tree per terminal.
 
-Lark builds the table (and resolves `%import common`, templates, priorities); we only read it.
+For Lark grammars Lark builds the table (and resolves `%import common`, templates, priorities); we
+only read it. JSON-schema rules build theirs directly (rule_grammar, lr_table).
+
 A parser stack is a persistent linked tuple `(state, parent)`, so copies are free and stacks can key
 caches.
 """
@@ -27,20 +29,25 @@ class Terminal:
     rank: tuple  # lower ranks win when two terminals accept the same lexeme
 
 
+@dataclass(slots=True)
 class LalrTable:
-    """Shift/reduce actions by state and symbol, from a Lark LALR parse table."""
+    """Shift/reduce actions by state and symbol: (True, next state) shifts a terminal or is a rule's
+    goto; (False, (size, rule)) reduces. Built by Lark for Lark grammars, by `lr_table` for rules."""
 
-    def __init__(self, parse_table: Any, start: str = "start"):
+    actions: dict[int, dict[str, tuple[bool, Any]]]
+    start: int
+    end: int  # the state after the whole input has reduced to the start rule
+
+    @classmethod
+    def from_lark(cls, parse_table: Any, start: str = "start") -> "LalrTable":
         from lark.parsers.lalr_analysis import Shift
 
-        self.start = parse_table.start_states[start]
-        self.end = parse_table.end_states[start]
-        self.actions: dict[int, dict[str, tuple[bool, Any]]] = {}
-        for state, row in parse_table.states.items():
-            self.actions[state] = {
-                sym: (True, arg) if action is Shift else (False, (len(arg.expansion), arg.origin.name))
-                for sym, (action, arg) in row.items()
-            }
+        actions = {
+            state: {sym: (True, arg) if action is Shift else (False, (len(arg.expansion), arg.origin.name))
+                    for sym, (action, arg) in row.items()}
+            for state, row in parse_table.states.items()
+        }
+        return cls(actions, parse_table.start_states[start], parse_table.end_states[start])
 
     def initial(self) -> Stack:
         return (self.start, None)
@@ -75,13 +82,13 @@ class LalrTable:
 
 
 @dataclass(slots=True)
-class LarkGrammar:
+class LalrGrammar:
     table: LalrTable
     terminals: dict[str, Terminal]
     ignore: frozenset[str]
 
 
-def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> LarkGrammar:
+def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> LalrGrammar:
     """Compiles a Lark grammar (start rule `start`). `terminal_nodes` overrides terminals' patterns."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("grammar must be a non-empty Lark grammar string")
@@ -94,12 +101,12 @@ def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> L
         raise ValueError(f"grammar is malformed or not LALR(1): {e}") from None
     except LarkError as e:
         raise ValueError(f"invalid Lark grammar: {e}") from None
-    table = LalrTable(parser.parser.parser.parser.parse_table)
+    table = LalrTable.from_lark(parser.parser.parser.parser.parse_table)
     terminals = {}
     for t in parser.terminals:
         node = (terminal_nodes or {}).get(t.name)
         terminals[t.name] = Terminal(t.name, node if node is not None else _terminal_node(t), _rank(t))
-    return LarkGrammar(table, terminals, frozenset(parser.ignore_tokens))
+    return LalrGrammar(table, terminals, frozenset(parser.ignore_tokens))
 
 
 def _terminal_node(t: Any) -> ra.Node:

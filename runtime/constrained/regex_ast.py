@@ -244,12 +244,12 @@ def refs(node: Node) -> frozenset[str]:
     hit = _REFS_MEMO.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
-    if isinstance(node, Seq | Alt):
-        out = frozenset().union(*(refs(x) for x in node.items))
-    elif isinstance(node, Repeat | Bounded):
+    if isinstance(node, Repeat | Bounded):
         out = refs(node.item)
     else:
-        out = frozenset().union(*(refs(n) for _, n, _ in node.edges))
+        children = node.items if isinstance(node, Seq | Alt) else (n for _, n, _ in node.edges)
+        parts = [r for r in map(refs, children) if r]  # most subtrees have none: share the empty set
+        out = parts[0] if len(parts) == 1 else frozenset().union(*parts) if parts else _NO_REFS
     if len(_REFS_MEMO) >= _REFS_MEMO_SIZE:
         _REFS_MEMO.clear()
     _REFS_MEMO[id(node)] = (node, out)

@@ -1,47 +1,104 @@
-"""Rules of regex trees with `Ref`s (recursive JSON schemas) -> a Lark grammar for the LALR engine.
+"""Rules of regex trees with `Ref`s (recursive JSON schemas) -> BNF productions -> an LALR(1) table.
 
 Every maximal Ref-free piece becomes one terminal, so lexemes stay large (few parser steps) and the
-terminal's exact language is handed to the engine directly; Lark only sees placeholder patterns and
-builds the LALR table.
+terminal's exact language is handed to the engine directly. Helper rules (optionals, repeats,
+alternatives) are shared by content, and unbounded repeats are left-recursive, so that a parse of a
+long array returns to the same stack after each item (masks are cached by parser state).
 """
 from __future__ import annotations
 
 from . import regex_ast as ra
-from .lalr import LarkGrammar, build_lark
+from .lalr import LalrGrammar, Terminal
+from .lr_table import Production, build_table
+
+Symbols = tuple[str, ...]
 
 
-def rules_to_lark(root: ra.Node, rules: dict[str, ra.Node]) -> LarkGrammar:
+def rules_grammar(root: ra.Node, rules: dict[str, ra.Node]) -> LalrGrammar:
     writer = _Writer()
-    lines = [f"start: {writer.expand(root)}"]
-    lines += [f"{name}: {writer.expand(body)}" for name, body in rules.items()]
-    lines += writer.optionals
-    lines += [f'{name}: "<{name}>"' for name in writer.terminals.values()]
+    writer.define("start", root)
+    for name, body in rules.items():
+        writer.define(name, body)
+    terminals = {name: Terminal(name, node, (i,)) for i, (node, name) in enumerate(writer.terminals.items())}
     try:
-        return build_lark("\n".join(lines), {name: node for node, name in writer.terminals.items()})
+        table = build_table(writer.productions, set(terminals))
     except ValueError as e:
         raise ValueError(f"json_schema: its recursive part has no unambiguous LALR(1) grammar ({e})") from None
+    return LalrGrammar(table, terminals, frozenset())
 
 
 class _Writer:
     def __init__(self) -> None:
         self.terminals: dict[ra.Node, str] = {}
-        self.optionals: list[str] = []  # helper rules: `opt_k: x?`, and a graph's states
-        self.graphs = 0
+        self.productions: list[Production] = []
+        self._helpers: dict[tuple, str] = {}  # helper rules by kind and content: ("alts" | "star" | "graph", ...)
+        self._expanded: dict[ra.Node, Symbols] = {}
 
-    def optional(self, body: str) -> str:
-        """A rule for `body` or nothing. Lark expands each `[x]` in a rule into two alternatives of
-        that rule, so a rule with many inline optionals (an object's members) grows exponentially."""
-        name = f"opt_{len(self.optionals)}"
-        self.optionals.append(f"{name}: ({body})?")
+    def define(self, name: str, body: ra.Node) -> None:
+        for alt in body.items if isinstance(body, ra.Alt) and ra.refs(body) else (body,):
+            self.productions.append((name, self.expand(alt)))
+
+    def helper(self, alts: tuple[Symbols, ...]) -> str:
+        """A rule whose productions are `alts` (one rule per distinct content)."""
+        name = self._helpers.get(("alts", alts))
+        if name is None:
+            name = self._helpers[("alts", alts)] = f"${len(self._helpers)}"
+            self.productions += [(name, a) for a in alts]
         return name
+
+    def optional(self, symbols: Symbols) -> Symbols:
+        return (self.helper((symbols, ())),) if symbols else ()
 
     def terminal(self, node: ra.Node) -> str:
         if node not in self.terminals:
             self.terminals[node] = f"T{len(self.terminals)}"
         return self.terminals[node]
 
+    def expand(self, node: ra.Node) -> Symbols:
+        """The symbols that derive `node`'s language (empty when it matches only the empty string)."""
+        hit = self._expanded.get(node)
+        if hit is None:
+            hit = self._expanded[node] = self._expand(node)
+        return hit
+
+    def _expand(self, node: ra.Node) -> Symbols:
+        if not ra.refs(node):
+            if node == ra.EMPTY:
+                return ()
+            name = self.terminal(node)  # the engine builds terminals without their empty match
+            return self.optional((name,)) if ra.nullable(node) else (name,)
+        if isinstance(node, ra.Ref):
+            return (node.name,)
+        if isinstance(node, ra.Graph):
+            return (self.graph(node),)
+        if isinstance(node, ra.Seq):
+            return tuple(sym for group in _groups(node.items) for sym in self.expand(group))
+        if isinstance(node, ra.Alt):
+            return (self.helper(tuple(dict.fromkeys(self.expand(x) for x in node.items))),)
+        assert isinstance(node, ra.Repeat), f"unexpected node {node!r} around a rule reference"
+        return self.repeat(self.expand(node.item), node.min, node.max)
+
+    def repeat(self, inner: Symbols, lo: int, hi: int | None) -> Symbols:
+        if not inner:
+            return ()
+        if hi is None:
+            key = ("star", inner)
+            many = self._helpers.get(key)
+            if many is None:  # left-recursive: `many: inner | many inner`
+                many = self._helpers[key] = f"${len(self._helpers)}"
+                self.productions += [(many, inner), (many, (many, *inner))]
+            return inner * (lo - 1) + (many,) if lo else self.optional((many,))
+        up_to: Symbols = ()  # 1..k more copies, right-nested: `up_k: inner | inner up_{k-1}`
+        for _ in range(hi - lo):
+            up_to = (self.helper((inner, inner + up_to) if up_to else (inner,)),)
+        return inner * lo + self.optional(up_to)
+
     def graph(self, graph: ra.Graph) -> str:
         """A right-linear rule per live state: `s_i: <edge> s_j | ... [| nothing, when final]`."""
+        key = ("graph", graph)
+        hit = self._helpers.get(key)
+        if hit is not None:
+            return hit
         live = set(graph.finals)
         grew = True
         while grew:  # states that can still reach a final state
@@ -50,45 +107,15 @@ class _Writer:
                 if dst in live and src not in live:
                     live.add(src)
                     grew = True
-        prefix = f"graph{self.graphs}"
-        self.graphs += 1
-        for state in sorted(live):
-            alts = [" ".join(p for p in (self.expand(n), f"{prefix}_s{dst}") if p)
-                    for src, n, dst in graph.edges if src == state and dst in live]
-            body = " | ".join(f"({a})" for a in alts)
-            if state in graph.finals:
-                body = self.optional(body) if alts else ""
-            self.optionals.append(f"{prefix}_s{state}: {body}")
         assert 0 in live, "a graph's final states are reachable from its start"
-        return f"{prefix}_s0"
-
-    def expand(self, node: ra.Node) -> str:
-        """Lark expansion text for `node` ('' when it matches only the empty string)."""
-        if not ra.refs(node):
-            if node == ra.EMPTY:
-                return ""
-            name = self.terminal(node)  # the engine builds terminals without their empty match
-            return self.optional(name) if ra.nullable(node) else name
-        if isinstance(node, ra.Ref):
-            return node.name
-        if isinstance(node, ra.Graph):
-            return self.graph(node)
-        if isinstance(node, ra.Seq):
-            return " ".join(p for p in (self.expand(g) for g in _groups(node.items)) if p)
-        if isinstance(node, ra.Alt):
-            parts = [self.expand(x) for x in node.items]
-            body = " | ".join(p for p in parts if p)
-            return self.optional(body) if "" in parts else f"({body})"
-        assert isinstance(node, ra.Repeat), f"unexpected node {node!r} around a rule reference"
-        inner = self.expand(node.item)
-        lo, hi = node.min, node.max
-        if hi is None:
-            return f"({inner})*" if lo == 0 else f"({inner})+" if lo == 1 else f"({inner}) ~ {lo} ({inner})*"
-        if (lo, hi) == (0, 1):
-            return self.optional(inner)
-        if lo == 0:
-            return self.optional(f"({inner}) ~ 1..{hi}")
-        return f"({inner}) ~ {lo}" if lo == hi else f"({inner}) ~ {lo}..{hi}"
+        prefix = self._helpers[key] = f"${len(self._helpers)}_s"
+        for state in sorted(live):
+            for src, node, dst in graph.edges:
+                if src == state and dst in live:
+                    self.productions.append((f"{prefix}{state}", self.expand(node) + (f"{prefix}{dst}",)))
+            if state in graph.finals:
+                self.productions.append((f"{prefix}{state}", ()))
+        return f"{prefix}0"
 
 
 def _groups(items: tuple[ra.Node, ...]) -> list[ra.Node]:

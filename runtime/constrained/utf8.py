@@ -1,10 +1,11 @@
 """Character DFAs -> byte DFAs: each state's character transitions become a small UTF-8 decoder.
 
-A state's live classes, grouped by target, split code points into groups. The decoder of such a
-split (a minimal byte DFA from an entry to one exit per group) is built once and cached: templates
-repeat a few splits many times (`[\\w\\d\\s]{1,16}` has one split per count, all alike). Each state
-stamps a copy of its decoder into the byte table. Only well-formed UTF-8 is read: no overlong forms,
-no surrogates.
+ASCII classes map bytes to states directly (one gather for the whole table). A state's live multi-byte
+classes, grouped by target, split code points into groups. The decoder of such a split (a minimal
+byte DFA from an entry to one exit per group) is built once and cached: templates repeat a few splits
+many times (`[\\w\\d\\s]{1,16}` has one split per count, all alike), and most splits are "every
+non-ASCII character", whatever the schema. Each state stamps a copy of its decoder into the table.
+Only well-formed UTF-8 is read: no overlong forms, no surrogates.
 
 The result is minimal when the character DFA is: two states mid-character are merged exactly when
 they read the same continuation bytes into the same states (interned bottom-up, by bytes left).
@@ -35,27 +36,36 @@ class _Decoder:
 
 
 def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray]:
-    """(trans [S, 256], accept [S]) of the same language over bytes; character states keep their ids."""
+    """(trans [S, 256], accept [S]) of the same language over bytes; character states keep their ids.
+    ASCII transitions are one gather for all states; only multi-byte classes go through decoders."""
+    classes, widths = dfa.alphabet.classes, dfa.alphabet.widths
+    ascii_class = np.full(0x80, -1, np.int64)
+    for c in np.flatnonzero(widths == 1).tolist():
+        for lo, hi in classes[c]:
+            ascii_class[lo:hi + 1] = c
+    entries = np.full((len(dfa.trans), 256), -1, np.int32)
+    if len(classes):
+        entries[:, :0x80] = np.where(ascii_class >= 0, dfa.trans[:, np.maximum(ascii_class, 0)], -1)
+    high = np.flatnonzero(widths > 1).tolist()
     split_decoders: dict[tuple[tuple[int, ...], ...], _Decoder] = {}
-    plans = []
-    for row in dfa.trans.tolist():
-        groups: dict[int, list[int]] = {}  # target -> classes, in class order (a canonical split)
-        for c, t in enumerate(row):
+    tails = _Tails(len(dfa.trans))
+    for state, row in enumerate(dfa.trans[:, high].tolist() if high else ()):
+        groups: dict[int, list[int]] = {}  # target -> multi-byte classes, in class order (a canonical split)
+        for c, t in zip(high, row):
             if t >= 0:
                 groups.setdefault(t, []).append(c)
+        if not groups:
+            continue
         split = tuple(map(tuple, groups.values()))
-        if split not in split_decoders:
-            merged = (ra.normalize(r for c in cs for r in dfa.alphabet.classes[c]) for cs in split)
-            split_decoders[split] = _decoder(tuple(merged))
-        plans.append((split_decoders[split], list(groups)))
-    entries = np.empty((len(plans), 256), np.int32)
-    tails = _Tails(len(plans))
-    for state, (decoder, targets) in enumerate(plans):
-        entries[state] = tails.stamp(decoder, targets)
-    trans = np.full((len(plans) + len(tails.rows), 256), -1, np.int32)
-    trans[:len(plans)] = entries
+        decoder = split_decoders.get(split)
+        if decoder is None:
+            merged = (ra.normalize(r for c in cs for r in classes[c]) for cs in split)
+            decoder = split_decoders[split] = _decoder(tuple(merged))
+        entries[state, 0x80:] = tails.stamp(decoder, list(groups))[0x80:]
+    trans = np.full((len(entries) + len(tails.rows), 256), -1, np.int32)
+    trans[:len(entries)] = entries
     if tails.rows:
-        trans[len(plans):, _CONTINUATION] = np.stack(tails.rows)
+        trans[len(entries):, _CONTINUATION] = np.stack(tails.rows)
     accept = np.concatenate([dfa.accept, np.full(len(tails.rows), -1)]).astype(np.int32)
     return trans, accept
 

@@ -165,3 +165,15 @@ NAME: CNAME
     for text in ["SELECT a FROM t", "SeLeCt a, b_2 from t;", "select a from", "select from t", "selecta from t",
                  "select a,b FROM tbl ;", "select _x from y"]:
         assert engine_accepts(constraint, text) == lark_accepts(parser, text), text
+
+
+def test_a_lexer_too_large_to_build_is_refused_at_compile_not_mid_decode(compiler):
+    """The first lexer reads only "a" (small); the one after it would read BIG, whose automaton is over
+    the NFA limit. Lexers are built on first use, so the check must come from the static bound."""
+    from radixlang.runtime.constrained.automaton import compile_dfa
+    from radixlang.runtime.constrained.regex_parser import parse_regex
+
+    with pytest.raises(ValueError, match="too large"):  # the oracle: building that lexer does fail
+        compile_dfa([parse_regex("x{500000}")])
+    with pytest.raises(ValueError, match="constraint is too large: the lexer for terminals"):
+        compiler.compile("grammar", 'start: "a" BIG\nBIG: /x{500000}/')
