@@ -94,7 +94,8 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
     try:
         compiler = _SchemaCompiler(root, ws, relax)
         node = compiler.compile(root, "#")
-        if compiler.rules or ra.size(node) <= JSON_REGEX_MAX_SIZE:
+        if ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
+                                                        for r in compiler.rules.values()):
             return JsonGrammar(node, compiler.rules)
         compiler = _SchemaCompiler(root, ws, relax, rule_size=JSON_RULE_SIZE)
         node = compiler.compile(root, "#")
