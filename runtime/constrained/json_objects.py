@@ -73,7 +73,7 @@ def _name_filter(c: "_SchemaCompiler", s: dict, path: str):
 def _names_node(c: "_SchemaCompiler", names: Any, path: str) -> ra.Node:
     if names is False:
         return ra.NOTHING
-    node = c.compile(conjoin_sub({"type": "string"}, names), f"{path}/propertyNames")
+    node = c.exact(lambda: c.compile(conjoin_sub({"type": "string"}, names), f"{path}/propertyNames"))
     if ra.refs(node):
         raise ValueError(f"json_schema propertyNames at {path} must describe strings only")
     return node

@@ -308,6 +308,8 @@ def natural_range(lo: int, hi: int | None) -> ra.Node:
 def _same_width(lo: str, hi: str) -> ra.Node:
     if not lo:
         return ra.EMPTY
+    if lo == "0" * len(lo) and hi == "9" * len(hi):  # any digits: keeps the recursion linear in the width
+        return ra.repeat(DIGIT, len(lo), len(lo))
     if lo[0] == hi[0]:
         return ra.seq(ra.literal(lo[0]), _same_width(lo[1:], hi[1:]))
     k = len(lo) - 1

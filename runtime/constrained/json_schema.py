@@ -30,7 +30,7 @@ from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoi
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
-JSON_RULE_SIZE = 2_000  # ... where every object or array larger than this is a rule of its own
+JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
 MAX_UNIQUE_VALUES = 8
 RELAXABLE = frozenset({"uniqueItems"})  # uniqueItems is enforced over at most this many item values (2^n states)
 KNOWN_FORMATS = frozenset(FORMATS)
@@ -112,7 +112,7 @@ class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
                  rule_size: int | None = None):
         self.relaxed = relaxed
-        self.rule_size = rule_size  # objects and arrays larger than this become rules (None: never)
+        self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
         self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
         self._pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
@@ -155,7 +155,7 @@ class _SchemaCompiler:
         if hit is not None:
             return hit
         node = self._compile(schema, path)
-        if ra.size(node) > self.rule_size and _is_container(node):
+        if ra.size(node) > self.rule_size and _lexes_alone(node):
             name = f"piece_{len(self._pieces)}"
             self.rules[name] = node
             node = ra.Ref(name)
@@ -306,27 +306,30 @@ class _SchemaCompiler:
         if key == "anyOf":
             return self.union([lambda i=i, b=b: self.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
                               path)
-        nodes, kept = [], []
-        self._exact += 1  # a union of rules would let values matching two branches through
-        try:
-            for i, branch in enumerate(branches):
-                try:
-                    nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
-                    kept.append(branch)
-                except Unsatisfiable:
-                    continue
-        finally:
-            self._exact -= 1
-        return self.one_of(nodes, path, kept)
+        nodes, kept = self._branches(branches, path)
+        if self._disjoint(nodes, kept, path):
+            return ra.alt(*nodes)
+        if any(ra.refs(n) for n in nodes) and not self._exact:
+            # a union of rules would let values matching two branches through: recompile them whole
+            nodes, kept = self.exact(lambda: self._branches(branches, path))
+        return self.one_of(nodes, path)
 
-    def one_of(self, nodes: list[ra.Node], path: str, branches: list[Any]) -> ra.Node:
-        """Values matching exactly one branch: the branches' union when no value can match two (their
-        first characters differ, or a required discriminator property's values do), else a product of
-        the branches' DFAs (not for recursive branches)."""
+    def _branches(self, branches: list[Any], path: str) -> tuple[list[ra.Node], list[Any]]:
+        """The satisfiable oneOf branches, compiled, and their schemas."""
+        nodes, kept = [], []
+        for i, branch in enumerate(branches):
+            try:
+                nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
+                kept.append(branch)
+            except Unsatisfiable:
+                continue
         if not nodes:
             raise Unsatisfiable(f"no oneOf branch at {path} is satisfiable")
-        if len(nodes) == 1:
-            return nodes[0]
+        return nodes, kept
+
+    def _disjoint(self, nodes: list[ra.Node], branches: list[Any], path: str) -> bool:
+        """Whether no value can match two branches: their first characters differ, or a required
+        discriminator property's values do."""
         firsts = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes]
 
         def disjoint(i: int, j: int) -> bool:
@@ -336,8 +339,13 @@ class _SchemaCompiler:
             return provably_disjoint(
                 branches[i], branches[j], lambda ref: self.refs.resolve(ref, path)[1], KNOWN_FORMATS, _infer_type)
 
-        if all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes))):
-            return ra.alt(*nodes)
+        return all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
+
+    def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
+        """Values matching exactly one of branches that may overlap: a product of their DFAs (not for
+        recursive branches)."""
+        if len(nodes) == 1:
+            return nodes[0]
         if any(ra.refs(n) for n in nodes):
             raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
                              "are not supported (branches must differ in their first character or in the "
@@ -645,12 +653,13 @@ def _first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
     return None
 
 
-def _is_container(node: ra.Node) -> bool:
-    """Whether every match starts with '{' or '[' (an object or array: a rule of its own lexes well)."""
+def _lexes_alone(node: ra.Node) -> bool:
+    """Whether every match starts with '{', '[' or '"' (an object, array or string: each ends where
+    its bracket or quote closes, so a rule of its own lexes well, as a number would not)."""
     first = node
     while isinstance(first, ra.Seq) and first.items:
         first = first.items[0]
-    return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),))
+    return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),), ((0x22, 0x22),))
 
 
 def _finite_values(items: Any) -> list | None:
