@@ -122,6 +122,7 @@ class _SchemaCompiler:
         self._inline: dict[str, ra.Node] = {}
         self._open: set[str] = set()
         self._recursive: set[str] = set()
+        self._merged_names: dict[str, str] = {}  # rules for merged allOfs that recurse, by content
 
     # ---- tokens -------------------------------------------------------------------------------
     def punct(self, c: str) -> ra.Node:
@@ -227,20 +228,24 @@ class _SchemaCompiler:
     # ---- references -----------------------------------------------------------------------------
     def ref(self, ref: Any, path: str) -> ra.Node:
         key, target = self.refs.resolve(ref, path)
+        return self.named(key, target, self._rule_name(key), key)
+
+    def named(self, key: str, target: Any, name: str, path: str) -> ra.Node:
+        """`target` compiled once per `key`; met again inside its own compilation, it is the rule `name`."""
         if key in self._inline:
             return self._inline[key]
         if key in self._open:
             self._recursive.add(key)
-            return ra.Ref(self._rule_name(key))
+            return ra.Ref(name)
         self._open.add(key)
-        self._pending_firsts[self._rule_name(key)] = _type_first_chars(target)
+        self._pending_firsts[name] = _type_first_chars(target)
         try:
-            body = self.compile(target, key)
+            body = self.compile(target, path)
         finally:
             self._open.discard(key)
         if key in self._recursive:
-            self.rules[self._rule_name(key)] = body
-            node = ra.Ref(self._rule_name(key))
+            self.rules[name] = body
+            node = ra.Ref(name)
         else:
             node = body
         self._inline[key] = node
@@ -258,33 +263,42 @@ class _SchemaCompiler:
 
     # ---- combinators --------------------------------------------------------------------------
     def all_of(self, s: dict, path: str) -> ra.Node:
-        """Merges the parts keyword by keyword; parts that do not merge are intersected as languages."""
-        parts = self._flatten(s, path, set())
+        """Merges the parts keyword by keyword; parts that do not merge are intersected as languages.
+        A part that inlines a `$ref` being compiled further up (a recursion) makes the merged schema a
+        rule of its own, named by its content, so that meeting it again inside refers to that rule."""
+        reentered: list[str] = []
+        parts = self._flatten(s, path, set(), reentered)
         merged: Any = True
         try:
             for part in parts:
                 merged = conjoin(merged, part)
         except Clash:
             return self._intersect(parts, path)
-        return self.compile(merged, path)
+        if not reentered:
+            return self.compile(merged, path)
+        key = "allOf:" + json.dumps(merged, sort_keys=True, default=repr)
+        name = self._merged_names.setdefault(key, f"all_of_{len(self._merged_names)}")
+        return self.named(key, merged, name, path)
 
-    def _flatten(self, schema: Any, path: str, seen: set[str]) -> list[Any]:
-        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets, normalized."""
+    def _flatten(self, schema: Any, path: str, seen: set[str], reentered: list[str]) -> list[Any]:
+        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets, normalized; `$ref`s
+        whose compilation is under way further up are listed in `reentered`."""
         if not isinstance(schema, dict):
             return [schema]
         s = normalize(schema, KNOWN_FORMATS)
         out: list[Any] = []
         if "$ref" in s:
             key, target = self.refs.resolve(s["$ref"], path)
-            if key in seen or key in self._open:
-                raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} with sibling keywords "
-                                 "inside its own recursion is not supported")
-            out += self._flatten(target, key, seen | {key})
+            if key in seen:
+                raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} is an allOf member of itself")
+            if key in self._open:
+                reentered.append(key)
+            out += self._flatten(target, key, seen | {key}, reentered)
         subs = s.get("allOf", [])
         if not isinstance(subs, list):
             raise ValueError(f"json_schema allOf at {path} must be a list")
         for i, sub in enumerate(subs):
-            out += self._flatten(sub, f"{path}/allOf/{i}", seen)
+            out += self._flatten(sub, f"{path}/allOf/{i}", seen, reentered)
         rest = {k: v for k, v in s.items() if k not in ("$ref", "allOf")}
         return out + [rest] if rest or not out else out
 

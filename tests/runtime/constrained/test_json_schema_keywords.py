@@ -92,6 +92,12 @@ KEYWORD_SCHEMAS = {
         "minProperties": 1, "maxProperties": 2}}, "$ref": "#/$defs/n"},
     "unevaluated_properties": {"type": "object", "properties": {"a": {"type": "boolean"}},
                                "unevaluatedProperties": False},
+    "ref_with_siblings_inside_recursion": {"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer", "minimum": 0, "maximum": 9},
+        "kids": {"type": "array", "maxItems": 2, "items": {"allOf": [{"$ref": "#/$defs/node"}],
+                                                           "properties": {"v": {"maximum": 5}}}},
+        "alt": {"$ref": "#/$defs/node", "required": ["kids"]}},
+        "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
 }
 FORMAT_EXAMPLES = {"uri": "https://user@example.com:8080/a/b?q=1#f", "uri-reference": "../x?y#z",
                    "hostname": "a-b.example.org", "ipv6": "fe80::1:2", "date": "2024-02-28",
@@ -182,6 +188,7 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("pattern_with_lengths", "abc12"),
     ("decimal_bounds", 0.05),
     ("unique_enum_items", [None, "b", 1]),
+    ("ref_with_siblings_inside_recursion", {"v": 9, "kids": [{"v": 5, "kids": [{"v": 0}]}, {"v": 1, "alt": {"v": 8, "kids": []}}]}),
     ("anchored_alternatives", "c7"),
     *((f"format_{f}", example) for f, example in FORMAT_EXAMPLES.items()),
 ])
