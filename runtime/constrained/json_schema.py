@@ -24,6 +24,7 @@ from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, const_text,
                            multiples_of, number_node, pattern_body, quoted, spellings, string_node)
 from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
+from .json_required_choice import required_choice
 from .regex_parser import parse_regex
 from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize
 
@@ -113,7 +114,8 @@ class _SchemaCompiler:
                  rule_size: int | None = None):
         self.relaxed = relaxed
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
-        self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
+        self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
+        self._piece_count = 0
         self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
         self._pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
         self.refs = RefResolver(root)
@@ -149,15 +151,20 @@ class _SchemaCompiler:
             raise Unsatisfiable(f"the schema at {path} is `false`")
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
-        if self.rule_size is None or self._exact:
+        if self._exact:
             return self._compile(schema, path)
         key = json.dumps(schema, sort_keys=True, default=repr)
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
         node = self._compile(schema, path)
-        if ra.size(node) > self.rule_size and _lexes_alone(node):
-            name = f"piece_{len(self._pieces)}"
+        # a container around a rule is a rule too, one per schema: two alternatives that share it
+        # (anyOf branches alike up to a late member) then parse it as one, where two copies of its
+        # rules would be an LALR conflict
+        large = self.rule_size is not None and ra.size(node) > self.rule_size
+        if (large or (ra.refs(node) and not isinstance(node, ra.Ref))) and _lexes_alone(node):
+            name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
+            self._piece_count += 1
             self.rules[name] = node
             node = ra.Ref(name)
         self._pieces[key] = node
@@ -316,6 +323,7 @@ class _SchemaCompiler:
         if not isinstance(subs, list) or not subs:
             raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
         rest = {k: v for k, v in s.items() if k != key}
+        subs = required_choice(key, subs, KNOWN_FORMATS) or subs
         branches = [conjoin_sub(rest, sub) if rest else sub for sub in subs]
         if key == "anyOf":
             return self.union([lambda i=i, b=b: self.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
