@@ -46,7 +46,7 @@ def object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {value!r}")
     body = _members(c, items, extra, lo, hi, path)
-    return ra.seq(ra.literal("{"), c.ws, body, c.ws, ra.literal("}"))
+    return c.bracketed("{", body, "}")
 
 
 def _declared_schema(s: dict, name: str) -> Any:
@@ -124,11 +124,9 @@ def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.
     due), the count saturating at minProperties when there is no maximum. Each member appears at most
     twice (with and without its comma), so the size stays linear in the members however many are
     optional. With recursive members it becomes right-linear grammar rules (rule_grammar)."""
-    comma = c.punct(",")
-    if any(ra.refs(n) for n, _ in items) or (extra is not None and ra.refs(extra)):
-        # a recursive object is lexed member by member: one lexeme spanning an optional member would
-        # read on greedily into the next member's key and fail where that member is absent
-        comma = ra.seq(c.boundary(), comma)
+    # a recursive object is lexed member by member: one lexeme spanning an optional member would read
+    # on greedily into the next member's key and fail where that member is absent
+    comma = c.separator(any(ra.refs(n) for n, _ in items) or (extra is not None and bool(ra.refs(extra))))
     cap = hi if hi is not None else lo
     ids: dict[tuple[int, int, bool], int] = {}
     edges: list[tuple[int, ra.Node, int]] = []

@@ -95,10 +95,11 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
     try:
         compiler = _SchemaCompiler(root, ws, relax)
         node = compiler.compile(root, "#")
-        if ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
-                                                        for r in compiler.rules.values()):
-            return JsonGrammar(node, compiler.rules)
-        compiler = _SchemaCompiler(root, ws, relax, rule_size=JSON_RULE_SIZE)
+        small = ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
+                                                             for r in compiler.rules.values())
+        if small and not compiler.rules:
+            return JsonGrammar(node, {})
+        compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, lex_apart=True)
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
@@ -111,8 +112,9 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
 
 class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
-                 rule_size: int | None = None):
+                 rule_size: int | None = None, lex_apart: bool = False):
         self.relaxed = relaxed
+        self.lex_apart = lex_apart  # a grammar: brackets and members are lexemes of their own
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
         self._piece_count = 0
@@ -143,6 +145,18 @@ class _SchemaCompiler:
         self.rules.setdefault(LEXEME_BOUNDARY, ra.EMPTY)
         return ra.Ref(LEXEME_BOUNDARY)
 
+    def bracketed(self, opening: str, body: ra.Node, closing: str) -> ra.Node:
+        """`body` in brackets. In a grammar the brackets are lexemes of their own: the lexer reads the
+        longest match and never backs up, so alike alternatives (one a single lexeme, one split around
+        a rule) must split at the same places."""
+        cut = self.boundary() if self.lex_apart else ra.EMPTY
+        return ra.seq(ra.literal(opening), self.ws, cut, body, cut, self.ws, ra.literal(closing))
+
+    def separator(self, members_apart: bool = False) -> ra.Node:
+        """The comma between members or items; in a grammar (or where asked), a lexeme starts at it."""
+        comma = self.punct(",")
+        return ra.seq(self.boundary(), comma) if members_apart or self.lex_apart else comma
+
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: Any, path: str) -> ra.Node:
         if schema is True:
@@ -162,7 +176,7 @@ class _SchemaCompiler:
         # (anyOf branches alike up to a late member) then parse it as one, where two copies of its
         # rules would be an LALR conflict
         large = self.rule_size is not None and ra.size(node) > self.rule_size
-        if (large or (ra.refs(node) and not isinstance(node, ra.Ref))) and _lexes_alone(node):
+        if (large or (ra.refs(node) - {LEXEME_BOUNDARY} and not isinstance(node, ra.Ref))) and _lexes_alone(node):
             name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
             self._piece_count += 1
             self.rules[name] = node
@@ -489,7 +503,7 @@ class _SchemaCompiler:
         if s.get("uniqueItems", False) and (hi is None or hi > 1) and \
                 (_finite_values(s.get("items", True)) is not None or "uniqueItems" not in self.relaxed):
             return self.unique_array(s, lo, hi, path)
-        comma = self.punct(",")
+        comma = self.separator()
         prefix_schemas = s.get("prefixItems", [])
         if not isinstance(prefix_schemas, list):
             raise ValueError(f"json_schema prefixItems at {path} must be a list")
@@ -517,7 +531,7 @@ class _SchemaCompiler:
                                                       None if more_hi is None else more_hi - 1)))
         if not options:
             raise Unsatisfiable(f"no array length satisfies minItems/maxItems/prefixItems at {path}")
-        return ra.seq(ra.literal("["), self.ws, ra.alt(*options), self.ws, ra.literal("]"))
+        return self.bracketed("[", ra.alt(*options), "]")
 
     def unique_array(self, s: dict, lo: int, hi: int | None, path: str) -> ra.Node:
         """uniqueItems over a finite set of item values (an enum, booleans): an automaton over the
@@ -527,7 +541,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is supported only for items with at "
                              f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1; "
                              "relax it explicitly (relaxed=['uniqueItems']) to generate without it")
-        comma = self.punct(",")
+        comma = self.separator()
         texts = list(dict.fromkeys(const_text(_canonical(v)) for v in values))
         edges = [(used, ra.seq(comma if used else ra.EMPTY, ra.literal(text)), used | 1 << i)
                  for used in range(1 << len(texts)) for i, text in enumerate(texts) if not used >> i & 1]
@@ -536,7 +550,7 @@ class _SchemaCompiler:
         if not finals:
             raise Unsatisfiable(f"no array of distinct items at {path} has between minItems and maxItems items")
         body = ra.Graph(1 << len(texts), tuple(edges), finals)
-        return ra.seq(ra.literal("["), self.ws, body, self.ws, ra.literal("]"))
+        return self.bracketed("[", body, "]")
 
     # ---- scalars ------------------------------------------------------------------------------
     def string(self, s: dict, path: str) -> ra.Node:
