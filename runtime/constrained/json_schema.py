@@ -149,13 +149,13 @@ class _SchemaCompiler:
         """`body` in brackets. In a grammar the brackets are lexemes of their own: the lexer reads the
         longest match and never backs up, so alike alternatives (one a single lexeme, one split around
         a rule) must split at the same places."""
-        cut = self.boundary() if self.lex_apart else ra.EMPTY
+        cut = self.boundary() if self.lex_apart and not self._exact else ra.EMPTY
         return ra.seq(ra.literal(opening), self.ws, cut, body, cut, self.ws, ra.literal(closing))
 
     def separator(self, members_apart: bool = False) -> ra.Node:
         """The comma between members or items; in a grammar (or where asked), a lexeme starts at it."""
         comma = self.punct(",")
-        return ra.seq(self.boundary(), comma) if members_apart or self.lex_apart else comma
+        return ra.seq(self.boundary(), comma) if members_apart or (self.lex_apart and not self._exact) else comma
 
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: Any, path: str) -> ra.Node:
@@ -176,7 +176,7 @@ class _SchemaCompiler:
         # (anyOf branches alike up to a late member) then parse it as one, where two copies of its
         # rules would be an LALR conflict
         large = self.rule_size is not None and ra.size(node) > self.rule_size
-        if (large or (ra.refs(node) - {LEXEME_BOUNDARY} and not isinstance(node, ra.Ref))) and _lexes_alone(node):
+        if (large or (ra.refs(node) and not isinstance(node, ra.Ref))) and _lexes_alone(node):
             name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
             self._piece_count += 1
             self.rules[name] = node
@@ -483,11 +483,10 @@ class _SchemaCompiler:
             self.rules[ANY_VALUE] = ra.NOTHING  # placeholder while the rule refers to itself
             value = ra.Ref(ANY_VALUE)
             pair = ra.seq(string_node(), self.punct(":"), value)
+            comma = self.separator()
             self.rules[ANY_VALUE] = ra.alt(
-                ra.seq(ra.literal("{"), self.ws, ra.optional(ra.seq(pair, ra.repeat(ra.seq(self.punct(","), pair), 0, None))),
-                       self.ws, ra.literal("}")),
-                ra.seq(ra.literal("["), self.ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(self.punct(","), value), 0, None))),
-                       self.ws, ra.literal("]")),
+                self.bracketed("{", ra.optional(ra.seq(pair, ra.repeat(ra.seq(comma, pair), 0, None))), "}"),
+                self.bracketed("[", ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), "]"),
                 string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"),
             )
         return ra.Ref(ANY_VALUE)
