@@ -87,6 +87,8 @@ KEYWORD_SCHEMAS = {
     "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
                           "minItems": 1},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
+    "anchors_inside_a_group": {"type": "string", "pattern": "(^([0-9]+)\\.(?:[0-9]{1,2})$)", "maxLength": 5},
+    "group_around_a_search": {"type": "string", "pattern": "(?:b[0-9])", "maxLength": 4},
     "recursive_min_max_properties": {"$defs": {"n": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 0, "maximum": 9}, "kid": {"$ref": "#/$defs/n"}, "b": {"type": "null"}},
         "minProperties": 1, "maxProperties": 2}}, "$ref": "#/$defs/n"},
@@ -205,6 +207,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("dependencies_beside_a_free_value", {"x": {"p": [1, {}], "q": 3}, "m": 1, "s": True}),
     ("ref_with_siblings_inside_recursion", {"v": 9, "kids": [{"v": 5, "kids": [{"v": 0}]}, {"v": 1, "alt": {"v": 8, "kids": []}}]}),
     ("anchored_alternatives", "c7"),
+    ("anchors_inside_a_group", "12.5"),
+    ("group_around_a_search", "ab7c"),
     *((f"format_{f}", example) for f, example in FORMAT_EXAMPLES.items()),
 ])
 def test_hand_written_valid_instances_are_accepted(name, valid, compiler):
