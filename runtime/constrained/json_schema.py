@@ -20,7 +20,7 @@ from typing import Any
 from . import regex_ast as ra
 from .automaton import compile_dfa, difference, exactly_one, intersection
 from .json_objects import object_node
-from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
+from .json_scalars import (FORMATS, STRING_CHARS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
                            multiples_of, number_node, pattern_body, quoted, spellings, string_node)
 from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
@@ -405,6 +405,9 @@ class _SchemaCompiler:
             return self.negated({**rest, "not": target}, key)
         if not n:
             raise Unsatisfiable(f"`not` at {path} excludes every value")
+        merged = _merged_all_of(n)
+        if merged is not None:  # not: {allOf: [{required: [a]}, {required: [b]}]}, as one schema
+            return self.negated({**rest, "not": merged}, path)
         keys = set(n)
         types = _as_types(rest.get("type", list(JSON_TYPES)))
         if keys == {"type"}:
@@ -422,6 +425,12 @@ class _SchemaCompiler:
             values += n.get("enum", [])
             return self.union([lambda t=t: self._without(rest, t, values, path) for t in types if t != "integer"
                                or "number" not in types], path)
+        if "pattern" in keys and keys <= {"pattern", "type"} and _as_types(n.get("type", "string")) == {"string"}:
+            makers = [lambda: self._string_not_matching(rest, n["pattern"], path)] if "string" in types else []
+            others = [t for t in types if t != "string"]
+            if "type" in n and others:  # a `not` that names its type lets the other types through
+                makers.append(lambda: self.compile({**rest, "type": others}, path))
+            return self.union(makers, path)
         if keys <= {"required", "properties", "type"} and _as_types(n.get("type", "object")) == {"object"}:
             branches = [{**rest, "type": [t for t in types if t != "object"]}] if "type" in n else []
             obj = conjoin_sub(rest, {"type": "object"})
@@ -432,6 +441,18 @@ class _SchemaCompiler:
                               path)
         raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, or required/properties "
                          f"is supported, got keywords {sorted(keys)}")
+
+    def _string_not_matching(self, rest: dict, pattern: Any, path: str) -> ra.Node:
+        """The schema's strings that no match of `pattern` occurs in. Written with raw characters only,
+        as a pattern reads them (an escaped spelling of a matching string must not slip through)."""
+        node = self.exact(lambda: self.compile({**rest, "type": "string"}, path))
+        if ra.refs(node):
+            raise ValueError(f"json_schema not at {path}: excluding a pattern from a recursive schema is not supported")
+        raw = compiled_or_nothing(intersection([node, quoted(ra.repeat(ra.Chars(STRING_CHARS), 0, None))]))
+        out = compiled_or_nothing(difference(raw, quoted(pattern_body(pattern, path))))
+        if out == ra.NOTHING:
+            raise Unsatisfiable(f"`not` at {path} excludes every string")
+        return out
 
     def _without(self, rest: dict, t: str, values: list, path: str) -> ra.Node:
         node = self.exact(lambda: self.compile({**rest, "type": t}, path))
@@ -686,6 +707,22 @@ def _first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
         row = node.dfa.trans[node.dfa.start]
         return ra.normalize(r for c, ranges in enumerate(node.dfa.alphabet.classes) if row[c] >= 0 for r in ranges)
     return None
+
+
+def _merged_all_of(schema: dict) -> dict | None:
+    """An `allOf`-only schema of plain parts (no `$ref`, no nested `allOf`) merged into one, if it merges."""
+    parts = schema.get("allOf")
+    if set(schema) != {"allOf"} or not isinstance(parts, list) or not parts:
+        return None
+    merged: Any = True
+    for part in parts:
+        if not isinstance(part, dict) or "$ref" in part or "allOf" in part:
+            return None
+        try:
+            merged = conjoin(merged, normalize(part, KNOWN_FORMATS))
+        except Clash:
+            return None
+    return merged if isinstance(merged, dict) else None
 
 
 def _lexes_alone(node: ra.Node) -> bool:

@@ -57,6 +57,12 @@ KEYWORD_SCHEMAS = {
         "v": {"not": {"type": ["object", "array", "string", "number"]}},
         "o": {"type": "object", "properties": {"p": {"type": "null"}, "q": {"type": "null"}},
               "not": {"required": ["p", "q"]}}}, "required": ["s", "v", "o"]},
+    "not_pattern": {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 1, "maxLength": 3, "not": {"pattern": "^[a-c\\s]+$"}},
+        "t": {"type": ["string", "null"], "maxLength": 2, "not": {"type": "string", "pattern": "b"}}},
+        "required": ["s", "t"]},
+    "not_all_of_required": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
+                            "not": {"allOf": [{"required": ["a"]}, {"required": ["b"]}]}},
     "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
                 "type": "string", "maxLength": 2, "not": {"$ref": "#/$defs/alias"}},
     "one_of_tagged_recursive": {"$defs": {"node": {"oneOf": [
@@ -195,6 +201,9 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("if_then_else", {"kind": "b", "n": 101}),
     ("not_type_enum_required", {"s": "c", "v": True, "o": {"q": None}}),
     ("property_names", {"ab": 1, "c": 0}),
+    ("not_pattern", {"s": "ad", "t": None}),
+    ("not_pattern", {"s": "a-", "t": "ac"}),
+    ("not_all_of_required", {"b": None}),
     ("tuple_items", [True, 2, None, None]),
     ("integer_multiple_of", -49),
     ("number_multiple_of_hundredth", -0.57),
@@ -285,7 +294,7 @@ def test_properties_named_like_keywords_are_properties(compiler, walk):
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "contains": {"const": 1}}, "contains"),
-    ({"not": {"pattern": "a"}}, "not"),
+    ({"not": {"minLength": 2}}, "not"),
     ({"$ref": "other.json#/a"}, "no document is fetched"),
 ])
 def test_constraints_that_cannot_be_enforced_are_refused_by_name(schema, message):
