@@ -99,7 +99,7 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
                                                              for r in compiler.rules.values())
         if small and not compiler.rules:
             return JsonGrammar(node, {})
-        compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, lex_apart=True)
+        compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE)
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
@@ -112,9 +112,9 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
 
 class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
-                 rule_size: int | None = None, lex_apart: bool = False):
+                 rule_size: int | None = None):
         self.relaxed = relaxed
-        self.lex_apart = lex_apart  # a grammar: brackets and members are lexemes of their own
+        self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
         self._piece_count = 0
@@ -146,16 +146,35 @@ class _SchemaCompiler:
         return ra.Ref(LEXEME_BOUNDARY)
 
     def bracketed(self, opening: str, body: ra.Node, closing: str) -> ra.Node:
-        """`body` in brackets. In a grammar the brackets are lexemes of their own: the lexer reads the
-        longest match and never backs up, so alike alternatives (one a single lexeme, one split around
-        a rule) must split at the same places."""
-        cut = self.boundary() if self.lex_apart and not self._exact else ra.EMPTY
+        """`body` in brackets; around a rule (or where asked), the brackets are lexemes of their own."""
+        split = self._split_all or bool(ra.refs(body) - {LEXEME_BOUNDARY})
+        cut = self.boundary() if split and not self._exact else ra.EMPTY
         return ra.seq(ra.literal(opening), self.ws, cut, body, cut, self.ws, ra.literal(closing))
 
-    def separator(self, members_apart: bool = False) -> ra.Node:
-        """The comma between members or items; in a grammar (or where asked), a lexeme starts at it."""
+    def separator(self, members_apart: bool) -> ra.Node:
+        """The comma between members or items; where they hold rules (or where asked), a lexeme starts
+        at it: one lexeme spanning an optional member would read on greedily into the next member's
+        key and fail where that member is absent."""
         comma = self.punct(",")
-        return ra.seq(self.boundary(), comma) if members_apart or (self.lex_apart and not self._exact) else comma
+        return ra.seq(self.boundary(), comma) if (members_apart or self._split_all) and not self._exact else comma
+
+    def split_alike(self, nodes: list[ra.Node], remake) -> list[ra.Node]:
+        """Alternatives where one holds a rule and another, starting alike, is one lexeme: the lexer
+        reads the longest match and never backs up, so the latter is remade split the same way."""
+        ruled = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes if ra.refs(n)]
+        if not ruled or self._exact:
+            return nodes
+        out = []
+        for i, node in enumerate(nodes):
+            first = _first_chars(node, self.rules, set(), self._pending_firsts)
+            if not ra.refs(node) and any(f is None or first is None or ra.intersect(f, first) for f in ruled):
+                self._split_all += 1
+                try:
+                    node = remake(i)
+                finally:
+                    self._split_all -= 1
+            out.append(node)
+        return out
 
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: Any, path: str) -> ra.Node:
@@ -167,7 +186,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
         if self._exact:
             return self._compile(schema, path)
-        key = json.dumps(schema, sort_keys=True, default=repr)
+        key = ("split:" if self._split_all else "") + json.dumps(schema, sort_keys=True, default=repr)
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
@@ -223,15 +242,16 @@ class _SchemaCompiler:
 
     def union(self, makers: list, path: str) -> ra.Node:
         """The alternatives that some value satisfies; unsatisfiable ones drop out."""
-        nodes, last = [], None
+        nodes, kept, last = [], [], None
         for make in makers:
             try:
                 nodes.append(make())
+                kept.append(make)
             except Unsatisfiable as e:
                 last = e
         if not nodes:
             raise last or Unsatisfiable(f"no alternative at {path}")
-        return ra.alt(*nodes)
+        return ra.alt(*self.split_alike(nodes, lambda i: kept[i]()))
 
     def typed(self, t: str, s: dict, path: str) -> ra.Node:
         if t == "object":
@@ -344,7 +364,7 @@ class _SchemaCompiler:
                               path)
         nodes, kept = self._branches(branches, path)
         if self._disjoint(nodes, kept, path):
-            return ra.alt(*nodes)
+            return ra.alt(*self.split_alike(nodes, lambda i: self.compile(kept[i], f"{path}/oneOf/{i}")))
         if any(ra.refs(n) for n in nodes) and not self._exact:
             # a union of rules would let values matching two branches through: recompile them whole
             nodes, kept = self.exact(lambda: self._branches(branches, path))
@@ -504,7 +524,7 @@ class _SchemaCompiler:
             self.rules[ANY_VALUE] = ra.NOTHING  # placeholder while the rule refers to itself
             value = ra.Ref(ANY_VALUE)
             pair = ra.seq(string_node(), self.punct(":"), value)
-            comma = self.separator()
+            comma = self.separator(True)
             self.rules[ANY_VALUE] = ra.alt(
                 self.bracketed("{", ra.optional(ra.seq(pair, ra.repeat(ra.seq(comma, pair), 0, None))), "}"),
                 self.bracketed("[", ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), "]"),
@@ -523,7 +543,6 @@ class _SchemaCompiler:
         if s.get("uniqueItems", False) and (hi is None or hi > 1) and \
                 (_finite_values(s.get("items", True)) is not None or "uniqueItems" not in self.relaxed):
             return self.unique_array(s, lo, hi, path)
-        comma = self.separator()
         prefix_schemas = s.get("prefixItems", [])
         if not isinstance(prefix_schemas, list):
             raise ValueError(f"json_schema prefixItems at {path} must be a list")
@@ -534,14 +553,15 @@ class _SchemaCompiler:
             except Unsatisfiable:
                 break  # arrays end before an item that nothing satisfies
         items = s.get("items", s.get("unevaluatedItems", True))
-        top = len(prefix) if hi is None else min(len(prefix), hi)
-        options = [_joined(prefix[:n], comma) for n in range(lo, top + 1)]
         rest = None
         if items is not False and len(prefix) == len(prefix_schemas) and (hi is None or hi > len(prefix)):
             try:
                 rest = self.compile(items, f"{path}/items")
             except Unsatisfiable:
                 rest = None
+        comma = self.separator(any(ra.refs(n) for n in prefix) or (rest is not None and bool(ra.refs(rest))))
+        top = len(prefix) if hi is None else min(len(prefix), hi)
+        options = [_joined(prefix[:n], comma) for n in range(lo, top + 1)]
         if rest is not None:
             more_lo, more_hi = max(lo - len(prefix), 1), None if hi is None else hi - len(prefix)
             if prefix:
@@ -561,7 +581,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is supported only for items with at "
                              f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1; "
                              "relax it explicitly (relaxed=['uniqueItems']) to generate without it")
-        comma = self.separator()
+        comma = self.separator(False)
         texts = list(dict.fromkeys(const_text(_canonical(v)) for v in values))
         edges = [(used, ra.seq(comma if used else ra.EMPTY, ra.literal(text)), used | 1 << i)
                  for used in range(1 << len(texts)) for i, text in enumerate(texts) if not used >> i & 1]
