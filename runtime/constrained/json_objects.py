@@ -45,9 +45,8 @@ def object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     for key, value in (("minProperties", lo), ("maxProperties", hi)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {value!r}")
-    need_count = lo > sum(r for _, r in items) or (hi is not None and (extra is not None or hi < len(items)))
-    body = _counted(c, items, extra, lo, hi, path) if need_count else _members(c, items, extra)
-    return ra.seq(ra.literal("{"), c.ws, body, c.ws, ra.literal("}"))
+    body = _members(c, items, extra, lo, hi, path)
+    return c.bracketed("{", body, "}")
 
 
 def _declared_schema(s: dict, name: str) -> Any:
@@ -74,7 +73,7 @@ def _name_filter(c: "_SchemaCompiler", s: dict, path: str):
 def _names_node(c: "_SchemaCompiler", names: Any, path: str) -> ra.Node:
     if names is False:
         return ra.NOTHING
-    node = c.compile(conjoin_sub({"type": "string"}, names), f"{path}/propertyNames")
+    node = c.exact(lambda: c.compile(conjoin_sub({"type": "string"}, names), f"{path}/propertyNames"))
     if ra.refs(node):
         raise ValueError(f"json_schema propertyNames at {path} must describe strings only")
     return node
@@ -118,38 +117,16 @@ def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:
     return compiled_or_nothing(difference(quoted(body), quoted(ra.alt(*excluded))))
 
 
-def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.Node | None) -> ra.Node:
-    """Comma-separated members in order (required ones always, optional ones maybe), then any number
-    of undeclared ones."""
-    comma = c.punct(",")
-    if any(ra.refs(n) for n, _ in items) or (extra is not None and ra.refs(extra)):
-        # a recursive object is lexed member by member: one lexeme spanning an optional member would
-        # read on greedily into the next member's key and fail where that member is absent
-        comma = ra.seq(c.boundary(), comma)
-    options = []
-    for i, (node, req) in enumerate(items):  # item i is the first one present
-        rest = [ra.seq(comma, n) if r else ra.optional(ra.seq(comma, n)) for n, r in items[i + 1:]]
-        options.append(ra.seq(node, *rest))
-        if req:
-            break
-    can_be_empty = not any(r for _, r in items)
-    if extra is None:
-        return ra.alt(*options, *([ra.EMPTY] if can_be_empty else []))
-    more = ra.repeat(ra.seq(comma, extra), 0, None)
-    body = [ra.seq(ra.alt(*options), more)] if options else []
-    if can_be_empty:
-        body.append(ra.optional(ra.seq(extra, more)))
-    return ra.alt(*body)
-
-
-def _counted(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
+def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
              lo: int, hi: int | None, path: str) -> ra.Node:
-    """Members as `_members` writes them, counted: an automaton over (next member, count so far, whether
-    a comma is due), the count saturating at minProperties when there is no maximum. With recursive
-    members it becomes right-linear grammar rules (rule_grammar)."""
-    comma = c.punct(",")
-    if any(ra.refs(n) for n, _ in items) or (extra is not None and ra.refs(extra)):
-        comma = ra.seq(c.boundary(), comma)  # lexed member by member, as in `_members`
+    """Comma-separated members in order (required ones always, optional ones maybe), then any number
+    of undeclared ones, counted: an automaton over (next member, count so far, whether a comma is
+    due), the count saturating at minProperties when there is no maximum. Each member appears at most
+    twice (with and without its comma), so the size stays linear in the members however many are
+    optional. With recursive members it becomes right-linear grammar rules (rule_grammar)."""
+    # a recursive object is lexed member by member: one lexeme spanning an optional member would read
+    # on greedily into the next member's key and fail where that member is absent
+    comma = c.separator(any(ra.refs(n) for n, _ in items) or (extra is not None and bool(ra.refs(extra))))
     cap = hi if hi is not None else lo
     ids: dict[tuple[int, int, bool], int] = {}
     edges: list[tuple[int, ra.Node, int]] = []

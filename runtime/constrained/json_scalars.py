@@ -119,6 +119,9 @@ def pattern_body(pattern: Any, path: str) -> ra.Node:
     Each top-level alternative is anchored on its own (`^a$|^b$`)."""
     if not isinstance(pattern, str):
         raise ValueError(f"json_schema pattern at {path} must be a string")
+    inner = _unwrapped(pattern)
+    if inner is not None:  # "(^a$)": a group around it all matches what its inside matches
+        return pattern_body(inner, path)
     branches = _top_level_alternatives(pattern)
     if len(branches) > 1:
         return ra.alt(*(pattern_body(b, path) for b in branches))
@@ -134,7 +137,28 @@ def pattern_body(pattern: Any, path: str) -> ra.Node:
 
 def _top_level_alternatives(pattern: str) -> list[str]:
     """`pattern` split at the '|'s outside groups and classes."""
-    out, depth, start, i, class_start = [], 0, 0, 0, -1
+    out, start = [], 0
+    for i, ch, depth in _structure(pattern):
+        if ch == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+    return out + [pattern[start:]]
+
+
+def _unwrapped(pattern: str) -> str | None:
+    """The inside of a plain or non-capturing group that spans the whole pattern, else None."""
+    opening = 3 if pattern.startswith("(?:") else 1 if pattern.startswith("(") and not pattern.startswith("(?") else 0
+    if not opening:
+        return None
+    for i, ch, depth in _structure(pattern):
+        if ch == ")" and depth == 0:
+            return pattern[opening:-1] if i == len(pattern) - 1 else None
+    return None
+
+
+def _structure(pattern: str):
+    """(index, character, group depth after it) for each character outside escapes and classes."""
+    depth, i, class_start = 0, 0, -1
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\":
@@ -146,13 +170,11 @@ def _top_level_alternatives(pattern: str) -> list[str]:
                 class_start = -1
         elif ch == "[":
             class_start = i
-        elif ch in "()":
-            depth += 1 if ch == "(" else -1
-        elif ch == "|" and depth == 0:
-            out.append(pattern[start:i])
-            start = i + 1
+        else:
+            if ch in "()":
+                depth += 1 if ch == "(" else -1
+            yield i, ch, depth
         i += 1
-    return out + [pattern[start:]]
 
 
 def constrained_string(bodies: list[ra.Node], lo: int, hi: int | None) -> ra.Node:
@@ -308,6 +330,8 @@ def natural_range(lo: int, hi: int | None) -> ra.Node:
 def _same_width(lo: str, hi: str) -> ra.Node:
     if not lo:
         return ra.EMPTY
+    if lo == "0" * len(lo) and hi == "9" * len(hi):  # any digits: keeps the recursion linear in the width
+        return ra.repeat(DIGIT, len(lo), len(lo))
     if lo[0] == hi[0]:
         return ra.seq(ra.literal(lo[0]), _same_width(lo[1:], hi[1:]))
     k = len(lo) - 1

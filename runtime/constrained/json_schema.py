@@ -20,17 +20,18 @@ from typing import Any
 from . import regex_ast as ra
 from .automaton import compile_dfa, difference, exactly_one, intersection
 from .json_objects import object_node
-from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
+from .json_scalars import (FORMATS, STRING_CHARS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
                            multiples_of, number_node, pattern_body, quoted, spellings, string_node)
 from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
+from .json_required_choice import required_choice
 from .regex_parser import parse_regex
 from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
-JSON_RULE_SIZE = 2_000  # ... where every object or array larger than this is a rule of its own
+JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
 MAX_UNIQUE_VALUES = 8
 RELAXABLE = frozenset({"uniqueItems"})  # uniqueItems is enforced over at most this many item values (2^n states)
 KNOWN_FORMATS = frozenset(FORMATS)
@@ -94,9 +95,11 @@ def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any
     try:
         compiler = _SchemaCompiler(root, ws, relax)
         node = compiler.compile(root, "#")
-        if compiler.rules or ra.size(node) <= JSON_REGEX_MAX_SIZE:
-            return JsonGrammar(node, compiler.rules)
-        compiler = _SchemaCompiler(root, ws, relax, rule_size=JSON_RULE_SIZE)
+        small = ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
+                                                             for r in compiler.rules.values())
+        if small and not compiler.rules:
+            return JsonGrammar(node, {})
+        compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE)
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
@@ -111,8 +114,10 @@ class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
                  rule_size: int | None = None):
         self.relaxed = relaxed
-        self.rule_size = rule_size  # objects and arrays larger than this become rules (None: never)
-        self._pieces: dict[str, ra.Node] = {}  # those rules, by schema text
+        self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
+        self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
+        self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
+        self._piece_count = 0
         self._exact = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
         self._pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
         self.refs = RefResolver(root)
@@ -121,6 +126,7 @@ class _SchemaCompiler:
         self._inline: dict[str, ra.Node] = {}
         self._open: set[str] = set()
         self._recursive: set[str] = set()
+        self._merged_names: dict[str, str] = {}  # rules for merged allOfs that recurse, by content
 
     # ---- tokens -------------------------------------------------------------------------------
     def punct(self, c: str) -> ra.Node:
@@ -139,6 +145,37 @@ class _SchemaCompiler:
         self.rules.setdefault(LEXEME_BOUNDARY, ra.EMPTY)
         return ra.Ref(LEXEME_BOUNDARY)
 
+    def bracketed(self, opening: str, body: ra.Node, closing: str) -> ra.Node:
+        """`body` in brackets; around a rule (or where asked), the brackets are lexemes of their own."""
+        split = self._split_all or bool(ra.refs(body) - {LEXEME_BOUNDARY})
+        cut = self.boundary() if split and not self._exact else ra.EMPTY
+        return ra.seq(ra.literal(opening), self.ws, cut, body, cut, self.ws, ra.literal(closing))
+
+    def separator(self, members_apart: bool) -> ra.Node:
+        """The comma between members or items; where they hold rules (or where asked), a lexeme starts
+        at it: one lexeme spanning an optional member would read on greedily into the next member's
+        key and fail where that member is absent."""
+        comma = self.punct(",")
+        return ra.seq(self.boundary(), comma) if (members_apart or self._split_all) and not self._exact else comma
+
+    def split_alike(self, nodes: list[ra.Node], remake) -> list[ra.Node]:
+        """Alternatives where one holds a rule and another, starting alike, is one lexeme: the lexer
+        reads the longest match and never backs up, so the latter is remade split the same way."""
+        ruled = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes if ra.refs(n)]
+        if not ruled or self._exact:
+            return nodes
+        out = []
+        for i, node in enumerate(nodes):
+            first = _first_chars(node, self.rules, set(), self._pending_firsts)
+            if not ra.refs(node) and any(f is None or first is None or ra.intersect(f, first) for f in ruled):
+                self._split_all += 1
+                try:
+                    node = remake(i)
+                finally:
+                    self._split_all -= 1
+            out.append(node)
+        return out
+
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: Any, path: str) -> ra.Node:
         if schema is True:
@@ -147,15 +184,20 @@ class _SchemaCompiler:
             raise Unsatisfiable(f"the schema at {path} is `false`")
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
-        if self.rule_size is None or self._exact:
+        if self._exact:
             return self._compile(schema, path)
-        key = json.dumps(schema, sort_keys=True, default=repr)
+        key = ("split:" if self._split_all else "") + json.dumps(schema, sort_keys=True, default=repr)
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
         node = self._compile(schema, path)
-        if ra.size(node) > self.rule_size and _is_container(node):
-            name = f"piece_{len(self._pieces)}"
+        # a container around a rule is a rule too, one per schema: two alternatives that share it
+        # (anyOf branches alike up to a late member) then parse it as one, where two copies of its
+        # rules would be an LALR conflict
+        large = self.rule_size is not None and ra.size(node) > self.rule_size
+        if (large or (ra.refs(node) and not isinstance(node, ra.Ref))) and _lexes_alone(node):
+            name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
+            self._piece_count += 1
             self.rules[name] = node
             node = ra.Ref(name)
         self._pieces[key] = node
@@ -200,15 +242,16 @@ class _SchemaCompiler:
 
     def union(self, makers: list, path: str) -> ra.Node:
         """The alternatives that some value satisfies; unsatisfiable ones drop out."""
-        nodes, last = [], None
+        nodes, kept, last = [], [], None
         for make in makers:
             try:
                 nodes.append(make())
+                kept.append(make)
             except Unsatisfiable as e:
                 last = e
         if not nodes:
             raise last or Unsatisfiable(f"no alternative at {path}")
-        return ra.alt(*nodes)
+        return ra.alt(*self.split_alike(nodes, lambda i: kept[i]()))
 
     def typed(self, t: str, s: dict, path: str) -> ra.Node:
         if t == "object":
@@ -226,20 +269,24 @@ class _SchemaCompiler:
     # ---- references -----------------------------------------------------------------------------
     def ref(self, ref: Any, path: str) -> ra.Node:
         key, target = self.refs.resolve(ref, path)
+        return self.named(key, target, self._rule_name(key), key)
+
+    def named(self, key: str, target: Any, name: str, path: str) -> ra.Node:
+        """`target` compiled once per `key`; met again inside its own compilation, it is the rule `name`."""
         if key in self._inline:
             return self._inline[key]
         if key in self._open:
             self._recursive.add(key)
-            return ra.Ref(self._rule_name(key))
+            return ra.Ref(name)
         self._open.add(key)
-        self._pending_firsts[self._rule_name(key)] = _type_first_chars(target)
+        self._pending_firsts[name] = _type_first_chars(target)
         try:
-            body = self.compile(target, key)
+            body = self.compile(target, path)
         finally:
             self._open.discard(key)
         if key in self._recursive:
-            self.rules[self._rule_name(key)] = body
-            node = ra.Ref(self._rule_name(key))
+            self.rules[name] = body
+            node = ra.Ref(name)
         else:
             node = body
         self._inline[key] = node
@@ -257,33 +304,42 @@ class _SchemaCompiler:
 
     # ---- combinators --------------------------------------------------------------------------
     def all_of(self, s: dict, path: str) -> ra.Node:
-        """Merges the parts keyword by keyword; parts that do not merge are intersected as languages."""
-        parts = self._flatten(s, path, set())
+        """Merges the parts keyword by keyword; parts that do not merge are intersected as languages.
+        A part that inlines a `$ref` being compiled further up (a recursion) makes the merged schema a
+        rule of its own, named by its content, so that meeting it again inside refers to that rule."""
+        reentered: list[str] = []
+        parts = self._flatten(s, path, set(), reentered)
         merged: Any = True
         try:
             for part in parts:
                 merged = conjoin(merged, part)
         except Clash:
             return self._intersect(parts, path)
-        return self.compile(merged, path)
+        if not reentered:
+            return self.compile(merged, path)
+        key = "allOf:" + json.dumps(merged, sort_keys=True, default=repr)
+        name = self._merged_names.setdefault(key, f"all_of_{len(self._merged_names)}")
+        return self.named(key, merged, name, path)
 
-    def _flatten(self, schema: Any, path: str, seen: set[str]) -> list[Any]:
-        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets, normalized."""
+    def _flatten(self, schema: Any, path: str, seen: set[str], reentered: list[str]) -> list[Any]:
+        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets, normalized; `$ref`s
+        whose compilation is under way further up are listed in `reentered`."""
         if not isinstance(schema, dict):
             return [schema]
         s = normalize(schema, KNOWN_FORMATS)
         out: list[Any] = []
         if "$ref" in s:
             key, target = self.refs.resolve(s["$ref"], path)
-            if key in seen or key in self._open:
-                raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} with sibling keywords "
-                                 "inside its own recursion is not supported")
-            out += self._flatten(target, key, seen | {key})
+            if key in seen:
+                raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} is an allOf member of itself")
+            if key in self._open:
+                reentered.append(key)
+            out += self._flatten(target, key, seen | {key}, reentered)
         subs = s.get("allOf", [])
         if not isinstance(subs, list):
             raise ValueError(f"json_schema allOf at {path} must be a list")
         for i, sub in enumerate(subs):
-            out += self._flatten(sub, f"{path}/allOf/{i}", seen)
+            out += self._flatten(sub, f"{path}/allOf/{i}", seen, reentered)
         rest = {k: v for k, v in s.items() if k not in ("$ref", "allOf")}
         return out + [rest] if rest or not out else out
 
@@ -301,31 +357,35 @@ class _SchemaCompiler:
         if not isinstance(subs, list) or not subs:
             raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
         rest = {k: v for k, v in s.items() if k != key}
+        subs = required_choice(key, subs, KNOWN_FORMATS) or subs
         branches = [conjoin_sub(rest, sub) if rest else sub for sub in subs]
         if key == "anyOf":
             return self.union([lambda i=i, b=b: self.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
                               path)
-        nodes, kept = [], []
-        self._exact += 1  # a union of rules would let values matching two branches through
-        try:
-            for i, branch in enumerate(branches):
-                try:
-                    nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
-                    kept.append(branch)
-                except Unsatisfiable:
-                    continue
-        finally:
-            self._exact -= 1
-        return self.one_of(nodes, path, kept)
+        nodes, kept = self._branches(branches, path)
+        if self._disjoint(nodes, kept, path):
+            return ra.alt(*self.split_alike(nodes, lambda i: self.compile(kept[i], f"{path}/oneOf/{i}")))
+        if any(ra.refs(n) for n in nodes) and not self._exact:
+            # a union of rules would let values matching two branches through: recompile them whole
+            nodes, kept = self.exact(lambda: self._branches(branches, path))
+        return self.one_of(nodes, path)
 
-    def one_of(self, nodes: list[ra.Node], path: str, branches: list[Any]) -> ra.Node:
-        """Values matching exactly one branch: the branches' union when no value can match two (their
-        first characters differ, or a required discriminator property's values do), else a product of
-        the branches' DFAs (not for recursive branches)."""
+    def _branches(self, branches: list[Any], path: str) -> tuple[list[ra.Node], list[Any]]:
+        """The satisfiable oneOf branches, compiled, and their schemas."""
+        nodes, kept = [], []
+        for i, branch in enumerate(branches):
+            try:
+                nodes.append(self.compile(branch, f"{path}/oneOf/{i}"))
+                kept.append(branch)
+            except Unsatisfiable:
+                continue
         if not nodes:
             raise Unsatisfiable(f"no oneOf branch at {path} is satisfiable")
-        if len(nodes) == 1:
-            return nodes[0]
+        return nodes, kept
+
+    def _disjoint(self, nodes: list[ra.Node], branches: list[Any], path: str) -> bool:
+        """Whether no value can match two branches: their first characters differ, or a required
+        discriminator property's values do."""
         firsts = [_first_chars(n, self.rules, set(), self._pending_firsts) for n in nodes]
 
         def disjoint(i: int, j: int) -> bool:
@@ -335,8 +395,13 @@ class _SchemaCompiler:
             return provably_disjoint(
                 branches[i], branches[j], lambda ref: self.refs.resolve(ref, path)[1], KNOWN_FORMATS, _infer_type)
 
-        if all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes))):
-            return ra.alt(*nodes)
+        return all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
+
+    def one_of(self, nodes: list[ra.Node], path: str) -> ra.Node:
+        """Values matching exactly one of branches that may overlap: a product of their DFAs (not for
+        recursive branches)."""
+        if len(nodes) == 1:
+            return nodes[0]
         if any(ra.refs(n) for n in nodes):
             raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
                              "are not supported (branches must differ in their first character or in the "
@@ -360,6 +425,9 @@ class _SchemaCompiler:
             return self.negated({**rest, "not": target}, key)
         if not n:
             raise Unsatisfiable(f"`not` at {path} excludes every value")
+        merged = _merged_all_of(n)
+        if merged is not None:  # not: {allOf: [{required: [a]}, {required: [b]}]}, as one schema
+            return self.negated({**rest, "not": merged}, path)
         keys = set(n)
         types = _as_types(rest.get("type", list(JSON_TYPES)))
         if keys == {"type"}:
@@ -377,6 +445,12 @@ class _SchemaCompiler:
             values += n.get("enum", [])
             return self.union([lambda t=t: self._without(rest, t, values, path) for t in types if t != "integer"
                                or "number" not in types], path)
+        if "pattern" in keys and keys <= {"pattern", "type"} and _as_types(n.get("type", "string")) == {"string"}:
+            makers = [lambda: self._string_not_matching(rest, n["pattern"], path)] if "string" in types else []
+            others = [t for t in types if t != "string"]
+            if "type" in n and others:  # a `not` that names its type lets the other types through
+                makers.append(lambda: self.compile({**rest, "type": others}, path))
+            return self.union(makers, path)
         if keys <= {"required", "properties", "type"} and _as_types(n.get("type", "object")) == {"object"}:
             branches = [{**rest, "type": [t for t in types if t != "object"]}] if "type" in n else []
             obj = conjoin_sub(rest, {"type": "object"})
@@ -387,6 +461,18 @@ class _SchemaCompiler:
                               path)
         raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, or required/properties "
                          f"is supported, got keywords {sorted(keys)}")
+
+    def _string_not_matching(self, rest: dict, pattern: Any, path: str) -> ra.Node:
+        """The schema's strings that no match of `pattern` occurs in. Written with raw characters only,
+        as a pattern reads them (an escaped spelling of a matching string must not slip through)."""
+        node = self.exact(lambda: self.compile({**rest, "type": "string"}, path))
+        if ra.refs(node):
+            raise ValueError(f"json_schema not at {path}: excluding a pattern from a recursive schema is not supported")
+        raw = compiled_or_nothing(intersection([node, quoted(ra.repeat(ra.Chars(STRING_CHARS), 0, None))]))
+        out = compiled_or_nothing(difference(raw, quoted(pattern_body(pattern, path))))
+        if out == ra.NOTHING:
+            raise Unsatisfiable(f"`not` at {path} excludes every string")
+        return out
 
     def _without(self, rest: dict, t: str, values: list, path: str) -> ra.Node:
         node = self.exact(lambda: self.compile({**rest, "type": t}, path))
@@ -438,11 +524,10 @@ class _SchemaCompiler:
             self.rules[ANY_VALUE] = ra.NOTHING  # placeholder while the rule refers to itself
             value = ra.Ref(ANY_VALUE)
             pair = ra.seq(string_node(), self.punct(":"), value)
+            comma = self.separator(True)
             self.rules[ANY_VALUE] = ra.alt(
-                ra.seq(ra.literal("{"), self.ws, ra.optional(ra.seq(pair, ra.repeat(ra.seq(self.punct(","), pair), 0, None))),
-                       self.ws, ra.literal("}")),
-                ra.seq(ra.literal("["), self.ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(self.punct(","), value), 0, None))),
-                       self.ws, ra.literal("]")),
+                self.bracketed("{", ra.optional(ra.seq(pair, ra.repeat(ra.seq(comma, pair), 0, None))), "}"),
+                self.bracketed("[", ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), "]"),
                 string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"),
             )
         return ra.Ref(ANY_VALUE)
@@ -458,7 +543,6 @@ class _SchemaCompiler:
         if s.get("uniqueItems", False) and (hi is None or hi > 1) and \
                 (_finite_values(s.get("items", True)) is not None or "uniqueItems" not in self.relaxed):
             return self.unique_array(s, lo, hi, path)
-        comma = self.punct(",")
         prefix_schemas = s.get("prefixItems", [])
         if not isinstance(prefix_schemas, list):
             raise ValueError(f"json_schema prefixItems at {path} must be a list")
@@ -469,14 +553,15 @@ class _SchemaCompiler:
             except Unsatisfiable:
                 break  # arrays end before an item that nothing satisfies
         items = s.get("items", s.get("unevaluatedItems", True))
-        top = len(prefix) if hi is None else min(len(prefix), hi)
-        options = [_joined(prefix[:n], comma) for n in range(lo, top + 1)]
         rest = None
         if items is not False and len(prefix) == len(prefix_schemas) and (hi is None or hi > len(prefix)):
             try:
                 rest = self.compile(items, f"{path}/items")
             except Unsatisfiable:
                 rest = None
+        comma = self.separator(any(ra.refs(n) for n in prefix) or (rest is not None and bool(ra.refs(rest))))
+        top = len(prefix) if hi is None else min(len(prefix), hi)
+        options = [_joined(prefix[:n], comma) for n in range(lo, top + 1)]
         if rest is not None:
             more_lo, more_hi = max(lo - len(prefix), 1), None if hi is None else hi - len(prefix)
             if prefix:
@@ -486,7 +571,7 @@ class _SchemaCompiler:
                                                       None if more_hi is None else more_hi - 1)))
         if not options:
             raise Unsatisfiable(f"no array length satisfies minItems/maxItems/prefixItems at {path}")
-        return ra.seq(ra.literal("["), self.ws, ra.alt(*options), self.ws, ra.literal("]"))
+        return self.bracketed("[", ra.alt(*options), "]")
 
     def unique_array(self, s: dict, lo: int, hi: int | None, path: str) -> ra.Node:
         """uniqueItems over a finite set of item values (an enum, booleans): an automaton over the
@@ -496,7 +581,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema keyword 'uniqueItems' at {path} is supported only for items with at "
                              f"most {MAX_UNIQUE_VALUES} possible values (an enum, const or boolean), or maxItems <= 1; "
                              "relax it explicitly (relaxed=['uniqueItems']) to generate without it")
-        comma = self.punct(",")
+        comma = self.separator(False)
         texts = list(dict.fromkeys(const_text(_canonical(v)) for v in values))
         edges = [(used, ra.seq(comma if used else ra.EMPTY, ra.literal(text)), used | 1 << i)
                  for used in range(1 << len(texts)) for i, text in enumerate(texts) if not used >> i & 1]
@@ -505,7 +590,7 @@ class _SchemaCompiler:
         if not finals:
             raise Unsatisfiable(f"no array of distinct items at {path} has between minItems and maxItems items")
         body = ra.Graph(1 << len(texts), tuple(edges), finals)
-        return ra.seq(ra.literal("["), self.ws, body, self.ws, ra.literal("]"))
+        return self.bracketed("[", body, "]")
 
     # ---- scalars ------------------------------------------------------------------------------
     def string(self, s: dict, path: str) -> ra.Node:
@@ -644,12 +729,29 @@ def _first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
     return None
 
 
-def _is_container(node: ra.Node) -> bool:
-    """Whether every match starts with '{' or '[' (an object or array: a rule of its own lexes well)."""
+def _merged_all_of(schema: dict) -> dict | None:
+    """An `allOf`-only schema of plain parts (no `$ref`, no nested `allOf`) merged into one, if it merges."""
+    parts = schema.get("allOf")
+    if set(schema) != {"allOf"} or not isinstance(parts, list) or not parts:
+        return None
+    merged: Any = True
+    for part in parts:
+        if not isinstance(part, dict) or "$ref" in part or "allOf" in part:
+            return None
+        try:
+            merged = conjoin(merged, normalize(part, KNOWN_FORMATS))
+        except Clash:
+            return None
+    return merged if isinstance(merged, dict) else None
+
+
+def _lexes_alone(node: ra.Node) -> bool:
+    """Whether every match starts with '{', '[' or '"' (an object, array or string: each ends where
+    its bracket or quote closes, so a rule of its own lexes well, as a number would not)."""
     first = node
     while isinstance(first, ra.Seq) and first.items:
         first = first.items[0]
-    return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),))
+    return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),), ((0x22, 0x22),))
 
 
 def _finite_values(items: Any) -> list | None:

@@ -57,6 +57,12 @@ KEYWORD_SCHEMAS = {
         "v": {"not": {"type": ["object", "array", "string", "number"]}},
         "o": {"type": "object", "properties": {"p": {"type": "null"}, "q": {"type": "null"}},
               "not": {"required": ["p", "q"]}}}, "required": ["s", "v", "o"]},
+    "not_pattern": {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 1, "maxLength": 3, "not": {"pattern": "^[a-c\\s]+$"}},
+        "t": {"type": ["string", "null"], "maxLength": 2, "not": {"type": "string", "pattern": "b"}}},
+        "required": ["s", "t"]},
+    "not_all_of_required": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
+                            "not": {"allOf": [{"required": ["a"]}, {"required": ["b"]}]}},
     "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
                 "type": "string", "maxLength": 2, "not": {"$ref": "#/$defs/alias"}},
     "one_of_tagged_recursive": {"$defs": {"node": {"oneOf": [
@@ -87,11 +93,30 @@ KEYWORD_SCHEMAS = {
     "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
                           "minItems": 1},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
+    "anchors_inside_a_group": {"type": "string", "pattern": "(^([0-9]+)\\.(?:[0-9]{1,2})$)", "maxLength": 5},
+    "group_around_a_search": {"type": "string", "pattern": "(?:b[0-9])", "maxLength": 4},
     "recursive_min_max_properties": {"$defs": {"n": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 0, "maximum": 9}, "kid": {"$ref": "#/$defs/n"}, "b": {"type": "null"}},
         "minProperties": 1, "maxProperties": 2}}, "$ref": "#/$defs/n"},
     "unevaluated_properties": {"type": "object", "properties": {"a": {"type": "boolean"}},
                                "unevaluatedProperties": False},
+    "ref_with_siblings_inside_recursion": {"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer", "minimum": 0, "maximum": 9},
+        "kids": {"type": "array", "maxItems": 2, "items": {"allOf": [{"$ref": "#/$defs/node"}],
+                                                           "properties": {"v": {"maximum": 5}}}},
+        "alt": {"$ref": "#/$defs/node", "required": ["kids"]}},
+        "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
+    "any_of_required_recursive": {"$defs": {"n": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 3}, "b": {"type": "boolean"}, "kid": {"$ref": "#/$defs/n"}},
+        "additionalProperties": False, "anyOf": [{"required": ["a"]}, {"required": ["b"], "title": "t"}]}},
+        "$ref": "#/$defs/n"},
+    "one_of_required": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"},
+                                                         "c": {"type": "null"}, "d": {}},
+                        "oneOf": [{"required": ["a"]}, {"required": ["b", "c"]}, {"required": ["c", "d"]}]},
+    "dependencies_beside_a_free_value": {"$schema": DRAFT4, "type": "object", "properties": {
+        "x": {"type": "object", "properties": {"p": {}, "q": {"type": "integer", "minimum": 0, "maximum": 9}}},
+        "m": {"type": "integer", "minimum": 0, "maximum": 9}, "s": {"type": "boolean"}},
+        "dependencies": {"s": ["m"]}, "additionalProperties": False},
 }
 FORMAT_EXAMPLES = {"uri": "https://user@example.com:8080/a/b?q=1#f", "uri-reference": "../x?y#z",
                    "hostname": "a-b.example.org", "ipv6": "fe80::1:2", "date": "2024-02-28",
@@ -176,13 +201,23 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("if_then_else", {"kind": "b", "n": 101}),
     ("not_type_enum_required", {"s": "c", "v": True, "o": {"q": None}}),
     ("property_names", {"ab": 1, "c": 0}),
+    ("not_pattern", {"s": "ad", "t": None}),
+    ("not_pattern", {"s": "a-", "t": "ac"}),
+    ("not_all_of_required", {"b": None}),
     ("tuple_items", [True, 2, None, None]),
     ("integer_multiple_of", -49),
     ("number_multiple_of_hundredth", -0.57),
     ("pattern_with_lengths", "abc12"),
     ("decimal_bounds", 0.05),
     ("unique_enum_items", [None, "b", 1]),
+    ("any_of_required_recursive", {"a": 1, "b": True, "kid": {"b": False, "kid": {"a": 0}}}),
+    ("one_of_required", {"a": None, "b": None}),
+    ("one_of_required", {"b": None, "c": None}),
+    ("dependencies_beside_a_free_value", {"x": {"p": [1, {}], "q": 3}, "m": 1, "s": True}),
+    ("ref_with_siblings_inside_recursion", {"v": 9, "kids": [{"v": 5, "kids": [{"v": 0}]}, {"v": 1, "alt": {"v": 8, "kids": []}}]}),
     ("anchored_alternatives", "c7"),
+    ("anchors_inside_a_group", "12.5"),
+    ("group_around_a_search", "ab7c"),
     *((f"format_{f}", example) for f, example in FORMAT_EXAMPLES.items()),
 ])
 def test_hand_written_valid_instances_are_accepted(name, valid, compiler):
@@ -259,7 +294,7 @@ def test_properties_named_like_keywords_are_properties(compiler, walk):
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "contains": {"const": 1}}, "contains"),
-    ({"not": {"pattern": "a"}}, "not"),
+    ({"not": {"minLength": 2}}, "not"),
     ({"$ref": "other.json#/a"}, "no document is fetched"),
 ])
 def test_constraints_that_cannot_be_enforced_are_refused_by_name(schema, message):
@@ -340,3 +375,22 @@ def test_recursive_one_of_branches_without_a_disjoint_discriminator_are_refused(
                       {"type": "object", "properties": {"k": {"enum": ["b", "c"]}}, "required": ["k"]}]}
     with pytest.raises(ValueError, match="recursive branches that may match the same value"):
         compiler.compile("json_schema", node)
+
+
+def test_overlapping_required_choices_over_a_recursive_value_compile_to_a_grammar():
+    """anyOf over `required` lists overlaps (an object with both names matches twice): as LALR rules
+    that would be a conflict, so the branches are rewritten to exclude each other."""
+    for name in ("any_of_required_recursive", "dependencies_beside_a_free_value"):
+        assert compile_json_schema(KEYWORD_SCHEMAS[name]).rules
+
+
+def test_large_strings_become_rules_and_keep_their_exact_length(compiler):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3000},
+                                               "b": {"type": "string", "minLength": 2, "maxLength": 2500},
+                                               "c": {}}, "required": ["a", "b"]}
+    assert any(name.startswith("piece_") for name in compile_json_schema(schema).rules)
+    constraint = compiler.compile("json_schema", schema)
+    for a, b in [(3000, 2500), (0, 2), (3001, 2), (5, 1), (5, 2501)]:
+        value = {"a": "x" * a, "b": "é" * b, "c": [None]}
+        assert accepts(constraint, json.dumps(value, ensure_ascii=False, separators=(",", ":"))) == \
+            validator(schema).is_valid(value), (a, b)
