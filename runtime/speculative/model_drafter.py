@@ -24,18 +24,16 @@ import torch
 
 from ...kernels.backend import AttentionBackend, AttentionBatch
 from ...kernels.registry import create_backend
-from ..config import EngineConfig
+from ..config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from ..kv_manager import KVManager
 from ..memory import KVPool, ReqToToken, SlotAllocator
-from ..models.llama import ForwardContext, LlamaForCausalLM
+from ..models.llama import ForwardContext
 from ..models.loader import LoadedModel
 from ..radix_cache import RadixCache, TreeNode
 from ..request import Req
-from .draft_model import EarlyExit, load_standalone
+from .draft_model import DraftLM, EarlyExit, load_standalone, weights_per_token
 from .pacing import Pacing
 from .tree import DraftTree, best_nodes, depths, subtree, with_ancestors
-
-DraftLM = LlamaForCausalLM | EarlyExit
 
 
 @dataclass(eq=False)
@@ -66,7 +64,7 @@ class DraftSeq:
 @dataclass(slots=True)
 class _ReqState:
     seq: DraftSeq
-    pacing: Pacing = field(default_factory=Pacing)
+    pacing: Pacing
 
 
 @dataclass(slots=True)
@@ -86,8 +84,10 @@ class _Round:
 
 class ModelDrafter:
     def __init__(self, cfg: EngineConfig, model: DraftLM, kv: KVManager, attn: AttentionBackend,
-                 device: torch.device):
+                 device: torch.device, draft_cost: float):
+        """`draft_cost`: what one round of draft forwards costs, in target decode steps."""
         self.model, self.kv, self.attn, self.device = model, kv, attn, device
+        self.break_even = SPEC_VERIFY_OVERHEAD + draft_cost
         self.budget = cfg.speculative_num_draft_tokens
         self.steps = cfg.speculative_num_steps
         self.topk = cfg.speculative_eagle_topk
@@ -102,7 +102,7 @@ class ModelDrafter:
         for i, (req, room) in enumerate(batch):
             state = self._reqs.get(req.rid)
             if state is None:
-                state = self._reqs[req.rid] = _ReqState(DraftSeq(req.rid))
+                state = self._reqs[req.rid] = _ReqState(DraftSeq(req.rid), Pacing.for_cost(self.break_even))
             admitted = state.seq.row is None
             room_left = self.max_catch_up - catch_up if rounds else None  # the first round always runs
             if not state.pacing.ready() or not self._catch_up(state.seq, req, room_left):
@@ -127,6 +127,10 @@ class ModelDrafter:
         state = self._reqs.pop(req.rid, None)
         if state is not None:
             self.kv.release(state.seq)
+
+    def flush(self) -> bool:
+        """Evicts every draft prefix not in use; True when the draft cache is empty afterwards."""
+        return self.kv.flush()
 
     def check(self, running: Iterable[Req]) -> None:
         """The draft pool's memory invariant, with the draft sequences of running requests as its users."""
@@ -235,4 +239,7 @@ def build_model_drafter(cfg: EngineConfig, target: LoadedModel, pool_size: int, 
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
-    return ModelDrafter(cfg, model, KVManager(pool, allocator, req_to_token, cache), attn, device)
+    # a round is one forward per tree level, each about the draft's share of a target decode step
+    draft_cost = cfg.speculative_num_steps * weights_per_token(model) / weights_per_token(target.model)
+    kv = KVManager(pool, allocator, req_to_token, cache)
+    return ModelDrafter(cfg, model, kv, attn, device, draft_cost)

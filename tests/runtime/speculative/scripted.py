@@ -20,5 +20,8 @@ class ScriptedDrafter:
     def forget(self, req: Req, finished: bool) -> None:
         pass
 
+    def flush(self) -> bool:
+        return True
+
     def check(self, running: Iterable[Req]) -> None:
         pass

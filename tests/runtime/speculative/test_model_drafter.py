@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.tree import best_nodes, subtree
 
@@ -203,3 +203,52 @@ def test_a_catch_up_forward_computes_at_most_a_prefill_chunk_unless_alone(tiny_m
     assert any(len(sizes) > 1 for sizes in catch_ups), "catch-ups were batched"
     assert all(len(sizes) == 1 or sum(sizes) <= 24 for sizes in catch_ups)
     assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
+
+
+def layer_weights(cfg: dict) -> int:
+    """Matmul weights of one decoder layer, from the config alone (plus its two norms)."""
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = hidden // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    return hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + 2 * hidden
+
+
+@pytest.mark.parametrize("kind", ["self", "standalone"])
+def test_drafts_must_accept_enough_to_pay_for_the_verify_and_the_draft_forwards(tiny_model_dir, draft_dir, kind):
+    options = SELF if kind == "self" else standalone(draft_dir)
+    h = Harness(tiny_model_dir, speculative_num_steps=3, **options)
+    head = TINY_CONFIG["vocab_size"] * TINY_CONFIG["hidden_size"]
+    target = head + 2 * layer_weights(TINY_CONFIG)
+    draft = head + layer_weights(TINY_CONFIG) if kind == "self" else \
+        DRAFT_CONFIG["vocab_size"] * DRAFT_CONFIG["hidden_size"] + layer_weights(DRAFT_CONFIG)
+    assert h.sched.drafter.break_even == pytest.approx(SPEC_VERIFY_OVERHEAD + 3 * draft / target)
+
+
+def test_a_draft_model_that_does_not_pay_only_probes(tiny_model_dir, plain_outputs):
+    h = Harness(tiny_model_dir, **SELF)
+    drafter = h.sched.drafter
+    drafter.break_even = 1000.0  # no verify can pay: every request backs off at once
+    rounds = []
+    real_expand = drafter._expand
+
+    def counting_expand(batch):
+        rounds.extend(r.seq.rid for r in batch)
+        return real_expand(batch)
+
+    drafter._expand = counting_expand
+    for rid, prompt in zip(plain_outputs, PROMPTS):
+        h.add(rid, prompt, **GREEDY)
+    h.run()
+    assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
+    # 47 chances to draft per request (48 tokens): probes at chances 1, 3, 7, 15 and 31 only
+    assert max(rounds.count(rid) for rid in plain_outputs) == 5
+
+
+def test_flush_cache_empties_the_draft_cache(tiny_engine_factory):
+    engine = tiny_engine_factory(**SELF)
+    engine.generate(PROMPTS[:2], GREEDY)
+    drafter = engine.scheduler.drafter
+    assert drafter.kv.cached_tokens > 0
+    assert engine.flush_cache()
+    assert drafter.kv.cached_tokens == 0
+    engine.check_invariants()
