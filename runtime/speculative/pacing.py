@@ -5,7 +5,9 @@ where they do not, so that free text pays almost nothing. Shared by every drafte
 A verify pays when the tokens it accepts beyond the bonus token save more decode steps than the verify
 and its drafting cost (`break_even`, in decode steps). While the moving average of accepted tokens is
 below that, the context sits out 1, 3, 7, ... chances, at most `max_skip` (so probes spend about
-SPEC_PROBE_SHARE of the time), and each probe refreshes the average; a probe that pays ends the back-off."""
+SPEC_PROBE_SHARE of the time), and each probe refreshes the average; a probe that pays ends the back-off.
+One record may pace many requests (a drafter's per match length, or per draft model): then a probe
+makes the other requests wait too, so a back-off is not undone by a batch's worth of probes."""
 from __future__ import annotations
 
 import math
@@ -32,6 +34,8 @@ class Pacing:
         if self.skip > 0:
             self.skip -= 1
             return False
+        if self.misses:  # a probe: the chances after it (other requests' too) wait for the next back-off
+            self.skip = self._back_off(self.misses + 1)
         return True
 
     def budget(self, cap: int) -> int:
@@ -45,4 +49,7 @@ class Pacing:
             self.misses = self.skip = 0
             return
         self.misses += 1
-        self.skip = min((1 << min(self.misses, 30)) - 1, self.max_skip)
+        self.skip = self._back_off(self.misses)
+
+    def _back_off(self, misses: int) -> int:
+        return min((1 << min(misses, 30)) - 1, self.max_skip)

@@ -52,3 +52,16 @@ def test_tree_size_follows_the_accepted_average():
     assert pacing.budget(16) == 7
     assert pacing.budget(4) == 4
     assert Pacing(break_even=1.0, max_skip=5, accepted=0.2).budget(16) == 1
+
+
+def test_requests_sharing_one_record_probe_no_more_than_one_request_would():
+    alone = chances(Pacing.for_cost(1.0), 8 * 500, 0)
+    shared, drafted = Pacing.for_cost(1.0), []
+    for _ in range(500):  # a batch of 8: the step's verifies come after all its chances
+        step = [shared.ready() for _ in range(8)]
+        for ok in step:
+            if ok:
+                shared.verified(0)
+        drafted += step
+    assert sum(drafted) <= sum(alone) + 8  # only the first step, before any verify, drafts for everyone
+    assert drafted[:8] == [True] * 8
