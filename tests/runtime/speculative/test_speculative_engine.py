@@ -316,8 +316,8 @@ def test_short_matches_that_keep_failing_back_off_while_long_ones_keep_drafting(
         assert tree.tokens[:1] == [4]  # never backed off by the short match's failures
         long_drafts += 1
         drafter.verified(long, len(tree.tokens), 3)
-    # EMA from 2.0 by 0.3: 1.4 still pays (>= 1.0), then misses sit out 1, 3, 7, 15 chances
-    assert short_drafts == 6
+    # the average falls from 2.0 below the break-even (1.5) at once: misses sit out 1, 3, 7, 15 chances
+    assert short_drafts == 5
     assert long_drafts == 40
     drafter.forget(short, finished=False)
     drafter.forget(long, finished=False)
