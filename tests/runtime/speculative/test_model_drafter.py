@@ -16,6 +16,7 @@ from radixlang.runtime.speculative.tree import best_nodes, subtree
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder
 from ..models.test_llama import dense_logits
+from .scripted import draft_every_step
 from .test_speculative_engine import (GREEDY, PROMPTS, SAMPLED, Harness, assert_same, bare_req,  # noqa: F401
                                       plain_outputs)
 
@@ -28,12 +29,6 @@ def draft_dir(tmp_path_factory, tokenizer):
     """A 1-layer random model with other weights and SmolLM2's tokenizer: a STANDALONE draft."""
     return write_hf_folder(tmp_path_factory.mktemp("tiny-draft"), DRAFT_CONFIG, tiny_weights(DRAFT_CONFIG, seed=5),
                            tokenizer)
-
-
-def draft_every_step(drafter) -> None:
-    """Pins the drafter's pacing to draft at every chance whatever verifies accept: correctness tests
-    want many verifies, not the few probes that a tiny model's costly drafts would earn."""
-    drafter.pacing = Pacing(break_even=0.0, max_skip=0)
 
 
 def standalone(draft_dir) -> dict:
