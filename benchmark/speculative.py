@@ -14,12 +14,14 @@ Workloads (tests/data/speculative_prompts.json, shared with the end-to-end test)
 - extractive: code edits that repeat the code, and summaries that quote their input;
 - free: open-ended generation.
 
-    .venv/bin/python benchmark/speculative.py [--batch-sizes 1 8] [--max-new-tokens 128] [--repeats 2]
+    .venv/bin/python benchmark/speculative.py [--workloads extractive free] [--batch-sizes 1 8]
+        [--max-new-tokens 128] [--repeats 2]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +90,7 @@ def measure(args: argparse.Namespace, prompts: list[str], batch: int, options: d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=3, help="prompts per workload at batch 1 (batch b: b of them)")
@@ -97,9 +100,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     configs = drafters(args)
+    print("load average (1, 5, 15 min): %.2f %.2f %.2f" % os.getloadavg())
     print(f"{'workload':<11}{'batch':>6}{'drafter':>12}{'plain tok/s':>13}{'spec tok/s':>12}{'speed-up':>10}"
           f"{'accept len':>12}{'tok/step':>10}{'draft time':>12}{'identical':>11}")
-    for name, prompts in WORKLOADS.items():
+    for name in args.workloads:
+        prompts = WORKLOADS[name]
         for batch in args.batch_sizes:
             chosen = prompts[:max(batch, args.prompts if batch == 1 else batch)]
             best: dict[str, Run] = {}
@@ -114,6 +119,7 @@ def main() -> None:
                 print(f"{name:<11}{batch:>6}{label:>12}{plain.tok_s:>13.1f}{spec.tok_s:>12.1f}"
                       f"{spec.tok_s / plain.tok_s:>9.2f}x{spec.accept_length:>12.2f}{spec.tokens_per_step:>10.2f}"
                       f"{spec.draft_share:>11.1%}{str(plain.outputs == spec.outputs):>11}", flush=True)
+    print("load average (1, 5, 15 min): %.2f %.2f %.2f" % os.getloadavg())
 
 
 if __name__ == "__main__":

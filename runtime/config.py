@@ -38,7 +38,10 @@ CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it onc
 # speculative_algorithm: one of these, or None (off). NGRAM: n-gram tries; STANDALONE (SGLang's name): a
 # second model file, speculative_draft_model; SELF: the target's own first speculative_draft_layers layers
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE", "SELF")
-SPEC_BACKOFF_MAX_STEPS = 16  # a drafter that keeps failing a request sits out at most this many steps
+# a verify step costs about this many decode steps more than a plain one (CPU, SmolLM2-135M: the weights go
+# through gemm instead of gemv, 1.6-2.6x a decode step for 2-9 rows; CUDA: eager, not a captured graph)
+SPEC_VERIFY_OVERHEAD = 1.5
+SPEC_PROBE_SHARE = 0.02  # a drafter that does not pay spends about this share of the time probing
 SPEC_INITIAL_ACCEPT = 2.0  # a request's first draft trees assume this many accepted tokens per verify
 SPEC_ACCEPT_EMA = 0.3  # weight of the latest verify in that moving average (trees: 1 + 2x it nodes)
 

@@ -246,8 +246,9 @@ class Scheduler:
 
     # ---- what the engine asks -------------------------------------------------------------------
     def flush(self) -> bool:
-        """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
-        return self.kv.flush()
+        """Evicts every cached prefix not in use (the drafter's too); True when nothing cached is left."""
+        drafter_empty = self.drafter is None or self.drafter.flush()
+        return self.kv.flush() and drafter_empty
 
     def check_invariants(self) -> None:
         self.kv.check(self.running, self.waiting)

@@ -32,6 +32,18 @@ class EarlyExit(nn.Module):
         return self.target.compute_logits(hidden)
 
 
+DraftLM = LlamaForCausalLM | EarlyExit
+
+
+def weights_per_token(model: DraftLM) -> int:
+    """Parameters a token's forward multiplies by (its layers and the head; the embedding is a lookup): on
+    a memory-bound device, what a forward of a few tokens costs."""
+    base = model.target if isinstance(model, EarlyExit) else model
+    layers = base.layers[: model.num_layers] if isinstance(model, EarlyExit) else base.layers
+    head = base.embed_tokens.weight if base.lm_head is None else base.lm_head.weight
+    return head.numel() + sum(p.numel() for layer in layers for p in layer.parameters())
+
+
 def load_standalone(path: str, target: LoadedModel, context_length: int, device: torch.device,
                     dtype: torch.dtype) -> LlamaForCausalLM:
     """The draft model file at `path`, refused unless it shares the target's tokenizer and vocabulary

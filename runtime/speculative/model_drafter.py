@@ -24,18 +24,16 @@ import torch
 
 from ...kernels.backend import AttentionBackend, AttentionBatch
 from ...kernels.registry import create_backend
-from ..config import EngineConfig
+from ..config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from ..kv_manager import KVManager
 from ..memory import KVPool, ReqToToken, SlotAllocator
-from ..models.llama import ForwardContext, LlamaForCausalLM
+from ..models.llama import ForwardContext
 from ..models.loader import LoadedModel
 from ..radix_cache import RadixCache, TreeNode
 from ..request import Req
-from .draft_model import EarlyExit, load_standalone
+from .draft_model import DraftLM, EarlyExit, load_standalone, weights_per_token
 from .pacing import Pacing
 from .tree import DraftTree, best_nodes, depths, subtree, with_ancestors
-
-DraftLM = LlamaForCausalLM | EarlyExit
 
 
 @dataclass(eq=False)
@@ -64,12 +62,6 @@ class DraftSeq:
 
 
 @dataclass(slots=True)
-class _ReqState:
-    seq: DraftSeq
-    pacing: Pacing = field(default_factory=Pacing)
-
-
-@dataclass(slots=True)
 class _Round:
     """One request's tree being expanded: candidates (token, parent, cumulative log q) and the frontier."""
 
@@ -86,13 +78,17 @@ class _Round:
 
 class ModelDrafter:
     def __init__(self, cfg: EngineConfig, model: DraftLM, kv: KVManager, attn: AttentionBackend,
-                 device: torch.device):
+                 device: torch.device, draft_cost: float):
+        """`draft_cost`: what one round of draft forwards costs, in target decode steps."""
         self.model, self.kv, self.attn, self.device = model, kv, attn, device
+        # one record for all requests: how well a draft model agrees with its target is mostly a property
+        # of the pair, so a new request starts from what earlier ones taught (and backed off if need be)
+        self.pacing = Pacing.for_cost(SPEC_VERIFY_OVERHEAD + draft_cost)
         self.budget = cfg.speculative_num_draft_tokens
         self.steps = cfg.speculative_num_steps
         self.topk = cfg.speculative_eagle_topk
         self.max_catch_up = cfg.max_prefill_tokens  # tokens one draft forward computes, like a prefill chunk
-        self._reqs: dict[str, _ReqState] = {}
+        self._reqs: dict[str, DraftSeq] = {}
 
     # ---- the drafter protocol -----------------------------------------------------------------
     def propose(self, batch: list[tuple[Req, int]]) -> list[DraftTree]:
@@ -100,16 +96,15 @@ class ModelDrafter:
         rounds: list[_Round] = []
         catch_up = 0
         for i, (req, room) in enumerate(batch):
-            state = self._reqs.get(req.rid)
-            if state is None:
-                state = self._reqs[req.rid] = _ReqState(DraftSeq(req.rid))
-            admitted = state.seq.row is None
+            seq = self._reqs.get(req.rid)
+            if seq is None:
+                seq = self._reqs[req.rid] = DraftSeq(req.rid)
+            admitted = seq.row is None
             room_left = self.max_catch_up - catch_up if rounds else None  # the first round always runs
-            if not state.pacing.ready() or not self._catch_up(state.seq, req, room_left):
+            if not self.pacing.ready() or not self._catch_up(seq, req, room_left):
                 continue
-            catch_up += state.seq.pending
-            budget = state.pacing.budget(min(self.budget, room))
-            rounds.append(_Round(i, state.seq, budget, req.fill_len, admitted))
+            catch_up += seq.pending
+            rounds.append(_Round(i, seq, self.pacing.budget(min(self.budget, room)), req.fill_len, admitted))
         if not rounds:
             return trees
         self._expand(rounds)
@@ -118,21 +113,24 @@ class ModelDrafter:
         return trees
 
     def verified(self, req: Req, drafted: int, accepted: int) -> None:
-        state = self._reqs.get(req.rid)
-        if state is not None and drafted:
-            state.pacing.verified(accepted)
+        if req.rid in self._reqs and drafted:
+            self.pacing.verified(accepted)
 
     def forget(self, req: Req, finished: bool) -> None:
         """Releases the request's draft KV: its verified tokens go to the draft radix cache."""
-        state = self._reqs.pop(req.rid, None)
-        if state is not None:
-            self.kv.release(state.seq)
+        seq = self._reqs.pop(req.rid, None)
+        if seq is not None:
+            self.kv.release(seq)
+
+    def flush(self) -> bool:
+        """Evicts every draft prefix not in use; True when the draft cache is empty afterwards."""
+        return self.kv.flush()
 
     def check(self, running: Iterable[Req]) -> None:
         """The draft pool's memory invariant, with the draft sequences of running requests as its users."""
         stale = set(self._reqs) - {r.rid for r in running}
         assert not stale, f"draft model holds state of requests not running: {sorted(stale)[:4]}"
-        seqs = [s.seq for s in self._reqs.values()]
+        seqs = list(self._reqs.values())
         for seq in seqs:
             assert seq.slot_len == seq.kv_len, f"draft sequence {seq.rid} holds slots of a tree"
         self.kv.check([s for s in seqs if s.row is not None], [s for s in seqs if s.row is None])
@@ -235,4 +233,7 @@ def build_model_drafter(cfg: EngineConfig, target: LoadedModel, pool_size: int, 
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
-    return ModelDrafter(cfg, model, KVManager(pool, allocator, req_to_token, cache), attn, device)
+    # a round is one forward per tree level, each about the draft's share of a target decode step
+    draft_cost = cfg.speculative_num_steps * weights_per_token(model) / weights_per_token(target.model)
+    kv = KVManager(pool, allocator, req_to_token, cache)
+    return ModelDrafter(cfg, model, kv, attn, device, draft_cost)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from .tree import DraftTree
 
@@ -13,6 +13,11 @@ from .tree import DraftTree
 class _Node:
     count: int = 0
     children: dict[int, "_Node"] = field(default_factory=dict)
+
+
+class Match(NamedTuple):
+    node: _Node  # the trie node of the matched suffix: its children continue it
+    length: int  # tokens matched: longer matches are drafted with more confidence
 
 
 class NgramTrie:
@@ -43,8 +48,8 @@ class NgramTrie:
     def clear(self) -> None:
         self.root, self.size, self._open = _Node(), 0, []
 
-    def match(self, context: list[int], min_len: int, max_len: int) -> _Node | None:
-        """The node of the longest suffix of `context` (min_len..max_len tokens) seen with a continuation."""
+    def match(self, context: list[int], min_len: int, max_len: int) -> Match | None:
+        """The longest suffix of `context` (min_len..max_len tokens) seen with a continuation."""
         for n in range(min(max_len, len(context), self.window - 1), min_len - 1, -1):
             node: _Node | None = self.root
             for token in context[len(context) - n:]:
@@ -52,17 +57,17 @@ class NgramTrie:
                 if node is None:
                     break
             if node is not None and node.children:
-                return node
+                return Match(node, n)
         return None
 
-    def propose(self, context: list[int], budget: int, min_match: int, max_match: int, max_breadth: int,
-                max_depth: int) -> DraftTree:
-        """Up to `budget` nodes, most likely first: a node's likelihood is the product of its ancestors'
-        continuation frequencies; at most `max_breadth` children per node, `max_depth` levels."""
-        start = self.match(context, min_match, max_match)
+    @staticmethod
+    def expand(start: Match, budget: int, max_breadth: int, max_depth: int) -> DraftTree:
+        """Up to `budget` nodes continuing the match, most likely first: a node's likelihood is the
+        product of its ancestors' continuation frequencies; at most `max_breadth` children per node,
+        `max_depth` levels."""
         tokens: list[int] = []
         parents: list[int] = []
-        if start is None or budget <= 0:
+        if budget <= 0:
             return DraftTree(tokens, parents)
         heap: list[tuple[float, int, int, _Node, int, int]] = []  # (-p, tiebreak, token, node, parent, depth)
         tiebreak = 0
@@ -75,7 +80,7 @@ class NgramTrie:
                 heapq.heappush(heap, (-prob * child.count / total, tiebreak, token, child, parent, depth))
                 tiebreak += 1
 
-        push_children(start, 1.0, -1, 1)
+        push_children(start.node, 1.0, -1, 1)
         while heap and len(tokens) < budget:
             neg_p, _, token, node, parent, depth = heapq.heappop(heap)
             tokens.append(token)

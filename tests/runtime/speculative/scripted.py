@@ -1,9 +1,11 @@
-"""A base for test drafters that script one request's tree at a time and keep no state."""
+"""A base for test drafters that script one request's tree at a time and keep no state, and a way to make
+a draft model draft at every step."""
 from __future__ import annotations
 
 from typing import Iterable
 
 from radixlang.runtime.request import Req
+from radixlang.runtime.speculative.pacing import Pacing
 from radixlang.runtime.speculative.tree import DraftTree
 
 
@@ -20,5 +22,14 @@ class ScriptedDrafter:
     def forget(self, req: Req, finished: bool) -> None:
         pass
 
+    def flush(self) -> bool:
+        return True
+
     def check(self, running: Iterable[Req]) -> None:
         pass
+
+
+def draft_every_step(drafter) -> None:
+    """Pins a draft model's pacing to draft at every chance whatever verifies accept: correctness tests
+    want many verifies, not the few probes that a tiny model's costly drafts would earn."""
+    drafter.pacing = Pacing(break_even=0.0, max_skip=0)

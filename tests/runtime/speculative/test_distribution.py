@@ -17,7 +17,7 @@ from radixlang.runtime import output_processor
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.tree import DraftTree
 
-from .scripted import ScriptedDrafter
+from .scripted import ScriptedDrafter, draft_every_step
 
 from ...conftest import TINY_CONFIG, tiny_weights
 from ..models.test_llama import dense_logits
@@ -85,6 +85,7 @@ def sample_joint(factory, kind: str, prompt: list[int]) -> tuple[Counter, dict[s
         engine.scheduler.set_drafter(TopTreeDrafter(prompt))
     else:
         engine = factory(seed=1234, max_running_requests=128, **SELF_DRAFT)
+        draft_every_step(engine.scheduler.drafter)
     outs = engine.generate(input_ids=[prompt] * SAMPLES, sampling_params=PARAMS)
     return Counter(tuple(o.output_ids[:3]) for o in outs), engine.stats()
 

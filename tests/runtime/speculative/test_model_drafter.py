@@ -9,12 +9,14 @@ import json
 import pytest
 import torch
 
-from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from radixlang.runtime.request import Req
+from radixlang.runtime.speculative.pacing import Pacing
 from radixlang.runtime.speculative.tree import best_nodes, subtree
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder
 from ..models.test_llama import dense_logits
+from .scripted import draft_every_step
 from .test_speculative_engine import (GREEDY, PROMPTS, SAMPLED, Harness, assert_same, bare_req,  # noqa: F401
                                       plain_outputs)
 
@@ -74,7 +76,7 @@ def test_draft_trees_equal_a_dense_expansion_of_the_draft_model(tiny_model_dir, 
             drafter.verified(req, 6, 6)  # a good record: full-size trees
         trees = drafter.propose([(req, 10) for req in reqs])
         for req, tree in zip(reqs, trees):
-            budget = min(6, 1 + int(2 * drafter._reqs[req.rid].pacing.accepted))
+            budget = min(6, 1 + int(2 * drafter.pacing.accepted))
             expected = dense_tree(weights, cfg, req.tokens(0, req.fill_len), budget, 3, 4)
             assert tree == expected
             req.output_ids += tree.tokens[:1] + [7 + round_]  # one node accepted, then a bonus token
@@ -91,6 +93,7 @@ def test_outputs_equal_plain_decoding(tiny_engine_factory, draft_dir, params, ki
     options = SELF if kind == "self" else standalone(draft_dir)
     plain = tiny_engine_factory().generate(PROMPTS, params)
     engine = tiny_engine_factory(**options)
+    draft_every_step(engine.scheduler.drafter)
     spec = engine.generate(PROMPTS, params)
     assert_same(plain, spec)
     stats = engine.stats()
@@ -102,6 +105,7 @@ def test_outputs_equal_plain_decoding(tiny_engine_factory, draft_dir, params, ki
 
 def test_draft_kv_of_a_prompt_is_cached_and_reused(tiny_model_dir):
     h = Harness(tiny_model_dir, **SELF)
+    draft_every_step(h.sched.drafter)
     h.add("a", PROMPTS[0])
     h.run()
     drafter = h.sched.drafter
@@ -123,6 +127,7 @@ def test_draft_kv_of_a_prompt_is_cached_and_reused(tiny_model_dir):
 
 def test_many_rejections_aborts_and_failed_draft_forwards_leak_no_draft_kv(tiny_model_dir, draft_dir):
     h = Harness(tiny_model_dir, **standalone(draft_dir))  # another model's drafts: nearly all rejected
+    draft_every_step(h.sched.drafter)
     reqs = [h.add(f"r{i}", p) for i, p in enumerate(PROMPTS)]
     while not all(r.num_draft for r in reqs[:2]):
         h.step()
@@ -151,6 +156,7 @@ def test_many_rejections_aborts_and_failed_draft_forwards_leak_no_draft_kv(tiny_
 
 def test_preemption_and_a_small_pool_keep_outputs(tiny_model_dir, plain_outputs):
     h = Harness(tiny_model_dir, kv_cache_tokens=160, **SELF)
+    draft_every_step(h.sched.drafter)
     for i, p in enumerate(PROMPTS):
         h.add(f"r{i}", p)
     h.run()
@@ -187,6 +193,7 @@ def test_bad_draft_model_options_are_refused_clearly(tiny_model_dir, draft_dir, 
 
 def test_a_catch_up_forward_computes_at_most_a_prefill_chunk_unless_alone(tiny_model_dir, plain_outputs):
     h = Harness(tiny_model_dir, max_prefill_tokens=24, **SELF)
+    draft_every_step(h.sched.drafter)
     drafter = h.sched.drafter
     real_forward = drafter._forward
     catch_ups = []
@@ -203,3 +210,54 @@ def test_a_catch_up_forward_computes_at_most_a_prefill_chunk_unless_alone(tiny_m
     assert any(len(sizes) > 1 for sizes in catch_ups), "catch-ups were batched"
     assert all(len(sizes) == 1 or sum(sizes) <= 24 for sizes in catch_ups)
     assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
+
+
+def layer_weights(cfg: dict) -> int:
+    """Matmul weights of one decoder layer, from the config alone (plus its two norms)."""
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = hidden // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    return hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + 2 * hidden
+
+
+@pytest.mark.parametrize("kind", ["self", "standalone"])
+def test_drafts_must_accept_enough_to_pay_for_the_verify_and_the_draft_forwards(tiny_model_dir, draft_dir, kind):
+    options = SELF if kind == "self" else standalone(draft_dir)
+    h = Harness(tiny_model_dir, speculative_num_steps=3, **options)
+    head = TINY_CONFIG["vocab_size"] * TINY_CONFIG["hidden_size"]
+    target = head + 2 * layer_weights(TINY_CONFIG)
+    draft = head + layer_weights(TINY_CONFIG) if kind == "self" else \
+        DRAFT_CONFIG["vocab_size"] * DRAFT_CONFIG["hidden_size"] + layer_weights(DRAFT_CONFIG)
+    assert h.sched.drafter.pacing.break_even == pytest.approx(SPEC_VERIFY_OVERHEAD + 3 * draft / target)
+
+
+def test_a_draft_model_that_does_not_pay_only_probes(tiny_model_dir, plain_outputs):
+    h = Harness(tiny_model_dir, **SELF)
+    drafter = h.sched.drafter
+    drafter.pacing = Pacing.for_cost(1000.0)  # no verify can pay: the drafter backs off at once
+    rounds = []
+    real_expand = drafter._expand
+
+    def counting_expand(batch):
+        rounds.extend(r.seq.rid for r in batch)
+        return real_expand(batch)
+
+    drafter._expand = counting_expand
+    for rid, prompt in zip(plain_outputs, PROMPTS):
+        h.add(rid, prompt, **GREEDY)
+    h.run()
+    assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
+    # 4 requests x 47 chances to draft (48 tokens); the first step's 4 chances all draft (no verify has
+    # failed yet), then 4 misses sit out 15 chances, and one probe every 31, 63 ... after that
+    assert rounds[:4] == list(plain_outputs)
+    assert 5 <= len(rounds) <= 4 + 4
+
+
+def test_flush_cache_empties_the_draft_cache(tiny_engine_factory):
+    engine = tiny_engine_factory(**SELF)
+    engine.generate(PROMPTS[:2], GREEDY)
+    drafter = engine.scheduler.drafter
+    assert drafter.kv.cached_tokens > 0
+    assert engine.flush_cache()
+    assert drafter.kv.cached_tokens == 0
+    engine.check_invariants()

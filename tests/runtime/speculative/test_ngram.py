@@ -59,9 +59,11 @@ def test_draft_tree_paths_continue_the_longest_matched_suffix(seed):
     trie = NgramTrie(10)
     trie.feed(seq)
     budget, max_breadth, max_depth = rng.randint(1, 12), rng.randint(1, 3), rng.randint(1, 5)
-    tree = trie.propose(seq, budget, 1, 4, max_breadth, max_depth)
+    found = trie.match(seq, 1, 4)
+    tree = trie.expand(found, budget, max_breadth, max_depth)
     # the oracle: the longest suffix (<= 4 tokens) seen earlier with something after it
     match = next(n for n in range(4, 0, -1) if occurs(seq[:-1], seq[-n:]))
+    assert found.length == match
     suffix = seq[-match:]
     assert 0 < len(tree.tokens) <= budget
     paths: list[list[int]] = []
@@ -81,6 +83,9 @@ def test_draft_tree_paths_continue_the_longest_matched_suffix(seed):
 def test_no_draft_without_a_match_or_budget():
     trie = NgramTrie(4)
     trie.feed([1, 2, 3, 4])
-    assert trie.propose([9, 9], 8, 1, 3, 2, 4).tokens == []
-    assert trie.propose([1, 2], 0, 1, 3, 2, 4).tokens == []
-    assert trie.propose([1, 2], 8, 1, 3, 2, 4).tokens == [3, 4]
+    assert trie.match([9, 9], 1, 3) is None
+    assert trie.match([1, 2, 3, 4], 1, 3) is None  # seen, but never continued
+    found = trie.match([1, 2], 1, 3)
+    assert found.length == 2
+    assert trie.expand(found, 0, 2, 4).tokens == []
+    assert trie.expand(found, 8, 2, 4).tokens == [3, 4]

@@ -301,20 +301,34 @@ def test_finished_requests_feed_a_shared_trie_that_drafts_for_later_ones(tokeniz
     assert drafter.shared.size <= 500 + 14 * 20
 
 
-def test_a_failing_drafter_backs_off_exponentially(tokenizer):
-    drafter = NgramDrafter(EngineConfig(speculative_algorithm="NGRAM"))
-    req = bare_req(tokenizer, "r", PROMPTS[1])
+def test_short_matches_that_keep_failing_back_off_while_long_ones_keep_drafting(tokenizer):
+    drafter = NgramDrafter(EngineConfig(speculative_algorithm="NGRAM", speculative_ngram_capacity=0))
+    short = bare_req(tokenizer, "short", [1, 2, 3, 4, 5, 9, 1])  # its end matches one token: "1" -> 2
+    long = bare_req(tokenizer, "long", [1, 2, 3, 4, 5, 6, 7, 1, 2, 3])  # "1 2 3" -> 4
+    short_drafts = long_drafts = 0
+    for _ in range(40):
+        tree = drafter.propose_one(short, 8)
+        assert tree.tokens in ([], [2, 3, 4, 5, 9][:len(tree.tokens)])
+        if tree.tokens:
+            short_drafts += 1
+            drafter.verified(short, len(tree.tokens), 0)
+        tree = drafter.propose_one(long, 8)
+        assert tree.tokens[:1] == [4]  # never backed off by the short match's failures
+        long_drafts += 1
+        drafter.verified(long, len(tree.tokens), 3)
+    # the average falls from 2.0 below the break-even (1.5) at once: misses sit out 1, 3, 7, 15 chances
+    assert short_drafts == 5
+    assert long_drafts == 40
+    drafter.forget(short, finished=False)
+    drafter.forget(long, finished=False)
+    drafter.check([])
 
-    def proposals(n: int, accepted: int) -> list[bool]:
-        out = []
-        for _ in range(n):
-            out.append(bool(drafter.propose_one(req, 8).tokens))
-            if out[-1]:
-                drafter.verified(req, 8, accepted)
-        return out
 
-    # misses in a row: sit out 1, 3, 7, 15, 15 ... steps
-    assert proposals(30, 0) == [True, False, True, False, False, False, True] + [False] * 7 + [True] \
-        + [False] * 15
-    assert proposals(1, 2) == [True]  # a hit resets the back-off
-    assert proposals(4, 0) == [True, False, True, False]
+def test_flush_cache_forgets_the_shared_trie(tiny_engine_factory):
+    engine = tiny_engine_factory(**SPEC)
+    engine.generate(PROMPTS[:2], GREEDY)
+    shared = engine.scheduler.drafter.shared
+    assert shared.size > 0
+    assert engine.flush_cache()
+    assert shared.size == 0 and shared.match(engine.tokenizer.encode(PROMPTS[0]), 1, 6) is None
+    engine.check_invariants()
