@@ -104,14 +104,11 @@ class TorchAttention:
     @staticmethod
     def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes,
                 scale: float) -> torch.Tensor:
-        """q: [b, heads, d], one query per sequence -> [b, heads, d]. Plain matmul-softmax-matmul: for one
-        query row SDPA's CPU kernel costs several times more in setup than the math."""
-        keys, values = d.gather(k_cache, q.dtype), d.gather(v_cache, q.dtype)  # [b, kv_heads, L, d]
-        b, heads, dim = q.shape
-        grouped = q.reshape(b, keys.shape[1], heads // keys.shape[1], dim)  # query heads of one KV head together
-        scores = (grouped @ keys.transpose(-1, -2)) * scale
-        probs = scores.masked_fill(~d.mask, float("-inf")).softmax(dim=-1)
-        return (probs @ values).view(b, heads, dim)
+        """q: [b, heads, d], one query per sequence -> [b, heads, d]."""
+        keys, values = d.gather(k_cache, q.dtype), d.gather(v_cache, q.dtype)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=d.mask, scale=scale,
+                                           enable_gqa=True)
+        return o.squeeze(2)
 
 
 def _extend_mask(total: int, n: int, parents: list[int] | None) -> torch.Tensor:
