@@ -8,12 +8,12 @@ goals name, then each low-bit mode's fidelity: greedy agreement with the fp32 en
 prompts (and with transformers' recorded ids), and the perplexity of a fixed text against fp32's.
 
 HF transformers needs `accelerate` to read a GGUF (pip install -e ".[test,bench]"); llama.cpp is optional
-(pip install llama-cpp-python); either one missing is reported and skipped.
+(pip install llama-cpp-python, which builds from source: CMAKE_ARGS as in benchmark/programs/plain_lm.py);
+either one missing is reported and skipped.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -69,7 +69,8 @@ def llama_cpp_runner() -> Runner | None:
     except ImportError:
         print("skip llama.cpp: `import llama_cpp` failed (pip install llama-cpp-python to compare against it)")
         return None
-    llm = Llama(model_path=str(default_model_path()), n_ctx=2048, n_threads=os.cpu_count(), verbose=False)
+    llm = Llama(model_path=str(default_model_path()), n_ctx=2048, n_threads=torch.get_num_threads(),
+                verbose=False)  # as many threads as torch runs radixlang and transformers with
 
     def run(prompts: list[str], new_tokens: int) -> int:  # one prompt at a time: llama.cpp's Python API
         return sum(llm(p, max_tokens=new_tokens, temperature=0.0)["usage"]["completion_tokens"] for p in prompts)

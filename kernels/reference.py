@@ -16,6 +16,12 @@ class _Decodes:
     rows: torch.Tensor  # [b] query rows
     slots: torch.Tensor  # [b, max_len] KV slots (0 where padded)
     mask: torch.Tensor  # [b, 1, 1, max_len] bool: True where a key is real
+    every_row: bool  # the step is these decodes alone, rows 0..b-1 in order: no scatter into the output
+
+    def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[b, kv_heads, max_len, d]: one flat index_select (advanced indexing costs several times more)."""
+        b, length = self.slots.shape
+        return cache.index_select(0, self.slots.view(-1)).view(b, length, *cache.shape[1:]).transpose(1, 2).to(dtype)
 
 
 @dataclass(slots=True)
@@ -59,7 +65,7 @@ class TorchAttention:
         valid = cols[None, :] < batch.kv_lens[:, None]
         slots = torch.where(valid, batch.req_to_token[batch.rows, :batch.max_kv_len], 0).long()
         rows = torch.arange(batch.rows.numel(), device=batch.rows.device)
-        self._decodes = _Decodes(rows, slots, valid[:, None, None, :])
+        self._decodes = _Decodes(rows, slots, valid[:, None, None, :], every_row=True)
         self._extends = []
         self._out_cache_loc = batch.out_cache_loc
 
@@ -74,28 +80,35 @@ class TorchAttention:
         index = torch.where(valid, starts[:, None] + cols[None, :], torch.zeros_like(valid, dtype=torch.int64))
         slots = torch.where(valid, plan.kv_indices[index], torch.zeros_like(index))
         rows = torch.tensor([q_ptr[i] for i in seqs], device=device)
-        return _Decodes(rows, slots, valid[:, None, None, :])
+        return _Decodes(rows, slots, valid[:, None, None, :], every_row=len(seqs) == len(kv_lens))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        k_cache[self._out_cache_loc] = k.to(k_cache.dtype)
-        v_cache[self._out_cache_loc] = v.to(v_cache.dtype)
-        out = torch.empty_like(q)
+        k_cache.index_copy_(0, self._out_cache_loc, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, self._out_cache_loc, v.to(v_cache.dtype))
         d = self._decodes
+        if d is not None and d.every_row:
+            return self._decode(q, k_cache, v_cache, d, scale)
+        out = torch.empty_like(q)
         if d is not None:
-            keys = k_cache[d.slots].permute(0, 2, 1, 3).to(q.dtype)  # [b, kv_heads, L, d]
-            values = v_cache[d.slots].permute(0, 2, 1, 3).to(q.dtype)
-            o = F.scaled_dot_product_attention(q[d.rows].unsqueeze(2), keys, values, attn_mask=d.mask,
-                                               scale=scale, enable_gqa=True)
-            out[d.rows] = o.squeeze(2)
+            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, scale)
         for e in self._extends:
-            keys = k_cache[e.slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kv_heads, L, d]
-            values = v_cache[e.slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            keys = k_cache.index_select(0, e.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kv_heads, L, d]
+            values = v_cache.index_select(0, e.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             qh = q[e.start:e.end].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
             o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=e.mask, scale=scale, enable_gqa=True)
             out[e.start:e.end] = o[0].transpose(0, 1)
         return out
+
+    @staticmethod
+    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes,
+                scale: float) -> torch.Tensor:
+        """q: [b, heads, d], one query per sequence -> [b, heads, d]."""
+        keys, values = d.gather(k_cache, q.dtype), d.gather(v_cache, q.dtype)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=d.mask, scale=scale,
+                                           enable_gqa=True)
+        return o.squeeze(2)
 
 
 def _extend_mask(total: int, n: int, parents: list[int] | None) -> torch.Tensor:

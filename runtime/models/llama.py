@@ -65,12 +65,19 @@ class Rotary(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         cos, sin = rope_cos_sin(cfg.rope, cfg.head_dim, cfg.max_position)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("cos_sin", torch.cat([cos, sin], dim=-1), persistent=False)  # one lookup per call
+
+    @property
+    def cos(self) -> torch.Tensor:
+        return self.cos_sin.chunk(2, dim=-1)[0]
+
+    @property
+    def sin(self) -> torch.Tensor:
+        return self.cos_sin.chunk(2, dim=-1)[1]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
-        sin = self.sin[positions].unsqueeze(1)
+        """x: [T, heads, d] (any heads: q and k rotate in one call)."""
+        cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, d/2] each
         x1, x2 = x.float().chunk(2, dim=-1)
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return out.to(x.dtype)
@@ -94,13 +101,13 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, ctx: ForwardContext):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # q heads, then k heads
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, positions), rotary(k, positions)
+            qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
+        q, k = rotary(qk, positions).split([self.num_heads, self.num_kv_heads], dim=1)
         o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)
         return self.o_proj(o.reshape(-1, self.q_size))
 

@@ -6,6 +6,10 @@ fast only with bf16 activations (fp32 or fp16 inputs run 50-100x slower here), s
 for the matmul and the result back to the model's dtype. Outputs then differ slightly from the fp32
 model, which stays the default and the oracle (`quantization="none"`).
 
+The packed kernels unpack every weight once per few input rows, so their cost grows with the rows: from
+DENSE_MIN_ROWS rows on (prefill chunks) a layer runs a bf16 matmul instead, on a copy of its weights that
+costs 2 bytes per weight of memory (int8 codes are exact in bf16; 4-bit weights d * q + m round to bf16).
+
 Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from the file's own blocks
 (other tensors and HF folders stay fp32); "int8" per-output-channel int8 of every linear; "int4"
 group-wise (32) round-to-nearest int4 of every linear.
@@ -22,6 +26,9 @@ QUANTIZATIONS = ("none", "auto", "int8", "int4")
 K_MULTIPLE = 64  # torch 2.13's CPU int8pack kernel crashes on some other input widths (K=40 with M>=5)
 N_MULTIPLE = 16  # the CPU int4pack layout tiles output rows by 16
 INNER_K_TILES = 2  # the CPU int4pack conversion takes it but lays weights out the same for 2, 4 and 8
+# rows from which a bf16 matmul beats the packed kernels: prefill chunks (SmolLM2, 2-core AVX-512 VM; at
+# 16-row decode steps the two were even, and the packed kernels keep the file's weights unrounded)
+DENSE_MIN_ROWS = 64
 
 
 class Int8Linear(nn.Module):
@@ -33,6 +40,7 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.register_buffer("dense", self.qweight.to(torch.bfloat16))  # codes in [-127, 127]: exact in bf16
         self.bias = _bias(bias)
 
     def dequantized(self) -> torch.Tensor:
@@ -41,6 +49,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if flat.shape[0] >= DENSE_MIN_ROWS:  # the kernel's own order: sum of x * code, then the scale
+            return _finish((flat @ self.dense.T).float() * self.scale.float(), x, self.bias)
         out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale)
         return _finish(out, x, self.bias)
 
@@ -58,10 +68,13 @@ class Int4Linear(nn.Module):
         self.repeats = codes.shape[1] // self.in_features
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
         self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
+        self.register_buffer("dense", weights.dequantize().to(torch.bfloat16))
         self.bias = _bias(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if flat.shape[0] >= DENSE_MIN_ROWS:
+            return _finish(flat @ self.dense.T, x, self.bias)
         if self.repeats > 1:
             flat = flat.repeat(1, self.repeats)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
