@@ -115,15 +115,6 @@ def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> 
 
 def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
-    live = _coreachable(trans, accept)
-    live[0] = True
-    new_id = np.cumsum(live) - 1
-    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
-    return trans, accept[live]
-
-
-def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """Which states can reach acceptance."""
     ptr, preds = (a.tolist() for a in _predecessors(trans))
     stack = np.flatnonzero(accept >= 0).tolist()
     seen = set(stack)
@@ -135,7 +126,10 @@ def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
                 stack.append(s)
     live = np.zeros(len(trans), bool)
     live[list(seen)] = True
-    return live
+    live[0] = True
+    new_id = np.cumsum(live) - 1
+    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
+    return trans, accept[live]
 
 
 def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -150,21 +144,16 @@ def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """Labels for `refine` that are already exact on the states with a finite language: those are
+    """Labels for `refine` that are already exact on the states that reach no cycle: those are
     classed from the sinks back (a state's class is its label and its successors' classes), the
-    rest keep their own label apart (their languages are infinite). States that cannot reach
-    acceptance count as dead, so they are finite (empty) and one class."""
+    rest keep their own label apart. Neither can match the other: a state reaching a cycle has
+    infinitely many strings that do not lead to the dead state, the others finitely many."""
     n = len(trans)
-    live = _coreachable(trans, accept)
-    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], trans, -1)
     ptr, preds = (a.tolist() for a in _predecessors(trans))
     pending = np.bincount(np.asarray(preds, np.int64), minlength=n).tolist()  # distinct successors
     rows, labels = trans.tolist(), accept.tolist()
     classes, signatures = [-1] * n, {}
-    stack = [s for s in range(n) if not pending[s] and live[s]]
-    dead = signatures.setdefault((-1, *[-1] * trans.shape[1]), 0)
-    for s in np.flatnonzero(~live).tolist():
-        classes[s] = dead
+    stack = [s for s in range(n) if not pending[s]]
     while stack:
         s = stack.pop()
         signature = (labels[s], *[classes[t] if t >= 0 else -1 for t in rows[s]])
