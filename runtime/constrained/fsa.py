@@ -151,12 +151,12 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     n = len(trans)
     ptr, preds = (a.tolist() for a in _predecessors(trans))
     pending = np.bincount(np.asarray(preds, np.int64), minlength=n).tolist()  # distinct successors
-    rows, labels = trans.tolist(), accept.tolist()
+    labels = accept.tolist()
     classes, signatures = [-1] * n, {}
     stack = [s for s in range(n) if not pending[s]]
-    while stack:
+    while stack:  # rows read one by one: on a mostly cyclic DFA few states get here
         s = stack.pop()
-        signature = (labels[s], *[classes[t] if t >= 0 else -1 for t in rows[s]])
+        signature = (labels[s], *[classes[t] if t >= 0 else -1 for t in trans[s].tolist()])
         classes[s] = signatures.setdefault(signature, len(signatures))
         for p in preds[ptr[s]:ptr[s + 1]]:
             pending[p] -= 1
