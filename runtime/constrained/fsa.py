@@ -49,6 +49,9 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
     def closure(q: int) -> frozenset[int]:
         hit = closures.get(q)
         if hit is None:
+            if not nfa.eps[q]:  # most targets (a chain of reads): no walk, no intersection
+                hit = closures[q] = frozenset((q,)) if q in important else frozenset()
+                return hit
             seen, stack = {q}, [q]
             while stack:
                 for t in nfa.eps[stack.pop()]:
@@ -60,10 +63,10 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
 
     moves_of: dict[int, list[tuple[int, tuple[int, ...], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
     first = closure(start)
-    ids, order, rows = {first: 0}, [first], []
-    while len(rows) < len(order):
+    ids, order, rows, done = {first: 0}, [first], [], 0  # rows: the DFA's rows, flat
+    while done < len(order):
         groups: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
-        for q in order[len(rows)]:
+        for q in order[done]:
             moves = moves_of.get(q)
             if moves is None:
                 moves = moves_of[q] = [(id(symbols), symbols, closure(t)) for symbols, t in nfa.edges[q]]
@@ -71,17 +74,20 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
                 held = groups.get(key)
                 groups[key] = (symbols, target) if held is None else (symbols, held[1] | target)
         row = [-1] * num_symbols
-        if sum(len(s) for s, _ in groups.values()) == len(set().union(*(s for s, _ in groups.values()))):
-            for symbols, targets in groups.values():  # disjoint symbol sets: one subset per set
+        parts = groups.values()
+        if len(parts) == 1 or sum(len(s) for s, _ in parts) == len(set().union(*(s for s, _ in parts))):
+            for symbols, targets in parts:  # disjoint symbol sets: one subset per set
                 q = state_id(ids, order, targets)
                 for c in symbols:
                     row[c] = q
         else:
-            for c, targets in _by_symbol(groups.values()).items():
+            for c, targets in _by_symbol(parts).items():
                 row[c] = state_id(ids, order, targets)
-        rows.append(row)
+        rows.extend(row)
+        done += 1
     accepts = nfa.accepts
-    accept = np.array([min((accepts[q] for q in d if q in accepts), default=-1) for d in order])
+    accepting = frozenset(accepts)
+    accept = np.array([min([accepts[q] for q in hits]) if (hits := d & accepting) else -1 for d in order])
     if drop_start_accept:
         accept[0] = -1
     return minimize(*trim(np.array(rows, np.int64).reshape(len(order), num_symbols), accept))
@@ -127,11 +133,37 @@ def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The quotient by `refine`; the start state stays 0."""
-    _, first, block = np.unique(refine(trans, accept), return_index=True, return_inverse=True)
+    """The quotient by `refine`; the start state stays 0. `refine` starts from `_finite_classes`:
+    Moore's rounds grow with the DFA's depth (thousands on an unrolled length bound), and there
+    the finite part is exact in one pass."""
+    labels = _finite_classes(trans, accept)
+    _, first, block = np.unique(refine(trans, labels), return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # blocks numbered by first member, so start's block is 0
     part, reps = rank[block.ravel()], np.sort(first)
     return np.where(trans[reps] >= 0, part[np.maximum(trans[reps], 0)], -1), accept[reps]
+
+
+def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """Labels for `refine` that are already exact on the states that reach no cycle: those are
+    classed from the sinks back (a state's class is its label and its successors' classes), the
+    rest keep their own label apart. Neither can match the other: a state reaching a cycle has
+    infinitely many strings that do not lead to the dead state, the others finitely many."""
+    n = len(trans)
+    ptr, preds = (a.tolist() for a in _predecessors(trans))
+    pending = np.bincount(np.asarray(preds, np.int64), minlength=n).tolist()  # distinct successors
+    labels = accept.tolist()
+    classes, signatures = [-1] * n, {}
+    stack = [s for s in range(n) if not pending[s]]
+    while stack:  # rows read one by one: on a mostly cyclic DFA few states get here
+        s = stack.pop()
+        signature = (labels[s], *[classes[t] if t >= 0 else -1 for t in trans[s].tolist()])
+        classes[s] = signatures.setdefault(signature, len(signatures))
+        for p in preds[ptr[s]:ptr[s + 1]]:
+            pending[p] -= 1
+            if not pending[p]:
+                stack.append(p)
+    finite = np.array(classes, np.int64)
+    return np.where(finite >= 0, finite, len(signatures) + 1 + accept)
 
 
 def refine(trans: np.ndarray, labels: np.ndarray, rounds: int | None = None) -> np.ndarray:

@@ -65,6 +65,30 @@ def test_minimize_keeps_each_states_language_and_leaves_no_equivalent_pair(dfa):
     assert len(np.unique(fsa.refine(small, small_labels))) == len(small)
 
 
+@settings(max_examples=300, deadline=None)
+@given(dfas(max_states=12))
+def test_minimize_merges_exactly_what_plain_refinement_does(dfa):
+    trans, labels = dfa  # untrimmed: states that cannot accept, dead loops, finite and cyclic parts
+    small, _ = fsa.minimize(trans, labels)
+    assert len(small) == len(np.unique(fsa.refine(trans, labels)))
+
+
+def test_minimize_folds_two_copies_of_a_long_chain_into_one():
+    # states 2i and 2i + 1 read one symbol to 2i + 2 / 2i + 3; the last pair accept and loop back to
+    # the start on symbol 1, so the chain is acyclic only in the copy without that loop
+    n = 600
+    trans = np.full((n, 2), -1)
+    trans[np.arange(n - 2), 0] = np.arange(2, n)
+    labels = np.full(n, -1)
+    labels[n - 2:] = 0
+    small, small_labels = fsa.minimize(trans, labels)
+    assert len(small) == n // 2
+    trans[n - 2, 1] = 0
+    small, small_labels = fsa.minimize(trans, labels)
+    assert len(small) == n
+    assert behaviour(small, small_labels, 0, 3) == behaviour(trans, labels, 0, 3)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(-2, 2), min_size=3, max_size=3), min_size=1, max_size=30))
 def test_row_ids_are_equal_exactly_where_rows_are(rows):
