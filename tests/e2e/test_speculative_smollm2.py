@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ..runtime.speculative.scripted import draft_every_step
+
 pytestmark = pytest.mark.e2e
 
 DATA = Path(__file__).parents[1] / "data"
@@ -38,6 +40,7 @@ def draft_model_engine(request):
         {"speculative_algorithm": "STANDALONE", "speculative_draft_model": str(default_model_path())}
     engine = Engine(device="cpu", kv_cache_tokens=16384, **options)
     engine.kind = request.param
+    draft_every_step(engine.scheduler.drafter)  # SELF on SmolLM2 does not pay, and would back off to probes
     yield engine
     engine.check_invariants()
     engine.shutdown()
