@@ -44,8 +44,21 @@ class StreamChunk:
     input_logprobs: list[TokenLogprob] | None = None
 
 
+@dataclass(eq=False, kw_only=True)
+class KVFields:
+    """A sequence's KV bookkeeping, assigned only by the KV owner (runtime/kv_manager.py, which says what
+    they mean): requests, and the draft model's copies of them."""
+
+    row: int | None = None
+    kv_len: int = 0
+    slot_len: int = 0
+    cached_len: int = 0
+    last_node: TreeNode | None = None
+    swapped: SwappedKV | None = None
+
+
 @dataclass(eq=False)
-class Req:
+class Req(KVFields):
     rid: str
     prompt_ids: list[int]
     params: SamplingParams
@@ -62,13 +75,6 @@ class Req:
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
-    # KV bookkeeping, assigned only by the KV owner (runtime/kv_manager.py, which says what they mean)
-    row: int | None = None
-    kv_len: int = 0
-    slot_len: int = 0
-    cached_len: int = 0
-    last_node: TreeNode | None = None
-    swapped: SwappedKV | None = None
     cached_tokens: int = 0  # prompt tokens reused from the cache (reported)
     input_logprobs: list[TokenLogprob] = field(default_factory=list)  # from prompt_logprob_from + 1 on
 

@@ -29,25 +29,19 @@ from ..kv_manager import KVManager
 from ..memory import KVPool, ReqToToken, SlotAllocator
 from ..models.llama import ForwardContext
 from ..models.loader import LoadedModel
-from ..radix_cache import RadixCache, TreeNode
-from ..request import Req
+from ..radix_cache import RadixCache
+from ..request import KVFields, Req
 from .draft_model import DraftLM, EarlyExit, load_standalone, weights_per_token
 from .pacing import Pacing
 from .tree import DraftTree, best_nodes, depths, subtree, with_ancestors
 
 
 @dataclass(eq=False)
-class DraftSeq:
-    """A request's tokens as the draft model's KV owner sees them (the fields `KVManager` reads)."""
+class DraftSeq(KVFields):
+    """A request's tokens as the draft model's KV owner sees them (that owner never swaps them out)."""
 
     rid: str
     ids: list[int] = field(default_factory=list)
-    row: int | None = None
-    kv_len: int = 0
-    slot_len: int = 0
-    cached_len: int = 0
-    last_node: TreeNode | None = None
-    swapped: None = None
 
     @property
     def fill_len(self) -> int:
