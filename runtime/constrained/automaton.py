@@ -17,10 +17,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..config import MAX_DFA_STATES
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
-from .fsa import Nfa, determinize, minimize, row_ids, too_large, trim
+from .fsa import Nfa, determinize, minimize, row_ids, state_id, trim
 from .utf8 import char_to_byte_dfa
 
 
@@ -143,7 +142,8 @@ def product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> C
     dead = np.array([len(d.trans) for d in dfas])  # each pattern's extra row: its dead state
     trans_of = [np.vstack([np.where(d.trans >= 0, d.trans, n), np.full((1, width), n)]) for d, n in zip(dfas, dead)]
     start = np.array([[d.start for d in dfas]])
-    ids = {start.tobytes(): 0}
+    keys = [start.tobytes()]
+    ids = {keys[0]: 0}
     layers, rows = [start], []
     while len(layers) > len(rows):
         frontier = layers[len(rows)]
@@ -155,14 +155,10 @@ def product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> C
         state = np.empty(len(first), np.int64)
         fresh = []
         for j, row in enumerate(targets[first]):
-            key = row.tobytes()
-            hit = ids.get(key)
-            if hit is None:
-                if len(ids) >= MAX_DFA_STATES:
-                    raise too_large()
-                hit = ids[key] = len(ids)
+            known = len(keys)
+            state[j] = state_id(ids, keys, row.tobytes())
+            if state[j] == known:  # a new state: it joins the next layer
                 fresh.append(row)
-            state[j] = hit
         row_block = np.full(alive.shape, -1, np.int64)
         row_block[alive] = state[local]
         rows.append(row_block)
