@@ -67,14 +67,6 @@ class Rotary(nn.Module):
         cos, sin = rope_cos_sin(cfg.rope, cfg.head_dim, cfg.max_position)
         self.register_buffer("cos_sin", torch.cat([cos, sin], dim=-1), persistent=False)  # one lookup per call
 
-    @property
-    def cos(self) -> torch.Tensor:
-        return self.cos_sin.chunk(2, dim=-1)[0]
-
-    @property
-    def sin(self) -> torch.Tensor:
-        return self.cos_sin.chunk(2, dim=-1)[1]
-
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, d] (any heads: q and k rotate in one call)."""
         cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, d/2] each
