@@ -26,7 +26,7 @@ from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
 from .json_required_choice import required_choice
 from .regex_parser import parse_regex
-from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin, conjoin_sub, normalize
+from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
@@ -309,10 +309,8 @@ class _SchemaCompiler:
         rule of its own, named by its content, so that meeting it again inside refers to that rule."""
         reentered: list[str] = []
         parts = self._flatten(s, path, set(), reentered)
-        merged: Any = True
         try:
-            for part in parts:
-                merged = conjoin(merged, part)
+            merged = conjoin_all(parts)
         except Clash:
             return self._intersect(parts, path)
         if not reentered:
@@ -734,14 +732,12 @@ def _merged_all_of(schema: dict) -> dict | None:
     parts = schema.get("allOf")
     if set(schema) != {"allOf"} or not isinstance(parts, list) or not parts:
         return None
-    merged: Any = True
-    for part in parts:
-        if not isinstance(part, dict) or "$ref" in part or "allOf" in part:
-            return None
-        try:
-            merged = conjoin(merged, normalize(part, KNOWN_FORMATS))
-        except Clash:
-            return None
+    if not all(isinstance(part, dict) and "$ref" not in part and "allOf" not in part for part in parts):
+        return None
+    try:
+        merged = conjoin_all(normalize(part, KNOWN_FORMATS) for part in parts)
+    except Clash:
+        return None
     return merged if isinstance(merged, dict) else None
 
 

@@ -88,8 +88,8 @@ class LalrGrammar:
     ignore: frozenset[str]
 
 
-def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> LalrGrammar:
-    """Compiles a Lark grammar (start rule `start`). `terminal_nodes` overrides terminals' patterns."""
+def build_lark(text: str) -> LalrGrammar:
+    """Compiles a Lark grammar (start rule `start`)."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("grammar must be a non-empty Lark grammar string")
     import lark  # only grammars need it: an engine without grammars runs where lark is not installed
@@ -102,10 +102,7 @@ def build_lark(text: str, terminal_nodes: dict[str, ra.Node] | None = None) -> L
     except LarkError as e:
         raise ValueError(f"invalid Lark grammar: {e}") from None
     table = LalrTable.from_lark(parser.parser.parser.parser.parse_table)
-    terminals = {}
-    for t in parser.terminals:
-        node = (terminal_nodes or {}).get(t.name)
-        terminals[t.name] = Terminal(t.name, node if node is not None else _terminal_node(t), _rank(t))
+    terminals = {t.name: Terminal(t.name, _terminal_node(t), _rank(t)) for t in parser.terminals}
     return LalrGrammar(table, terminals, frozenset(parser.ignore_tokens))
 
 

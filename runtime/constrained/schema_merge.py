@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Iterable
 
 # Keywords that constrain values, in some draft. Anything else is an annotation.
 VALIDATION = frozenset({
@@ -79,6 +79,14 @@ def conjoin(a: Any, b: Any) -> Any:
     if "properties" in a or "properties" in b or "patternProperties" in a or "patternProperties" in b:
         _merge_property_sets(out, a, b)
     return out
+
+
+def conjoin_all(parts: Iterable[Any]) -> Any:
+    """`conjoin` over parts, in order (True for none); raises Clash where two do not merge."""
+    merged: Any = True
+    for part in parts:
+        merged = conjoin(merged, part)
+    return merged
 
 
 def conjoin_sub(a: Any, b: Any) -> Any:
