@@ -139,10 +139,10 @@ class Endpoint:
                                    )["meta_info"]["prompt_tokens"]  # images expanded: the positions scores name
         given, floor = self._window_bounds(state, prefix, prompt_tokens)
         window_start = max(given - SELECT_HEAL_WINDOW, floor, 1)
+        prompts = [prefix] + [prefix + c for c in choices]
+        batch = {"text": prompts, **({"image_data": [images["image_data"]] * len(prompts)} if images else {})}
         while True:
-            prompts = [prefix] + [prefix + c for c in choices]
-            batch_images = {"image_data": [images["image_data"]] * len(prompts)} if images else {}
-            rows, cached = self._score({"text": prompts, **batch_images}, window_start)
+            rows, cached = self._score(batch, window_start)
             lowest = min(rows[0])  # the first prefix position the server reported
             start = min(_divergence(rows[0], row, prompt_tokens) for row in rows[1:])
             if start > lowest:
