@@ -19,6 +19,7 @@ import numpy as np
 
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
+from .dfa_cache import cached
 from .fsa import Nfa, determinize, minimize, row_ids, state_id, trim
 from .utf8 import char_to_byte_dfa
 
@@ -77,12 +78,24 @@ def collector_paused() -> Iterator[None]:
 
 def compile_dfa(patterns: list[ra.Node], nonempty: bool = False) -> Dfa:
     """One DFA for the union of `patterns`; `nonempty` drops the empty match (lexer terminals)."""
-    trans, accept = char_to_byte_dfa(compile_chars(patterns, alphabet_of(char_sets(patterns)), nonempty))
-    return Dfa(trans, accept)
+    def build() -> Dfa:
+        trans, accept = char_to_byte_dfa(_own_chars(patterns, nonempty))
+        return Dfa(trans, accept)
+    return cached(("bytes", tuple(patterns), nonempty), build)
 
 
 def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = False) -> CharDfa:
     """`compile_dfa` over `alphabet`'s classes (which must cover the patterns' character sets)."""
+    return _project(_own_chars(patterns, nonempty), alphabet)
+
+
+def _own_chars(patterns: list[ra.Node], nonempty: bool) -> CharDfa:
+    """The character DFA over the patterns' own alphabet, built once per content (dfa_cache)."""
+    return cached(("chars", tuple(patterns), nonempty),
+                  lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty))
+
+
+def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool) -> CharDfa:
     builder = _Builder(alphabet)
     nfa = builder.nfa
     start = nfa.new()
@@ -96,6 +109,23 @@ def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = 
         nfa.accepts[builder.build(pattern, s)] = label
     trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty)
     return CharDfa(trans, accept, alphabet)
+
+
+def _project(dfa: CharDfa, alphabet: Alphabet) -> CharDfa:
+    """`dfa` over a finer `alphabet`: each of its classes lies inside one of dfa's classes, or in none
+    (then it is dead everywhere). Same states, so still trimmed and minimal."""
+    own = dfa.alphabet.classes
+    if own == alphabet.classes:
+        return dfa
+    trans = np.full((len(dfa.trans), len(alphabet.classes)), -1, dfa.trans.dtype)
+    if own:
+        los, his, owner = (np.array(col, np.int64) for col in zip(*sorted(
+            (lo, hi, c) for c, ranges in enumerate(own) for lo, hi in ranges)))
+        firsts = np.array([ranges[0][0] for ranges in alphabet.classes], np.int64)
+        at = np.maximum(np.searchsorted(los, firsts, side="right") - 1, 0)
+        inside = (los[at] <= firsts) & (firsts <= his[at])
+        trans[:, inside] = dfa.trans[:, owner[at[inside]]]
+    return CharDfa(trans, dfa.accept, alphabet)
 
 
 def char_sets(patterns: list[ra.Node]) -> list[ra.Ranges]:
@@ -119,23 +149,35 @@ def char_sets(patterns: list[ra.Node]) -> list[ra.Ranges]:
 
 def exactly_one(patterns: list[ra.Node]) -> CharDfa:
     """Strings that exactly one of `patterns` matches (JSON schema oneOf)."""
-    return product(patterns, lambda hits: sum(hits) == 1)
+    return product("exactly_one", patterns)
 
 
 def intersection(patterns: list[ra.Node]) -> CharDfa:
     """Strings that every one of `patterns` matches (JSON schema allOf, pattern with length bounds)."""
-    return product(patterns, all)
+    return product("all", patterns)
 
 
 def difference(keep: ra.Node, drop: ra.Node) -> CharDfa:
     """Strings that `keep` matches and `drop` does not (JSON schema `not`)."""
-    return product([keep, drop], lambda hits: hits[0] and not hits[1])
+    return product("difference", [keep, drop])
 
 
-def product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> CharDfa:
-    """The product of the patterns' DFAs; a state accepts when `accepts` holds of which patterns
-    accept there. Only states some pattern can still leave or accept in are built, a breadth-first
-    layer at a time: one gather per pattern, and a dict lookup per distinct new state."""
+_PRODUCT_ACCEPTS: dict[str, Callable[[list[bool]], bool]] = {
+    "exactly_one": lambda hits: sum(hits) == 1,
+    "all": all,
+    "difference": lambda hits: hits[0] and not hits[1],
+}
+
+
+def product(kind: str, patterns: list[ra.Node]) -> CharDfa:
+    """The product of the patterns' DFAs; a state accepts when `_PRODUCT_ACCEPTS[kind]` holds of which
+    patterns accept there. Built once per content (dfa_cache)."""
+    return cached(("product", kind, tuple(patterns)), lambda: _product(patterns, _PRODUCT_ACCEPTS[kind]))
+
+
+def _product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> CharDfa:
+    """Only states some pattern can still leave or accept in are built, a breadth-first layer at a
+    time: one gather per pattern, and a dict lookup per distinct new state."""
     alphabet = alphabet_of(char_sets(patterns))
     dfas = [compile_chars([p], alphabet) for p in patterns]
     width = len(alphabet.classes)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
 from .automaton import collector_paused, compile_dfa
+from .dfa_cache import DfaCache, caching
 from .grammar import GrammarConstraint
 from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
 from .lalr import build_lark
@@ -29,6 +30,7 @@ class ConstraintCompiler:
         self.json_whitespace = json_whitespace
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Constraint] = OrderedDict()
+        self._dfas = DfaCache()  # sub-languages shared by this engine's compiles (and their lexers)
         self._lock = threading.Lock()
 
     @property
@@ -46,7 +48,7 @@ class ConstraintCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        with collector_paused():
+        with collector_paused(), caching(self._dfas):
             constraint = self._build(kind, spec)
             start = constraint.initial()
             if not constraint.can_end(start) and not constraint.allowed(start).any():

@@ -20,6 +20,7 @@ import numpy as np
 from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
 from . import regex_ast as ra
 from .automaton import Dfa, collector_paused, compile_dfa
+from .dfa_cache import caching, current
 from .lalr import LalrGrammar, Stack
 from .matcher import MaskCache
 from .token_index import TokenIndex, walk_rows
@@ -54,6 +55,7 @@ class GrammarConstraint:
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
+        self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
         self._check_lexer_sizes()
         stack = self.table.initial()
         self._initial: State = (stack, 0, self.lexer(stack, 0).dfa.start)
@@ -95,7 +97,7 @@ class GrammarConstraint:
         terms = sorted((self.grammar.terminals[n] for n in names), key=lambda t: t.rank)
         nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
                  for t in terms]
-        with collector_paused():  # built mid-decode too (lexers are built on first use)
+        with collector_paused(), caching(self._dfas):  # built mid-decode too (lexers are built on first use)
             dfa = compile_dfa(nodes, nonempty=True)
         return Lexer(tuple(t.name for t in terms), dfa, TokenIndex(dfa, self.vocab, boundaries=True))
 

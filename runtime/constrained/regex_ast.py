@@ -71,9 +71,16 @@ class Ref:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Compiled:
-    """A language given directly as a character DFA (`alphabet.CharDfa`), e.g. the result of a product."""
+    """A language given directly as a character DFA (`alphabet.CharDfa`), e.g. the result of a product.
+    Equal when the automaton is the same object (dfa_cache hands out one object per language built)."""
 
     dfa: Any
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compiled) and other.dfa is self.dfa
+
+    def __hash__(self) -> int:
+        return id(self.dfa)
 
 
 @dataclass(frozen=True, slots=True)
