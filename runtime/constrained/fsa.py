@@ -147,23 +147,60 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     """Labels for `refine` that are already exact on the states that reach no cycle: those are
     classed from the sinks back (a state's class is its label and its successors' classes), the
     rest keep their own label apart. Neither can match the other: a state reaching a cycle has
-    infinitely many strings that do not lead to the dead state, the others finitely many."""
+    infinitely many strings that do not lead to the dead state, the others finitely many.
+
+    Classed a height (longest live path) at a time, as equivalent states share it: a wide height
+    as rows at once; a narrow one (chains) state by state, by its live transitions only."""
     n = len(trans)
-    ptr, preds = (a.tolist() for a in _predecessors(trans))
-    pending = np.bincount(np.asarray(preds, np.int64), minlength=n).tolist()  # distinct successors
-    labels = accept.tolist()
-    classes, signatures = [-1] * n, {}
-    stack = [s for s in range(n) if not pending[s]]
-    while stack:  # rows read one by one: on a mostly cyclic DFA few states get here
-        s = stack.pop()
-        signature = (labels[s], *[classes[t] if t >= 0 else -1 for t in trans[s].tolist()])
-        classes[s] = signatures.setdefault(signature, len(signatures))
-        for p in preds[ptr[s]:ptr[s + 1]]:
-            pending[p] -= 1
-            if not pending[p]:
-                stack.append(p)
+    src, col = np.nonzero(trans >= 0)
+    ptr = np.searchsorted(src, np.arange(n + 1)).tolist()
+    cols, targets, labels = col.tolist(), trans[src, col].tolist(), accept.tolist()
+    succ = np.where(trans >= 0, trans, n)  # state n: dead, class -1
+    classes: list[int] = [-1] * n  # read by narrow heights
+    table = np.full(n + 1, -1, np.int64)  # read by wide heights; narrow ones' classes wait in `unsynced`
+    unsynced: list[int] = []
+    count = 0
+    for level in _heights(trans):
+        if len(level) >= _WIDE_LEVEL:
+            table[unsynced] = [classes[s] for s in unsynced]
+            unsynced = []
+            rows = np.array(level, np.int64)
+            ids = row_ids(np.column_stack([accept[rows], table[succ[rows]]])) + count
+            table[rows] = ids
+            for s, c in zip(level, ids.tolist()):
+                classes[s] = c
+            count = int(ids.max()) + 1
+            continue
+        seen: dict[tuple[int, ...], int] = {}
+        for s in level:
+            lo, hi = ptr[s], ptr[s + 1]
+            signature = (labels[s], *cols[lo:hi], *[classes[t] for t in targets[lo:hi]])
+            classes[s] = seen.setdefault(signature, count + len(seen))
+        count += len(seen)
+        unsynced += level
     finite = np.array(classes, np.int64)
-    return np.where(finite >= 0, finite, len(signatures) + 1 + accept)
+    return np.where(finite >= 0, finite, count + 1 + accept)
+
+
+_WIDE_LEVEL = 32  # states of one height from which one numpy pass beats a Python loop
+
+
+def _heights(trans: np.ndarray) -> list[list[int]]:
+    """The states that reach no cycle, each after all its successors (Kahn's order from the sinks
+    back, a level per length of the longest live path; in Python: chains make levels many and small)."""
+    ptr, preds = (a.tolist() for a in _predecessors(trans))
+    pending = np.bincount(np.asarray(preds, np.int64), minlength=len(trans)).tolist()  # distinct successors
+    levels, level = [], [s for s, k in enumerate(pending) if not k]
+    while level:
+        levels.append(level)
+        nxt = []
+        for s in level:
+            for p in preds[ptr[s]:ptr[s + 1]]:
+                pending[p] -= 1
+                if not pending[p]:
+                    nxt.append(p)
+        level = nxt
+    return levels
 
 
 def refine(trans: np.ndarray, labels: np.ndarray, rounds: int | None = None) -> np.ndarray:

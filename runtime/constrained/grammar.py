@@ -64,8 +64,7 @@ class GrammarConstraint:
         """Refuses, now rather than mid-decode, a grammar with a lexer too large to build: a lexer reads
         some of the terminals in its parser state's row (plus the ignored ones), and its automaton has
         about as many NFA states as their trees together."""
-        memo: dict[int, int] = {}  # terminals share subtrees: size each once
-        size = {name: ra.size(t.node, memo) for name, t in self.grammar.terminals.items()}
+        size = {name: ra.size(t.node) for name, t in self.grammar.terminals.items()}
         ignored = sum(size[name] * LARK_MAX_IGNORED_BYTES for name in self.grammar.ignore)
         for row in self.table.actions.values():
             total = ignored + sum(size.get(sym, 0) for sym in row)

@@ -177,7 +177,7 @@ def _char(c: str) -> Chars:
 def seq(*items: Node) -> Node:
     flat: list[Node] = []
     for item in items:
-        if item == NOTHING:
+        if _is_nothing(item):
             return NOTHING
         flat.extend(item.items if isinstance(item, Seq) else (item,))
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
@@ -193,13 +193,17 @@ def alt(*items: Node) -> Node:
 
 
 def repeat(item: Node, lo: int, hi: int | None) -> Node:
-    if hi == 0 or item == EMPTY:
+    if hi == 0 or (type(item) is Seq and not item.items):
         return EMPTY
-    if item == NOTHING:
+    if _is_nothing(item):
         return EMPTY if lo == 0 else NOTHING
     if lo == hi == 1:
         return item
     return Repeat(item, lo, hi)
+
+
+def _is_nothing(node: Node) -> bool:  # `== NOTHING`, without the dataclass comparison's dispatch
+    return type(node) is Alt and not node.items
 
 
 def optional(item: Node) -> Node:
@@ -237,8 +241,15 @@ def graph_closure(graph: Graph, state: int) -> set[int]:
 
 
 _NO_REFS: frozenset[str] = frozenset()
-_REFS_MEMO: dict[int, tuple[Node, frozenset[str]]] = {}  # by id; holding the node keeps its id unique
-_REFS_MEMO_SIZE = 1 << 18
+_MEMO_SIZE = 1 << 18  # memos by id (holding the node keeps its id unique)
+_REFS_MEMO: dict[int, tuple[Node, frozenset[str]]] = {}
+_SIZE_MEMO: dict[int, tuple[Node, int]] = {}
+
+
+def _remember(memo: dict, node: Node, value: Any) -> None:  # noqa: ANN401 - the memo's value type
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    memo[id(node)] = (node, value)
 
 
 def refs(node: Node) -> frozenset[str]:
@@ -257,29 +268,27 @@ def refs(node: Node) -> frozenset[str]:
         children = node.items if isinstance(node, Seq | Alt) else (n for _, n, _ in node.edges)
         parts = [r for r in map(refs, children) if r]  # most subtrees have none: share the empty set
         out = parts[0] if len(parts) == 1 else frozenset().union(*parts) if parts else _NO_REFS
-    if len(_REFS_MEMO) >= _REFS_MEMO_SIZE:
-        _REFS_MEMO.clear()
-    _REFS_MEMO[id(node)] = (node, out)
+    _remember(_REFS_MEMO, node, out)
     return out
 
 
-def size(node: Node, memo: dict[int, int] | None = None) -> int:
-    """About how many NFA states `node` builds into (repeats and shared subtrees are copies)."""
-    memo = {} if memo is None else memo
-    hit = memo.get(id(node))
-    if hit is not None:
-        return hit
+def size(node: Node) -> int:
+    """About how many NFA states `node` builds into (repeats and shared subtrees are copies). Memoized
+    by identity, as `refs` is: the schema compiler asks at every level of a tree."""
     if isinstance(node, Chars | Ref):
-        out = 1
-    elif isinstance(node, Seq | Alt):
-        out = 1 + sum(size(x, memo) for x in node.items)
+        return 1
+    if isinstance(node, Compiled):
+        return len(node.dfa.trans)
+    hit = _SIZE_MEMO.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    if isinstance(node, Seq | Alt):
+        out = 1 + sum(map(size, node.items))
     elif isinstance(node, Repeat):
-        out = 1 + size(node.item, memo) * max(node.min + 1 if node.max is None else node.max, 1)
+        out = 1 + size(node.item) * max(node.min + 1 if node.max is None else node.max, 1)
     elif isinstance(node, Bounded):
-        out = size(node.item, memo) * node.max_bytes
-    elif isinstance(node, Compiled):
-        out = len(node.dfa.trans)
+        out = size(node.item) * node.max_bytes
     else:
-        out = node.num_states + sum(size(n, memo) for _, n, _ in node.edges)
-    memo[id(node)] = out
+        out = node.num_states + sum(size(n) for _, n, _ in node.edges)
+    _remember(_SIZE_MEMO, node, out)
     return out

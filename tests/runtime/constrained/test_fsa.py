@@ -89,6 +89,24 @@ def test_minimize_folds_two_copies_of_a_long_chain_into_one():
     assert behaviour(small, small_labels, 0, 3) == behaviour(trans, labels, 0, 3)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_minimize_merges_exactly_what_plain_refinement_does_on_wide_acyclic_layers(seed):
+    # layers of 40 states (wide enough to be classed as rows at once), each reading into the next
+    # layer or nowhere, with a few labels; some seeds add a loop back, so part of it reaches a cycle
+    rng = np.random.default_rng(seed)
+    width, depth, symbols = 40, 6, 3
+    n = width * depth
+    layer = np.arange(n) // width
+    nxt = (layer[:, None] + 1) * width + rng.integers(0, 4, (n, symbols))  # few targets: many equal rows
+    trans = np.where((layer[:, None] < depth - 1) & (rng.random((n, symbols)) < 0.7), nxt, -1)
+    labels = np.where(rng.random(n) < 0.2, rng.integers(0, 2, n), -1)
+    if seed % 2:
+        trans[n - 1, 0] = 0
+    small, small_labels = fsa.minimize(trans, labels)
+    assert len(small) == len(np.unique(fsa.refine(trans, labels)))
+    assert behaviour(small, small_labels, 0, depth) == behaviour(trans, labels, 0, depth)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(-2, 2), min_size=3, max_size=3), min_size=1, max_size=30))
 def test_row_ids_are_equal_exactly_where_rows_are(rows):
