@@ -3,6 +3,8 @@
 Module map (each file one idea):
 - regex_ast, regex_parser: regular-language trees; Python regex text -> tree (stdlib parser).
 - automaton: tree -> byte-level DFA: built over code-point classes (alphabet), expanded to UTF-8 (utf8).
+- dfa_cache: automata kept by exact content (the trees themselves) per engine, so a repeated language
+  (a string pattern with length bounds, "any key but these") is determinized once.
 - fsa: automata over abstract symbols: Thompson NFA, subsets, trimming, (incremental) Moore refinement.
 - vocab, vocab_trie, token_index: the vocabulary as bytes and as a byte trie (once per vocabulary);
   per DFA state, the tokens it can read (one vectorised trie walk).
