@@ -15,7 +15,7 @@ class _Decodes:
 
     rows: torch.Tensor  # [b] query rows
     slots: torch.Tensor  # [b, max_len] KV slots (0 where padded)
-    mask: torch.Tensor  # [b, 1, 1, max_len] bool: True where a key is real
+    mask: torch.Tensor | None  # [b, 1, 1, max_len] bool: True where a key is real; None: no padding
     every_row: bool  # the step is these decodes alone, rows 0..b-1 in order: no scatter into the output
 
     def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -80,7 +80,8 @@ class TorchAttention:
         index = torch.where(valid, starts[:, None] + cols[None, :], torch.zeros_like(valid, dtype=torch.int64))
         slots = torch.where(valid, plan.kv_indices[index], torch.zeros_like(index))
         rows = torch.tensor([q_ptr[i] for i in seqs], device=device)
-        return _Decodes(rows, slots, valid[:, None, None, :], every_row=len(seqs) == len(kv_lens))
+        padded = min(kv_lens[i] for i in seqs) < max(kv_lens[i] for i in seqs)  # SDPA is faster unmasked
+        return _Decodes(rows, slots, valid[:, None, None, :] if padded else None, every_row=len(seqs) == len(kv_lens))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"
