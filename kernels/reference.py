@@ -46,6 +46,12 @@ class TorchAttention:
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
 
+    @property
+    def decode_only(self) -> bool:
+        """Whether the planned step is decodes alone, one query per sequence: a shape that stays put from
+        step to step (the CPU's compiled decode forward runs only such steps)."""
+        return self._decodes is not None and self._decodes.every_row
+
     def plan(self, batch: AttentionBatch) -> AttentionPlan:
         device = self.k_buffers[0].device
         plan = build_plan(batch, device)
