@@ -1,10 +1,10 @@
 """Optional torch.compile of the decode forward on the CPU, as gpt-fast compiles its decode step.
 
-Eager decode at batch 1 runs ~190 small ops per layer around the matmuls; inductor fuses the norms,
-residual adds, casts, RoPE and SiLU * up into a few C++ loops and calls the packed matmuls and attention
-as external kernels. Measured on SmolLM2 with `quantization="auto"`, one thread, a loaded 2-core VM: the
-model step takes ~0.6x the eager step's CPU time, after ~85 s of compiling (wall) on the first decode step;
-a new graph compiles for batch 1, for larger batches, and for batches whose sequences differ in length.
+Eager decode at batch 1 makes ~185 aten calls per layer (views included) around the matmuls; inductor
+fuses the norms, residual adds, casts, RoPE and SiLU * up into a few C++ loops and calls the packed
+matmuls and attention as external kernels. Measured on SmolLM2 with `quantization="auto"`, one thread, a loaded 2-core VM: the
+model step takes ~0.6x the eager step's CPU time, after ~85-120 s of compiling (wall) per graph: one
+compiles on the first decode step of batch 1, of larger batches, and of batches whose lengths differ.
 So it is off by default (EngineConfig.compile_layers) and kept out of the tests. Steps holding prompt
 chunks or token trees run eagerly: their shapes (one attention call per sequence) change every step.
 """
