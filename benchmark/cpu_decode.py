@@ -103,18 +103,18 @@ def measure(runners: dict[str, Runner], repeats: int) -> dict[str, dict[str, tup
 
 
 def report_speed(best: dict[str, dict[str, tuple[float, int]]]) -> None:
-    print(f"\n{'system':16}" + "".join(f"{w:>16}" for w in WORKLOADS))
+    print(f"\n{'system':24}" + "".join(f"{w:>16}" for w in WORKLOADS))
     for name, results in best.items():
         cells = [f"{results[w][0]:14.2f} s" if w == "few-shot" else f"{results[w][1] / results[w][0]:10.1f} tok/s"
                  for w in WORKLOADS]
-        print(f"{name:16}" + "".join(f"{c:>16}" for c in cells))
+        print(f"{name:24}" + "".join(f"{c:>16}" for c in cells))
     for peer in ("transformers", "llama.cpp"):
         if peer not in best:
             continue
         print(f"\nspeed vs {peer} (x, higher is faster)")
         for name in (n for n in best if n.startswith("radixlang")):
             ratios = [best[peer][w][0] / best[peer][w][1] * best[name][w][1] / best[name][w][0] for w in WORKLOADS]
-            print(f"  {name:16}" + "".join(f"{w} {r:5.2f}x   " for w, r in zip(WORKLOADS, ratios)))
+            print(f"  {name:24}" + "".join(f"{w} {r:5.2f}x   " for w, r in zip(WORKLOADS, ratios)))
 
 
 def report_fidelity(engines: dict[str, Engine]) -> None:
