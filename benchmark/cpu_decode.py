@@ -7,6 +7,9 @@ questions after a shared 8-shot prefix x 8 tokens). Prints tok/s (few-shot: seco
 goals name, then each low-bit mode's fidelity: greedy agreement with the fp32 engine on the 20 reference
 prompts (and with transformers' recorded ids), and the perplexity of a fixed text against fp32's.
 
+--compile MODE[,MODE] adds, for each mode named, an engine with compile_layers=True (the decode forward
+torch.compile'd); each of its graphs compiles in a warm-up pass over every workload, before the timed rounds.
+
 HF transformers needs `accelerate` to read a GGUF (pip install -e ".[test,bench]"); llama.cpp is optional
 (pip install llama-cpp-python, which builds from source: CMAKE_ARGS as in benchmark/programs/plain_lm.py);
 either one missing is reported and skipped.
@@ -77,6 +80,14 @@ def llama_cpp_runner() -> Runner | None:
     return run
 
 
+def compile_graphs(name: str, run: Runner) -> None:
+    """Runs every workload once, so that each decode graph (batch 1, padded batches) compiles untimed."""
+    t0 = time.perf_counter()
+    for prompts, _ in WORKLOADS.values():
+        run(prompts, 4)
+    print(f"radixlang {name}: compiled its decode graphs in {time.perf_counter() - t0:.0f} s")
+
+
 def measure(runners: dict[str, Runner], repeats: int) -> dict[str, dict[str, tuple[float, int]]]:
     """Best (seconds, tokens) per system and workload, the systems interleaved within each round."""
     best: dict[str, dict[str, tuple[float, int]]] = {name: {} for name in runners}
@@ -92,18 +103,18 @@ def measure(runners: dict[str, Runner], repeats: int) -> dict[str, dict[str, tup
 
 
 def report_speed(best: dict[str, dict[str, tuple[float, int]]]) -> None:
-    print(f"\n{'system':16}" + "".join(f"{w:>16}" for w in WORKLOADS))
+    print(f"\n{'system':24}" + "".join(f"{w:>16}" for w in WORKLOADS))
     for name, results in best.items():
         cells = [f"{results[w][0]:14.2f} s" if w == "few-shot" else f"{results[w][1] / results[w][0]:10.1f} tok/s"
                  for w in WORKLOADS]
-        print(f"{name:16}" + "".join(f"{c:>16}" for c in cells))
+        print(f"{name:24}" + "".join(f"{c:>16}" for c in cells))
     for peer in ("transformers", "llama.cpp"):
         if peer not in best:
             continue
         print(f"\nspeed vs {peer} (x, higher is faster)")
         for name in (n for n in best if n.startswith("radixlang")):
             ratios = [best[peer][w][0] / best[peer][w][1] * best[name][w][1] / best[name][w][0] for w in WORKLOADS]
-            print(f"  {name:16}" + "".join(f"{w} {r:5.2f}x   " for w, r in zip(WORKLOADS, ratios)))
+            print(f"  {name:24}" + "".join(f"{w} {r:5.2f}x   " for w, r in zip(WORKLOADS, ratios)))
 
 
 def report_fidelity(engines: dict[str, Engine]) -> None:
@@ -113,7 +124,7 @@ def report_fidelity(engines: dict[str, Engine]) -> None:
     for mode, run in runs.items():
         vs_fp32 = "" if mode == "none" or "none" not in runs else "; " + agreement(run, runs["none"])
         delta = f" ({ppl[mode] - ppl['none']:+.3f})" if "none" in ppl else ""
-        print(f"  {mode:5} equal to transformers' ids on {run.equal_to_transformers()}/20; "
+        print(f"  {mode:12} equal to transformers' ids on {run.equal_to_transformers()}/20; "
               f"perplexity {ppl[mode]:.3f}{delta}{vs_fp32}")
 
 
@@ -121,12 +132,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2, help="rounds; each system's best round counts")
     parser.add_argument("--modes", default=",".join(MODES), help="radixlang quantization modes, comma-separated")
+    parser.add_argument("--compile", default="", help="modes to run also with compile_layers=True, comma-separated")
     parser.add_argument("--no-peers", action="store_true", help="skip HF transformers and llama.cpp")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     engines = {m: Engine(device="cpu", kv_cache_tokens=16384, quantization=m) for m in modes}
+    for m in (m for m in args.compile.split(",") if m):
+        engines[f"{m}+compile"] = Engine(device="cpu", kv_cache_tokens=16384, quantization=m, compile_layers=True)
     try:
         runners: dict[str, Runner] = {f"radixlang {m}": engine_runner(e) for m, e in engines.items()}
+        for name, engine in engines.items():
+            if name.endswith("+compile"):
+                compile_graphs(name, engine_runner(engine))
         if not args.no_peers:
             peers = {"transformers": transformers_runner(next(iter(engines.values())).tokenizer),
                      "llama.cpp": llama_cpp_runner()}

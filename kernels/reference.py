@@ -15,7 +15,7 @@ class _Decodes:
 
     rows: torch.Tensor  # [b] query rows
     slots: torch.Tensor  # [b, max_len] KV slots (0 where padded)
-    mask: torch.Tensor  # [b, 1, 1, max_len] bool: True where a key is real
+    mask: torch.Tensor | None  # [b, 1, 1, max_len] bool: True where a key is real; None: no padding
     every_row: bool  # the step is these decodes alone, rows 0..b-1 in order: no scatter into the output
 
     def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -45,6 +45,12 @@ class TorchAttention:
         self._out_cache_loc: torch.Tensor | None = None
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
+
+    @property
+    def decode_only(self) -> bool:
+        """Whether the planned step is decodes alone, one query per sequence: a shape that stays put from
+        step to step (the CPU's compiled decode forward runs only such steps)."""
+        return self._decodes is not None and self._decodes.every_row
 
     def plan(self, batch: AttentionBatch) -> AttentionPlan:
         device = self.k_buffers[0].device
@@ -80,7 +86,8 @@ class TorchAttention:
         index = torch.where(valid, starts[:, None] + cols[None, :], torch.zeros_like(valid, dtype=torch.int64))
         slots = torch.where(valid, plan.kv_indices[index], torch.zeros_like(index))
         rows = torch.tensor([q_ptr[i] for i in seqs], device=device)
-        return _Decodes(rows, slots, valid[:, None, None, :], every_row=len(seqs) == len(kv_lens))
+        padded = min(kv_lens[i] for i in seqs) < max(kv_lens[i] for i in seqs)  # SDPA is faster unmasked
+        return _Decodes(rows, slots, valid[:, None, None, :] if padded else None, every_row=len(seqs) == len(kv_lens))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"

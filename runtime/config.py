@@ -77,7 +77,7 @@ class EngineConfig:
     # "none": fp32 (exact, the oracle); "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights on packed CPU kernels;
     # "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are not exact
     quantization: str = "none"
-    compile_layers: bool = False  # torch.compile the MLPs and norms (~1.09x CPU decode; ~100 s to compile)
+    compile_layers: bool = False  # torch.compile the CPU decode forward (~1.6x the model step; ~85 s to compile)
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops

@@ -53,10 +53,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # the same math in one call
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+RopeTable = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, d/2] each: one step's positions
 
 
 class Rotary(nn.Module):
@@ -65,14 +70,19 @@ class Rotary(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         cos, sin = rope_cos_sin(cfg.rope, cfg.head_dim, cfg.max_position)
-        self.register_buffer("cos_sin", torch.cat([cos, sin], dim=-1), persistent=False)  # one lookup per call
+        self.register_buffer("cos_sin", torch.cat([cos, sin], dim=-1), persistent=False)  # one lookup per step
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, d] (any heads: q and k rotate in one call)."""
-        cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, d/2] each
-        x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+    def table(self, positions: torch.Tensor) -> RopeTable:
+        """Looked up once per forward and shared by every layer."""
+        cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
+
+def apply_rope(x: torch.Tensor, rope: RopeTable) -> torch.Tensor:
+    """x: [T, heads, d] (any heads: q and k rotate in one call)."""
+    cos, sin = rope
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -92,14 +102,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, ctx: ForwardContext):
+    def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext):
         qkv = self.qkv_proj(x)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # q heads, then k heads
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
-        q, k = rotary(qk, positions).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
         o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -124,8 +134,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, x, positions, rotary, ctx):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
+    def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -150,8 +160,9 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         if embeds is not None:
             x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
+        rope = self.rotary.table(positions)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, ctx)
+            x = layer(x, rope, ctx)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scale.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        flat = _rows(x)
         if flat.shape[0] >= DENSE_MIN_ROWS:  # the kernel's own order: sum of x * code, then the scale
             return _finish((flat @ self.dense.T).float() * self.scale.float(), x, self.bias)
         out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale)
@@ -72,7 +72,7 @@ class Int4Linear(nn.Module):
         self.bias = _bias(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        flat = _rows(x)
         if flat.shape[0] >= DENSE_MIN_ROWS:
             return _finish(flat @ self.dense.T, x, self.bias)
         if self.repeats > 1:
@@ -95,8 +95,15 @@ def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
     return None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, in_features] bf16, the kernels' input (the model's activations are already 2-D)."""
+    return (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])).to(torch.bfloat16)
+
+
 def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    out = out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])
+    out = out.to(x.dtype)
+    if x.dim() != 2:
+        out = out.view(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
 

@@ -23,9 +23,9 @@ class EarlyExit(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = self.target
-        x = t.embed_tokens(input_ids)
+        x, rope = t.embed_tokens(input_ids), t.rotary.table(positions)
         for layer in t.layers[: self.num_layers]:  # layer ids 0..k-1: the draft pool's own k layers
-            x = layer(x, positions, t.rotary, ctx)
+            x = layer(x, rope, ctx)
         return t.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

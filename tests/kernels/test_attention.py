@@ -83,6 +83,24 @@ def test_token_tree_sees_prefix_and_ancestors_only(name):
     assert torch.allclose(out, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_lens", [[7], [6, 6, 6], [3, 11, 6]])  # one sequence, equal lengths, padded
+def test_decode_only_steps_match_definition(kv_lens):
+    k_bufs, v_bufs, slots, batch, q, k, v = scenario(kv_lens, [1] * len(kv_lens), [None] * len(kv_lens), seed=2)
+    backend = create_backend("torch", k_bufs, v_bufs)
+    backend.plan(batch)
+    assert backend.decode_only
+    out = backend.forward(q, k, v, 0, 1 / math.sqrt(D))
+    expected = naive(q, k_bufs[0], v_bufs[0], [(s, 1, chain(n, 1)) for s, n in zip(slots, kv_lens)])
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_a_step_with_a_prompt_chunk_is_not_decode_only():
+    k_bufs, v_bufs, _, batch, *_ = scenario([5, 9], [1, 4], [None, None])
+    backend = create_backend("torch", k_bufs, v_bufs)
+    backend.plan(batch)
+    assert not backend.decode_only
+
+
 def test_a_chain_written_as_parents_equals_the_chain():
     kv_lens, extend_lens = [9], [5]
     k_bufs, v_bufs, _, batch, q, k, v = scenario(kv_lens, extend_lens, [None])
