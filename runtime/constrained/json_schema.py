@@ -25,6 +25,7 @@ from .json_scalars import (FORMATS, STRING_CHARS, as_decimal, compiled_or_nothin
 from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
 from .json_required_choice import required_choice
+from .json_unions import Container, merged_body
 from .regex_parser import parse_regex
 from .schema_merge import JSON_TYPES, MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize
 
@@ -127,6 +128,7 @@ class _SchemaCompiler:
         self._open: set[str] = set()
         self._recursive: set[str] = set()
         self._merged_names: dict[str, str] = {}  # rules for merged allOfs that recurse, by content
+        self._containers: dict[ra.Node, Container] = {}  # each bracketed node, by itself: unions merge them
 
     # ---- tokens -------------------------------------------------------------------------------
     def punct(self, c: str) -> ra.Node:
@@ -149,7 +151,31 @@ class _SchemaCompiler:
         """`body` in brackets; around a rule (or where asked), the brackets are lexemes of their own."""
         split = self._split_all or bool(ra.refs(body) - {LEXEME_BOUNDARY})
         cut = self.boundary() if split and not self._exact else ra.EMPTY
-        return ra.seq(ra.literal(opening), self.ws, cut, body, cut, self.ws, ra.literal(closing))
+        node = ra.seq(ra.literal(opening), self.ws, cut, body, cut, self.ws, ra.literal(closing))
+        self._containers[node] = Container(opening, body, closing)
+        return node
+
+    def merge_containers(self, nodes: list[ra.Node]) -> list[ra.Node]:
+        """Alternatives that are objects (or arrays) holding rules, as one object (or array) whose body
+        reads the union of theirs (json_unions): an LALR parser cannot carry two readings of one text."""
+        if self._exact:
+            return nodes
+        opened = [self._containers.get(self.rules.get(n.name, n) if isinstance(n, ra.Ref) else n) for n in nodes]
+        out, merged = [], set()
+        for i, node in enumerate(nodes):
+            if i in merged:
+                continue
+            box = opened[i]
+            group = [j for j, other in enumerate(opened) if j >= i and box and other and other.opening == box.opening]
+            body = None
+            if len(group) > 1 and any(ra.refs(opened[j].body) for j in group):
+                body = merged_body([opened[j].body for j in group])
+            if body is None:
+                out.append(node)
+                continue
+            merged.update(group)
+            out.append(self.bracketed(box.opening, body, box.closing))
+        return out
 
     def separator(self, members_apart: bool) -> ra.Node:
         """The comma between members or items; where they hold rules (or where asked), a lexeme starts
@@ -251,7 +277,12 @@ class _SchemaCompiler:
                 last = e
         if not nodes:
             raise last or Unsatisfiable(f"no alternative at {path}")
-        return ra.alt(*self.split_alike(nodes, lambda i: kept[i]()))
+        return self.alternatives(nodes, kept)
+
+    def alternatives(self, nodes: list[ra.Node], makers: list) -> ra.Node:
+        """Alternatives that each match values apart, or where two match a value, either may."""
+        nodes = self.split_alike(nodes, lambda i: makers[i]())
+        return ra.alt(*self.merge_containers(nodes))
 
     def typed(self, t: str, s: dict, path: str) -> ra.Node:
         if t == "object":
@@ -362,7 +393,8 @@ class _SchemaCompiler:
                               path)
         nodes, kept = self._branches(branches, path)
         if self._disjoint(nodes, kept, path):
-            return ra.alt(*self.split_alike(nodes, lambda i: self.compile(kept[i], f"{path}/oneOf/{i}")))
+            return self.alternatives(nodes, [lambda b=b, i=i: self.compile(b, f"{path}/oneOf/{i}")
+                                             for i, b in enumerate(kept)])
         if any(ra.refs(n) for n in nodes) and not self._exact:
             # a union of rules would let values matching two branches through: recompile them whole
             nodes, kept = self.exact(lambda: self._branches(branches, path))
