@@ -92,6 +92,8 @@ KEYWORD_SCHEMAS = {
     "decimal_bounds": {"type": "number", "minimum": 0.01, "exclusiveMaximum": 2.5},
     "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
                           "minItems": 1},
+    "pattern_negative_look_ahead": {"type": "string", "pattern": "^(?!ab|^c\\.)[a-d.]{0,3}$"},
+    "pattern_positive_look_ahead": {"type": "string", "pattern": "^(?=a|b)[a-c]+", "maxLength": 3},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
     "anchors_inside_a_group": {"type": "string", "pattern": "(^([0-9]+)\\.(?:[0-9]{1,2})$)", "maxLength": 5},
     "group_around_a_search": {"type": "string", "pattern": "(?:b[0-9])", "maxLength": 4},
@@ -226,6 +228,10 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("any_of_overlapping_recursive_containers", []),
     ("any_of_overlapping_recursive_containers", {"a": 1, "kid": [{"c": True}, ["x"]], "b": None}),
     ("any_of_overlapping_recursive_containers", {"a": 1, "kid": {"a": 2}, "c": False}),
+    ("pattern_negative_look_ahead", "ba"),
+    ("pattern_negative_look_ahead", "c"),
+    ("pattern_negative_look_ahead", ""),
+    ("pattern_positive_look_ahead", "bcx"),
     ("anchored_alternatives", "c7"),
     ("anchors_inside_a_group", "12.5"),
     ("group_around_a_search", "ab7c"),
@@ -405,3 +411,15 @@ def test_large_strings_become_rules_and_keep_their_exact_length(compiler):
         value = {"a": "x" * a, "b": "é" * b, "c": [None]}
         assert accepts(constraint, json.dumps(value, ensure_ascii=False, separators=(",", ":"))) == \
             validator(schema).is_valid(value), (a, b)
+
+
+def test_leading_look_aheads_match_python_re_on_every_short_string(compiler):
+    import itertools
+
+    for name in ("pattern_negative_look_ahead", "pattern_positive_look_ahead"):
+        schema = KEYWORD_SCHEMAS[name]
+        constraint = compiler.compile("json_schema", schema)
+        for n in range(5):
+            for chars in itertools.product("abcd.x", repeat=n):
+                text = "".join(chars)
+                assert accepts(constraint, json.dumps(text)) == validator(schema).is_valid(text), (name, text)
