@@ -336,23 +336,23 @@ class _SchemaCompiler:
     # ---- combinators --------------------------------------------------------------------------
     def all_of(self, s: dict, path: str) -> ra.Node:
         """Merges the parts keyword by keyword; parts that do not merge are intersected as languages.
-        A part that inlines a `$ref` being compiled further up (a recursion) makes the merged schema a
-        rule of its own, named by its content, so that meeting it again inside refers to that rule."""
-        reentered: list[str] = []
-        parts = self._flatten(s, path, set(), reentered)
+        A merged schema that inlines a `$ref` is compiled once per content, as a rule where it recurs:
+        a cycle through `$ref`s with sibling keywords would otherwise inline itself without end."""
+        inlined: list[str] = []
+        parts = self._flatten(s, path, set(), inlined)
         try:
             merged = conjoin_all(parts)
         except Clash:
             return self._intersect(parts, path)
-        if not reentered:
+        if not inlined:
             return self.compile(merged, path)
         key = "allOf:" + json.dumps(merged, sort_keys=True, default=repr)
         name = self._merged_names.setdefault(key, f"all_of_{len(self._merged_names)}")
         return self.named(key, merged, name, path)
 
-    def _flatten(self, schema: Any, path: str, seen: set[str], reentered: list[str]) -> list[Any]:
-        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets, normalized; `$ref`s
-        whose compilation is under way further up are listed in `reentered`."""
+    def _flatten(self, schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:
+        """The conjuncts of a schema: `allOf` members and inlined `$ref` targets (listed in `inlined`),
+        normalized."""
         if not isinstance(schema, dict):
             return [schema]
         s = normalize(schema, KNOWN_FORMATS)
@@ -361,14 +361,13 @@ class _SchemaCompiler:
             key, target = self.refs.resolve(s["$ref"], path)
             if key in seen:
                 raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} is an allOf member of itself")
-            if key in self._open:
-                reentered.append(key)
-            out += self._flatten(target, key, seen | {key}, reentered)
+            inlined.append(key)
+            out += self._flatten(target, key, seen | {key}, inlined)
         subs = s.get("allOf", [])
         if not isinstance(subs, list):
             raise ValueError(f"json_schema allOf at {path} must be a list")
         for i, sub in enumerate(subs):
-            out += self._flatten(sub, f"{path}/allOf/{i}", seen, reentered)
+            out += self._flatten(sub, f"{path}/allOf/{i}", seen, inlined)
         rest = {k: v for k, v in s.items() if k not in ("$ref", "allOf")}
         return out + [rest] if rest or not out else out
 
