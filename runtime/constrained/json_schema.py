@@ -21,7 +21,7 @@ from . import regex_ast as ra
 from .automaton import compile_dfa, difference, exactly_one, intersection
 from .json_objects import object_node
 from .json_scalars import (FORMATS, STRING_CHARS, as_decimal, compiled_or_nothing, const_text, constrained_string, integer_node,
-                           multiples_of, number_node, pattern_body, quoted, spellings, string_node)
+                           multiples_of, number_node, pattern_body, quoted, spellings, string_body, string_node)
 from .json_disjoint import provably_disjoint
 from .json_refs import RefResolver
 from .json_required_choice import required_choice
@@ -33,6 +33,7 @@ ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
 JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
+STRING_CHUNK = 512  # ... and a string longer than twice this many characters is read in chunks of it
 MAX_UNIQUE_VALUES = 8
 RELAXABLE = frozenset({"uniqueItems"})  # uniqueItems is enforced over at most this many item values (2^n states)
 KNOWN_FORMATS = frozenset(FORMATS)
@@ -216,18 +217,22 @@ class _SchemaCompiler:
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
-        node = self._compile(schema, path)
         # a container around a rule is a rule too, one per schema: two alternatives that share it
         # (anyOf branches alike up to a late member) then parse it as one, where two copies of its
         # rules would be an LALR conflict
-        large = self.rule_size is not None and ra.size(node) > self.rule_size
-        if (large or (ra.refs(node) and not isinstance(node, ra.Ref))) and _lexes_alone(node):
-            name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
-            self._piece_count += 1
-            self.rules[name] = node
-            node = ra.Ref(name)
+        node = self.piece(self._compile(schema, path), ruled=True)
         self._pieces[key] = node
         return node
+
+    def piece(self, node: ra.Node, ruled: bool = False) -> ra.Node:
+        """`node` as a rule of its own where it is large (or, with `ruled`, holds a rule) and lexes alone."""
+        large = self.rule_size is not None and ra.size(node) > self.rule_size
+        if not (large or (ruled and ra.refs(node) and not isinstance(node, ra.Ref))) or not _lexes_alone(node):
+            return node
+        name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
+        self._piece_count += 1
+        self.rules[name] = node
+        return ra.Ref(name)
 
     def _compile(self, schema: dict, path: str) -> ra.Node:
         s = normalize(schema, KNOWN_FORMATS)
@@ -264,7 +269,9 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema type at {path} must be one of {JSON_TYPES}, got {s['type']!r}")
         if "integer" in types and "number" in types:
             types = [t for t in types if t != "integer"]
-        return self.union([lambda t=t: self.typed(t, s, path) for t in types], path)
+        # each type its own piece where large: a string beside null is one lexeme, not the whole object
+        return self.union([lambda t=t: self.piece(self.typed(t, s, path)) if len(types) > 1 else self.typed(t, s, path)
+                           for t in types], path)
 
     def union(self, makers: list, path: str) -> ra.Node:
         """The alternatives that some value satisfies; unsatisfiable ones drop out."""
@@ -630,11 +637,27 @@ class _SchemaCompiler:
         patterns = s.get("pattern", ())
         bodies += [pattern_body(p, path) for p in (patterns if isinstance(patterns, tuple) else (patterns,))]
         if not bodies:
-            return string_node(lo, hi)
+            return self.long_string(lo, hi) if self.rule_size is not None and (hi or 0) > 2 * STRING_CHUNK \
+                else string_node(lo, hi)
         node = constrained_string(bodies, lo, hi)
         if node == ra.NOTHING or node == quoted(ra.NOTHING):
             raise Unsatisfiable(f"no string at {path} satisfies its pattern, format and length together")
         return node
+
+    def long_string(self, lo: int, hi: int) -> ra.Node:
+        """A string of lo..hi characters, as chunks of exactly STRING_CHUNK characters then a last piece
+        that closes the quote: one lexeme of thousands of counted characters would be a DFA too large
+        to build. Longest-match lexing reads a chunk only where the string goes on past it."""
+        self.rules.setdefault("string_chunk", string_body(STRING_CHUNK, STRING_CHUNK))
+        tail: ra.Node = ra.NOTHING
+        for j in reversed(range(hi // STRING_CHUNK + 1)):  # rule j: the rest after j chunks
+            last_lo, last_hi = max(0, lo - j * STRING_CHUNK), min(STRING_CHUNK, hi - j * STRING_CHUNK)
+            last = ra.seq(string_body(last_lo, last_hi), ra.literal('"')) if last_lo <= last_hi else ra.NOTHING
+            more = ra.seq(ra.Ref("string_chunk"), tail) if tail != ra.NOTHING else ra.NOTHING
+            name = f"string_{lo}_{hi}_{j}"
+            self.rules[name] = ra.alt(last, more)
+            tail = ra.Ref(name)
+        return ra.seq(ra.literal('"'), tail)
 
     def number(self, t: str, s: dict, path: str) -> ra.Node:
         lo, hi = _bound(s, "minimum", "exclusiveMinimum", path), _bound(s, "maximum", "exclusiveMaximum", path)

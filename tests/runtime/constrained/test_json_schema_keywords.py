@@ -430,3 +430,16 @@ def test_leading_look_aheads_match_python_re_on_every_short_string(compiler):
             for chars in itertools.product("abcd.x", repeat=n):
                 text = "".join(chars)
                 assert accepts(constraint, json.dumps(text)) == validator(schema).is_valid(text), (name, text)
+
+
+def test_long_strings_are_read_in_chunks_and_keep_their_exact_length(compiler):
+    schema = {"type": "object", "properties": {"a": {"type": ["string", "null"], "minLength": 1030, "maxLength": 1600},
+                                               "b": {"type": "string", "maxLength": 5000}}, "required": ["a"]}
+    assert "string_chunk" in compile_json_schema(schema).rules
+    constraint = compiler.compile("json_schema", schema)
+    for a, b in [(1030, 0), (1029, 0), (1024, 5000), (1536, 5001), (1537, 512), (1600, 1024), (1601, 1)]:
+        for char in ("x", "é", "\n"):
+            value = {"a": char * a, "b": "y" * b}
+            assert accepts(constraint, json.dumps(value, ensure_ascii=False, separators=(",", ":"))) == \
+                validator(schema).is_valid(value), (a, b, char)
+    assert accepts(constraint, '{"a":null}')
