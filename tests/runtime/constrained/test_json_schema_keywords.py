@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 
 from radixlang.runtime.constrained.automaton import compile_dfa
-from radixlang.runtime.constrained.json_schema import compile_json_schema, number_node
+from radixlang.runtime.constrained.json_scalars import number_node
+from radixlang.runtime.constrained.json_schema import compile_json_schema
 
 from .test_json_schema import complete_outputs
 

@@ -1,0 +1,185 @@
+"""allOf (merged keyword by keyword, else intersected), anyOf / oneOf (a union where no value can
+match two branches, else an exactly-one product of their automata), enum / const, and dependencies
+(as allOf of choices)."""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from . import regex_ast as ra
+from .automaton import exactly_one, intersection
+from .json_disjoint import provably_disjoint
+from .json_required_choice import required_choice
+from .json_scalars import compiled_or_nothing, const_text
+from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type
+from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize
+
+if TYPE_CHECKING:
+    from .json_schema import _SchemaCompiler
+
+
+def merged_all_of(schema: dict) -> dict | None:
+    """An `allOf`-only schema of plain parts (no `$ref`, no nested `allOf`) merged into one, if it merges."""
+    parts = schema.get("allOf")
+    if set(schema) != {"allOf"} or not isinstance(parts, list) or not parts:
+        return None
+    if not all(isinstance(part, dict) and "$ref" not in part and "allOf" not in part for part in parts):
+        return None
+    try:
+        merged = conjoin_all(normalize(part, KNOWN_FORMATS) for part in parts)
+    except Clash:
+        return None
+    return merged if isinstance(merged, dict) else None
+
+
+def dependencies_as_all_of(s: dict, path: str) -> dict:
+    """Each dependency as a choice: the trigger property absent, or present with what it needs."""
+    rest = {k: v for k, v in s.items() if k not in ("dependentRequired", "dependentSchemas")}
+    choices = []
+    for name, needs in s.get("dependentRequired", {}).items():
+        choices.append({"anyOf": [{"properties": {name: False}}, {"required": [name, *needs]}]})
+    for name, sub in s.get("dependentSchemas", {}).items():
+        choices.append({"anyOf": [{"properties": {name: False}}, {"allOf": [{"required": [name]}, sub]}]})
+    if 2 ** len(choices) > MAX_BRANCHES:
+        raise ValueError(f"json_schema at {path}: more than {MAX_BRANCHES.bit_length() - 1} dependencies "
+                         "on one object are not supported")
+    return {**rest, "allOf": [*rest.get("allOf", []), *choices]}
+
+
+def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+    """Merges the parts keyword by keyword; parts that do not merge are intersected as languages.
+    A merged schema that inlines a `$ref` is compiled once per content, as a rule where it recurs:
+    a cycle through `$ref`s with sibling keywords would otherwise inline itself without end."""
+    inlined: list[str] = []
+    parts = _flatten(c, s, path, set(), inlined)
+    try:
+        merged = conjoin_all(parts)
+    except Clash:
+        return _intersect(c, parts, path)
+    if not inlined:
+        return c.compile(merged, path)
+    key = "allOf:" + json.dumps(merged, sort_keys=True, default=repr)
+    name = c.merged_names.setdefault(key, f"all_of_{len(c.merged_names)}")
+    return c.named(key, merged, name, path)
+
+
+def _flatten(c: "_SchemaCompiler", schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:
+    """The conjuncts of a schema: `allOf` members and inlined `$ref` targets (listed in `inlined`),
+    normalized."""
+    if not isinstance(schema, dict):
+        return [schema]
+    s = normalize(schema, KNOWN_FORMATS)
+    out: list[Any] = []
+    if "$ref" in s:
+        key, target = c.refs.resolve(s["$ref"], path)
+        if key in seen:
+            raise ValueError(f"json_schema at {path}: $ref {s['$ref']!r} is an allOf member of itself")
+        inlined.append(key)
+        out += _flatten(c, target, key, seen | {key}, inlined)
+    subs = s.get("allOf", [])
+    if not isinstance(subs, list):
+        raise ValueError(f"json_schema allOf at {path} must be a list")
+    for i, sub in enumerate(subs):
+        out += _flatten(c, sub, f"{path}/allOf/{i}", seen, inlined)
+    rest = {k: v for k, v in s.items() if k not in ("$ref", "allOf")}
+    return out + [rest] if rest or not out else out
+
+
+def _intersect(c: "_SchemaCompiler", parts: list[Any], path: str) -> ra.Node:
+    nodes = c.exact(lambda: [c.compile(p, path) for p in parts])
+    if any(ra.refs(n) for n in nodes):
+        raise ValueError(f"json_schema allOf at {path}: its subschemas do not merge and one is recursive")
+    node = compiled_or_nothing(intersection(nodes))
+    if node == ra.NOTHING:
+        raise Unsatisfiable(f"the allOf at {path} has no common value")
+    return node
+
+
+def combinator(c: "_SchemaCompiler", key: str, s: dict, path: str) -> ra.Node:
+    subs = s[key]
+    if not isinstance(subs, list) or not subs:
+        raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
+    rest = {k: v for k, v in s.items() if k != key}
+    subs = required_choice(key, subs, KNOWN_FORMATS) or subs
+    branches = [conjoin_sub(rest, sub) if rest else sub for sub in subs]
+    if key == "anyOf":
+        return c.union([lambda i=i, b=b: c.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
+                          path)
+    nodes, kept = _branches(c, branches, path)
+    if _disjoint(c, nodes, kept, path):
+        return c.alternatives(nodes, [lambda b=b, i=i: c.compile(b, f"{path}/oneOf/{i}")
+                                         for i, b in enumerate(kept)])
+    if any(ra.refs(n) for n in nodes) and not c.exact_depth:
+        # a union of rules would let values matching two branches through: recompile them whole
+        nodes, kept = c.exact(lambda: _branches(c, branches, path))
+    return exactly_one_of(c, nodes, path)
+
+
+def _branches(c: "_SchemaCompiler", branches: list[Any], path: str) -> tuple[list[ra.Node], list[Any]]:
+    """The satisfiable oneOf branches, compiled, and their schemas."""
+    nodes, kept = [], []
+    for i, branch in enumerate(branches):
+        try:
+            nodes.append(c.compile(branch, f"{path}/oneOf/{i}"))
+            kept.append(branch)
+        except Unsatisfiable:
+            continue
+    if not nodes:
+        raise Unsatisfiable(f"no oneOf branch at {path} is satisfiable")
+    return nodes, kept
+
+
+def _disjoint(c: "_SchemaCompiler", nodes: list[ra.Node], branches: list[Any], path: str) -> bool:
+    """Whether no value can match two branches: their first characters differ, or a required
+    discriminator property's values do."""
+    firsts = [first_chars(n, c.rules, set(), c.pending_firsts) for n in nodes]
+
+    def disjoint(i: int, j: int) -> bool:
+        f, g = firsts[i], firsts[j]
+        if f is not None and g is not None and not ra.intersect(f, g):
+            return True
+        return provably_disjoint(
+            branches[i], branches[j], lambda ref: c.refs.resolve(ref, path)[1], KNOWN_FORMATS, infer_type)
+
+    return all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
+
+
+def exactly_one_of(c: "_SchemaCompiler", nodes: list[ra.Node], path: str) -> ra.Node:
+    """Values matching exactly one of branches that may overlap: a product of their DFAs (not for
+    recursive branches)."""
+    if len(nodes) == 1:
+        return nodes[0]
+    if any(ra.refs(n) for n in nodes):
+        raise ValueError(f"json_schema oneOf at {path}: recursive branches that may match the same value "
+                         "are not supported (branches must differ in their first character or in the "
+                         "const/enum values of a required property)")
+    dfa = exactly_one(nodes)
+    if dfa.accept.max() < 0:
+        raise Unsatisfiable(f"no value matches exactly one oneOf branch at {path}")
+    return ra.Compiled(dfa)
+
+
+def enum(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+    values = [s["const"]] if "const" in s else None
+    if "enum" in s:
+        if not isinstance(s["enum"], list) or not s["enum"]:
+            raise ValueError(f"json_schema enum at {path} must be a non-empty list")
+        values = s["enum"] if values is None else [v for v in values if v in s["enum"]]
+    rest = {k: v for k, v in s.items() if k not in ("enum", "const")}
+    if "type" in rest:
+        allowed = as_types(rest.pop("type"))
+        values = [v for v in values if json_type(v) in allowed
+                  or (json_type(v) == "integer" and "number" in allowed)]
+    if not values:
+        raise Unsatisfiable(f"no enum/const value at {path} satisfies the schema's other keywords")
+    node = ra.alt(*(ra.literal(const_text(v)) for v in values))
+    if not rest:
+        return node
+    other = c.exact(lambda: c.compile(rest, path))
+    if ra.refs(other):
+        raise ValueError(f"json_schema at {path}: enum/const together with keywords {sorted(rest)} "
+                         "on a recursive value is not supported")
+    out = compiled_or_nothing(intersection([node, other]))
+    if out == ra.NOTHING:
+        raise Unsatisfiable(f"no enum/const value at {path} satisfies the schema's other keywords")
+    return out
