@@ -77,7 +77,8 @@ def first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
     if isinstance(node, ra.Seq):
         out: list = []
         for item in node.items:
-            first = first_chars(item, rules, seen, pending)
+            optional = isinstance(item, ra.Repeat) and item.min == 0  # e.g. a number's "-?": starts as its item
+            first = first_chars(item.item if optional else item, rules, seen, pending)
             if first is not None and not ra.nullable(item):
                 return ra.normalize([*out, *first])
             if first is None:  # nullable with unknown start: be conservative

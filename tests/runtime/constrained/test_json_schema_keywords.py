@@ -99,6 +99,14 @@ KEYWORD_SCHEMAS = {
               "additionalProperties": False},
         "b": {"type": "object", "properties": {"w": {"type": "boolean"}, "back": {"$ref": "#/$defs/a", "maxProperties": 1}},
               "additionalProperties": False}}, "$ref": "#/$defs/a", "required": ["v"]},
+    "one_of_recursive_by_required_key": {"$defs": {"p": {"oneOf": [
+        {"type": "object", "required": ["and"], "properties": {"and": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/p"}}}},
+        {"type": "object", "required": ["not"], "properties": {"not": {"$ref": "#/$defs/p"}}},
+        {"type": "object", "required": ["eq"], "properties": {"eq": {"type": "integer", "minimum": 0, "maximum": 9}}}]}},
+        "$ref": "#/$defs/p"},
+    "one_of_recursive_by_type": {"$defs": {"j": {"oneOf": [
+        {"type": "null"}, {"type": "number"}, {"type": "array", "maxItems": 3, "items": {"$ref": "#/$defs/j"}},
+        {"type": "boolean"}]}}, "$ref": "#/$defs/j"},
     "pattern_negative_look_ahead": {"type": "string", "pattern": "^(?!ab|^c\\.)[a-d.]{0,3}$"},
     "pattern_positive_look_ahead": {"type": "string", "pattern": "^(?=a|b)[a-c]+", "maxLength": 3},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
@@ -236,6 +244,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("any_of_overlapping_recursive_containers", {"a": 1, "kid": [{"c": True}, ["x"]], "b": None}),
     ("any_of_overlapping_recursive_containers", {"a": 1, "kid": {"a": 2}, "c": False}),
     ("cycle_through_refs_with_siblings", {"v": 1, "next": {"w": True, "back": {"next": {"w": False}}}}),
+    ("one_of_recursive_by_required_key", {"and": [{"not": {"eq": 3}}, {"and": []}]}),
+    ("one_of_recursive_by_type", [-1.5, [None, [True]], 7]),
     ("pattern_negative_look_ahead", "ba"),
     ("pattern_negative_look_ahead", "c"),
     ("pattern_negative_look_ahead", ""),
