@@ -12,7 +12,7 @@ from .json_disjoint import provably_disjoint
 from .json_required_choice import required_choice
 from .json_scalars import compiled_or_nothing, const_text
 from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type
-from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize
+from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize, same_json
 
 if TYPE_CHECKING:
     from .json_schema import _SchemaCompiler
@@ -35,6 +35,9 @@ def merged_all_of(schema: dict) -> dict | None:
 def dependencies_as_all_of(s: dict, path: str) -> dict:
     """Each dependency as a choice: the trigger property absent, or present with what it needs."""
     rest = {k: v for k, v in s.items() if k not in ("dependentRequired", "dependentSchemas")}
+    split = _split_by_discriminator(s, rest)
+    if split is not None:
+        return split
     choices = []
     for name, needs in s.get("dependentRequired", {}).items():
         choices.append({"anyOf": [{"properties": {name: False}}, {"required": [name, *needs]}]})
@@ -44,6 +47,36 @@ def dependencies_as_all_of(s: dict, path: str) -> dict:
         raise ValueError(f"json_schema at {path}: more than {MAX_BRANCHES.bit_length() - 1} dependencies "
                          "on one object are not supported")
     return {**rest, "allOf": [*rest.get("allOf", []), *choices]}
+
+
+def _split_by_discriminator(s: dict, rest: dict) -> dict | None:
+    """Dependencies that each only narrow one enum property's values (`"a": {"properties": {"kind":
+    {"enum": [...]}}}`) as one choice per value of it, plus one without it: each choice forbids the
+    triggers whose dependency excludes its value. Linear in the values, where choices per dependency
+    would multiply out. None when the dependencies have another shape."""
+    deps = s.get("dependentSchemas", {})
+    if "dependentRequired" in s or not isinstance(deps, dict) or not deps:
+        return None
+    allowed: dict[str, list] = {}
+    for trigger, dep in deps.items():
+        props = dep.get("properties") if isinstance(dep, dict) and set(dep) == {"properties"} else None
+        if not isinstance(props, dict) or len(props) != 1:
+            return None
+        (key, sub), = props.items()
+        narrowed = sub.get("enum", [sub["const"]] if "const" in sub else None) if isinstance(sub, dict) else None
+        if set(sub) - {"enum", "const", "type", "description"} or not isinstance(narrowed, list) or \
+                allowed.setdefault("", key) != key:
+            return None
+        allowed[trigger] = narrowed
+    key = allowed.pop("")
+    values = normalize(rest.get("properties", {}).get(key, {}), frozenset()).get("enum")
+    if not isinstance(values, list) or len(values) + 1 > MAX_BRANCHES:
+        return None
+    choices = [{"properties": {key: False}}]
+    choices += [{"required": [key], "properties": {key: {"const": v}, **{t: False for t, ok in allowed.items()
+                                                                         if not any(same_json(v, w) for w in ok)}}}
+                for v in values]
+    return {**rest, "allOf": [*rest.get("allOf", []), {"anyOf": choices}]}
 
 
 def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:

@@ -108,7 +108,7 @@ def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:
     if key in _UPPER:
         return min(x, y)
     if key == "enum":
-        keep = [v for v in x if any(_same(v, w) for w in y)]
+        keep = [v for v in x if any(same_json(v, w) for w in y)]
         if not keep:
             raise Unsatisfiable("enum values of allOf branches do not intersect")
         return keep
@@ -189,7 +189,7 @@ def _item(prefix: list, schema: dict, i: int) -> Any:
     return prefix[i] if i < len(prefix) else schema.get("items", True)
 
 
-def _same(x: Any, y: Any) -> bool:
+def same_json(x: Any, y: Any) -> bool:
     return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True) and type(x) is type(y)
 
 

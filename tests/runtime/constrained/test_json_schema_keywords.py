@@ -107,6 +107,10 @@ KEYWORD_SCHEMAS = {
     "one_of_recursive_by_type": {"$defs": {"j": {"oneOf": [
         {"type": "null"}, {"type": "number"}, {"type": "array", "maxItems": 3, "items": {"$ref": "#/$defs/j"}},
         {"type": "boolean"}]}}, "$ref": "#/$defs/j"},
+    "dependencies_on_a_discriminator": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+        "properties": {"kind": {"enum": ["a", "b", "c"]}, **{f"p{i}": {"type": "boolean"} for i in range(7)}},
+        "dependencies": {f"p{i}": {"properties": {"kind": {"enum": [["a"], ["a", "b"], ["c"]][i % 3]}}} for i in range(7)}},
     "pattern_negative_look_ahead": {"type": "string", "pattern": "^(?!ab|^c\\.)[a-d.]{0,3}$"},
     "pattern_positive_look_ahead": {"type": "string", "pattern": "^(?=a|b)[a-c]+", "maxLength": 3},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
@@ -246,6 +250,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("cycle_through_refs_with_siblings", {"v": 1, "next": {"w": True, "back": {"next": {"w": False}}}}),
     ("one_of_recursive_by_required_key", {"and": [{"not": {"eq": 3}}, {"and": []}]}),
     ("one_of_recursive_by_type", [-1.5, [None, [True]], 7]),
+    ("dependencies_on_a_discriminator", {"kind": "b", "p1": True, "p4": False}),
+    ("dependencies_on_a_discriminator", {"p0": True, "p2": False}),
     ("pattern_negative_look_ahead", "ba"),
     ("pattern_negative_look_ahead", "c"),
     ("pattern_negative_look_ahead", ""),
