@@ -205,14 +205,19 @@ def enum(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
                   or (json_type(v) == "integer" and "number" in allowed)]
     if not values:
         raise Unsatisfiable(f"no enum/const value at {path} satisfies the schema's other keywords")
-    node = ra.alt(*(ra.literal(const_text(v)) for v in values))
     if not rest:
-        return node
-    other = c.exact(lambda: c.compile(rest, path))
-    if ra.refs(other):
-        raise ValueError(f"json_schema at {path}: enum/const together with keywords {sorted(rest)} "
-                         "on a recursive value is not supported")
-    out = compiled_or_nothing(intersection([node, other]))
+        return ra.alt(*(ra.literal(const_text(v)) for v in values))
+    by_type: dict[str, list] = {}  # a keyword constrains only values of its own type: each type apart
+    for v in values:
+        by_type.setdefault("number" if json_type(v) == "integer" else json_type(v), []).append(v)
+    kept = []
+    for t, group in by_type.items():
+        other = c.exact(lambda: c.compile({**rest, "type": t}, path))
+        if ra.refs(other):
+            raise ValueError(f"json_schema at {path}: enum/const together with keywords {sorted(rest)} "
+                             "on a recursive value is not supported")
+        kept.append(compiled_or_nothing(intersection([ra.alt(*(ra.literal(const_text(v)) for v in group)), other])))
+    out = ra.alt(*(k for k in kept if k != ra.NOTHING))
     if out == ra.NOTHING:
         raise Unsatisfiable(f"no enum/const value at {path} satisfies the schema's other keywords")
     return out
