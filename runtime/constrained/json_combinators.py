@@ -84,7 +84,7 @@ def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     A merged schema that inlines a `$ref` is compiled once per content, as a rule where it recurs:
     a cycle through `$ref`s with sibling keywords would otherwise inline itself without end."""
     inlined: list[str] = []
-    parts = _flatten(c, s, path, set(), inlined)
+    parts = _split_conditionals(_flatten(c, s, path, set(), inlined))
     try:
         merged = conjoin_all(parts)
     except Clash:
@@ -94,6 +94,55 @@ def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     key = "allOf:" + json.dumps(merged, sort_keys=True, default=repr)
     name = c.merged_names.setdefault(key, f"all_of_{len(c.merged_names)}")
     return c.named(key, merged, name, path)
+
+
+def _split_conditionals(parts: list[Any]) -> list[Any]:
+    """allOf members that are each an if/then/else on one property's const/enum (`if: {properties:
+    {kind: {const: "a"}}}`), as one choice per value they name, plus one for the property absent and
+    one for any other value; each choice holds the then/else schemas that apply to it. Linear in the
+    conditions, where one choice per if/then/else would multiply out. Parts of other shapes stay."""
+    conds: list[tuple[list, bool, Any, Any]] = []  # (values, `if` requires the property, then, else)
+    key = None
+    for part in parts:
+        cond = _value_condition(part)
+        if cond is None or (key is not None and cond[0] != key):
+            continue
+        key = cond[0]
+        conds.append((cond[1], cond[2], part.get("then", True), part.get("else", True)))
+    if len(conds) < 2:
+        return parts
+    values = list({json.dumps(v, sort_keys=True): v for vals, _, _, _ in conds for v in vals}.values())
+    if len(values) + 2 > MAX_BRANCHES:
+        return parts
+
+    def applying(value: Any) -> list[Any]:
+        return [then if any(same_json(value, v) for v in vals) else other for vals, _, then, other in conds]
+
+    choices = [{"allOf": [{"properties": {key: False}}, *(other if req else then for _, req, then, other in conds)]},
+               {"allOf": [{"required": [key], "properties": {key: {"not": {"enum": values}}}},
+                          *(other for *_, other in conds)]}]
+    choices += [{"allOf": [{"required": [key], "properties": {key: {"const": v}}}, *applying(v)]} for v in values]
+    rest = [p for p in parts if _value_condition(p) is None or _value_condition(p)[0] != key]
+    return [*rest, {"anyOf": choices}]
+
+
+def _value_condition(part: Any) -> tuple[str, list, bool] | None:
+    """(property, values, whether `if` requires it) of a part `{if: {properties: {p: {const|enum}}}, then, else}`."""
+    if not isinstance(part, dict) or not set(part) <= {"if", "then", "else"} or not isinstance(part.get("if"), dict):
+        return None
+    cond = part["if"]
+    props = cond.get("properties")
+    if not set(cond) <= {"properties", "required"} or not isinstance(props, dict) or len(props) != 1:
+        return None
+    (name, sub), = props.items()
+    if cond.get("required", [name]) not in ([name], []) or not isinstance(sub, dict) or set(sub) - {"const", "enum", "type"}:
+        return None
+    values = [sub["const"]] if "const" in sub else sub.get("enum")
+    if not isinstance(values, list) or ("const" in sub and "enum" in sub) or ("type" in sub and not values):
+        return None
+    typed = [v for v in values if "type" not in sub or json_type(v) in as_types(sub["type"])
+             or (json_type(v) == "integer" and "number" in as_types(sub["type"]))]
+    return name, typed, "required" in cond and cond["required"] == [name]
 
 
 def _flatten(c: "_SchemaCompiler", schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:

@@ -131,8 +131,10 @@ def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:
     if key == "prefixItems":
         n = max(len(x), len(y))
         return [conjoin_sub(_item(x, a, i), _item(y, b, i)) for i in range(n)]
-    if key in ("anyOf", "oneOf") and len(x) * len(y) <= MAX_BRANCHES:
-        return [conjoin_sub(p, q) for p in x for q in y]  # exactly one pair holds iff one of each does
+    if key in ("anyOf", "oneOf") and isinstance(x, list) and isinstance(y, list):
+        if len(x) * len(y) <= MAX_BRANCHES:
+            return [conjoin_sub(p, q) for p in x for q in y]  # exactly one pair holds iff one of each does
+        return [conjoin_sub(p, {key: y}) for p in x]  # too many pairs: the other choice inside each branch
     raise Clash(key)
 
 

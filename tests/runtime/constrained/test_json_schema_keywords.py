@@ -114,6 +114,18 @@ KEYWORD_SCHEMAS = {
     "enum_beside_keywords_of_other_types": {"type": "object", "properties": {
         "kind": {"type": "string", "additionalProperties": False, "enum": ["simple", "complex"]},
         "v": {"enum": ["a", 1, 0, "bcd", None], "minLength": 2, "minimum": 1}}, "required": ["kind", "v"]},
+    "if_then_chain_on_a_discriminator_recursive": {"$defs": {"n": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"kind": {"enum": ["a", "b", "c"]}, "kid": {"$ref": "#/$defs/n"},
+                       "x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "boolean"}},
+        "allOf": [{"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+                  {"if": {"properties": {"kind": {"enum": ["b"]}}, "required": ["kind"]}, "then": {"required": ["y"]},
+                   "else": {"properties": {"y": False}}}]}}, "$ref": "#/$defs/n"},
+    "many_any_of_pairs_recursive": {"$defs": {"n": {
+        "type": "object", "required": ["v"], "additionalProperties": False,
+        "properties": {"v": {"type": "integer"}, "kid": {"$ref": "#/$defs/n"}},
+        "allOf": [{"anyOf": [{"properties": {"v": {"minimum": i, "maximum": i + 1}}} for i in range(9)]},
+                  {"anyOf": [{"properties": {"v": {"maximum": 2 * j}}} for j in range(8)]}]}}, "$ref": "#/$defs/n"},
     "pattern_negative_look_ahead": {"type": "string", "pattern": "^(?!ab|^c\\.)[a-d.]{0,3}$"},
     "pattern_positive_look_ahead": {"type": "string", "pattern": "^(?=a|b)[a-c]+", "maxLength": 3},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
@@ -258,6 +270,9 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("enum_beside_keywords_of_other_types", {"kind": "simple", "v": 1}),
     ("enum_beside_keywords_of_other_types", {"kind": "complex", "v": None}),
     ("enum_beside_keywords_of_other_types", {"kind": "simple", "v": "bcd"}),
+    ("if_then_chain_on_a_discriminator_recursive", {"kind": "a", "kid": {"kind": "b", "y": True}, "x": 1}),
+    ("if_then_chain_on_a_discriminator_recursive", {"kid": {"kind": "c"}, "x": 3}),
+    ("many_any_of_pairs_recursive", {"v": 9, "kid": {"v": 0}}),
     ("pattern_negative_look_ahead", "ba"),
     ("pattern_negative_look_ahead", "c"),
     ("pattern_negative_look_ahead", ""),
