@@ -166,8 +166,9 @@ class _SchemaCompiler:
             box = opened[i]
             group = [j for j, other in enumerate(opened) if j >= i and box and other and other.opening == box.opening]
             body = None
-            if len(group) > 1 and any(ra.refs(opened[j].body) for j in group):
-                body = merged_body([opened[j].body for j in group])
+            bodies = [opened[j].body for j in group]
+            if len(group) > 1 and any(ra.refs(b) for b in bodies):
+                body = merged_body(bodies)
             if body is None:
                 out.append(node)
                 continue

@@ -26,10 +26,16 @@ class Container:
 
 
 def merged_body(bodies: list[ra.Node]) -> ra.Graph | None:
-    """One deterministic graph (over member letters) reading the union of `bodies`, or None if too large."""
+    """One deterministic graph (over member letters) reading the union of `bodies`; None where no
+    sequence of letters ends two of them (their rules then never reduce on one text: nothing to merge),
+    or where the graph would be too large."""
     nfa = _Nfa()
     starts = [nfa.add(body) for body in bodies]
-    return nfa.determinize(starts)
+    owner = [i for i, (lo, hi) in enumerate(zip(starts, [*starts[1:], len(nfa.edges)])) for _ in range(lo, hi)]
+    graph = nfa.determinize(starts)
+    if graph is None or not any(len({owner[s] for s in subset & nfa.finals}) > 1 for subset in nfa.subsets):
+        return None
+    return graph
 
 
 class _Nfa:
@@ -38,6 +44,7 @@ class _Nfa:
     def __init__(self) -> None:
         self.edges: list[list[tuple[ra.Node, int]]] = []
         self.finals: set[int] = set()
+        self.subsets: dict[frozenset[int], int] = {}  # the determinized states, once built
 
     def state(self) -> int:
         self.edges.append([])
@@ -108,7 +115,7 @@ class _Nfa:
 
     def determinize(self, starts: list[int]) -> ra.Graph | None:
         first = self.closure(frozenset(starts))
-        ids = {first: 0}
+        ids = self.subsets = {first: 0}
         queue = [first]
         edges: list[tuple[int, ra.Node, int]] = []
         finals: list[int] = []
