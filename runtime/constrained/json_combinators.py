@@ -84,9 +84,9 @@ def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     A merged schema that inlines a `$ref` is compiled once per content, as a rule where it recurs:
     a cycle through `$ref`s with sibling keywords would otherwise inline itself without end."""
     inlined: list[str] = []
-    parts = _split_conditionals(_flatten(c, s, path, set(), inlined))
+    parts = _flatten(c, s, path, set(), inlined)
     try:
-        merged = conjoin_all(parts)
+        merged = _conjoined(parts)
     except Clash:
         return _intersect(c, parts, path)
     if not inlined:
@@ -94,6 +94,17 @@ def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     key = "allOf:" + json.dumps(merged, sort_keys=True, default=repr)
     name = c.merged_names.setdefault(key, f"all_of_{len(c.merged_names)}")
     return c.named(key, merged, name, path)
+
+
+def _conjoined(parts: list[Any]) -> Any:
+    """The parts merged into one schema; where they clash, with their conditionals split by value first."""
+    try:
+        return conjoin_all(parts)
+    except Clash:
+        split = _split_conditionals(parts)
+        if split is parts:
+            raise
+        return conjoin_all(split)
 
 
 def _split_conditionals(parts: list[Any]) -> list[Any]:
@@ -112,7 +123,7 @@ def _split_conditionals(parts: list[Any]) -> list[Any]:
     if len(conds) < 2:
         return parts
     values = list({json.dumps(v, sort_keys=True): v for vals, _, _, _ in conds for v in vals}.values())
-    if len(values) + 2 > MAX_BRANCHES:
+    if len(values) + 2 > MAX_BRANCHES or not all(isinstance(v, str) for v in values):  # `not: {enum}` takes strings
         return parts
 
     def applying(value: Any) -> list[Any]:
