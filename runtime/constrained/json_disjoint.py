@@ -1,7 +1,9 @@
 """A schema-level proof that two `oneOf` branches share no value: both accept objects only (by their
 `type`, or the type their keywords imply, as the compiler infers it), and both require a property (a
 discriminator, as in tagged unions) whose const/enum values do not overlap, or one requires a property
-that the other forbids.
+that the other forbids. Or, for the values the compiler emits: each requires a property that the
+other's strict objects never write (they write declared properties only), so no value that one
+branch emits satisfies the other.
 
 Sound, not complete: every keyword read is a conjunct of the branch (top-level keywords, `allOf`
 members, plain `$ref` targets), so each only narrows what the branch accepts; anything else is
@@ -18,6 +20,7 @@ _MAX_DEPTH = 8  # $ref / allOf hops followed, at most
 # keywords that send a schema down another compile path than its own (implied) type: no inference then
 _NOT_DIRECT = frozenset({"type", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "enum", "const",
                          "dependentRequired", "dependentSchemas"})
+_ADDS_PROPERTIES = frozenset({"anyOf", "oneOf", "if", "then", "else", "not", "dependentSchemas", "patternProperties"})
 
 
 def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: frozenset[str],
@@ -27,6 +30,8 @@ def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: fr
         return False
     req_a, req_b = _required(parts_a), _required(parts_b)
     if any(_forbidden(parts_a, name) for name in req_b) or any(_forbidden(parts_b, name) for name in req_a):
+        return True
+    if any(_never_written(parts_a, name) for name in req_b) and any(_never_written(parts_b, name) for name in req_a):
         return True
     shared = req_a & req_b
     for name in shared:
@@ -65,6 +70,23 @@ def _forbidden(parts: list[dict], name: str) -> bool:
         if p.get("additionalProperties") is False and name not in props and not p.get("patternProperties"):
             return True
     return False
+
+
+def _never_written(parts: list[dict], name: str) -> bool:
+    """Whether the branch's objects, as the compiler writes them (declared properties only, where it
+    declares some and allows no others), never hold `name`. Keywords that could add properties
+    (combinators inside, patterns, explicit additional properties) void the proof."""
+    declared: set[str] = set()
+    for p in parts:
+        if set(p) & _ADDS_PROPERTIES or p.get("additionalProperties", False) is not False \
+                or p.get("unevaluatedProperties", False) is not False:
+            return False
+        props = p.get("properties", {})
+        required = p.get("required", [])
+        if not isinstance(props, dict) or not isinstance(required, list):
+            return False
+        declared |= {*props, *(r for r in required if isinstance(r, str))}
+    return bool(declared) and name not in declared
 
 
 def _required(parts: list[dict]) -> set[str]:

@@ -13,7 +13,7 @@ import numpy as np
 from ..config import JSON_MAX_EXPONENT_DIGITS, JSON_MAX_FRACTION_DIGITS, JSON_MAX_INT_DIGITS
 from . import regex_ast as ra
 from .alphabet import CharDfa, alphabet_of
-from .automaton import intersection
+from .automaton import difference, intersection
 from .regex_parser import parse_regex
 
 DIGIT = ra.char_class("0-9")
@@ -125,6 +125,12 @@ def pattern_body(pattern: Any, path: str) -> ra.Node:
     branches = _top_level_alternatives(pattern)
     if len(branches) > 1:
         return ra.alt(*(pattern_body(b, path) for b in branches))
+    look = _leading_look_ahead(pattern)
+    if look is not None:  # "^(?!X)Y": the strings Y matches less those that start with X (with "?=": and)
+        negative, ahead, rest = look
+        starts = ra.alt(*(pattern_body(b if b.startswith("^") else "^" + b, path) for b in _top_level_alternatives(ahead)))
+        body = pattern_body("^" + rest, path)
+        return compiled_or_nothing(difference(body, starts) if negative else intersection([body, starts]))
     try:
         node = parse_regex(pattern, allowed=STRING_CHARS)
     except ValueError as e:
@@ -143,6 +149,16 @@ def _top_level_alternatives(pattern: str) -> list[str]:
             out.append(pattern[start:i])
             start = i + 1
     return out + [pattern[start:]]
+
+
+def _leading_look_ahead(pattern: str) -> tuple[bool, str, str] | None:
+    """(negative, inside, rest) of a pattern "^(?!inside)rest" or "^(?=inside)rest", else None."""
+    if not pattern.startswith(("^(?!", "^(?=")):
+        return None
+    for i, ch, depth in _structure(pattern):
+        if ch == ")" and depth == 0:
+            return pattern[3] == "!", pattern[4:i], pattern[i + 1:]
+    return None
 
 
 def _unwrapped(pattern: str) -> str | None:

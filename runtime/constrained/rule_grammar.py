@@ -72,7 +72,7 @@ class _Writer:
         if isinstance(node, ra.Graph):
             return (self.graph(node),)
         if isinstance(node, ra.Seq):
-            return tuple(sym for group in _groups(node.items) for sym in self.expand(group))
+            return tuple(sym for group in ref_free_runs(node.items) for sym in self.expand(group))
         if isinstance(node, ra.Alt):
             return (self.helper(tuple(dict.fromkeys(self.expand(x) for x in node.items))),)
         assert isinstance(node, ra.Repeat), f"unexpected node {node!r} around a rule reference"
@@ -118,7 +118,7 @@ class _Writer:
         return f"{prefix}0"
 
 
-def _groups(items: tuple[ra.Node, ...]) -> list[ra.Node]:
+def ref_free_runs(items: tuple[ra.Node, ...]) -> list[ra.Node]:
     """Consecutive Ref-free items merged into one piece (one terminal)."""
     out: list[ra.Node] = []
     run: list[ra.Node] = []

@@ -108,7 +108,7 @@ def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:
     if key in _UPPER:
         return min(x, y)
     if key == "enum":
-        keep = [v for v in x if any(_same(v, w) for w in y)]
+        keep = [v for v in x if any(same_json(v, w) for w in y)]
         if not keep:
             raise Unsatisfiable("enum values of allOf branches do not intersect")
         return keep
@@ -131,8 +131,10 @@ def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:
     if key == "prefixItems":
         n = max(len(x), len(y))
         return [conjoin_sub(_item(x, a, i), _item(y, b, i)) for i in range(n)]
-    if key in ("anyOf", "oneOf") and len(x) * len(y) <= MAX_BRANCHES:
-        return [conjoin_sub(p, q) for p in x for q in y]  # exactly one pair holds iff one of each does
+    if key in ("anyOf", "oneOf") and isinstance(x, list) and isinstance(y, list):
+        if len(x) * len(y) <= MAX_BRANCHES:
+            return [conjoin_sub(p, q) for p in x for q in y]  # exactly one pair holds iff one of each does
+        return [conjoin_sub(p, {key: y}) for p in x]  # too many pairs: the other choice inside each branch
     raise Clash(key)
 
 
@@ -189,7 +191,7 @@ def _item(prefix: list, schema: dict, i: int) -> Any:
     return prefix[i] if i < len(prefix) else schema.get("items", True)
 
 
-def _same(x: Any, y: Any) -> bool:
+def same_json(x: Any, y: Any) -> bool:
     return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True) and type(x) is type(y)
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from radixlang.runtime.constrained.automaton import compile_dfa
 from radixlang.runtime.constrained.grammar import GrammarConstraint
-from radixlang.runtime.constrained.json_schema import compile_json_schema, integer_node, number_node
+from radixlang.runtime.constrained.json_scalars import integer_node, number_node
+from radixlang.runtime.constrained.json_schema import compile_json_schema
 from radixlang.runtime.constrained.matcher import RegexConstraint
 
 CHECKER = jsonschema.FormatChecker()

@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 
 from radixlang.runtime.constrained.automaton import compile_dfa
-from radixlang.runtime.constrained.json_schema import compile_json_schema, number_node
+from radixlang.runtime.constrained.json_scalars import number_node
+from radixlang.runtime.constrained.json_schema import compile_json_schema
 
 from .test_json_schema import complete_outputs
 
@@ -92,6 +93,41 @@ KEYWORD_SCHEMAS = {
     "decimal_bounds": {"type": "number", "minimum": 0.01, "exclusiveMaximum": 2.5},
     "unique_enum_items": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True,
                           "minItems": 1},
+    "cycle_through_refs_with_siblings": {"$defs": {
+        "a": {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 3},
+                                               "next": {"$ref": "#/$defs/b", "required": ["w"]}},
+              "additionalProperties": False},
+        "b": {"type": "object", "properties": {"w": {"type": "boolean"}, "back": {"$ref": "#/$defs/a", "maxProperties": 1}},
+              "additionalProperties": False}}, "$ref": "#/$defs/a", "required": ["v"]},
+    "one_of_recursive_by_required_key": {"$defs": {"p": {"oneOf": [
+        {"type": "object", "required": ["and"], "properties": {"and": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/p"}}}},
+        {"type": "object", "required": ["not"], "properties": {"not": {"$ref": "#/$defs/p"}}},
+        {"type": "object", "required": ["eq"], "properties": {"eq": {"type": "integer", "minimum": 0, "maximum": 9}}}]}},
+        "$ref": "#/$defs/p"},
+    "one_of_recursive_by_type": {"$defs": {"j": {"oneOf": [
+        {"type": "null"}, {"type": "number"}, {"type": "array", "maxItems": 3, "items": {"$ref": "#/$defs/j"}},
+        {"type": "boolean"}]}}, "$ref": "#/$defs/j"},
+    "dependencies_on_a_discriminator": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+        "properties": {"kind": {"enum": ["a", "b", "c"]}, **{f"p{i}": {"type": "boolean"} for i in range(7)}},
+        "dependencies": {f"p{i}": {"properties": {"kind": {"enum": [["a"], ["a", "b"], ["c"]][i % 3]}}} for i in range(7)}},
+    "enum_beside_keywords_of_other_types": {"type": "object", "properties": {
+        "kind": {"type": "string", "additionalProperties": False, "enum": ["simple", "complex"]},
+        "v": {"enum": ["a", 1, 0, "bcd", None], "minLength": 2, "minimum": 1}}, "required": ["kind", "v"]},
+    "if_then_chain_on_a_discriminator_recursive": {"$defs": {"n": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"kind": {"enum": ["a", "b", "c"]}, "kid": {"$ref": "#/$defs/n"},
+                       "x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "boolean"}},
+        "allOf": [{"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+                  {"if": {"properties": {"kind": {"enum": ["b"]}}, "required": ["kind"]}, "then": {"required": ["y"]},
+                   "else": {"properties": {"y": False}}}]}}, "$ref": "#/$defs/n"},
+    "many_any_of_pairs_recursive": {"$defs": {"n": {
+        "type": "object", "required": ["v"], "additionalProperties": False,
+        "properties": {"v": {"type": "integer"}, "kid": {"$ref": "#/$defs/n"}},
+        "allOf": [{"anyOf": [{"properties": {"v": {"minimum": i, "maximum": i + 1}}} for i in range(9)]},
+                  {"anyOf": [{"properties": {"v": {"maximum": 2 * j}}} for j in range(8)]}]}}, "$ref": "#/$defs/n"},
+    "pattern_negative_look_ahead": {"type": "string", "pattern": "^(?!ab|^c\\.)[a-d.]{0,3}$"},
+    "pattern_positive_look_ahead": {"type": "string", "pattern": "^(?=a|b)[a-c]+", "maxLength": 3},
     "anchored_alternatives": {"type": "string", "pattern": "^ab$|^c[0-9]$|x"},
     "anchors_inside_a_group": {"type": "string", "pattern": "(^([0-9]+)\\.(?:[0-9]{1,2})$)", "maxLength": 5},
     "group_around_a_search": {"type": "string", "pattern": "(?:b[0-9])", "maxLength": 4},
@@ -117,6 +153,13 @@ KEYWORD_SCHEMAS = {
         "x": {"type": "object", "properties": {"p": {}, "q": {"type": "integer", "minimum": 0, "maximum": 9}}},
         "m": {"type": "integer", "minimum": 0, "maximum": 9}, "s": {"type": "boolean"}},
         "dependencies": {"s": ["m"]}, "additionalProperties": False},
+    "any_of_overlapping_recursive_containers": {"$defs": {"n": {"anyOf": [
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 3}, "kid": {"$ref": "#/$defs/n"},
+                                          "b": {"type": "null"}}, "additionalProperties": False},
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 3}, "kid": {"$ref": "#/$defs/n"},
+                                          "c": {"type": "boolean"}}, "additionalProperties": False},
+        {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2},
+        {"type": "array", "items": {"type": "string", "maxLength": 1}}]}}, "$ref": "#/$defs/n"},
 }
 FORMAT_EXAMPLES = {"uri": "https://user@example.com:8080/a/b?q=1#f", "uri-reference": "../x?y#z",
                    "hostname": "a-b.example.org", "ipv6": "fe80::1:2", "date": "2024-02-28",
@@ -215,6 +258,25 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("one_of_required", {"b": None, "c": None}),
     ("dependencies_beside_a_free_value", {"x": {"p": [1, {}], "q": 3}, "m": 1, "s": True}),
     ("ref_with_siblings_inside_recursion", {"v": 9, "kids": [{"v": 5, "kids": [{"v": 0}]}, {"v": 1, "alt": {"v": 8, "kids": []}}]}),
+    ("any_of_overlapping_recursive_containers", {}),
+    ("any_of_overlapping_recursive_containers", []),
+    ("any_of_overlapping_recursive_containers", {"a": 1, "kid": [{"c": True}, ["x"]], "b": None}),
+    ("any_of_overlapping_recursive_containers", {"a": 1, "kid": {"a": 2}, "c": False}),
+    ("cycle_through_refs_with_siblings", {"v": 1, "next": {"w": True, "back": {"next": {"w": False}}}}),
+    ("one_of_recursive_by_required_key", {"and": [{"not": {"eq": 3}}, {"and": []}]}),
+    ("one_of_recursive_by_type", [-1.5, [None, [True]], 7]),
+    ("dependencies_on_a_discriminator", {"kind": "b", "p1": True, "p4": False}),
+    ("dependencies_on_a_discriminator", {"p0": True, "p2": False}),
+    ("enum_beside_keywords_of_other_types", {"kind": "simple", "v": 1}),
+    ("enum_beside_keywords_of_other_types", {"kind": "complex", "v": None}),
+    ("enum_beside_keywords_of_other_types", {"kind": "simple", "v": "bcd"}),
+    ("if_then_chain_on_a_discriminator_recursive", {"kind": "a", "kid": {"kind": "b", "y": True}, "x": 1}),
+    ("if_then_chain_on_a_discriminator_recursive", {"kid": {"kind": "c"}, "x": 3}),
+    ("many_any_of_pairs_recursive", {"v": 9, "kid": {"v": 0}}),
+    ("pattern_negative_look_ahead", "ba"),
+    ("pattern_negative_look_ahead", "c"),
+    ("pattern_negative_look_ahead", ""),
+    ("pattern_positive_look_ahead", "bcx"),
     ("anchored_alternatives", "c7"),
     ("anchors_inside_a_group", "12.5"),
     ("group_around_a_search", "ab7c"),
@@ -394,3 +456,28 @@ def test_large_strings_become_rules_and_keep_their_exact_length(compiler):
         value = {"a": "x" * a, "b": "é" * b, "c": [None]}
         assert accepts(constraint, json.dumps(value, ensure_ascii=False, separators=(",", ":"))) == \
             validator(schema).is_valid(value), (a, b)
+
+
+def test_leading_look_aheads_match_python_re_on_every_short_string(compiler):
+    import itertools
+
+    for name in ("pattern_negative_look_ahead", "pattern_positive_look_ahead"):
+        schema = KEYWORD_SCHEMAS[name]
+        constraint = compiler.compile("json_schema", schema)
+        for n in range(5):
+            for chars in itertools.product("abcd.x", repeat=n):
+                text = "".join(chars)
+                assert accepts(constraint, json.dumps(text)) == validator(schema).is_valid(text), (name, text)
+
+
+def test_long_strings_are_read_in_chunks_and_keep_their_exact_length(compiler):
+    schema = {"type": "object", "properties": {"a": {"type": ["string", "null"], "minLength": 1030, "maxLength": 1600},
+                                               "b": {"type": "string", "maxLength": 5000}}, "required": ["a"]}
+    assert "string_chunk" in compile_json_schema(schema).rules
+    constraint = compiler.compile("json_schema", schema)
+    for a, b in [(1030, 0), (1029, 0), (1024, 5000), (1536, 5001), (1537, 512), (1600, 1024), (1601, 1)]:
+        for char in ("x", "é", "\n"):
+            value = {"a": char * a, "b": "y" * b}
+            assert accepts(constraint, json.dumps(value, ensure_ascii=False, separators=(",", ":"))) == \
+                validator(schema).is_valid(value), (a, b, char)
+    assert accepts(constraint, '{"a":null}')

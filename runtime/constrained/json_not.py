@@ -1,0 +1,101 @@
+"""`not` in its common forms: not a type, not some values, not a pattern, not some required
+properties; each an exact complement within what the rest of the schema allows."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import regex_ast as ra
+from .automaton import difference, intersection
+from .json_combinators import merged_all_of
+from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings
+from .json_types import KNOWN_FORMATS, as_types, json_type
+from .schema_merge import JSON_TYPES, Unsatisfiable, conjoin_sub, normalize
+
+if TYPE_CHECKING:
+    from .json_schema import _SchemaCompiler
+
+
+def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+    """`not` in its common forms: not a type, not some values, not some required properties."""
+    rest = {k: v for k, v in s.items() if k != "not"}
+    neg = s["not"]
+    if neg is False:
+        return c.compile(rest or True, path)
+    if neg is True or not isinstance(neg, dict):
+        raise Unsatisfiable(f"`not` at {path} excludes every value")
+    n = normalize(neg, KNOWN_FORMATS)
+    if set(n) == {"$ref"}:  # a named schema: its target's shape decides
+        key, target = c.refs.resolve(n["$ref"], path)
+        return negated(c, {**rest, "not": target}, key)
+    if not n:
+        raise Unsatisfiable(f"`not` at {path} excludes every value")
+    merged = merged_all_of(n)
+    if merged is not None:  # not: {allOf: [{required: [a]}, {required: [b]}]}, as one schema
+        return negated(c, {**rest, "not": merged}, path)
+    keys = set(n)
+    types = as_types(rest.get("type", list(JSON_TYPES)))
+    if keys == {"type"}:
+        drop = as_types(n["type"])
+        if "number" in drop:
+            drop.add("integer")
+        if "integer" in drop and "number" in types and "number" not in drop:
+            raise ValueError(f"json_schema not at {path}: `not: integer` beside number is not supported")
+        left = [t for t in JSON_TYPES if t in types and t not in drop]
+        if not left:
+            raise Unsatisfiable(f"`not` at {path} excludes every type the schema allows")
+        return c.compile({**rest, "type": left}, path)
+    if keys <= {"enum", "const"}:
+        values = [n["const"]] if "const" in n else []
+        values += n.get("enum", [])
+        return c.union([lambda t=t: _without(c, rest, t, values, path) for t in types if t != "integer"
+                           or "number" not in types], path)
+    if "pattern" in keys and keys <= {"pattern", "type"} and as_types(n.get("type", "string")) == {"string"}:
+        makers = [lambda: _string_not_matching(c, rest, n["pattern"], path)] if "string" in types else []
+        others = [t for t in types if t != "string"]
+        if "type" in n and others:  # a `not` that names its type lets the other types through
+            makers.append(lambda: c.compile({**rest, "type": others}, path))
+        return c.union(makers, path)
+    if keys <= {"required", "properties", "type"} and as_types(n.get("type", "object")) == {"object"}:
+        branches = [{**rest, "type": [t for t in types if t != "object"]}] if "type" in n else []
+        obj = conjoin_sub(rest, {"type": "object"})
+        branches += [conjoin_sub(obj, {"properties": {r: False}}) for r in n.get("required", [])]
+        branches += [conjoin_sub(obj, {"required": [p], "properties": {p: {"not": sub}}})
+                     for p, sub in n.get("properties", {}).items()]
+        return c.union([lambda b=b: c.compile(b, path) for b in branches if b.get("type", True) != []],
+                          path)
+    raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, or required/properties "
+                     f"is supported, got keywords {sorted(keys)}")
+
+
+def _string_not_matching(c: "_SchemaCompiler", rest: dict, pattern: Any, path: str) -> ra.Node:
+    """The schema's strings that no match of `pattern` occurs in. Written with raw characters only,
+    as a pattern reads them (an escaped spelling of a matching string must not slip through)."""
+    node = c.exact(lambda: c.compile({**rest, "type": "string"}, path))
+    if ra.refs(node):
+        raise ValueError(f"json_schema not at {path}: excluding a pattern from a recursive schema is not supported")
+    raw = compiled_or_nothing(intersection([node, quoted(ra.repeat(ra.Chars(STRING_CHARS), 0, None))]))
+    out = compiled_or_nothing(difference(raw, quoted(pattern_body(pattern, path))))
+    if out == ra.NOTHING:
+        raise Unsatisfiable(f"`not` at {path} excludes every string")
+    return out
+
+
+def _without(c: "_SchemaCompiler", rest: dict, t: str, values: list, path: str) -> ra.Node:
+    node = c.exact(lambda: c.compile({**rest, "type": t}, path))
+    drop = [quoted(spellings(v)) for v in values if t == "string" and isinstance(v, str)]
+    drop += [ra.literal(const_text(v)) for v in values if t in ("boolean", "null") and json_type(v) == t]
+    numbers = [v for v in values if json_type(v) in ("integer", "number")]
+    if t == "integer":
+        drop += [ra.literal(str(int(v))) for v in numbers if v == int(v)]
+    elif t == "number" and numbers:
+        raise ValueError(f"json_schema not at {path}: excluding numbers from a `number` is not supported")
+    if t in ("object", "array") and any(json_type(v) == t for v in values):
+        raise ValueError(f"json_schema not at {path}: excluding {t} values is not supported")
+    if not drop:
+        return node
+    if ra.refs(node):
+        raise ValueError(f"json_schema not at {path}: excluding values from a recursive schema is not supported")
+    out = compiled_or_nothing(difference(node, ra.alt(*drop)))
+    if out == ra.NOTHING:
+        raise Unsatisfiable(f"`not` at {path} excludes every {t}")
+    return out
