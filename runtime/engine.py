@@ -189,6 +189,14 @@ def _resolve(future: asyncio.Future[T], value: T) -> None:
         future.set_result(value)
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+    """Runs fn(*args) on the caller's `loop`, from the scheduler thread."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass
+
+
 def sample_rids(rids: Sequence[str], n: int) -> list[str]:
     """The request id of each of the n samples of each prompt: the prompt's own rid when n == 1."""
     return list(rids) if n == 1 else [f"{r}-{j}" for r in rids for j in range(n)]
@@ -470,13 +478,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Completion] = loop.create_future()
 
-        def deliver(completion: Completion) -> None:
-            try:
-                loop.call_soon_threadsafe(_resolve, done, completion)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-                pass
-
-        self._enqueue(sub, collecting_sink(sub.return_logprob, deliver))
+        self._enqueue(sub, collecting_sink(sub.return_logprob, lambda c: _call_soon(loop, _resolve, done, c)))
         try:
             return await done
         except asyncio.CancelledError:  # the caller gave up (which cancels `done` too): free the request's KV
@@ -513,12 +515,7 @@ class Engine:
         inbox: asyncio.Queue[tuple[int, StreamChunk]] = asyncio.Queue()
 
         def sink(i: int) -> Callable[[StreamChunk], None]:
-            def put(chunk: StreamChunk) -> None:
-                try:
-                    loop.call_soon_threadsafe(inbox.put_nowait, (i, chunk))
-                except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-                    pass
-            return put
+            return lambda chunk: _call_soon(loop, inbox.put_nowait, (i, chunk))
 
         live: set[int] = set()
         try:
