@@ -94,6 +94,19 @@ class Collector:
         return Completion("".join(self.text), self.ids, meta)
 
 
+def collecting_sink(with_logprobs: bool, deliver: Callable[[Completion], None]) -> Callable[[StreamChunk], None]:
+    """A request sink that folds chunks where they are made (the scheduler thread) and hands over only the
+    Completion: a blocking caller wakes once per request, not once per token, and so does not contend
+    with the scheduler thread for the interpreter at every step."""
+    collector = Collector()
+
+    def sink(chunk: StreamChunk) -> None:
+        collector.add(chunk)
+        if chunk.finished:
+            deliver(collector.result(chunk, with_logprobs))
+    return sink
+
+
 @dataclass(slots=True)
 class _Submission:
     prompt_ids: list[int]
@@ -169,6 +182,19 @@ def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, d
     per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
     tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
     return max(2, min(tokens, cfg.max_running_requests * context_length))
+
+
+def _resolve(future: asyncio.Future[T], value: T) -> None:
+    if not future.done():  # a cancelled caller's future takes no result
+        future.set_result(value)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+    """Runs fn(*args) on the caller's `loop`, from the scheduler thread."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass
 
 
 def sample_rids(rids: Sequence[str], n: int) -> list[str]:
@@ -391,20 +417,13 @@ class Engine:
         return results[0] if single and len(results) == 1 else results
 
     def _run_blocking(self, subs: list[_Submission]) -> list[Completion]:
-        inbox: queue.Queue[StreamChunk] = queue.Queue()
-        index = {s.rid: i for i, s in enumerate(subs)}
-        collectors = [Collector() for _ in subs]
+        done: queue.Queue[tuple[int, Completion]] = queue.Queue()
+        for i, s in enumerate(subs):
+            self._enqueue(s, collecting_sink(s.return_logprob, lambda c, i=i: done.put((i, c))))
         results: list[Completion | None] = [None] * len(subs)
-        for s in subs:
-            self._enqueue(s, inbox.put)
-        remaining = len(subs)
-        while remaining:
-            chunk = inbox.get()
-            i = index[chunk.rid]
-            collectors[i].add(chunk)
-            if chunk.finished:
-                results[i] = collectors[i].result(chunk, subs[i].return_logprob)
-                remaining -= 1
+        for _ in subs:
+            i, completion = done.get()
+            results[i] = completion
         return results  # type: ignore[return-value]
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingArg = None, *,
@@ -456,12 +475,15 @@ class Engine:
         return list(await asyncio.gather(*(self._async_one(s) for s in subs)))
 
     async def _async_one(self, sub: _Submission) -> Completion:
-        collector = Collector()
-        async for _, chunk in self._async_chunks([sub]):
-            collector.add(chunk)
-            if chunk.finished:
-                return collector.result(chunk, sub.return_logprob)
-        raise RuntimeError("stream ended without a final chunk")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Completion] = loop.create_future()
+
+        self._enqueue(sub, collecting_sink(sub.return_logprob, lambda c: _call_soon(loop, _resolve, done, c)))
+        try:
+            return await done
+        except asyncio.CancelledError:  # the caller gave up (which cancels `done` too): free the request's KV
+            self.abort(sub.rid)
+            raise
 
     async def async_stream(self, prompt: str | None = None, sampling_params: SamplingArg = None,
                            **kwargs: Any) -> AsyncIterator[StreamChunk]:
@@ -493,12 +515,7 @@ class Engine:
         inbox: asyncio.Queue[tuple[int, StreamChunk]] = asyncio.Queue()
 
         def sink(i: int) -> Callable[[StreamChunk], None]:
-            def put(chunk: StreamChunk) -> None:
-                try:
-                    loop.call_soon_threadsafe(inbox.put_nowait, (i, chunk))
-                except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-                    pass
-            return put
+            return lambda chunk: _call_soon(loop, inbox.put_nowait, (i, chunk))
 
         live: set[int] = set()
         try:

@@ -72,6 +72,12 @@ class SampleRow:
     mask: np.ndarray | None = None  # int32 [ceil(vocab/32)] allowed-token bits (constraint); None: all
     top_logprobs: int = -1  # -1: no log-probabilities; else also report this many alternatives
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits first and no log-probabilities: a bare argmax."""
+        return (self.state.params.greedy and self.mask is None and not self.block_stop
+                and not self.state.penalized and self.top_logprobs < 0)
+
 
 @dataclass(slots=True)
 class ScoreRow:
@@ -88,8 +94,8 @@ class StepSamples:
     score_logprobs: list[TokenLogprob]  # one per scored row
 
 
-def to_host(t: torch.Tensor) -> list[float]:
-    """The step's one device-to-host copy."""
+def to_host(t: torch.Tensor) -> list:
+    """The step's one device-to-host copy (ints from an integer tensor, else floats)."""
     return t.cpu().tolist()
 
 
@@ -97,6 +103,8 @@ def sample_step(logits: torch.Tensor, sample_rows: list[int], samples: list[Samp
                 score_rows: list[int], scores: list[ScoreRow]) -> StepSamples:
     """Samples rows `sample_rows` of `logits` [rows, vocab] and scores rows `score_rows`; `logits` may be
     modified in place."""
+    if samples and not scores and all(s.plain_greedy for s in samples):
+        return _greedy_step(logits, sample_rows)
     device = logits.device
     lp_sample = [i for i, s in enumerate(samples) if s.top_logprobs >= 0]
     lp_rows = [sample_rows[i] for i in lp_sample] + score_rows
@@ -116,6 +124,13 @@ def sample_step(logits: torch.Tensor, sample_rows: list[int], samples: list[Samp
             parts += [indices.flatten().double(), values.flatten().double()]
     host = to_host(torch.cat(parts)) if parts else []
     return _unpack(host, samples, lp_sample, scores, top_k)
+
+
+def _greedy_step(logits: torch.Tensor, sample_rows: list[int]) -> StepSamples:
+    """`sample_step` for rows that are all `plain_greedy`: one argmax, its tokens the host copy."""
+    rows = logits if len(sample_rows) == logits.shape[0] else logits[_index(sample_rows, logits.device)]
+    tokens = to_host(rows.argmax(dim=-1))
+    return StepSamples(tokens, [None] * len(tokens), [])
 
 
 def _unpack(host: list[float], samples: list[SampleRow], lp_sample: list[int], scores: list[ScoreRow],

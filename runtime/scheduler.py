@@ -98,7 +98,7 @@ class Scheduler:
 
     def _schedule(self) -> list[ScheduledItem]:
         items, budget = self._schedule_running()
-        if budget > 0:
+        if budget > 0 and self.waiting:  # a pure decode step skips admission's per-step setup
             items += self._admit(budget)
         if items and all(item.length == 1 for item in items):
             self.new_token_ratio = max(self.cfg.min_new_token_ratio,

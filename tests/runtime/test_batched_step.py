@@ -84,3 +84,29 @@ def test_logit_rows_cover_prompt_scores_drafts_and_the_next_token():
     # req: tokens at positions 5..8; the root (position 6) and drafts 8, 9 (positions 7, 8) are sampled
     assert list(second.samples) == [1, 2, 3]
     assert batch.hidden_rows == [0, 1 + 1, 1 + 2, 1 + 3]
+
+
+def test_greedy_fast_path_gives_the_full_samplers_tokens_and_stops(tiny_engine_factory, monkeypatch):
+    """Plain greedy steps take one argmax (`_greedy_step`); the full sampler, forced, is the oracle."""
+    engine = tiny_engine_factory()
+    prompts = ["alpha beta gamma", "one two three four", "the cat"]
+    free = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True})
+    params = [{"temperature": 0, "max_new_tokens": 20, "ignore_eos": True},
+              {"temperature": 0, "max_new_tokens": 30, "stop": [" the", "ing"]},
+              {"temperature": 0, "max_new_tokens": 20, "stop_token_ids": [o.output_ids[6] for o in free]}]
+    fast_steps = []
+    real_greedy = sampler._greedy_step
+    monkeypatch.setattr(sampler, "_greedy_step", lambda *a: fast_steps.append(1) or real_greedy(*a))
+    runs = []
+    for force_full in (False, True):
+        if force_full:
+            monkeypatch.setattr(sampler.SampleRow, "plain_greedy", property(lambda row: False))
+        engine.flush_cache()
+        before = len(fast_steps)
+        runs.append([[(o.output_ids, o.text, o.meta.finish_reason, o.meta.matched_stop)
+                      for o in engine.generate(prompts, p)] for p in params])
+        assert (len(fast_steps) > before) != force_full
+    assert runs[0] == runs[1]
+    stops = {type(matched) for run in runs[0][1:] for _, _, reason, matched in run if reason == "stop"}
+    assert stops == {str, int}  # both stop strings and stop tokens ended some request
+    engine.check_invariants()

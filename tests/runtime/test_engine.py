@@ -138,6 +138,37 @@ def test_flush_cache_empties_the_tree(engine):
     assert engine.stats()["kv_cached_tokens"] == 0
 
 
+def test_generate_folds_exactly_the_chunks_a_stream_yields(engine):
+    """generate and async_generate fold chunks on the scheduler thread; the stream, folded here, is the oracle."""
+    params = {**GREEDY, "max_new_tokens": 24, "stop": [" the"]}
+    kwargs = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    chunks = list(engine.stream("Once upon a time", params, **kwargs))
+    last = chunks[-1]
+    for out in (engine.generate("Once upon a time", params, **kwargs),
+                asyncio.run(engine.async_generate("Once upon a time", params, **kwargs))):
+        assert out.text == "".join(c.text for c in chunks)
+        assert out.output_ids == [t for c in chunks for t in c.token_ids]
+        assert out.meta.output_logprobs == [lp for c in chunks for lp in c.logprobs]
+        assert out.meta.input_logprobs == next(c.input_logprobs for c in chunks if c.input_logprobs is not None)
+        assert (out.meta.finish_reason, out.meta.matched_stop, out.meta.completion_tokens) == \
+            (last.finish_reason, last.matched_stop, last.completion_tokens)
+
+
+def test_cancelled_async_generate_aborts_request(engine):
+    async def main():
+        task = asyncio.create_task(engine.async_generate("tell me a story", {**GREEDY, "max_new_tokens": 900}))
+        while engine.stats()["running_requests"] == 0:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    engine.generate("sync point", GREEDY)
+    assert engine.stats()["aborted_requests_total"] == 1
+    engine.check_invariants()
+
+
 def test_duplicate_rid_is_rejected_without_disturbing_the_first(engine):
     async def main():
         first = asyncio.create_task(engine.async_generate("one", {**GREEDY, "max_new_tokens": 40}, rid="same"))

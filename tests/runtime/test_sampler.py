@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixlang.runtime import sampler as sampler_module
 from radixlang.runtime.sampler import (SampleRow, SamplingState, ScoreRow, apply_bitmask, apply_penalties,
                                        pack_mask, process_logits, sample_step, sample_tokens,
                                        token_distribution, uniform)
@@ -220,3 +221,56 @@ def test_validate_takes_every_torch_seed():
     for seed in (-(2**63), -1, 0, 2**64 - 1):
         SamplingParams(max_new_tokens=1, seed=seed).validate(vocab_size=5, context_length=8)
         state(seed=seed)
+
+
+def _plain_greedy_rows(n: int, vocab: int) -> list[SampleRow]:
+    return [SampleRow(state(vocab=vocab, temperature=0.0, seed=i), counter=i) for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_greedy_rows_take_one_argmax_equal_to_the_full_sampler(dtype, monkeypatch):
+    vocab = 50
+    logits = (torch.randn(8, vocab, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    logits[3, [7, 30]] = logits[3].max() + 1  # a tie: both paths must take the same (first) index
+    rows = _plain_greedy_rows(6, vocab)
+    sample_rows = [0, 2, 3, 4, 6, 7]
+    want = sample_tokens(logits[sample_rows].float(), rows).tolist()  # the full path, the oracle
+
+    def full_path(*args):
+        raise AssertionError("plain greedy rows must not run the full sampler")
+
+    monkeypatch.setattr(sampler_module, "sample_tokens", full_path)
+    got = sample_step(logits.clone(), sample_rows, rows, [], [])
+    assert got.tokens == want and want[2] == 7
+    assert got.sample_logprobs == [None] * 6 and got.score_logprobs == []
+
+
+@pytest.mark.parametrize("change", ["mask", "block_stop", "penalty", "logprobs", "temperature", "score"])
+def test_one_row_needing_processing_sends_the_step_through_the_full_sampler(change):
+    vocab = 50
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    rows, scores = _plain_greedy_rows(4, vocab), []
+    best = int(logits[1].argmax())
+    if change == "mask":
+        rows[1].mask = pack_mask(np.arange(vocab) != best)
+    elif change == "block_stop":
+        rows[1] = SampleRow(state(vocab=vocab, eos=(best,), temperature=0.0), 0, block_stop=True)
+    elif change == "penalty":
+        rows[1] = SampleRow(state(prompt=(best,), vocab=vocab, temperature=0.0, repetition_penalty=100.0), 0)
+    elif change == "logprobs":
+        rows[1].top_logprobs = 2
+    elif change == "temperature":
+        rows[1] = SampleRow(state(vocab=vocab, temperature=1.0, seed=5), 0)
+    else:
+        scores = [ScoreRow(target=0, top_logprobs=0)]
+    got = sample_step(logits.clone(), [0, 1, 2, 3], rows, [0] if scores else [], scores)
+    assert not all(r.plain_greedy for r in rows) or scores
+    assert got.tokens == sample_tokens(logits.clone(), rows).tolist()
+    if change in ("mask", "block_stop", "penalty"):
+        assert got.tokens[1] != best  # the processing changed the row's choice
+    if change == "logprobs":
+        want = torch.log_softmax(logits[1], dim=-1)[best].item()
+        assert got.sample_logprobs[1].token_id == best and abs(got.sample_logprobs[1].logprob - want) < 1e-5
+        assert len(got.sample_logprobs[1].top) == 2
+    if change == "score":
+        assert abs(got.score_logprobs[0].logprob - torch.log_softmax(logits[0], dim=-1)[0].item()) < 1e-5
