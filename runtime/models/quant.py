@@ -7,8 +7,9 @@ for the matmul and the result back to the model's dtype. Outputs then differ sli
 model, which stays the default and the oracle (`quantization="none"`).
 
 The packed kernels unpack every weight once per few input rows, so their cost grows with the rows: from
-DENSE_MIN_ROWS rows on (prefill chunks) a layer runs a bf16 matmul instead, on a copy of its weights that
-costs 2 bytes per weight of memory (int8 codes are exact in bf16; 4-bit weights d * q + m round to bf16).
+DENSE_MIN_ROWS rows on (batched decode steps, prefill chunks) a layer runs a bf16 matmul instead, on a copy
+of its weights that costs 2 bytes per weight of memory (int8 codes are exact in bf16; 4-bit weights
+d * q + m round to bf16).
 
 Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from the file's own blocks
 (other tensors and HF folders stay fp32); "int8" per-output-channel int8 of every linear; "int4"
@@ -26,9 +27,10 @@ QUANTIZATIONS = ("none", "auto", "int8", "int4")
 K_MULTIPLE = 64  # torch 2.13's CPU int8pack kernel crashes on some other input widths (K=40 with M>=5)
 N_MULTIPLE = 16  # the CPU int4pack layout tiles output rows by 16
 INNER_K_TILES = 2  # the CPU int4pack conversion takes it but lays weights out the same for 2, 4 and 8
-# rows from which a bf16 matmul beats the packed kernels: prefill chunks (SmolLM2, 2-core AVX-512 VM; at
-# 16-row decode steps the two were even, and the packed kernels keep the file's weights unrounded)
-DENSE_MIN_ROWS = 64
+# rows from which a bf16 matmul beats the packed kernels (SmolLM2's shapes, 2 threads, AVX-512 VM: even at
+# about 12 rows; at 16 the bf16 matmul took 0.84-0.94x the int4pack time per layer, 0.63x for the Q8_0
+# LM head, which runs as two int4pack passes and so counts its rows twice)
+DENSE_MIN_ROWS = 12
 
 
 class Int8Linear(nn.Module):
@@ -73,7 +75,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _rows(x)
-        if flat.shape[0] >= DENSE_MIN_ROWS:
+        if flat.shape[0] * self.repeats >= DENSE_MIN_ROWS:
             return _finish(flat @ self.dense.T, x, self.bias)
         if self.repeats > 1:
             flat = flat.repeat(1, self.repeats)
