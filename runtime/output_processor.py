@@ -2,12 +2,14 @@
 jump-forward), append tokens, detokenize, stream, draft again, and say which requests are done."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
 from .batch import LogitRows, ScheduledItem, StepBatch
+from .constrained.fsa import ConstraintTooLarge
 from .constrained.jump_forward import JumpForwarder
+from .constrained.matcher import Matcher
 from .kv_manager import KVManager
 from .request import Req, StreamChunk
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
@@ -17,6 +19,7 @@ from .speculative.tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_p
                                constraint_states, paths)
 
 FinishFn = Callable[..., None]  # (req, reason, matched=None, error=None)
+T = TypeVar("T")
 
 
 class OutputProcessor:
@@ -37,6 +40,8 @@ class OutputProcessor:
         going_on: list[Req] = []  # drafted together once every request has its tokens
         for item, rows in live:
             req = item.req
+            if req.done:  # its constraint failed while its rows were built: none of them were sampled
+                continue
             n_scores = len(rows.prompt)
             req.input_logprobs += out.score_logprobs[scored:scored + n_scores]
             scored += n_scores
@@ -51,16 +56,28 @@ class OutputProcessor:
             sampled += n
         self._draft(going_on)
 
+    def _guarded(self, req: Req, work: Callable[..., T], *args) -> T | None:
+        """work(*args) on `req`'s constraint, or None after ending `req` alone if a lexer built on first
+        use outgrows its bound (the step's other requests go on)."""
+        try:
+            return work(*args)
+        except ConstraintTooLarge as e:
+            self.finish(req, "abort", error=str(e))
+            return None
+
     # ---- one batched sampler call -------------------------------------------------------------
     def _sample(self, live: list[tuple[ScheduledItem, LogitRows]], logits: torch.Tensor | None) -> StepSamples:
         sample_rows, samples, score_rows, scores = [], [], [], []
         for item, rows in live:
             req = item.req
+            own = self._guarded(req, self._sample_rows, req) if item.samples else []
+            if req.done:
+                continue
             score_rows += rows.prompt
             scores += [ScoreRow(req.prompt_ids[p + 1], req.top_logprobs_num) for p in item.prompt_logit_positions()]
             if item.samples:
                 sample_rows += rows.samples
-                samples += self._sample_rows(req)
+                samples += own
         if logits is None:
             return StepSamples([], [], [])
         return sample_step(logits, sample_rows, samples, score_rows, scores)
@@ -124,8 +141,9 @@ class OutputProcessor:
         new, kept_lps, text = [], [], []
         reason, matched, error = None, None, None
         for i, token in enumerate(tokens):
-            if m is not None and not m.advance(token):
-                reason, error = "abort", f"internal error: the constraint rejected sampled token {token}"
+            error = _advance(m, token) if m is not None else None
+            if error is not None:
+                reason = "abort"
                 break
             req.output_ids.append(token)
             req.sampling.observe(token)
@@ -176,7 +194,10 @@ class OutputProcessor:
             if room <= 0:
                 continue
             if self.jump is not None and req.constraint is not None:
-                forced = self.jump.draft(req.constraint.forced_bytes())[:room]
+                forced_bytes = self._guarded(req, req.constraint.forced_bytes)
+                if forced_bytes is None:
+                    continue
+                forced = self.jump.draft(forced_bytes)[:room]
                 self.counters.jump_forward_drafted += len(forced)
                 if forced:
                     self._set_draft(req, DraftTree(forced, chain(len(forced))), JUMP_FORWARD)
@@ -185,7 +206,9 @@ class OutputProcessor:
         if self.drafter is None or not wanted:
             return
         for (req, _), tree in zip(wanted, self.drafter.propose(wanted)):
-            tree = self._allowed(req, tree)
+            tree = self._guarded(req, self._allowed, req, tree)
+            if tree is None:
+                continue
             self.counters.spec_draft_tokens += len(tree.tokens)
             self._set_draft(req, tree, DRAFTER)
 
@@ -194,6 +217,16 @@ class OutputProcessor:
         if tree.tokens:
             req.output_ids.extend(tree.tokens)
             req.draft = Draft(tree.parents, source)
+
+
+def _advance(m: Matcher, token: int) -> str | None:
+    """Advances the constraint past `token`; the error that ends the request, if it can't."""
+    try:
+        if m.advance(token):
+            return None
+    except ConstraintTooLarge as e:  # a lexer built on first use outgrew its bound
+        return str(e)
+    return f"internal error: the constraint rejected sampled token {token}"
 
 
 def emit(req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:

@@ -14,8 +14,13 @@ import numpy as np
 from ..config import MAX_DFA_STATES, MAX_NFA_STATES
 
 
-def too_large() -> ValueError:
-    return ValueError(f"constraint is too large: its DFA exceeds {MAX_DFA_STATES} states")
+class ConstraintTooLarge(ValueError):
+    """An automaton over its size bound. At compile time the request is refused (400); lexers are built on
+    first use, so mid-decode it ends only the request whose constraint it is."""
+
+
+def too_large() -> ConstraintTooLarge:
+    return ConstraintTooLarge(f"constraint is too large: its DFA exceeds {MAX_DFA_STATES} states")
 
 
 class Nfa:
@@ -26,7 +31,7 @@ class Nfa:
 
     def new(self) -> int:
         if len(self.eps) >= MAX_NFA_STATES:
-            raise ValueError(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
+            raise ConstraintTooLarge(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1

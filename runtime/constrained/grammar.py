@@ -21,6 +21,7 @@ from ..config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_N
 from . import regex_ast as ra
 from .automaton import Dfa, collector_paused, compile_dfa
 from .dfa_cache import caching, current
+from .fsa import ConstraintTooLarge
 from .lalr import LalrGrammar, Stack
 from .matcher import MaskCache
 from .token_index import TokenIndex, walk_rows
@@ -70,7 +71,7 @@ class GrammarConstraint:
             total = ignored + sum(size.get(sym, 0) for sym in row)
             if total > MAX_NFA_STATES:
                 names = sorted(sym for sym in row if sym in size)
-                raise ValueError(f"constraint is too large: the lexer for terminals {names[:8]} would exceed "
+                raise ConstraintTooLarge(f"constraint is too large: the lexer for terminals {names[:8]} would exceed "
                                  f"{MAX_NFA_STATES} NFA states (about {total})")
 
     # ---- parser side ----------------------------------------------------------------------

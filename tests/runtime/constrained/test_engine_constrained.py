@@ -4,6 +4,7 @@ independent oracle (re.fullmatch, jsonschema, Lark's parser) and every scenario 
 invariant."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -175,3 +176,30 @@ def test_engine_option_relaxes_unique_items_only_when_asked(tiny_engine_factory)
     for c in engine.generate(PROMPTS, {"json_schema": schema, "max_new_tokens": 20, "temperature": 1.0, "seed": 1}):
         check_json(c, {**schema, "uniqueItems": False})  # generated without the relaxed keyword
     engine.check_invariants()
+
+
+def test_a_lexer_outgrowing_its_bound_mid_decode_ends_only_its_request(tiny_engine, monkeypatch):
+    """Lexers are built on first use, so one can outgrow its bound mid-decode: that request ends with the
+    error, while the step's other requests decode exactly as they would have alone."""
+    from radixlang.runtime.constrained.fsa import ConstraintTooLarge
+    from radixlang.runtime.constrained.grammar import GrammarConstraint
+
+    refused: list = []
+
+    def build_known(self, names):  # lexers the warm-up built are cached; any new one is "too large"
+        refused.append(names)
+        raise ConstraintTooLarge("constraint is too large: injected")
+
+    async def together(params: list[dict]):  # submitted at once: the plain one runs on past the other's end
+        return await asyncio.gather(*(tiny_engine.async_generate(p, q) for p, q in zip(PROMPTS, params)))
+
+    plain = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    alone = tiny_engine.generate(PROMPTS[0], plain)
+    grammar = 'start: "[" PART ("," PART)* "]"\nPART: /[a-q]{1,3}/\n'
+    tiny_engine.generate(PROMPTS[1], {"grammar": grammar, "max_new_tokens": 1})  # compiles, and caches it
+    monkeypatch.setattr(GrammarConstraint, "_build_lexer", build_known)
+    both = asyncio.run(together([plain, {"grammar": grammar, "max_new_tokens": 24}]))
+    assert refused  # the injected failure happened, mid-decode
+    assert both[0].output_ids == alone.output_ids and both[0].meta.finish_reason == "length"
+    assert both[1].meta.finish_reason == "abort" and "too large" in both[1].meta.error, both[1].meta
+    tiny_engine.check_invariants()
