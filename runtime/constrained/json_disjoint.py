@@ -1,7 +1,8 @@
 """A schema-level proof that two `oneOf` branches share no value: both accept objects only (by their
 `type`, or the type their keywords imply, as the compiler infers it), and both require a property (a
 discriminator, as in tagged unions) whose const/enum values do not overlap, or one requires a property
-that the other forbids. Or, for the values the compiler emits: each requires a property that the
+that the other forbids or allows other const/enum values for (by name, or through `additionalProperties`).
+A property every `anyOf`/`oneOf` branch requires is required, with the union of the branches' values. Or, for the values the compiler emits: each requires a property that the
 other's strict objects never write (they write declared properties only), so no value that one
 branch emits satisfies the other.
 
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from .schema_merge import normalize
 
 _MAX_DEPTH = 8  # $ref / allOf hops followed, at most
+_MAX_EXPANSIONS = 256  # anyOf/oneOf branches read, at most, per pair of branches
 # keywords that send a schema down another compile path than its own (implied) type: no inference then
 _NOT_DIRECT = frozenset({"type", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "enum", "const",
                          "dependentRequired", "dependentSchemas"})
@@ -33,12 +35,34 @@ def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: fr
         return True
     if any(_never_written(parts_a, name) for name in req_b) and any(_never_written(parts_b, name) for name in req_a):
         return True
-    shared = req_a & req_b
-    for name in shared:
-        va, vb = _values(parts_a, name, formats), _values(parts_b, name, formats)
-        if va is not None and vb is not None and not va & vb:
-            return True
+    budget = [_MAX_EXPANSIONS]
+    for mine, other in ((parts_a, parts_b), (parts_b, parts_a)):
+        for name, va in _required_values(mine, resolve, formats, 0, budget).items():
+            vb = _values(other, name, formats)
+            if va is not None and vb is not None and not va & vb:
+                return True
     return False
+
+
+def _required_values(parts: list[dict], resolve: Callable[[str], Any], formats: frozenset[str], depth: int,
+                     budget: list[int]) -> dict[str, set[str] | None]:
+    """The properties every value of the branch holds, each with its possible values where known. A
+    property that all of a disjunction's branches require is required (the value matches one of them)."""
+    out: dict[str, set[str] | None] = {name: _values(parts, name, formats) for name in _required(parts)}
+    for p in parts:
+        for key in ("anyOf", "oneOf"):
+            branches = p.get(key)
+            if not isinstance(branches, list) or not branches or depth >= _MAX_DEPTH or budget[0] < len(branches):
+                continue
+            budget[0] -= len(branches)
+            per = [_required_values(_conjuncts(b, resolve, formats, depth + 1), resolve, formats, depth + 1, budget)
+                   for b in branches]
+            for name in set(per[0]).intersection(*per[1:]):
+                values = [r[name] for r in per]
+                union = None if any(v is None for v in values) else set().union(*values)
+                known = out.get(name)
+                out[name] = union if known is None else known if union is None else known & union
+    return out
 
 
 def _conjuncts(schema: Any, resolve: Callable[[str], Any], formats: frozenset[str], depth: int) -> list[dict]:
@@ -95,9 +119,11 @@ def _required(parts: list[dict]) -> set[str]:
 
 
 def _values(parts: list[dict], name: str, formats: frozenset[str]) -> set[str] | None:
-    """The property's possible values (as canonical JSON text) from some conjunct's const/enum, or None."""
+    """The property's possible values (as canonical JSON text) from some conjunct's const/enum, or None.
+    A conjunct that does not name the property (nor has patterns) gives its `additionalProperties`."""
     for p in parts:
-        sub = p.get("properties", {}).get(name) if isinstance(p.get("properties"), dict) else None
+        props = p.get("properties", {}) if isinstance(p.get("properties"), dict) else {}
+        sub = props.get(name) if name in props or p.get("patternProperties") else p.get("additionalProperties")
         if not isinstance(sub, dict):
             continue
         s = normalize(sub, formats)
