@@ -3,6 +3,7 @@ of the root or of a subschema. References to other documents are refused (nothin
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 # keywords whose values are data, not subschemas: an "id" inside them names nothing
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
@@ -43,7 +44,7 @@ class RefResolver:
             return f"#anchor:{fragment}", target
         node = doc
         for part in fragment.lstrip("/").split("/") if fragment else []:
-            part = part.replace("~1", "/").replace("~0", "~")
+            part = unquote(part).replace("~1", "/").replace("~0", "~")  # a URI fragment: %-escapes first
             if isinstance(node, dict) and part in node:
                 node = node[part]
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):

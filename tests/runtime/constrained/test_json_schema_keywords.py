@@ -152,6 +152,10 @@ KEYWORD_SCHEMAS = {
         "item": {"oneOf": [{"$ref": "#/$defs/repo"},
                            {"type": "object", "additionalProperties": {"enum": [False]}, "maxProperties": 1}]}},
         "$ref": "#/$defs/item"},
+    "percent_escaped_ref": {"definitions": {"a:b c": {"type": "integer", "minimum": 0, "maximum": 9},
+                                            "x%y": {"type": "boolean"}},
+                            "type": "object", "required": ["p"], "additionalProperties": False,
+                            "properties": {"p": {"$ref": "#/definitions/a%3Ab%20c"}, "q": {"$ref": "#/definitions/x%25y"}}},
     "any_of_required_recursive": {"$defs": {"n": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 0, "maximum": 3}, "b": {"type": "boolean"}, "kid": {"$ref": "#/$defs/n"}},
         "additionalProperties": False, "anyOf": [{"required": ["a"]}, {"required": ["b"], "title": "t"}]}},
@@ -265,6 +269,7 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("unique_enum_items", [None, "b", 1]),
     ("any_of_required_recursive", {"a": 1, "b": True, "kid": {"b": False, "kid": {"a": 0}}}),
     ("one_of_required", {"a": None, "b": None}),
+    ("percent_escaped_ref", {"p": 3, "q": True}),
     ("one_of_recursive_tag_against_a_map_of_false", {"type": "leaf", "url": "ab"}),
     ("one_of_recursive_tag_against_a_map_of_false", {}),
     ("one_of_required", {"b": None, "c": None}),
