@@ -33,6 +33,12 @@ def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     if merged is not None:  # not: {allOf: [{required: [a]}, {required: [b]}]}, as one schema
         return negated(c, {**rest, "not": merged}, path)
     keys = set(n)
+    if keys == {"anyOf"} and isinstance(n["anyOf"], list) and n["anyOf"]:  # not (A or B) = not A and not B
+        return _none_of(c, rest, n["anyOf"], path)
+    if keys in ({"type", "enum"}, {"type", "const"}):  # only the values of its types are excluded
+        drop = as_types(n["type"]) | ({"integer"} if "number" in as_types(n["type"]) else set())
+        values = [v for v in (n["enum"] if "enum" in n else [n["const"]]) if json_type(v) in drop]
+        return negated(c, {**rest, "not": {"enum": values}}, path) if values else c.compile(rest or True, path)
     types = as_types(rest.get("type", list(JSON_TYPES)))
     if keys == {"type"}:
         drop = as_types(n["type"])
@@ -65,6 +71,22 @@ def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
                           path)
     raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, or required/properties "
                      f"is supported, got keywords {sorted(keys)}")
+
+
+def _none_of(c: "_SchemaCompiler", rest: dict, branches: list, path: str) -> ra.Node:
+    """`rest` and none of the branches: a branch that requires one property forbids it; any others as
+    copies of `rest` each without one branch, conjoined."""
+    def requires_one(b: Any) -> bool:
+        return isinstance(b, dict) and set(b) == {"required"} and isinstance(b["required"], list) and \
+            len(b["required"]) == 1
+
+    single = [b["required"][0] for b in branches if requires_one(b)]
+    others = [b for b in branches if not requires_one(b)]
+    if single:
+        rest = conjoin_sub(rest, {"properties": {name: False for name in single}})
+    if len(others) <= 1:
+        return negated(c, {**rest, "not": others[0]}, path) if others else c.compile(rest or True, path)
+    return c.compile({"allOf": [{**rest, "not": b} for b in others]}, path)
 
 
 def _string_not_matching(c: "_SchemaCompiler", rest: dict, pattern: Any, path: str) -> ra.Node:

@@ -3,6 +3,7 @@ completes validates, and every mutant of an output that the constraint accepts v
 false accepts). Each schema is a minimal one of a shape that real-world schemas use."""
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from decimal import Decimal
@@ -62,6 +63,13 @@ KEYWORD_SCHEMAS = {
         "s": {"type": "string", "minLength": 1, "maxLength": 3, "not": {"pattern": "^[a-c\\s]+$"}},
         "t": {"type": ["string", "null"], "maxLength": 2, "not": {"type": "string", "pattern": "b"}}},
         "required": ["s", "t"]},
+    "not_any_of_and_typed_enum": {
+        "type": "object", "additionalProperties": False, "required": ["s"],
+        "properties": {"s": {"type": ["string", "integer"], "maxLength": 2, "minimum": 0, "maximum": 3,
+                             "not": {"type": "string", "enum": ["a", "b", 1]}},
+                       "x": {"type": "null"}, "y": {"type": "null"}, "z": {"type": "null"}, "k": {"enum": ["p", "q"]}},
+        "not": {"anyOf": [{"required": ["x"]}, {"required": ["y", "z"]},
+                          {"required": ["z"], "properties": {"k": {"const": "p"}}}]}},
     "not_all_of_required": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
                             "not": {"allOf": [{"required": ["a"]}, {"required": ["b"]}]}},
     "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
@@ -261,6 +269,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("not_pattern", {"s": "ad", "t": None}),
     ("not_pattern", {"s": "a-", "t": "ac"}),
     ("not_all_of_required", {"b": None}),
+    ("not_any_of_and_typed_enum", {"s": 1, "y": None}),
+    ("not_any_of_and_typed_enum", {"s": "c", "z": None, "k": "q"}),
     ("tuple_items", [True, 2, None, None]),
     ("integer_multiple_of", -49),
     ("number_multiple_of_hundredth", -0.57),
@@ -446,6 +456,16 @@ def test_not_with_a_ref_excludes_exactly_the_targets_values(compiler):
     for value in ["ab", "b", "a", "", "ba", "abc", 3]:
         text = json.dumps(value)
         assert accepts(constraint, text) == validator(schema).is_valid(value), value
+
+
+def test_not_any_of_and_not_typed_enum_exclude_exactly_their_values(compiler):
+    schema = KEYWORD_SCHEMAS["not_any_of_and_typed_enum"]
+    constraint = compiler.compile("json_schema", schema)
+    for s in ["a", "b", "c", 1, 0, 4, "ab"]:
+        for present, k in itertools.product(([], ["x"], ["y"], ["z"], ["y", "z"], ["x", "z"]), ([], ["p"], ["q"])):
+            value = {"s": s, **{name: None for name in present}, **{"k": v for v in k}}
+            text = json.dumps(value, separators=(",", ":"))
+            assert accepts(constraint, text) == validator(schema).is_valid(value), value
 
 
 def test_recursive_one_of_branches_without_a_disjoint_discriminator_are_refused(compiler):
