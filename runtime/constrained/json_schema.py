@@ -308,9 +308,14 @@ class _SchemaCompiler:
         return self.named(key, target, self._rule_name(key), key)
 
     def named(self, key: str, target: Any, name: str, path: str) -> ra.Node:
-        """`target` compiled once per `key`; met again inside its own compilation, it is the rule `name`."""
-        if key in self._inline:
-            return self._inline[key]
+        """`target` compiled once per `key` (and split mode: an inline body remade split must not come
+        back unsplit from the memo); met again inside its own compilation, it is the rule `name`."""
+        memo = f"split:{key}" if self._split_all else key
+        hit = self._inline.get(memo)
+        if hit is None and isinstance(self._inline.get(key), ra.Ref):  # a rule reads alike in either mode
+            hit = self._inline[key]
+        if hit is not None:
+            return hit
         if key in self.open_refs:
             self._recursive.add(key)
             return ra.Ref(name)
@@ -325,7 +330,7 @@ class _SchemaCompiler:
             node = ra.Ref(name)
         else:
             node = body
-        self._inline[key] = node
+        self._inline[memo] = node
         return node
 
     def with_ref(self, s: dict, path: str) -> ra.Node:

@@ -282,6 +282,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("percent_escaped_ref", {"p": 3, "q": True}),
     ("one_of_recursive_tag_against_a_map_of_false", {"type": "leaf", "url": "ab"}),
     ("one_of_recursive_tag_against_a_map_of_false", {}),
+    ("one_of_recursive_tag_against_a_map_of_false", {"type": "tree", "kids": [{"type": "leaf", "url": "ab"}, {"z": False}]}),
+    ("one_of_recursive_tag_against_a_map_of_false", {"type": False}),
     ("one_of_required", {"b": None, "c": None}),
     ("dependencies_beside_a_free_value", {"x": {"p": [1, {}], "q": 3}, "m": 1, "s": True}),
     ("ref_with_siblings_inside_recursion", {"v": 9, "kids": [{"v": 5, "kids": [{"v": 0}]}, {"v": 1, "alt": {"v": 8, "kids": []}}]}),
