@@ -193,6 +193,12 @@ def combinator(c: "_SchemaCompiler", key: str, s: dict, path: str) -> ra.Node:
     if not isinstance(subs, list) or not subs:
         raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
     rest = {k: v for k, v in s.items() if k != key}
+    free = [i for i, sub in enumerate(subs) if sub is True or isinstance(sub, dict) and not normalize(sub, KNOWN_FORMATS)]
+    if key == "oneOf" and free and "not" not in rest:  # a branch every value matches: exactly one means no other
+        if len(free) > 1:
+            raise Unsatisfiable(f"two oneOf branches at {path} match every value")
+        others = [sub for i, sub in enumerate(subs) if i != free[0]]
+        return c.compile({**rest, "not": {"anyOf": others}} if others else rest or True, path)
     subs = required_choice(key, subs, KNOWN_FORMATS) or subs
     branches = [conjoin_sub(rest, sub) if rest else sub for sub in subs]
     if key == "anyOf":

@@ -74,19 +74,33 @@ def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
 
 
 def _none_of(c: "_SchemaCompiler", rest: dict, branches: list, path: str) -> ra.Node:
-    """`rest` and none of the branches: a branch that requires one property forbids it; any others as
-    copies of `rest` each without one branch, conjoined."""
-    def requires_one(b: Any) -> bool:
-        return isinstance(b, dict) and set(b) == {"required"} and isinstance(b["required"], list) and \
-            len(b["required"]) == 1
-
-    single = [b["required"][0] for b in branches if requires_one(b)]
-    others = [b for b in branches if not requires_one(b)]
-    if single:
-        rest = conjoin_sub(rest, {"properties": {name: False for name in single}})
+    """`rest` and none of the branches: a branch that is a type or requires one property narrows `rest`
+    (the other types; that property forbidden); any others as copies of `rest` each without one
+    branch, conjoined."""
+    others = []
+    for branch in branches:
+        narrowed = _complement_as_schema(normalize(branch, KNOWN_FORMATS) if isinstance(branch, dict) else branch)
+        if narrowed is None:
+            others.append(branch)
+        else:
+            rest = conjoin_sub(rest, narrowed)
     if len(others) <= 1:
         return negated(c, {**rest, "not": others[0]}, path) if others else c.compile(rest or True, path)
     return c.compile({"allOf": [{**rest, "not": b} for b in others]}, path)
+
+
+def _complement_as_schema(n: Any) -> dict | None:
+    """A schema for the values `n` refuses, where `n` is one type or requires one property; else None."""
+    if not isinstance(n, dict):
+        return None
+    if set(n) == {"required"} and isinstance(n["required"], list) and len(n["required"]) == 1:
+        return {"properties": {n["required"][0]: False}}
+    if set(n) == {"type"}:
+        drop = as_types(n["type"]) | ({"integer"} if "number" in as_types(n["type"]) else set())
+        if "integer" in drop and "number" not in drop:
+            return None  # the non-integer numbers are no type of their own
+        return {"type": [t for t in JSON_TYPES if t not in drop]}
+    return None
 
 
 def _string_not_matching(c: "_SchemaCompiler", rest: dict, pattern: Any, path: str) -> ra.Node:

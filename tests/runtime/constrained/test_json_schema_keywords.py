@@ -70,6 +70,9 @@ KEYWORD_SCHEMAS = {
                        "x": {"type": "null"}, "y": {"type": "null"}, "z": {"type": "null"}, "k": {"enum": ["p", "q"]}},
         "not": {"anyOf": [{"required": ["x"]}, {"required": ["y", "z"]},
                           {"required": ["z"], "properties": {"k": {"const": "p"}}}]}},
+    "one_of_beside_a_branch_of_any_value": {"type": "object", "required": ["v"], "additionalProperties": False,
+                                            "properties": {"v": {"oneOf": [{"title": "anything", "x-note": 1},
+                                                                           {"type": "string"}, {"enum": [True, None]}]}}},
     "not_all_of_required": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
                             "not": {"allOf": [{"required": ["a"]}, {"required": ["b"]}]}},
     "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
@@ -269,6 +272,7 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("not_pattern", {"s": "ad", "t": None}),
     ("not_pattern", {"s": "a-", "t": "ac"}),
     ("not_all_of_required", {"b": None}),
+    ("one_of_beside_a_branch_of_any_value", {"v": [1, {"a": "b"}]}),
     ("not_any_of_and_typed_enum", {"s": 1, "y": None}),
     ("not_any_of_and_typed_enum", {"s": "c", "z": None, "k": "q"}),
     ("tuple_items", [True, 2, None, None]),
@@ -458,6 +462,14 @@ def test_not_with_a_ref_excludes_exactly_the_targets_values(compiler):
     for value in ["ab", "b", "a", "", "ba", "abc", 3]:
         text = json.dumps(value)
         assert accepts(constraint, text) == validator(schema).is_valid(value), value
+
+
+def test_one_of_beside_a_branch_of_any_value_matches_exactly_the_values_no_other_branch_does(compiler):
+    schema = KEYWORD_SCHEMAS["one_of_beside_a_branch_of_any_value"]
+    constraint = compiler.compile("json_schema", schema)
+    for v in ["a", "", 1, 2.5, None, True, False, [], [1], {}, {"v": "a"}]:
+        text = json.dumps({"v": v}, separators=(",", ":"))
+        assert accepts(constraint, text) == validator(schema).is_valid({"v": v}), v
 
 
 def test_not_any_of_and_not_typed_enum_exclude_exactly_their_values(compiler):
