@@ -2,7 +2,8 @@
 `type`, or the type their keywords imply, as the compiler infers it), and both require a property (a
 discriminator, as in tagged unions) whose const/enum values do not overlap, or one requires a property
 that the other forbids or allows other const/enum values for (by name, or through `additionalProperties`).
-A property every `anyOf`/`oneOf` branch requires is required, with the union of the branches' values. Or, for the values the compiler emits: each requires a property that the
+A property every `anyOf`/`oneOf` branch requires is required, with the union of the branches' values.
+Or both accept non-empty arrays only, whose first items' types do not overlap. Or, for the values the compiler emits: each requires a property that the
 other's strict objects never write (they write declared properties only), so no value that one
 branch emits satisfies the other.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from .json_types import as_types
 from .schema_merge import normalize
 
 _MAX_DEPTH = 8  # $ref / allOf hops followed, at most
@@ -28,6 +30,9 @@ _ADDS_PROPERTIES = frozenset({"anyOf", "oneOf", "if", "then", "else", "not", "de
 def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: frozenset[str],
                       infer_type: Callable[[dict], str | None]) -> bool:
     parts_a, parts_b = _conjuncts(a, resolve, formats, 0), _conjuncts(b, resolve, formats, 0)
+    item_types_a, item_types_b = _first_item_types(parts_a, formats), _first_item_types(parts_b, formats)
+    if item_types_a is not None and item_types_b is not None and not item_types_a & item_types_b:
+        return True
     if not (_objects_only(parts_a, infer_type) and _objects_only(parts_b, infer_type)):
         return False
     req_a, req_b = _required(parts_a), _required(parts_b)
@@ -83,6 +88,20 @@ def _objects_only(parts: list[dict], infer_type: Callable[[dict], str | None]) -
         return True  # a conjunct's type: every value of the branch is an object
     top = parts[0] if parts else {}
     return not set(top) & _NOT_DIRECT and infer_type(top) == "object"
+
+
+def _first_item_types(parts: list[dict], formats: frozenset[str]) -> set[str] | None:
+    """For a branch of non-empty arrays only, the types its first item may have (integer within
+    number), where some conjunct's `items` names them; else None."""
+    if not any(p.get("type") in ("array", ["array"]) for p in parts) or \
+            not any(isinstance(p.get("minItems"), int) and p["minItems"] >= 1 for p in parts):
+        return None
+    for p in parts:
+        items = normalize(p["items"], formats) if isinstance(p.get("items"), dict) else {}
+        if "type" in items and "prefixItems" not in p:
+            types = as_types(items["type"])
+            return types | {"integer"} if "number" in types else types
+    return None
 
 
 def _forbidden(parts: list[dict], name: str) -> bool:

@@ -73,6 +73,9 @@ KEYWORD_SCHEMAS = {
     "one_of_beside_a_branch_of_any_value": {"type": "object", "required": ["v"], "additionalProperties": False,
                                             "properties": {"v": {"oneOf": [{"title": "anything", "x-note": 1},
                                                                            {"type": "string"}, {"enum": [True, None]}]}}},
+    "one_of_arrays_apart_by_item_type": {"type": "object", "required": ["v"], "additionalProperties": False, "properties": {
+        "v": {"oneOf": [{"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "string", "maxLength": 2}},
+                        {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "object"}}]}}},
     "not_all_of_required": {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
                             "not": {"allOf": [{"required": ["a"]}, {"required": ["b"]}]}},
     "not_ref": {"$defs": {"banned": {"enum": ["ab", "b"]}, "alias": {"$ref": "#/$defs/banned"}},
@@ -272,6 +275,8 @@ def test_outputs_validate_and_accepted_mutants_validate_too(name, compiler, walk
     ("not_pattern", {"s": "ad", "t": None}),
     ("not_pattern", {"s": "a-", "t": "ac"}),
     ("not_all_of_required", {"b": None}),
+    ("one_of_arrays_apart_by_item_type", {"v": ["ab", ""]}),
+    ("one_of_arrays_apart_by_item_type", {"v": [{"a": [1]}, {}]}),
     ("one_of_beside_a_branch_of_any_value", {"v": [1, {"a": "b"}]}),
     ("not_any_of_and_typed_enum", {"s": 1, "y": None}),
     ("not_any_of_and_typed_enum", {"s": "c", "z": None, "k": "q"}),
