@@ -71,8 +71,8 @@ class GrammarConstraint:
             total = ignored + sum(size.get(sym, 0) for sym in row)
             if total > MAX_NFA_STATES:
                 names = sorted(sym for sym in row if sym in size)
-                raise ConstraintTooLarge(f"constraint is too large: the lexer for terminals {names[:8]} would exceed "
-                                 f"{MAX_NFA_STATES} NFA states (about {total})")
+                raise ConstraintTooLarge(f"constraint is too large: the lexer for terminals {names[:8]} would "
+                                         f"exceed {MAX_NFA_STATES} NFA states (about {total})")
 
     # ---- parser side ----------------------------------------------------------------------
     def acceptable(self, stack: Stack) -> frozenset[str]:

@@ -36,14 +36,12 @@ def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     if keys == {"anyOf"} and isinstance(n["anyOf"], list) and n["anyOf"]:  # not (A or B) = not A and not B
         return _none_of(c, rest, n["anyOf"], path)
     if keys in ({"type", "enum"}, {"type", "const"}):  # only the values of its types are excluded
-        drop = as_types(n["type"]) | ({"integer"} if "number" in as_types(n["type"]) else set())
+        drop = _excluded_types(n["type"])
         values = [v for v in (n["enum"] if "enum" in n else [n["const"]]) if json_type(v) in drop]
         return negated(c, {**rest, "not": {"enum": values}}, path) if values else c.compile(rest or True, path)
     types = as_types(rest.get("type", list(JSON_TYPES)))
     if keys == {"type"}:
-        drop = as_types(n["type"])
-        if "number" in drop:
-            drop.add("integer")
+        drop = _excluded_types(n["type"])
         if "integer" in drop and "number" in types and "number" not in drop:
             raise ValueError(f"json_schema not at {path}: `not: integer` beside number is not supported")
         left = [t for t in JSON_TYPES if t in types and t not in drop]
@@ -73,6 +71,12 @@ def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
                      f"is supported, got keywords {sorted(keys)}")
 
 
+def _excluded_types(type_value: Any) -> set[str]:
+    """The types a `not: {type: ...}` excludes: every number is excluded with `number`, integers too."""
+    drop = as_types(type_value)  # a fresh set
+    return drop | {"integer"} if "number" in drop else drop
+
+
 def _none_of(c: "_SchemaCompiler", rest: dict, branches: list, path: str) -> ra.Node:
     """`rest` and none of the branches: a branch that is a type or requires one property narrows `rest`
     (the other types; that property forbidden); any others as copies of `rest` each without one
@@ -96,7 +100,7 @@ def _complement_as_schema(n: Any) -> dict | None:
     if set(n) == {"required"} and isinstance(n["required"], list) and len(n["required"]) == 1:
         return {"properties": {n["required"][0]: False}}
     if set(n) == {"type"}:
-        drop = as_types(n["type"]) | ({"integer"} if "number" in as_types(n["type"]) else set())
+        drop = _excluded_types(n["type"])
         if "integer" in drop and "number" not in drop:
             return None  # the non-integer numbers are no type of their own
         return {"type": [t for t in JSON_TYPES if t not in drop]}
