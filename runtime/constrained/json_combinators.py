@@ -63,9 +63,8 @@ def _split_by_discriminator(s: dict, rest: dict) -> dict | None:
         if not isinstance(props, dict) or len(props) != 1:
             return None
         (key, sub), = props.items()
-        narrowed = sub.get("enum", [sub["const"]] if "const" in sub else None) if isinstance(sub, dict) else None
-        if set(sub) - {"enum", "const", "type", "description"} or not isinstance(narrowed, list) or \
-                allowed.setdefault("", key) != key:
+        narrowed = _named_values({k: v for k, v in sub.items() if k != "description"} if isinstance(sub, dict) else sub)
+        if narrowed is None or allowed.setdefault("", key) != key:
             return None
         allowed[trigger] = narrowed
     key = allowed.pop("")
@@ -146,14 +145,21 @@ def _value_condition(part: Any) -> tuple[str, list, bool] | None:
     if not set(cond) <= {"properties", "required"} or not isinstance(props, dict) or len(props) != 1:
         return None
     (name, sub), = props.items()
-    if cond.get("required", [name]) not in ([name], []) or not isinstance(sub, dict) or set(sub) - {"const", "enum", "type"}:
+    values = _named_values(sub)
+    if cond.get("required", [name]) not in ([name], []) or values is None:
+        return None
+    return name, values, "required" in cond and cond["required"] == [name]
+
+
+def _named_values(sub: Any) -> list | None:
+    """The values a `{const | enum [, type]}` schema admits (those of its types); None for another shape."""
+    if not isinstance(sub, dict) or set(sub) - {"const", "enum", "type"}:
         return None
     values = [sub["const"]] if "const" in sub else sub.get("enum")
     if not isinstance(values, list) or ("const" in sub and "enum" in sub) or ("type" in sub and not values):
         return None
-    typed = [v for v in values if "type" not in sub or json_type(v) in as_types(sub["type"])
-             or (json_type(v) == "integer" and "number" in as_types(sub["type"]))]
-    return name, typed, "required" in cond and cond["required"] == [name]
+    return [v for v in values if "type" not in sub or json_type(v) in as_types(sub["type"])
+            or (json_type(v) == "integer" and "number" in as_types(sub["type"]))]
 
 
 def _flatten(c: "_SchemaCompiler", schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:

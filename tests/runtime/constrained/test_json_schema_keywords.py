@@ -487,6 +487,15 @@ def test_not_any_of_and_not_typed_enum_exclude_exactly_their_values(compiler):
             assert accepts(constraint, text) == validator(schema).is_valid(value), value
 
 
+@pytest.mark.parametrize("narrowing", [{"enum": ["a", "b"], "const": "a"}, {"enum": ["a", 1], "type": "integer"}])
+def test_dependencies_on_a_discriminator_admit_only_the_values_their_const_and_type_allow(compiler, narrowing):
+    schema = {"type": "object", "properties": {"kind": {"enum": ["a", "b", 1]}, "t": {"type": "integer"}},
+              "dependentSchemas": {"t": {"properties": {"kind": narrowing}}}}
+    constraint = compiler.compile("json_schema", schema)
+    for value in ({"kind": k, **t} for k in ("a", "b", 1) for t in ({}, {"t": 1})):
+        assert accepts(constraint, json.dumps(value, separators=(",", ":"))) == validator(schema).is_valid(value), value
+
+
 def test_recursive_one_of_branches_without_a_disjoint_discriminator_are_refused(compiler):
     node = {"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"$ref": "#"}},
                        "required": ["k"]},
