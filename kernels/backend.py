@@ -50,6 +50,31 @@ class AttentionPlan:
 
 
 @dataclass(slots=True)
+class DecodeGroups:
+    """A fixed-shape decode step's cascade groups, as device tensors (CUDA graphs: the host packs them into
+    static buffers before a replay). Cascade position p holds sequence order[p]: each group's members are
+    contiguous, then every other sequence (ungrouped and padding). Group j is positions
+    [starts[j], starts[j] + sizes[j]), whose KV share their first prefix_lens[j] entries; size 0: unused."""
+
+    order: torch.Tensor  # [b] int64, a permutation of the sequences
+    starts: torch.Tensor  # [g] int64
+    sizes: torch.Tensor  # [g] int64
+    prefix_lens: torch.Tensor  # [g] int64
+
+
+def pack_groups(groups: list[tuple[list[int], int]]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Host lists of the cascade layout: (members group by group, each group's start among them, its size,
+    its prefix length)."""
+    members, starts, sizes, lens = [], [], [], []
+    for group, length in groups:
+        starts.append(len(members))
+        sizes.append(len(group))
+        lens.append(length)
+        members.extend(group)
+    return members, starts, sizes, lens
+
+
+@dataclass(slots=True)
 class DecodeBatch:
     """A decode-only step of fixed shape (CUDA graphs): one new token for each of `rows.numel()` sequences,
     all given as device tensors, so planning needs no host data and can be captured and replayed.
@@ -60,6 +85,7 @@ class DecodeBatch:
     kv_lens: torch.Tensor  # [b] int64, >= 1: KV length including the new token
     out_cache_loc: torch.Tensor  # [b] int64: where each new token's K/V is written
     max_kv_len: int  # a bound on kv_lens fixed at capture: sizes the gathers and the split count
+    groups: DecodeGroups | None = None  # cascade groups (a backend without cascade attends over the full KV)
 
 
 def offsets(lens: list[int]) -> list[int]:

@@ -6,9 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
-from .triton_decode import decode_attention, merge_states
-from .triton_extend import MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
+import triton
+
+from .backend import (AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups,
+                      tree_visibility)
+from .triton_decode import MAX_SPLITS, decode_attention, merge_states
+from .triton_extend import BLOCK_N, MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
+
+PREFIX_CHUNK = 64  # a split of a cascade's shared prefix reads at least this many keys (fewer splits else)
 
 
 @dataclass(slots=True)
@@ -21,11 +26,49 @@ class DecodeSeqs:
 
 @dataclass(slots=True)
 class Cascade:
-    """All groups at once: the members' queries gathered group by group."""
+    """Cascade decode over n positions, each one query row: the prefix pass reads every group's shared
+    prefix once for all its members, in `parts - 1` KV splits (one MASK_NONE sequence per group and split);
+    the suffix pass runs each position over the rest of its KV; a merge per row folds the parts together."""
 
-    member_rows: torch.Tensor  # [m] rows of q, group-contiguous
-    prefix: ExtendSeqs  # one MASK_NONE "sequence" per group over its shared prefix
-    suffix: DecodeSeqs  # each member over the rest of its KV (q_rows index the gathered queries)
+    q_rows: torch.Tensor  # [n] the query row at each position
+    positions: torch.Tensor  # [n] 0..n-1: where the suffix pass writes
+    split_rows: torch.Tensor  # [(parts - 1) * n] q_rows once per split: the prefix pass's queries
+    prefix: ExtendSeqs  # split s of group j: queries s * n + [starts[j], starts[j] + sizes[j]), KV chunk s
+    suffix: DecodeSeqs  # q_rows over [prefix length, kv_len) of each position's KV (prefix 0: ungrouped)
+    parts: int  # a power of two (merge_states)
+
+
+def cascade_parts(max_prefix_len: int) -> int:
+    """States merged per row: the prefix's splits, then the suffix."""
+    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(max_prefix_len, PREFIX_CHUNK) + 1))
+
+
+def build_cascade(q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.Tensor, starts: torch.Tensor,
+                  sizes: torch.Tensor, prefix_lens: torch.Tensor, max_group: int, max_prefix_len: int,
+                  max_kv_len: int) -> Cascade:
+    """Device ops only, so a CUDA graph can hold them: position p is query q_rows[p] over KV entries
+    [kv_starts[p], kv_starts[p] + kv_lens[p]) of kv_indices; group j (starts, sizes, prefix_lens as in
+    DecodeGroups) shares the first prefix_lens[j] of them. The max_* are host bounds fixed at planning."""
+    n, groups, device = q_rows.numel(), starts.numel(), q_rows.device
+    splits = cascade_parts(max_prefix_len) - 1
+    pos = torch.arange(n, device=device)
+    inside = (pos >= starts[:, None]) & (pos < (starts + sizes)[:, None])  # [groups, n]
+    own_prefix = (inside * prefix_lens[:, None]).sum(0)  # each position's group's prefix length, 0 if none
+    split = torch.arange(splits, device=device)
+    chunk = ((prefix_lens + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # [groups]
+    lo = split * chunk[:, None]  # [groups, splits]: where each split's KV chunk starts in the prefix
+    entries = groups * splits
+    prefix = ExtendSeqs(
+        q_starts=(split * n + starts[:, None]).flatten(),
+        q_lens=sizes.repeat_interleave(splits),
+        kv_starts=(kv_starts[starts][:, None] + lo).flatten(),  # the first member's KV holds the prefix
+        kv_lens=torch.minimum(prefix_lens[:, None] - lo, chunk[:, None]).clamp(min=0).flatten(),
+        mask_kind=torch.full((entries,), MASK_NONE, dtype=torch.int64, device=device),
+        tree_mask=torch.zeros(1, dtype=torch.int8, device=device),
+        tree_starts=torch.zeros(entries, dtype=torch.int64, device=device),
+        max_q_len=max_group)
+    suffix = DecodeSeqs(q_rows, kv_starts + own_prefix, kv_lens - own_prefix, max_kv_len)
+    return Cascade(q_rows, pos, q_rows.repeat(splits), prefix, suffix, splits + 1)
 
 
 class TritonAttention:
@@ -63,32 +106,28 @@ class TritonAttention:
 
     def plan_decode(self, batch: DecodeBatch) -> None:
         """Reads KV slots straight from req_to_token (sequence i's start is its row's first entry); the
-        kernel takes each length from kv_lens on the device, so one plan serves any lengths <= max_kv_len."""
-        table = batch.req_to_token
+        kernels take each length from the device, so one plan serves any lengths <= max_kv_len. With groups,
+        every sequence goes through the cascade (an ungrouped one has an empty prefix)."""
+        table, groups = batch.req_to_token, batch.groups
         b = batch.rows.numel()
-        self._decode = DecodeSeqs(torch.arange(b, device=self.device), batch.rows * table.stride(0),
-                                  batch.kv_lens, batch.max_kv_len)
-        self._extend = self._cascade = None
+        kv_starts = batch.rows * table.stride(0)
+        self._extend = self._decode = self._cascade = None
+        if groups is None:
+            self._decode = DecodeSeqs(torch.arange(b, device=self.device), kv_starts, batch.kv_lens,
+                                      batch.max_kv_len)
+        else:
+            order = groups.order
+            self._cascade = build_cascade(order, kv_starts[order], batch.kv_lens[order], groups.starts, groups.sizes,
+                                          groups.prefix_lens, b, batch.max_kv_len, batch.max_kv_len)
         self._out_cache_loc, self._kv_indices = batch.out_cache_loc, table.view(-1)
 
     def _plan_cascade(self, batch: AttentionBatch, q_ptr: list[int], kv_ptr: list[int]) -> Cascade:
-        rows, starts, sizes, prefix_starts, prefix_lens, suffix_starts, suffix_lens = [], [], [], [], [], [], []
-        for members, length in batch.prefix_groups:
-            starts.append(len(rows))
-            sizes.append(len(members))
-            prefix_starts.append(kv_ptr[members[0]])
-            prefix_lens.append(length)
-            for i in members:
-                assert batch.extend_lens[i] == 1 and batch.kv_lens[i] > length, "cascade members are decodes"
-                rows.append(q_ptr[i])
-                suffix_starts.append(kv_ptr[i] + length)
-                suffix_lens.append(batch.kv_lens[i] - length)
-        groups = len(sizes)
-        prefix = ExtendSeqs.build(starts, sizes, prefix_starts, prefix_lens, [MASK_NONE] * groups,
-                                  [None] * groups, self.device)
-        suffix = DecodeSeqs(self._ints(list(range(len(rows)))), self._ints(suffix_starts),
-                            self._ints(suffix_lens), max(suffix_lens))
-        return Cascade(self._ints(rows), prefix, suffix)
+        members, starts, sizes, lens = pack_groups(batch.prefix_groups)
+        suffix_lens = [batch.kv_lens[i] - n for group, n in batch.prefix_groups for i in group]
+        assert all(batch.extend_lens[i] == 1 for i in members) and min(suffix_lens) > 0, "members are decodes"
+        return build_cascade(self._ints([q_ptr[i] for i in members]), self._ints([kv_ptr[i] for i in members]),
+                             self._ints([batch.kv_lens[i] for i in members]), self._ints(starts), self._ints(sizes),
+                             self._ints(lens), max(sizes), max(lens), max(suffix_lens))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"
@@ -109,13 +148,13 @@ class TritonAttention:
 
     def _run_cascade(self, q, k_cache, v_cache, kv_indices, scale: float, out: torch.Tensor) -> None:
         c = self._cascade
-        q_g = q[c.member_rows]
-        o_parts = torch.empty(q_g.shape[0], q.shape[1], 2, q.shape[2], dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty(q_g.shape[0], q.shape[1], 2, dtype=torch.float32, device=q.device)
-        _, lse = extend_attention(q_g, k_cache, v_cache, kv_indices, c.prefix, scale, want_lse=True,
-                                  out=o_parts[:, :, 0])
-        lse_parts[:, :, 0] = lse
+        n, splits, heads, d = c.q_rows.numel(), c.parts - 1, q.shape[1], q.shape[2]
+        # parts-major, so each split's rows are one contiguous block; a row a split never reaches keeps -inf
+        o_parts = torch.empty(c.parts, n, heads, d, dtype=torch.float32, device=q.device)
+        lse_parts = torch.full((c.parts, n, heads), float("-inf"), dtype=torch.float32, device=q.device)
+        extend_attention(q[c.split_rows], k_cache, v_cache, kv_indices, c.prefix, scale,
+                         out=o_parts[:splits].view(splits * n, heads, d), lse=lse_parts[:splits].view(splits * n, heads))
         s = c.suffix
-        decode_attention(q_g, k_cache, v_cache, kv_indices, s.q_rows, s.kv_starts, s.kv_lens, s.max_kv_len, scale,
-                         o_parts[:, :, 1], s.q_rows, lse_parts[:, :, 1])
-        merge_states(o_parts, lse_parts, out, c.member_rows)
+        decode_attention(q, k_cache, v_cache, kv_indices, s.q_rows, s.kv_starts, s.kv_lens, s.max_kv_len, scale,
+                         o_parts[splits], c.positions, lse_parts[splits])
+        merge_states(o_parts.permute(1, 2, 0, 3), lse_parts.permute(1, 2, 0), out, c.q_rows)

@@ -60,20 +60,22 @@ def _decode_kernel(Q, K, V, O_part, LSE_part, kv_indices, kv_starts, kv_lens, q_
 
 
 @triton.jit
-def _merge_splits_kernel(O_part, LSE_part, O, LSE, out_rows, stride_ot, stride_oh, stride_lt, stride_lh,
+def _merge_splits_kernel(O_part, LSE_part, O, LSE, out_rows, stride_pn, stride_ph, stride_ps, stride_qn, stride_qh,
+                         stride_qs, stride_ot, stride_oh, stride_lt, stride_lh,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
                          WRITE_LSE: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    num_heads = tl.num_programs(1)
     row = tl.load(out_rows + seq)
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
-    base = (seq * num_heads + head) * NUM_SPLITS
-    lse = tl.load(LSE_part + base + offs_s)
+    lse = tl.load(LSE_part + seq * stride_qn + head * stride_qh + offs_s * stride_qs)
+    seen = lse > float("-inf")
     m = tl.max(lse, 0)
-    w = tl.where(lse > float("-inf"), tl.exp(lse - m), 0.0)
-    o = tl.load(O_part + (base + offs_s)[:, None] * D + offs_d[None, :], mask=offs_d[None, :] < D, other=0.0)
+    w = tl.where(seen, tl.exp(lse - m), 0.0)
+    # a part that saw no key may hold anything (it was never written): it is not even read
+    o = tl.load(O_part + seq * stride_pn + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                mask=seen[:, None] & (offs_d[None, :] < D), other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(o * w[:, None], 0) / total
     tl.store(O + row * stride_ot + head * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=offs_d < D)
@@ -110,10 +112,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor,
                  lse: torch.Tensor | None = None) -> None:
     """Merges S partial attention states per (row, head) with the associative (o, lse) operator:
-    o_parts [n, heads, S, d] float32 and lse_parts [n, heads, S] -> out[out_rows[i]] (and lse[out_rows[i]]).
-    S must be a power of two; a part with lse = -inf (it saw no key) weighs nothing."""
+    o_parts [n, heads, S, d] float32 (any strides, d contiguous) and lse_parts [n, heads, S] ->
+    out[out_rows[i]] (and lse[out_rows[i]]). S must be a power of two; a part with lse = -inf (it saw no
+    key) weighs nothing and its o is not read; every row needs one part that saw a key."""
     n, heads, parts, d = o_parts.shape
+    assert o_parts.stride(3) == 1 and lse_parts.shape == (n, heads, parts)
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     _merge_splits_kernel[(n, heads)](
-        o_parts, lse_parts, out, lse if lse is not None else o_parts, out_rows, out.stride(0), out.stride(1),
-        *lse_strides, D=d, BLOCK_D=triton.next_power_of_2(d), NUM_SPLITS=parts, WRITE_LSE=lse is not None)
+        o_parts, lse_parts, out, lse if lse is not None else o_parts, out_rows, *o_parts.stride()[:3],
+        *lse_parts.stride(), out.stride(0), out.stride(1), *lse_strides, D=d, BLOCK_D=triton.next_power_of_2(d),
+        NUM_SPLITS=parts, WRITE_LSE=lse is not None)

@@ -17,6 +17,7 @@ import triton.language as tl
 NEG = -1.0e30  # finite "minus infinity": a fully masked block then adds exactly nothing once a real key is seen
 
 MASK_CAUSAL, MASK_TREE, MASK_NONE = 0, 1, 2
+BLOCK_N = 32  # keys per step of the online softmax
 
 
 def block_d(d: int) -> int:
@@ -103,26 +104,28 @@ def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indices: torch.Tensor,
-                     seqs: "ExtendSeqs", scale: float, want_lse: bool = False,
-                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q [tokens, heads, d] -> (o [tokens, heads, d], lse [tokens, heads] float32, or None).
+                     seqs: "ExtendSeqs", scale: float, out: torch.Tensor | None = None,
+                     lse: torch.Tensor | None = None) -> torch.Tensor:
+    """q [tokens, heads, d] -> o [tokens, heads, d] (into `out` when given: any float dtype).
 
     Sequence i's queries are rows [q_starts[i], q_starts[i] + q_lens[i]) of q; its KV is entries
     [kv_starts[i], kv_starts[i] + kv_lens[i]) of kv_indices, the last q_lens[i] of them its new tokens
-    (MASK_CAUSAL, MASK_TREE) unless MASK_NONE (every query sees every key). Writes into `out` when given
-    (any float dtype); rows outside every sequence are left unwritten."""
+    (MASK_CAUSAL, MASK_TREE) unless MASK_NONE (every query sees every key). Every length is read on the
+    device: the grid depends only on the number of sequences and `max_q_len`, a bound (an empty sequence's
+    programs exit at once). With `lse` ([tokens, heads] float32, contiguous) each row's natural-log LSE is
+    written there too (-inf for a row that saw no key). Rows outside every sequence are left unwritten."""
     tokens, heads, d = q.shape
     o = torch.empty_like(q) if out is None else out
-    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if want_lse else o
+    assert lse is None or (lse.is_contiguous() and lse.shape == (tokens, heads)), "lse is [tokens, heads]"
     block_m = 16 if seqs.max_q_len <= 16 else 32
     grid = (seqs.q_starts.numel(), heads, triton.cdiv(seqs.max_q_len, block_m))
     _extend_kernel[grid](
-        q, k_cache, v_cache, o, lse, kv_indices, seqs.q_starts, seqs.q_lens, seqs.kv_starts, seqs.kv_lens,
-        seqs.mask_kind, seqs.tree_mask, seqs.tree_starts, scale,
+        q, k_cache, v_cache, o, o if lse is None else lse, kv_indices, seqs.q_starts, seqs.q_lens, seqs.kv_starts,
+        seqs.kv_lens, seqs.mask_kind, seqs.tree_mask, seqs.tree_starts, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), o.stride(0), o.stride(1),
-        GROUP=heads // k_cache.shape[1], D=d, BLOCK_D=block_d(d), BLOCK_M=block_m, BLOCK_N=32,
-        WRITE_LSE=want_lse, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING)
-    return o, lse if want_lse else None
+        GROUP=heads // k_cache.shape[1], D=d, BLOCK_D=block_d(d), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        WRITE_LSE=lse is not None, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING)
+    return o
 
 
 @dataclass(slots=True)

@@ -4,8 +4,11 @@ A decode-only step of n requests runs at the smallest bucket b >= n (1, 2, 4, ..
 batch): its inputs reach the device in one copy into static buffers, padded with rows that write their
 K/V to the pool's padding slot and whose logits are dropped. Positions, KV write slots and the attention
 plan are computed on the device inside the graph, so a replay needs no host work beyond that copy.
-On CUDA each bucket's forward is captured once and replayed; with capture off (the CPU) the same padded
-forward runs eagerly, which lets the CPU tests check that padding changes no real row.
+Decodes that share a long radix prefix (cascade groups) run in a second graph per bucket, whose group
+layout (members' order, each group's span and prefix length) the host packs into the same buffer; steps
+without groups keep the plain graph. On CUDA each (bucket, cascade) forward is captured once and replayed;
+with capture off (the CPU) the same padded forward runs eagerly, which lets the CPU tests check that
+padding changes no real row.
 """
 from __future__ import annotations
 
@@ -13,11 +16,14 @@ from bisect import bisect_left
 
 import torch
 
-from ..kernels.backend import AttentionBackend, DecodeBatch
+from collections import Counter
+
+from ..kernels.backend import AttentionBackend, DecodeBatch, DecodeGroups, pack_groups
 from .batch import StepBatch
 from .models.llama import ForwardContext, LlamaForCausalLM
 
-IDS, ROWS, KV_LENS, REAL = range(4)  # the rows of the packed input buffer
+IDS, ROWS, KV_LENS, REAL, ORDER, STARTS, SIZES, PREFIX_LENS = range(8)  # the rows of the packed input buffer
+STEP_ROWS = 4  # IDS..REAL, what every step copies; a cascade step copies the group layout too
 WARMUP_RUNS = 2  # eager runs before a capture: Triton compiles, cuBLAS picks its kernels
 
 
@@ -40,26 +46,47 @@ def bucket_for(n: int, buckets: list[int]) -> int:
 
 def pack_decode(input_ids: list[int], rows: list[int], kv_lens: list[int], bucket: int,
                 out: torch.Tensor) -> None:
-    """Writes one padded step into `out[:, :bucket]` (int64 [4, >= bucket]): token, req_to_token row, KV
-    length with the new token, and 1 for a real sequence. Padding rows read row 0's first slot (any valid
-    slot: their output is dropped) and write their own K/V to the padding slot."""
+    """Writes one padded step into `out[:4, :bucket]` (int64 [>= 4, >= bucket]): token, req_to_token row,
+    KV length with the new token, and 1 for a real sequence. Padding rows read row 0's first slot (any
+    valid slot: their output is dropped) and write their own K/V to the padding slot."""
     n = len(input_ids)
-    out[:, n:bucket] = torch.tensor([0, 0, 1, 0], dtype=torch.int64)[:, None]
-    out[:, :n] = torch.tensor([input_ids, rows, kv_lens, [1] * n], dtype=torch.int64)
+    out[:STEP_ROWS, n:bucket] = torch.tensor([0, 0, 1, 0], dtype=torch.int64)[:, None]
+    out[:STEP_ROWS, :n] = torch.tensor([input_ids, rows, kv_lens, [1] * n], dtype=torch.int64)
+
+
+def max_groups(bucket: int) -> int:
+    """Cascade groups a bucket's graph has room for: a group has at least two members."""
+    return bucket // 2
+
+
+def pack_cascade(groups: list[tuple[list[int], int]], bucket: int, out: torch.Tensor) -> None:
+    """Writes a step's cascade layout (kernels.backend.DecodeGroups) into rows ORDER.. of `out`: the order
+    of all `bucket` sequences (members group by group, then the rest, padding included) in
+    out[ORDER, :bucket], then each group's start, size and prefix length, unused groups all 0."""
+    members, starts, sizes, lens = pack_groups(groups)
+    room = max_groups(bucket)
+    assert len(starts) <= room, "a group has at least two members"
+    grouped = set(members)
+    out[ORDER, :bucket] = torch.tensor(members + [i for i in range(bucket) if i not in grouped], dtype=torch.int64)
+    pad = [0] * (room - len(starts))
+    out[STARTS:, :room] = torch.tensor([starts + pad, sizes + pad, lens + pad], dtype=torch.int64)
 
 
 class DecodeGraphs:
-    """Runs decode-only steps padded to a bucket, through one captured graph per bucket when `capture`."""
+    """Runs decode-only steps padded to a bucket, through one captured graph per (bucket, cascade) when
+    `capture`; cascade graphs exist when the attention backend reads shared prefixes once (and b >= 2)."""
 
     def __init__(self, model: LlamaForCausalLM, attn: AttentionBackend, req_to_token: torch.Tensor,
                  pad_slot: int, max_batch: int, capture: bool):
         self.model, self.attn, self.table, self.pad_slot = model, attn, req_to_token, pad_slot
         self.buckets = batch_buckets(max_batch)
         self.max_kv_len = req_to_token.shape[1]  # any request's KV fits its row
+        self.cascade = attn.supports_cascade
         device = req_to_token.device
-        self.inputs = torch.zeros(4, max_batch, dtype=torch.int64, device=device)
-        self.host = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.inputs = torch.zeros(PREFIX_LENS + 1, max_batch, dtype=torch.int64, device=device)
+        self.host = torch.zeros(PREFIX_LENS + 1, max_batch, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.steps: Counter[tuple[int, bool]] = Counter()  # padded steps run, by (bucket, cascade)
         if capture:
             self._capture_all()
 
@@ -68,46 +95,62 @@ class DecodeGraphs:
         items = batch.items
         return 0 < len(items) <= self.buckets[-1] and all(i.length == 1 and i.parents is None for i in items)
 
-    def forward(self, batch: StepBatch) -> torch.Tensor | None:
-        """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
+    def forward(self, batch: StepBatch, groups: list[tuple[list[int], int]] | None = None) -> torch.Tensor | None:
+        """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted. `groups`: the
+        step's cascade groups (batch.prefix_groups), which need a backend with cascade."""
         n = len(batch.items)
         b = bucket_for(n, self.buckets)
         pack_decode(batch.input_ids(), [i.req.row for i in batch.items], [i.end for i in batch.items], b, self.host)
-        self.inputs[:, :b].copy_(self.host[:, :b], non_blocking=True)
-        if b in self.graphs:
-            graph, logits = self.graphs[b]
+        key = (b, bool(groups))
+        copied = STEP_ROWS
+        if groups:
+            assert self.cascade, "cascade groups need an attention backend with cascade"
+            pack_cascade(groups, b, self.host)
+            copied = PREFIX_LENS + 1
+        self.inputs[:copied, :b].copy_(self.host[:copied, :b], non_blocking=True)
+        self.steps[key] += 1
+        if key in self.graphs:
+            graph, logits = self.graphs[key]
             graph.replay()
         else:
-            logits = self._padded_forward(b)
+            logits = self._padded_forward(*key)
         if not batch.hidden_rows:
             return None
         if batch.hidden_rows == list(range(n)):
             return logits[:n]
         return logits[torch.tensor(batch.hidden_rows, dtype=torch.int64, device=logits.device)]
 
-    def _padded_forward(self, b: int) -> torch.Tensor:
+    def _padded_forward(self, b: int, cascade: bool) -> torch.Tensor:
         """The step over the first b rows of the static inputs: device ops only, so it can be captured."""
-        ids, rows, kv_lens, real = self.inputs[:, :b]
+        ids, rows, kv_lens, real = self.inputs[:STEP_ROWS, :b]
         positions = kv_lens - 1
         out_cache_loc = torch.where(real.bool(), self.table[rows, positions].long(), self.pad_slot)
-        self.attn.plan_decode(DecodeBatch(self.table, rows, kv_lens, out_cache_loc, self.max_kv_len))
+        groups = None
+        if cascade:
+            starts, sizes, prefix_lens = self.inputs[STARTS:, :max_groups(b)]
+            groups = DecodeGroups(self.inputs[ORDER, :b], starts, sizes, prefix_lens)
+        self.attn.plan_decode(DecodeBatch(self.table, rows, kv_lens, out_cache_loc, self.max_kv_len, groups))
         hidden = self.model(ids, positions, ForwardContext(self.attn))
         return self.model.compute_logits(hidden)
 
     def _capture_all(self) -> None:
-        """Largest bucket first, all in one memory pool: smaller graphs reuse the larger ones' workspace."""
+        """Largest bucket first (cascade, the larger workspace, before plain), all in one memory pool:
+        smaller graphs reuse the larger ones' workspace."""
         pack_decode([], [], [], self.buckets[-1], self.inputs)  # padding only: writes reach the pad slot
+        pack_cascade([], self.buckets[-1], self.inputs)  # no group: every prefix program exits at once
+        keys = [(b, cascade) for b in reversed(self.buckets) for cascade in (True, False)
+                if not cascade or (self.cascade and max_groups(b) > 0)]
         pool = None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.inference_mode(), torch.cuda.stream(stream):
-            for b in reversed(self.buckets):
+            for key in keys:
                 for _ in range(WARMUP_RUNS):
-                    self._padded_forward(b)
+                    self._padded_forward(*key)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    logits = self._padded_forward(b)
+                    logits = self._padded_forward(*key)
                 pool = graph.pool()
-                self.graphs[b] = (graph, logits)
+                self.graphs[key] = (graph, logits)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()

@@ -43,10 +43,10 @@ class ModelRunner:
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
         groups = [] if self.cascade_min is None else prefix_groups(batch.items, self.cascade_min)
-        # decodes sharing a long prefix read it once in an eager cascade step, which graphs cannot hold;
-        # decode steps never carry image positions (images sit in prompts), so graphs serve VLMs too
-        if self.graphs is not None and not groups and self.graphs.fits(batch):
-            return self.graphs.forward(batch)
+        # decodes sharing a long prefix read it once, in the graphs' cascade variant; decode steps never
+        # carry image positions (images sit in prompts), so graphs serve VLMs too
+        if self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs.forward(batch, groups)
         return self.run(self.step_inputs(batch, groups))
 
     def step_inputs(self, batch: StepBatch, groups: list[tuple[list[int], int]]) -> StepInputs:

@@ -113,3 +113,61 @@ def test_merge_states_is_the_associative_lse_operator():
     want = torch.einsum("nhk,nhkd->nhd", all_scores.softmax(-1), all_values)
     assert torch.allclose(out[1:], want, atol=1e-5)
     assert torch.allclose(out_lse[1:], all_scores.logsumexp(-1), atol=1e-5)
+
+
+def cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad, seed=0):
+    """Sequence i holds kv_lens[i] scattered slots in table row 2 * i + 1; a group's members share their
+    first `length` slots (the first member's); then `pad` padding rows (row 0, one key, the padding slot),
+    all as the padded decode batch of a CUDA graph with the group layout packed as its host does it."""
+    from radixlang.kernels.backend import DecodeBatch, DecodeGroups
+    from radixlang.runtime.cuda_graph import ORDER, PREFIX_LENS, STARTS, max_groups, pack_cascade
+
+    g = torch.Generator().manual_seed(seed)
+    num_slots = sum(kv_lens) + 2
+    pad_slot = num_slots - 1
+    k_cache = torch.randn(num_slots, kv_heads, d, generator=g).to(dtype)
+    v_cache = torch.randn(num_slots, kv_heads, d, generator=g).to(dtype)
+    fresh = torch.randperm(num_slots - 1, generator=g)
+    slots, start = [], 0
+    for n in kv_lens:
+        slots.append(fresh[start:start + n].clone())
+        start += n
+    for members, length in groups:
+        for i in members[1:]:
+            slots[i][:length] = slots[members[0]][:length]
+    table = torch.zeros(2 * len(kv_lens) + 1, width, dtype=torch.int32)
+    for i, s in enumerate(slots):
+        table[2 * i + 1, :len(s)] = s.int()
+    b = len(kv_lens) + pad
+    rows = torch.tensor([2 * i + 1 for i in range(len(kv_lens))] + [0] * pad)
+    lens = torch.tensor(kv_lens + [1] * pad)
+    loc = torch.tensor([s[-1].item() for s in slots] + [pad_slot] * pad)
+    packed = torch.full((PREFIX_LENS + 1, b), -1, dtype=torch.int64)
+    pack_cascade(groups, b, packed)
+    layout = DecodeGroups(packed[ORDER], *packed[STARTS:, :max_groups(b)])
+    q = torch.randn(b, heads, d, generator=g).to(dtype)
+    k = torch.randn(b, kv_heads, d, generator=g).to(dtype)
+    v = torch.randn(b, kv_heads, d, generator=g).to(dtype)
+    return k_cache, v_cache, slots, DecodeBatch(table, rows, lens, loc, width, layout), q, k, v
+
+
+@pytest.mark.parametrize("heads,kv_heads,dtype", [(9, 3, torch.float32), (9, 3, torch.bfloat16),
+                                                  (4, 2, torch.float32)])
+def test_fixed_shape_cascade_decode_matches_the_definition(heads, kv_heads, dtype):
+    # a group whose prefix spans several KV splits (some left empty), a group shorter than one split, an
+    # ungrouped sequence between members, two padding rows, and two unused groups (bucket 8 has room for 4)
+    d, width = 64, 200
+    kv_lens = [170, 45, 12, 160, 44, 152]
+    groups = [([0, 3, 5], 150), ([1, 4], 40)]
+    k_cache, v_cache, slots, batch, q, k, v = cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad=2)
+    backend = create_backend("triton", [k_cache], [v_cache])
+    backend.plan_decode(batch)
+    assert backend._cascade is not None and backend._cascade.parts > 2  # several prefix splits
+    out = backend.forward(q, k, v, 0, 1 / math.sqrt(d))
+    real = len(kv_lens)
+    want = torch.cat([oracle(q[i:i + 1], k_cache, v_cache, s, lambda j, n=n: list(range(n)), 1 / math.sqrt(d))
+                      for i, (s, n) in enumerate(zip(slots, kv_lens))])
+    assert out.dtype == dtype
+    assert (out[:real].double() - want).abs().max().item() < TOL[dtype]
+    assert torch.isfinite(out[real:]).all()
+    assert torch.equal(k_cache[-1], k[-1].to(dtype))  # padding wrote the padding slot
