@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from radixlang.kernels.registry import ATTENTION_BACKENDS
-from radixlang.runtime import cuda_graph
+from radixlang.runtime import cuda_graph, model_runner
+from radixlang.runtime.batch import prefix_groups
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.cuda_graph import batch_buckets, bucket_for, pack_decode
 
@@ -49,6 +50,16 @@ def test_padding_rows_follow_the_real_ones():
     assert (out[:, 4:] == -7).all()  # beyond the bucket: untouched
 
 
+def test_cascade_layout_packs_members_group_by_group_then_the_rest():
+    out = torch.full((cuda_graph.PREFIX_LENS + 1, 8), -7, dtype=torch.int64)
+    pack_decode([11, 12, 13, 14, 15], [5, 0, 2, 7, 1], [9, 4, 30, 41, 33], 8, out)
+    cuda_graph.pack_cascade([([3, 1], 40), ([0, 4, 2], 30)], 8, out)
+    assert out[cuda_graph.ORDER].tolist() == [3, 1, 0, 4, 2, 5, 6, 7]  # then the padding rows
+    assert out[cuda_graph.STARTS:].tolist() == [[0, 2, 0, 0] + [-7] * 4, [2, 3, 0, 0] + [-7] * 4,
+                                                [40, 30, 0, 0] + [-7] * 4]  # room for 4 groups; 2 unused
+    assert out[:4, :5].tolist() == [[11, 12, 13, 14, 15], [5, 0, 2, 7, 1], [9, 4, 30, 41, 33], [1] * 5]
+
+
 PROMPTS = ["a", "the quick brown fox jumps", "one two three", "lorem ipsum dolor sit amet, consectetur",
            "x y", "numbers: 1 2 3 4 5 6 7", "why"]
 LENGTHS = [9, 4, 12, 7, 3, 10, 6]  # requests finish at different steps: the batch shrinks through odd sizes
@@ -70,9 +81,9 @@ def test_padded_decode_path_gives_the_normal_paths_greedy_tokens(tiny_engine_fac
     steps = []  # (sequences, bucket) of every padded decode step
     real_forward = cuda_graph.DecodeGraphs.forward
 
-    def spying_forward(self, batch):
+    def spying_forward(self, batch, groups=None):
         steps.append((len(batch.items), bucket_for(len(batch.items), self.buckets)))
-        return real_forward(self, batch)
+        return real_forward(self, batch, groups)
 
     monkeypatch.setattr(cuda_graph.DecodeGraphs, "forward", spying_forward)
     options = {"attention_backend": backend, "context_length": 64, "max_running_requests": 8}
@@ -90,20 +101,39 @@ def test_padded_decode_path_gives_the_normal_paths_greedy_tokens(tiny_engine_fac
 
 
 @pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
-def test_decodes_sharing_a_cascade_prefix_run_eagerly_the_rest_padded(tiny_engine_factory, monkeypatch):
+def test_decodes_sharing_a_cascade_prefix_run_in_the_padded_cascade_path(tiny_engine_factory, monkeypatch):
     shared = "one shared instruction for all. " * 2
-    prompts = [shared + q for q in ("Why?", "How so?", "Where to?")]
+    # three requests share the prefix, two do not: a bucket of 8 with a group, ungrouped rows and padding
+    prompts = [shared + q for q in ("Why?", "How so?", "Where to?")] + ["unrelated", "x y"]
     greedy = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
-    want = [c.output_ids for c in tiny_engine_factory(attention_backend="torch").generate(prompts, greedy)]
-    engine = tiny_engine_factory(attention_backend="triton", disable_cuda_graph=False, context_length=64)
-    runner = engine.scheduler.runner
-    runner.cascade_min = 8
-    padded, eager_groups = [], []
-    real_padded, real_plan = runner.graphs.forward, runner.attn.plan
-    monkeypatch.setattr(runner.graphs, "forward", lambda batch: padded.append(len(batch.items)) or real_padded(batch))
-    monkeypatch.setattr(runner.attn, "plan", lambda batch: eager_groups.append(batch.prefix_groups) or real_plan(batch))
-    engine.generate(shared, greedy)  # the shared prefix enters the radix tree
-    assert [c.output_ids for c in engine.generate(prompts, greedy)] == want
-    assert any(len(members) == 3 for groups in eager_groups for members, _ in groups)  # a cascade step, eager
-    assert padded  # the lone request's decodes (the first generate) went through the padded path
-    engine.check_invariants()
+
+    def run(engine) -> list[tuple[list[int], list[float]]]:
+        engine.generate(shared, greedy)  # the shared prefix enters the radix tree
+        outs = engine.generate(prompts, greedy, return_logprob=True)
+        engine.check_invariants()
+        return [(o.output_ids, [lp.logprob for lp in o.meta.output_logprobs]) for o in outs]
+
+    options = {"context_length": 64, "max_running_requests": 8}
+    want = run(tiny_engine_factory(attention_backend="torch", **options))
+    engines = {graphs: tiny_engine_factory(attention_backend="triton", disable_cuda_graph=not graphs, **options)
+               for graphs in (False, True)}
+    # the scheduler puts grouped requests first; members listed backwards make the cascade's order a real
+    # permutation (any order of a group's members is a valid group)
+    monkeypatch.setattr(model_runner, "prefix_groups", lambda items, min_len: [
+        (members[::-1], length) for members, length in prefix_groups(items, min_len)])
+    eager = engines[False].scheduler.runner
+    eager.cascade_min = engines[True].scheduler.runner.cascade_min = 8
+    padded = engines[True].scheduler.runner.graphs
+    eager_groups, padded_groups = [], []
+    real_plan, real_forward = eager.attn.plan, padded.forward
+    monkeypatch.setattr(eager.attn, "plan", lambda batch: eager_groups.append(batch.prefix_groups) or real_plan(batch))
+    monkeypatch.setattr(padded, "forward", lambda batch, groups=None: padded_groups.append(groups)
+                        or real_forward(batch, groups))
+    for engine in engines.values():
+        got = run(engine)
+        assert [ids for ids, _ in got] == [ids for ids, _ in want]
+        for (_, lp_got), (_, lp_want) in zip(got, want):
+            assert torch.allclose(torch.tensor(lp_got), torch.tensor(lp_want), atol=1e-4)
+    sizes = [{len(members) for step in steps if step for members, _ in step} for steps in (eager_groups, padded_groups)]
+    assert sizes == [{3}, {3}]  # the three share a cascade, eagerly in one engine, padded in the other
+    assert padded.steps[(8, True)] > 0  # padded to a bucket of 8: a group, ungrouped rows and padding rows
