@@ -24,6 +24,7 @@ from .models.llama import ForwardContext, LlamaForCausalLM
 
 IDS, ROWS, KV_LENS, REAL, ORDER, STARTS, SIZES, PREFIX_LENS = range(8)  # the rows of the packed input buffer
 STEP_ROWS = 4  # IDS..REAL, what every step copies; a cascade step copies the group layout too
+MAX_GRAPH_GROUPS = 16
 WARMUP_RUNS = 2  # eager runs before a capture: Triton compiles, cuBLAS picks its kernels
 
 
@@ -55,8 +56,17 @@ def pack_decode(input_ids: list[int], rows: list[int], kv_lens: list[int], bucke
 
 
 def max_groups(bucket: int) -> int:
-    """Cascade groups a bucket's graph has room for: a group has at least two members."""
-    return bucket // 2
+    """Cascade groups a bucket's graph has room for: a group has at least two members, and past
+    MAX_GRAPH_GROUPS the prefix pass's fixed grid would mostly launch programs that exit at once."""
+    return min(bucket // 2, MAX_GRAPH_GROUPS)
+
+
+def largest_groups(groups: list[tuple[list[int], int]], room: int) -> list[tuple[list[int], int]]:
+    """The `room` groups whose shared prefix saves the most KV reads; the others' members attend over
+    their whole KV (any subset of the groups is a valid cascade)."""
+    if len(groups) <= room:
+        return groups
+    return sorted(groups, key=lambda g: (len(g[0]) - 1) * g[1], reverse=True)[:room]
 
 
 def pack_cascade(groups: list[tuple[list[int], int]], bucket: int, out: torch.Tensor) -> None:
@@ -65,7 +75,7 @@ def pack_cascade(groups: list[tuple[list[int], int]], bucket: int, out: torch.Te
     out[ORDER, :bucket], then each group's start, size and prefix length, unused groups all 0."""
     members, starts, sizes, lens = pack_groups(groups)
     room = max_groups(bucket)
-    assert len(starts) <= room, "a group has at least two members"
+    assert len(starts) <= room, "more groups than the graph has room for"
     grouped = set(members)
     out[ORDER, :bucket] = torch.tensor(members + [i for i in range(bucket) if i not in grouped], dtype=torch.int64)
     pad = [0] * (room - len(starts))
@@ -105,7 +115,7 @@ class DecodeGraphs:
         copied = STEP_ROWS
         if groups:
             assert self.cascade, "cascade groups need an attention backend with cascade"
-            pack_cascade(groups, b, self.host)
+            pack_cascade(largest_groups(groups, max_groups(b)), b, self.host)
             copied = PREFIX_LENS + 1
         self.inputs[:copied, :b].copy_(self.host[:copied, :b], non_blocking=True)
         self.steps[key] += 1

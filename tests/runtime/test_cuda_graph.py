@@ -137,3 +137,11 @@ def test_decodes_sharing_a_cascade_prefix_run_in_the_padded_cascade_path(tiny_en
     sizes = [{len(members) for step in steps if step for members, _ in step} for steps in (eager_groups, padded_groups)]
     assert sizes == [{3}, {3}]  # the three share a cascade, eagerly in one engine, padded in the other
     assert padded.steps[(8, True)] > 0  # padded to a bucket of 8: a group, ungrouped rows and padding rows
+
+
+def test_a_graph_keeps_the_groups_that_save_the_most_reads_when_they_outnumber_its_room():
+    assert cuda_graph.max_groups(1) == 0 and cuda_graph.max_groups(7) == 3
+    assert cuda_graph.max_groups(256) == cuda_graph.MAX_GRAPH_GROUPS
+    groups = [([0, 1], 300), ([2, 3, 4], 260), ([5, 6], 900), ([7, 8], 256)]  # saves 300, 520, 900, 256 reads
+    assert cuda_graph.largest_groups(groups, 2) == [([5, 6], 900), ([2, 3, 4], 260)]
+    assert cuda_graph.largest_groups(groups, 4) == groups
