@@ -80,11 +80,12 @@ def kernel_sizes(quick: bool):
     if quick:
         return KernelSizes(heads=((9, 3, 64),), decode_requests=(1, 2), decode_contexts=(40,), extend_requests=(1,),
                            extend_contexts=(24,), max_kv_bytes=1 << 30, reference_max_kv_bytes=1 << 30,
-                           max_extend_tokens=64)
+                           max_extend_tokens=64, cascade_requests=(2,), cascade_prefixes=(40,), cascade_suffix=3)
     return KernelSizes(heads=((9, 3, 64), (32, 8, 128)), decode_requests=(1, 16, 64, 256),
                        decode_contexts=(1024, 4096, 16384, 32768), extend_requests=(1, 16),
                        extend_contexts=(1024, 4096, 16384), max_kv_bytes=4 << 30, reference_max_kv_bytes=1 << 30,
-                       max_extend_tokens=65536)
+                       max_extend_tokens=65536, cascade_requests=(16, 64, 256), cascade_prefixes=(1024, 4096),
+                       cascade_suffix=32)
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:

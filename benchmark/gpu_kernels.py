@@ -1,8 +1,10 @@
 """Attention kernel microbenchmark for benchmark/gpu.py: the Triton backend's decode and extend against
 torch SDPA on dense tensors (no paging: the speed to aim at) and the torch reference backend (gather +
 SDPA), on the paged KV layout the engine uses (each request's slots contiguous, as a fresh prefill
-leaves them). Each case reports milliseconds per call and, for Triton decode, the KV bytes read per
-second; a case that fails (out of memory, a missing SDPA kernel) records its error instead."""
+leaves them); and the fixed-shape decode plan (what the decode graphs capture) of requests sharing a
+prefix, with and without its cascade group. Each case reports milliseconds per call and, for Triton
+decode, the KV bytes read per second; a case that fails (out of memory, a missing SDPA kernel) records
+its error instead."""
 from __future__ import annotations
 
 import math
@@ -13,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from radixlang.kernels.backend import AttentionBatch
+from radixlang.kernels.backend import AttentionBatch, DecodeBatch, DecodeGroups
 from radixlang.kernels.registry import create_backend
 
 
@@ -27,6 +29,9 @@ class KernelSizes:
     max_kv_bytes: int  # skip a case whose K + V exceed this
     reference_max_kv_bytes: int  # the reference gathers a copy of the KV: time it only below this
     max_extend_tokens: int
+    cascade_requests: tuple[int, ...]  # decodes sharing one prefix
+    cascade_prefixes: tuple[int, ...]
+    cascade_suffix: int  # each request's own tokens after the prefix
 
 
 def bench_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -119,8 +124,39 @@ def extend_case(heads: int, kv_heads: int, d: int, requests: int, context: int, 
     return row
 
 
+def cascade_case(heads: int, kv_heads: int, d: int, requests: int, prefix: int, suffix: int, dtype: torch.dtype,
+                 device: torch.device) -> dict:
+    """`requests` decodes whose KV starts with the same `prefix` slots, then `suffix` slots of their own:
+    one layer's forward under the fixed-shape decode plan, plain (each reads the prefix) and cascade."""
+    row = {"heads": heads, "kv_heads": kv_heads, "head_dim": d, "requests": requests, "prefix": prefix,
+           "suffix": suffix}
+    k_cache, v_cache = _kv(prefix + requests * suffix, kv_heads, d, dtype, device)
+    own = prefix + torch.arange(requests * suffix, dtype=torch.int32, device=device).view(requests, suffix)
+    shared = torch.arange(prefix, dtype=torch.int32, device=device).expand(requests, prefix)
+    table = torch.cat((shared, own), dim=1)
+    rows = torch.arange(requests, device=device)
+    kv_lens = torch.full((requests,), prefix + suffix, device=device)
+    loc = table[:, -1].long()
+    one = torch.ones(1, dtype=torch.int64, device=device)
+    groups = DecodeGroups(rows, 0 * one, requests * one, prefix * one)
+    q = torch.randn(requests, heads, d, dtype=dtype, device=device)
+    k, v = _kv(requests, kv_heads, d, dtype, device)
+    scale, outs = 1 / math.sqrt(d), {}
+    for name, layout in (("plain", None), ("cascade", groups)):
+        attn = create_backend("triton", [k_cache], [v_cache])
+        attn.plan_decode(DecodeBatch(table, rows, kv_lens, loc, prefix + suffix, layout))
+        forward = lambda attn=attn: attn.forward(q, k, v, 0, scale)  # noqa: E731
+        row[f"{name}_ms"] = _timed(forward, device)
+        if isinstance(row[f"{name}_ms"], float):
+            outs[name] = forward().float()
+    if len(outs) == 2:
+        row["speedup"] = row["plain_ms"] / row["cascade_ms"]
+        row["max_abs_diff"] = (outs["plain"] - outs["cascade"]).abs().max().item()  # the same attention
+    return row
+
+
 def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -> dict[str, list[dict]]:
-    decode, extend = [], []
+    decode, extend, cascade = [], [], []
     elsize = torch.empty((), dtype=dtype).element_size()
     for heads, kv_heads, d in sizes.heads:
         for requests in sizes.decode_requests:
@@ -131,6 +167,9 @@ def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -
             for context in sizes.extend_contexts:
                 if requests * context <= sizes.max_extend_tokens:
                     extend.append(extend_case(heads, kv_heads, d, requests, context, dtype, device, sizes))
+        for requests in sizes.cascade_requests:
+            for prefix in sizes.cascade_prefixes:
+                cascade.append(cascade_case(heads, kv_heads, d, requests, prefix, sizes.cascade_suffix, dtype, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"decode": decode, "extend": extend}
+    return {"decode": decode, "extend": extend, "cascade": cascade}

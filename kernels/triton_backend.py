@@ -1,11 +1,12 @@
 """The Triton attention backend: extend (chains and token trees), split-KV decode, and cascade decode
-for groups of requests sharing a radix prefix (prefix read once per group, merged by (o, lse))."""
+for groups of requests sharing a radix prefix (prefix read once per group, merged by (o, lse)). A step
+planned by `plan` runs the cascade for its grouped decodes; a fixed-shape step (`plan_decode`, what a CUDA
+graph captures) with groups runs every sequence through it, an ungrouped one with an empty prefix."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-
 import triton
 
 from .backend import (AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups,
@@ -60,7 +61,7 @@ def build_cascade(q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.
     entries = groups * splits
     prefix = ExtendSeqs(
         q_starts=(split * n + starts[:, None]).flatten(),
-        q_lens=sizes.repeat_interleave(splits),
+        q_lens=sizes[:, None].expand(groups, splits).flatten(),
         kv_starts=(kv_starts[starts][:, None] + lo).flatten(),  # the first member's KV holds the prefix
         kv_lens=torch.minimum(prefix_lens[:, None] - lo, chunk[:, None]).clamp(min=0).flatten(),
         mask_kind=torch.full((entries,), MASK_NONE, dtype=torch.int64, device=device),
