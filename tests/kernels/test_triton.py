@@ -104,15 +104,20 @@ def test_merge_states_is_the_associative_lse_operator():
     o = torch.stack([torch.einsum("nhk,nhkd->nhd", s.softmax(-1), v) for s, v in zip(scores, values)], dim=2)
     lse = torch.stack([s.logsumexp(-1) for s in scores], dim=2)
     lse[0, 0, 1] = -torch.inf  # an empty part weighs nothing
-    out, out_lse = torch.empty(n + 1, heads, d), torch.empty(n + 1, heads)
-    merge_states(o.contiguous(), lse.contiguous(), out, torch.tensor([1, 2, 3]), out_lse)
+    o[0, 0, 1] = torch.nan  # and is never read (a cascade leaves such parts unwritten)
     all_scores, all_values = torch.cat(scores, -1), torch.cat(values, 2)
     keep = torch.ones(n, heads, 5 * parts, dtype=torch.bool)
     keep[0, 0, 5:10] = False
     all_scores = all_scores.masked_fill(~keep, -torch.inf)
     want = torch.einsum("nhk,nhkd->nhd", all_scores.softmax(-1), all_values)
-    assert torch.allclose(out[1:], want, atol=1e-5)
-    assert torch.allclose(out_lse[1:], all_scores.logsumexp(-1), atol=1e-5)
+    # parts laid out row-major, and parts-major (strided views: the cascade's layout)
+    for o_parts, lse_parts in ((o.contiguous(), lse.contiguous()),
+                               (o.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3),
+                                lse.permute(2, 0, 1).contiguous().permute(1, 2, 0))):
+        out, out_lse = torch.empty(n + 1, heads, d), torch.empty(n + 1, heads)
+        merge_states(o_parts, lse_parts, out, torch.tensor([1, 2, 3]), out_lse)
+        assert torch.allclose(out[1:], want, atol=1e-5)
+        assert torch.allclose(out_lse[1:], all_scores.logsumexp(-1), atol=1e-5)
 
 
 def cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad, seed=0):
