@@ -13,10 +13,9 @@ padding changes no real row.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 
 import torch
-
-from collections import Counter
 
 from ..kernels.backend import AttentionBackend, DecodeBatch, DecodeGroups, pack_groups
 from .batch import StepBatch
@@ -24,7 +23,7 @@ from .models.llama import ForwardContext, LlamaForCausalLM
 
 IDS, ROWS, KV_LENS, REAL, ORDER, STARTS, SIZES, PREFIX_LENS = range(8)  # the rows of the packed input buffer
 STEP_ROWS = 4  # IDS..REAL, what every step copies; a cascade step copies the group layout too
-MAX_GRAPH_GROUPS = 16
+MAX_GRAPH_GROUPS = 16  # cascade groups per step a graph holds (the prefix pass's grid grows with it)
 WARMUP_RUNS = 2  # eager runs before a capture: Triton compiles, cuBLAS picks its kernels
 
 
