@@ -11,7 +11,7 @@ import triton
 
 from .backend import (AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups,
                       tree_visibility)
-from .triton_decode import MAX_SPLITS, decode_attention, merge_states
+from .triton_decode import MAX_SPLITS, decode_attention, decode_parts, merge_states, num_splits
 from .triton_extend import BLOCK_N, MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
 
 PREFIX_CHUNK = 64  # a split of a cascade's shared prefix reads at least this many keys (fewer splits else)
@@ -28,20 +28,20 @@ class DecodeSeqs:
 @dataclass(slots=True)
 class Cascade:
     """Cascade decode over n positions, each one query row: the prefix pass reads every group's shared
-    prefix once for all its members, in `parts - 1` KV splits (one MASK_NONE sequence per group and split);
-    the suffix pass runs each position over the rest of its KV; a merge per row folds the parts together."""
+    prefix once for all its members (and, GQA-packed, once for all the query heads of each KV head), in
+    `prefix_splits` KV splits (one MASK_NONE sequence per group and split); the suffix pass runs each
+    position over the rest of its KV in its own splits; one merge per row folds all those parts together."""
 
     q_rows: torch.Tensor  # [n] the query row at each position
-    positions: torch.Tensor  # [n] 0..n-1: where the suffix pass writes
-    split_rows: torch.Tensor  # [(parts - 1) * n] q_rows once per split: the prefix pass's queries
+    split_rows: torch.Tensor  # [prefix_splits * n] q_rows once per split: the prefix pass's queries
     prefix: ExtendSeqs  # split s of group j: queries s * n + [starts[j], starts[j] + sizes[j]), KV chunk s
     suffix: DecodeSeqs  # q_rows over [prefix length, kv_len) of each position's KV (prefix 0: ungrouped)
-    parts: int  # a power of two (merge_states)
+    prefix_splits: int
 
 
-def cascade_parts(max_prefix_len: int) -> int:
-    """States merged per row: the prefix's splits, then the suffix."""
-    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(max_prefix_len, PREFIX_CHUNK) + 1))
+def prefix_splits(max_prefix_len: int) -> int:
+    """KV splits of the prefix pass: chunks of at least PREFIX_CHUNK keys, at most MAX_SPLITS."""
+    return max(1, min(MAX_SPLITS, triton.cdiv(max_prefix_len, PREFIX_CHUNK)))
 
 
 def build_cascade(q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.Tensor, starts: torch.Tensor,
@@ -51,7 +51,7 @@ def build_cascade(q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.
     [kv_starts[p], kv_starts[p] + kv_lens[p]) of kv_indices; group j (starts, sizes, prefix_lens as in
     DecodeGroups) shares the first prefix_lens[j] of them. The max_* are host bounds fixed at planning."""
     n, groups, device = q_rows.numel(), starts.numel(), q_rows.device
-    splits = cascade_parts(max_prefix_len) - 1
+    splits = prefix_splits(max_prefix_len)
     pos = torch.arange(n, device=device)
     inside = (pos >= starts[:, None]) & (pos < (starts + sizes)[:, None])  # [groups, n]
     own_prefix = (inside * prefix_lens[:, None]).sum(0)  # each position's group's prefix length, 0 if none
@@ -69,7 +69,7 @@ def build_cascade(q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.
         tree_starts=torch.zeros(entries, dtype=torch.int64, device=device),
         max_q_len=max_group)
     suffix = DecodeSeqs(q_rows, kv_starts + own_prefix, kv_lens - own_prefix, max_kv_len)
-    return Cascade(q_rows, pos, q_rows.repeat(splits), prefix, suffix, splits + 1)
+    return Cascade(q_rows, q_rows.repeat(splits), prefix, suffix, splits)
 
 
 class TritonAttention:
@@ -148,14 +148,16 @@ class TritonAttention:
         return out
 
     def _run_cascade(self, q, k_cache, v_cache, kv_indices, scale: float, out: torch.Tensor) -> None:
-        c = self._cascade
-        n, splits, heads, d = c.q_rows.numel(), c.parts - 1, q.shape[1], q.shape[2]
-        # parts-major, so each split's rows are one contiguous block; a row a split never reaches keeps -inf
-        o_parts = torch.empty(c.parts, n, heads, d, dtype=torch.float32, device=q.device)
-        lse_parts = torch.full((c.parts, n, heads), float("-inf"), dtype=torch.float32, device=q.device)
+        c, s = self._cascade, self._cascade.suffix
+        n, heads, d = c.q_rows.numel(), q.shape[1], q.shape[2]
+        prefix, suffix = c.prefix_splits, num_splits(n, k_cache.shape[1], s.max_kv_len)
+        # parts-major, so each prefix split's rows are one contiguous block; a row a split never reaches
+        # keeps -inf; the suffix's splits follow, written by its decode straight into this buffer
+        o_parts = torch.empty(prefix + suffix, n, heads, d, dtype=torch.float32, device=q.device)
+        lse_parts = torch.full((prefix + suffix, n, heads), float("-inf"), dtype=torch.float32, device=q.device)
         extend_attention(q[c.split_rows], k_cache, v_cache, kv_indices, c.prefix, scale,
-                         out=o_parts[:splits].view(splits * n, heads, d), lse=lse_parts[:splits].view(splits * n, heads))
-        s = c.suffix
-        decode_attention(q, k_cache, v_cache, kv_indices, s.q_rows, s.kv_starts, s.kv_lens, s.max_kv_len, scale,
-                         o_parts[splits], c.positions, lse_parts[splits])
+                         out=o_parts[:prefix].view(prefix * n, heads, d),
+                         lse=lse_parts[:prefix].view(prefix * n, heads))
+        decode_parts(q, k_cache, v_cache, kv_indices, s.q_rows, s.kv_starts, s.kv_lens, scale,
+                     o_parts[prefix:].permute(1, 2, 0, 3), lse_parts[prefix:].permute(1, 2, 0))
         merge_states(o_parts.permute(1, 2, 0, 3), lse_parts.permute(1, 2, 0), out, c.q_rows)

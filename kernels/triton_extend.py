@@ -2,8 +2,11 @@
 tokens themselves, already written to the cache), causally for a chain or by a custom mask for a token
 tree. Also serves a cascade's shared-prefix pass (no mask: every query sees every key).
 
-One program per (sequence, head, block of BLOCK_M queries); online softmax over blocks of BLOCK_N keys
-gathered through `kv_indices`. Optionally writes the natural-log LSE of each row, for merging states.
+One program per (sequence, KV head, block of BLOCK_R rows): a row is one (query, query head) pair of that
+KV head's GQA group, query-major, so a program covers the whole group for its queries and each K/V block
+it loads serves every query head of the group (GROUP times fewer programs and K/V loads than a program
+per query head). Online softmax over blocks of BLOCK_N keys gathered through `kv_indices`. Optionally
+writes the natural-log LSE of each row, for merging states.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ NEG = -1.0e30  # finite "minus infinity": a fully masked block then adds exactly
 
 MASK_CAUSAL, MASK_TREE, MASK_NONE = 0, 1, 2
 BLOCK_N = 32  # keys per step of the online softmax
+MAX_BLOCK_ROWS = 128  # (query, head) rows per program: 32 queries of a 4-head group, as FlashAttention's tiles
 
 
 def block_d(d: int) -> int:
@@ -48,35 +52,36 @@ def softmax_update(m_i, l_i, acc, s, visible, v, PRECISION: tl.constexpr):
 @triton.jit
 def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_lens, mask_kind, tree_mask,
                    tree_starts, sm_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
-                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
                    BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     seq = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     block = tl.program_id(2)
     q_start = tl.load(q_starts + seq)
     q_len = tl.load(q_lens + seq)
-    if block * BLOCK_M < q_len:
+    if block * BLOCK_R < q_len * GROUP:
         kv_start = tl.load(kv_starts + seq)
         kv_len = tl.load(kv_lens + seq)
         prefix = kv_len - q_len
         kind = tl.load(mask_kind + seq)
         tree_start = tl.load(tree_starts + seq)
-        kv_head = head // GROUP
-        offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_m = rows // GROUP  # the row's query
+        heads = kv_head * GROUP + rows % GROUP  # and its query head
         offs_d = tl.arange(0, BLOCK_D)
         row_ok = offs_m < q_len
         d_ok = offs_d < D
-        q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        q = tl.load(Q + (q_start + offs_m)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
-        m_i = tl.full([BLOCK_M], NEG, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        m_i = tl.full([BLOCK_R], NEG, tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
         # a chain's queries never see keys past their own position: stop at the block's last one
         kv_end = kv_len
         if kind == 0:
-            kv_end = tl.minimum(kv_len, prefix + (block + 1) * BLOCK_M)
+            kv_end = tl.minimum(kv_len, prefix + (block * BLOCK_R + BLOCK_R - 1) // GROUP + 1)
         for start_n in range(0, kv_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < kv_len
@@ -96,11 +101,22 @@ def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_
             m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, visible, v, PRECISION)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_safe[:, None]
-        tl.store(O + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        tl.store(O + (q_start + offs_m)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if WRITE_LSE:
             lse = tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf"))
-            tl.store(LSE + (q_start + offs_m) * tl.num_programs(1) + head, lse, mask=row_ok)
+            tl.store(LSE + (q_start + offs_m) * (tl.num_programs(1) * GROUP) + heads, lse, mask=row_ok)
+
+
+def block_rows(max_q_len: int, group: int) -> int:
+    """(query, head) rows per program: up to 32 queries of the whole GQA group (16 rows at least: tl.dot)."""
+    return max(16, min(MAX_BLOCK_ROWS, triton.next_power_of_2(min(max_q_len, 32) * group)))
+
+
+def extend_grid(num_seqs: int, max_q_len: int, heads: int, kv_heads: int) -> tuple[int, int, int]:
+    """Programs of one `extend_attention` call: (sequence, KV head, block of rows)."""
+    group = heads // kv_heads
+    return num_seqs, kv_heads, triton.cdiv(max_q_len * group, block_rows(max_q_len, group))
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indices: torch.Tensor,
@@ -115,16 +131,17 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     programs exit at once). With `lse` ([tokens, heads] float32, contiguous) each row's natural-log LSE is
     written there too (-inf for a row that saw no key). Rows outside every sequence are left unwritten."""
     tokens, heads, d = q.shape
+    kv_heads = k_cache.shape[1]
     o = torch.empty_like(q) if out is None else out
     assert lse is None or (lse.is_contiguous() and lse.shape == (tokens, heads)), "lse is [tokens, heads]"
-    block_m = 16 if seqs.max_q_len <= 16 else 32
-    grid = (seqs.q_starts.numel(), heads, triton.cdiv(seqs.max_q_len, block_m))
-    _extend_kernel[grid](
+    group = heads // kv_heads
+    rows = block_rows(seqs.max_q_len, group)
+    _extend_kernel[extend_grid(seqs.q_starts.numel(), seqs.max_q_len, heads, kv_heads)](
         q, k_cache, v_cache, o, o if lse is None else lse, kv_indices, seqs.q_starts, seqs.q_lens, seqs.kv_starts,
         seqs.kv_lens, seqs.mask_kind, seqs.tree_mask, seqs.tree_starts, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), o.stride(0), o.stride(1),
-        GROUP=heads // k_cache.shape[1], D=d, BLOCK_D=block_d(d), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        WRITE_LSE=lse is not None, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING)
+        GROUP=group, D=d, BLOCK_D=block_d(d), BLOCK_R=rows, BLOCK_N=BLOCK_N, WRITE_LSE=lse is not None,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING, num_warps=8 if rows * block_d(d) >= 128 * 128 else 4)
     return o
 
 

@@ -94,11 +94,12 @@ def test_cascade_groups_read_the_shared_prefix_once_and_match_the_definition():
     assert torch.allclose(plain.forward(q, k, v, 0, 0.125), out, atol=2e-5)
 
 
-def test_merge_states_is_the_associative_lse_operator():
+@pytest.mark.parametrize("parts", [4, 3])  # 3: the cascade's prefix + suffix splits need not be a power of two
+def test_merge_states_is_the_associative_lse_operator(parts):
     from radixlang.kernels.triton_decode import merge_states
 
     g = torch.Generator().manual_seed(0)
-    n, heads, parts, d = 3, 2, 4, 16
+    n, heads, d = 3, 2, 16
     scores = [torch.randn(n, heads, 5, generator=g) for _ in range(parts)]  # 5 keys per part
     values = [torch.randn(n, heads, 5, d, generator=g) for _ in range(parts)]
     o = torch.stack([torch.einsum("nhk,nhkd->nhd", s.softmax(-1), v) for s, v in zip(scores, values)], dim=2)
@@ -118,6 +119,48 @@ def test_merge_states_is_the_associative_lse_operator():
         merge_states(o_parts, lse_parts, out, torch.tensor([1, 2, 3]), out_lse)
         assert torch.allclose(out[1:], want, atol=1e-5)
         assert torch.allclose(out_lse[1:], all_scores.logsumexp(-1), atol=1e-5)
+
+
+def test_gqa_packed_rows_match_the_definition_across_row_blocks():
+    # one call, three kinds: a chain of 50 new tokens on 22 cached (150 (query, head) rows: two 128-row
+    # programs per KV head, query 42 split between them, and its own key the first of a 32-key block), a
+    # token tree, and a MASK_NONE pass (a cascade prefix) with LSE
+    from radixlang.kernels.backend import tree_visibility
+    from radixlang.kernels.triton_extend import MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
+
+    heads, kv_heads, d, scale = 9, 3, 64, 0.125
+    parents = [-1, 0, 0, 1, 2, -1, 5]
+    kv_lens, q_lens = [72, 27, 70], [50, len(parents), 45]
+    g = torch.Generator().manual_seed(5)
+    num_slots = sum(kv_lens)
+    k_cache, v_cache = torch.randn(num_slots, kv_heads, d, generator=g), torch.randn(num_slots, kv_heads, d, generator=g)
+    kv_indices = torch.randperm(num_slots, generator=g)
+    q = torch.randn(sum(q_lens), heads, d, generator=g)
+    q_starts, kv_starts = [0, 50, 57], [0, 72, 99]
+    seqs = ExtendSeqs.build(q_starts, q_lens, kv_starts, kv_lens, [MASK_CAUSAL, MASK_TREE, MASK_NONE],
+                            [None, tree_visibility(parents), None], torch.device("cpu"))
+    lse = torch.full((sum(q_lens), heads), float("nan"))
+    out = extend_attention(q, k_cache, v_cache, kv_indices, seqs, scale, lse=lse)
+    seen = tree_visibility(parents)
+    visible = [lambda j: list(range(22 + j + 1)),
+               lambda j: list(range(20)) + [20 + i for i in range(len(parents)) if seen[j, i]],
+               lambda j: list(range(70))]
+    for qs, n, ks, total, vis in zip(q_starts, q_lens, kv_starts, kv_lens, visible):
+        slots = kv_indices[ks:ks + total]
+        assert (out[qs:qs + n].double() - oracle(q[qs:qs + n], k_cache, v_cache, slots, vis, scale)).abs().max() < 2e-5
+        for j in range(n):
+            for h in range(heads):
+                scores = k_cache[slots[vis(j)], h // 3].double() @ q[qs + j, h].double() * scale
+                assert abs(lse[qs + j, h].item() - scores.logsumexp(0).item()) < 1e-4
+
+
+def test_gqa_packing_cuts_extend_programs_by_the_group():
+    from radixlang.kernels.triton_extend import extend_grid
+
+    # a cascade prefix split of 64 members: 3 KV heads x 2 blocks of 128 rows, not 9 query heads x 2 of 32
+    assert extend_grid(1, 64, 9, 3) == (1, 3, 2)
+    assert extend_grid(1, 4, 32, 8) == (1, 8, 1)  # 4 members x 4 heads: one 16-row program per KV head
+    assert extend_grid(2, 20, 4, 4) == (2, 4, 1)  # no GQA: a program per head, up to 32 queries, as before
 
 
 def cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad, seed=0):
@@ -156,18 +199,18 @@ def cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad, seed=0)
     return k_cache, v_cache, slots, DecodeBatch(table, rows, lens, loc, width, layout), q, k, v
 
 
-@pytest.mark.parametrize("heads,kv_heads,dtype", [(9, 3, torch.float32), (9, 3, torch.bfloat16),
-                                                  (4, 2, torch.float32)])
-def test_fixed_shape_cascade_decode_matches_the_definition(heads, kv_heads, dtype):
+@pytest.mark.parametrize("heads,kv_heads,d,dtype", [(9, 3, 64, torch.float32), (9, 3, 64, torch.bfloat16),
+                                                    (4, 2, 64, torch.float32), (8, 2, 128, torch.float16)])
+def test_fixed_shape_cascade_decode_matches_the_definition(heads, kv_heads, d, dtype):
     # a group whose prefix spans several KV splits (some left empty), a group shorter than one split, an
     # ungrouped sequence between members, two padding rows, and two unused groups (bucket 8 has room for 4)
-    d, width = 64, 200
+    width = 200
     kv_lens = [170, 45, 12, 160, 44, 152]
     groups = [([0, 3, 5], 150), ([1, 4], 40)]
     k_cache, v_cache, slots, batch, q, k, v = cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad=2)
     backend = create_backend("triton", [k_cache], [v_cache])
     backend.plan_decode(batch)
-    assert backend._cascade is not None and backend._cascade.parts > 2  # several prefix splits
+    assert backend._cascade is not None and backend._cascade.prefix_splits > 1  # several prefix splits
     out = backend.forward(q, k, v, 0, 1 / math.sqrt(d))
     real = len(kv_lens)
     want = torch.cat([oracle(q[i:i + 1], k_cache, v_cache, s, lambda j, n=n: list(range(n)), 1 / math.sqrt(d))
