@@ -3,7 +3,8 @@ torch SDPA on dense tensors (no paging: the speed to aim at) and the torch refer
 SDPA), on the paged KV layout the engine uses (each request's slots contiguous, as a fresh prefill
 leaves them); and the fixed-shape decode plan (what the decode graphs capture) of requests sharing a
 prefix, with and without its cascade group. Each case reports milliseconds per call and, for Triton
-decode, the KV bytes read per second; a case that fails (out of memory, a missing SDPA kernel) records
+decode, the KV bytes read per second (for the cascade, the prefix pass's programs and K/V bytes, counted
+from its grid and tile sizes); a case that fails (out of memory, a missing SDPA kernel) records
 its error instead."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from radixlang.kernels.backend import AttentionBatch, DecodeBatch, DecodeGroups
 from radixlang.kernels.registry import create_backend
+from radixlang.kernels.triton_extend import extend_grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,11 @@ def cascade_case(heads: int, kv_heads: int, d: int, requests: int, prefix: int, 
         row[f"{name}_ms"] = _timed(forward, device)
         if isinstance(row[f"{name}_ms"], float):
             outs[name] = forward().float()
+    # the prefix pass (per KV split): a program per KV head and block of (member, head) rows, each reading
+    # its KV head's chunk; so every KV head's prefix is read `blocks` times in all
+    _, _, blocks = extend_grid(1, requests, heads, kv_heads)
+    row["prefix_programs_per_split"] = kv_heads * blocks
+    row["prefix_kv_bytes"] = blocks * 2 * prefix * kv_heads * d * torch.empty((), dtype=dtype).element_size()
     if len(outs) == 2:
         row["speedup"] = row["plain_ms"] / row["cascade_ms"]
         row["max_abs_diff"] = (outs["plain"] - outs["cascade"]).abs().max().item()  # the same attention
