@@ -147,7 +147,8 @@ def test_gqa_packed_rows_match_the_definition_across_row_blocks():
                lambda j: list(range(70))]
     for qs, n, ks, total, vis in zip(q_starts, q_lens, kv_starts, kv_lens, visible):
         slots = kv_indices[ks:ks + total]
-        assert (out[qs:qs + n].double() - oracle(q[qs:qs + n], k_cache, v_cache, slots, vis, scale)).abs().max() < 2e-5
+        want = oracle(q[qs:qs + n], k_cache, v_cache, slots, vis, scale)
+        assert (out[qs:qs + n].double() - want).abs().max() < 2e-5
         for j in range(n):
             for h in range(heads):
                 scores = k_cache[slots[vis(j)], h // 3].double() @ q[qs + j, h].double() * scale
