@@ -133,7 +133,8 @@ def test_gqa_packed_rows_match_the_definition_across_row_blocks():
     kv_lens, q_lens = [72, 27, 70], [50, len(parents), 45]
     g = torch.Generator().manual_seed(5)
     num_slots = sum(kv_lens)
-    k_cache, v_cache = torch.randn(num_slots, kv_heads, d, generator=g), torch.randn(num_slots, kv_heads, d, generator=g)
+    k_cache = torch.randn(num_slots, kv_heads, d, generator=g)
+    v_cache = torch.randn(num_slots, kv_heads, d, generator=g)
     kv_indices = torch.randperm(num_slots, generator=g)
     q = torch.randn(sum(q_lens), heads, d, generator=g)
     q_starts, kv_starts = [0, 50, 57], [0, 72, 99]
