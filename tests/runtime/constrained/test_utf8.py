@@ -31,7 +31,7 @@ def as_matrix(strings: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 def walk(dfa, matrix: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The state each row's bytes lead to from the start (-1: dead), walked vectorised."""
     rows = np.arange(len(lengths))
-    return walk_rows(dfa.trans, matrix, lengths, rows, np.zeros(len(rows), np.int64), 0).end_state
+    return walk_rows(dfa, matrix, lengths, rows, np.zeros(len(rows), np.int64), 0).end_state
 
 
 def accepted(dfa, matrix: np.ndarray, lengths: np.ndarray) -> np.ndarray:
