@@ -50,7 +50,7 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             ascii_class[lo:hi + 1] = c
     high = np.flatnonzero(widths > 1).tolist()
     split_decoders: dict[tuple[tuple[int, ...], ...], _Decoder] = {}
-    stamps: list[tuple[int, _Decoder, list[int]]] = []  # (state, its decoder, the decoder's group targets)
+    stamps: dict[int, tuple[list[int], list[list[int]]]] = {}  # by decoder: its states, their group targets
     for state, row in enumerate(dfa.trans[:, high].tolist() if high else ()):
         groups: dict[int, list[int]] = {}  # target -> multi-byte classes, in class order (a canonical split)
         for c, t in zip(high, row):
@@ -63,7 +63,9 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if decoder is None:
             merged = (ra.normalize(r for c in cs for r in classes[c]) for cs in split)
             decoder = split_decoders[split] = _decoder(tuple(merged))
-        stamps.append((state, decoder, list(groups)))
+        states, targets = stamps.setdefault(id(decoder), ([], []))
+        states.append(state)
+        targets.append(list(groups))
     byte_class, firsts = _byte_classes(dfa.trans, ascii_class, list(split_decoders.values()))
     width = len(firsts)
     entries = np.full((len(dfa.trans), width), -1, np.int32)
@@ -73,9 +75,10 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     tails = _Tails(len(dfa.trans), width)
     if len(dfa.trans) > tails.max_states:
         raise tails.too_large()
-    narrow = {id(d): d.rows[:, firsts] for d in split_decoders.values()}  # each decoder over the columns
-    for state, decoder, targets in stamps:
-        entries[state, high_cols] = tails.stamp(narrow[id(decoder)], decoder.left, targets)[high_cols]
+    for decoder in split_decoders.values():  # every state of one decoder at once
+        states, targets = stamps[id(decoder)]
+        rows = tails.stamp(decoder.rows[:, firsts], decoder.left, np.array(targets, np.int32))
+        entries[np.array(states)[:, None], high_cols] = rows[:, high_cols]
     trans = np.concatenate([entries, *tails.rows]) if tails.rows else entries
     accept = np.concatenate([dfa.accept, np.full(len(tails.ids), -1)]).astype(np.int32)
     return trans, byte_class, accept
@@ -104,37 +107,47 @@ class _Tails:
     def __init__(self, first_id: int, width: int) -> None:
         self.first_id, self.width = first_id, width
         self.max_states = MAX_DFA_TRANSITIONS // max(width, 1)  # the bound is on the table's size
-        self.rows: list[np.ndarray] = []  # each state's row (blocks of rows, one per stamp)
+        self.rows: list[np.ndarray] = []  # the states' rows, in blocks
         self.ids: dict[bytes, int] = {}
 
-    def stamp(self, rows: np.ndarray, left: np.ndarray, targets: list[int]) -> np.ndarray:
-        """The entry row of a character state whose transitions a decoder (`rows` over the byte columns,
-        `left` per row) reads into `targets`."""
-        groups = len(targets)
+    def stamp(self, rows: np.ndarray, left: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """The entry rows [N, K] of N character states whose transitions one decoder (`rows` over the byte
+        columns, `left` per row) reads into `targets` [N, groups], their mid-character rows interned."""
+        count, groups = targets.shape
         # decoder value v -> byte DFA state: dead, a group's target, or a mid-character row (the entry's
-        # slot, v == groups, stays dead: no decoder row leads back to it)
-        lookup = np.concatenate([[-1], targets, np.full(len(rows), -1)]).astype(np.int32)
-        fresh = []
+        # slot, v == groups, stays dead: no decoder row leads back to it); a lookup row per state
+        lookup = np.full((count, 1 + groups + len(rows)), -1, np.int32)
+        lookup[:, 1:groups + 1] = targets
         for height in (1, 2, 3):
             level = np.flatnonzero(left == height)
             if not level.size:
                 break
-            stamped = lookup[rows[level] + 1]
-            for r, row in zip(level.tolist(), stamped):
-                lookup[groups + 1 + r] = self._intern(row, fresh)
-        if fresh:
-            self.rows.append(np.stack(fresh))
-        return lookup[rows[0] + 1]
+            stamped = lookup[:, rows[level] + 1]  # [N, rows of this height, K]
+            lookup[:, groups + 1 + level] = self._intern(stamped.reshape(-1, self.width)).reshape(count, -1)
+        return lookup[:, rows[0] + 1]
 
-    def _intern(self, row: np.ndarray, fresh: list[np.ndarray]) -> int:
-        key = row.tobytes()
-        state = self.ids.get(key)
-        if state is None:
-            state = self.ids[key] = self.first_id + len(self.ids)
-            if state >= self.max_states:
-                raise self.too_large()
-            fresh.append(row)
-        return state
+    def _intern(self, block: np.ndarray) -> np.ndarray:
+        """The state of each row of `block`: an equal row's, or a new one (numbered by first occurrence)."""
+        local = row_ids(block)
+        firsts = np.sort(np.unique(local, return_index=True)[1])
+        distinct = np.ascontiguousarray(block[firsts])
+        data, size = distinct.tobytes(), distinct.shape[1] * distinct.itemsize
+        state = np.empty(len(firsts), np.int64)
+        fresh = []
+        for j in range(len(firsts)):
+            key = data[j * size:(j + 1) * size]
+            hit = self.ids.get(key)
+            if hit is None:
+                hit = self.ids[key] = self.first_id + len(self.ids)
+                fresh.append(j)
+            state[j] = hit
+        if self.first_id + len(self.ids) > self.max_states:
+            raise self.too_large()
+        if fresh:
+            self.rows.append(distinct[fresh])
+        by_local = np.empty(len(firsts), np.int64)
+        by_local[local[firsts]] = state
+        return by_local[local]
 
     def too_large(self) -> ConstraintTooLarge:
         return ConstraintTooLarge(f"constraint is too large: its byte DFA exceeds {MAX_DFA_TRANSITIONS} transitions "
