@@ -5,8 +5,9 @@ keeps them small even for Unicode classes; `utf8` then turns each character tran
 transitions.
 
 A `Dfa` reads raw bytes. `trans[s, byte_class[b]]` is the next state or -1 (dead): the columns are
-byte classes (bytes every state reads alike; see utf8). Every live state can still reach an accepting one (dead ends are trimmed), so "alive" always means "completable". `accept[s]`
-is the index of the preferred pattern that accepts in s (the lowest index), or -1. It is minimal.
+byte classes (bytes every state reads alike; see utf8). Every live state can still reach an accepting
+one (dead ends are trimmed), so "alive" always means "completable". `accept[s]` is the index of the
+preferred pattern that accepts in s (the lowest index), or -1. It is minimal.
 """
 from __future__ import annotations
 

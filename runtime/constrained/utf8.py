@@ -50,7 +50,7 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             ascii_class[lo:hi + 1] = c
     high = np.flatnonzero(widths > 1).tolist()
     split_decoders: dict[tuple[tuple[int, ...], ...], _Decoder] = {}
-    stamps: dict[int, tuple[list[int], list[list[int]]]] = {}  # by decoder: its states, their group targets
+    stamps: dict[tuple[tuple[int, ...], ...], tuple[list[int], list[list[int]]]] = {}  # by split: states, targets
     for state, row in enumerate(dfa.trans[:, high].tolist() if high else ()):
         groups: dict[int, list[int]] = {}  # target -> multi-byte classes, in class order (a canonical split)
         for c, t in zip(high, row):
@@ -63,7 +63,7 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if decoder is None:
             merged = (ra.normalize(r for c in cs for r in classes[c]) for cs in split)
             decoder = split_decoders[split] = _decoder(tuple(merged))
-        states, targets = stamps.setdefault(id(decoder), ([], []))
+        states, targets = stamps.setdefault(split, ([], []))
         states.append(state)
         targets.append(list(groups))
     byte_class, firsts = _byte_classes(dfa.trans, ascii_class, list(split_decoders.values()))
@@ -75,8 +75,8 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     tails = _Tails(len(dfa.trans), width)
     if len(dfa.trans) > tails.max_states:
         raise tails.too_large()
-    for decoder in split_decoders.values():  # every state of one decoder at once
-        states, targets = stamps[id(decoder)]
+    for split, decoder in split_decoders.items():  # every state of one split at once
+        states, targets = stamps[split]
         rows = tails.stamp(decoder.rows[:, firsts], decoder.left, np.array(targets, np.int32))
         entries[np.array(states)[:, None], high_cols] = rows[:, high_cols]
     trans = np.concatenate([entries, *tails.rows]) if tails.rows else entries
