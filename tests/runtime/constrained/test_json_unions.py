@@ -60,3 +60,14 @@ def test_the_merged_graph_reads_exactly_the_union_deterministically(bodies):
 def test_bodies_that_never_end_together_are_not_merged(bodies):
     assert not any(len(set(w) & set(v)) for w, v in itertools.combinations(map(words, bodies), 2))  # the premise
     assert merged_body(bodies) is None
+
+
+def test_a_merge_over_its_state_bound_is_left_as_separate_alternatives(monkeypatch):
+    from radixlang.runtime.constrained import json_unions
+
+    bodies = [ra.seq(A, ra.optional(B)), ra.seq(A, ra.optional(C))]
+    states = merged_body(bodies).num_states
+    monkeypatch.setattr(json_unions, "MAX_MERGED_STATES", states)
+    assert merged_body(bodies) is not None
+    monkeypatch.setattr(json_unions, "MAX_MERGED_STATES", states - 1)
+    assert merged_body(bodies) is None
