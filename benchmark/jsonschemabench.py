@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
+from radixlang.runtime.constrained.fsa import ConstraintTooLarge
 from radixlang.runtime.constrained.matcher import Matcher
 from radixlang.runtime.constrained.vocab import TokenVocab
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
@@ -52,6 +53,7 @@ class SubsetResult:
     invalid: int = 0
     false_accepts: int = 0
     check_errors: int = 0  # instances whose check failed (a lexer too large or too slow to build): refused
+    too_large: int = 0  # ... of which a lexer built mid-decode was over its size bound (ConstraintTooLarge)
     mask_us: list[float] = field(default_factory=list)  # per-token mask times, first walk of each instance
     mask_warm_us: list[float] = field(default_factory=list)  # the same walk again (masks cached)
 
@@ -144,8 +146,9 @@ def limited(run, limit_s: float, result: SubsetResult):
             return run()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    except (CompileTimeout, ValueError):
+    except (CompileTimeout, ValueError) as e:
         result.check_errors += 1
+        result.too_large += isinstance(e, ConstraintTooLarge)
         return None
 
 
@@ -293,7 +296,8 @@ def print_row(name: str, r: SubsetResult, flush: bool = False, peer: bool = Fals
         return
     print(head + "  "
           f"false rejects {r.false_rejects}/{r.valid}  false accepts {r.false_accepts}/{r.invalid}"
-          + (f"  check errors {r.check_errors}" if r.check_errors else ""), flush=flush)
+          + (f"  check errors {r.check_errors} ({r.too_large} lexers too large)" if r.check_errors else ""),
+          flush=flush)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy: logits / 1e-98 overflo
 
 # constrained decoding (runtime/constrained)
 MAX_NFA_STATES = 400_000  # a regex, schema or terminal bigger than this is refused
-MAX_DFA_STATES = 100_000  # byte-level states: 1 KiB of transitions each (~25k for SGLang's character regex)
+MAX_DFA_STATES = 100_000  # states of a subset construction or product (over code-point classes)
+# a byte DFA's table, states x byte classes (bytes every state reads alike share a column): int32, so
+# 100 MB, what 100k states x 256 bytes took; a byte state has ~12 columns for ASCII text, ~30 with UTF-8
+MAX_DFA_TRANSITIONS = 25_600_000
 UTF8_DECODER_CACHE_SIZE = 64  # UTF-8 decoders of code-point splits kept across compiles (LRU; a \w one is ~0.3 MB)
 CONSTRAINT_CACHE_SIZE = 64  # compiled constraints kept per engine (LRU)
 DFA_CACHE_BYTES = 64 << 20  # automata of repeated sub-languages kept per engine, by transition-table bytes (LRU)

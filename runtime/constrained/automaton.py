@@ -4,15 +4,16 @@ The subset construction and minimization run over a regex's code-point classes (
 keeps them small even for Unicode classes; `utf8` then turns each character transition into byte
 transitions.
 
-A `Dfa` reads raw bytes. `trans[s, b]` is the next state or -1 (dead); every live state can still
-reach an accepting one (dead ends are trimmed), so "alive" always means "completable". `accept[s]`
-is the index of the preferred pattern that accepts in s (the lowest index), or -1. It is minimal.
+A `Dfa` reads raw bytes. `trans[s, byte_class[b]]` is the next state or -1 (dead): the columns are
+byte classes (bytes every state reads alike; see utf8). Every live state can still reach an accepting
+one (dead ends are trimmed), so "alive" always means "completable". `accept[s]` is the index of the
+preferred pattern that accepts in s (the lowest index), or -1. It is minimal.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
@@ -24,21 +25,34 @@ from .fsa import Nfa, determinize, minimize, row_ids, state_id, trim
 from .utf8 import char_to_byte_dfa
 
 
+def _every_byte() -> np.ndarray:
+    return np.arange(256, dtype=np.intp)
+
+
 @dataclass(slots=True)
 class Dfa:
-    trans: np.ndarray  # [S, 256] int32, -1 = dead
+    trans: np.ndarray  # [S, K] int32 over byte classes, -1 = dead
     accept: np.ndarray  # [S] int32, -1 = not accepting, else the accepted pattern's index
+    byte_class: np.ndarray = field(default_factory=_every_byte)  # [256] intp: each byte's column
     start: int = 0
 
     @property
     def num_states(self) -> int:
         return int(self.trans.shape[0])
 
+    def step(self, state: int, b: int) -> int:
+        """The state after byte `b`, or -1."""
+        return int(self.trans[state, self.byte_class[b]])
+
+    def row(self, state: int) -> np.ndarray:
+        """[256] the state after each byte (-1: dead)."""
+        return self.trans[state][self.byte_class]
+
     def walk(self, state: int, data: bytes) -> int:
         """The state after `data`, or -1."""
-        trans = self.trans
+        trans, byte_class = self.trans, self.byte_class
         for b in data:
-            state = int(trans[state, b])
+            state = int(trans[state, byte_class[b]])
             if state < 0:
                 return -1
         return state
@@ -79,8 +93,8 @@ def collector_paused() -> Iterator[None]:
 def compile_dfa(patterns: list[ra.Node], nonempty: bool = False) -> Dfa:
     """One DFA for the union of `patterns`; `nonempty` drops the empty match (lexer terminals)."""
     def build() -> Dfa:
-        trans, accept = char_to_byte_dfa(_own_chars(patterns, nonempty))
-        return Dfa(trans, accept)
+        trans, byte_class, accept = char_to_byte_dfa(_own_chars(patterns, nonempty))
+        return Dfa(trans, accept, byte_class)
     return cached(("bytes", tuple(patterns), nonempty), build)
 
 

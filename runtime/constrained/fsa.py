@@ -40,7 +40,20 @@ class Nfa:
 def determinize(nfa: Nfa, start: int, num_symbols: int,
                 drop_start_accept: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Subset construction, then trimming and minimization. A state accepting several labels keeps
-    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
+    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it)."""
+    trans, order = subsets(nfa, start, num_symbols)
+    accepts = nfa.accepts
+    accepting = frozenset(accepts)
+    accept = np.array([min([accepts[q] for q in hits]) if (hits := d & accepting) else -1 for d in order])
+    if drop_start_accept:
+        accept[0] = -1
+    return minimize(*trim(trans, accept))
+
+
+def subsets(nfa: Nfa, start: int, num_symbols: int,
+            limit: int | None = None) -> tuple[np.ndarray, list[frozenset[int]]]:
+    """The subset construction alone: the DFA's rows [S, num_symbols] (-1: dead; state 0 is the start)
+    and each state's subset. Over `limit` states (MAX_DFA_STATES if None) it raises ConstraintTooLarge.
 
     Subsets are frozensets of the NFA states that read or accept (the rest only pass on, so subsets
     that differ in those alone are one state); their hashes are cached, and their size tracks the
@@ -82,20 +95,15 @@ def determinize(nfa: Nfa, start: int, num_symbols: int,
         parts = groups.values()
         if len(parts) == 1 or sum(len(s) for s, _ in parts) == len(set().union(*(s for s, _ in parts))):
             for symbols, targets in parts:  # disjoint symbol sets: one subset per set
-                q = state_id(ids, order, targets)
+                q = state_id(ids, order, targets, limit)
                 for c in symbols:
                     row[c] = q
         else:
             for c, targets in _by_symbol(parts).items():
-                row[c] = state_id(ids, order, targets)
+                row[c] = state_id(ids, order, targets, limit)
         rows.extend(row)
         done += 1
-    accepts = nfa.accepts
-    accepting = frozenset(accepts)
-    accept = np.array([min([accepts[q] for q in hits]) if (hits := d & accepting) else -1 for d in order])
-    if drop_start_accept:
-        accept[0] = -1
-    return minimize(*trim(np.array(rows, np.int64).reshape(len(order), num_symbols), accept))
+    return np.array(rows, np.int64).reshape(len(order), num_symbols), order
 
 
 def _by_symbol(groups) -> dict[int, frozenset[int]]:  # noqa: ANN001 - (symbols, targets) pairs
@@ -107,11 +115,12 @@ def _by_symbol(groups) -> dict[int, frozenset[int]]:  # noqa: ANN001 - (symbols,
     return out
 
 
-def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable) -> int:
-    """The id of the DFA state `key` of a construction (subsets, products); new keys join `order`."""
+def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable, limit: int | None = None) -> int:
+    """The id of the DFA state `key` of a construction (subsets, products); new keys join `order`,
+    up to `limit` states (MAX_DFA_STATES if None)."""
     hit = ids.get(key)
     if hit is None:
-        if len(order) >= MAX_DFA_STATES:
+        if len(order) >= (MAX_DFA_STATES if limit is None else limit):
             raise too_large()
         hit = ids[key] = len(order)
         order.append(key)

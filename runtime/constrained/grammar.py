@@ -129,7 +129,7 @@ class GrammarConstraint:
     def _step(self, state: State, b: int) -> State | None:
         stack, run, q = state
         lex = self.lexer(stack, run)
-        nxt = int(lex.dfa.trans[q, b])
+        nxt = lex.dfa.step(q, b)
         if nxt >= 0:
             return (stack, run, nxt)
         label = int(lex.dfa.accept[q])
@@ -139,7 +139,7 @@ class GrammarConstraint:
         if after is None:
             return None
         lex2 = self.lexer(*after)
-        nxt = int(lex2.dfa.trans[lex2.dfa.start, b])
+        nxt = lex2.dfa.step(lex2.dfa.start, b)
         return None if nxt < 0 else (*after, nxt)
 
     def can_end(self, state: State) -> bool:
@@ -177,7 +177,7 @@ class GrammarConstraint:
             after = self._after_lexeme(stack, run, lex.terminals[label])
             if after is not None:
                 nxt = self.allowed((*after, self.lexer(*after).dfa.start))
-                fresh = (lex.dfa.trans[q][vocab.first_bytes] < 0) & nxt[vocab.ids]
+                fresh = (lex.dfa.row(q)[vocab.first_bytes] < 0) & nxt[vocab.ids]
                 mask[vocab.ids[fresh]] = True
         return mask
 
@@ -185,7 +185,7 @@ class GrammarConstraint:
         """Marks tokens whose bytes from p on are a valid start of what follows the finished lexeme."""
         lex = self.lexer(*after)
         vocab = self.vocab
-        walk = walk_rows(lex.dfa.trans, vocab.matrix, vocab.lengths, rows, np.full(len(rows), lex.dfa.start), p)
+        walk = walk_rows(lex.dfa, vocab.matrix, vocab.lengths, rows, np.full(len(rows), lex.dfa.start), p)
         mask[self.vocab.ids[rows[walk.end_state >= 0]]] = True
         nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
         for r in rows[nested].tolist():  # a token spanning three lexemes: rare, walk it byte by byte
@@ -206,13 +206,13 @@ class GrammarConstraint:
     def _only_next_byte(self, state: State) -> int | None:
         stack, run, q = state
         lex = self.lexer(stack, run)
-        live = lex.dfa.trans[q] >= 0
+        live = lex.dfa.row(q) >= 0
         label = int(lex.dfa.accept[q])
         if label >= 0:
             after = self._after_lexeme(stack, run, lex.terminals[label])
             if after is not None:
                 lex2 = self.lexer(*after)
-                live = live | (lex2.dfa.trans[lex2.dfa.start] >= 0)
+                live = live | (lex2.dfa.row(lex2.dfa.start) >= 0)
         candidates = np.flatnonzero(live)
         return int(candidates[0]) if len(candidates) == 1 else None
 

@@ -3,8 +3,8 @@ body reads the union of theirs, deterministically where they read alike.
 
 An LALR parser cannot carry two readings of one text: `[]` as an empty array of either branch, or
 `{"a":1}` as either of two objects whose optional members both start with `"a"`, is a reduce/reduce
-conflict once the branches hold rules. Written as one automaton over their members (a subset
-construction whose letters are the members' sub-languages), the shared readings become one path, and
+conflict once the branches hold rules. Written as one automaton over their members (fsa's subset
+construction, its symbols the members' sub-languages), the shared readings become one path, and
 the union's language is unchanged. Members that differ only after a shared prefix keep that prefix as
 one letter (each run of rule-free pieces is one letter, as each is one terminal of the grammar).
 """
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import regex_ast as ra
+from .fsa import ConstraintTooLarge, Nfa, subsets
 from .rule_grammar import ref_free_runs
 
 MAX_MERGED_STATES = 512  # a subset construction larger than this is left as separate alternatives
@@ -29,38 +32,49 @@ def merged_body(bodies: list[ra.Node]) -> ra.Graph | None:
     """One deterministic graph (over member letters) reading the union of `bodies`; None where no
     sequence of letters ends two of them (their rules then never reduce on one text: nothing to merge),
     or where the graph would be too large."""
-    nfa = _Nfa()
-    starts = [nfa.add(body) for body in bodies]
-    owner = [i for i, (lo, hi) in enumerate(zip(starts, [*starts[1:], len(nfa.edges)])) for _ in range(lo, hi)]
-    graph = nfa.determinize(starts)
-    if graph is None or not any(len({owner[s] for s in subset & nfa.finals}) > 1 for subset in nfa.subsets):
+    letters = _Letters()
+    nfa = letters.nfa
+    start = nfa.new()
+    try:
+        for member, body in enumerate(bodies):
+            entry, end = nfa.new(), nfa.new()
+            nfa.eps[start].append(entry)
+            nfa.accepts[end] = member
+            letters.link(body, entry, end)
+        trans, states = subsets(nfa, start, len(letters.symbols), limit=MAX_MERGED_STATES)
+    except ConstraintTooLarge:
         return None
-    return graph
+    ended = [{nfa.accepts[q] for q in subset if q in nfa.accepts} for subset in states]  # members ending there
+    if not any(len(members) > 1 for members in ended):
+        return None
+    src, col = np.nonzero(trans >= 0)
+    edges = tuple((s, letters.symbols[c], int(trans[s, c])) for s, c in zip(src.tolist(), col.tolist()))
+    return ra.Graph(len(states), edges, tuple(q for q, members in enumerate(ended) if members))
 
 
-class _Nfa:
-    """States with labelled edges; the label ra.EMPTY reads nothing."""
+class _Letters:
+    """Members' bodies as an NFA (fsa) whose symbols are letters: sub-languages, each read as a whole."""
 
     def __init__(self) -> None:
-        self.edges: list[list[tuple[ra.Node, int]]] = []
-        self.finals: set[int] = set()
-        self.subsets: dict[frozenset[int], int] = {}  # the determinized states, once built
+        self.nfa = Nfa()
+        self.symbols: list[ra.Node] = []  # by symbol id
+        self._ids: dict[ra.Node, tuple[int]] = {}  # one tuple per letter: the subset construction groups by it
 
-    def state(self) -> int:
-        self.edges.append([])
-        return len(self.edges) - 1
-
-    def add(self, body: ra.Node) -> int:
-        start, end = self.state(), self.state()
-        self.finals.add(end)
-        self.link(body, start, end)
-        return start
+    def read(self, src: int, node: ra.Node, dst: int) -> None:
+        symbol = self._ids.get(node)
+        if symbol is None:
+            symbol = self._ids[node] = (len(self.symbols),)
+            self.symbols.append(node)
+        self.nfa.edges[src].append((symbol, dst))
 
     def link(self, node: ra.Node, src: int, dst: int) -> None:
         """Edges from `src` to `dst` reading `node`; only parts that hold rules, or that may read nothing,
         are opened up (a letter that may read nothing would be a second way to skip it)."""
-        if isinstance(node, ra.Ref) or node == ra.EMPTY or not (ra.refs(node) or ra.nullable(node)):
-            self.edges[src].append((node, dst))
+        nfa = self.nfa
+        if node == ra.EMPTY:
+            nfa.eps[src].append(dst)
+        elif isinstance(node, ra.Ref) or not (ra.refs(node) or ra.nullable(node)):
+            self.read(src, node, dst)
         elif isinstance(node, ra.Seq):
             self._chain(ref_free_runs(node.items) if ra.refs(node) else list(node.items), src, dst)
         elif isinstance(node, ra.Alt):
@@ -69,72 +83,38 @@ class _Nfa:
         elif isinstance(node, ra.Repeat):
             self._repeat(node, src, dst)
         elif isinstance(node, ra.Graph):
-            ids = [self.state() for _ in range(node.num_states)]
-            self.edges[src].append((ra.EMPTY, ids[0]))
+            ids = [nfa.new() for _ in range(node.num_states)]
+            nfa.eps[src].append(ids[0])
             for a, label, b in node.edges:
                 self.link(label, ids[a], ids[b])
             for f in node.finals:
-                self.edges[ids[f]].append((ra.EMPTY, dst))
+                nfa.eps[ids[f]].append(dst)
         else:
-            self.edges[src].append((node, dst))
+            self.read(src, node, dst)
 
     def _chain(self, items: list[ra.Node], src: int, dst: int) -> None:
         for i, item in enumerate(items):
-            nxt = dst if i == len(items) - 1 else self.state()
+            nxt = dst if i == len(items) - 1 else self.nfa.new()
             self.link(item, src, nxt)
             src = nxt
         if not items:
-            self.edges[src].append((ra.EMPTY, dst))
+            self.nfa.eps[src].append(dst)
 
     def _repeat(self, node: ra.Repeat, src: int, dst: int) -> None:
+        nfa = self.nfa
         for _ in range(node.min):
-            nxt = self.state()
+            nxt = nfa.new()
             self.link(node.item, src, nxt)
             src = nxt
         if node.max is None:
-            loop = self.state()
-            self.edges[src].append((ra.EMPTY, loop))
+            loop = nfa.new()
+            nfa.eps[src].append(loop)
             self.link(node.item, loop, loop)
-            self.edges[loop].append((ra.EMPTY, dst))
+            nfa.eps[loop].append(dst)
             return
         for _ in range(node.max - node.min):
-            self.edges[src].append((ra.EMPTY, dst))
-            nxt = self.state()
+            nfa.eps[src].append(dst)
+            nxt = nfa.new()
             self.link(node.item, src, nxt)
             src = nxt
-        self.edges[src].append((ra.EMPTY, dst))
-
-    def closure(self, states: frozenset[int]) -> frozenset[int]:
-        seen, stack = set(states), list(states)
-        while stack:
-            for label, nxt in self.edges[stack.pop()]:
-                if label == ra.EMPTY and nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-        return frozenset(seen)
-
-    def determinize(self, starts: list[int]) -> ra.Graph | None:
-        first = self.closure(frozenset(starts))
-        ids = self.subsets = {first: 0}
-        queue = [first]
-        edges: list[tuple[int, ra.Node, int]] = []
-        finals: list[int] = []
-        while queue:
-            subset = queue.pop()
-            src = ids[subset]
-            if subset & self.finals:
-                finals.append(src)
-            moves: dict[ra.Node, set[int]] = {}
-            for s in subset:
-                for label, nxt in self.edges[s]:
-                    if label != ra.EMPTY:
-                        moves.setdefault(label, set()).add(nxt)
-            for label, targets in moves.items():
-                key = self.closure(frozenset(targets))
-                if key not in ids:
-                    if len(ids) >= MAX_MERGED_STATES:
-                        return None
-                    ids[key] = len(ids)
-                    queue.append(key)
-                edges.append((src, label, ids[key]))
-        return ra.Graph(len(ids), tuple(edges), tuple(sorted(finals)))
+        nfa.eps[src].append(dst)

@@ -95,7 +95,7 @@ class RegexConstraint:
         while len(out) < limit and self.index.forced[state] >= 0:
             b = int(self.index.forced[state])
             out.append(b)
-            state = int(self.dfa.trans[state, b])
+            state = self.dfa.step(state, b)
         return bytes(out)
 
 

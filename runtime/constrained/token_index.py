@@ -27,9 +27,10 @@ class Walk:
     stop_state: np.ndarray  # state before that byte
 
 
-def walk_rows(trans: np.ndarray, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
+def walk_rows(dfa: Dfa, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
               states: np.ndarray, offset: np.ndarray | int) -> Walk:
-    """Vectorised DFA walk of `matrix[rows]` (symbols per row, `lengths` long), one column at a time."""
+    """Vectorised DFA walk of `matrix[rows]` (bytes per row, `lengths` long), one column at a time."""
+    trans, byte_class = dfa.trans, dfa.byte_class
     n = len(rows)
     end = np.full(n, -1, np.int64)
     stop_pos = np.zeros(n, np.int64)
@@ -44,7 +45,7 @@ def walk_rows(trans: np.ndarray, matrix: np.ndarray, lengths: np.ndarray, rows: 
         active, r = active[~done], r[~done]
         if not active.size:
             break
-        nxt = trans[cur[active], matrix[r, pos[active]]]
+        nxt = trans[cur[active], byte_class[matrix[r, pos[active]]]]
         dead = nxt < 0
         stop_pos[active[dead]] = pos[active[dead]]
         stop_state[active[dead]] = cur[active[dead]]
@@ -64,8 +65,11 @@ class TokenIndex:
     def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False):
         self.dfa, self.vocab, self.with_boundaries = dfa, vocab, boundaries
         live = dfa.trans >= 0
+        members = np.bincount(dfa.byte_class, minlength=dfa.trans.shape[1])  # bytes per column
+        first_byte = np.unique(dfa.byte_class, return_index=True)[1]
         # the only byte that may follow (never in accepting states), else -1
-        self.forced = np.where((live.sum(axis=1) == 1) & (dfa.accept < 0), live.argmax(axis=1), -1)
+        only = (live @ members == 1) & (dfa.accept < 0)
+        self.forced = np.where(only, first_byte[live.argmax(axis=1)], -1)
         self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
 
     def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
@@ -78,16 +82,16 @@ class TokenIndex:
         """Bits of the tokens readable from `state`, and its boundary records: the trie's live nodes,
         a level at a time, expanding only the children of live nodes."""
         trie, vocab, accept = self.vocab.trie, self.vocab, self.dfa.accept
-        flat = self.dfa.trans.ravel()
+        flat, byte_class, width = self.dfa.trans.ravel(), self.dfa.byte_class, self.dfa.trans.shape[1]
         alive = np.zeros(trie.num_nodes, bool)  # by trie node: the DFA lives through its prefix
         bounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         nodes = np.arange(trie.root_children)
-        from_states = np.full(len(nodes), state * 256, np.int64)
+        from_states = np.full(len(nodes), state * width, np.int64)
         for depth, level in enumerate(trie.levels, 1):
-            states = flat[from_states + level.byte[nodes]]
+            states = flat[from_states + byte_class[level.byte[nodes]]]
             live = states >= 0
             if self.with_boundaries and depth > 1 and not live.all():
-                labels = accept[from_states >> 8]
+                labels = accept[from_states // width]
                 ended = ~live & (labels >= 0)
                 if ended.any():
                     bounds.append(_ended_rows(trie, level, nodes[ended], labels[ended], depth - 1))
@@ -98,7 +102,7 @@ class TokenIndex:
             lo = level.child_start[nodes]
             counts = level.child_start[nodes + 1] - lo
             nodes = _expand(lo, counts)
-            from_states = np.repeat(states.astype(np.int64) * 256, counts)
+            from_states = np.repeat(states.astype(np.int64) * width, counts)
         mask = np.zeros(vocab.size, bool)
         mask[vocab.ids] = alive[trie.token_node]
         empty = np.zeros(0, np.int64)

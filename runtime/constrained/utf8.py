@@ -9,6 +9,10 @@ Only well-formed UTF-8 is read: no overlong forms, no surrogates.
 
 The result is minimal when the character DFA is: two states mid-character are merged exactly when
 they read the same continuation bytes into the same states (interned bottom-up, by bytes left).
+
+The table's columns are byte classes, not bytes: bytes that every row maps alike (the ASCII
+characters of one class, the lead or continuation bytes every decoder reads alike) share a column,
+so a state costs ~12-30 entries rather than 256, and the bound is on the table (MAX_DFA_TRANSITIONS).
 """
 from __future__ import annotations
 
@@ -17,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import MAX_DFA_STATES, UTF8_DECODER_CACHE_SIZE
+from ..config import MAX_DFA_TRANSITIONS, UTF8_DECODER_CACHE_SIZE
 from . import regex_ast as ra
 from .alphabet import CharDfa
-from .fsa import row_ids, too_large
+from .fsa import ConstraintTooLarge, row_ids
 
 _CONTINUATION = slice(0x80, 0xC0)  # the only bytes a state mid-character reads
 _WIDTH_FIRST = (0x80, 0x800, 0x10000)  # first code points of 2-, 3- and 4-byte UTF-8
@@ -35,20 +39,18 @@ class _Decoder:
     left: np.ndarray  # [M] bytes left until the character ends (0 for the entry)
 
 
-def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray]:
-    """(trans [S, 256], accept [S]) of the same language over bytes; character states keep their ids.
-    ASCII transitions are one gather for all states; only multi-byte classes go through decoders."""
+def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(trans [S, K], byte_class [256], accept [S]) of the same language over bytes, its columns byte
+    classes (bytes every row maps alike share one); character states keep their ids. ASCII transitions
+    are one gather for all states; only multi-byte classes go through decoders."""
     classes, widths = dfa.alphabet.classes, dfa.alphabet.widths
-    ascii_class = np.full(0x80, -1, np.int64)
+    ascii_class = np.full(256, -1, np.int64)
     for c in np.flatnonzero(widths == 1).tolist():
         for lo, hi in classes[c]:
             ascii_class[lo:hi + 1] = c
-    entries = np.full((len(dfa.trans), 256), -1, np.int32)
-    if len(classes):
-        entries[:, :0x80] = np.where(ascii_class >= 0, dfa.trans[:, np.maximum(ascii_class, 0)], -1)
     high = np.flatnonzero(widths > 1).tolist()
     split_decoders: dict[tuple[tuple[int, ...], ...], _Decoder] = {}
-    tails = _Tails(len(dfa.trans))
+    stamps: dict[tuple[tuple[int, ...], ...], tuple[list[int], list[list[int]]]] = {}  # by split: states, targets
     for state, row in enumerate(dfa.trans[:, high].tolist() if high else ()):
         groups: dict[int, list[int]] = {}  # target -> multi-byte classes, in class order (a canonical split)
         for c, t in zip(high, row):
@@ -61,13 +63,39 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray]:
         if decoder is None:
             merged = (ra.normalize(r for c in cs for r in classes[c]) for cs in split)
             decoder = split_decoders[split] = _decoder(tuple(merged))
-        entries[state, 0x80:] = tails.stamp(decoder, list(groups))[0x80:]
-    trans = np.full((len(entries) + len(tails.rows), 256), -1, np.int32)
-    trans[:len(entries)] = entries
-    if tails.rows:
-        trans[len(entries):, _CONTINUATION] = np.stack(tails.rows)
-    accept = np.concatenate([dfa.accept, np.full(len(tails.rows), -1)]).astype(np.int32)
-    return trans, accept
+        states, targets = stamps.setdefault(split, ([], []))
+        states.append(state)
+        targets.append(list(groups))
+    byte_class, firsts = _byte_classes(dfa.trans, ascii_class, list(split_decoders.values()))
+    width = len(firsts)
+    entries = np.full((len(dfa.trans), width), -1, np.int32)
+    ascii_cols = np.flatnonzero(ascii_class[firsts] >= 0)
+    entries[:, ascii_cols] = dfa.trans[:, ascii_class[firsts[ascii_cols]]]
+    high_cols = np.flatnonzero(firsts >= 0x80)
+    tails = _Tails(len(dfa.trans), width)
+    if len(dfa.trans) > tails.max_states:
+        raise tails.too_large()
+    for split, decoder in split_decoders.items():  # every state of one split at once
+        states, targets = stamps[split]
+        rows = tails.stamp(decoder.rows[:, firsts], decoder.left, np.array(targets, np.int32))
+        entries[np.array(states)[:, None], high_cols] = rows[:, high_cols]
+    trans = np.concatenate([entries, *tails.rows]) if tails.rows else entries
+    accept = np.concatenate([dfa.accept, np.full(len(tails.ids), -1)]).astype(np.int32)
+    return trans, byte_class, accept
+
+
+def _byte_classes(trans: np.ndarray, ascii_class: np.ndarray,
+                  decoders: list[_Decoder]) -> tuple[np.ndarray, np.ndarray]:
+    """(each byte's column, a byte of each column): two bytes are one column where every decoder row
+    reads them alike and, for ASCII, their character classes' columns are equal (or both dead)."""
+    ascii_key = np.full(256, -1, np.int64)
+    if trans.shape[1]:
+        _, column = np.unique(trans, axis=1, return_inverse=True)
+        column = np.where((trans >= 0).any(axis=0), column.ravel(), -1)
+        ascii_key = np.where(ascii_class >= 0, column[np.maximum(ascii_class, 0)], -1)
+    reads = np.column_stack([ascii_key, *(d.rows.T for d in decoders)])
+    _, firsts, byte_class = np.unique(reads, axis=0, return_index=True, return_inverse=True)
+    return byte_class.ravel(), firsts
 
 
 class _Tails:
@@ -76,35 +104,54 @@ class _Tails:
     so a row's children are final before it) keeps the state limit on the merged DFA: many character
     states' decoders share most of their rows."""
 
-    def __init__(self, first_id: int) -> None:
-        self.first_id = first_id
-        self.rows: list[np.ndarray] = []  # continuation bytes 0x80-0xBF of each state
+    def __init__(self, first_id: int, width: int) -> None:
+        self.first_id, self.width = first_id, width
+        self.max_states = MAX_DFA_TRANSITIONS // max(width, 1)  # the bound is on the table's size
+        self.rows: list[np.ndarray] = []  # the states' rows, in blocks
         self.ids: dict[bytes, int] = {}
 
-    def stamp(self, decoder: _Decoder, targets: list[int]) -> np.ndarray:
-        """The entry row of a character state whose transitions `decoder` reads into `targets`."""
-        groups = len(targets)
+    def stamp(self, rows: np.ndarray, left: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """The entry rows [N, K] of N character states whose transitions one decoder (`rows` over the byte
+        columns, `left` per row) reads into `targets` [N, groups], their mid-character rows interned."""
+        count, groups = targets.shape
         # decoder value v -> byte DFA state: dead, a group's target, or a mid-character row (the entry's
-        # slot, v == groups, stays dead: no decoder row leads back to it)
-        lookup = np.concatenate([[-1], targets, np.full(len(decoder.rows), -1)]).astype(np.int32)
+        # slot, v == groups, stays dead: no decoder row leads back to it); a lookup row per state
+        lookup = np.full((count, 1 + groups + len(rows)), -1, np.int32)
+        lookup[:, 1:groups + 1] = targets
         for height in (1, 2, 3):
-            level = np.flatnonzero(decoder.left == height)
+            level = np.flatnonzero(left == height)
             if not level.size:
                 break
-            stamped = lookup[decoder.rows[level, _CONTINUATION] + 1]
-            for r, row in zip(level.tolist(), stamped):
-                lookup[groups + 1 + r] = self._intern(row)
-        return lookup[decoder.rows[0] + 1]
+            stamped = lookup[:, rows[level] + 1]  # [N, rows of this height, K]
+            lookup[:, groups + 1 + level] = self._intern(stamped.reshape(-1, self.width)).reshape(count, -1)
+        return lookup[:, rows[0] + 1]
 
-    def _intern(self, row: np.ndarray) -> int:
-        key = row.tobytes()
-        state = self.ids.get(key)
-        if state is None:
-            state = self.ids[key] = self.first_id + len(self.rows)
-            if state >= MAX_DFA_STATES:
-                raise too_large()
-            self.rows.append(row)
-        return state
+    def _intern(self, block: np.ndarray) -> np.ndarray:
+        """The state of each row of `block`: an equal row's, or a new one (numbered by first occurrence)."""
+        local = row_ids(block)
+        firsts = np.sort(np.unique(local, return_index=True)[1])
+        distinct = np.ascontiguousarray(block[firsts])
+        data, size = distinct.tobytes(), distinct.shape[1] * distinct.itemsize
+        state = np.empty(len(firsts), np.int64)
+        fresh = []
+        for j in range(len(firsts)):
+            key = data[j * size:(j + 1) * size]
+            hit = self.ids.get(key)
+            if hit is None:
+                hit = self.ids[key] = self.first_id + len(self.ids)
+                fresh.append(j)
+            state[j] = hit
+        if self.first_id + len(self.ids) > self.max_states:
+            raise self.too_large()
+        if fresh:
+            self.rows.append(distinct[fresh])
+        by_local = np.empty(len(firsts), np.int64)
+        by_local[local[firsts]] = state
+        return by_local[local]
+
+    def too_large(self) -> ConstraintTooLarge:
+        return ConstraintTooLarge(f"constraint is too large: its byte DFA exceeds {MAX_DFA_TRANSITIONS} transitions "
+                                  f"({self.max_states} states of {self.width} byte classes)")
 
 
 @functools.lru_cache(maxsize=UTF8_DECODER_CACHE_SIZE)

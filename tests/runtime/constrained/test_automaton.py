@@ -110,11 +110,11 @@ def sample(dfa, rng: random.Random, max_bytes: int = 600) -> bytes | None:
     while len(out) < max_bytes:
         if dfa.accept[state] >= 0 and rng.random() < 0.1:
             return bytes(out)
-        live = np.flatnonzero(dfa.trans[state] >= 0)
+        live = np.flatnonzero(dfa.row(state) >= 0)
         if not live.size:
             break
         out.append(int(live[rng.randrange(live.size)]))
-        state = int(dfa.trans[state, out[-1]])
+        state = dfa.step(state, out[-1])
     return bytes(out) if dfa.accept[state] >= 0 else None
 
 

@@ -177,3 +177,25 @@ def test_a_lexer_too_large_to_build_is_refused_at_compile_not_mid_decode(compile
         compile_dfa([parse_regex("x{500000}")])
     with pytest.raises(ValueError, match="constraint is too large: the lexer for terminals"):
         compiler.compile("grammar", 'start: "a" BIG\nBIG: /x{500000}/')
+
+
+def test_a_lexer_over_the_old_100k_state_bound_builds_mid_decode_and_reads_exactly(compiler, vocab):
+    """BIG's lexer is built on first use, after "a": its byte DFA has ~104k states (8 per character
+    state: the UTF-8 tails), over the 100k states that [S, 256] tables were bounded by. Over byte classes
+    it is 12 columns wide and builds; it reads exactly what `re` does, and its masks are exact."""
+    import re
+
+    from radixlang.runtime.config import MAX_DFA_TRANSITIONS
+
+    big = "[^x]{1,13000}"
+    constraint = compiler.compile("grammar", f'start: "a" BIG "x"\nBIG: /{big}/')
+    inside = constraint.advance_bytes(constraint.initial(), "a中".encode())
+    lexer = constraint.lexer(*inside[:2])
+    assert lexer.dfa.num_states > 100_000 and lexer.dfa.trans.size <= MAX_DFA_TRANSITIONS
+    for text in ["é" * 13000, "é" * 13001, "ab中😀", "a" * 12999 + "😀", "", "xa"]:
+        expected = bool(re.fullmatch(f"a{big}x", f"a{text}x"))
+        assert engine_accepts(constraint, f"a{text}x") == expected, text[:20]
+    allowed = constraint.allowed(inside)  # the mask mid-lexeme, against each token's bytes
+    for row, token in enumerate(vocab.ids.tolist()):
+        data = bytes(vocab.matrix[row, :vocab.lengths[row]])
+        assert allowed[token] == (constraint.advance_bytes(inside, data) is not None), data

@@ -63,7 +63,7 @@ def test_boundaries_record_tokens_that_end_a_complete_lexeme_part_way():
         for row, tid in enumerate(vocab.ids.tolist()):
             data, s = vocab.token_bytes[tid], state
             for i, b in enumerate(data):
-                nxt = int(dfa.trans[s, b])
+                nxt = dfa.step(s, b)
                 if nxt < 0:
                     if i > 0 and dfa.accept[s] >= 0:
                         expected.add((row, i, int(dfa.accept[s])))
@@ -79,7 +79,7 @@ def test_forced_bytes_follow_single_exits():
     state, forced = dfa.start, bytearray()
     while index.forced[state] >= 0:
         forced.append(int(index.forced[state]))
-        state = int(dfa.trans[state, forced[-1]])
+        state = dfa.step(state, forced[-1])
     assert bytes(forced) == b'{"key":'
 
 

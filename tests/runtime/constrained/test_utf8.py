@@ -10,9 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from radixlang.runtime.constrained import regex_ast as ra
+from radixlang.runtime.constrained import regex_ast as ra, utf8
 from radixlang.runtime.constrained.automaton import compile_dfa
-from radixlang.runtime.constrained.fsa import refine
+from radixlang.runtime.constrained.fsa import ConstraintTooLarge, refine
 from radixlang.runtime.constrained.regex_parser import parse_regex
 from radixlang.runtime.constrained.token_index import walk_rows
 
@@ -31,7 +31,7 @@ def as_matrix(strings: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 def walk(dfa, matrix: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The state each row's bytes lead to from the start (-1: dead), walked vectorised."""
     rows = np.arange(len(lengths))
-    return walk_rows(dfa.trans, matrix, lengths, rows, np.zeros(len(rows), np.int64), 0).end_state
+    return walk_rows(dfa, matrix, lengths, rows, np.zeros(len(rows), np.int64), 0).end_state
 
 
 def accepted(dfa, matrix: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -99,3 +99,24 @@ def test_each_character_reaches_the_label_of_its_first_class(every_character):
 def test_the_byte_dfa_is_minimal_even_where_decoders_share_tails(pattern):
     dfa = compile_dfa([parse_regex(pattern)])
     assert len(np.unique(refine(dfa.trans, dfa.accept))) == dfa.num_states
+
+
+@pytest.mark.parametrize("pattern", [r"[a-m]x|[n-z]y|[0-9]+", r"[\w\d\s]{1,16}", r"(é|\w)x|(é|\d)y|中[\w中]",
+                                     r"[^\"\\\x00-\x1f]*"])
+def test_byte_classes_are_the_distinct_columns_of_the_byte_table(pattern):
+    """Columns are classes of bytes every state reads alike: no two columns are equal (none wasted), and
+    each byte's column is its row of the full table (the `re` tests above walk the table through it)."""
+    dfa = compile_dfa([parse_regex(pattern)])
+    assert np.unique(dfa.trans, axis=1).shape[1] == dfa.trans.shape[1] < 256
+    assert dfa.byte_class.shape == (256,) and set(dfa.byte_class.tolist()) == set(range(dfa.trans.shape[1]))
+
+
+def test_the_byte_table_bound_counts_states_times_byte_classes(monkeypatch):
+    pattern = parse_regex("[^x]{1,50}")
+    dfa = compile_dfa([pattern])
+    cells = dfa.num_states * dfa.trans.shape[1]
+    monkeypatch.setattr(utf8, "MAX_DFA_TRANSITIONS", cells)
+    assert compile_dfa([pattern]).num_states == dfa.num_states
+    monkeypatch.setattr(utf8, "MAX_DFA_TRANSITIONS", cells - 1)
+    with pytest.raises(ConstraintTooLarge, match=f"exceeds {cells - 1} transitions"):
+        compile_dfa([pattern])
