@@ -86,7 +86,7 @@ class StepBatch:
 
     def _take(self, shift: int, positions: range) -> range:
         first = len(self.hidden_rows)
-        self.hidden_rows.extend(p + shift for p in positions)
+        self.hidden_rows += range(positions.start + shift, positions.stop + shift)
         return range(first, len(self.hidden_rows))
 
     def input_ids(self) -> list[int]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..kernels.backend import flat_runs, offsets
+
 
 class SlotAllocator:
     """Hands out KV slot indices one token at a time; `free` takes them back."""
@@ -52,6 +54,17 @@ class ReqToToken:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + slots.numel()] = slots.to(torch.int32)
+
+    def write_runs(self, rows: list[int], starts: list[int], lens: list[int], slots: torch.Tensor) -> None:
+        """`write` for many rows in one scatter: run i (the next lens[i] of `slots`) goes to row rows[i] from
+        column starts[i]; the host lists reach the device in one copy."""
+        if len(rows) == 1:
+            self.write(rows[0], starts[0], slots)
+            return
+        host = torch.tensor([rows, starts, lens, offsets(lens)[:-1]], dtype=torch.int64)
+        rows_t, starts_t, lens_t, first = host.to(self.table.device, non_blocking=True)
+        at = flat_runs(rows_t * self.table.shape[1] + starts_t - first, lens_t, slots.numel())
+        self.table.view(-1).index_copy_(0, at, slots.to(self.table.device, torch.int32))
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         return self.table[row, start:end].to(torch.int64)

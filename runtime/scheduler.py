@@ -126,11 +126,18 @@ class Scheduler:
             else:
                 self._preempt(victim)
             plan = [(r, n) for r, n in plan if r is not victim]
-        return [self._extend(req, n) for req, n in plan], budget
+        if not plan:
+            return [], budget
+        starts = self.kv.extend_all(plan)
+        return [self._item(req, start, n) for (req, n), start in zip(plan, starts)], budget
 
     def _extend(self, req: Req, n: int) -> ScheduledItem:
+        return self._item(req, self.kv.extend(req, n), n)
+
+    @staticmethod
+    def _item(req: Req, start: int, n: int) -> ScheduledItem:
         parents = item_parents(n, req.draft.parents) if req.draft is not None else None
-        return ScheduledItem(req, self.kv.extend(req, n), n, parents)
+        return ScheduledItem(req, start, n, parents)
 
     def _admit(self, budget: int) -> list[ScheduledItem]:
         items: list[ScheduledItem] = []
