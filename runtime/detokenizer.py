@@ -39,19 +39,24 @@ class IncrementalDetokenizer:
         self._read = len(self.ids)
 
     def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:
-        self.ids.extend(token_ids)
+        ids = self.ids
+        ids += token_ids
         before = self._before
         if before is None:
             before = self._before = self._decode(self._prefix, self._read)
-        after = self._decode(self._prefix, len(self.ids))
+        after = self._decode(self._prefix, len(ids))
         if len(after) > len(before) and not after.endswith("\ufffd"):
             start = len(self.text)
-            self.text += after[len(before):]
-            self._prefix, self._read, self._before = self._read, len(self.ids), None
-            hit = self._find_stop(start) if check_stop and self.stop else None
+            new = after[len(before):]
+            self.text += new
+            self._prefix, self._read, self._before = self._read, len(ids), None
+            if not self.stop:  # nothing is held back: all text so far is out once `new` is
+                self.released = len(self.text)
+                return DetokenizeResult(new, None)
+            hit = self._find_stop(start) if check_stop else None
             if hit is not None:
                 return self._finish_at(*hit)
-        return DetokenizeResult(self._release(self._held_back() if self.stop else 0), None)
+        return DetokenizeResult(self._release(self._held_back()), None)
 
     def _decode(self, start: int, end: int) -> str:
         if end - start == 1:  # a window of one token: the steady state, one new token per step

@@ -30,11 +30,15 @@ class OutputProcessor:
         self.drafter = drafter  # None: no speculative drafts (jump-forward may still draft)
 
     def process(self, batch: StepBatch, logits: torch.Tensor | None) -> None:
-        live = [(item, rows) for item, rows in zip(batch.items, batch.rows) if not item.req.done]
-        for item, _ in live:
-            self.kv.computed(item.req, item.end)
-            if item.length > 1 and not item.req.num_draft:  # a draft reaches the tree only once verified
-                self.kv.commit(item.req)
+        live = []
+        for item, rows in zip(batch.items, batch.rows):
+            req = item.req
+            if req.done:
+                continue
+            live.append((item, rows))
+            self.kv.computed(req, item.start + item.length)
+            if item.length > 1 and req.draft is None:  # a draft reaches the tree only once verified
+                self.kv.commit(req)
         out = self._sample(live, logits)
         sampled = scored = 0
         going_on: list[Req] = []  # drafted together once every request has its tokens

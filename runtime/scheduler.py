@@ -110,9 +110,10 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         plan: list[tuple[Req, int]] = []
         for req in self.running:
-            if req.num_draft and req.pending > max(budget, 1):  # a draft is checked in one item
-                self._drop_draft(req, keep=max(budget - 1, 0))
             n = req.pending
+            if req.draft is not None and n > max(budget, 1):  # a draft is checked in one item
+                self._drop_draft(req, keep=max(budget - 1, 0))
+                n = req.pending
             if n > 1:
                 n = min(n, budget)
                 budget -= n
