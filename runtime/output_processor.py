@@ -60,10 +60,10 @@ class OutputProcessor:
             else:
                 going = self._verify_and_append(req, out.tokens[sampled:sampled + n],
                                                 out.sample_logprobs[sampled:sampled + n])
-            if going:
-                going_on.append(req)
+            if going and (self.drafter is not None or (self.jump is not None and req.constraint is not None)):
+                going_on.append(req)  # one that may get a draft
             sampled += n
-        if self.jump is not None or self.drafter is not None:
+        if going_on:
             self._draft(going_on)
 
     def _guarded(self, req: Req, work: Callable[..., T], *args) -> T | None:
