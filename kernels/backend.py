@@ -68,10 +68,34 @@ def offsets(lens: list[int]) -> list[int]:
     return [0, *accumulate(lens)]
 
 
+FEW_RUNS = 8  # up to this many runs of a table, slicing each costs less than one vectorized gather/scatter
+
+
 def build_plan(batch: AttentionBatch, device: torch.device) -> AttentionPlan:
-    """Gathers each sequence's KV slots out of req_to_token into one flat index tensor, in a fixed number of
-    tensor ops whatever the batch size; the host lists reach the table's device in one copy."""
+    """Gathers each sequence's KV slots out of req_to_token into one flat index tensor: a slice per sequence
+    for a few, else in a fixed number of tensor ops whatever the batch size."""
     q_ptr, kv_ptr = offsets(batch.extend_lens), offsets(batch.kv_lens)
+    if len(batch.rows) <= FEW_RUNS:
+        table = batch.req_to_token
+        kv_indices = torch.cat([table[row, :total] for row, total in zip(batch.rows, batch.kv_lens)])
+        out_cache_loc = torch.cat([table[row, total - n:total]
+                                   for row, total, n in zip(batch.rows, batch.kv_lens, batch.extend_lens)])
+    else:
+        kv_indices, out_cache_loc = _gather_slots(batch, q_ptr, kv_ptr)
+    return AttentionPlan(
+        qo_indptr=torch.tensor(q_ptr, dtype=torch.int64, device=device),
+        kv_indptr=torch.tensor(kv_ptr, dtype=torch.int64, device=device),
+        kv_indices=kv_indices.to(device, torch.int64),
+        out_cache_loc=out_cache_loc.to(device, torch.int64),
+        positions=torch.tensor(batch.positions, dtype=torch.int64, device=device),
+        max_q_len=max(batch.extend_lens),
+        max_kv_len=max(batch.kv_lens),
+    )
+
+
+def _gather_slots(batch: AttentionBatch, q_ptr: list[int], kv_ptr: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indices, out_cache_loc) as two gathers from the flattened table; the host lists reach the
+    table's device in one copy."""
     table = batch.req_to_token
     width = table.shape[1]
     host = torch.tensor([batch.rows, batch.kv_lens, batch.extend_lens, kv_ptr[:-1], q_ptr[:-1]], dtype=torch.int64)
@@ -80,15 +104,7 @@ def build_plan(batch: AttentionBatch, device: torch.device) -> AttentionPlan:
     # entry j of the flat run of sequence i sits at table[rows[i], j - first[i] + start[i]]
     kv_at = flat_runs(rows * width - kv_first, kv_lens, kv_ptr[-1])
     new_at = flat_runs(rows * width + kv_lens - extend_lens - q_first, extend_lens, q_ptr[-1])
-    return AttentionPlan(
-        qo_indptr=torch.tensor(q_ptr, dtype=torch.int64, device=device),
-        kv_indptr=torch.tensor(kv_ptr, dtype=torch.int64, device=device),
-        kv_indices=flat.index_select(0, kv_at).to(device, torch.int64),
-        out_cache_loc=flat.index_select(0, new_at).to(device, torch.int64),
-        positions=torch.tensor(batch.positions, dtype=torch.int64, device=device),
-        max_q_len=max(batch.extend_lens),
-        max_kv_len=max(batch.kv_lens),
-    )
+    return flat.index_select(0, kv_at), flat.index_select(0, new_at)
 
 
 def flat_runs(base: torch.Tensor, lens: torch.Tensor, total: int) -> torch.Tensor:

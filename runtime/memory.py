@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
 
-from ..kernels.backend import flat_runs, offsets
+from ..kernels.backend import FEW_RUNS, flat_runs, offsets
 
 
 class SlotAllocator:
@@ -56,10 +57,11 @@ class ReqToToken:
         self.table[row, start : start + slots.numel()] = slots.to(torch.int32)
 
     def write_runs(self, rows: list[int], starts: list[int], lens: list[int], slots: torch.Tensor) -> None:
-        """`write` for many rows in one scatter: run i (the next lens[i] of `slots`) goes to row rows[i] from
-        column starts[i]; the host lists reach the device in one copy."""
-        if len(rows) == 1:
-            self.write(rows[0], starts[0], slots)
+        """`write` of each run: run i (the next lens[i] of `slots`) goes to row rows[i] from column starts[i].
+        Beyond a few runs, in one scatter, the host lists reaching the device in one copy."""
+        if len(rows) <= FEW_RUNS:
+            for row, start, (at, end) in zip(rows, starts, pairwise(offsets(lens))):
+                self.write(row, start, slots[at:end])
             return
         host = torch.tensor([rows, starts, lens, offsets(lens)[:-1]], dtype=torch.int64)
         rows_t, starts_t, lens_t, first = host.to(self.table.device, non_blocking=True)
