@@ -92,7 +92,10 @@ class StepBatch:
             offset += item.length
 
     def input_ids(self) -> list[int]:
-        return [t for item in self.items for t in item.req.tokens(item.start, item.end)]
+        ids: list[int] = []
+        for item in self.items:
+            ids += item.req.tokens(item.start, item.start + item.length)
+        return ids
 
     def attention_batch(self, req_to_token: torch.Tensor,
                         groups: list[tuple[list[int], int]] | None = None) -> AttentionBatch:
