@@ -7,7 +7,9 @@ from itertools import pairwise
 import numpy as np
 import torch
 
-from ..kernels.backend import FEW_RUNS, flat_runs, offsets
+from ..kernels.backend import flat_runs, offsets
+
+FEW_WRITES = 32  # up to this many runs, a slice assignment each costs less than one vectorized scatter
 
 
 class SlotAllocator:
@@ -59,7 +61,7 @@ class ReqToToken:
     def write_runs(self, rows: list[int], starts: list[int], lens: list[int], slots: torch.Tensor) -> None:
         """`write` of each run: run i (the next lens[i] of `slots`) goes to row rows[i] from column starts[i].
         Beyond a few runs, in one scatter, the host lists reaching the device in one copy."""
-        if len(rows) <= FEW_RUNS:
+        if len(rows) <= FEW_WRITES:
             for row, start, (at, end) in zip(rows, starts, pairwise(offsets(lens))):
                 self.write(row, start, slots[at:end])
             return

@@ -13,7 +13,7 @@ from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
 
 
-@pytest.mark.parametrize("n", [1, 2, 8, 9, 40])  # FEW_RUNS = 8: a write per run up to 8, one scatter beyond
+@pytest.mark.parametrize("n", [1, 2, 32, 33, 60])  # FEW_WRITES = 32: a write per run up to 32, one scatter beyond
 def test_write_runs_matches_one_write_per_run(n):
     rng = random.Random(n)
     batched, one_by_one = ReqToToken(64, 48, torch.device("cpu")), ReqToToken(64, 48, torch.device("cpu"))
