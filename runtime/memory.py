@@ -13,29 +13,42 @@ FEW_WRITES = 32  # up to this many runs, a slice assignment each costs less than
 
 
 class SlotAllocator:
-    """Hands out KV slot indices one token at a time; `free` takes them back."""
+    """Hands out KV slot indices one token at a time; `free` takes them back. Freed slots queue behind the
+    free list and join it only when an allocation reaches them, so a free costs O(its slots), not a copy
+    of the whole list (many requests finish in one step); the order slots are handed out in is the same."""
 
     def __init__(self, num_slots: int, device: torch.device):
         self.num_slots = num_slots
         self.device = device
         self._free = torch.arange(num_slots, dtype=torch.int64, device=device)
+        self._returned: list[torch.Tensor] = []  # freed since the last merge, in order
+        self._num_returned = 0
 
     @property
     def num_free(self) -> int:
-        return int(self._free.numel())
+        return int(self._free.numel()) + self._num_returned
 
     def alloc(self, n: int) -> torch.Tensor | None:
         if n > self.num_free:
             return None
+        if n > self._free.numel():
+            self._merge()
         out, self._free = self._free[:n], self._free[n:]
         return out
 
     def free(self, slots: torch.Tensor) -> None:
         if slots.numel():
-            self._free = torch.cat((self._free, slots.to(self.device, torch.int64)))
+            self._returned.append(slots.to(self.device, torch.int64, copy=True))  # the caller may reuse its tensor
+            self._num_returned += slots.numel()
 
     def free_slots(self) -> torch.Tensor:
+        self._merge()
         return self._free
+
+    def _merge(self) -> None:
+        if self._returned:
+            self._free = torch.cat((self._free, *self._returned))
+            self._returned, self._num_returned = [], 0
 
 
 class ReqToToken:

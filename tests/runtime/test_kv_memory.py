@@ -53,3 +53,30 @@ def test_extend_all_matches_extending_each_request_in_turn():
             a.kv_len = b.kv_len = a.slot_len  # the step ran
         assert torch.equal(sides[0].req_to_token.table, sides[1].req_to_token.table)
         assert torch.equal(sides[0].allocator.free_slots(), sides[1].allocator.free_slots())
+
+
+def test_allocator_hands_out_slots_in_the_order_of_a_list_that_frees_append_to():
+    """Queued frees against the definition: one free list, frees appended at its end, allocations from its
+    front (the order decides which slots a request gets, so outputs stay the same)."""
+    rng = random.Random(1)
+    allocator, reference = SlotAllocator(50, torch.device("cpu")), list(range(50))
+    held: list[int] = []
+    for _ in range(300):
+        if held and rng.random() < 0.5:
+            k = rng.randint(1, len(held))
+            freed, held = held[:k], held[k:]
+            rng.shuffle(freed)
+            allocator.free(torch.tensor(freed, dtype=torch.int64))
+            reference += freed
+        else:
+            n = rng.randint(0, 12)
+            got = allocator.alloc(n)
+            if n > len(reference):
+                assert got is None
+                continue
+            assert got.tolist() == reference[:n]
+            held += reference[:n]
+            reference = reference[n:]
+        assert allocator.num_free == len(reference)
+        if rng.random() < 0.1:
+            assert allocator.free_slots().tolist() == reference
