@@ -54,14 +54,18 @@ def worker(name: str, repeats: int) -> None:
     print(json.dumps({"seconds": best, "generated": generated, "texts": [o.text for o in outs]}))
 
 
-def run_side(tree: Path, name: str, repeats: int) -> dict:
-    """Runs the worker with `radixlang` imported from `tree`."""
+def run_in_tree(tree: Path, argv: list[str]) -> str:
+    """Runs `python argv...` with `radixlang` imported from `tree`; returns its stdout."""
     with tempfile.TemporaryDirectory() as path_dir:
         (Path(path_dir) / "radixlang").symlink_to(tree.resolve())
         env = {**os.environ, "PYTHONPATH": path_dir}
-        out = subprocess.run([sys.executable, __file__, "--worker", name, "--repeats", str(repeats)],
-                             env=env, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True, text=True).stdout
+
+
+def run_side(tree: Path, name: str, repeats: int) -> dict:
+    """Runs the worker with `radixlang` imported from `tree`."""
+    out = run_in_tree(tree, [__file__, "--worker", name, "--repeats", str(repeats)])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ the KV buffers, which a backend receives when it is built; kernels never import 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Protocol
 
 import torch
@@ -90,28 +91,55 @@ class DecodeBatch:
 
 def offsets(lens: list[int]) -> list[int]:
     """[0, lens[0], lens[0] + lens[1], ...]: where each sequence's run starts in a flat layout."""
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return out
+    return [0, *accumulate(lens)]
+
+
+FEW_RUNS = 8  # up to this many runs of a table, slicing each costs less than one vectorized gather/scatter
 
 
 def build_plan(batch: AttentionBatch, device: torch.device) -> AttentionPlan:
-    """Gathers each sequence's KV slots out of req_to_token into one flat index tensor."""
+    """Gathers each sequence's KV slots out of req_to_token into one flat index tensor: a slice per sequence
+    for a few, else in a fixed number of tensor ops whatever the batch size."""
     q_ptr, kv_ptr = offsets(batch.extend_lens), offsets(batch.kv_lens)
-    table = batch.req_to_token
-    kv_indices = torch.cat([table[row, :total] for row, total in zip(batch.rows, batch.kv_lens)]).long()
-    out_cache_loc = torch.cat([table[row, total - n : total]
-                               for row, total, n in zip(batch.rows, batch.kv_lens, batch.extend_lens)]).long()
+    if len(batch.rows) <= FEW_RUNS:
+        table = batch.req_to_token
+        kv_indices = torch.cat([table[row, :total] for row, total in zip(batch.rows, batch.kv_lens)])
+        out_cache_loc = torch.cat([table[row, total - n:total]
+                                   for row, total, n in zip(batch.rows, batch.kv_lens, batch.extend_lens)])
+    else:
+        kv_indices, out_cache_loc = _gather_slots(batch, q_ptr, kv_ptr)
     return AttentionPlan(
         qo_indptr=torch.tensor(q_ptr, dtype=torch.int64, device=device),
         kv_indptr=torch.tensor(kv_ptr, dtype=torch.int64, device=device),
-        kv_indices=kv_indices.to(device),
-        out_cache_loc=out_cache_loc.to(device),
+        kv_indices=kv_indices.to(device, torch.int64),
+        out_cache_loc=out_cache_loc.to(device, torch.int64),
         positions=torch.tensor(batch.positions, dtype=torch.int64, device=device),
         max_q_len=max(batch.extend_lens),
         max_kv_len=max(batch.kv_lens),
     )
+
+
+def _gather_slots(batch: AttentionBatch, q_ptr: list[int], kv_ptr: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indices, out_cache_loc) as two gathers from the flattened table; the host lists reach the
+    table's device in one copy."""
+    table = batch.req_to_token
+    width = table.shape[1]
+    host = torch.tensor([batch.rows, batch.kv_lens, batch.extend_lens, kv_ptr[:-1], q_ptr[:-1]], dtype=torch.int64)
+    rows, kv_lens, extend_lens, kv_first, q_first = host.to(table.device, non_blocking=True)
+    flat = table.view(-1)
+    # entry j of the flat run of sequence i sits at table[rows[i], j - first[i] + start[i]]
+    kv_at = flat_runs(rows * width - kv_first, kv_lens, kv_ptr[-1])
+    new_at = flat_runs(rows * width + kv_lens - extend_lens - q_first, extend_lens, q_ptr[-1])
+    return flat.index_select(0, kv_at), flat.index_select(0, new_at)
+
+
+def flat_runs(base: torch.Tensor, lens: torch.Tensor, total: int) -> torch.Tensor:
+    """base[i] + j for each position j of the flat layout that run i (lens[i] long) covers: [total] int64
+    (total == lens.sum(), given so that no device value is read back). With base[i] = row_i * width +
+    start_i - (where run i starts in the flat layout), the runs' places in a flattened [rows, width] table."""
+    # output_size spares a CUDA device sync; torch's CPU kernel runs far slower with it than without
+    repeated = base.repeat_interleave(lens, output_size=total if lens.is_cuda else None)
+    return repeated + torch.arange(total, device=lens.device)
 
 
 def tree_visibility(parents: list[int]) -> torch.Tensor:

@@ -32,7 +32,7 @@ class ScheduledItem:
 
     @property
     def completes_fill(self) -> bool:
-        return self.end == self.req.fill_len
+        return self.start + self.length == self.req.fill_len
 
     @property
     def samples(self) -> bool:
@@ -78,19 +78,24 @@ class StepBatch:
 
     def __post_init__(self) -> None:
         self.rows, self.hidden_rows = [], []
+        rows, hidden = self.rows, self.hidden_rows
         offset = 0
         for item in self.items:
-            prompt = self._take(offset - item.start, item.prompt_logit_positions())
-            self.rows.append(LogitRows(prompt, self._take(offset, item.sample_offsets)))
+            first = len(hidden)
+            positions = item.prompt_logit_positions()
+            if positions:
+                hidden += range(positions.start + offset - item.start, positions.stop + offset - item.start)
+            middle = len(hidden)
+            offsets = item.sample_offsets
+            hidden += range(offsets.start + offset, offsets.stop + offset)
+            rows.append(LogitRows(range(first, middle), range(middle, len(hidden))))
             offset += item.length
 
-    def _take(self, shift: int, positions: range) -> range:
-        first = len(self.hidden_rows)
-        self.hidden_rows.extend(p + shift for p in positions)
-        return range(first, len(self.hidden_rows))
-
     def input_ids(self) -> list[int]:
-        return [t for item in self.items for t in item.req.tokens(item.start, item.end)]
+        ids: list[int] = []
+        for item in self.items:
+            ids += item.req.tokens(item.start, item.start + item.length)
+        return ids
 
     def attention_batch(self, req_to_token: torch.Tensor,
                         groups: list[tuple[list[int], int]] | None = None) -> AttentionBatch:

@@ -13,7 +13,7 @@ from .tokenizer import Tokenizer
 _CONTEXT_TOKENS = 5  # earlier tokens decoded alongside, so word-initial spaces come out right
 
 
-@dataclass
+@dataclass(slots=True)
 class DetokenizeResult:
     delta: str  # newly released text
     stop: str | None  # the stop string that ended generation, if any
@@ -31,6 +31,7 @@ class IncrementalDetokenizer:
     released: int = field(init=False, default=0)  # len(text) already handed out
     _prefix: int = field(init=False)
     _read: int = field(init=False)
+    _before: str | None = field(init=False, default=None)  # decode of ids[_prefix:_read], once known
 
     def __post_init__(self) -> None:
         self.ids = list(self.context_ids[-_CONTEXT_TOKENS:])
@@ -38,19 +39,28 @@ class IncrementalDetokenizer:
         self._read = len(self.ids)
 
     def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:
-        self.ids.extend(token_ids)
-        before = self._decode(self._prefix, self._read)
-        after = self._decode(self._prefix, len(self.ids))
+        ids = self.ids
+        ids += token_ids
+        before = self._before
+        if before is None:
+            before = self._before = self._decode(self._prefix, self._read)
+        after = self._decode(self._prefix, len(ids))
         if len(after) > len(before) and not after.endswith("\ufffd"):
             start = len(self.text)
-            self.text += after[len(before):]
-            self._prefix, self._read = self._read, len(self.ids)
+            new = after[len(before):]
+            self.text += new
+            self._prefix, self._read, self._before = self._read, len(ids), None
+            if not self.stop:  # nothing is held back: all text so far is out once `new` is
+                self.released = len(self.text)
+                return DetokenizeResult(new, None)
             hit = self._find_stop(start) if check_stop else None
             if hit is not None:
                 return self._finish_at(*hit)
         return DetokenizeResult(self._release(self._held_back()), None)
 
     def _decode(self, start: int, end: int) -> str:
+        if end - start == 1:  # a window of one token: the steady state, one new token per step
+            return self.tokenizer.decode_token(self.ids[start], self.skip_special_tokens)
         return self.tokenizer.decode(self.ids[start:end], self.skip_special_tokens)
 
     def flush(self) -> str:
@@ -59,6 +69,7 @@ class IncrementalDetokenizer:
         before = self._decode(self._prefix, self._read)
         self.text += self._decode(self._prefix, len(self.ids))[len(before):]
         self._prefix = self._read = len(self.ids)
+        self._before = None
         return self._release(0)
 
     def _find_stop(self, new_from: int) -> tuple[int, str] | None:

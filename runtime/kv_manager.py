@@ -93,12 +93,18 @@ class KVManager:
 
     def extend(self, req: Req, n: int) -> int:
         """Allocates slots for the next n positions; returns the first of them. The caller made room."""
-        start = req.kv_len
-        slots = self.allocator.alloc(n)
+        return self.extend_all([(req, n)])[0]
+
+    def extend_all(self, plan: list[tuple[Req, int]]) -> list[int]:
+        """`extend` for each (request, n), in one allocation and one table write."""
+        starts = [req.kv_len for req, _ in plan]
+        lens = [n for _, n in plan]
+        slots = self.allocator.alloc(sum(lens))
         assert slots is not None, "allocation after ensure_free cannot fail"
-        self.req_to_token.write(req.row, start, slots)
-        req.slot_len = start + n
-        return start
+        self.req_to_token.write_runs([req.row for req, _ in plan], starts, lens, slots)
+        for (req, n), start in zip(plan, starts):
+            req.slot_len = start + n
+        return starts
 
     def computed(self, req: Req, end: int) -> None:
         """The step that computed positions up to `end` finished."""

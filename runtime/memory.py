@@ -2,35 +2,53 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
 
+from ..kernels.backend import flat_runs, offsets
+
+FEW_WRITES = 32  # up to this many runs, a slice assignment each costs less than one vectorized scatter
+
 
 class SlotAllocator:
-    """Hands out KV slot indices one token at a time; `free` takes them back."""
+    """Hands out KV slot indices one token at a time; `free` takes them back. Freed slots queue behind the
+    free list and join it only when an allocation reaches them, so a free costs O(its slots), not a copy
+    of the whole list (many requests finish in one step); the order slots are handed out in is the same."""
 
     def __init__(self, num_slots: int, device: torch.device):
         self.num_slots = num_slots
         self.device = device
         self._free = torch.arange(num_slots, dtype=torch.int64, device=device)
+        self._returned: list[torch.Tensor] = []  # freed since the last merge, in order
+        self._num_returned = 0
 
     @property
     def num_free(self) -> int:
-        return int(self._free.numel())
+        return int(self._free.numel()) + self._num_returned
 
     def alloc(self, n: int) -> torch.Tensor | None:
         if n > self.num_free:
             return None
+        if n > self._free.numel():
+            self._merge()
         out, self._free = self._free[:n], self._free[n:]
         return out
 
     def free(self, slots: torch.Tensor) -> None:
         if slots.numel():
-            self._free = torch.cat((self._free, slots.to(self.device, torch.int64)))
+            self._returned.append(slots.to(self.device, torch.int64, copy=True))  # the caller may reuse its tensor
+            self._num_returned += slots.numel()
 
     def free_slots(self) -> torch.Tensor:
+        self._merge()
         return self._free
+
+    def _merge(self) -> None:
+        if self._returned:
+            self._free = torch.cat((self._free, *self._returned))
+            self._returned, self._num_returned = [], 0
 
 
 class ReqToToken:
@@ -52,6 +70,18 @@ class ReqToToken:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + slots.numel()] = slots.to(torch.int32)
+
+    def write_runs(self, rows: list[int], starts: list[int], lens: list[int], slots: torch.Tensor) -> None:
+        """`write` of each run: run i (the next lens[i] of `slots`) goes to row rows[i] from column starts[i].
+        Beyond a few runs, in one scatter, the host lists reaching the device in one copy."""
+        if len(rows) <= FEW_WRITES:
+            for row, start, (at, end) in zip(rows, starts, pairwise(offsets(lens))):
+                self.write(row, start, slots[at:end])
+            return
+        host = torch.tensor([rows, starts, lens, offsets(lens)[:-1]], dtype=torch.int64)
+        rows_t, starts_t, lens_t, first = host.to(self.table.device, non_blocking=True)
+        at = flat_runs(rows_t * self.table.shape[1] + starts_t - first, lens_t, slots.numel())
+        self.table.view(-1).index_copy_(0, at, slots.to(self.table.device, torch.int32))
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         return self.table[row, start:end].to(torch.int64)

@@ -30,11 +30,15 @@ class OutputProcessor:
         self.drafter = drafter  # None: no speculative drafts (jump-forward may still draft)
 
     def process(self, batch: StepBatch, logits: torch.Tensor | None) -> None:
-        live = [(item, rows) for item, rows in zip(batch.items, batch.rows) if not item.req.done]
-        for item, _ in live:
-            self.kv.computed(item.req, item.end)
-            if item.length > 1 and not item.req.num_draft:  # a draft reaches the tree only once verified
-                self.kv.commit(item.req)
+        live = []
+        for item, rows in zip(batch.items, batch.rows):
+            req = item.req
+            if req.done:
+                continue
+            live.append((item, rows))
+            self.kv.computed(req, item.start + item.length)
+            if item.length > 1 and req.draft is None:  # a draft reaches the tree only once verified
+                self.kv.commit(req)
         out = self._sample(live, logits)
         sampled = scored = 0
         going_on: list[Req] = []  # drafted together once every request has its tokens
@@ -42,19 +46,25 @@ class OutputProcessor:
             req = item.req
             if req.done:  # its constraint failed while its rows were built: none of them were sampled
                 continue
-            n_scores = len(rows.prompt)
-            req.input_logprobs += out.score_logprobs[scored:scored + n_scores]
-            scored += n_scores
-            if not item.completes_fill:
+            if rows.prompt:
+                n_scores = len(rows.prompt)
+                req.input_logprobs += out.score_logprobs[scored:scored + n_scores]
+                scored += n_scores
+            n = len(rows.samples)  # rows.samples is empty unless item.samples
+            if not n:
+                if item.completes_fill:  # no room for another token
+                    self.finish(req, "length")
                 continue
-            if not item.samples:
-                self.finish(req, "length")
-                continue
-            n = len(rows.samples)
-            if self._verify_and_append(req, out.tokens[sampled:sampled + n], out.sample_logprobs[sampled:sampled + n]):
-                going_on.append(req)
+            if req.draft is None:
+                going = self._append(req, out.tokens[sampled:sampled + 1], out.sample_logprobs[sampled:sampled + 1])
+            else:
+                going = self._verify_and_append(req, out.tokens[sampled:sampled + n],
+                                                out.sample_logprobs[sampled:sampled + n])
+            if going and (self.drafter is not None or (self.jump is not None and req.constraint is not None)):
+                going_on.append(req)  # one that may get a draft
             sampled += n
-        self._draft(going_on)
+        if going_on:
+            self._draft(going_on)
 
     def _guarded(self, req: Req, work: Callable[..., T], *args) -> T | None:
         """work(*args) on `req`'s constraint, or None after ending `req` alone if a lexer built on first
@@ -70,17 +80,28 @@ class OutputProcessor:
         sample_rows, samples, score_rows, scores = [], [], [], []
         for item, rows in live:
             req = item.req
-            own = self._guarded(req, self._sample_rows, req) if item.samples else []
-            if req.done:
-                continue
-            score_rows += rows.prompt
-            scores += [ScoreRow(req.prompt_ids[p + 1], req.top_logprobs_num) for p in item.prompt_logit_positions()]
-            if item.samples:
+            if rows.samples:  # item.samples
+                if req.draft is None and req.constraint is None:
+                    samples.append(self._root_row(req))
+                else:
+                    own = self._guarded(req, self._sample_rows, req)
+                    if req.done:
+                        continue
+                    samples += own
                 sample_rows += rows.samples
-                samples += own
+            if rows.prompt:
+                score_rows += rows.prompt
+                scores += [ScoreRow(req.prompt_ids[p + 1], req.top_logprobs_num) for p in item.prompt_logit_positions()]
         if logits is None:
             return StepSamples([], [], [])
         return sample_step(logits, sample_rows, samples, score_rows, scores)
+
+    @staticmethod
+    def _root_row(req: Req) -> SampleRow:
+        """`_sample_rows` of a request with neither draft nor constraint: its one row."""
+        counter = len(req.output_ids)
+        return SampleRow(req.sampling, counter, counter < req.params.min_new_tokens, (), None,
+                         req.top_logprobs_num if req.return_logprob else -1)
 
     @staticmethod
     def _sample_rows(req: Req) -> list[SampleRow]:
@@ -137,28 +158,25 @@ class OutputProcessor:
         request, as plain decoding would have (a complete constraint without EOS ends it before the
         bonus, which its empty mask made meaningless); streams what was appended in one chunk. Returns
         whether the request goes on."""
-        m = req.constraint
-        new, kept_lps, text = [], [], []
+        m, output_ids, sampling = req.constraint, req.output_ids, req.sampling
+        appended, text = 0, ""
         reason, matched, error = None, None, None
-        for i, token in enumerate(tokens):
-            error = _advance(m, token) if m is not None else None
-            if error is not None:
+        for token in tokens:
+            if m is not None and (error := _advance(m, token)) is not None:
                 reason = "abort"
                 break
-            req.output_ids.append(token)
-            req.sampling.observe(token)
-            new.append(token)
-            if req.return_logprob:
-                kept_lps.append(logprobs[i])
-            if i == len(tokens) - 1:
-                self.counters.generated_tokens += 1  # the bonus token: the one a plain step would decode
+            output_ids.append(token)
+            sampling.observe(token)
+            appended += 1
             reason, matched, delta = self._ended(req, token)
-            text.append(delta)
+            text += delta
             if reason is not None:
                 break
+        if appended == len(tokens):
+            self.counters.generated_tokens += 1  # the bonus token: the one a plain step would decode
         self.kv.truncate(req, req.fill_len)  # KV of accepted tokens after the end is not output
-        if new:
-            emit(req, "".join(text), new, kept_lps)
+        if appended:
+            emit(req, text, tokens[:appended], logprobs[:appended] if req.return_logprob else [])
         if reason is not None:
             self.finish(req, reason, matched=matched, error=error)
         return reason is None
@@ -231,9 +249,10 @@ def _advance(m: Matcher, token: int) -> str | None:
 
 def emit(req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
     first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-    req.sink(StreamChunk(req.rid, text, token_ids, logprobs, prompt_tokens=len(req.prompt_ids),
-                         cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
-                         input_logprobs=first))
+    # positional: StreamChunk's field order (rid, text, token_ids, logprobs, finished, finish_reason,
+    # matched_stop, error, prompt_tokens, cached_tokens, completion_tokens, input_logprobs)
+    req.sink(StreamChunk(req.rid, text, token_ids, logprobs, False, None, None, None, len(req.prompt_ids),
+                         req.cached_tokens, len(req.output_ids), first))
 
 
 def emit_final(req: Req, reason: str, matched: int | str | None = None, error: str | None = None,

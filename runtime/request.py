@@ -26,6 +26,9 @@ class ReqState(enum.Enum):
     ABORTED = "aborted"
 
 
+_DONE = (ReqState.FINISHED, ReqState.ABORTED)  # a tuple: `in` compares identities (Enum hashing is slow)
+
+
 @dataclass(slots=True)
 class StreamChunk:
     """What one scheduler step produced for one request; the last chunk has `finished=True`."""
@@ -146,4 +149,4 @@ class Req(KVFields):
 
     @property
     def done(self) -> bool:
-        return self.state in (ReqState.FINISHED, ReqState.ABORTED)
+        return self.state in _DONE

@@ -110,9 +110,10 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         plan: list[tuple[Req, int]] = []
         for req in self.running:
-            if req.num_draft and req.pending > max(budget, 1):  # a draft is checked in one item
-                self._drop_draft(req, keep=max(budget - 1, 0))
             n = req.pending
+            if req.draft is not None and n > max(budget, 1):  # a draft is checked in one item
+                self._drop_draft(req, keep=max(budget - 1, 0))
+                n = req.pending
             if n > 1:
                 n = min(n, budget)
                 budget -= n
@@ -126,11 +127,18 @@ class Scheduler:
             else:
                 self._preempt(victim)
             plan = [(r, n) for r, n in plan if r is not victim]
-        return [self._extend(req, n) for req, n in plan], budget
+        if not plan:
+            return [], budget
+        starts = self.kv.extend_all(plan)
+        return [self._item(req, start, n) for (req, n), start in zip(plan, starts)], budget
 
     def _extend(self, req: Req, n: int) -> ScheduledItem:
+        return self._item(req, self.kv.extend(req, n), n)
+
+    @staticmethod
+    def _item(req: Req, start: int, n: int) -> ScheduledItem:
         parents = item_parents(n, req.draft.parents) if req.draft is not None else None
-        return ScheduledItem(req, self.kv.extend(req, n), n, parents)
+        return ScheduledItem(req, start, n, parents)
 
     def _admit(self, budget: int) -> list[ScheduledItem]:
         items: list[ScheduledItem] = []

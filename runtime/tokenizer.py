@@ -82,6 +82,9 @@ class Tokenizer:
     add_bos: bool = False
     chat_template: str | None = field(default=None, repr=False)
     byte_level: bool = True
+    # decode([id]) by skip_special_tokens (False, True) -> id -> text: see decode_token
+    _token_texts: tuple[dict[int, str], dict[int, str]] = field(
+        default_factory=lambda: ({}, {}), init=False, repr=False, compare=False)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -166,6 +169,14 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_token(self, token_id: int, skip_special_tokens: bool = True) -> str:
+        """decode([token_id]), memoized: incremental detokenization asks for it about once per new token."""
+        texts = self._token_texts[skip_special_tokens]
+        text = texts.get(token_id)
+        if text is None:
+            text = texts[token_id] = self.decode([token_id], skip_special_tokens)
+        return text
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)

@@ -1,33 +1,18 @@
 """Shared fixtures: the real tokenizer, a tiny random-weight model folder that uses it, engines."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU-only machine (CI)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
+from radixlang.runtime.models.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
 from radixlang.runtime.tokenizer import Tokenizer
-
-TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 49152,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-}
 
 # SGLang's "character generator" regex: Unicode [\w\d\s]{1,16} fields in a JSON-like template
 CHARACTER_REGEX = (
@@ -58,50 +43,6 @@ def smollm_metadata() -> dict:
 @pytest.fixture(scope="session")
 def tokenizer(smollm_metadata) -> Tokenizer:
     return Tokenizer.from_gguf_metadata(smollm_metadata)
-
-
-def tiny_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights whose greedy output is varied, depends on the whole context (attention
-    matters), and keeps top-1/top-2 logit gaps far above float noise (a wide, untied lm_head)."""
-    g = torch.Generator().manual_seed(seed)
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    d = h // cfg["num_attention_heads"]
-    kv = cfg["num_key_value_heads"] * d
-
-    def rand(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * std
-
-    w = {
-        "model.embed_tokens.weight": rand(v, h, std=1.0),
-        "model.norm.weight": torch.ones(h),
-        "lm_head.weight": rand(v, h, std=3.0),
-    }
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        w |= {
-            p + "input_layernorm.weight": torch.ones(h),
-            p + "post_attention_layernorm.weight": torch.ones(h),
-            p + "self_attn.q_proj.weight": rand(h, h, std=h**-0.5),
-            p + "self_attn.k_proj.weight": rand(kv, h, std=h**-0.5),
-            p + "self_attn.v_proj.weight": rand(kv, h, std=h**-0.5),
-            p + "self_attn.o_proj.weight": rand(h, h, std=h**-0.5),
-            p + "mlp.gate_proj.weight": rand(i, h, std=h**-0.5),
-            p + "mlp.up_proj.weight": rand(i, h, std=h**-0.5),
-            p + "mlp.down_proj.weight": rand(h, i, std=i**-0.5),
-        }
-    return w
-
-
-def write_hf_folder(path: Path, cfg: dict, weights: dict[str, torch.Tensor], tokenizer: Tokenizer) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
-    tokenizer.hf.save(str(path / "tokenizer.json"))
-    eos = tokenizer.hf.id_to_token(tokenizer.eos_token_ids[0])
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": eos, "chat_template": tokenizer.chat_template, "add_bos_token": False})
-    )
-    return path
 
 
 @pytest.fixture(scope="session")

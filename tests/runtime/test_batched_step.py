@@ -2,10 +2,14 @@
 items carry explicit positions and parents."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixlang.runtime import output_processor, sampler
 from radixlang.runtime.batch import ScheduledItem, StepBatch
+from radixlang.runtime.output_processor import OutputProcessor
+from radixlang.runtime.request import Req
+from radixlang.runtime.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
           "required": ["name", "ok"]}
@@ -110,3 +114,21 @@ def test_greedy_fast_path_gives_the_full_samplers_tokens_and_stops(tiny_engine_f
     stops = {type(matched) for run in runs[0][1:] for _, _, reason, matched in run if reason == "stop"}
     assert stops == {str, int}  # both stop strings and stop tokens ended some request
     engine.check_invariants()
+
+
+@pytest.mark.parametrize("params, logprobs", [
+    ({"temperature": 0}, False), ({"temperature": 0.7, "top_k": 5}, False),
+    ({"temperature": 0, "min_new_tokens": 3}, True), ({"frequency_penalty": 0.5, "repetition_penalty": 1.2}, True),
+])
+def test_root_row_is_the_general_rows_of_a_request_with_no_draft_or_constraint(tokenizer, params, logprobs):
+    """The per-row shortcut for undrafted, unconstrained requests against `_sample_rows`, as the output grows."""
+    sp = SamplingParams(**params)
+    req = Req.create("r", tokenizer.encode("Hi there"), sp, tokenizer, lambda c: None, context_length=64, seed=3,
+                     device=torch.device("cpu"), return_logprob=logprobs, top_logprobs_num=2 if logprobs else 0)
+    for token in [11, 12, 13, 14]:
+        [general] = OutputProcessor._sample_rows(req)
+        root = OutputProcessor._root_row(req)
+        assert root.state is general.state
+        assert (root.counter, root.block_stop, root.assumed, root.mask, root.top_logprobs) == \
+            (general.counter, general.block_stop, general.assumed, general.mask, general.top_logprobs)
+        req.output_ids.append(token)

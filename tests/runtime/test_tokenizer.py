@@ -156,3 +156,66 @@ def test_prompt_context_keeps_word_initial_space(tokenizer):
 def test_encode_batch_gives_the_reference_ids_of_each_text(tokenizer):
     texts = [c["input_text"] for c in REFERENCE[:6]]
     assert tokenizer.encode_batch(texts) == [c["input_ids"] for c in REFERENCE[:6]]
+
+
+class PlainDetokenizer:
+    """The incremental algorithm spelled out with no memo: both windows decoded on every add."""
+
+    def __init__(self, tokenizer, stop=(), context_ids=()):
+        self.tok, self.stop = tokenizer, list(stop)
+        self.ids = list(context_ids[-5:])
+        self.prefix, self.read, self.text, self.released = 0, len(self.ids), "", 0
+
+    def add(self, token: int) -> tuple[str, str | None]:
+        self.ids.append(token)
+        before = self.tok.decode(self.ids[self.prefix:self.read])
+        after = self.tok.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            start = len(self.text)
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+            hits = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, start - len(s) + 1))) != -1]
+            if hits:
+                index, stop = min(hits)
+                self.text = self.text[:index]
+                return self.release(0), stop
+        hold = max([k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])], default=0)
+        return self.release(hold), None
+
+    def flush(self) -> str:
+        before = self.tok.decode(self.ids[self.prefix:self.read])
+        self.text += self.tok.decode(self.ids[self.prefix:])[len(before):]
+        self.prefix = self.read = len(self.ids)
+        return self.release(0)
+
+    def release(self, hold: int) -> str:
+        end = max(self.released, len(self.text) - hold)
+        delta, self.released = self.text[self.released:end], end
+        return delta
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 49151), st.sampled_from([24211, 216, 127, 49152 - 1, 0, 1, 2])),
+                max_size=40),
+       st.lists(st.sampled_from(["e", "th", " the", "\ufffd", "é", "ab", "\n"]), max_size=2),
+       st.integers(0, 20))
+def test_memoized_detokenizer_streams_what_decoding_both_windows_every_time_streams(tokenizer, ids, stop, flush_at):
+    """Random ids (byte tokens split characters, special tokens, U+FFFD's own token), with and without stop
+    strings, flushed part way: every delta, the stop and the flushed tail match the plain algorithm."""
+    context = [1, 2, 3, 504, 2843, 314]
+    fast = IncrementalDetokenizer(tokenizer, stop, context_ids=context)
+    plain = PlainDetokenizer(tokenizer, stop, context)
+    for i, token in enumerate(ids):
+        if i == flush_at:
+            assert fast.flush() == plain.flush()
+        result = fast.add([token])
+        assert (result.delta, result.stop) == plain.add(token)
+        if result.stop is not None:
+            return
+    assert fast.flush() == plain.flush()
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_decode_token_is_decode_of_that_one_token(tokenizer, skip):
+    for token in [0, 1, 2, 216, 24211, 504, 49151, 216, 0]:  # repeats come from the memo
+        assert tokenizer.decode_token(token, skip) == tokenizer.decode([token], skip)
