@@ -221,3 +221,18 @@ def test_fixed_shape_cascade_decode_matches_the_definition(heads, kv_heads, d, d
     assert (out[:real].double() - want).abs().max().item() < TOL[dtype]
     assert torch.isfinite(out[real:]).all()
     assert torch.equal(k_cache[-1], k[-1].to(dtype))  # padding wrote the padding slot
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(8, 1, 64), (6, 2, 80)])  # GQA 8; a head_dim padded to BLOCK_D
+def test_a_bucket_of_two_holding_one_group_whose_prefix_is_all_but_its_shortest_members_new_token(heads, kv_heads, d):
+    # bucket 2 has room for exactly one group; the prefix (37) is no multiple of BLOCK_N, and is as long as
+    # a prefix can be: the shorter member's suffix is its new token alone
+    kv_lens, groups = [38, 41], [([1, 0], 37)]
+    k_cache, v_cache, slots, batch, q, k, v = cascade_step(kv_lens, groups, 48, heads, kv_heads, d, torch.float32,
+                                                           pad=0)
+    backend = create_backend("triton", [k_cache], [v_cache])
+    backend.plan_decode(batch)
+    out = backend.forward(q, k, v, 0, 1 / math.sqrt(d))
+    want = torch.cat([oracle(q[i:i + 1], k_cache, v_cache, s, lambda j, n=n: list(range(n)), 1 / math.sqrt(d))
+                      for i, (s, n) in enumerate(zip(slots, kv_lens))])
+    assert (out.double() - want).abs().max().item() < TOL[torch.float32]
