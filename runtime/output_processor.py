@@ -249,10 +249,9 @@ def _advance(m: Matcher, token: int) -> str | None:
 
 def emit(req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
     first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-    # positional: StreamChunk's field order (rid, text, token_ids, logprobs, finished, finish_reason,
-    # matched_stop, error, prompt_tokens, cached_tokens, completion_tokens, input_logprobs)
-    req.sink(StreamChunk(req.rid, text, token_ids, logprobs, False, None, None, None, len(req.prompt_ids),
-                         req.cached_tokens, len(req.output_ids), first))
+    req.sink(StreamChunk(req.rid, text, token_ids, logprobs, prompt_tokens=len(req.prompt_ids),
+                         cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
+                         input_logprobs=first))
 
 
 def emit_final(req: Req, reason: str, matched: int | str | None = None, error: str | None = None,
