@@ -145,3 +145,42 @@ def test_a_graph_keeps_the_groups_that_save_the_most_reads_when_they_outnumber_i
     groups = [([0, 1], 300), ([2, 3, 4], 260), ([5, 6], 900), ([7, 8], 256)]  # saves 300, 520, 900, 256 reads
     assert cuda_graph.largest_groups(groups, 2) == [([5, 6], 900), ([2, 3, 4], 260)]
     assert cuda_graph.largest_groups(groups, 4) == groups
+
+
+@pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+def test_members_of_groups_a_graph_has_no_room_for_stay_exact(tiny_engine_factory, monkeypatch):
+    # room for one group per graph: of two groups, the one sharing the longer prefix is kept, the other's
+    # members attend over their whole KV in the same padded step
+    monkeypatch.setattr(cuda_graph, "MAX_GRAPH_GROUPS", 1)
+    shared = ["one shared instruction for all of them. " * 3, "a second, different preamble here. " * 2]
+    prompts = [shared[1] + "How so?", "unrelated", shared[0] + "Why?", shared[1] + "Who?", shared[0] + "Where?"]
+    greedy = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+
+    def run(engine) -> list[tuple[list[int], list[float]]]:
+        engine.generate(shared, greedy)  # both prefixes enter the radix tree
+        outs = engine.generate(prompts, greedy, return_logprob=True)
+        engine.check_invariants()
+        return [(o.output_ids, [lp.logprob for lp in o.meta.output_logprobs]) for o in outs]
+
+    options = {"context_length": 64, "max_running_requests": 8}
+    want = run(tiny_engine_factory(attention_backend="torch", **options))
+    engine = tiny_engine_factory(attention_backend="triton", disable_cuda_graph=False, **options)
+    engine.scheduler.runner.cascade_min = 8
+    # the cache-aware scheduler admits the longer prefix's requests first: list its group last instead
+    monkeypatch.setattr(model_runner, "prefix_groups", lambda items, min_len: prefix_groups(items, min_len)[::-1])
+    graphs = engine.scheduler.runner.graphs
+    offered, packed = [], []  # per padded cascade step: the groups found, the groups packed
+    real_forward, real_pack = graphs.forward, cuda_graph.pack_cascade
+    monkeypatch.setattr(graphs, "forward", lambda batch, groups=None: offered.append(groups)
+                        or real_forward(batch, groups))
+    monkeypatch.setattr(cuda_graph, "pack_cascade", lambda groups, bucket, out: packed.append(groups)
+                        or real_pack(groups, bucket, out))
+    got = run(engine)
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    for (_, lp_got), (_, lp_want) in zip(got, want):
+        assert torch.allclose(torch.tensor(lp_got), torch.tensor(lp_want), atol=1e-4)
+    grouped = [groups for groups in offered if groups]
+    assert any(len(groups) == 2 for groups in grouped) and graphs.steps[(8, True)] > 0
+    assert len(packed) == len(grouped)
+    for found, kept in zip(grouped, packed):
+        assert kept == [max(found, key=lambda g: g[1])]  # two members each: the longer prefix saves more
