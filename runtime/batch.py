@@ -32,7 +32,7 @@ class ScheduledItem:
 
     @property
     def completes_fill(self) -> bool:
-        return self.start + self.length == self.req.fill_len
+        return self.end == self.req.fill_len
 
     @property
     def samples(self) -> bool:
@@ -94,7 +94,7 @@ class StepBatch:
     def input_ids(self) -> list[int]:
         ids: list[int] = []
         for item in self.items:
-            ids += item.req.tokens(item.start, item.start + item.length)
+            ids += item.req.tokens(item.start, item.end)
         return ids
 
     def attention_batch(self, req_to_token: torch.Tensor,

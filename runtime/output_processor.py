@@ -36,7 +36,7 @@ class OutputProcessor:
             if req.done:
                 continue
             live.append((item, rows))
-            self.kv.computed(req, item.start + item.length)
+            self.kv.computed(req, item.end)
             if item.length > 1 and req.draft is None:  # a draft reaches the tree only once verified
                 self.kv.commit(req)
         out = self._sample(live, logits)
