@@ -4,7 +4,8 @@ Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `ge
 workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on (inside the decode graphs) and
 off; an attention kernel microbenchmark (benchmark/gpu_kernels.py); the HBM bandwidth decode achieves at
 64 requests x 4k context (bytes of weights and KV read per step / step time); Triton vs torch attention
-(greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs off. `goals` holds the issue's targets as booleans.
+(greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs off. `goals` holds the
+issue's targets as booleans.
 
 On an H200 (its image has torch, triton, transformers and tokenizers; the engine imports neither gguf, lark,
 fastapi nor uvicorn on this path, so no wheels are needed). `../shared` does not travel, so first, here:

@@ -22,7 +22,8 @@ from .batch import StepBatch
 from .models.llama import ForwardContext, LlamaForCausalLM
 
 IDS, ROWS, KV_LENS, REAL, ORDER, STARTS, SIZES, PREFIX_LENS = range(8)  # the rows of the packed input buffer
-STEP_ROWS = 4  # IDS..REAL, what every step copies; a cascade step copies the group layout too
+STEP_ROWS = REAL + 1  # IDS..REAL, what every step copies; a cascade step copies the group layout too
+PACKED_ROWS = PREFIX_LENS + 1
 MAX_GRAPH_GROUPS = 16  # cascade groups per step a graph holds (the prefix pass's grid grows with it)
 WARMUP_RUNS = 2  # eager runs before a capture: Triton compiles, cuBLAS picks its kernels
 
@@ -92,8 +93,8 @@ class DecodeGraphs:
         self.max_kv_len = req_to_token.shape[1]  # any request's KV fits its row
         self.cascade = attn.supports_cascade
         device = req_to_token.device
-        self.inputs = torch.zeros(PREFIX_LENS + 1, max_batch, dtype=torch.int64, device=device)
-        self.host = torch.zeros(PREFIX_LENS + 1, max_batch, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.inputs = torch.zeros(PACKED_ROWS, max_batch, dtype=torch.int64, device=device)
+        self.host = torch.zeros(PACKED_ROWS, max_batch, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.steps: Counter[tuple[int, bool]] = Counter()  # padded steps run, by (bucket, cascade)
         if capture:
@@ -115,7 +116,7 @@ class DecodeGraphs:
         if groups:
             assert self.cascade, "cascade groups need an attention backend with cascade"
             pack_cascade(largest_groups(groups, max_groups(b)), b, self.host)
-            copied = PREFIX_LENS + 1
+            copied = PACKED_ROWS
         self.inputs[:copied, :b].copy_(self.host[:copied, :b], non_blocking=True)
         self.steps[key] += 1
         if key in self.graphs:
