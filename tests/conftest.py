@@ -52,6 +52,19 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return write_hf_folder(path, TINY_CONFIG, tiny_weights(TINY_CONFIG), tokenizer)
 
 
+# Longer than any drain test's grace period lets run: the tiny model makes ~400 tokens/s on a 2-core CPU,
+# so 1000 tokens could finish inside a 2 s grace on a faster machine, and the request was not aborted.
+OUTLASTS_GRACE_TOKENS = 16000
+
+
+@pytest.fixture(scope="session")
+def long_tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """The tiny model with a context long enough for a request of OUTLASTS_GRACE_TOKENS."""
+    path = tmp_path_factory.mktemp("tiny-llama-long")
+    config = TINY_CONFIG | {"max_position_embeddings": OUTLASTS_GRACE_TOKENS + 384}
+    return write_hf_folder(path, config, tiny_weights(config), tokenizer)
+
+
 @pytest.fixture
 def tiny_engine_factory(tiny_model_dir):
     """Builds engines on the tiny model; each is checked for leaked KV and shut down afterwards."""

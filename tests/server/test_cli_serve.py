@@ -14,6 +14,8 @@ import openai
 from radixlang.server.cli import _engine_options, _limits, build_parser
 from radixlang.server.limits import ServerLimits
 
+from ..conftest import OUTLASTS_GRACE_TOKENS
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -47,11 +49,11 @@ def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
     assert res.returncode == 2 and "schedule_policy must be one of" in res.stderr
 
 
-def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(tiny_model_dir, stream_in_thread):
+def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_tiny_model_dir, stream_in_thread):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(tiny_model_dir),
-         "--port", str(port), "--device", "cpu", "--kv-cache-tokens", "2048", "--served-model-name", "tiny",
+        [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(long_tiny_model_dir),
+         "--port", str(port), "--device", "cpu", "--kv-cache-tokens", str(OUTLASTS_GRACE_TOKENS + 4096), "--served-model-name", "tiny",
          "--graceful-timeout", "2", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -72,7 +74,7 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(tiny_mo
                                                  max_tokens=5, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 5
         # still running when SIGTERM comes: aborted after the grace period
-        reader, lines = stream_in_thread(url, {"text": "go", "sampling_params": {"max_new_tokens": 1000,
+        reader, lines = stream_in_thread(url, {"text": "go", "sampling_params": {"max_new_tokens": OUTLASTS_GRACE_TOKENS,
                                                                                 "ignore_eos": True}})
         proc.send_signal(signal.SIGTERM)
         reader.join(30)

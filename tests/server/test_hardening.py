@@ -17,6 +17,8 @@ from radixlang.runtime.engine import Engine
 from radixlang.server.launch import background_server
 from radixlang.server.limits import ServerLimits
 
+from ..conftest import OUTLASTS_GRACE_TOKENS
+
 CHAT = {"model": "default", "max_tokens": 2}
 
 
@@ -219,6 +221,11 @@ def long_story(s):
     s += "Once upon a time" + rl.gen("story", max_tokens=800, ignore_eos=True)
 
 
+@rl.function
+def story_outlasting_the_grace(s):
+    s += "Once upon a time" + rl.gen("story", max_tokens=OUTLASTS_GRACE_TOKENS, ignore_eos=True)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_program_past_its_wall_time_is_cancelled_naming_the_limit(server_factory, read_sse, stream):
     server = server_factory(limits=ServerLimits(max_program_seconds=0.3))
@@ -273,17 +280,17 @@ def test_the_openapi_spec_lists_error_responses_and_event_streams(server):
 
 
 # ---- draining -----------------------------------------------------------------------------------------------
-def test_a_draining_server_still_listens_answers_503_and_ends_what_runs_within_the_grace(tiny_model_dir,
+def test_a_draining_server_still_listens_answers_503_and_ends_what_runs_within_the_grace(long_tiny_model_dir,
                                                                                          stream_in_thread):
-    engine = Engine(model=str(tiny_model_dir), kv_cache_tokens=4096, device="cpu")
+    engine = Engine(model=str(long_tiny_model_dir), kv_cache_tokens=OUTLASTS_GRACE_TOKENS + 4096, device="cpu")
     try:
         with background_server(engine, grace_s=1.0) as srv:
             assert httpx.get(f"{srv.url}/health").status_code == 200
             reader, lines = stream_in_thread(srv.url, {"text": "long", "sampling_params": {
-                "max_new_tokens": 1000, "ignore_eos": True}})
+                "max_new_tokens": OUTLASTS_GRACE_TOKENS, "ignore_eos": True}})
             program: list[httpx.Response] = []
             runner = threading.Thread(target=lambda: program.append(httpx.post(
-                f"{srv.url}/v1/programs", json={"program": long_story.trace().to_dict()}, timeout=60)))
+                f"{srv.url}/v1/programs", json={"program": story_outlasting_the_grace.trace().to_dict()}, timeout=60)))
             runner.start()
             while not srv.state.programs:  # the program runs
                 time.sleep(0.01)

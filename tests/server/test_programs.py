@@ -20,8 +20,8 @@ def fan_out(s, topic):
 
 
 @rl.function
-def long_story(s):
-    s += "Once upon a time" + rl.gen("story", max_tokens=400, ignore_eos=True)
+def long_story(s):  # ~2.5 s on a 2-core CPU: outlasts the 0.5 s client timeout below with room to spare
+    s += "Once upon a time" + rl.gen("story", max_tokens=1000, ignore_eos=True)
 
 
 def test_program_streams_events_and_matches_the_in_process_run(server, read_sse):
@@ -80,7 +80,7 @@ def test_client_disconnect_cancels_the_program_and_frees_its_kv(server):
             next(lines)
     after = server.wait_idle()  # the KV invariant holds and nothing is left running
     assert after["aborted_requests_total"] == before["aborted_requests_total"] + 1
-    assert after["generated_tokens_total"] - before["generated_tokens_total"] < 400
+    assert after["generated_tokens_total"] - before["generated_tokens_total"] < 1000
 
 
 def test_client_timeout_on_a_whole_program_cancels_it(server):

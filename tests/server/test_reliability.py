@@ -12,6 +12,8 @@ import pytest
 from radixlang.runtime.engine import Engine
 from radixlang.server.launch import background_server
 
+from ..conftest import OUTLASTS_GRACE_TOKENS
+
 MAX_NEW = 24
 LONG = {"max_new_tokens": 900, "ignore_eos": True}
 
@@ -100,15 +102,15 @@ def test_64_clients_half_of_which_hang_up_mid_stream_leak_nothing(server_factory
     assert after["finished_requests_total"] - before["finished_requests_total"] == 32
 
 
-def test_shutdown_lets_short_requests_finish_and_aborts_the_rest_after_the_grace_period(tiny_model_dir,
+def test_shutdown_lets_short_requests_finish_and_aborts_the_rest_after_the_grace_period(long_tiny_model_dir,
                                                                                        stream_in_thread):
-    engine = Engine(model=str(tiny_model_dir), kv_cache_tokens=4096, device="cpu")
+    engine = Engine(model=str(long_tiny_model_dir), kv_cache_tokens=OUTLASTS_GRACE_TOKENS + 4096, device="cpu")
     try:
         with background_server(engine, grace_s=1.0) as srv:
             short_reader, short = stream_in_thread(srv.url, {"text": "short", "sampling_params": {
                 "max_new_tokens": 40, "ignore_eos": True}})
             long_reader, long_ = stream_in_thread(srv.url, {"text": "long", "sampling_params": {
-                "max_new_tokens": 1000, "ignore_eos": True}})
+                "max_new_tokens": OUTLASTS_GRACE_TOKENS, "ignore_eos": True}})
             began = time.monotonic()
             srv.should_exit = True  # what SIGINT / SIGTERM do
             short_reader.join(30)
