@@ -3,7 +3,8 @@
 Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `generate`; the shared-prefix
 workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on (inside the decode graphs) and
 off; an attention kernel microbenchmark (benchmark/gpu_kernels.py); the HBM bandwidth decode achieves at
-64 requests x 4k context (bytes of weights and KV read per step / step time); Triton vs torch attention
+64 requests x 4k context (bytes of weights and KV read per step / step time); for those two, also the
+decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's; Triton vs torch attention
 (greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs off. `goals` holds the
 issue's targets as booleans.
 
@@ -28,9 +29,11 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
@@ -121,6 +124,59 @@ def runner_set(engine, **attrs: Any) -> Iterator[None]:
             setattr(runner, k, v)
 
 
+class TimedReplay:
+    """A captured decode graph whose replays are bracketed by CUDA events (read once the run is over)."""
+
+    def __init__(self, graph, key: tuple[int, bool], pending: list):
+        self.graph, self.key, self.pending = graph, key, pending
+
+    def replay(self) -> None:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.graph.replay()
+        end.record()
+        self.pending.append((self.key, start, end))
+
+
+@contextmanager
+def device_step_ms(engine) -> Iterator[dict[tuple[int, bool], list[float]]]:
+    """Times each decode step the graphs run, by (bucket, cascade), in ms: the device's share of a step,
+    without the host work around it (scheduling, packing, sampling, streaming). A captured graph is timed by
+    CUDA events around its replay; on the CPU, the eager padded forward by the wall clock. The lists fill
+    when the block ends."""
+    graphs = engine.scheduler.runner.graphs
+    times: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    if graphs is None:
+        yield times
+        return
+    captured, pending = dict(graphs.graphs), []
+    graphs.graphs.update({key: (TimedReplay(graph, key, pending), logits) for key, (graph, logits) in captured.items()})
+    eager = graphs._padded_forward
+
+    def timed_eager(b: int, cascade: bool):
+        t0 = time.perf_counter()
+        out = eager(b, cascade)
+        times[(b, cascade)].append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    graphs._padded_forward = timed_eager
+    try:
+        yield times
+    finally:
+        graphs.graphs.update(captured)
+        del graphs._padded_forward  # the class's method again
+        for key, start, end in pending:
+            end.synchronize()
+            times[key].append(start.elapsed_time(end))
+
+
+def median_step(times: dict[tuple[int, bool], list[float]]) -> float | None:
+    steps = [t for ts in times.values() for t in ts]
+    return median(steps) if steps else None
+
+
 def timed_generate(engine, prompts: list[list[int]], new_tokens: int, flush: bool = True) -> float:
     if flush:
         engine.flush_cache()
@@ -161,16 +217,22 @@ def shared_prefix(engine, sizes: Sizes, vocab: int) -> dict:
     prefix = random_prompts(1, sizes.prefix_len, vocab, seed=7)[0]
     prompts = [prefix + s for s in random_prompts(sizes.prefix_requests, sizes.suffix_len, vocab, seed=8)]
     on = engine.scheduler.runner.cascade_min if sizes.cascade_min is None else sizes.cascade_min
-    seconds = {}
+    seconds, device = {}, {}
     before = cascade_graph_steps(engine)
     for name, attrs in (("cascade", {"cascade_min": on}), ("no_cascade", {"cascade_min": None}),
                         ("no_cascade_no_graphs", {"cascade_min": None, "graphs": None})):
-        with runner_set(engine, **attrs):
+        with runner_set(engine, **attrs), device_step_ms(engine) as times:
             seconds[name] = timed_generate(engine, prompts, sizes.new_tokens)
+        if name != "no_cascade_no_graphs":
+            device[name] = median_step(times)
+    both = device["cascade"] and device["no_cascade"]
     return {"requests": sizes.prefix_requests, "prefix_tokens": sizes.prefix_len, "new_tokens": sizes.new_tokens,
             "seconds": seconds, "cascade_speedup": seconds["no_cascade"] / seconds["cascade"],
             "cascade_speedup_vs_eager": seconds["no_cascade_no_graphs"] / seconds["cascade"],
-            "cascade_graph_steps": cascade_graph_steps(engine) - before}
+            "cascade_graph_steps": cascade_graph_steps(engine) - before,
+            # the decode graphs alone: what cascade saves on the device, apart from the host work per step
+            "device_decode_step_ms": device,
+            "device_cascade_speedup": device["no_cascade"] / device["cascade"] if both else None}
 
 
 def decode_hbm(engine, sizes: Sizes, vocab: int, device) -> dict:
@@ -182,8 +244,10 @@ def decode_hbm(engine, sizes: Sizes, vocab: int, device) -> dict:
     engine.flush_cache()
     engine.generate(input_ids=prompts, sampling_params=greedy(1))  # the prompts' KV enters the radix cache
     one = timed_generate(engine, prompts, 1, flush=False)
-    many = timed_generate(engine, prompts, 1 + sizes.hbm_steps, flush=False)
+    with device_step_ms(engine) as times:
+        many = timed_generate(engine, prompts, 1 + sizes.hbm_steps, flush=False)
     step = (many - one) / sizes.hbm_steps
+    device_step = median_step(times)
     model = engine.scheduler.runner.model
     cfg = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -192,9 +256,14 @@ def decode_hbm(engine, sizes: Sizes, vocab: int, device) -> dict:
     mean_kv_len = sizes.hbm_context + 1 + sizes.hbm_steps / 2
     step_bytes = weight_bytes + sizes.hbm_requests * mean_kv_len * kv_per_token
     tb_s = step_bytes / step / 1e12 if step > 0 else None
+    device_tb_s = step_bytes / device_step / 1e9 if device_step else None  # device_step is in ms
+    on_gpu = device.type == "cuda"
     return {"requests": sizes.hbm_requests, "context": sizes.hbm_context, "step_ms": step * 1e3,
             "bytes_per_step": step_bytes, "weight_bytes": weight_bytes, "tb_s": tb_s,
-            "fraction_of_peak": None if tb_s is None or device.type != "cuda" else tb_s / H200_PEAK_TB_S}
+            "fraction_of_peak": tb_s / H200_PEAK_TB_S if tb_s is not None and on_gpu else None,
+            # the decode graph's replay alone: the kernels' bandwidth, apart from the host work per step
+            "device_step_ms": device_step, "device_tb_s": device_tb_s,
+            "device_fraction_of_peak": device_tb_s / H200_PEAK_TB_S if device_tb_s is not None and on_gpu else None}
 
 
 def run_ids(engine, prompts: list[list[int]], new_tokens: int, logprobs: bool = False):

@@ -36,8 +36,15 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
     for row in table["throughput"]:
         assert row["radixlang_tok_s"] > 0 and row["hf_tok_s"] > 0
         assert row["ratio"] == pytest.approx(row["radixlang_tok_s"] / row["hf_tok_s"])
-    assert set(table["shared_prefix"]["seconds"]) == {"cascade", "no_cascade", "no_cascade_no_graphs"}
-    assert table["decode_hbm"]["bytes_per_step"] > table["decode_hbm"]["weight_bytes"] > 0
+    shared = table["shared_prefix"]
+    assert set(shared["seconds"]) == {"cascade", "no_cascade", "no_cascade_no_graphs"}
+    assert shared["cascade_graph_steps"] > 0  # the cascade run's decodes went through the graphs' cascade variant
+    # the padded forward, run eagerly on the CPU, stands in for a replay
+    assert set(shared["device_decode_step_ms"]) == {"cascade", "no_cascade"}
+    assert all(ms > 0 for ms in shared["device_decode_step_ms"].values()) and shared["device_cascade_speedup"] > 0
+    hbm = table["decode_hbm"]
+    assert hbm["bytes_per_step"] > hbm["weight_bytes"] > 0
+    assert hbm["device_step_ms"] > 0 and hbm["device_tb_s"] > 0 and hbm["device_fraction_of_peak"] is None
     correctness = table["correctness"]
     # fp32 on a CPU: the padded path, Triton and the torch reference all give the same greedy tokens
     assert correctness["graphs_on_vs_off_float32"]["fraction"] == 1.0
