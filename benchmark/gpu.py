@@ -4,9 +4,9 @@ Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `ge
 workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on (inside the decode graphs) and
 off; an attention kernel microbenchmark (benchmark/gpu_kernels.py); the HBM bandwidth decode achieves at
 64 requests x 4k context (bytes of weights and KV read per step / step time); for those two, also the
-decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's; Triton vs torch attention
-(greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs off. `goals` holds the
-issue's targets as booleans.
+decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's; Triton
+vs torch attention (greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs off.
+`goals` holds the issue's targets as booleans.
 
 On an H200 (its image has torch, triton, transformers and tokenizers; the engine imports neither gguf, lark,
 fastapi nor uvicorn on this path, so no wheels are needed). `../shared` does not travel, so first, here:
@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -127,8 +126,8 @@ def runner_set(engine, **attrs: Any) -> Iterator[None]:
 class TimedReplay:
     """A captured decode graph whose replays are bracketed by CUDA events (read once the run is over)."""
 
-    def __init__(self, graph, key: tuple[int, bool], pending: list):
-        self.graph, self.key, self.pending = graph, key, pending
+    def __init__(self, graph, pending: list):
+        self.graph, self.pending = graph, pending
 
     def replay(self) -> None:
         import torch
@@ -137,28 +136,27 @@ class TimedReplay:
         start.record()
         self.graph.replay()
         end.record()
-        self.pending.append((self.key, start, end))
+        self.pending.append((start, end))
 
 
 @contextmanager
-def device_step_ms(engine) -> Iterator[dict[tuple[int, bool], list[float]]]:
-    """Times each decode step the graphs run, by (bucket, cascade), in ms: the device's share of a step,
-    without the host work around it (scheduling, packing, sampling, streaming). A captured graph is timed by
-    CUDA events around its replay; on the CPU, the eager padded forward by the wall clock. The lists fill
-    when the block ends."""
+def device_step_ms(engine) -> Iterator[list[float]]:
+    """Times each decode step the graphs run, in ms: the device's share of a step, without the host work
+    around it (scheduling, packing, sampling, streaming). A captured graph is timed by CUDA events around
+    its replay; on the CPU, the eager padded forward by the wall clock. The list fills when the block ends."""
     graphs = engine.scheduler.runner.graphs
-    times: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    times: list[float] = []
     if graphs is None:
         yield times
         return
     captured, pending = dict(graphs.graphs), []
-    graphs.graphs.update({key: (TimedReplay(graph, key, pending), logits) for key, (graph, logits) in captured.items()})
+    graphs.graphs.update({key: (TimedReplay(graph, pending), logits) for key, (graph, logits) in captured.items()})
     eager = graphs._padded_forward
 
     def timed_eager(b: int, cascade: bool):
         t0 = time.perf_counter()
         out = eager(b, cascade)
-        times[(b, cascade)].append((time.perf_counter() - t0) * 1e3)
+        times.append((time.perf_counter() - t0) * 1e3)
         return out
 
     graphs._padded_forward = timed_eager
@@ -167,14 +165,13 @@ def device_step_ms(engine) -> Iterator[dict[tuple[int, bool], list[float]]]:
     finally:
         graphs.graphs.update(captured)
         del graphs._padded_forward  # the class's method again
-        for key, start, end in pending:
+        for start, end in pending:
             end.synchronize()
-            times[key].append(start.elapsed_time(end))
+            times.append(start.elapsed_time(end))
 
 
-def median_step(times: dict[tuple[int, bool], list[float]]) -> float | None:
-    steps = [t for ts in times.values() for t in ts]
-    return median(steps) if steps else None
+def median_step(times: list[float]) -> float | None:
+    return median(times) if times else None
 
 
 def timed_generate(engine, prompts: list[list[int]], new_tokens: int, flush: bool = True) -> float:
