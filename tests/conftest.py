@@ -55,6 +55,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 # Longer than any drain test's grace period lets run: the tiny model makes ~400 tokens/s on a 2-core CPU,
 # so 1000 tokens could finish inside a 2 s grace on a faster machine, and the request was not aborted.
 OUTLASTS_GRACE_TOKENS = 16000
+OUTLASTS_GRACE_KV_TOKENS = OUTLASTS_GRACE_TOKENS + 4096  # that request's KV, and room for the others beside it
 
 
 @pytest.fixture(scope="session")

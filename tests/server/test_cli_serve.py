@@ -14,7 +14,7 @@ import openai
 from radixlang.server.cli import _engine_options, _limits, build_parser
 from radixlang.server.limits import ServerLimits
 
-from ..conftest import OUTLASTS_GRACE_TOKENS
+from ..conftest import OUTLASTS_GRACE_KV_TOKENS, OUTLASTS_GRACE_TOKENS
 
 
 def free_port() -> int:
@@ -53,8 +53,8 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_ti
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(long_tiny_model_dir),
-         "--port", str(port), "--device", "cpu", "--kv-cache-tokens", str(OUTLASTS_GRACE_TOKENS + 4096), "--served-model-name", "tiny",
-         "--graceful-timeout", "2", "--log-level", "warning"],
+         "--port", str(port), "--device", "cpu", "--kv-cache-tokens", str(OUTLASTS_GRACE_KV_TOKENS),
+         "--served-model-name", "tiny", "--graceful-timeout", "2", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -74,8 +74,8 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_ti
                                                  max_tokens=5, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 5
         # still running when SIGTERM comes: aborted after the grace period
-        reader, lines = stream_in_thread(url, {"text": "go", "sampling_params": {"max_new_tokens": OUTLASTS_GRACE_TOKENS,
-                                                                                "ignore_eos": True}})
+        reader, lines = stream_in_thread(url, {"text": "go", "sampling_params": {
+            "max_new_tokens": OUTLASTS_GRACE_TOKENS, "ignore_eos": True}})
         proc.send_signal(signal.SIGTERM)
         reader.join(30)
         assert proc.wait(timeout=30) == 0

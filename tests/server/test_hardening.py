@@ -17,7 +17,7 @@ from radixlang.runtime.engine import Engine
 from radixlang.server.launch import background_server
 from radixlang.server.limits import ServerLimits
 
-from ..conftest import OUTLASTS_GRACE_TOKENS
+from ..conftest import OUTLASTS_GRACE_KV_TOKENS, OUTLASTS_GRACE_TOKENS
 
 CHAT = {"model": "default", "max_tokens": 2}
 
@@ -282,15 +282,16 @@ def test_the_openapi_spec_lists_error_responses_and_event_streams(server):
 # ---- draining -----------------------------------------------------------------------------------------------
 def test_a_draining_server_still_listens_answers_503_and_ends_what_runs_within_the_grace(long_tiny_model_dir,
                                                                                          stream_in_thread):
-    engine = Engine(model=str(long_tiny_model_dir), kv_cache_tokens=OUTLASTS_GRACE_TOKENS + 4096, device="cpu")
+    engine = Engine(model=str(long_tiny_model_dir), kv_cache_tokens=OUTLASTS_GRACE_KV_TOKENS, device="cpu")
     try:
         with background_server(engine, grace_s=1.0) as srv:
             assert httpx.get(f"{srv.url}/health").status_code == 200
             reader, lines = stream_in_thread(srv.url, {"text": "long", "sampling_params": {
                 "max_new_tokens": OUTLASTS_GRACE_TOKENS, "ignore_eos": True}})
             program: list[httpx.Response] = []
+            body = {"program": story_outlasting_the_grace.trace().to_dict()}
             runner = threading.Thread(target=lambda: program.append(httpx.post(
-                f"{srv.url}/v1/programs", json={"program": story_outlasting_the_grace.trace().to_dict()}, timeout=60)))
+                f"{srv.url}/v1/programs", json=body, timeout=60)))
             runner.start()
             while not srv.state.programs:  # the program runs
                 time.sleep(0.01)

@@ -12,7 +12,7 @@ import pytest
 from radixlang.runtime.engine import Engine
 from radixlang.server.launch import background_server
 
-from ..conftest import OUTLASTS_GRACE_TOKENS
+from ..conftest import OUTLASTS_GRACE_KV_TOKENS, OUTLASTS_GRACE_TOKENS
 
 MAX_NEW = 24
 LONG = {"max_new_tokens": 900, "ignore_eos": True}
@@ -104,7 +104,7 @@ def test_64_clients_half_of_which_hang_up_mid_stream_leak_nothing(server_factory
 
 def test_shutdown_lets_short_requests_finish_and_aborts_the_rest_after_the_grace_period(long_tiny_model_dir,
                                                                                        stream_in_thread):
-    engine = Engine(model=str(long_tiny_model_dir), kv_cache_tokens=OUTLASTS_GRACE_TOKENS + 4096, device="cpu")
+    engine = Engine(model=str(long_tiny_model_dir), kv_cache_tokens=OUTLASTS_GRACE_KV_TOKENS, device="cpu")
     try:
         with background_server(engine, grace_s=1.0) as srv:
             short_reader, short = stream_in_thread(srv.url, {"text": "short", "sampling_params": {
