@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-NEG = -1.0e30  # finite "minus infinity": a fully masked block then adds exactly nothing once a real key is seen
+# finite "minus infinity": a fully masked block then adds exactly nothing once a real key is seen; a
+# constexpr, because compiled kernels (not the interpreter) may read no other kind of global
+NEG = tl.constexpr(-1.0e30)
 
 MASK_CAUSAL, MASK_TREE, MASK_NONE = 0, 1, 2
 BLOCK_N = 32  # keys per step of the online softmax

@@ -1,0 +1,212 @@
+"""Compiles the Triton attention kernels for a CUDA GPU on a machine without one, and reports each variant's
+registers, local memory (spills) and shared memory.
+
+CI runs the kernels under TRITON_INTERPRET=1, which executes them as numpy and accepts code that a real
+compile rejects (a global that is not a constexpr, say). This check drives the Triton backend through every
+kind of step it plans (extends of each row-block size, token trees, decodes of each split count, cascades,
+and the fixed-shape decode of a CUDA graph) with launches turned into compiles for `--arch` (90: an H200),
+down to a cubin by the ptxas that ships with triton.
+
+    python -m radixlang.kernels.compile_check                 # bf16 and fp32, 9/3/64 and 32/8/128 heads
+    python -m radixlang.kernels.compile_check --dtypes bfloat16 float16 --arch 90
+
+Prints one JSON object per compiled variant, then a summary line; exits 1 if a variant spills or needs more
+shared memory than the GPU has. It must run without TRITON_INTERPRET (the interpreter compiles nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+from .backend import AttentionBatch, DecodeBatch, DecodeGroups
+from .triton_backend import PREFIX_CHUNK, TritonAttention, prefix_splits
+from .triton_decode import MAX_SPLITS, num_splits
+from .triton_extend import block_rows
+
+SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}  # opt-in dynamic shared memory per block
+HEAD_SHAPES = ((9, 3, 64), (32, 8, 128))  # SmolLM2-135M's (heads, KV heads, head_dim); a Llama-8B-like one
+
+
+@dataclass(slots=True)
+class Variant:
+    kernel: str
+    dtype: str
+    heads: str  # "heads/kv_heads/head_dim"
+    constants: dict  # the variant's constexpr arguments
+    num_warps: int
+    shared_bytes: int  # dynamic shared memory a launch asks for
+    registers: int
+    local_bytes: int  # per-thread local memory: register spills, or arrays the compiler could not keep in registers
+
+
+class _TargetOnly:
+    """Stands in for triton's CUDA driver: names the target to compile for; nothing runs."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+
+@contextlib.contextmanager
+def compile_only(arch: int) -> Iterator[list[tuple[str, dict, object]]]:
+    """Within it, a kernel launch compiles the kernel for `arch` and returns without running it; yields the
+    list of (kernel name, constexprs, compiled kernel) that the launches fill."""
+    compiled: list[tuple[str, dict, object]] = []
+    run = JITFunction.run
+
+    def compile_instead(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        constants = {k: v for k, v in kwargs.items() if k in self.arg_names}
+        compiled.append((self.fn.__name__, constants, kernel))
+        return kernel
+
+    previous = driver._active  # None until triton first looks for a GPU (it raises on a machine without one)
+    driver.set_active(_TargetOnly(arch))
+    JITFunction.run = compile_instead
+    try:
+        yield compiled
+    finally:
+        JITFunction.run = run
+        driver.set_active(previous)
+
+
+def resources(cubin: bytes) -> tuple[int, int]:
+    """(registers per thread, local memory bytes per thread) of a one-kernel cubin, from cuobjdump."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    reg, local = re.search(r"REG:(\d+)", usage), re.search(r"LOCAL:(\d+)", usage)
+    assert reg and local, f"cuobjdump printed no resource usage: {usage!r}"
+    return int(reg.group(1)), int(local.group(1))
+
+
+def _chain_batch(table: torch.Tensor, kv_lens: list[int], extend_lens: list[int],
+                 parents: list[list[int] | None] | None = None,
+                 groups: list[tuple[list[int], int]] | None = None) -> AttentionBatch:
+    positions = [p for total, n in zip(kv_lens, extend_lens) for p in range(total - n, total)]
+    return AttentionBatch(table, list(range(len(kv_lens))), kv_lens, extend_lens, positions,
+                          parents or [None] * len(kv_lens), groups or [])
+
+
+def drive_every_step_kind(heads: int, kv_heads: int, d: int, dtype: torch.dtype) -> None:
+    """Plans and runs (compile-only) each kind of step the engine makes, so that every constexpr variant the
+    backend can launch for this model shape and dtype is compiled at least once."""
+    group = heads // kv_heads
+    longest = PREFIX_CHUNK * MAX_SPLITS * 2  # long enough for the most splits of either pass
+    reqs = 2 * MAX_SPLITS + 2
+    table = torch.arange(reqs * longest, dtype=torch.int32).view(reqs, longest)  # row i: its own slots
+    k_cache = torch.zeros(reqs * longest + 1, kv_heads, d, dtype=dtype)
+    attn = TritonAttention([k_cache], [k_cache.clone()])
+
+    def run(tokens: int) -> None:
+        q = torch.zeros(tokens, heads, d, dtype=dtype)
+        kv = torch.zeros(tokens, kv_heads, d, dtype=dtype)
+        attn.forward(q, kv, kv, 0, d ** -0.5)
+
+    # extends: one per row-block size; a token tree at the largest
+    rows_of = {block_rows(n, group): n for n in range(2, 65)}
+    for n in rows_of.values():
+        attn.plan(_chain_batch(table, [n + 7], [n]))
+        run(n)
+    n = max(rows_of.values())
+    attn.plan(_chain_batch(table, [n + 7], [n], parents=[[j - 1 for j in range(n)]]))
+    run(n)
+    # decodes: one per split count (one sequence, so the KV length alone sets it)
+    split_lens = {num_splits(1, kv_heads, 64 << k): 64 << k for k in range(8)}
+    for length in split_lens.values():
+        attn.plan(_chain_batch(table, [length], [1]))
+        run(1)
+    # cascades: a group per prefix pass row-block size, prefixes of each prefix split count up to the most
+    for size in {block_rows(m, group): m for m in range(2, 2 * MAX_SPLITS + 1)}.values():
+        for prefix in sorted({PREFIX_CHUNK * s for s in (1, 2, MAX_SPLITS)}):
+            assert prefix_splits(prefix) in (1, 2, MAX_SPLITS)
+            lens = [prefix + 1 + i for i in range(size)]
+            attn.plan(_chain_batch(table, lens, [1] * size, groups=[(list(range(size)), prefix)]))
+            run(size)
+    # a CUDA graph's fixed-shape decode, plain and as a cascade
+    b = 4
+    rows, kv_lens = torch.arange(b), torch.full((b,), longest // 2)
+    loc = torch.arange(b)
+    attn.plan_decode(DecodeBatch(table, rows, kv_lens, loc, longest))
+    run(b)
+    layout = DecodeGroups(torch.arange(b), torch.tensor([0, 2]), torch.tensor([2, 2]), torch.tensor([64, 64]))
+    attn.plan_decode(DecodeBatch(table, rows, kv_lens, loc, longest, layout))
+    run(b)
+
+
+def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("compile_check compiles kernels: run it without TRITON_INTERPRET=1")
+    variants = []
+    for dtype in dtypes:
+        for heads, kv_heads, d in HEAD_SHAPES:
+            with compile_only(arch) as compiled:
+                drive_every_step_kind(heads, kv_heads, d, dtype)
+            seen = set()
+            for name, constants, kernel in compiled:
+                if id(kernel) in seen:
+                    continue  # a launch that hit triton's cache of compiled variants
+                seen.add(id(kernel))
+                registers, local = resources(kernel.asm["cubin"])
+                variants.append(Variant(name, str(dtype).removeprefix("torch."), f"{heads}/{kv_heads}/{d}",
+                                        constants, kernel.metadata.num_warps, kernel.metadata.shared,
+                                        registers, local))
+    return variants
+
+
+def problems(variants: list[Variant], arch: int) -> list[str]:
+    limit = SHARED_BYTES.get(arch)
+    found = []
+    for v in variants:
+        where = f"{v.kernel} {v.dtype} {v.heads} {v.constants}"
+        if v.local_bytes:
+            found.append(f"{where}: {v.local_bytes} bytes of local memory per thread (spills)")
+        if limit is not None and v.shared_bytes > limit:
+            found.append(f"{where}: needs {v.shared_bytes} bytes of shared memory; sm_{arch} has {limit}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
+                        choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, as 90 for sm_90")
+    args = parser.parse_args(argv)
+    variants = check([getattr(torch, name) for name in args.dtypes], args.arch)
+    for v in variants:
+        print(json.dumps(asdict(v)))
+    found = problems(variants, args.arch)
+    for line in found:
+        print(line, file=sys.stderr)
+    print(json.dumps({"arch": args.arch, "triton": triton.__version__, "variants": len(variants),
+                      "problems": len(found)}))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

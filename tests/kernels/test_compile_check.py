@@ -1,0 +1,89 @@
+"""The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the backend launches,
+without register spills and within its shared memory; and the check catches what the interpreter lets pass.
+
+The compiles run in subprocesses: this process runs Triton under TRITON_INTERPRET=1 (tests/conftest.py),
+which compiles nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from radixlang.kernels.registry import ATTENTION_BACKENDS
+
+pytestmark = pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPILING = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def compiling(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=COMPILING, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
+    # one process per dtype, so the two CPUs of CI compile at once
+    runs = {dtype: compiling(["-m", "radixlang.kernels.compile_check", "--dtypes", dtype, "--arch", "90"])
+            for dtype in ("bfloat16", "float32")}
+    for dtype, run in runs.items():
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, f"{dtype}: {err[-3000:]}"
+        *lines, summary = [json.loads(line) for line in out.splitlines()]
+        assert summary["problems"] == 0 and summary["variants"] == len(lines)
+        for heads in ("9/3/64", "32/8/128"):
+            mine = [v for v in lines if v["heads"] == heads and v["dtype"] == dtype]
+
+            def seen(kernel: str, key: str) -> set:
+                return {v["constants"][key] for v in mine if v["kernel"] == kernel}
+
+            assert seen("_decode_kernel", "NUM_SPLITS") == {1, 2, 4, 8, 16}
+            assert seen("_extend_kernel", "BLOCK_R") == {16, 32, 64, 128}
+            assert seen("_extend_kernel", "WRITE_LSE") == {False, True}  # plain extends; cascade prefixes
+            assert {1, 32} <= seen("_merge_splits_kernel", "NUM_PARTS")  # one split; the most a cascade has
+            assert all(v["constants"]["UPCAST"] is False for v in mine if "UPCAST" in v["constants"])
+            assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in mine)
+
+
+KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+    TWICE = 2.0  # not a tl.constexpr
+
+    @triton.jit
+    def double(X):
+        tl.store(X, tl.load(X) * TWICE)
+
+    x = torch.ones(1)
+    {launch}
+""")
+
+
+def test_the_check_rejects_a_plain_global_which_the_interpreter_accepts(tmp_path):
+    interpret, compile_ = tmp_path / "interpret.py", tmp_path / "compile.py"  # triton reads a kernel's source file
+    interpret.write_text(KERNEL_WITH_A_PLAIN_GLOBAL.format(launch="double[(1,)](x); print(x.item())"))
+    compile_.write_text(KERNEL_WITH_A_PLAIN_GLOBAL.format(
+        launch="from radixlang.kernels.compile_check import compile_only\nwith compile_only(90):\n    double[(1,)](x)"))
+    interpreted = subprocess.run([sys.executable, str(interpret)], cwd=ROOT, env={**COMPILING, "TRITON_INTERPRET": "1"},
+                                 capture_output=True, text=True, timeout=300)
+    assert interpreted.returncode == 0 and interpreted.stdout.split()[-1] == "2.0", interpreted.stderr[-2000:]
+    run = compiling([str(compile_)])
+    _, err = run.communicate(timeout=300)
+    assert run.returncode != 0 and "Cannot access global variable TWICE" in err, err[-2000:]
+
+
+def test_problems_name_spills_and_shared_memory_beyond_the_gpu():
+    from radixlang.kernels.compile_check import SHARED_BYTES, Variant, problems
+
+    def variant(local: int, shared: int) -> Variant:
+        return Variant("_decode_kernel", "bfloat16", "9/3/64", {"NUM_SPLITS": 4}, 4, shared, 128, local)
+
+    limit = SHARED_BYTES[90]
+    assert problems([variant(0, limit)], 90) == []
+    spill, big = problems([variant(16, 1024), variant(0, limit + 1)], 90)
+    assert "16 bytes of local memory" in spill and "NUM_SPLITS" in spill
+    assert f"needs {limit + 1} bytes of shared memory; sm_90 has {limit}" in big
