@@ -1,5 +1,5 @@
 """Compiles the Triton attention kernels for a CUDA GPU on a machine without one, and reports each variant's
-registers, local memory (spills) and shared memory.
+registers, local memory (spills), shared memory and tensor-core instructions.
 
 CI runs the kernels under TRITON_INTERPRET=1, which executes them as numpy and accepts code that a real
 compile rejects (a global that is not a constexpr, say). This check drives the Triton backend through every
@@ -10,8 +10,9 @@ down to a cubin by the ptxas that ships with triton.
     python -m radixlang.kernels.compile_check                 # bf16 and fp32, 9/3/64 and 32/8/128 heads
     python -m radixlang.kernels.compile_check --dtypes bfloat16 float16 --arch 90
 
-Prints one JSON object per compiled variant, then a summary line; exits 1 if a variant spills or needs more
-shared memory than the GPU has. It must run without TRITON_INTERPRET (the interpreter compiles nothing).
+Prints one JSON object per compiled variant, then a summary line; exits 1 if a variant spills, needs more
+shared memory than the GPU has, or (in bf16 / fp16) does its tl.dot on CUDA cores. It must run without
+TRITON_INTERPRET (the interpreter compiles nothing).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from .triton_decode import MAX_SPLITS, num_splits
 from .triton_extend import block_rows
 
 SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}  # opt-in dynamic shared memory per block
+SIXTEEN_BIT = ("bfloat16", "float16")  # their tl.dot must use tensor cores (fp32 stays exact: "ieee", CUDA cores)
 HEAD_SHAPES = ((9, 3, 64), (32, 8, 128))  # SmolLM2-135M's (heads, KV heads, head_dim); a Llama-8B-like one
 
 
@@ -52,6 +54,8 @@ class Variant:
     shared_bytes: int  # dynamic shared memory a launch asks for
     registers: int
     local_bytes: int  # per-thread local memory: register spills, or arrays the compiler could not keep in registers
+    dots: int  # tl.dot ops in the kernel's Triton IR
+    tensor_core_ops: int  # MMA instructions in its PTX (mma.sync; on Hopper also wgmma.mma_async)
 
 
 class _TargetOnly:
@@ -175,7 +179,8 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
                 registers, local = resources(kernel.asm["cubin"])
                 variants.append(Variant(name, str(dtype).removeprefix("torch."), f"{heads}/{kv_heads}/{d}",
                                         constants, kernel.metadata.num_warps, kernel.metadata.shared,
-                                        registers, local))
+                                        registers, local, kernel.asm["ttir"].count("tt.dot"),
+                                        len(re.findall(r"\b(?:mma\.sync|wgmma\.mma_async)\b", kernel.asm["ptx"]))))
     return variants
 
 
@@ -188,6 +193,8 @@ def problems(variants: list[Variant], arch: int) -> list[str]:
             found.append(f"{where}: {v.local_bytes} bytes of local memory per thread (spills)")
         if limit is not None and v.shared_bytes > limit:
             found.append(f"{where}: needs {v.shared_bytes} bytes of shared memory; sm_{arch} has {limit}")
+        if v.dtype in SIXTEEN_BIT and v.dots and not v.tensor_core_ops:
+            found.append(f"{where}: its {v.dots} tl.dot ops run on CUDA cores, not tensor cores")
     return found
 
 

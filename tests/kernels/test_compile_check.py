@@ -1,5 +1,6 @@
 """The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the backend launches,
-without register spills and within its shared memory; and the check catches what the interpreter lets pass.
+without register spills, within its shared memory, and bf16 on tensor cores; and the check catches what the
+interpreter lets pass.
 
 The compiles run in subprocesses: this process runs Triton under TRITON_INTERPRET=1 (tests/conftest.py),
 which compiles nothing."""
@@ -48,6 +49,11 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
             assert {1, 32} <= seen("_merge_splits_kernel", "NUM_PARTS")  # one split; the most a cascade has
             assert all(v["constants"]["UPCAST"] is False for v in mine if "UPCAST" in v["constants"])
             assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in mine)
+            attention = [v for v in mine if v["kernel"] != "_merge_splits_kernel"]
+            assert all(v["dots"] == 2 for v in attention)  # q.k and p.v
+            # bf16 multiplies on tensor cores (on Hopper, wgmma once a block has 64 rows); fp32 stays exact
+            assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in attention)
+            assert dtype != "bfloat16" or any(v["constants"].get("BLOCK_R", 0) >= 64 for v in attention)
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""
@@ -76,14 +82,15 @@ def test_the_check_rejects_a_plain_global_which_the_interpreter_accepts(tmp_path
     assert run.returncode != 0 and "Cannot access global variable TWICE" in err, err[-2000:]
 
 
-def test_problems_name_spills_and_shared_memory_beyond_the_gpu():
+def test_problems_name_spills_shared_memory_beyond_the_gpu_and_dots_off_tensor_cores():
     from radixlang.kernels.compile_check import SHARED_BYTES, Variant, problems
 
-    def variant(local: int, shared: int) -> Variant:
-        return Variant("_decode_kernel", "bfloat16", "9/3/64", {"NUM_SPLITS": 4}, 4, shared, 128, local)
+    def variant(local: int = 0, shared: int = 1024, mma: int = 8, dtype: str = "bfloat16") -> Variant:
+        return Variant("_decode_kernel", dtype, "9/3/64", {"NUM_SPLITS": 4}, 4, shared, 128, local, 2, mma)
 
     limit = SHARED_BYTES[90]
-    assert problems([variant(0, limit)], 90) == []
-    spill, big = problems([variant(16, 1024), variant(0, limit + 1)], 90)
+    assert problems([variant(shared=limit), variant(mma=0, dtype="float32")], 90) == []
+    spill, big, slow = problems([variant(local=16), variant(shared=limit + 1), variant(mma=0)], 90)
     assert "16 bytes of local memory" in spill and "NUM_SPLITS" in spill
     assert f"needs {limit + 1} bytes of shared memory; sm_90 has {limit}" in big
+    assert "2 tl.dot ops run on CUDA cores" in slow
