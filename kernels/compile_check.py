@@ -120,7 +120,8 @@ def _chain_batch(table: torch.Tensor, kv_lens: list[int], extend_lens: list[int]
 def drive_every_step_kind(heads: int, kv_heads: int, d: int, dtype: torch.dtype) -> None:
     """Plans and runs (compile-only) each kind of step the engine makes, for this model shape and dtype:
     extends of every row-block size, with and without the LSE a cascade's prefix pass writes; decodes of every
-    split count; and merges from one part up to the most a cascade has (not every count in between)."""
+    split count; and merges of every block of parts (BLOCK_S 1 to 32: one part up to the most a cascade has),
+    though not of every part count within a block, which only bounds a mask."""
     group = heads // kv_heads
     longest = PREFIX_CHUNK * MAX_SPLITS * 2  # long enough for the most splits of either pass
     reqs = 2 * MAX_SPLITS + 2
