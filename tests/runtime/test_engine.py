@@ -171,8 +171,11 @@ def test_cancelled_async_generate_aborts_request(engine):
 
 def test_duplicate_rid_is_rejected_without_disturbing_the_first(engine):
     async def main():
-        first = asyncio.create_task(engine.async_generate("one", {**GREEDY, "max_new_tokens": 40}, rid="same"))
-        await asyncio.sleep(0.05)
+        # the second comes once the first is in the scheduler, ~1 s before its 400 tokens are done (a fixed
+        # 50 ms wait for a 40-token first lost the race in CI: it had finished, so its rid was free again)
+        first = asyncio.create_task(engine.async_generate("one", {**GREEDY, "max_new_tokens": 400}, rid="same"))
+        while sum(engine.stats()[k] for k in ("running_requests", "waiting_requests")) == 0:
+            await asyncio.sleep(0.001)
         second = await engine.async_generate("two", GREEDY, rid="same")
         return await first, second
 
