@@ -149,7 +149,7 @@ def drive_every_step_kind(heads: int, kv_heads: int, d: int, dtype: torch.dtype)
         run(1)
     # cascades: a group per prefix pass row-block size, prefixes of each prefix split count up to the most
     for size in {block_rows(m, group): m for m in range(2, 2 * MAX_SPLITS + 1)}.values():
-        for prefix in sorted({PREFIX_CHUNK * s for s in (1, 2, MAX_SPLITS)}):
+        for prefix in (PREFIX_CHUNK, 2 * PREFIX_CHUNK, MAX_SPLITS * PREFIX_CHUNK):
             assert prefix_splits(prefix) in (1, 2, MAX_SPLITS)
             lens = [prefix + 1 + i for i in range(size)]
             attn.plan(_chain_batch(table, lens, [1] * size, groups=[(list(range(size)), prefix)]))
