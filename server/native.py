@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from ..runtime.engine import Collector, Completion, Engine, sample_rids
+from ..runtime.completion import Collector, Completion
+from ..runtime.engine import Engine
 from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import SamplingParams
@@ -17,7 +17,7 @@ from .errors import APIError
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
 from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
-from .serving import checked_params, events, length_hint, open_stream, run
+from .serving import checked_params, events, length_hint, open_stream, prepare, run
 from .state import ServerState, server_state
 from .streaming import sse_response
 from .text_input import check_unicode, check_unicode_tree, encode_texts
@@ -34,19 +34,21 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
     engine = state.engine
-    params = await checked_params(state, body.sampling_params, FIELDS)
+    sampling = await checked_params(state, body.sampling_params, FIELDS)
+    params = sampling.params
     prompts, single = await _prompt_ids(state, body, params.n)
     _check_logprob_start(body.logprob_start_len, prompts)
-    rids = _rids(body.rid, len(prompts))
-    groups = {r: sample_rids([r], params.n) for r in rids}
-    args = dict(input_ids=prompts, sampling_params=params, return_logprob=body.return_logprob,
-                logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num, rid=rids,
+    check_unicode_tree(body.rid, "rid")  # it comes back as the response's id
+    args = dict(input_ids=prompts, sampling_params=sampling, return_logprob=body.return_logprob,
+                logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num, rid=body.rid,
                 image_data=await _images(state, body.image_data))
+    batch = prepare(state, args, FIELDS)
+    groups = batch.groups()
     started = time.perf_counter()
     if body.stream:
-        chunks = open_stream(state, args, groups, FIELDS)
+        chunks = open_stream(state, batch, groups)
         return sse_response(_events(state, body, prompts, params, groups, chunks, started))
-    results = await run(state, request, args, groups, FIELDS)
+    results = await run(state, request, batch, groups)
 
     def render() -> list[dict[str, Any]]:
         return [_response(engine, body, prompts[i // params.n], c, True, started, params.max_new_tokens)
@@ -113,18 +115,6 @@ def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:
     if not -1 <= start <= longest:
         raise APIError(400, f"logprob_start_len must be in [-1, {longest}] (-1: no prompt logprobs; the longest "
                             f"prompt has {longest} tokens), got {start}", "logprob_start_len")
-
-
-def _rids(rid: str | list[str] | None, num_prompts: int) -> list[str]:
-    if rid is None:
-        return [uuid.uuid4().hex for _ in range(num_prompts)]
-    check_unicode_tree(rid, "rid")  # it comes back as the response's id
-    given = [rid] if isinstance(rid, str) else rid
-    if len(given) != num_prompts or not all(given):
-        raise APIError(400, f"rid must be one non-empty string per prompt ({num_prompts})", "rid")
-    if len(set(given)) != len(given):
-        raise APIError(400, "request ids must be unique within a request", "rid")
-    return given
 
 
 def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: Completion,

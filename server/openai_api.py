@@ -17,7 +17,7 @@ from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_log
                             new_id, num_prompts, sampling_params)
 from .openapi import error_responses, streaming_responses
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .serving import checked_params, events, open_stream, run
+from .serving import checked_params, events, open_stream, prepare, run
 from .state import ServerState, server_state
 from .streaming import sse_response
 
@@ -98,11 +98,13 @@ class _View:
 
 async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Response:
     state, job = view.state, view.job
+    batch = prepare(state, job.engine_args(), fields)
+    groups = {job.id: batch.rids}  # all samples abort together by the response id
     if view.body.stream:
-        chunks = open_stream(state, job.engine_args(), job.groups, fields)
-        return sse_response(events(state, job.groups, chunks, view.render, view.start(), view.finish,
+        chunks = open_stream(state, batch, groups)
+        return sse_response(events(state, groups, chunks, view.render, view.start(), view.finish,
                                    job.return_logprob))
-    results = await run(state, request, job.engine_args(), job.groups, fields)
+    results = await run(state, request, batch, groups)
     return JSONResponse(await state.offload(view.whole, results))  # logprobs: many detokenisations
 
 
@@ -120,12 +122,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, max_tokens)
     fields = FIELDS | {"top_logprobs_num": "logprobs"}
-    n = (await checked_params(state, params, fields)).n  # checked before anything is sized by n
-    state.limits.check_prompts(num_prompts(body.prompt), n, "prompt")
+    sampling = await checked_params(state, params, fields)  # checked before anything is sized by n
+    state.limits.check_prompts(num_prompts(body.prompt), sampling.n, "prompt")
     engine = state.engine
     prompts, texts = await state.offload(completion_prompts, engine.tokenizer, body.prompt, engine.context_length)
     want_logprobs = body.logprobs is not None
-    job = Job(new_id("cmpl"), prompts, params, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
+    job = Job(new_id("cmpl"), prompts, sampling, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
               logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
     return await _respond(request, _CompletionView(state, body, job, texts), fields)
 
@@ -193,11 +195,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     # no limit given: up to the context (the engine stops there)
     params = sampling_params(body, engine.context_length if max_tokens is None else max_tokens)
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
-    n = (await checked_params(state, params, fields)).n  # checked before anything is sized by n
-    state.limits.check_prompts(1, n, "messages")
+    sampling = await checked_params(state, params, fields)  # checked before anything is sized by n
+    state.limits.check_prompts(1, sampling.n, "messages")
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
                                          engine.image_prompts, state.model_name)
-    job = Job(new_id("chatcmpl"), [prompt], params, return_logprob=body.logprobs,
+    job = Job(new_id("chatcmpl"), [prompt], sampling, return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None)
     return await _respond(request, _ChatView(state, body, job), fields)
 

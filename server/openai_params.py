@@ -7,9 +7,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.engine import sample_rids
 from ..runtime.multimodal.prompt import ImagePrompts
-from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES, SamplingParams
+from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
+from ..runtime.submission import CheckedSampling
 from ..runtime.tokenizer import Tokenizer
 from .config import MAX_TOP_LOGPROBS
 from .errors import APIError, user_errors
@@ -29,16 +29,12 @@ class Job:
 
     id: str
     prompts: list[list[int]]
-    params: dict[str, Any]
+    sampling: CheckedSampling
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     image_data: list[Any] | None = None  # the prompt's images (decoded), one per placeholder
     created: int = field(default_factory=lambda: int(time.time()))
-    sampling: SamplingParams = field(init=False)  # params, with the engine's defaults for the rest
-
-    def __post_init__(self) -> None:
-        self.sampling = SamplingParams.from_any(self.params)
 
     @property
     def n(self) -> int:
@@ -47,11 +43,6 @@ class Job:
     @property
     def rids(self) -> list[str]:
         return [self.id] if len(self.prompts) == 1 else [f"{self.id}-{i}" for i in range(len(self.prompts))]
-
-    @property
-    def groups(self) -> dict[str, list[str]]:
-        """All samples abort together by the response id."""
-        return {self.id: sample_rids(self.rids, self.n)}
 
     def engine_args(self) -> dict[str, Any]:
         return dict(input_ids=self.prompts, sampling_params=self.sampling, return_logprob=self.return_logprob,

@@ -9,7 +9,7 @@ from fastapi import Request
 
 from ..runtime.engine import Completion, Engine
 from ..runtime.request import StreamChunk
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.submission import CheckedSampling, SubmissionBatch
 from .errors import APIError, error_body, user_errors
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
@@ -20,18 +20,19 @@ Groups = dict[str, list[str]]
 
 
 async def checked_params(state: ServerState, raw: Mapping[str, Any] | None, fields: Mapping[str, str]
-                         ) -> SamplingParams:
-    """Validated sampling params. A constraint is compiled now, on the CPU pool: the engine then finds
-    it in its cache instead of compiling it on the event loop."""
-    engine = state.engine
+                         ) -> CheckedSampling:
+    """Validated sampling params, their constraint compiled on the CPU pool (not on the event loop);
+    the engine takes them as they are."""
     for name, value in (raw or {}).items():  # e.g. a stop string would come back in matched_stop
         check_unicode_tree(value, fields.get(name, name))
     with user_errors(fields):
-        params = SamplingParams.from_any(raw)
-        params.validate(engine.vocab_size, engine.context_length, names=fields)
-        if params.constraint is not None:
-            await state.offload(engine.constraints.compile, *params.constraint)
-    return params
+        return await state.offload(state.engine.validator.sampling, raw, fields)
+
+
+def prepare(state: ServerState, args: Mapping[str, Any], fields: Mapping[str, str]) -> SubmissionBatch:
+    """The request's Submissions (`Engine.prepare`'s arguments; sampling_params already checked)."""
+    with user_errors(fields):
+        return state.engine.prepare(**args)
 
 
 def length_hint(engine: Engine, prompt_tokens: int, completion_tokens: int, max_new_tokens: int) -> str | None:
@@ -45,26 +46,21 @@ def length_hint(engine: Engine, prompt_tokens: int, completion_tokens: int, max_
             f"({engine.pool_size} tokens) could not hold more of this request")
 
 
-async def run(state: ServerState, request: Request, args: dict[str, Any], groups: Groups,
-              fields: Mapping[str, str]) -> list[Completion]:
+async def run(state: ServerState, request: Request, batch: SubmissionBatch, groups: Groups) -> list[Completion]:
     """Every completion of a non-streaming request, in `generate`'s order. Raises ClientGone if the
-    client disconnects first (its requests are aborted), APIError for a bad or failed request."""
-    with state.live.claim(groups), user_errors(fields):
-        out = await until_disconnect(request, state.engine.async_generate(**args))
-    results = out if isinstance(out, list) else [out]
+    client disconnects first (its requests are aborted), APIError for a failed request."""
+    with state.live.claim(groups):
+        results = await until_disconnect(request, state.engine.async_run(batch))
     for c in results:
         if c.meta.error is not None:
             raise APIError(state.error_status(), c.meta.error, kind="server_error")
     return results
 
 
-def open_stream(state: ServerState, args: dict[str, Any], groups: Groups,
-                fields: Mapping[str, str]) -> AsyncIterator[tuple[int, StreamChunk]]:
-    """The engine stream of a streaming request, validated now so errors are still a 4xx status."""
-    with user_errors(fields):
-        chunks = state.engine.async_stream_batch(**args)
+def open_stream(state: ServerState, batch: SubmissionBatch, groups: Groups) -> AsyncIterator[tuple[int, StreamChunk]]:
+    """The engine stream of a streaming request; its ids are checked now so a clash is still a 4xx status."""
     state.live.check(groups)
-    return chunks
+    return state.engine.async_chunks(batch)
 
 
 async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple[int, StreamChunk]],

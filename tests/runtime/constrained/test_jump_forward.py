@@ -115,7 +115,7 @@ def test_rolling_back_into_tree_owned_kv_relocks_the_shallower_node(tiny_engine)
     params = {"max_new_tokens": 6, "temperature": 0}
     reference = tiny_engine.generate(prompt, params).output_ids
     sched = tiny_engine.scheduler
-    sub = tiny_engine._submissions(prompt, params, None, False, -1, 0, "relock-test")[0][0]
+    sub = tiny_engine.prepare(prompt, params, rid="relock-test").requests[0]
 
     def scenario() -> list[int]:
         sched.flush()  # forget the reference run, so all is prefilled
@@ -132,7 +132,7 @@ def test_rolling_back_into_tree_owned_kv_relocks_the_shallower_node(tiny_engine)
         sched.check_invariants()
         return req.output_ids
 
-    assert tiny_engine._call(scenario).result() == reference
+    assert tiny_engine._thread.call(scenario).result() == reference
     tiny_engine.check_invariants()
 
 

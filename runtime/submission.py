@@ -1,0 +1,68 @@
+"""One request as the engine takes it: validated once, at the edge, by `RequestValidator.build`.
+
+server/ and lang/ build these (through `Engine.prepare`); `Engine.submit` is the one way in. Nothing
+after the edge checks a field again or re-packs the request into a dict.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .constrained.matcher import Constraint
+    from .multimodal.prompt import ImageSpan
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSampling:
+    """Sampling params that passed validation, with their constraint compiled (None: unconstrained)."""
+
+    params: SamplingParams
+    constraint: Constraint | None = None
+
+    @property
+    def n(self) -> int:
+        return self.params.n
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One sample of one prompt, ready to become a `Req`: every field is validated."""
+
+    rid: str
+    prompt_ids: list[int]  # image placeholders already expanded into their spans' pad ids
+    params: SamplingParams  # n == 1: a request for n samples is n submissions
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # first prompt position to score, in the expanded prompt; -1: none
+    top_logprobs_num: int = 0
+    constraint: Constraint | None = None  # compiled from params' regex / json_schema / grammar
+    images: list[ImageSpan] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionBatch:
+    """What one call asked for: its submissions prompt-major (prompt i's samples together)."""
+
+    requests: list[Submission]
+    prompt_rids: list[str]  # one per prompt: a sample's rid is its prompt's, or `{rid}-{j}` when n > 1
+    single: bool  # one prompt given bare (not in a list): a caller gets one result, not a list
+    n: int = 1
+    # for n > 1, each distinct prompt once with max_new_tokens=0, run first so the samples share its KV
+    shared_prefills: list[Submission] = field(default_factory=list)
+
+    @property
+    def rids(self) -> list[str]:
+        return [s.rid for s in self.requests]
+
+    def groups(self) -> dict[str, list[str]]:
+        """Each prompt's rid -> its samples' rids (a connection aborts them together)."""
+        rids, n = self.rids, self.n
+        return {r: rids[i * n:(i + 1) * n] for i, r in enumerate(self.prompt_rids)}
+
+
+def sample_rids(rids: Sequence[str], n: int) -> list[str]:
+    """The request id of each of the n samples of each prompt: the prompt's own rid when n == 1."""
+    return list(rids) if n == 1 else [f"{r}-{j}" for r in rids for j in range(n)]
+

@@ -1,0 +1,93 @@
+"""Wiring: loads the model and builds the KV memory, cache, attention backend, runner and scheduler."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.registry import create_backend
+from .config import EngineConfig, available_memory_bytes
+from .constrained.jump_forward import JumpForwarder
+from .cuda_graph import DecodeGraphs
+from .distributed.embedding_cache import BroadcastEmbeddingCache
+from .distributed.group import TensorParallel
+from .distributed.layers import kv_heads_per_rank
+from .distributed.runner import TPRunner
+from .distributed.workers import TPWorkers
+from .kv_manager import KVManager
+from .memory import KVPool, ReqToToken, SlotAllocator
+from .model_runner import ModelRunner
+from .models.compiled import compile_layers
+from .models.loader import load_model
+from .models.quant import quantize_model
+from .multimodal.encoder import ImageEncoder
+from .multimodal.prompt import ImagePrompts
+from .radix_cache import RadixCache
+from .scheduler import Scheduler
+from .speculative.drafter import create_drafter
+from .tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class EngineParts:
+    scheduler: Scheduler
+    tokenizer: Tokenizer
+    model_name: str
+    vocab_size: int
+    pool_size: int
+    image_prompts: ImagePrompts | None = None  # None: a text-only model
+    image_encoder: ImageEncoder | None = None
+
+
+def create_scheduler(cfg: EngineConfig) -> EngineParts:
+    """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
+    device, dtype = cfg.torch_device(), cfg.torch_dtype()
+    tp = TensorParallel(0, cfg.tp_size)
+    loaded = load_model(cfg.model, device, dtype, tp, keep_blocks=cfg.quantization == "auto")
+    quantize_model(loaded.model, cfg.quantization, loaded.blocks)
+    if cfg.compile_layers:
+        compile_layers(loaded.model)
+    mcfg = loaded.model.config
+    context_length = cfg.context_length or mcfg.max_position
+    if context_length > mcfg.max_position:
+        raise ValueError(f"context_length {context_length} exceeds the model's {mcfg.max_position}")
+    kv_heads = kv_heads_per_rank(mcfg.num_kv_heads, tp.size)  # each rank's pool holds its own heads
+    pool_size = kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length)
+    pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device)
+    allocator = SlotAllocator(pool_size, device)
+    req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
+    cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
+    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+    graphs = None
+    if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
+        graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
+                              capture=device.type == "cuda")
+    vision = loaded.vision
+    if vision is not None and tp.size > 1 and cfg.image_cache_mb == 0:
+        raise ValueError("image_cache_mb must be > 0 with tp_size > 1: the worker ranks take image embeddings "
+                         "from their mirror of rank 0's cache")
+    workers = None if tp.size == 1 else TPWorkers(cfg, tp, pool_size, device)
+    encoder = None
+    if vision is not None:
+        publish = None if workers is None else workers.publish_embedding
+        encoder = ImageEncoder(vision.module, BroadcastEmbeddingCache(cfg.image_cache_mb, publish), device, dtype)
+    image_token_id = 0 if vision is None else vision.image_token_id
+    if workers is None:
+        runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs, encoder, image_token_id)
+    else:
+        runner = TPRunner(loaded.model, req_to_token, attn, device, workers, encoder, image_token_id)
+    jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
+    kv = KVManager(pool, allocator, req_to_token, cache)
+    drafter = create_drafter(cfg, loaded, pool_size, context_length)
+    scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump, drafter=drafter)
+    return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
+                       None if vision is None else ImagePrompts(vision), encoder)
+
+
+def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 context_length: int) -> int:
+    if cfg.kv_cache_tokens is not None:
+        return cfg.kv_cache_tokens
+    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
+    tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
+    return max(2, min(tokens, cfg.max_running_requests * context_length))

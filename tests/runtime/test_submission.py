@@ -1,0 +1,60 @@
+"""The one request path: `Engine.prepare` validates a call once into Submissions, `Engine.submit` runs them,
+and the generate forms are adapters over the two (same outputs)."""
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from radixlang.runtime.sampling_params import FieldError, SamplingParams
+from radixlang.runtime.submission import CheckedSampling
+
+GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+
+
+@pytest.fixture
+def engine(tiny_engine_factory):
+    return tiny_engine_factory()
+
+
+def test_prepare_gives_one_submission_per_prompt_and_sample_with_seeds_offset(engine):
+    batch = engine.prepare(["a b", "c d"], {**GREEDY, "n": 2, "seed": 7}, rid=["x", "y"])
+    assert batch.rids == ["x-0", "x-1", "y-0", "y-1"] and not batch.single and batch.n == 2
+    assert [s.params.seed for s in batch.requests] == [7, 8, 7, 8]
+    assert all(s.params.n == 1 for s in batch.requests)
+    assert batch.groups() == {"x": ["x-0", "x-1"], "y": ["y-0", "y-1"]}
+    assert len(batch.shared_prefills) == 2  # each prompt's KV computed once for its two samples
+
+
+def test_checked_sampling_is_taken_as_is_not_validated_again(engine, monkeypatch):
+    checked = engine.validator.sampling(GREEDY)
+    assert isinstance(checked, CheckedSampling) and checked.params.temperature == 0
+
+    def fail(*args, **kwargs):
+        raise AssertionError("validated twice")
+
+    monkeypatch.setattr(SamplingParams, "validate", fail)
+    batch = engine.prepare("hello there", checked)
+    assert batch.requests[0].params is checked.params
+
+
+@pytest.mark.parametrize("call, field", [
+    (dict(sampling_params={"temperature": -1}), "temperature"),
+    (dict(rid=["same", "same"]), "rid"),
+    (dict(top_logprobs_num=-1), "top_logprobs_num"),
+])
+def test_prepare_refuses_bad_fields_naming_them(engine, call, field):
+    with pytest.raises((ValueError, FieldError), match=field):
+        engine.prepare(["p one", "p two"], **call)
+
+
+def test_submit_streams_the_same_tokens_as_generate(engine):
+    expected = engine.generate("The quick brown fox", GREEDY).output_ids
+    [sub] = engine.prepare("The quick brown fox", GREEDY).requests
+    inbox: queue.Queue = queue.Queue()
+    engine.submit(sub, inbox.put)
+    chunks = [inbox.get()]
+    while not chunks[-1].finished:
+        chunks.append(inbox.get())
+    assert [t for c in chunks for t in c.token_ids] == expected
+    assert chunks[-1].rid == sub.rid and chunks[-1].finish_reason == "length"
