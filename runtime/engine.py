@@ -13,6 +13,7 @@ from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.vocab import TokenVocab
 from .request import Req, StreamChunk
+from .request_factory import create_req
 from .scheduler_thread import SchedulerThread
 from .submission import Submission, SubmissionBatch, sample_rids
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
@@ -84,7 +85,7 @@ class Engine:
         if seed is None:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
-        return Req.create(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
+        return create_req(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
                           context_length=self.context_length, seed=seed, device=self.device,
                           return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
                           top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
