@@ -51,6 +51,10 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
         from ..multimodal.loader import load_vision_language
 
         return load_vision_language(path, device, dtype, tp)
+    if path.is_dir() and _is_sparse_folder(path):
+        from .sparse_models import load_sparse_model  # MoE / MLA architectures: their own modules
+
+        return load_sparse_model(path, device, dtype, tp)
     blocks: dict[str, GroupQuant] = {}
     if path.is_dir():
         cfg, weights, tokenizer = read_hf_dir(path)
@@ -211,17 +215,23 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return json.loads(config_path.read_text())
 
 
+def _is_sparse_folder(path: Path) -> bool:
+    from .sparse_models import SPARSE_ARCHS
+
+    return any(a in SPARSE_ARCHS for a in read_hf_config(path).get("architectures") or [])
+
+
 def _is_vision_folder(path: Path) -> bool:
     from ..multimodal.loader import VISION_ARCHS
 
     return any(a in VISION_ARCHS for a in read_hf_config(path).get("architectures") or [])
 
 
-def read_hf_dir(path: Path, hf: dict[str, Any] | None = None):
+def read_hf_dir(path: Path, hf: dict[str, Any] | None = None, read_config=config_from_hf):
     """(config, weights, tokenizer) of an HF folder; `hf`: its config.json when it is not the folder's own
-    (a vision-language folder's language model)."""
+    (a vision-language folder's language model); `read_config`: config.json -> the model's config."""
     hf = read_hf_config(path) if hf is None else hf
-    cfg = config_from_hf(hf)
+    cfg = read_config(hf)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"HF model folder {str(path)!r} has no *.safetensors files")

@@ -1,0 +1,30 @@
+"""Building the mixture-of-experts and MLA architectures from HF folders (the loader dispatches here by
+architecture)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..distributed.group import TensorParallel
+from .llama import Rotary
+from .loader import LoadedModel, read_hf_config, read_hf_dir
+from .moe_config import MOE_LLAMA_ARCHS, moe_llama_config_from_hf
+from .moe_llama import MoeLlamaForCausalLM
+
+SPARSE_ARCHS = MOE_LLAMA_ARCHS
+
+
+def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
+                      tp: TensorParallel | None = None) -> LoadedModel:
+    hf = read_hf_config(path)
+    (cfg, spec), weights, tokenizer = read_hf_dir(path, hf, read_config=moe_llama_config_from_hf)
+    with torch.device("meta"):
+        model = MoeLlamaForCausalLM(cfg, spec, tp)
+    model = model.to_empty(device=device)
+    model.load_weights(weights)
+    model = model.to(dtype)
+    model.rotary = Rotary(cfg).to(device)  # fp32 tables, computed rather than loaded
+    for block in model.moe_blocks():
+        block.reset()
+    return LoadedModel(model.eval(), tokenizer, path.name)
