@@ -30,6 +30,7 @@ from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
 from .models.compiled import compile_layers
+from .models.eplb import Placement, expert_load, rebalance
 from .models.quant import quantize_model
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
@@ -547,6 +548,21 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         return self._query(self.scheduler.stats)
+
+    def expert_load(self) -> torch.Tensor:
+        """[MoE layers, experts]: tokens the routers sent to each expert since the last rebalance."""
+        return self._query(lambda: expert_load(self._moe_blocks()))
+
+    def rebalance_experts(self, num_physical: int, num_ranks: int = 1, num_groups: int = 1,
+                          num_nodes: int = 1) -> list[Placement]:
+        """EPLB: places every MoE layer's experts by its measured load (hot ones replicated) and applies it."""
+        return self._query(lambda: rebalance(self._moe_blocks(), num_physical, num_ranks, num_groups, num_nodes))
+
+    def _moe_blocks(self) -> list:
+        blocks = getattr(self.scheduler.runner.model, "moe_blocks", list)()
+        if not blocks:
+            raise ValueError("this model has no mixture-of-experts layers")
+        return blocks
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""
