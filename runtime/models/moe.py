@@ -111,12 +111,19 @@ class ExpertTable:
 
 
 class Experts(nn.Module):
-    """The routed experts of one layer (all of them; expert parallelism picks a rank's share in `ep.py`)."""
+    """The routed experts of one layer whose weights this rank holds: `local_logical` (all of them unless
+    expert parallelism gives each rank its share, distributed/ep.py)."""
 
-    def __init__(self, spec: MoeSpec, hidden_size: int):
+    def __init__(self, spec: MoeSpec, hidden_size: int, local_logical: list[int] | None = None):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(spec.num_experts, 2 * spec.intermediate_size, hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(spec.num_experts, hidden_size, spec.intermediate_size))
+        self.local_logical = list(range(spec.num_experts)) if local_logical is None else local_logical
+        n = len(self.local_logical)
+        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * spec.intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(n, hidden_size, spec.intermediate_size))
+
+    def shard(self, param: str, t: torch.Tensor) -> torch.Tensor:
+        """This rank's experts out of the checkpoint's stacked [experts, ...] tensor."""
+        return t[self.local_logical] if len(self.local_logical) < t.shape[0] else t
 
     def forward(self, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor,
                 phys_to_logical: torch.Tensor, num_physical: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.ep import ExpertParallel
 from ..distributed.group import TensorParallel
 from .llama import LlamaConfig, LlamaForCausalLM
 from .moe import ExpertTable, Experts, MoeSpec, Router
@@ -30,18 +31,21 @@ class SparseMoeBlock(nn.Module):
     """Router -> routed experts (+ shared expert). Counts the tokens each logical expert receives (`load`)
     for EPLB; `table` maps the router's logical choices to the physical experts that run them."""
 
-    def __init__(self, spec: MoeSpec, hidden_size: int, shared_name: str = "shared_expert"):
+    def __init__(self, spec: MoeSpec, hidden_size: int, shared_name: str = "shared_expert",
+                 ep: TensorParallel | None = None):
         super().__init__()
         self.spec = spec
         self.gate = Router(spec, hidden_size)
-        self.experts = Experts(spec, hidden_size)
+        self.dispatch = None if ep is None or ep.size == 1 else ExpertParallel(ep, spec.num_experts)
+        local = None if self.dispatch is None else list(range(ep.rank * self.dispatch.per_rank,
+                                                            (ep.rank + 1) * self.dispatch.per_rank))
+        self.experts = Experts(spec, hidden_size, local)
         self.shared_name = shared_name
         if spec.shared_intermediate_size:
             setattr(self, shared_name, SharedExpert(hidden_size, spec.shared_intermediate_size))
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if spec.shared_gate else None
         self.table = ExpertTable.identity(spec.num_experts)
         self.register_buffer("load", torch.zeros(spec.num_experts, dtype=torch.int64), persistent=False)
-        self.dispatch = None  # an ep.ExpertParallel runs the routed experts across ranks when set
 
     def reset(self) -> None:
         """After loading (meta-built buffers hold garbage): zero counts, the identity placement."""
@@ -49,6 +53,9 @@ class SparseMoeBlock(nn.Module):
         self.set_table(ExpertTable.identity(self.spec.num_experts))
 
     def set_table(self, table: ExpertTable) -> None:
+        if self.dispatch is not None and not torch.equal(table.phys_to_logical.cpu(), torch.arange(self.spec.num_experts)):
+            raise ValueError("expert placements apply at ep_size 1: each expert-parallel rank holds only its "
+                             "experts' weights")
         device = self.load.device
         self.table = ExpertTable(table.phys_to_logical.to(device), table.replicas.to(device),
                                  table.replica_count.to(device))
@@ -70,16 +77,14 @@ class SparseMoeBlock(nn.Module):
 
 
 class MoeLlamaForCausalLM(LlamaForCausalLM):
-    """The dense model with the MLP of each layer in `spec.sparse_layers` replaced by a SparseMoeBlock."""
+    """The dense model with the MLP of each layer in `spec.sparse_layers` replaced by a SparseMoeBlock.
+    Over several ranks (`tp`), attention is tensor-parallel and the experts expert-parallel (ep = tp)."""
 
     def __init__(self, cfg: LlamaConfig, spec: MoeSpec, tp: TensorParallel | None = None):
-        tp = tp or TensorParallel()
-        if tp.size > 1:
-            raise ValueError("MoE models run at tp_size 1 (expert parallelism: ep_size)")
         super().__init__(cfg, tp)
         self.moe_spec = spec
         for i in spec.sparse_layers:
-            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size)
+            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, ep=self.tp)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
