@@ -153,8 +153,9 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
+        capture = device.type == "cuda" and getattr(loaded.model, "capturable", True)  # MoE routing syncs
         graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
-                              capture=device.type == "cuda")
+                              capture=capture)
     vision = loaded.vision
     if vision is not None and tp.size > 1 and cfg.image_cache_mb == 0:
         raise ValueError("image_cache_mb must be > 0 with tp_size > 1: the worker ranks take image embeddings "

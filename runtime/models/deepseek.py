@@ -153,6 +153,8 @@ class MLARotary(nn.Module):
 
 
 class DeepseekForCausalLM(nn.Module):
+    capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
+
     def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.tp = tp = tp or TensorParallel()

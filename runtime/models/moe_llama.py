@@ -80,6 +80,8 @@ class MoeLlamaForCausalLM(LlamaForCausalLM):
     """The dense model with the MLP of each layer in `spec.sparse_layers` replaced by a SparseMoeBlock.
     Over several ranks (`tp`), attention is tensor-parallel and the experts expert-parallel (ep = tp)."""
 
+    capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
+
     def __init__(self, cfg: LlamaConfig, spec: MoeSpec, tp: TensorParallel | None = None):
         super().__init__(cfg, tp)
         self.moe_spec = spec

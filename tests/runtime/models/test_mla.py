@@ -88,3 +88,15 @@ def test_latent_cache_prefix_scores_as_a_recompute(v3_folder):
                          runs[False].meta.input_logprobs + runs[False].meta.output_logprobs):
         assert [t for t, _ in hit.top] == [t for t, _ in miss.top]
         assert max(abs(x - y) for (_, x), (_, y) in zip(hit.top, miss.top)) < 1e-4
+
+
+def test_padded_decode_buckets_over_the_latent_pool_match_plain_decodes(v3_folder):
+    """The fixed-shape decode step (CUDA graphs' buckets, uncaptured on the CPU) over latent KV."""
+    batch = prompts(5)
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    outs = []
+    for graphs in (False, True):
+        with Engine(str(v3_folder), device="cpu", kv_cache_tokens=512, disable_cuda_graph=not graphs) as engine:
+            outs.append([o.output_ids for o in engine.generate(input_ids=batch, sampling_params=params)])
+            engine.check_invariants()
+    assert outs[0] == outs[1]
