@@ -17,9 +17,13 @@ def _run(folder, **options):
     return out
 
 
-def test_ep2_greedy_tokens_and_logprobs_match_ep1(tmp_path):
-    build(tmp_path, "qwen2-moe")  # 4 experts + a shared expert; layer 0 dense (tensor-parallel)
-    one, two = _run(tmp_path / "qwen2-moe"), _run(tmp_path / "qwen2-moe", tp_size=2)
+@pytest.mark.parametrize("name, ranks", [
+    ("qwen2-moe", 2),  # 4 experts + a shared expert; layer 0 dense (tensor-parallel): 2 experts per rank
+    ("mixtral", 4),  # 4 experts: one per rank; 2 KV heads replicated over 4 ranks
+])
+def test_ep_greedy_tokens_and_logprobs_match_ep1(tmp_path, name, ranks):
+    build(tmp_path, name)
+    one, two = _run(tmp_path / name), _run(tmp_path / name, tp_size=ranks)
     assert [o.output_ids for o in two] == [o.output_ids for o in one]
     for a, b in zip(one, two):
         for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs):
