@@ -67,6 +67,12 @@ def test_latent_pool_holds_one_row_per_token_and_layer():
     print(f"bytes/token: latent {latent} vs MHA {mha} ({mha / latent:.1f}x)")
     pool = KVPool(4, 2, 1, 40, torch.float32, torch.device("cpu"), shared_kv=True)
     assert pool.v_buffers is pool.k_buffers
+    for buf in pool.k_buffers:
+        buf.copy_(torch.randn(buf.shape))
+    kept = [buf.clone() for buf in pool.k_buffers]
+    saved = pool.swap_out(torch.tensor([1, 3]))  # preemption to host memory and back, into other slots
+    pool.swap_in(torch.tensor([0, 2]), saved)
+    assert all(torch.equal(buf[[0, 2]], old[[1, 3]]) for buf, old in zip(pool.k_buffers, kept))
 
 
 def test_latent_cache_prefix_scores_as_a_recompute(v3_folder):
@@ -90,13 +96,18 @@ def test_latent_cache_prefix_scores_as_a_recompute(v3_folder):
         assert max(abs(x - y) for (_, x), (_, y) in zip(hit.top, miss.top)) < 1e-4
 
 
-def test_padded_decode_buckets_over_the_latent_pool_match_plain_decodes(v3_folder):
-    """The fixed-shape decode step (CUDA graphs' buckets, uncaptured on the CPU) over latent KV."""
-    batch = prompts(5)
-    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+@pytest.mark.parametrize("options", [dict(disable_cuda_graph=False), dict(speculative_algorithm="NGRAM")],
+                         ids=["decode-buckets", "ngram-trees"])
+def test_latent_pool_decodes_match_plain_decodes(v3_folder, options):
+    """The fixed-shape decode step (CUDA graphs' buckets, uncaptured on the CPU) and n-gram speculation's
+    token trees (verified with a tree mask, kept paths moved by slot) over latent KV."""
+    batch = [p[:24] * 3 for p in prompts(5)]  # repetitive: the n-gram drafter finds drafts
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
     outs = []
-    for graphs in (False, True):
-        with Engine(str(v3_folder), device="cpu", kv_cache_tokens=512, disable_cuda_graph=not graphs) as engine:
+    for extra in ({}, options):
+        with Engine(str(v3_folder), device="cpu", kv_cache_tokens=1024, **extra) as engine:
             outs.append([o.output_ids for o in engine.generate(input_ids=batch, sampling_params=params)])
             engine.check_invariants()
+            verified = engine.stats()["spec_verify_steps_total"]
     assert outs[0] == outs[1]
+    assert "speculative_algorithm" not in options or verified > 0
