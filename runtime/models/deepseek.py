@@ -212,7 +212,7 @@ class DeepseekForCausalLM(nn.Module):
             w = w.view(cfg.num_heads, cfg.qk_nope_head_dim + r, -1).clone()
             w[:, cfg.qk_nope_head_dim:] = w[:, cfg.qk_nope_head_dim + order]
             return w.view(-1, w.shape[-1])
-        if name.endswith("kv_a_proj_with_mqa.weight") or name.endswith("kv_a_proj_with_mqa.bias"):
+        if name.endswith(("kv_a_proj_with_mqa.weight", "kv_a_proj_with_mqa.bias")):
             w = w.clone()
             w[cfg.kv_lora_rank:] = w[cfg.kv_lora_rank + order]
         return w

@@ -50,7 +50,7 @@ def moe_llama_config_from_hf(hf: dict[str, Any]) -> tuple[LlamaConfig, MoeSpec]:
     else:
         step, dense_only = hf.get("decoder_sparse_step") or 1, set(hf.get("mlp_only_layers") or [])
         sparse = tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-    shared = hf.get("shared_expert_intermediate_size") or 0 if arch == QWEN2_MOE else 0
+    shared = (hf.get("shared_expert_intermediate_size") or 0) if arch == QWEN2_MOE else 0
     spec = MoeSpec(
         num_experts=n,
         top_k=hf["num_experts_per_tok"],

@@ -53,7 +53,8 @@ class SparseMoeBlock(nn.Module):
         self.set_table(ExpertTable.identity(self.spec.num_experts))
 
     def set_table(self, table: ExpertTable) -> None:
-        if self.dispatch is not None and not torch.equal(table.phys_to_logical.cpu(), torch.arange(self.spec.num_experts)):
+        identity = torch.equal(table.phys_to_logical.cpu(), torch.arange(self.spec.num_experts))
+        if self.dispatch is not None and not identity:
             raise ValueError("expert placements apply at ep_size 1: each expert-parallel rank holds only its "
                              "experts' weights")
         device = self.load.device

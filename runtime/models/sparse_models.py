@@ -11,6 +11,7 @@ from .deepseek import DeepseekForCausalLM, MLARotary
 from .deepseek_config import DEEPSEEK_ARCHS, deepseek_config_from_hf
 from .llama import Rotary
 from .loader import LoadedModel, read_hf_config, read_hf_dir
+from .moe import Router
 from .moe_config import MOE_LLAMA_ARCHS, moe_llama_config_from_hf
 from .moe_llama import MoeLlamaForCausalLM
 
@@ -32,8 +33,18 @@ def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
         rotary = Rotary(cfg)
     model = model.to_empty(device=device)
     model.load_weights(weights)
-    model = model.to(dtype)
+    _cast(model, dtype, keep_routers=isinstance(model, DeepseekForCausalLM))
     model.rotary = rotary.to(device)  # fp32 tables, computed rather than loaded
     for block in model.moe_blocks():
         block.reset()
     return LoadedModel(model.eval(), tokenizer, path.name)
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype, keep_routers: bool) -> None:
+    """model.to(dtype), but with `keep_routers` the routers stay fp32, as transformers keeps DeepSeek's
+    gate and e_score_correction_bias (expert choices hinge on small score differences)."""
+    for module in model.modules():
+        if keep_routers and isinstance(module, Router):
+            continue
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(dtype) if param.is_floating_point() else param.data
