@@ -89,7 +89,7 @@ def place_experts(load: list[float], num_physical: int, num_ranks: int, num_grou
         copies = {e: slots.count(e) for e in logical}
         rank_of = balanced_packing([load[e] / copies[e] for e in slots], ranks_per_node)
         for rank in range(ranks_per_node):
-            layout.extend(e for e, r in zip(slots, rank_of) if r == rank)
+            layout.extend(e for e, r in zip(slots, rank_of, strict=True) if r == rank)
     return Placement(tuple(layout), num_ranks)
 
 

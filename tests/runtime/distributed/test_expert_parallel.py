@@ -25,10 +25,10 @@ def test_ep_greedy_tokens_and_logprobs_match_ep1(tmp_path, name, ranks):
     build(tmp_path, name)
     one, two = _run(tmp_path / name), _run(tmp_path / name, tp_size=ranks)
     assert [o.output_ids for o in two] == [o.output_ids for o in one]
-    for a, b in zip(one, two):
-        for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs):
+    for a, b in zip(one, two, strict=True):
+        for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs, strict=True):
             assert [t for t, _ in x.top] == [t for t, _ in y.top]
-            assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top)) < 1e-4
+            assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top, strict=True)) < 1e-4
 
 
 def test_experts_that_do_not_split_over_the_ranks_are_refused(tmp_path):

@@ -72,7 +72,7 @@ def test_latent_pool_holds_one_row_per_token_and_layer():
     kept = [buf.clone() for buf in pool.k_buffers]
     saved = pool.swap_out(torch.tensor([1, 3]))  # preemption to host memory and back, into other slots
     pool.swap_in(torch.tensor([0, 2]), saved)
-    assert all(torch.equal(buf[[0, 2]], old[[1, 3]]) for buf, old in zip(pool.k_buffers, kept))
+    assert all(torch.equal(buf[[0, 2]], old[[1, 3]]) for buf, old in zip(pool.k_buffers, kept, strict=True))
 
 
 def test_latent_cache_prefix_scores_as_a_recompute(v3_folder):
@@ -91,9 +91,9 @@ def test_latent_cache_prefix_scores_as_a_recompute(v3_folder):
     assert runs[True].meta.cached_tokens >= len(a) - 1 and runs[False].meta.cached_tokens == 0
     assert runs[True].output_ids == runs[False].output_ids
     for hit, miss in zip(runs[True].meta.input_logprobs + runs[True].meta.output_logprobs,
-                         runs[False].meta.input_logprobs + runs[False].meta.output_logprobs):
+                         runs[False].meta.input_logprobs + runs[False].meta.output_logprobs, strict=True):
         assert [t for t, _ in hit.top] == [t for t, _ in miss.top]
-        assert max(abs(x - y) for (_, x), (_, y) in zip(hit.top, miss.top)) < 1e-4
+        assert max(abs(x - y) for (_, x), (_, y) in zip(hit.top, miss.top, strict=True)) < 1e-4
 
 
 @pytest.mark.parametrize("options", [dict(disable_cuda_graph=False), dict(speculative_algorithm="NGRAM")],

@@ -89,7 +89,7 @@ def test_moe_engine_matches_transformers(tmp_path, monkeypatch, name):
     assert [out.output_ids for out in greedy] == expected
     reference = hf_router_choices(model, batch[0])
     assert len(ours) == len(reference) >= 1  # the prefill's forward: one call per sparse layer
-    for layer, (got, want) in enumerate(zip(ours, reference)):
+    for layer, (got, want) in enumerate(zip(ours, reference, strict=True)):
         assert torch.equal(got, want), f"layer {layer}: router choices differ"
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.tensor([batch[0]])).logits[0], -1)
