@@ -9,11 +9,15 @@ expert is spread over its replicas by token.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+TRITON = importlib.util.find_spec("triton") is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,7 @@ class Experts(nn.Module):
         n = len(self.local_logical)
         self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * spec.intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(n, hidden_size, spec.intermediate_size))
+        self.fused: bool | None = None  # the Triton fused-MoE kernel: None = on CUDA where Triton is installed
 
     def shard(self, param: str, t: torch.Tensor) -> torch.Tensor:
         """This rank's experts out of the checkpoint's stacked [experts, ...] tensor."""
@@ -128,6 +133,10 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor,
                 phys_to_logical: torch.Tensor, num_physical: int) -> torch.Tensor:
         """x [T, H]; phys, weights [T, k] -> sum over k of weight * expert(x), [T, H]."""
+        if self.fused if self.fused is not None else (x.is_cuda and TRITON):
+            from ...kernels.triton_moe import fused_moe  # imports triton: only when it runs
+
+            return fused_moe(x, self.gate_up_proj, self.down_proj, phys_to_logical[phys], weights)
         k = phys.shape[1]
         flat = phys.flatten()
         order = flat.argsort(stable=True)

@@ -68,3 +68,22 @@ def test_fused_moe_matches_each_tokens_experts_one_by_one():
     assert rows.source.numel() % 16 == 0 and sorted(rows.source[rows.source >= 0].tolist()) == list(range(tokens * k))
     got = fused_moe(x, gate_up, down, ids, weights)
     assert (got.double() - moe_oracle(x, gate_up, down, ids, weights)).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_moe_block_runs_the_fused_kernel_as_its_grouped_matmuls_with_replicas():
+    from radixlang.runtime.models.moe import ExpertTable, MoeSpec
+    from radixlang.runtime.models.moe_llama import SparseMoeBlock
+
+    g = torch.Generator().manual_seed(2)
+    block = SparseMoeBlock(MoeSpec(num_experts=6, top_k=2, intermediate_size=24, norm_topk_prob=True), 32)
+    for p in block.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+    block.reset()
+    block.set_table(ExpertTable.from_phys_to_logical([0, 1, 2, 3, 4, 5, 0, 3], 6))  # replicas of 0 and 3
+    x = torch.randn(21, 32, generator=g)
+    outs = []
+    for fused in (False, True):
+        block.experts.fused = fused
+        outs.append(block(x))
+    assert (outs[0] - outs[1]).abs().max() < 1e-5 * outs[0].abs().max()
