@@ -38,10 +38,14 @@ from .backend import AttentionBatch, DecodeBatch, DecodeGroups
 from .triton_backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton_decode import MAX_SPLITS, num_splits
 from .triton_extend import block_rows
+from .triton_mla import mla_decode
+from .triton_moe import fused_moe
 
 SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}  # opt-in dynamic shared memory per block
 SIXTEEN_BIT = ("bfloat16", "float16")  # their tl.dot must use tensor cores (fp32 stays exact: "ieee", CUDA cores)
 HEAD_SHAPES = ((9, 3, 64), (32, 8, 128))  # SmolLM2-135M's (heads, KV heads, head_dim); a Llama-8B-like one
+MLA_SHAPE = (16, 512, 64)  # DeepSeek-V3's latent decode: (query heads on a rank, kv_lora_rank, rope dims)
+MOE_SHAPE = (256, 128, 8, 2)  # (hidden, expert intermediate, experts, top-k): sizes are runtime arguments
 
 
 @dataclass(slots=True)
@@ -165,21 +169,36 @@ def drive_every_step_kind(heads: int, kv_heads: int, d: int, dtype: torch.dtype)
     run(b)
 
 
+def drive_mla_and_moe(dtype: torch.dtype) -> None:
+    """The MLA latent decode at DeepSeek-V3's row shape and both grouped GEMMs of the fused MoE (compile-only)."""
+    heads, rank, rope = MLA_SHAPE
+    cache = torch.zeros(64, 1, rank + rope, dtype=dtype)
+    mla_decode(torch.zeros(2, heads, rank + rope, dtype=dtype), cache, torch.tensor([0, 30, 60]),
+               torch.arange(60), rank, 0.1)
+    hidden, inter, experts, k = MOE_SHAPE
+    ids = torch.arange(8 * k).view(8, k) % experts
+    fused_moe(torch.zeros(8, hidden, dtype=dtype), torch.zeros(experts, 2 * inter, hidden, dtype=dtype),
+              torch.zeros(experts, hidden, inter, dtype=dtype), ids, torch.ones(8, k))
+
+
 def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_check compiles kernels: run it without TRITON_INTERPRET=1")
     variants = []
+    shapes = [(f"{h}/{kv}/{d}", lambda dtype, h=h, kv=kv, d=d: drive_every_step_kind(h, kv, d, dtype))
+              for h, kv, d in HEAD_SHAPES]
+    shapes.append(("mla {}/{}+{}, moe".format(*MLA_SHAPE), drive_mla_and_moe))
     for dtype in dtypes:
-        for heads, kv_heads, d in HEAD_SHAPES:
+        for label, drive in shapes:
             with compile_only(arch) as compiled:
-                drive_every_step_kind(heads, kv_heads, d, dtype)
+                drive(dtype)
             seen = set()
             for name, constants, kernel in compiled:
                 if id(kernel) in seen:
                     continue  # a launch that hit triton's cache of compiled variants
                 seen.add(id(kernel))
                 registers, local = resources(kernel.asm["cubin"])
-                variants.append(Variant(name, str(dtype).removeprefix("torch."), f"{heads}/{kv_heads}/{d}",
+                variants.append(Variant(name, str(dtype).removeprefix("torch."), label,
                                         constants, kernel.metadata.num_warps, kernel.metadata.shared,
                                         registers, local, kernel.asm["ttir"].count("tt.dot"),
                                         len(re.findall(r"\b(?:mma\.sync|wgmma\.mma_async)\b", kernel.asm["ptx"]))))

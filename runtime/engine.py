@@ -8,10 +8,13 @@ import random
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence, TypeVar
 
+import torch
+
 from .completion import Collector, Completion, CompletionMeta, collecting_sink
 from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.vocab import TokenVocab
+from .models.eplb import Placement, expert_load, rebalance
 from .request import Req, StreamChunk
 from .request_factory import create_req
 from .scheduler_thread import SchedulerThread
@@ -217,6 +220,22 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         return self._thread.query(self.scheduler.stats)
+
+    def expert_load(self) -> torch.Tensor:
+        """[MoE layers, experts]: tokens the routers sent to each expert since the last rebalance."""
+        return self._thread.query(lambda: expert_load(self._moe_blocks()))
+
+    def rebalance_experts(self, num_physical: int, num_ranks: int = 1, num_groups: int = 1,
+                          num_nodes: int = 1) -> list[Placement]:
+        """EPLB: places every MoE layer's experts by its measured load (hot ones replicated) and applies it."""
+        return self._thread.query(lambda: rebalance(self._moe_blocks(), num_physical, num_ranks, num_groups,
+                                                    num_nodes))
+
+    def _moe_blocks(self) -> list:
+        blocks = getattr(self.runner.model, "moe_blocks", list)()
+        if not blocks:
+            raise ValueError("this model has no mixture-of-experts layers")
+        return blocks
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""

@@ -104,26 +104,31 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 class KVPool:
     """Per-layer K and V buffers of shape [num_slots + 1, num_kv_heads, head_dim]: slot `pad_slot` (the
-    last) belongs to no request; the padding rows of a fixed-size decode batch (CUDA graphs) write there."""
+    last) belongs to no request; the padding rows of a fixed-size decode batch (CUDA graphs) write there.
+    `shared_kv` (MLA's latent pool): V is the K buffer itself, one latent row per token and layer."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, shared_kv: bool = False):
         self.num_slots = num_slots
         self.pad_slot = num_slots
+        self.shared_kv = shared_kv
         shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
-        self.v_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v_buffers = self.k_buffers if shared_kv else [_zeros(shape, dtype, device) for _ in range(num_layers)]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        shared_kv: bool = False) -> int:
+        per_buffer = num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        return per_buffer if shared_kv else 2 * per_buffer
 
     def swap_out(self, slots: torch.Tensor) -> SwappedKV:
         k = torch.stack([buf[slots] for buf in self.k_buffers]).to("cpu")
-        v = torch.stack([buf[slots] for buf in self.v_buffers]).to("cpu")
+        v = k if self.shared_kv else torch.stack([buf[slots] for buf in self.v_buffers]).to("cpu")
         return SwappedKV(k, v)
 
     def swap_in(self, slots: torch.Tensor, saved: SwappedKV) -> None:
         for layer, (kb, vb) in enumerate(zip(self.k_buffers, self.v_buffers)):
             kb[slots] = saved.k[layer].to(kb.device)
-            vb[slots] = saved.v[layer].to(vb.device)
+            if not self.shared_kv:
+                vb[slots] = saved.v[layer].to(vb.device)

@@ -1,5 +1,5 @@
-"""Which loader a model path needs: a vision-language HF folder goes to multimodal/, the rest (GGUF files,
-language-model folders) to models/."""
+"""Which loader a model path needs: a vision-language HF folder goes to multimodal/, a mixture-of-experts or
+MLA folder to models/sparse_models.py, the rest (GGUF files, dense language-model folders) to models/."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,7 @@ import torch
 
 from .distributed.group import TensorParallel
 from .models.loader import LoadedModel, default_model_path, load_language_model, read_hf_config
+from .models.sparse_models import SPARSE_ARCHS, load_sparse_model
 from .multimodal.loader import VISION_ARCHS, load_vision_language
 
 
@@ -18,9 +19,15 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
     path = Path(path) if path is not None else default_model_path()
     if path.is_dir() and is_vision_folder(path):
         return load_vision_language(path, device, dtype, tp)
+    if path.is_dir() and _has_architecture(path, SPARSE_ARCHS):  # MoE / MLA: their own modules
+        return load_sparse_model(path, device, dtype, tp)
     return load_language_model(path, device, dtype, tp, keep_blocks)
 
 
 def is_vision_folder(path: Path) -> bool:
+    return _has_architecture(path, VISION_ARCHS)
+
+
+def _has_architecture(path: Path, archs: object) -> bool:
     return (path / "config.json").exists() and any(
-        a in VISION_ARCHS for a in read_hf_config(path).get("architectures") or [])
+        a in archs for a in read_hf_config(path).get("architectures") or [])

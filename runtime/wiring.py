@@ -55,16 +55,18 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     if context_length > mcfg.max_position:
         raise ValueError(f"context_length {context_length} exceeds the model's {mcfg.max_position}")
     kv_heads = kv_heads_per_rank(mcfg.num_kv_heads, tp.size)  # each rank's pool holds its own heads
-    pool_size = kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length)
-    pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device)
+    latent = getattr(mcfg, "latent_kv", False)  # MLA: one latent row per token, K and V one buffer
+    pool_size = kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length, latent)
+    pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device, shared_kv=latent)
     allocator = SlotAllocator(pool_size, device)
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
+        capture = device.type == "cuda" and getattr(loaded.model, "capturable", True)  # MoE routing syncs
         graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
-                              capture=device.type == "cuda")
+                              capture=capture)
     vision = loaded.vision
     if vision is not None and tp.size > 1 and cfg.image_cache_mb == 0:
         raise ValueError("image_cache_mb must be > 0 with tp_size > 1: the worker ranks take image embeddings "
@@ -89,9 +91,9 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 context_length: int) -> int:
+                 context_length: int, shared_kv: bool = False) -> int:
     if cfg.kv_cache_tokens is not None:
         return cfg.kv_cache_tokens
-    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
+    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype, shared_kv)
     tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
     return max(2, min(tokens, cfg.max_running_requests * context_length))

@@ -41,6 +41,15 @@ class TensorParallel:
         self.group.gather([parts], [local], opts).wait()
         return torch.cat(parts, dim=-1)[..., :vocab_size]
 
+    def all_to_all(self, t: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
+        """Rows of `t` (send_sizes[r] for rank r, in rank order) to their ranks; returns the rows received,
+        recv_sizes[r] from rank r, in rank order (all_to_all_single with split sizes)."""
+        out = t.new_empty((sum(recv_sizes), *t.shape[1:]))
+        if self.size == 1:
+            return out.copy_(t)
+        self.group.alltoall_base(out, t.contiguous(), recv_sizes, send_sizes, dist.AllToAllOptions()).wait()
+        return out
+
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0's `t` into every rank's `t` (same shape and dtype everywhere)."""
         if self.size > 1:

@@ -208,11 +208,11 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return json.loads(config_path.read_text())
 
 
-def read_hf_dir(path: Path, hf: dict[str, Any] | None = None):
+def read_hf_dir(path: Path, hf: dict[str, Any] | None = None, read_config=config_from_hf):
     """(config, weights, tokenizer) of an HF folder; `hf`: its config.json when it is not the folder's own
-    (a vision-language folder's language model)."""
+    (a vision-language folder's language model); `read_config`: config.json -> the model's config."""
     hf = read_hf_config(path) if hf is None else hf
-    cfg = config_from_hf(hf)
+    cfg = read_config(hf)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"HF model folder {str(path)!r} has no *.safetensors files")

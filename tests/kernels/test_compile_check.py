@@ -54,6 +54,9 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
             # bf16 multiplies on tensor cores (on Hopper, wgmma once a block has 64 rows); fp32 stays exact
             assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in attention)
             assert dtype != "bfloat16" or any(v["constants"].get("BLOCK_R", 0) >= 64 for v in attention)
+        sparse = [v for v in lines if v["heads"].startswith("mla")]  # MLA latent decode, fused-MoE GEMMs
+        assert sorted(v["kernel"] for v in sparse) == ["_grouped_gemm_kernel"] * 2 + ["_mla_decode_kernel"]
+        assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in sparse)
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""

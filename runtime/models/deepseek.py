@@ -1,0 +1,218 @@
+"""DeepSeek-V2 / V3: multi-head latent attention (MLA) and MoE with shared experts.
+
+The KV cache holds one latent row per token, [c_kv (kv_lora_rank) | k_rope (qk_rope_head_dim)], as a
+single KV "head" whose K and V buffers are the same tensor (a latent pool, `KVPool(shared_kv=True)`).
+Attention runs in the absorbed form on every step: W_UK (the key half of kv_b_proj) folds into each
+query head, so each head attends over the latent row like MQA with head size kv_lora_rank + rope; the
+weighted sum of latent rows goes through W_UV (the value half) per head before o_proj. `mla_unabsorbed`
+is the textbook form (per-head K and V up-projected from the latent) the tests check it against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed.group import TensorParallel
+from ..distributed.layers import ParallelLMHead, VocabParallelEmbedding
+from .llama import ForwardContext, RMSNorm, RopeTable, _copy_into, apply_rope
+from .moe import MoeSpec
+from .moe_llama import SharedExpert, SparseMoeBlock, stack_experts
+from .rope import RopeScaling, rope_cos_sin
+
+
+@dataclass(slots=True)
+class DeepseekConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int  # the dense layers' MLP
+    num_layers: int
+    num_heads: int
+    q_lora_rank: int | None  # None: one q_proj (V2-Lite)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    max_position: int
+    softmax_scale: float  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim correction squared
+    moe: MoeSpec
+    rms_norm_eps: float = 1e-6
+    rope: RopeScaling = field(default_factory=RopeScaling)
+    rope_interleave: bool = True  # the checkpoint's rope dims are pairs (x0, x1), (x2, x3), ...
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+
+    # the KV pool's view of the model: one latent "head" per token, K and V the same buffer
+    @property
+    def num_kv_heads(self) -> int:
+        return 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def latent_kv(self) -> bool:
+        return True
+
+    def mha_bytes_per_token(self, element_size: int) -> int:
+        """What the same model caches per token in MHA form (per-head K and V), for comparison."""
+        per_layer = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+        return self.num_layers * per_layer * element_size
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: DeepseekConfig, layer_id: int):
+        super().__init__()
+        self.layer_id, self.cfg = layer_id, cfg
+        qk_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, cfg.num_heads * qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                                            bias=cfg.attention_bias)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+                                   bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+
+    def project(self, x: torch.Tensor, rope: RopeTable):
+        """-> q_nope [T, H, nope], q_rope [T, H, r], latent c_kv [T, R], k_rope [T, 1, r] (rope applied)."""
+        cfg = self.cfg
+        if cfg.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_rope = q.view(-1, cfg.num_heads, q.shape[-1] // cfg.num_heads).split(
+            [cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        return q_nope, apply_rope(q_rope, rope), self.kv_a_layernorm(c_kv), apply_rope(k_rope.unsqueeze(1), rope)
+
+    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, nope, R] and W_UV [H, v, R]: kv_b_proj's rows per head."""
+        cfg = self.cfg
+        w = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+        return w.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=1)
+
+    def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
+        q_nope, q_rope, c_kv, k_rope = self.project(x, rope)
+        w_uk, w_uv = self.up_weights()
+        q = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_rope], dim=-1)  # absorbed W_UK
+        latent = torch.cat([c_kv.unsqueeze(1), k_rope], dim=-1)  # [T, 1, R + r]: the cached row
+        o = ctx.attn.forward(q, latent, latent, self.layer_id, self.cfg.softmax_scale)
+        o = torch.einsum("thr,hvr->thv", o[..., :self.cfg.kv_lora_rank], w_uv)  # absorbed W_UV
+        return self.o_proj(o.reshape(o.shape[0], -1))
+
+
+def mla_unabsorbed(attn: MLAttention, q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
+                   k_rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MLA as written: per-head K = [W_UK c_kv | k_rope] and V = W_UV c_kv up-projected from the latent of
+    every key, then attention. q_*: [T, H, .]; c_kv [S, R]; k_rope [S, 1, r]; mask [T, S] bool -> [T, hidden]."""
+    w_uk, w_uv = attn.up_weights()
+    heads = q_nope.shape[1]
+    k = torch.cat([torch.einsum("sr,hnr->hsn", c_kv, w_uk), k_rope.transpose(0, 1).expand(heads, -1, -1)], -1)
+    v = torch.einsum("sr,hvr->hsv", c_kv, w_uv)
+    q = torch.cat([q_nope, q_rope], dim=-1).transpose(0, 1)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.cfg.softmax_scale)
+    return attn.o_proj(o.transpose(0, 1).reshape(q_nope.shape[0], -1))
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, cfg: DeepseekConfig, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MLAttention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if layer_id in cfg.moe.sparse_layers:
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, shared_name="shared_experts")
+        else:
+            self.mlp = SharedExpert(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MLARotary(nn.Module):
+    """RoPE over the qk_rope_head_dim dims only."""
+
+    def __init__(self, cfg: DeepseekConfig):
+        super().__init__()
+        cos, sin = rope_cos_sin(cfg.rope, cfg.qk_rope_head_dim, cfg.max_position)
+        self.register_buffer("cos_sin", torch.cat([cos, sin], dim=-1), persistent=False)
+
+    def table(self, positions: torch.Tensor) -> RopeTable:
+        cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
+
+class DeepseekForCausalLM(nn.Module):
+    capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
+
+    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None):
+        super().__init__()
+        self.tp = tp = tp or TensorParallel()
+        if tp.size > 1:
+            raise ValueError("DeepSeek models run at tp_size 1")
+        self.config = cfg
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = MLARotary(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary.table(positions)
+        for layer in self.layers:
+            x = layer(x, rope, ctx)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def moe_blocks(self) -> list[SparseMoeBlock]:
+        return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in stack_experts(weights, self.config.moe.num_experts):
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue
+            if name not in params:
+                if ".layers." in f".{name}" and int(name.split(".")[1]) >= self.config.num_layers:
+                    continue  # V3's multi-token-prediction layers: not used for decoding
+                raise ValueError(f"unexpected weight {name!r} for this model")
+            if self.config.rope_interleave:
+                tensor = self._deinterleave(name, tensor)
+            _copy_into(params[name], tensor, name)
+            loaded.add(name)
+        absent = sorted(set(params) - loaded)
+        if absent:
+            raise ValueError(f"checkpoint is missing weights: {absent[:5]}{'...' if len(absent) > 5 else ''}")
+
+    def _deinterleave(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        """Rows of the rope dims reordered (x0, x2, ..., x1, x3, ...): rotate-half RoPE on them then equals
+        the checkpoint's interleaved-pair RoPE, and q.k is unchanged as q and k reorder alike."""
+        cfg = self.config
+        r = cfg.qk_rope_head_dim
+        order = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
+        if name.endswith(("q_proj.weight", "q_b_proj.weight")):
+            w = w.view(cfg.num_heads, cfg.qk_nope_head_dim + r, -1).clone()
+            w[:, cfg.qk_nope_head_dim:] = w[:, cfg.qk_nope_head_dim + order]
+            return w.view(-1, w.shape[-1])
+        if name.endswith(("kv_a_proj_with_mqa.weight", "kv_a_proj_with_mqa.bias")):
+            w = w.clone()
+            w[cfg.kv_lora_rank:] = w[cfg.kv_lora_rank + order]
+        return w

@@ -1,0 +1,50 @@
+"""Building the mixture-of-experts and MLA architectures from HF folders (the loader dispatches here by
+architecture)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..distributed.group import TensorParallel
+from .deepseek import DeepseekForCausalLM, MLARotary
+from .deepseek_config import DEEPSEEK_ARCHS, deepseek_config_from_hf
+from .llama import Rotary
+from .loader import LoadedModel, read_hf_config, read_hf_dir
+from .moe import Router
+from .moe_config import MOE_LLAMA_ARCHS, moe_llama_config_from_hf
+from .moe_llama import MoeLlamaForCausalLM
+
+SPARSE_ARCHS = MOE_LLAMA_ARCHS + DEEPSEEK_ARCHS
+
+
+def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
+                      tp: TensorParallel | None = None) -> LoadedModel:
+    hf = read_hf_config(path)
+    if any(a in DEEPSEEK_ARCHS for a in hf.get("architectures") or []):
+        cfg, weights, tokenizer = read_hf_dir(path, hf, read_config=deepseek_config_from_hf)
+        with torch.device("meta"):
+            model = DeepseekForCausalLM(cfg, tp)
+        rotary = MLARotary(cfg)
+    else:
+        (cfg, spec), weights, tokenizer = read_hf_dir(path, hf, read_config=moe_llama_config_from_hf)
+        with torch.device("meta"):
+            model = MoeLlamaForCausalLM(cfg, spec, tp)
+        rotary = Rotary(cfg)
+    model = model.to_empty(device=device)
+    model.load_weights(weights)
+    _cast(model, dtype, keep_routers=isinstance(model, DeepseekForCausalLM))
+    model.rotary = rotary.to(device)  # fp32 tables, computed rather than loaded
+    for block in model.moe_blocks():
+        block.reset()
+    return LoadedModel(model.eval(), tokenizer, path.name)
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype, keep_routers: bool) -> None:
+    """model.to(dtype), but with `keep_routers` the routers stay fp32, as transformers keeps DeepSeek's
+    gate and e_score_correction_bias (expert choices hinge on small score differences)."""
+    for module in model.modules():
+        if keep_routers and isinstance(module, Router):
+            continue
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(dtype) if param.is_floating_point() else param.data

@@ -1,0 +1,37 @@
+"""Expert parallelism over the tensor-parallel ranks (gloo, real worker processes): each rank holds half
+the experts and the (token, expert) rows travel by all_to_all; greedy tokens and logprobs equal one rank's."""
+from __future__ import annotations
+
+import pytest
+
+from radixlang.runtime.engine import Engine
+from tests.runtime.models.test_moe_parity import build, prompts
+
+GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+
+
+def _run(folder, **options):
+    with Engine(str(folder), device="cpu", kv_cache_tokens=1024, max_prefill_tokens=64, **options) as engine:
+        out = engine.generate(input_ids=prompts(7), sampling_params=GREEDY, return_logprob=True, top_logprobs_num=3)
+        engine.check_invariants()
+    return out
+
+
+@pytest.mark.parametrize("name, ranks", [
+    ("qwen2-moe", 2),  # 4 experts + a shared expert; layer 0 dense (tensor-parallel): 2 experts per rank
+    ("mixtral", 4),  # 4 experts: one per rank; 2 KV heads replicated over 4 ranks
+])
+def test_ep_greedy_tokens_and_logprobs_match_ep1(tmp_path, name, ranks):
+    build(tmp_path, name)
+    one, two = _run(tmp_path / name), _run(tmp_path / name, tp_size=ranks)
+    assert [o.output_ids for o in two] == [o.output_ids for o in one]
+    for a, b in zip(one, two, strict=True):
+        for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs, strict=True):
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+            assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top, strict=True)) < 1e-4
+
+
+def test_experts_that_do_not_split_over_the_ranks_are_refused(tmp_path):
+    build(tmp_path, "qwen3-moe")  # 6 experts
+    with pytest.raises(Exception, match="ep_size 4"):
+        Engine(str(tmp_path / "qwen3-moe"), device="cpu", kv_cache_tokens=256, tp_size=4)
