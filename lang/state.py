@@ -96,15 +96,16 @@ class ProgramState(StateOps):
 
     # ---- reading -------------------------------------------------------------------------------
     def get_var(self, name: str) -> Any:
-        """The variable's value; if the program failed before setting it, its exception is raised."""
+        """The variable's value; if the program failed before setting it, the program's own exception is
+        raised (not the KeyError or cancellation that followed from it)."""
         self._settle(wait_all=False)
         try:
             return self._core.get_var(name)
-        except KeyError as missing:
+        except Exception as failed:  # the variable is missing, or its op was cancelled by the failure
             error = self._run_error()
-            if error is None:
+            if error is None or error is failed:
                 raise
-            raise error from missing
+            raise error from failed
 
     def _run_error(self) -> BaseException | None:
         """The error that ended this state or, once the run is over, the run's first error."""

@@ -124,7 +124,7 @@ class SamplingParams:
 def _merge_alias(values: dict[str, Any], alias: str, name: str) -> None:
     value = values.pop(alias)
     if values.get(name) is not None and values[name] != value:
-        raise FieldError(alias, f"{alias} and {name} name the same field; they differ ({value} vs {values[name]})")
+        raise ValueError(f"{alias} and {name} name the same field; they differ ({value} vs {values[name]})")
     values[name] = value
 
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from ..runtime.engine import Collector, Completion, Engine, sample_rids
 from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.sampling_params import ALIASES, SamplingParams
 from .errors import APIError
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
@@ -25,8 +25,8 @@ from .text_input import check_unicode, check_unicode_tree, encode_texts
 router = APIRouter()
 
 # engine field names as a native client spells them (for error messages)
-FIELDS = {f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(SamplingParams)} | {
-    name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
+FIELDS = {name: f"sampling_params.{name}" for name in [f.name for f in dataclasses.fields(SamplingParams)]
+          + list(ALIASES)} | {name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
 
 
 @router.post("/generate", responses=streaming_responses(400, 413, 422, 503))
