@@ -18,8 +18,6 @@ from .config import (DEFAULT_MAX_NEW_TOKENS, GREEDY_TEMPERATURE, MAX_LOGIT_BIAS,
 CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")  # at most one per request
 # SGLang's names for fields kept here under another name
 ALIASES = {"sampling_seed": "seed"}
-# SGLang's fields with no effect here, accepted because SGLang's clients send them; see the README
-NO_EFFECT_FIELDS = ("spaces_between_special_tokens", "stream_interval", "custom_params")
 # SGLang's fields radixlang does not implement: accepted only at their "off" value, as named here
 UNSUPPORTED = {"beam_width": ((None, 1), "beam search is not supported; use n for several samples"),
                "ebnf": ((None,), "EBNF grammars are not supported; pass a Lark grammar as grammar"),
@@ -73,7 +71,7 @@ class SamplingParams:
     stop_regex: list[str] = _field([], Rule("regexes", accepts=str | list[str]))  # output ends at a match
     logit_bias: dict[str, float] | None = _field(None, Rule("bias", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, hi_ids="vocab_size"))
     spaces_between_special_tokens: bool = _field(True, Rule("bool"))  # no-op: fast tokenizers never add them
-    stream_interval: int | None = _field(None, Rule("optional_int", 1))  # no-op: streams every step
+    stream_interval: int | None = _field(None, Rule("optional_int", 1))  # /generate streams every k tokens
     custom_params: dict[str, Any] | None = _field(None, Rule("json_object"))  # no-op: no custom logit processors
     beam_width: int | None = _field(None, Rule("unsupported"))
     ebnf: str | None = _field(None, Rule("unsupported"))

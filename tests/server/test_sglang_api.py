@@ -114,6 +114,15 @@ def test_stream_events_count_the_logprobs_so_far_as_sglang_does(server, read_sse
         assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == meta["completion_tokens"]
 
 
+def test_stream_interval_sends_an_event_every_k_tokens(server, read_sse):
+    body = {"text": "Hello world", "sampling_params": GREEDY | {"ignore_eos": True, "stream_interval": 5},
+            "stream": True}
+    with server.client() as http, http.stream("POST", "/generate", json=body) as r:
+        events = read_sse(r)[:-1]
+    assert [e["meta_info"]["completion_tokens"] for e in events] == [5, 10, 15, 16]
+    assert events[-1]["text"] == server.engine.generate("Hello world", GREEDY | {"ignore_eos": True}).text
+
+
 def test_concatenate_and_append_is_accepted_and_its_body_checked(server):
     with server.client() as http:
         ok = http.post("/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "c"})
