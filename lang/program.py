@@ -55,6 +55,7 @@ class Program:
         surface through `state.error()` and are raised by `state.sync()` and by reads."""
         if stream and self.num_api_spec_tokens is not None:
             raise ValueError(f"{self.name}: stream=True cannot be used with num_api_spec_tokens (as in SGLang)")
+        self._pop_n(kwargs)
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_FIELDS}
         defaults = sampling_defaults(sampling)
         call = self._call(args, kwargs)
@@ -70,6 +71,7 @@ class Program:
         to its first op that depends on an argument or on generation."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, got {type(batch_kwargs).__name__}")
+        self._pop_n(sampling)
         defaults = sampling_defaults(sampling)
         calls = []
         for i, item in enumerate(batch_kwargs):
@@ -90,6 +92,11 @@ class Program:
         if args and isinstance(args[0], (ProgramState, TracingState)):
             return self.func(*args, **kwargs)
         return self.run(*args, **kwargs)
+
+    def _pop_n(self, kwargs: dict[str, Any]) -> None:
+        """SGLang's run(n=1): taken unless the program has an argument `n`; only 1 (fork for several)."""
+        if "n" in kwargs and "n" not in self.arg_names and kwargs.pop("n") not in (None, 1):
+            raise ValueError(f"{self.name}: run(n=...) must be 1; fork the state for several samples")
 
     def _call(self, args: tuple, kwargs: dict[str, Any]) -> Callable[[ProgramState], Any]:
         bound = self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})  # TypeError on mismatch

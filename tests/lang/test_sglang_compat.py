@@ -97,6 +97,12 @@ def test_num_api_spec_tokens_is_accepted_and_refused_with_stream(backend):
         rl.function(num_api_spec_tokens=0)(lambda s: None)
 
 
+def test_run_takes_sglangs_n_of_one(backend):
+    assert answer.run(backend=backend, n=1, temperature=0, max_new_tokens=2)["answer"] is not None
+    with pytest.raises(ValueError, match="must be 1"):
+        answer.run(backend=backend, n=2)
+
+
 def test_sglangs_regex_names_import_from_lang_ir():
     from radixlang.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 
