@@ -234,6 +234,7 @@ class ProgramState(StateOps):
         if not covered:
             return (steps[-1][1] if steps else final), used
         return merge_stream_meta(covered), used + len(covered)
+
     def __aiter__(self) -> AsyncIterator[str]:
         return self.text_async_iter()
 

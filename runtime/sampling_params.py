@@ -30,7 +30,9 @@ class Rule:
     """The values a field accepts. A bound is a number or the name of a limit only known later: a
     model's (context_length, vocab_size) or another field's value (min_new_tokens <= max_new_tokens)."""
 
-    kind: str  # int | float | bool | seed | strings | token_ids | text | any
+    # int | optional_int | float | bool | seed | strings | regexes | token_ids | text | json_object | bias |
+    # unsupported (only SGLang's "off" value, see UNSUPPORTED) | any
+    kind: str
     lo: float | str = -math.inf
     hi: float | str = math.inf
     lo_open: bool = False  # (lo, hi] instead of [lo, hi]
@@ -69,7 +71,8 @@ class SamplingParams:
     grammar: str | None = _field(None, Rule("text"))  # Lark grammar (LALR), start rule `start`
     # SGLang's fields added for its clients (issue 25): each is checked, used, or documented as a no-op
     stop_regex: list[str] = _field([], Rule("regexes", accepts=str | list[str]))  # output ends at a match
-    logit_bias: dict[str, float] | None = _field(None, Rule("bias", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, hi_ids="vocab_size"))
+    logit_bias: dict[str, float] | None = _field(None, Rule("bias", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS,
+                                                            hi_ids="vocab_size"))
     spaces_between_special_tokens: bool = _field(True, Rule("bool"))  # no-op: fast tokenizers never add them
     stream_interval: int | None = _field(None, Rule("optional_int", 1))  # /generate streams every k tokens
     custom_params: dict[str, Any] | None = _field(None, Rule("json_object"))  # no-op: no custom logit processors
