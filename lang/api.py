@@ -14,28 +14,33 @@ from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, Trace
 _DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
 
-def gen(name: str | None = None, *, max_tokens: int | None = None, min_tokens: int | None = None,
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, n: int | None = None,
         stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-        min_p: float | None = None, frequency_penalty: float | None = None,
-        presence_penalty: float | None = None, ignore_eos: bool | None = None,
-        return_logprob: bool | None = None, top_logprobs_num: int | None = None,
+        stop_regex: str | list[str] | None = None, temperature: float | None = None, top_p: float | None = None,
+        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
+        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
         choices: list[str] | None = None, choices_method: Any = None, regex: str | None = None,
-        json_schema: str | dict | type | None = None, grammar: str | None = None) -> Gen | Select:
-    """Generate text into variable `name`. Unset fields inherit the run's defaults.
+        json_schema: str | dict | type | None = None, *, grammar: str | None = None) -> Gen | Select:
+    """Generate text into variable `name`. Unset fields inherit the run's defaults. The positional order is
+    SGLang's (`gen("tip", 64, stop="\\n")` sets max_tokens); `grammar` (Lark) is radixlang's, keyword-only.
 
     dtype (int, float, bool, str) constrains the output with a regex; regex / json_schema / grammar
     constrain it directly; choices makes this a `select`. The variable holds the generated text.
+    `n` must be 1 (fork the state for several samples).
     """
     fields = {k: v for k, v in locals().items() if k in GEN_FIELDS}  # first line: locals() are the arguments
     for field, value in fields.items():
         _concrete("gen", field, value)
     _check_var_name(name)
+    if n not in (None, 1):
+        raise ValueError(f"gen(n={n!r}): a variable holds one sample; fork the state (s.fork({n})) for several")
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method or token_length_normalized)
     fields["stop"] = stop_list(stop)
+    fields["stop_regex"] = stop_list(stop_regex)
     fields["dtype"] = _DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
     fields["json_schema"] = _schema_text(json_schema)
     params = GenParams(**fields)
@@ -43,14 +48,27 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, min_tokens: i
     return Gen(name, params)
 
 
-def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
-    """gen(name, dtype=int, ...): an integer."""
-    return gen(name, dtype=int, **kwargs)
+def gen_int(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
+            stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+            stop_regex: str | list[str] | None = None, temperature: float | None = None, top_p: float | None = None,
+            top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+            presence_penalty: float | None = None, ignore_eos: bool | None = None,
+            return_logprob: bool | None = None, logprob_start_len: int | None = None,
+            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None) -> Gen:
+    """gen(name, ..., dtype=int): an integer (SGLang's positional order)."""
+    return gen(**{k: v for k, v in locals().items()}, dtype=int)
 
 
-def gen_string(name: str | None = None, **kwargs: Any) -> Gen:
-    """gen(name, dtype=str, ...): a double-quoted string."""
-    return gen(name, dtype=str, **kwargs)
+def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
+               stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+               stop_regex: str | list[str] | None = None, temperature: float | None = None,
+               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+               frequency_penalty: float | None = None, presence_penalty: float | None = None,
+               ignore_eos: bool | None = None, return_logprob: bool | None = None,
+               logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+               return_text_in_logprobs: bool | None = None) -> Gen:
+    """gen(name, ..., dtype=str): a double-quoted string (SGLang's positional order)."""
+    return gen(**{k: v for k, v in locals().items()}, dtype=str)
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
@@ -67,11 +85,18 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return node
 
 
-def image(source: Any) -> Image:
+def image(expr: Any) -> Image:
     """An image (a file path, bytes or a PIL image) at this point of the program."""
-    if isinstance(source, Placeholder):
-        return Image(source.as_image())
-    return Image(load_image(source))
+    if isinstance(expr, Placeholder):
+        return Image(expr.as_image())
+    return Image(load_image(expr))
+
+
+def video(path: str, num_frames: int) -> Image:
+    """SGLang's video input: not supported (radixlang's vision models take images, and no video decoder is
+    installed); sample frames yourself and append each with image()."""
+    raise NotImplementedError(f"video({path!r}, num_frames={num_frames!r}) is not supported: append sampled "
+                              "frames with image() instead")
 
 
 def _role(role: str, expr: Any) -> Seq:
@@ -139,6 +164,13 @@ def _schema_text(schema: Any) -> str | None:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return json.dumps(schema.model_json_schema())
     raise TypeError(f"json_schema must be a JSON string, a dict or a pydantic model class, got {type(schema).__name__}")
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    """The server's configuration and live counters (default backend if none given)."""
+    from .backend import as_backend
+
+    return as_backend(backend).get_server_info()
 
 
 def flush_cache(backend: Any = None) -> bool:

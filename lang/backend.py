@@ -35,10 +35,14 @@ class StateView:
 
 @dataclass(slots=True)
 class GenDelta:
-    """Newly generated text; the last delta of a call carries the call's meta info."""
+    """Newly generated text; the last delta of a call carries the call's meta info. `progress` is the
+    step's own meta info as SGLang streams it (completion_tokens so far and, with logprobs, this step's
+    output_token_logprobs plus output_token_logprobs_length so far): `text_async_iter(...,
+    return_meta_data=True)` yields it per chunk."""
 
     text: str
     meta: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
 
 
 @runtime_checkable

@@ -102,6 +102,19 @@ class Endpoint:
         self._json("/flush_cache", {})
         return True
 
+    # ---- SGLang's RuntimeEndpoint / Runtime names ------------------------------------------------------
+    @property
+    def endpoint(self) -> "Endpoint":
+        """SGLang reads `backend.endpoint` of a Runtime; an Endpoint is its own."""
+        return self
+
+    def get_model_name(self) -> str | None:
+        """The served model's path (SGLang's RuntimeEndpoint.get_model_name)."""
+        return self.model_info().get("model_path")
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._json("/server_info")
+
     def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
         text, images = self._prompt(state)
         if not text:
@@ -111,12 +124,18 @@ class Endpoint:
         if p.return_logprob or p.top_logprobs_num:
             payload.update(return_logprob=True, top_logprobs_num=p.top_logprobs_num or 0,
                            return_text_in_logprobs=bool(p.return_text_in_logprobs))
-        sent, last = 0, None
+            if p.logprob_start_len is not None:
+                payload["logprob_start_len"] = p.logprob_start_len
+        sent, last, reported = 0, None, 0
         for event in self._events("/generate", payload):
             text = event.get("text", "")
-            if len(text) > sent:
-                yield GenDelta(text[sent:])
-                sent = len(text)
+            progress = dict(event.get("meta_info") or {})
+            for key in ("output_token_logprobs", "output_top_logprobs"):  # the stream's lists are cumulative
+                if key in progress:
+                    progress[key] = progress[key][reported:]
+            reported += len(progress.get("output_token_logprobs") or ())
+            yield GenDelta(text[sent:], progress=progress)
+            sent = max(sent, len(text))
             last = event
         if last is None:
             raise RuntimeError("the server's stream ended without a result")

@@ -1,6 +1,7 @@
 """The in-process backend: programs call an `Engine` directly."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -31,29 +32,51 @@ class EngineBackend:
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
 
+    # ---- SGLang's Runtime names --------------------------------------------------------------------
+    @property
+    def endpoint(self) -> "EngineBackend":
+        """SGLang reads `backend.endpoint` of a Runtime; here the backend is its own."""
+        return self
+
+    def get_server_info(self) -> dict[str, Any]:
+        """The engine's configuration and its scheduler's live counters."""
+        return {**dataclasses.asdict(self.engine.config), "internal_states": [self.engine.stats()]}
+
+    def get_model_name(self) -> str:
+        """The model's path: the one given, else the default model's GGUF file."""
+        from ..runtime.models.loader import default_model_path
+
+        return self.engine.config.model or str(default_model_path())
+
     def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
         text, images = self._prompt(state)
         if not text:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
         p = gen.params
         want_logprobs = bool(p.return_logprob or p.top_logprobs_num)
+        with_text = bool(p.return_text_in_logprobs)
+        tok = self.engine.tokenizer
         logprobs: list[TokenLogprob] = []
         input_logprobs: list[TokenLogprob] | None = None
         started = time.perf_counter()
         for chunk in self.engine.stream(text, p.sampling_params(), return_logprob=want_logprobs,
+                                        logprob_start_len=_start(p.logprob_start_len, want_logprobs),
                                         top_logprobs_num=p.top_logprobs_num or 0, image_data=images):
             logprobs.extend(chunk.logprobs)
             input_logprobs = chunk.input_logprobs if chunk.input_logprobs is not None else input_logprobs
+            progress = meta_info(tok, chunk, finished=chunk.finished, return_logprob=want_logprobs,
+                                 with_text=with_text, input_logprobs=input_logprobs, output_logprobs=chunk.logprobs)
+            if want_logprobs:
+                progress["output_token_logprobs_length"] = len(logprobs)
             if not chunk.finished:
-                if chunk.text:
-                    yield GenDelta(chunk.text)
+                yield GenDelta(chunk.text, progress=progress)
                 continue
             if chunk.finish_reason == "abort":
                 raise RuntimeError(f"gen {gen.name!r} was aborted: {chunk.error or 'aborted by request'}")
-            meta = meta_info(self.engine.tokenizer, chunk, finished=True, e2e_latency=time.perf_counter() - started,
-                             return_logprob=want_logprobs, with_text=bool(p.return_text_in_logprobs),
+            meta = meta_info(tok, chunk, finished=True, e2e_latency=time.perf_counter() - started,
+                             return_logprob=want_logprobs, with_text=with_text,
                              input_logprobs=input_logprobs, output_logprobs=logprobs)
-            yield GenDelta(chunk.text, meta)
+            yield GenDelta(chunk.text, meta, progress)
 
     def select(self, state: StateView, choices: list[str], method: Any) -> tuple[int, dict[str, Any]]:
         """Scores each choice by its tokens' log-probabilities after the prefix, in one batched call.
@@ -102,6 +125,11 @@ class EngineBackend:
     def _entries(logprobs: list["TokenLogprob"] | None) -> list[tuple]:
         """Scored tokens as (logprob, token_id, None), the choice methods' input."""
         return [(lp.logprob, lp.token_id, None) for lp in logprobs or []]
+
+
+def _start(logprob_start_len: int | None, want_logprobs: bool) -> int:
+    """gen's logprob_start_len for the engine: -1 (no prompt logprobs) unless set with logprobs wanted."""
+    return logprob_start_len if want_logprobs and logprob_start_len is not None else -1
 
 
 class Runtime(EngineBackend):

@@ -147,6 +147,8 @@ class StateCore:
         self.fork_start = len(self.text)
         self.assigned: dict[str, None] = {}  # names set by this state's own ops, in order
         self.streaming: dict[str, str] = {}  # partial text of gens in flight
+        # each gen's stream steps: (the variable's length after the step, the step's meta info)
+        self.progress: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self.pending: Counter[str] = Counter()  # names that queued ops will set
         self.submitted = self.executed = 0
         self.error: BaseException | None = None
@@ -179,6 +181,14 @@ class StateCore:
             if not self.ended:
                 self.ended = True
                 self.queue.put(None)
+
+    def set_after_end(self, name: str, value: Any) -> None:
+        """SGLang lets a caller set a variable on a finished state (`state["n"] = int(state["n"])`)."""
+        self.wait_finished()
+        with self.cond:
+            self.vars[name] = value
+            self.meta.pop(name, None)
+            self.cond.notify_all()
 
     def sync(self) -> None:
         with self.cond:
@@ -277,18 +287,21 @@ class StateCore:
         if name is not None:
             with self.cond:
                 self.streaming[name] = ""
+                self.progress[name] = []
         try:
             with contextlib.closing(iter(self.run.backend.generate(self.view(), gen))) as deltas:
                 for delta in deltas:
                     if self.run.cancelled.is_set():
                         raise ProgramCancelled("the program run was cancelled")
+                    parts.append(delta.text)
+                    with self.cond:  # text and its step's meta together: a reader sees both or neither
+                        self.text += delta.text
+                        if name is not None:
+                            self.streaming[name] += delta.text
+                            if delta.progress is not None:
+                                self.progress[name].append((len(self.streaming[name]), delta.progress))
+                        self.cond.notify_all()
                     if delta.text:
-                        parts.append(delta.text)
-                        with self.cond:
-                            if name is not None:
-                                self.streaming[name] += delta.text
-                            self.text += delta.text
-                            self.cond.notify_all()
                         self.run.emit(ProgramEvent("text", self.sid, value=delta.text))
                     if delta.meta is not None:
                         meta = delta.meta

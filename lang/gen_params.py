@@ -8,16 +8,18 @@ import typing
 from typing import Any, Mapping
 
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, SamplingParams, check_fields
-from .config import DTYPE_REGEXES
+from .config import DTYPE_REGEXES, DTYPE_STOPS
 
 # gen()'s spelling of the runtime's sampling fields where SGLang's gen() differs; run()'s defaults use
 # the runtime's names
 GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 # sampling fields SGLang's gen() does not take
-NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", "seed")
+NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", "seed", "logit_bias",
+              "spaces_between_special_tokens", "stream_interval", "custom_params", "beam_width", "ebnf",
+              "structural_tag", "watermark")
 # gen()'s own fields: what to report (log-probabilities) and dtype, a constraint the language names
-LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "top_logprobs_num": int, "return_text_in_logprobs": bool,
-                               "dtype": str}
+LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "logprob_start_len": int, "top_logprobs_num": int,
+                               "return_text_in_logprobs": bool, "dtype": str}
 IR_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
 GEN_CONSTRAINTS = ("dtype", *CONSTRAINT_FIELDS)
 _RUNTIME_NAMES = {lang: runtime for runtime, lang in GEN_NAMES.items()}
@@ -52,6 +54,12 @@ class _GenParamsMethods:
                 out["regex"] = DTYPE_REGEXES[value]
             elif name not in LANG_FIELDS:
                 out[_RUNTIME_NAMES.get(name, name)] = value
+        if self.dtype in DTYPE_STOPS:  # a number ends at a space or newline, as in SGLang
+            out["stop"] = list(dict.fromkeys([*(self.stop or []), *DTYPE_STOPS[self.dtype]]))
+        from .global_config import global_config  # here: the config module imports the backend, which imports this
+
+        if not global_config.skip_special_tokens_in_output:
+            out["skip_special_tokens"] = False
         return out
 
     def validate(self, names: Mapping[str, str] = GEN_NAMES) -> None:
@@ -67,9 +75,13 @@ class _GenParamsMethods:
         n = self.top_logprobs_num
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
             raise ValueError(f"top_logprobs_num must be an integer >= 0, got {n!r}")
+        start = self.logprob_start_len
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < -1):
+            raise ValueError(f"logprob_start_len must be an integer >= -1 (-1: no prompt logprobs), got {start!r}")
         check_fields(self.sampling_params(), names=names)
-        if self.stop == []:
-            raise ValueError("stop must be a non-empty string or a non-empty list of them, got []")
+        for name in ("stop", "stop_regex"):
+            if getattr(self, name) == []:
+                raise ValueError(f"{name} must be a non-empty string or a non-empty list of them, got []")
 
     def _validate_constraint(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_REGEXES:
@@ -119,8 +131,9 @@ def sampling_defaults(sampling: Mapping[str, Any] | None) -> "GenParams":
     if unknown:
         raise ValueError(f"unknown sampling default(s) {unknown}; known ones are {sorted(RUN_FIELDS)}")
     fields = {RUN_FIELDS[k]: v for k, v in sampling.items()}
-    if "stop" in fields:
-        fields["stop"] = stop_list(fields["stop"])
+    for name in ("stop", "stop_regex"):
+        if name in fields:
+            fields[name] = stop_list(fields[name])
     params = GenParams(**fields)
     params.validate(names={})
     return params

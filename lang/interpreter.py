@@ -16,6 +16,7 @@ from .executor import ProgramEvent, Run
 from .state import ProgramState
 from .tracer import Traceable, constant_prefix, trace_program
 from .config import RUN_BATCH_AUTO_THREADS
+from .global_config import global_config
 
 
 def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: GenParams, stream: bool,
@@ -36,6 +37,8 @@ def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: Gen
             raise
         finally:
             run.finish()
+            if global_config.verbosity >= 2:
+                print(state._core.text)
 
     if stream:
         run.program_thread = threading.Thread(target=body, name="radixlang-program", daemon=True)
@@ -51,7 +54,7 @@ def run_batch(program: "Program", calls: list[Callable[[ProgramState], Any]], ba
     """Runs one program per call, `num_threads` at a time, after caching their shared constant prefix."""
     backend = as_backend(backend)
     threads = _thread_count(num_threads, len(calls))
-    if len(calls) > 1:
+    if len(calls) > 1 and global_config.enable_precache_with_tracing:
         _precache(program, backend)
     with ThreadPoolExecutor(threads, thread_name_prefix="radixlang-batch") as pool:
         futures = [pool.submit(run_program, call, backend, defaults, False) for call in calls]

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import xxhash
 
+from .config import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR  # noqa: F401 - SGLang's sglang.lang.ir names
 from .gen_params import GenParams
 
 IR_VERSION = 1

@@ -19,7 +19,15 @@ class Program:
     `run_batch([...])` runs many; `trace(**fixed_args)` records it as IR.
     """
 
-    def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None):
+    def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None,
+                 num_api_spec_tokens: int | None = None):
+        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int)
+                                                or isinstance(num_api_spec_tokens, bool) or num_api_spec_tokens < 1):
+            raise ValueError(f"num_api_spec_tokens must be an integer >= 1, got {num_api_spec_tokens!r}")
+        # SGLang's API speculative execution saves an API backend's prompt tokens; radixlang's backends
+        # reuse the prefix from the radix cache instead, so it has no effect here (streaming is refused
+        # with it, as in SGLang)
+        self.num_api_spec_tokens = num_api_spec_tokens
         if not callable(func):
             raise TypeError(f"program takes a function, got {type(func).__name__}")
         self.func = func
@@ -38,13 +46,16 @@ class Program:
         unknown = sorted(set(kwargs) - set(self.arg_names))
         if unknown:
             raise TypeError(f"{self.name}() has no argument(s) {unknown}")
-        return Program(self.func, {**self.bind_arguments, **kwargs})
+        return Program(self.func, {**self.bind_arguments, **kwargs}, self.num_api_spec_tokens)
 
     def run(self, *args: Any, stream: bool = False, backend: Any = None, remote: bool = False,
             **kwargs: Any) -> ProgramState:
         """Runs the program. Keyword arguments named like run()'s sampling defaults (max_new_tokens,
         temperature, stop, ...) set them; the rest go to the program. Errors inside the program
         surface through `state.error()` and are raised by `state.sync()` and by reads."""
+        if stream and self.num_api_spec_tokens is not None:
+            raise ValueError(f"{self.name}: stream=True cannot be used with num_api_spec_tokens (as in SGLang)")
+        self._pop_n(kwargs)
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_FIELDS}
         defaults = sampling_defaults(sampling)
         call = self._call(args, kwargs)
@@ -60,6 +71,7 @@ class Program:
         to its first op that depends on an argument or on generation."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, got {type(batch_kwargs).__name__}")
+        self._pop_n(sampling)
         defaults = sampling_defaults(sampling)
         calls = []
         for i, item in enumerate(batch_kwargs):
@@ -81,6 +93,11 @@ class Program:
             return self.func(*args, **kwargs)
         return self.run(*args, **kwargs)
 
+    def _pop_n(self, kwargs: dict[str, Any]) -> None:
+        """SGLang's run(n=1): taken unless the program has an argument `n`; only 1 (fork for several)."""
+        if "n" in kwargs and "n" not in self.arg_names and kwargs.pop("n") not in (None, 1):
+            raise ValueError(f"{self.name}: run(n=...) must be 1; fork the state for several samples")
+
     def _call(self, args: tuple, kwargs: dict[str, Any]) -> Callable[[ProgramState], Any]:
         bound = self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})  # TypeError on mismatch
         rest_args, rest_kwargs = bound.args[1:], bound.kwargs
@@ -94,11 +111,12 @@ class Program:
         return f"Program({self.name})"
 
 
-def program(func: Callable[..., Any] | None = None) -> Any:
-    """Decorator: `@program` or `@program()` turns `def f(s, ...)` into a Program."""
+def program(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator: `@program` or `@program()` turns `def f(s, ...)` into a Program
+    (`num_api_spec_tokens`: SGLang's, accepted; see Program)."""
     if func is None:
-        return Program
-    return Program(func)
+        return lambda f: Program(f, num_api_spec_tokens=num_api_spec_tokens)
+    return Program(func, num_api_spec_tokens=num_api_spec_tokens)
 
 
 function = program  # SGLang's name

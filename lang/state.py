@@ -82,15 +82,35 @@ class ProgramState(StateOps):
         return ProgramStateGroup([ProgramState(c) for c in children], self)
 
     def set_var(self, name: str, value: Any) -> None:
+        """Inside the program, an op in order with the others; on a finished state (the program returned,
+        or the fork was joined), the variable is set at once."""
         _check_name(name)
-        self += SetVar(name, value)  # noqa: PLW0642
+        with self._core.cond:
+            ended = self._core.ended
+        if ended:
+            self._core.set_after_end(name, value)
+        else:
+            self += SetVar(name, value)  # noqa: PLW0642
 
     __setitem__ = set_var
 
     # ---- reading -------------------------------------------------------------------------------
     def get_var(self, name: str) -> Any:
+        """The variable's value; if the program failed before setting it, the program's own exception is
+        raised (not the KeyError or cancellation that followed from it)."""
         self._settle(wait_all=False)
-        return self._core.get_var(name)
+        try:
+            return self._core.get_var(name)
+        except Exception as failed:  # the variable is missing, or its op was cancelled by the failure
+            error = self._run_error()
+            if error is None or error is failed:
+                raise
+            raise error from failed
+
+    def _run_error(self) -> BaseException | None:
+        """The error that ended this state or, once the run is over, the run's first error."""
+        core = self._core
+        return core.run.error if core.run.done.is_set() else core.error
 
     __getitem__ = get_var
 
@@ -189,22 +209,31 @@ class ProgramState(StateOps):
 
     async def text_async_iter(self, var_name: str | None = None,
                               return_meta_data: bool = False) -> AsyncIterator[Any]:
-        """`text_iter` for asyncio. With return_meta_data, yields (chunk, the variable's meta info so
-        far); the last pair carries the final meta info (with an empty chunk if it came after the text)."""
+        """`text_iter` for asyncio. With return_meta_data and a variable, yields (chunk, meta info) as SGLang
+        does: the meta info of the stream steps the chunk covers (completion_tokens so far; with logprobs,
+        these steps' output_token_logprobs and output_token_logprobs_length so far)."""
         chunks = self.text_iter(var_name)
-        meta = None
+        end, used = 0, 0
         while (chunk := await asyncio.to_thread(next, chunks, _END)) is not _END:
             if not return_meta_data:
                 yield chunk
                 continue
-            meta = self._meta_now(var_name)
+            end += len(chunk)
+            meta, used = self._chunk_meta(var_name, end, used)
             yield chunk, meta
-        if return_meta_data and (final := self._meta_now(var_name)) is not meta:
-            yield "", final
 
-    def _meta_now(self, var_name: str | None) -> Any:
+    def _chunk_meta(self, var_name: str | None, end: int, used: int) -> tuple[Any, int]:
+        """The merged meta info of the steps `var_name` took up to its text's length `end`, from step `used`
+        on; and how many steps that used up."""
+        if var_name is None:
+            return None, used
         with self._core.cond:
-            return self._core.meta.get(var_name) if var_name is not None else None
+            steps = list(self._core.progress.get(var_name, ()))
+            final = self._core.meta.get(var_name)
+        covered = [meta for length, meta in steps[used:] if length <= end]
+        if not covered:
+            return (steps[-1][1] if steps else final), used
+        return merge_stream_meta(covered), used + len(covered)
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self.text_async_iter()
@@ -276,6 +305,18 @@ class ProgramStateGroup:
                     metas.setdefault(name, []).append(core.meta.get(name))
         text = "".join(core.text[core.fork_start:] for core in cores) if mode == "concate_and_append" else ""
         self.parent._core.submit([JoinOp(mode, values, metas, text)])
+
+
+STREAM_LISTS = ("output_token_logprobs", "output_top_logprobs")  # per-step lists a merged meta concatenates
+
+
+def merge_stream_meta(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several stream steps' meta info as one: the last step's counts, every step's logprob lists."""
+    merged = dict(steps[-1])
+    for key in STREAM_LISTS:
+        if any(key in m for m in steps):
+            merged[key] = [x for m in steps for x in m.get(key) or ()]
+    return merged
 
 
 def eager_nodes(item: Any) -> list[Node]:

@@ -15,6 +15,9 @@ PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_MAX_NEW_TOKENS = 128
 MAX_N = 128  # most samples per prompt
 MAX_PENALTY = 2.0  # bound on |frequency|, |presence| and repetition penalties
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a logit_bias value (+-100 bans or forces a token)
+MAX_STOP_REGEX_LEN = 256  # bytes of one stop_regex pattern (SGLang's bound)
+STOP_REGEX_HOLD_CHARS = 256  # streamed text held back while it may still start a stop_regex match
 MAX_TEMPERATURE = 100.0  # already near uniform; larger (or inf) is a client's mistake
 GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy: logits / 1e-98 overflow into NaN probabilities
 

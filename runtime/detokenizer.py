@@ -5,9 +5,11 @@ still turn out to be the start of a stop string.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .config import STOP_REGEX_HOLD_CHARS
 from .tokenizer import Tokenizer
 
 _CONTEXT_TOKENS = 5  # earlier tokens decoded alongside, so word-initial spaces come out right
@@ -26,17 +28,23 @@ class IncrementalDetokenizer:
     skip_special_tokens: bool = True
     trim_stop: bool = True
     context_ids: Sequence[int] = ()
+    stop_regex: Sequence[str] = ()  # SGLang's stop_regex: the output ends where one of these first matches
     ids: list[int] = field(init=False)
     text: str = field(init=False, default="")  # all text decoded so far (stop string trimmed at the end)
     released: int = field(init=False, default=0)  # len(text) already handed out
     _prefix: int = field(init=False)
     _read: int = field(init=False)
     _before: str | None = field(init=False, default=None)  # decode of ids[_prefix:_read], once known
+    _patterns: list[re.Pattern] = field(init=False)
+    _regex_hold: int = field(init=False)  # chars a stop_regex match ending later may start before the end
 
     def __post_init__(self) -> None:
         self.ids = list(self.context_ids[-_CONTEXT_TOKENS:])
         self._prefix = 0
         self._read = len(self.ids)
+        self._patterns = [re.compile(p) for p in self.stop_regex]
+        widths = [re._parser.parse(p).getwidth()[1] for p in self.stop_regex]  # longest match, in chars
+        self._regex_hold = min(max(widths, default=1) - 1, STOP_REGEX_HOLD_CHARS)
 
     def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:
         ids = self.ids
@@ -50,7 +58,7 @@ class IncrementalDetokenizer:
             new = after[len(before):]
             self.text += new
             self._prefix, self._read, self._before = self._read, len(ids), None
-            if not self.stop:  # nothing is held back: all text so far is out once `new` is
+            if not self.stop and not self._patterns:  # nothing held back: all text so far is out once `new` is
                 self.released = len(self.text)
                 return DetokenizeResult(new, None)
             hit = self._find_stop(start) if check_stop else None
@@ -72,21 +80,28 @@ class IncrementalDetokenizer:
         self._before = None
         return self._release(0)
 
-    def _find_stop(self, new_from: int) -> tuple[int, str] | None:
-        best: tuple[int, str] | None = None
+    def _find_stop(self, new_from: int) -> tuple[int, int, str] | None:
+        """(start, end, what matched: the stop string or stop_regex pattern) of the first stop that ends
+        in the new text."""
+        best: tuple[int, int, str] | None = None
         for s in self.stop:
             i = self.text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
+                best = (i, i + len(s), s)
+        for pattern in self._patterns:
+            m = next((m for m in pattern.finditer(self.text) if m.end() > new_from), None)
+            if m is not None and (best is None or m.start() < best[0]):
+                best = (m.start(), m.end(), pattern.pattern)
         return best
 
-    def _finish_at(self, index: int, stop: str) -> DetokenizeResult:
-        self.text = self.text[: index if self.trim_stop else index + len(stop)]
-        return DetokenizeResult(self._release(0), stop)
+    def _finish_at(self, start: int, end: int, matched: str) -> DetokenizeResult:
+        self.text = self.text[: start if self.trim_stop else end]
+        return DetokenizeResult(self._release(0), matched)
 
     def _held_back(self) -> int:
-        """Length of the longest tail of text that is a proper prefix of some stop string."""
-        longest = 0
+        """Length of the longest tail of text that is a proper prefix of some stop string, or that a
+        stop_regex match ending later could start in."""
+        longest = min(self._regex_hold, len(self.text)) if self._patterns else 0
         for s in self.stop:
             for k in range(min(len(s) - 1, len(self.text)), longest, -1):
                 if self.text.endswith(s[:k]):

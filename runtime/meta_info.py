@@ -73,4 +73,5 @@ def _logprob_fields(tokenizer: "Tokenizer", prompt_ids: Sequence[int], logprob_s
         in_tokens.insert(0, entry(None, prompt_ids[0]))
         in_tops.insert(0, None)
     return {"input_token_logprobs": in_tokens, "output_token_logprobs": tokens(output_lps),
-            "input_top_logprobs": in_tops, "output_top_logprobs": tops(output_lps)}
+            "input_top_logprobs": in_tops, "output_top_logprobs": tops(output_lps),
+            "output_token_logprobs_length": len(output_lps)}

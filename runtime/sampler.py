@@ -35,6 +35,7 @@ class SamplingState:
     stop_ids: frozenset[int]  # tokens that end generation (EOS unless ignore_eos, plus stop_token_ids)
     token_counts: torch.Tensor | None = None  # [vocab] output-token counts (frequency/presence)
     seen: torch.Tensor | None = None  # [vocab] bool: in prompt or output (repetition penalty)
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias: (token ids, values), added to logits
 
     @classmethod
     def create(cls, params: SamplingParams, prompt_ids: list[int], eos_ids: tuple[int, ...],
@@ -48,6 +49,9 @@ class SamplingState:
         if params.repetition_penalty != 1.0:
             state.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             state.seen[torch.tensor(prompt_ids, device=device)] = True
+        if params.logit_bias:
+            state.bias = (torch.tensor([int(t) for t in params.logit_bias], dtype=torch.int64, device=device),
+                          torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device))
         return state
 
     @property
@@ -76,7 +80,7 @@ class SampleRow:
     def plain_greedy(self) -> bool:
         """Greedy with nothing that changes the logits first and no log-probabilities: a bare argmax."""
         return (self.state.params.greedy and self.mask is None and not self.block_stop
-                and not self.state.penalized and self.top_logprobs < 0)
+                and not self.state.penalized and self.state.bias is None and self.top_logprobs < 0)
 
 
 @dataclass(slots=True)
@@ -168,10 +172,19 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
 
 
 def process_logits(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-    """Penalties, then the constraint mask, then min_new_tokens' stop blocking; in place."""
+    """logit_bias, penalties, then the constraint mask, then min_new_tokens' stop blocking; in place."""
+    apply_logit_bias(logits, rows)
     apply_penalties(logits, rows)
     apply_bitmask(logits, rows)
     block_stop_tokens(logits, rows)
+
+
+def apply_logit_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    """OpenAI's / SGLang's logit_bias: each listed token's logit plus its bias, in place."""
+    for i, s in enumerate(rows):
+        if s.state.bias is not None:
+            ids, values = s.state.bias
+            logits[i].index_add_(0, ids, values.to(logits.dtype))
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .config import DEFAULT_MAX_NEW_TOKENS, GREEDY_TEMPERATURE, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
+from .config import (DEFAULT_MAX_NEW_TOKENS, GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, MAX_N, MAX_PENALTY, MAX_STOP_REGEX_LEN,
+                     MAX_TEMPERATURE)
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")  # at most one per request
+# SGLang's names for fields kept here under another name
+ALIASES = {"sampling_seed": "seed"}
+# SGLang's fields radixlang does not implement: accepted only at their "off" value, as named here
+UNSUPPORTED = {"beam_width": ((None, 1), "beam search is not supported; use n for several samples"),
+               "ebnf": ((None,), "EBNF grammars are not supported; pass a Lark grammar as grammar"),
+               "structural_tag": ((None,), "structural tags are not supported on /generate"),
+               "watermark": ((None,), "watermarking is not supported")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,11 +30,14 @@ class Rule:
     """The values a field accepts. A bound is a number or the name of a limit only known later: a
     model's (context_length, vocab_size) or another field's value (min_new_tokens <= max_new_tokens)."""
 
-    kind: str  # int | float | bool | seed | strings | token_ids | text | any
+    # int | optional_int | float | bool | seed | strings | regexes | token_ids | text | json_object | bias |
+    # unsupported (only SGLang's "off" value, see UNSUPPORTED) | any
+    kind: str
     lo: float | str = -math.inf
     hi: float | str = math.inf
     lo_open: bool = False  # (lo, hi] instead of [lo, hi]
     accepts: Any = None  # the type a caller may send, when wider than the field's (stop: one string)
+    hi_ids: str | None = None  # bias: the keys are token ids below this limit
 
 
 def _field(default: Any, rule: Rule) -> Any:
@@ -57,23 +69,38 @@ class SamplingParams:
     regex: str | None = _field(None, Rule("text"))
     json_schema: Any = _field(None, Rule("any"))  # dict, JSON string, or pydantic model class
     grammar: str | None = _field(None, Rule("text"))  # Lark grammar (LALR), start rule `start`
+    # SGLang's fields added for its clients (issue 25): each is checked, used, or documented as a no-op
+    stop_regex: list[str] = _field([], Rule("regexes", accepts=str | list[str]))  # output ends at a match
+    logit_bias: dict[str, float] | None = _field(None, Rule("bias", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS,
+                                                            hi_ids="vocab_size"))
+    spaces_between_special_tokens: bool = _field(True, Rule("bool"))  # no-op: fast tokenizers never add them
+    stream_interval: int | None = _field(None, Rule("optional_int", 1))  # /generate streams every k tokens
+    custom_params: dict[str, Any] | None = _field(None, Rule("json_object"))  # no-op: no custom logit processors
+    beam_width: int | None = _field(None, Rule("unsupported"))
+    ebnf: str | None = _field(None, Rule("unsupported"))
+    structural_tag: Any = _field(None, Rule("unsupported"))
+    watermark: Any = _field(None, Rule("unsupported"))
 
     @classmethod
     def from_any(cls, params: "SamplingParams | Mapping[str, Any] | None") -> "SamplingParams":
         if params is None:
             return cls()
         if isinstance(params, SamplingParams):
-            return dataclasses.replace(params, stop=list(params.stop),
-                                       stop_token_ids=list(params.stop_token_ids))
+            return dataclasses.replace(params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+                                       stop_regex=list(params.stop_regex))
         if not isinstance(params, Mapping):
             raise TypeError(f"sampling_params must be a dict or SamplingParams, got {type(params).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(params) - known)
+        unknown = sorted(set(params) - known - set(ALIASES))
         if unknown:
-            raise ValueError(f"unknown sampling field(s) {unknown}; known fields are {sorted(known)}")
+            raise ValueError(f"unknown sampling field(s) {unknown}; known fields are {sorted(known | set(ALIASES))}")
         values = {k: v for k, v in params.items() if v is not None or k == "seed"}
-        if isinstance(values.get("stop"), str):
-            values["stop"] = [values["stop"]]
+        for alias, name in ALIASES.items():
+            if alias in values:
+                _merge_alias(values, alias, name)
+        for name in ("stop", "stop_regex"):
+            if isinstance(values.get(name), str):
+                values[name] = [values[name]]
         return cls(**values)
 
     @property
@@ -93,6 +120,13 @@ class SamplingParams:
         """Checks every field; an error names a field as `names` spells it (default: as here)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_fields(values, vocab_size=vocab_size, context_length=context_length, names=names)
+
+
+def _merge_alias(values: dict[str, Any], alias: str, name: str) -> None:
+    value = values.pop(alias)
+    if values.get(name) is not None and values[name] != value:
+        raise ValueError(f"{alias} and {name} name the same field; they differ ({value} vs {values[name]})")
+    values[name] = value
 
 
 class FieldError(ValueError):
@@ -117,7 +151,12 @@ def check_fields(values: Mapping[str, Any], *, vocab_size: int | None = None, co
         rule = RULES[name]
         label = names.get(name, name)
         lo, hi = (_bound(b, limits, names) for b in (rule.lo, rule.hi))
-        _CHECKS[rule.kind](label, value, rule, lo, hi)
+        if rule.kind == "bias":
+            _check_bias(label, value, lo, hi, _bound(rule.hi_ids, limits, names))
+        elif rule.kind == "unsupported":
+            _check_unsupported(name, label, value)
+        else:
+            _CHECKS[rule.kind](label, value, rule, lo, hi)
     given = [name for name in CONSTRAINT_FIELDS if values.get(name) is not None]
     if len(given) > 1:
         spelled = [names.get(n, n) for n in given]
@@ -189,6 +228,51 @@ def _check_text(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
         raise FieldError(label, f"{label} must be a string, got {type(value).__name__}")
 
 
-_CHECKS = {"int": _check_int, "float": _check_float, "bool": _check_bool, "seed": _check_seed,
+def _check_optional_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None:
+        _check_int(label, value, rule, lo, hi)
+
+
+def _check_regexes(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    _check_strings(label, value, rule, lo, hi)
+    for pattern in value:
+        if len(pattern.encode()) > MAX_STOP_REGEX_LEN:
+            raise FieldError(label, f"{label}: a pattern may be at most {MAX_STOP_REGEX_LEN} bytes, got "
+                                    f"{len(pattern.encode())}")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as e:
+            raise FieldError(label, f"{label}: {pattern!r} is not a valid regular expression: {e}") from None
+        if compiled.match("") is not None:
+            raise FieldError(label, f"{label}: {pattern!r} matches the empty string, so it would stop at once")
+
+
+def _check_bias(label: str, value: Any, lo: float, hi: float, vocab: Any) -> None:
+    """OpenAI's and SGLang's logit_bias: {"token id": bias}, each bias in [lo, hi]."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise FieldError(label, f"{label} must be an object of token id -> bias, got {type(value).__name__}")
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key if _is_int(key) else None
+        if token is None or (not isinstance(vocab, str) and not 0 <= token < vocab):
+            raise FieldError(label, f"{label} keys must be token ids in [0, {vocab}), got {key!r}")
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not lo <= bias <= hi:
+            raise FieldError(label, f"{label}[{key!r}] must be a number in [{lo}, {hi}], got {bias!r}")
+
+
+def _check_json_object(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+        raise FieldError(label, f"{label} must be a JSON object, got {type(value).__name__}")
+
+
+def _check_unsupported(name: str, label: str, value: Any) -> None:
+    allowed, reason = UNSUPPORTED[name]
+    if not any(value is a or (a is not None and value == a and _is_int(value)) for a in allowed):
+        raise FieldError(label, f"{label}={value!r}: {reason}")
+
+
+_CHECKS = {"int": _check_int, "optional_int": _check_optional_int, "regexes": _check_regexes,
+           "json_object": _check_json_object, "float": _check_float, "bool": _check_bool, "seed": _check_seed,
            "strings": _check_strings, "token_ids": _check_token_ids, "text": _check_text,
            "any": lambda *_: None}

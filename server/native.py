@@ -12,7 +12,7 @@ from ..runtime.completion import Collector, Completion
 from ..runtime.engine import Engine
 from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.sampling_params import ALIASES, SamplingParams
 from .errors import APIError
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
@@ -25,8 +25,8 @@ from .text_input import check_unicode, check_unicode_tree, encode_texts
 router = APIRouter()
 
 # engine field names as a native client spells them (for error messages)
-FIELDS = {f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(SamplingParams)} | {
-    name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
+FIELDS = {name: f"sampling_params.{name}" for name in [f.name for f in dataclasses.fields(SamplingParams)]
+          + list(ALIASES)} | {name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
 
 
 @router.post("/generate", responses=streaming_responses(400, 413, 422, 503))
@@ -134,13 +134,18 @@ def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: C
 def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], params: SamplingParams,
             groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
             started: float) -> AsyncIterator[str]:
-    """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch."""
+    """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
+    `stream_interval` k, an event comes once k more tokens are out (and at the end)."""
     collectors: dict[int, Collector] = {}
-    n, max_new_tokens = params.n, params.max_new_tokens
+    sent: dict[int, int] = {}  # completion tokens each sample's last event carried
+    n, max_new_tokens, interval = params.n, params.max_new_tokens, params.stream_interval or 1
 
     def render(i: int, chunk: StreamChunk) -> list[dict]:
         collector = collectors.setdefault(i, Collector())
         collector.add(chunk)
+        if not chunk.finished and chunk.completion_tokens - sent.get(i, 0) < interval:  # SGLang's stream_interval
+            return []
+        sent[i] = chunk.completion_tokens
         c = collector.result(chunk, body.return_logprob)
         return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
                 | {"index": i}]

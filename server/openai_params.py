@@ -67,8 +67,6 @@ def check_top_logprobs(value: int | None, param: str) -> None:
 
 def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
     """Engine sampling params; response_format / regex / grammar become constrained decoding."""
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens}

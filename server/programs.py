@@ -1,5 +1,5 @@
 """POST /v1/programs: one request runs a whole traced program server-side — its gens, selects and
-forks (in parallel) — with the same interpreter the client uses; GET /get_model_info for clients."""
+forks (in parallel) — with the same interpreter the client uses."""
 from __future__ import annotations
 
 import asyncio
@@ -53,17 +53,6 @@ async def run_program(body: ProgramRequest, request: Request) -> Response:
     if last.kind == "error":
         raise _failure(state, run, last)
     return JSONResponse(last.to_dict())
-
-
-@router.get("/get_model_info")
-async def model_info(request: Request) -> dict[str, Any]:
-    """What a remote client needs to render roles itself (SGLang's route of the same name)."""
-    state = server_state(request)
-    tok, images = state.engine.tokenizer, state.engine.image_prompts
-    return {"model_path": state.engine.config.model, "served_model_name": state.model_name,
-            "is_generation": True, "context_length": state.engine.context_length,
-            "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
-            "image_token": images.placeholder if images else None}
 
 
 def program_states(program: ProgramIR) -> int:

@@ -41,6 +41,11 @@ class GenerateRequest(StrictModel):
         return self
 
 
+class ConcatenateRequest(StrictModel):  # SGLang's /concate_and_append_request (a fork join)
+    src_rids: list[str]
+    dst_rid: str
+
+
 class TokenizeRequest(StrictModel):  # vLLM's /tokenize
     prompt: str
     add_special_tokens: bool = True

@@ -22,7 +22,8 @@ needs_constraints = pytest.mark.skipif(
 
 
 def test_constraints_are_sent_as_the_engines_sampling_fields():
-    assert rl.gen("n", dtype=int).params.sampling_params() == {"regex": DTYPE_REGEXES["int"]}
+    assert rl.gen("n", dtype=int).params.sampling_params() == {"regex": DTYPE_REGEXES["int"], "stop": [" ", "\n"]}
+    assert rl.gen("b", dtype=bool).params.sampling_params() == {"regex": DTYPE_REGEXES["bool"]}
     assert rl.gen("n", regex=r"\d+", max_tokens=4).params.sampling_params() == {"regex": r"\d+",
                                                                                  "max_new_tokens": 4}
     assert rl.gen("j", json_schema={"type": "object"}).params.sampling_params() == {
@@ -61,7 +62,7 @@ def test_dtype_outputs_match_their_type(backend, primitive):
 
 # what a dtype's output may look like when max_tokens cuts it short
 PREFIXES = {"int": r"[-+]?[0-9]*", "float": r"[-+]?([0-9]+(\.[0-9]*)?([eE][-+]?[0-9]*)?)?",
-            "bool": r"(T(r(ue?)?)?|F(a(l(se?)?)?)?)?", "str": r'("[^"\n]*)?'}
+            "bool": r"(T(r(ue?)?)?|F(a(l(se?)?)?)?)?", "str": r'("[\w\d\s]*)?'}
 
 
 @needs_constraints

@@ -9,18 +9,37 @@ import radixlang as rl
 from radixlang.lang.gen_params import GEN_FIELDS, RUN_FIELDS, sampling_defaults
 from radixlang.runtime.sampling_params import RULES, SamplingParams
 
-# SGLang's gen() keywords (the public API), written out rather than read from radixlang
-SGLANG_GEN_KEYWORDS = {
-    "max_tokens", "min_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "top_logprobs_num",
-    "return_text_in_logprobs", "dtype", "choices", "choices_method", "regex", "json_schema", "grammar",
-}
+# SGLang 0.5.23's gen() parameters in their positional order (sglang/lang/api.py), written out rather than
+# read from radixlang; `grammar` (Lark) is radixlang's own, keyword-only after them
+SGLANG_GEN_PARAMETERS = [
+    "name", "max_tokens", "min_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs", "dtype", "choices", "choices_method", "regex", "json_schema",
+]
+SGLANG_GEN_INT_PARAMETERS = [  # gen_int / gen_string
+    "name", "max_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs",
+]
 
 
 def test_gens_signature_is_sglangs_and_every_keyword_is_a_derived_field():
-    keywords = {p.name for p in inspect.signature(rl.gen).parameters.values() if p.kind is p.KEYWORD_ONLY}
-    assert keywords == SGLANG_GEN_KEYWORDS
-    assert set(GEN_FIELDS) == keywords - {"choices", "choices_method"}
+    params = list(inspect.signature(rl.gen).parameters.values())
+    assert [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD] == SGLANG_GEN_PARAMETERS
+    assert [p.name for p in params if p.kind is p.KEYWORD_ONLY] == ["grammar"]
+    assert set(GEN_FIELDS) == set(SGLANG_GEN_PARAMETERS + ["grammar"]) - {"name", "n", "choices", "choices_method"}
+    for fn in (rl.gen_int, rl.gen_string):
+        assert list(inspect.signature(fn).parameters) == SGLANG_GEN_INT_PARAMETERS
+
+
+def test_gen_takes_sglangs_positional_arguments():
+    tip = rl.gen("tip", 64, None, 1, ["\n\n"])  # SGLang's test_parallel_decoding: gen("detailed_tip", max_tokens, ...)
+    assert (tip.name, tip.params.max_tokens, tip.params.stop) == ("tip", 64, ["\n\n"])
+    assert rl.gen_int("h", 8).params.max_tokens == 8
+    with pytest.raises(ValueError, match="fork"):
+        rl.gen("x", 8, None, 2)
+    with pytest.raises(NotImplementedError, match="image"):
+        rl.video("clip.mp4", 4)
 
 
 def test_each_gen_sampling_field_reaches_the_engine_under_its_runtime_name():
@@ -49,6 +68,7 @@ def test_gen_and_run_defaults_name_a_bad_field_in_their_own_spelling():
 def test_run_takes_every_gen_field_but_the_constraints_under_the_runtimes_names():
     assert set(RUN_FIELDS) == {"max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
                                "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
-                               "return_logprob", "top_logprobs_num", "return_text_in_logprobs"}
+                               "return_logprob", "top_logprobs_num", "return_text_in_logprobs", "stop_regex",
+                               "logprob_start_len"}
     params = sampling_defaults({"max_new_tokens": 7, "min_new_tokens": 2, "stop": "\n"})
     assert (params.max_tokens, params.min_tokens, params.stop) == (7, 2, ["\n"])

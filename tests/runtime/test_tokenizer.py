@@ -140,6 +140,21 @@ def test_stop_string_kept_with_no_stop_trim(tokenizer):
     assert detok.text == "abc STOP"
 
 
+def test_stop_regex_spanning_tokens_is_trimmed_and_never_released(tokenizer):
+    text = "The answer is 42. Total: 17 apples left"
+    deltas, detok = stream_text(tokenizer, tokenizer.encode(text), stop_regex=[r"[0-9]+ apples"])
+    assert "".join(deltas) == detok.text == "The answer is 42. Total: "
+    kept = stream_text(tokenizer, tokenizer.encode(text), stop_regex=[r"[0-9]+ apples"], trim_stop=False)[1]
+    assert kept.text == "The answer is 42. Total: 17 apples"
+
+
+def test_text_a_stop_regex_cannot_match_is_released(tokenizer):
+    ids = tokenizer.encode("one two three four five six")
+    deltas, detok = stream_text(tokenizer, ids, stop_regex=["x{2}y"])  # matches at most 3 characters
+    assert len("".join(deltas)) >= len(detok.text) - 2  # only the last 2 characters are held back
+    assert "".join(deltas) + detok.flush() == "one two three four five six"
+
+
 def test_partial_stop_prefix_is_released_when_it_does_not_complete(tokenizer):
     ids = tokenizer.encode("x EN y")
     deltas, detok = stream_text(tokenizer, ids, stop=["END"])

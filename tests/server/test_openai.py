@@ -195,7 +195,7 @@ def test_abort_by_response_id_ends_an_openai_stream(server, client):
     (dict(n=0), "n", "n must be in"),
     (dict(n=10**9), "n", "n must be in"),
     (dict(logprobs=21), "logprobs", "[0, 20]"),
-    (dict(logit_bias={"1": 5}), "logit_bias", "not supported"),
+    (dict(logit_bias={"1": 500}), "logit_bias", "must be a number in [-100.0, 100.0]"),
     (dict(best_of=3), "best_of", "not supported"),
     (dict(suffix="end"), "suffix", "not supported"),
     (dict(stop=[""]), "stop", "non-empty"),

@@ -1,0 +1,93 @@
+"""The rest of SGLang's native API that its clients call (`sglang.RuntimeEndpoint`, `sglang.Runtime`,
+the router): model and server info, the fork join hint, a generating health check.
+
+/generate itself is native.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.metadata
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ..runtime.models.loader import default_model_path
+from .config import HEALTH_TIMEOUT_S
+from .openapi import error_responses
+from .protocol import ConcatenateRequest
+from .state import ServerState, server_state
+
+router = APIRouter()
+
+
+def model_path(state: ServerState) -> str:
+    """The model as served: the --model given, else the default model's GGUF file."""
+    return state.engine.config.model or str(default_model_path())
+
+
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def model_info(request: Request) -> dict[str, Any]:
+    """SGLang's model info (its RuntimeEndpoint picks a chat template by model_path), plus what our own
+    Endpoint client needs to render roles itself (chat_template, bos / eos tokens, image placeholder)."""
+    state = server_state(request)
+    tok, images = state.engine.tokenizer, state.engine.image_prompts
+    path = model_path(state)
+    return {"model_path": path, "tokenizer_path": path, "served_model_name": state.model_name,
+            "is_generation": True, "has_image_understanding": images is not None,
+            "has_audio_understanding": False, "context_length": state.engine.context_length,
+            "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+            "image_token": images.placeholder if images else None}
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def server_info(request: Request) -> dict[str, Any]:
+    """The engine's configuration as resolved, the server's limits, and the scheduler's live counters."""
+    state = server_state(request)
+    engine = state.engine
+    config = {k: v for k, v in dataclasses.asdict(engine.config).items() if _plain(v)}
+    return {**config, "model_path": model_path(state), "tokenizer_path": model_path(state),
+            "served_model_name": state.model_name, "context_length": engine.context_length,
+            "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
+            "internal_states": [await state.stats()], "version": _version(), "frontend": "python"}
+
+
+@router.post("/concate_and_append_request", responses=error_responses(413, 422))
+async def concatenate_and_append(body: ConcatenateRequest) -> dict[str, Any]:
+    """SGLang's fork join `concate_and_append` (parallel encoding). Its client names the fork's states by
+    its own ids, which never reach this server, and sends the joined text with its next request anyway.
+    That request reuses the shared prefix (and the first branch) from the radix cache and computes the
+    rest at its real positions, so its output is exact: there is no KV to splice here."""
+    return {"success": True, "src_rids": body.src_rids, "dst_rid": body.dst_rid,
+            "message": "joined text is served from the radix cache by the next request"}
+
+
+@router.get("/health_generate", responses=error_responses(503))
+async def health_generate(request: Request) -> JSONResponse:
+    """Healthy once the engine generates a token (SGLang's Runtime waits on this route)."""
+    state = server_state(request)
+    if state.draining:
+        return JSONResponse({"status": "shutting down"}, status_code=503)
+    work = state.engine.async_generate(input_ids=[state.engine.tokenizer.bos_token_id or 0],
+                                       sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+    try:
+        out = await asyncio.wait_for(work, HEALTH_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return JSONResponse({"status": "engine not responding"}, status_code=503)
+    if out.meta.error is not None:
+        return JSONResponse({"status": f"generation failed: {out.meta.error}"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool, list, dict))
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("radixlang")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
