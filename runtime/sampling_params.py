@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from .config import DEFAULT_MAX_NEW_TOKENS, GREEDY_TEMPERATURE, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
 
-CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar")  # at most one per request
+CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar", "structural_tag")  # at most one per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,7 @@ class SamplingParams:
     regex: str | None = _field(None, Rule("text"))
     json_schema: Any = _field(None, Rule("any"))  # dict, JSON string, or pydantic model class
     grammar: str | None = _field(None, Rule("text"))  # Lark grammar (LALR), start rule `start`
+    structural_tag: Any = _field(None, Rule("any"))  # dict or JSON string: free text + triggered schemas
 
     @classmethod
     def from_any(cls, params: "SamplingParams | Mapping[str, Any] | None") -> "SamplingParams":
@@ -78,7 +79,7 @@ class SamplingParams:
 
     @property
     def constraint(self) -> tuple[str, Any] | None:
-        """('regex' | 'json_schema' | 'grammar', spec), or None when unconstrained."""
+        """('regex' | 'json_schema' | 'grammar' | 'structural_tag', spec), or None when unconstrained."""
         for name in CONSTRAINT_FIELDS:
             if getattr(self, name) is not None:
                 return name, getattr(self, name)

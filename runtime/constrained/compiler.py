@@ -15,6 +15,7 @@ from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
 from .rule_grammar import rules_grammar
+from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .vocab import TokenVocab
 
 
@@ -41,7 +42,7 @@ class ConstraintCompiler:
             return self._vocab
 
     def compile(self, kind: str, spec: Any) -> Constraint:
-        """`kind` is 'regex', 'json_schema' or 'grammar'. Raises ValueError for a bad spec."""
+        """`kind` is 'regex', 'json_schema', 'grammar' or 'structural_tag'. Raises ValueError for a bad spec."""
         key = (kind, _cache_text(kind, spec))
         with self._lock:
             hit = self._cache.get(key)
@@ -65,8 +66,11 @@ class ConstraintCompiler:
             return RegexConstraint(compile_dfa([parse_regex(spec)]), vocab)
         if kind == "grammar":
             return GrammarConstraint(build_lark(spec), vocab)
-        assert kind == "json_schema", f"unknown constraint kind {kind}"
-        grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
+        if kind == "structural_tag":
+            grammar = structural_tag_grammar(parse_structural_tag(spec), self.json_whitespace, self.json_relaxed)
+        else:
+            assert kind == "json_schema", f"unknown constraint kind {kind}"
+            grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
         if not grammar.rules:
             return RegexConstraint(compile_dfa([grammar.root]), vocab)
         return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
@@ -75,6 +79,8 @@ class ConstraintCompiler:
 def _cache_text(kind: str, spec: Any) -> str:
     if kind == "json_schema":
         return json.dumps(schema_to_dict(spec), sort_keys=True)
+    if kind == "structural_tag":
+        return parse_structural_tag(spec).canonical()
     if not isinstance(spec, str):
         raise ValueError(f"{kind} must be a string, got {type(spec).__name__}")
     return spec
