@@ -150,3 +150,32 @@ def test_bad_tool_requests_are_400s_naming_the_field(server, client, kwargs, par
     error = info.value.body
     assert error["param"] == param and words in error["message"]
     assert client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=3).choices
+
+
+FLAG_TAG = {"begin": "<flag>", "schema": {"type": "object", "properties": {"on": {"type": "boolean"}},
+                                          "required": ["on"], "additionalProperties": False}, "end": "</flag>"}
+
+
+def test_response_format_structural_tag_in_sglangs_spelling(server, client):
+    fmt = {"type": "structural_tag", "structures": [FLAG_TAG], "triggers": ["<flag>"]}
+    reply = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=30, temperature=1.0, seed=2,
+                                           response_format=fmt)
+    text = reply.choices[0].message.content
+    for part in text.split("<flag>")[1:]:  # every tag that closed is valid (a random model rarely opens one)
+        if "</flag>" in part:
+            jsonschema.validate(json.loads(part.split("</flag>")[0]), FLAG_TAG["schema"])
+
+
+def test_generate_takes_a_structural_tag_in_sampling_params(server):
+    tag = {"type": "structural_tag", "format": {"type": "tags_with_separator", "separator": "", "at_least_one": True,
+                                                "stop_after_first": True, "tags": [
+        {"begin": FLAG_TAG["begin"], "content": {"type": "json_schema", "json_schema": FLAG_TAG["schema"]},
+         "end": FLAG_TAG["end"]}]}}
+    with server.client() as http:
+        out = http.post("/generate", json={"text": "Flag:", "sampling_params": {
+            "structural_tag": json.dumps(tag), "max_new_tokens": 30}}).json()
+        bad = http.post("/generate", json={"text": "Flag:", "sampling_params": {
+            "structural_tag": {"type": "structural_tag", "structures": [], "triggers": ["<"]}}})
+    assert out["text"].startswith("<flag>") and out["text"].endswith("</flag>")
+    jsonschema.validate(json.loads(out["text"][len("<flag>"):-len("</flag>")]), FLAG_TAG["schema"])
+    assert bad.status_code == 400 and "structural_tag" in bad.json()["error"]["message"]
