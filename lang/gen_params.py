@@ -112,7 +112,8 @@ def stop_list(stop: Any) -> Any:
 
 
 # run()'s sampling defaults: every gen() field but the constraints, in the runtime's names -> gen()'s
-RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS if name not in GEN_CONSTRAINTS}
+RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS
+              if name not in GEN_CONSTRAINTS and name != "tool_calls"}  # a tool gen marks itself
 
 
 def sampling_defaults(sampling: Mapping[str, Any] | None) -> "GenParams":

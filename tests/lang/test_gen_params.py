@@ -19,8 +19,9 @@ SGLANG_GEN_KEYWORDS = {
 
 def test_gens_signature_is_sglangs_and_every_keyword_is_a_derived_field():
     keywords = {p.name for p in inspect.signature(rl.gen).parameters.values() if p.kind is p.KEYWORD_ONLY}
-    assert keywords == SGLANG_GEN_KEYWORDS
-    assert set(GEN_FIELDS) == keywords - {"choices", "choices_method"}
+    tool_keywords = {"tools", "tool_choice", "parallel_tool_calls"}  # ours: they become a structural_tag
+    assert keywords == SGLANG_GEN_KEYWORDS | tool_keywords | {"structural_tag"}
+    assert set(GEN_FIELDS) == keywords - {"choices", "choices_method"} - tool_keywords | {"tool_calls"}
 
 
 def test_each_gen_sampling_field_reaches_the_engine_under_its_runtime_name():
