@@ -15,7 +15,8 @@ from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
 from .rule_grammar import rules_grammar
-from .structural_tag import parse_structural_tag, structural_tag_grammar
+from .structural_tag import free_text, parse_structural_tag, structural_tag_grammar
+from .tag_dispatch import glued_dfa
 from .vocab import TokenVocab
 
 
@@ -67,7 +68,12 @@ class ConstraintCompiler:
         if kind == "grammar":
             return GrammarConstraint(build_lark(spec), vocab)
         if kind == "structural_tag":
-            grammar = structural_tag_grammar(parse_structural_tag(spec), self.json_whitespace, self.json_relaxed)
+            tag = parse_structural_tag(spec)
+            free = free_text(tag.triggers) if tag.triggers is not None else None
+            glued = glued_dfa(tag, free, self.json_whitespace, self.json_relaxed)
+            if glued is not None:
+                return RegexConstraint(glued, vocab)
+            grammar = structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed)
         else:
             assert kind == "json_schema", f"unknown constraint kind {kind}"
             grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)

@@ -73,7 +73,7 @@ def test_auto_text_is_content_and_any_call_is_valid(server, client):
         if c.message.tool_calls:
             assert c.finish_reason in ("tool_calls", "length")
             assert_valid_calls(c.message.tool_calls)
-        else:
+        elif c.finish_reason == "stop":  # a call cut short by max_tokens stays text
             assert isinstance(c.message.content, str) and "<tool_call>" not in c.message.content
 
 

@@ -129,3 +129,23 @@ def test_the_engine_generates_valid_tagged_output(tiny_engine):
         assert out.meta.finish_reason == "stop"
         assert check_parts(out.text, once, []) == 1
     tiny_engine.check_invariants()
+
+
+@pytest.mark.parametrize("spec, trigger", [(LEGACY, "<f="), (SEPARATED, "<f=flag>")])
+def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler, vocab, spec, trigger):
+    """The fast path (parts glued, no joint determinization) against the general one, both ways."""
+    from radixlang.runtime.constrained.automaton import compile_dfa
+    from radixlang.runtime.constrained.matcher import RegexConstraint
+    from radixlang.runtime.constrained.structural_tag import free_text, structural_tag_grammar
+    from radixlang.runtime.constrained.tag_dispatch import glued_dfa
+
+    tag = parse_structural_tag(spec)
+    assert glued_dfa(tag, free_text(tag.triggers) if tag.triggers else None, None, frozenset()) is not None
+    fast = compiler.compile("structural_tag", spec)
+    joint = RegexConstraint(compile_dfa([structural_tag_grammar(tag).root]), vocab)
+    rng = random.Random(3)
+    for _ in range(20):
+        for walked, other in ((fast, joint), (joint, fast)):
+            data, complete = tagged_walk(walked, trigger.encode(), rng, max_tokens=80)
+            state = other.advance_bytes(other.initial(), data)
+            assert state is not None and (not complete or other.can_end(state)), data
