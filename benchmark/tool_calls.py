@@ -10,10 +10,11 @@ Categories simple_python, multiple, parallel, parallel_multiple run through /v1/
 - constrained: tool_choice "required" (a structural tag: every call a listed tool, arguments valid);
 - unconstrained: the same prompt (tools rendered), tool_choice "none", the text parsed after the fact
   with the same parser (SGLang's and vLLM's approach).
+parallel_tool_calls is true only in the parallel categories (their premise), for both ways.
 Reported per category and way: calls that parse and validate against their schema (jsonschema), AST
 accuracy (BFCL's rules: right function names and count, every required argument, each value among the
 possible answers, strings compared case- and punctuation-insensitively, ints accepted for floats,
-parallel calls matched in any order), and output tokens/s. Then: constraint compile p50 for requests
+parallel calls matched in any order), the share cut by max_tokens, and output tokens/s. Then: constraint compile p50 for requests
 with 10 tools (cold: a fresh compiler each time; warm: shared sub-automata), and decode speed with an
 "auto" structural tag vs. plain decoding on the same prompts (same run, alternated).
 
@@ -134,22 +135,24 @@ def ast_ok(calls: list[dict], truths: list[dict], functions: dict[str, dict]) ->
 
 
 # ---- runs -----------------------------------------------------------------------------------------
-def ask(client, question: dict, constrained: bool, max_tokens: int) -> tuple[list[dict] | None, int]:
-    """The calls (None: the output did not parse) and the completion tokens."""
+def ask(client, question: dict, constrained: bool, max_tokens: int, parallel: bool
+        ) -> tuple[list[dict] | None, int, bool]:
+    """The calls (None: the output did not parse), the completion tokens, and whether max_tokens cut it."""
     from radixlang.runtime.tool_formats import FALLBACK, parse_tool_calls
 
     reply = client.chat.completions.create(model="default", messages=question["question"][0],
                                            tools=tools_of(question), tool_choice="required" if constrained else "none",
-                                           max_tokens=max_tokens, temperature=0)
+                                           parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=0)
     message, tokens = reply.choices[0].message, reply.usage.completion_tokens
+    cut = reply.choices[0].finish_reason == "length"
     if constrained:
         calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
                  for c in message.tool_calls or []]
-        return calls or None, tokens
+        return calls or None, tokens, cut
     parsed = parse_tool_calls(FALLBACK, message.content or "")
     if parsed.invalid or not parsed.calls:
-        return None, tokens
-    return [{"name": c.name, "arguments": c.arguments} for c in parsed.calls], tokens
+        return None, tokens, cut
+    return [{"name": c.name, "arguments": c.arguments} for c in parsed.calls], tokens, cut
 
 
 def valid(calls: list[dict] | None, functions: dict[str, dict]) -> bool:
@@ -170,33 +173,43 @@ def valid(calls: list[dict] | None, functions: dict[str, dict]) -> bool:
 def run_category(client, category: str, limit: int, constrained: bool, max_tokens: int,
                  concurrency: int) -> dict[str, float]:
     items = load(category, limit)
+    parallel = category.startswith("parallel")  # the category's own premise, the same for both ways
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda qa: ask(client, qa[0], constrained, max_tokens), items))
+        results = list(pool.map(lambda qa: ask(client, qa[0], constrained, max_tokens, parallel), items))
     elapsed = time.perf_counter() - started
-    n_valid = n_ast = tokens = 0
-    for (question, truth), (calls, used) in zip(items, results):
+    n_valid = n_ast = tokens = n_cut = 0
+    for (question, truth), (calls, used, cut) in zip(items, results):
         functions = {t["function"]["name"]: t["function"] for t in tools_of(question)}
         tokens += used
+        n_cut += cut
         n_valid += valid(calls, functions)
         n_ast += bool(calls) and ast_ok(calls, truth, functions)
     return {"valid": 100 * n_valid / len(items), "ast": 100 * n_ast / len(items), "tok_s": tokens / elapsed,
-            "n": len(items)}
+            "n": len(items), "cut": 100 * n_cut / len(items)}
 
 
 def compile_p50(engine, repeats: int = 15) -> tuple[float, float]:
-    """p50 ms to compile the "auto" structural tag of 10 BFCL tools: cold, then warm (sub-automata shared)."""
+    """p50 ms to compile the "auto" structural tag of 10 BFCL tools plus its first mask: cold (a fresh
+    compiler, every tool new), and warm (a new mix of tools this engine has compiled before; no
+    request-level cache hit, as each mix is new)."""
+    import random
+
     from radixlang.runtime.constrained.compiler import ConstraintCompiler
     from radixlang.runtime.tool_formats import FALLBACK, tool_call_structural_tag
 
-    pool = [t["function"] for q, _ in load("multiple", 200) for t in tools_of(q)]
+    pool = list({t["function"]["name"]: t["function"] for q, _ in load("multiple", 200) for t in tools_of(q)}.values())
     vocab = engine.constraints.vocab
     warm_compiler = ConstraintCompiler(lambda: vocab)
+    for r in range(3):
+        warm_compiler.compile("structural_tag", tool_call_structural_tag(FALLBACK, pool[r * 10:(r + 1) * 10], "auto"))
+    rng = random.Random(0)
     cold, warm = [], []
     for r in range(repeats):
-        tools = pool[r * 10:(r + 1) * 10]
-        tag = tool_call_structural_tag(FALLBACK, tools, "auto")
-        for compiler, out in ((ConstraintCompiler(lambda: vocab), cold), (warm_compiler, warm)):
+        runs = ((ConstraintCompiler(lambda: vocab), pool[30 + r * 10:40 + r * 10], cold),
+                (warm_compiler, rng.sample(pool[:30], 10), warm))
+        for compiler, tools, out in runs:
+            tag = tool_call_structural_tag(FALLBACK, tools, "auto")
             t = time.perf_counter()
             c = compiler.compile("structural_tag", tag)
             c.allowed_bits(c.initial())  # the first mask, as a request's first step needs it
@@ -244,14 +257,14 @@ def main() -> None:
               f"(ratio {tagged / plain:.2f})")
         with background_server(engine) as server, openai.OpenAI(base_url=f"{server.url}/v1", api_key="-",
                                                                 max_retries=0, timeout=600) as client:
-            print(f"{'category':<18} {'way':<14} {'n':>3} {'valid %':>8} {'AST %':>7} {'tok/s':>7}")
+            print(f"{'category':<18} {'way':<14} {'n':>3} {'valid %':>8} {'AST %':>7} {'cut %':>6} {'tok/s':>7}")
             for category in CATEGORIES:
                 for constrained in (True, False):
                     r = run_category(client, category, args.per_category, constrained, args.max_tokens,
                                      args.concurrency)
                     way = "constrained" if constrained else "unconstrained"
                     print(f"{category:<18} {way:<14} {r['n']:>3} {r['valid']:>8.1f} {r['ast']:>7.1f} "
-                          f"{r['tok_s']:>7.1f}", flush=True)
+                          f"{r['cut']:>6.1f} {r['tok_s']:>7.1f}", flush=True)
     finally:
         engine.check_invariants()
         engine.shutdown()

@@ -50,7 +50,7 @@ def agent(question: str, max_turns: int = 4) -> tuple[list[dict], str]:
 def main() -> None:
     with rl.Runtime() as runtime:
         rl.set_default_backend(runtime)
-        calls, answer = agent("What is the temperature in Oslo right now, in Fahrenheit?")
+        calls, answer = agent("What is the temperature in Oslo right now?")
         for call in calls:
             print(f"call: {call['name']}({call['arguments']})")
         print("answer:", answer)

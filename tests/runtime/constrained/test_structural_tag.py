@@ -124,10 +124,12 @@ def test_bad_structural_tags_raise_value_errors_naming_the_field(compiler, spec,
 
 def test_the_engine_generates_valid_tagged_output(tiny_engine):
     once = {"type": "structural_tag", "format": {**SEPARATED["format"], "stop_after_first": True}}
+    drafted = tiny_engine.stats()["jump_forward_tokens_total"]
     outputs = tiny_engine.generate(["Call: ", "Go"], {"structural_tag": once, "max_new_tokens": 60, "temperature": 1.0})
     for out in outputs:
         assert out.meta.finish_reason == "stop"
         assert check_parts(out.text, once, []) == 1
+    assert tiny_engine.stats()["jump_forward_tokens_total"] > drafted  # the marker and key came as drafts
     tiny_engine.check_invariants()
 
 
