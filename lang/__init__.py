@@ -13,8 +13,10 @@ from .program import Program, function, program
 from .executor import ProgramCancelled, ProgramEvent
 from .global_config import global_config
 from .state import ProgramState, ProgramStateGroup
+from .tools import Tool, call_text, tool, tool_results, tools_prompt
 
 __all__ = [
+    "Tool", "call_text", "tool", "tool_results", "tools_prompt",
     "Backend", "ChoicesDecision", "ChoicesSamplingMethod", "Endpoint", "EngineBackend", "GenDelta", "IR_VERSION",
     "Program", "ProgramCancelled", "ProgramEvent", "ProgramIR", "ProgramState", "ProgramStateGroup", "Runtime",
     "RuntimeEndpoint", "StateView", "TraceError", "assistant", "assistant_begin", "assistant_end", "flush_cache",

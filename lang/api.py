@@ -7,6 +7,7 @@ from typing import Any
 from .choices import method_key, token_length_normalized
 from .default_backend import as_backend
 from .images import load_image
+from .tools import as_tools, tool_gen_tag
 from .gen_params import GEN_FIELDS, GenParams, stop_list
 from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, check_select,
                  check_choices)
@@ -22,13 +23,18 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
         choices: list[str] | None = None, choices_method: Any = None, regex: str | None = None,
-        json_schema: str | dict | type | None = None, *, grammar: str | None = None) -> Gen | Select:
+        json_schema: str | dict | type | None = None, *, grammar: str | None = None,
+        structural_tag: str | dict | None = None, tools: list | None = None, tool_choice: str = "auto",
+        parallel_tool_calls: bool = True) -> Gen | Select:
     """Generate text into variable `name`. Unset fields inherit the run's defaults. The positional order is
-    SGLang's (`gen("tip", 64, stop="\\n")` sets max_tokens); `grammar` (Lark) is radixlang's, keyword-only.
+    SGLang's (`gen("tip", 64, stop="\\n")` sets max_tokens); `grammar` (Lark), `structural_tag` and the tool
+    fields are radixlang's, keyword-only.
 
-    dtype (int, float, bool, str) constrains the output with a regex; regex / json_schema / grammar
-    constrain it directly; choices makes this a `select`. The variable holds the generated text.
-    `n` must be 1 (fork the state for several samples).
+    dtype (int, float, bool, str) constrains the output with a regex; regex / json_schema / grammar /
+    structural_tag constrain it directly; choices makes this a `select`. The variable holds the
+    generated text; with `tools` (functions, pydantic models or JSON schemas; see lang/tools.py) it holds
+    the parsed calls, each valid for its tool's schema: tool_choice "auto" (text or calls), "required"
+    or a tool's name. `n` must be 1 (fork the state for several samples).
     """
     fields = {k: v for k, v in locals().items() if k in GEN_FIELDS}  # first line: locals() are the arguments
     for field, value in fields.items():
@@ -43,6 +49,12 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     fields["stop_regex"] = stop_list(stop_regex)
     fields["dtype"] = _DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
     fields["json_schema"] = _schema_text(json_schema)
+    if tools is not None:
+        if any(fields.get(k) is not None for k in ("dtype", "regex", "json_schema", "grammar", "structural_tag")):
+            raise ValueError("gen takes tools or another constraint (dtype, regex, json_schema, grammar, "
+                             "structural_tag), not both")
+        fields["structural_tag"] = tool_gen_tag(as_tools(tools), tool_choice, parallel_tool_calls)
+        fields["tool_calls"] = True
     params = GenParams(**fields)
     params.validate()
     return Gen(name, params)

@@ -18,6 +18,7 @@ from .backend import Backend, StateView
 from .chat import ChatTemplate
 from .choices import resolve_method
 from .gen_params import GenParams
+from .tools import parsed_calls
 from .ir import (Gen, Image, ImageData, Node, RoleBegin, RoleEnd, Select, SetVar, Text, VarScopeBegin,
                  VarScopeEnd)
 
@@ -310,7 +311,8 @@ class StateCore:
                 with self.cond:
                     self.streaming.pop(name, None)
         if name is not None:
-            self._set_var(name, "".join(parts), meta)
+            text = "".join(parts)
+            self._set_var(name, parsed_calls(text) if gen.params.tool_calls else text, meta)
 
     def _select(self, node: Select) -> None:
         choices = list(node.choices)

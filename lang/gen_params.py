@@ -7,6 +7,7 @@ import re
 import typing
 from typing import Any, Mapping
 
+from ..runtime.constrained.structural_tag import parse_structural_tag
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, SamplingParams, check_fields
 from .config import DTYPE_REGEXES, DTYPE_STOPS
 
@@ -16,10 +17,11 @@ GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 # sampling fields SGLang's gen() does not take
 NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", "seed", "logit_bias",
               "spaces_between_special_tokens", "stream_interval", "custom_params", "beam_width", "ebnf",
-              "structural_tag", "watermark")
+              "watermark")
 # gen()'s own fields: what to report (log-probabilities) and dtype, a constraint the language names
 LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "logprob_start_len": int, "top_logprobs_num": int,
-                               "return_text_in_logprobs": bool, "dtype": str}
+                               "return_text_in_logprobs": bool, "dtype": str,
+                               "tool_calls": bool}  # tool_calls: the variable holds parsed calls
 IR_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
 GEN_CONSTRAINTS = ("dtype", *CONSTRAINT_FIELDS)
 _RUNTIME_NAMES = {lang: runtime for runtime, lang in GEN_NAMES.items()}
@@ -103,6 +105,8 @@ class _GenParamsMethods:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("json_schema must be a JSON object")
+        if self.structural_tag is not None:
+            parse_structural_tag(self.structural_tag)  # a ValueError names the bad field
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
             raise ValueError(f"grammar must be a non-empty Lark grammar string, got {self.grammar!r}")
 
@@ -121,7 +125,8 @@ def stop_list(stop: Any) -> Any:
 
 
 # run()'s sampling defaults: every gen() field but the constraints, in the runtime's names -> gen()'s
-RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS if name not in GEN_CONSTRAINTS}
+RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS
+              if name not in GEN_CONSTRAINTS and name != "tool_calls"}  # a tool gen marks itself
 
 
 def sampling_defaults(sampling: Mapping[str, Any] | None) -> "GenParams":

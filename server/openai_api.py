@@ -20,6 +20,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import checked_params, events, open_stream, prepare, run
 from .state import ServerState, server_state
 from .streaming import sse_response
+from .tool_calls import ToolPlan, ToolStream, plan_tools, reply_message
 
 router = APIRouter()
 
@@ -194,19 +195,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # no limit given: up to the context (the engine stops there)
     params = sampling_params(body, engine.context_length if max_tokens is None else max_tokens)
+    plan = await state.offload(plan_tools, body, engine.tokenizer.chat_template,
+                               lambda tag: engine.constraints.compile("structural_tag", tag))
+    if plan is not None and plan.structural_tag is not None:
+        params["structural_tag"] = plan.structural_tag
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
     sampling = await checked_params(state, params, fields)  # checked before anything is sized by n
     state.limits.check_prompts(1, sampling.n, "messages")
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
-                                         engine.image_prompts, state.model_name)
+                                         engine.image_prompts, state.model_name, plan)
     job = Job(new_id("chatcmpl"), [prompt], sampling, return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None)
-    return await _respond(request, _ChatView(state, body, job), fields)
+    return await _respond(request, _ChatView(state, body, job, plan), fields)
 
 
 @dataclass
 class _ChatView(_View):
     body: ChatCompletionRequest
+    tools: ToolPlan | None = None  # with tools: calls come back as tool_calls
+    tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, across its events
     kind: ClassVar[str] = "chat.completion"
     chunk_kind: ClassVar[str] = "chat.completion.chunk"
 
@@ -214,9 +221,11 @@ class _ChatView(_View):
         return chat_logprobs(self.state.engine.tokenizer, lps or []) if self.body.logprobs else None
 
     def choice(self, k: int, c: Completion) -> dict[str, Any]:
-        return {"index": k, "message": {"role": "assistant", "content": c.text},
-                "logprobs": self._logprobs(c.meta.output_logprobs), "finish_reason": c.meta.finish_reason,
-                "matched_stop": c.meta.matched_stop}
+        message, reason = {"role": "assistant", "content": c.text}, c.meta.finish_reason
+        if self.tools is not None and self.tools.parses:
+            message, reason = reply_message(self.tools, c.text, reason)
+        return {"index": k, "message": message, "logprobs": self._logprobs(c.meta.output_logprobs),
+                "finish_reason": reason, "matched_stop": c.meta.matched_stop}
 
     def start(self) -> list[dict]:
         """Each choice's first event names the assistant role, as OpenAI's stream does."""
@@ -225,13 +234,27 @@ class _ChatView(_View):
                 for k in range(len(self.job.prompts) * self.job.n)]
 
     def render(self, k: int, chunk: StreamChunk) -> list[dict]:
-        delta = {"content": chunk.text} if chunk.text else {}
+        text, calls, reason = chunk.text, [], chunk.finish_reason
+        if self.tools is not None and self.tools.parses:
+            stream = self.tool_streams.setdefault(k, ToolStream(self.tools))
+            text, calls = stream.feed(chunk.text, chunk.finished)
+            reason = stream.finish_reason(reason)
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = calls[:1]
         choice: dict[str, Any] = {"index": k, "delta": delta,
                                   "logprobs": self._logprobs(chunk.logprobs) if chunk.logprobs else None,
                                   "finish_reason": None}
+        # a call's arguments go in events of their own after its name, as OpenAI's stream sends them
+        rest = [self._event([{"index": k, "delta": {"tool_calls": [c]}, "logprobs": None, "finish_reason": None}])
+                for c in calls[1:]]
         if chunk.finished:
             self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens)
-            choice |= {"finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
+            if rest:
+                return [self._event([choice]), *rest, self._event([
+                    {"index": k, "delta": {}, "logprobs": None, "finish_reason": reason,
+                     "matched_stop": chunk.matched_stop}])]
+            choice |= {"finish_reason": reason, "matched_stop": chunk.matched_stop}
         elif not delta and choice["logprobs"] is None:
             return []
-        return [self._event([choice])]
+        return [self._event([choice]), *rest]

@@ -16,11 +16,12 @@ from .errors import APIError, user_errors
 from .image_input import prepare_images
 from .protocol import OPENAI_NAMES, ChatMessage, ResponseFormat, SamplingFields
 from .text_input import check_unicode, encode_texts
+from .tool_calls import ToolPlan, template_messages
 
 # engine field -> the name the client used, for error messages (routes add their own)
 FIELDS = {name: OPENAI_NAMES.get(name, name) for name in RULES} | {"input_ids": "prompt"}
 # the route's max_tokens field and default (max_completion_tokens on chat), and response_format, set these
-_SET_BY_ROUTE = ("max_new_tokens", "json_schema")
+_SET_BY_ROUTE = ("max_new_tokens", "json_schema", "structural_tag")
 
 
 @dataclass
@@ -72,8 +73,10 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     params |= {name: value for name in RULES if name not in _SET_BY_ROUTE
                and (value := getattr(req, FIELDS[name])) is not None}
-    schema = _response_format_schema(req.response_format)
-    if schema is not None:
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "structural_tag":
+        params["structural_tag"] = fmt.model_dump(exclude_none=True, include={"type", "structures", "triggers", "format"})
+    elif (schema := _response_format_schema(fmt)) is not None:
         params["json_schema"] = schema
     constraints = [k for k in CONSTRAINT_FIELDS if k in params]
     if len(constraints) > 1:
@@ -83,7 +86,7 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
 
 def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
     """The JSON schema (as a JSON string, like SGLang's json_schema) that a response_format asks for."""
-    if fmt is None or fmt.type == "text":
+    if fmt is None or fmt.type in ("text", "structural_tag"):
         return None
     if fmt.type == "json_object":
         return json.dumps({"type": "object"})
@@ -111,7 +114,8 @@ def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length:
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int,
-                image_prompts: ImagePrompts | None = None, model: str = "") -> tuple[list[int], list[Any]]:
+                image_prompts: ImagePrompts | None = None, model: str = "",
+                tools: ToolPlan | None = None) -> tuple[list[int], list[Any]]:
     """The conversation rendered with the model's chat template, ready for the assistant's turn, and its
     images (prepared for the engine), each where a placeholder stands in the text. Slow on long conversations and on
     images: call it on a worker thread."""
@@ -123,8 +127,10 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_lengt
             message["name"] = m.name
         rendered.append(message)
     images = prepare_images(image_prompts, model, sources, params)
+    rendered, extra = template_messages(messages, rendered, tools)
     with user_errors({}):
-        text = tokenizer.apply_chat_template(rendered, image_placeholder=image_prompts and image_prompts.placeholder)
+        text = tokenizer.apply_chat_template(rendered, image_placeholder=image_prompts and image_prompts.placeholder,
+                                             **extra)
     return encode_texts(tokenizer, [text], "messages", False, context_length)[0], images
 
 

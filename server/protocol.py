@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from ..runtime.sampling_params import RULES, SamplingParams
 
 # the engine's sampling fields OpenAI spells otherwise (the others keep the engine's name)
-OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format",
+                "structural_tag": "response_format"}
 
 
 class StrictModel(BaseModel):
@@ -86,13 +87,20 @@ class JsonSchemaFormat(StrictModel):
 
 
 class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # structural_tag, as SGLang and vLLM take it: structures + triggers, or XGrammar's `format`
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+    format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _schema_when_needed(self) -> "ResponseFormat":
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema is required with type 'json_schema' and allowed only with it")
+        tagged = any(x is not None for x in (self.structures, self.triggers, self.format))
+        if tagged != (self.type == "structural_tag"):
+            raise ValueError("structural_tag needs structures and triggers, or format; they go only with it")
         return self
 
 
@@ -109,10 +117,10 @@ class _OpenAIFields(StrictModel):
 
 def _sampling_fields() -> dict[str, Any]:
     """The engine's sampling fields as OpenAI spells them (SGLang's and vLLM's names for extensions),
-    each optional: unset, the engine's default applies. json_schema comes as response_format."""
+    each optional: unset, the engine's default applies. json_schema and structural_tag come as response_format."""
     hints = typing.get_type_hints(SamplingParams)
     return {OPENAI_NAMES.get(name, name): ((rule.accepts or hints[name]) | None, None)
-            for name, rule in RULES.items() if name != "json_schema"}
+            for name, rule in RULES.items() if name not in ("json_schema", "structural_tag")}
 
 
 SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
@@ -127,9 +135,11 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (checked by server/tool_calls)
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -137,3 +147,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None  # checked by server/tool_calls, naming the field
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None

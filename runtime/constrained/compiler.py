@@ -15,6 +15,8 @@ from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
 from .rule_grammar import rules_grammar
+from .structural_tag import free_text, parse_structural_tag, structural_tag_grammar
+from .tag_dispatch import glued_dfa
 from .vocab import TokenVocab
 
 
@@ -41,7 +43,7 @@ class ConstraintCompiler:
             return self._vocab
 
     def compile(self, kind: str, spec: Any) -> Constraint:
-        """`kind` is 'regex', 'json_schema' or 'grammar'. Raises ValueError for a bad spec."""
+        """`kind` is 'regex', 'json_schema', 'grammar' or 'structural_tag'. Raises ValueError for a bad spec."""
         key = (kind, _cache_text(kind, spec))
         with self._lock:
             hit = self._cache.get(key)
@@ -65,8 +67,16 @@ class ConstraintCompiler:
             return RegexConstraint(compile_dfa([parse_regex(spec)]), vocab)
         if kind == "grammar":
             return GrammarConstraint(build_lark(spec), vocab)
-        assert kind == "json_schema", f"unknown constraint kind {kind}"
-        grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
+        if kind == "structural_tag":
+            tag = parse_structural_tag(spec)
+            free = free_text(tag.triggers) if tag.triggers is not None else None
+            glued = glued_dfa(tag, free, self.json_whitespace, self.json_relaxed)
+            if glued is not None:
+                return RegexConstraint(glued, vocab)
+            grammar = structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed)
+        else:
+            assert kind == "json_schema", f"unknown constraint kind {kind}"
+            grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
         if not grammar.rules:
             return RegexConstraint(compile_dfa([grammar.root]), vocab)
         return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
@@ -75,6 +85,8 @@ class ConstraintCompiler:
 def _cache_text(kind: str, spec: Any) -> str:
     if kind == "json_schema":
         return json.dumps(schema_to_dict(spec), sort_keys=True)
+    if kind == "structural_tag":
+        return parse_structural_tag(spec).canonical()
     if not isinstance(spec, str):
         raise ValueError(f"{kind} must be a string, got {type(spec).__name__}")
     return spec

@@ -57,3 +57,11 @@ def test_json_extraction(smollm_engine, monkeypatch, capsys):
     people = [json.loads(line.split(" <- ")[0]) for line in out.splitlines() if " <- " in line]
     assert [p["name"] for p in people] == ["Maria Lopez", "Kenji Watanabe", "Amara Okafor"]
     assert [p["age"] for p in people] == [34, 58, 21]
+
+
+def test_tool_agent(smollm_engine, monkeypatch, capsys):
+    out = run_example("tool_agent", smollm_engine, monkeypatch, capsys)
+    calls = [line for line in out.splitlines() if line.startswith("call: ")]
+    assert calls and all(c.startswith(("call: get_temperature({'city': ", "call: celsius_to_fahrenheit({'celsius': "))
+                         for c in calls)
+    assert "answer: " in out

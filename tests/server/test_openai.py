@@ -223,7 +223,7 @@ def test_completion_bad_requests_are_400s_naming_the_field(server, client, kwarg
     (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role", "Input should be"),
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      "messages[0].content[0]", "only text content parts"),
-    (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "unknown field"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="maybe"), "tool_choice", "maybe"),
     (dict(response_format={"type": "json_schema"}), "response_format", "json_schema is required"),
 ])
 def test_chat_bad_requests_are_400s_naming_the_field(server, client, kwargs, param, words):

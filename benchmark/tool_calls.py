@@ -1,0 +1,274 @@
+"""BFCL tool calling: valid calls and AST accuracy with the constraint vs. parse-after-the-fact.
+
+Data: the Berkeley Function Calling Leaderboard's questions and possible answers, as the PyPI package
+`bfcl-eval` ships them (`bfcl_eval/data/`). Install it without its (large, pinned) dependencies; only its
+data files are read, nothing of it is imported:
+    .venv/bin/pip install --no-deps bfcl-eval
+
+Categories simple_python, multiple, parallel, parallel_multiple run through /v1/chat/completions (the
+`openai` SDK against a server in this process) with `tools`, two ways on the same model:
+- constrained: tool_choice "required" (a structural tag: every call a listed tool, arguments valid);
+- unconstrained: the same prompt (tools rendered), tool_choice "none", the text parsed after the fact
+  with the same parser (SGLang's and vLLM's approach).
+parallel_tool_calls is true only in the parallel categories (their premise), for both ways.
+Reported per category and way: calls that parse and validate against their schema (jsonschema), AST
+accuracy (BFCL's rules: right function names and count, every required argument, each value among the
+possible answers, strings compared case- and punctuation-insensitively, ints accepted for floats,
+parallel calls matched in any order), the share cut by max_tokens, and output tokens/s. Then: constraint compile p50 for requests
+with 10 tools (cold: a fresh compiler each time; warm: shared sub-automata), and decode speed with an
+"auto" structural tag vs. plain decoding on the same prompts (same run, alternated).
+
+BFCL's schema dialect ("dict", "float", "tuple", "any") is converted here, not in the engine.
+
+    .venv/bin/python benchmark/tool_calls.py [--per-category 10] [--max-tokens 128] [--concurrency 8]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
+_TYPES = {"dict": "object", "float": "number", "tuple": "array", "integer": "integer", "string": "string",
+          "boolean": "boolean", "array": "array", "number": "number", "object": "object"}
+
+
+def data_dir() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("bfcl-eval is not installed: .venv/bin/pip install --no-deps bfcl-eval")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def load(category: str, limit: int) -> list[tuple[dict, list]]:
+    root = data_dir()
+    questions = [json.loads(line) for line in (root / f"BFCL_v4_{category}.json").read_text().splitlines()[:limit]]
+    answers = {a["id"]: a["ground_truth"] for a in map(json.loads,
+               (root / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines())}
+    return [(q, answers[q["id"]]) for q in questions]
+
+
+def json_schema(bfcl: Any) -> Any:
+    """BFCL's parameter schema as JSON Schema."""
+    if isinstance(bfcl, list):
+        return [json_schema(x) for x in bfcl]
+    if not isinstance(bfcl, dict):
+        return bfcl
+    out = {}
+    for key, value in bfcl.items():
+        if key == "type":
+            if value != "any":
+                out["type"] = _TYPES.get(value, value)
+        elif key in ("properties",):
+            out[key] = {k: json_schema(v) for k, v in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = json_schema(value)
+        elif key in ("required", "enum", "description", "default", "minimum", "maximum", "format"):
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out:
+        out["properties"] = {}
+    return out
+
+
+def tools_of(question: dict) -> list[dict]:
+    return [{"type": "function", "function": {"name": f["name"], "description": f.get("description", ""),
+                                              "parameters": json_schema(f["parameters"])}}
+            for f in question["function"]]
+
+
+# ---- BFCL's AST check -----------------------------------------------------------------------------
+def _standard(s: str) -> str:
+    return re.sub(r"[ ,./\-_*^]", "", s).lower().replace("'", '"')
+
+
+def _value_ok(value: Any, allowed: Any) -> bool:
+    if isinstance(allowed, str) and isinstance(value, str):
+        return _standard(value) == _standard(allowed)
+    if isinstance(allowed, bool) or isinstance(value, bool):
+        return value is allowed
+    if isinstance(allowed, (int, float)) and isinstance(value, (int, float)):
+        return float(value) == float(allowed)
+    if isinstance(allowed, list) and isinstance(value, list):
+        return len(value) == len(allowed) and all(_value_ok(v, a) for v, a in zip(value, allowed))
+    if isinstance(allowed, dict) and isinstance(value, dict):
+        return all(k in allowed and any(_value_ok(value[k], a) for a in allowed[k]) for k in value) and \
+            all(k in value or "" in allowed[k] for k in allowed)
+    return value == allowed
+
+
+def call_ok(call: dict, truth: dict, functions: dict[str, dict]) -> bool:
+    (name, params), = truth.items()
+    if call["name"] != name:
+        return False
+    schema = functions[name]["parameters"]
+    args = call["arguments"]
+    if any(k not in schema.get("properties", {}) for k in args):
+        return False
+    if any(k not in args for k in schema.get("required", [])):
+        return False
+    for key, allowed in params.items():
+        if key not in args:
+            if "" not in allowed:
+                return False
+        elif not any(_value_ok(args[key], a) for a in allowed if a != ""):
+            return False
+    return True
+
+
+def ast_ok(calls: list[dict], truths: list[dict], functions: dict[str, dict]) -> bool:
+    """Every ground-truth call matched by exactly one call, in any order."""
+    if len(calls) != len(truths):
+        return False
+
+    def match(i: int, used: frozenset[int]) -> bool:
+        if i == len(calls):
+            return True
+        return any(j not in used and call_ok(calls[i], truths[j], functions) and match(i + 1, used | {j})
+                   for j in range(len(truths)))
+    return match(0, frozenset())
+
+
+# ---- runs -----------------------------------------------------------------------------------------
+def ask(client, question: dict, constrained: bool, max_tokens: int, parallel: bool
+        ) -> tuple[list[dict] | None, int, bool]:
+    """The calls (None: the output did not parse), the completion tokens, and whether max_tokens cut it."""
+    from radixlang.runtime.tool_formats import FALLBACK, parse_tool_calls
+
+    reply = client.chat.completions.create(model="default", messages=question["question"][0],
+                                           tools=tools_of(question), tool_choice="required" if constrained else "none",
+                                           parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=0)
+    message, tokens = reply.choices[0].message, reply.usage.completion_tokens
+    cut = reply.choices[0].finish_reason == "length"
+    if constrained:
+        calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
+                 for c in message.tool_calls or []]
+        return calls or None, tokens, cut
+    parsed = parse_tool_calls(FALLBACK, message.content or "")
+    if parsed.invalid or not parsed.calls:
+        return None, tokens, cut
+    return [{"name": c.name, "arguments": c.arguments} for c in parsed.calls], tokens, cut
+
+
+def valid(calls: list[dict] | None, functions: dict[str, dict]) -> bool:
+    import jsonschema
+
+    if not calls:
+        return False
+    for c in calls:
+        if c["name"] not in functions:
+            return False
+        try:
+            jsonschema.validate(c["arguments"], functions[c["name"]]["parameters"])
+        except jsonschema.ValidationError:
+            return False
+    return True
+
+
+def run_category(client, category: str, limit: int, constrained: bool, max_tokens: int,
+                 concurrency: int) -> dict[str, float]:
+    items = load(category, limit)
+    parallel = category.startswith("parallel")  # the category's own premise, the same for both ways
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda qa: ask(client, qa[0], constrained, max_tokens, parallel), items))
+    elapsed = time.perf_counter() - started
+    n_valid = n_ast = tokens = n_cut = 0
+    for (question, truth), (calls, used, cut) in zip(items, results):
+        functions = {t["function"]["name"]: t["function"] for t in tools_of(question)}
+        tokens += used
+        n_cut += cut
+        n_valid += valid(calls, functions)
+        n_ast += bool(calls) and ast_ok(calls, truth, functions)
+    return {"valid": 100 * n_valid / len(items), "ast": 100 * n_ast / len(items), "tok_s": tokens / elapsed,
+            "n": len(items), "cut": 100 * n_cut / len(items)}
+
+
+def compile_p50(engine, repeats: int = 15) -> tuple[float, float]:
+    """p50 ms to compile the "auto" structural tag of 10 BFCL tools plus its first mask: cold (a fresh
+    compiler, every tool new), and warm (a new mix of tools this engine has compiled before; no
+    request-level cache hit, as each mix is new)."""
+    import random
+
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+    from radixlang.runtime.tool_formats import FALLBACK, tool_call_structural_tag
+
+    pool = list({t["function"]["name"]: t["function"] for q, _ in load("multiple", 200) for t in tools_of(q)}.values())
+    vocab = engine.constraints.vocab
+    warm_compiler = ConstraintCompiler(lambda: vocab)
+    for r in range(3):
+        warm_compiler.compile("structural_tag", tool_call_structural_tag(FALLBACK, pool[r * 10:(r + 1) * 10], "auto"))
+    rng = random.Random(0)
+    cold, warm = [], []
+    for r in range(repeats):
+        runs = ((ConstraintCompiler(lambda: vocab), pool[30 + r * 10:40 + r * 10], cold),
+                (warm_compiler, rng.sample(pool[:30], 10), warm))
+        for compiler, tools, out in runs:
+            tag = tool_call_structural_tag(FALLBACK, tools, "auto")
+            t = time.perf_counter()
+            c = compiler.compile("structural_tag", tag)
+            c.allowed_bits(c.initial())  # the first mask, as a request's first step needs it
+            out.append(1000 * (time.perf_counter() - t))
+    return statistics.median(cold), statistics.median(warm)
+
+
+def decode_ratio(engine, tokens: int = 64, rounds: int = 2) -> tuple[float, float]:
+    """Output tok/s with an "auto" structural tag (10 tools) and without, on the same prompts."""
+    from radixlang.runtime.tool_formats import FALLBACK, tool_call_structural_tag
+
+    tools = [t["function"] for q, _ in load("multiple", 40) for t in tools_of(q)][:10]
+    tag = tool_call_structural_tag(FALLBACK, tools, "auto")
+    prompts = [f"Write a short story about a {w}." for w in ("cat", "ship", "tree", "robot")]
+    speeds: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for tagged in (False, True):
+            params = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}
+            if tagged:
+                params["structural_tag"] = tag
+            t = time.perf_counter()
+            outs = engine.generate(prompts, params)
+            speeds[tagged].append(sum(o.meta.completion_tokens for o in outs) / (time.perf_counter() - t))
+    return max(speeds[False]), max(speeds[True])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-category", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    import openai
+
+    from radixlang.runtime.engine import Engine
+    from radixlang.server.launch import background_server
+
+    engine = Engine(device=args.device, kv_cache_tokens=65536)
+    try:
+        cold, warm = compile_p50(engine)
+        print(f"structural tag compile, 10 tools, + first mask: p50 cold {cold:.1f} ms, warm {warm:.1f} ms")
+        plain, tagged = decode_ratio(engine)
+        print(f"decode: plain {plain:.1f} tok/s, auto structural tag {tagged:.1f} tok/s "
+              f"(ratio {tagged / plain:.2f})")
+        with background_server(engine) as server, openai.OpenAI(base_url=f"{server.url}/v1", api_key="-",
+                                                                max_retries=0, timeout=600) as client:
+            print(f"{'category':<18} {'way':<14} {'n':>3} {'valid %':>8} {'AST %':>7} {'cut %':>6} {'tok/s':>7}")
+            for category in CATEGORIES:
+                for constrained in (True, False):
+                    r = run_category(client, category, args.per_category, constrained, args.max_tokens,
+                                     args.concurrency)
+                    way = "constrained" if constrained else "unconstrained"
+                    print(f"{category:<18} {way:<14} {r['n']:>3} {r['valid']:>8.1f} {r['ast']:>7.1f} "
+                          f"{r['cut']:>6.1f} {r['tok_s']:>7.1f}", flush=True)
+    finally:
+        engine.check_invariants()
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

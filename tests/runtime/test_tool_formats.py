@@ -1,0 +1,129 @@
+"""Tool-call formats: each family's parser reads its chat template's own rendering of the same calls
+(rendered by transformers, the oracle), and the constraint's output for each format parses into calls
+whose arguments validate (jsonschema)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from radixlang.runtime.tool_formats import (FALLBACK, HERMES, LLAMA3_JSON, MISTRAL, ToolCall, detect_format,
+                                            fallback_messages, held_back, parse_tool_calls, render_call,
+                                            tool_call_structural_tag)
+
+from .constrained.conftest import compiler, vocab  # noqa: F401 (fixtures)
+from .constrained.test_structural_tag import tagged_walk
+from .models.hf_tiny import write_tokenizer
+from .models.test_chat_templates import LLAMA31, QWEN25
+
+transformers = pytest.importorskip("transformers")
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is the oracle for the arguments")
+
+# after Mistral's v3 template: tools before the last user turn, calls as one JSON array with 9-character ids
+MISTRAL_TOOLS = """{%- if not tools is defined %}{%- set tools = none %}{%- endif %}
+{{- bos_token }}
+{%- for message in messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and loop.last %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {%- for tool in tools %}{{- tool | tojson }}{%- if not loop.last %}{{- ", " }}{%- endif %}{%- endfor %}
+            {{- "][/AVAILABLE_TOOLS]" }}
+        {%- endif %}
+        {{- "[INST] " + message["content"] + "[/INST]" }}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.id is not defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- '{"name": "' + tool_call.function.name + '", "arguments": ' + tool_call.function.arguments|tojson }}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}{{- ", " }}{%- endif %}
+        {%- endfor %}
+        {{- "]" + eos_token }}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"] + eos_token }}
+    {%- elif message["role"] == "tool" %}
+        {{- '[TOOL_RESULTS] {"content": ' + message.content|tojson + ', "call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}
+"""
+WEATHER = {"name": "get_weather", "description": "Weather in a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1,
+                                                                                         "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}
+ADD = {"name": "add", "description": "Adds.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}
+TOOLS = [WEATHER, ADD]
+CALLS = [ToolCall("get_weather", {"city": "Zürich \"old\"", "days": 3}, "abcDEF123"),
+         ToolCall("add", {"a": 1.5, "b": -2}, "xyz789QRS")]
+FAMILIES = {  # template, bos, eos, expected format, how many calls its template renders in one turn
+    "qwen2.5": (QWEN25, "<|endoftext|>", "<|im_end|>", HERMES, 2),
+    "llama3.1": (LLAMA31, "<|begin_of_text|>", "<|eot_id|>", LLAMA3_JSON, 1),
+    "mistral": (MISTRAL_TOOLS, "<s>", "</s>", MISTRAL, 2),
+}
+
+
+def openai_calls(calls: list[ToolCall]) -> list[dict]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_format_parses_its_templates_own_rendering_of_the_calls(tmp_path, family):
+    template, bos, eos, fmt, count = FAMILIES[family]
+    assert detect_format(template) is fmt
+    write_tokenizer(tmp_path, bos, eos, chat_template=template)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    tools = [{"type": "function", "function": t} for t in TOOLS]
+    user = [{"role": "user", "content": "Weather in Zürich, and 1.5 + -2?"}]
+    calls = CALLS[:count]
+    content = "Let me check." if family == "qwen2.5" else ""
+    turn = {"role": "assistant", "content": content, "tool_calls": openai_calls(calls)}
+    prefix = hf.apply_chat_template(user, tools=tools, tokenize=False, add_generation_prompt=True)
+    whole = hf.apply_chat_template(user + [turn], tools=tools, tokenize=False)
+    if family == "mistral":  # its template renders the tools before the last user turn only
+        prefix = hf.apply_chat_template(user + [turn], tools=tools, tokenize=False)[:whole.index("[TOOL_CALLS]")]
+    assert whole.startswith(prefix)
+    parsed = parse_tool_calls(fmt, whole[len(prefix):])
+    assert [(c.name, c.arguments) for c in parsed.calls] == [(c.name, c.arguments) for c in calls]
+    assert parsed.content.strip() == content and not parsed.invalid
+
+
+def test_a_template_without_tools_gets_the_fallback_and_its_rendering_parses():
+    smollm2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']}}{% endfor %}"
+    assert detect_format(smollm2) is FALLBACK and detect_format(None) is FALLBACK
+    text = "Sure." + "".join(render_call(FALLBACK, c) for c in CALLS)
+    assert text.startswith('Sure.<tool_call>{"name": "get_weather", "arguments": {"city": ')
+    parsed = parse_tool_calls(FALLBACK, text)
+    assert parsed.content == "Sure." and [c.arguments for c in parsed.calls] == [c.arguments for c in CALLS]
+    system = fallback_messages([{"role": "user", "content": "hi"}], TOOLS)[0]
+    assert system["role"] == "system" and json.dumps(WEATHER) in system["content"]
+
+
+def test_a_call_that_does_not_parse_leaves_the_text_as_content():
+    text = 'I will call <tool_call>{"name": "add", "arguments": {"a": 1'
+    parsed = parse_tool_calls(HERMES, text)
+    assert parsed.content == text and not parsed.calls and parsed.invalid
+    assert held_back(HERMES, "hello <tool_") == len("<tool_") and held_back(HERMES, "hello") == 0
+
+
+@pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON, MISTRAL, FALLBACK], ids=lambda f: f.name)
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_constrained_outputs_of_each_format_parse_into_valid_calls(compiler, fmt, choice):
+    constraint = compiler.compile("structural_tag", tool_call_structural_tag(fmt, TOOLS, choice, parallel=True))
+    schemas = {t["name"]: t["parameters"] for t in TOOLS}
+    rng = random.Random(1)
+    found = 0
+    for _ in range(20):
+        data, complete = tagged_walk(constraint, fmt.trigger.encode(), rng, max_tokens=250)
+        if not complete:
+            continue
+        parsed = parse_tool_calls(fmt, data.decode())
+        assert not parsed.invalid
+        if choice == "required":
+            assert parsed.calls and not parsed.content.strip()
+        for call in parsed.calls:
+            jsonschema.validate(call.arguments, schemas[call.name])
+        found += len(parsed.calls)
+    assert found >= 3
