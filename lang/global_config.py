@@ -20,26 +20,16 @@ class GlobalConfig:
               "enable_precache_with_tracing", "enable_parallel_encoding")
 
     def __init__(self) -> None:
+        # kept as set: lang/default_backend.py checks and wraps it where a run reads it (this module is a
+        # leaf, so that gen_params and the backends can read the settings without an import cycle)
+        self.default_backend: Any = None
         self.verbosity = 0
         for flag in self._FLAGS:
             setattr(self, flag, True)
 
-    @property
-    def default_backend(self) -> Any:
-        from . import backend
-
-        with backend._default_lock:
-            return backend._default
-
-    @default_backend.setter
-    def default_backend(self, value: Any) -> None:
-        from .backend import set_default_backend
-
-        set_default_backend(value)
-
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "default_backend":
-            object.__setattr__(self, name, value)  # the property's setter
+            object.__setattr__(self, name, value)
             return
         if name == "verbosity" and (not isinstance(value, int) or isinstance(value, bool)):
             raise TypeError(f"global_config.verbosity must be an integer, got {value!r}")
