@@ -1,0 +1,139 @@
+"""Scale-out behind SGLang's router: programs through `rl.Endpoint(router)` (one routed call per primitive).
+
+Fleets, each started as `radixlang serve --dp N` would (server/fleet.py), on the same machine, one after
+another with the same programs:
+  - 1 worker x all threads, behind the router (the single-engine baseline: its cache hit rate is the goal)
+  - 2 workers x half the threads each, router `cache_aware`
+  - 2 workers x half the threads each, router `round_robin`
+Workloads from the program suite: few-shot QA, multi-turn chat (short turns), tree of thought. Programs run
+`--concurrency` at a time. Reported per fleet and workload: the workers' cache hit rate over the run (cached /
+prompt tokens from their /metrics), programs/s, and p50/p99 program latency.
+
+    python -m benchmark.scale_out [--model M] [--programs 24] [--concurrency 8] [--threads 2]
+
+On a GPU machine each worker gets one GPU (CUDA_VISIBLE_DEVICES). Needs `pip install 'radixlang[router]'`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+
+import radixlang as rl
+from radixlang.server.fleet import Fleet, FleetSpec, free_port
+
+from .programs import few_shot, multi_turn, tree_of_thought
+from .programs.measure import percentile
+
+HOST = "127.0.0.1"
+
+
+@dataclass(slots=True)
+class Program:
+    name: str
+    function: Any  # an rl.function
+    make_items: Callable[[int], list[dict]]
+
+
+PROGRAMS = [Program("few-shot QA", few_shot.few_shot_qa, few_shot.make_items),
+            Program("multi-turn chat", multi_turn.chat, multi_turn.make_short),
+            Program("tree of thought", tree_of_thought.tree_of_thought, tree_of_thought.make_items)]
+
+
+def cache_counters(workers: list[str]) -> tuple[float, float]:
+    """(prompt tokens, cached tokens) summed over the workers' /metrics."""
+    prompt = cached = 0.0
+    for worker in workers:
+        for line in httpx.get(f"{worker}/metrics", timeout=30).text.splitlines():
+            if line.startswith("radixlang_prompt_tokens_total{"):
+                prompt += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("radixlang_cached_tokens_total{"):
+                cached += float(line.rsplit(" ", 1)[1])
+    return prompt, cached
+
+
+def run_programs(url: str, program: Program, items: list[dict], concurrency: int) -> list[float]:
+    endpoint = rl.Endpoint(url)
+
+    def one(item: dict) -> float:
+        started = time.perf_counter()
+        program.function.run(**item, backend=endpoint, temperature=0)
+        return time.perf_counter() - started
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, items))
+
+
+def measure_fleet(fleet: Fleet, program: Program, items: list[dict], concurrency: int) -> dict[str, Any]:
+    httpx.post(f"{fleet.url}/flush_cache", timeout=60)  # every fleet starts each workload cold
+    prompt0, cached0 = cache_counters(fleet.worker_urls)
+    started = time.perf_counter()
+    latencies = run_programs(fleet.url, program, items, concurrency)
+    wall = time.perf_counter() - started
+    prompt1, cached1 = cache_counters(fleet.worker_urls)
+    return {"cache_hit_rate": (cached1 - cached0) / max(prompt1 - prompt0, 1.0),
+            "programs_per_s": len(items) / wall, "p50_s": percentile(latencies, 50),
+            "p99_s": percentile(latencies, 99)}
+
+
+def fleet_spec(args: argparse.Namespace, dp: int, policy: str) -> FleetSpec:
+    worker_args = ["--device", args.device, "--kv-cache-tokens", str(args.kv_cache_tokens)]
+    if args.model:
+        worker_args += ["--model", args.model]
+    return FleetSpec(host=HOST, port=free_port(HOST), dp=dp, worker_args=worker_args, policy=policy,
+                     threads_per_worker=max(1, args.threads // dp), grace_s=5.0, log_level="warning")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--kv-cache-tokens", type=int, default=16384)
+    parser.add_argument("--programs", type=int, default=24, help="programs per workload")
+    parser.add_argument("--concurrency", type=int, default=8, help="programs in flight at once")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole fleet")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    fleets = [("1 worker x %d threads" % args.threads, 1, "cache_aware"),
+              ("2 workers x %d thread(s), cache_aware" % max(1, args.threads // 2), 2, "cache_aware"),
+              ("2 workers x %d thread(s), round_robin" % max(1, args.threads // 2), 2, "round_robin")]
+    results: dict[str, dict[str, Any]] = {}
+    for label, dp, policy in fleets:
+        fleet = Fleet(fleet_spec(args, dp, policy))
+        fleet.start()
+        try:
+            run_programs(fleet.url, PROGRAMS[0], PROGRAMS[0].make_items(2), 2)  # warm-up: threads, first allocations
+            for program in PROGRAMS:
+                results.setdefault(program.name, {})[label] = measure_fleet(
+                    fleet, program, program.make_items(args.programs), args.concurrency)
+                print(label, program.name, json.dumps(results[program.name][label]), flush=True)
+        finally:
+            fleet.stop()
+    report(results, [f[0] for f in fleets])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def report(results: dict[str, dict[str, Any]], labels: list[str]) -> None:
+    print("\nOne run; the machine's cores are shared with other work, so absolute rates are noisy.")
+    print(f"{'workload':<18}{'fleet':<40}{'hit rate':>9}{'prog/s':>8}{'p50 s':>8}{'p99 s':>8}")
+    for name, by_fleet in results.items():
+        for label in labels:
+            r = by_fleet[label]
+            print(f"{name:<18}{label:<40}{r['cache_hit_rate']:>9.3f}{r['programs_per_s']:>8.2f}"
+                  f"{r['p50_s']:>8.2f}{r['p99_s']:>8.2f}")
+        single, aware, rr = (by_fleet[label] for label in labels)
+        print(f"{'':<18}cache_aware keeps {aware['cache_hit_rate'] / max(single['cache_hit_rate'], 1e-9):.0%} of "
+              f"the single worker's hit rate (round_robin {rr['cache_hit_rate'] / max(single['cache_hit_rate'], 1e-9):.0%}); "
+              f"cache_aware / round_robin programs/s {aware['programs_per_s'] / rr['programs_per_s']:.2f}x; "
+              f"2 workers / 1 programs/s {aware['programs_per_s'] / single['programs_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
