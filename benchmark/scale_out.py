@@ -5,9 +5,12 @@ another with the same programs:
   - 1 worker x all threads, behind the router (the single-engine baseline: its cache hit rate is the goal)
   - 2 workers x half the threads each, router `cache_aware`
   - 2 workers x half the threads each, router `round_robin`
+  - 2 workers, `cache_aware` with balance thresholds for this little concurrency (2 requests, 1.2x; the
+    router's defaults, 64 and 1.5x, never balance a few programs in flight, so one worker takes them all)
 Workloads from the program suite: few-shot QA, multi-turn chat (short turns), tree of thought. Programs run
 `--concurrency` at a time. Reported per fleet and workload: the workers' cache hit rate over the run (cached /
-prompt tokens from their /metrics), programs/s, and p50/p99 program latency.
+prompt tokens from their /metrics), programs/s, p50/p99 program latency, and the busiest worker's share of
+the prompt tokens.
 
     python -m benchmark.scale_out [--model M] [--programs 24] [--concurrency 8] [--threads 2]
 
@@ -45,16 +48,17 @@ PROGRAMS = [Program("few-shot QA", few_shot.few_shot_qa, few_shot.make_items),
             Program("tree of thought", tree_of_thought.tree_of_thought, tree_of_thought.make_items)]
 
 
-def cache_counters(workers: list[str]) -> tuple[float, float]:
-    """(prompt tokens, cached tokens) summed over the workers' /metrics."""
-    prompt = cached = 0.0
+def cache_counters(workers: list[str]) -> list[tuple[float, float]]:
+    """(prompt tokens, cached tokens) of each worker, from its /metrics."""
+    counters = []
     for worker in workers:
+        values = {}
         for line in httpx.get(f"{worker}/metrics", timeout=30).text.splitlines():
-            if line.startswith("radixlang_prompt_tokens_total{"):
-                prompt += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("radixlang_cached_tokens_total{"):
-                cached += float(line.rsplit(" ", 1)[1])
-    return prompt, cached
+            name, _, value = line.partition("{")
+            if name in ("radixlang_prompt_tokens_total", "radixlang_cached_tokens_total"):
+                values[name] = float(value.rsplit(" ", 1)[1])
+        counters.append((values["radixlang_prompt_tokens_total"], values["radixlang_cached_tokens_total"]))
+    return counters
 
 
 def run_programs(url: str, program: Program, items: list[dict], concurrency: int) -> list[float]:
@@ -62,7 +66,8 @@ def run_programs(url: str, program: Program, items: list[dict], concurrency: int
 
     def one(item: dict) -> float:
         started = time.perf_counter()
-        program.function.run(**item, backend=endpoint, temperature=0)
+        params = program.function.signature.parameters  # items may carry expected answers too
+        program.function.run(**{k: v for k, v in item.items() if k in params}, backend=endpoint, temperature=0)
         return time.perf_counter() - started
 
     with ThreadPoolExecutor(concurrency) as pool:
@@ -71,14 +76,16 @@ def run_programs(url: str, program: Program, items: list[dict], concurrency: int
 
 def measure_fleet(fleet: Fleet, program: Program, items: list[dict], concurrency: int) -> dict[str, Any]:
     httpx.post(f"{fleet.url}/flush_cache", timeout=60)  # every fleet starts each workload cold
-    prompt0, cached0 = cache_counters(fleet.worker_urls)
+    before = cache_counters(fleet.worker_urls)
     started = time.perf_counter()
     latencies = run_programs(fleet.url, program, items, concurrency)
     wall = time.perf_counter() - started
-    prompt1, cached1 = cache_counters(fleet.worker_urls)
-    return {"cache_hit_rate": (cached1 - cached0) / max(prompt1 - prompt0, 1.0),
-            "programs_per_s": len(items) / wall, "p50_s": percentile(latencies, 50),
-            "p99_s": percentile(latencies, 99)}
+    after = cache_counters(fleet.worker_urls)
+    prompts = [p1 - p0 for (p0, _), (p1, _) in zip(before, after)]
+    cached = [c1 - c0 for (_, c0), (_, c1) in zip(before, after)]
+    return {"cache_hit_rate": sum(cached) / max(sum(prompts), 1.0), "programs_per_s": len(items) / wall,
+            "p50_s": percentile(latencies, 50), "p99_s": percentile(latencies, 99),
+            "busiest_worker_share": max(prompts) / max(sum(prompts), 1.0)}  # of the prompt tokens
 
 
 def fleet_spec(args: argparse.Namespace, dp: int, policy: str) -> FleetSpec:
@@ -101,10 +108,14 @@ def main() -> None:
     args = parser.parse_args()
     fleets = [("1 worker x %d threads" % args.threads, 1, "cache_aware"),
               ("2 workers x %d thread(s), cache_aware" % max(1, args.threads // 2), 2, "cache_aware"),
-              ("2 workers x %d thread(s), round_robin" % max(1, args.threads // 2), 2, "round_robin")]
+              ("2 workers x %d thread(s), round_robin" % max(1, args.threads // 2), 2, "round_robin"),
+              ("2 workers x %d thread(s), cache_aware, balance 2" % max(1, args.threads // 2), 2, "cache_aware")]
     results: dict[str, dict[str, Any]] = {}
     for label, dp, policy in fleets:
-        fleet = Fleet(fleet_spec(args, dp, policy))
+        spec = fleet_spec(args, dp, policy)
+        if label.endswith("balance 2"):  # the router's defaults (64 requests, 1.5x) never balance 8 in flight
+            spec.router_args = ["--balance-abs-threshold", "2", "--balance-rel-threshold", "1.2"]
+        fleet = Fleet(spec)
         fleet.start()
         try:
             run_programs(fleet.url, PROGRAMS[0], PROGRAMS[0].make_items(2), 2)  # warm-up: threads, first allocations
@@ -122,13 +133,13 @@ def main() -> None:
 
 def report(results: dict[str, dict[str, Any]], labels: list[str]) -> None:
     print("\nOne run; the machine's cores are shared with other work, so absolute rates are noisy.")
-    print(f"{'workload':<18}{'fleet':<40}{'hit rate':>9}{'prog/s':>8}{'p50 s':>8}{'p99 s':>8}")
+    print(f"{'workload':<18}{'fleet':<52}{'hit rate':>9}{'prog/s':>8}{'p50 s':>8}{'p99 s':>8}{'busiest':>8}")
     for name, by_fleet in results.items():
         for label in labels:
             r = by_fleet[label]
-            print(f"{name:<18}{label:<40}{r['cache_hit_rate']:>9.3f}{r['programs_per_s']:>8.2f}"
-                  f"{r['p50_s']:>8.2f}{r['p99_s']:>8.2f}")
-        single, aware, rr = (by_fleet[label] for label in labels)
+            print(f"{name:<18}{label:<52}{r['cache_hit_rate']:>9.3f}{r['programs_per_s']:>8.2f}"
+                  f"{r['p50_s']:>8.2f}{r['p99_s']:>8.2f}{r['busiest_worker_share']:>8.2f}")
+        single, aware, rr = (by_fleet[label] for label in labels[:3])
         print(f"{'':<18}cache_aware keeps {aware['cache_hit_rate'] / max(single['cache_hit_rate'], 1e-9):.0%} of "
               f"the single worker's hit rate (round_robin {rr['cache_hit_rate'] / max(single['cache_hit_rate'], 1e-9):.0%}); "
               f"cache_aware / round_robin programs/s {aware['programs_per_s'] / rr['programs_per_s']:.2f}x; "

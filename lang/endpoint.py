@@ -109,6 +109,9 @@ class Endpoint:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
         p = gen.params
         payload: dict[str, Any] = {"text": text, **images, "sampling_params": p.sampling_params()}
+        if payload["sampling_params"].get("grammar") is not None and self.behind_router():
+            raise ValueError(f"gen {gen.name!r} has a grammar, which SGLang's router drops on the way to a worker "
+                             "(it would run unconstrained): run it against a worker's URL")
         if p.return_logprob or p.top_logprobs_num:
             payload.update(return_logprob=True, top_logprobs_num=p.top_logprobs_num or 0,
                            return_text_in_logprobs=bool(p.return_text_in_logprobs))

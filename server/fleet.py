@@ -28,6 +28,7 @@ INSTALL_HINT = "pip install 'radixlang[router]'  (the sglang-router wheel)"
 STARTUP_TIMEOUT_S = 600.0  # a worker loads and warms its model within this
 POLL_S = 0.2
 HEALTH_CHECK_INTERVAL_S = 2  # the router probes each worker this often: a dead one leaves within seconds
+MAX_RESTARTS = 3  # a worker that dies is started again this many times at most
 STOP_MARGIN_S = 15.0  # after the drain grace period, a process still running is killed
 
 
@@ -74,6 +75,8 @@ class Fleet:
         self.spec = spec
         self.worker_urls: list[str] = []
         self.workers: list[subprocess.Popen] = []
+        self.commands: list[list[str]] = []  # each worker's command line and environment, to restart it
+        self.envs: list[dict[str, str]] = []
         self.router: subprocess.Popen | None = None
         self.metrics_port: int | None = None
 
@@ -95,12 +98,19 @@ class Fleet:
 
     def _start_worker(self, i: int) -> None:
         spec = self.spec
-        port = free_port(spec.host)
+        host = "::1" if ":" in spec.host else "127.0.0.1"  # only the router needs to reach a worker
+        port = free_port(host)
         env = dict(os.environ, **worker_env(i, spec.dp, spec.threads_per_worker))
-        cmd = [sys.executable, "-m", "radixlang", "serve", "--host", spec.host, "--port", str(port),
+        cmd = [sys.executable, "-m", "radixlang", "serve", "--host", host, "--port", str(port),
                "--graceful-timeout", str(spec.grace_s), "--log-level", spec.log_level, *spec.worker_args]
-        self.workers.append(subprocess.Popen(cmd, env=env))
-        self.worker_urls.append(url(spec.host, port))
+        self.commands.append(cmd)
+        self.envs.append(env)
+        self.workers.append(self._launch(cmd, env))
+        self.worker_urls.append(url(host, port))
+
+    @staticmethod
+    def _launch(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
 
     def _start_router(self) -> None:
         spec = self.spec
@@ -111,18 +121,21 @@ class Fleet:
                "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
                "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,
                *spec.router_args]
-        self.router = subprocess.Popen(cmd)
+        self.router = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
     def wait(self) -> int:
-        """Blocks until the router exits (or a signal stops the fleet); a dead worker is logged, and the
-        router takes it out of rotation."""
-        reported: set[int] = set()
+        """Blocks until the router exits (or a signal stops the fleet). A worker that dies is started again
+        on its port (MAX_RESTARTS times at most); meanwhile the router's retries and health check send its
+        traffic to the others, and once it answers /health again the router routes to it again."""
+        restarts = [0] * len(self.workers)
         while self.router is not None and self.router.poll() is None:
             for i, proc in enumerate(self.workers):
-                if proc.poll() is not None and i not in reported:
-                    reported.add(i)
-                    logger.warning("worker %s exited with %s; the router serves on with the others",
-                                   self.worker_urls[i], proc.returncode)
+                if proc.poll() is None or restarts[i] >= MAX_RESTARTS:
+                    continue
+                restarts[i] += 1
+                logger.warning("worker %s exited with %s; starting it again (%d of %d)", self.worker_urls[i],
+                               proc.returncode, restarts[i], MAX_RESTARTS)
+                self.workers[i] = self._launch(self.commands[i], self.envs[i])
             time.sleep(POLL_S)
         return 0 if self.router is None else self.router.returncode or 0
 
@@ -138,6 +151,16 @@ class Fleet:
         deadline = time.monotonic() + self.spec.grace_s + STOP_MARGIN_S
         for proc in procs:
             _wait_or_kill(proc, max(0.0, deadline - time.monotonic()))
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the fleet process dies, even by SIGKILL (Linux), so no
+    worker outlives its fleet."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def worker_env(index: int, dp: int, threads: int | None) -> dict[str, str]:

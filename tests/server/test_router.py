@@ -72,6 +72,14 @@ def test_info_load_and_deep_health_routes(server):
         assert c.get("/get_load").json()["load"] == 0
 
 
+def test_dp_without_the_router_wheel_says_how_to_install_it(monkeypatch, capsys):
+    from radixlang.server import cli, fleet
+
+    monkeypatch.setattr(fleet, "router_available", lambda: False)
+    assert cli.main(["serve", "--dp", "2", "--model", "/no/such/model"]) == 2
+    assert "pip install 'radixlang[router]'" in capsys.readouterr().err
+
+
 # ---- a fleet behind the real router -----------------------------------------------------------------
 class Fleet:
     def __init__(self, proc: subprocess.Popen, url: str, workers: list[str]):
@@ -99,9 +107,13 @@ def fleet(tiny_model_dir) -> Iterator[Fleet]:
     assert line.startswith("radixlang: router at"), f"the fleet did not start: {line!r} (exit {proc.poll()})"
     workers = line.split(" in front of ")[1].strip().split(", ")
     yield Fleet(proc, f"http://127.0.0.1:{port}", workers)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    if proc.poll() is None:  # a test failed before SIGTERM: stop the fleet as a user would
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _metric(base: str, name: str) -> float:
@@ -149,7 +161,7 @@ def test_flush_cache_through_the_router_reaches_every_worker(fleet):
     assert [_metric(w, "kv_cached_tokens") for w in fleet.workers] == [0.0, 0.0]
 
 
-def test_a_killed_worker_leaves_the_fleet_serving_then_sigterm_stops_it_all(fleet):
+def test_a_killed_worker_leaves_the_fleet_serving_rejoins_then_sigterm_stops_it_all(fleet):
     victim = fleet.workers[1]
     pid = httpx.get(f"{victim}/server_info", timeout=10).json()["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -159,8 +171,20 @@ def test_a_killed_worker_leaves_the_fleet_serving_then_sigterm_stops_it_all(flee
                                                       "sampling_params": {"max_new_tokens": 2}}, timeout=60)
         assert r.status_code == 200, r.text
     assert time.monotonic() - started < 60
+    # the fleet starts it again on its port, and the router's health check takes it back
+    deadline = time.monotonic() + 180
+    while _pid(victim) in (None, pid) or healthy_workers(fleet.url) < 2:
+        assert time.monotonic() < deadline, "the killed worker did not rejoin"
+        time.sleep(0.5)
     fleet.proc.send_signal(signal.SIGTERM)
     assert fleet.proc.wait(60) == 0
     for base in [fleet.url, *fleet.workers]:
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{base}/health", timeout=2)
+
+
+def _pid(base: str) -> int | None:
+    try:
+        return httpx.get(f"{base}/server_info", timeout=5).json()["pid"]
+    except httpx.TransportError:
+        return None
