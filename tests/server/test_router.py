@@ -15,6 +15,8 @@ import pytest
 
 from radixlang.server.fleet import healthy_workers
 
+from .test_admin import parse_metrics
+
 # SGLang's router adds these to every /generate it forwards (smg's GenerateRequest: they have defaults)
 ROUTER_GENERATE_FIELDS = {"model": "unknown", "log_metrics": True, "return_hidden_states": False,
                           "background": False, "no_logs": False, "return_bytes": False, "return_entropy": False}
@@ -70,6 +72,10 @@ def test_info_load_and_deep_health_routes(server):
         (load,) = loads["loads"]
         assert load["max_total_num_tokens"] == server.engine.pool_size and load["num_total_reqs"] == 0
         assert c.get("/get_load").json()["load"] == 0
+        # the gauges a router's load monitor reads from /metrics when a worker has no /v1/loads
+        metrics = parse_metrics(c.get("/metrics").text)
+        assert metrics["sglang:token_usage"] == pytest.approx(load["token_usage"])
+        assert metrics["sglang:num_running_reqs"] == metrics["sglang:num_queue_reqs"] == 0
 
 
 def test_dp_without_the_router_wheel_says_how_to_install_it(monkeypatch, capsys):
