@@ -13,6 +13,7 @@ prompt tokens from their /metrics), programs/s, p50/p99 program latency, and the
 the prompt tokens.
 
     python -m benchmark.scale_out [--model M] [--programs 24] [--concurrency 8] [--threads 2]
+    python -m benchmark.scale_out --remote-only   # remote=True on one worker vs per primitive via the router
 
 On a GPU machine each worker gets one GPU (CUDA_VISIBLE_DEVICES). Needs `pip install 'radixlang[router]'`.
 """
@@ -88,6 +89,29 @@ def measure_fleet(fleet: Fleet, program: Program, items: list[dict], concurrency
             "busiest_worker_share": max(prompts) / max(sum(prompts), 1.0)}  # of the prompt tokens
 
 
+def measure_remote_choice(args: argparse.Namespace) -> dict[str, Any]:
+    """What `remote=True` costs behind a router, where it is refused: the remote-program workload's programs,
+    one after another, per primitive through the router (what a user does instead) against remote=True
+    straight to one worker (what bypassing the router would give), on a 2-worker cache_aware fleet."""
+    from .programs import remote
+
+    fleet = Fleet(fleet_spec(args, 2, "cache_aware"))
+    fleet.start()
+    try:
+        items = remote.make_items(args.programs // 2)
+        out = {}
+        for label, url, is_remote in [("per primitive through the router", fleet.url, False),
+                                      ("remote=True on one worker", fleet.worker_urls[0], True)]:
+            httpx.post(f"{fleet.url}/flush_cache", timeout=60)
+            latencies = remote.run_each(rl.Endpoint(url), items, remote=is_remote).latencies
+            out[label] = {"programs_per_s": len(items) / sum(latencies), "p50_s": percentile(latencies, 50),
+                          "p99_s": percentile(latencies, 99)}
+            print(label, json.dumps(out[label]), flush=True)
+        return out
+    finally:
+        fleet.stop()
+
+
 def fleet_spec(args: argparse.Namespace, dp: int, policy: str) -> FleetSpec:
     worker_args = ["--device", args.device, "--kv-cache-tokens", str(args.kv_cache_tokens)]
     if args.model:
@@ -105,7 +129,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="programs in flight at once")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole fleet")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--remote-only", action="store_true",
+                        help="only measure remote=True on a worker against per-primitive calls through the router")
     args = parser.parse_args()
+    if args.remote_only:
+        measure_remote_choice(args)
+        return
     fleets = [("1 worker x %d threads" % args.threads, 1, "cache_aware"),
               ("2 workers x %d thread(s), cache_aware" % max(1, args.threads // 2), 2, "cache_aware"),
               ("2 workers x %d thread(s), round_robin" % max(1, args.threads // 2), 2, "round_robin"),

@@ -100,7 +100,8 @@ class Fleet:
         spec = self.spec
         host = "::1" if ":" in spec.host else "127.0.0.1"  # only the router needs to reach a worker
         port = free_port(host)
-        env = dict(os.environ, **worker_env(i, spec.dp, spec.threads_per_worker))
+        on_cpu = "cpu" in (spec.worker_args[j + 1] for j, a in enumerate(spec.worker_args[:-1]) if a == "--device")
+        env = dict(os.environ, **worker_env(i, spec.dp, spec.threads_per_worker, use_gpus=not on_cpu))
         cmd = [sys.executable, "-m", "radixlang", "serve", "--host", host, "--port", str(port),
                "--graceful-timeout", str(spec.grace_s), "--log-level", spec.log_level, *spec.worker_args]
         self.commands.append(cmd)
@@ -163,11 +164,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def worker_env(index: int, dp: int, threads: int | None) -> dict[str, str]:
-    """Worker `index`'s share of the machine: its threads (CPU) and, with GPUs, one device each."""
+def worker_env(index: int, dp: int, threads: int | None, use_gpus: bool = True) -> dict[str, str]:
+    """Worker `index`'s share of the machine: its threads (CPU) and, with GPUs (unless `--device cpu`),
+    one device each."""
     cores = os.cpu_count() or 1
     env = {"OMP_NUM_THREADS": str(threads or max(1, cores // dp))}
-    gpus = _visible_gpus()
+    gpus = _visible_gpus() if use_gpus else []
     if gpus:
         if len(gpus) < dp:
             raise ValueError(f"--dp {dp} needs {dp} GPUs, {len(gpus)} are visible")
