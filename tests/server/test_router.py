@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+import radixlang as rl
+
 from radixlang.server.fleet import healthy_workers
 
 from .test_admin import parse_metrics
@@ -165,6 +167,23 @@ def test_flush_cache_through_the_router_reaches_every_worker(fleet):
         assert _metric(worker, "kv_cached_tokens") > 0
     assert httpx.post(f"{fleet.url}/flush_cache", timeout=30).status_code == 200
     assert [_metric(w, "kv_cached_tokens") for w in fleet.workers] == [0.0, 0.0]
+
+
+@rl.function
+def pick(s, topic):
+    s += "Topic: " + topic + ". One word about it:" + rl.gen("word", max_tokens=4)
+    s += "\nIs it good? " + rl.select("verdict", ["yes", "no", "maybe"])
+
+
+def test_programs_run_per_primitive_through_the_router_as_on_one_worker(fleet):
+    via_router, direct = rl.Endpoint(fleet.url), rl.Endpoint(fleet.workers[0])
+    assert via_router.behind_router() and not direct.behind_router()
+    for topic in ("rivers", "owls"):  # select's scoring prompts go one per request through the router
+        routed = pick.run(topic=topic, backend=via_router, temperature=0)
+        alone = pick.run(topic=topic, backend=direct, temperature=0)
+        assert (routed["word"], routed["verdict"]) == (alone["word"], alone["verdict"])
+    state = pick.run(topic="x", backend=via_router, remote=True)
+    assert isinstance(state.error(), ValueError) and "remote=False" in str(state.error())
 
 
 def test_a_killed_worker_leaves_the_fleet_serving_rejoins_then_sigterm_stops_it_all(fleet):
