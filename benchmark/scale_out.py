@@ -135,10 +135,11 @@ def main() -> None:
     if args.remote_only:
         measure_remote_choice(args)
         return
-    fleets = [("1 worker x %d threads" % args.threads, 1, "cache_aware"),
-              ("2 workers x %d thread(s), cache_aware" % max(1, args.threads // 2), 2, "cache_aware"),
-              ("2 workers x %d thread(s), round_robin" % max(1, args.threads // 2), 2, "round_robin"),
-              ("2 workers x %d thread(s), cache_aware, balance 2" % max(1, args.threads // 2), 2, "cache_aware")]
+    half = max(1, args.threads // 2)
+    fleets = [(f"1 worker x {args.threads} threads", 1, "cache_aware"),
+              (f"2 workers x {half} thread(s), cache_aware", 2, "cache_aware"),
+              (f"2 workers x {half} thread(s), round_robin", 2, "round_robin"),
+              (f"2 workers x {half} thread(s), cache_aware, balance 2", 2, "cache_aware")]
     results: dict[str, dict[str, Any]] = {}
     for label, dp, policy in fleets:
         spec = fleet_spec(args, dp, policy)

@@ -111,7 +111,7 @@ class Fleet:
 
     @staticmethod
     def _launch(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 - it only calls prctl
 
     def _start_router(self) -> None:
         spec = self.spec
@@ -122,7 +122,7 @@ class Fleet:
                "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
                "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,
                *spec.router_args]
-        self.router = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+        self.router = subprocess.Popen(cmd, preexec_fn=_die_with_parent)  # noqa: PLW1509 - it only calls prctl
 
     def wait(self) -> int:
         """Blocks until the router exits (or a signal stops the fleet). A worker that dies is started again

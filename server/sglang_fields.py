@@ -48,7 +48,7 @@ _COMPLETION_UNSUPPORTED = {name: _CHAT_UNSUPPORTED[name] for name in ("return_hi
 def check_generate_extras(body: BaseModel) -> None:
     """A 400 naming the first SGLang field of a /generate body that asks for what radixlang lacks."""
     _refuse(body, _GENERATE_UNSUPPORTED)
-    rank = getattr(body, "data_parallel_rank")
+    rank = body.data_parallel_rank  # type: ignore[attr-defined]
     if rank not in (None, 0):  # a worker is one rank: a router's dp_aware mode must not address others
         raise APIError(400, f"data_parallel_rank must be 0 or null: this server is one rank, got {rank}",
                        "data_parallel_rank")

@@ -14,7 +14,6 @@ import openai
 import pytest
 
 import radixlang as rl
-
 from radixlang.server.fleet import healthy_workers
 
 from .test_admin import parse_metrics
