@@ -33,6 +33,7 @@ class Endpoint:
         self.timeout = timeout
         self._chat_template = chat_template
         self._info: dict[str, Any] | None = None
+        self._router: bool | None = None  # behind_router(), once asked
         self._lock = threading.Lock()
 
     # ---- HTTP ---------------------------------------------------------------------------------------
@@ -121,6 +122,9 @@ class Endpoint:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
         p = gen.params
         payload: dict[str, Any] = {"text": text, **images, "sampling_params": p.sampling_params()}
+        if payload["sampling_params"].get("grammar") is not None and self.behind_router():
+            raise ValueError(f"gen {gen.name!r} has a grammar, which SGLang's router drops on the way to a worker "
+                             "(it would run unconstrained): run it against a worker's URL")
         if p.return_logprob or p.top_logprobs_num:
             payload.update(return_logprob=True, top_logprobs_num=p.top_logprobs_num or 0,
                            return_text_in_logprobs=bool(p.return_text_in_logprobs))
@@ -184,8 +188,13 @@ class Endpoint:
 
     def _score(self, prompts: dict[str, Any], start: int) -> tuple[list[dict[int, tuple]], list[int]]:
         """Prefill-only scoring of a batch (`{"text": [...]}` or `{"input_ids": [...]}`) from `start`."""
-        outs = self._json("/generate", {**prompts, "sampling_params": PREFILL_ONLY, "return_logprob": True,
-                                        "logprob_start_len": start})
+        body = {"sampling_params": PREFILL_ONLY, "return_logprob": True, "logprob_start_len": start}
+        if "text" in prompts and self.behind_router():  # the router takes one text per /generate
+            images = prompts.get("image_data") or [None] * len(prompts["text"])
+            outs = [self._json("/generate", {**body, "text": text, **({"image_data": i} if i else {})})
+                    for text, i in zip(prompts["text"], images)]
+        else:
+            outs = self._json("/generate", {**prompts, **body})
         return [_positioned(o["meta_info"]) for o in outs], [o["meta_info"].get("cached_tokens", 0) for o in outs]
 
     def _window_bounds(self, state: StateView, prefix: str, prompt_tokens: int) -> tuple[int, int]:
@@ -211,8 +220,22 @@ class Endpoint:
                              "image_token): its model takes no images")
         return state.with_placeholders(placeholder), {"image_data": [image_data_url(i) for i in state.images]}
 
+    def behind_router(self) -> bool:
+        """Whether base_url is SGLang's router (it lists its workers at GET /workers), once."""
+        with self._lock:
+            if self._router is None:
+                try:
+                    self._router = isinstance(self._json("/workers").get("workers"), list)
+                except (ValueError, RuntimeError, AttributeError):  # a 4xx, or not the router's answer
+                    self._router = False
+            return self._router
+
     def run_program(self, ir: ProgramIR, args: dict[str, Any], sampling: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Runs an IR program on the server (POST /v1/programs); yields its events as dicts."""
+        if self.behind_router():
+            raise ValueError(f"{self.base_url} is SGLang's router, which does not forward /v1/programs: run the "
+                             "program with remote=False (one call per primitive, each routed to the worker that "
+                             "caches its prefix), or with remote=True against one worker's URL")
         payload = {"program": ir.to_dict(), "args": args,
                    "sampling_params": {k: v for k, v in sampling.items() if v is not None}}
         return self._events("/v1/programs", payload)

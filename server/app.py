@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from .config import HEALTH_TIMEOUT_S
 from ..runtime.engine import Engine
-from . import native, openai_api, programs, sglang_api
+from . import native, openai_api, programs, sglang_api, worker_api
 from .body_limit import BodySizeLimit
 from .errors import install_error_handlers
 from .limits import ServerLimits
@@ -31,6 +31,7 @@ def create_app(engine: Engine, served_model_name: str | None = None,
     app.include_router(openai_api.router)
     app.include_router(programs.router)
     app.include_router(sglang_api.router)
+    app.include_router(worker_api.router)
     _admin_routes(app)
     return app
 

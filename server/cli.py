@@ -74,10 +74,38 @@ def _serve(args: argparse.Namespace) -> int:
     from .launch import serve
 
     limits = _limits(args)  # a bad limit fails before the model loads
+    if args.dp is not None:
+        return _serve_fleet(args, limits)
     with Engine(model=args.model, **_engine_options(args)) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
               grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits)
     return 0
+
+
+def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
+    """`serve --dp N`: N `radixlang serve` workers with these options behind SGLang's router."""
+    from .fleet import FleetSpec, require_router, serve_fleet, worker_flags
+
+    require_router()  # says how to install it
+    options = {"model": args.model, "served_model_name": args.served_model_name, **_engine_options(args),
+               **dataclasses.asdict(limits)}
+    spec = FleetSpec(host=args.host, port=args.port, dp=args.dp, worker_args=list(worker_flags(options)),
+                     policy=args.router_policy, threads_per_worker=args.threads_per_worker,
+                     grace_s=args.graceful_timeout, router_args=args.router_arg, log_level=args.log_level)
+    return serve_fleet(spec)
+
+
+def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data parallel (SGLang's router in front of N engines; "
+                                      "pip install 'radixlang[router]')")
+    group.add_argument("--dp", type=int, default=None, help="engine processes behind the router on --port "
+                       "(each on a free port, with its share of the threads, or one GPU each)")
+    group.add_argument("--router-policy", default="cache_aware",
+                       choices=["cache_aware", "round_robin", "random", "power_of_two"])
+    group.add_argument("--threads-per-worker", type=int, default=None,
+                       help="CPU threads of each engine (default: the cores split evenly)")
+    group.add_argument("--router-arg", action="append", default=[],
+                       help="an extra sglang-router option, passed as is (repeatable; e.g. --router-arg=--cache-threshold=0.5)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds requests in flight may still run on shutdown before they are aborted")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _add_limit_options(srv)
+    _add_fleet_options(srv)
     _add_engine_options(srv)
     srv.set_defaults(func=_serve)
     return parser

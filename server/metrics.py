@@ -22,6 +22,18 @@ _METRICS = (
 )
 
 
+# SGLang's names for the gauges a router's load monitor (smg) and SGLang dashboards read, (stats key or None
+# for the generation rate): sglang:token_usage is the one smg requires before it trusts the others
+_SGLANG_GAUGES = (
+    ("num_running_reqs", "running_requests", "Requests running (SGLang's name)."),
+    ("num_queue_reqs", "waiting_requests", "Requests waiting (SGLang's name)."),
+    ("token_usage", "kv_usage", "Share of the KV pool in use (SGLang's name)."),
+    ("utilization", "kv_usage", "Share of the KV pool in use (SGLang's name for load)."),
+    ("cache_hit_rate", "cache_hit_rate", "Share of prompt tokens served from the radix cache (SGLang's name)."),
+    ("gen_throughput", None, "Tokens generated per second, recent average (SGLang's name)."),
+)
+
+
 def render_metrics(stats: dict[str, float], prompt_tps: float, generation_tps: float, model: str) -> str:
     label = '{model_name="' + model.replace("\\", "\\\\").replace('"', '\\"') + '"}'
     rows = [(name, stats[key], kind, text) for name, key, kind, text in _METRICS]
@@ -33,4 +45,7 @@ def render_metrics(stats: dict[str, float], prompt_tps: float, generation_tps: f
     for name, value, kind, text in rows:
         full = f"radixlang_{name}"
         lines += [f"# HELP {full} {text}", f"# TYPE {full} {kind}", f"{full}{label} {float(value)!r}"]
+    for name, key, text in _SGLANG_GAUGES:
+        value = generation_tps if key is None else stats[key]
+        lines += [f"# HELP sglang:{name} {text}", f"# TYPE sglang:{name} gauge", f"sglang:{name}{label} {float(value)!r}"]
     return "\n".join(lines) + "\n"

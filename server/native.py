@@ -18,6 +18,7 @@ from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
 from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from .serving import checked_params, events, length_hint, open_stream, prepare, run
+from .sglang_fields import check_generate_extras
 from .state import ServerState, server_state
 from .streaming import sse_response
 from .text_input import check_unicode, check_unicode_tree, encode_texts
@@ -33,6 +34,7 @@ FIELDS = {name: f"sampling_params.{name}" for name in [f.name for f in dataclass
 async def generate(body: GenerateRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
+    check_generate_extras(body)
     engine = state.engine
     sampling = await checked_params(state, body.sampling_params, FIELDS)
     params = sampling.params

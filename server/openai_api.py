@@ -18,6 +18,7 @@ from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_log
 from .openapi import error_responses, streaming_responses
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import checked_params, events, open_stream, prepare, run
+from .sglang_fields import check_chat_extras, check_completion_extras
 from .state import ServerState, server_state
 from .streaming import sse_response
 from .tool_calls import ToolPlan, ToolStream, plan_tools, reply_message
@@ -115,6 +116,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
     check_model(body.model, state.model_name)
+    check_completion_extras(body)
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, "best_of is not supported; use n for several samples", "best_of")
     if body.suffix is not None:
@@ -187,6 +189,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = server_state(request)
     state.ensure_open()
     check_model(body.model, state.model_name)
+    check_chat_extras(body)
     check_top_logprobs(body.top_logprobs, "top_logprobs")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")

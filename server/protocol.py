@@ -21,8 +21,76 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# ---- fields SGLang defines that a router adds when it forwards (see server/sglang_fields.py) --------
+class SGLangGenerateExtras(StrictModel):
+    """SGLang's /generate fields beyond the ones radixlang implements. SGLang's router (smg) sends
+    several on every request it forwards. Accepted; those that ask for a feature radixlang lacks must
+    keep their default (UNSUPPORTED in sglang_fields.py), the rest are ignored (README: "Behind a router")."""
+
+    model: str | None = None
+    log_metrics: bool = True
+    no_logs: bool = False
+    priority: int | None = None
+    custom_labels: dict[str, str] | None = None
+    conversation_id: str | None = None
+    extra_key: str | None = None
+    modalities: list[str] | None = None
+    data_parallel_rank: int | None = None
+    return_hidden_states: bool = False
+    return_entropy: bool = False
+    return_bytes: bool = False
+    background: bool = False
+    token_ids_logprob: list[int] | None = None
+    input_embeds: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    session_params: dict[str, Any] | None = None
+    lora_path: Any = None
+    lora_id: Any = None
+    custom_logit_processor: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    bootstrap_pair_key: Any = None
+
+
+class SGLangChatExtras(StrictModel):
+    """SGLang's (and newer OpenAI) chat fields beyond the ones radixlang implements; as SGLangGenerateExtras."""
+
+    continue_final_message: bool = False
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    return_hidden_states: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    verbosity: Any = None
+    modalities: list[str] | None = None
+    return_audio: bool | None = None
+    priority: int | None = None
+    rid: str | None = None
+    lora_path: Any = None
+    session_params: dict[str, Any] | None = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+
+
+class SGLangCompletionExtras(StrictModel):
+    """SGLang's /v1/completions fields beyond the ones radixlang implements; as SGLangGenerateExtras."""
+
+    return_hidden_states: bool = False
+    priority: int | None = None
+    lora_path: Any = None
+    session_params: dict[str, Any] | None = None
+
+
 # ---- native (SGLang) ------------------------------------------------------------------------------
-class GenerateRequest(StrictModel):
+class GenerateRequest(SGLangGenerateExtras):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     # a vision model's images as base64 data URLs: one prompt's (one, or a list), or a list per prompt
@@ -126,7 +194,7 @@ def _sampling_fields() -> dict[str, Any]:
 SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, SGLangCompletionExtras):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
@@ -142,7 +210,7 @@ class ChatMessage(StrictModel):
     tool_call_id: str | None = None  # a tool result: the call it answers
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, SGLangChatExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False

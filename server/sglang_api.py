@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.metadata
+import os
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,6 +19,7 @@ from .config import HEALTH_TIMEOUT_S
 from .openapi import error_responses
 from .protocol import ConcatenateRequest
 from .state import ServerState, server_state
+from .worker_api import load_entry
 
 router = APIRouter()
 
@@ -45,14 +47,17 @@ async def model_info(request: Request) -> dict[str, Any]:
 @router.get("/get_server_info")
 @router.get("/server_info")
 async def server_info(request: Request) -> dict[str, Any]:
-    """The engine's configuration as resolved, the server's limits, and the scheduler's live counters."""
+    """The engine's configuration as resolved (SGLang's server arguments, as far as its clients and router
+    read them), the server's limits, and the live counters and load."""
     state = server_state(request)
     engine = state.engine
     config = {k: v for k, v in dataclasses.asdict(engine.config).items() if _plain(v)}
+    live = {**await state.stats(), **await load_entry(state)}  # the scheduler's counters and SGLang's load
     return {**config, "model_path": model_path(state), "tokenizer_path": model_path(state),
-            "served_model_name": state.model_name, "context_length": engine.context_length,
+            "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
+            "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
-            "internal_states": [await state.stats()], "version": _version(), "frontend": "python"}
+            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid()}
 
 
 @router.post("/concate_and_append_request", responses=error_responses(413, 422))

@@ -13,9 +13,10 @@ def parse_metrics(text: str) -> dict[str, float]:
     for line in text.splitlines():
         if line.startswith("#"):
             continue
-        match = re.fullmatch(r'radixlang_(\w+)\{model_name="[^"]*"\} (\S+)', line)
+        match = re.fullmatch(r'(radixlang_|sglang:)(\w+)\{model_name="[^"]*"\} (\S+)', line)
         assert match, f"not a Prometheus sample line: {line!r}"
-        values[match.group(1)] = float(match.group(2))
+        prefix = "" if match.group(1) == "radixlang_" else match.group(1)  # SGLang's names keep theirs
+        values[prefix + match.group(2)] = float(match.group(3))
     return values
 
 
