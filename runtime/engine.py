@@ -30,7 +30,6 @@ from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.loader import load_model
 from .models.compiled import compile_layers
-from .models.quant import quantize_model
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
 from .radix_cache import RadixCache
@@ -134,8 +133,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
-    loaded = load_model(cfg.model, device, dtype, tp, keep_blocks=cfg.quantization == "auto")
-    quantize_model(loaded.model, cfg.quantization, loaded.blocks)
+    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.quantization)
     if cfg.compile_layers:
         compile_layers(loaded.model)
     mcfg = loaded.model.config

@@ -174,6 +174,28 @@ def fuse_blocks(blocks: dict[str, GroupQuant]) -> dict[str, GroupQuant]:
     return out
 
 
+def packed_linear_record(module: nn.Module) -> dict | None:
+    """What rebuilds a packed linear from its saved state (None: not a packed linear)."""
+    if not isinstance(module, (Int8Linear, Int4Linear)):
+        return None
+    attrs = {"in_features": module.in_features, "repeats": module.repeats} if isinstance(module, Int4Linear) else {}
+    return {"class": type(module).__name__, "attrs": attrs}
+
+
+def packed_linear_from_state(record: dict, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A packed linear over already converted buffers (a weight cache entry): nothing is recomputed."""
+    cls = {"Int8Linear": Int8Linear, "Int4Linear": Int4Linear}[record["class"]]
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    for name, value in record["attrs"].items():
+        setattr(module, name, value)
+    for name, tensor in state.items():
+        if name != "bias":
+            module.register_buffer(name, tensor)
+    module.bias = _bias(state.get("bias"))
+    return module
+
+
 def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
                    blocks: GroupQuant | None) -> nn.Module:
     if mode == "int8":
