@@ -130,16 +130,20 @@ def _string_starts(region: np.ndarray, count: int) -> np.ndarray | None:
     index = np.int32 if size < 2**31 - 16 else np.int64
     nxt = np.full(size + 2, out, dtype=index)
     if size >= 8:
-        lengths = np.zeros(size - 7, dtype=np.uint64)
-        for byte in range(8):  # the u64 length at every byte offset, from shifted views of the bytes
-            lengths |= region[byte:size - 7 + byte].astype(np.uint64) << np.uint64(8 * byte)
+        windows = np.lib.stride_tricks.sliding_window_view(region, 8)  # the 8 bytes at every offset
+        lengths = np.ascontiguousarray(windows).view("<u8")[:, 0]
         ends = np.arange(size - 7, dtype=np.int64) + 8 + np.minimum(lengths, size).astype(np.int64)
         nxt[:size - 7] = np.where(ends <= size, ends, out)
+    # doubling while the table is squared (log2 of sqrt(count) squarings of the whole table), then blocks of
+    # that many strings at a time from the last table: O(sqrt(count)) numpy calls, each cheap
     starts, jump = np.zeros(1, dtype=index), nxt
-    while len(starts) < count:  # invariant: jump[starts[i]] == starts[i + len(starts)]
+    while len(starts) < count and len(starts) ** 2 < count:  # invariant: jump[starts[i]] == starts[i + len(starts)]
         starts = np.concatenate([starts, jump[starts]])
-        if len(starts) < count:
-            jump = jump[jump]
+        jump = jump[jump]
+    blocks = [starts]
+    while len(blocks) * len(starts) < count:
+        blocks.append(jump[blocks[-1]])
+    starts = np.concatenate(blocks)
     starts = starts[:count]
     return None if starts[-1] > size else starts
 
