@@ -133,7 +133,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
-    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.quantization)
+    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization())
     if cfg.compile_layers:
         compile_layers(loaded.model)
     mcfg = loaded.model.config

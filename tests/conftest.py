@@ -96,7 +96,7 @@ def smollm_engine():
     """The real SmolLM2-135M-Instruct, shared by the end-to-end tests."""
     from radixlang.runtime.engine import Engine
 
-    engine = Engine(device="cpu", kv_cache_tokens=16384)
+    engine = Engine(device="cpu", kv_cache_tokens=16384, quantization="none")  # the exact path
     yield engine
     engine.check_invariants()
     engine.shutdown()

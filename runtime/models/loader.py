@@ -16,7 +16,7 @@ from torch import nn
 
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
-from . import weight_cache
+from . import quant, weight_cache
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
@@ -121,7 +121,8 @@ def model_from_state(cfg: LlamaConfig, state: dict[str, torch.Tensor], extra: di
 
 def weight_cache_tag() -> str:
     """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels."""
-    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}"
+    dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
+    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
 
 
 @contextlib.contextmanager
