@@ -82,7 +82,10 @@ class EngineConfig:
     # oracle); "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are
     # not exact
     quantization: str = "auto"
-    compile_layers: bool = False  # torch.compile the CPU decode forward (~1.6x the model step; ~85 s to compile)
+    # torch.compile the CPU decode forward (~1.6x the model step) in a background thread while serving eagerly
+    # (~85-235 s to compile cold). "auto": on when a compile of this model finished before on this machine (its
+    # artefacts are in our cache folder), and for `radixlang serve`; True / False force it
+    compile_layers: bool | str = "auto"
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
@@ -120,6 +123,7 @@ class EngineConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._validate_speculative()
+        self.compile_layers = _compile_choice(self.compile_layers)
         if self.image_cache_mb < 0:
             raise ValueError(f"image_cache_mb must be >= 0, got {self.image_cache_mb}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
@@ -171,6 +175,12 @@ class EngineConfig:
         if self.speculative_ngram_capacity < 0:
             raise ValueError(f"speculative_ngram_capacity must be >= 0, got {self.speculative_ngram_capacity}")
 
+    def compiles_decode(self, warm: bool) -> bool:
+        """Whether the engine compiles its CPU decode forward; `warm`: a compile of this model finished here."""
+        if self.torch_device().type != "cpu" or self.tp_size > 1:
+            return False
+        return warm if self.compile_layers == "auto" else bool(self.compile_layers)
+
     def load_quantization(self) -> str:
         """The mode the weights load in: "auto" packs only on one CPU rank (the kernels are CPU ones, and
         packed linears are not sharded); elsewhere it is the exact path."""
@@ -206,6 +216,17 @@ class EngineConfig:
         if self.dtype not in dtypes:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {self.dtype!r}")
         return dtypes[self.dtype]
+
+
+_COMPILE_CHOICES = {"auto": "auto", "true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+
+
+def _compile_choice(value: bool | str) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _COMPILE_CHOICES:
+        return _COMPILE_CHOICES[value.lower()]
+    raise ValueError(f"compile_layers must be 'auto', True or False, got {value!r}")
 
 
 def available_memory_bytes(device: torch.device) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import random
@@ -28,8 +29,9 @@ from .distributed.workers import TPWorkers, WorkerFailure
 from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
+from .models.compiled import BackgroundCompile, warm_marker
+from .models.llama import LlamaForCausalLM
 from .models.loader import load_model
-from .models.compiled import compile_layers
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
 from .radix_cache import RadixCache
@@ -134,8 +136,6 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
     loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization())
-    if cfg.compile_layers:
-        compile_layers(loaded.model)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:
@@ -147,6 +147,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+    start_background_compile(cfg, loaded.model, pool)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
         graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
@@ -171,6 +172,15 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump, drafter=drafter)
     return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
                        None if vision is None else ImagePrompts(vision), encoder)
+
+
+def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: KVPool) -> BackgroundCompile | None:
+    """The compiled decode forward, built in a background thread while the engine serves eagerly."""
+    marker = warm_marker(f"{cfg.model or 'default'}-{cfg.load_quantization()}-{cfg.torch_dtype()}")
+    if not cfg.compiles_decode(marker.exists()):
+        return None
+    make_backend = functools.partial(create_backend, cfg.attention_backend)
+    return BackgroundCompile(model, make_backend, pool.k_buffers, pool.v_buffers, marker)
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
