@@ -85,7 +85,7 @@ class EngineConfig:
     # torch.compile the CPU decode forward (~1.6x the model step) in a background thread while serving eagerly
     # (~85-235 s to compile cold). "auto": on when a compile of this model finished before on this machine (its
     # artefacts are in our cache folder), and for `radixlang serve`; True / False force it
-    compile_layers: bool | str = "auto"
+    compile_layers: str | bool = "auto"  # (str first: the CLI flag takes a value)
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
@@ -221,7 +221,7 @@ class EngineConfig:
 _COMPILE_CHOICES = {"auto": "auto", "true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
 
 
-def _compile_choice(value: bool | str) -> bool | str:
+def _compile_choice(value: str | bool) -> str | bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in _COMPILE_CHOICES:

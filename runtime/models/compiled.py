@@ -56,8 +56,9 @@ class BackgroundCompile:
                  k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], marker: Path | None = None):
         use_our_inductor_cache()
         self.eager = model.forward
-        self.compiled = torch.compile(self.eager, dynamic=True)
-        self.ready = threading.Event()
+        self.compiled: Callable | None = None  # made in the thread: importing the compiler takes seconds
+        self.ready = False  # the compiled forward serves decode-only steps
+        self.finished = threading.Event()  # compiled, or failed (then `error` says why)
         self.error: BaseException | None = None
         self.marker = marker
         self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers)
@@ -68,12 +69,13 @@ class BackgroundCompile:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        if self.ready.is_set() and embeds is None and getattr(ctx.attn, "decode_only", False):
+        if self.ready and embeds is None and getattr(ctx.attn, "decode_only", False):
             return self.compiled(input_ids, positions, ctx)
         return self.eager(input_ids, positions, ctx, embeds)
 
     def _compile(self) -> None:
         try:
+            self.compiled = torch.compile(self.eager, dynamic=True)
             with torch.no_grad():
                 for batch, kv_lens in WARMUP_STEPS:
                     plan = self._scratch.plan(_scratch_batch(batch, kv_lens))
@@ -82,17 +84,19 @@ class BackgroundCompile:
         except Exception as e:  # noqa: BLE001 - a failed compile leaves the engine eager, not broken
             self.error = e
             logger.warning("background compile failed; decode stays eager: %s", e)
+            self.finished.set()
             return
         if self.marker is not None:
             self.marker.parent.mkdir(parents=True, exist_ok=True)
             self.marker.touch()
-        self.ready.set()
+        self.ready = True
+        self.finished.set()
 
 
 def _scratch_backend(make_backend: Callable[[list, list], AttentionBackend], k_buffers: list[torch.Tensor],
                      v_buffers: list[torch.Tensor]) -> AttentionBackend:
     """An attention backend of the live one's kind over a few KV slots of the live buffers' layout."""
-    slots = SCRATCH_CONTEXT * len(WARMUP_STEPS) + 1
+    slots = SCRATCH_CONTEXT * _scratch_rows() + 1
     def scratch(t: torch.Tensor) -> torch.Tensor:
         return torch.zeros(slots, *t.shape[1:], dtype=t.dtype, device=t.device)
     return make_backend([scratch(k) for k in k_buffers], [scratch(v) for v in v_buffers])
@@ -100,7 +104,10 @@ def _scratch_backend(make_backend: Callable[[list, list], AttentionBackend], k_b
 
 def _scratch_batch(batch: int, kv_lens: tuple[int, ...]) -> AttentionBatch:
     """`batch` decodes, sequence i on scratch row i with KV slots of its own."""
-    rows = SCRATCH_CONTEXT * len(WARMUP_STEPS)
-    table = torch.arange(rows, dtype=torch.int32).view(len(WARMUP_STEPS), SCRATCH_CONTEXT)
+    table = torch.arange(SCRATCH_CONTEXT * _scratch_rows(), dtype=torch.int32).view(-1, SCRATCH_CONTEXT)
     return AttentionBatch(table, list(range(batch)), list(kv_lens), [1] * batch, [n - 1 for n in kv_lens],
                           [None] * batch)
+
+
+def _scratch_rows() -> int:
+    return max(batch for batch, _ in WARMUP_STEPS)

@@ -6,6 +6,7 @@ import pytest
 
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.models import compiled as compiled_module
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = ["The history of the printing press", "1, 2, 3, 4, 5,", "Once upon a time"]
@@ -20,14 +21,16 @@ def test_compile_layers_choices_are_checked():
         EngineConfig.from_options(compile_layers="sometimes")
 
 
-def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_dir):
+def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_dir, monkeypatch):
+    # one warm-up graph, the one these prompts' decodes take (3 rows of unequal lengths): CI compiles once
+    monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))
     with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
         want = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
         eager.check_invariants()
     with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
         compiler = engine.scheduler.runner.model.forward.__self__
         before = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]  # eager, or compiled if it was quick
-        assert compiler.ready.wait(timeout=600), compiler.error
+        assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
         calls = []
         compiled = compiler.compiled
         compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
@@ -35,8 +38,4 @@ def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_di
         engine.check_invariants()
     assert before == want and after == want
     assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
-    assert compiler.marker.exists()
-    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024) as warm:  # auto: the marker is there
-        assert warm.scheduler.runner.model.forward.__self__.ready.wait(timeout=600)
-        assert [o.output_ids for o in warm.generate(PROMPTS, GREEDY)] == want
-        warm.check_invariants()
+    assert compiler.marker.exists()  # the next engine on this model compiles under "auto"
