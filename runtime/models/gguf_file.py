@@ -59,7 +59,7 @@ class _Cursor:
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
-    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)  # plain views: no memmap per slice
     cur = _Cursor(buf)
     if bytes(cur.view[:4]) != _MAGIC:
         raise ValueError(f"{str(path)!r} is not a GGUF file (bad magic)")
