@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.models.cpu_paths import detect as detect_cpu_paths
 from radixlang.runtime.models.loader import default_model_path
 
 from radixlang.benchmark.fidelity import agreement, perplexity, reference_run
@@ -128,11 +129,14 @@ def report_fidelity(engines: dict[str, Engine]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2, help="rounds; each system's best round counts")
-    parser.add_argument("--modes", default=",".join(MODES), help="radixlang quantization modes, comma-separated")
+    parser.add_argument("--modes", default="auto,none",
+                        help=f"radixlang quantization modes, comma-separated, of {','.join(MODES)} (default: the "
+                             "default, auto, and the exact none)")
     parser.add_argument("--compile", default="", help="modes to run also with compile_layers=True, comma-separated")
     parser.add_argument("--no-peers", action="store_true", help="skip HF transformers and llama.cpp")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    print(f"{detect_cpu_paths().describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     engines = {m: Engine(device="cpu", kv_cache_tokens=16384, quantization=m) for m in modes}
     for m in (m for m in args.compile.split(",") if m):
         engines[f"{m}+compile"] = Engine(device="cpu", kv_cache_tokens=16384, quantization=m, compile_layers=True)

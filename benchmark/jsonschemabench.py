@@ -67,9 +67,8 @@ def _on_alarm(signum, frame):
 
 
 def load_vocab() -> tuple[Tokenizer, TokenVocab]:
-    import gguf
 
-    tokenizer = Tokenizer.from_gguf_metadata(gguf_metadata(gguf.GGUFReader(str(default_model_path()))))
+    tokenizer = Tokenizer.from_gguf_metadata(gguf_metadata(default_model_path()))
     vocab = TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size)
     vocab.trie  # built once per vocabulary, as an engine does at its first constraint: not a schema's cost
     return tokenizer, vocab

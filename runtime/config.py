@@ -80,10 +80,15 @@ class EngineConfig:
     # (False on the CPU runs the same padded decode path eagerly, as the tests do)
     disable_cuda_graph: bool | None = None
     cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
-    # "none": fp32 (exact, the oracle); "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights on packed CPU kernels;
-    # "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are not exact
-    quantization: str = "none"
-    compile_layers: bool = False  # torch.compile the CPU decode forward (~1.6x the model step; ~85 s to compile)
+    # "auto" (default, as llama.cpp runs a GGUF): a GGUF's own Q4_0/Q4_1/Q8_0 weights on packed kernels on
+    # one CPU rank (fp32 elsewhere, and for HF folders); "none": fp32 (exact, equal to transformers, the
+    # oracle); "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are
+    # not exact
+    quantization: str = "auto"
+    # torch.compile the CPU decode forward (~1.6x the model step) in a background thread while serving eagerly
+    # (~85-235 s to compile cold). "auto": on when a compile of this model finished before on this machine (its
+    # artefacts are in our cache folder), and for `radixlang serve`; True / False force it
+    compile_layers: str | bool = "auto"  # (str first: the CLI flag takes a value)
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
@@ -121,6 +126,7 @@ class EngineConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._validate_speculative()
+        self.compile_layers = _compile_choice(self.compile_layers)
         if self.image_cache_mb < 0:
             raise ValueError(f"image_cache_mb must be >= 0, got {self.image_cache_mb}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
@@ -132,7 +138,7 @@ class EngineConfig:
 
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.quantization in ("auto", "int4") and self.torch_device().type != "cpu":
+        if self.quantization == "int4" and self.torch_device().type != "cpu":
             raise ValueError(f"quantization {self.quantization!r} runs on torch's CPU int4 kernels: use device='cpu'")
 
         self._validate_tp()
@@ -144,7 +150,7 @@ class EngineConfig:
             raise ValueError(f"tp_size must be an integer >= 1, got {self.tp_size!r}")
         if not self.dist_timeout > 0:
             raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
-        if self.tp_size > 1 and self.quantization != "none":
+        if self.tp_size > 1 and self.quantization in ("int8", "int4"):
             raise ValueError(f"quantization={self.quantization!r} is not supported with tp_size > 1 "
                              "(its linears are not sharded); use quantization='none' or tp_size=1")
         if self.tp_size > 1 and self.preemption_mode == "swap":
@@ -171,6 +177,19 @@ class EngineConfig:
                              f"{self.speculative_ngram_max_match_window_size}")
         if self.speculative_ngram_capacity < 0:
             raise ValueError(f"speculative_ngram_capacity must be >= 0, got {self.speculative_ngram_capacity}")
+
+    def compiles_decode(self, warm: bool) -> bool:
+        """Whether the engine compiles its CPU decode forward; `warm`: a compile of this model finished here."""
+        if self.torch_device().type != "cpu" or self.tp_size > 1:
+            return False
+        return warm if self.compile_layers == "auto" else bool(self.compile_layers)
+
+    def load_quantization(self) -> str:
+        """The mode the weights load in: "auto" packs only on one CPU rank (the kernels are CPU ones, and
+        packed linears are not sharded); elsewhere it is the exact path."""
+        if self.quantization == "auto" and (self.torch_device().type != "cpu" or self.tp_size > 1):
+            return "none"
+        return self.quantization
 
     def use_decode_graphs(self) -> bool:
         """Whether decodes run padded to batch buckets (captured as CUDA graphs on a CUDA device)."""
@@ -200,6 +219,17 @@ class EngineConfig:
         if self.dtype not in dtypes:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {self.dtype!r}")
         return dtypes[self.dtype]
+
+
+_COMPILE_CHOICES = {"auto": "auto", "true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+
+
+def _compile_choice(value: str | bool) -> str | bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _COMPILE_CHOICES:
+        return _COMPILE_CHOICES[value.lower()]
+    raise ValueError(f"compile_layers must be 'auto', True or False, got {value!r}")
 
 
 def available_memory_bytes(device: torch.device) -> int:

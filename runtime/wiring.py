@@ -1,6 +1,7 @@
 """Wiring: loads the model and builds the KV memory, cache, attention backend, runner and scheduler."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +18,9 @@ from .distributed.workers import TPWorkers
 from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
-from .models.compiled import compile_layers
 from .model_loading import load_model
-from .models.quant import quantize_model
+from .models.compiled import BackgroundCompile, warm_marker
+from .models.llama import LlamaForCausalLM
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts
 from .engine_core import EngineCore
@@ -46,10 +47,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     processor (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
-    loaded = load_model(cfg.model, device, dtype, tp, keep_blocks=cfg.quantization == "auto")
-    quantize_model(loaded.model, cfg.quantization, loaded.blocks)
-    if cfg.compile_layers:
-        compile_layers(loaded.model)
+    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization())
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:
@@ -62,6 +60,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+    start_background_compile(cfg, loaded.model, pool)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
         capture = device.type == "cuda" and getattr(loaded.model, "capturable", True)  # MoE routing syncs
@@ -88,6 +87,15 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     outputs = OutputProcessor(kv, context_length, scheduler.counters, jump, drafter)
     return EngineParts(EngineCore(scheduler, runner, outputs), loaded.tokenizer, loaded.name, mcfg.vocab_size,
                        pool_size, None if vision is None else ImagePrompts(vision), encoder)
+
+
+def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: KVPool) -> BackgroundCompile | None:
+    """The compiled decode forward, built in a background thread while the engine serves eagerly."""
+    marker = warm_marker(f"{cfg.model or 'default'}-{cfg.load_quantization()}-{cfg.torch_dtype()}")
+    if not cfg.compiles_decode(marker.exists()):
+        return None
+    make_backend = functools.partial(create_backend, cfg.attention_backend)
+    return BackgroundCompile(model, make_backend, pool.k_buffers, pool.v_buffers, marker)
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,

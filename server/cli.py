@@ -76,7 +76,9 @@ def _serve(args: argparse.Namespace) -> int:
     limits = _limits(args)  # a bad limit fails before the model loads
     if args.dp is not None:
         return _serve_fleet(args, limits)
-    with Engine(model=args.model, **_engine_options(args)) as engine:
+    # a server lives long enough to repay a compile, which runs in the background: auto means on here
+    options = {"compile_layers": True} | _engine_options(args)
+    with Engine(model=args.model, **options) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
               grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits)
     return 0

@@ -42,13 +42,16 @@ class Usage:
     job: Job
     completion_tokens: int = 0
     cached: dict[int, int] = field(default_factory=dict)  # prompt -> cached tokens (its first sample)
+    # prompt -> its tokens as the engine ran them: each image placeholder expanded to its feature rows
+    prompt_tokens: dict[int, int] = field(default_factory=dict)
 
-    def add(self, index: int, completion_tokens: int, cached_tokens: int) -> None:
+    def add(self, index: int, completion_tokens: int, cached_tokens: int, prompt_tokens: int) -> None:
         self.completion_tokens += completion_tokens
         self.cached.setdefault(index // self.job.n, cached_tokens)
+        self.prompt_tokens.setdefault(index // self.job.n, prompt_tokens)
 
     def body(self) -> dict[str, Any]:
-        prompt = sum(len(p) for p in self.job.prompts)
+        prompt = sum(self.prompt_tokens.get(i, len(p)) for i, p in enumerate(self.job.prompts))
         return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
                 "total_tokens": prompt + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())}}
@@ -93,7 +96,7 @@ class _View:
     def whole(self, results: list[Completion]) -> dict[str, Any]:
         usage = Usage(self.job)
         for k, c in enumerate(results):
-            usage.add(k, c.meta.completion_tokens, c.meta.cached_tokens)
+            usage.add(k, c.meta.completion_tokens, c.meta.cached_tokens, c.meta.prompt_tokens)
         return {"id": self.job.id, "object": self.kind, "created": self.job.created, "model": self.body.model,
                 "choices": [self.choice(k, c) for k, c in enumerate(results)], "usage": usage.body()}
 
@@ -174,7 +177,7 @@ class _CompletionView(_View):
         self.started.add(k)
         piece = self._piece(k, chunk.text, chunk.token_ids, list(chunk.logprobs), chunk.input_logprobs, first)
         if chunk.finished:
-            self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens)
+            self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens, chunk.prompt_tokens)
             piece |= {"finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
         elif not piece["text"] and piece["logprobs"] is None:
             return []  # text held back (a partial character or stop string) and nothing else to say
@@ -252,7 +255,7 @@ class _ChatView(_View):
         rest = [self._event([{"index": k, "delta": {"tool_calls": [c]}, "logprobs": None, "finish_reason": None}])
                 for c in calls[1:]]
         if chunk.finished:
-            self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens)
+            self.usage.add(k, chunk.completion_tokens, chunk.cached_tokens, chunk.prompt_tokens)
             if rest:
                 return [self._event([choice]), *rest, self._event([
                     {"index": k, "delta": {}, "logprobs": None, "finish_reason": reason,

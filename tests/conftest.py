@@ -1,7 +1,10 @@
 """Shared fixtures: the real tokenizer, a tiny random-weight model folder that uses it, engines."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,9 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU-only machine (CI)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder of this session, not ~/.cache
+    os.environ["RADIXLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixlang-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
 
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
 from radixlang.testing.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
@@ -51,9 +57,8 @@ CHARACTER_REGEX = (
 
 @pytest.fixture(scope="session")
 def smollm_metadata() -> dict:
-    import gguf
 
-    return gguf_metadata(gguf.GGUFReader(str(default_model_path())))
+    return gguf_metadata(default_model_path())
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +112,7 @@ def smollm_engine():
     """The real SmolLM2-135M-Instruct, shared by the end-to-end tests."""
     from radixlang.runtime.engine import Engine
 
-    engine = Engine(device="cpu", kv_cache_tokens=16384)
+    engine = Engine(device="cpu", kv_cache_tokens=16384, quantization="none")  # the exact path
     yield engine
     engine.check_invariants()
     engine.shutdown()

@@ -26,8 +26,9 @@ class GroupQuant:
     bits: int
 
     def dequantize(self) -> torch.Tensor:
-        expand = lambda t: t.repeat_interleave(GROUP, dim=1)  # noqa: E731
-        return expand(self.scale) * self.codes.float() + expand(self.minimum)
+        rows, cols = self.codes.shape
+        groups = self.codes.view(rows, cols // GROUP, GROUP).float()  # scales broadcast over their group
+        return (self.scale[..., None] * groups + self.minimum[..., None]).view(rows, cols)
 
     def rows(self, index: torch.Tensor) -> "GroupQuant":
         return GroupQuant(self.codes[index], self.scale[index], self.minimum[index], self.bits)

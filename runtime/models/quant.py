@@ -4,12 +4,12 @@ At batch 1 a decode step reads every weight once, so its time is the bytes read:
 fp32's, int4 an eighth (plus one scale and zero per 32 weights). torch's int8pack / int4pack kernels are
 fast only with bf16 activations (fp32 or fp16 inputs run 50-100x slower here), so inputs are cast to bf16
 for the matmul and the result back to the model's dtype. Outputs then differ slightly from the fp32
-model, which stays the default and the oracle (`quantization="none"`).
+model, the oracle (`quantization="none"`).
 
 The packed kernels unpack every weight once per few input rows, so their cost grows with the rows: from
-DENSE_MIN_ROWS rows on (batched decode steps, prefill chunks) a layer runs a bf16 matmul instead, on a copy
-of its weights that costs 2 bytes per weight of memory (int8 codes are exact in bf16; 4-bit weights
-d * q + m round to bf16).
+DENSE_MIN_ROWS rows on (batched decode steps, prefill chunks) a layer runs a dense matmul instead, on a copy
+of its weights in DENSE_DTYPE: bf16 on CPUs with bf16 units, fp32 elsewhere (cpu_paths.py chooses both;
+int8 codes are exact in bf16, 4-bit weights d * q + m round to bf16).
 
 Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from the file's own blocks
 (other tensors and HF folders stay fp32); "int8" per-output-channel int8 of every linear; "int4"
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .cpu_paths import detect
 from .gguf_blocks import GROUP, GroupQuant, cat_rows
 from .llama import packed_parts, packed_target
 
@@ -27,10 +28,10 @@ QUANTIZATIONS = ("none", "auto", "int8", "int4")
 K_MULTIPLE = 64  # torch 2.13's CPU int8pack kernel crashes on some other input widths (K=40 with M>=5)
 N_MULTIPLE = 16  # the CPU int4pack layout tiles output rows by 16
 INNER_K_TILES = 2  # the CPU int4pack conversion takes it but lays weights out the same for 2, 4 and 8
-# rows from which a bf16 matmul beats the packed kernels (SmolLM2's shapes, 2 threads, AVX-512 VM: even at
-# about 12 rows; at 16 the bf16 matmul took 0.84-0.94x the int4pack time per layer, 0.63x for the Q8_0
-# LM head, which runs as two int4pack passes and so counts its rows twice)
-DENSE_MIN_ROWS = 12
+# rows from which a layer runs a dense matmul instead of the packed kernel, and that copy's dtype: both
+# follow the CPU (see cpu_paths.py)
+DENSE_MIN_ROWS = detect().dense_min_rows
+DENSE_DTYPE = detect().dense_dtype
 
 
 class Int8Linear(nn.Module):
@@ -42,7 +43,7 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale.to(torch.bfloat16))
-        self.register_buffer("dense", self.qweight.to(torch.bfloat16))  # codes in [-127, 127]: exact in bf16
+        self.register_buffer("dense", self.qweight.to(DENSE_DTYPE))  # codes in [-127, 127]: exact in bf16
         self.bias = _bias(bias)
 
     def dequantized(self) -> torch.Tensor:
@@ -50,10 +51,11 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scale.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = _rows(x)
+        flat = _flat(x)
         if flat.shape[0] >= DENSE_MIN_ROWS:  # the kernel's own order: sum of x * code, then the scale
-            return _finish((flat @ self.dense.T).float() * self.scale.float(), x, self.bias)
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale)
+            dense = flat.to(self.dense.dtype) @ self.dense.T
+            return _finish(dense.float() * self.scale.float(), x, self.bias)
+        out = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.qweight, self.scale)
         return _finish(out, x, self.bias)
 
 
@@ -70,13 +72,14 @@ class Int4Linear(nn.Module):
         self.repeats = codes.shape[1] // self.in_features
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
         self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
-        self.register_buffer("dense", weights.dequantize().to(torch.bfloat16))
+        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
         self.bias = _bias(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = _rows(x)
+        flat = _flat(x)
         if flat.shape[0] * self.repeats >= DENSE_MIN_ROWS:
-            return _finish(flat @ self.dense.T, x, self.bias)
+            return _finish(flat.to(self.dense.dtype) @ self.dense.T, x, self.bias)
+        flat = flat.to(torch.bfloat16)
         if self.repeats > 1:
             flat = flat.repeat(1, self.repeats)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
@@ -97,9 +100,9 @@ def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
     return None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [rows, in_features] bf16, the kernels' input (the model's activations are already 2-D)."""
-    return (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])).to(torch.bfloat16)
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, in_features] (the model's activations are already 2-D); the packed kernels take it in bf16."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
 def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -172,6 +175,28 @@ def fuse_blocks(blocks: dict[str, GroupQuant]) -> dict[str, GroupQuant]:
         if len(ordered) == len(packed_parts(target)) and len({p.bits for p in ordered}) == 1:
             out[target] = cat_rows(ordered)
     return out
+
+
+def packed_linear_record(module: nn.Module) -> dict | None:
+    """What rebuilds a packed linear from its saved state (None: not a packed linear)."""
+    if not isinstance(module, (Int8Linear, Int4Linear)):
+        return None
+    attrs = {"in_features": module.in_features, "repeats": module.repeats} if isinstance(module, Int4Linear) else {}
+    return {"class": type(module).__name__, "attrs": attrs}
+
+
+def packed_linear_from_state(record: dict, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A packed linear over already converted buffers (a weight cache entry): nothing is recomputed."""
+    cls = {"Int8Linear": Int8Linear, "Int4Linear": Int4Linear}[record["class"]]
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    for name, value in record["attrs"].items():
+        setattr(module, name, value)
+    for name, tensor in state.items():
+        if name != "bias":
+            module.register_buffer(name, tensor)
+    module.bias = _bias(state.get("bias"))
+    return module
 
 
 def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,

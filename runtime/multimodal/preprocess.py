@@ -82,10 +82,18 @@ class ImageProcessor:
 
 
 def read_preprocessor_config(path: Path) -> dict[str, Any]:
+    """The image processor's settings: preprocessor_config.json, or (transformers 5 saves a processor so) the
+    `image_processor` entry of processor_config.json."""
     file = path / "preprocessor_config.json"
-    if not file.exists():
-        raise ValueError(f"vision model folder {str(path)!r} has no preprocessor_config.json")
-    return json.loads(file.read_text())
+    if file.exists():
+        return json.loads(file.read_text())
+    processor = path / "processor_config.json"
+    if processor.exists():
+        settings = json.loads(processor.read_text()).get("image_processor")
+        if isinstance(settings, dict):
+            return settings
+    raise ValueError(f"vision model folder {str(path)!r} has no preprocessor_config.json, nor an "
+                     "image_processor entry in processor_config.json")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -21,7 +21,8 @@ def server_url(tiny_model_dir):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "radixlang.server.cli", "serve", "--model",
-                             str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port)])
+                             str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
+                             "--compile-layers", "false"])  # no background compile in the test run
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

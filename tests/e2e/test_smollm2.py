@@ -57,7 +57,7 @@ def test_shared_prefix_batch_hits_cache_and_matches_cache_off(smollm_engine):
     smollm_engine.generate(FEW_SHOT, {"max_new_tokens": 0})
     on = smollm_engine.generate(prompts, params)
     assert all(o.meta.cached_tokens > 0 for o in on)
-    with Engine(device="cpu", kv_cache_tokens=4096, disable_radix_cache=True) as off_engine:
+    with Engine(device="cpu", kv_cache_tokens=4096, disable_radix_cache=True, quantization="none") as off_engine:
         off = off_engine.generate(prompts, params)
         assert all(o.meta.cached_tokens == 0 for o in off)
         off_engine.check_invariants()

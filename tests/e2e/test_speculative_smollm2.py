@@ -25,7 +25,7 @@ DRAFT_MODELS = ["self", "standalone"]
 def spec_engine():
     from radixlang.runtime.engine import Engine
 
-    engine = Engine(device="cpu", kv_cache_tokens=16384, speculative_algorithm="NGRAM")
+    engine = Engine(device="cpu", kv_cache_tokens=16384, speculative_algorithm="NGRAM", quantization="none")
     yield engine
     engine.check_invariants()
     engine.shutdown()
@@ -38,7 +38,7 @@ def draft_model_engine(request):
 
     options = {"speculative_algorithm": "SELF", "speculative_draft_layers": 8} if request.param == "self" else \
         {"speculative_algorithm": "STANDALONE", "speculative_draft_model": str(default_model_path())}
-    engine = Engine(device="cpu", kv_cache_tokens=16384, **options)
+    engine = Engine(device="cpu", kv_cache_tokens=16384, quantization="none", **options)
     engine.kind = request.param
     draft_every_step(engine.scheduler.drafter)  # SELF on SmolLM2 does not pay, and would back off to probes
     yield engine

@@ -54,7 +54,8 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_ti
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(long_tiny_model_dir),
          "--port", str(port), "--device", "cpu", "--kv-cache-tokens", str(OUTLASTS_GRACE_KV_TOKENS),
-         "--served-model-name", "tiny", "--graceful-timeout", "2", "--log-level", "warning"],
+         "--served-model-name", "tiny", "--graceful-timeout", "2", "--log-level", "warning",
+         "--compile-layers", "false"],  # serve compiles in the background by default: not what this tests
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

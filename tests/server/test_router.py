@@ -108,6 +108,7 @@ def fleet(tiny_model_dir) -> Iterator[Fleet]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixlang", "serve", "--dp", "2", "--model", str(tiny_model_dir), "--port", str(port),
          "--device", "cpu", "--kv-cache-tokens", "4096", "--served-model-name", "tiny", "--graceful-timeout", "2",
+         "--compile-layers", "false",
          "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     line = proc.stdout.readline()  # printed once the router lists both workers healthy

@@ -1,0 +1,41 @@
+"""The compiled decode forward, built in a background thread while the engine serves eagerly, gives the
+eager forward's tokens; compile_layers="auto" compiles only once a compile of the model finished here."""
+from __future__ import annotations
+
+import pytest
+
+from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.engine import Engine
+from radixlang.runtime.models import compiled as compiled_module
+
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+PROMPTS = ["The history of the printing press", "1, 2, 3, 4, 5,", "Once upon a time"]
+
+
+def test_compile_layers_choices_are_checked():
+    assert EngineConfig.from_options(compile_layers="off").compile_layers is False
+    assert EngineConfig.from_options(compile_layers="auto").compiles_decode(warm=True)
+    assert not EngineConfig.from_options().compiles_decode(warm=False)
+    assert not EngineConfig.from_options(compile_layers=True, device="meta").compiles_decode(warm=False)
+    with pytest.raises(ValueError, match="compile_layers must be"):
+        EngineConfig.from_options(compile_layers="sometimes")
+
+
+def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_dir, monkeypatch):
+    # one warm-up graph, the one these prompts' decodes take (3 rows of unequal lengths): CI compiles once
+    monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))
+    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
+        want = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
+        eager.check_invariants()
+    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
+        compiler = engine.scheduler.runner.model.forward.__self__
+        before = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]  # eager, or compiled if it was quick
+        assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
+        calls = []
+        compiled = compiler.compiled
+        compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
+        after = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]
+        engine.check_invariants()
+    assert before == want and after == want
+    assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
+    assert compiler.marker.exists()  # the next engine on this model compiles under "auto"
