@@ -13,7 +13,8 @@ import transformers
 
 from radixlang.runtime.models import gguf_file, loader, weight_cache
 from radixlang.runtime.models.gguf_file import read_gguf
-from radixlang.runtime.models.loader import default_model_path, load_model
+from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models.loader import default_model_path
 from radixlang.runtime.models.quant import Int4Linear
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf

@@ -11,7 +11,7 @@ from radixlang.runtime.engine import Engine
 from radixlang.runtime.memory import KVPool
 from radixlang.runtime.models.deepseek import DeepseekConfig, mla_unabsorbed
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.models.loader import load_model
+from radixlang.runtime.model_loading import load_model
 
 from .test_moe_parity import build, prompts
 
