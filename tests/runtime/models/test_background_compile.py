@@ -28,7 +28,7 @@ def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_di
         want = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
         eager.check_invariants()
     with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
-        compiler = engine.scheduler.runner.model.forward.__self__
+        compiler = engine.runner.model.forward.__self__
         before = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]  # eager, or compiled if it was quick
         assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
         calls = []
