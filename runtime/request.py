@@ -11,6 +11,7 @@ from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .memory import SwappedKV
 from .multimodal.prompt import ImageSpan, text_ids
+from .pins import Retention
 from .radix_cache import TreeNode
 from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
@@ -75,6 +76,7 @@ class Req(KVFields):
     constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
     draft: Draft | None = None  # the trailing output_ids are a draft tree's nodes, not yet verified
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
+    retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)

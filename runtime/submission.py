@@ -13,6 +13,7 @@ from .sampling_params import SamplingParams
 if TYPE_CHECKING:
     from .constrained.matcher import Constraint
     from .multimodal.prompt import ImageSpan
+    from .pins import Retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class Submission:
     top_logprobs_num: int = 0
     constraint: Constraint | None = None  # compiled from params' regex / json_schema / grammar
     images: list[ImageSpan] = field(default_factory=list)
+    retain: Retention | None = None  # keep the finished sequence pinned (a session / program state)
 
 
 @dataclass(frozen=True, slots=True)
