@@ -181,7 +181,7 @@ def prompts(engine: Engine, n: int) -> list[str]:
 
 
 def run(engine: Engine, batch: list[str], params: dict, jump: bool) -> tuple[float, list, dict]:
-    engine.scheduler.set_jump_forward(JumpForwarder(engine.tokenizer) if jump else None)
+    engine.core.set_jump_forward(JumpForwarder(engine.tokenizer) if jump else None)
     engine.flush_cache()
     before = engine.stats()
     t = time.perf_counter()

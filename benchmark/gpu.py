@@ -112,7 +112,7 @@ def synchronize(device) -> None:
 @contextmanager
 def runner_set(engine, **attrs: Any) -> Iterator[None]:
     """Sets ModelRunner attributes (graphs=None: eager decode; cascade_min=None: no cascade) while idle."""
-    runner = engine.scheduler.runner
+    runner = engine.runner
     saved = {k: getattr(runner, k) for k in attrs}
     for k, v in attrs.items():
         setattr(runner, k, v)
@@ -144,7 +144,7 @@ def device_step_ms(engine) -> Iterator[list[float]]:
     """Times each decode step the graphs run, in ms: the device's share of a step, without the host work
     around it (scheduling, packing, sampling, streaming). A captured graph is timed by CUDA events around
     its replay; on the CPU, the eager padded forward by the wall clock. The list fills when the block ends."""
-    graphs = engine.scheduler.runner.graphs
+    graphs = engine.runner.graphs
     times: list[float] = []
     if graphs is None:
         yield times
@@ -205,7 +205,7 @@ def throughput(engine, hf, sizes: Sizes, vocab: int, device) -> list[dict]:
 
 def cascade_graph_steps(engine) -> int:
     """Decode steps run so far by a cascade variant of the decode graphs (padded, on the CPU)."""
-    graphs = engine.scheduler.runner.graphs
+    graphs = engine.runner.graphs
     return 0 if graphs is None else sum(n for (_, cascade), n in graphs.steps.items() if cascade)
 
 
@@ -213,7 +213,7 @@ def shared_prefix(engine, sizes: Sizes, vocab: int) -> dict:
     """Cascade decode (inside the decode graphs when they are on) against plain decode with graphs on and off."""
     prefix = random_prompts(1, sizes.prefix_len, vocab, seed=7)[0]
     prompts = [prefix + s for s in random_prompts(sizes.prefix_requests, sizes.suffix_len, vocab, seed=8)]
-    on = engine.scheduler.runner.cascade_min if sizes.cascade_min is None else sizes.cascade_min
+    on = engine.runner.cascade_min if sizes.cascade_min is None else sizes.cascade_min
     seconds, device = {}, {}
     before = cascade_graph_steps(engine)
     for name, attrs in (("cascade", {"cascade_min": on}), ("no_cascade", {"cascade_min": None}),
@@ -245,7 +245,7 @@ def decode_hbm(engine, sizes: Sizes, vocab: int, device) -> dict:
         many = timed_generate(engine, prompts, 1 + sizes.hbm_steps, flush=False)
     step = (many - one) / sizes.hbm_steps
     device_step = median_step(times)
-    model = engine.scheduler.runner.model
+    model = engine.runner.model
     cfg = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     elsize = torch.empty((), dtype=next(model.parameters()).dtype).element_size()
@@ -421,7 +421,7 @@ def main() -> None:
         table["graph_capture_error"] = f"{type(e).__name__}: {e}"[:500]
         engine = main_engine(graphs=False)
     table["engine_startup_s"] = time.perf_counter() - t0  # loading, KV pool, capturing every graph bucket
-    graphs = engine.scheduler.runner.graphs
+    graphs = engine.runner.graphs
     table["graph_buckets"] = graphs.buckets if graphs is not None else []
     table["graphs_captured"] = graphs is not None and bool(graphs.graphs)
     vocab = engine.vocab_size

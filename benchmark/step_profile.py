@@ -55,11 +55,11 @@ def timed_parts(engine: Engine, clock: Callable[[], float] = time.perf_counter
     processes on a shared machine disturb far less; torch's other threads are not counted)."""
     spent: Counter = Counter()
     counting = [False]
-    s = engine.scheduler
-    parts = {"step": (s, "step"), "schedule": (s, "_schedule"), "runner": (s.runner, "forward"),
+    s = engine.core
+    parts = {"step": (s, "step"), "schedule": (s.scheduler, "_schedule"), "runner": (s.runner, "forward"),
              "plan": (s.runner.attn, "plan"), "plan_decode": (s.runner.attn, "plan_decode"),
              "model": (s.runner.model, "forward"), "logits": (s.runner.model, "compute_logits"),
-             "process": (s.output, "process"), "sample": (s.output, "_sample"),
+             "process": (s.outputs, "process"), "sample": (s.outputs, "_sample"),
              "sampler": (output_processor, "sample_step")}
     for name, (owner, attr) in parts.items():
         setattr(owner, attr, _timer(getattr(owner, attr), name, spent, counting, clock))
@@ -99,7 +99,7 @@ def _timer(fn: Callable, name: str, spent: Counter, counting: list[bool], clock:
 
 def profile_steps(engine: Engine, profiler: cProfile.Profile) -> None:
     """The scheduler thread runs the steps, so the profiler is switched on there, around each one."""
-    step = engine.scheduler.step
+    step = engine.core.step
 
     def profiled():
         profiler.enable()
@@ -107,7 +107,7 @@ def profile_steps(engine: Engine, profiler: cProfile.Profile) -> None:
             return step()
         finally:
             profiler.disable()
-    engine.scheduler.step = profiled
+    engine.core.step = profiled
 
 
 def prompts_for(rows: int) -> list[str]:

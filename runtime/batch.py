@@ -63,6 +63,16 @@ class ScheduledItem:
 
 
 @dataclass(slots=True)
+class Finish:
+    """A decision that `req` ends: finish_reason "stop" | "length" | "abort"; applied by the scheduler."""
+
+    req: Req
+    reason: str
+    matched: int | str | None = None  # the stop token id or string that ended it
+    error: str | None = None
+
+
+@dataclass(slots=True)
 class LogitRows:
     """Where one item's rows sit in the step's [rows, vocab] logits."""
 

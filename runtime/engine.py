@@ -47,7 +47,8 @@ class Engine:
     def __init__(self, model: str | None = None, **options: Any):
         self.config = cfg = EngineConfig.from_options(model, **options)
         parts = create_scheduler(cfg)
-        self.scheduler, self.tokenizer, self.model_name = parts.scheduler, parts.tokenizer, parts.model_name
+        self.core, self.tokenizer, self.model_name = parts.core, parts.tokenizer, parts.model_name
+        self.scheduler, self.runner = parts.core.scheduler, parts.core.runner
         self.device = cfg.torch_device()
         self.vocab_size, self.pool_size = parts.vocab_size, parts.pool_size
         self.image_prompts, self.image_encoder = parts.image_prompts, parts.image_encoder
@@ -60,7 +61,7 @@ class Engine:
                                           share_prefills=not cfg.disable_radix_cache)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
-        self._thread = SchedulerThread(self.scheduler)
+        self._thread = SchedulerThread(self.core)
 
     # ---- the one way in ---------------------------------------------------------------------------
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
@@ -236,7 +237,7 @@ class Engine:
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""
         self._thread.stop()
-        self.scheduler.runner.close()
+        self.runner.close()
 
     def __enter__(self) -> "Engine":
         return self

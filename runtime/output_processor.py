@@ -1,35 +1,62 @@
 """After the forward pass: sample the step's rows in one batched call, verify draft trees (speculative and
-jump-forward), append tokens, detokenize, stream, draft again, and say which requests are done."""
+jump-forward), append tokens, detokenize, stream, draft again, and return which requests are done (the
+scheduler applies that: the processor never ends a request itself)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 import torch
 
-from .batch import LogitRows, ScheduledItem, StepBatch
+from .batch import Finish, LogitRows, ScheduledItem, StepBatch
 from .constrained.fsa import ConstraintTooLarge
 from .constrained.jump_forward import JumpForwarder
 from .constrained.matcher import Matcher
 from .kv_manager import KVManager
-from .request import Req, StreamChunk
+from .emit import emit
+from .request import Req
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
 from .counters import SchedulerCounters
 from .speculative.drafter import Drafter
 from .speculative.tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
                                constraint_states, paths)
 
-FinishFn = Callable[..., None]  # (req, reason, matched=None, error=None)
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class StepResult:
+    finished: list[Finish]  # requests that ended this step, in the order they ended
+    to_draft: list[Req]  # requests that go on and may get a draft for the next step
+
+
 class OutputProcessor:
-    def __init__(self, kv: KVManager, context_length: int, counters: SchedulerCounters, finish: FinishFn,
+    def __init__(self, kv: KVManager, context_length: int, counters: SchedulerCounters,
                  jump: JumpForwarder | None, drafter: Drafter | None = None):
-        self.kv, self.context_length, self.counters, self.finish = kv, context_length, counters, finish
+        self.kv, self.context_length, self.counters = kv, context_length, counters
         self.jump = jump  # None: jump-forward disabled
         self.drafter = drafter  # None: no speculative drafts (jump-forward may still draft)
+        self._decided: dict[Req, Finish] = {}  # this step's decisions, in the order they were made
 
-    def process(self, batch: StepBatch, logits: torch.Tensor | None) -> None:
+    def process(self, batch: StepBatch, logits: torch.Tensor | None) -> StepResult:
+        """Takes the step's tokens; returns the requests that ended (for `Scheduler.apply`) and those
+        that go on and may get a draft (for `draft`, once the ended ones are applied)."""
+        self._decided = {}
+        to_draft = self._process(batch, logits)
+        return StepResult(list(self._decided.values()), to_draft)
+
+    def draft(self, reqs: list[Req]) -> list[Finish]:
+        """Drafts the next step's tokens of `reqs`; returns any request that ended on the way."""
+        self._decided = {}
+        if reqs:
+            self._draft(reqs)
+        return list(self._decided.values())
+
+    def finish(self, req: Req, reason: str, matched: int | str | None = None, error: str | None = None) -> None:
+        """Decides that `req` ends (the first decision stands); the scheduler applies it after the step."""
+        self._decided.setdefault(req, Finish(req, reason, matched, error))
+
+    def _process(self, batch: StepBatch, logits: torch.Tensor | None) -> list[Req]:
         live = []
         for item, rows in zip(batch.items, batch.rows):
             req = item.req
@@ -44,7 +71,7 @@ class OutputProcessor:
         going_on: list[Req] = []  # drafted together once every request has its tokens
         for item, rows in live:
             req = item.req
-            if req.done:  # its constraint failed while its rows were built: none of them were sampled
+            if req in self._decided:  # its constraint failed while its rows were built: none of them were sampled
                 continue
             if rows.prompt:
                 n_scores = len(rows.prompt)
@@ -63,8 +90,7 @@ class OutputProcessor:
             if going and (self.drafter is not None or (self.jump is not None and req.constraint is not None)):
                 going_on.append(req)  # one that may get a draft
             sampled += n
-        if going_on:
-            self._draft(going_on)
+        return going_on
 
     def _guarded(self, req: Req, work: Callable[..., T], *args) -> T | None:
         """work(*args) on `req`'s constraint, or None after ending `req` alone if a lexer built on first
@@ -85,7 +111,7 @@ class OutputProcessor:
                     samples.append(self._root_row(req))
                 else:
                     own = self._guarded(req, self._sample_rows, req)
-                    if req.done:
+                    if own is None:
                         continue
                     samples += own
                 sample_rows += rows.samples
@@ -246,19 +272,3 @@ def _advance(m: Matcher, token: int) -> str | None:
         return str(e)
     return f"internal error: the constraint rejected sampled token {token}"
 
-
-def emit(req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:
-    first = req.input_logprobs if req.return_logprob and len(req.output_ids) == 1 else None
-    req.sink(StreamChunk(req.rid, text, token_ids, logprobs, prompt_tokens=len(req.prompt_ids),
-                         cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
-                         input_logprobs=first))
-
-
-def emit_final(req: Req, reason: str, matched: int | str | None = None, error: str | None = None,
-               text: str = "") -> None:
-    req.sink(StreamChunk(
-        rid=req.rid, text=text, token_ids=[], logprobs=[], finished=True, finish_reason=reason,
-        matched_stop=matched, error=error, prompt_tokens=len(req.prompt_ids),
-        cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
-        input_logprobs=req.input_logprobs if req.return_logprob and not req.output_ids else None,
-    ))

@@ -1,23 +1,20 @@
 """Continuous batching over the radix cache: each step picks running decodes plus prefill chunks.
 
-The scheduler is policy: which requests run this step, how many tokens each, whom to preempt. The KV
-owner (`KVManager`) holds the memory; the output processor samples and streams. Every state change of a
-request happens on the engine's scheduler thread.
+The scheduler is policy over requests and the KV owner only: which requests run this step, how many
+tokens each, whom to preempt (`schedule`), and ending the requests the step's outputs say are done
+(`apply`). It runs no model: `EngineCore.step` (runtime/engine_core.py) calls the runner and the output
+processor between the two. Every state change of a request happens on the engine's scheduler thread.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from .batch import ScheduledItem, StepBatch
+from .batch import Finish, ScheduledItem, StepBatch
 from .config import EngineConfig
-from .constrained.jump_forward import JumpForwarder
-from .distributed.workers import WorkerFailure
+from .emit import emit_final
 from .kv_manager import KVManager
-from .model_runner import ModelRunner
-from .output_processor import OutputProcessor, emit_final
 from .radix_cache import RadixCache
 from .request import Req, ReqState
 from .schedule_policy import order_waiting
@@ -25,19 +22,15 @@ from .speculative.drafter import Drafter
 from .speculative.tree import item_parents
 from .counters import SchedulerCounters
 
-logger = logging.getLogger(__name__)
-
 RESERVE_CLIP = 4096  # cap on one request's reserved future tokens
 
 
 @dataclass
 class Scheduler:
     cfg: EngineConfig
-    runner: ModelRunner
     kv: KVManager
     context_length: int
-    jump: JumpForwarder | None = None  # None: jump-forward disabled
-    drafter: Drafter | None = None  # None: no speculative decoding
+    drafter: Drafter | None = None  # None: no speculative decoding; else it holds state (draft KV) per request
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
@@ -45,8 +38,6 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
-        self.output = OutputProcessor(self.kv, self.context_length, self.counters, self._finish, self.jump,
-                                      self.drafter)
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -73,31 +64,20 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def set_jump_forward(self, jump: JumpForwarder | None) -> None:
-        self.jump = self.output.jump = jump
-
-    def set_drafter(self, drafter: Drafter | None) -> None:
-        self.drafter = self.output.drafter = drafter
-
     # ---- one step -------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def step(self) -> list[ScheduledItem]:
-        """Runs one batch; returns what it scheduled."""
+    def schedule(self) -> StepBatch | None:
+        """This step's batch (KV slots extended for every item), or None when nothing can run."""
         self.kv.pins.expire()
         items = self._schedule()
         if not items:
-            return items
+            return None
         self.counters.steps += 1
-        batch = StepBatch(items)
-        try:
-            self.output.process(batch, self.runner.forward(batch))
-        except WorkerFailure:  # the model cannot run again: the engine stops and fails every request
-            raise
-        except Exception as e:  # a failed step must not take the engine down with it
-            logger.exception("step failed; aborting its %d request(s)", len(items))
-            for item in items:
-                self._finish(item.req, "abort", error=f"internal error: {e!r}")
-        return items
+        return StepBatch(items)
+
+    def apply(self, finished: list[Finish]) -> None:
+        """Ends the requests the step's outputs decided are done: frees their KV, sends their last chunk."""
+        for f in finished:
+            self._finish(f.req, f.reason, f.matched, f.error)
 
     def _schedule(self) -> list[ScheduledItem]:
         items, budget = self._schedule_running()

@@ -22,6 +22,8 @@ from .models.loader import load_model
 from .models.quant import quantize_model
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts
+from .engine_core import EngineCore
+from .output_processor import OutputProcessor
 from .radix_cache import RadixCache
 from .scheduler import Scheduler
 from .speculative.drafter import create_drafter
@@ -30,7 +32,7 @@ from .tokenizer import Tokenizer
 
 @dataclass(slots=True)
 class EngineParts:
-    scheduler: Scheduler
+    core: EngineCore
     tokenizer: Tokenizer
     model_name: str
     vocab_size: int
@@ -40,7 +42,8 @@ class EngineParts:
 
 
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
-    """Loads the model and builds the KV memory, cache, attention backend, runner and scheduler (no thread)."""
+    """Loads the model and builds the KV memory, cache, attention backend, runner, scheduler and output
+    processor (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
     loaded = load_model(cfg.model, device, dtype, tp, keep_blocks=cfg.quantization == "auto")
@@ -79,9 +82,10 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     kv = KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, cfg.kv_host_cache_tokens)
     drafter = create_drafter(cfg, loaded, pool_size, context_length)
-    scheduler = Scheduler(cfg, runner, kv, context_length, jump=jump, drafter=drafter)
-    return EngineParts(scheduler, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
-                       None if vision is None else ImagePrompts(vision), encoder)
+    scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
+    outputs = OutputProcessor(kv, context_length, scheduler.counters, jump, drafter)
+    return EngineParts(EngineCore(scheduler, runner, outputs), loaded.tokenizer, loaded.name, mcfg.vocab_size,
+                       pool_size, None if vision is None else ImagePrompts(vision), encoder)
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,

@@ -30,13 +30,13 @@ def test_json_extraction_validates_and_matches_greedy_without_jump_forward(smoll
     prompts = [chat(smollm_engine, t) for t in TEXTS]
     params = {"json_schema": PERSON, "max_new_tokens": 60, "temperature": 0}
     jumped = smollm_engine.generate(prompts, params)
-    scheduler = smollm_engine.scheduler
-    jump = scheduler.jump
-    scheduler.set_jump_forward(None)  # the same engine, decoding every token
+    core = smollm_engine.core
+    jump = core.jump
+    core.set_jump_forward(None)  # the same engine, decoding every token
     try:
         plain = smollm_engine.generate(prompts, params)
     finally:
-        scheduler.set_jump_forward(jump)
+        core.set_jump_forward(jump)
     for a, b in zip(jumped, plain):
         jsonschema.validate(json.loads(a.text), PERSON)
         jsonschema.validate(json.loads(b.text), PERSON)

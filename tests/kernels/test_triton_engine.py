@@ -19,13 +19,13 @@ def test_triton_engine_matches_torch_engine_with_cascade(tiny_engine_factory, mo
     monkeypatch.setattr(model_runner, "CASCADE_MIN_PREFIX", 8)
     engine = tiny_engine_factory(attention_backend="triton", max_prefill_tokens=16)
     groups = []
-    real_plan = engine.scheduler.runner.attn.plan
+    real_plan = engine.runner.attn.plan
 
     def spying_plan(batch):
         groups.append(batch.prefix_groups)
         return real_plan(batch)
 
-    monkeypatch.setattr(engine.scheduler.runner.attn, "plan", spying_plan)
+    monkeypatch.setattr(engine.runner.attn, "plan", spying_plan)
     engine.generate(SHARED, {**GREEDY, "max_new_tokens": 1})  # the shared prefix enters the radix tree
     got = [c.output_ids for c in engine.generate(prompts, GREEDY)]
     assert got == want

@@ -18,7 +18,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 def test_each_step_copies_to_the_host_exactly_once(tiny_engine_factory, monkeypatch):
     engine = tiny_engine_factory()
     copies, rows = [], []  # per step: device-to-host copies, rows sampled or scored
-    real_copy, real_sample, real_step = sampler.to_host, output_processor.sample_step, engine.scheduler.step
+    real_copy, real_sample, real_step = sampler.to_host, output_processor.sample_step, engine.core.step
 
     def counting_copy(t):
         copies[-1] += 1
@@ -35,7 +35,7 @@ def test_each_step_copies_to_the_host_exactly_once(tiny_engine_factory, monkeypa
 
     monkeypatch.setattr(sampler, "to_host", counting_copy)
     monkeypatch.setattr(output_processor, "sample_step", counting_sample)
-    monkeypatch.setattr(engine.scheduler, "step", counting_step)
+    monkeypatch.setattr(engine.core, "step", counting_step)
     # greedy and seeded sampling, penalties, logprobs (prompt and output), a constraint with jump-forward
     engine.generate(["alpha beta gamma", "one two three four"],
                     {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})

@@ -89,7 +89,7 @@ def test_padded_decode_path_gives_the_normal_paths_greedy_tokens(tiny_engine_fac
     options = {"attention_backend": backend, "context_length": 64, "max_running_requests": 8}
     normal = tiny_engine_factory(**options)
     padded = tiny_engine_factory(disable_cuda_graph=False, **options)
-    assert normal.scheduler.runner.graphs is None and padded.scheduler.runner.graphs.graphs == {}  # no capture
+    assert normal.runner.graphs is None and padded.runner.graphs.graphs == {}  # no capture
     for count in (3, 7):
         want, got = generate_all(normal, count), generate_all(padded, count)
         assert [ids for ids, _ in got] == [ids for ids, _ in want]
@@ -121,9 +121,9 @@ def test_decodes_sharing_a_cascade_prefix_run_in_the_padded_cascade_path(tiny_en
     # permutation (any order of a group's members is a valid group)
     monkeypatch.setattr(model_runner, "prefix_groups", lambda items, min_len: [
         (members[::-1], length) for members, length in prefix_groups(items, min_len)])
-    eager = engines[False].scheduler.runner
-    eager.cascade_min = engines[True].scheduler.runner.cascade_min = 8
-    padded = engines[True].scheduler.runner.graphs
+    eager = engines[False].runner
+    eager.cascade_min = engines[True].runner.cascade_min = 8
+    padded = engines[True].runner.graphs
     eager_groups, padded_groups = [], []
     real_plan, real_forward = eager.attn.plan, padded.forward
     monkeypatch.setattr(eager.attn, "plan", lambda batch: eager_groups.append(batch.prefix_groups) or real_plan(batch))
@@ -165,10 +165,10 @@ def test_members_of_groups_a_graph_has_no_room_for_stay_exact(tiny_engine_factor
     options = {"context_length": 64, "max_running_requests": 8}
     want = run(tiny_engine_factory(attention_backend="torch", **options))
     engine = tiny_engine_factory(attention_backend="triton", disable_cuda_graph=False, **options)
-    engine.scheduler.runner.cascade_min = 8
+    engine.runner.cascade_min = 8
     # the cache-aware scheduler admits the longer prefix's requests first: list its group last instead
     monkeypatch.setattr(model_runner, "prefix_groups", lambda items, min_len: prefix_groups(items, min_len)[::-1])
-    graphs = engine.scheduler.runner.graphs
+    graphs = engine.runner.graphs
     offered, packed = [], []  # per padded cascade step: the groups found, the groups packed
     real_forward, real_pack = graphs.forward, cuda_graph.pack_cascade
     monkeypatch.setattr(graphs, "forward", lambda batch, groups=None: offered.append(groups)

@@ -12,6 +12,7 @@ from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_scheduler
 from radixlang.runtime.request import Req, ReqState, StreamChunk
 from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.engine_core import EngineCore
 from radixlang.runtime.scheduler import Scheduler
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -19,9 +20,13 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 @dataclass
 class Harness:
-    sched: Scheduler
+    core: EngineCore
     tokenizer: object
     chunks: dict[str, list[StreamChunk]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def sched(self) -> Scheduler:
+        return self.core.scheduler
 
     def request(self, rid: str, prompt: str | list[int], **params) -> Req:
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
@@ -35,7 +40,7 @@ class Harness:
             self.sched.add(r)
 
     def step(self):
-        chunks = self.sched.step()
+        chunks = self.core.step()
         self.sched.check_invariants()
         return chunks
 
@@ -60,7 +65,7 @@ def harness(tiny_model_dir, tokenizer):
         options.setdefault("kv_cache_tokens", 2048)
         cfg = EngineConfig.from_options(str(tiny_model_dir), device="cpu", **options)
         parts = create_scheduler(cfg)
-        return Harness(parts.scheduler, parts.tokenizer)
+        return Harness(parts.core, parts.tokenizer)
     return make
 
 
@@ -78,7 +83,7 @@ def solo_outputs(tiny_model_dir):
     cfg = EngineConfig.from_options(str(tiny_model_dir), device="cpu", kv_cache_tokens=4096,
                                     disable_radix_cache=True)
     parts = create_scheduler(cfg)
-    h = Harness(parts.scheduler, parts.tokenizer)
+    h = Harness(parts.core, parts.tokenizer)
     out = {}
     for i, p in enumerate(PROMPTS):
         h.add(h.request(f"solo{i}", p, max_new_tokens=24))
@@ -280,11 +285,11 @@ def test_prefill_only_request_caches_prompt(harness):
 def test_failed_step_aborts_its_requests_and_engine_continues(harness, monkeypatch):
     h = harness()
     h.add(h.request("doomed", PROMPTS[0], max_new_tokens=5))
-    real = h.sched.runner.forward
-    monkeypatch.setattr(h.sched.runner, "forward", lambda chunks: (_ for _ in ()).throw(RuntimeError("boom")))
+    real = h.core.runner.forward
+    monkeypatch.setattr(h.core.runner, "forward", lambda chunks: (_ for _ in ()).throw(RuntimeError("boom")))
     h.step()
     assert h.final("doomed").finish_reason == "abort" and "boom" in h.final("doomed").error
-    monkeypatch.setattr(h.sched.runner, "forward", real)
+    monkeypatch.setattr(h.core.runner, "forward", real)
     h.add(h.request("fine", PROMPTS[0], max_new_tokens=5))
     h.run()
     assert h.final("fine").finish_reason == "length"

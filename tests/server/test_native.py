@@ -246,7 +246,7 @@ def _fail_forward_calls(monkeypatch, runner, from_call: int) -> None:
 
 def test_a_request_that_fails_inside_the_engine_gets_a_500_and_the_engine_keeps_serving(server, monkeypatch):
     expected = server.engine.generate("Hello world", GREEDY)
-    _fail_forward_calls(monkeypatch, server.engine.scheduler.runner, from_call=1)
+    _fail_forward_calls(monkeypatch, server.engine.runner, from_call=1)
     with server.client() as http:
         r = http.post("/generate", json={"text": "Hello world", "sampling_params": GREEDY})
         assert r.status_code == 500 and "injected failure" in r.json()["error"]["message"]
@@ -256,7 +256,7 @@ def test_a_request_that_fails_inside_the_engine_gets_a_500_and_the_engine_keeps_
 
 
 def test_a_stream_that_fails_inside_the_engine_ends_with_an_error_event(server, monkeypatch, read_sse):
-    _fail_forward_calls(monkeypatch, server.engine.scheduler.runner, from_call=4)
+    _fail_forward_calls(monkeypatch, server.engine.runner, from_call=4)
     with server.client() as http, http.stream(
             "POST", "/generate", json={"text": "go", "sampling_params": GREEDY, "stream": True}) as r:
         events = read_sse(r)

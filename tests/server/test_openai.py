@@ -240,7 +240,7 @@ def test_an_unknown_model_is_a_404(server, client):
 
 
 def test_an_engine_failure_is_a_500_and_the_next_request_succeeds(server, client, monkeypatch):
-    runner = server.engine.scheduler.runner
+    runner = server.engine.runner
     real = runner.forward
 
     def fail_once(chunks):

@@ -121,14 +121,14 @@ def test_rolling_back_into_tree_owned_kv_relocks_the_shallower_node(tiny_engine)
         sched.flush()  # forget the reference run, so all is prefilled
         req = tiny_engine._make_req(sub, lambda chunk: None)
         sched.add(req)
-        sched.step()  # prefill: the prompt becomes tree-owned (cached_len == kv_len)
+        tiny_engine.core.step()  # prefill: the prompt becomes tree-owned (cached_len == kv_len)
         assert req.cached_len == req.kv_len == len(req.prompt_ids)
         cut = req.kv_len - 4
         sched.kv.truncate(req, cut)
         assert req.cached_len == cut == req.kv_len
         sched.check_invariants()
         while not req.done:
-            sched.step()
+            tiny_engine.core.step()
         sched.check_invariants()
         return req.output_ids
 

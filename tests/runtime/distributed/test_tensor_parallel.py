@@ -69,7 +69,7 @@ def test_tp2_greedy_tokens_and_logprobs_match_tp1(tp1, tp2):
 
 
 def test_embedding_broadcast_encodes_and_sends_each_key_once(tp2):
-    workers = tp2.scheduler.runner.workers
+    workers = tp2.runner.workers
     cache = BroadcastEmbeddingCache(capacity_mb=24 * 2**-20 * 4 * 2, publish=workers.publish_embedding)  # 2 entries
     encodes: list[bytes] = []
 
@@ -122,7 +122,7 @@ def test_bad_tp_options_are_refused(mqa_model_dir, options, message):
 
 
 def _worker_pid(engine: Engine) -> int:
-    [proc] = engine.scheduler.runner.workers._procs
+    [proc] = engine.runner.workers._procs
     return proc.pid
 
 
@@ -143,5 +143,5 @@ def test_a_dead_or_hung_worker_stops_the_engine_with_a_clear_error(mqa_model_dir
             engine.generate(PROMPTS[0], GREEDY)
     finally:
         engine.shutdown()
-    assert engine.scheduler.runner.workers._procs == []  # every worker is gone, the hung one killed
+    assert engine.runner.workers._procs == []  # every worker is gone, the hung one killed
     engine.check_invariants()

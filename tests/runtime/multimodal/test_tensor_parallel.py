@@ -37,7 +37,7 @@ def test_tp2_greedy_tokens_match_tp1(engine, tp2):
 
 
 def test_a_repeated_image_is_encoded_and_sent_once(tp2):
-    workers = tp2.scheduler.runner.workers
+    workers = tp2.runner.workers
     image = noise_image(23)
     key = tp2.image_prompts.prepare(image).key
     encodes = tp2.image_encoder.counters.encodes

@@ -82,7 +82,7 @@ DRAFTERS = ["scripted", "self-draft"]  # TopTreeDrafter's trees; the tiny model'
 def sample_joint(factory, kind: str, prompt: list[int]) -> tuple[Counter, dict[str, float]]:
     if kind == "scripted":
         engine = factory(seed=1234, max_running_requests=128)
-        engine.scheduler.set_drafter(TopTreeDrafter(prompt))
+        engine.core.set_drafter(TopTreeDrafter(prompt))
     else:
         engine = factory(seed=1234, max_running_requests=128, **SELF_DRAFT)
         draft_every_step(engine.scheduler.drafter)

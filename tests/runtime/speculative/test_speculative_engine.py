@@ -128,7 +128,7 @@ def test_draft_nodes_outside_the_constraint_are_pruned_before_verification(tiny_
     tok = engine.tokenizer
     forbidden = tok.encode(", X.", add_special_tokens=False) + [tok.eos_token_ids[0]]
     drafter = OracleDrafter({f"p{i}": o.output_ids for i, o in enumerate(plain)}, forbidden, seed=0)
-    engine.scheduler.set_drafter(drafter)
+    engine.core.set_drafter(drafter)
     spec = engine.generate(prompts, params, rid=["p0", "p1"])
     assert_same(plain, spec)
     stats = engine.stats()
@@ -173,7 +173,8 @@ class Harness:
         options.setdefault("kv_cache_tokens", 2048)
         cfg = EngineConfig.from_options(str(model_dir), device="cpu", **options)
         parts = create_scheduler(cfg)
-        self.sched, self.tokenizer = parts.scheduler, parts.tokenizer
+        self.core, self.tokenizer = parts.core, parts.tokenizer
+        self.sched = parts.core.scheduler
         self.chunks = defaultdict(list)
 
     def add(self, rid: str, prompt: str, **params) -> Req:
@@ -185,7 +186,7 @@ class Harness:
         return req
 
     def step(self):
-        items = self.sched.step()
+        items = self.core.step()
         self.sched.check_invariants()
         return items
 
@@ -223,7 +224,7 @@ def plain_outputs(tiny_model_dir):
 
 def test_rejected_trees_free_their_slots_every_step(tiny_model_dir, plain_outputs):
     h = Harness(tiny_model_dir, **SPEC)
-    h.sched.set_drafter(JunkDrafter(0))
+    h.core.set_drafter(JunkDrafter(0))
     for i, p in enumerate(PROMPTS):
         h.add(f"r{i}", p)
     trees = 0
@@ -249,22 +250,22 @@ def test_one_step_mixes_tree_items_and_plain_decodes(tiny_model_dir, plain_outpu
 
 def test_aborts_and_a_failed_step_in_the_middle_of_verifies_leak_nothing(tiny_model_dir):
     h = Harness(tiny_model_dir, **SPEC)
-    h.sched.set_drafter(JunkDrafter(1))
+    h.core.set_drafter(JunkDrafter(1))
     reqs = [h.add(f"r{i}", p) for i, p in enumerate(PROMPTS)]
     while not all(r.num_draft for r in reqs[:2]):
         h.step()
     h.sched.abort("r0")  # a draft proposed, its verify not run yet
     h.sched.check_invariants()
-    real_forward = h.sched.runner.forward
+    real_forward = h.core.runner.forward
 
     def failing_forward(batch):
         assert any(item.parents is not None for item in batch.items)
         real_forward(batch)  # the tree's KV is written, then the step fails
         raise RuntimeError("device lost")
 
-    h.sched.runner.forward = failing_forward
+    h.core.runner.forward = failing_forward
     h.step()
-    h.sched.runner.forward = real_forward
+    h.core.runner.forward = real_forward
     assert all(r.done for r in reqs[:2]) and h.chunks["r1"][-1].finish_reason == "abort"
     h.run()
     assert h.sched.kv.num_free_slots + h.sched.kv.cached_tokens == h.sched.kv.num_slots
@@ -272,7 +273,7 @@ def test_aborts_and_a_failed_step_in_the_middle_of_verifies_leak_nothing(tiny_mo
 
 def test_preemption_with_drafts_in_flight_keeps_outputs(tiny_model_dir, plain_outputs):
     h = Harness(tiny_model_dir, kv_cache_tokens=160, **SPEC)
-    h.sched.set_drafter(JunkDrafter(2))
+    h.core.set_drafter(JunkDrafter(2))
     for i, p in enumerate(PROMPTS):
         h.add(f"r{i}", p)
     h.run()

@@ -1,0 +1,80 @@
+"""The scheduler is policy over requests and the KV owner: driven here with no model at all (a step's
+forward is simulated by marking its KV computed), as nano-vllm's scheduler is tested."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from radixlang.runtime.batch import Finish
+from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.kv_manager import KVManager
+from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
+from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.request import Req
+from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.scheduler import Scheduler
+
+CPU = torch.device("cpu")
+CONTEXT = 64
+
+
+@pytest.fixture
+def make(tokenizer):
+    chunks = defaultdict(list)
+
+    def scheduler(pool: int = 128, **options) -> Scheduler:
+        cfg = EngineConfig.from_options("unused", device="cpu", **options)
+        allocator = SlotAllocator(pool, CPU)
+        kv = KVManager(KVPool(pool, 1, 1, 4, torch.float32, CPU), allocator, ReqToToken(4, CONTEXT, CPU),
+                       RadixCache(allocator.free, device=CPU))
+        return Scheduler(cfg, kv, CONTEXT)
+
+    def req(rid: str, n_prompt: int, max_new_tokens: int = 4) -> Req:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+        return Req.create(rid, list(range(10, 10 + n_prompt)), params, tokenizer, chunks[rid].append,
+                          context_length=CONTEXT, seed=0, device=CPU)
+
+    return scheduler, req, chunks
+
+
+def forward(sched: Scheduler, batch) -> None:
+    """What the model step does to the KV owner: the scheduled positions now hold KV."""
+    for item in batch.items:
+        sched.kv.computed(item.req, item.end)
+
+
+def test_nothing_to_schedule_gives_no_batch(make):
+    scheduler, _, _ = make
+    assert scheduler().schedule() is None
+
+
+def test_a_prompt_over_the_prefill_budget_is_chunked_and_resumes_where_it_stopped(make):
+    scheduler, req, _ = make
+    sched = scheduler(max_prefill_tokens=8)
+    r = req("a", 20)
+    sched.add(r)
+    first = sched.schedule()
+    assert [(i.req.rid, i.start, i.length) for i in first.items] == [("a", 0, 8)]
+    forward(sched, first)
+    second = sched.schedule()
+    assert [(i.start, i.length) for i in second.items] == [(8, 8)]
+    sched.check_invariants()
+
+
+def test_apply_ends_the_decided_requests_frees_their_kv_and_sends_the_last_chunk(make):
+    scheduler, req, chunks = make
+    sched = scheduler()
+    a, b = req("a", 6), req("b", 5)
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert {i.req.rid for i in batch.items} == {"a", "b"}
+    forward(sched, batch)
+    sched.apply([Finish(a, "stop", matched=2), Finish(b, "abort", error="gone")])
+    assert a.done and b.done and not sched.has_work and sched.schedule() is None
+    assert [(c[-1].finish_reason, c[-1].matched_stop, c[-1].error) for c in (chunks["a"], chunks["b"])] == [
+        ("stop", 2, None), ("abort", None, "gone")]
+    sched.check_invariants()
+    assert sched.kv.num_free_slots + sched.kv.cached_tokens == sched.kv.num_slots
