@@ -90,3 +90,27 @@ def test_bad_retention_options_are_refused_naming_the_field(tiny_engine_factory)
     engine = tiny_engine_factory()
     with pytest.raises(ValueError, match="prompt_cache_key"):
         engine.generate("hi", GREEDY, cache_key="")
+
+
+def test_a_host_tier_restore_gives_the_tokens_and_logprobs_of_a_recompute(tiny_engine_factory):
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    prompt = words(6, 240)
+    hosted = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=4096)
+    fresh = hosted.generate(prompt, params, return_logprob=True, top_logprobs_num=5)
+    flood(hosted)  # the prompt's KV leaves the device pool for the host tier
+    assert hosted.stats()["host_cache_tokens"] >= fresh.meta.prompt_tokens
+    restored = hosted.generate(prompt, params, return_logprob=True, top_logprobs_num=5)
+    stats = hosted.stats()
+    assert restored.meta.cached_tokens == fresh.meta.prompt_tokens - 1  # all but the last token, copied back
+    assert stats["host_restored_tokens_total"] >= restored.meta.cached_tokens - 5  # the flood kept "w" on device
+    assert stats["recomputed_cached_tokens_total"] == 0
+    assert restored.output_ids == fresh.output_ids
+    for a, b in zip(fresh.meta.output_logprobs, restored.meta.output_logprobs, strict=True):
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-4)
+    plain = tiny_engine_factory(kv_cache_tokens=POOL)  # the control: no host tier, the same story
+    plain.generate(prompt, params)
+    flood(plain)
+    again = plain.generate(prompt, params)
+    assert again.meta.cached_tokens < 5 and again.output_ids == fresh.output_ids
+    assert plain.stats()["recomputed_cached_tokens_total"] >= fresh.meta.prompt_tokens - 5
