@@ -3,6 +3,8 @@
 request's pin dropped when its client disconnects."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 openai = pytest.importorskip("openai", reason="the openai SDK is the peer client")
@@ -96,3 +98,27 @@ def test_bad_session_fields_are_refused_naming_them(session_server):
         r = http.post("/v1/prompt_cache/release", json={})
         assert r.status_code in (400, 422) and "prompt_cache_key" in r.text
     session_server.wait_idle()
+
+
+def test_a_server_side_program_pins_while_it_runs_and_nothing_once_disconnected(session_server):
+    import json
+
+    import radixlang as rl
+
+    @rl.function
+    def two_steps(s):
+        s += words(5, 90) + rl.gen("first", max_tokens=3, temperature=0, ignore_eos=True)
+        s += " then" + rl.gen("second", max_tokens=600, temperature=0, ignore_eos=True)
+
+    body = {"program": two_steps.trace().to_dict(), "stream": True}
+    with session_server.client() as http, http.stream("POST", "/v1/programs", json=body) as r:
+        for line in r.iter_lines():
+            event = json.loads(line.removeprefix("data: ")) if line.startswith("data: {") else {}
+            if event.get("event") == "var" and event.get("name") == "first":
+                break
+        assert session_server.engine.stats()["kv_pins"] == 1  # the state's sequence, while "second" runs
+    session_server.wait_idle()  # the client left: the run was cancelled
+    deadline = time.monotonic() + 10  # its program thread releases the pins as the run ends
+    while session_server.engine.stats()["kv_pins"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert session_server.engine.stats()["kv_pinned_tokens"] == 0
