@@ -1,4 +1,5 @@
-# Two entry points: `make demo` (main job on the default model) and `make test`.
+# Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
+# no e2e, real model, compile check or process groups; a few minutes) and `make test` (everything; CI).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,4 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-.PHONY: install demo test
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+.PHONY: install demo test test-fast

@@ -17,9 +17,7 @@ either one missing is reported and skipped.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,10 +25,9 @@ import torch
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.loader import default_model_path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import agreement, perplexity, reference_run  # noqa: E402
-from hf_baseline import load_causal_lm  # noqa: E402
-from radix_cache import DECODE_PROMPTS, few_shot_prompts  # noqa: E402  (the cache benchmark's workloads)
+from radixlang.benchmark.fidelity import agreement, perplexity, reference_run
+from radixlang.benchmark.hf_baseline import load_causal_lm
+from radixlang.benchmark.radix_cache import DECODE_PROMPTS, few_shot_prompts  # the cache benchmark's workloads
 
 MODES = ("none", "auto", "int8", "int4")
 GREEDY = {"temperature": 0, "ignore_eos": True}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,7 @@ import torch
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.loader import default_model_path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_baseline import load_causal_lm  # noqa: E402  (one loader for every transformers baseline)
+from radixlang.benchmark.hf_baseline import load_causal_lm  # one loader for every transformers baseline
 
 PROMPTS = json.loads((Path(__file__).parents[1] / "tests" / "data" / "hf_greedy_smollm2.json").read_text())["cases"]
 # A fixed text for perplexity (written for this benchmark): plain encyclopedic prose, ~250 tokens

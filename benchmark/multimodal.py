@@ -19,7 +19,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.multimodal.random_checkpoint import write_random_llava
+from radixlang.testing.random_llava import write_random_llava
 
 CONFIGS = {
     "both caches": {},

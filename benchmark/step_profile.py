@@ -38,8 +38,7 @@ from typing import Callable
 from radixlang.runtime import output_processor
 from radixlang.runtime.engine import Engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from radix_cache import DECODE_PROMPTS  # noqa: E402  (the cache benchmark's prompts)
+from radixlang.benchmark.radix_cache import DECODE_PROMPTS  # the cache benchmark's prompts
 
 PARTS = ("step", "model", "logits", "sampler", "runner", "plan", "plan_decode", "schedule", "process", "sample",
          "release")
@@ -120,7 +119,7 @@ def prompts_for(rows: int) -> list[str]:
 
 def random_model(shape: str, folder: Path) -> Path:
     """A random-weight model of the named shape with SmolLM2's tokenizer, written under `folder`."""
-    from radixlang.runtime.models.random_llama import SMOLLM2_135M, TINY_CONFIG, smollm2_tokenizer, tiny_weights, \
+    from radixlang.testing.random_llama import SMOLLM2_135M, TINY_CONFIG, smollm2_tokenizer, tiny_weights, \
         write_hf_folder
 
     cfg = {"tiny": TINY_CONFIG, "smollm2-135m": SMOLLM2_135M}[shape]

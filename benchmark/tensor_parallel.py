@@ -8,14 +8,11 @@ the mechanism's overhead rather than a speedup; on GPUs each rank has its own de
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 from radixlang.runtime.engine import Engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from radix_cache import DECODE_PROMPTS as PROMPTS  # noqa: E402  (the same 16 prompts as the cache benchmark)
+from radixlang.benchmark.radix_cache import DECODE_PROMPTS as PROMPTS  # the same 16 prompts as the cache benchmark
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 import radixlang as rl
-from radixlang.runtime.multimodal.random_checkpoint import write_random_llava
+from radixlang.testing.random_llava import write_random_llava
 
 TOOLS = ["describe", "count objects", "read text"]
 

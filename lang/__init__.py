@@ -1,7 +1,8 @@
 """The radixlang language: programs of gen / select / fork / image / roles, traced to IR, run on a backend."""
 from .api import (assistant, assistant_begin, assistant_end, flush_cache, gen, gen_int, gen_string, image, select,
                   system, system_begin, system_end, user, user_begin, user_end)
-from .backend import Backend, GenDelta, StateView, set_default_backend
+from .backend import Backend, GenDelta, StateView
+from .default_backend import set_default_backend
 from .choices import (ChoicesDecision, ChoicesSamplingMethod, greedy_token_selection, token_length_normalized,
                       unconditional_likelihood_normalized)
 from .endpoint import Endpoint, RuntimeEndpoint

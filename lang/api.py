@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from .choices import method_key, token_length_normalized
+from .default_backend import as_backend
 from .images import load_image
 from .gen_params import GEN_FIELDS, GenParams, stop_list
 from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, check_select,
@@ -142,6 +143,4 @@ def _schema_text(schema: Any) -> str | None:
 
 def flush_cache(backend: Any = None) -> bool:
     """Drops the backend's cached prefixes that are not in use (default backend if none given)."""
-    from .backend import as_backend
-
     return as_backend(backend).flush_cache()

@@ -6,8 +6,6 @@ States forked from one another share KV only through the runtime's radix cache, 
 """
 from __future__ import annotations
 
-import sys
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, runtime_checkable
 
@@ -68,32 +66,3 @@ def reject_images(state: StateView, model: str) -> None:
     if state.images:
         raise ValueError(f"model {model!r} does not support images, and this program sends "
                          f"{len(state.images)}; use a vision model")
-
-
-_default: Backend | None = None
-_default_lock = threading.Lock()
-
-
-def set_default_backend(backend: Any) -> None:
-    """The backend `run` uses when none is passed: a Runtime, Endpoint, Engine or any Backend."""
-    global _default
-    wrapped = as_backend(backend)
-    with _default_lock:
-        _default = wrapped
-
-
-def as_backend(backend: Any) -> Backend:
-    """A Backend from a backend, an in-process Engine, or None (the default backend)."""
-    if backend is None:
-        with _default_lock:
-            if _default is None:
-                raise ValueError("no backend: pass backend=... or call set_default_backend(...) first")
-            return _default
-    engine_module = sys.modules.get("radixlang.runtime.engine")
-    if engine_module is not None and isinstance(backend, engine_module.Engine):
-        from .engine_backend import EngineBackend
-
-        return EngineBackend(backend)
-    if not isinstance(backend, Backend):
-        raise TypeError(f"backend must be a Runtime, Endpoint, Engine or Backend, got {type(backend).__name__}")
-    return backend

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from tqdm import tqdm
 
-from .backend import as_backend
+from .default_backend import as_backend
 from .images import load_image
 from .gen_params import GenParams, sampling_defaults
 from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices

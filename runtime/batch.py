@@ -8,7 +8,7 @@ import torch
 
 from ..kernels.backend import AttentionBatch
 from .request import Req
-from .speculative.tree import depths
+from .draft_tree import depths
 
 
 @dataclass(slots=True)

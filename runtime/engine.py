@@ -14,6 +14,7 @@ from .constrained.compiler import ConstraintCompiler
 from .constrained.vocab import TokenVocab
 from .pins import Retention, with_retention
 from .request import Req, StreamChunk
+from .request_factory import create_req
 from .scheduler_thread import SchedulerThread
 from .submission import Submission, SubmissionBatch, sample_rids
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
@@ -89,7 +90,7 @@ class Engine:
         if seed is None:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
-        req = Req.create(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
+        req = create_req(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
                          context_length=self.context_length, seed=seed, device=self.device,
                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)

@@ -18,7 +18,7 @@ from .request import Req
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
 from .counters import SchedulerCounters
 from .speculative.drafter import Drafter
-from .speculative.tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
+from .draft_tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
                                constraint_states, paths)
 
 T = TypeVar("T")

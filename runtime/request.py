@@ -1,22 +1,55 @@
-"""A request as the scheduler sees it, and what it reports back each step."""
+"""A request as the scheduler sees it, and what it reports back each step.
+
+A leaf of the runtime: it imports no feature package (constrained/, multimodal/, speculative/); a
+request's constraint is typed by the `ConstraintCursor` protocol, and `request_factory.create_req`
+builds requests with their feature state.
+
+The lengths of a request, each in tokens (the KV ones are assigned only by the KV owner,
+runtime/kv_manager.py):
+  len(prompt_ids)   the prompt, image spans expanded;
+  len(output_ids)   verified output tokens (a draft's unverified tokens trail them while `draft` is set:
+                    `num_draft` of them);
+  fill_len          prompt + output: the sequence whose KV the request is building;
+  kv_len            positions whose KV is computed (kv_len <= slot_len, kv_len <= fill_len);
+  slot_len          positions with KV slots allocated (a step in flight computes [kv_len, slot_len));
+  cached_len        positions held by the radix tree, locked through `last_node` (cached_len <= kv_len);
+  cached_tokens     prompt tokens found in the cache at admission (reported to the caller, never changes).
+  pending           fill_len - kv_len: tokens whose KV is still to be computed.
+"""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-import torch
-
-from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
+from .draft_tree import Draft
+from .image_span import ImageSpan
 from .memory import SwappedKV
-from .multimodal.prompt import ImageSpan, text_ids
-from .pins import Retention
 from .radix_cache import TreeNode
 from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
-from .speculative.tree import Draft
-from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .pins import Retention
+
+
+class ConstraintCursor(Protocol):
+    """A request's position in its constraint (constrained/matcher.Matcher): what the step loop asks."""
+
+    constraint: Any  # the compiled constraint (constrained/matcher.Constraint): advance(state, token)
+    end_ids: tuple[int, ...]  # EOS ids that may end the output where the constraint can end
+
+    @property
+    def state(self) -> Any: ...
+
+    def mask_words(self, state: Any) -> Any: ...
+
+    def is_complete(self, state: Any = None) -> bool: ...
+
+    def advance(self, token_id: int) -> bool: ...
+
+    def forced_bytes(self) -> bytes: ...
 
 
 class ReqState(enum.Enum):
@@ -73,7 +106,7 @@ class Req(KVFields):
     return_logprob: bool = False
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
-    constraint: Matcher | None = None  # regex / JSON schema / grammar position; None: unconstrained
+    constraint: ConstraintCursor | None = None  # regex / JSON schema / grammar position; None: unconstrained
     draft: Draft | None = None  # the trailing output_ids are a draft tree's nodes, not yet verified
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
     retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
@@ -83,38 +116,9 @@ class Req(KVFields):
     cached_tokens: int = 0  # prompt tokens reused from the cache (reported)
     input_logprobs: list[TokenLogprob] = field(default_factory=list)  # from prompt_logprob_from + 1 on
 
-    @classmethod
-    def create(cls, rid: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
-               sink: Callable[[StreamChunk], None], *, context_length: int, seed: int,
-               device: torch.device, return_logprob: bool = False, logprob_start_len: int = -1,
-               top_logprobs_num: int = 0, constraint: Constraint | None = None,
-               images: list[ImageSpan] | None = None) -> "Req":
-        """A request with its sampler, constraint and detokenizer state; `params` must be validated."""
-        token_ids = text_ids(prompt_ids) if images else prompt_ids
-        sampling = SamplingState.create(params, token_ids, tokenizer.eos_token_ids,
-                                        tokenizer.vocab_size, device, seed)
-        matcher = None
-        if constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
-            end_ids = tuple(i for i in constraint.vocab.end_ids if i in sampling.stop_ids)
-            matcher = Matcher(constraint, end_ids)
-        return cls(
-            rid=rid,
-            prompt_ids=prompt_ids,
-            params=params,
-            sampling=sampling,
-            constraint=matcher,
-            detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
-                                         trim_stop=not params.no_stop_trim, context_ids=token_ids),
-            sink=sink,
-            max_new_tokens=min(params.max_new_tokens, context_length - len(prompt_ids)),
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            images=list(images or ()),
-        )
-
     @property
     def fill_len(self) -> int:
+        """Prompt + output (with any draft): see the module's list of lengths."""
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property

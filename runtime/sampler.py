@@ -210,14 +210,6 @@ def _bit_index(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Te
     return token >> 5, (token & 31).to(torch.int32)
 
 
-def pack_mask(allowed: np.ndarray) -> np.ndarray:
-    """Bool [vocab] -> int32 [ceil(vocab/32)]: bit i of word w allows token 32w + i."""
-    bits = np.packbits(allowed, bitorder="little")
-    words = np.zeros(((len(bits) + 3) // 4) * 4, dtype=np.uint8)
-    words[:len(bits)] = bits
-    return words.view("<i4")
-
-
 def apply_bitmask(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     """Constraint masks: one [rows, ceil(vocab/32)] int32 bitmask, one host-to-device copy, in place."""
     if all(s.mask is None for s in rows):

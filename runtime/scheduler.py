@@ -8,6 +8,7 @@ processor between the two. Every state change of a request happens on the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable, Protocol
 
 import torch
 
@@ -18,11 +19,21 @@ from .kv_manager import KVManager
 from .radix_cache import RadixCache
 from .request import Req, ReqState
 from .schedule_policy import order_waiting
-from .speculative.drafter import Drafter
-from .speculative.tree import item_parents
+from .draft_tree import item_parents
 from .counters import SchedulerCounters
 
 RESERVE_CLIP = 4096  # cap on one request's reserved future tokens
+
+
+class DraftState(Protocol):
+    """What the scheduler asks of the drafter (speculative/drafter.Drafter), which holds per-request state
+    (a draft model's KV) that must end when the request leaves the running set."""
+
+    def forget(self, req: Req, finished: bool) -> None: ...
+
+    def flush(self) -> bool: ...
+
+    def check(self, running: Iterable[Req]) -> None: ...
 
 
 @dataclass
@@ -30,7 +41,7 @@ class Scheduler:
     cfg: EngineConfig
     kv: KVManager
     context_length: int
-    drafter: Drafter | None = None  # None: no speculative decoding; else it holds state (draft KV) per request
+    drafter: DraftState | None = None  # None: no speculative decoding
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)

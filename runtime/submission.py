@@ -12,7 +12,7 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from .constrained.matcher import Constraint
-    from .multimodal.prompt import ImageSpan
+    from .image_span import ImageSpan
     from .pins import Retention
 
 

@@ -37,7 +37,7 @@ _GGUF_PRE_SPLITS: dict[str, str | None] = {
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable-character table used by byte-level BPE."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))
@@ -51,7 +51,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
 
 
 def _render_env() -> jinja2.Environment:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .constrained.compiler import ConstraintCompiler
-from .multimodal.prompt import ImagePrompts, ImageSpan, images_per_prompt
+from .image_span import ImageSpan
+from .multimodal.prompt import ImagePrompts, images_per_prompt
 from .sampling_params import SamplingParams
 from .submission import CheckedSampling, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer

@@ -18,7 +18,7 @@ from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .model_runner import ModelRunner
 from .models.compiled import compile_layers
-from .models.loader import load_model
+from .model_loading import load_model
 from .models.quant import quantize_model
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts

@@ -11,8 +11,24 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a 
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
-from radixlang.runtime.models.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
+from radixlang.testing.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
 from radixlang.runtime.tokenizer import Tokenizer
+
+# `make test-fast` leaves these out (-m "not slow"): the real model, live servers, the Triton compile
+# check and interpreter, process groups; each file here takes tens of seconds on a 2-core machine
+SLOW_FILES = {
+    "tests/kernels/test_compile_check.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(str(config.rootpath))
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        if (path.startswith("tests/e2e/") or path in SLOW_FILES or item.get_closest_marker("e2e")
+                or "smollm_engine" in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 # SGLang's "character generator" regex: Unicode [\w\d\s]{1,16} fields in a JSON-like template
 CHARACTER_REGEX = (

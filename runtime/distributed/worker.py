@@ -21,7 +21,7 @@ from ...kernels.registry import create_backend
 from ..config import EngineConfig
 from ..memory import KVPool
 from ..model_runner import ModelRunner, StepInputs
-from ..models.loader import load_model
+from ..model_loading import load_model
 from ..multimodal.prompt import embed_parts
 from .embedding_cache import EmbeddingMirror
 from .group import TensorParallel, connect_store

@@ -40,17 +40,14 @@ def default_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
 
 
-def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
-               tp: TensorParallel | None = None, keep_blocks: bool = False) -> LoadedModel:
-    """`tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
+def load_language_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
+                        tp: TensorParallel | None = None, keep_blocks: bool = False) -> LoadedModel:
+    """A GGUF file or an HF folder of a language model (runtime/model_loading.py also takes vision folders).
+    `tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
     Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels)."""
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
-    if path.is_dir() and _is_vision_folder(path):
-        from ..multimodal.loader import load_vision_language
-
-        return load_vision_language(path, device, dtype, tp)
     blocks: dict[str, GroupQuant] = {}
     if path.is_dir():
         cfg, weights, tokenizer = read_hf_dir(path)
@@ -209,12 +206,6 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     if not config_path.exists():
         raise ValueError(f"HF model folder {str(path)!r} has no config.json")
     return json.loads(config_path.read_text())
-
-
-def _is_vision_folder(path: Path) -> bool:
-    from ..multimodal.loader import VISION_ARCHS
-
-    return any(a in VISION_ARCHS for a in read_hf_config(path).get("architectures") or [])
 
 
 def read_hf_dir(path: Path, hf: dict[str, Any] | None = None):

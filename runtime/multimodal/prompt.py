@@ -7,27 +7,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from ..image_span import ImageSpan
 from .identity import ImageKeyer, is_image_key, span_keys
 
 if TYPE_CHECKING:
     from ..batch import StepBatch
     from .loader import VisionModel
-
-
-@dataclass(frozen=True, slots=True)
-class ImageSpan:
-    """Positions [offset, offset + length) of a prompt hold rows [embed_offset, embed_offset + length) of
-    the embeddings of the image named `key` (an image split into tiles has one span per tile)."""
-
-    offset: int
-    length: int
-    key: int
-    pixels: torch.Tensor  # the image's pixels, encoded only when no cache holds its embeddings
-    embed_offset: int = 0
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
 
 
 @dataclass(frozen=True, slots=True)

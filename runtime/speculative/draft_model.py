@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..models.llama import ForwardContext, LlamaForCausalLM
-from ..models.loader import LoadedModel, load_model
+from ..model_loading import load_model
+from ..models.loader import LoadedModel
 
 
 class EarlyExit(nn.Module):

@@ -13,7 +13,7 @@ from ..config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from ..request import Req
 from .ngram import NgramTrie
 from .pacing import Pacing
-from .tree import DraftTree
+from ..draft_tree import DraftTree
 
 if TYPE_CHECKING:
     from ..models.loader import LoadedModel

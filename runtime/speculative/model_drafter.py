@@ -33,7 +33,7 @@ from ..radix_cache import RadixCache
 from ..request import KVFields, Req
 from .draft_model import DraftLM, EarlyExit, load_standalone, weights_per_token
 from .pacing import Pacing
-from .tree import DraftTree, best_nodes, depths, subtree, with_ancestors
+from ..draft_tree import DraftTree, best_nodes, depths, subtree, with_ancestors
 
 
 @dataclass(eq=False)

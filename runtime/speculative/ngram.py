@@ -6,7 +6,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
-from .tree import DraftTree
+from ..draft_tree import DraftTree
 
 
 @dataclass(slots=True)

@@ -262,7 +262,7 @@ def test_run_checks_arguments_before_starting(backend, monkeypatch):
         prog.run("a", "b", backend=backend)
     with pytest.raises(ValueError, match="unknown sampling default"):
         rl.lang.interpreter.sampling_defaults({"temprature": 0})
-    monkeypatch.setattr(rl.lang.backend, "_default", None)
+    monkeypatch.setattr(rl.lang.default_backend, "_default", None)
     with pytest.raises(ValueError, match="no backend"):
         prog.run("q")
 

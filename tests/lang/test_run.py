@@ -135,7 +135,7 @@ def test_run_batch_validates_its_input(backend):
 
 
 def test_default_backend(backend, monkeypatch):
-    monkeypatch.setattr(rl.lang.backend, "_default", None)
+    monkeypatch.setattr(rl.lang.default_backend, "_default", None)
     rl.set_default_backend(backend.engine)  # an Engine is wrapped
     assert ask.run(question="Where is Peru?")["answer"]
     with pytest.raises(TypeError, match="backend must be"):

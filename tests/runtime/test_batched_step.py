@@ -9,6 +9,7 @@ from radixlang.runtime import output_processor, sampler
 from radixlang.runtime.batch import ScheduledItem, StepBatch
 from radixlang.runtime.output_processor import OutputProcessor
 from radixlang.runtime.request import Req
+from radixlang.runtime.request_factory import create_req
 from radixlang.runtime.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
@@ -123,7 +124,7 @@ def test_greedy_fast_path_gives_the_full_samplers_tokens_and_stops(tiny_engine_f
 def test_root_row_is_the_general_rows_of_a_request_with_no_draft_or_constraint(tokenizer, params, logprobs):
     """The per-row shortcut for undrafted, unconstrained requests against `_sample_rows`, as the output grows."""
     sp = SamplingParams(**params)
-    req = Req.create("r", tokenizer.encode("Hi there"), sp, tokenizer, lambda c: None, context_length=64, seed=3,
+    req = create_req("r", tokenizer.encode("Hi there"), sp, tokenizer, lambda c: None, context_length=64, seed=3,
                      device=torch.device("cpu"), return_logprob=logprobs, top_logprobs_num=2 if logprobs else 0)
     for token in [11, 12, 13, 14]:
         [general] = OutputProcessor._sample_rows(req)

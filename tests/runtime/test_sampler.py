@@ -11,8 +11,9 @@ import torch
 
 from radixlang.runtime import sampler as sampler_module
 from radixlang.runtime.sampler import (SampleRow, SamplingState, ScoreRow, apply_bitmask, apply_penalties,
-                                       pack_mask, process_logits, sample_step, sample_tokens,
+                                       process_logits, sample_step, sample_tokens,
                                        token_distribution, uniform)
+from radixlang.testing.masks import pack_mask
 from radixlang.runtime.sampling_params import SamplingParams
 
 from .sampler_reference import distribution

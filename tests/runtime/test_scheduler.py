@@ -11,6 +11,7 @@ import torch
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_scheduler
 from radixlang.runtime.request import Req, ReqState, StreamChunk
+from radixlang.runtime.request_factory import create_req
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.engine_core import EngineCore
 from radixlang.runtime.scheduler import Scheduler
@@ -32,7 +33,7 @@ class Harness:
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
         sp = SamplingParams.from_any({**GREEDY, **params})
         sp.validate(self.tokenizer.vocab_size, self.sched.context_length)
-        return Req.create(rid, ids, sp, self.tokenizer, self.chunks[rid].append,
+        return create_req(rid, ids, sp, self.tokenizer, self.chunks[rid].append,
                           context_length=self.sched.context_length, seed=0, device=torch.device("cpu"))
 
     def add(self, *reqs: Req) -> None:

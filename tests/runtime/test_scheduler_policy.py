@@ -13,6 +13,7 @@ from radixlang.runtime.kv_manager import KVManager
 from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import Req
+from radixlang.runtime.request_factory import create_req
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.scheduler import Scheduler
 
@@ -33,7 +34,7 @@ def make(tokenizer):
 
     def req(rid: str, n_prompt: int, max_new_tokens: int = 4) -> Req:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
-        return Req.create(rid, list(range(10, 10 + n_prompt)), params, tokenizer, chunks[rid].append,
+        return create_req(rid, list(range(10, 10 + n_prompt)), params, tokenizer, chunks[rid].append,
                           context_length=CONTEXT, seed=0, device=CPU)
 
     return scheduler, req, chunks

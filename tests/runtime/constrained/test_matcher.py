@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from radixlang.runtime.constrained.matcher import Matcher
-from radixlang.runtime.sampler import pack_mask
+from radixlang.testing.masks import pack_mask
 
 SPECS = [("regex", r'\{"a":[0-9]{1,3}(,"b":"[a-z]{0,4}")?\}', b'{"a":12}'),
          ("json_schema", {"type": "object", "properties": {"kid": {"$ref": "#"}, "n": {"type": "integer"}}},

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import torch
 
-from radixlang.runtime.tokenizer import _bytes_to_unicode
+from radixlang.runtime.tokenizer import bytes_to_unicode
 
 from .hf_tiny import SPECIAL_TOKENS
 
@@ -49,7 +49,7 @@ def random_k_blocks(qtype, rows: int, cols: int, rng: np.random.Generator) -> np
 
 def byte_tokenizer_metadata(writer: gguf.GGUFWriter) -> None:
     """hf_tiny's byte-level tokenizer as GGUF metadata (one merge: gguf needs the key)."""
-    tokens = list(_bytes_to_unicode().values()) + SPECIAL_TOKENS + ["ab"]
+    tokens = list(bytes_to_unicode().values()) + SPECIAL_TOKENS + ["ab"]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

@@ -8,7 +8,7 @@ import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixlang.runtime.tokenizer import _bytes_to_unicode
+from radixlang.runtime.tokenizer import bytes_to_unicode
 
 # the special tokens of every family the chat-template tests render
 SPECIAL_TOKENS = ["<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -21,7 +21,7 @@ BASE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hi
 
 def byte_tokenizer() -> HFTokenizer:
     """Byte-level BPE without merges: one token per byte, plus the family special tokens."""
-    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

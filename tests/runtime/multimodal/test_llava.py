@@ -143,7 +143,7 @@ def test_prompt_logprobs_score_text_after_the_images_only(engine):
 
 
 def test_the_random_checkpoint_writer_makes_a_folder_transformers_reads_the_same(tmp_path):
-    from radixlang.runtime.multimodal.random_checkpoint import RandomLlavaSize, write_random_llava
+    from radixlang.testing.random_llava import RandomLlavaSize, write_random_llava
 
     path = write_random_llava(tmp_path / "random", RandomLlavaSize(64, 2, 28, 14, 32, 2), seed=5)
     model = transformers.LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()

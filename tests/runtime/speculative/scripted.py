@@ -6,7 +6,7 @@ from typing import Iterable
 
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.pacing import Pacing
-from radixlang.runtime.speculative.tree import DraftTree
+from radixlang.runtime.draft_tree import DraftTree
 
 
 class ScriptedDrafter:

@@ -15,7 +15,7 @@ import torch
 
 from radixlang.runtime import output_processor
 from radixlang.runtime.request import Req
-from radixlang.runtime.speculative.tree import DraftTree
+from radixlang.runtime.draft_tree import DraftTree
 
 from .scripted import ScriptedDrafter, draft_every_step
 

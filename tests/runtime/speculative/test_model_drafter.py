@@ -12,7 +12,7 @@ import torch
 from radixlang.runtime.config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.pacing import Pacing
-from radixlang.runtime.speculative.tree import best_nodes, subtree
+from radixlang.runtime.draft_tree import best_nodes, subtree
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder
 from ..models.test_llama import dense_logits

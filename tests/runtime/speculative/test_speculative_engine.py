@@ -14,9 +14,10 @@ from radixlang.runtime import output_processor
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_scheduler
 from radixlang.runtime.request import Req
+from radixlang.runtime.request_factory import create_req
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.speculative.drafter import NgramDrafter
-from radixlang.runtime.speculative.tree import DraftTree
+from radixlang.runtime.draft_tree import DraftTree
 
 from .scripted import ScriptedDrafter
 
@@ -180,7 +181,7 @@ class Harness:
     def add(self, rid: str, prompt: str, **params) -> Req:
         sp = SamplingParams.from_any({**GREEDY, **params})
         sp.validate(self.tokenizer.vocab_size, self.sched.context_length)
-        req = Req.create(rid, self.tokenizer.encode(prompt), sp, self.tokenizer, self.chunks[rid].append,
+        req = create_req(rid, self.tokenizer.encode(prompt), sp, self.tokenizer, self.chunks[rid].append,
                          context_length=self.sched.context_length, seed=0, device=torch.device("cpu"))
         self.sched.add(req)
         return req
@@ -283,7 +284,7 @@ def test_preemption_with_drafts_in_flight_keeps_outputs(tiny_model_dir, plain_ou
 
 def bare_req(tokenizer, rid: str, prompt: str | list[int]) -> Req:
     ids = prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
-    return Req.create(rid, ids, SamplingParams.from_any(GREEDY), tokenizer, lambda chunk: None,
+    return create_req(rid, ids, SamplingParams.from_any(GREEDY), tokenizer, lambda chunk: None,
                       context_length=1024, seed=0, device=torch.device("cpu"))
 
 

@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..models.llama import LlamaConfig, LlamaForCausalLM
-from ..tokenizer import _bytes_to_unicode
-from .llava import LLAVA, LlavaConfig, LlavaVision
-from .vision import CLIP, VisionConfig
+from ..runtime.models.llama import LlamaConfig, LlamaForCausalLM
+from ..runtime.tokenizer import bytes_to_unicode
+from ..runtime.multimodal.llava import LLAVA, LlavaConfig, LlavaVision
+from ..runtime.multimodal.vision import CLIP, VisionConfig
 
 SPECIALS = ["<s>", "</s>", "<image>"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'].upper() }}: {{ m['content'] }}\n{% endfor %}"
@@ -67,7 +67,7 @@ def write_random_llava(path: Path, size: RandomLlavaSize = RandomLlavaSize(), se
 def _write_tokenizer(path: Path) -> tuple[int, int]:
     """Byte-level BPE without merges (one token per byte) plus the specials; returns the ids of <image>
     and </s>."""
-    tok = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(_bytes_to_unicode().values())}, merges=[]))
+    tok = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(bytes_to_unicode().values())}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])

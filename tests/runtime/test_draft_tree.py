@@ -1,7 +1,7 @@
 """Draft tree helpers: item parents, paths, pruning and the acceptance walk, against hand-built trees."""
 from __future__ import annotations
 
-from radixlang.runtime.speculative.tree import (DraftTree, accept_path, best_nodes, chain, item_parents, paths, prune,
+from radixlang.runtime.draft_tree import (DraftTree, accept_path, best_nodes, chain, item_parents, paths, prune,
                                                subtree, with_ancestors)
 
 # root -> 10 (0) -> 11 (2) -> 12 (4)

@@ -1,4 +1,5 @@
-"""A draft token tree and the pure functions over it: paths, constraint states, pruning, acceptance.
+"""A draft token tree (a leaf: step data that the request, the batch, the output processor and the drafters
+share) and the pure functions over it: paths, constraint states, pruning, acceptance.
 
 A draft is a list of nodes, each a token with the index of its parent node (-1: the request's last
 verified token, the root). Parents come before children, so any prefix of the nodes is a tree too.
