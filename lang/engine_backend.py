@@ -12,7 +12,7 @@ from .ir import Gen
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine
-    from ..runtime.pins import Retention
+    from ..runtime.submission import Retention
     from ..runtime.sampler import TokenLogprob
 
 
@@ -116,7 +116,7 @@ def _retention(state: StateView) -> "Retention | None":
     or the run ends; the engine's prompt_cache_retention bounds a run that never says it ended."""
     if state.owner is None:
         return None
-    from ..runtime.pins import Retention
+    from ..runtime.submission import Retention
 
     return Retention(state.owner, group=state.owner.rsplit("/", 1)[0])
 

@@ -12,11 +12,10 @@ from .completion import Collector, Completion, CompletionMeta, collecting_sink
 from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.vocab import TokenVocab
-from .pins import Retention, with_retention
 from .request import Req, StreamChunk
 from .request_factory import create_req
 from .scheduler_thread import SchedulerThread
-from .submission import Submission, SubmissionBatch, sample_rids
+from .submission import Retention, Submission, SubmissionBatch, sample_rids, with_retention
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 

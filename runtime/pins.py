@@ -14,38 +14,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import Callable
 
 from .radix_cache import RadixCache, TreeNode
-
-if TYPE_CHECKING:
-    from .submission import SubmissionBatch
-
-
-SESSION = "session:"  # owner prefix of a prompt_cache_key session (programs use "program:")
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    """What a request asks to keep once it finishes: its whole sequence pinned for `owner`."""
-
-    owner: str
-    group: str | None = None  # released together; None: the owner alone
-    ttl: float | None = None  # seconds; None: the engine's prompt_cache_retention; math.inf: until released
-
-    @classmethod
-    def session(cls, key: str) -> "Retention":
-        return cls(SESSION + key)
-
-
-def with_retention(batch: "SubmissionBatch", retain: "Retention | str") -> "SubmissionBatch":
-    """`batch` with each request's finished sequence kept for `retain` (a str: a session key)."""
-    if isinstance(retain, str):
-        if not retain:
-            raise ValueError("prompt_cache_key must be a non-empty string")
-        retain = Retention.session(retain)
-    return replace(batch, requests=[replace(s, retain=retain) for s in batch.requests])
 
 
 @dataclass(slots=True)

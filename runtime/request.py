@@ -31,7 +31,7 @@ from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from .pins import Retention
+    from .submission import Retention
 
 
 class ConstraintCursor(Protocol):
