@@ -24,6 +24,7 @@ from .request import Req
 
 
 HISTORY_POOLS = 4  # evicted token paths remembered (no KV), in pool sizes: "recomputed, was cached" counts these
+HISTORY_MAX_TOKENS = 1 << 21  # ... and at most this many (a token of a remembered path costs ~40 host bytes)
 MIN_RESTORE = 16  # fewer host-tier tokens than this are recomputed: a copy's fixed cost would exceed theirs
 
 
@@ -33,7 +34,7 @@ class KVManager:
         self.pool, self.allocator, self.req_to_token, self.cache = pool, allocator, req_to_token, cache
         self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction))
         self.host = HostTier(host_tokens, pool.k_buffers, pool.v_buffers) if host_tokens else None
-        self.evicted = EvictedPrefixes(HISTORY_POOLS * pool.num_slots + host_tokens)
+        self.evicted = EvictedPrefixes(min(HISTORY_POOLS * pool.num_slots, HISTORY_MAX_TOKENS) + host_tokens)
         self.min_restore = min_restore
         cache.on_evict = self._on_evict
 
