@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--max-turns", type=int, default=12)
     parser.add_argument("--max-wait", type=float, default=2.0, help="longest tool wait (s); the shortest is 0.2")
     parser.add_argument("--pool-share", type=float, default=0.5, help="KV pool / agents' working set")
+    parser.add_argument("--max-pinned-fraction", type=float, default=None, help="engine option (default: the engine's)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which of off,pins,pins+host to run (off first)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
@@ -172,11 +174,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     probe = Engine(args.model, device="cpu", kv_cache_tokens=4096)
     pool = int(working_set(probe, wl) * args.pool_share)
     probe.shutdown()
+    options = {} if args.max_pinned_fraction is None else {"max_pinned_fraction": args.max_pinned_fraction}
     rows = []
-    for name in CONFIGS:
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            raise SystemExit(f"--configs: {name!r} is not one of {CONFIGS}")
         host = 4 * pool if name == "pins+host" else 0
         engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64,
-                        kv_host_cache_tokens=host)
+                        kv_host_cache_tokens=host, **options)
         try:
             before = engine.stats()
             agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
