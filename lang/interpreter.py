@@ -4,7 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from tqdm import tqdm
 
@@ -14,11 +14,8 @@ from .gen_params import GenParams, sampling_defaults
 from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices
 from .executor import ProgramEvent, Run
 from .state import ProgramState
-from .tracer import constant_prefix, trace_program
+from .tracer import Traceable, constant_prefix, trace_program
 from .config import RUN_BATCH_AUTO_THREADS
-
-if TYPE_CHECKING:
-    from .program import Program
 
 
 def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: GenParams, stream: bool,
@@ -73,7 +70,7 @@ def _thread_count(num_threads: int | str, batch: int) -> int:
     return min(num_threads, max(batch, 1))
 
 
-def _precache(program: "Program", backend: Any) -> None:
+def _precache(program: Traceable, backend: Any) -> None:
     nodes = constant_prefix(program)
     if not nodes:
         return
@@ -192,7 +189,7 @@ class ProgramRun(Iterator[ProgramEvent]):
 
 
 # ---- remote runs ------------------------------------------------------------------------------------
-def run_remote(program: "Program", values: dict[str, Any], backend: Any, sampling: dict[str, Any],
+def run_remote(program: Traceable, values: dict[str, Any], backend: Any, sampling: dict[str, Any],
                stream: bool) -> ProgramState:
     """Ships the program, traced with its arguments, to an Endpoint's server, which runs it whole."""
     backend = as_backend(backend)

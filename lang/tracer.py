@@ -13,14 +13,22 @@ import dataclasses
 import inspect
 import json
 import re
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from .ir import (Arg, Fork, Gen, Image, Join, Node, Op, Placeholder, ProgramIR, RoleBegin, RoleEnd,
                  Select, Seq, SetVar, Text, TraceError, Var, VarScopeEnd)
 from .state import ProgramStateGroup, StateOps, check_fork_size, _check_name
 
-if TYPE_CHECKING:
-    from .program import Program
+
+class Traceable(Protocol):
+    """What tracing reads of a program (lang/program.Program)."""
+
+    func: Callable[..., Any]
+    signature: inspect.Signature
+    state_param: str  # the name of the function's first parameter, the state
+    arg_names: list[str]
+    bind_arguments: dict[str, Any]
+    name: str
 
 # A marker's tag mixes cases, so upper(), lower(), title() and friends break it detectably.
 _MARKER = re.compile("\ue000([^\ue001]*)\ue001")
@@ -338,7 +346,7 @@ class _TracingGroup(ProgramStateGroup):
         self.parent._trace.join(self.parent._sid, [s._sid for s in self.states], mode)
 
 
-def trace_program(program: "Program", kwargs: dict[str, Any], prefix_only: bool = False) -> ProgramIR:
+def trace_program(program: Traceable, kwargs: dict[str, Any], prefix_only: bool = False) -> ProgramIR:
     """Records `program` as IR. Arguments in `kwargs` (and defaults) are fixed into the IR; the rest
     become its params. With prefix_only, stops at the first op that is not constant text or a role."""
     trace = _Trace(prefix_only)
@@ -366,7 +374,7 @@ def trace_program(program: "Program", kwargs: dict[str, Any], prefix_only: bool 
     return ProgramIR(program.name, params, trace.ops)
 
 
-def constant_prefix(program: "Program") -> list[Node]:
+def constant_prefix(program: Traceable) -> list[Node]:
     """The ops a program always starts with (text and roles before any argument or generation)."""
     try:
         ir = trace_program(program, {}, prefix_only=True)

@@ -36,7 +36,7 @@ class ScheduledItem:
 
     @property
     def samples(self) -> bool:
-        return self.completes_fill and len(self.req.output_ids) < self.req.max_new_tokens
+        return self.completes_fill and len(self.req.output_ids) + self.req.num_draft < self.req.max_new_tokens
 
     def positions(self) -> list[int]:
         if self.parents is None:

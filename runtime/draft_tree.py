@@ -15,6 +15,9 @@ DRAFTER = "drafter"  # the speculative drafter (n-gram or draft model)
 
 @dataclass(slots=True)
 class Draft:
+    """A request's unverified draft: node tokens after its verified output, checked at its next step."""
+
+    tokens: list[int]
     parents: list[int]  # node i's parent node; -1: the root
     source: str  # JUMP_FORWARD | DRAFTER
 

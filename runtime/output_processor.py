@@ -134,8 +134,8 @@ class OutputProcessor:
         """The root's row, then one per draft node: each row assumes the tokens on its path from the
         root were accepted (its constraint state, penalties, min_new_tokens count and place in the
         seed's random stream follow from that)."""
-        base = len(req.output_ids) - req.num_draft
-        drafted = req.output_ids[base:]
+        base = len(req.output_ids)
+        drafted = req.draft.tokens if req.draft is not None else []
         parents = req.draft.parents if req.draft is not None else []
         m = req.constraint
         states = constraint_states(m.state, m.constraint.advance, drafted, parents) if m is not None else None
@@ -157,13 +157,11 @@ class OutputProcessor:
         moves their KV into place and frees the rest, then appends them and the bonus token drawn after
         the last kept one."""
         draft, n = req.draft, req.num_draft
-        base = len(req.output_ids) - n
-        drafted = req.output_ids[base:]
+        drafted = draft.tokens if draft is not None else []
         path = accept_path(drafted, draft.parents, drawn) if draft is not None else []
         if draft is not None:
-            first = len(req.prompt_ids) + base  # the root's child's position
+            first = len(req.prompt_ids) + len(req.output_ids)  # the root's child's position
             self.kv.keep_path(req, first, [first + i for i in path])
-            del req.output_ids[base:]
             req.draft = None
             self._count_verify(req, draft.source, n, len(path))
         accepted = [drafted[i] for i in path]
@@ -259,8 +257,7 @@ class OutputProcessor:
     @staticmethod
     def _set_draft(req: Req, tree: DraftTree, source: str) -> None:
         if tree.tokens:
-            req.output_ids.extend(tree.tokens)
-            req.draft = Draft(tree.parents, source)
+            req.draft = Draft(list(tree.tokens), list(tree.parents), source)
 
 
 def _advance(m: Matcher, token: int) -> str | None:

@@ -7,9 +7,9 @@ builds requests with their feature state.
 The lengths of a request, each in tokens (the KV ones are assigned only by the KV owner,
 runtime/kv_manager.py):
   len(prompt_ids)   the prompt, image spans expanded;
-  len(output_ids)   verified output tokens (a draft's unverified tokens trail them while `draft` is set:
-                    `num_draft` of them);
-  fill_len          prompt + output: the sequence whose KV the request is building;
+  len(output_ids)   verified output tokens (only these are ever streamed or reported);
+  num_draft         unverified draft tokens after them (`draft.tokens`, while `draft` is set);
+  fill_len          prompt + output + draft: the sequence whose KV the request is building;
   kv_len            positions whose KV is computed (kv_len <= slot_len, kv_len <= fill_len);
   slot_len          positions with KV slots allocated (a step in flight computes [kv_len, slot_len));
   cached_len        positions held by the radix tree, locked through `last_node` (cached_len <= kv_len);
@@ -107,7 +107,7 @@ class Req(KVFields):
     logprob_start_len: int = -1  # first prompt position to score; -1: none
     top_logprobs_num: int = 0
     constraint: ConstraintCursor | None = None  # regex / JSON schema / grammar position; None: unconstrained
-    draft: Draft | None = None  # the trailing output_ids are a draft tree's nodes, not yet verified
+    draft: Draft | None = None  # a draft tree after output_ids, not yet verified
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
     retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
 
@@ -118,12 +118,12 @@ class Req(KVFields):
 
     @property
     def fill_len(self) -> int:
-        """Prompt + output (with any draft): see the module's list of lengths."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Prompt + output + draft: see the module's list of lengths."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_draft
 
     @property
     def num_draft(self) -> int:
-        return len(self.draft.parents) if self.draft is not None else 0
+        return len(self.draft.tokens) if self.draft is not None else 0
 
     @property
     def pending(self) -> int:
@@ -131,12 +131,14 @@ class Req(KVFields):
         return self.fill_len - self.kv_len
 
     def tokens(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output + draft."""
         p = len(self.prompt_ids)
         if end <= p:
             return self.prompt_ids[start:end]
+        tail = self.output_ids if self.draft is None else self.output_ids + self.draft.tokens
         if start >= p:
-            return self.output_ids[start - p : end - p]
-        return self.prompt_ids[start:] + self.output_ids[: end - p]
+            return tail[start - p : end - p]
+        return self.prompt_ids[start:] + tail[: end - p]
 
     @property
     def prompt_logprob_from(self) -> int:

@@ -196,7 +196,7 @@ class Scheduler:
         req.state = ReqState.RUNNING
 
     def _future_tokens(self, req: Req) -> int:
-        remaining = req.max_new_tokens - len(req.output_ids)
+        remaining = req.max_new_tokens - len(req.output_ids) - req.num_draft
         return int(min(remaining, RESERVE_CLIP) * self.new_token_ratio)
 
     # ---- preemption and drafts ----------------------------------------------------------------
@@ -204,11 +204,10 @@ class Scheduler:
         """Discards draft tokens after the first `keep`, with any KV computed for them."""
         if req.num_draft <= keep:
             return
-        end = len(req.output_ids) - req.num_draft + keep
         if req.row is not None:
-            self.kv.truncate(req, len(req.prompt_ids) + end)
-        del req.output_ids[end:]
-        req.draft.parents = req.draft.parents[:keep]  # a prefix of a tree's nodes is a tree
+            self.kv.truncate(req, len(req.prompt_ids) + len(req.output_ids) + keep)
+        del req.draft.tokens[keep:]
+        del req.draft.parents[keep:]  # a prefix of a tree's nodes is a tree
         if not keep:
             req.draft = None
 
