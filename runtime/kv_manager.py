@@ -125,7 +125,8 @@ class KVManager:
             return
         self.cache.inc_lock_ref(match.node)  # room is made around both prefixes
         self.host.cache.inc_lock_ref(hosted.node)
-        fits = self.ensure_free(extra)
+        self._evict_to(extra)  # unpinned LRU leaves only: a copy-back is worth no pin
+        fits = self.allocator.num_free >= extra
         self.host.cache.dec_lock_ref(hosted.node)
         self.cache.dec_lock_ref(match.node)
         if not fits:
