@@ -152,7 +152,8 @@ def summarize(name: str, agents_m: Measures, background_m: Measures, span: float
             "recomputed_tokens_per_turn": recomputed / agents_m.turns,
             "prefilled_tokens_per_turn": statistics.mean(agents_m.prefilled),
             "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": p99,
-            "agent_turns_per_s": agents_m.turns / span, "background_tokens_per_s": background_m.background_tokens / span,
+            "agent_turns_per_s": agents_m.turns / span,
+            "background_tokens_per_s": background_m.background_tokens / span,
             "seconds": span, "pins_released_under_pressure": stats["pins_released_under_pressure_total"],
             "host_restored_tokens": stats["host_restored_tokens_total"]}
 

@@ -38,7 +38,8 @@ def test_chat_prompt_cache_key_keeps_the_conversation_through_pressure(session_s
                                            prompt_cache_key="agent-7")
     with session_server.client() as http:
         flood(http)
-    history += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "go on"}]
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "go on"}]
     second = client.chat.completions.create(model="default", messages=history, max_tokens=4, temperature=0,
                                             prompt_cache_key="agent-7")
     cached = second.usage.prompt_tokens_details.cached_tokens
