@@ -1,5 +1,6 @@
 # Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
-# no e2e, real model, compile check or process groups; a few minutes) and `make test` (everything; CI).
+# no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py) and `make test`
+# (everything; CI).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

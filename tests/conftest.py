@@ -14,18 +14,22 @@ from radixlang.runtime.models.loader import default_model_path, gguf_metadata
 from radixlang.testing.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
 from radixlang.runtime.tokenizer import Tokenizer
 
-# `make test-fast` leaves these out (-m "not slow"): the real model, live servers, the Triton compile
-# check and interpreter, process groups; each file here takes tens of seconds on a 2-core machine
-SLOW_FILES = {
-    "tests/kernels/test_compile_check.py",
-}
+# `make test-fast` leaves these out (-m "not slow"): the real model (tests/e2e, the smollm_engine fixture),
+# the Triton interpreter and compile check, process groups and subprocesses, transformers parity, the
+# benchmark scripts
+SLOW_PATHS = (
+    "tests/e2e/", "tests/kernels/test_compile_check.py", "tests/kernels/test_triton.py",
+    "tests/kernels/test_triton_engine.py", "tests/runtime/distributed/", "tests/runtime/multimodal/test_tensor_parallel.py",
+    "tests/runtime/multimodal/test_example.py", "tests/runtime/models/test_hf_parity.py", "tests/benchmark/",
+    "tests/server/test_cli_serve.py", "tests/server/test_cli_generate.py", "tests/server/test_fuzz.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
     root = Path(str(config.rootpath))
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
-        if (path.startswith("tests/e2e/") or path in SLOW_FILES or item.get_closest_marker("e2e")
+        if (path.startswith(SLOW_PATHS) or item.get_closest_marker("e2e")
                 or "smollm_engine" in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
