@@ -166,12 +166,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--max-turns", type=int, default=12)
     parser.add_argument("--max-wait", type=float, default=2.0, help="longest tool wait (s); the shortest is 0.2")
     parser.add_argument("--pool-share", type=float, default=0.5, help="KV pool / agents' working set")
+    parser.add_argument("--background-words", type=int, default=150, help="words per background prompt (~2 tokens each)")
     parser.add_argument("--max-pinned-fraction", type=float, default=None, help="engine option (default: the engine's)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which of off,pins,pins+host to run (off first)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
-                  min_wait=min(0.2, args.max_wait), max_wait=args.max_wait)
+                  min_wait=min(0.2, args.max_wait), max_wait=args.max_wait, background_words=args.background_words)
     probe = Engine(args.model, device="cpu", kv_cache_tokens=4096)
     pool = int(working_set(probe, wl) * args.pool_share)
     probe.shutdown()
@@ -208,8 +209,9 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
               f"{r['background_tokens_per_s']:9.1f} {r['pins_released_under_pressure']:10.0f} "
               f"{r['host_restored_tokens']:13.0f}")
     for r in rows[1:]:
-        recomputed = off["recomputed_tokens_per_turn"] / max(r["recomputed_tokens_per_turn"], 1e-9)
-        print(f"{r['config']} vs off: {recomputed:.1f}x fewer recomputed tokens, "
+        left = r["recomputed_tokens_per_turn"]
+        recomputed = f"{off['recomputed_tokens_per_turn'] / left:.1f}x fewer" if left else "no"
+        print(f"{r['config']} vs off: {recomputed} recomputed tokens, "
               f"{off['ttft_p99_s'] / r['ttft_p99_s']:.2f}x lower p99 TTFT, "
               f"{r['agent_turns_per_s'] / off['agent_turns_per_s']:.2f}x agent turns/s, "
               f"background {r['background_tokens_per_s'] / off['background_tokens_per_s']:.2f}x of off")
