@@ -23,6 +23,9 @@ class StateView:
     text: str
     images: tuple[ImageData, ...] = ()
     image_offsets: tuple[int, ...] = ()
+    # the program state asking, as "program:<run>/<state>": a backend may keep its KV cached while the
+    # run goes on (`release_program(<run> group)` at its end); None: nobody will come back for it
+    owner: str | None = None
 
     def with_placeholders(self, placeholder: str) -> str:
         """The text with `placeholder` (a model's image token) where each image goes."""

@@ -13,6 +13,7 @@ from .ir import Gen
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine
+    from ..runtime.submission import Retention
     from ..runtime.sampler import TokenLogprob
 
 
@@ -31,6 +32,10 @@ class EngineBackend:
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
+
+    def release_program(self, group: str) -> None:
+        """A run ended (completed, failed or cancelled): its states' KV is no longer pinned."""
+        self.engine.release_pins(group)
 
     # ---- SGLang's Runtime names --------------------------------------------------------------------
     @property
@@ -61,7 +66,8 @@ class EngineBackend:
         started = time.perf_counter()
         for chunk in self.engine.stream(text, p.sampling_params(), return_logprob=want_logprobs,
                                         logprob_start_len=_start(p.logprob_start_len, want_logprobs),
-                                        top_logprobs_num=p.top_logprobs_num or 0, image_data=images):
+                                        top_logprobs_num=p.top_logprobs_num or 0, image_data=images,
+                                        cache_key=_retention(state)):
             logprobs.extend(chunk.logprobs)
             input_logprobs = chunk.input_logprobs if chunk.input_logprobs is not None else input_logprobs
             progress = meta_info(tok, chunk, finished=chunk.finished, return_logprob=want_logprobs,
@@ -94,8 +100,9 @@ class EngineBackend:
         if start == 0:
             raise ValueError("select needs text before it to condition on "
                              "(the first token of the prompt cannot be scored)")
-        # the shared KV, computed once
-        self.engine.generate(input_ids=prefix_ids, sampling_params=PREFILL_ONLY, image_data=images)
+        # the shared KV, computed once, pinned for the state until it moves on (the choices are scored on it)
+        self.engine.generate(input_ids=prefix_ids, sampling_params=PREFILL_ONLY, image_data=images,
+                             cache_key=_retention(state))
         outs = self.engine.generate(input_ids=full, sampling_params=PREFILL_ONLY, return_logprob=True,
                                     logprob_start_len=start, image_data=images and [images] * len(full))
         scored = [self._entries(out.meta.input_logprobs) for out in outs]
@@ -130,6 +137,16 @@ class EngineBackend:
 def _start(logprob_start_len: int | None, want_logprobs: bool) -> int:
     """gen's logprob_start_len for the engine: -1 (no prompt logprobs) unless set with logprobs wanted."""
     return logprob_start_len if want_logprobs and logprob_start_len is not None else -1
+
+
+def _retention(state: StateView) -> "Retention | None":
+    """A program state's sequence stays pinned after each call, until the state's next call moves the pin
+    or the run ends; the engine's prompt_cache_retention bounds a run that never says it ended."""
+    if state.owner is None:
+        return None
+    from ..runtime.submission import Retention
+
+    return Retention(state.owner, group=state.owner.rsplit("/", 1)[0])
 
 
 class Runtime(EngineBackend):

@@ -81,6 +81,7 @@ class Run:
         self.ret_value: Any = None
         self._template: ChatTemplate | None = None
         self._template_fetched = False
+        self.pin_group = f"program:{id(self):x}"  # what a backend keeps for this run's states, released by finish
 
     def new_core(self, parent: "StateCore | None", sid: int | None = None) -> "StateCore":
         with self.lock:
@@ -118,6 +119,9 @@ class Run:
             core.end()
         for core in cores:
             core.wait_finished()
+        release = getattr(self.backend, "release_program", None)  # optional: the engine backend's KV pins
+        if release is not None:
+            release(self.pin_group)
         root = cores[0]
         if self.error is not None:
             self.emit(ProgramEvent("error", value=self.error))
@@ -212,7 +216,8 @@ class StateCore:
 
     def view(self) -> StateView:
         with self.cond:
-            return StateView(self.text, tuple(self.images), tuple(self.image_offsets))
+            return StateView(self.text, tuple(self.images), tuple(self.image_offsets),
+                             owner=f"{self.run.pin_group}/{self.sid}")
 
     # ---- the worker's side ------------------------------------------------------------------------
     def _work(self) -> None:

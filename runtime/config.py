@@ -68,6 +68,14 @@ class EngineConfig:
     in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
     disable_radix_cache: bool = False
     preemption_mode: str = "recompute"
+    # KV retention (runtime/pins.py): a finished request with a prompt_cache_key keeps its whole sequence
+    # pinned this many seconds (a turn of an agent comes back within a tool call); pins hold at most this
+    # share of the pool, and under pressure the oldest idle pin goes first
+    prompt_cache_retention: float = 300.0
+    max_pinned_fraction: float = 0.5
+    # host KV tier (runtime/host_tier.py): evicted KV parks in this many tokens of host memory and is copied
+    # back on a hit instead of recomputed; 0: off (it costs host RAM: ~the pool's bytes per token)
+    kv_host_cache_tokens: int = 0
     init_new_token_ratio: float = 0.7  # share of remaining max_new_tokens reserved per running request
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
@@ -120,6 +128,12 @@ class EngineConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if not 0.0 <= self.max_pinned_fraction <= 1.0:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if not self.prompt_cache_retention >= 0:
+            raise ValueError(f"prompt_cache_retention must be >= 0 seconds, got {self.prompt_cache_retention}")
+        if self.kv_host_cache_tokens < 0:
+            raise ValueError(f"kv_host_cache_tokens must be >= 0 (0: no host tier), got {self.kv_host_cache_tokens}")
         if not 0.0 < self.mem_fraction <= 0.95:
             raise ValueError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")
         for name in ("max_running_requests", "max_prefill_tokens", "cuda_graph_max_bs"):
@@ -153,6 +167,9 @@ class EngineConfig:
         if self.tp_size > 1 and self.quantization in ("int8", "int4"):
             raise ValueError(f"quantization={self.quantization!r} is not supported with tp_size > 1 "
                              "(its linears are not sharded); use quantization='none' or tp_size=1")
+        if self.tp_size > 1 and self.kv_host_cache_tokens:
+            raise ValueError("kv_host_cache_tokens is not supported with tp_size > 1 (each rank holds its own KV "
+                             "heads); use kv_host_cache_tokens=0")
         if self.tp_size > 1 and self.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with tp_size > 1 (each rank holds its own "
                              "KV heads); use preemption_mode='recompute'")

@@ -18,7 +18,7 @@ from .models.eplb import Placement, expert_load, rebalance
 from .request import Req, StreamChunk
 from .request_factory import create_req
 from .scheduler_thread import SchedulerThread
-from .submission import Submission, SubmissionBatch, sample_rids
+from .submission import Retention, Submission, SubmissionBatch, sample_rids, with_retention
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 
@@ -69,13 +69,17 @@ class Engine:
     # ---- the one way in ---------------------------------------------------------------------------
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                rid: str | Sequence[str] | None = None, image_data: Any = None) -> SubmissionBatch:
+                rid: str | Sequence[str] | None = None, image_data: Any = None,
+                cache_key: str | Retention | None = None) -> SubmissionBatch:
         """Validates one call (ValueError / TypeError naming the field) into its Submissions: one per
         prompt and sample, prompt-major. `image_data`: a vision model's images (paths, bytes, data URLs,
-        PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt."""
-        return self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
-                                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                    rid=rid, image_data=image_data)
+        PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt.
+        `cache_key`: a session key (OpenAI's prompt_cache_key): once finished, the whole sequence stays
+        pinned for prompt_cache_retention seconds, and the key's next request refreshes it."""
+        batch = self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
+                                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                                     rid=rid, image_data=image_data)
+        return batch if cache_key is None else with_retention(batch, cache_key)
 
     def submit(self, sub: Submission, sink: Sink) -> None:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one
@@ -88,10 +92,12 @@ class Engine:
         if seed is None:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
-        return create_req(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
-                          context_length=self.context_length, seed=seed, device=self.device,
-                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
-                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
+        req = create_req(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
+                         context_length=self.context_length, seed=seed, device=self.device,
+                         return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
+                         top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
+        req.retain = sub.retain
+        return req
 
     # ---- running prepared batches -----------------------------------------------------------------
     def run(self, batch: SubmissionBatch) -> list[Completion]:
@@ -213,6 +219,16 @@ class Engine:
     def flush_cache(self) -> bool:
         """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
         return self._thread.call(self.scheduler.flush).result()
+
+    def release_cache_key(self, key: str | Retention) -> int:
+        """Drops a session's pin (or a Retention's owner's); how many tokens it pinned (0: none)."""
+        owner = (Retention.session(key) if isinstance(key, str) else key).owner
+        return self._thread.call(lambda: self.scheduler.kv.pins.unpin(owner)).result()
+
+    def release_pins(self, group: str) -> None:
+        """Drops every pin of `group` (a program's states); returns at once."""
+        if not self._thread.closed:
+            self._thread.call(lambda: self.scheduler.kv.pins.unpin_group(group))
 
     def check_invariants(self) -> None:
         """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""

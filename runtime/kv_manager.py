@@ -6,7 +6,8 @@ Only this module assigns a request's KV fields (`row`, `kv_len`, `slot_len`, `ca
   positions [cached_len, kv_len)   slots the request owns, KV computed;
   positions [kv_len, slot_len)     slots allocated for a step still in flight.
 A request's slots go back to the tree (computed, cacheable tokens) or to the allocator (the rest)
-exactly once, in `release`.
+exactly once, in `release`. Pins (runtime/pins.py) hold tree paths for owners that will come back; a
+pinned slot is a tree slot, and the invariant counts it there.
 """
 from __future__ import annotations
 
@@ -15,14 +16,27 @@ from typing import Callable, Iterable
 
 import torch
 
+from .host_tier import EvictedPrefixes, HostTier
 from .memory import KVPool, ReqToToken, SlotAllocator
-from .radix_cache import RadixCache
+from .pins import PinTable
+from .radix_cache import RadixCache, TreeNode
 from .request import Req
 
 
+HISTORY_POOLS = 4  # evicted token paths remembered (no KV), in pool sizes: "recomputed, was cached" counts these
+HISTORY_MAX_TOKENS = 1 << 21  # ... and at most this many (a token of a remembered path costs ~40 host bytes)
+MIN_RESTORE = 16  # fewer host-tier tokens than this are recomputed: a copy's fixed cost would exceed theirs
+
+
 class KVManager:
-    def __init__(self, pool: KVPool, allocator: SlotAllocator, req_to_token: ReqToToken, cache: RadixCache):
+    def __init__(self, pool: KVPool, allocator: SlotAllocator, req_to_token: ReqToToken, cache: RadixCache,
+                 max_pinned_fraction: float = 0.5, host_tokens: int = 0, min_restore: int = MIN_RESTORE):
         self.pool, self.allocator, self.req_to_token, self.cache = pool, allocator, req_to_token, cache
+        self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction))
+        self.host = HostTier(host_tokens, pool.k_buffers, pool.v_buffers) if host_tokens else None
+        self.evicted = EvictedPrefixes(min(HISTORY_POOLS * pool.num_slots, HISTORY_MAX_TOKENS) + host_tokens)
+        self.min_restore = min_restore
+        cache.on_evict = self._on_evict
 
     # ---- queries ------------------------------------------------------------------------------
     @property
@@ -48,24 +62,48 @@ class KVManager:
     def cached_prefix_len(self, tokens: list[int]) -> int:
         return self.cache.match_prefix(tokens).length
 
+    def previously_cached(self, tokens: list[int], cached: int) -> int:
+        """Of `tokens`, beyond the `cached` ones reused, how many were cached before and evicted."""
+        return max(0, self.evicted.seen(tokens) - cached)
+
     def can_fit(self, n: int, reserve: int, waive_reserve: bool) -> bool:
-        """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable."""
-        if not waive_reserve and self.allocator.num_free + self.cache.evictable_size < n + reserve:
-            return False
+        """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable.
+
+        Pins yield to a request that would otherwise wait on them alone: one that does not fit in the
+        unpinned memory even once the live requests' slots come back (and one that runs alone)."""
+        if not waive_reserve:
+            unpinned = self.allocator.num_free + self.cache.evictable_size
+            if unpinned < n + reserve:
+                # their own slots, and the unpinned tree paths they lock: all of it evictable once they finish
+                held_by_live = (self.num_slots - self.allocator.num_free - self.cache.total_size
+                                + self.cache.protected_size - self.cache.pinned_size)
+                if unpinned + held_by_live >= n + reserve or unpinned + self.pins.releasable < n + reserve:
+                    return False  # wait for live requests to finish, not for pins
         return self.ensure_free(n)
 
     def ensure_free(self, n: int) -> bool:
+        """Frees slots until n are free: unpinned LRU leaves first, then expired pins, then idle pins
+        oldest first (so no request waits on a pin it could evict)."""
+        self._evict_to(n)
+        if self.allocator.num_free < n and self.pins.expire():
+            self._evict_to(n)
+        while self.allocator.num_free < n and self.pins.release_oldest_idle():
+            self._evict_to(n)
+        return self.allocator.num_free >= n
+
+    def _evict_to(self, n: int) -> None:
         short = n - self.allocator.num_free
         if short > 0:
             self.cache.evict(short)
-        return self.allocator.num_free >= n
 
     # ---- verbs --------------------------------------------------------------------------------
     def admit(self, req: Req, match_limit: int, budget: int, fits: Callable[[int], bool]) -> int | None:
         """Gives `req` a row holding its longest cached prefix (up to `match_limit` tokens), locked.
         Returns how many tokens to extend now (at most `budget`), or None (nothing held) when
         `fits(that many)` says no."""
-        match = self.cache.match_prefix(req.tokens(0, match_limit))
+        key = req.tokens(0, match_limit)
+        self._restore(key)
+        match = self.cache.match_prefix(key)
         self.cache.inc_lock_ref(match.node)  # before any eviction, so the match survives it
         n = min(req.fill_len - match.length, budget)
         if not fits(n):
@@ -76,6 +114,34 @@ class KVManager:
         req.kv_len = req.cached_len = req.slot_len = match.length
         req.last_node = match.node
         return n
+
+    def _restore(self, key: list[int]) -> None:
+        """Copies back from the host tier the KV of `key` it holds beyond the device tree's match."""
+        if self.host is None or not self.cache_enabled:
+            return
+        match, hosted = self.cache.match_prefix(key), self.host.match(key)
+        extra = hosted.length - match.length
+        if extra < self.min_restore:
+            return
+        self.cache.inc_lock_ref(match.node)  # room is made around both prefixes
+        self.host.cache.inc_lock_ref(hosted.node)
+        self._evict_to(extra)  # unpinned LRU leaves only: a copy-back is worth no pin
+        fits = self.allocator.num_free >= extra
+        self.host.cache.dec_lock_ref(hosted.node)
+        self.cache.dec_lock_ref(match.node)
+        if not fits:
+            return
+        slots = self.allocator.alloc(extra)
+        self.host.restore(hosted.slots[match.length:], slots, self.pool.k_buffers, self.pool.v_buffers)
+        present = self.cache.insert(key[:hosted.length], torch.cat((match.slots, slots)))
+        assert present == match.length, "the locked device prefix must still be there"
+
+    def _on_evict(self, leaf: TreeNode) -> None:
+        """A leaf leaves the device tree: its path is remembered, and its KV parks in the host tier."""
+        path = self.cache.path_key(leaf)
+        self.evicted.record(path)
+        if self.host is not None:
+            self.host.park(path, self.cache.path_slots(leaf), self.pool.k_buffers, self.pool.v_buffers)
 
     def swap_in(self, req: Req, fits: Callable[[int], bool]) -> bool:
         """Brings a swapped-out request's KV back into fresh slots, if `fits(those + its pending)`."""
@@ -174,9 +240,23 @@ class KVManager:
         self.release(req, cache_computed=False)
         req.swapped, req.kv_len = saved, kv_len
 
+    # ---- pins -----------------------------------------------------------------------------------
+    def pin(self, owner: str, tokens: list[int], ttl: float | None, group: str | None = None) -> int:
+        """Pins the cached prefix of `tokens` for `owner` (see runtime/pins.py); how many tokens that is
+        (0: none cached, or over the pinned budget)."""
+        if not self.cache_enabled:
+            return 0
+        match = self.cache.match_prefix(tokens)
+        return match.length if self.pins.pin(owner, match.node, match.length, ttl, group) else 0
+
     def flush(self) -> bool:
-        """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
+        """Releases every pin and evicts every cached prefix not in use; True when the tree is empty."""
+        self.pins.unpin_all()
+        self.cache.on_evict = None  # a flush forgets: nothing parks in the host tier
         self.cache.evict(self.cache.evictable_size)
+        self.cache.on_evict = self._on_evict
+        if self.host is not None:
+            self.host.flush()
         return self.cache.total_size == 0
 
     def _relock(self, req: Req, node, cached_len: int) -> None:
@@ -186,8 +266,12 @@ class KVManager:
 
     # ---- invariants ---------------------------------------------------------------------------
     def check(self, running: Iterable[Req], waiting: Iterable[Req]) -> None:
-        """free + in tree + held by live requests = every slot, each exactly once; locks match users."""
+        """free + in tree (pinned or not) + held by live requests = every slot, each exactly once; locks
+        match their users: live requests and pins."""
         self.cache.check()
+        self.pins.check()
+        if self.host is not None:
+            self.host.check()
         running = list(running)
         held, expected_locks = [], Counter()
         for req in running:
@@ -203,8 +287,16 @@ class KVManager:
                 node = node.parent
         for req in waiting:
             assert req.row is None and req.last_node is None, f"waiting request {req.rid} holds KV"
+        expected_pins = Counter()
+        for pin in self.pins.pins.values():
+            node = pin.node
+            while node is not self.cache.root:
+                expected_locks[id(node)] += 1
+                expected_pins[id(node)] += 1
+                node = node.parent
         for node in self.cache.nodes():
-            assert node.lock_ref == expected_locks[id(node)], "tree lock_ref differs from live requests"
+            assert node.lock_ref == expected_locks[id(node)], "tree lock_ref differs from live requests + pins"
+            assert node.pin_ref == expected_pins[id(node)], "tree pin_ref differs from the pin table"
         parts = [self.allocator.free_slots(), self.cache.all_slots(), *held]
         counts = torch.bincount(torch.cat(parts).cpu(), minlength=self.pool.num_slots)
         assert counts.numel() == self.pool.num_slots, "slot index out of range"

@@ -1,8 +1,11 @@
 """Radix tree from token-id sequences to the KV slots that hold them.
 
 Invariants (checked by `check`): every node but the root has a non-empty key and a slot tensor of the
-same length; a node's lock_ref is the number of live requests whose matched path runs through it,
-so lock_ref(parent) >= lock_ref(child); evictable_size + protected_size = total tokens in the tree.
+same length; a node's lock_ref is the number of locks whose path runs through it (live requests and
+pins), its pin_ref the number of pins among them, so lock_ref(parent) >= lock_ref(child) and
+pin_ref <= lock_ref; evictable_size + protected_size = total tokens in the tree; idle_pinned_size counts
+the tokens locked by pins alone (lock_ref == pin_ref > 0: releasing those pins makes them evictable),
+pinned_size those under any pin.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ _clock = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "last_access")
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: "TreeNode | None"):
         self.children: dict[int, TreeNode] = {}
@@ -25,6 +28,7 @@ class TreeNode:
         self.key = key
         self.value = value
         self.lock_ref = 0
+        self.pin_ref = 0
         self.last_access = next(_clock)
 
     def __lt__(self, other: "TreeNode") -> bool:
@@ -54,6 +58,7 @@ class RadixCache:
     def __init__(self, free_slots: Callable[[torch.Tensor], None], disable: bool = False,
                  device: torch.device | str = "cpu"):
         self.free_slots = free_slots
+        self.on_evict: Callable[[TreeNode], None] | None = None  # sees each leaf before its slots are freed
         self.disable = disable
         self.device = torch.device(device)
         self.reset()
@@ -63,6 +68,8 @@ class RadixCache:
         self.root.lock_ref = 1  # never evicted
         self.evictable_size = 0
         self.protected_size = 0
+        self.idle_pinned_size = 0
+        self.pinned_size = 0
 
     def _empty(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=self.device)
@@ -114,29 +121,40 @@ class RadixCache:
         """Cut `child`'s edge after n tokens; returns the new upper node."""
         parent = child.parent
         upper = TreeNode(child.key[:n], child.value[:n], parent)
-        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.lock_ref, upper.pin_ref, upper.last_access = child.lock_ref, child.pin_ref, child.last_access
         upper.children[child.key[n]] = child
         parent.children[child.key[0]] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         return upper
 
     # ---- locking ----------------------------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def inc_lock_ref(self, node: TreeNode, pin: bool = False) -> None:
+        """Locks the path from `node` up to the root; `pin`: the lock is a pin (runtime/pins.py)."""
+        self._add_lock(node, 1, int(pin))
+
+    def dec_lock_ref(self, node: TreeNode, pin: bool = False) -> None:
+        self._add_lock(node, -1, -int(pin))
+
+    def _add_lock(self, node: TreeNode | None, locks: int, pins: int) -> None:
         while node is not self.root and node is not None:
-            if node.lock_ref == 0:
-                self.evictable_size -= len(node.key)
-                self.protected_size += len(node.key)
-            node.lock_ref += 1
+            n = len(node.key)
+            self._account(node, -n)
+            node.lock_ref += locks
+            node.pin_ref += pins
+            assert 0 <= node.pin_ref <= node.lock_ref, "lock_ref / pin_ref underflow"
+            self._account(node, n)
             node = node.parent
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        while node is not self.root and node is not None:
-            assert node.lock_ref > 0, "lock_ref underflow"
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self.protected_size -= len(node.key)
-                self.evictable_size += len(node.key)
-            node = node.parent
+    def _account(self, node: TreeNode, n: int) -> None:
+        """Adds n tokens (negative: removes) to the size counters of `node`'s class."""
+        if node.lock_ref == 0:
+            self.evictable_size += n
+            return
+        self.protected_size += n
+        if node.pin_ref:
+            self.pinned_size += n
+            if node.pin_ref == node.lock_ref:
+                self.idle_pinned_size += n
 
     # ---- eviction ---------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
@@ -148,6 +166,8 @@ class RadixCache:
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             self.free_slots(leaf.value)
             freed += len(leaf.key)
             self.evictable_size -= len(leaf.key)
@@ -174,21 +194,36 @@ class RadixCache:
             node = node.parent
         return torch.cat(values[::-1]) if values else self._empty()
 
+    def path_key(self, node: TreeNode) -> list[int]:
+        """Tokens from the root down to `node`."""
+        keys = []
+        while node is not self.root:
+            keys.append(node.key)
+            node = node.parent
+        return [t for key in reversed(keys) for t in key]
+
     def all_slots(self) -> torch.Tensor:
         values = [n.value for n in self.nodes()]
         return torch.cat(values) if values else self._empty()
 
     def check(self) -> None:
-        evictable = protected = 0
+        counted = RadixCache(self.free_slots)
         for node in self.nodes():
             assert node.key and len(node.key) == node.value.numel(), "node key/value mismatch"
             assert node.parent.children.get(node.key[0]) is node, "broken parent link"
             assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, "lock order"
-            if node.lock_ref > 0:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-        assert (evictable, protected) == (self.evictable_size, self.protected_size), (
-            f"size accounting drifted: counted {(evictable, protected)}, "
-            f"tracked {(self.evictable_size, self.protected_size)}"
-        )
+            assert node.parent is self.root or node.parent.pin_ref >= node.pin_ref, "pin order"
+            assert 0 <= node.pin_ref <= node.lock_ref, "pin_ref exceeds lock_ref"
+            counted._account(node, len(node.key))
+        sizes = ("evictable_size", "protected_size", "idle_pinned_size", "pinned_size")
+        counts = [getattr(counted, k) for k in sizes]
+        tracked = [getattr(self, k) for k in sizes]
+        assert counts == tracked, f"size accounting drifted: counted {counts}, tracked {tracked} ({sizes})"
+
+    def contains(self, node: TreeNode) -> bool:
+        """Whether `node` is still linked into the tree (not evicted)."""
+        while node is not self.root:
+            if node.parent is None or node.parent.children.get(node.key[0]) is not node:
+                return False
+            node = node.parent
+        return True

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .detokenizer import IncrementalDetokenizer
 from .draft_tree import Draft
@@ -29,6 +29,9 @@ from .memory import SwappedKV
 from .radix_cache import TreeNode
 from .sampler import SamplingState, TokenLogprob
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .submission import Retention
 
 
 class ConstraintCursor(Protocol):
@@ -106,6 +109,7 @@ class Req(KVFields):
     constraint: ConstraintCursor | None = None  # regex / JSON schema / grammar position; None: unconstrained
     draft: Draft | None = None  # a draft tree after output_ids, not yet verified
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
+    retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
 
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)

@@ -57,6 +57,8 @@ class Scheduler:
             return
         self.reqs[req.rid] = req
         self.waiting.append(req)
+        if req.retain is not None:  # the owner is back: its pin is young again
+            self.kv.pins.refresh(req.retain.owner, self._ttl(req))
 
     def abort(self, rid: str) -> bool:
         req = self.reqs.get(rid)
@@ -76,6 +78,7 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> StepBatch | None:
         """This step's batch (KV slots extended for every item), or None when nothing can run."""
+        self.kv.pins.expire()
         items = self._schedule()
         if not items:
             return None
@@ -183,6 +186,7 @@ class Scheduler:
             req.cached_tokens = req.kv_len
             self.counters.prompt_tokens += len(req.prompt_ids)
             self.counters.cached_tokens += req.kv_len
+            self.counters.recomputed_cached_tokens += self.kv.previously_cached(req.tokens(0, match_limit), req.kv_len)
         self._move_to_running(req)
         return self._extend(req, n)
 
@@ -230,7 +234,10 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        computed = req.tokens(0, req.kv_len)
         self.kv.release(req)
+        if req.retain is not None:
+            self._retain(req, computed, reason)
         if self.drafter is not None:
             self.drafter.forget(req, finished=reason != "abort")
         req.state = ReqState.ABORTED if reason == "abort" else ReqState.FINISHED
@@ -242,6 +249,17 @@ class Scheduler:
         tail = "" if isinstance(matched, str) else req.detok.flush()  # a stop string released its text
         emit_final(req, reason, matched, error, tail)
 
+    def _retain(self, req: Req, computed: list[int], reason: str) -> None:
+        """A finished sequence stays pinned for its owner; an aborted one releases the owner's pin."""
+        if reason == "abort":
+            self.kv.pins.unpin(req.retain.owner)
+        elif computed:
+            self.kv.pin(req.retain.owner, computed, self._ttl(req), req.retain.group)
+
+    def _ttl(self, req: Req) -> float:
+        ttl = req.retain.ttl
+        return self.cfg.prompt_cache_retention if ttl is None else ttl
+
     # ---- what the engine asks -------------------------------------------------------------------
     def flush(self) -> bool:
         """Evicts every cached prefix not in use (the drafter's too); True when nothing cached is left."""
@@ -249,13 +267,23 @@ class Scheduler:
         return self.kv.flush() and drafter_empty
 
     def check_invariants(self) -> None:
+        self.kv.pins.expire()
         self.kv.check(self.running, self.waiting)
         if self.drafter is not None:
             self.drafter.check(self.running)
 
     def stats(self) -> dict[str, float]:
+        self.kv.pins.expire()
         s, pool, free = self.counters, self.kv.num_slots, self.kv.num_free_slots
+        pins = self.kv.pins
         return {
+            "kv_pinned_tokens": self.kv.cache.pinned_size,
+            "kv_pins": len(pins.pins),
+            "pins_released_under_pressure_total": pins.stats.released_under_pressure,
+            "pins_expired_total": pins.stats.expired,
+            "recomputed_cached_tokens_total": s.recomputed_cached_tokens,
+            "host_cache_tokens": self.kv.host.cache.total_size if self.kv.host else 0,
+            "host_restored_tokens_total": self.kv.host.restored_tokens if self.kv.host else 0,
             "running_requests": len(self.running),
             "waiting_requests": len(self.waiting),
             "kv_pool_tokens": pool,

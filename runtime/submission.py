@@ -5,7 +5,7 @@ after the edge checks a field again or re-packs the request into a dict.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from .sampling_params import SamplingParams
@@ -13,6 +13,22 @@ from .sampling_params import SamplingParams
 if TYPE_CHECKING:
     from .constrained.matcher import Constraint
     from .image_span import ImageSpan
+
+
+SESSION = "session:"  # owner prefix of a prompt_cache_key session (programs use "program:")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What a request asks to keep once it finishes: its whole sequence pinned for `owner`."""
+
+    owner: str
+    group: str | None = None  # released together; None: the owner alone
+    ttl: float | None = None  # seconds; None: the engine's prompt_cache_retention; math.inf: until released
+
+    @classmethod
+    def session(cls, key: str) -> "Retention":
+        return cls(SESSION + key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +55,7 @@ class Submission:
     top_logprobs_num: int = 0
     constraint: Constraint | None = None  # compiled from params' regex / json_schema / grammar
     images: list[ImageSpan] = field(default_factory=list)
+    retain: Retention | None = None  # keep the finished sequence pinned (a session / program state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +83,11 @@ def sample_rids(rids: Sequence[str], n: int) -> list[str]:
     """The request id of each of the n samples of each prompt: the prompt's own rid when n == 1."""
     return list(rids) if n == 1 else [f"{r}-{j}" for r in rids for j in range(n)]
 
+
+def with_retention(batch: SubmissionBatch, retain: Retention | str) -> SubmissionBatch:
+    """`batch` with each request's finished sequence kept for `retain` (a str: a session key)."""
+    if isinstance(retain, str):
+        if not retain:
+            raise ValueError("prompt_cache_key must be a non-empty string")
+        retain = Retention.session(retain)
+    return replace(batch, requests=[replace(s, retain=retain) for s in batch.requests])

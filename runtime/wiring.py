@@ -81,7 +81,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     else:
         runner = TPRunner(loaded.model, req_to_token, attn, device, workers, encoder, image_token_id)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
-    kv = KVManager(pool, allocator, req_to_token, cache)
+    kv = KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, cfg.kv_host_cache_tokens)
     drafter = create_drafter(cfg, loaded, pool_size, context_length)
     scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
     outputs = OutputProcessor(kv, context_length, scheduler.counters, jump, drafter)

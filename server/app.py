@@ -15,7 +15,7 @@ from .errors import install_error_handlers
 from .limits import ServerLimits
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import error_responses
-from .protocol import AbortRequest
+from .protocol import AbortRequest, ReleaseCacheRequest
 from .state import ServerState, server_state
 
 
@@ -61,6 +61,14 @@ def _admin_routes(app: FastAPI) -> None:
         answers how many engine requests (samples) that ended."""
         live = server_state(request).live
         return {"aborted": live.abort_all() if body.abort_all else live.abort(body.rid or "")}
+
+    @app.post("/v1/prompt_cache/release", responses=error_responses(413, 422))
+    async def release_prompt_cache(body: ReleaseCacheRequest, request: Request) -> dict[str, Any]:
+        """Drops a prompt_cache_key session's pinned sequence now (its tokens return to the LRU);
+        answers whether it had one and how many tokens it held."""
+        engine = server_state(request).engine
+        tokens = await asyncio.to_thread(engine.release_cache_key, body.prompt_cache_key)
+        return {"released": tokens > 0, "tokens": tokens}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> PlainTextResponse:

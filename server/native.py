@@ -27,7 +27,8 @@ router = APIRouter()
 
 # engine field names as a native client spells them (for error messages)
 FIELDS = {name: f"sampling_params.{name}" for name in [f.name for f in dataclasses.fields(SamplingParams)]
-          + list(ALIASES)} | {name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")}
+          + list(ALIASES)} | {name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")} | {
+    "cache_key": "session"}
 
 
 @router.post("/generate", responses=streaming_responses(400, 413, 422, 503))
@@ -43,7 +44,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     check_unicode_tree(body.rid, "rid")  # it comes back as the response's id
     args = dict(input_ids=prompts, sampling_params=sampling, return_logprob=body.return_logprob,
                 logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num, rid=body.rid,
-                image_data=await _images(state, body.image_data))
+                image_data=await _images(state, body.image_data), cache_key=body.cache_key)
     batch = prepare(state, args, FIELDS)
     groups = batch.groups()
     started = time.perf_counter()

@@ -134,7 +134,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompts, texts = await state.offload(completion_prompts, engine.tokenizer, body.prompt, engine.context_length)
     want_logprobs = body.logprobs is not None
     job = Job(new_id("cmpl"), prompts, sampling, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
-              logprob_start_len=0 if body.echo and want_logprobs else -1)  # echo scores the prompt too
+              logprob_start_len=0 if body.echo and want_logprobs else -1,  # echo scores the prompt too
+              cache_key=body.prompt_cache_key)
     return await _respond(request, _CompletionView(state, body, job, texts), fields)
 
 
@@ -211,7 +212,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
                                          engine.image_prompts, state.model_name, plan)
     job = Job(new_id("chatcmpl"), [prompt], sampling, return_logprob=body.logprobs,
-              top_logprobs_num=body.top_logprobs or 0, image_data=images or None)
+              top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key)
     return await _respond(request, _ChatView(state, body, job, plan), fields)
 
 

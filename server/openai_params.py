@@ -35,6 +35,7 @@ class Job:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     image_data: list[Any] | None = None  # the prompt's images (decoded), one per placeholder
+    cache_key: str | None = None  # prompt_cache_key: the finished sequence stays cached for the session
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -48,7 +49,7 @@ class Job:
     def engine_args(self) -> dict[str, Any]:
         return dict(input_ids=self.prompts, sampling_params=self.sampling, return_logprob=self.return_logprob,
                     logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num,
-                    rid=self.rids, image_data=self.image_data)
+                    rid=self.rids, image_data=self.image_data, cache_key=self.cache_key)
 
 
 def new_id(prefix: str) -> str:

@@ -102,12 +102,22 @@ class GenerateRequest(SGLangGenerateExtras):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
+    # a session: once the request finishes, its whole sequence stays cached for the server's
+    # prompt_cache_retention (OpenAI's prompt_cache_key; `session` is the same, spelled natively)
+    session: str | None = Field(None, min_length=1, max_length=256)
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _one_prompt_kind(self) -> "GenerateRequest":
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("pass exactly one of text and input_ids")
+        if self.session is not None and self.prompt_cache_key is not None:
+            raise ValueError("pass at most one of session and prompt_cache_key")
         return self
+
+    @property
+    def cache_key(self) -> str | None:
+        return self.session if self.session is not None else self.prompt_cache_key
 
 
 class ConcatenateRequest(StrictModel):  # SGLang's /concate_and_append_request (a fork join)
@@ -129,6 +139,12 @@ class ProgramRequest(StrictModel):
     args: dict[str, Any] = Field(default_factory=dict)
     sampling_params: dict[str, Any] | None = None  # run()'s sampling defaults
     stream: bool = False
+
+
+class ReleaseCacheRequest(StrictModel):
+    """POST /v1/prompt_cache/release: drops a session's pinned prefix before its retention runs out."""
+
+    prompt_cache_key: str = Field(min_length=1, max_length=256)
 
 
 class AbortRequest(StrictModel):
@@ -181,6 +197,8 @@ class _OpenAIFields(StrictModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
+    # OpenAI's: requests sharing it are one session, whose finished sequence the server keeps cached
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
 
 
 def _sampling_fields() -> dict[str, Any]:

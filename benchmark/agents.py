@@ -1,0 +1,221 @@
+"""Agents under KV pressure: retention off (plain LRU) vs prompt_cache_key pins vs pins + the host KV tier,
+all three measured in this run against the same model and the same scripted workload.
+
+Workload (seeded, identical for every config):
+  - N concurrent agents (default 16), each a multi-turn tool-using session of 8-12 turns: every turn is a
+    request on the whole history so far; the agent then waits 0.2-2 s for a "tool", whose result (~120
+    tokens) is appended; the history grows to a few thousand tokens;
+  - half of the agents fork 2-3 sub-agents on their shared history halfway through (2 turns each);
+  - background load: one-shot requests with unique prompts, 2 at a time, for as long as the agents run;
+  - the KV pool holds about half of the agents' working set (their final histories).
+Agents send prompt_cache_key (their id; a sub-agent its own) in the retention configs, nothing in "off".
+
+Reports per config: prompt tokens recomputed per agent turn (prefilled again although cached before: the
+engine's recomputed_cached_tokens_total), prompt tokens prefilled per turn, p50 / p99 time to first token
+per agent turn, agent turns/s, background tokens/s (prompt + generated), and the ratios against "off".
+The machine's cores may be shared with other work: compare ratios within one run, not absolute figures.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlang.runtime.engine import Engine
+
+SYSTEM = ("You are a coding agent. You may call tools: read_file(path), run_tests(), grep(pattern), "
+          "edit(path, patch). After each tool result, say what you do next in one short line.\n")
+WORDS = ("module test failed passed line error import value config cache request token kernel layer "
+         "batch queue thread lock return none true false path file read write index slot node tree").split()
+CONFIGS = ("off", "pins", "pins+host")
+
+
+@dataclass
+class Workload:
+    agents: int = 16
+    min_turns: int = 8
+    max_turns: int = 12
+    tool_words: int = 60  # ~120 tokens of tool result per turn
+    max_new_tokens: int = 12
+    min_wait: float = 0.2
+    max_wait: float = 2.0
+    background_concurrency: int = 2
+    background_words: int = 150
+    seed: int = 0
+
+
+@dataclass
+class Measures:
+    ttft: list[float] = field(default_factory=list)
+    prefilled: list[int] = field(default_factory=list)  # prompt - cached, per agent turn
+    turns: int = 0
+    background_tokens: int = 0
+
+
+def tool_result(rng: random.Random, n: int) -> str:
+    return " ".join(f"{rng.choice(WORDS)}{rng.randint(0, 99)}" for _ in range(n))
+
+
+async def one_turn(engine: Engine, prompt: str, key: str | None, wl: Workload, m: Measures) -> str:
+    params = {"temperature": 0, "max_new_tokens": wl.max_new_tokens, "ignore_eos": True}
+    t0, first, parts = time.perf_counter(), None, []
+    async for chunk in engine.async_stream(prompt, params, cache_key=key):
+        if first is None and (chunk.token_ids or chunk.finished):
+            first = time.perf_counter() - t0
+        parts.append(chunk.text)
+        if chunk.finished:
+            m.prefilled.append(chunk.prompt_tokens - chunk.cached_tokens)
+    m.ttft.append(first or 0.0)
+    m.turns += 1
+    return "".join(parts)
+
+
+async def agent(engine: Engine, i: int, wl: Workload, keyed: bool, m: Measures) -> None:
+    rng = random.Random(wl.seed * 1000 + i)
+    turns = rng.randint(wl.min_turns, wl.max_turns)
+    forks = rng.randint(2, 3) if i % 2 == 0 else 0
+    history = SYSTEM + f"Task {i}: fix the failing test in module_{i}.py\n"
+    key = f"agent-{i}" if keyed else None
+    for t in range(turns):
+        history += "Assistant:" + await one_turn(engine, history + "Assistant:", key, wl, m) + "\n"
+        await asyncio.sleep(rng.uniform(wl.min_wait, wl.max_wait))  # the tool runs
+        if forks and t == turns // 2:
+            notes = await asyncio.gather(*(sub_agent(engine, history, i, j, wl, keyed, m) for j in range(forks)))
+            history += "".join(f"Subagent {j}: {note}\n" for j, note in enumerate(notes))
+        history += "Tool: " + tool_result(rng, wl.tool_words) + "\n"
+    if keyed:
+        await asyncio.to_thread(engine.release_cache_key, key)  # the session is over
+
+
+async def sub_agent(engine: Engine, history: str, i: int, j: int, wl: Workload, keyed: bool, m: Measures) -> str:
+    rng = random.Random(wl.seed * 1000 + i * 10 + j + 500_000)
+    prompt = history + f"Subagent {j} task: review part {j} of the change.\n"
+    key = f"agent-{i}-sub-{j}" if keyed else None
+    out = ""
+    for _ in range(2):
+        out = await one_turn(engine, prompt + "Assistant:", key, wl, m)
+        prompt += "Assistant:" + out + "\nTool: " + tool_result(rng, wl.tool_words // 2) + "\n"
+        await asyncio.sleep(rng.uniform(wl.min_wait, wl.max_wait) / 2)
+    if keyed:
+        await asyncio.to_thread(engine.release_cache_key, key)
+    return out
+
+
+async def background(engine: Engine, wl: Workload, stop: asyncio.Event, m: Measures, worker: int) -> None:
+    rng, n = random.Random(wl.seed + 7_000_000 + worker), 0
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    while not stop.is_set():
+        prompt = f"Background job {worker}-{n}: " + tool_result(rng, wl.background_words)
+        out = await engine.async_generate(prompt, params)
+        m.background_tokens += out.meta.prompt_tokens + out.meta.completion_tokens
+        n += 1
+
+
+async def run_config(engine: Engine, wl: Workload, keyed: bool) -> tuple[Measures, Measures, float]:
+    agents_m, background_m, stop = Measures(), Measures(), asyncio.Event()
+    bg = [asyncio.create_task(background(engine, wl, stop, background_m, w)) for w in range(wl.background_concurrency)]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(agent(engine, i, wl, keyed, agents_m) for i in range(wl.agents)))
+    span = time.perf_counter() - t0
+    stop.set()
+    await asyncio.gather(*bg)
+    return agents_m, background_m, span
+
+
+def working_set(engine: Engine, wl: Workload) -> int:
+    """Tokens of every agent's final history (outputs at max_new_tokens), sub-agents' extra included."""
+    total = 0
+    for i in range(wl.agents):
+        rng = random.Random(wl.seed * 1000 + i)
+        turns = rng.randint(wl.min_turns, wl.max_turns)
+        forks = rng.randint(2, 3) if i % 2 == 0 else 0
+        text = SYSTEM + f"Task {i}: fix the failing test in module_{i}.py\n"
+        for _ in range(turns):
+            rng.uniform(wl.min_wait, wl.max_wait)
+            text += "Tool: " + tool_result(rng, wl.tool_words) + "\n"
+        total += len(engine.tokenizer.encode(text)) + turns * (wl.max_new_tokens + 4)
+        total += forks * (wl.tool_words * 2 + 2 * wl.max_new_tokens + 40)
+    return total
+
+
+def summarize(name: str, agents_m: Measures, background_m: Measures, span: float, stats: dict[str, float],
+              before: dict[str, float]) -> dict[str, Any]:
+    ttft = sorted(agents_m.ttft)
+    p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]
+    recomputed = stats["recomputed_cached_tokens_total"] - before["recomputed_cached_tokens_total"]
+    return {"config": name, "agent_turns": agents_m.turns,
+            "recomputed_tokens_per_turn": recomputed / agents_m.turns,
+            "prefilled_tokens_per_turn": statistics.mean(agents_m.prefilled),
+            "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": p99,
+            "agent_turns_per_s": agents_m.turns / span,
+            "background_tokens_per_s": background_m.background_tokens / span,
+            "seconds": span, "pins_released_under_pressure": stats["pins_released_under_pressure_total"],
+            "host_restored_tokens": stats["host_restored_tokens_total"]}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--agents", type=int, default=16)
+    parser.add_argument("--min-turns", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=12)
+    parser.add_argument("--max-wait", type=float, default=2.0, help="longest tool wait (s); the shortest is 0.2")
+    parser.add_argument("--pool-share", type=float, default=0.5, help="KV pool / agents' working set")
+    parser.add_argument("--background-words", type=int, default=150, help="words per background prompt (~2 tokens each)")
+    parser.add_argument("--max-pinned-fraction", type=float, default=None, help="engine option (default: the engine's)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which of off,pins,pins+host to run (off first)")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
+                  min_wait=min(0.2, args.max_wait), max_wait=args.max_wait, background_words=args.background_words)
+    probe = Engine(args.model, device="cpu", kv_cache_tokens=4096)
+    pool = int(working_set(probe, wl) * args.pool_share)
+    probe.shutdown()
+    options = {} if args.max_pinned_fraction is None else {"max_pinned_fraction": args.max_pinned_fraction}
+    rows = []
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            raise SystemExit(f"--configs: {name!r} is not one of {CONFIGS}")
+        host = 4 * pool if name == "pins+host" else 0
+        engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64,
+                        kv_host_cache_tokens=host, **options)
+        try:
+            before = engine.stats()
+            agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
+            engine.check_invariants()
+            rows.append(summarize(name, agents_m, background_m, span, engine.stats(), before) | {"pool": pool})
+        finally:
+            engine.shutdown()
+    print_rows(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    off = rows[0]
+    print(f"KV pool {off['pool']} tokens (about half the agents' working set); cores may be shared: ratios only")
+    print(f"{'config':10} {'recomp/turn':>11} {'prefill/turn':>12} {'ttft p50':>9} {'ttft p99':>9} "
+          f"{'turns/s':>8} {'bg tok/s':>9} {'pins freed':>10} {'host restored':>13}")
+    for r in rows:
+        print(f"{r['config']:10} {r['recomputed_tokens_per_turn']:11.1f} {r['prefilled_tokens_per_turn']:12.1f} "
+              f"{r['ttft_p50_s']:9.3f} {r['ttft_p99_s']:9.3f} {r['agent_turns_per_s']:8.2f} "
+              f"{r['background_tokens_per_s']:9.1f} {r['pins_released_under_pressure']:10.0f} "
+              f"{r['host_restored_tokens']:13.0f}")
+    for r in rows[1:]:
+        left = r["recomputed_tokens_per_turn"]
+        recomputed = f"{off['recomputed_tokens_per_turn'] / left:.1f}x fewer" if left else "no"
+        print(f"{r['config']} vs off: {recomputed} recomputed tokens, "
+              f"{off['ttft_p99_s'] / r['ttft_p99_s']:.2f}x lower p99 TTFT, "
+              f"{r['agent_turns_per_s'] / off['agent_turns_per_s']:.2f}x agent turns/s, "
+              f"background {r['background_tokens_per_s'] / off['background_tokens_per_s']:.2f}x of off")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Pins on the radix cache (runtime/pins.py) and the host tier (runtime/host_tier.py) through the KV owner:
+a hypothesis state machine of live requests, pins, unpins, TTL expiry, memory pressure, host parking and
+restores, with the KV invariant of both tiers after every step, the eviction order and the pinned budget
+checked against what the step did, and every cached slot's KV checked against the token it holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixlang.runtime.kv_manager import KVManager
+from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
+from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.request import KVFields
+
+POOL = 48
+keys = st.lists(st.integers(0, 3), min_size=1, max_size=12)
+owners = st.sampled_from(["a", "b", "c", "d", "e"])
+
+
+@dataclass(eq=False)
+class FakeReq(KVFields):
+    """What the KV owner reads of a request: its token ids."""
+
+    rid: str
+    ids: list[int]
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return self.ids[start:end]
+
+
+def make_kv(pool: int = POOL, fraction: float = 0.5, host: int = 0) -> KVManager:
+    cpu = torch.device("cpu")
+    allocator = SlotAllocator(pool, cpu)
+    return KVManager(KVPool(pool, 1, 1, 1, torch.float32, cpu), allocator, ReqToToken(8, 64, cpu),
+                     RadixCache(allocator.free), max_pinned_fraction=fraction, host_tokens=host, min_restore=1)
+
+
+def run_request(kv: KVManager, ids: list[int], rid: str = "r") -> FakeReq | None:
+    """Admits `ids` and computes all of it, as a prefill would (a token's K is the token id, its V minus
+    it: what the cached KV must still say wherever it moves); None if it does not fit."""
+    req = FakeReq(rid=rid, ids=ids)
+    n = kv.admit(req, len(ids), len(ids), lambda n: kv.can_fit(n, 0, True))
+    if n is None:
+        return None
+    first = kv.extend(req, n)
+    slots = kv.req_to_token.read(req.row, first, first + n)
+    computed = torch.tensor(ids[first:first + n], dtype=torch.float32).view(-1, 1, 1)
+    kv.pool.k_buffers[0][slots] = computed
+    kv.pool.v_buffers[0][slots] = -computed
+    kv.computed(req, req.slot_len)
+    kv.commit(req)
+    return req
+
+
+def check_kv_contents(kv: KVManager) -> None:
+    """Every cached slot, in either tier, holds the KV of its token."""
+    tiers = [(kv.cache, kv.pool.k_buffers[0], kv.pool.v_buffers[0])]
+    if kv.host is not None:
+        tiers.append((kv.host.cache, kv.host.k[0], kv.host.v[0]))
+    for cache, k, v in tiers:
+        for node in cache.nodes():
+            want = torch.tensor(node.key, dtype=torch.float32)
+            assert torch.equal(k[node.value].flatten(), want) and torch.equal(v[node.value].flatten(), -want)
+
+
+def tree_slots_unlocked(kv: KVManager) -> set[int]:
+    return {s for node in kv.cache.nodes() if node.lock_ref == 0 for s in node.value.tolist()}
+
+
+class PinMachine(RuleBasedStateMachine):
+    @initialize()
+    def setup(self) -> None:
+        self.kv = make_kv(host=64)
+        self.now = 0.0
+        self.kv.pins.clock = lambda: self.now
+        self.running: list[FakeReq] = []
+
+    @precondition(lambda self: len(self.running) < 8)
+    @rule(ids=keys)
+    def start_request(self, ids: list[int]) -> None:
+        req = run_request(self.kv, ids, rid=str(len(self.running)))
+        if req is not None:
+            self.running.append(req)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 7), owner=owners, ttl=st.sampled_from([None, 1.0, 5.0]), keep=st.booleans())
+    def finish_request(self, i: int, owner: str, ttl: float | None, keep: bool) -> None:
+        """A finished request; `keep`: its sequence stays pinned for `owner`, as a keyed session's does."""
+        req = self.running.pop(i % len(self.running))
+        ids = req.tokens(0, req.kv_len)
+        self.kv.release(req)
+        if keep:
+            pinned = self.kv.pin(owner, ids, ttl)
+            assert pinned in (0, len(ids))
+            assert (pinned > 0) == (owner in self.kv.pins.pins)
+
+    @rule(owner=owners, ids=keys, ttl=st.sampled_from([None, 1.0, 5.0]))
+    def pin_cached_prefix(self, owner: str, ids: list[int], ttl: float | None) -> None:
+        cached = self.kv.cached_prefix_len(ids)
+        pinned = self.kv.pin(owner, ids, ttl)
+        assert pinned == 0 or pinned == cached
+
+    @rule(owner=owners)
+    def unpin(self, owner: str) -> None:
+        had = owner in self.kv.pins.pins
+        assert (self.kv.pins.unpin(owner) > 0) == had
+        assert owner not in self.kv.pins.pins
+
+    @rule(dt=st.sampled_from([0.5, 2.0, 6.0]))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self.kv.pins.expire()
+        assert all(p.expires > self.now for p in self.kv.pins.pins.values()), "an expired pin survived"
+
+    @rule(n=st.integers(1, POOL))
+    def memory_pressure(self, n: int) -> None:
+        """ensure_free frees unpinned LRU leaves first, then expired pins, then idle pins oldest first."""
+        before = dict(self.kv.pins.pins)
+        unlocked = tree_slots_unlocked(self.kv)
+        ok = self.kv.ensure_free(n)
+        released = [p for owner, p in before.items() if self.kv.pins.pins.get(owner) is not p]
+        in_tree = set(self.kv.cache.all_slots().tolist())
+        if released:
+            assert not unlocked & in_tree, "a pin was released while unpinned leaves were left"
+        if any(p.expires > self.now for p in released):
+            assert not any(p.expires <= self.now for p in self.kv.pins.pins.values()), \
+                "a live pin was released before an expired one"
+        kept_ages = [p.touched for p in self.kv.pins.pins.values() if p.node.lock_ref == p.node.pin_ref]
+        for p in released:
+            assert all(p.touched <= age for age in kept_ages), "a younger idle pin went before an older one"
+        if not ok:
+            assert self.kv.cache.evictable_size == 0 and self.kv.pins.releasable == 0
+
+    @invariant()
+    def every_slot_is_free_cached_pinned_or_held(self) -> None:
+        if not hasattr(self, "kv"):
+            return
+        self.kv.check(self.running, [])
+        assert self.kv.cache.pinned_size <= self.kv.pins.budget
+        check_kv_contents(self.kv)
+
+    @rule(ids=keys)
+    def host_restore_matches_what_was_parked(self, ids: list[int]) -> None:
+        """A prompt admitted now reuses the device match plus what the host tier held beyond it."""
+        if len(self.running) >= 8:
+            return
+        on_device, hosted = self.kv.cached_prefix_len(ids), self.kv.host.match(ids).length
+        restored = self.kv.host.restored_tokens
+        req = run_request(self.kv, ids, rid=f"h{len(self.running)}")
+        if self.kv.host.restored_tokens > restored:
+            assert self.kv.host.restored_tokens - restored == hosted - on_device, "a restore reaches the host's match"
+        if req is not None:
+            self.running.append(req)
+
+
+TestPinsStateMachine = PinMachine.TestCase
+TestPinsStateMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+
+def test_pins_survive_pressure_that_evicts_everything_else():
+    kv = make_kv()
+    kept = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+    kv.release(run_request(kv, kept))
+    assert kv.pin("session", kept, None) == len(kept)
+    for k in range(3):  # unpinned sequences that fill the rest of the pool
+        kv.release(run_request(kv, [k + 5] * 12))
+    assert kv.ensure_free(POOL - len(kept))  # everything unpinned goes, the pin stays
+    assert kv.cache.total_size == len(kept) and kv.cached_prefix_len(kept) == len(kept)
+    assert kv.pins.stats.released_under_pressure == 0
+    kv.check([], [])
+
+
+def test_admission_releases_an_idle_pin_rather_than_wait():
+    kv = make_kv(fraction=1.0)
+    kv.release(run_request(kv, list(range(40))))
+    kv.pin("old", list(range(40)), None)
+    assert kv.can_fit(POOL, 0, waive_reserve=False)  # the pin's 40 tokens count as room
+    assert kv.pins.pins == {} and kv.pins.stats.released_under_pressure == 1
+    kv.check([], [])
+
+
+def test_a_pin_in_use_by_a_live_request_is_kept_under_pressure():
+    kv = make_kv(fraction=1.0)
+    ids = list(range(20))
+    kv.release(run_request(kv, ids))
+    kv.pin("s", ids, None)
+    req = run_request(kv, ids + [99])  # the session's next turn runs on its pinned prefix
+    assert not kv.ensure_free(POOL)  # releasing the pin would free nothing: it stays
+    assert "s" in kv.pins.pins
+    kv.check([req], [])
+    kv.release(req)
+
+
+def test_pinned_budget_releases_the_oldest_pin_first():
+    kv = make_kv(fraction=0.5)  # 24 tokens
+    now = [0.0]
+    kv.pins.clock = lambda: now[0]
+    for i, owner in enumerate("abc"):
+        ids = [i + 4] * 10
+        kv.release(run_request(kv, ids))
+        now[0] += 1
+        kv.pin(owner, ids, None)
+        assert kv.cache.pinned_size <= 24
+    assert sorted(kv.pins.pins) == ["b", "c"]  # a, the oldest, made room for c
+    assert kv.pin("big", list(range(30)), None) == 0  # a pin over the whole budget is refused
+    kv.check([], [])
+
+
+def test_ttl_expiry_frees_the_path_to_the_lru():
+    kv = make_kv()
+    now = [0.0]
+    kv.pins.clock = lambda: now[0]
+    ids = [1, 2, 3, 4]
+    kv.release(run_request(kv, ids))
+    kv.pin("s", ids, ttl=2.0)
+    assert kv.cache.evictable_size == 0
+    now[0] = 1.0
+    assert kv.pins.expire() == 0
+    now[0] = 2.5
+    assert kv.pins.expire() == 1 and kv.cache.evictable_size == len(ids) and kv.cache.pinned_size == 0
+    kv.check([], [])
