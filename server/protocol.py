@@ -66,7 +66,6 @@ class SGLangChatExtras(StrictModel):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     verbosity: Any = None
     modalities: list[str] | None = None
