@@ -13,6 +13,7 @@ import torch
 
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
+from .checkpoint_quant import QuantStore, dequantized_weights, pack_checkpoint_linears, parse_quant_config
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM, Rotary
@@ -52,13 +53,16 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
 
         return load_vision_language(path, device, dtype, tp)
     blocks: dict[str, GroupQuant] = {}
+    quantized: QuantStore = {}  # a GPTQ / AWQ / W8A8 folder's packed linears
     if path.is_dir():
-        cfg, weights, tokenizer = read_hf_dir(path)
+        cfg, weights, tokenizer = read_hf_dir(path, quantized=quantized)
     elif path.suffix == ".gguf":
         cfg, weights, tokenizer = _read_gguf(path, blocks if keep_blocks else None)
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
     model = build_model(cfg, weights, device, dtype, tp)
+    if quantized and device.type == "cpu" and (tp is None or tp.size == 1):
+        pack_checkpoint_linears(model, quantized)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
 
 
@@ -217,11 +221,13 @@ def _is_vision_folder(path: Path) -> bool:
     return any(a in VISION_ARCHS for a in read_hf_config(path).get("architectures") or [])
 
 
-def read_hf_dir(path: Path, hf: dict[str, Any] | None = None):
+def read_hf_dir(path: Path, hf: dict[str, Any] | None = None, quantized: QuantStore | None = None):
     """(config, weights, tokenizer) of an HF folder; `hf`: its config.json when it is not the folder's own
-    (a vision-language folder's language model)."""
+    (a vision-language folder's language model). A quantized folder's linears come dequantized to fp32,
+    and `quantized` (if given) receives their packed forms."""
     hf = read_hf_config(path) if hf is None else hf
     cfg = config_from_hf(hf)
+    quant = parse_quant_config(hf)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"HF model folder {str(path)!r} has no *.safetensors files")
@@ -230,7 +236,10 @@ def read_hf_dir(path: Path, hf: dict[str, Any] | None = None):
     if gen_cfg.exists():
         eos = json.loads(gen_cfg.read_text()).get("eos_token_id", eos)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    return cfg, _safetensors_weights(files), Tokenizer.from_hf_dir(path, eos_ids)
+    weights = _safetensors_weights(files)
+    if quant is not None:
+        weights = dequantized_weights(weights, quant, quantized)
+    return cfg, weights, Tokenizer.from_hf_dir(path, eos_ids)
 
 
 def _safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
