@@ -132,16 +132,19 @@ class ConcatOutputs(nn.Module):
 
 
 def group_quant(w: IntWeight) -> GroupQuant:
-    """Group-sorted IntWeight as GroupQuant's runs of 32 (W = scale * code + minimum)."""
-    in_features = w.codes.shape[1]
-    expected = torch.arange(in_features) // (in_features // w.zeros.shape[1])
-    assert torch.equal(w.g_idx, expected), "columns sorted by group, groups of equal size"
-    runs = in_features // GROUP // w.zeros.shape[1]
-    scale = w.scales.float().repeat_interleave(runs, dim=1)
-    zero = w.zeros.repeat_interleave(runs, dim=1).float()
+    """Group-sorted IntWeight as GroupQuant's runs of 32 columns (W = scale * code + minimum)."""
+    run_groups = w.g_idx[::GROUP]
+    scale = w.scales.float()[:, run_groups]
+    zero = w.zeros[:, run_groups].float()
     if w.bits == 4:
         return GroupQuant(w.codes.to(torch.int16), scale, -zero * scale, bits=4)
     return GroupQuant((w.codes - 128).to(torch.int16), scale, (128 - zero) * scale, bits=8)  # Q8_0's signed codes
+
+
+def runs_share_groups(w: IntWeight) -> bool:
+    """Whether every run of 32 input columns lies in one group (the kernel's granularity)."""
+    k = w.codes.shape[1]
+    return k % GROUP == 0 and bool((w.g_idx.view(-1, GROUP) == w.g_idx[::GROUP, None]).all())
 
 
 def pack_checkpoint_linears(model: nn.Module, store: QuantStore) -> int:
@@ -167,8 +170,7 @@ def _native(parts: list[Any], bias: torch.Tensor | None) -> nn.Module | None:
         codes = torch.cat([p[0] for p in parts]).to(torch.int8)
         return W8A8Linear(codes, torch.cat([p[1] for p in parts]), bias)
     sorted_parts = [p.sorted_by_group() for p in parts]
-    if not all(packable(*w.codes.shape, "int4") and w.codes.shape[1] // w.zeros.shape[1] % GROUP == 0
-               for w, _ in sorted_parts):
+    if not all(packable(*w.codes.shape, "int4") and runs_share_groups(w) for w, _ in sorted_parts):
         return None
     orders = [order for _, order in sorted_parts]
     if all(torch.equal(o, orders[0]) for o in orders):
