@@ -84,7 +84,8 @@ def _quantize(args: argparse.Namespace) -> int:
     from ..runtime.quantize.driver import QuantizeOptions, quantize
 
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size, act_order=args.act_order,
-                           sym=args.sym, percdamp=args.percdamp, alpha=args.alpha, calib=args.calib)
+                           sym=args.sym, percdamp=args.percdamp, alpha=args.alpha, calib=args.calib,
+                           threads=args.threads)
     quantize(None if args.model == "default" else args.model, args.out, opts)
     return 0
 
@@ -102,6 +103,8 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--percdamp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
     q.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
     q.add_argument("--calib", default="builtin", help="calibration text: 'builtin' (shipped) or a text file")
+    q.add_argument("--threads", type=int, default=1,
+                   help="torch threads while quantizing (default 1: fastest on a busy machine)")
     q.set_defaults(func=_quantize)
 
 
