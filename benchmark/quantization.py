@@ -82,18 +82,21 @@ def measure(engines: dict[str, Engine], repeats: int) -> dict[str, dict[str, flo
     return best
 
 
-def report(engines: dict[str, Engine], speed: dict[str, dict[str, float]]) -> None:
+def report_fidelity(engines: dict[str, Engine]) -> None:
     fp32_run = reference_run(engines["fp32"])
     ppl = {name: perplexity(e) for name, e in engines.items()}
     print("\nfidelity: perplexity of the fixed text (delta to fp32) and greedy agreement with fp32")
     for name, engine in engines.items():
         vs = "" if name == "fp32" else "; " + agreement(reference_run(engine), fp32_run)
-        print(f"  {name:26} ppl {ppl[name]:.3f} ({ppl[name] - ppl['fp32']:+.3f}){vs}")
+        print(f"  {name:26} ppl {ppl[name]:.3f} ({ppl[name] - ppl['fp32']:+.3f}){vs}", flush=True)
     gap = lambda a, b: 1 - (ppl[a] - ppl["fp32"]) / (ppl[b] - ppl["fp32"])  # noqa: E731
     for a, b in (("GPTQ int4 g128", "RTN int4 g128"), ("GPTQ int4 g128 act-order", "RTN int4 g128"),
                  ("SmoothQuant W8A8", "RTN W8A8")):
         if a in ppl and b in ppl:
             print(f"  {a} closes {100 * gap(a, b):.0f}% of {b}'s perplexity gap to fp32")
+
+
+def report_speed(speed: dict[str, dict[str, float]]) -> None:
     print(f"\n{'tok/s':26}" + "".join(f"{w:>14}" for w in ("decode b1", "decode 16x64", "prefill")))
     for name, row in speed.items():
         ratios = " ".join(f"{row[w] / speed['fp32'][w]:.2f}x" for w in row)
@@ -111,7 +114,7 @@ def sweep_alpha(root: Path, alphas: list[float]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=2, help="speed rounds; each engine's best counts")
+    parser.add_argument("--repeats", type=int, default=1, help="speed rounds; each engine's best counts")
     parser.add_argument("--reuse", default=None, help="folder to keep the quantized models in (and reuse)")
     parser.add_argument("--only", default=",".join(FOLDERS), help="quantized models to run, comma-separated")
     parser.add_argument("--alphas", default="", help="SmoothQuant alphas to sweep (perplexity), comma-separated")
@@ -124,8 +127,8 @@ def main() -> None:
     try:
         for engine in engines.values():
             engine.generate(DECODE_PROMPTS[:2], {**GREEDY, "max_new_tokens": 4})  # warm-up
-        speed = measure(engines, args.repeats)
-        report(engines, speed)
+        report_fidelity(engines)
+        report_speed(measure(engines, args.repeats))
         for engine in engines.values():
             engine.check_invariants()
     finally:

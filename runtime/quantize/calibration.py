@@ -28,6 +28,20 @@ def calibration_text(source: str) -> str:
     return text
 
 
+def generated_samples(model_path: Path, text: str, count: int, new_tokens: int) -> list[torch.Tensor]:
+    """`count` samples the model writes itself (temperature 1, seeded) after the opening words of the
+    text's paragraphs: its own distribution, and enough tokens that each layer's H = 2XX^T is well
+    determined (the shipped text alone, ~2k tokens, is fewer than SmolLM2's 1536 MLP channels need)."""
+    from ..engine import Engine
+
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    prompts = [" ".join(paragraphs[i % len(paragraphs)].split()[:8 + i // len(paragraphs)]) for i in range(count)]
+    with Engine(model=str(model_path), device="cpu", kv_cache_tokens=count * (new_tokens + 64)) as engine:
+        outs = engine.generate(input_ids=[engine.tokenizer.encode(p) for p in prompts], sampling_params={
+            "temperature": 1.0, "max_new_tokens": new_tokens, "seed": 0, "ignore_eos": True})
+        return [torch.tensor(engine.tokenizer.encode(p) + o.output_ids) for p, o in zip(prompts, outs)]
+
+
 def calibration_samples(tokenizer: Tokenizer, text: str, seq_len: int, max_samples: int) -> list[torch.Tensor]:
     """Consecutive windows of `seq_len` tokens (the last may be shorter), at most `max_samples`."""
     ids = tokenizer.encode(text)

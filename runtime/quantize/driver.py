@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..models.loader import load_model
-from .calibration import calibration_samples, calibration_text
+from .calibration import calibration_samples, calibration_text, generated_samples
 from .gptq import GPTQSpec, gptq_quantize, rtn_quantize
 from .hf_writer import Packed, write_folder
 from .layerwise import LINEARS, record_inputs, run_layerwise
@@ -29,6 +29,7 @@ class QuantizeOptions:
     calib: str = "builtin"
     seq_len: int = 256
     max_samples: int = 128
+    generated: int = 0  # calibration samples the model writes itself, seq_len tokens each, on top of the text
     # torch threads while quantizing: on the shared 2-core machine GPTQ took 4.5 s per SmolLM2 layer on
     # one thread and 17.6 s on two (each of thousands of small ops waited for a descheduled thread)
     threads: int = 1
@@ -67,10 +68,13 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
     from .smoothquant import smooth_and_quantize
 
     model_path = Path(model_path) if model_path is not None else default_model_path()
-    text = calibration_text(opts.calib) if opts.method != "rtn" else ""
+    calibrated = opts.method == "gptq" or opts.method == "smoothquant" and opts.smooth
+    text = calibration_text(opts.calib) if calibrated else ""
     start = time.perf_counter()
     loaded = load_model(model_path, torch.device("cpu"), torch.float32)
     samples = calibration_samples(loaded.tokenizer, text, opts.seq_len, opts.max_samples) if text else []
+    if text and opts.generated:
+        samples += generated_samples(model_path, text, opts.generated, opts.seq_len)
     if opts.method == "rtn":
         packed: dict[str, Packed] = rtn_layers(loaded.model, opts.spec())
     elif opts.method == "gptq":
