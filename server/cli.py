@@ -110,6 +110,34 @@ def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
                        help="an extra sglang-router option, passed as is (repeatable; e.g. --router-arg=--cache-threshold=0.5)")
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from ..runtime.quantize.driver import QuantizeOptions, quantize
+
+    opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size, act_order=args.act_order,
+                           sym=args.sym, percdamp=args.percdamp, alpha=args.alpha, calib=args.calib,
+                           threads=args.threads)
+    quantize(None if args.model == "default" else args.model, args.out, opts)
+    return 0
+
+
+def _add_quantize_command(sub) -> None:
+    q = sub.add_parser("quantize", help="quantize MODEL (GGUF or HF folder) into an HF folder OUT, on CPU")
+    q.add_argument("model", help="GGUF file or HF folder ('default': SmolLM2-135M-Instruct)")
+    q.add_argument("out", help="folder to write (config.json with quantization_config, safetensors, tokenizer)")
+    q.add_argument("--method", default="gptq", choices=["gptq", "rtn", "smoothquant"],
+                   help="gptq / rtn: weight-only int4 or int8, GPTQ format; smoothquant: W8A8 int8")
+    q.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    q.add_argument("--group-size", type=int, default=128, help="-1, 32, 64 or 128 (default: 128)")
+    q.add_argument("--act-order", action="store_true", help="GPTQ: round columns by descending Hessian diagonal")
+    q.add_argument("--sym", action="store_true", help="symmetric weight codes (default: asymmetric)")
+    q.add_argument("--percdamp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
+    q.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
+    q.add_argument("--calib", default="builtin", help="calibration text: 'builtin' (shipped) or a text file")
+    q.add_argument("--threads", type=int, default=1,
+                   help="torch threads while quantizing (default 1: fastest on a busy machine)")
+    q.set_defaults(func=_quantize)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlang", description="radixlang LLM runtime")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(srv)
     _add_engine_options(srv)
     srv.set_defaults(func=_serve)
+    _add_quantize_command(sub)
     return parser
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
 from . import quant, weight_cache
+from .checkpoint_quant import QuantStore, dequantized_weights, pack_checkpoint_linears, parse_quant_config
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
@@ -61,13 +62,16 @@ def load_language_model(path: str | Path | None, device: torch.device, dtype: to
     if path.suffix == ".gguf" and not path.is_dir() and device.type == "cpu" and (tp is None or tp.size == 1):
         return _load_gguf_cached(path, device, dtype, quantization, keep_blocks)
     blocks: dict[str, GroupQuant] = {}
+    quantized: QuantStore = {}  # a GPTQ / AWQ / W8A8 folder's packed linears
     if path.is_dir():
-        cfg, weights, tokenizer = read_hf_dir(path)
+        cfg, weights, tokenizer = read_hf_dir(path, quantized=quantized)
     elif path.suffix == ".gguf":
         cfg, weights, tokenizer = _read_gguf(path, blocks if keep_blocks or quantization == "auto" else None)
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
     model = build_model(cfg, weights, device, dtype, tp)
+    if quantized and device.type == "cpu" and (tp is None or tp.size == 1):
+        pack_checkpoint_linears(model, quantized)
     quantize_model(model, quantization, blocks)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
 
@@ -291,11 +295,15 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return json.loads(config_path.read_text())
 
 
-def read_hf_dir(path: Path, hf: dict[str, Any] | None = None, read_config=config_from_hf):
+def read_hf_dir(path: Path, hf: dict[str, Any] | None = None, read_config=config_from_hf,
+                quantized: QuantStore | None = None):
     """(config, weights, tokenizer) of an HF folder; `hf`: its config.json when it is not the folder's own
-    (a vision-language folder's language model); `read_config`: config.json -> the model's config."""
+    (a vision-language folder's language model); `read_config`: config.json -> the model's config. A
+    quantized folder's linears come dequantized to fp32, and `quantized` (if given) receives their packed
+    forms."""
     hf = read_hf_config(path) if hf is None else hf
     cfg = read_config(hf)
+    quant_config = parse_quant_config(hf)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"HF model folder {str(path)!r} has no *.safetensors files")
@@ -304,7 +312,10 @@ def read_hf_dir(path: Path, hf: dict[str, Any] | None = None, read_config=config
     if gen_cfg.exists():
         eos = json.loads(gen_cfg.read_text()).get("eos_token_id", eos)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    return cfg, _safetensors_weights(files), Tokenizer.from_hf_dir(path, eos_ids)
+    weights = _safetensors_weights(files)
+    if quant_config is not None:
+        weights = dequantized_weights(weights, quant_config, quantized)
+    return cfg, weights, Tokenizer.from_hf_dir(path, eos_ids)
 
 
 def _safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

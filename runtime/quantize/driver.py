@@ -1,0 +1,131 @@
+"""`radixlang quantize`: load a model in fp32, calibrate and quantize it, write an HF folder."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..models.loader import load_model
+from .calibration import calibration_samples, calibration_text, generated_samples
+from .gptq import GPTQSpec, gptq_quantize, rtn_quantize
+from .hf_writer import Packed, write_folder
+from .layerwise import LINEARS, record_inputs, run_layerwise
+
+METHODS = ("gptq", "rtn", "smoothquant")
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeOptions:
+    method: str = "gptq"
+    bits: int = 4  # weight-only methods; SmoothQuant is always W8A8
+    group_size: int = 128
+    act_order: bool = False
+    sym: bool = False
+    percdamp: float = 0.01
+    alpha: float = 0.5  # SmoothQuant migration strength
+    smooth: bool = True  # SmoothQuant without smoothing: plain (naive) W8A8
+    calib: str = "builtin"
+    seq_len: int = 256
+    max_samples: int = 128
+    generated: int = 0  # calibration samples the model writes itself, seq_len tokens each, on top of the text
+    # torch threads while quantizing: on the shared 2-core machine GPTQ took 4.5 s per SmolLM2 layer on
+    # one thread and 17.6 s on two (each of thousands of small ops waited for a descheduled thread)
+    threads: int = 1
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"--method must be one of {METHODS}, got {self.method!r}")
+        if self.bits not in (4, 8):
+            raise ValueError(f"--bits must be 4 or 8, got {self.bits}")
+        if self.group_size not in (-1, 32, 64, 128):
+            raise ValueError(f"--group-size must be one of -1, 32, 64, 128, got {self.group_size}")
+        if not 0 < self.percdamp < 1:
+            raise ValueError(f"--percdamp must be in (0, 1), got {self.percdamp}")
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
+        if self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+
+    def spec(self) -> GPTQSpec:
+        return GPTQSpec(self.bits, self.group_size, self.sym, self.act_order, self.percdamp)
+
+
+def quantize(model_path: str | Path | None, out: str | Path, opts: QuantizeOptions) -> Path:
+    """Writes the quantized folder to `out` and returns its path."""
+    opts.validate()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(opts.threads)
+    try:
+        return _quantize(model_path, Path(out), opts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -> Path:
+    from ..models.loader import default_model_path
+    from .smoothquant import smooth_and_quantize
+
+    model_path = Path(model_path) if model_path is not None else default_model_path()
+    calibrated = opts.method == "gptq" or opts.method == "smoothquant" and opts.smooth
+    text = calibration_text(opts.calib) if calibrated else ""
+    start = time.perf_counter()
+    loaded = load_model(model_path, torch.device("cpu"), torch.float32)
+    samples = calibration_samples(loaded.tokenizer, text, opts.seq_len, opts.max_samples) if text else []
+    if text and opts.generated:
+        samples += generated_samples(model_path, text, opts.generated, opts.seq_len)
+    if opts.method == "rtn":
+        packed: dict[str, Packed] = rtn_layers(loaded.model, opts.spec())
+    elif opts.method == "gptq":
+        packed = gptq_layers(loaded.model, samples, opts.spec())
+    else:
+        packed = smooth_and_quantize(loaded.model, samples, opts.alpha if opts.smooth else None)
+    path = write_folder(out, model_path, loaded, packed, quantization_config(opts))
+    tokens = sum(len(s) for s in samples)
+    print(f"quantized {model_path.name} with {opts.method} on {tokens} calibration tokens in "
+          f"{time.perf_counter() - start:.1f}s -> {path}")
+    return path
+
+
+def quantization_config(opts: QuantizeOptions) -> dict:
+    if opts.method == "smoothquant":
+        return {"quant_method": "w8a8_int8", "smoothquant_alpha": opts.alpha if opts.smooth else None}
+    return {"quant_method": "gptq", "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.act_order,
+            "sym": opts.sym, "damp_percent": opts.percdamp, "true_sequential": False, "static_groups": False,
+            "checkpoint_format": "gptq", "lm_head": False, "quantizer": "radixlang " + opts.method}
+
+
+def rtn_layers(model, spec: GPTQSpec) -> dict[str, Packed]:
+    return {f"layers.{i}.{name}": rtn_quantize(layer.get_submodule(name).weight.detach(), spec)
+            for i, layer in enumerate(model.layers) for name in LINEARS}
+
+
+def gptq_layers(model, samples: list[torch.Tensor], spec: GPTQSpec) -> dict[str, Packed]:
+    """GPTQ of every decoder linear, layer by layer: each layer's Hessians come from inputs that went
+    through the layers before it already quantized; its own linears share one calibration pass."""
+    packed: dict[str, Packed] = {}
+
+    def on_layer(index: int, layer, run) -> None:
+        sums: dict[str, torch.Tensor] = {}
+        rows: dict[str, int] = {}
+
+        def observe(name: str, x: torch.Tensor) -> None:
+            x = x.float()
+            sums[name] = sums.get(name, 0) + x.T @ x
+            rows[name] = rows.get(name, 0) + x.shape[0]
+
+        handles = record_inputs(layer, observe)
+        run()
+        for h in handles:
+            h.remove()
+        for name in LINEARS:
+            linear = layer.get_submodule(name)
+            q = gptq_quantize(linear.weight.detach().float(), 2 * sums[name] / rows[name], spec)
+            linear.weight.copy_(q.dequantize())  # later layers calibrate on this layer's quantized outputs
+            packed[f"layers.{index}.{name}"] = q
+
+    if not samples:
+        raise ValueError("GPTQ needs calibration text (--calib)")
+    run_layerwise(model, samples, on_layer, desc="GPTQ")
+    return packed

@@ -1,0 +1,54 @@
+"""Calibration forward passes one decoder layer at a time: the samples' hidden states go through layer i,
+a callback sees the inputs of its linears (and may change its weights), then the layer runs again to give
+layer i + 1 its inputs. Only one layer's activations are held (samples x tokens x hidden, plus the
+layer's intermediates), whatever the depth."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..models.llama import DecoderLayer, ForwardContext, LlamaForCausalLM
+
+LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+class CausalAttention:
+    """The attention backend of a calibration pass: one whole sequence, causal, nothing cached."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float) -> torch.Tensor:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             is_causal=True, scale=scale)
+        return out.transpose(0, 1)
+
+
+def record_inputs(layer: DecoderLayer, observe: Callable[[str, torch.Tensor], None]) -> list:
+    """Calls observe(linear name, its 2-D input) on every forward of the layer's linears; returns the
+    hook handles (remove them when done)."""
+    def hook(name):
+        return lambda module, args: observe(name, args[0].reshape(-1, args[0].shape[-1]))
+
+    return [layer.get_submodule(name).register_forward_pre_hook(hook(name)) for name in LINEARS]
+
+
+@torch.no_grad()
+def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
+                  on_layer: Callable[[int, DecoderLayer, Callable[[], None]], None], desc: str) -> None:
+    """For each layer: on_layer(index, layer, run), where run() passes every sample through the layer
+    as it is at that moment (hook its linears to see their inputs); then the samples move on through
+    the layer as on_layer left it."""
+    ctx = ForwardContext(attn=CausalAttention())
+    hidden = [model.embed_tokens(ids) for ids in samples]
+    ropes = [model.rotary.table(torch.arange(len(ids))) for ids in samples]
+
+    def run() -> None:
+        for x, rope in zip(hidden, ropes):
+            layer(x, rope, ctx)
+
+    for index, layer in enumerate(tqdm(model.layers, desc=desc, unit="layer")):
+        on_layer(index, layer, run)
+        hidden = [layer(x, rope, ctx) for x, rope in zip(hidden, ropes)]

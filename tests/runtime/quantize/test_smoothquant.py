@@ -1,0 +1,88 @@
+"""SmoothQuant: the smoothed fp model computes what the original does; the int8 matmul is exact; and on a
+model with activation outliers smoothing cuts W8A8's error."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from radixlang.runtime.models.llama import ForwardContext
+from radixlang.runtime.models.loader import load_model
+from radixlang.runtime.models.w8a8 import W8A8Linear, quantize_rows_int8
+from radixlang.runtime.quantize.layerwise import CausalAttention
+from radixlang.runtime.quantize.smoothquant import smooth_and_quantize, smooth_model
+
+from ..models.hf_tiny import BASE, save_hf_model
+
+CALIB = [torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(s)) for s in range(4)]
+HELD_OUT = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(99))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sq") / "llama"
+    save_hf_model(path, transformers.LlamaConfig(**BASE), seed=4)
+    return path
+
+
+def fp32_model(folder, outliers: bool = False):
+    model = load_model(folder, torch.device("cpu"), torch.float32).model
+    if outliers:  # a few hidden channels 100x larger, as LLM activations have (fp function unchanged below)
+        with torch.no_grad():
+            for layer in model.layers:
+                for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                    norm.weight[::16] *= 100
+    return model
+
+
+@torch.no_grad()
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    hidden = model(ids, torch.arange(len(ids)), ForwardContext(attn=CausalAttention()))
+    return model.compute_logits(hidden)
+
+
+def test_smoothed_fp_model_computes_the_original_function(folder):
+    model = fp32_model(folder, outliers=True)
+    want = logits(model, HELD_OUT)
+    before = model.layers[0].input_layernorm.weight.clone()
+    smooth_model(model, CALIB, alpha=0.5)
+    assert not torch.allclose(model.layers[0].input_layernorm.weight, before)  # it did move scale around
+    got = logits(model, HELD_OUT)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-3 * want.abs().max()), (got - want).abs().max()
+
+
+def test_int8_matmul_is_exact_against_a_float_matmul_of_the_same_ints():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (7, 1024), generator=g, dtype=torch.int8)
+    b = torch.randint(-127, 128, (48, 1024), generator=g, dtype=torch.int8)
+    assert torch.equal(torch._int_mm(a, b.T), (a.double() @ b.double().T).int())  # sums < 2**53: exact in fp64
+
+
+def test_w8a8_linear_is_its_int_codes_times_the_row_and_channel_scales():
+    g = torch.Generator().manual_seed(1)
+    w, x, bias = torch.randn(48, 128, generator=g), torch.randn(2, 5, 128, generator=g), torch.randn(48, generator=g)
+    layer = W8A8Linear.from_float(w, bias)
+    xq, xs = quantize_rows_int8(x.reshape(-1, 128))
+    want = (xq.double() @ layer.qweight.double().T) * xs.double() * layer.weight_scale.double() + bias.double()
+    got = layer(x)
+    assert got.shape == (2, 5, 48)
+    assert torch.allclose(got.reshape(-1, 48).double(), want, rtol=1e-6, atol=1e-5)
+    assert (got - (x @ w.T + bias)).abs().max() < 0.05 * (x @ w.T).abs().max()  # and near the float layer
+
+
+def w8a8_error(folder, alpha) -> float:
+    model = fp32_model(folder, outliers=True)
+    want = logits(model, HELD_OUT)
+    packed = smooth_and_quantize(model, CALIB, alpha)
+    for i, layer in enumerate(model.layers):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            parent, _, attr = name.rpartition(".")
+            old = layer.get_submodule(name)
+            setattr(layer.get_submodule(parent), attr, W8A8Linear(*packed[f"layers.{i}.{name}"], old.bias))
+    return (torch.log_softmax(logits(model, HELD_OUT), -1) - torch.log_softmax(want, -1)).abs().mean().item()
+
+
+def test_smoothing_cuts_w8a8_error_on_activation_outliers(folder):
+    naive, smoothed = w8a8_error(folder, None), w8a8_error(folder, 0.5)
+    print(f"mean |logprob error| naive W8A8 {naive:.4f}, SmoothQuant {smoothed:.4f}")
+    assert smoothed < 0.7 * naive
