@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.loader import load_model
+from ..model_loading import load_model
 from .calibration import calibration_samples, calibration_text, generated_samples
 from .gptq import GPTQSpec, gptq_quantize, rtn_quantize
 from .hf_writer import Packed, write_folder
