@@ -1,6 +1,6 @@
 # Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
 # no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py) and `make test`
-# (everything; CI).
+# (everything; CI). Both first run `make lint` (ruff: syntax errors and pyflakes).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -21,10 +21,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/radixlang generate "What is the capital of France?" --chat --max-tokens 48
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(PY) -m pytest -m "not slow"
 
-.PHONY: install demo test test-fast
+.PHONY: install demo lint test test-fast

@@ -49,7 +49,7 @@ def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: Gen
     return state
 
 
-def run_batch(program: "Program", calls: list[Callable[[ProgramState], Any]], backend: Any,
+def run_batch(program: Traceable, calls: list[Callable[[ProgramState], Any]], backend: Any,
               defaults: GenParams, num_threads: int | str, progress_bar: bool) -> list[ProgramState]:
     """Runs one program per call, `num_threads` at a time, after caching their shared constant prefix."""
     backend = as_backend(backend)

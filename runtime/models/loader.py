@@ -21,7 +21,7 @@ from .checkpoint_quant import QuantStore, dequantized_weights, pack_checkpoint_l
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
-from .llama import LlamaConfig, LlamaForCausalLM, Rotary
+from .llama import LlamaConfig, LlamaForCausalLM
 from .quant import packed_linear_record, packed_linear_from_state, quantize_model
 
 logger = logging.getLogger(__name__)

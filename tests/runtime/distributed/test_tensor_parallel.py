@@ -3,7 +3,6 @@ random model whose single KV head is replicated, shapes that cannot be split, th
 broadcast cache, and a worker that dies or hangs."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -13,7 +12,6 @@ import pytest
 import torch
 
 from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache
-from radixlang.runtime.distributed.workers import WorkerFailure
 from radixlang.runtime.engine import Engine
 from tests.conftest import TINY_CONFIG, tiny_weights, write_hf_folder
 

@@ -6,7 +6,6 @@ import io
 
 import pytest
 import torch
-from PIL import Image
 
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.multimodal.identity import IMAGE_KEY_BASE

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from radixlang.runtime.config import SPEC_VERIFY_OVERHEAD, EngineConfig
-from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.pacing import Pacing
 from radixlang.runtime.draft_tree import best_nodes, subtree
 
