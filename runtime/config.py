@@ -196,8 +196,14 @@ class EngineConfig:
             raise ValueError(f"speculative_ngram_capacity must be >= 0, got {self.speculative_ngram_capacity}")
 
     def compiles_decode(self, warm: bool) -> bool:
-        """Whether the engine compiles its CPU decode forward; `warm`: a compile of this model finished here."""
+        """Whether the engine compiles its CPU decode forward; `warm`: a compile of this model finished here.
+        Only over the torch attention backend: Triton on a CPU runs in its interpreter, which neither compiles
+        nor runs safely beside the engine's own steps."""
         if self.torch_device().type != "cpu" or self.tp_size > 1:
+            return False
+        from ..kernels.registry import resolve_backend
+
+        if resolve_backend(self.attention_backend, self.torch_device()) != "torch":
             return False
         return warm if self.compile_layers == "auto" else bool(self.compile_layers)
 

@@ -24,7 +24,7 @@ def test_readme_language_examples_run(smollm_engine, monkeypatch, capsys):
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) >= 5
     monkeypatch.setattr(rl, "Runtime", lambda *a, **k: SharedRuntime(smollm_engine))
-    monkeypatch.setattr(rl.lang.default_backend, "_default", None)
+    monkeypatch.setattr(rl.global_config, "default_backend", None)
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)  # noqa: S102 - the README's own code

@@ -39,3 +39,10 @@ def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_di
     assert before == want and after == want
     assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
     assert compiler.marker.exists()  # the next engine on this model compiles under "auto"
+    compiler.marker.unlink()  # so the session's later engines on the tiny model stay eager under "auto"
+
+
+def test_the_triton_backend_on_a_cpu_never_compiles():
+    # Triton on a CPU is its interpreter: a compile beside the engine's steps broke them
+    assert not EngineConfig.from_options(compile_layers=True, attention_backend="triton").compiles_decode(warm=True)
+    assert EngineConfig.from_options(compile_layers=True, attention_backend="torch").compiles_decode(warm=False)
