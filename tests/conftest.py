@@ -28,6 +28,10 @@ SLOW_PATHS = (
     "tests/kernels/test_triton_engine.py", "tests/runtime/distributed/", "tests/runtime/multimodal/test_tensor_parallel.py",
     "tests/runtime/multimodal/test_example.py", "tests/runtime/models/test_hf_parity.py", "tests/benchmark/",
     "tests/server/test_cli_serve.py", "tests/server/test_cli_generate.py", "tests/server/test_fuzz.py",
+    "tests/compat/",  # SGLang's programs on the real model
+    "tests/runtime/models/test_background_compile.py",  # an inductor compile
+    "tests/runtime/models/test_moe_parity.py",  # transformers parity, as test_hf_parity
+    "tests/server/test_router.py",  # router and worker processes
 )
 
 
