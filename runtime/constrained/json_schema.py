@@ -44,17 +44,18 @@ class JsonGrammar:
     rules: dict[str, ra.Node] = field(default_factory=dict)  # empty: `root` is a plain regex
 
 
-def schema_to_dict(schema: Any) -> dict | bool:
-    """A schema given as a dict, a JSON string, or a pydantic model class, as a plain dict."""
+def schema_to_dict(schema: Any, field: str = "json_schema") -> dict | bool:
+    """A schema given as a dict, a JSON string, or a pydantic model class, as a plain dict; errors name
+    `field`."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
-            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            raise ValueError(f"{field} is not valid JSON: {e}") from None
     if not isinstance(schema, dict | bool):
-        raise ValueError("json_schema must be a dict, a JSON string, or a pydantic model class, "
+        raise ValueError(f"{field} must be a dict, a JSON string, or a pydantic model class, "
                          f"got {type(schema).__name__}")
     return schema
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from . import regex_ast as ra
 from .automaton import difference
-from .json_schema import JsonGrammar, compile_json_schema
+from .json_schema import JsonGrammar, compile_json_schema, schema_to_dict
 
 ANY_CHAR = ra.chars([(0, 0x10FFFF)])
 ANY_TEXT = ra.repeat(ANY_CHAR, 0, None)
@@ -103,7 +103,7 @@ def _legacy_tag(s: Any, where: str) -> Tag:
     if not isinstance(s, dict):
         raise ValueError(f"{where} must be an object with begin, schema and end")
     _only(s, {"begin", "schema", "end"}, where)
-    return Tag(_text(s.get("begin"), f"{where}.begin"), _schema(s.get("schema", True), f"{where}.schema"),
+    return Tag(_text(s.get("begin"), f"{where}.begin"), schema_to_dict(s.get("schema", True), f"{where}.schema"),
                _text(s.get("end", ""), f"{where}.end", empty=True))
 
 
@@ -114,7 +114,7 @@ def _format_tag(t: Any, where: str) -> Tag:
     content = t.get("content")
     if not isinstance(content, dict) or content.get("type") != "json_schema" or "json_schema" not in content:
         raise ValueError(f"{where}.content must be {{'type': 'json_schema', 'json_schema': {{...}}}}")
-    return Tag(_text(t.get("begin"), f"{where}.begin"), _schema(content["json_schema"], f"{where}.content.json_schema"),
+    return Tag(_text(t.get("begin"), f"{where}.begin"), schema_to_dict(content["json_schema"], f"{where}.content.json_schema"),
                _text(t.get("end", ""), f"{where}.end", empty=True))
 
 
@@ -145,17 +145,6 @@ def _list(value: Any, where: str) -> list:
 def _text(value: Any, where: str, empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not empty):
         raise ValueError(f"{where} must be a {'' if empty else 'non-empty '}string")
-    return value
-
-
-def _schema(value: Any, where: str) -> Any:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where} is not valid JSON: {e}") from None
-    if not isinstance(value, dict | bool):
-        raise ValueError(f"{where} must be a JSON schema object")
     return value
 
 
