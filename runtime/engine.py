@@ -13,7 +13,7 @@ import torch
 from .completion import Collector, Completion, CompletionMeta, collecting_sink
 from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
-from .constrained.vocab import TokenVocab
+from .constrained.masks.vocab import TokenVocab
 from .models.eplb import Placement, expert_load, rebalance
 from .request import Req, StreamChunk
 from .request_factory import create_req

@@ -9,7 +9,7 @@ from typing import Callable, TypeVar
 import torch
 
 from .batch import Finish, LogitRows, ScheduledItem, StepBatch
-from .constrained.fsa import ConstraintTooLarge
+from .constrained.regex.fsa import ConstraintTooLarge
 from .constrained.jump_forward import JumpForwarder
 from .constrained.matcher import Matcher
 from .kv_manager import KVManager

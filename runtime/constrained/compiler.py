@@ -7,17 +7,17 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
-from .automaton import collector_paused, compile_dfa
-from .dfa_cache import DfaCache, caching
-from .grammar import GrammarConstraint
-from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
-from .lalr import build_lark
+from .regex.automaton import collector_paused, compile_dfa
+from .regex.dfa_cache import DfaCache, caching
+from .grammar.constraint import GrammarConstraint
+from .jsonschema.json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
+from .grammar.lalr import build_lark
 from .matcher import Constraint, RegexConstraint
-from .regex_parser import parse_regex
-from .rule_grammar import rules_grammar
+from .regex.regex_parser import parse_regex
+from .grammar.rule_grammar import rules_grammar
 from .structural_tag import free_text, parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import glued_dfa
-from .vocab import TokenVocab
+from .masks.vocab import TokenVocab
 
 
 class ConstraintCompiler:

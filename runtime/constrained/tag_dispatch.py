@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from . import regex_ast as ra
-from .automaton import Dfa, compile_dfa
-from .dfa_cache import cached
-from .json_schema import compile_json_schema
+from .regex import regex_ast as ra
+from .regex.automaton import Dfa, compile_dfa
+from .regex.dfa_cache import cached
+from .jsonschema.json_schema import compile_json_schema
 
 
 class _NotRegular(Exception):

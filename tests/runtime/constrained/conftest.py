@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
-from radixlang.runtime.constrained.vocab import TokenVocab
+from radixlang.runtime.constrained.masks.vocab import TokenVocab
 
 
 @pytest.fixture(scope="session")

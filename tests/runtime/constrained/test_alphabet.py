@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlang.runtime.constrained import regex_ast as ra
-from radixlang.runtime.constrained.alphabet import alphabet_of
+from radixlang.runtime.constrained.regex import regex_ast as ra
+from radixlang.runtime.constrained.regex.alphabet import alphabet_of
 
 EDGES = [0, 0x41, 0x7F, 0x80, 0xE9, 0x7FF, 0x800, 0xD7FF, 0xE000, 0xFFFF, 0x10000, 0x10FFFF]
 points = st.one_of(st.sampled_from(EDGES), st.integers(0, ra.MAX_CODE_POINT))

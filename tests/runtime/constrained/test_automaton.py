@@ -13,10 +13,10 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from radixlang.runtime.config import MAX_DFA_STATES
-from radixlang.runtime.constrained import regex_ast as ra
-from radixlang.runtime.constrained.automaton import compile_dfa, exactly_one
-from radixlang.runtime.constrained.fsa import refine
-from radixlang.runtime.constrained.regex_parser import parse_regex
+from radixlang.runtime.constrained.regex import regex_ast as ra
+from radixlang.runtime.constrained.regex.automaton import compile_dfa, exactly_one
+from radixlang.runtime.constrained.regex.fsa import refine
+from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 
 from ...conftest import CHARACTER_REGEX
 

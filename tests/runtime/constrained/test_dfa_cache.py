@@ -8,14 +8,14 @@ import re
 import numpy as np
 import pytest
 
-from radixlang.runtime.constrained import automaton
-from radixlang.runtime.constrained import regex_ast as ra
-from radixlang.runtime.constrained.alphabet import alphabet_of
-from radixlang.runtime.constrained.automaton import (Dfa, char_sets, compile_chars, compile_dfa, difference,
+from radixlang.runtime.constrained.regex import automaton
+from radixlang.runtime.constrained.regex import regex_ast as ra
+from radixlang.runtime.constrained.regex.alphabet import alphabet_of
+from radixlang.runtime.constrained.regex.automaton import (Dfa, char_sets, compile_chars, compile_dfa, difference,
                                                      exactly_one, intersection)
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
-from radixlang.runtime.constrained.dfa_cache import DfaCache, caching
-from radixlang.runtime.constrained.regex_parser import parse_regex
+from radixlang.runtime.constrained.regex.dfa_cache import DfaCache, caching
+from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 
 PATTERNS = [r"[a-c]+x?", r"(ab|cd)*e{0,2}", r"[^a-c\n]{1,3}", r"a|b[x-zé]", r"(x|é)*[a-e]"]
 WORDS = ["".join(w) for n in range(5) for w in itertools.product("abcdexé\n", repeat=n)]

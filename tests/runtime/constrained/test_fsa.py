@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlang.runtime.constrained import fsa
+from radixlang.runtime.constrained.regex import fsa
 
 
 @st.composite

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from radixlang.runtime.config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
-from radixlang.runtime.constrained.grammar import JSON_GRAMMAR
+from radixlang.runtime.constrained.grammar.constraint import JSON_GRAMMAR
 
 CALC_GRAMMAR = r"""
 start: stmt+
@@ -170,8 +170,8 @@ NAME: CNAME
 def test_a_lexer_too_large_to_build_is_refused_at_compile_not_mid_decode(compiler):
     """The first lexer reads only "a" (small); the one after it would read BIG, whose automaton is over
     the NFA limit. Lexers are built on first use, so the check must come from the static bound."""
-    from radixlang.runtime.constrained.automaton import compile_dfa
-    from radixlang.runtime.constrained.regex_parser import parse_regex
+    from radixlang.runtime.constrained.regex.automaton import compile_dfa
+    from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 
     with pytest.raises(ValueError, match="too large"):  # the oracle: building that lexer does fail
         compile_dfa([parse_regex("x{500000}")])

@@ -10,10 +10,10 @@ import jsonschema
 import pydantic
 import pytest
 
-from radixlang.runtime.constrained.automaton import compile_dfa
-from radixlang.runtime.constrained.grammar import GrammarConstraint
-from radixlang.runtime.constrained.json_scalars import integer_node, number_node
-from radixlang.runtime.constrained.json_schema import compile_json_schema
+from radixlang.runtime.constrained.regex.automaton import compile_dfa
+from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint
+from radixlang.runtime.constrained.jsonschema.json_scalars import integer_node, number_node
+from radixlang.runtime.constrained.jsonschema.json_schema import compile_json_schema
 from radixlang.runtime.constrained.matcher import RegexConstraint
 
 CHECKER = jsonschema.FormatChecker()

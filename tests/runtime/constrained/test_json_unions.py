@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from radixlang.runtime.constrained import regex_ast as ra
-from radixlang.runtime.constrained.json_unions import merged_body
+from radixlang.runtime.constrained.regex import regex_ast as ra
+from radixlang.runtime.constrained.jsonschema.json_unions import merged_body
 
 A, B, C = ra.Ref("a"), ra.Ref("b"), ra.Ref("c")
 MAX_LETTERS = 5
@@ -63,7 +63,7 @@ def test_bodies_that_never_end_together_are_not_merged(bodies):
 
 
 def test_a_merge_over_its_state_bound_is_left_as_separate_alternatives(monkeypatch):
-    from radixlang.runtime.constrained import json_unions
+    from radixlang.runtime.constrained.jsonschema import json_unions
 
     bodies = [ra.seq(A, ra.optional(B)), ra.seq(A, ra.optional(C))]
     states = merged_body(bodies).num_states

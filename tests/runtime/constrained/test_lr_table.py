@@ -6,7 +6,7 @@ import itertools
 import lark
 import pytest
 
-from radixlang.runtime.constrained.lr_table import build_table
+from radixlang.runtime.constrained.grammar.lr_table import build_table
 
 # (productions, terminals); every terminal is one character, so Earley parses the same strings.
 GRAMMARS = {

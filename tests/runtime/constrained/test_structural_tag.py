@@ -136,7 +136,7 @@ def test_the_engine_generates_valid_tagged_output(tiny_engine):
 @pytest.mark.parametrize("spec, trigger", [(LEGACY, "<f="), (SEPARATED, "<f=flag>")])
 def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler, vocab, spec, trigger):
     """The fast path (parts glued, no joint determinization) against the general one, both ways."""
-    from radixlang.runtime.constrained.automaton import compile_dfa
+    from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.matcher import RegexConstraint
     from radixlang.runtime.constrained.structural_tag import free_text, structural_tag_grammar
     from radixlang.runtime.constrained.tag_dispatch import glued_dfa

@@ -7,7 +7,7 @@ long array returns to the same stack after each item (masks are cached by parser
 """
 from __future__ import annotations
 
-from . import regex_ast as ra
+from ..regex import regex_ast as ra
 from .lalr import LalrGrammar, Terminal
 from .lr_table import Production, build_table
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import regex_ast as ra
-from .automaton import difference, intersection
+from ..regex import regex_ast as ra
+from ..regex.automaton import difference, intersection
 from .json_combinators import merged_all_of
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings
 from .json_types import KNOWN_FORMATS, as_types, json_type

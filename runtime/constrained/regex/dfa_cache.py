@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterator, TypeVar
 
-from ..config import DFA_CACHE_BYTES, DFA_CACHE_ENTRIES
+from ...config import DFA_CACHE_BYTES, DFA_CACHE_ENTRIES
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from ..config import MAX_DFA_STATES, MAX_NFA_STATES
+from ...config import MAX_DFA_STATES, MAX_NFA_STATES
 
 
 class ConstraintTooLarge(ValueError):

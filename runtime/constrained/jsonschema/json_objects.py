@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import regex_ast as ra
-from .automaton import compile_dfa, difference, intersection
+from ..regex import regex_ast as ra
+from ..regex.automaton import compile_dfa, difference, intersection
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import regex_ast as ra
+from ..regex import regex_ast as ra
 from .json_scalars import FORMATS
 from .schema_merge import normalize
 

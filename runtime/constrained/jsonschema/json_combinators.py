@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from . import regex_ast as ra
-from .automaton import exactly_one, intersection
+from ..regex import regex_ast as ra
+from ..regex.automaton import exactly_one, intersection
 from .json_disjoint import provably_disjoint
 from .json_required_choice import required_choice
 from .json_scalars import compiled_or_nothing, const_text

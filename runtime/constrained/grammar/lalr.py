@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from . import regex_ast as ra
-from .regex_parser import parse_regex
+from ..regex import regex_ast as ra
+from ..regex.regex_parser import parse_regex
 
 Stack = Optional[tuple[int, Any]]  # (state, parent stack)
 END = "$END"

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import regex_ast as ra
-from .automaton import compile_dfa
+from ..regex import regex_ast as ra
+from ..regex.automaton import compile_dfa
 from .json_arrays import array_node
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
@@ -26,7 +26,7 @@ from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
 from .json_types import KNOWN_FORMATS, first_chars, infer_type, lexes_alone, type_first_chars
 from .json_unions import Container, merged_body
-from .regex_parser import parse_regex
+from ..regex.regex_parser import parse_regex
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value

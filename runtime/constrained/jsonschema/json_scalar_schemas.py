@@ -6,12 +6,12 @@ import math
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from . import regex_ast as ra
-from .automaton import intersection
+from ..regex import regex_ast as ra
+from ..regex.automaton import intersection
 from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, constrained_string, integer_node, multiples_of,
                            number_node, pattern_body, quoted, string_body, string_node)
 from .json_types import count_keyword
-from .regex_parser import parse_regex
+from ..regex.regex_parser import parse_regex
 from .schema_merge import Unsatisfiable
 
 if TYPE_CHECKING:

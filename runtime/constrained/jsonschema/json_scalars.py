@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config import JSON_MAX_EXPONENT_DIGITS, JSON_MAX_FRACTION_DIGITS, JSON_MAX_INT_DIGITS
-from . import regex_ast as ra
-from .alphabet import CharDfa, alphabet_of
-from .automaton import difference, intersection
-from .regex_parser import parse_regex
+from ...config import JSON_MAX_EXPONENT_DIGITS, JSON_MAX_FRACTION_DIGITS, JSON_MAX_INT_DIGITS
+from ..regex import regex_ast as ra
+from ..regex.alphabet import CharDfa, alphabet_of
+from ..regex.automaton import difference, intersection
+from ..regex.regex_parser import parse_regex
 
 DIGIT = ra.char_class("0-9")
 _HEX = ra.char_class("0-9a-fA-F")

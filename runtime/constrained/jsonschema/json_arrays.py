@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import regex_ast as ra
+from ..regex import regex_ast as ra
 from .json_scalars import const_text
 from .json_types import KNOWN_FORMATS, as_types, count_keyword, json_type
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize

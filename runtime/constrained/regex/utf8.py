@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import MAX_DFA_TRANSITIONS, UTF8_DECODER_CACHE_SIZE
+from ...config import MAX_DFA_TRANSITIONS, UTF8_DECODER_CACHE_SIZE
 from . import regex_ast as ra
 from .alphabet import CharDfa
 from .fsa import ConstraintTooLarge, row_ids

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .automaton import Dfa
+from ..regex.automaton import Dfa
 from .vocab import TokenVocab
 from .vocab_trie import TrieLevel, VocabTrie
 

@@ -1,0 +1,1 @@
+"""Regular languages: regex text -> trees -> byte-level DFAs (code-point classes, subsets, UTF-8), kept by content."""
