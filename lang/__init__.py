@@ -8,7 +8,8 @@ from .choices import (ChoicesDecision, ChoicesSamplingMethod, greedy_token_selec
 from .endpoint import Endpoint, RuntimeEndpoint
 from .engine_backend import EngineBackend, Runtime
 from .interpreter import interpret, run_ir
-from .ir import IR_VERSION, ProgramIR, TraceError
+from .ir import IR_VERSION, TraceError
+from .ir_json import ProgramIR
 from .program import Program, function, program
 from .executor import ProgramCancelled, ProgramEvent
 from .global_config import global_config

@@ -18,7 +18,8 @@ from .backend import PREFILL_ONLY, GenDelta, StateView
 from .chat import ChatTemplate
 from .choices import decide, resolve_method
 from .images import image_data_url
-from .ir import Gen, ProgramIR
+from .ir import Gen
+from .ir_json import ProgramIR
 from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 
 class Endpoint:

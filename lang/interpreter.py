@@ -11,7 +11,8 @@ from tqdm import tqdm
 from .default_backend import as_backend
 from .images import load_image
 from .gen_params import GenParams, sampling_defaults
-from .ir import Arg, Fork, Image, Join, Node, ProgramIR, Select, Text, Var, check_choices
+from .ir import Arg, Fork, Image, Join, Node, Select, Text, Var, check_choices
+from .ir_json import ProgramIR
 from .executor import ProgramEvent, Run
 from .state import ProgramState
 from .tracer import Traceable, constant_prefix, trace_program

@@ -1,14 +1,13 @@
 """The program IR: plain dataclasses that describe a program and round-trip through JSON.
 
 Eager and traced programs share the nodes: `gen(...)` returns a `Gen`, `s += "x"` appends a `Text`.
-A traced program (`ProgramIR`) is the flat list of ops the program's states received, in the order
+A traced program (`ProgramIR`, in ir_json.py with its JSON codec) is the flat list of ops the program's states received, in the order
 its Python code issued them. State 0 is the program's own state; `Fork` creates states, `Join` merges
 them back; `Arg` and `Var` stand for an argument and a variable whose values are known only at run time.
 """
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -205,52 +204,6 @@ class Join(Node):
 
 OP_NODES: dict[str, type[Node]] = {cls.kind: cls for cls in (
     Text, Arg, Var, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, Fork, Join)}
-
-
-@dataclass(slots=True)
-class Op:
-    state: int
-    node: Node
-
-
-@dataclass(slots=True)
-class ProgramIR:
-    """A traced program: its argument names and the ops its states receive."""
-
-    name: str
-    params: list[str]
-    ops: list[Op]
-    version: int = IR_VERSION
-
-    # the codec lives in ir_json.py, which imports this module (hence the imports inside the methods)
-    def to_dict(self) -> dict[str, Any]:
-        from .ir_json import encode_program
-
-        return encode_program(self)
-
-    def to_json(self, **json_kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, **json_kwargs)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> "ProgramIR":
-        """Decodes and validates untrusted input; errors name the offending op and field."""
-        from .ir_json import decode_program
-
-        return decode_program(d)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> "ProgramIR":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"IR program is not valid JSON: {e}") from None
-        return cls.from_dict(data)
-
-    def validate(self) -> None:
-        """Checks what types cannot: states exist before use, forks and joins pair up, params are valid."""
-        from .ir_json import validate_program
-
-        validate_program(self)
 
 
 def check_select(node: Select, where: str = "select") -> None:

@@ -1,16 +1,58 @@
-"""The IR's JSON form: encoding, decoding of untrusted input (every field type-checked), and the
-semantic checks that types cannot express."""
+"""A traced program (`ProgramIR`: its states' ops) and its JSON form: encoding, decoding of untrusted
+input (every field type-checked), and the semantic checks that types cannot express. The node types
+are in ir.py, which imports nothing of this module."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from .gen_params import GenParams
 from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, ROLES, Arg, Fork, Gen, Image, ImageData, Join, Node,
-                 Op, ProgramIR, RoleBegin, RoleEnd, Select, Seq, Var, check_select)
+                 RoleBegin, RoleEnd, Select, Seq, Var, check_select)
 from .config import MAX_FORK_SIZE
+
+
+@dataclass(slots=True)
+class Op:
+    state: int
+    node: Node
+
+
+@dataclass(slots=True)
+class ProgramIR:
+    """A traced program: its argument names and the ops its states receive."""
+
+    name: str
+    params: list[str]
+    ops: list[Op]
+    version: int = IR_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode_program(self)
+
+    def to_json(self, **json_kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, **json_kwargs)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ProgramIR":
+        """Decodes and validates untrusted input; errors name the offending op and field."""
+        return decode_program(d)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "ProgramIR":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"IR program is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def validate(self) -> None:
+        """Checks what types cannot: states exist before use, forks and joins pair up, params are valid."""
+        validate_program(self)
 
 
 def encode_program(program: ProgramIR) -> dict[str, Any]:

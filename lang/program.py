@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from .gen_params import RUN_FIELDS, sampling_defaults
 from .interpreter import run_batch, run_program, run_remote
-from .ir import ProgramIR
+from .ir_json import ProgramIR
 from .state import ProgramState
 from .tracer import TracingState, trace_program
 

@@ -15,8 +15,9 @@ import json
 import re
 from typing import Any, Callable, Iterator, Protocol
 
-from .ir import (Arg, Fork, Gen, Image, Join, Node, Op, Placeholder, ProgramIR, RoleBegin, RoleEnd,
-                 Select, Seq, SetVar, Text, TraceError, Var, VarScopeEnd)
+from .ir import (Arg, Fork, Gen, Image, Join, Node, Placeholder, RoleBegin, RoleEnd, Select, Seq, SetVar, Text,
+                 TraceError, Var, VarScopeEnd)
+from .ir_json import Op, ProgramIR
 from .state import ProgramStateGroup, StateOps, check_fork_size, _check_name
 
 

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse, Response
 from ..lang.engine_backend import EngineBackend
 from ..lang.executor import ProgramEvent
 from ..lang.interpreter import ProgramRun, run_ir
-from ..lang.ir import Arg, Fork, Image, ProgramIR, TraceError
+from ..lang.ir import Arg, Fork, Image, TraceError
+from ..lang.ir_json import ProgramIR
 from .errors import APIError, error_body, user_errors
 from .image_input import decode_images
 from .openapi import streaming_responses

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import radixlang as rl
-from radixlang.lang.ir import ProgramIR
+from radixlang.lang.ir_json import ProgramIR
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is the oracle for the arguments")
 pydantic = pytest.importorskip("pydantic")

@@ -2,15 +2,14 @@
 uniqueItems, enforced exactly where the items have few possible values."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..regex import regex_ast as ra
 from .json_scalars import const_text
 from .json_types import KNOWN_FORMATS, as_types, count_keyword, json_type
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
+from .contract import SchemaCompiler
 
-if TYPE_CHECKING:
-    from .json_schema import _SchemaCompiler
 
 MAX_UNIQUE_VALUES = 8  # uniqueItems is enforced over at most this many item values (2^n states)
 
@@ -42,7 +41,7 @@ def _canonical(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value == int(value) else value
 
 
-def array_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+def array_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     lo, hi = count_keyword(s, "minItems", 0, path), count_keyword(s, "maxItems", None, path)
     if hi is not None and hi < lo:
         raise Unsatisfiable(f"maxItems {hi} is below minItems {lo} at {path}")
@@ -80,7 +79,7 @@ def array_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     return c.bracketed("[", ra.alt(*options), "]")
 
 
-def _unique_array(c: "_SchemaCompiler", s: dict, lo: int, hi: int | None, path: str) -> ra.Node:
+def _unique_array(c: SchemaCompiler, s: dict, lo: int, hi: int | None, path: str) -> ra.Node:
     """uniqueItems over a finite set of item values (an enum, booleans): an automaton over the
     set of values used so far. Other item schemas cannot be enforced, and are refused."""
     values = _finite_values(s.get("items", True)) if not s.get("prefixItems") else None

@@ -4,7 +4,7 @@ match two branches, else an exactly-one product of their automata), enum / const
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import exactly_one, intersection
@@ -13,9 +13,7 @@ from .json_required_choice import required_choice
 from .json_scalars import compiled_or_nothing, const_text
 from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type
 from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize, same_json
-
-if TYPE_CHECKING:
-    from .json_schema import _SchemaCompiler
+from .contract import SchemaCompiler
 
 
 def merged_all_of(schema: dict) -> dict | None:
@@ -78,7 +76,7 @@ def _split_by_discriminator(s: dict, rest: dict) -> dict | None:
     return {**rest, "allOf": [*rest.get("allOf", []), {"anyOf": choices}]}
 
 
-def all_of(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+def all_of(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     """Merges the parts keyword by keyword; parts that do not merge are intersected as languages.
     A merged schema that inlines a `$ref` is compiled once per content, as a rule where it recurs:
     a cycle through `$ref`s with sibling keywords would otherwise inline itself without end."""
@@ -162,7 +160,7 @@ def _named_values(sub: Any) -> list | None:
             or (json_type(v) == "integer" and "number" in as_types(sub["type"]))]
 
 
-def _flatten(c: "_SchemaCompiler", schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:
+def _flatten(c: SchemaCompiler, schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:
     """The conjuncts of a schema: `allOf` members and inlined `$ref` targets (listed in `inlined`),
     normalized."""
     if not isinstance(schema, dict):
@@ -184,7 +182,7 @@ def _flatten(c: "_SchemaCompiler", schema: Any, path: str, seen: set[str], inlin
     return out + [rest] if rest or not out else out
 
 
-def _intersect(c: "_SchemaCompiler", parts: list[Any], path: str) -> ra.Node:
+def _intersect(c: SchemaCompiler, parts: list[Any], path: str) -> ra.Node:
     nodes = c.exact(lambda: [c.compile(p, path) for p in parts])
     if any(ra.refs(n) for n in nodes):
         raise ValueError(f"json_schema allOf at {path}: its subschemas do not merge and one is recursive")
@@ -194,7 +192,7 @@ def _intersect(c: "_SchemaCompiler", parts: list[Any], path: str) -> ra.Node:
     return node
 
 
-def combinator(c: "_SchemaCompiler", key: str, s: dict, path: str) -> ra.Node:
+def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     subs = s[key]
     if not isinstance(subs, list) or not subs:
         raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
@@ -220,7 +218,7 @@ def combinator(c: "_SchemaCompiler", key: str, s: dict, path: str) -> ra.Node:
     return exactly_one_of(c, nodes, path)
 
 
-def _branches(c: "_SchemaCompiler", branches: list[Any], path: str) -> tuple[list[ra.Node], list[Any]]:
+def _branches(c: SchemaCompiler, branches: list[Any], path: str) -> tuple[list[ra.Node], list[Any]]:
     """The satisfiable oneOf branches, compiled, and their schemas."""
     nodes, kept = [], []
     for i, branch in enumerate(branches):
@@ -234,7 +232,7 @@ def _branches(c: "_SchemaCompiler", branches: list[Any], path: str) -> tuple[lis
     return nodes, kept
 
 
-def _disjoint(c: "_SchemaCompiler", nodes: list[ra.Node], branches: list[Any], path: str) -> bool:
+def _disjoint(c: SchemaCompiler, nodes: list[ra.Node], branches: list[Any], path: str) -> bool:
     """Whether no value can match two branches: their first characters differ, or a required
     discriminator property's values do."""
     firsts = [first_chars(n, c.rules, set(), c.pending_firsts) for n in nodes]
@@ -249,7 +247,7 @@ def _disjoint(c: "_SchemaCompiler", nodes: list[ra.Node], branches: list[Any], p
     return all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
 
 
-def exactly_one_of(c: "_SchemaCompiler", nodes: list[ra.Node], path: str) -> ra.Node:
+def exactly_one_of(c: SchemaCompiler, nodes: list[ra.Node], path: str) -> ra.Node:
     """Values matching exactly one of branches that may overlap: a product of their DFAs (not for
     recursive branches)."""
     if len(nodes) == 1:
@@ -264,7 +262,7 @@ def exactly_one_of(c: "_SchemaCompiler", nodes: list[ra.Node], path: str) -> ra.
     return ra.Compiled(dfa)
 
 
-def enum(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+def enum(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     values = [s["const"]] if "const" in s else None
     if "enum" in s:
         if not isinstance(s["enum"], list) or not s["enum"]:

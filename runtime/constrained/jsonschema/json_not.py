@@ -2,7 +2,7 @@
 properties; each an exact complement within what the rest of the schema allows."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import difference, intersection
@@ -10,12 +10,10 @@ from .json_combinators import merged_all_of
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings
 from .json_types import KNOWN_FORMATS, as_types, json_type
 from .schema_merge import JSON_TYPES, Unsatisfiable, conjoin_sub, normalize
-
-if TYPE_CHECKING:
-    from .json_schema import _SchemaCompiler
+from .contract import SchemaCompiler
 
 
-def negated(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+def negated(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     """`not` in its common forms: not a type, not some values, not some required properties."""
     rest = {k: v for k, v in s.items() if k != "not"}
     neg = s["not"]
@@ -77,7 +75,7 @@ def _excluded_types(type_value: Any) -> set[str]:
     return drop | {"integer"} if "number" in drop else drop
 
 
-def _none_of(c: "_SchemaCompiler", rest: dict, branches: list, path: str) -> ra.Node:
+def _none_of(c: SchemaCompiler, rest: dict, branches: list, path: str) -> ra.Node:
     """`rest` and none of the branches: a branch that is a type or requires one property narrows `rest`
     (the other types; that property forbidden); any others as copies of `rest` each without one
     branch, conjoined."""
@@ -107,7 +105,7 @@ def _complement_as_schema(n: Any) -> dict | None:
     return None
 
 
-def _string_not_matching(c: "_SchemaCompiler", rest: dict, pattern: Any, path: str) -> ra.Node:
+def _string_not_matching(c: SchemaCompiler, rest: dict, pattern: Any, path: str) -> ra.Node:
     """The schema's strings that no match of `pattern` occurs in. Written with raw characters only,
     as a pattern reads them (an escaped spelling of a matching string must not slip through)."""
     node = c.exact(lambda: c.compile({**rest, "type": "string"}, path))
@@ -120,7 +118,7 @@ def _string_not_matching(c: "_SchemaCompiler", rest: dict, pattern: Any, path: s
     return out
 
 
-def _without(c: "_SchemaCompiler", rest: dict, t: str, values: list, path: str) -> ra.Node:
+def _without(c: SchemaCompiler, rest: dict, t: str, values: list, path: str) -> ra.Node:
     node = c.exact(lambda: c.compile({**rest, "type": t}, path))
     drop = [quoted(spellings(v)) for v in values if t == "string" and isinstance(v, str)]
     drop += [ra.literal(const_text(v)) for v in values if t in ("boolean", "null") and json_type(v) == t]

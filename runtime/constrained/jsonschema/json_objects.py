@@ -7,18 +7,16 @@ satisfies `propertyNames`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa, difference, intersection
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
-
-if TYPE_CHECKING:
-    from .json_schema import _SchemaCompiler
+from .contract import SchemaCompiler
 
 
-def object_node(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     props = s.get("properties", {})
     required = s.get("required", [])
     patterns = s.get("patternProperties", {})
@@ -57,7 +55,7 @@ def _declared_schema(s: dict, name: str) -> Any:
     return sub
 
 
-def _name_filter(c: "_SchemaCompiler", s: dict, path: str):
+def _name_filter(c: SchemaCompiler, s: dict, path: str):
     names = s.get("propertyNames")
     if names is None or names is True:
         return lambda name: True
@@ -70,7 +68,7 @@ def _name_filter(c: "_SchemaCompiler", s: dict, path: str):
     return ok
 
 
-def _names_node(c: "_SchemaCompiler", names: Any, path: str) -> ra.Node:
+def _names_node(c: SchemaCompiler, names: Any, path: str) -> ra.Node:
     if names is False:
         return ra.NOTHING
     node = c.exact(lambda: c.compile(conjoin_sub({"type": "string"}, names), f"{path}/propertyNames"))
@@ -79,7 +77,7 @@ def _names_node(c: "_SchemaCompiler", names: Any, path: str) -> ra.Node:
     return node
 
 
-def _extra_pair(c: "_SchemaCompiler", s: dict, path: str, declared: list[str]) -> ra.Node | None:
+def _extra_pair(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> ra.Node | None:
     """One undeclared `"key":value` member, or None where the schema allows none (the strict default)."""
     patterns = s.get("patternProperties", {})
     extra = s.get("additionalProperties", s.get("unevaluatedProperties"))
@@ -117,7 +115,7 @@ def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:
     return compiled_or_nothing(difference(quoted(body), quoted(ra.alt(*excluded))))
 
 
-def _members(c: "_SchemaCompiler", items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
+def _members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
              lo: int, hi: int | None, path: str) -> ra.Node:
     """Comma-separated members in order (required ones always, optional ones maybe), then any number
     of undeclared ones, counted: an automaton over (next member, count so far, whether a comma is

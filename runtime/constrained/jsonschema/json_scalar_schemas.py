@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import intersection
@@ -13,9 +12,8 @@ from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, constrained
 from .json_types import count_keyword
 from ..regex.regex_parser import parse_regex
 from .schema_merge import Unsatisfiable
+from .contract import SchemaCompiler
 
-if TYPE_CHECKING:
-    from .json_schema import _SchemaCompiler
 
 STRING_CHUNK = 512  # in grammar mode, a string longer than twice this many characters is read in chunks of it
 
@@ -42,7 +40,7 @@ def _int_bounds(lo, hi, path: str) -> tuple[int | None, int | None]:
     return low, high
 
 
-def string_schema(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
+def string_schema(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     lo, hi = count_keyword(s, "minLength", 0, path), count_keyword(s, "maxLength", None, path)
     if hi is not None and hi < lo:
         raise Unsatisfiable(f"maxLength {hi} is below minLength {lo} at {path}")
@@ -58,7 +56,7 @@ def string_schema(c: "_SchemaCompiler", s: dict, path: str) -> ra.Node:
     return node
 
 
-def long_string(c: "_SchemaCompiler", lo: int, hi: int) -> ra.Node:
+def long_string(c: SchemaCompiler, lo: int, hi: int) -> ra.Node:
     """A string of lo..hi characters, as chunks of exactly STRING_CHUNK characters then a last piece
     that closes the quote: one lexeme of thousands of counted characters would be a DFA too large
     to build. Longest-match lexing reads a chunk only where the string goes on past it."""
@@ -74,7 +72,7 @@ def long_string(c: "_SchemaCompiler", lo: int, hi: int) -> ra.Node:
     return ra.seq(ra.literal('"'), tail)
 
 
-def number_schema(c: "_SchemaCompiler", t: str, s: dict, path: str) -> ra.Node:
+def number_schema(c: SchemaCompiler, t: str, s: dict, path: str) -> ra.Node:
     lo, hi = _bound(s, "minimum", "exclusiveMinimum", path), _bound(s, "maximum", "exclusiveMaximum", path)
     step = s.get("multipleOf")
     if step is not None and (not isinstance(step, int | float) or isinstance(step, bool) or step <= 0):
@@ -89,7 +87,7 @@ def number_schema(c: "_SchemaCompiler", t: str, s: dict, path: str) -> ra.Node:
     return node
 
 
-def _multiples(c: "_SchemaCompiler", t: str, step: Decimal, lo, hi, path: str) -> ra.Node:
+def _multiples(c: SchemaCompiler, t: str, step: Decimal, lo, hi, path: str) -> ra.Node:
     """Integers that are multiples of `step`; for `number`, decimals with a step of 10^-d."""
     num, den = step.as_integer_ratio()
     if t == "number" and num == 1 and den > 1 and 10 ** (len(str(den)) - 1) == den:

@@ -1,0 +1,48 @@
+"""What the keyword modules (json_arrays, json_objects, json_combinators, json_not, json_scalar_schemas)
+may ask of the schema compiler that calls them: its recursion into subschemas, its token and bracket
+builders, and the state they share (rules, `$ref`s, exact mode).
+
+A leaf: the keyword modules import this instead of json_schema, which imports them, so no cycle."""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, TypeVar
+
+from ..regex import regex_ast as ra
+from .json_refs import RefResolver
+
+T = TypeVar("T")
+Maker = Callable[[], ra.Node]  # compiles one alternative on demand (it may raise Unsatisfiable)
+
+
+class SchemaCompiler(Protocol):
+    relaxed: frozenset[str]  # keywords left unenforced where they cannot be enforced (opt-in)
+    rule_size: int | None  # objects, arrays and strings larger than this become rules (None: never)
+    exact_depth: int  # >0 inside oneOf / not / enum, where sub-languages must stay regular
+    pending_firsts: dict[str, ra.Ranges | None]  # rules being compiled: first characters by type
+    refs: RefResolver
+    rules: dict[str, ra.Node]
+    merged_names: dict[str, str]  # rules for merged allOfs that recurse, by content
+
+    def compile(self, schema: Any, path: str) -> ra.Node:  # noqa: ANN401 - a subschema is any JSON value
+        """A subschema's language; `path` (a JSON pointer) names it in errors."""
+        ...
+
+    def exact(self, make: Callable[[], T]) -> T:
+        """`make()` with no subschema turned into a rule (its language is intersected or subtracted)."""
+        ...
+
+    def punct(self, c: str) -> ra.Node: ...
+
+    def bracketed(self, opening: str, body: ra.Node, closing: str) -> ra.Node: ...
+
+    def separator(self, members_apart: bool) -> ra.Node: ...
+
+    def union(self, makers: list[Maker], path: str) -> ra.Node:
+        """The alternatives that some value satisfies; unsatisfiable ones drop out."""
+        ...
+
+    def alternatives(self, nodes: list[ra.Node], makers: list[Maker]) -> ra.Node: ...
+
+    def named(self, key: str, target: Any, name: str, path: str) -> ra.Node:  # noqa: ANN401 - a subschema
+        """`target` compiled once per `key`; met again inside its own compilation, it is the rule `name`."""
+        ...
