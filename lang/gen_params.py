@@ -8,7 +8,8 @@ import typing
 from typing import Any, Mapping
 
 from ..runtime.constrained.structural_tag import parse_structural_tag
-from ..runtime.sampling_params import CONSTRAINT_FIELDS, SamplingParams, check_fields
+from ..runtime.sampling_params import CONSTRAINT_FIELDS, SamplingParams
+from ..runtime.validation import check_fields
 from .config import DTYPE_REGEXES, DTYPE_STOPS
 
 # gen()'s spelling of the runtime's sampling fields where SGLang's gen() differs; run()'s defaults use

@@ -15,10 +15,16 @@ from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.masks.vocab import TokenVocab
 from .models.eplb import Placement, expert_load, rebalance
+from .constrained.matcher import Constraint, Matcher
+from .detokenizer import IncrementalDetokenizer
+from .image_span import ImageSpan
+from .multimodal.prompt import text_ids
 from .request import Req, StreamChunk
-from .request_factory import create_req
+from .sampler import SamplingState
+from .sampling_params import SamplingParams
+from .tokenizer import Tokenizer
 from .scheduler_thread import SchedulerThread
-from .submission import Retention, Submission, SubmissionBatch, sample_rids, with_retention
+from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 
@@ -44,6 +50,36 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args
 
 def _unwrap(batch: SubmissionBatch, results: list[Completion]) -> Completion | list[Completion]:
     return results[0] if batch.single and len(results) == 1 else results
+
+
+def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
+               sink: Callable[[StreamChunk], None], *, context_length: int, seed: int, device: torch.device,
+               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+               constraint: Constraint | None = None, images: list[ImageSpan] | None = None) -> Req:
+    """A request with its sampler, constraint and detokenizer state; `params` must be validated."""
+    token_ids = text_ids(prompt_ids) if images else prompt_ids
+    sampling = SamplingState.create(params, token_ids, tokenizer.eos_token_ids,
+                                    tokenizer.vocab_size, device, seed)
+    matcher = None
+    if constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
+        end_ids = tuple(i for i in constraint.vocab.end_ids if i in sampling.stop_ids)
+        matcher = Matcher(constraint, end_ids)
+    return Req(
+        rid=rid,
+        prompt_ids=prompt_ids,
+        params=params,
+        sampling=sampling,
+        constraint=matcher,
+        detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
+                                     trim_stop=not params.no_stop_trim, context_ids=token_ids,
+                                     stop_regex=params.stop_regex),
+        sink=sink,
+        max_new_tokens=min(params.max_new_tokens, context_length - len(prompt_ids)),
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        images=list(images or ()),
+    )
 
 
 class Engine:
@@ -76,10 +112,9 @@ class Engine:
         PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt.
         `cache_key`: a session key (OpenAI's prompt_cache_key): once finished, the whole sequence stays
         pinned for prompt_cache_retention seconds, and the key's next request refreshes it."""
-        batch = self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
-                                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                     rid=rid, image_data=image_data)
-        return batch if cache_key is None else with_retention(batch, cache_key)
+        return self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
+                                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                                    rid=rid, image_data=image_data, retain=cache_key)
 
     def submit(self, sub: Submission, sink: Sink) -> None:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one

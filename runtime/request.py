@@ -1,7 +1,7 @@
 """A request as the scheduler sees it, and what it reports back each step.
 
 A leaf of the runtime: it imports no feature package (constrained/, multimodal/, speculative/); a
-request's constraint is typed by the `ConstraintCursor` protocol, and `request_factory.create_req`
+request's constraint is typed by the `ConstraintCursor` protocol, and `engine.create_req`
 builds requests with their feature state.
 
 The lengths of a request, each in tokens (the KV ones are assigned only by the KV owner,

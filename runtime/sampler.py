@@ -14,9 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .config import GREEDY_TEMPERATURE
 from .sampling_params import SamplingParams
 
 SEED_MASK = (1 << 63) - 1
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    """Whether a request samples by argmax: a temperature that low, or top_k = 1."""
+    return params.temperature < GREEDY_TEMPERATURE or params.top_k == 1
 
 
 @dataclass(slots=True)
@@ -79,7 +85,7 @@ class SampleRow:
     @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing that changes the logits first and no log-probabilities: a bare argmax."""
-        return (self.state.params.greedy and self.mask is None and not self.block_stop
+        return (is_greedy(self.state.params) and self.mask is None and not self.block_stop
                 and not self.state.penalized and self.state.bias is None and self.top_logprobs < 0)
 
 
@@ -160,7 +166,7 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     device = logits.device
     process_logits(logits, rows)
     best = logits.argmax(dim=-1)
-    greedy = [s.state.params.greedy for s in rows]
+    greedy = [is_greedy(s.state.params) for s in rows]
     if all(greedy):
         return best
     probs = token_distribution(logits, [s.state.params for s in rows])
@@ -253,7 +259,7 @@ def block_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
 def token_distribution(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """softmax(logits / temperature), then top-k, top-p and min-p, per row; unnormalized [rows, vocab]."""
     device, vocab = logits.device, logits.shape[1]
-    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+    temp = torch.tensor([p.temperature if not is_greedy(p) else 1.0 for p in params], device=device)
     probs = torch.softmax(logits / temp[:, None], dim=-1)
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [p.top_p for p in params]

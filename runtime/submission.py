@@ -1,11 +1,12 @@
 """One request as the engine takes it: validated once, at the edge, by `RequestValidator.build`.
 
-server/ and lang/ build these (through `Engine.prepare`); `Engine.submit` is the one way in. Nothing
-after the edge checks a field again or re-packs the request into a dict.
+server/ builds these with `RequestValidator.build`, lang/ and Python callers through `Engine.prepare`;
+`Engine.submit` is the one way in. Nothing after the edge checks a field again or re-packs the request
+into a dict.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from .sampling_params import SamplingParams
@@ -29,18 +30,6 @@ class Retention:
     @classmethod
     def session(cls, key: str) -> "Retention":
         return cls(SESSION + key)
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedSampling:
-    """Sampling params that passed validation, with their constraint compiled (None: unconstrained)."""
-
-    params: SamplingParams
-    constraint: Constraint | None = None
-
-    @property
-    def n(self) -> int:
-        return self.params.n
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +71,3 @@ class SubmissionBatch:
 def sample_rids(rids: Sequence[str], n: int) -> list[str]:
     """The request id of each of the n samples of each prompt: the prompt's own rid when n == 1."""
     return list(rids) if n == 1 else [f"{r}-{j}" for r in rids for j in range(n)]
-
-
-def with_retention(batch: SubmissionBatch, retain: Retention | str) -> SubmissionBatch:
-    """`batch` with each request's finished sequence kept for `retain` (a str: a session key)."""
-    if isinstance(retain, str):
-        if not retain:
-            raise ValueError("prompt_cache_key must be a non-empty string")
-        retain = Retention.session(retain)
-    return replace(batch, requests=[replace(s, retain=retain) for s in batch.requests])

@@ -1,19 +1,27 @@
 """The edge's checks: a caller's prompts, sampling params, logprob options, ids and images become
-validated `Submission`s. Every check of a request happens here, once."""
+validated `Submission`s. Every check of a request happens here, once: `RequestValidator.build` is the
+one call (server/ calls it directly; `Engine.prepare` for Python callers), and the sampling fields are
+checked against the rules `sampling_params.py` declares."""
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .constrained.compiler import ConstraintCompiler
-from .image_span import ImageSpan
-from .multimodal.prompt import ImagePrompts, images_per_prompt
-from .sampling_params import SamplingParams
-from .submission import CheckedSampling, Submission, SubmissionBatch, sample_rids
-from .tokenizer import Tokenizer
+from .config import MAX_STOP_REGEX_LEN
+from .sampling_params import ALIASES, CONSTRAINT_FIELDS, RULES, UNSUPPORTED, Rule, SamplingParams
+from .submission import Retention, Submission, SubmissionBatch, sample_rids
 
-SamplingArg = CheckedSampling | SamplingParams | Mapping[str, Any] | None
+if TYPE_CHECKING:  # types only: checking a request needs no torch (lang checks gen()'s fields with check_fields)
+    from .constrained.compiler import ConstraintCompiler
+    from .image_span import ImageSpan
+    from .multimodal.prompt import ImagePrompts
+    from .tokenizer import Tokenizer
+
+SamplingArg = SamplingParams | Mapping[str, Any] | None
 Prompts = str | Sequence[str] | None
 InputIds = Sequence[int] | Sequence[Sequence[int]] | None
 
@@ -31,35 +39,36 @@ class RequestValidator:
     image_prompts: ImagePrompts | None = None  # None: a text-only model
     share_prefills: bool = True  # False without a radix cache: samples cannot share a prompt's KV
 
-    def sampling(self, params: SamplingArg, names: Mapping[str, str] | None = None) -> CheckedSampling:
-        """Validated params (errors name fields as `names` spells them) with the constraint compiled."""
-        if isinstance(params, CheckedSampling):
-            return params
-        checked = SamplingParams.from_any(params)
-        checked.validate(self.vocab_size, self.context_length, names=names)
-        spec = checked.constraint
-        return CheckedSampling(checked, self.constraints.compile(*spec) if spec is not None else None)
-
     def build(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-              rid: str | Sequence[str] | None = None, image_data: Any = None) -> SubmissionBatch:
+              rid: str | Sequence[str] | None = None, image_data: Any = None,  # noqa: ANN401 - images come as paths, bytes, data URLs or PIL images
+              retain: Retention | str | None = None, names: Mapping[str, str] | None = None) -> SubmissionBatch:
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
-        model's images, one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt."""
+        model's images (paths, bytes, data URLs, PIL images), one per placeholder
+        (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
+        sequence pinned (a str: a session key, OpenAI's prompt_cache_key). Errors name a sampling field
+        as `names` spells it. The sampling params are checked first, then compiled (a constraint)."""
+        params = parse_params(sampling_params)
+        check_params(params, self.vocab_size, self.context_length, names)
+        spec = params.constraint
+        constraint = self.constraints.compile(*spec) if spec is not None else None
         prompts, single = self._prompt_ids(prompt, input_ids)
         images, starts = self._images(prompts, image_data, logprob_start_len)
-        sampling = self.sampling(sampling_params)
-        params = sampling.params
         if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= self.vocab_size:
             raise ValueError(f"top_logprobs_num must be in [0, {self.vocab_size}], got {top_logprobs_num!r}")
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
+        if isinstance(retain, str):
+            if not retain:
+                raise ValueError("prompt_cache_key must be a non-empty string")
+            retain = Retention.session(retain)
         prompt_rids = self._rids(rid, len(prompts))
         rids = sample_rids(prompt_rids, params.n)
         subs = []
         for i, ids in enumerate(prompts):
             for j in range(params.n):
                 subs.append(Submission(rids[i * params.n + j], ids, _sample_params(params, j), return_logprob,
-                                       starts[i], top_logprobs_num, sampling.constraint, images[i]))
+                                       starts[i], top_logprobs_num, constraint, images[i], retain))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
 
     def _images(self, prompts: list[list[int]], image_data: Any,
@@ -140,11 +149,206 @@ class RequestValidator:
                 for s in seen.values()]
 
 
+def images_per_prompt(image_data: Any, num_prompts: int) -> list[list[Any]]:
+    """One list of image sources per prompt, from one prompt's list (or one image) or a list of lists."""
+    nested = isinstance(image_data, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in image_data)
+    if num_prompts == 1 and not nested:
+        return [list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]]
+    if not nested or len(image_data) != num_prompts:
+        raise ValueError(f"image_data must hold one list of images per prompt ({num_prompts})")
+    return [list(x) for x in image_data]
+
+
 def _sample_params(params: SamplingParams, j: int) -> SamplingParams:
     """Sample j's params: n=1, and a given seed offset by j so samples differ but repeat."""
     if params.n == 1:
         return params
-    p = SamplingParams.from_any(params)
+    p = parse_params(params)
     p.n = 1
     p.seed = None if params.seed is None else params.seed + j
     return p
+
+
+# ---- sampling params: parsed from what a caller sent, checked against sampling_params' rules ---------
+def parse_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    """A caller's sampling params (a dict of SGLang's names, or SamplingParams: copied) as SamplingParams;
+    unknown names are refused. Values are not checked yet: `check_params` does that."""
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, SamplingParams):
+        return dataclasses.replace(params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+                                   stop_regex=list(params.stop_regex))
+    if not isinstance(params, Mapping):
+        raise TypeError(f"sampling_params must be a dict or SamplingParams, got {type(params).__name__}")
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = sorted(set(params) - known - set(ALIASES))
+    if unknown:
+        raise ValueError(f"unknown sampling field(s) {unknown}; known fields are {sorted(known | set(ALIASES))}")
+    values = {k: v for k, v in params.items() if v is not None or k == "seed"}
+    for alias, name in ALIASES.items():
+        if alias in values:
+            _merge_alias(values, alias, name)
+    for name in ("stop", "stop_regex"):
+        if isinstance(values.get(name), str):
+            values[name] = [values[name]]
+    return SamplingParams(**values)
+
+
+def check_params(params: SamplingParams, vocab_size: int | None, context_length: int | None,
+                 names: Mapping[str, str] | None = None) -> None:
+    """Checks every field; an error names a field as `names` spells it (default: as SamplingParams does)."""
+    values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    check_fields(values, vocab_size=vocab_size, context_length=context_length, names=names)
+
+
+def _merge_alias(values: dict[str, Any], alias: str, name: str) -> None:
+    value = values.pop(alias)
+    if values.get(name) is not None and values[name] != value:
+        raise ValueError(f"{alias} and {name} name the same field; they differ ({value} vs {values[name]})")
+    values[name] = value
+
+
+class FieldError(ValueError):
+    """A bad value in a request; `field` is the field's name as the caller spelled it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def check_fields(values: Mapping[str, Any], *, vocab_size: int | None = None, context_length: int | None = None,
+                 names: Mapping[str, str] | None = None) -> None:
+    """Checks the given fields (a subset is fine; the engine's names); a limit that is None is not
+    known yet and not checked. Raises FieldError naming the field as `names` spells it."""
+    names = names or {}
+    limits = {"vocab_size": vocab_size, "context_length": context_length,
+              "max_new_tokens": values.get("max_new_tokens")}
+    for name, value in values.items():
+        rule = RULES[name]
+        label = names.get(name, name)
+        lo, hi = (_bound(b, limits, names) for b in (rule.lo, rule.hi))
+        if rule.kind == "bias":
+            _check_bias(label, value, lo, hi, _bound(rule.hi_ids, limits, names))
+        elif rule.kind == "unsupported":
+            _check_unsupported(name, label, value)
+        else:
+            _CHECKS[rule.kind](label, value, rule, lo, hi)
+    given = [name for name in CONSTRAINT_FIELDS if values.get(name) is not None]
+    if len(given) > 1:
+        spelled = [names.get(n, n) for n in given]
+        raise FieldError(spelled[1], f"{' and '.join(spelled)} are exclusive: use at most one")
+
+
+def _bound(bound: float | str, limits: Mapping[str, Any], names: Mapping[str, str]) -> float | str:
+    """A numeric bound, a known limit's value, or (unknown yet) the limit's name as the caller spells it."""
+    if not isinstance(bound, str):
+        return bound
+    value = limits.get(bound)
+    return names.get(bound, bound) if value is None else value
+
+
+def _in_range(value: float, rule: Rule, lo: float | str, hi: float | str) -> bool:
+    above = isinstance(lo, str) or (value > lo if rule.lo_open else value >= lo)
+    return above and (isinstance(hi, str) or value <= hi)
+
+
+def _range_error(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> FieldError:
+    return FieldError(label, f"{label} must be in {'(' if rule.lo_open else '['}{lo}, {hi}], got {value}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not _is_int(value):
+        raise FieldError(label, f"{label} must be an integer, got {value!r}")
+    if not _in_range(value, rule, lo, hi):
+        raise _range_error(label, value, rule, lo, hi)
+
+
+def _check_float(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise FieldError(label, f"{label} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise FieldError(label, f"{label} must be a finite number, got {value!r}")
+    if not _in_range(value, rule, lo, hi):
+        raise _range_error(label, value, rule, lo, hi)
+
+
+def _check_bool(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not isinstance(value, bool):
+        raise FieldError(label, f"{label} must be a boolean, got {value!r}")
+
+
+def _check_seed(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None and not _is_int(value):
+        raise FieldError(label, f"{label} must be an integer, got {value!r}")
+    if value is not None and not _in_range(value, rule, lo, hi):
+        raise _range_error(label, value, rule, lo, hi)
+
+
+def _check_strings(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise FieldError(label, f"{label} must be a non-empty string or a list of them, got {value!r}")
+
+
+def _check_token_ids(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    known = not isinstance(hi, str)
+    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t and (not known or t < hi) for t in value):
+        raise FieldError(label, f"{label} must be token ids in [0, {hi}), got {value!r}")
+
+
+def _check_text(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise FieldError(label, f"{label} must be a string, got {type(value).__name__}")
+
+
+def _check_optional_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None:
+        _check_int(label, value, rule, lo, hi)
+
+
+def _check_regexes(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    _check_strings(label, value, rule, lo, hi)
+    for pattern in value:
+        if len(pattern.encode()) > MAX_STOP_REGEX_LEN:
+            raise FieldError(label, f"{label}: a pattern may be at most {MAX_STOP_REGEX_LEN} bytes, got "
+                                    f"{len(pattern.encode())}")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as e:
+            raise FieldError(label, f"{label}: {pattern!r} is not a valid regular expression: {e}") from None
+        if compiled.match("") is not None:
+            raise FieldError(label, f"{label}: {pattern!r} matches the empty string, so it would stop at once")
+
+
+def _check_bias(label: str, value: Any, lo: float, hi: float, vocab: Any) -> None:
+    """OpenAI's and SGLang's logit_bias: {"token id": bias}, each bias in [lo, hi]."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise FieldError(label, f"{label} must be an object of token id -> bias, got {type(value).__name__}")
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key if _is_int(key) else None
+        if token is None or (not isinstance(vocab, str) and not 0 <= token < vocab):
+            raise FieldError(label, f"{label} keys must be token ids in [0, {vocab}), got {key!r}")
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not lo <= bias <= hi:
+            raise FieldError(label, f"{label}[{key!r}] must be a number in [{lo}, {hi}], got {bias!r}")
+
+
+def _check_json_object(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+    if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+        raise FieldError(label, f"{label} must be a JSON object, got {type(value).__name__}")
+
+
+def _check_unsupported(name: str, label: str, value: Any) -> None:
+    allowed, reason = UNSUPPORTED[name]
+    if not any(value is a or (a is not None and value == a and _is_int(value)) for a in allowed):
+        raise FieldError(label, f"{label}={value!r}: {reason}")
+
+
+_CHECKS = {"int": _check_int, "optional_int": _check_optional_int, "regexes": _check_regexes,
+           "json_object": _check_json_object, "float": _check_float, "bool": _check_bool, "seed": _check_seed,
+           "strings": _check_strings, "token_ids": _check_token_ids, "text": _check_text,
+           "any": lambda *_: None}

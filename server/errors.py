@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ..runtime.sampling_params import FieldError
+from ..runtime.validation import FieldError
 from .streaming import ClientGone
 
 logger = logging.getLogger(__name__)

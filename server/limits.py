@@ -12,7 +12,7 @@ from .errors import APIError
 class ServerLimits:
     max_body_bytes: int = 16 * 2**20  # request body; a larger one gets a 413 before it is read
     max_prompts: int = 256  # prompts in one request
-    max_sequences: int = 256  # prompts x n in one request: the engine builds each on the event loop (~0.3 ms)
+    max_sequences: int = 256  # prompts x n in one request: each is a request the engine runs
     max_program_states: int = 1024  # states one /v1/programs run may hold: 1 + every fork's children
     max_program_seconds: float = 600.0  # wall time of one /v1/programs run; then it is cancelled
 
@@ -22,11 +22,14 @@ class ServerLimits:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"{f.name} must be a number > 0, got {value!r}")
 
-    def check_prompts(self, num_prompts: int, n: int, param: str) -> None:
-        """Refuses a request with too many prompts, or too many sequences (prompts x n)."""
+    def check_prompts(self, num_prompts: int, param: str) -> None:
+        """Refuses a request with too many prompts (checked before they are tokenized)."""
         if num_prompts > self.max_prompts:
             raise APIError(400, f"{param} has {num_prompts} prompts; this server takes at most "
                                 f"{self.max_prompts} per request (max_prompts)", param)
+
+    def check_sequences(self, num_prompts: int, n: int) -> None:
+        """Refuses a request with too many sequences (prompts x n; checked once built, before any runs)."""
         if num_prompts * n > self.max_sequences:
             raise APIError(400, f"{num_prompts} prompt(s) x n={n} is {num_prompts * n} sequences; this server "
                                 f"takes at most {self.max_sequences} per request (max_sequences)", "n")

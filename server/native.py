@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, AsyncIterator
 
@@ -13,11 +14,11 @@ from ..runtime.engine import Engine
 from ..runtime.meta_info import meta_info
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import ALIASES, SamplingParams
-from .errors import APIError
+from .errors import APIError, user_errors
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
 from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
-from .serving import checked_params, events, length_hint, open_stream, prepare, run
+from .serving import events, length_hint, run
 from .sglang_fields import check_generate_extras
 from .state import ServerState, server_state
 from .streaming import sse_response
@@ -37,28 +38,35 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     state.ensure_open()
     check_generate_extras(body)
     engine = state.engine
-    sampling = await checked_params(state, body.sampling_params, FIELDS)
-    params = sampling.params
-    prompts, single = await _prompt_ids(state, body, params.n)
+    for name, value in (body.sampling_params or {}).items():  # e.g. a stop string comes back in matched_stop
+        check_unicode_tree(value, FIELDS.get(name, name))
+    prompts, single = await _prompt_ids(state, body)
     _check_logprob_start(body.logprob_start_len, prompts)
     check_unicode_tree(body.rid, "rid")  # it comes back as the response's id
-    args = dict(input_ids=prompts, sampling_params=sampling, return_logprob=body.return_logprob,
-                logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num, rid=body.rid,
-                image_data=await _images(state, body.image_data), cache_key=body.cache_key)
-    batch = prepare(state, args, FIELDS)
+    images = await _images(state, body.image_data)
+    build = functools.partial(  # validated once, on the CPU pool (a constraint compiles there)
+        engine.validator.build, input_ids=prompts, sampling_params=body.sampling_params,
+        return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
+        top_logprobs_num=body.top_logprobs_num, rid=body.rid, image_data=images, retain=body.cache_key, names=FIELDS)
+    with user_errors(FIELDS):
+        batch = await state.offload(build)
+    state.limits.check_sequences(len(prompts), batch.n)
+    n, max_new_tokens = batch.n, batch.requests[0].params.max_new_tokens
     groups = batch.groups()
     started = time.perf_counter()
     if body.stream:
-        chunks = open_stream(state, batch, groups)
-        return sse_response(_events(state, body, prompts, params, groups, chunks, started))
-    results = await run(state, request, batch, groups)
+        state.live.check(groups)  # a clash is still a 4xx status, before the stream starts
+        chunks = engine.async_chunks(batch)
+        interval = batch.requests[0].params.stream_interval or 1
+        return sse_response(_events(state, body, prompts, n, max_new_tokens, interval, groups, chunks, started))
+    results = await run(state, request, engine.async_run(batch), groups)
 
     def render() -> list[dict[str, Any]]:
-        return [_response(engine, body, prompts[i // params.n], c, True, started, params.max_new_tokens)
+        return [_response(engine, body, prompts[i // n], c, True, started, max_new_tokens)
                 for i, c in enumerate(results)]
 
     items = await state.offload(render)  # logprobs of long prompts take many detokenisations
-    return JSONResponse(items[0] if single and params.n == 1 else items)
+    return JSONResponse(items[0] if single and n == 1 else items)
 
 
 @router.post("/tokenize", responses=error_responses(400, 413, 422))
@@ -81,20 +89,20 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
     return {"prompt": await state.offload(state.engine.tokenizer.decode, body.tokens, False)}
 
 
-async def _prompt_ids(state: ServerState, body: GenerateRequest, n: int) -> tuple[list[list[int]], bool]:
+async def _prompt_ids(state: ServerState, body: GenerateRequest) -> tuple[list[list[int]], bool]:
     """Token ids of each prompt (tokenized here, as the engine would, so logprobs can name them),
     once their count is within the server's limits."""
     if body.text is not None:
         single = isinstance(body.text, str)
         texts = [body.text] if single else body.text
-        state.limits.check_prompts(len(texts), n, "text")
+        state.limits.check_prompts(len(texts), "text")
         engine = state.engine
         return await state.offload(encode_texts, engine.tokenizer, texts, "text", not single,
                                    engine.context_length), single
     ids = body.input_ids
     single = bool(ids) and isinstance(ids[0], int)
     prompts = [ids] if single else ids
-    state.limits.check_prompts(len(prompts), n, "input_ids")  # type: ignore[arg-type]
+    state.limits.check_prompts(len(prompts), "input_ids")  # type: ignore[arg-type]
     return prompts, single  # type: ignore[return-value]
 
 
@@ -134,14 +142,13 @@ def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: C
     return {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
 
 
-def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], params: SamplingParams,
-            groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
+def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int, max_new_tokens: int,
+            interval: int, groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
             started: float) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
     `stream_interval` k, an event comes once k more tokens are out (and at the end)."""
     collectors: dict[int, Collector] = {}
     sent: dict[int, int] = {}  # completion tokens each sample's last event carried
-    n, max_new_tokens, interval = params.n, params.max_new_tokens, params.stream_interval or 1
 
     def render(i: int, chunk: StreamChunk) -> list[dict]:
         collector = collectors.setdefault(i, Collector())

@@ -1,6 +1,8 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (streaming or not)."""
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -11,13 +13,14 @@ from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from ..runtime.engine import Completion
 from ..runtime.request import StreamChunk
 from ..runtime.sampler import TokenLogprob
-from .errors import APIError
+from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
+from .errors import APIError, user_errors
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,
-                            new_id, num_prompts, sampling_params)
+                            new_id, num_prompts)
 from .openapi import error_responses, streaming_responses
-from .protocol import ChatCompletionRequest, CompletionRequest
-from .serving import checked_params, events, open_stream, prepare, run
+from .protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
+from .serving import events, run
 from .sglang_fields import check_chat_extras, check_completion_extras
 from .state import ServerState, server_state
 from .streaming import sse_response
@@ -32,6 +35,39 @@ async def models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": state.created, "owned_by": "radixlang",
         "max_model_len": state.engine.context_length}]}
+
+
+# ---- sampling params: the route's fields in the engine's names (validated once, in _respond) -------
+# the route's max_tokens field and default (max_completion_tokens on chat), and response_format, set these
+_SET_BY_ROUTE = ("max_new_tokens", "json_schema", "structural_tag")
+
+
+def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
+    """Engine sampling params; response_format / regex / grammar become constrained decoding."""
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    params |= {name: value for name in RULES if name not in _SET_BY_ROUTE
+               and (value := getattr(req, FIELDS[name])) is not None}
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "structural_tag":
+        params["structural_tag"] = fmt.model_dump(exclude_none=True, include={"type", "structures", "triggers", "format"})
+    elif (schema := _response_format_schema(fmt)) is not None:
+        params["json_schema"] = schema
+    constraints = [k for k in CONSTRAINT_FIELDS if k in params]
+    if len(constraints) > 1:
+        raise APIError(400, "use at most one of response_format (JSON), regex and grammar", FIELDS[constraints[1]])
+    return params
+
+
+def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
+    """The JSON schema (as a JSON string, like SGLang's json_schema) that a response_format asks for."""
+    if fmt is None or fmt.type in ("text", "structural_tag"):
+        return None
+    if fmt.type == "json_object":
+        return json.dumps({"type": "object"})
+    assert fmt.json_schema is not None  # the model validator guarantees it
+    return json.dumps(fmt.json_schema.schema_)
 
 
 # ---- usage ----------------------------------------------------------------------------------------
@@ -101,15 +137,24 @@ class _View:
                 "choices": [self.choice(k, c) for k, c in enumerate(results)], "usage": usage.body()}
 
 
-async def _respond(request: Request, view: _View, fields: dict[str, str]) -> Response:
+async def _respond(request: Request, view: _View, params: dict[str, Any], fields: dict[str, str]) -> Response:
+    """Validates the request once (on the CPU pool: a constraint compiles there), then runs or streams it."""
     state, job = view.state, view.job
-    batch = prepare(state, job.engine_args(), fields)
+    build = functools.partial(
+        state.engine.validator.build, input_ids=job.prompts, sampling_params=params, return_logprob=job.return_logprob,
+        logprob_start_len=job.logprob_start_len, top_logprobs_num=job.top_logprobs_num, rid=job.rids,
+        image_data=job.image_data, retain=job.cache_key, names=fields)
+    with user_errors(fields):
+        batch = await state.offload(build)
+    state.limits.check_sequences(len(job.prompts), batch.n)
+    job.n = batch.n
     groups = {job.id: batch.rids}  # all samples abort together by the response id
     if view.body.stream:
-        chunks = open_stream(state, batch, groups)
+        state.live.check(groups)  # a clash is still a 4xx status, before the stream starts
+        chunks = state.engine.async_chunks(batch)
         return sse_response(events(state, groups, chunks, view.render, view.start(), view.finish,
                                    job.return_logprob))
-    results = await run(state, request, batch, groups)
+    results = await run(state, request, state.engine.async_run(batch), groups)
     return JSONResponse(await state.offload(view.whole, results))  # logprobs: many detokenisations
 
 
@@ -128,15 +173,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, max_tokens)
     fields = FIELDS | {"top_logprobs_num": "logprobs"}
-    sampling = await checked_params(state, params, fields)  # checked before anything is sized by n
-    state.limits.check_prompts(num_prompts(body.prompt), sampling.n, "prompt")
+    state.limits.check_prompts(num_prompts(body.prompt), "prompt")
     engine = state.engine
     prompts, texts = await state.offload(completion_prompts, engine.tokenizer, body.prompt, engine.context_length)
     want_logprobs = body.logprobs is not None
-    job = Job(new_id("cmpl"), prompts, sampling, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
+    job = Job(new_id("cmpl"), prompts, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
               logprob_start_len=0 if body.echo and want_logprobs else -1,  # echo scores the prompt too
               cache_key=body.prompt_cache_key)
-    return await _respond(request, _CompletionView(state, body, job, texts), fields)
+    return await _respond(request, _CompletionView(state, body, job, texts), params, fields)
 
 
 @dataclass
@@ -207,13 +251,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if plan is not None and plan.structural_tag is not None:
         params["structural_tag"] = plan.structural_tag
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
-    sampling = await checked_params(state, params, fields)  # checked before anything is sized by n
-    state.limits.check_prompts(1, sampling.n, "messages")
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
                                          engine.image_prompts, state.model_name, plan)
-    job = Job(new_id("chatcmpl"), [prompt], sampling, return_logprob=body.logprobs,
+    job = Job(new_id("chatcmpl"), [prompt], return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key)
-    return await _respond(request, _ChatView(state, body, job, plan), fields)
+    return await _respond(request, _ChatView(state, body, job, plan), params, fields)
 
 
 @dataclass

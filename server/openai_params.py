@@ -1,27 +1,23 @@
-"""OpenAI request -> engine arguments: prompts, chat template, sampling params, request ids."""
+"""OpenAI request -> engine arguments: prompts, chat template, request ids, the routes' checks."""
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.multimodal.prompt import ImagePrompts
-from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
-from ..runtime.submission import CheckedSampling
+from ..runtime.sampling_params import RULES
 from ..runtime.tokenizer import Tokenizer
 from .config import MAX_TOP_LOGPROBS
 from .errors import APIError, user_errors
 from .image_input import prepare_images
-from .protocol import OPENAI_NAMES, ChatMessage, ResponseFormat, SamplingFields
+from .protocol import OPENAI_NAMES, ChatMessage
 from .text_input import check_unicode, encode_texts
 from .tool_calls import ToolPlan, template_messages
 
 # engine field -> the name the client used, for error messages (routes add their own)
 FIELDS = {name: OPENAI_NAMES.get(name, name) for name in RULES} | {"input_ids": "prompt"}
-# the route's max_tokens field and default (max_completion_tokens on chat), and response_format, set these
-_SET_BY_ROUTE = ("max_new_tokens", "json_schema", "structural_tag")
 
 
 @dataclass
@@ -30,26 +26,17 @@ class Job:
 
     id: str
     prompts: list[list[int]]
-    sampling: CheckedSampling
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     image_data: list[Any] | None = None  # the prompt's images (decoded), one per placeholder
     cache_key: str | None = None  # prompt_cache_key: the finished sequence stays cached for the session
     created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def n(self) -> int:
-        return self.sampling.n
+    n: int = 1  # samples per prompt: set once the request is validated
 
     @property
     def rids(self) -> list[str]:
         return [self.id] if len(self.prompts) == 1 else [f"{self.id}-{i}" for i in range(len(self.prompts))]
-
-    def engine_args(self) -> dict[str, Any]:
-        return dict(input_ids=self.prompts, sampling_params=self.sampling, return_logprob=self.return_logprob,
-                    logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num,
-                    rid=self.rids, image_data=self.image_data, cache_key=self.cache_key)
 
 
 def new_id(prefix: str) -> str:
@@ -65,34 +52,6 @@ def check_model(model: str, served: str) -> None:
 def check_top_logprobs(value: int | None, param: str) -> None:
     if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
         raise APIError(400, f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {value}", param)
-
-
-def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
-    """Engine sampling params; response_format / regex / grammar become constrained decoding."""
-    if req.stream_options is not None and not req.stream:
-        raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
-    params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    params |= {name: value for name in RULES if name not in _SET_BY_ROUTE
-               and (value := getattr(req, FIELDS[name])) is not None}
-    fmt = req.response_format
-    if fmt is not None and fmt.type == "structural_tag":
-        params["structural_tag"] = fmt.model_dump(exclude_none=True, include={"type", "structures", "triggers", "format"})
-    elif (schema := _response_format_schema(fmt)) is not None:
-        params["json_schema"] = schema
-    constraints = [k for k in CONSTRAINT_FIELDS if k in params]
-    if len(constraints) > 1:
-        raise APIError(400, "use at most one of response_format (JSON), regex and grammar", FIELDS[constraints[1]])
-    return params
-
-
-def _response_format_schema(fmt: ResponseFormat | None) -> str | None:
-    """The JSON schema (as a JSON string, like SGLang's json_schema) that a response_format asks for."""
-    if fmt is None or fmt.type in ("text", "structural_tag"):
-        return None
-    if fmt.type == "json_object":
-        return json.dumps({"type": "object"})
-    assert fmt.json_schema is not None  # the model validator guarantees it
-    return json.dumps(fmt.json_schema.schema_)
 
 
 def num_prompts(prompt: str | list) -> int:

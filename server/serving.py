@@ -1,38 +1,22 @@
-"""Running a request on the engine for a route: claim its ids, tie it to the connection, map errors."""
+"""A running request tied to its connection: its ids claimed, a disconnect aborting it, engine errors
+mapped, its stream rendered as SSE. The routes build and submit the request themselves (validation ->
+engine); this module sees only what comes back."""
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping
+from typing import AsyncIterator, Callable, Coroutine, Iterable
 
 from fastapi import Request
 
 from ..runtime.engine import Completion, Engine
 from ..runtime.request import StreamChunk
-from ..runtime.submission import CheckedSampling, SubmissionBatch
-from .errors import APIError, error_body, user_errors
+from .errors import APIError, error_body
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
-from .text_input import check_unicode_tree
 
 logger = logging.getLogger(__name__)
 Groups = dict[str, list[str]]
-
-
-async def checked_params(state: ServerState, raw: Mapping[str, Any] | None, fields: Mapping[str, str]
-                         ) -> CheckedSampling:
-    """Validated sampling params, their constraint compiled on the CPU pool (not on the event loop);
-    the engine takes them as they are."""
-    for name, value in (raw or {}).items():  # e.g. a stop string would come back in matched_stop
-        check_unicode_tree(value, fields.get(name, name))
-    with user_errors(fields):
-        return await state.offload(state.engine.validator.sampling, raw, fields)
-
-
-def prepare(state: ServerState, args: Mapping[str, Any], fields: Mapping[str, str]) -> SubmissionBatch:
-    """The request's Submissions (`Engine.prepare`'s arguments; sampling_params already checked)."""
-    with user_errors(fields):
-        return state.engine.prepare(**args)
 
 
 def length_hint(engine: Engine, prompt_tokens: int, completion_tokens: int, max_new_tokens: int) -> str | None:
@@ -46,21 +30,20 @@ def length_hint(engine: Engine, prompt_tokens: int, completion_tokens: int, max_
             f"({engine.pool_size} tokens) could not hold more of this request")
 
 
-async def run(state: ServerState, request: Request, batch: SubmissionBatch, groups: Groups) -> list[Completion]:
-    """Every completion of a non-streaming request, in `generate`'s order. Raises ClientGone if the
-    client disconnects first (its requests are aborted), APIError for a failed request."""
-    with state.live.claim(groups):
-        results = await until_disconnect(request, state.engine.async_run(batch))
+async def run(state: ServerState, request: Request, completions: Coroutine[object, None, list[Completion]],
+              groups: Groups) -> list[Completion]:
+    """Awaits a non-streaming request's completions (the route's `engine.async_run(batch)`) with its ids
+    claimed. Raises ClientGone if the client disconnects first (its requests are aborted), APIError
+    for a failed request."""
+    try:
+        with state.live.claim(groups):
+            results = await until_disconnect(request, completions)
+    finally:
+        completions.close()  # an id clash: it never started, so nothing was submitted (else a no-op)
     for c in results:
         if c.meta.error is not None:
             raise APIError(state.error_status(), c.meta.error, kind="server_error")
     return results
-
-
-def open_stream(state: ServerState, batch: SubmissionBatch, groups: Groups) -> AsyncIterator[tuple[int, StreamChunk]]:
-    """The engine stream of a streaming request; its ids are checked now so a clash is still a 4xx status."""
-    state.live.check(groups)
-    return state.engine.async_chunks(batch)
 
 
 async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple[int, StreamChunk]],

@@ -84,16 +84,6 @@ class ImagePrompts:
         return spans
 
 
-def images_per_prompt(image_data: Any, num_prompts: int) -> list[list[Any]]:
-    """One list of image sources per prompt, from one prompt's list (or one image) or a list of lists."""
-    nested = isinstance(image_data, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in image_data)
-    if num_prompts == 1 and not nested:
-        return [list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]]
-    if not nested or len(image_data) != num_prompts:
-        raise ValueError(f"image_data must hold one list of images per prompt ({num_prompts})")
-    return [list(x) for x in image_data]
-
-
 def text_ids(ids: Sequence[int]) -> list[int]:
     """The token ids of a prompt without its image spans."""
     return [t for t in ids if not is_image_key(t)]

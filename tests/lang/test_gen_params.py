@@ -6,8 +6,9 @@ import inspect
 import pytest
 
 import radixlang as rl
+from radixlang.runtime.validation import parse_params
 from radixlang.lang.gen_params import GEN_FIELDS, RUN_FIELDS, sampling_defaults
-from radixlang.runtime.sampling_params import RULES, SamplingParams
+from radixlang.runtime.sampling_params import RULES
 
 # SGLang 0.5.23's gen() parameters in their positional order (sglang/lang/api.py), written out rather than
 # read from radixlang; `grammar` (Lark) is radixlang's own, keyword-only after them
@@ -53,7 +54,7 @@ def test_each_gen_sampling_field_reaches_the_engine_under_its_runtime_name():
         sent = rl.gen("v", **{name: value}).params.sampling_params()
         runtime_name = renamed.get(name, name)
         assert runtime_name in RULES and sent == {runtime_name: [value] if name == "stop" else value}
-        SamplingParams.from_any(sent)  # the engine knows every name
+        parse_params(sent)  # the engine knows every name
 
 
 def test_gen_and_run_defaults_name_a_bad_field_in_their_own_spelling():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlang.runtime.config import GREEDY_TEMPERATURE
 from radixlang.runtime.sampling_params import SamplingParams
 
 
@@ -49,6 +50,6 @@ def distribution(logits: torch.Tensor, p: SamplingParams, prompt: list[int], out
         blocked[list(stop_ids)] = -torch.inf
         if torch.isfinite(blocked).any():  # when only stopping is allowed, min_new_tokens yields
             logits = blocked
-    if p.greedy:
+    if p.temperature < GREEDY_TEMPERATURE or p.top_k == 1:  # greedy: argmax
         return torch.nn.functional.one_hot(logits.argmax(), logits.numel()).float()
     return filter_probs(torch.softmax(logits / p.temperature, dim=-1), p)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixlang.runtime.validation import check_params
 from radixlang.runtime import sampler as sampler_module
 from radixlang.runtime.sampler import (SampleRow, SamplingState, ScoreRow, apply_bitmask, apply_penalties,
                                        process_logits, sample_step, sample_tokens,
@@ -178,7 +179,7 @@ def test_batched_distributions_equal_the_per_request_sampler_row_by_row():
     process_logits(processed, rows)
     got = token_distribution(processed, [r.state.params for r in rows])
     for i, (row, want) in enumerate(zip(rows, expected)):
-        if row.state.params.greedy:
+        if sampler_module.is_greedy(row.state.params):
             assert processed[i].argmax() == want.argmax(), i
         else:
             assert torch.allclose(got[i] / got[i].sum(), want, atol=1e-6), i
@@ -214,13 +215,13 @@ def test_a_temperature_too_small_to_divide_by_samples_greedily():
 ])
 def test_validate_refuses_non_finite_and_overflowing_numbers(params, words):
     with pytest.raises(ValueError) as e:
-        SamplingParams(max_new_tokens=1, **params).validate(vocab_size=5, context_length=8)
+        check_params(SamplingParams(max_new_tokens=1, **params), 5, 8)
     assert words in str(e.value)
 
 
 def test_validate_takes_every_torch_seed():
     for seed in (-(2**63), -1, 0, 2**64 - 1):
-        SamplingParams(max_new_tokens=1, seed=seed).validate(vocab_size=5, context_length=8)
+        check_params(SamplingParams(max_new_tokens=1, seed=seed), 5, 8)
         state(seed=seed)
 
 

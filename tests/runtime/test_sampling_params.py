@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from radixlang.runtime.sampling_params import RULES, FieldError, SamplingParams, check_fields
+from radixlang.runtime.sampling_params import RULES, SamplingParams
+from radixlang.runtime.validation import FieldError, check_fields, check_params
 
 VOCAB, CONTEXT = 1000, 512
 # SGLang's documented ranges (lo, hi, lo excluded), temperature capped at 100 (near uniform already);
@@ -37,17 +38,17 @@ def _edges(name: str) -> tuple[list, list]:
 def test_each_numeric_field_accepts_its_range_and_rejects_what_lies_outside(name):
     inside, outside = _edges(name)
     for value in inside:
-        SamplingParams(**{name: value}).validate(VOCAB, CONTEXT)
+        check_params(SamplingParams(**{name: value}), VOCAB, CONTEXT)
     for value in outside:
         with pytest.raises(FieldError) as e:
-            SamplingParams(**{name: value}).validate(VOCAB, CONTEXT)
+            check_params(SamplingParams(**{name: value}), VOCAB, CONTEXT)
         assert e.value.field == name and str(e.value).startswith(f"{name} must be in ")
 
 
 def test_min_new_tokens_is_bounded_by_max_new_tokens():
-    SamplingParams(max_new_tokens=4, min_new_tokens=4).validate(VOCAB, CONTEXT)
+    check_params(SamplingParams(max_new_tokens=4, min_new_tokens=4), VOCAB, CONTEXT)
     with pytest.raises(FieldError, match=r"min_new_tokens must be in \[0, 4\], got 5"):
-        SamplingParams(max_new_tokens=4, min_new_tokens=5).validate(VOCAB, CONTEXT)
+        check_params(SamplingParams(max_new_tokens=4, min_new_tokens=5), VOCAB, CONTEXT)
 
 
 @pytest.mark.parametrize("values, field, words", [
@@ -70,7 +71,7 @@ def test_other_fields_reject_bad_values_naming_the_field(values, field, words):
 def test_errors_spell_the_field_and_its_bounds_as_the_caller_does():
     names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
     with pytest.raises(FieldError) as e:
-        SamplingParams(max_new_tokens=CONTEXT + 1).validate(VOCAB, CONTEXT, names=names)
+        check_params(SamplingParams(max_new_tokens=CONTEXT + 1), VOCAB, CONTEXT, names=names)
     assert (e.value.field, str(e.value)) == ("max_tokens", f"max_tokens must be in [0, {CONTEXT}], got {CONTEXT + 1}")
     with pytest.raises(FieldError) as e:  # max_new_tokens unknown: the bound is named, in the caller's spelling
         check_fields({"min_new_tokens": -1}, names=names)
@@ -85,5 +86,5 @@ def test_limits_not_known_yet_are_left_to_the_engine():
 
 def test_every_field_has_exactly_one_rule_and_the_defaults_pass_it():
     assert list(RULES) == [f.name for f in dataclasses.fields(SamplingParams)]
-    SamplingParams().validate(VOCAB, CONTEXT)
+    check_params(SamplingParams(), VOCAB, CONTEXT)
     assert SamplingParams().stop is not SamplingParams().stop  # a fresh list per request

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from radixlang.runtime.validation import check_params, parse_params
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_scheduler
 from radixlang.runtime.request import Req, ReqState, StreamChunk
-from radixlang.runtime.request_factory import create_req
-from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.engine import create_req
 from radixlang.runtime.engine_core import EngineCore
 from radixlang.runtime.scheduler import Scheduler
 
@@ -31,8 +31,8 @@ class Harness:
 
     def request(self, rid: str, prompt: str | list[int], **params) -> Req:
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
-        sp = SamplingParams.from_any({**GREEDY, **params})
-        sp.validate(self.tokenizer.vocab_size, self.sched.context_length)
+        sp = parse_params({**GREEDY, **params})
+        check_params(sp, self.tokenizer.vocab_size, self.sched.context_length)
         return create_req(rid, ids, sp, self.tokenizer, self.chunks[rid].append,
                           context_length=self.sched.context_length, seed=0, device=torch.device("cpu"))
 

@@ -13,7 +13,7 @@ from radixlang.runtime.kv_manager import KVManager
 from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import Req
-from radixlang.runtime.request_factory import create_req
+from radixlang.runtime.engine import create_req
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.scheduler import Scheduler
 

@@ -1,13 +1,13 @@
-"""The one request path: `Engine.prepare` validates a call once into Submissions, `Engine.submit` runs them,
-and the generate forms are adapters over the two (same outputs)."""
+"""The one request path: `Engine.prepare` (`RequestValidator.build`) validates a call once into Submissions,
+`Engine.submit` runs them, and the generate forms are adapters over the two (same outputs)."""
 from __future__ import annotations
 
 import queue
 
 import pytest
 
-from radixlang.runtime.sampling_params import FieldError, SamplingParams
-from radixlang.runtime.submission import CheckedSampling
+from radixlang.runtime import validation
+from radixlang.runtime.validation import FieldError
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
@@ -26,16 +26,15 @@ def test_prepare_gives_one_submission_per_prompt_and_sample_with_seeds_offset(en
     assert len(batch.shared_prefills) == 2  # each prompt's KV computed once for its two samples
 
 
-def test_checked_sampling_is_taken_as_is_not_validated_again(engine, monkeypatch):
-    checked = engine.validator.sampling(GREEDY)
-    assert isinstance(checked, CheckedSampling) and checked.params.temperature == 0
-
-    def fail(*args, **kwargs):
-        raise AssertionError("validated twice")
-
-    monkeypatch.setattr(SamplingParams, "validate", fail)
-    batch = engine.prepare("hello there", checked)
-    assert batch.requests[0].params is checked.params
+def test_a_call_is_validated_once_and_its_samples_share_the_checked_params(engine, monkeypatch):
+    checks = []
+    real = validation.check_fields
+    monkeypatch.setattr(validation, "check_fields", lambda *a, **k: checks.append(1) or real(*a, **k))
+    batch = engine.prepare(["a b", "c d"], {**GREEDY, "n": 2})
+    assert len(checks) == 1 and len(batch.requests) == 4
+    assert all(s.params.temperature == 0 and s.params.n == 1 for s in batch.requests)
+    engine.run(batch)  # nothing on the way to the sampler checks a field again
+    assert len(checks) == 1
 
 
 @pytest.mark.parametrize("call, field", [

@@ -8,9 +8,10 @@ import threading
 import openai
 import pytest
 
+from radixlang.runtime.validation import check_params, parse_params
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.server.errors import APIError
-from radixlang.server.openai_params import sampling_params
+from radixlang.server.openai_api import sampling_params
 from radixlang.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
@@ -291,7 +292,7 @@ def test_openai_names_map_to_the_engines_sampling_params():
                       "frequency_penalty": 0.1, "presence_penalty": 0.2, "top_k": 5, "min_p": 0.05,
                       "repetition_penalty": 1.1, "min_new_tokens": 2, "stop_token_ids": [7], "ignore_eos": True,
                       "skip_special_tokens": False, "no_stop_trim": True}
-    SamplingParams.from_any(params).validate(100, 100)  # every name is one the engine knows
+    check_params(parse_params(params), 100, 100)  # every name is one the engine knows
 
 
 constrained = pytest.mark.skipif(

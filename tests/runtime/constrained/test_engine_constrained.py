@@ -13,6 +13,7 @@ import jsonschema
 import lark
 import pytest
 
+from radixlang.runtime.validation import parse_params
 from radixlang.runtime.sampling_params import SamplingParams
 
 from ...conftest import CHARACTER_REGEX
@@ -131,7 +132,7 @@ def test_bad_constraints_raise_at_submit_and_the_engine_stays_healthy(tiny_engin
 
 
 def test_sampling_params_accept_the_constraint_fields():
-    p = SamplingParams.from_any({"json_schema": {"type": "integer"}})
+    p = parse_params({"json_schema": {"type": "integer"}})
     assert p.constraint == ("json_schema", {"type": "integer"})
     assert SamplingParams().constraint is None
 

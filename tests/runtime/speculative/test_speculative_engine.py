@@ -10,12 +10,12 @@ from collections import defaultdict
 import pytest
 import torch
 
+from radixlang.runtime.validation import check_params, parse_params
 from radixlang.runtime import output_processor
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_scheduler
 from radixlang.runtime.request import Req
-from radixlang.runtime.request_factory import create_req
-from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.engine import create_req
 from radixlang.runtime.speculative.drafter import NgramDrafter
 from radixlang.runtime.draft_tree import DraftTree
 
@@ -179,8 +179,8 @@ class Harness:
         self.chunks = defaultdict(list)
 
     def add(self, rid: str, prompt: str, **params) -> Req:
-        sp = SamplingParams.from_any({**GREEDY, **params})
-        sp.validate(self.tokenizer.vocab_size, self.sched.context_length)
+        sp = parse_params({**GREEDY, **params})
+        check_params(sp, self.tokenizer.vocab_size, self.sched.context_length)
         req = create_req(rid, self.tokenizer.encode(prompt), sp, self.tokenizer, self.chunks[rid].append,
                          context_length=self.sched.context_length, seed=0, device=torch.device("cpu"))
         self.sched.add(req)
@@ -284,7 +284,7 @@ def test_preemption_with_drafts_in_flight_keeps_outputs(tiny_model_dir, plain_ou
 
 def bare_req(tokenizer, rid: str, prompt: str | list[int]) -> Req:
     ids = prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
-    return create_req(rid, ids, SamplingParams.from_any(GREEDY), tokenizer, lambda chunk: None,
+    return create_req(rid, ids, parse_params(GREEDY), tokenizer, lambda chunk: None,
                       context_length=1024, seed=0, device=torch.device("cpu"))
 
 
