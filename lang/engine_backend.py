@@ -49,9 +49,7 @@ class EngineBackend:
 
     def get_model_name(self) -> str:
         """The model's path: the one given, else the default model's GGUF file."""
-        from ..runtime.models.loader import default_model_path
-
-        return self.engine.config.model or str(default_model_path())
+        return self.engine.model_path
 
     def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
         text, images = self._prompt(state)

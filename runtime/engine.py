@@ -15,6 +15,7 @@ from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.masks.vocab import TokenVocab
 from .models.eplb import Placement, expert_load, rebalance
+from .models.loader import default_model_path
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
@@ -244,6 +245,11 @@ class Engine:
         if not batch.single or len(batch.requests) != 1:
             raise ValueError("stream takes one prompt and n=1")
         return batch.requests[0]
+
+    @property
+    def model_path(self) -> str:
+        """The model as loaded: the path given, else the default model's GGUF file (SGLang's model_path)."""
+        return self.config.model or str(default_model_path())
 
     # ---- control ----------------------------------------------------------------------------------
     def abort(self, rid: str) -> None:

@@ -14,19 +14,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ..runtime.models.loader import default_model_path
 from .config import HEALTH_TIMEOUT_S
 from .openapi import error_responses
 from .protocol import ConcatenateRequest
-from .state import ServerState, server_state
+from .state import server_state
 from .worker_api import load_entry
 
 router = APIRouter()
-
-
-def model_path(state: ServerState) -> str:
-    """The model as served: the --model given, else the default model's GGUF file."""
-    return state.engine.config.model or str(default_model_path())
 
 
 @router.get("/get_model_info")
@@ -36,7 +30,7 @@ async def model_info(request: Request) -> dict[str, Any]:
     Endpoint client needs to render roles itself (chat_template, bos / eos tokens, image placeholder)."""
     state = server_state(request)
     tok, images = state.engine.tokenizer, state.engine.image_prompts
-    path = model_path(state)
+    path = state.engine.model_path
     return {"model_path": path, "tokenizer_path": path, "served_model_name": state.model_name,
             "is_generation": True, "has_image_understanding": images is not None,
             "has_audio_understanding": False, "context_length": state.engine.context_length,
@@ -53,7 +47,7 @@ async def server_info(request: Request) -> dict[str, Any]:
     engine = state.engine
     config = {k: v for k, v in dataclasses.asdict(engine.config).items() if _plain(v)}
     live = {**await state.stats(), **await load_entry(state)}  # the scheduler's counters and SGLang's load
-    return {**config, "model_path": model_path(state), "tokenizer_path": model_path(state),
+    return {**config, "model_path": state.engine.model_path, "tokenizer_path": state.engine.model_path,
             "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
             "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
