@@ -142,6 +142,20 @@ def test_core_runtime_modules_import_no_feature_package(name):
     assert not features, f"runtime/{name} imports {sorted(features)}"
 
 
+ASSEMBLY = ["engine", "wiring", "engine_core", "scheduler_thread", "validation"]  # runtime's top: builds on the rest
+
+
+@pytest.mark.parametrize("part", [*FEATURES, "core"])
+def test_features_and_core_do_not_import_the_engine_assembly(part):
+    """Upward imports inside runtime/: a feature package or a core module never reaches back up into
+    the engine, its wiring, its step loop or the edge's validation (TYPE_CHECKING imports count)."""
+    top = {f"radixlang.runtime.{m}" for m in ASSEMBLY}
+    paths = [ROOT / "runtime" / name for name in CORE] if part == "core" else (ROOT / "runtime" / part).rglob("*.py")
+    offenders = sorted(f"{path.relative_to(ROOT)} imports {name}" for path in paths
+                       for name in imported_modules(path) if name in top)
+    assert not offenders, offenders
+
+
 def test_no_import_cycles_but_the_known_ones():
     found = [{m.removeprefix("radixlang.") for m in c} for c in cycles(import_graph())]
     new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
