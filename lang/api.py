@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from .choices import method_key, token_length_normalized
-from .default_backend import as_backend
+from .default_backend import BackendArg, as_backend
 from .images import load_image
 from .tools import as_tools, tool_gen_tag
 from .gen_params import GEN_FIELDS, GenParams, stop_list
@@ -178,13 +178,11 @@ def _schema_text(schema: Any) -> str | None:
     raise TypeError(f"json_schema must be a JSON string, a dict or a pydantic model class, got {type(schema).__name__}")
 
 
-def get_server_info(backend: Any = None) -> dict[str, Any]:
+def get_server_info(backend: BackendArg = None) -> dict[str, Any]:
     """The server's configuration and live counters (default backend if none given)."""
-    from .backend import as_backend
-
     return as_backend(backend).get_server_info()
 
 
-def flush_cache(backend: Any = None) -> bool:
+def flush_cache(backend: BackendArg = None) -> bool:
     """Drops the backend's cached prefixes that are not in use (default backend if none given)."""
     return as_backend(backend).flush_cache()

@@ -2,19 +2,26 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Union
 
 from .backend import Backend
 from .engine_backend import EngineBackend
 from .global_config import global_config
 
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
 
-def set_default_backend(backend: Any) -> None:
+# what a caller may pass as a backend: a Backend (Runtime, Endpoint, ...), an in-process Engine, or None
+# (the default backend)
+BackendArg = Union[Backend, "Engine", None]
+
+
+def set_default_backend(backend: BackendArg) -> None:
     """The backend `run` uses when none is passed: a Runtime, Endpoint, Engine or any Backend."""
     global_config.default_backend = as_backend(backend)
 
 
-def as_backend(backend: Any) -> Backend:
+def as_backend(backend: BackendArg) -> Backend:
     """A Backend from a backend, an in-process Engine, or None (the default backend)."""
     if backend is None:
         default = global_config.default_backend

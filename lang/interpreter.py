@@ -8,7 +8,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from tqdm import tqdm
 
-from .default_backend import as_backend
+from .backend import Backend
+from .default_backend import BackendArg, as_backend
 from .images import load_image
 from .gen_params import GenParams, sampling_defaults
 from .ir import Arg, Fork, Image, Join, Node, Select, Text, Var, check_choices
@@ -20,7 +21,7 @@ from .config import RUN_BATCH_AUTO_THREADS
 from .global_config import global_config
 
 
-def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: GenParams, stream: bool,
+def run_program(func: Callable[[ProgramState], Any], backend: BackendArg, defaults: GenParams, stream: bool,
                 events: queue.Queue | None = None) -> ProgramState:
     """Runs `func(state)`; with stream, in a background thread (the state streams as it grows)."""
     run = Run(as_backend(backend), defaults, events)
@@ -50,7 +51,7 @@ def run_program(func: Callable[[ProgramState], Any], backend: Any, defaults: Gen
     return state
 
 
-def run_batch(program: Traceable, calls: list[Callable[[ProgramState], Any]], backend: Any,
+def run_batch(program: Traceable, calls: list[Callable[[ProgramState], Any]], backend: BackendArg,
               defaults: GenParams, num_threads: int | str, progress_bar: bool) -> list[ProgramState]:
     """Runs one program per call, `num_threads` at a time, after caching their shared constant prefix."""
     backend = as_backend(backend)
@@ -74,7 +75,7 @@ def _thread_count(num_threads: int | str, batch: int) -> int:
     return min(num_threads, max(batch, 1))
 
 
-def _precache(program: Traceable, backend: Any) -> None:
+def _precache(program: Traceable, backend: Backend) -> None:
     nodes = constant_prefix(program)
     if not nodes:
         return
@@ -148,13 +149,13 @@ def _load(ir: ProgramIR | str | bytes | Mapping[str, Any], args: Mapping[str, An
 
 
 def interpret(ir: ProgramIR | str | Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
-              backend: Any = None, stream: bool = False, **sampling: Any) -> ProgramState:
+              backend: BackendArg = None, stream: bool = False, **sampling: Any) -> ProgramState:
     """Runs an IR program with its arguments; returns its state, like `Program.run`."""
     program, args = _load(ir, args)
     return run_program(lambda s: replay(s, program, args), backend, sampling_defaults(sampling), stream)
 
 
-def run_ir(ir: ProgramIR | str | Mapping[str, Any], args: Mapping[str, Any] | None, backend: Any,
+def run_ir(ir: ProgramIR | str | Mapping[str, Any], args: Mapping[str, Any] | None, backend: BackendArg,
            sampling: Mapping[str, Any] | None = None) -> "ProgramRun":
     """Runs an IR program and streams its events (for a server: `event.to_dict()` per event).
 
@@ -193,7 +194,7 @@ class ProgramRun(Iterator[ProgramEvent]):
 
 
 # ---- remote runs ------------------------------------------------------------------------------------
-def run_remote(program: Traceable, values: dict[str, Any], backend: Any, sampling: dict[str, Any],
+def run_remote(program: Traceable, values: dict[str, Any], backend: BackendArg, sampling: dict[str, Any],
                stream: bool) -> ProgramState:
     """Ships the program, traced with its arguments, to an Endpoint's server, which runs it whole."""
     backend = as_backend(backend)

@@ -5,6 +5,7 @@ import functools
 import inspect
 from typing import Any, Callable
 
+from .default_backend import BackendArg
 from .gen_params import RUN_FIELDS, sampling_defaults
 from .interpreter import run_batch, run_program, run_remote
 from .ir_json import ProgramIR
@@ -48,7 +49,7 @@ class Program:
             raise TypeError(f"{self.name}() has no argument(s) {unknown}")
         return Program(self.func, {**self.bind_arguments, **kwargs}, self.num_api_spec_tokens)
 
-    def run(self, *args: Any, stream: bool = False, backend: Any = None, remote: bool = False,
+    def run(self, *args: Any, stream: bool = False, backend: BackendArg = None, remote: bool = False,
             **kwargs: Any) -> ProgramState:
         """Runs the program. Keyword arguments named like run()'s sampling defaults (max_new_tokens,
         temperature, stop, ...) set them; the rest go to the program. Errors inside the program
@@ -64,7 +65,7 @@ class Program:
         return run_program(call, backend, defaults, stream)
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple], *, num_threads: int | str = "auto",
-                  progress_bar: bool = False, backend: Any = None, **sampling: Any) -> list[ProgramState]:
+                  progress_bar: bool = False, backend: BackendArg = None, **sampling: Any) -> list[ProgramState]:
         """Runs the program once per item (a dict of arguments, or a tuple of positional ones).
 
         The text every run starts with is cached once first; it is found by tracing the program up

@@ -141,3 +141,11 @@ def test_default_backend(backend, monkeypatch):
     with pytest.raises(TypeError, match="backend must be"):
         rl.set_default_backend(object())
     assert rl.flush_cache() is True
+
+
+def test_get_server_info_reads_the_given_backend_or_the_default(backend, monkeypatch):
+    monkeypatch.setattr(rl.global_config, "default_backend", None)
+    given = rl.get_server_info(backend)  # mypy found this path importing as_backend from the wrong module
+    assert given["model"] == backend.engine.config.model and "running_requests" in given["internal_states"][0]
+    rl.set_default_backend(backend)
+    assert rl.get_server_info()["model"] == backend.engine.config.model
