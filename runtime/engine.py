@@ -143,8 +143,12 @@ class Engine:
 
     def _run_blocking(self, subs: list[Submission]) -> list[Completion]:
         done: queue.Queue[tuple[int, Completion]] = queue.Queue()
+
+        def put(i: int) -> Callable[[Completion], None]:
+            return lambda c: done.put((i, c))
+
         for i, s in enumerate(subs):
-            self.submit(s, collecting_sink(s.return_logprob, lambda c, i=i: done.put((i, c))))
+            self.submit(s, collecting_sink(s.return_logprob, put(i)))
         results: list[Completion | None] = [None] * len(subs)
         for _ in subs:
             i, completion = done.get()
@@ -288,8 +292,8 @@ class Engine:
         return self._thread.query(lambda: rebalance(self._moe_blocks(), num_physical, num_ranks, num_groups,
                                                     num_nodes))
 
-    def _moe_blocks(self) -> list:
-        blocks = getattr(self.runner.model, "moe_blocks", list)()
+    def _moe_blocks(self) -> list[torch.nn.Module]:
+        blocks: list[torch.nn.Module] = getattr(self.runner.model, "moe_blocks", list)()
         if not blocks:
             raise ValueError("this model has no mixture-of-experts layers")
         return blocks

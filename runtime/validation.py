@@ -94,7 +94,7 @@ class RequestValidator:
             raise ValueError("pass exactly one of prompt and input_ids")
         if prompt is not None:
             single = isinstance(prompt, str)
-            texts = [prompt] if single else list(prompt)
+            texts = [prompt] if isinstance(prompt, str) else list(prompt)
             if not all(isinstance(t, str) for t in texts):
                 raise ValueError("prompt must be a string or a list of strings")
             batch = [self.tokenizer.encode(t) if t else [] for t in texts]
@@ -228,7 +228,8 @@ def check_fields(values: Mapping[str, Any], *, vocab_size: int | None = None, co
         label = names.get(name, name)
         lo, hi = (_bound(b, limits, names) for b in (rule.lo, rule.hi))
         if rule.kind == "bias":
-            _check_bias(label, value, lo, hi, _bound(rule.hi_ids, limits, names))
+            vocab = _bound(rule.hi_ids if rule.hi_ids is not None else math.inf, limits, names)
+            _check_bias(label, value, lo, hi, vocab)
         elif rule.kind == "unsupported":
             _check_unsupported(name, label, value)
         else:
@@ -323,7 +324,7 @@ def _check_regexes(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None
             raise FieldError(label, f"{label}: {pattern!r} matches the empty string, so it would stop at once")
 
 
-def _check_bias(label: str, value: Any, lo: float, hi: float, vocab: Any) -> None:
+def _check_bias(label: str, value: Any, lo: Any, hi: Any, vocab: Any) -> None:
     """OpenAI's and SGLang's logit_bias: {"token id": bias}, each bias in [lo, hi]."""
     if value is None:
         return

@@ -100,6 +100,7 @@ async def _prompt_ids(state: ServerState, body: GenerateRequest) -> tuple[list[l
         return await state.offload(encode_texts, engine.tokenizer, texts, "text", not single,
                                    engine.context_length), single
     ids = body.input_ids
+    assert ids is not None  # GenerateRequest holds text or input_ids
     single = bool(ids) and isinstance(ids[0], int)
     prompts = [ids] if single else ids
     state.limits.check_prompts(len(prompts), "input_ids")  # type: ignore[arg-type]

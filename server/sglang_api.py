@@ -70,10 +70,10 @@ async def health_generate(request: Request) -> JSONResponse:
     state = server_state(request)
     if state.draining:
         return JSONResponse({"status": "shutting down"}, status_code=503)
-    work = state.engine.async_generate(input_ids=[state.engine.tokenizer.bos_token_id or 0],
-                                       sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+    batch = state.engine.prepare(input_ids=[state.engine.tokenizer.bos_token_id or 0],
+                                 sampling_params={"max_new_tokens": 1, "temperature": 0.0})
     try:
-        out = await asyncio.wait_for(work, HEALTH_TIMEOUT_S)
+        [out] = await asyncio.wait_for(state.engine.async_run(batch), HEALTH_TIMEOUT_S)
     except asyncio.TimeoutError:
         return JSONResponse({"status": "engine not responding"}, status_code=503)
     if out.meta.error is not None:
