@@ -11,7 +11,7 @@ from radixlang.lang import __all__ as _lang_all
 __all__ = [*_lang_all, "Engine"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # noqa: ANN401 - a module attribute made on first use (the Engine class)
     if name == "Engine":  # imports torch
         from radixlang.runtime.engine import Engine
 
