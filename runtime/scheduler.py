@@ -8,7 +8,7 @@ processor between the two. Every state change of a request happens on the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 import torch
 
@@ -21,6 +21,9 @@ from .request import Req, ReqState
 from .schedule_policy import order_waiting
 from .draft_tree import item_parents
 from .counters import SchedulerCounters
+
+if TYPE_CHECKING:
+    from .submission import Retention
 
 RESERVE_CLIP = 4096  # cap on one request's reserved future tokens
 
@@ -58,7 +61,7 @@ class Scheduler:
         self.reqs[req.rid] = req
         self.waiting.append(req)
         if req.retain is not None:  # the owner is back: its pin is young again
-            self.kv.pins.refresh(req.retain.owner, self._ttl(req))
+            self.kv.pins.refresh(req.retain.owner, self._ttl(req.retain))
 
     def abort(self, rid: str) -> bool:
         req = self.reqs.get(rid)
@@ -202,12 +205,13 @@ class Scheduler:
     # ---- preemption and drafts ----------------------------------------------------------------
     def _drop_draft(self, req: Req, keep: int = 0) -> None:
         """Discards draft tokens after the first `keep`, with any KV computed for them."""
-        if req.num_draft <= keep:
+        draft = req.draft
+        if draft is None or req.num_draft <= keep:
             return
         if req.row is not None:
             self.kv.truncate(req, len(req.prompt_ids) + len(req.output_ids) + keep)
-        del req.draft.tokens[keep:]
-        del req.draft.parents[keep:]  # a prefix of a tree's nodes is a tree
+        del draft.tokens[keep:]
+        del draft.parents[keep:]  # a prefix of a tree's nodes is a tree
         if not keep:
             req.draft = None
 
@@ -237,7 +241,7 @@ class Scheduler:
         computed = req.tokens(0, req.kv_len)
         self.kv.release(req)
         if req.retain is not None:
-            self._retain(req, computed, reason)
+            self._retain(req.retain, computed, reason)
         if self.drafter is not None:
             self.drafter.forget(req, finished=reason != "abort")
         req.state = ReqState.ABORTED if reason == "abort" else ReqState.FINISHED
@@ -249,16 +253,15 @@ class Scheduler:
         tail = "" if isinstance(matched, str) else req.detok.flush()  # a stop string released its text
         emit_final(req, reason, matched, error, tail)
 
-    def _retain(self, req: Req, computed: list[int], reason: str) -> None:
+    def _retain(self, retain: Retention, computed: list[int], reason: str) -> None:
         """A finished sequence stays pinned for its owner; an aborted one releases the owner's pin."""
         if reason == "abort":
-            self.kv.pins.unpin(req.retain.owner)
+            self.kv.pins.unpin(retain.owner)
         elif computed:
-            self.kv.pin(req.retain.owner, computed, self._ttl(req), req.retain.group)
+            self.kv.pin(retain.owner, computed, self._ttl(retain), retain.group)
 
-    def _ttl(self, req: Req) -> float:
-        ttl = req.retain.ttl
-        return self.cfg.prompt_cache_retention if ttl is None else ttl
+    def _ttl(self, retain: Retention) -> float:
+        return self.cfg.prompt_cache_retention if retain.ttl is None else retain.ttl
 
     # ---- what the engine asks -------------------------------------------------------------------
     def flush(self) -> bool:
