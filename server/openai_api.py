@@ -24,6 +24,7 @@ from .serving import events, run
 from .sglang_fields import check_chat_extras, check_completion_extras
 from .state import ServerState, server_state
 from .streaming import sse_response
+from .text_input import check_unicode_tree
 from .tool_calls import ToolPlan, ToolStream, plan_tools, reply_message
 
 router = APIRouter()
@@ -140,6 +141,8 @@ class _View:
 async def _respond(request: Request, view: _View, params: dict[str, Any], fields: dict[str, str]) -> Response:
     """Validates the request once (on the CPU pool: a constraint compiles there), then runs or streams it."""
     state, job = view.state, view.job
+    for name, value in params.items():  # e.g. a stop string comes back in matched_stop
+        check_unicode_tree(value, fields.get(name, name))
     build = functools.partial(
         state.engine.validator.build, input_ids=job.prompts, sampling_params=params, return_logprob=job.return_logprob,
         logprob_start_len=job.logprob_start_len, top_logprobs_num=job.top_logprobs_num, rid=job.rids,

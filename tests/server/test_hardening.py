@@ -53,6 +53,8 @@ def _read_response(sock: socket.socket) -> tuple[int, dict]:
     ("/generate", {"text": ["fine", "bad \udfff"]}, "text[1]"),
     ("/v1/completions", {"model": "default", "prompt": "\ud800"}, "prompt"),
     ("/v1/completions", {"model": "default", "prompt": ["ok", "\ud800"]}, "prompt[1]"),
+    ("/generate", {"text": "hi", "sampling_params": {"stop": ["ok", "\ud800"]}}, "sampling_params.stop[1]"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "stop": "\ud800"}, "stop"),
     ("/v1/chat/completions", CHAT | {"messages": [{"role": "user", "content": "hi"},
                                                   {"role": "user", "content": "x\ud800"}]}, "messages[1].content"),
     ("/v1/chat/completions", CHAT | {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
