@@ -1,6 +1,6 @@
 # Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
 # no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py) and `make test`
-# (everything; CI). Both first run `make lint` (ruff: syntax errors and pyflakes).
+# (everything; CI). Both first run `make lint` (ruff: syntax errors, pyflakes, Any only with a reason).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
