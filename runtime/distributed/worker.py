@@ -30,7 +30,7 @@ from .layers import kv_heads_per_rank
 # message kinds, rank 0 -> worker
 STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host, images by reference
 EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
-INSPECT = "inspect"  # the worker replies with its embedding mirror (tests, debugging)
+CALL = "call"  # body: a picklable function of the worker's EmbeddingMirror; the worker replies with its result
 STOP = "stop"
 # worker -> rank 0
 LOADED = "loaded"
@@ -117,8 +117,8 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
         elif kind == EMBEDDING:
             key, shape, dtype, evicted = body
             mirror.add(key, tp.broadcast(torch.empty(shape, dtype=dtype, device=runner.device)), evicted)
-        elif kind == INSPECT:
-            send(conn, INSPECT, ({k: t.cpu() for k, t in mirror.entries.items()}, mirror.bytes_received))
+        elif kind == CALL:  # a probe rank 0 sends (radixlang.testing.workers reads the mirror with it)
+            send(conn, CALL, body(mirror))
         else:
             raise ValueError(f"unknown message kind {kind!r}")
 

@@ -7,14 +7,19 @@ import socket
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
 
 import torch
 
 from ..config import EngineConfig
 from ..model_runner import StepInputs
 from .group import TensorParallel, open_store
-from .worker import EMBEDDING, ERROR, INSPECT, STEP, STOP, WorkerSpec, host_step, receive, send
+from .worker import CALL, EMBEDDING, ERROR, STEP, STOP, WorkerSpec, host_step, receive, send
+
+if TYPE_CHECKING:
+    from .embedding_cache import EmbeddingMirror
+
+T = TypeVar("T")
 
 STARTUP_POLL_S = 0.05
 STOP_GRACE_S = 5.0  # a worker that has not exited this long after STOP is killed
@@ -83,9 +88,10 @@ class TPWorkers:
         except Exception as e:  # noqa: BLE001 - any failure leaves the ranks out of step
             raise self.fail(e) from e
 
-    def inspect_embeddings(self) -> list[tuple[dict[Hashable, torch.Tensor], int]]:
-        """Each worker's embedding mirror and the bytes it has received (for tests and debugging)."""
-        self._send_all(INSPECT)
+    def call(self, probe: Callable[[EmbeddingMirror], T]) -> list[T]:
+        """`probe(mirror)` run on each worker, its results in rank order. `probe` travels pickled, so it
+        is a module-level function (radixlang.testing.workers has the tests' probes)."""
+        self._send_all(CALL, probe)
         return [receive(conn)[1] for conn in self._conns]
 
     def _send_all(self, kind: str, body: Any = None) -> None:

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from radixlang.testing.workers import inspect_embeddings
 from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache
 from radixlang.runtime.engine import Engine
 from tests.conftest import TINY_CONFIG, tiny_weights, write_hf_folder
@@ -85,7 +86,7 @@ def test_embedding_broadcast_encodes_and_sends_each_key_once(tp2):
     cache.get(b"image-a", encoder(b"image-a", 9.0))  # touch a, so b is the least recently used
     cache.get(b"image-c", encoder(b"image-c", 3.0))  # evicts b on rank 0 and on the worker
     assert encodes == [b"image-a", b"image-b", b"image-c"] and cache.counters.bytes_sent == 3 * 96
-    [(entries, received)] = workers.inspect_embeddings()
+    [(entries, received)] = inspect_embeddings(workers)
     assert received == 3 * 96
     assert sorted(entries) == [b"image-a", b"image-c"]
     assert torch.equal(entries[b"image-a"], first) and torch.equal(entries[b"image-c"], torch.full((4, 6), 3.0))

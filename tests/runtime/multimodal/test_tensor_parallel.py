@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixlang.testing.workers import inspect_embeddings
 from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.multimodal.encoder import ImageEncoder
@@ -41,9 +42,9 @@ def test_a_repeated_image_is_encoded_and_sent_once(tp2):
     image = noise_image(23)
     key = tp2.image_prompts.prepare(image).key
     encodes = tp2.image_encoder.counters.encodes
-    [(_, received)] = workers.inspect_embeddings()
+    [(_, received)] = inspect_embeddings(workers)
     first = tp2.generate(PROMPT, GREEDY, image_data=[image])
-    [(entries, received_first)] = workers.inspect_embeddings()
+    [(entries, received_first)] = inspect_embeddings(workers)
     assert tp2.image_encoder.counters.encodes == encodes + 1 and received_first == received + IMAGE_BYTES
     assert torch.equal(entries[key], tp2.image_encoder.cache.lru.get(key))  # the worker holds rank 0's rows
     second = tp2.generate(PROMPT.replace("What is it?", "Which color?"), GREEDY, image_data=[image])
@@ -52,7 +53,7 @@ def test_a_repeated_image_is_encoded_and_sent_once(tp2):
     # evicted from the radix tree, the span is prefilled again on every rank from the embedding caches
     assert tp2.flush_cache()
     third = tp2.generate(PROMPT, GREEDY, image_data=[image])
-    [(_, received_third)] = workers.inspect_embeddings()
+    [(_, received_third)] = inspect_embeddings(workers)
     assert third.output_ids == first.output_ids and third.meta.cached_tokens == 0
     assert tp2.image_encoder.counters.encodes == encodes + 1 and received_third == received_first
     tp2.check_invariants()
