@@ -41,8 +41,9 @@ class RequestValidator:
 
     def build(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-              rid: str | Sequence[str] | None = None, image_data: Any = None,  # noqa: ANN401 - images come as paths, bytes, data URLs or PIL images
-              retain: Retention | str | None = None, names: Mapping[str, str] | None = None) -> SubmissionBatch:
+              rid: str | Sequence[str] | None = None, retain: Retention | str | None = None,
+              names: Mapping[str, str] | None = None,
+              image_data: Any = None) -> SubmissionBatch:  # noqa: ANN401 - paths, bytes, data URLs or PIL images
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
