@@ -65,6 +65,9 @@ class Backend(Protocol):
     def flush_cache(self) -> bool:
         """Drops cached prefixes that are not in use."""
 
+    def get_server_info(self) -> dict[str, Any]:
+        """The model server's configuration and live counters (SGLang's get_server_info)."""
+
 
 def reject_images(state: StateView, model: str) -> None:
     if state.images:
