@@ -11,7 +11,9 @@ from ..regex import regex_ast as ra
 from .json_refs import RefResolver
 
 T = TypeVar("T")
-Maker = Callable[[], ra.Node]  # compiles one alternative on demand (it may raise Unsatisfiable)
+# compiles one alternative on demand (it may raise Unsatisfiable); called with no arguments: `...` as the
+# makers are lambdas that bind their loop values as default arguments
+Maker = Callable[..., ra.Node]
 
 
 class SchemaCompiler(Protocol):
