@@ -14,9 +14,9 @@ parallel_tool_calls is true only in the parallel categories (their premise), for
 Reported per category and way: calls that parse and validate against their schema (jsonschema), AST
 accuracy (BFCL's rules: right function names and count, every required argument, each value among the
 possible answers, strings compared case- and punctuation-insensitively, ints accepted for floats,
-parallel calls matched in any order), the share cut by max_tokens, and output tokens/s. Then: constraint compile p50 for requests
-with 10 tools (cold: a fresh compiler each time; warm: shared sub-automata), and decode speed with an
-"auto" structural tag vs. plain decoding on the same prompts (same run, alternated).
+parallel calls matched in any order), the share cut by max_tokens, and output tokens/s. Then: constraint compile p50 / p90 for
+requests with 10 tools (new tools, a new mix of known tools, a repeated request; see compile_times), and
+decode speed with an "auto" structural tag vs. plain decoding on the same prompts (same run, alternated).
 
 BFCL's schema dialect ("dict", "float", "tuple", "any") is converted here, not in the engine.
 
@@ -189,32 +189,42 @@ def run_category(client, category: str, limit: int, constrained: bool, max_token
             "n": len(items), "cut": 100 * n_cut / len(items)}
 
 
-def compile_p50(engine, repeats: int = 15) -> tuple[float, float]:
-    """p50 ms to compile the "auto" structural tag of 10 BFCL tools plus its first mask: cold (a fresh
-    compiler, every tool new), and warm (a new mix of tools this engine has compiled before; no
-    request-level cache hit, as each mix is new)."""
+def compile_times(engine, repeats: int = 15) -> dict[str, tuple[float, float, float]]:
+    """(p50 ms, p90 ms, share on the general path %) to compile the "auto" structural tag of 10 BFCL tools
+    plus its first mask, on the engine's compiler after one warm-up request (vocabulary tables built):
+    - new tools: every tool in the request is new to the engine (the first request of an agent);
+    - new mix: a new mix of tools the engine has compiled before (no request-level cache hit);
+    - repeated: the same request again (the compiled-constraint cache)."""
     import random
 
-    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+    from radixlang.runtime.constrained.tag_dispatch import TagDispatch
     from radixlang.runtime.tool_formats import FALLBACK, tool_call_structural_tag
 
     pool = list({t["function"]["name"]: t["function"] for q, _ in load("multiple", 200) for t in tools_of(q)}.values())
-    vocab = engine.constraints.vocab
-    warm_compiler = ConstraintCompiler(lambda: vocab)
-    for r in range(3):
-        warm_compiler.compile("structural_tag", tool_call_structural_tag(FALLBACK, pool[r * 10:(r + 1) * 10], "auto"))
-    rng = random.Random(0)
-    cold, warm = [], []
-    for r in range(repeats):
-        runs = ((ConstraintCompiler(lambda: vocab), pool[30 + r * 10:40 + r * 10], cold),
-                (warm_compiler, rng.sample(pool[:30], 10), warm))
-        for compiler, tools, out in runs:
+    random.Random(0).shuffle(pool)
+    compiler = engine.constraints
+    rng = random.Random(1)
+    seen = pool[:10 * repeats]
+    runs: dict[str, list[list[dict]]] = {
+        "warm-up": [pool[-10:]],
+        "new tools": [pool[r * 10:(r + 1) * 10] for r in range(repeats)],
+        "new mix": [rng.sample(seen, 10) for _ in range(repeats)],
+    }
+    runs["repeated"] = runs["new mix"]
+    out = {}
+    for way, requests in runs.items():
+        times, general = [], 0
+        for tools in requests:
             tag = tool_call_structural_tag(FALLBACK, tools, "auto")
             t = time.perf_counter()
             c = compiler.compile("structural_tag", tag)
             c.allowed_bits(c.initial())  # the first mask, as a request's first step needs it
-            out.append(1000 * (time.perf_counter() - t))
-    return statistics.median(cold), statistics.median(warm)
+            times.append(1000 * (time.perf_counter() - t))
+            general += not isinstance(c, TagDispatch)
+        times.sort()
+        out[way] = (statistics.median(times), times[int(0.9 * (len(times) - 1))], 100 * general / len(times))
+    del out["warm-up"]
+    return out
 
 
 def decode_ratio(engine, tokens: int = 64, rounds: int = 2) -> tuple[float, float]:
@@ -250,8 +260,9 @@ def main() -> None:
 
     engine = Engine(device=args.device, kv_cache_tokens=65536)
     try:
-        cold, warm = compile_p50(engine)
-        print(f"structural tag compile, 10 tools, + first mask: p50 cold {cold:.1f} ms, warm {warm:.1f} ms")
+        for way, (p50, p90, general) in compile_times(engine).items():
+            print(f"structural tag compile, 10 tools, + first mask, {way:<9}: p50 {p50:.1f} ms, p90 {p90:.1f} ms "
+                  f"({general:.0f}% on the general path)", flush=True)
         plain, tagged = decode_ratio(engine)
         print(f"decode: plain {plain:.1f} tok/s, auto structural tag {tagged:.1f} tok/s "
               f"(ratio {tagged / plain:.2f})")

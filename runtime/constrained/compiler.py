@@ -15,8 +15,8 @@ from .lalr import build_lark
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
 from .rule_grammar import rules_grammar
-from .structural_tag import free_text, parse_structural_tag, structural_tag_grammar
-from .tag_dispatch import glued_dfa
+from .structural_tag import parse_structural_tag, structural_tag_grammar
+from .tag_dispatch import dispatch_constraint
 from .vocab import TokenVocab
 
 
@@ -69,10 +69,9 @@ class ConstraintCompiler:
             return GrammarConstraint(build_lark(spec), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
-            free = free_text(tag.triggers) if tag.triggers is not None else None
-            glued = glued_dfa(tag, free, self.json_whitespace, self.json_relaxed)
+            glued = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
             if glued is not None:
-                return RegexConstraint(glued, vocab)
+                return glued
             grammar = structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed)
         else:
             assert kind == "json_schema", f"unknown constraint kind {kind}"
@@ -84,7 +83,7 @@ class ConstraintCompiler:
 
 def _cache_text(kind: str, spec: Any) -> str:
     if kind == "json_schema":
-        return json.dumps(schema_to_dict(spec), sort_keys=True)
+        return json.dumps(schema_to_dict(spec))  # key order is property order: it matters
     if kind == "structural_tag":
         return parse_structural_tag(spec).canonical()
     if not isinstance(spec, str):
