@@ -138,7 +138,7 @@ def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler,
     """The fast path (parts glued, no joint determinization) against the general one, both ways."""
     from radixlang.runtime.constrained.automaton import compile_dfa
     from radixlang.runtime.constrained.matcher import RegexConstraint
-    from radixlang.runtime.constrained.structural_tag import free_text, structural_tag_grammar
+    from radixlang.runtime.constrained.structural_tag import structural_tag_grammar
     from radixlang.runtime.constrained.tag_dispatch import TagDispatch
 
     tag = parse_structural_tag(spec)
