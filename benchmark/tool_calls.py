@@ -8,8 +8,9 @@ data files are read, nothing of it is imported:
 Categories simple_python, multiple, parallel, parallel_multiple run through /v1/chat/completions (the
 `openai` SDK against a server in this process) with `tools`, two ways on the same model:
 - constrained: tool_choice "required" (a structural tag: every call a listed tool, arguments valid);
-- unconstrained: the same prompt (tools rendered), tool_choice "none", the text parsed after the fact
-  with the same parser (SGLang's and vLLM's approach).
+- unconstrained: the same prompt (tools rendered in the system turn the same way), tool_choice "none"
+  (no constraint), the text parsed after the fact as leniently as SGLang's detectors do (the prompted
+  <tool_call> form, bare JSON calls, Python calls; see parse_after_the_fact).
 parallel_tool_calls is true only in the parallel categories (their premise), for both ways.
 Reported per category and way: calls that parse and validate against their schema (jsonschema), AST
 accuracy (BFCL's rules: right function names and count, every required argument, each value among the
@@ -138,8 +139,6 @@ def ast_ok(calls: list[dict], truths: list[dict], functions: dict[str, dict]) ->
 def ask(client, question: dict, constrained: bool, max_tokens: int, parallel: bool
         ) -> tuple[list[dict] | None, int, bool]:
     """The calls (None: the output did not parse), the completion tokens, and whether max_tokens cut it."""
-    from radixlang.runtime.tool_formats import FALLBACK, parse_tool_calls
-
     reply = client.chat.completions.create(model="default", messages=question["question"][0],
                                            tools=tools_of(question), tool_choice="required" if constrained else "none",
                                            parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=0)
@@ -149,10 +148,82 @@ def ask(client, question: dict, constrained: bool, max_tokens: int, parallel: bo
         calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
                  for c in message.tool_calls or []]
         return calls or None, tokens, cut
-    parsed = parse_tool_calls(FALLBACK, message.content or "")
-    if parsed.invalid or not parsed.calls:
-        return None, tokens, cut
-    return [{"name": c.name, "arguments": c.arguments} for c in parsed.calls], tokens, cut
+    return parse_after_the_fact(message.content or ""), tokens, cut
+
+
+# ---- parse after the fact (the unconstrained way) -------------------------------------------------
+def parse_after_the_fact(text: str) -> list[dict] | None:
+    """The calls in unconstrained text, read as leniently as SGLang's detectors read them: the prompted
+    `<tool_call>{...}</tool_call>` form (hermes / qwen25: an unclosed last tag too), else bare JSON
+    objects with "name" and "arguments" / "parameters" (llama3 json, one or an array, `;`-separated),
+    else Python calls `[f(a=1), g(b="x")]` or `f(a=1)` (pythonic). None: nothing parsed."""
+    for read in (_hermes_calls, _json_calls, _pythonic_calls):
+        calls = read(text)
+        if calls:
+            return calls
+    return None
+
+
+def _as_call(item: Any) -> dict | None:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    args = item.get("arguments", item.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    return {"name": item["name"], "arguments": args} if isinstance(args, dict) else None
+
+
+def _hermes_calls(text: str) -> list[dict]:
+    out = []
+    for body in re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.DOTALL):
+        try:
+            call = _as_call(json.JSONDecoder().raw_decode(body)[0])
+        except json.JSONDecodeError:
+            continue
+        if call:
+            out.append(call)
+    return out
+
+
+def _json_calls(text: str) -> list[dict]:
+    decoder, out, pos = json.JSONDecoder(), [], 0
+    while (pos := _next_bracket(text, pos)) >= 0:
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            pos += 1
+            continue
+        calls = [_as_call(v) for v in (value if isinstance(value, list) else [value])]
+        out.extend(c for c in calls if c)
+        pos = end
+    return out
+
+
+def _next_bracket(text: str, pos: int) -> int:
+    found = [i for i in (text.find("{", pos), text.find("[", pos)) if i >= 0]
+    return min(found) if found else -1
+
+
+def _pythonic_calls(text: str) -> list[dict]:
+    import ast
+
+    for match in re.finditer(r"\[?\s*[A-Za-z_][\w.]*\(.*\)\s*\]?", text, re.DOTALL):
+        source = match.group(0).strip()
+        try:
+            tree = ast.parse(source if source.startswith("[") else f"[{source}]", mode="eval").body
+        except SyntaxError:
+            continue
+        if not isinstance(tree, ast.List) or not all(isinstance(c, ast.Call) for c in tree.elts):
+            continue
+        try:
+            return [{"name": ast.unparse(c.func), "arguments": {k.arg: ast.literal_eval(k.value) for k in c.keywords}}
+                    for c in tree.elts if not c.args]
+        except ValueError:
+            continue
+    return []
 
 
 def valid(calls: list[dict] | None, functions: dict[str, dict]) -> bool:
@@ -269,13 +340,19 @@ def main() -> None:
         with background_server(engine) as server, openai.OpenAI(base_url=f"{server.url}/v1", api_key="-",
                                                                 max_retries=0, timeout=600) as client:
             print(f"{'category':<18} {'way':<14} {'n':>3} {'valid %':>8} {'AST %':>7} {'cut %':>6} {'tok/s':>7}")
+            ast = {True: [], False: []}
             for category in CATEGORIES:
                 for constrained in (True, False):
                     r = run_category(client, category, args.per_category, constrained, args.max_tokens,
                                      args.concurrency)
+                    ast[constrained].append(r["ast"])
                     way = "constrained" if constrained else "unconstrained"
                     print(f"{category:<18} {way:<14} {r['n']:>3} {r['valid']:>8.1f} {r['ast']:>7.1f} "
                           f"{r['cut']:>6.1f} {r['tok_s']:>7.1f}", flush=True)
+            ours, theirs = (statistics.mean(ast[c]) for c in (True, False))
+            ratio = f"{ours / theirs:.2f}x" if theirs else "unbounded (the unconstrained way scored 0)"
+            print(f"AST accuracy over the categories: constrained {ours:.1f}%, unconstrained {theirs:.1f}%, "
+                  f"ratio {ratio}")
     finally:
         engine.check_invariants()
         engine.shutdown()

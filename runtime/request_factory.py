@@ -5,6 +5,7 @@ from typing import Callable
 
 import torch
 
+from .constrained.marker_tokens import MarkerTokens
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
@@ -33,7 +34,9 @@ def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenize
         params=params,
         sampling=sampling,
         constraint=matcher,
-        detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
+        # a tool call's marker token is the parser's cue: keep its text (the constraint allows no other special)
+        detok=IncrementalDetokenizer(tokenizer, params.stop,
+                                     params.skip_special_tokens and not isinstance(constraint, MarkerTokens),
                                      trim_stop=not params.no_stop_trim, context_ids=token_ids,
                                      stop_regex=params.stop_regex),
         sink=sink,

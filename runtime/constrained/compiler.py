@@ -10,8 +10,9 @@ from ..config import CONSTRAINT_CACHE_SIZE
 from .automaton import collector_paused, compile_dfa
 from .dfa_cache import DfaCache, caching
 from .grammar import GrammarConstraint
-from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
+from .json_schema import JsonGrammar, compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
 from .lalr import build_lark
+from .marker_tokens import with_marker_tokens
 from .matcher import Constraint, RegexConstraint
 from .regex_parser import parse_regex
 from .rule_grammar import rules_grammar
@@ -70,15 +71,18 @@ class ConstraintCompiler:
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
             glued = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
-            if glued is not None:
-                return glued
-            grammar = structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed)
-        else:
-            assert kind == "json_schema", f"unknown constraint kind {kind}"
-            grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
-        if not grammar.rules:
-            return RegexConstraint(compile_dfa([grammar.root]), vocab)
-        return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+            if glued is None:
+                glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
+            return with_marker_tokens(glued, tag)
+        assert kind == "json_schema", f"unknown constraint kind {kind}"
+        return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+
+
+def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
+    """One DFA when the grammar has no rules, else the LALR engine."""
+    if not grammar.rules:
+        return RegexConstraint(compile_dfa([grammar.root]), vocab)
+    return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
 
 
 def _cache_text(kind: str, spec: Any) -> str:

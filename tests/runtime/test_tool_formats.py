@@ -127,3 +127,58 @@ def test_constrained_outputs_of_each_format_parse_into_valid_calls(compiler, fmt
             jsonschema.validate(call.arguments, schemas[call.name])
         found += len(parsed.calls)
     assert found >= 3
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "mistral"])
+def test_special_token_markers_are_allowed_as_tokens_and_kept_for_the_parser(tmp_path, family):
+    """A format whose markers are special tokens in the vocabulary (Mistral's [TOOL_CALLS]; Qwen's
+    <tool_call> / </tool_call> where a vocabulary marks them special, as GGUF's and this byte tokenizer
+    do): the constraint allows each token where its text may come and nowhere else, and the template's
+    own rendering of the calls, as token ids, reads back into the calls through the detokenizer the
+    engine gives such a request."""
+    import torch
+
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+    from radixlang.runtime.constrained.vocab import TokenVocab
+    from radixlang.runtime.request_factory import create_req
+    from radixlang.runtime.sampling_params import SamplingParams
+    from radixlang.runtime.tokenizer import Tokenizer
+
+    template, bos, eos, fmt, count = FAMILIES[family]
+    write_tokenizer(tmp_path, bos, eos, chat_template=template)
+    ours, hf = Tokenizer.from_hf_dir(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    vocab = TokenVocab.from_tokenizer(ours, ours.vocab_size)
+    compiler = ConstraintCompiler(lambda: vocab)
+    trigger = ours.hf.token_to_id(fmt.trigger)
+    assert trigger in ours.special_token_ids and trigger not in vocab.ids
+
+    auto = compiler.compile("structural_tag", tool_call_structural_tag(fmt, TOOLS, "auto"))
+    start = auto.advance_bytes(auto.initial(), b"Let me see. ")
+    assert auto.allowed(start)[trigger] and auto.advance(start, trigger) == auto.advance_bytes(start, fmt.trigger.encode())
+    inside = auto.advance(start, trigger)
+    assert not auto.allowed(inside)[trigger] and auto.advance(inside, trigger) is None  # not inside a call
+
+    required = compiler.compile("structural_tag", tool_call_structural_tag(fmt, TOOLS, "required"))
+    state = required.initial()
+    assert required.allowed(state)[trigger]
+    if family == "qwen2.5":  # the end marker is a token too, allowed exactly where the call may end
+        end = ours.hf.token_to_id("</tool_call>")
+        state = required.advance(state, trigger)
+        state = required.advance_bytes(state, b'\n{"name": "add", "arguments": {"a":1,"b":2')
+        assert not required.allowed(state)[end]
+        state = required.advance_bytes(state, b"}}\n")
+        assert required.allowed(state)[end] and required.can_end(required.advance(state, end))
+
+    turn = {"role": "assistant", "content": "", "tool_calls": openai_calls(CALLS[:count])}
+    user = [{"role": "user", "content": "Weather in Zürich, and 1.5 + -2?"}]
+    tools = [{"type": "function", "function": t} for t in TOOLS]
+    whole = hf.apply_chat_template(user + [turn], tools=tools, tokenize=False)
+    reply = whole[whole.index(fmt.trigger, whole.rindex(user[0]["content"])):whole.rindex(eos)]  # the assistant's turn
+    ids = ours.encode(reply, add_special_tokens=False)
+    assert trigger in ids
+    req = create_req("r", [1], SamplingParams(), ours, lambda c: None, context_length=64, seed=0,
+                     device=torch.device("cpu"), constraint=auto)
+    text = req.detok.add(ids).delta + req.detok.flush()
+    parsed = parse_tool_calls(fmt, text)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [(c.name, c.arguments) for c in CALLS[:count]]
+    assert not parse_tool_calls(fmt, ours.decode(ids)).calls  # skipping special tokens would lose the calls
