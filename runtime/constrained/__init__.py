@@ -15,7 +15,8 @@ Module map (each file one idea):
 - lalr, grammar: LALR tables (Lark's, for Lark grammars) + terminal trees; the incremental parser + lexer
   constraint.
 - structural_tag: free text + triggered (begin, JSON schema, end) tags (tool calls) as one language;
-  tag_dispatch: a regular tag set glued from per-tag automata kept by content (no joint determinization).
+  tag_dispatch: a regular tag set glued from per-tag automata kept by content (no joint determinization),
+  each built when decoding first reaches its begin; marker_tokens: special tokens that spell a marker.
 - matcher: compiled constraints and the per-request Matcher; compiler: params -> constraint (LRU).
 - jump_forward: the forced continuation as canonical draft tokens (verified by the scheduler).
 """
