@@ -141,9 +141,9 @@ class TagDispatch(RegexConstraint):
         self.tag, self.free, self.roots, self.whitespace, self.relaxed = tag, free, roots, whitespace, relaxed
         self._lock = threading.Lock()
         self.edges: dict[tuple[int, int], int] = {}  # (state, byte) -> state of the trie and separator
-        self.num_states = 0
+        self.laid = 0  # states laid out so far
         if free is not None:  # its states first, so that they keep their numbers (and shared masks)
-            self.num_states = free.dfa.num_states
+            self.laid = free.dfa.num_states
             root = int(np.flatnonzero(free.dfa.accept == 1)[0])
             start = free.dfa.start
         else:
@@ -151,8 +151,8 @@ class TagDispatch(RegexConstraint):
             start = root if tag.at_least_one else self._new()
         self.leaves = {self._path(root, rest): i for i, rest in enumerate(rests)}  # unbuilt leaf -> tag
         self.after = self._after_tag(root, start)
-        trans = np.full((self.num_states, 256), -1, np.int32)
-        accept = np.full(self.num_states, -1, np.int32)
+        trans = np.full((self.laid, 256), -1, np.int32)
+        accept = np.full(self.laid, -1, np.int32)
         if free is not None:
             width = free.dfa.num_states
             trans[:width] = free.dfa.trans[:, free.dfa.byte_class]
@@ -163,7 +163,7 @@ class TagDispatch(RegexConstraint):
             trans[state, b] = nxt
         if free is None and start != root:
             trans[start] = trans[root]
-        del self.edges
+        del self.edges, self.laid
         self.unbuilt = np.zeros(len(trans), bool)
         self.unbuilt[list(self.leaves)] = True
         self.dfa, self.vocab = Dfa(trans, accept, start=start), vocab
@@ -174,8 +174,8 @@ class TagDispatch(RegexConstraint):
 
     # ---- laying out the dispatch part -------------------------------------------------------------
     def _new(self) -> int:
-        self.num_states += 1
-        return self.num_states - 1
+        self.laid += 1
+        return self.laid - 1
 
     def _path(self, state: int, text: bytes, last: int | None = None) -> int:
         """`text` byte by byte from `state`, sharing the trie's edges; returns where it ends (`last`,

@@ -182,3 +182,33 @@ def test_special_token_markers_are_allowed_as_tokens_and_kept_for_the_parser(tmp
     parsed = parse_tool_calls(fmt, text)
     assert [(c.name, c.arguments) for c in parsed.calls] == [(c.name, c.arguments) for c in CALLS[:count]]
     assert not parse_tool_calls(fmt, ours.decode(ids)).calls  # skipping special tokens would lose the calls
+
+
+def test_an_engine_writes_the_special_token_marker_and_keeps_it_in_the_text(tmp_path):
+    """End to end on a tiny model whose vocabulary makes [TOOL_CALLS] one special token, biased hard
+    towards it: with "auto", the model writes it where a call may begin (never inside the call, where
+    the constraint masks it), the text keeps it, and the text parses into calls valid for their schemas."""
+    from radixlang.runtime.engine import Engine
+
+    from .models.hf_tiny import BASE, save_hf_model
+
+    save_hf_model(tmp_path, transformers.LlamaConfig(**BASE), seed=1)
+    write_tokenizer(tmp_path, "<s>", "</s>", chat_template=MISTRAL_TOOLS)
+    engine = Engine(model=str(tmp_path), device="cpu", kv_cache_tokens=2048)
+    try:
+        marker = engine.tokenizer.hf.token_to_id("[TOOL_CALLS]")
+        params = {"structural_tag": tool_call_structural_tag(MISTRAL, TOOLS, "auto", parallel=False),
+                  "max_new_tokens": 150, "temperature": 0.7, "logit_bias": {str(marker): 100}}
+        schemas = {t["name"]: t["parameters"] for t in TOOLS}
+        outs = engine.generate(["Hi", "Call add", "Weather?"], params)
+        assert any(out.meta.finish_reason == "stop" for out in outs)
+        for out in outs:
+            assert out.output_ids[0] == marker and out.output_ids.count(marker) == 1
+            assert out.text.startswith("[TOOL_CALLS]")
+            if out.meta.finish_reason == "stop":
+                parsed = parse_tool_calls(MISTRAL, out.text)
+                assert len(parsed.calls) == 1 and not parsed.invalid
+                jsonschema.validate(parsed.calls[0].arguments, schemas[parsed.calls[0].name])
+        engine.check_invariants()
+    finally:
+        engine.shutdown()
