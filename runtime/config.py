@@ -38,6 +38,7 @@ JSON_MAX_EXPONENT_DIGITS = 3
 LARK_MAX_IGNORED_BYTES = 64  # longest %ignore lexeme (e.g. whitespace) a Lark grammar may emit
 LARK_MAX_CONSECUTIVE_IGNORED = 2  # %ignore lexemes in a row; together they bound whitespace runs
 JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
+TAG_ROOT_CACHE_SIZE = 1024  # structural tags' schema regex trees kept by schema text (process-wide LRU)
 
 # attention
 CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)

@@ -13,6 +13,7 @@ import torch
 from .completion import Collector, Completion, CompletionMeta, collecting_sink
 from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
+from .constrained.marker_tokens import MarkerTokens
 from .constrained.masks.vocab import TokenVocab
 from .models.eplb import Placement, expert_load, rebalance
 from .models.loader import default_model_path
@@ -71,7 +72,9 @@ def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenize
         params=params,
         sampling=sampling,
         constraint=matcher,
-        detok=IncrementalDetokenizer(tokenizer, params.stop, params.skip_special_tokens,
+        # a tool call's marker token is the parser's cue: keep its text (the constraint allows no other special)
+        detok=IncrementalDetokenizer(tokenizer, params.stop,
+                                     params.skip_special_tokens and not isinstance(constraint, MarkerTokens),
                                      trim_stop=not params.no_stop_trim, context_ids=token_ids,
                                      stop_regex=params.stop_regex),
         sink=sink,

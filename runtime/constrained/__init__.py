@@ -15,7 +15,8 @@ Four sub-packages, lowest first, then the constraint API at this level (each fil
   json_scalars, json_scalar_schemas, json_combinators, json_not, json_unions, json_types,
   json_disjoint / json_required_choice (oneOf branches that share no value).
 - structural_tag: free text + triggered (begin, JSON schema, end) tags (tool calls) as one language;
-  tag_dispatch: a regular tag set glued from per-tag automata kept by content (no joint determinization).
+  tag_dispatch: a regular tag set glued from per-tag automata kept by content (no joint determinization),
+  each built when decoding first reaches its begin; marker_tokens: special tokens that spell a marker.
 - matcher: compiled constraints and the per-request Matcher; compiler: params -> constraint (LRU).
 - jump_forward: the forced continuation as canonical draft tokens (verified by the scheduler).
 """

@@ -7,17 +7,18 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
+from .grammar.constraint import GrammarConstraint
+from .grammar.lalr import build_lark
+from .grammar.rule_grammar import rules_grammar
+from .jsonschema.json_schema import JsonGrammar, compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
+from .marker_tokens import with_marker_tokens
+from .masks.vocab import TokenVocab
+from .matcher import Constraint, RegexConstraint
 from .regex.automaton import collector_paused, compile_dfa
 from .regex.dfa_cache import DfaCache, caching
-from .grammar.constraint import GrammarConstraint
-from .jsonschema.json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
-from .grammar.lalr import build_lark
-from .matcher import Constraint, RegexConstraint
 from .regex.regex_parser import parse_regex
-from .grammar.rule_grammar import rules_grammar
-from .structural_tag import free_text, parse_structural_tag, structural_tag_grammar
-from .tag_dispatch import glued_dfa
-from .masks.vocab import TokenVocab
+from .structural_tag import parse_structural_tag, structural_tag_grammar
+from .tag_dispatch import dispatch_constraint
 
 
 class ConstraintCompiler:
@@ -69,22 +70,24 @@ class ConstraintCompiler:
             return GrammarConstraint(build_lark(spec), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
-            free = free_text(tag.triggers) if tag.triggers is not None else None
-            glued = glued_dfa(tag, free, self.json_whitespace, self.json_relaxed)
-            if glued is not None:
-                return RegexConstraint(glued, vocab)
-            grammar = structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed)
-        else:
-            assert kind == "json_schema", f"unknown constraint kind {kind}"
-            grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed)
-        if not grammar.rules:
-            return RegexConstraint(compile_dfa([grammar.root]), vocab)
-        return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+            glued = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
+            if glued is None:
+                glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
+            return with_marker_tokens(glued, tag)
+        assert kind == "json_schema", f"unknown constraint kind {kind}"
+        return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+
+
+def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
+    """One DFA when the grammar has no rules, else the LALR engine."""
+    if not grammar.rules:
+        return RegexConstraint(compile_dfa([grammar.root]), vocab)
+    return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
 
 
 def _cache_text(kind: str, spec: Any) -> str:
     if kind == "json_schema":
-        return json.dumps(schema_to_dict(spec), sort_keys=True)
+        return json.dumps(schema_to_dict(spec))  # key order is property order: it matters
     if kind == "structural_tag":
         return parse_structural_tag(spec).canonical()
     if not isinstance(spec, str):

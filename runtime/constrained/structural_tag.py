@@ -51,7 +51,7 @@ class StructuralTag:
 
     def canonical(self) -> str:
         """The cache key: one text per language."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(dataclasses.asdict(self))  # in order: a schema's property order matters
 
 
 def parse_structural_tag(spec: Any) -> StructuralTag:

@@ -1,32 +1,48 @@
-"""A structural tag's DFA glued from parts, without a subset construction over the whole.
+"""A structural tag's DFA glued from parts, each tag's part built only when decoding reaches it.
 
 When a tag set is regular and simple enough (one trigger, begins that stay apart after it, bodies that
 end at their end marker), the joint automaton needs no determinization: it is the free-text DFA, whose
 "trigger just completed" state becomes the root of a byte trie of the begins' remainders, whose leaves
-are the start states of each tag's own DFA (schema + end marker), whose final states act as the free
-text's start again (or end, or lead through the separator back to the trie root). Each tag's DFA is kept
-by content in the engine's DFA cache, so a request with a new mix of known tools costs a few array
-copies; a tool seen for the first time costs its own schema's compile only.
+lead into each tag's own DFA (schema + end marker), whose final states act as the free text's start
+again (or end, or lead through the separator back to the trie root).
+
+A request lists many tools and calls one or two, and a tag's DFA (a subset construction over its
+schema) is the costly part. So a leaf starts as an unbuilt row (token_index.Unbuilt); the first token
+walk, byte walk or jump-forward that reaches it builds that tag's DFA and appends it to the table.
+Built rows never change, so kept masks and matchers' states stay valid as the table grows. Compiling a
+request costs the schemas' regex trees (which check that each compiles: a bad schema is still refused
+up front, naming its tag), the trie and the first mask. Each tag's DFA is kept by content in the
+engine's DFA cache, so a tool seen before costs a table copy.
 """
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from typing import Any
 
 import numpy as np
 
+from ..config import JUMP_FORWARD_MAX_BYTES, TAG_ROOT_CACHE_SIZE
+from .jsonschema.json_schema import compile_json_schema
+from .masks.token_index import TokenIndex, Unbuilt
+from .masks.vocab import TokenVocab
+from .matcher import RegexConstraint
 from .regex import regex_ast as ra
 from .regex.automaton import Dfa, compile_dfa
 from .regex.dfa_cache import cached
-from .jsonschema.json_schema import compile_json_schema
+from .structural_tag import free_text
+
+JSON_BLANKS = " \t\n\r"
 
 
-class _NotRegular(Exception):
-    """A tag's schema recurses: the general path (rules, LALR) takes the whole tag set."""
+class _NotGlueable(Exception):
+    """A tag's body may go on after its end marker: the general path takes the whole tag set."""
 
 
-def glued_dfa(tag: Any, free_text: Any, whitespace: str | None, relaxed: frozenset[str]) -> Dfa | None:
-    """The tag set's DFA (see the module doc), or None when the general path must build it."""
+def dispatch_constraint(tag: Any, whitespace: str | None, relaxed: frozenset[str],
+                        vocab: TokenVocab) -> "TagDispatch | None":
+    """The tag set as a lazily glued DFA (see the module doc), or None when the general path must build it."""
     triggered = tag.triggers is not None
     if triggered and (len(tag.triggers) != 1 or tag.at_least_one):
         return None
@@ -34,18 +50,19 @@ def glued_dfa(tag: Any, free_text: Any, whitespace: str | None, relaxed: frozens
     rests = [t.begin.encode()[len(trigger):] for t in tag.tags]
     if not _prefix_free(rests):
         return None
-    try:
-        bodies = [_body(t, whitespace, relaxed) for t in tag.tags]
-    except (_NotRegular, ValueError):  # the general path compiles it again, or names the bad tag
+    roots = [_regular_root(json.dumps(t.schema), whitespace, relaxed) for t in tag.tags]
+    if any(root is None for root in roots):  # the general path compiles it again, or names the bad tag
         return None
-    if any(((b.trans >= 0).any(axis=1) & (b.accept >= 0)).any() for b in bodies):
-        return None  # a body may go on after its end marker: no state of it is simply "done"
-    free = compile_dfa([free_text, ra.seq(free_text, ra.literal(tag.triggers[0]))]) if triggered else None
+    free = cached(("free_text", tag.triggers[0], vocab.size), lambda: FreeText(tag.triggers[0], vocab)) \
+        if triggered else None
     if free is not None:
-        done = np.flatnonzero(free.accept == 1)
-        if len(done) != 1 or (free.trans[done[0]] >= 0).any():
+        done = np.flatnonzero(free.dfa.accept == 1)
+        if len(done) != 1 or (free.dfa.trans[done[0]] >= 0).any():
             return None
-    return _Glue(tag, free, rests, bodies).dfa()
+    try:
+        return TagDispatch(tag, free, rests, roots, whitespace, relaxed, vocab)
+    except _NotGlueable:
+        return None
 
 
 def _prefix_free(rests: list[bytes]) -> bool:
@@ -55,81 +72,120 @@ def _prefix_free(rests: list[bytes]) -> bool:
     return all(not b.startswith(a) for a, b in zip(ordered, ordered[1:]))
 
 
-def _body(t: Any, whitespace: str | None, relaxed: frozenset[str]) -> Dfa:
-    """A tag's schema + end marker as a byte DFA, kept by content (a recursive schema raises)."""
-    def build() -> Dfa:
-        grammar = compile_json_schema(t.schema, whitespace, relaxed)
-        if grammar.rules:
-            raise _NotRegular
-        return compile_dfa([ra.seq(grammar.root, ra.literal(t.end))])
-    key = ("structural_tag_body", json.dumps(t.schema, sort_keys=True), t.end, whitespace, tuple(sorted(relaxed)))
-    return cached(key, build)
+@functools.lru_cache(maxsize=TAG_ROOT_CACHE_SIZE)
+def _regular_root(schema_text: str, whitespace: str | None, relaxed: frozenset[str]) -> ra.Node | None:
+    """A tag's schema as a regex tree (kept by its text: the same tools come back request after
+    request), or None when it needs rules (it recurses) or does not compile."""
+    try:
+        grammar = compile_json_schema(json.loads(schema_text), whitespace, relaxed)
+    except ValueError:
+        return None
+    return None if grammar.rules else grammar.root
 
 
-class _Glue:
-    """Lays the parts out in one table over all 256 bytes, then merges equal byte columns."""
+def _closed(t: Any, whitespace: str | None) -> bool:
+    """Whether no text of the tag's body goes on after its end marker, known without building it: an
+    object or array ends at its bracket, and only blanks (when allowed) could follow it, which an end
+    marker that begins with a non-blank rules out. Other tags are built up front and checked."""
+    bracketed = isinstance(t.schema, dict) and t.schema.get("type") in ("object", "array")
+    return bracketed and (whitespace is None or (t.end != "" and t.end[0] not in JSON_BLANKS))
 
-    def __init__(self, tag: Any, free: Dfa | None, rests: list[bytes], bodies: list[Dfa]):
-        self.tag, self.free, self.rests, self.bodies = tag, free, rests, bodies
-        self.rows: list[np.ndarray] = []
-        self.accept: list[int] = []
-        self.explicit = np.zeros(256, np.int64)  # bytes of the trie and separator edges, each its own id
 
-    def new(self, accept: int = -1) -> int:
-        self.rows.append(np.full(256, -1, np.int64))
-        self.accept.append(accept)
-        return len(self.rows) - 1
+def _body(t: Any, root: ra.Node, whitespace: str | None, relaxed: frozenset[str]) -> Dfa:
+    """A tag's schema + end marker as a byte DFA, kept by content."""
+    key = ("structural_tag_body", json.dumps(t.schema), t.end, whitespace, tuple(sorted(relaxed)))
+    return cached(key, lambda: compile_dfa([ra.seq(root, ra.literal(t.end))]))
 
-    def block(self, dfa: Dfa, accept: np.ndarray) -> int:
-        """Copies a DFA in; returns its offset."""
-        offset = len(self.rows)
-        full = dfa.trans[:, dfa.byte_class].astype(np.int64)
-        full[full >= 0] += offset
-        self.rows.extend(full)
-        self.accept.extend(int(a) for a in accept)
-        return offset
 
-    def dfa(self) -> Dfa:
-        tag = self.tag
-        if self.free is not None:
-            free_at = self.block(self.free, np.where(self.free.accept == 0, 0, -1))
-            root = free_at + int(np.flatnonzero(self.free.accept == 1)[0])
-            start = free_at + self.free.start
+class FreeText:
+    """Free text up to a trigger (label 0: free, label 1: the trigger just completed), and its states'
+    masks, shared by every tag set with this trigger (kept in the DFA cache: `trans` and `accept` are
+    its automaton's). A state's mask in a glued DFA is its mask here unless some token read from it goes
+    on past the trigger (into the begins, which differ): then `mask` says None."""
+
+    def __init__(self, trigger: str, vocab: TokenVocab):
+        text = free_text((trigger,))
+        self.dfa = compile_dfa([text, ra.seq(text, ra.literal(trigger))])
+        self.exact = TokenIndex(self.dfa, vocab)
+        self.open = TokenIndex(_open_after_trigger(self.dfa), vocab)  # tokens may go on past the trigger
+        self._alone: dict[int, bool] = {}
+
+    @property
+    def trans(self) -> np.ndarray:
+        return self.dfa.trans
+
+    @property
+    def accept(self) -> np.ndarray:
+        return self.dfa.accept
+
+    def mask(self, state: int) -> np.ndarray | None:
+        alone = self._alone.get(state)
+        if alone is None:
+            alone = self._alone[state] = bool(np.array_equal(self.exact.packed(state), self.open.packed(state)))
+        return self.exact.packed(state) if alone else None
+
+
+def _open_after_trigger(dfa: Dfa) -> Dfa:
+    """`dfa` where any bytes may follow the completed trigger."""
+    sink = dfa.num_states
+    trans = np.vstack([dfa.trans, np.full((1, dfa.trans.shape[1]), sink, dfa.trans.dtype)])
+    trans[np.flatnonzero(dfa.accept == 1)] = sink
+    return Dfa(trans, np.append(dfa.accept, 1).astype(dfa.accept.dtype), dfa.byte_class, dfa.start)
+
+
+class TagDispatch(RegexConstraint):
+    """The glued DFA over all 256 bytes (no byte classes: it grows), built tag by tag on first reach."""
+
+    def __init__(self, tag: Any, free: FreeText | None, rests: list[bytes], roots: list[ra.Node],
+                 whitespace: str | None, relaxed: frozenset[str], vocab: TokenVocab):
+        self.tag, self.free, self.roots, self.whitespace, self.relaxed = tag, free, roots, whitespace, relaxed
+        self._lock = threading.Lock()
+        self.edges: dict[tuple[int, int], int] = {}  # (state, byte) -> state of the trie and separator
+        self.laid = 0  # states laid out so far
+        if free is not None:  # its states first, so that they keep their numbers (and shared masks)
+            self.laid = free.dfa.num_states
+            root = int(np.flatnonzero(free.dfa.accept == 1)[0])
+            start = free.dfa.start
         else:
-            root = self.new()
-            start = root if tag.at_least_one else self.new(0)
-        offsets = [self.block(b, np.where(b.accept >= 0, 0, -1)) for b in self.bodies]
-        self._trie(root, offsets)
-        after = self._after_tag(root, start)
-        if self.free is None and start != root:
-            self.rows[start] = self.rows[root].copy()
-        for body, offset in zip(self.bodies, offsets):
-            for final in np.flatnonzero(body.accept >= 0):
-                if after is not None:
-                    self.rows[offset + final] = self.rows[after].copy()
-        return Dfa(*self._columns(), start)
+            root = self._new()
+            start = root if tag.at_least_one else self._new()
+        self.leaves = {self._path(root, rest): i for i, rest in enumerate(rests)}  # unbuilt leaf -> tag
+        self.after = self._after_tag(root, start)
+        trans = np.full((self.laid, 256), -1, np.int32)
+        accept = np.full(self.laid, -1, np.int32)
+        if free is not None:
+            width = free.dfa.num_states
+            trans[:width] = free.dfa.trans[:, free.dfa.byte_class]
+            accept[:width] = np.where(free.dfa.accept == 0, 0, -1)
+        elif start != root:
+            accept[start] = 0
+        for (state, b), nxt in self.edges.items():
+            trans[state, b] = nxt
+        if free is None and start != root:
+            trans[start] = trans[root]
+        del self.edges, self.laid
+        self.unbuilt = np.zeros(len(trans), bool)
+        self.unbuilt[list(self.leaves)] = True
+        self.dfa, self.vocab = Dfa(trans, accept, start=start), vocab
+        self.index = TokenIndex(self.dfa, vocab, unbuilt=self.unbuilt)
+        eager = [leaf for leaf, i in self.leaves.items() if not _closed(tag.tags[i], whitespace)]
+        if eager:
+            self._build(eager)
 
-    def _columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(trans, accept, byte_class): bytes that every part reads alike share a column (cheaper
-        than comparing the table's 256 columns)."""
-        parts = [d.byte_class for d in ([self.free] if self.free is not None else []) + self.bodies]
-        keys = np.stack([*parts, self.explicit], axis=1)  # [256, parts + 1]
-        _, first, byte_class = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        table = np.stack(self.rows)[:, first]
-        return table.astype(np.int32), np.array(self.accept, np.int32), byte_class.ravel().astype(np.intp)
+    # ---- laying out the dispatch part -------------------------------------------------------------
+    def _new(self) -> int:
+        self.laid += 1
+        return self.laid - 1
 
-    def _trie(self, root: int, offsets: list[int]) -> None:
-        """Each begin's remainder, byte by byte from `root`, into its body's start state."""
-        for rest, body, offset in zip(self.rests, self.bodies, offsets):
-            state = root
-            self.explicit[list(rest)] = np.array(list(rest)) + 1
-            for b in rest[:-1]:
-                nxt = int(self.rows[state][b])
-                if nxt < 0:
-                    nxt = self.new()
-                    self.rows[state][b] = nxt
-                state = nxt
-            self.rows[state][rest[-1]] = offset + body.start
+    def _path(self, state: int, text: bytes, last: int | None = None) -> int:
+        """`text` byte by byte from `state`, sharing the trie's edges; returns where it ends (`last`,
+        when given, is the state its last byte leads to)."""
+        for i, b in enumerate(text):
+            nxt = self.edges.get((state, b))
+            if nxt is None:
+                nxt = self.edges[(state, b)] = last if last is not None and i == len(text) - 1 else self._new()
+            state = nxt
+        return state
 
     def _after_tag(self, root: int, start: int) -> int | None:
         """The state whose row a finished tag takes: the free text's start, the separator's first
@@ -137,17 +193,85 @@ class _Glue:
         tag = self.tag
         if tag.stop_after_first:
             return None
-        if self.free is not None:
+        if tag.triggers is not None:
             return start
         sep = tag.separator.encode()
         if not sep:
             return root
-        self.explicit[list(sep)] = np.array(list(sep)) + 1
-        head = self.new()
-        state = head
-        for b in sep[:-1]:
-            nxt = self.new()
-            self.rows[state][b] = nxt
-            state = nxt
-        self.rows[state][sep[-1]] = root
+        head = self._new()
+        self._path(head, sep, last=root)
         return head
+
+    # ---- building a tag on first reach --------------------------------------------------------------
+    def _build(self, leaves: Any) -> None:
+        """Appends the DFAs of the tags whose leaves are given (those not built yet), and makes each
+        leaf's row its tag's start row."""
+        with self._lock:
+            trans, accept, unbuilt = self.dfa.trans, self.dfa.accept, self.unbuilt.copy()
+            for leaf in (int(x) for x in np.atleast_1d(leaves)):
+                if not unbuilt[leaf]:
+                    continue
+                t = self.tag.tags[self.leaves[leaf]]
+                body = _body(t, self.roots[self.leaves[leaf]], self.whitespace, self.relaxed)
+                finals = np.flatnonzero(body.accept >= 0)
+                if (body.trans[finals] >= 0).any():
+                    raise _NotGlueable  # only up front: a tag built lazily is _closed
+                offset = len(trans)
+                full = body.trans[:, body.byte_class].astype(np.int32)
+                full[full >= 0] += offset
+                if self.after is not None:
+                    full[finals] = trans[self.after]
+                trans = np.vstack([trans, full])
+                accept = np.concatenate([accept, np.where(body.accept >= 0, 0, -1).astype(np.int32)])
+                trans[leaf], accept[leaf] = full[body.start], accept[offset + body.start]
+                unbuilt = np.concatenate([unbuilt, np.zeros(len(full), bool)])
+                unbuilt[leaf] = False
+            dfa = Dfa(trans, accept, start=self.dfa.start)
+            # in this order: a reader that sees the new table also sees the new marks
+            self.unbuilt = unbuilt
+            self.dfa = dfa
+            self.index = self.index.grown(dfa, unbuilt)
+
+    def _built(self, state: int) -> int:
+        if self.unbuilt[state]:
+            self._build(state)
+        return state
+
+    def _packed(self, state: int) -> np.ndarray:
+        if self.free is not None and state < self.free.dfa.num_states:
+            shared = self.free.mask(state)
+            if shared is not None:
+                return shared
+        while True:
+            try:
+                return self.index.packed(self._built(state))
+            except Unbuilt as e:
+                self._build(e.states)
+
+    # ---- the Constraint protocol ------------------------------------------------------------------
+    def advance(self, state: int, token_id: int) -> int | None:
+        bits = self._packed(state)  # and every row a token from here reaches is built
+        if not bits[token_id >> 3] >> (token_id & 7) & 1:
+            return None
+        return self.advance_bytes(state, self.vocab.bytes_of(token_id))
+
+    def advance_bytes(self, state: int, data: bytes) -> int | None:
+        for b in data:
+            self._built(state)  # before reading self.dfa: building replaces it
+            state = self.dfa.step(state, b)
+            if state < 0:
+                return None
+        return state
+
+    def allowed(self, state: int) -> np.ndarray:
+        return np.unpackbits(self._packed(state), count=self.vocab.size, bitorder="little").view(bool)
+
+    def allowed_bits(self, state: int) -> np.ndarray:
+        return self._packed(state)
+
+    def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
+        out = b""
+        while more := super().forced_bytes(self._built(state), limit - len(out)):  # stops at a leaf
+            out += more
+            state = self.advance_bytes(state, more)
+        return out

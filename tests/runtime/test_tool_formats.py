@@ -127,3 +127,88 @@ def test_constrained_outputs_of_each_format_parse_into_valid_calls(compiler, fmt
             jsonschema.validate(call.arguments, schemas[call.name])
         found += len(parsed.calls)
     assert found >= 3
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "mistral"])
+def test_special_token_markers_are_allowed_as_tokens_and_kept_for_the_parser(tmp_path, family):
+    """A format whose markers are special tokens in the vocabulary (Mistral's [TOOL_CALLS]; Qwen's
+    <tool_call> / </tool_call> where a vocabulary marks them special, as GGUF's and this byte tokenizer
+    do): the constraint allows each token where its text may come and nowhere else, and the template's
+    own rendering of the calls, as token ids, reads back into the calls through the detokenizer the
+    engine gives such a request."""
+    import torch
+
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+    from radixlang.runtime.constrained.vocab import TokenVocab
+    from radixlang.runtime.engine import create_req
+    from radixlang.runtime.sampling_params import SamplingParams
+    from radixlang.runtime.tokenizer import Tokenizer
+
+    template, bos, eos, fmt, count = FAMILIES[family]
+    write_tokenizer(tmp_path, bos, eos, chat_template=template)
+    ours, hf = Tokenizer.from_hf_dir(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    vocab = TokenVocab.from_tokenizer(ours, ours.vocab_size)
+    compiler = ConstraintCompiler(lambda: vocab)
+    trigger = ours.hf.token_to_id(fmt.trigger)
+    assert trigger in ours.special_token_ids and trigger not in vocab.ids
+
+    auto = compiler.compile("structural_tag", tool_call_structural_tag(fmt, TOOLS, "auto"))
+    start = auto.advance_bytes(auto.initial(), b"Let me see. ")
+    assert auto.allowed(start)[trigger] and auto.advance(start, trigger) == auto.advance_bytes(start, fmt.trigger.encode())
+    inside = auto.advance(start, trigger)
+    assert not auto.allowed(inside)[trigger] and auto.advance(inside, trigger) is None  # not inside a call
+
+    required = compiler.compile("structural_tag", tool_call_structural_tag(fmt, TOOLS, "required"))
+    state = required.initial()
+    assert required.allowed(state)[trigger]
+    if family == "qwen2.5":  # the end marker is a token too, allowed exactly where the call may end
+        end = ours.hf.token_to_id("</tool_call>")
+        state = required.advance(state, trigger)
+        state = required.advance_bytes(state, b'\n{"name": "add", "arguments": {"a":1,"b":2')
+        assert not required.allowed(state)[end]
+        state = required.advance_bytes(state, b"}}\n")
+        assert required.allowed(state)[end] and required.can_end(required.advance(state, end))
+
+    turn = {"role": "assistant", "content": "", "tool_calls": openai_calls(CALLS[:count])}
+    user = [{"role": "user", "content": "Weather in Zürich, and 1.5 + -2?"}]
+    tools = [{"type": "function", "function": t} for t in TOOLS]
+    whole = hf.apply_chat_template(user + [turn], tools=tools, tokenize=False)
+    reply = whole[whole.index(fmt.trigger, whole.rindex(user[0]["content"])):whole.rindex(eos)]  # the assistant's turn
+    ids = ours.encode(reply, add_special_tokens=False)
+    assert trigger in ids
+    req = create_req("r", [1], SamplingParams(), ours, lambda c: None, context_length=64, seed=0,
+                     device=torch.device("cpu"), constraint=auto)
+    text = req.detok.add(ids).delta + req.detok.flush()
+    parsed = parse_tool_calls(fmt, text)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [(c.name, c.arguments) for c in CALLS[:count]]
+    assert not parse_tool_calls(fmt, ours.decode(ids)).calls  # skipping special tokens would lose the calls
+
+
+def test_an_engine_writes_the_special_token_marker_and_keeps_it_in_the_text(tmp_path):
+    """End to end on a tiny model whose vocabulary makes [TOOL_CALLS] one special token, biased hard
+    towards it: with "auto", the model writes it where a call may begin (never inside the call, where
+    the constraint masks it), the text keeps it, and the text parses into calls valid for their schemas."""
+    from radixlang.runtime.engine import Engine
+
+    from .models.hf_tiny import BASE, save_hf_model
+
+    save_hf_model(tmp_path, transformers.LlamaConfig(**BASE), seed=1)
+    write_tokenizer(tmp_path, "<s>", "</s>", chat_template=MISTRAL_TOOLS)
+    engine = Engine(model=str(tmp_path), device="cpu", kv_cache_tokens=2048)
+    try:
+        marker = engine.tokenizer.hf.token_to_id("[TOOL_CALLS]")
+        params = {"structural_tag": tool_call_structural_tag(MISTRAL, TOOLS, "auto", parallel=False),
+                  "max_new_tokens": 150, "temperature": 0.7, "logit_bias": {str(marker): 100}}
+        schemas = {t["name"]: t["parameters"] for t in TOOLS}
+        outs = engine.generate(["Hi", "Call add", "Weather?"], params)
+        assert any(out.meta.finish_reason == "stop" for out in outs)
+        for out in outs:
+            assert out.output_ids[0] == marker and out.output_ids.count(marker) == 1
+            assert out.text.startswith("[TOOL_CALLS]")
+            if out.meta.finish_reason == "stop":
+                parsed = parse_tool_calls(MISTRAL, out.text)
+                assert len(parsed.calls) == 1 and not parsed.invalid
+                jsonschema.validate(parsed.calls[0].arguments, schemas[parsed.calls[0].name])
+        engine.check_invariants()
+    finally:
+        engine.shutdown()

@@ -213,7 +213,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
         if self.exact_depth:
             return self._compile(schema, path)
-        key = ("split:" if self._split_all else "") + json.dumps(schema, sort_keys=True, default=repr)
+        key = ("split:" if self._split_all else "") + json.dumps(schema, default=repr)  # in order: property order matters
         hit = self._pieces.get(key)
         if hit is not None:
             return hit

@@ -55,15 +55,24 @@ def walk_rows(dfa: Dfa, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarra
     return Walk(end, stop_pos, stop_state)
 
 
+class Unbuilt(Exception):
+    """A walk reached states whose rows are not built yet (a lazily built DFA fills them, then asks again)."""
+
+    def __init__(self, states: np.ndarray):
+        super().__init__(f"states {states.tolist()} are not built yet")
+        self.states = states
+
+
 class TokenIndex:
     """Per DFA state: the tokens it can read (a bitset) and, for lexers, its boundary records.
 
     Built on demand, one state at a time (a decode visits a small share of a big DFA's states), by one
-    walk of the vocabulary trie from the state, and kept.
+    walk of the vocabulary trie from the state, and kept. `unbuilt` (bool per state, may change) marks
+    rows a lazily built DFA has not filled in: a walk that reaches one raises `Unbuilt` and keeps nothing.
     """
 
-    def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False):
-        self.dfa, self.vocab, self.with_boundaries = dfa, vocab, boundaries
+    def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False, unbuilt: np.ndarray | None = None):
+        self.dfa, self.vocab, self.with_boundaries, self.unbuilt = dfa, vocab, boundaries, unbuilt
         live = dfa.trans >= 0
         members = np.bincount(dfa.byte_class, minlength=dfa.trans.shape[1])  # bytes per column
         first_byte = np.unique(dfa.byte_class, return_index=True)[1]
@@ -71,6 +80,13 @@ class TokenIndex:
         only = (live @ members == 1) & (dfa.accept < 0)
         self.forced = np.where(only, first_byte[live.argmax(axis=1)], -1)
         self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
+
+    def grown(self, dfa: Dfa, unbuilt: np.ndarray) -> "TokenIndex":
+        """The index of `dfa`, this index's DFA with unbuilt rows filled in and rows added: every mask
+        kept so far stays true (its walk reached no unbuilt row, and built rows never change)."""
+        out = TokenIndex(dfa, self.vocab, self.with_boundaries, unbuilt)
+        out._states = self._states
+        return out
 
     def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         hit = self._states.get(state)
@@ -96,6 +112,8 @@ class TokenIndex:
                 if ended.any():
                     bounds.append(_ended_rows(trie, level, nodes[ended], labels[ended], depth - 1))
             nodes, states = nodes[live], states[live]
+            if self.unbuilt is not None and self.unbuilt[states].any():
+                raise Unbuilt(np.unique(states[self.unbuilt[states]]))
             if not len(nodes):
                 break
             alive[level.offset + nodes] = True

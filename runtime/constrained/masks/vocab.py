@@ -23,6 +23,7 @@ class TokenVocab:
     ids: np.ndarray  # [N] int64
     lengths: np.ndarray  # [N] int64
     matrix: np.ndarray  # [N, max_len] uint8
+    special_ids: tuple[int, ...] = ()  # the special tokens with text (left out of the rows)
 
     @classmethod
     def create(cls, token_bytes: Sequence[bytes], special_ids: frozenset[int] | set[int],
@@ -33,7 +34,8 @@ class TokenVocab:
         for row, i in enumerate(keep):
             matrix[row, : lengths[row]] = np.frombuffer(token_bytes[i], np.uint8)
         return cls(size, list(token_bytes), tuple(i for i in end_ids if i < size),
-                   np.array(keep, np.int64), lengths, matrix)
+                   np.array(keep, np.int64), lengths, matrix,
+                   tuple(sorted(i for i in special_ids if i < min(size, len(token_bytes)) and token_bytes[i])))
 
     @classmethod
     def from_tokenizer(cls, tokenizer, size: int) -> "TokenVocab":  # noqa: ANN001 - runtime.tokenizer.Tokenizer

@@ -138,12 +138,12 @@ def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler,
     """The fast path (parts glued, no joint determinization) against the general one, both ways."""
     from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.matcher import RegexConstraint
-    from radixlang.runtime.constrained.structural_tag import free_text, structural_tag_grammar
-    from radixlang.runtime.constrained.tag_dispatch import glued_dfa
+    from radixlang.runtime.constrained.structural_tag import structural_tag_grammar
+    from radixlang.runtime.constrained.tag_dispatch import TagDispatch
 
     tag = parse_structural_tag(spec)
-    assert glued_dfa(tag, free_text(tag.triggers) if tag.triggers else None, None, frozenset()) is not None
     fast = compiler.compile("structural_tag", spec)
+    assert isinstance(fast, TagDispatch)
     joint = RegexConstraint(compile_dfa([structural_tag_grammar(tag).root]), vocab)
     rng = random.Random(3)
     for _ in range(20):
@@ -151,3 +151,46 @@ def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler,
             data, complete = tagged_walk(walked, trigger.encode(), rng, max_tokens=80)
             state = other.advance_bytes(other.initial(), data)
             assert state is not None and (not complete or other.can_end(state)), data
+
+
+def test_a_tag_is_built_only_when_decoding_reaches_it(compiler):
+    """Ten tools: compiling and the first masks build none of their automata; reaching one tool's
+    begin builds that one, and the walk through it is what the joint automaton allows."""
+    from radixlang.runtime.constrained.automaton import compile_dfa
+    from radixlang.runtime.constrained.matcher import RegexConstraint
+    from radixlang.runtime.constrained.structural_tag import structural_tag_grammar
+
+    tools = [{"begin": f'<t>{{"name": "tool{i}", "arguments": ', "end": "}</t>",
+              "schema": {**POINT, "properties": {**POINT["properties"], f"k{i}": {"type": "integer"}}}}
+             for i in range(10)]
+    spec = {"type": "structural_tag", "triggers": ["<t>"], "structures": tools}
+    lazy = compiler.compile("structural_tag", spec)
+    assert lazy.unbuilt.sum() == 10
+    state = lazy.advance_bytes(lazy.initial(), b'Sure. <t>{"name": "tool')
+    assert lazy.allowed(state).any() and lazy.unbuilt.sum() == 10
+    state = lazy.advance_bytes(state, b'3", "arguments": ')
+    assert lazy.forced_bytes(state, 64) == b'{"x":' and lazy.unbuilt.sum() == 9
+    joint = RegexConstraint(compile_dfa([structural_tag_grammar(parse_structural_tag(spec)).root]), lazy.vocab)
+    rng = random.Random(5)
+    for _ in range(10):
+        data, complete = tagged_walk(lazy, b'<t>{"name": "tool3", "arguments": ', rng, max_tokens=60)
+        other = joint.advance_bytes(joint.initial(), data)
+        assert other is not None and (not complete or joint.can_end(other)), data
+    assert lazy.unbuilt.sum() == 9  # the walks only ever called tool 3
+
+
+def test_a_bad_schema_is_refused_up_front_though_built_lazily(compiler):
+    bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a"}}}
+    spec = {"type": "structural_tag", "triggers": ["<t>"], "structures": [
+        {"begin": "<t>ok", "schema": POINT, "end": "</t>"}, {"begin": "<t>bad", "schema": bad, "end": "</t>"}]}
+    with pytest.raises(ValueError, match=r"tag 1 \('<t>bad'\)"):
+        compiler.compile("structural_tag", spec)
+
+
+def test_property_order_is_part_of_the_cache_key(compiler):
+    """Two schemas that differ only in property order are two languages (members come in order)."""
+    swapped = {**POINT, "properties": dict(reversed(POINT["properties"].items()))}
+    for schema, first in ((POINT, b'{"x":'), (swapped, b'{"label":"')):
+        spec = {"type": "structural_tag", "triggers": ["<f>"], "structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}]}
+        constraint = compiler.compile("structural_tag", spec)
+        assert constraint.forced_bytes(constraint.advance_bytes(constraint.initial(), b"<f>"), 64) == first

@@ -13,7 +13,7 @@ from radixlang.runtime.tokenizer import bytes_to_unicode
 # the special tokens of every family the chat-template tests render
 SPECIAL_TOKENS = ["<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                   "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
-                  "[INST]", "[/INST]", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+                  "[INST]", "[/INST]", "<think>", "</think>", "<tool_call>", "</tool_call>", "[TOOL_CALLS]"]
 VOCAB_SIZE = 288  # 256 bytes + the specials, rounded up as checkpoints pad their embeddings
 BASE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
