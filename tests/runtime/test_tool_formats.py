@@ -139,7 +139,7 @@ def test_special_token_markers_are_allowed_as_tokens_and_kept_for_the_parser(tmp
     import torch
 
     from radixlang.runtime.constrained.compiler import ConstraintCompiler
-    from radixlang.runtime.constrained.vocab import TokenVocab
+    from radixlang.runtime.constrained.masks.vocab import TokenVocab
     from radixlang.runtime.engine import create_req
     from radixlang.runtime.sampling_params import SamplingParams
     from radixlang.runtime.tokenizer import Tokenizer

@@ -156,7 +156,7 @@ def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler,
 def test_a_tag_is_built_only_when_decoding_reaches_it(compiler):
     """Ten tools: compiling and the first masks build none of their automata; reaching one tool's
     begin builds that one, and the walk through it is what the joint automaton allows."""
-    from radixlang.runtime.constrained.automaton import compile_dfa
+    from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.matcher import RegexConstraint
     from radixlang.runtime.constrained.structural_tag import structural_tag_grammar
 
