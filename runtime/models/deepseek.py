@@ -2,10 +2,10 @@
 
 The KV cache holds one latent row per token, [c_kv (kv_lora_rank) | k_rope (qk_rope_head_dim)], as a
 single KV "head" whose K and V buffers are the same tensor (a latent pool, `KVPool(shared_kv=True)`).
-Attention runs in the absorbed form on every step: W_UK (the key half of kv_b_proj) folds into each
-query head, so each head attends over the latent row like MQA with head size kv_lora_rank + rope; the
-weighted sum of latent rows goes through W_UV (the value half) per head before o_proj. `mla_unabsorbed`
-is the textbook form (per-head K and V up-projected from the latent) the tests check it against.
+The attention backend's `forward_latent` runs prefill and extend with per-head K and V up-projected from
+the latents, and decode in the absorbed form: W_UK (the key half of kv_b_proj) folds into each query
+head, which attends over the latent rows like MQA, and W_UV (the value half) into the output
+(kernels/mla.py).
 """
 from __future__ import annotations
 
@@ -94,33 +94,16 @@ class MLAttention(nn.Module):
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         return q_nope, apply_rope(q_rope, rope), self.kv_a_layernorm(c_kv), apply_rope(k_rope.unsqueeze(1), rope)
 
-    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK [H, nope, R] and W_UV [H, v, R]: kv_b_proj's rows per head."""
+    def kv_b_weight(self) -> torch.Tensor:
+        """kv_b_proj's weight per head, [H, nope + v, R]: W_UK's rows, then W_UV's."""
         cfg = self.cfg
-        w = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
-        return w.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=1)
+        return self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
 
     def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
         q_nope, q_rope, c_kv, k_rope = self.project(x, rope)
-        w_uk, w_uv = self.up_weights()
-        q = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_rope], dim=-1)  # absorbed W_UK
         latent = torch.cat([c_kv.unsqueeze(1), k_rope], dim=-1)  # [T, 1, R + r]: the cached row
-        o = ctx.attn.forward(q, latent, latent, self.layer_id, self.cfg.softmax_scale)
-        o = torch.einsum("thr,hvr->thv", o[..., :self.cfg.kv_lora_rank], w_uv)  # absorbed W_UV
+        o = ctx.attn.forward_latent(q_nope, q_rope, latent, self.layer_id, self.cfg.softmax_scale, self.kv_b_weight())
         return self.o_proj(o.reshape(o.shape[0], -1))
-
-
-def mla_unabsorbed(attn: MLAttention, q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
-                   k_rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """MLA as written: per-head K = [W_UK c_kv | k_rope] and V = W_UV c_kv up-projected from the latent of
-    every key, then attention. q_*: [T, H, .]; c_kv [S, R]; k_rope [S, 1, r]; mask [T, S] bool -> [T, hidden]."""
-    w_uk, w_uv = attn.up_weights()
-    heads = q_nope.shape[1]
-    k = torch.cat([torch.einsum("sr,hnr->hsn", c_kv, w_uk), k_rope.transpose(0, 1).expand(heads, -1, -1)], -1)
-    v = torch.einsum("sr,hvr->hsv", c_kv, w_uv)
-    q = torch.cat([q_nope, q_rope], dim=-1).transpose(0, 1)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.cfg.softmax_scale)
-    return attn.o_proj(o.transpose(0, 1).reshape(q_nope.shape[0], -1))
 
 
 class DeepseekDecoderLayer(nn.Module):
