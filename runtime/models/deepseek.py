@@ -64,6 +64,11 @@ class DeepseekConfig:
         return self.num_layers * per_layer * element_size
 
 
+# DeepSeek's own modelling code (and transformers after it) builds q_a_layernorm and kv_a_layernorm with the
+# norm's default eps, whatever the config's rms_norm_eps: the released checkpoints set 1e-6 both places
+LATENT_NORM_EPS = 1e-6
+
+
 class MLAttention(nn.Module):
     def __init__(self, cfg: DeepseekConfig, layer_id: int):
         super().__init__()
@@ -73,11 +78,11 @@ class MLAttention(nn.Module):
             self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * qk_dim, bias=False)
         else:
             self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(cfg.q_lora_rank, cfg.num_heads * qk_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                                             bias=cfg.attention_bias)
-        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
                                    bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
