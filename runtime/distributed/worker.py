@@ -31,6 +31,7 @@ from .layers import kv_heads_per_rank
 STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host, images by reference
 EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
 INSPECT = "inspect"  # the worker replies with its embedding mirror (tests, debugging)
+PLACE = "place"  # body: list[eplb.Placement], one per MoE layer, applied in step with rank 0
 STOP = "stop"
 # worker -> rank 0
 LOADED = "loaded"
@@ -117,6 +118,8 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
         elif kind == EMBEDDING:
             key, shape, dtype, evicted = body
             mirror.add(key, tp.broadcast(torch.empty(shape, dtype=dtype, device=runner.device)), evicted)
+        elif kind == PLACE:
+            runner.place_experts(body)
         elif kind == INSPECT:
             send(conn, INSPECT, ({k: t.cpu() for k, t in mirror.entries.items()}, mirror.bytes_received))
         else:

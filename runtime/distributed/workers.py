@@ -14,7 +14,7 @@ import torch
 from ..config import EngineConfig
 from ..model_runner import StepInputs
 from .group import TensorParallel, open_store
-from .worker import EMBEDDING, ERROR, INSPECT, STEP, STOP, WorkerSpec, host_step, receive, send
+from .worker import EMBEDDING, ERROR, INSPECT, PLACE, STEP, STOP, WorkerSpec, host_step, receive, send
 
 STARTUP_POLL_S = 0.05
 STOP_GRACE_S = 5.0  # a worker that has not exited this long after STOP is killed
@@ -82,6 +82,10 @@ class TPWorkers:
             self.tp.broadcast(t.to(self.device))
         except Exception as e:  # noqa: BLE001 - any failure leaves the ranks out of step
             raise self.fail(e) from e
+
+    def place_experts(self, placements: list) -> None:
+        """Each worker applies these EPLB placements (list[eplb.Placement]), one per MoE layer."""
+        self._send_all(PLACE, placements)
 
     def inspect_embeddings(self) -> list[tuple[dict[Hashable, torch.Tensor], int]]:
         """Each worker's embedding mirror and the bytes it has received (for tests and debugging)."""

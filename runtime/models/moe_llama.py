@@ -50,13 +50,15 @@ class SparseMoeBlock(nn.Module):
     def reset(self) -> None:
         """After loading (meta-built buffers hold garbage): zero counts, the identity placement."""
         self.load.zero_()
-        self.set_table(ExpertTable.identity(self.spec.num_experts))
+        self._use(ExpertTable.identity(self.spec.num_experts))
 
     def set_table(self, table: ExpertTable) -> None:
-        identity = torch.equal(table.phys_to_logical.cpu(), torch.arange(self.spec.num_experts))
-        if self.dispatch is not None and not identity:
-            raise ValueError("expert placements apply at ep_size 1: each expert-parallel rank holds only its "
-                             "experts' weights")
+        """Applies a placement; under expert parallelism every rank calls this alike (weights move)."""
+        if self.dispatch is not None:
+            self.dispatch.relocate(self.experts, self.table, table)
+        self._use(table)
+
+    def _use(self, table: ExpertTable) -> None:
         device = self.load.device
         self.table = ExpertTable(table.phys_to_logical.to(device), table.replicas.to(device),
                                  table.replica_count.to(device))
