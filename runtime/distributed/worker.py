@@ -94,7 +94,7 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL binds each rank to the current device
     tp = TensorParallel(spec.rank, spec.size)
-    model = load_model(cfg.model, device, dtype, tp).model
+    model = load_model(cfg.model, device, dtype, tp, ep_size=cfg.ep_size).model
     mcfg = model.config
     pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, spec.size),
                   mcfg.head_dim, dtype, device)

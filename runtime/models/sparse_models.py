@@ -19,7 +19,8 @@ SPARSE_ARCHS = MOE_LLAMA_ARCHS + DEEPSEEK_ARCHS
 
 
 def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
-                      tp: TensorParallel | None = None) -> LoadedModel:
+                      tp: TensorParallel | None = None, expert_parallel: bool = True) -> LoadedModel:
+    """`expert_parallel`: over several `tp` ranks, partition the experts (else slice each one)."""
     hf = read_hf_config(path)
     if any(a in DEEPSEEK_ARCHS for a in hf.get("architectures") or []):
         cfg, weights, tokenizer = read_hf_dir(path, hf, read_config=deepseek_config_from_hf)
@@ -29,7 +30,7 @@ def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
     else:
         (cfg, spec), weights, tokenizer = read_hf_dir(path, hf, read_config=moe_llama_config_from_hf)
         with torch.device("meta"):
-            model = MoeLlamaForCausalLM(cfg, spec, tp)
+            model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)
         rotary = Rotary(cfg)
     model = model.to_empty(device=device)
     model.load_weights(weights)
