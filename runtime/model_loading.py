@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from .distributed.group import TensorParallel
-from .models.loader import LoadedModel, default_model_path, load_language_model, read_hf_config
-from .models.sparse_models import SPARSE_ARCHS, load_sparse_model
+from .models.loader import LoadedModel, default_model_path, is_moe_gguf, load_language_model, read_hf_config
+from .models.sparse_models import SPARSE_ARCHS, load_moe_gguf, load_sparse_model
 from .multimodal.loader import VISION_ARCHS, load_vision_language
 
 
@@ -24,6 +24,8 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
         return load_vision_language(path, device, dtype, tp)
     if path.is_dir() and _has_architecture(path, SPARSE_ARCHS):  # MoE / MLA: their own modules
         return load_sparse_model(path, device, dtype, tp, expert_parallel=ep_size != 1)
+    if path.suffix == ".gguf" and path.is_file() and is_moe_gguf(path):
+        return load_moe_gguf(path, device, dtype, tp, expert_parallel=ep_size != 1)
     return load_language_model(path, device, dtype, tp, keep_blocks, quantization)
 
 

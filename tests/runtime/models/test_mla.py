@@ -152,9 +152,14 @@ def test_latent_pool_decodes_match_plain_decodes(v3_folder, options):
 
 
 @pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
-def test_triton_latent_decode_kernel_gives_the_torch_backends_tokens(v3_folder):
+def test_triton_latent_decode_kernel_gives_the_torch_backends_tokens(v3_folder, monkeypatch):
     """The Triton backend on a latent pool (interpreted on a CPU): extends up-projected, decodes in the MLA
     kernel; logprobs as the torch backend's."""
+    from radixlang.kernels import triton_backend
+
+    decodes = []
+    kernel = triton_backend.mla_decode
+    monkeypatch.setattr(triton_backend, "mla_decode", lambda q, *args: decodes.append(q.shape[0]) or kernel(q, *args))
     batch = [p[:16] for p in prompts(6)[:3]]
     params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
     runs = []
@@ -167,3 +172,4 @@ def test_triton_latent_decode_kernel_gives_the_torch_backends_tokens(v3_folder):
         assert ours.output_ids == ref.output_ids
         for x, y in zip(ours.meta.output_logprobs, ref.meta.output_logprobs, strict=True):
             assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top, strict=True)) < 1e-4
+    assert decodes and max(decodes) == len(batch)  # the kernel ran every decode step, the batch together
