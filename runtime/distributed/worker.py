@@ -97,7 +97,7 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     model = load_model(cfg.model, device, dtype, tp, ep_size=cfg.ep_size).model
     mcfg = model.config
     pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, spec.size),
-                  mcfg.head_dim, dtype, device)
+                  mcfg.head_dim, dtype, device, shared_kv=getattr(mcfg, "latent_kv", False))
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     return tp, ModelRunner(model, None, attn, device)
 

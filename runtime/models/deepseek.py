@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.group import TensorParallel
-from ..distributed.layers import ParallelLMHead, VocabParallelEmbedding
+from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
+                                  VocabParallelEmbedding, load_shard)
 from .llama import ForwardContext, RMSNorm, RopeTable, _copy_into, apply_rope
 from .moe import MoeSpec
 from .moe_llama import SharedExpert, SparseMoeBlock, stack_experts
@@ -70,22 +71,27 @@ LATENT_NORM_EPS = 1e-6
 
 
 class MLAttention(nn.Module):
-    def __init__(self, cfg: DeepseekConfig, layer_id: int):
+    """Under tensor parallelism this rank's share of the query heads (their q, kv_b and o_proj rows); the
+    latent projections and the cached latent row are the same on every rank."""
+
+    def __init__(self, cfg: DeepseekConfig, layer_id: int, tp: TensorParallel):
         super().__init__()
         self.layer_id, self.cfg = layer_id, cfg
+        self.heads = cfg.num_heads // tp.size
         qk_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * qk_dim, bias=False)
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, [Part(cfg.num_heads, qk_dim)], False, tp)
         else:
             self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, cfg.num_heads * qk_dim, bias=False)
+            self.q_b_proj = ColumnParallelLinear(cfg.q_lora_rank, [Part(cfg.num_heads, qk_dim)], False, tp)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                                             bias=cfg.attention_bias)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
-                                   bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.kv_b_proj = ColumnParallelLinear(
+            cfg.kv_lora_rank, [Part(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim)], False, tp)
+        self.o_proj = RowParallelLinear(Part(cfg.num_heads, cfg.v_head_dim), cfg.hidden_size, cfg.attention_bias,
+                                        tp)
 
     def project(self, x: torch.Tensor, rope: RopeTable):
         """-> q_nope [T, H, nope], q_rope [T, H, r], latent c_kv [T, R], k_rope [T, 1, r] (rope applied)."""
@@ -94,7 +100,7 @@ class MLAttention(nn.Module):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_rope = q.view(-1, cfg.num_heads, q.shape[-1] // cfg.num_heads).split(
+        q_nope, q_rope = q.view(-1, self.heads, q.shape[-1] // self.heads).split(
             [cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         return q_nope, apply_rope(q_rope, rope), self.kv_a_layernorm(c_kv), apply_rope(k_rope.unsqueeze(1), rope)
@@ -102,7 +108,7 @@ class MLAttention(nn.Module):
     def kv_b_weight(self) -> torch.Tensor:
         """kv_b_proj's weight per head, [H, nope + v, R]: W_UK's rows, then W_UV's."""
         cfg = self.cfg
-        return self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+        return self.kv_b_proj.weight.view(self.heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
 
     def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
         q_nope, q_rope, c_kv, k_rope = self.project(x, rope)
@@ -112,13 +118,16 @@ class MLAttention(nn.Module):
 
 
 class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, cfg: DeepseekConfig, layer_id: int):
+    """Over several ranks: attention tensor-parallel, routed experts as `ranks` says (moe_llama); dense and
+    shared-expert MLPs whole on every rank."""
+
+    def __init__(self, cfg: DeepseekConfig, layer_id: int, tp: TensorParallel, ranks: dict):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = MLAttention(cfg, layer_id)
+        self.self_attn = MLAttention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if layer_id in cfg.moe.sparse_layers:
-            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, shared_name="shared_experts")
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, shared_name="shared_experts", **ranks)
         else:
             self.mlp = SharedExpert(cfg.hidden_size, cfg.intermediate_size)
 
@@ -143,14 +152,15 @@ class MLARotary(nn.Module):
 class DeepseekForCausalLM(nn.Module):
     capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
 
-    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None):
+    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None, expert_parallel: bool = True):
         super().__init__()
         self.tp = tp = tp or TensorParallel()
-        if tp.size > 1:
-            raise ValueError("DeepSeek models run at tp_size 1")
+        if cfg.num_heads % tp.size:
+            raise ValueError(f"tp_size {tp.size} does not split this model's {cfg.num_heads} query heads")
         self.config = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        ranks = {"ep": tp} if expert_parallel else {"sliced": tp}
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, tp, ranks) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = MLARotary(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
@@ -165,7 +175,7 @@ class DeepseekForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.tp.gather_vocab(F.linear(hidden, weight).float(), self.config.vocab_size)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
@@ -184,7 +194,7 @@ class DeepseekForCausalLM(nn.Module):
                 raise ValueError(f"unexpected weight {name!r} for this model")
             if self.config.rope_interleave:
                 tensor = self._deinterleave(name, tensor)
-            _copy_into(params[name], tensor, name)
+            _copy_into(params[name], load_shard(self, name, tensor), name)  # this rank's heads / experts
             loaded.add(name)
         absent = sorted(set(params) - loaded)
         if absent:

@@ -21,7 +21,8 @@ def _run(folder, **options):
     ("qwen2-moe", dict(tp_size=2)),  # 4 experts + a shared expert; layer 0 dense (tensor-parallel): 2 per rank
     ("mixtral", dict(tp_size=4)),  # 4 experts: one per rank; 2 KV heads replicated over 4 ranks
     ("qwen2-moe", dict(tp_size=2, ep_size=1)),  # --ep 1: each rank holds half of every expert's units
-], ids=["ep2", "ep4", "tp2-ep1"])
+    ("deepseek-v3", dict(tp_size=2)),  # MLA: 2 of 4 query heads per rank over the same latent; 4 experts each
+], ids=["ep2", "ep4", "tp2-ep1", "deepseek-ep2"])
 def test_ep_greedy_tokens_and_logprobs_match_ep1(tmp_path, name, options):
     build(tmp_path, name)
     one, two = _run(tmp_path / name), _run(tmp_path / name, **options)
