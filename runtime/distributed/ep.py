@@ -22,8 +22,7 @@ class ExpertParallel:
             raise ValueError(f"{num_physical} experts do not split over ep_size {tp.size}: it must divide them")
         self.tp, self.per_rank = tp, num_physical // tp.size
 
-    def __call__(self, experts, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor,
-                 table: ExpertTable) -> torch.Tensor:
+    def __call__(self, experts, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         tp, k = self.tp, phys.shape[1]
         chunk = -(-x.shape[0] // tp.size)
         lo, hi = min(tp.rank * chunk, x.shape[0]), min((tp.rank + 1) * chunk, x.shape[0])
@@ -35,11 +34,11 @@ class ExpertParallel:
         tokens = lo + order // k
         rows = tp.all_to_all(x.index_select(0, tokens), send_sizes, recv_sizes)
         ids = tp.all_to_all(flat[order], send_sizes, recv_sizes)
-        out = tp.all_to_all(self._run_local(experts, rows, ids, table), recv_sizes, send_sizes)
+        out = tp.all_to_all(self._run_local(experts, rows, ids), recv_sizes, send_sizes)
         out = out * weights[lo:hi].flatten().index_select(0, order).unsqueeze(1).to(out.dtype)
         return tp.all_reduce(torch.zeros_like(x).index_add_(0, tokens, out))
 
-    def _run_local(self, experts, rows: torch.Tensor, ids: torch.Tensor, table: ExpertTable) -> torch.Tensor:
+    def _run_local(self, experts, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's experts over the rows dispatched to it (any order), outputs in the same order."""
         order = ids.argsort(stable=True)
         counts = torch.bincount(ids - self.tp.rank * self.per_rank, minlength=self.per_rank).tolist()

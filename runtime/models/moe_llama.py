@@ -71,7 +71,7 @@ class SparseMoeBlock(nn.Module):
         self.load += torch.bincount(ids.flatten(), minlength=self.spec.num_experts)
         phys = self.table.to_physical(ids)
         if self.dispatch is not None:
-            out = self.dispatch(self.experts, x, phys, weights, self.table)
+            out = self.dispatch(self.experts, x, phys, weights)
         else:
             out = self.experts(x, phys, weights, self.table.phys_to_logical, self.table.num_physical)
             if self.sliced is not None:
