@@ -171,11 +171,15 @@ _GGUF_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",  # Qwen2-MoE's shared expert and its gate
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # a MoE layer's experts, stacked [experts, out, in] in one tensor each: given out as transformers' per-expert
 # tensors, which the MoE model stacks as it loads them
 _GGUF_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_GGUF_MOE_ARCHS = {"llama": "MixtralForCausalLM", "mistral": "MixtralForCausalLM",
+_GGUF_MOE_ARCHS = {"llama": "MixtralForCausalLM", "mistral": "MixtralForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                    "qwen3moe": "Qwen3MoeForCausalLM"}  # architectures whose files may hold experts
 
 
@@ -184,7 +188,8 @@ def gguf_metadata(path: str | Path) -> dict[str, Any]:
     return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in read_gguf(path).metadata.items()}
 
 
-_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen3moe": "Qwen3MoeForCausalLM"}
+_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen2moe": "Qwen2MoeForCausalLM",
+               "qwen3moe": "Qwen3MoeForCausalLM"}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
@@ -216,10 +221,14 @@ def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -
     window = get("attention.sliding_window")  # absent: llama.cpp attends to the whole context
     experts = {}
     if get("expert_count"):
+        layers = range(get("block_count"))
         experts = {"architectures": [_GGUF_MOE_ARCHS[arch]], "num_local_experts": get("expert_count"),
                    "num_experts_per_tok": get("expert_used_count"),
                    "moe_intermediate_size": get("expert_feed_forward_length"),
-                   "norm_topk_prob": get("expert_weights_norm", True)}  # llama.cpp's qwen3moe renormalises
+                   "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
+                   # llama.cpp renormalises the chosen experts' weights for qwen3moe, not for qwen2moe
+                   "norm_topk_prob": get("expert_weights_norm", arch != "qwen2moe"),
+                   "mlp_only_layers": [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]}
     return {
         "architectures": [_GGUF_ARCHS[arch]],
         "vocab_size": get("vocab_size") or len(meta["tokenizer.ggml.tokens"]),
@@ -280,6 +289,8 @@ def gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
             for expert, w in enumerate(tensor):
                 yield f"layers.{layer}.mlp.experts.{expert}.{_GGUF_EXPERTS[stem]}.weight", w
             continue
+        if stem == "ffn_gate_inp_shexp":  # stored as one row of hidden_size values
+            tensor = tensor.view(1, -1)
         name, heads = _gguf_tensor_name(t.name, cfg, arch)
         if heads is not None:
             tensor = unpermute_qk(tensor, heads)

@@ -1,4 +1,5 @@
-"""Mixture-of-experts GGUF files (llama.cpp's layout: Mixtral as `llama` with `expert_count`, `qwen3moe`; each
+"""Mixture-of-experts GGUF files (llama.cpp's layout: Mixtral as `llama` with `expert_count`, `qwen2moe` with
+its shared expert, `qwen3moe`; each
 layer's experts stacked in `ffn_{gate,up,down}_exps`, its router in `ffn_gate_inp`) written by the gguf
 package from a tiny transformers checkpoint give transformers' greedy tokens."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .test_hf_parity import hf_greedy
 from .test_moe_parity import build, prompts
 
 EXPERT_STEMS = {"gate": "ffn_gate_exps", "up": "ffn_up_exps", "down": "ffn_down_exps"}
+SHARED_STEMS = {"gate_proj": "ffn_gate_shexp", "up_proj": "ffn_up_shexp", "down_proj": "ffn_down_shexp"}
 
 
 def moe_gguf_tensors(model, hf: dict) -> dict[str, tuple[np.ndarray, None]]:
@@ -37,13 +39,19 @@ def moe_gguf_tensors(model, hf: dict) -> dict[str, tuple[np.ndarray, None]]:
         if parts[-2:] == ["gate", "weight"]:
             tensors[f"blk.{parts[1]}.ffn_gate_inp.weight"] = (w, None)
             continue
+        if "shared_expert" in parts:  # Qwen2-MoE
+            tensors[f"blk.{parts[1]}.{SHARED_STEMS[parts[-2]]}.weight"] = (w, None)
+            continue
+        if parts[-2] == "shared_expert_gate":  # llama.cpp writes its one row as a vector
+            tensors[f"blk.{parts[1]}.ffn_gate_inp_shexp.weight"] = (w[0], None)
+            continue
         if permuted and parts[-2] in heads:
             w = permute_qk(w, heads[parts[-2]])
         tensors[gguf_name(name)] = (np.ascontiguousarray(w), None)
     return tensors
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe", "qwen3-moe"])  # qwen2-moe: layer 0 dense
 def test_moe_gguf_gives_transformers_greedy_tokens(tmp_path, name):
     model = build(tmp_path, name)
     hf = json.loads((tmp_path / name / "config.json").read_text())
