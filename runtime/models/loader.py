@@ -22,6 +22,7 @@ from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM
+from .moe_config import MIXTRAL, QWEN2_MOE, QWEN3_MOE
 from .quant import packed_linear_record, packed_linear_from_state, quantize_model
 
 logger = logging.getLogger(__name__)
@@ -179,8 +180,8 @@ _GGUF_NAMES = {
 # a MoE layer's experts, stacked [experts, out, in] in one tensor each: given out as transformers' per-expert
 # tensors, which the MoE model stacks as it loads them
 _GGUF_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_GGUF_MOE_ARCHS = {"llama": "MixtralForCausalLM", "mistral": "MixtralForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                   "qwen3moe": "Qwen3MoeForCausalLM"}  # architectures whose files may hold experts
+# what an architecture is when its file holds experts
+_GGUF_MOE_ARCHS = {"llama": MIXTRAL, "mistral": MIXTRAL, "qwen2moe": QWEN2_MOE, "qwen3moe": QWEN3_MOE}
 
 
 def gguf_metadata(path: str | Path) -> dict[str, Any]:
@@ -188,8 +189,8 @@ def gguf_metadata(path: str | Path) -> dict[str, Any]:
     return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in read_gguf(path).metadata.items()}
 
 
-_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen2moe": "Qwen2MoeForCausalLM",
-               "qwen3moe": "Qwen3MoeForCausalLM"}
+_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen2moe": QWEN2_MOE,
+               "qwen3moe": QWEN3_MOE}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
