@@ -4,8 +4,9 @@ SDPA), on the paged KV layout the engine uses (each request's slots contiguous, 
 leaves them); and the fixed-shape decode plan (what the decode graphs capture) of requests sharing a
 prefix, with and without its cascade group. Each case reports milliseconds per call and, for Triton
 decode, the KV bytes read per second (for the cascade, the prefix pass's programs and K/V bytes, counted
-from its grid and tile sizes); a case that fails (out of memory, a missing SDPA kernel) records
-its error instead."""
+from its grid and tile sizes); the MLA latent decode kernel against SDPA over the same latent rows
+(dense), and the fused-MoE kernel against the grouped per-expert matmuls of the CPU path. A case that
+fails (out of memory, a missing SDPA kernel) records its error instead."""
 from __future__ import annotations
 
 import math
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlang.kernels.backend import AttentionBatch, DecodeBatch, DecodeGroups
+from radixlang.kernels.mla import latent_decode
 from radixlang.kernels.registry import create_backend
 from radixlang.kernels.triton_extend import extend_grid
 
@@ -34,6 +36,11 @@ class KernelSizes:
     cascade_requests: tuple[int, ...]  # decodes sharing one prefix
     cascade_prefixes: tuple[int, ...]
     cascade_suffix: int  # each request's own tokens after the prefix
+    mla_shapes: tuple[tuple[int, int, int], ...] = ()  # (query heads, kv_lora_rank, rope dims)
+    mla_requests: tuple[int, ...] = ()
+    mla_contexts: tuple[int, ...] = ()
+    moe_shapes: tuple[tuple[int, int, int, int], ...] = ()  # (hidden, expert intermediate, experts, top_k)
+    moe_tokens: tuple[int, ...] = ()
 
 
 def bench_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -162,6 +169,57 @@ def cascade_case(heads: int, kv_heads: int, d: int, requests: int, prefix: int, 
     return row
 
 
+def mla_decode_case(heads: int, rank: int, rope: int, requests: int, context: int, dtype: torch.dtype,
+                    device: torch.device) -> dict:
+    """Absorbed MLA decode: each request's query heads over its `context` latent rows [c_kv | k_rope]."""
+    from radixlang.kernels.triton_mla import mla_decode
+
+    row = {"heads": heads, "kv_lora_rank": rank, "rope": rope, "requests": requests, "context": context}
+    cache = torch.randn(requests * context, 1, rank + rope, dtype=dtype, device=device)
+    q = torch.randn(requests, heads, rank + rope, dtype=dtype, device=device)
+    slots = torch.arange(requests * context, device=device)
+    starts = torch.arange(requests, device=device) * context
+    lens = torch.full((requests,), context, device=device)
+    scale = (rank + rope) ** -0.5
+    row["triton_ms"] = _timed(lambda: mla_decode(q, cache, slots, starts, lens, rank, scale), device)
+    dense = cache.view(requests, context, rank + rope)
+    row["sdpa_ms"] = _timed(lambda: latent_decode(q, dense, None, rank, scale), device)
+    if isinstance(row["triton_ms"], float):
+        row["triton_tb_s"] = cache.numel() * cache.element_size() / (row["triton_ms"] * 1e-3) / 1e12
+        got = mla_decode(q, cache, slots, starts, lens, rank, scale).float()
+        row["max_abs_diff"] = (got - latent_decode(q, dense, None, rank, scale).float()).abs().max().item()
+    return row
+
+
+def fused_moe_case(hidden: int, inter: int, experts: int, top_k: int, tokens: int, dtype: torch.dtype,
+                   device: torch.device) -> dict:
+    """The routed experts of one layer for `tokens` tokens (uniform random routing): the Triton fused-MoE
+    kernel against one matmul pair per active expert (the CPU path, runtime/models/moe.py)."""
+    from radixlang.kernels.triton_moe import fused_moe
+    from radixlang.runtime.models.moe import grouped_mlp
+
+    row = {"hidden": hidden, "inter": inter, "experts": experts, "top_k": top_k, "tokens": tokens}
+    x = torch.randn(tokens, hidden, dtype=dtype, device=device)
+    gate_up = torch.randn(experts, 2 * inter, hidden, dtype=dtype, device=device) * hidden**-0.5
+    down = torch.randn(experts, hidden, inter, dtype=dtype, device=device) * inter**-0.5
+    ids = torch.rand(tokens, experts, device=device).topk(top_k, dim=-1).indices
+    weights = torch.rand(tokens, top_k, device=device)
+
+    def grouped() -> torch.Tensor:
+        order = ids.flatten().argsort(stable=True)
+        counts = torch.bincount(ids.flatten(), minlength=experts).tolist()
+        out = grouped_mlp(x.index_select(0, order // top_k), counts, list(range(experts)), gate_up, down)
+        out = out * weights.flatten()[order, None].to(out.dtype)
+        return torch.zeros_like(x).index_add_(0, order // top_k, out)
+
+    row["triton_ms"] = _timed(lambda: fused_moe(x, gate_up, down, ids, weights), device)
+    row["grouped_ms"] = _timed(grouped, device)
+    if isinstance(row["triton_ms"], float) and isinstance(row["grouped_ms"], float):
+        row["speedup"] = row["grouped_ms"] / row["triton_ms"]
+        row["max_abs_diff"] = (fused_moe(x, gate_up, down, ids, weights).float() - grouped().float()).abs().max().item()
+    return row
+
+
 def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -> dict[str, list[dict]]:
     decode, extend, cascade = [], [], []
     elsize = torch.empty((), dtype=dtype).element_size()
@@ -179,4 +237,7 @@ def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -
                 cascade.append(cascade_case(heads, kv_heads, d, requests, prefix, sizes.cascade_suffix, dtype, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"decode": decode, "extend": extend, "cascade": cascade}
+    mla = [mla_decode_case(heads, rank, rope, requests, context, dtype, device)
+           for heads, rank, rope in sizes.mla_shapes for requests in sizes.mla_requests for context in sizes.mla_contexts]
+    moe = [fused_moe_case(*shape, tokens, dtype, device) for shape in sizes.moe_shapes for tokens in sizes.moe_tokens]
+    return {"decode": decode, "extend": extend, "cascade": cascade, "mla_decode": mla, "fused_moe": moe}

@@ -177,3 +177,16 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Writes k/v into layer `layer`'s cache at the plan's slots, then attends over each KV."""
         ...
+
+    def forward_latent(
+        self,
+        q_nope: torch.Tensor,  # [num_tokens, num_heads, qk_nope_head_dim]
+        q_rope: torch.Tensor,  # [num_tokens, num_heads, qk_rope_head_dim], rotated
+        latent: torch.Tensor,  # [num_tokens, 1, kv_lora_rank + qk_rope_head_dim]: each token's cached row
+        layer: int,
+        scale: float,
+        w_kv_b: torch.Tensor,  # [num_heads, qk_nope_head_dim + v_head_dim, kv_lora_rank]
+    ) -> torch.Tensor:  # [num_tokens, num_heads, v_head_dim]
+        """MLA over a latent pool (K and V buffers one tensor): writes `latent` at the plan's slots, then
+        attends, extends with K and V up-projected from the latents, decodes absorbed (kernels/mla.py)."""
+        ...

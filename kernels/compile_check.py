@@ -173,8 +173,8 @@ def drive_mla_and_moe(dtype: torch.dtype) -> None:
     """The MLA latent decode at DeepSeek-V3's row shape and both grouped GEMMs of the fused MoE (compile-only)."""
     heads, rank, rope = MLA_SHAPE
     cache = torch.zeros(64, 1, rank + rope, dtype=dtype)
-    mla_decode(torch.zeros(2, heads, rank + rope, dtype=dtype), cache, torch.tensor([0, 30, 60]),
-               torch.arange(60), rank, 0.1)
+    mla_decode(torch.zeros(2, heads, rank + rope, dtype=dtype), cache, torch.arange(60), torch.tensor([0, 30]),
+               torch.tensor([30, 30]), rank, 0.1)
     hidden, inter, experts, k = MOE_SHAPE
     ids = torch.arange(8 * k).view(8, k) % experts
     fused_moe(torch.zeros(8, hidden, dtype=dtype), torch.zeros(experts, 2 * inter, hidden, dtype=dtype),

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
+from .mla import absorb_output, absorb_query, latent_decode, latent_extend, split_up_proj
 
 
 @dataclass(slots=True)
@@ -58,11 +59,7 @@ class TorchAttention:
         q_ptr, kv_ptr = offsets(batch.extend_lens), offsets(batch.kv_lens)  # host copies: no device sync
         decode = [i for i, n in enumerate(batch.extend_lens) if n == 1]
         self._decodes = self._plan_decodes(plan, decode, q_ptr, kv_ptr, batch.kv_lens) if decode else None
-        self._extends = [
-            _Extend(q_ptr[i], q_ptr[i + 1], plan.kv_indices[kv_ptr[i]:kv_ptr[i + 1]],
-                    _extend_mask(batch.kv_lens[i], n, batch.parents[i]).to(device))
-            for i, n in enumerate(batch.extend_lens) if n > 1
-        ]
+        self._extends = plan_extends(batch, plan, q_ptr, kv_ptr)
         self._out_cache_loc = plan.out_cache_loc
         return plan
 
@@ -108,6 +105,23 @@ class TorchAttention:
             out[e.start:e.end] = o[0].transpose(0, 1)
         return out
 
+    def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer: int,
+                       scale: float, w_kv_b: torch.Tensor) -> torch.Tensor:
+        """MLA over a latent pool (kernels/mla.py): decodes absorbed, extends up-projected."""
+        assert self._out_cache_loc is not None, "plan() runs before forward_latent()"
+        cache = self.k_buffers[layer]
+        cache.index_copy_(0, self._out_cache_loc, latent.to(cache.dtype))
+        w_uk, w_uv = split_up_proj(w_kv_b, q_nope.shape[-1])
+        out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+        d = self._decodes
+        if d is not None:
+            q_abs = absorb_query(q_nope[d.rows], q_rope[d.rows], w_uk)
+            mask = None if d.mask is None else d.mask[:, 0, 0]
+            o = latent_decode(q_abs, d.gather(cache, q_abs.dtype)[:, 0], mask, w_uk.shape[2], scale)
+            out[d.rows] = absorb_output(o, w_uv)
+        extend_latents(out, q_nope, q_rope, cache, self._extends, w_kv_b, scale)
+        return out
+
     @staticmethod
     def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes,
                 scale: float) -> torch.Tensor:
@@ -116,6 +130,23 @@ class TorchAttention:
         o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=d.mask, scale=scale,
                                            enable_gqa=True)
         return o.squeeze(2)
+
+
+def plan_extends(batch: AttentionBatch, plan: AttentionPlan, q_ptr: list[int], kv_ptr: list[int]) -> list[_Extend]:
+    """Each multi-token sequence's query rows, KV slots and visibility mask."""
+    device = plan.kv_indices.device
+    return [_Extend(q_ptr[i], q_ptr[i + 1], plan.kv_indices[kv_ptr[i]:kv_ptr[i + 1]],
+                    _extend_mask(batch.kv_lens[i], n, batch.parents[i]).to(device))
+            for i, n in enumerate(batch.extend_lens) if n > 1]
+
+
+def extend_latents(out: torch.Tensor, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
+                   extends: list[_Extend], w_kv_b: torch.Tensor, scale: float) -> None:
+    """Each extend's MLA output into `out`, from its latent rows up-projected to per-head K and V."""
+    for e in extends:
+        rows = cache.index_select(0, e.slots)[:, 0].to(q_nope.dtype)
+        out[e.start:e.end] = latent_extend(q_nope[e.start:e.end], q_rope[e.start:e.end], rows, e.mask, w_kv_b,
+                                           scale)
 
 
 def _extend_mask(total: int, n: int, parents: list[int] | None) -> torch.Tensor:

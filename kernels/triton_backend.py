@@ -11,8 +11,11 @@ import triton
 
 from .backend import (AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups,
                       tree_visibility)
+from .mla import absorb_output, absorb_query, split_up_proj
+from .reference import extend_latents, plan_extends
 from .triton_decode import MAX_SPLITS, decode_attention, decode_parts, merge_states, num_splits
 from .triton_extend import BLOCK_N, MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
+from .triton_mla import mla_decode
 
 PREFIX_CHUNK = 64  # a split of a cascade's shared prefix reads at least this many keys (fewer splits else)
 
@@ -78,6 +81,11 @@ class TritonAttention:
     def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
         self.k_buffers, self.v_buffers = k_buffers, v_buffers
         self.device = k_buffers[0].device
+        # a latent pool (MLA: K and V one buffer) runs forward_latent: extends up-projected in torch, decodes
+        # in the latent kernel; no cascade (the latent kernel has no shared-prefix variant)
+        self.latent = k_buffers is v_buffers
+        self.supports_cascade = not self.latent
+        self._latent_extends: list = []  # reference._Extend per multi-token sequence
         self._out_cache_loc: torch.Tensor | None = None
         self._kv_indices: torch.Tensor | None = None  # KV slots that the index tensors below point into
         self._extend: ExtendSeqs | None = None
@@ -92,6 +100,8 @@ class TritonAttention:
         q_ptr, kv_ptr = offsets(batch.extend_lens), offsets(batch.kv_lens)
         grouped = {i for members, _ in batch.prefix_groups for i in members}
         ext = [i for i, n in enumerate(batch.extend_lens) if n > 1]
+        if self.latent:
+            self._latent_extends, ext = plan_extends(batch, plan, q_ptr, kv_ptr), []
         dec = [i for i, n in enumerate(batch.extend_lens) if n == 1 and i not in grouped]
         self._extend = ExtendSeqs.build(
             [q_ptr[i] for i in ext], [batch.extend_lens[i] for i in ext], [kv_ptr[i] for i in ext],
@@ -113,6 +123,7 @@ class TritonAttention:
         b = batch.rows.numel()
         kv_starts = batch.rows * table.stride(0)
         self._extend = self._decode = self._cascade = None
+        self._latent_extends = []
         if groups is None:
             self._decode = DecodeSeqs(torch.arange(b, device=self.device), kv_starts, batch.kv_lens,
                                       batch.max_kv_len)
@@ -145,6 +156,22 @@ class TritonAttention:
                              scale, out, d.q_rows)
         if self._cascade is not None:
             self._run_cascade(q, k_cache, v_cache, kv_indices, scale, out)
+        return out
+
+    def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer: int,
+                       scale: float, w_kv_b: torch.Tensor) -> torch.Tensor:
+        """MLA over the latent pool (kernels/mla.py): decodes absorbed in the Triton latent kernel."""
+        assert self._out_cache_loc is not None, "plan() runs before forward_latent()"
+        cache = self.k_buffers[layer]
+        cache[self._out_cache_loc] = latent.to(cache.dtype)
+        w_uk, w_uv = split_up_proj(w_kv_b, q_nope.shape[-1])
+        out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+        d = self._decode
+        if d is not None:
+            q_abs = absorb_query(q_nope[d.q_rows], q_rope[d.q_rows], w_uk).to(cache.dtype)
+            o = mla_decode(q_abs, cache, self._kv_indices, d.kv_starts, d.kv_lens, w_uk.shape[2], scale)
+            out[d.q_rows] = absorb_output(o.to(q_nope.dtype), w_uv)
+        extend_latents(out, q_nope, q_rope, cache, self._latent_extends, w_kv_b, scale)
         return out
 
     def _run_cascade(self, q, k_cache, v_cache, kv_indices, scale: float, out: torch.Tensor) -> None:

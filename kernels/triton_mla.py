@@ -55,17 +55,17 @@ def _mla_decode_kernel(Q, KV, O, kv_indices, kv_starts, kv_lens, sm_scale, strid
     tl.store(out, acc / l_safe[:, None], mask=h_ok[:, None] & r_ok[None, :])
 
 
-def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-               kv_lora_rank: int, scale: float) -> torch.Tensor:
+def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, kv_indices: torch.Tensor, kv_starts: torch.Tensor,
+               kv_lens: torch.Tensor, kv_lora_rank: int, scale: float) -> torch.Tensor:
     """q [B, H, R + r] (absorbed); kv_cache [slots, 1, R + r]; sequence b's latent rows are
-    kv_indices[kv_indptr[b]:kv_indptr[b + 1]] -> [B, H, R] (q's dtype)."""
+    kv_indices[kv_starts[b]:kv_starts[b] + kv_lens[b]] -> [B, H, R] (q's dtype)."""
     batch, heads, width = q.shape
     rope = width - kv_lora_rank
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     kv = kv_cache.view(kv_cache.shape[0], -1)
     grid = (batch, triton.cdiv(heads, BLOCK_H))
     _mla_decode_kernel[grid](
-        q, kv, out, kv_indices, kv_indptr[:-1], kv_indptr[1:] - kv_indptr[:-1], scale,
+        q, kv, out, kv_indices, kv_starts, kv_lens, scale,
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1),
         HEADS=heads, R=kv_lora_rank, ROPE=rope, BLOCK_R=block_d(kv_lora_rank), BLOCK_ROPE=block_d(rope),
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING,

@@ -100,6 +100,9 @@ class EngineConfig:
     compile_layers: str | bool = "auto"  # (str first: the CLI flag takes a value)
     image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
     tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
+    # MoE models over the TP ranks, CLI --ep: None = tp_size, each rank holds 1/tp of the experts and tokens
+    # travel to them by all_to_all (expert parallelism); 1 = each rank holds every expert's 1/tp slice
+    ep_size: int | None = None
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names
     speculative_algorithm: str | None = None  # one of SPECULATIVE_ALGORITHMS; None: off
@@ -163,6 +166,9 @@ class EngineConfig:
     def _validate_tp(self) -> None:
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tp_size must be an integer >= 1, got {self.tp_size!r}")
+        if self.ep_size is not None and self.ep_size not in (1, self.tp_size):
+            raise ValueError(f"ep_size must be 1 or tp_size ({self.tp_size}): experts are partitioned over "
+                             f"every tensor-parallel rank or over none, got {self.ep_size!r}")
         if not self.dist_timeout > 0:
             raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.tp_size > 1 and self.quantization in ("int8", "int4"):

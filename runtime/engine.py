@@ -15,7 +15,7 @@ from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.marker_tokens import MarkerTokens
 from .constrained.masks.vocab import TokenVocab
-from .models.eplb import Placement, expert_load, rebalance
+from .models.eplb import Placement, expert_load, plan_rebalance
 from .models.loader import default_model_path
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
@@ -289,11 +289,21 @@ class Engine:
         """[MoE layers, experts]: tokens the routers sent to each expert since the last rebalance."""
         return self._thread.query(lambda: expert_load(self._moe_blocks()))
 
-    def rebalance_experts(self, num_physical: int, num_ranks: int = 1, num_groups: int = 1,
+    def rebalance_experts(self, num_physical: int, num_ranks: int | None = None, num_groups: int = 1,
                           num_nodes: int = 1) -> list[Placement]:
-        """EPLB: places every MoE layer's experts by its measured load (hot ones replicated) and applies it."""
-        return self._thread.query(lambda: rebalance(self._moe_blocks(), num_physical, num_ranks, num_groups,
-                                                    num_nodes))
+        """EPLB: places every MoE layer's experts by its measured load (hot ones replicated) and applies it
+        on every rank. `num_ranks`: the expert-parallel ranks the placement balances (default: the
+        engine's; under expert parallelism it must be that)."""
+        def place() -> list[Placement]:
+            blocks = self._moe_blocks()
+            ep = self.runner.ep_size
+            if num_ranks is not None and ep > 1 and num_ranks != ep:
+                raise ValueError(f"num_ranks must be the engine's ep_size {ep} under expert parallelism")
+            placements = plan_rebalance(blocks, num_physical, num_ranks or ep, num_groups, num_nodes)
+            self.runner.place_experts(placements)
+            return placements
+
+        return self._thread.query(place)
 
     def _moe_blocks(self) -> list[torch.nn.Module]:
         blocks: list[torch.nn.Module] = getattr(self.runner.model, "moe_blocks", list)()

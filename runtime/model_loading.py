@@ -7,22 +7,25 @@ from pathlib import Path
 import torch
 
 from .distributed.group import TensorParallel
-from .models.loader import LoadedModel, default_model_path, load_language_model, read_hf_config
-from .models.sparse_models import SPARSE_ARCHS, load_sparse_model
+from .models.loader import LoadedModel, default_model_path, is_moe_gguf, load_language_model, read_hf_config
+from .models.sparse_models import SPARSE_ARCHS, load_moe_gguf, load_sparse_model
 from .multimodal.loader import VISION_ARCHS, load_vision_language
 
 
 def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
                tp: TensorParallel | None = None, keep_blocks: bool = False,
-               quantization: str = "none") -> LoadedModel:
+               quantization: str = "none", ep_size: int | None = None) -> LoadedModel:
     """`tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
     Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels). `quantization`: a mode of
-    quant.QUANTIZATIONS, applied to language models (vision and MoE / MLA models load as stored)."""
+    quant.QUANTIZATIONS, applied to language models (vision and MoE / MLA models load as stored). `ep_size`:
+    MoE experts over the `tp` ranks (EngineConfig.ep_size)."""
     path = Path(path) if path is not None else default_model_path()
     if path.is_dir() and is_vision_folder(path):
         return load_vision_language(path, device, dtype, tp)
     if path.is_dir() and _has_architecture(path, SPARSE_ARCHS):  # MoE / MLA: their own modules
-        return load_sparse_model(path, device, dtype, tp)
+        return load_sparse_model(path, device, dtype, tp, expert_parallel=ep_size != 1)
+    if path.suffix == ".gguf" and path.is_file() and is_moe_gguf(path):
+        return load_moe_gguf(path, device, dtype, tp, expert_parallel=ep_size != 1)
     return load_language_model(path, device, dtype, tp, keep_blocks, quantization)
 
 

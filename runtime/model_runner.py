@@ -10,6 +10,7 @@ from .batch import StepBatch, prefix_groups
 from .config import CASCADE_MIN_PREFIX
 from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
+from .models.eplb import Placement, apply_placements
 from .models.llama import ForwardContext, LlamaForCausalLM
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePart, step_images
@@ -66,6 +67,16 @@ class ModelRunner:
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, dtype=torch.int64, device=self.device)]
         return self.model.compute_logits(hidden)
+
+    @property
+    def ep_size(self) -> int:
+        """The ranks a MoE model's experts are partitioned over (1: each rank holds every expert)."""
+        blocks = getattr(self.model, "moe_blocks", list)()
+        return blocks[0].dispatch.tp.size if blocks and blocks[0].dispatch is not None else 1
+
+    def place_experts(self, placements: list[Placement]) -> None:
+        """Applies an EPLB placement per MoE layer."""
+        apply_placements(self.model.moe_blocks(), placements)
 
     def close(self) -> None:
         """Releases what the runner started (tensor-parallel worker ranks); nothing here."""

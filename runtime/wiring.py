@@ -47,7 +47,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     processor (no thread)."""
     device, dtype = cfg.torch_device(), cfg.torch_dtype()
     tp = TensorParallel(0, cfg.tp_size)
-    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization())
+    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization(), ep_size=cfg.ep_size)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:

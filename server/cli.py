@@ -11,7 +11,7 @@ from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
 from .limits import ServerLimits
 
 _ARG_TYPES = {"str": str, "int": int, "float": float}
-_FLAG_ALIASES = {"tp_size": ("--tp",)}  # extra spellings of an engine option's flag (SGLang's)
+_FLAG_ALIASES = {"tp_size": ("--tp",), "ep_size": ("--ep",)}  # extra spellings of an engine option's flag (SGLang's)
 
 
 def _engine_fields(skip: Sequence[str]) -> list[dataclasses.Field]:

@@ -31,6 +31,7 @@ SLOW_PATHS = (
     "tests/compat/",  # SGLang's programs on the real model
     "tests/runtime/models/test_background_compile.py",  # an inductor compile
     "tests/runtime/models/test_moe_parity.py",  # transformers parity, as test_hf_parity
+    "tests/runtime/models/test_moe_gguf.py",  # transformers parity of MoE GGUF files
     "tests/server/test_router.py",  # router and worker processes
 )
 

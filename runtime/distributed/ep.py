@@ -1,5 +1,6 @@
 """Expert parallelism over the tensor-parallel ranks: rank r holds physical experts
-[r * per_rank, (r + 1) * per_rank) and runs them for every rank's tokens.
+[r * per_rank, (r + 1) * per_rank) and runs them for every rank's tokens. Its local expert i is physical
+expert r * per_rank + i; an EPLB placement (replicas of hot experts) moves the weights to match (`relocate`).
 
 Attention leaves every rank with all of the step's hidden states. Each rank routes its own slice of the
 tokens, dispatches each (token, choice) row to the rank holding its expert (all_to_all with split sizes:
@@ -21,8 +22,7 @@ class ExpertParallel:
             raise ValueError(f"{num_physical} experts do not split over ep_size {tp.size}: it must divide them")
         self.tp, self.per_rank = tp, num_physical // tp.size
 
-    def __call__(self, experts, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor,
-                 table: ExpertTable) -> torch.Tensor:
+    def __call__(self, experts, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         tp, k = self.tp, phys.shape[1]
         chunk = -(-x.shape[0] // tp.size)
         lo, hi = min(tp.rank * chunk, x.shape[0]), min((tp.rank + 1) * chunk, x.shape[0])
@@ -34,17 +34,30 @@ class ExpertParallel:
         tokens = lo + order // k
         rows = tp.all_to_all(x.index_select(0, tokens), send_sizes, recv_sizes)
         ids = tp.all_to_all(flat[order], send_sizes, recv_sizes)
-        out = tp.all_to_all(self._run_local(experts, rows, ids, table), recv_sizes, send_sizes)
+        out = tp.all_to_all(self._run_local(experts, rows, ids), recv_sizes, send_sizes)
         out = out * weights[lo:hi].flatten().index_select(0, order).unsqueeze(1).to(out.dtype)
         return tp.all_reduce(torch.zeros_like(x).index_add_(0, tokens, out))
 
-    def _run_local(self, experts, rows: torch.Tensor, ids: torch.Tensor, table: ExpertTable) -> torch.Tensor:
+    def _run_local(self, experts, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's experts over the rows dispatched to it (any order), outputs in the same order."""
-        first = self.tp.rank * self.per_rank
         order = ids.argsort(stable=True)
-        counts = torch.bincount(ids - first, minlength=self.per_rank).tolist()
-        local = table.phys_to_logical[first:first + self.per_rank].tolist()
-        slot_of = {logical: i for i, logical in enumerate(experts.local_logical)}
-        out = grouped_mlp(rows.index_select(0, order), counts, [slot_of[e] for e in local],
+        counts = torch.bincount(ids - self.tp.rank * self.per_rank, minlength=self.per_rank).tolist()
+        out = grouped_mlp(rows.index_select(0, order), counts, list(range(self.per_rank)),
                           experts.gate_up_proj, experts.down_proj)
         return torch.empty_like(out).index_copy_(0, order, out)
+
+    def relocate(self, experts, old: ExpertTable, new: ExpertTable) -> None:
+        """Makes this rank hold the weights of its physical experts under `new` (a replica gets its logical
+        expert's weights). Every rank's experts are gathered once and each rank keeps its share: the one
+        collective all ranks call alike (a rank's new experts may sit on any other rank)."""
+        if new.num_physical % self.tp.size:
+            raise ValueError(f"{new.num_physical} physical experts do not split over ep_size {self.tp.size}")
+        per_rank = new.num_physical // self.tp.size
+        old_logical = old.phys_to_logical.tolist()
+        holder = {logical: phys for phys, logical in reversed(list(enumerate(old_logical)))}
+        mine = new.phys_to_logical[self.tp.rank * per_rank:(self.tp.rank + 1) * per_rank].tolist()
+        pick = torch.tensor([holder[logical] for logical in mine], device=experts.gate_up_proj.device)
+        for param in (experts.gate_up_proj, experts.down_proj):
+            param.data = self.tp.all_gather(param.data).index_select(0, pick)
+        experts.local_logical = mine
+        self.per_rank = per_rank

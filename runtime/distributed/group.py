@@ -50,6 +50,14 @@ class TensorParallel:
         self.group.alltoall_base(out, t.contiguous(), recv_sizes, send_sizes, dist.AllToAllOptions()).wait()
         return out
 
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's `t` (the same shape everywhere), concatenated in rank order along dim 0."""
+        if self.size == 1:
+            return t
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        self.group.allgather([parts], [t.contiguous()]).wait()
+        return torch.cat(parts)
+
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0's `t` into every rank's `t` (same shape and dtype everywhere)."""
         if self.size > 1:

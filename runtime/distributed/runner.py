@@ -27,5 +27,13 @@ class TPRunner(ModelRunner):
         except Exception as e:  # noqa: BLE001 - once rank 0 leaves a step midway the ranks are out of step
             raise self.workers.fail(e) from e
 
+    def place_experts(self, placements) -> None:
+        # every rank applies the same placements, in step: the weights move through a collective
+        self.workers.place_experts(placements)
+        try:
+            super().place_experts(placements)
+        except Exception as e:  # noqa: BLE001 - the ranks are out of step
+            raise self.workers.fail(e) from e
+
     def close(self) -> None:
         self.workers.close()

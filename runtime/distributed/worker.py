@@ -31,6 +31,7 @@ from .layers import kv_heads_per_rank
 STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host, images by reference
 EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
 CALL = "call"  # body: a picklable function of the worker's EmbeddingMirror; the worker replies with its result
+PLACE = "place"  # body: list[eplb.Placement], one per MoE layer, applied in step with rank 0
 STOP = "stop"
 # worker -> rank 0
 LOADED = "loaded"
@@ -93,10 +94,10 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL binds each rank to the current device
     tp = TensorParallel(spec.rank, spec.size)
-    model = load_model(cfg.model, device, dtype, tp).model
+    model = load_model(cfg.model, device, dtype, tp, ep_size=cfg.ep_size).model
     mcfg = model.config
     pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, spec.size),
-                  mcfg.head_dim, dtype, device)
+                  mcfg.head_dim, dtype, device, shared_kv=getattr(mcfg, "latent_kv", False))
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     return tp, ModelRunner(model, None, attn, device)
 
@@ -119,6 +120,8 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
             mirror.add(key, tp.broadcast(torch.empty(shape, dtype=dtype, device=runner.device)), evicted)
         elif kind == CALL:  # a probe rank 0 sends (radixlang.testing.workers reads the mirror with it)
             send(conn, CALL, body(mirror))
+        elif kind == PLACE:
+            runner.place_experts(body)
         else:
             raise ValueError(f"unknown message kind {kind!r}")
 

@@ -14,7 +14,7 @@ import torch
 from ..config import EngineConfig
 from ..model_runner import StepInputs
 from .group import TensorParallel, open_store
-from .worker import CALL, EMBEDDING, ERROR, STEP, STOP, WorkerSpec, host_step, receive, send
+from .worker import CALL, EMBEDDING, ERROR, PLACE, STEP, STOP, WorkerSpec, host_step, receive, send
 
 if TYPE_CHECKING:
     from .embedding_cache import EmbeddingMirror
@@ -87,6 +87,10 @@ class TPWorkers:
             self.tp.broadcast(t.to(self.device))
         except Exception as e:  # noqa: BLE001 - any failure leaves the ranks out of step
             raise self.fail(e) from e
+
+    def place_experts(self, placements: list) -> None:
+        """Each worker applies these EPLB placements (list[eplb.Placement]), one per MoE layer."""
+        self._send_all(PLACE, placements)
 
     def call(self, probe: Callable[[EmbeddingMirror], T]) -> list[T]:
         """`probe(mirror)` run on each worker, its results in rank order. `probe` travels pickled, so it

@@ -2,10 +2,10 @@
 
 The KV cache holds one latent row per token, [c_kv (kv_lora_rank) | k_rope (qk_rope_head_dim)], as a
 single KV "head" whose K and V buffers are the same tensor (a latent pool, `KVPool(shared_kv=True)`).
-Attention runs in the absorbed form on every step: W_UK (the key half of kv_b_proj) folds into each
-query head, so each head attends over the latent row like MQA with head size kv_lora_rank + rope; the
-weighted sum of latent rows goes through W_UV (the value half) per head before o_proj. `mla_unabsorbed`
-is the textbook form (per-head K and V up-projected from the latent) the tests check it against.
+The attention backend's `forward_latent` runs prefill and extend with per-head K and V up-projected from
+the latents, and decode in the absorbed form: W_UK (the key half of kv_b_proj) folds into each query
+head, which attends over the latent rows like MQA, and W_UV (the value half) into the output
+(kernels/mla.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.group import TensorParallel
-from ..distributed.layers import ParallelLMHead, VocabParallelEmbedding
+from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
+                                  VocabParallelEmbedding, load_shard)
 from .llama import ForwardContext, RMSNorm, RopeTable, _copy_into, apply_rope
 from .moe import MoeSpec
 from .moe_llama import SharedExpert, SparseMoeBlock, stack_experts
@@ -64,23 +65,33 @@ class DeepseekConfig:
         return self.num_layers * per_layer * element_size
 
 
+# DeepSeek's own modelling code (and transformers after it) builds q_a_layernorm and kv_a_layernorm with the
+# norm's default eps, whatever the config's rms_norm_eps: the released checkpoints set 1e-6 both places
+LATENT_NORM_EPS = 1e-6
+
+
 class MLAttention(nn.Module):
-    def __init__(self, cfg: DeepseekConfig, layer_id: int):
+    """Under tensor parallelism this rank's share of the query heads (their q, kv_b and o_proj rows); the
+    latent projections and the cached latent row are the same on every rank."""
+
+    def __init__(self, cfg: DeepseekConfig, layer_id: int, tp: TensorParallel):
         super().__init__()
         self.layer_id, self.cfg = layer_id, cfg
+        self.heads = cfg.num_heads // tp.size
         qk_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * qk_dim, bias=False)
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, [Part(cfg.num_heads, qk_dim)], False, tp)
         else:
             self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, cfg.num_heads * qk_dim, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = ColumnParallelLinear(cfg.q_lora_rank, [Part(cfg.num_heads, qk_dim)], False, tp)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                                             bias=cfg.attention_bias)
-        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
-                                   bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = ColumnParallelLinear(
+            cfg.kv_lora_rank, [Part(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim)], False, tp)
+        self.o_proj = RowParallelLinear(Part(cfg.num_heads, cfg.v_head_dim), cfg.hidden_size, cfg.attention_bias,
+                                        tp)
 
     def project(self, x: torch.Tensor, rope: RopeTable):
         """-> q_nope [T, H, nope], q_rope [T, H, r], latent c_kv [T, R], k_rope [T, 1, r] (rope applied)."""
@@ -89,48 +100,34 @@ class MLAttention(nn.Module):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_rope = q.view(-1, cfg.num_heads, q.shape[-1] // cfg.num_heads).split(
+        q_nope, q_rope = q.view(-1, self.heads, q.shape[-1] // self.heads).split(
             [cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         return q_nope, apply_rope(q_rope, rope), self.kv_a_layernorm(c_kv), apply_rope(k_rope.unsqueeze(1), rope)
 
-    def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK [H, nope, R] and W_UV [H, v, R]: kv_b_proj's rows per head."""
+    def kv_b_weight(self) -> torch.Tensor:
+        """kv_b_proj's weight per head, [H, nope + v, R]: W_UK's rows, then W_UV's."""
         cfg = self.cfg
-        w = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
-        return w.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=1)
+        return self.kv_b_proj.weight.view(self.heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
 
     def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
         q_nope, q_rope, c_kv, k_rope = self.project(x, rope)
-        w_uk, w_uv = self.up_weights()
-        q = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_rope], dim=-1)  # absorbed W_UK
         latent = torch.cat([c_kv.unsqueeze(1), k_rope], dim=-1)  # [T, 1, R + r]: the cached row
-        o = ctx.attn.forward(q, latent, latent, self.layer_id, self.cfg.softmax_scale)
-        o = torch.einsum("thr,hvr->thv", o[..., :self.cfg.kv_lora_rank], w_uv)  # absorbed W_UV
+        o = ctx.attn.forward_latent(q_nope, q_rope, latent, self.layer_id, self.cfg.softmax_scale, self.kv_b_weight())
         return self.o_proj(o.reshape(o.shape[0], -1))
 
 
-def mla_unabsorbed(attn: MLAttention, q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
-                   k_rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """MLA as written: per-head K = [W_UK c_kv | k_rope] and V = W_UV c_kv up-projected from the latent of
-    every key, then attention. q_*: [T, H, .]; c_kv [S, R]; k_rope [S, 1, r]; mask [T, S] bool -> [T, hidden]."""
-    w_uk, w_uv = attn.up_weights()
-    heads = q_nope.shape[1]
-    k = torch.cat([torch.einsum("sr,hnr->hsn", c_kv, w_uk), k_rope.transpose(0, 1).expand(heads, -1, -1)], -1)
-    v = torch.einsum("sr,hvr->hsv", c_kv, w_uv)
-    q = torch.cat([q_nope, q_rope], dim=-1).transpose(0, 1)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.cfg.softmax_scale)
-    return attn.o_proj(o.transpose(0, 1).reshape(q_nope.shape[0], -1))
-
-
 class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, cfg: DeepseekConfig, layer_id: int):
+    """Over several ranks: attention tensor-parallel, routed experts as `ranks` says (moe_llama); dense and
+    shared-expert MLPs whole on every rank."""
+
+    def __init__(self, cfg: DeepseekConfig, layer_id: int, tp: TensorParallel, ranks: dict):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = MLAttention(cfg, layer_id)
+        self.self_attn = MLAttention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if layer_id in cfg.moe.sparse_layers:
-            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, shared_name="shared_experts")
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, shared_name="shared_experts", **ranks)
         else:
             self.mlp = SharedExpert(cfg.hidden_size, cfg.intermediate_size)
 
@@ -155,14 +152,15 @@ class MLARotary(nn.Module):
 class DeepseekForCausalLM(nn.Module):
     capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
 
-    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None):
+    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None, expert_parallel: bool = True):
         super().__init__()
         self.tp = tp = tp or TensorParallel()
-        if tp.size > 1:
-            raise ValueError("DeepSeek models run at tp_size 1")
+        if cfg.num_heads % tp.size:
+            raise ValueError(f"tp_size {tp.size} does not split this model's {cfg.num_heads} query heads")
         self.config = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        ranks = {"ep": tp} if expert_parallel else {"sliced": tp}
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, tp, ranks) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = MLARotary(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
@@ -177,7 +175,7 @@ class DeepseekForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.tp.gather_vocab(F.linear(hidden, weight).float(), self.config.vocab_size)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
@@ -196,7 +194,7 @@ class DeepseekForCausalLM(nn.Module):
                 raise ValueError(f"unexpected weight {name!r} for this model")
             if self.config.rope_interleave:
                 tensor = self._deinterleave(name, tensor)
-            _copy_into(params[name], tensor, name)
+            _copy_into(params[name], load_shard(self, name, tensor), name)  # this rank's heads / experts
             loaded.add(name)
         absent = sorted(set(params) - loaded)
         if absent:

@@ -98,13 +98,15 @@ def expert_load(blocks) -> torch.Tensor:
     return torch.stack([b.load.cpu() for b in blocks])
 
 
-def rebalance(blocks, num_physical: int, num_ranks: int, num_groups: int = 1, num_nodes: int = 1) -> list[Placement]:
-    """Places each layer's experts by its measured load and applies the placement (replicas share their
-    expert's weights, so outputs are unchanged); the counters restart."""
-    placements = []
-    for block in blocks:
-        placement = place_experts(block.load.tolist(), num_physical, num_ranks, num_groups, num_nodes)
+def plan_rebalance(blocks, num_physical: int, num_ranks: int, num_groups: int = 1,
+                   num_nodes: int = 1) -> list[Placement]:
+    """Each MoE layer's placement from its measured load."""
+    return [place_experts(b.load.tolist(), num_physical, num_ranks, num_groups, num_nodes) for b in blocks]
+
+
+def apply_placements(blocks, placements: list[Placement]) -> None:
+    """Applies one placement per layer (replicas share their expert's weights, so outputs are unchanged);
+    the counters restart. Under expert parallelism every rank applies the same placements (weights move)."""
+    for block, placement in zip(blocks, placements, strict=True):
         block.set_table(ExpertTable.from_phys_to_logical(list(placement.phys_to_logical), block.spec.num_experts))
         block.load.zero_()
-        placements.append(placement)
-    return placements

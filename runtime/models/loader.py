@@ -22,6 +22,7 @@ from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM
+from .moe_config import MIXTRAL, QWEN2_MOE, QWEN3_MOE
 from .quant import packed_linear_record, packed_linear_from_state, quantize_model
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quan
     if cached is not None:
         return LoadedModel(model_from_state(cfg, *cached, device), tokenizer, path.stem)
     blocks: dict[str, GroupQuant] = {}
-    model = build_model(cfg, _gguf_weights(gguf, cfg, arch, blocks), device, dtype)
+    model = build_model(cfg, gguf_weights(gguf, cfg, arch, blocks), device, dtype)
     quantize_model(model, quantization, blocks)
     try:
         weight_cache.save_entry(key, identity, model.state_dict(), {"packed": packed_records(model)})
@@ -170,7 +171,17 @@ _GGUF_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",  # Qwen2-MoE's shared expert and its gate
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# a MoE layer's experts, stacked [experts, out, in] in one tensor each: given out as transformers' per-expert
+# tensors, which the MoE model stacks as it loads them
+_GGUF_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+# what an architecture is when its file holds experts
+_GGUF_MOE_ARCHS = {"llama": MIXTRAL, "mistral": MIXTRAL, "qwen2moe": QWEN2_MOE, "qwen3moe": QWEN3_MOE}
 
 
 def gguf_metadata(path: str | Path) -> dict[str, Any]:
@@ -178,14 +189,15 @@ def gguf_metadata(path: str | Path) -> dict[str, Any]:
     return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in read_gguf(path).metadata.items()}
 
 
-_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3}
+_GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen2moe": QWEN2_MOE,
+               "qwen3moe": QWEN3_MOE}
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
 def _read_gguf(path: Path, blocks: dict[str, GroupQuant] | None = None):
     gguf = read_gguf(path)
     cfg, arch = _gguf_config(gguf)
-    return cfg, _gguf_weights(gguf, cfg, arch, blocks), Tokenizer.from_gguf_metadata(gguf.metadata)
+    return cfg, gguf_weights(gguf, cfg, arch, blocks), Tokenizer.from_gguf_metadata(gguf.metadata)
 
 
 def _gguf_config(gguf: GGUFFile) -> tuple[LlamaConfig, str]:
@@ -208,6 +220,16 @@ def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -
 
     hidden, heads = get("embedding_length"), get("attention.head_count")
     window = get("attention.sliding_window")  # absent: llama.cpp attends to the whole context
+    experts = {}
+    if get("expert_count"):
+        layers = range(get("block_count"))
+        experts = {"architectures": [_GGUF_MOE_ARCHS[arch]], "num_local_experts": get("expert_count"),
+                   "num_experts_per_tok": get("expert_used_count"),
+                   "moe_intermediate_size": get("expert_feed_forward_length"),
+                   "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
+                   # llama.cpp renormalises the chosen experts' weights for qwen3moe, not for qwen2moe
+                   "norm_topk_prob": get("expert_weights_norm", arch != "qwen2moe"),
+                   "mlp_only_layers": [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]}
     return {
         "architectures": [_GGUF_ARCHS[arch]],
         "vocab_size": get("vocab_size") or len(meta["tokenizer.ggml.tokens"]),
@@ -224,7 +246,7 @@ def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
         "sliding_window": window,
         "use_sliding_window": window is not None,
-    }
+    } | experts
 
 
 def _gguf_rope_scaling(get) -> dict[str, Any]:
@@ -249,14 +271,27 @@ def _dequantize(t) -> np.ndarray:
     return np.ascontiguousarray(array.reshape(list(reversed(t.shape))), dtype=np.float32)
 
 
-def _gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
-                  blocks: dict[str, GroupQuant] | None) -> Iterator[tuple[str, torch.Tensor]]:
+def is_moe_gguf(path: Path) -> bool:
+    """Whether a GGUF file holds a mixture-of-experts model (its architecture's `expert_count` is set)."""
+    meta = read_gguf(path).metadata
+    return bool(meta.get(f"{meta.get('general.architecture')}.expert_count"))
+
+
+def gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
+                 blocks: dict[str, GroupQuant] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named fp32 weights; with `blocks`, also files the packable ones there as stored."""
     for t in gguf.tensors:
         if t.name == "rope_freqs.weight":  # read into the config, not a weight
             continue
         array = _dequantize(t)
         tensor = torch.from_numpy(np.array(array, copy=not array.flags.writeable))
+        layer, stem = t.name.split(".")[1:3] if t.name.startswith("blk.") else ("", "")
+        if stem in _GGUF_EXPERTS:
+            for expert, w in enumerate(tensor):
+                yield f"layers.{layer}.mlp.experts.{expert}.{_GGUF_EXPERTS[stem]}.weight", w
+            continue
+        if stem == "ffn_gate_inp_shexp":  # stored as one row of hidden_size values
+            tensor = tensor.view(1, -1)
         name, heads = _gguf_tensor_name(t.name, cfg, arch)
         if heads is not None:
             tensor = unpermute_qk(tensor, heads)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.group import TensorParallel
 
 TRITON = importlib.util.find_spec("triton") is not None
 
@@ -116,19 +117,33 @@ class ExpertTable:
 
 class Experts(nn.Module):
     """The routed experts of one layer whose weights this rank holds: `local_logical` (all of them unless
-    expert parallelism gives each rank its share, distributed/ep.py)."""
+    expert parallelism gives each rank its share, distributed/ep.py); with `sliced`, this rank's 1/size of
+    each one's intermediate units (its output is then a partial sum over the ranks)."""
 
-    def __init__(self, spec: MoeSpec, hidden_size: int, local_logical: list[int] | None = None):
+    def __init__(self, spec: MoeSpec, hidden_size: int, local_logical: list[int] | None = None,
+                 sliced: TensorParallel | None = None):
         super().__init__()
         self.local_logical = list(range(spec.num_experts)) if local_logical is None else local_logical
-        n = len(self.local_logical)
-        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * spec.intermediate_size, hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(n, hidden_size, spec.intermediate_size))
+        n, ranks = len(self.local_logical), 1 if sliced is None else sliced.size
+        if spec.intermediate_size % ranks:
+            raise ValueError(f"moe intermediate size {spec.intermediate_size} does not split over tp_size "
+                             f"{ranks} (ep_size 1 slices every expert)")
+        self.inter, self.rank = spec.intermediate_size // ranks, 0 if sliced is None else sliced.rank
+        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * self.inter, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(n, hidden_size, self.inter))
         self.fused: bool | None = None  # the Triton fused-MoE kernel: None = on CUDA where Triton is installed
 
     def shard(self, param: str, t: torch.Tensor) -> torch.Tensor:
-        """This rank's experts out of the checkpoint's stacked [experts, ...] tensor."""
-        return t[self.local_logical] if len(self.local_logical) < t.shape[0] else t
+        """This rank's experts (or slices of them) out of the checkpoint's stacked [experts, ...] tensor."""
+        t = t[self.local_logical] if len(self.local_logical) < t.shape[0] else t
+        full = t.shape[-1] if param == "down_proj" else t.shape[1] // 2
+        if full == self.inter:
+            return t
+        units = slice(self.rank * self.inter, (self.rank + 1) * self.inter)
+        if param == "down_proj":
+            return t[:, :, units]
+        gate, up = t.chunk(2, dim=1)
+        return torch.cat([gate[:, units], up[:, units]], dim=1)
 
     def forward(self, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor,
                 phys_to_logical: torch.Tensor, num_physical: int) -> torch.Tensor:

@@ -32,14 +32,17 @@ class SparseMoeBlock(nn.Module):
     for EPLB; `table` maps the router's logical choices to the physical experts that run them."""
 
     def __init__(self, spec: MoeSpec, hidden_size: int, shared_name: str = "shared_expert",
-                 ep: TensorParallel | None = None):
+                 ep: TensorParallel | None = None, sliced: TensorParallel | None = None):
+        """Over several ranks: `ep` partitions the experts over them, or `sliced` gives each rank every
+        expert's 1/size slice (outputs summed over the ranks)."""
         super().__init__()
         self.spec = spec
         self.gate = Router(spec, hidden_size)
         self.dispatch = None if ep is None or ep.size == 1 else ExpertParallel(ep, spec.num_experts)
+        self.sliced = None if sliced is None or sliced.size == 1 else sliced
         local = None if self.dispatch is None else list(range(ep.rank * self.dispatch.per_rank,
                                                             (ep.rank + 1) * self.dispatch.per_rank))
-        self.experts = Experts(spec, hidden_size, local)
+        self.experts = Experts(spec, hidden_size, local, self.sliced)
         self.shared_name = shared_name
         if spec.shared_intermediate_size:
             setattr(self, shared_name, SharedExpert(hidden_size, spec.shared_intermediate_size))
@@ -50,13 +53,15 @@ class SparseMoeBlock(nn.Module):
     def reset(self) -> None:
         """After loading (meta-built buffers hold garbage): zero counts, the identity placement."""
         self.load.zero_()
-        self.set_table(ExpertTable.identity(self.spec.num_experts))
+        self._use(ExpertTable.identity(self.spec.num_experts))
 
     def set_table(self, table: ExpertTable) -> None:
-        identity = torch.equal(table.phys_to_logical.cpu(), torch.arange(self.spec.num_experts))
-        if self.dispatch is not None and not identity:
-            raise ValueError("expert placements apply at ep_size 1: each expert-parallel rank holds only its "
-                             "experts' weights")
+        """Applies a placement; under expert parallelism every rank calls this alike (weights move)."""
+        if self.dispatch is not None:
+            self.dispatch.relocate(self.experts, self.table, table)
+        self._use(table)
+
+    def _use(self, table: ExpertTable) -> None:
         device = self.load.device
         self.table = ExpertTable(table.phys_to_logical.to(device), table.replicas.to(device),
                                  table.replica_count.to(device))
@@ -66,9 +71,11 @@ class SparseMoeBlock(nn.Module):
         self.load += torch.bincount(ids.flatten(), minlength=self.spec.num_experts)
         phys = self.table.to_physical(ids)
         if self.dispatch is not None:
-            out = self.dispatch(self.experts, x, phys, weights, self.table)
+            out = self.dispatch(self.experts, x, phys, weights)
         else:
             out = self.experts(x, phys, weights, self.table.phys_to_logical, self.table.num_physical)
+            if self.sliced is not None:
+                out = self.sliced.all_reduce(out)
         if self.spec.shared_intermediate_size:
             shared = getattr(self, self.shared_name)(x)
             if self.shared_expert_gate is not None:
@@ -79,15 +86,18 @@ class SparseMoeBlock(nn.Module):
 
 class MoeLlamaForCausalLM(LlamaForCausalLM):
     """The dense model with the MLP of each layer in `spec.sparse_layers` replaced by a SparseMoeBlock.
-    Over several ranks (`tp`), attention is tensor-parallel and the experts expert-parallel (ep = tp)."""
+    Over several ranks (`tp`), attention is tensor-parallel and the experts expert-parallel (ep = tp), or
+    with `expert_parallel` False each rank holds a slice of every expert."""
 
     capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
 
-    def __init__(self, cfg: LlamaConfig, spec: MoeSpec, tp: TensorParallel | None = None):
+    def __init__(self, cfg: LlamaConfig, spec: MoeSpec, tp: TensorParallel | None = None,
+                 expert_parallel: bool = True):
         super().__init__(cfg, tp)
         self.moe_spec = spec
+        ranks = {"ep": self.tp} if expert_parallel else {"sliced": self.tp}
         for i in spec.sparse_layers:
-            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, ep=self.tp)
+            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, **ranks)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]

@@ -10,7 +10,9 @@ from ..distributed.group import TensorParallel
 from .deepseek import DeepseekForCausalLM, MLARotary
 from .deepseek_config import DEEPSEEK_ARCHS, deepseek_config_from_hf
 from .llama import Rotary
-from .loader import LoadedModel, read_hf_config, read_hf_dir
+from ..tokenizer import Tokenizer
+from .gguf_file import read_gguf
+from .loader import LoadedModel, gguf_to_hf_config, gguf_weights, read_hf_config, read_hf_dir
 from .moe import Router
 from .moe_config import MOE_LLAMA_ARCHS, moe_llama_config_from_hf
 from .moe_llama import MoeLlamaForCausalLM
@@ -19,25 +21,45 @@ SPARSE_ARCHS = MOE_LLAMA_ARCHS + DEEPSEEK_ARCHS
 
 
 def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
-                      tp: TensorParallel | None = None) -> LoadedModel:
+                      tp: TensorParallel | None = None, expert_parallel: bool = True) -> LoadedModel:
+    """`expert_parallel`: over several `tp` ranks, partition the experts (else slice each one)."""
     hf = read_hf_config(path)
     if any(a in DEEPSEEK_ARCHS for a in hf.get("architectures") or []):
         cfg, weights, tokenizer = read_hf_dir(path, hf, read_config=deepseek_config_from_hf)
         with torch.device("meta"):
-            model = DeepseekForCausalLM(cfg, tp)
+            model = DeepseekForCausalLM(cfg, tp, expert_parallel)
         rotary = MLARotary(cfg)
     else:
         (cfg, spec), weights, tokenizer = read_hf_dir(path, hf, read_config=moe_llama_config_from_hf)
         with torch.device("meta"):
-            model = MoeLlamaForCausalLM(cfg, spec, tp)
+            model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)
         rotary = Rotary(cfg)
+    return _finish(model, rotary, weights, device, dtype, tokenizer, path.name)
+
+
+def load_moe_gguf(path: Path, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None = None,
+                  expert_parallel: bool = True) -> LoadedModel:
+    """A mixture-of-experts GGUF (llama.cpp's Mixtral as `llama` with `expert_count`, and `qwen3moe`): the
+    config read as its config.json would be, the stacked `ffn_*_exps` as per-expert weights."""
+    gguf = read_gguf(path)
+    arch = gguf.metadata.get("general.architecture")
+    cfg, spec = moe_llama_config_from_hf(gguf_to_hf_config(gguf.metadata, arch, {t.name for t in gguf.tensors}))
+    with torch.device("meta"):
+        model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)
+    return _finish(model, Rotary(cfg), gguf_weights(gguf, cfg, arch), device, dtype,
+                   Tokenizer.from_gguf_metadata(gguf.metadata), path.stem)
+
+
+def _finish(model, rotary, weights, device: torch.device, dtype: torch.dtype, tokenizer: Tokenizer,
+            name: str) -> LoadedModel:
+    """Materialises the meta-built model, loads `weights`, casts, and resets the MoE blocks."""
     model = model.to_empty(device=device)
     model.load_weights(weights)
     _cast(model, dtype, keep_routers=isinstance(model, DeepseekForCausalLM))
     model.rotary = rotary.to(device)  # fp32 tables, computed rather than loaded
     for block in model.moe_blocks():
         block.reset()
-    return LoadedModel(model.eval(), tokenizer, path.name)
+    return LoadedModel(model.eval(), tokenizer, name)
 
 
 def _cast(model: torch.nn.Module, dtype: torch.dtype, keep_routers: bool) -> None:

@@ -53,6 +53,9 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
     assert correctness["top1_logprob_triton_vs_torch"]["ok"] and correctness["greedy_fp32_triton_vs_torch"]["ok"]
     kernels = table["kernels"]
     assert {(r["requests"], r["context"]) for r in kernels["decode"]} == {(1, 40), (2, 40)}
+    for part, oracle in (("mla_decode", "sdpa_ms"), ("fused_moe", "grouped_ms")):  # each against its torch form
+        assert len(kernels[part]) == 1 and isinstance(kernels[part][0][oracle], float)
+        assert kernels[part][0]["max_abs_diff"] < 1e-4
     assert all(isinstance(r[k], float) for r in kernels["decode"] + kernels["extend"]
                for k in ("triton_ms", "sdpa_ms", "reference_ms"))
     assert set(table["goals"]) == {"batch1_vs_hf>=20", "batch256_vs_hf>=5", "cascade_vs_no_cascade>=3",

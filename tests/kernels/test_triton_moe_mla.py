@@ -35,9 +35,9 @@ def test_mla_decode_matches_attention_over_the_latent_rows(dtype):
         seqs.append(perm[start:start + n])
         start += n
     q = torch.randn(len(kv_lens), heads, rank + rope, generator=g).to(dtype)
-    indptr = torch.tensor([0, *torch.cumsum(torch.tensor(kv_lens), 0).tolist()])
+    lens = torch.tensor(kv_lens)
     scale = 0.3
-    got = mla_decode(q, cache, indptr, torch.cat(seqs), rank, scale)
+    got = mla_decode(q, cache, torch.cat(seqs), torch.cumsum(lens, 0) - lens, lens, rank, scale)
     want = mla_oracle(q, cache, seqs, rank, scale)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert got.shape == want.shape and (got.double() - want).abs().max() < tol

@@ -17,13 +17,15 @@ def _run(folder, **options):
     return out
 
 
-@pytest.mark.parametrize("name, ranks", [
-    ("qwen2-moe", 2),  # 4 experts + a shared expert; layer 0 dense (tensor-parallel): 2 experts per rank
-    ("mixtral", 4),  # 4 experts: one per rank; 2 KV heads replicated over 4 ranks
-])
-def test_ep_greedy_tokens_and_logprobs_match_ep1(tmp_path, name, ranks):
+@pytest.mark.parametrize("name, options", [
+    ("qwen2-moe", dict(tp_size=2)),  # 4 experts + a shared expert; layer 0 dense (tensor-parallel): 2 per rank
+    ("mixtral", dict(tp_size=4)),  # 4 experts: one per rank; 2 KV heads replicated over 4 ranks
+    ("qwen2-moe", dict(tp_size=2, ep_size=1)),  # --ep 1: each rank holds half of every expert's units
+    ("deepseek-v3", dict(tp_size=2)),  # MLA: 2 of 4 query heads per rank over the same latent; 4 experts each
+], ids=["ep2", "ep4", "tp2-ep1", "deepseek-ep2"])
+def test_ep_greedy_tokens_and_logprobs_match_ep1(tmp_path, name, options):
     build(tmp_path, name)
-    one, two = _run(tmp_path / name), _run(tmp_path / name, tp_size=ranks)
+    one, two = _run(tmp_path / name), _run(tmp_path / name, **options)
     assert [o.output_ids for o in two] == [o.output_ids for o in one]
     for a, b in zip(one, two, strict=True):
         for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs, strict=True):
@@ -35,3 +37,26 @@ def test_experts_that_do_not_split_over_the_ranks_are_refused(tmp_path):
     build(tmp_path, "qwen3-moe")  # 6 experts
     with pytest.raises(Exception, match="ep_size 4"):
         Engine(str(tmp_path / "qwen3-moe"), device="cpu", kv_cache_tokens=256, tp_size=4)
+    with pytest.raises(ValueError, match="ep_size must be 1 or tp_size"):
+        Engine(str(tmp_path / "qwen3-moe"), device="cpu", kv_cache_tokens=256, tp_size=4, ep_size=2)
+
+
+def test_eplb_under_ep_moves_weights_and_keeps_outputs(tmp_path):
+    """A placement with replicas applied on both ranks (each gathers the experts its new physical slots
+    run): greedy tokens and logprobs stay EP 1's, and the replicas take a share of the tokens."""
+    build(tmp_path, "qwen2-moe")  # 4 experts -> 6 physical: 3 per rank, two replicas
+    one = _run(tmp_path / "qwen2-moe")
+    with Engine(str(tmp_path / "qwen2-moe"), device="cpu", kv_cache_tokens=1024, max_prefill_tokens=64,
+                tp_size=2) as engine:
+        engine.generate(input_ids=prompts(7), sampling_params=GREEDY)
+        with pytest.raises(ValueError, match="ep_size 2"):
+            engine.rebalance_experts(num_physical=6, num_ranks=4)
+        placements = engine.rebalance_experts(num_physical=6)
+        after = engine.generate(input_ids=prompts(7), sampling_params=GREEDY, return_logprob=True,
+                                top_logprobs_num=3)
+        engine.check_invariants()
+    assert all(p.num_ranks == 2 and sorted(set(p.phys_to_logical)) == [0, 1, 2, 3] for p in placements)
+    assert [o.output_ids for o in after] == [o.output_ids for o in one]
+    for a, b in zip(one, after, strict=True):
+        for x, y in zip(a.meta.output_logprobs, b.meta.output_logprobs, strict=True):
+            assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top, strict=True)) < 1e-4

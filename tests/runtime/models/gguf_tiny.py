@@ -20,7 +20,8 @@ LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_
                "mlp.down_proj": "ffn_down"}
 TOP_NAMES = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-             "Qwen3ForCausalLM": "qwen3"}
+             "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen2MoeForCausalLM": "qwen2moe",
+             "Qwen3MoeForCausalLM": "qwen3moe"}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -79,7 +80,15 @@ def write_gguf(path, hf: dict, tensors: dict[str, tuple[np.ndarray, object]],
         writer.add_rope_scaling_factor(rope["factor"])
         if rope["rope_type"] == "yarn":
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    if hf.get("sliding_window") is not None:  # not all converters write it; the loader reads it if there
+    experts = hf.get("num_local_experts") or hf.get("num_experts")
+    if experts:  # llama.cpp writes Mixtral as `llama` with these keys
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(hf["num_experts_per_tok"])
+        if "moe_intermediate_size" in hf:
+            writer.add_expert_feed_forward_length(hf["moe_intermediate_size"])
+        if hf.get("shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(hf["shared_expert_intermediate_size"])
+    if hf.get("sliding_window"):  # not all converters write it (nor a 0: off); the loader reads it if there
         writer.add_sliding_window(hf["sliding_window"])
     tokenizer_metadata(writer)
     for name, (data, raw_dtype) in tensors.items():

@@ -39,9 +39,11 @@ def write_tokenizer(path: Path, bos: str, eos: str, chat_template: str | None = 
 
 
 @torch.no_grad()
-def sharpen(model: torch.nn.Module, seed: int) -> None:
+def sharpen(model: torch.nn.Module, seed: int, gain: float = 3.0) -> None:
     """Redraws every weight so outputs are far from uniform: greedy decoding is then a sharp test,
-    attention depends on position (RoPE matters), and norm weights and biases are not the identity."""
+    attention depends on position (RoPE matters), and norm weights and biases are not the identity.
+    `gain` scales the matrices (times fan_in ** -0.5): the higher, the sharper, and the more fp32 rounding
+    is amplified on the way to the logits."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g)
@@ -52,16 +54,17 @@ def sharpen(model: torch.nn.Module, seed: int) -> None:
         elif "embed_tokens" in name or "lm_head" in name:
             p.copy_(noise * (1.0 if "embed" in name else 2.0))
         else:
-            p.copy_(noise * 3.0 * p.shape[1] ** -0.5)
+            p.copy_(noise * gain * p.shape[1] ** -0.5)
 
 
-def save_hf_model(path: Path, config, seed: int = 0, bos: str = "<s>", eos: str = "</s>") -> torch.nn.Module:
+def save_hf_model(path: Path, config, seed: int = 0, bos: str = "<s>", eos: str = "</s>",
+                  gain: float = 3.0) -> torch.nn.Module:
     """Builds the transformers model for `config`, sharpens it, saves it as safetensors; returns it (fp32, eval)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    sharpen(model, seed)
+    sharpen(model, seed, gain)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)
     write_tokenizer(path, bos, eos)

@@ -1,15 +1,19 @@
-"""MLA's latent KV: the absorbed attention equals the textbook form, the latent pool survives the radix
-cache and chunked prefill (a cached prefix scores as a recompute), and holds one row per token."""
+"""MLA's latent KV: the absorbed decode equals the up-projected (textbook) form, prefill and decode through
+the backends equal MLA written from its equations, the latent pool survives the radix cache and chunked
+prefill (a cached prefix scores as a recompute) and holds one row per token, and the Triton backend's
+latent decode kernel gives the torch backend's tokens."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from radixlang.kernels.backend import AttentionBatch
+from radixlang.kernels.mla import absorb_output, absorb_query, latent_decode, latent_extend, split_up_proj
 from radixlang.kernels.reference import TorchAttention
+from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.memory import KVPool
-from radixlang.runtime.models.deepseek import DeepseekConfig, mla_unabsorbed
+from radixlang.runtime.models.deepseek import DeepseekConfig, MLAttention
 from radixlang.runtime.models.llama import ForwardContext
 from radixlang.runtime.model_loading import load_model
 
@@ -23,6 +27,40 @@ def v3_folder(tmp_path_factory):
     return path / "deepseek-v3"
 
 
+def mla_from_equations(attn: MLAttention, q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
+                       k_rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MLA as the paper writes it: per head h, k = [W_UK^h c_kv | k_rope], v = W_UV^h c_kv, softmax(q.k * scale) v,
+    then o_proj. q_*: [T, H, .]; c_kv [S, R]; k_rope [S, 1, r]; mask [T, S] bool -> [T, hidden]."""
+    cfg = attn.cfg
+    w = attn.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+    outs = []
+    for h in range(cfg.num_heads):
+        w_uk, w_uv = w[h, :cfg.qk_nope_head_dim], w[h, cfg.qk_nope_head_dim:]
+        k = torch.cat([c_kv @ w_uk.T, k_rope[:, 0]], dim=-1)
+        q = torch.cat([q_nope[:, h], q_rope[:, h]], dim=-1)
+        scores = (q @ k.T * cfg.softmax_scale).masked_fill(~mask, float("-inf"))
+        outs.append(scores.softmax(-1) @ (c_kv @ w_uv.T))
+    return attn.o_proj(torch.cat(outs, dim=-1))
+
+
+def test_absorbed_decode_equals_up_projected_attention():
+    """Query i decoding absorbed over latent rows 0..i (padded into one batch) = the up-projected chunk's row i."""
+    g = torch.Generator().manual_seed(3)
+    n, heads, nope, rope, rank, v = 9, 3, 16, 8, 32, 12
+    q_nope, q_rope = torch.randn(n, heads, nope, generator=g), torch.randn(n, heads, rope, generator=g)
+    rows = torch.randn(n, rank + rope, generator=g)
+    w_kv_b = torch.randn(heads, nope + v, rank, generator=g) * rank**-0.5
+    scale = 0.2
+    want = latent_extend(q_nope, q_rope, rows, torch.ones(n, n, dtype=torch.bool).tril(), w_kv_b, scale)
+    w_uk, w_uv = split_up_proj(w_kv_b, nope)
+    visible = torch.ones(n, n, dtype=torch.bool).tril()  # decode i sees rows 0..i: the rest is padding
+    got = absorb_output(latent_decode(absorb_query(q_nope, q_rope, w_uk), rows.expand(n, -1, -1), visible, rank,
+                                      scale), w_uv)
+    assert got.shape == (n, heads, v)
+    assert (got - want).abs().max() < 1e-5 * want.abs().max()
+    assert not torch.allclose(got[1:], got[:1].expand_as(got[1:]))  # attention mixes positions
+
+
 def _latent_step(attn_layer, cfg: DeepseekConfig, x: torch.Tensor, rope, kv_len: int, new: int,
                  pool: KVPool) -> torch.Tensor:
     """The absorbed layer over one sequence whose first kv_len - new positions are already in `pool`."""
@@ -33,14 +71,14 @@ def _latent_step(attn_layer, cfg: DeepseekConfig, x: torch.Tensor, rope, kv_len:
 
 
 @torch.no_grad()
-def test_absorbed_attention_equals_unabsorbed_for_prefill_and_decode(v3_folder):
+def test_prefill_and_decode_through_the_backend_equal_mla_from_its_equations(v3_folder):
     model = load_model(v3_folder, torch.device("cpu"), torch.float32).model
     cfg, attn = model.config, model.layers[0].self_attn
     n = 20
     x = torch.randn(n, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     rope = model.rotary.table(torch.arange(n))
     q_nope, q_rope, c_kv, k_rope = attn.project(x, rope)
-    expected = mla_unabsorbed(attn, q_nope, q_rope, c_kv, k_rope, torch.ones(n, n, dtype=torch.bool).tril())
+    expected = mla_from_equations(attn, q_nope, q_rope, c_kv, k_rope, torch.ones(n, n, dtype=torch.bool).tril())
     pool = KVPool(n, 1, 1, cfg.head_dim, torch.float32, torch.device("cpu"), shared_kv=True)
     prefill = _latent_step(attn, cfg, x[:n - 1], rope_rows(rope, 0, n - 1), n - 1, n - 1, pool)
     decode = _latent_step(attn, cfg, x[n - 1:], rope_rows(rope, n - 1, n), n, 1, pool)  # reads the cached latents
@@ -111,3 +149,27 @@ def test_latent_pool_decodes_match_plain_decodes(v3_folder, options):
             verified = engine.stats()["spec_verify_steps_total"]
     assert outs[0] == outs[1]
     assert "speculative_algorithm" not in options or verified > 0
+
+
+@pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+def test_triton_latent_decode_kernel_gives_the_torch_backends_tokens(v3_folder, monkeypatch):
+    """The Triton backend on a latent pool (interpreted on a CPU): extends up-projected, decodes in the MLA
+    kernel; logprobs as the torch backend's."""
+    from radixlang.kernels import triton_backend
+
+    decodes = []
+    kernel = triton_backend.mla_decode
+    monkeypatch.setattr(triton_backend, "mla_decode", lambda q, *args: decodes.append(q.shape[0]) or kernel(q, *args))
+    batch = [p[:16] for p in prompts(6)[:3]]
+    params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    runs = []
+    for backend in ("torch", "triton"):
+        with Engine(str(v3_folder), device="cpu", kv_cache_tokens=256, attention_backend=backend) as engine:
+            runs.append(engine.generate(input_ids=batch, sampling_params=params, return_logprob=True,
+                                        top_logprobs_num=2))
+            engine.check_invariants()
+    for ours, ref in zip(runs[1], runs[0], strict=True):
+        assert ours.output_ids == ref.output_ids
+        for x, y in zip(ours.meta.output_logprobs, ref.meta.output_logprobs, strict=True):
+            assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top, strict=True)) < 1e-4
+    assert decodes and max(decodes) == len(batch)  # the kernel ran every decode step, the batch together

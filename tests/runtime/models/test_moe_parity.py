@@ -32,17 +32,17 @@ FAMILIES = {
                                                    rope_parameters=YARN)),
 }
 NEW_TOKENS = 12
-# fp32 noise through sharpened weights: the dense Mistral of these shapes differs by 1.8e-4 over the whole
-# vocabulary in test_hf_parity. MLA runs absorbed here (q W_UK . c_kv, not q . W_UK c_kv), which rounds
-# differently, and DeepSeek-V2's transformers RoPE multiplies complex fp32 numbers (layer 0's MLA output
-# differs by 2e-6 relative even in float64, as both sides rotate in fp32)
-TOLERANCE = {"deepseek-v2": 1e-3, "deepseek-v3": 1e-3}
+TOP5_TOLERANCE = 1e-4  # the issue's goal, fp32 against transformers' fp32
+# milder than hf_tiny's default gain 3: there, transformers' own fp32 top-5 logprobs sit 3.4e-4 (Mixtral) to
+# 4.8e-4 (DeepSeek-V3) from its float64 ones, so no fp32 implementation could meet 1e-4 but by repeating its
+# rounding; at 1.5 that floor is 7e-5 to 9e-5 and the greedy tokens still vary
+PARITY_GAIN = 1.5
 
 
-def build(tmp_path, name: str):
+def build(tmp_path, name: str, gain: float = 3.0):
     cls_name, overrides = FAMILIES[name]
     config = getattr(transformers, cls_name)(**(BASE | overrides))
-    model = save_hf_model(tmp_path / name, config, seed=len(name))
+    model = save_hf_model(tmp_path / name, config, seed=len(name), gain=gain)
     biases = [m for n, m in model.named_buffers() if n.endswith("e_score_correction_bias")]
     if biases:  # the aux-loss-free bias is a buffer, not sharpened: give it values that change choices
         g = torch.Generator().manual_seed(1)
@@ -66,7 +66,7 @@ def hf_router_choices(model, ids: list[int]) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_moe_engine_matches_transformers(tmp_path, monkeypatch, name):
-    model = build(tmp_path, name)
+    model = build(tmp_path, name, PARITY_GAIN)
     batch = prompts(len(name))
     expected = [hf_greedy(model, ids, NEW_TOKENS) for ids in batch]
     assert all(len(set(seq)) >= 4 for seq in expected)
@@ -98,4 +98,4 @@ def test_moe_engine_matches_transformers(tmp_path, monkeypatch, name):
     assert torch.equal(got.nan_to_num(float("-inf")).topk(5, dim=-1).indices.sort(-1)[0], top.indices.sort(-1)[0])
     diff = (got.gather(1, top.indices) - top.values).abs().max()
     print(f"{name}: max |top-5 logprob diff| {diff:.2e}")
-    assert diff < TOLERANCE.get(name, 2e-4)
+    assert diff < TOP5_TOLERANCE
