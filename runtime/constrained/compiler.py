@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..config import CONSTRAINT_CACHE_SIZE
 from .automaton import collector_paused, compile_dfa
 from .dfa_cache import DfaCache, caching
+from .ebnf import parse_ebnf
 from .grammar import GrammarConstraint
 from .json_schema import compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
 from .lalr import build_lark
@@ -21,7 +22,7 @@ from .vocab import TokenVocab
 
 
 class ConstraintCompiler:
-    """Compiles regex / JSON schema / Lark constraints against one vocabulary; thread-safe."""
+    """Compiles regex / JSON schema / Lark / EBNF constraints against one vocabulary; thread-safe."""
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
                  cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Any = ()):
@@ -43,7 +44,7 @@ class ConstraintCompiler:
             return self._vocab
 
     def compile(self, kind: str, spec: Any) -> Constraint:
-        """`kind` is 'regex', 'json_schema', 'grammar' or 'structural_tag'. Raises ValueError for a bad spec."""
+        """`kind` is 'regex', 'json_schema', 'grammar', 'ebnf' or 'structural_tag'. Raises ValueError for a bad spec."""
         key = (kind, _cache_text(kind, spec))
         with self._lock:
             hit = self._cache.get(key)
@@ -67,6 +68,11 @@ class ConstraintCompiler:
             return RegexConstraint(compile_dfa([parse_regex(spec)]), vocab)
         if kind == "grammar":
             return GrammarConstraint(build_lark(spec), vocab)
+        if kind == "ebnf":
+            ebnf = parse_ebnf(spec)
+            if not ebnf.rules:  # a regular grammar: one DFA
+                return RegexConstraint(compile_dfa([ebnf.root]), vocab)
+            return GrammarConstraint(rules_grammar(ebnf.root, ebnf.rules, "ebnf"), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
             free = free_text(tag.triggers) if tag.triggers is not None else None

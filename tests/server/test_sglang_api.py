@@ -55,7 +55,8 @@ def test_every_sglang_sampling_field_is_accepted_and_an_unknown_one_is_a_400(ser
 
 @pytest.mark.parametrize("field, value, words", [
     ("beam_width", 2, "beam search is not supported"),
-    ("ebnf", 'root ::= "a"', "pass a Lark grammar as grammar"),
+    ("ebnf", 'root ::= "a" item', "undefined rule(s) ['item']"),
+    ("ebnf", "root ::= [b-a]", "reversed at line 1, column 11"),
     ("watermark", {"key": 1}, "watermarking is not supported"),
     ("stop_regex", "(", "not a valid regular expression"),
     ("stop_regex", "a*", "matches the empty string"),
@@ -68,6 +69,23 @@ def test_sglang_fields_radixlang_cannot_honour_are_400s_naming_them(server, fiel
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == f"sampling_params.{field}" and words in error["message"]
+
+
+def test_ebnf_constrains_generate_and_the_openai_routes(server):
+    from tests.runtime.constrained.test_ebnf import CITY_EBNF, CITY_RE
+
+    params = {"ebnf": CITY_EBNF, "temperature": 1.0, "max_new_tokens": 24}
+    texts = [generate(server, params | {"seed": seed}) for seed in range(4)]
+    assert all(t["meta_info"]["finish_reason"]["type"] == "stop" for t in texts)
+    assert all(re.fullmatch(CITY_RE, t["text"]) for t in texts) and len({t["text"] for t in texts}) > 1
+    with server.client() as http:
+        chat = http.post("/v1/chat/completions", json={"model": "default", "ebnf": CITY_EBNF, "max_tokens": 24,
+                                                        "messages": [{"role": "user", "content": "A city?"}]})
+        both = http.post("/v1/completions", json={"model": "default", "prompt": "x", "ebnf": CITY_EBNF,
+                                                  "regex": "a"})
+    assert chat.status_code == 200, chat.text
+    assert re.fullmatch(CITY_RE, chat.json()["choices"][0]["message"]["content"])
+    assert both.status_code == 400 and both.json()["error"]["param"] in ("ebnf", "regex")
 
 
 def test_stop_regex_ends_the_output_at_its_first_match(server):
