@@ -57,7 +57,8 @@ async def server_info(request: Request) -> dict[str, Any]:
             "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
             "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
-            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid()}
+            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid(),
+            "incremental_streaming_output": state.incremental_streaming_output}
 
 
 @router.post("/concate_and_append_request", responses=error_responses(413, 422))

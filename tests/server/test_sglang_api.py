@@ -132,6 +132,33 @@ def test_stream_events_count_the_logprobs_so_far_as_sglang_does(server, read_sse
         assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == meta["completion_tokens"]
 
 
+def test_incremental_streaming_output_sends_what_is_new_as_sglangs_option_does(server_factory, read_sse):
+    server = server_factory(incremental_streaming_output=True)
+    body = {"text": "Hello world", "sampling_params": GREEDY | {"ignore_eos": True}, "stream": True,
+            "return_logprob": True, "top_logprobs_num": 2}
+    with server.client() as http:
+        whole = http.post("/generate", json=body | {"stream": False}).json()
+        with http.stream("POST", "/generate", json=body) as r:
+            events = read_sse(r)[:-1]
+        assert http.get("/get_server_info").json()["incremental_streaming_output"] is True
+    assert len(events) > 1
+    done = 0
+    for e in events:  # SGLang's own test_stream_logprobs checks these
+        meta = e["meta_info"]
+        assert meta["completion_tokens"] == meta["output_token_logprobs_length"]
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - done
+        done = meta["completion_tokens"]
+    assert "".join(e["text"] for e in events) == whole["text"]
+    assert sum((e["output_ids"] for e in events), []) == whole["output_ids"]
+    streamed = sum((e["meta_info"]["output_token_logprobs"] for e in events), [])
+    assert [t[1] for t in streamed] == whole["output_ids"]  # one logprob per token, in order
+    assert [t[0] for t in streamed] == pytest.approx([t[0] for t in whole["meta_info"]["output_token_logprobs"]],
+                                                     abs=1e-4)  # the two runs batch differently
+    tops = sum((e["meta_info"]["output_top_logprobs"] for e in events), [])
+    assert [[t[1] for t in top] for top in tops] == [[t[1] for t in top] for top in whole["meta_info"]["output_top_logprobs"]]
+    assert len(events[-1]["meta_info"]["input_token_logprobs"]) == len(whole["meta_info"]["input_token_logprobs"])
+
+
 def test_stream_interval_sends_an_event_every_k_tokens(server, read_sse):
     body = {"text": "Hello world", "sampling_params": GREEDY | {"ignore_eos": True, "stream_interval": 5},
             "stream": True}
