@@ -22,10 +22,12 @@ def chunks_with_meta(state) -> list[tuple[str, dict]]:
     return asyncio.run(collect())
 
 
-@pytest.mark.parametrize("via", ["engine", "server"])
-def test_text_async_iter_yields_each_chunks_own_meta_as_sglang(backend, server_url, via):
-    """SGLang's test_stream_logprobs checks, plus: the chunks' logprobs add up to the variable's."""
-    chosen = backend if via == "engine" else rl.Endpoint(server_url)
+@pytest.mark.parametrize("via", ["engine", "server", "incremental server"])
+def test_text_async_iter_yields_each_chunks_own_meta_as_sglang(backend, request, via):
+    """SGLang's test_stream_logprobs checks, plus: the chunks' logprobs add up to the variable's; through a
+    server that streams all so far (SGLang's default) or only what is new (its incremental_streaming_output)."""
+    urls = {"server": "server_url", "incremental server": "incremental_server_url"}
+    chosen = backend if via == "engine" else rl.Endpoint(request.getfixturevalue(urls[via]))
     state = answer.run(backend=chosen, stream=True, temperature=0, ignore_eos=True)
     chunks = chunks_with_meta(state)
     assert len(chunks) > 1
