@@ -11,13 +11,16 @@ import importlib.metadata
 import os
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..runtime.models.loader import default_model_path
+from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
 from .openapi import error_responses
-from .protocol import ConcatenateRequest
+from .errors import APIError
+from .protocol import ConcatenateRequest, ProfileRequest
+from .sglang_fields import check_profile_extras
 from .state import ServerState, server_state
 from .worker_api import load_entry
 
@@ -86,6 +89,30 @@ async def health_generate(request: Request) -> JSONResponse:
     if out.meta.error is not None:
         return JSONResponse({"status": f"generation failed: {out.meta.error}"}, status_code=503)
     return JSONResponse({"status": "ok"})
+
+
+@router.api_route("/start_profile", methods=["GET", "POST"], responses=error_responses(400, 422))
+async def start_profile(request: Request, body: ProfileRequest | None = Body(None)) -> PlainTextResponse:
+    """SGLang's: torch.profiler over the scheduler's steps until /stop_profile (or num_steps steps)."""
+    body = body or ProfileRequest()
+    check_profile_extras(body)
+    given = body.model_dump(exclude_none=True, include={f.name for f in dataclasses.fields(ProfileSpec)})
+    spec = ProfileSpec(**given | ({"activities": tuple(body.activities)} if body.activities is not None else {}))
+    path = await _profiler_call(request, server_state(request).engine.start_profile, spec)
+    return PlainTextResponse(f"Start profiling. The trace will be written to {path}\n")
+
+
+@router.api_route("/stop_profile", methods=["GET", "POST"], responses=error_responses(400))
+async def stop_profile(request: Request) -> PlainTextResponse:
+    path = await _profiler_call(request, server_state(request).engine.stop_profile)
+    return PlainTextResponse(f"Stop profiling. The trace was written to {path}\n")
+
+
+async def _profiler_call(request: Request, fn: Any, *args: Any) -> Any:
+    try:
+        return await server_state(request).offload(fn, *args)
+    except (ValueError, OSError) as e:  # one already running / none running, a bad spec, an unwritable dir
+        raise APIError(400, str(e), getattr(e, "field", None)) from None
 
 
 def _plain(value: Any) -> bool:

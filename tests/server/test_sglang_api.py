@@ -2,6 +2,8 @@
 SamplingParams, the fork join route, a generating health check. The in-process engine is the oracle."""
 from __future__ import annotations
 
+import gzip
+import json
 import re
 
 import pytest
@@ -182,3 +184,43 @@ def test_health_generate_generates_a_token(server):
         r = http.get("/health_generate")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     assert server.engine.stats()["generated_tokens_total"] > before
+
+
+def trace_ops(path) -> set[str]:
+    """The operator names a Chrome trace recorded (the profiler's own export, read back)."""
+    with gzip.open(path, "rt") as f:
+        return {e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op"}
+
+
+def test_start_and_stop_profile_write_a_torch_trace_of_the_model_steps(server, tmp_path):
+    with server.client() as http:
+        started = http.post("/start_profile", json={"output_dir": str(tmp_path), "profile_id": "run1",
+                                                    "activities": ["CPU"], "record_shapes": True})
+        again = http.get("/start_profile")
+        http.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 3}})
+        stopped = http.post("/stop_profile")
+        stray = http.get("/stop_profile")
+    assert started.status_code == 200 and started.text.startswith("Start profiling.")
+    assert again.status_code == 400 and "already in progress" in again.json()["error"]["message"]
+    path = tmp_path / "run1-TP-0.trace.json.gz"  # SGLang's name for rank 0's trace
+    assert stopped.status_code == 200 and str(path) in stopped.text
+    assert {"aten::embedding", "aten::linear", "aten::silu"} <= trace_ops(path)  # the model's forward
+    assert stray.status_code == 400 and "not in progress" in stray.json()["error"]["message"]
+
+
+def test_a_profile_of_num_steps_stops_on_its_own(server, tmp_path):
+    with server.client() as http:
+        assert http.post("/start_profile", json={"output_dir": str(tmp_path), "num_steps": 2,
+                                                 "profile_prefix": "p-", "profile_id": "x"}).status_code == 200
+        http.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}})
+        assert http.post("/stop_profile").status_code == 400  # already stopped, after 2 of the 6 steps
+    assert "aten::embedding" in trace_ops(tmp_path / "p-x-TP-0.trace.json.gz")
+
+
+@pytest.mark.parametrize("body, param", [({"activities": ["RPD"]}, "activities"), ({"start_step": 3}, "start_step"),
+                                         ({"profile_by_stage": True}, "profile_by_stage")])
+def test_profile_options_radixlang_lacks_are_400s_naming_them(server, body, param):
+    with server.client() as http:
+        r = http.post("/start_profile", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert not server.engine.profiler.running
