@@ -34,6 +34,7 @@ def test_model_info_names_the_model_as_sglangs_client_reads_it(server, tiny_mode
     assert info == alias
     assert info["model_path"] == info["tokenizer_path"] == str(tiny_model_dir)
     assert info["is_generation"] is True and info["has_image_understanding"] is False
+    assert info["weight_version"] == "default" and info["preferred_sampling_params"] is None
     assert info["chat_template"] == server.engine.tokenizer.chat_template  # our Endpoint's fields stay
 
 
