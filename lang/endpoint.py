@@ -2,8 +2,9 @@
 
 It uses POST /generate (text or input_ids, image_data as data URLs, sampling_params, return_logprob,
 logprob_start_len, top_logprobs_num, stream as server-sent events whose `text` is cumulative, or new
-text only where /get_server_info says `incremental_streaming_output`), GET /get_model_info (model_path; chat_template / bos_token / eos_token for roles; image_token, the
-placeholder a vision model's prompt has where each image goes), POST /flush_cache, and
+text only where /get_server_info says `incremental_streaming_output`), GET /get_model_info
+(model_path; chat_template / bos_token / eos_token for roles; image_token, the placeholder a vision
+model's prompt has where each image goes), POST /flush_cache, and
 POST /v1/programs for `run(remote=True)`. Only the standard library is used.
 """
 from __future__ import annotations

@@ -48,7 +48,6 @@ class StepProfiler:
         self._profile: torch.profiler.profile | None = None
         self._path: Path | None = None
         self._steps_left: int | None = None
-        self.last_trace: Path | None = None  # where the last finished run went
 
     @property
     def running(self) -> bool:
@@ -93,5 +92,4 @@ class StepProfiler:
         self._profile = self._path = self._steps_left = None
         profile.stop()
         profile.export_chrome_trace(str(path))
-        self.last_trace = path
         return path

@@ -81,7 +81,8 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
         params["json_schema"] = schema
     constraints = [k for k in CONSTRAINT_FIELDS if k in params]
     if len(constraints) > 1:
-        raise APIError(400, "use at most one of response_format (JSON), regex, grammar and ebnf", FIELDS[constraints[1]])
+        raise APIError(400, "use at most one of response_format (JSON), regex, grammar and ebnf",
+                       FIELDS[constraints[1]])
     return params
 
 

@@ -21,7 +21,7 @@ from . import regex_ast as ra
 FIELD = "ebnf"
 ROOT = "root"
 _NAME_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
-_NAME_CHARS = _NAME_START + "0123456789-."
+_NAME_CHARS = _NAME_START + "0123456789-"
 _SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "0": "\0", "f": "\f", "v": "\v", "b": "\b", "a": "\a"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 _ANY = ra.chars(ra.complement(()))  # every code point but the surrogates
@@ -37,14 +37,17 @@ def parse_ebnf(text: str) -> EbnfGrammar:
     """The grammar's root and recursive rules. Raises ValueError naming the field and the position."""
     if not isinstance(text, str):
         raise ValueError(f"{FIELD} must be a string, got {type(text).__name__}")
-    rules = _Parser(text).grammar()
-    if ROOT not in rules:
-        raise ValueError(f"{FIELD}: the grammar has no `{ROOT}` rule (its start rule)")
-    for name, body in rules.items():
-        missing = sorted(ra.refs(body) - set(rules))
-        if missing:
-            raise ValueError(f"{FIELD}: rule `{name}` refers to undefined rule(s) {missing}")
-    return _inline(rules)
+    try:
+        rules = _Parser(text).grammar()
+        if ROOT not in rules:
+            raise ValueError(f"{FIELD}: the grammar has no `{ROOT}` rule (its start rule)")
+        for name, body in rules.items():
+            missing = sorted(ra.refs(body) - set(rules))
+            if missing:
+                raise ValueError(f"{FIELD}: rule `{name}` refers to undefined rule(s) {missing}")
+        return _inline(rules)
+    except RecursionError:  # parsing and inlining recurse once per nesting level
+        raise ValueError(f"{FIELD}: the grammar nests too deeply") from None
 
 
 def _inline(rules: dict[str, ra.Node]) -> EbnfGrammar:

@@ -106,6 +106,7 @@ def test_a_regular_grammar_compiles_to_one_automaton_and_a_recursive_one_to_a_pa
     ('root = "a"', "expected `::=`"),
     ('root ::= "a" | )', "unexpected ')'"),
     ('root ::= "\\u12"', "hex digits"),
+    ("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, "nests too deeply"),
     ('root ::= a | b\na ::= "(" a ")" | "x"\nb ::= "(" b ")" | "x"', "no unambiguous LALR(1) grammar"),
 ])
 def test_bad_grammars_raise_value_errors_naming_the_field(grammar, message, compiler):
