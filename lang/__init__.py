@@ -1,6 +1,6 @@
 """The radixlang language: programs of gen / select / fork / image / roles, traced to IR, run on a backend."""
 from .api import (assistant, assistant_begin, assistant_end, flush_cache, gen, gen_int, gen_string, get_server_info,
-                  image, select, system, system_begin, system_end, user, user_begin, user_end, video)
+                  image, select, separate_reasoning, system, system_begin, system_end, user, user_begin, user_end, video)
 from .backend import Backend, GenDelta, StateView
 from .default_backend import set_default_backend
 from .choices import (ChoicesDecision, ChoicesSamplingMethod, greedy_token_selection, token_length_normalized,
@@ -22,6 +22,6 @@ __all__ = [
     "RuntimeEndpoint", "StateView", "TraceError", "assistant", "assistant_begin", "assistant_end", "flush_cache",
     "function", "gen", "gen_int", "gen_string", "get_server_info", "global_config", "greedy_token_selection", "image",
     "interpret", "program", "run_ir",
-    "select", "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
+    "select", "separate_reasoning", "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
     "unconditional_likelihood_normalized", "user", "user_begin", "user_end", "video",
 ]

@@ -8,21 +8,24 @@ import typing
 from typing import Any
 
 from .gen_params import GenParams
-from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, ROLES, Arg, Fork, Gen, Image, ImageData, Join, Node,
-                 Op, ProgramIR, RoleBegin, RoleEnd, Select, Seq, Var, check_select)
+from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, OP_SINCE, ROLES, Arg, Fork, Gen, Image, ImageData,
+                 Join, Node, Op, ProgramIR, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, Var, check_select,
+                 ir_version)
 from .config import MAX_FORK_SIZE
+from .reasoning import reasoning_format
 
 
 def encode_program(program: ProgramIR) -> dict[str, Any]:
-    return {"version": program.version, "name": program.name, "params": list(program.params),
+    return {"version": ir_version(program.ops), "name": program.name, "params": list(program.params),
             "ops": [{"state": op.state, **_encode(op.node)} for op in program.ops]}
 
 
 def decode_program(d: Any) -> ProgramIR:
     if not isinstance(d, dict):
         raise ValueError("an IR program must be a JSON object")
-    if d.get("version") != IR_VERSION:
-        raise ValueError(f"unsupported IR version {d.get('version')!r}; this radixlang reads version {IR_VERSION}")
+    version = d.get("version")
+    if not _readable(version):
+        raise ValueError(f"unsupported IR version {version!r}; this radixlang reads versions 1 to {IR_VERSION}")
     unknown = set(d) - {"version", "name", "params", "ops"}
     if unknown:
         raise ValueError(f"unknown IR field(s) {sorted(unknown)}")
@@ -38,13 +41,17 @@ def decode_program(d: Any) -> ProgramIR:
         raw = dict(raw)
         state = _coerce(raw.pop("state", None), int, f"ops[{i}].state")
         ops.append(Op(state, _decode_node(raw, f"ops[{i}]")))
-    program = ProgramIR(name, params, ops)
+    program = ProgramIR(name, params, ops, version)
     validate_program(program)
     return program
 
 
 def validate_program(program: ProgramIR) -> None:
     _Validator(program).run()
+
+
+def _readable(version: Any) -> bool:
+    return isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= IR_VERSION
 
 
 def _encode(value: Any) -> Any:
@@ -151,14 +158,17 @@ class _Validator:
 
     def run(self) -> None:
         p = self.program
-        if p.version != IR_VERSION:
-            raise ValueError(f"unsupported IR version {p.version}; this radixlang reads version {IR_VERSION}")
+        if not _readable(p.version):
+            raise ValueError(f"unsupported IR version {p.version!r}; this radixlang reads versions 1 to {IR_VERSION}")
         if len(set(p.params)) != len(p.params) or not all(s.isidentifier() for s in p.params):
             raise ValueError(f"params must be distinct identifiers, got {p.params}")
         for i, op in enumerate(p.ops):
             where = f"ops[{i}] ({op.node.kind})"
             if op.state not in self.live:
                 raise ValueError(f"{where}: state {op.state} does not exist here (never forked, or already joined)")
+            if OP_SINCE.get(op.node.kind, 1) > p.version:
+                raise ValueError(f"{where}: op {op.node.kind!r} is not in IR version {p.version}; "
+                                 f"it needs version {OP_SINCE[op.node.kind]}")
             self._check(op, where)
 
     def _check(self, op: Op, where: str) -> None:
@@ -176,6 +186,13 @@ class _Validator:
             check_select(node, where)
         elif isinstance(node, (RoleBegin, RoleEnd)) and node.role not in ROLES:
             raise ValueError(f"{where}: role must be one of {ROLES}, got {node.role!r}")
+        elif isinstance(node, SeparateReasoning):
+            try:
+                reasoning_format(node.model_type)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            if not all(isinstance(n, str) and n for n in node.names):
+                raise ValueError(f"{where}: names must be non-empty strings, got {node.names!r}")
         elif isinstance(node, Fork):
             self._fork(op.state, node, where)
         elif isinstance(node, Join):
