@@ -12,10 +12,14 @@ from .ir import IR_VERSION, ProgramIR, TraceError
 from .program import Program, function, program
 from .executor import ProgramCancelled, ProgramEvent
 from .global_config import global_config
+from .hosted import Anthropic, Crusoe, LiteLLM, OpenAI, ServerArgs, VertexAI, version
 from .state import ProgramState, ProgramStateGroup
 from .tools import Tool, call_text, tool, tool_results, tools_prompt
 
+__version__ = version()
+
 __all__ = [
+    "Anthropic", "Crusoe", "LiteLLM", "OpenAI", "ServerArgs", "VertexAI", "__version__",
     "Tool", "call_text", "tool", "tool_results", "tools_prompt",
     "Backend", "ChoicesDecision", "ChoicesSamplingMethod", "Endpoint", "EngineBackend", "GenDelta", "IR_VERSION",
     "Program", "ProgramCancelled", "ProgramEvent", "ProgramIR", "ProgramState", "ProgramStateGroup", "Runtime",

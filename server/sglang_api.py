@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.metadata
 import os
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from ..lang.hosted import version
 from ..runtime.models.loader import default_model_path
 from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
@@ -63,7 +63,7 @@ async def server_info(request: Request) -> dict[str, Any]:
             "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
             "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
-            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid(),
+            "internal_states": [live], "version": version(), "frontend": "python", "pid": os.getpid(),
             "incremental_streaming_output": state.incremental_streaming_output}
 
 
@@ -121,9 +121,3 @@ async def _profiler_call(request: Request, fn: Any, *args: Any) -> Any:
 def _plain(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, list, dict))
 
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("radixlang")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
