@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..lang.hosted import version
-from ..runtime.models.loader import default_model_path
+from ..runtime.models.loader import default_model_path, model_identity
 from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
 from .openapi import error_responses
@@ -40,7 +41,9 @@ async def model_info(request: Request) -> dict[str, Any]:
     state = server_state(request)
     tok, images = state.engine.tokenizer, state.engine.image_prompts
     path = model_path(state)
+    model_type, architectures = model_identity(Path(path))  # from config.json, or a GGUF's architecture
     return {"model_path": path, "tokenizer_path": path, "served_model_name": state.model_name,
+            "model_type": model_type, "architectures": architectures and list(architectures),
             "is_generation": True, "has_image_understanding": images is not None,
             "has_audio_understanding": False, "context_length": state.engine.context_length,
             # SGLang's, at the values of a server without those features: no server-side default sampling

@@ -36,6 +36,20 @@ def test_model_info_names_the_model_as_sglangs_client_reads_it(server, tiny_mode
     assert info["is_generation"] is True and info["has_image_understanding"] is False
     assert info["weight_version"] == "default" and info["preferred_sampling_params"] is None
     assert info["chat_template"] == server.engine.tokenizer.chat_template  # our Endpoint's fields stay
+    # SGLang's from the HF config; this config.json names only the architecture, which transformers maps
+    causal_lm = pytest.importorskip("transformers.models.auto.modeling_auto").MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    architectures = json.loads((tiny_model_dir / "config.json").read_text())["architectures"]
+    assert info["architectures"] == architectures == [causal_lm[info["model_type"]]]
+
+
+def test_model_identity_of_a_gguf_is_transformers_config_of_it():
+    from radixlang.runtime.models.loader import default_model_path, model_identity
+
+    transformers = pytest.importorskip("transformers")
+    path = default_model_path()
+    config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    causal_lm = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    assert model_identity(path) == (config.model_type, (causal_lm[config.model_type],)) == ("llama", ("LlamaForCausalLM",))
 
 
 def test_server_info_reports_the_resolved_config_and_live_counters(server):
