@@ -357,7 +357,8 @@ class StateCore:
             if not isinstance(value, str):
                 raise ValueError(f"separate_reasoning: variable {name!r} holds no generated text")
             reasoning, answer = form.split(value)
-            start, end = self.starts.get(name, -1), self.starts.get(name, -1) + len(value)
+            start = self.starts.get(name, -1)
+            end = start + len(value)
             with self.cond:
                 # the text keeps the answer where the variable's text was (so the role's message is the
                 # answer, as in SGLang); a stream of the state's text has shown the reasoning already

@@ -207,8 +207,8 @@ class Join(Node):
 @dataclass(slots=True)
 class SeparateReasoning(Node):
     """SGLang's separate_reasoning: each variable of `names` keeps the answer, `<name>_reasoning_content` gets
-    the reasoning written before it (per `model_type`'s format, lang/reasoning.py), and the state's text
-    drops the reasoning when the variable's text is what it ends with."""
+    the reasoning written before it (per `model_type`'s format, lang/reasoning.py), and the state's text keeps
+    the answer where the variable's text was."""
 
     names: list[str]
     model_type: str
