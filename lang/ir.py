@@ -220,12 +220,6 @@ OP_NODES: dict[str, type[Node]] = {cls.kind: cls for cls in (
     SeparateReasoning)}
 
 
-def ir_version(ops: list["Op"]) -> int:
-    """The oldest IR version that has every op of `ops`: what a program is written as, so that servers
-    older than an op it does not use still read it."""
-    return max((OP_SINCE.get(op.node.kind, 1) for op in ops), default=1)
-
-
 @dataclass(slots=True)
 class Op:
     state: int
@@ -239,7 +233,12 @@ class ProgramIR:
     name: str
     params: list[str]
     ops: list[Op]
-    version: int = IR_VERSION
+
+    @property
+    def version(self) -> int:
+        """The oldest IR version that has every op: what the program is written as, so that servers older
+        than an op it does not use still read it."""
+        return max((OP_SINCE.get(op.node.kind, 1) for op in self.ops), default=1)
 
     # the codec lives in ir_json.py, which imports this module (hence the imports inside the methods)
     def to_dict(self) -> dict[str, Any]:

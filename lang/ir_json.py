@@ -9,14 +9,13 @@ from typing import Any
 
 from .gen_params import GenParams
 from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, OP_SINCE, ROLES, Arg, Fork, Gen, Image, ImageData,
-                 Join, Node, Op, ProgramIR, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, Var, check_select,
-                 ir_version)
+                 Join, Node, Op, ProgramIR, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, Var, check_select)
 from .config import MAX_FORK_SIZE
 from .reasoning import reasoning_format
 
 
 def encode_program(program: ProgramIR) -> dict[str, Any]:
-    return {"version": ir_version(program.ops), "name": program.name, "params": list(program.params),
+    return {"version": program.version, "name": program.name, "params": list(program.params),
             "ops": [{"state": op.state, **_encode(op.node)} for op in program.ops]}
 
 
@@ -24,7 +23,7 @@ def decode_program(d: Any) -> ProgramIR:
     if not isinstance(d, dict):
         raise ValueError("an IR program must be a JSON object")
     version = d.get("version")
-    if not _readable(version):
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= IR_VERSION:
         raise ValueError(f"unsupported IR version {version!r}; this radixlang reads versions 1 to {IR_VERSION}")
     unknown = set(d) - {"version", "name", "params", "ops"}
     if unknown:
@@ -40,18 +39,18 @@ def decode_program(d: Any) -> ProgramIR:
             raise ValueError(f"ops[{i}] must be an object")
         raw = dict(raw)
         state = _coerce(raw.pop("state", None), int, f"ops[{i}].state")
-        ops.append(Op(state, _decode_node(raw, f"ops[{i}]")))
-    program = ProgramIR(name, params, ops, version)
+        node = _decode_node(raw, f"ops[{i}]")
+        if OP_SINCE.get(node.kind, 1) > version:
+            raise ValueError(f"ops[{i}]: op {node.kind!r} is not in IR version {version}; "
+                             f"it needs version {OP_SINCE[node.kind]}")
+        ops.append(Op(state, node))
+    program = ProgramIR(name, params, ops)
     validate_program(program)
     return program
 
 
 def validate_program(program: ProgramIR) -> None:
     _Validator(program).run()
-
-
-def _readable(version: Any) -> bool:
-    return isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= IR_VERSION
 
 
 def _encode(value: Any) -> Any:
@@ -158,17 +157,12 @@ class _Validator:
 
     def run(self) -> None:
         p = self.program
-        if not _readable(p.version):
-            raise ValueError(f"unsupported IR version {p.version!r}; this radixlang reads versions 1 to {IR_VERSION}")
         if len(set(p.params)) != len(p.params) or not all(s.isidentifier() for s in p.params):
             raise ValueError(f"params must be distinct identifiers, got {p.params}")
         for i, op in enumerate(p.ops):
             where = f"ops[{i}] ({op.node.kind})"
             if op.state not in self.live:
                 raise ValueError(f"{where}: state {op.state} does not exist here (never forked, or already joined)")
-            if OP_SINCE.get(op.node.kind, 1) > p.version:
-                raise ValueError(f"{where}: op {op.node.kind!r} is not in IR version {p.version}; "
-                                 f"it needs version {OP_SINCE[op.node.kind]}")
             self._check(op, where)
 
     def _check(self, op: Op, where: str) -> None:

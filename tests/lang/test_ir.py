@@ -99,7 +99,7 @@ def _ir(ops, params=()):
     ({"version": 3, "name": "p", "params": [], "ops": []}, "unsupported IR version 3"),
     ({"version": True, "name": "p", "params": [], "ops": []}, "unsupported IR version True"),
     (_ir([{"state": 0, "op": "separate_reasoning", "names": ["a"], "model_type": "qwen3"}]),
-     "op 'separate_reasoning' is not in IR version 1"),
+     "ops[0]: op 'separate_reasoning' is not in IR version 1"),
     (_ir([{"state": 0, "op": "separate_reasoning", "names": ["a"], "model_type": "gpt-7"}]) | {"version": 2},
      "ops[0] (separate_reasoning): unsupported reasoning model_type 'gpt-7'"),
     (_ir([{"state": 0, "op": "separate_reasoning", "names": [""], "model_type": "qwen3"}]) | {"version": 2},
