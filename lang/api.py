@@ -9,8 +9,9 @@ from .default_backend import BackendArg, as_backend
 from .images import load_image
 from .tools import as_tools, tool_gen_tag
 from .gen_params import GEN_FIELDS, GenParams, stop_list
-from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, Seq, TraceError, check_select,
-                 check_choices)
+from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, TraceError,
+                 check_select, check_choices)
+from .reasoning import reasoning_format
 
 _DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
@@ -150,6 +151,27 @@ def assistant_begin() -> RoleBegin:
 
 def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Seq:
+    """SGLang's: appends `expr`, then moves the reasoning (`<think>…</think>` and kin, by SGLang's reasoning
+    parser `model_type`: "deepseek-r1", "qwen3", ...) out of each variable its gen / select sets into
+    `<name>_reasoning_content`; the variable and the state's text keep the answer.
+    `s += assistant(separate_reasoning(gen("answer"), model_type="deepseek-r1"))`."""
+    reasoning_format(model_type)
+    inner = [] if expr is None else [expr]
+    return Seq([*inner, SeparateReasoning(_variables_of(expr), model_type)])
+
+
+def _variables_of(expr: Any) -> list[str]:
+    if isinstance(expr, (Gen, Select)):
+        if expr.name is None:
+            raise ValueError("separate_reasoning needs its gen / select named: the reasoning goes to "
+                             "<name>_reasoning_content")
+        return [expr.name]
+    if isinstance(expr, Seq):
+        return [name for item in expr.nodes for name in _variables_of(item)]
+    return []
 
 
 def _concrete(primitive: str, field: str, value: Any) -> None:

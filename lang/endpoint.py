@@ -1,9 +1,10 @@
 """The HTTP backend: a client of a radixlang (or SGLang) server's native API.
 
 It uses POST /generate (text or input_ids, image_data as data URLs, sampling_params, return_logprob,
-logprob_start_len, top_logprobs_num, stream as server-sent events whose `text` is cumulative), GET
-/get_model_info (model_path; chat_template / bos_token / eos_token for roles; image_token, the
-placeholder a vision model's prompt has where each image goes), POST /flush_cache, and
+logprob_start_len, top_logprobs_num, stream as server-sent events whose `text` is cumulative, or new
+text only where /get_server_info says `incremental_streaming_output`), GET /get_model_info
+(model_path; chat_template / bos_token / eos_token for roles; image_token, the placeholder a vision
+model's prompt has where each image goes), POST /flush_cache, and
 POST /v1/programs for `run(remote=True)`. Only the standard library is used.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Endpoint:
         self._chat_template = chat_template
         self._info: dict[str, Any] | None = None
         self._router: bool | None = None  # behind_router(), once asked
+        self._incremental: bool | None = None  # incremental_streams(), once asked
         self._lock = threading.Lock()
 
     # ---- HTTP ---------------------------------------------------------------------------------------
@@ -117,6 +119,15 @@ class Endpoint:
     def get_server_info(self) -> dict[str, Any]:
         return self._json("/server_info")
 
+    def incremental_streams(self) -> bool:
+        """Whether the server streams only what is new in each event (SGLang's incremental_streaming_output)."""
+        if self._incremental is None:
+            try:
+                self._incremental = self.get_server_info().get("incremental_streaming_output") is True
+            except ValueError:  # a 4xx: no such route, so SGLang's default
+                self._incremental = False
+        return self._incremental
+
     def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
         text, images = self._prompt(state)
         if not text:
@@ -132,7 +143,7 @@ class Endpoint:
             if p.logprob_start_len is not None:
                 payload["logprob_start_len"] = p.logprob_start_len
         sent, last, reported = 0, None, 0
-        for event in self._events("/generate", payload):
+        for event in _cumulative(self._events("/generate", payload), self.incremental_streams()):
             text = event.get("text", "")
             progress = dict(event.get("meta_info") or {})
             for key in ("output_token_logprobs", "output_top_logprobs"):  # the stream's lists are cumulative
@@ -246,6 +257,23 @@ class Endpoint:
 
 
 RuntimeEndpoint = Endpoint  # SGLang's name
+
+
+def _cumulative(events: Iterator[dict[str, Any]], incremental: bool) -> Iterator[dict[str, Any]]:
+    """Stream events as a default SGLang stream sends them (text and output logprobs so far), from an
+    incremental one's (only what is new)."""
+    if not incremental:
+        yield from events
+        return
+    text, so_far = "", {}
+    for event in events:
+        text += event.get("text", "")
+        meta = dict(event.get("meta_info") or {})
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            if key in meta:
+                meta[key] = so_far.setdefault(key, [])  # one list, grown: the caller slices what is new
+                meta[key].extend(event["meta_info"][key])
+        yield {**event, "text": text, "meta_info": meta}
 
 
 def _positioned(meta: dict[str, Any]) -> dict[int, tuple]:

@@ -19,8 +19,9 @@ from .chat import ChatTemplate
 from .choices import resolve_method
 from .gen_params import GenParams
 from .tools import parsed_calls
-from .ir import (Gen, Image, ImageData, Node, RoleBegin, RoleEnd, Select, SetVar, Text, VarScopeBegin,
-                 VarScopeEnd)
+from .ir import (Gen, Image, ImageData, Node, RoleBegin, RoleEnd, Select, SeparateReasoning, SetVar, Text,
+                 VarScopeBegin, VarScopeEnd)
+from .reasoning import reasoning_format, reasoning_variable
 
 
 class ProgramCancelled(RuntimeError):
@@ -147,6 +148,7 @@ class StateCore:
         self.role_start = 0
         self.role_suffix = ""
         self.scopes: dict[str, int] = {}
+        self.starts: dict[str, int] = {}  # where each gen / select variable's text begins in `text`
         if parent is not None:
             parent.copy_into(self)
         self.fork_start = len(self.text)
@@ -168,7 +170,7 @@ class StateCore:
             child.messages = [dict(m) for m in self.messages]
             child.images, child.image_offsets = list(self.images), list(self.image_offsets)
             child.role, child.role_start, child.role_suffix = self.role, self.role_start, self.role_suffix
-            child.scopes = dict(self.scopes)
+            child.scopes, child.starts = dict(self.scopes), dict(self.starts)
 
     # ---- the program thread's side ----------------------------------------------------------------
     def submit(self, nodes: list[Node]) -> None:
@@ -267,6 +269,8 @@ class StateCore:
             self._set_var(node.name, node.value)
         elif isinstance(node, JoinOp):
             self._apply_join(node)
+        elif isinstance(node, SeparateReasoning):
+            self._separate_reasoning(node)
         else:
             raise AssertionError(f"unexpected node {node!r}")
 
@@ -289,7 +293,7 @@ class StateCore:
 
     def _gen(self, node: Gen) -> None:
         gen = Gen(node.name, node.params.merged(self.run.defaults))
-        name, parts, meta = gen.name, [], None
+        name, parts, meta, start = gen.name, [], None, len(self.text)
         if name is not None:
             with self.cond:
                 self.streaming[name] = ""
@@ -317,13 +321,16 @@ class StateCore:
                     self.streaming.pop(name, None)
         if name is not None:
             text = "".join(parts)
+            self.starts[name] = start
             self._set_var(name, parsed_calls(text) if gen.params.tool_calls else text, meta)
 
     def _select(self, node: Select) -> None:
         choices = list(node.choices)
         index, meta = self.run.backend.select(self.view(), choices, resolve_method(node.method))
+        start = len(self.text)
         self._append(choices[index])
         if node.name is not None:
+            self.starts[node.name] = start
             self._set_var(node.name, choices[index], meta)
 
     def _role_begin(self, role: str) -> None:
@@ -342,6 +349,26 @@ class StateCore:
             self.messages.append({"role": role, "content": content})
             self.role = None
 
+    def _separate_reasoning(self, node: SeparateReasoning) -> None:
+        form = reasoning_format(node.model_type)
+        # the last variable first, so that cutting one leaves the offsets of those before it true
+        for name in sorted(node.names, key=lambda n: self.starts.get(n, -1), reverse=True):
+            value = self.vars.get(name)
+            if not isinstance(value, str):
+                raise ValueError(f"separate_reasoning: variable {name!r} holds no generated text")
+            reasoning, answer = form.split(value)
+            start = self.starts.get(name, -1)
+            end = start + len(value)
+            with self.cond:
+                # the text keeps the answer where the variable's text was (so the role's message is the
+                # answer, as in SGLang); a stream of the state's text has shown the reasoning already
+                if start >= 0 and self.text[start:end] == value:
+                    self.text = self.text[:start] + answer + self.text[end:]
+                    shift = len(answer) - len(value)
+                    self.image_offsets = [o + shift if o >= end else o for o in self.image_offsets]
+            self._set_var(name, answer)
+            self._set_var(reasoning_variable(name), reasoning)
+
     def _apply_join(self, op: JoinOp) -> None:
         if op.mode == "concate_and_append":
             self._append(op.text)
@@ -358,4 +385,6 @@ def variables_set_by(node: Node | None) -> Counter[str]:
         return Counter((node.name,))
     if isinstance(node, JoinOp):
         return Counter(node.values.keys())
+    if isinstance(node, SeparateReasoning):
+        return Counter([*node.names, *map(reasoning_variable, node.names)])
     return Counter()

@@ -24,7 +24,7 @@ LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "logprob_start_len": int,
                                "return_text_in_logprobs": bool, "dtype": str,
                                "tool_calls": bool}  # tool_calls: the variable holds parsed calls
 IR_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
-GEN_CONSTRAINTS = ("dtype", *CONSTRAINT_FIELDS)
+GEN_CONSTRAINTS = ("dtype", *(name for name in CONSTRAINT_FIELDS if name not in NOT_IN_GEN))
 _RUNTIME_NAMES = {lang: runtime for runtime, lang in GEN_NAMES.items()}
 
 

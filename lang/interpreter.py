@@ -220,5 +220,6 @@ def _apply_events(state: ProgramState, events: Iterator[dict[str, Any]]) -> None
         elif kind == "end":
             with core.cond:
                 core.messages = list(event.get("messages", []))
+                core.text = event.get("text", core.text)  # what the deltas built, less what separate_reasoning cut
             return
     raise RuntimeError("the server's program stream ended without an end event")

@@ -16,7 +16,8 @@ import xxhash
 from .config import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR  # noqa: F401 - SGLang's sglang.lang.ir names
 from .gen_params import GenParams
 
-IR_VERSION = 1
+IR_VERSION = 2  # the newest version this radixlang reads and writes; it reads every older one too
+OP_SINCE = {"separate_reasoning": 2}  # ops added after version 1, with the version that added them
 CHOICE_METHODS = ("token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized")
 JOIN_MODES = ("gather_variable", "concate_and_append")
 ROLES = ("system", "user", "assistant")
@@ -202,8 +203,20 @@ class Join(Node):
     kind: ClassVar[str] = "join"
 
 
+@dataclass(slots=True)
+class SeparateReasoning(Node):
+    """SGLang's separate_reasoning: each variable of `names` keeps the answer, `<name>_reasoning_content` gets
+    the reasoning written before it (per `model_type`'s format, lang/reasoning.py), and the state's text keeps
+    the answer where the variable's text was."""
+
+    names: list[str]
+    model_type: str
+    kind: ClassVar[str] = "separate_reasoning"
+
+
 OP_NODES: dict[str, type[Node]] = {cls.kind: cls for cls in (
-    Text, Arg, Var, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, Fork, Join)}
+    Text, Arg, Var, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, Fork, Join,
+    SeparateReasoning)}
 
 
 def check_select(node: Select, where: str = "select") -> None:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .gen_params import GenParams
-from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, ROLES, Arg, Fork, Gen, Image, ImageData, Join, Node,
-                 RoleBegin, RoleEnd, Select, Seq, Var, check_select)
+from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, OP_SINCE, ROLES, Arg, Fork, Gen, Image, ImageData,
+                 Join, Node, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, Var, check_select)
 from .config import MAX_FORK_SIZE
+from .reasoning import reasoning_format
 
 
 @dataclass(slots=True)
@@ -29,7 +30,12 @@ class ProgramIR:
     name: str
     params: list[str]
     ops: list[Op]
-    version: int = IR_VERSION
+
+    @property
+    def version(self) -> int:
+        """The oldest IR version that has every op: what the program is written as, so that servers older
+        than an op it does not use still read it."""
+        return max((OP_SINCE.get(op.node.kind, 1) for op in self.ops), default=1)
 
     def to_dict(self) -> dict[str, Any]:
         return encode_program(self)
@@ -63,8 +69,9 @@ def encode_program(program: ProgramIR) -> dict[str, Any]:
 def decode_program(d: Any) -> ProgramIR:
     if not isinstance(d, dict):
         raise ValueError("an IR program must be a JSON object")
-    if d.get("version") != IR_VERSION:
-        raise ValueError(f"unsupported IR version {d.get('version')!r}; this radixlang reads version {IR_VERSION}")
+    version = d.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= IR_VERSION:
+        raise ValueError(f"unsupported IR version {version!r}; this radixlang reads versions 1 to {IR_VERSION}")
     unknown = set(d) - {"version", "name", "params", "ops"}
     if unknown:
         raise ValueError(f"unknown IR field(s) {sorted(unknown)}")
@@ -79,7 +86,11 @@ def decode_program(d: Any) -> ProgramIR:
             raise ValueError(f"ops[{i}] must be an object")
         raw = dict(raw)
         state = _coerce(raw.pop("state", None), int, f"ops[{i}].state")
-        ops.append(Op(state, _decode_node(raw, f"ops[{i}]")))
+        node = _decode_node(raw, f"ops[{i}]")
+        if OP_SINCE.get(node.kind, 1) > version:
+            raise ValueError(f"ops[{i}]: op {node.kind!r} is not in IR version {version}; "
+                             f"it needs version {OP_SINCE[node.kind]}")
+        ops.append(Op(state, node))
     program = ProgramIR(name, params, ops)
     validate_program(program)
     return program
@@ -193,8 +204,6 @@ class _Validator:
 
     def run(self) -> None:
         p = self.program
-        if p.version != IR_VERSION:
-            raise ValueError(f"unsupported IR version {p.version}; this radixlang reads version {IR_VERSION}")
         if len(set(p.params)) != len(p.params) or not all(s.isidentifier() for s in p.params):
             raise ValueError(f"params must be distinct identifiers, got {p.params}")
         for i, op in enumerate(p.ops):
@@ -218,6 +227,13 @@ class _Validator:
             check_select(node, where)
         elif isinstance(node, (RoleBegin, RoleEnd)) and node.role not in ROLES:
             raise ValueError(f"{where}: role must be one of {ROLES}, got {node.role!r}")
+        elif isinstance(node, SeparateReasoning):
+            try:
+                reasoning_format(node.model_type)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            if not all(isinstance(n, str) and n for n in node.names):
+                raise ValueError(f"{where}: names must be non-empty strings, got {node.names!r}")
         elif isinstance(node, Fork):
             self._fork(op.state, node, where)
         elif isinstance(node, Join):

@@ -8,11 +8,11 @@ import threading
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from .executor import JoinOp, StateCore
-from .ir import (JOIN_MODES, Gen, Image, ImageData, Node, Placeholder, RoleBegin, RoleEnd, Select, Seq, SetVar, Text,
-                 VarScopeBegin, VarScopeEnd)
+from .ir import (JOIN_MODES, Gen, Image, ImageData, Node, Placeholder, RoleBegin, RoleEnd, Select, SeparateReasoning,
+                 Seq, SetVar, Text, VarScopeBegin, VarScopeEnd)
 from .config import MAX_FORK_SIZE
 
-_EAGER_NODES = (Text, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar)
+_EAGER_NODES = (Text, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, SeparateReasoning)
 _END = object()  # text_async_iter: the iterator is exhausted
 
 

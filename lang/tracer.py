@@ -15,9 +15,10 @@ import json
 import re
 from typing import Any, Callable, Iterator, Protocol
 
-from .ir import (Arg, Fork, Gen, Image, Join, Node, Placeholder, RoleBegin, RoleEnd, Select, Seq, SetVar, Text,
-                 TraceError, Var, VarScopeEnd)
+from .ir import (Arg, Fork, Image, Join, Node, Placeholder, RoleBegin, RoleEnd, Select, Seq, SetVar, Text,
+                 TraceError, Var)
 from .ir_json import Op, ProgramIR
+from .executor import variables_set_by
 from .state import ProgramStateGroup, StateOps, check_fork_size, _check_name
 
 
@@ -66,8 +67,7 @@ class _Trace:
             raise TraceError(f"select {node.name!r} uses a custom choice method, which a traced program cannot "
                              "carry; use a built-in method or run the program eagerly")
         self.ops.append(Op(state, node))
-        name = _defines(node)
-        if name is not None:
+        for name in variables_set_by(node):
             self._assign(state, name)
 
     def _assign(self, state: int, name: str) -> None:
@@ -130,14 +130,6 @@ class _Trace:
         return TraceError("a string operation changed a traced value's text (upper(), replace(), slicing...); "
                           "the tracer can only insert arguments and variables as they are")
 
-
-
-def _defines(node: Node) -> str | None:
-    if isinstance(node, (Gen, Select)):
-        return node.name
-    if isinstance(node, (VarScopeEnd, SetVar)):
-        return node.name
-    return None
 
 
 def _reject_markers(node: Node) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import queue
 import random
 import threading
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -22,6 +23,7 @@ from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
 from .multimodal.prompt import text_ids
 from .request import Req, StreamChunk
+from .profiler import ProfileSpec, StepProfiler
 from .sampler import SamplingState
 from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
@@ -104,7 +106,8 @@ class Engine:
                                           share_prefills=not cfg.disable_radix_cache)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
-        self._thread = SchedulerThread(self.core)
+        self.profiler = StepProfiler()  # its state is the scheduler thread's
+        self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
 
     # ---- the one way in ---------------------------------------------------------------------------
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
@@ -277,6 +280,14 @@ class Engine:
         """Drops every pin of `group` (a program's states); returns at once."""
         if not self._thread.closed:
             self._thread.call(lambda: self.scheduler.kv.pins.unpin_group(group))
+
+    def start_profile(self, spec: ProfileSpec | None = None) -> Path:
+        """Starts torch.profiler over the scheduler's steps (ValueError if one runs); the trace's future path."""
+        return self._thread.call(lambda: self.profiler.start(spec or ProfileSpec())).result()
+
+    def stop_profile(self) -> Path:
+        """Stops the profiler and writes its Chrome trace (ValueError if none runs); the trace's path."""
+        return self._thread.call(self.profiler.stop).result()
 
     def check_invariants(self) -> None:
         """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""

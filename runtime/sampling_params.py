@@ -13,12 +13,11 @@ from typing import Any
 
 from .config import DEFAULT_MAX_NEW_TOKENS, MAX_LOGIT_BIAS, MAX_N, MAX_PENALTY, MAX_TEMPERATURE
 
-CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar", "structural_tag")  # at most one per request
+CONSTRAINT_FIELDS = ("regex", "json_schema", "grammar", "ebnf", "structural_tag")  # at most one per request
 # SGLang's names for fields kept here under another name
 ALIASES = {"sampling_seed": "seed"}
 # SGLang's fields radixlang does not implement: accepted only at their "off" value, as named here
 UNSUPPORTED = {"beam_width": ((None, 1), "beam search is not supported; use n for several samples"),
-               "ebnf": ((None,), "EBNF grammars are not supported; pass a Lark grammar as grammar"),
                "watermark": ((None,), "watermarking is not supported")}
 
 
@@ -74,13 +73,13 @@ class SamplingParams:
     stream_interval: int | None = _field(None, Rule("optional_int", 1))  # /generate streams every k tokens
     custom_params: dict[str, Any] | None = _field(None, Rule("json_object"))  # no-op: no custom logit processors
     beam_width: int | None = _field(None, Rule("unsupported"))
-    ebnf: str | None = _field(None, Rule("unsupported"))
+    ebnf: str | None = _field(None, Rule("text"))  # XGrammar's EBNF (GBNF-like), start rule `root`
     structural_tag: Any = _field(None, Rule("any"))  # dict or JSON string: free text + triggered schemas
     watermark: Any = _field(None, Rule("unsupported"))
 
     @property
     def constraint(self) -> tuple[str, Any] | None:
-        """('regex' | 'json_schema' | 'grammar' | 'structural_tag', spec), or None when unconstrained."""
+        """('regex' | 'json_schema' | 'grammar' | 'ebnf' | 'structural_tag', spec), or None when unconstrained."""
         for name in CONSTRAINT_FIELDS:
             if getattr(self, name) is not None:
                 return name, getattr(self, name)

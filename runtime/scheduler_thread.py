@@ -29,8 +29,9 @@ class Steppable(Protocol):
 class SchedulerThread:
     """Owns the background thread; other threads reach the state it owns only through `call`."""
 
-    def __init__(self, core: Steppable):
+    def __init__(self, core: Steppable, after_step: Callable[[bool], None] | None = None):
         self.core = core
+        self.after_step = after_step  # told after each step whether it scheduled anything (the profiler)
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.closed = False
         self.stopped: str | None = None  # why the loop stopped on its own (a TP worker failure)
@@ -75,6 +76,8 @@ class SchedulerThread:
                 break
             try:
                 progressed = bool(self.core.step())
+                if self.after_step is not None:
+                    self.after_step(progressed)
             except WorkerFailure as e:  # a TP rank died or hung: the model cannot run again
                 logger.error("%s", e)
                 self.stopped, self.closed = str(e), True

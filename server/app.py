@@ -20,9 +20,9 @@ from .state import ServerState, server_state
 
 
 def create_app(engine: Engine, served_model_name: str | None = None,
-               limits: ServerLimits | None = None) -> FastAPI:
+               limits: ServerLimits | None = None, incremental_streaming_output: bool = False) -> FastAPI:
     """The HTTP API over `engine`. The app does not own the engine: whoever made it shuts it down."""
-    state = ServerState(engine, served_model_name or engine.model_name, limits)
+    state = ServerState(engine, served_model_name or engine.model_name, limits, incremental_streaming_output)
     app = FastAPI(title="radixlang", lifespan=state.lifespan)
     app.state.server = state
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)

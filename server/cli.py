@@ -80,7 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
     options = {"compile_layers": True} | _engine_options(args)
     with Engine(model=args.model, **options) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
-              grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits)
+              grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits,
+              incremental_streaming_output=args.incremental_streaming_output)
     return 0
 
 
@@ -89,7 +90,8 @@ def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
     from .fleet import FleetSpec, require_router, serve_fleet, worker_flags
 
     require_router()  # says how to install it
-    options = {"model": args.model, "served_model_name": args.served_model_name, **_engine_options(args),
+    options = {"model": args.model, "served_model_name": args.served_model_name,
+               "incremental_streaming_output": args.incremental_streaming_output, **_engine_options(args),
                **dataclasses.asdict(limits)}
     spec = FleetSpec(host=args.host, port=args.port, dp=args.dp, worker_args=list(worker_flags(options)),
                      policy=args.router_policy, threads_per_worker=args.threads_per_worker,
@@ -157,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--graceful-timeout", type=float, default=GRACEFUL_SHUTDOWN_S,
                      help="seconds requests in flight may still run on shutdown before they are aborted")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    srv.add_argument("--incremental-streaming-output", action="store_true",
+                     help="as SGLang's: each /generate stream event carries only the text, output_ids and "
+                          "logprobs new since the last one (default: all so far)")
     _add_limit_options(srv)
     _add_fleet_options(srv)
     _add_engine_options(srv)

@@ -61,10 +61,11 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                 served_model_name: str | None = None, grace_s: float = GRACEFUL_SHUTDOWN_S,
-                log_level: str = "info", limits: ServerLimits | None = None) -> DrainingServer:
+                log_level: str = "info", limits: ServerLimits | None = None,
+                incremental_streaming_output: bool = False) -> DrainingServer:
     if grace_s < 0:
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
-    app = create_app(engine, served_model_name, limits)
+    app = create_app(engine, served_model_name, limits, incremental_streaming_output)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)
     return DrainingServer(config, app.state.server, grace_s)

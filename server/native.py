@@ -143,13 +143,34 @@ def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: C
     return {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
 
 
+# what an incremental stream event holds only the new part of (SGLang's _INCREMENTAL_STREAMING_META_INFO_KEYS)
+_INCREMENTAL_META = ("output_token_logprobs", "output_top_logprobs")
+
+
+def _since_last(whole: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
+    """An event as SGLang's incremental_streaming_output sends it: the text, output_ids and output logprobs
+    past the lengths already `sent` (updated here); counts (completion_tokens, output_token_logprobs_length)
+    stay totals."""
+    meta = dict(whole["meta_info"])
+    event = {"text": whole["text"][sent.get("text", 0):], "output_ids": whole["output_ids"][sent.get("ids", 0):],
+             "meta_info": meta}
+    sent.update(text=len(whole["text"]), ids=len(whole["output_ids"]))
+    for key in _INCREMENTAL_META:
+        if key in meta:
+            meta[key] = meta[key][sent.get(key, 0):]
+            sent[key] = len(whole["meta_info"][key])
+    return event
+
+
 def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int, max_new_tokens: int,
             interval: int, groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
             started: float) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
-    `stream_interval` k, an event comes once k more tokens are out (and at the end)."""
+    `stream_interval` k, an event comes once k more tokens are out (and at the end). A server started with
+    SGLang's incremental_streaming_output sends only what is new instead (`_since_last`)."""
     collectors: dict[int, Collector] = {}
     sent: dict[int, int] = {}  # completion tokens each sample's last event carried
+    shown: dict[int, dict[str, int]] = {}  # how much of each sample's lists went out (incremental streaming)
 
     def render(i: int, chunk: StreamChunk) -> list[dict]:
         collector = collectors.setdefault(i, Collector())
@@ -158,7 +179,9 @@ def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]],
             return []
         sent[i] = chunk.completion_tokens
         c = collector.result(chunk, body.return_logprob)
-        return [_response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
-                | {"index": i}]
+        whole = _response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
+        if state.incremental_streaming_output:
+            return [_since_last(whole, shown.setdefault(i, {})) | {"index": i}]
+        return [whole | {"index": i}]
 
     return events(state, groups, chunks, render, with_logprobs=body.return_logprob)

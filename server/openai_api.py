@@ -44,7 +44,7 @@ _SET_BY_ROUTE = ("max_new_tokens", "json_schema", "structural_tag")
 
 
 def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
-    """Engine sampling params; response_format / regex / grammar become constrained decoding."""
+    """Engine sampling params; response_format / regex / grammar / ebnf become constrained decoding."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
@@ -57,7 +57,8 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
         params["json_schema"] = schema
     constraints = [k for k in CONSTRAINT_FIELDS if k in params]
     if len(constraints) > 1:
-        raise APIError(400, "use at most one of response_format (JSON), regex and grammar", FIELDS[constraints[1]])
+        raise APIError(400, "use at most one of response_format (JSON), regex, grammar and ebnf",
+                       FIELDS[constraints[1]])
     return params
 
 

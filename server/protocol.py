@@ -124,6 +124,25 @@ class ConcatenateRequest(StrictModel):  # SGLang's /concate_and_append_request (
     dst_rid: str
 
 
+class ProfileRequest(StrictModel):
+    """SGLang's /start_profile body (its ProfileReq); every field optional. profile_by_stage, start_step,
+    profile_stages and detailed_annotations ask for what radixlang's profiler lacks: 400 unless left off;
+    merge_profiles holds already (one rank, one trace)."""
+
+    output_dir: str | None = None
+    num_steps: int | None = Field(None, ge=1)
+    activities: list[str] | None = None
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    profile_id: str | None = None
+    profile_prefix: str | None = None
+    merge_profiles: bool = False
+    start_step: int | None = None
+    profile_by_stage: bool = False
+    profile_stages: list[str] | None = None
+    detailed_annotations: bool = False
+
+
 class TokenizeRequest(StrictModel):  # vLLM's /tokenize
     prompt: str
     add_special_tokens: bool = True

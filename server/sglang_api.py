@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.metadata
 import os
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 
+from ..lang.hosted import version
+from ..runtime.models.loader import model_identity
+from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
 from .openapi import error_responses
-from .protocol import ConcatenateRequest
+from .errors import APIError
+from .protocol import ConcatenateRequest, ProfileRequest
+from .sglang_fields import check_profile_extras
 from .state import server_state
 from .worker_api import load_entry
 
@@ -31,9 +36,14 @@ async def model_info(request: Request) -> dict[str, Any]:
     state = server_state(request)
     tok, images = state.engine.tokenizer, state.engine.image_prompts
     path = state.engine.model_path
+    model_type, architectures = model_identity(Path(path))  # from config.json, or a GGUF's architecture
     return {"model_path": path, "tokenizer_path": path, "served_model_name": state.model_name,
+            "model_type": model_type, "architectures": architectures and list(architectures),
             "is_generation": True, "has_image_understanding": images is not None,
             "has_audio_understanding": False, "context_length": state.engine.context_length,
+            # SGLang's, at the values of a server without those features: no server-side default sampling
+            # params, weights never updated in place, no prefill/decode split
+            "preferred_sampling_params": None, "weight_version": "default", "disaggregation_mode": "null",
             "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
             "image_token": images.placeholder if images else None}
 
@@ -51,7 +61,8 @@ async def server_info(request: Request) -> dict[str, Any]:
             "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
             "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
-            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid()}
+            "internal_states": [live], "version": version(), "frontend": "python", "pid": os.getpid(),
+            "incremental_streaming_output": state.incremental_streaming_output}
 
 
 @router.post("/concate_and_append_request", responses=error_responses(413, 422))
@@ -81,12 +92,30 @@ async def health_generate(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+@router.api_route("/start_profile", methods=["GET", "POST"], responses=error_responses(400, 422))
+async def start_profile(request: Request, body: ProfileRequest | None = Body(None)) -> PlainTextResponse:
+    """SGLang's: torch.profiler over the scheduler's steps until /stop_profile (or num_steps steps)."""
+    body = body or ProfileRequest()
+    check_profile_extras(body)
+    given = body.model_dump(exclude_none=True, include={f.name for f in dataclasses.fields(ProfileSpec)})
+    spec = ProfileSpec(**given | ({"activities": tuple(body.activities)} if body.activities is not None else {}))
+    path = await _profiler_call(request, server_state(request).engine.start_profile, spec)
+    return PlainTextResponse(f"Start profiling. The trace will be written to {path}\n")
+
+
+@router.api_route("/stop_profile", methods=["GET", "POST"], responses=error_responses(400))
+async def stop_profile(request: Request) -> PlainTextResponse:
+    path = await _profiler_call(request, server_state(request).engine.stop_profile)
+    return PlainTextResponse(f"Stop profiling. The trace was written to {path}\n")
+
+
+async def _profiler_call(request: Request, fn: Any, *args: Any) -> Any:
+    try:
+        return await server_state(request).offload(fn, *args)
+    except (ValueError, OSError) as e:  # one already running / none running, a bad spec, an unwritable dir
+        raise APIError(400, str(e), getattr(e, "field", None)) from None
+
+
 def _plain(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, list, dict))
 
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("radixlang")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

@@ -41,6 +41,13 @@ _CHAT_UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "bootstrap_room": (None, "prefill/decode disaggregation"),
 }
 
+_PROFILE_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "start_step": (None, "starting at a later step (start it then)"),
+    "profile_by_stage": (False, "separate prefill / decode traces"),
+    "profile_stages": (None, "profiling some stages only"),
+    "detailed_annotations": (False, "per-step KV annotations"),
+}
+
 _COMPLETION_UNSUPPORTED = {name: _CHAT_UNSUPPORTED[name] for name in ("return_hidden_states", "lora_path",
                                                                       "session_params")}
 
@@ -62,6 +69,11 @@ def check_chat_extras(body: BaseModel) -> None:
 def check_completion_extras(body: BaseModel) -> None:
     """As check_generate_extras, for /v1/completions."""
     _refuse(body, _COMPLETION_UNSUPPORTED)
+
+
+def check_profile_extras(body: BaseModel) -> None:
+    """As check_generate_extras, for /start_profile."""
+    _refuse(body, _PROFILE_UNSUPPORTED)
 
 
 def _refuse(body: BaseModel, unsupported: dict[str, tuple[Any, str]]) -> None:

@@ -94,9 +94,12 @@ class Throughput:
 
 
 class ServerState:
-    def __init__(self, engine: Engine, model_name: str, limits: ServerLimits | None = None):
+    def __init__(self, engine: Engine, model_name: str, limits: ServerLimits | None = None,
+                 incremental_streaming_output: bool = False):
         self.engine = engine
         self.model_name = model_name
+        # SGLang's server option: a /generate stream event carries only what is new since the last event
+        self.incremental_streaming_output = incremental_streaming_output
         self.limits = limits or ServerLimits()
         self.limits.validate()
         self.created = int(time.time())

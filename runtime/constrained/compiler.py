@@ -7,6 +7,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
+from .ebnf import parse_ebnf
 from .grammar.constraint import GrammarConstraint
 from .grammar.lalr import build_lark
 from .grammar.rule_grammar import rules_grammar
@@ -22,7 +23,7 @@ from .tag_dispatch import dispatch_constraint
 
 
 class ConstraintCompiler:
-    """Compiles regex / JSON schema / Lark constraints against one vocabulary; thread-safe."""
+    """Compiles regex / JSON schema / Lark / EBNF constraints against one vocabulary; thread-safe."""
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
                  cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Any = ()):
@@ -44,7 +45,7 @@ class ConstraintCompiler:
             return self._vocab
 
     def compile(self, kind: str, spec: Any) -> Constraint:
-        """`kind` is 'regex', 'json_schema', 'grammar' or 'structural_tag'. Raises ValueError for a bad spec."""
+        """`kind` is 'regex', 'json_schema', 'grammar', 'ebnf' or 'structural_tag'. Raises ValueError for a bad spec."""
         key = (kind, _cache_text(kind, spec))
         with self._lock:
             hit = self._cache.get(key)
@@ -68,6 +69,11 @@ class ConstraintCompiler:
             return RegexConstraint(compile_dfa([parse_regex(spec)]), vocab)
         if kind == "grammar":
             return GrammarConstraint(build_lark(spec), vocab)
+        if kind == "ebnf":
+            ebnf = parse_ebnf(spec)
+            if not ebnf.rules:  # a regular grammar: one DFA
+                return RegexConstraint(compile_dfa([ebnf.root]), vocab)
+            return GrammarConstraint(rules_grammar(ebnf.root, ebnf.rules, "ebnf"), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
             glued = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)

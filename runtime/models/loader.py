@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import logging
@@ -186,7 +187,11 @@ _GGUF_MOE_ARCHS = {"llama": MIXTRAL, "mistral": MIXTRAL, "qwen2moe": QWEN2_MOE, 
 
 def gguf_metadata(path: str | Path) -> dict[str, Any]:
     """A GGUF file's metadata as plain Python values (arrays as lists), as gguf's `contents()` gives them."""
-    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in read_gguf(path).metadata.items()}
+    return _plain_metadata(read_gguf(path))
+
+
+def _plain_metadata(gguf: GGUFFile) -> dict[str, Any]:
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in gguf.metadata.items()}
 
 
 _GGUF_ARCHS = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen2moe": QWEN2_MOE,
@@ -321,6 +326,30 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 # ---- HF folder ---------------------------------------------------------------------------------
+
+
+def source_hf_config(model_path: Path) -> dict[str, Any]:
+    """The model's config.json, or the one transformers would hold for a GGUF file (whose architecture names
+    are transformers' model_types: llama, mistral, qwen2, qwen3)."""
+    if model_path.is_dir():
+        return read_hf_config(model_path)
+    gguf = read_gguf(model_path)
+    meta = _plain_metadata(gguf)
+    arch = meta["general.architecture"]
+    hf = gguf_to_hf_config(meta, arch, {t.name for t in gguf.tensors})
+    ids = {"bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id")}
+    return hf | {"model_type": arch, "torch_dtype": "float32"} | ids
+
+
+@functools.lru_cache(maxsize=8)
+def model_identity(model_path: Path) -> tuple[str | None, tuple[str, ...] | None]:
+    """(model_type, architectures) as transformers' config names them (SGLang's /get_model_info reports both)."""
+    hf = source_hf_config(model_path)
+    architectures = tuple(hf.get("architectures") or ())
+    # a config.json may leave model_type out (transformers then guesses it); the architecture implies it
+    implied = {arch: model_type for model_type, arch in _GGUF_ARCHS.items()}
+    model_type = hf.get("model_type") or next((implied[a] for a in architectures if a in implied), None)
+    return model_type, architectures or None
 
 
 def read_hf_config(path: Path) -> dict[str, Any]:

@@ -10,31 +10,15 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..models.hf_config import LLAMA, MISTRAL, QWEN2, QWEN3
 from ..models.llama import LlamaForCausalLM
-from ..models.loader import LoadedModel, gguf_metadata, gguf_to_hf_config, read_hf_config
+from ..models.loader import LoadedModel, source_hf_config
 from ..models.quant_formats import IntWeight, write_gptq
 
-_MODEL_TYPES = {LLAMA: "llama", MISTRAL: "mistral", QWEN2: "qwen2", QWEN3: "qwen3"}
 _SPLITS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
            "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                     "chat_template.jinja")
 Packed = IntWeight | tuple[torch.Tensor, torch.Tensor]  # weight-only codes, or W8A8 (int8 rows, scales)
-
-
-def source_hf_config(model_path: Path) -> dict[str, Any]:
-    """The model's config.json, or the one transformers would hold for a GGUF file."""
-    if model_path.is_dir():
-        return read_hf_config(model_path)
-    import gguf
-
-    reader = gguf.GGUFReader(str(model_path))
-    meta = gguf_metadata(reader)
-    arch = meta["general.architecture"]
-    hf = gguf_to_hf_config(meta, arch, {t.name for t in reader.tensors})
-    ids = {"bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id")}
-    return hf | {"model_type": _MODEL_TYPES[hf["architectures"][0]], "torch_dtype": "float32"} | ids
 
 
 def write_folder(out: Path, model_path: Path, loaded: LoadedModel, packed: dict[str, Packed],

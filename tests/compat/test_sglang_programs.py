@@ -2,8 +2,9 @@
 default model served by radixlang, both ways at once: the program file unchanged with `sglang` =
 radixlang, and SGLang's own RuntimeEndpoint client (see sglang_programs.py, which runs them).
 
-Every program must run. A program may fail only a check listed below: what a 135M model answers, or
-one protocol mismatch that SGLang's own server has too.
+Every program must run. A program may fail only a check listed below: what a 135M model answers.
+The server streams as SGLang's own CI runs its server for these programs (test/srt/test_srt_backend.py:
+--incremental-streaming-output), which test_stream_logprobs needs.
 """
 from __future__ import annotations
 
@@ -43,9 +44,6 @@ CONTENT_CHECKS = {
     # 64 sampled tokens, decoded and encoded again, may be 63: the model's random text re-tokenizes shorter
     "test_gen_min_new_tokens": ("AssertionError",),
 }
-# SGLang's server streams the text and output_token_logprobs so far (cumulative) in every event, as ours
-# does; the program expects each chunk's own logprobs, which its RuntimeEndpoint never produces
-PROTOCOL_CHECKS = {("sglang", "test_stream_logprobs"): ("AssertionError",)}
 
 
 def run_clients(url: str) -> dict[str, dict[str, dict]]:
@@ -66,27 +64,25 @@ def run_clients(url: str) -> dict[str, dict[str, dict]]:
     return outcomes
 
 
-def allowed(client: str, program: str, outcome: dict) -> bool:
+def allowed(program: str, outcome: dict) -> bool:
     if outcome["result"] == "pass":
         return True
     if outcome["result"] != "fail":  # a hang
         return False
-    kinds = CONTENT_CHECKS.get(program, ()) + PROTOCOL_CHECKS.get((client, program), ())
-    return outcome["exception"] in kinds
+    return outcome["exception"] in CONTENT_CHECKS.get(program, ())
 
 
 def test_every_sglang_program_runs_both_ways(smollm_engine):
-    with background_server(smollm_engine) as server:
+    with background_server(smollm_engine, incremental_streaming_output=True) as server:
         outcomes = run_clients(server.url)
     for client, ran in outcomes.items():  # shown with -s, or when the test fails
         print(client, {name: (o["result"], o["seconds"]) for name, o in ran.items()})
     for client, expected in (("radixlang", PROGRAMS + ONLY_RADIXLANG), ("sglang", PROGRAMS)):
         ran = outcomes[client]
         assert sorted(ran) == sorted(expected), f"{client}: programs without a result: {set(expected) - set(ran)}"
-        bad = {name: o for name, o in ran.items() if not allowed(client, name, o)}
+        bad = {name: o for name, o in ran.items() if not allowed(name, o)}
         assert not bad, f"{client}: {json.dumps(bad, indent=1)}"
     # the programs that check no model content pass both ways
-    checked = set(CONTENT_CHECKS) | {p for _, p in PROTOCOL_CHECKS}
     for client, ran in outcomes.items():
-        assert all(o["result"] == "pass" for name, o in ran.items() if name not in checked), client
+        assert all(o["result"] == "pass" for name, o in ran.items() if name not in CONTENT_CHECKS), client
     smollm_engine.check_invariants()

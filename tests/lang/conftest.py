@@ -47,3 +47,12 @@ def server_url(shared_tiny_engine):
 
     with background_server(shared_tiny_engine) as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def incremental_server_url(shared_tiny_engine):
+    """As server_url, streaming as SGLang's incremental_streaming_output does (each event: only what is new)."""
+    from radixlang.server.launch import background_server
+
+    with background_server(shared_tiny_engine, incremental_streaming_output=True) as server:
+        yield server.url

@@ -97,7 +97,14 @@ def _ir(ops, params=()):
 
 
 @pytest.mark.parametrize("doc, message", [
-    ({"version": 2, "name": "p", "params": [], "ops": []}, "unsupported IR version 2"),
+    ({"version": 3, "name": "p", "params": [], "ops": []}, "unsupported IR version 3"),
+    ({"version": True, "name": "p", "params": [], "ops": []}, "unsupported IR version True"),
+    (_ir([{"state": 0, "op": "separate_reasoning", "names": ["a"], "model_type": "qwen3"}]),
+     "ops[0]: op 'separate_reasoning' is not in IR version 1"),
+    (_ir([{"state": 0, "op": "separate_reasoning", "names": ["a"], "model_type": "gpt-7"}]) | {"version": 2},
+     "ops[0] (separate_reasoning): unsupported reasoning model_type 'gpt-7'"),
+    (_ir([{"state": 0, "op": "separate_reasoning", "names": [""], "model_type": "qwen3"}]) | {"version": 2},
+     "names must be non-empty strings"),
     (_ir([{"state": 0, "op": "teleport"}]), "ops[0].op must be one of"),
     (_ir([{"state": 0, "op": "text"}]), "needs field 'value'"),
     (_ir([{"state": 0, "op": "text", "value": 3}]), "ops[0].value must be a str"),

@@ -3,8 +3,12 @@ through the server: per-chunk stream meta, variables set on finished states, the
 global_config, num_api_spec_tokens, the REGEX_* names."""
 from __future__ import annotations
 
+import ast
 import asyncio
+import importlib.metadata
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +26,12 @@ def chunks_with_meta(state) -> list[tuple[str, dict]]:
     return asyncio.run(collect())
 
 
-@pytest.mark.parametrize("via", ["engine", "server"])
-def test_text_async_iter_yields_each_chunks_own_meta_as_sglang(backend, server_url, via):
-    """SGLang's test_stream_logprobs checks, plus: the chunks' logprobs add up to the variable's."""
-    chosen = backend if via == "engine" else rl.Endpoint(server_url)
+@pytest.mark.parametrize("via", ["engine", "server", "incremental server"])
+def test_text_async_iter_yields_each_chunks_own_meta_as_sglang(backend, request, via):
+    """SGLang's test_stream_logprobs checks, plus: the chunks' logprobs add up to the variable's; through a
+    server that streams all so far (SGLang's default) or only what is new (its incremental_streaming_output)."""
+    urls = {"server": "server_url", "incremental server": "incremental_server_url"}
+    chosen = backend if via == "engine" else rl.Endpoint(request.getfixturevalue(urls[via]))
     state = answer.run(backend=chosen, stream=True, temperature=0, ignore_eos=True)
     chunks = chunks_with_meta(state)
     assert len(chunks) > 1
@@ -108,6 +114,26 @@ def test_sglangs_regex_names_import_from_lang_ir():
 
     assert re.fullmatch(REGEX_INT, "-42 \n") and re.fullmatch(REGEX_FLOAT, ".5") and re.fullmatch(REGEX_FLOAT, "6e2")
     assert re.fullmatch(REGEX_BOOL, "False") and re.fullmatch(REGEX_STR, '"Paris 2"')
+
+
+def test_every_name_sglang_exports_exists_and_hosted_backends_say_what_to_use():
+    """sglang/__init__.py's __all__ and sglang/lang/api.py's functions, read from the installed wheel."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("the sglang wheel is not installed")
+    package = Path(spec.origin).parent
+    exported = next(ast.literal_eval(node.value) for node in ast.parse((package / "__init__.py").read_text()).body
+                    if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets))
+    api = [node.name for node in ast.parse((package / "lang" / "api.py").read_text()).body
+           if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
+    assert "separate_reasoning" in api and "OpenAI" in exported
+    assert [name for name in [*exported, *api] if not hasattr(rl, name)] == []
+    assert rl.__version__ == importlib.metadata.version("radixlang")
+    for backend_class in (rl.OpenAI, rl.Anthropic, rl.LiteLLM, rl.VertexAI, rl.Crusoe):
+        with pytest.raises(NotImplementedError, match="RuntimeEndpoint"):
+            backend_class("gpt-4o", api_key="x")
+    with pytest.raises(NotImplementedError, match="rl.Engine"):
+        rl.ServerArgs(model_path="m")
 
 
 def test_stop_regex_and_logprob_start_len_reach_the_engine(backend, engine):

@@ -46,12 +46,13 @@ class LiveServer:
 
 @contextlib.contextmanager
 def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
-            **options: Any) -> Iterator[LiveServer]:
+            incremental_streaming_output: bool = False, **options: Any) -> Iterator[LiveServer]:
     options.setdefault("kv_cache_tokens", 4096)
     options.setdefault("device", "cpu")
     engine = Engine(model=str(model_dir), **options)
     try:
-        with background_server(engine, grace_s=grace_s, limits=limits) as server:
+        with background_server(engine, grace_s=grace_s, limits=limits,
+                               incremental_streaming_output=incremental_streaming_output) as server:
             yield LiveServer(server.url, engine, server)
         engine.check_invariants()
     finally:
@@ -73,7 +74,7 @@ def server(live_server) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def server_factory(tiny_model_dir):
-    """Starts extra servers with their own engine options (and `limits`, `grace_s`); each is checked
+    """Starts extra servers with their own engine options (and `limits`, `grace_s`, server options); each is checked
     and stopped afterwards."""
     stack = contextlib.ExitStack()
 

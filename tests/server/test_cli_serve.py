@@ -36,6 +36,16 @@ def test_serve_flags_become_request_limits_with_the_defaults_for_the_rest():
     assert _limits(args) == ServerLimits(max_prompts=8, max_program_seconds=2.5)
 
 
+def test_incremental_streaming_output_is_sglangs_flag_and_reaches_fleet_workers():
+    from radixlang.server.fleet import worker_flags
+
+    assert build_parser().parse_args(["serve"]).incremental_streaming_output is False
+    args = build_parser().parse_args(["serve", "--incremental-streaming-output"])
+    assert args.incremental_streaming_output is True
+    flags = list(worker_flags({"incremental_streaming_output": args.incremental_streaming_output}))
+    assert build_parser().parse_args(["serve", *flags]).incremental_streaming_output is True
+
+
 def test_serve_rejects_a_bad_limit_before_loading_the_model():
     res = subprocess.run([sys.executable, "-m", "radixlang.server.cli", "serve", "--model", "/no/such/model",
                           "--max-sequences", "0"], capture_output=True, text=True, timeout=120)

@@ -14,7 +14,8 @@ from .lr_table import Production, build_table
 Symbols = tuple[str, ...]
 
 
-def rules_grammar(root: ra.Node, rules: dict[str, ra.Node]) -> LalrGrammar:
+def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_schema") -> LalrGrammar:
+    """`field` names the request field the rules came from, in the error for a grammar that is not LALR(1)."""
     writer = _Writer()
     writer.define("start", root)
     for name, body in rules.items():
@@ -23,7 +24,7 @@ def rules_grammar(root: ra.Node, rules: dict[str, ra.Node]) -> LalrGrammar:
     try:
         table = build_table(writer.productions, set(terminals))
     except ValueError as e:
-        raise ValueError(f"json_schema: its recursive part has no unambiguous LALR(1) grammar ({e})") from None
+        raise ValueError(f"{field}: its recursive part has no unambiguous LALR(1) grammar ({e})") from None
     return LalrGrammar(table, terminals, frozenset())
 
 
