@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .sampling_params import FieldError
+from .validation import FieldError
 
 logger = logging.getLogger(__name__)
 DEFAULT_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"  # SGLang's: where traces go when no output_dir is given

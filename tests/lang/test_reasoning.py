@@ -58,6 +58,9 @@ class CannedBackend:
     def flush_cache(self) -> bool:
         return True
 
+    def get_server_info(self) -> dict[str, Any]:
+        return {}
+
 
 def conversation(sgl: Any) -> Any:
     @sgl.function
