@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from ..runtime.engine import Engine
 from ..runtime.models.loader import default_model_path
 from .config import HEALTH_TIMEOUT_S
 from .openapi import error_responses
@@ -57,7 +58,19 @@ async def server_info(request: Request) -> dict[str, Any]:
             "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
             "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
-            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid()}
+            "internal_states": [live], "version": _version(), "frontend": "python", "pid": os.getpid(),
+            "decode_compile": _decode_compile(engine)}
+
+
+def _decode_compile(engine: Engine) -> str:
+    """The background compile of the decode forward (runtime/models/compiled.py): "off", "compiling" (decode
+    is eager meanwhile, and the compile takes CPU), "ready" (it serves decode) or "failed" (eager for good)."""
+    job = engine.decode_compile
+    if job is None:
+        return "off"
+    if not job.finished.is_set():
+        return "compiling"
+    return "failed" if job.error is not None else "ready"
 
 
 @router.post("/concate_and_append_request", responses=error_responses(413, 422))
