@@ -9,7 +9,9 @@ Workloads from the program suite: few-shot QA, multi-turn chat (its two variants
 shared system prompt is most of a prompt, and long turns, where each conversation's own history is), tree
 of thought. Programs run `--concurrency` at a time. Each fleet is measured once its workers' background
 compile of the decode forward (on by default for `radixlang serve`) has finished, so that no compile
-thread takes CPU inside the measured window, and every fleet runs the decode that a served fleet runs. Reported per fleet and workload: the workers' cache hit rate over the run (cached /
+thread takes CPU inside the measured window, and every fleet runs the decode that a served fleet runs;
+`--eager` serves eager decode instead (no compile: on a loaded shared VM a cold compile takes many minutes
+per worker). Reported per fleet and workload: the workers' cache hit rate over the run (cached /
 prompt tokens from their /metrics), programs/s, p50/p99 program latency, and the busiest worker's share of
 the prompt tokens.
 
@@ -124,7 +126,8 @@ def measure_remote_choice(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fleet_spec(args: argparse.Namespace, dp: int, policy: str) -> FleetSpec:
-    worker_args = ["--device", args.device, "--kv-cache-tokens", str(args.kv_cache_tokens)]
+    worker_args = ["--device", args.device, "--kv-cache-tokens", str(args.kv_cache_tokens),
+                   "--compile-layers", "false" if args.eager else "true"]
     if args.model:
         worker_args += ["--model", args.model]
     return FleetSpec(host=HOST, port=free_port(HOST), dp=dp, worker_args=worker_args, policy=policy,
@@ -139,6 +142,7 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=16, help="programs per workload")
     parser.add_argument("--concurrency", type=int, default=8, help="programs in flight at once")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole fleet")
+    parser.add_argument("--eager", action="store_true", help="workers decode eagerly (no background compile)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--remote-only", action="store_true",
                         help="only measure remote=True on a worker against per-primitive calls through the router")
