@@ -145,7 +145,7 @@ class Fleet:
 
     def stop(self) -> None:
         """The router first: it takes no new requests and finishes those in flight (within the grace period);
-    then every worker drains and exits."""
+        then every worker drains and exits."""
         procs = ([self.router] if self.router else []) + self.workers
         if self.router and self.router.poll() is None:
             self.router.send_signal(signal.SIGTERM)
