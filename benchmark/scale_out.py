@@ -111,6 +111,7 @@ def measure_remote_choice(args: argparse.Namespace) -> dict[str, Any]:
     fleet = Fleet(fleet_spec(args, 2, "cache_aware"))
     fleet.start()
     try:
+        wait_compiled(fleet.worker_urls)
         items = remote.make_items(args.programs // 2)
         out = {}
         for label, url, is_remote in [("per primitive through the router", fleet.url, False),
