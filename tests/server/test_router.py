@@ -12,6 +12,7 @@ from typing import Iterator
 
 import httpx
 import openai
+import psutil
 import pytest
 
 import radixlang as rl
@@ -134,6 +135,13 @@ def _metric(base: str, name: str) -> float:
 
 def test_the_fleet_serves_the_openai_sdk_and_generate_through_the_router(fleet):
     assert len(fleet.workers) == 2 and healthy_workers(fleet.url) == 2
+    # the router listens on our host only: its public port and its Prometheus endpoint on a free port
+    # (its own default would be 0.0.0.0:29000)
+    (router,) = [p for p in psutil.Process(fleet.proc.pid).children() if "sglang" in " ".join(p.cmdline())]
+    listening = {c.laddr for c in router.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    port = int(fleet.url.rsplit(":", 1)[1])
+    assert {ip for ip, _ in listening} == {"127.0.0.1"} and len(listening) == 2, listening
+    assert port in {p for _, p in listening} and 29000 not in {p for _, p in listening}
     with openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0) as client:
         chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=4, extra_body={"ignore_eos": True})
