@@ -5,14 +5,17 @@ another with the same programs:
   - 1 worker x all threads, behind the router (the single-engine baseline: its cache hit rate is the goal)
   - 2 workers x half the threads each, router `cache_aware`
   - 2 workers x half the threads each, router `round_robin`
-  - 2 workers, `cache_aware` with balance thresholds for this little concurrency (2 requests, 1.2x; the
-    router's defaults, 64 and 1.5x, never balance a few programs in flight, so one worker takes them all)
-Workloads from the program suite: few-shot QA, multi-turn chat (short turns), tree of thought. Programs run
-`--concurrency` at a time. Reported per fleet and workload: the workers' cache hit rate over the run (cached /
+Workloads from the program suite: few-shot QA, multi-turn chat (its two variants: short turns, where the
+shared system prompt is most of a prompt, and long turns, where each conversation's own history is), tree
+of thought. Programs run `--concurrency` at a time. Each fleet is measured once its workers' background
+compile of the decode forward (on by default for `radixlang serve`) has finished, so that no compile
+thread takes CPU inside the measured window, and every fleet runs the decode that a served fleet runs;
+`--eager` serves eager decode instead (no compile: on a loaded shared VM a cold compile takes many minutes
+per worker). Reported per fleet and workload: the workers' cache hit rate over the run (cached /
 prompt tokens from their /metrics), programs/s, p50/p99 program latency, and the busiest worker's share of
 the prompt tokens.
 
-    python -m benchmark.scale_out [--model M] [--programs 24] [--concurrency 8] [--threads 2]
+    python -m benchmark.scale_out [--model M] [--programs 16] [--concurrency 8] [--threads 2]
     python -m benchmark.scale_out --remote-only   # remote=True on one worker vs per primitive via the router
 
 On a GPU machine each worker gets one GPU (CUDA_VISIBLE_DEVICES). Needs `pip install 'radixlang[router]'`.
@@ -46,6 +49,7 @@ class Program:
 
 PROGRAMS = [Program("few-shot QA", few_shot.few_shot_qa, few_shot.make_items),
             Program("multi-turn chat", multi_turn.chat, multi_turn.make_short),
+            Program("chat, long turns", multi_turn.chat, multi_turn.make_long),
             Program("tree of thought", tree_of_thought.tree_of_thought, tree_of_thought.make_items)]
 
 
@@ -75,6 +79,15 @@ def run_programs(url: str, program: Program, items: list[dict], concurrency: int
         return list(pool.map(one, items))
 
 
+def wait_compiled(workers: list[str], timeout: float = 900.0) -> None:
+    """Until no worker's background compile of its decode forward is running (see /server_info)."""
+    deadline = time.monotonic() + timeout
+    while any(httpx.get(f"{w}/server_info", timeout=30).json()["decode_compile"] == "compiling" for w in workers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the workers' decode compile did not finish within {timeout:.0f} s")
+        time.sleep(2)
+
+
 def measure_fleet(fleet: Fleet, program: Program, items: list[dict], concurrency: int) -> dict[str, Any]:
     httpx.post(f"{fleet.url}/flush_cache", timeout=60)  # every fleet starts each workload cold
     before = cache_counters(fleet.worker_urls)
@@ -98,6 +111,7 @@ def measure_remote_choice(args: argparse.Namespace) -> dict[str, Any]:
     fleet = Fleet(fleet_spec(args, 2, "cache_aware"))
     fleet.start()
     try:
+        wait_compiled(fleet.worker_urls)
         items = remote.make_items(args.programs // 2)
         out = {}
         for label, url, is_remote in [("per primitive through the router", fleet.url, False),
@@ -113,7 +127,8 @@ def measure_remote_choice(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fleet_spec(args: argparse.Namespace, dp: int, policy: str) -> FleetSpec:
-    worker_args = ["--device", args.device, "--kv-cache-tokens", str(args.kv_cache_tokens)]
+    worker_args = ["--device", args.device, "--kv-cache-tokens", str(args.kv_cache_tokens),
+                   "--compile-layers", "false" if args.eager else "true"]
     if args.model:
         worker_args += ["--model", args.model]
     return FleetSpec(host=HOST, port=free_port(HOST), dp=dp, worker_args=worker_args, policy=policy,
@@ -125,9 +140,10 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-cache-tokens", type=int, default=16384)
-    parser.add_argument("--programs", type=int, default=24, help="programs per workload")
+    parser.add_argument("--programs", type=int, default=16, help="programs per workload")
     parser.add_argument("--concurrency", type=int, default=8, help="programs in flight at once")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole fleet")
+    parser.add_argument("--eager", action="store_true", help="workers decode eagerly (no background compile)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--remote-only", action="store_true",
                         help="only measure remote=True on a worker against per-primitive calls through the router")
@@ -138,16 +154,13 @@ def main() -> None:
     half = max(1, args.threads // 2)
     fleets = [(f"1 worker x {args.threads} threads", 1, "cache_aware"),
               (f"2 workers x {half} thread(s), cache_aware", 2, "cache_aware"),
-              (f"2 workers x {half} thread(s), round_robin", 2, "round_robin"),
-              (f"2 workers x {half} thread(s), cache_aware, balance 2", 2, "cache_aware")]
+              (f"2 workers x {half} thread(s), round_robin", 2, "round_robin")]
     results: dict[str, dict[str, Any]] = {}
     for label, dp, policy in fleets:
-        spec = fleet_spec(args, dp, policy)
-        if label.endswith("balance 2"):  # the router's defaults (64 requests, 1.5x) never balance 8 in flight
-            spec.router_args = ["--balance-abs-threshold", "2", "--balance-rel-threshold", "1.2"]
-        fleet = Fleet(spec)
+        fleet = Fleet(fleet_spec(args, dp, policy))
         fleet.start()
         try:
+            wait_compiled(fleet.worker_urls)
             run_programs(fleet.url, PROGRAMS[0], PROGRAMS[0].make_items(2), 2)  # warm-up: threads, first allocations
             for program in PROGRAMS:
                 results.setdefault(program.name, {})[label] = measure_fleet(
@@ -169,11 +182,12 @@ def report(results: dict[str, dict[str, Any]], labels: list[str]) -> None:
             r = by_fleet[label]
             print(f"{name:<18}{label:<52}{r['cache_hit_rate']:>9.3f}{r['programs_per_s']:>8.2f}"
                   f"{r['p50_s']:>8.2f}{r['p99_s']:>8.2f}{r['busiest_worker_share']:>8.2f}")
-        single, aware, rr = (by_fleet[label] for label in labels[:3])
+        single, aware, rr = (by_fleet[label] for label in labels)
         print(f"{'':<18}cache_aware keeps {aware['cache_hit_rate'] / max(single['cache_hit_rate'], 1e-9):.0%} of "
               f"the single worker's hit rate (round_robin {rr['cache_hit_rate'] / max(single['cache_hit_rate'], 1e-9):.0%}); "
               f"cache_aware / round_robin programs/s {aware['programs_per_s'] / rr['programs_per_s']:.2f}x; "
-              f"2 workers / 1 programs/s {aware['programs_per_s'] / single['programs_per_s']:.2f}x")
+              f"2 workers / 1 programs/s {aware['programs_per_s'] / single['programs_per_s']:.2f}x, "
+              f"p99 {aware['p99_s']:.1f} s against {single['p99_s']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -120,6 +121,8 @@ class Fleet:
                "--port", str(spec.port), "--worker-urls", *self.worker_urls, "--policy", spec.policy,
                "--prometheus-host", spec.host, "--prometheus-port", str(self.metrics_port),
                "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
+               # it finishes what is in flight within the workers' grace, then the workers drain in turn
+               "--shutdown-grace-period-secs", str(max(1, math.ceil(spec.grace_s))),
                "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,
                *spec.router_args]
         self.router = subprocess.Popen(cmd, preexec_fn=_die_with_parent)  # noqa: PLW1509 - it only calls prctl
@@ -141,11 +144,12 @@ class Fleet:
         return 0 if self.router is None else self.router.returncode or 0
 
     def stop(self) -> None:
-        """The router first (no new requests reach the workers), then every worker drains and exits."""
+        """The router first: it takes no new requests and finishes those in flight (within the grace period);
+        then every worker drains and exits."""
         procs = ([self.router] if self.router else []) + self.workers
         if self.router and self.router.poll() is None:
             self.router.send_signal(signal.SIGTERM)
-            _wait_or_kill(self.router, STOP_MARGIN_S)
+            _wait_or_kill(self.router, self.spec.grace_s + STOP_MARGIN_S)
         for proc in self.workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..lang.hosted import version
+from ..runtime.engine import Engine
 from ..runtime.models.loader import model_identity
 from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
@@ -62,7 +63,19 @@ async def server_info(request: Request) -> dict[str, Any]:
             "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
             "internal_states": [live], "version": version(), "frontend": "python", "pid": os.getpid(),
-            "incremental_streaming_output": state.incremental_streaming_output}
+            "incremental_streaming_output": state.incremental_streaming_output,
+            "decode_compile": _decode_compile(engine)}
+
+
+def _decode_compile(engine: Engine) -> str:
+    """The background compile of the decode forward (runtime/models/compiled.py): "off", "compiling" (decode
+    is eager meanwhile, and the compile takes CPU), "ready" (it serves decode) or "failed" (eager for good)."""
+    job = engine.decode_compile
+    if job is None:
+        return "off"
+    if not job.finished.is_set():
+        return "compiling"
+    return "failed" if job.error is not None else "ready"
 
 
 @router.post("/concate_and_append_request", responses=error_responses(413, 422))

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import httpx
 import openai
+import psutil
 import pytest
 
 import radixlang as rl
@@ -66,6 +68,7 @@ def test_info_load_and_deep_health_routes(server):
         info = c.get("/server_info").json()
         assert info == c.get("/get_server_info").json() | {"internal_states": info["internal_states"]}
         assert info["max_total_num_tokens"] == server.engine.pool_size and info["dp_size"] == 1
+        assert (info["decode_compile"] == "off") == (server.engine.decode_compile is None)
         assert c.get("/model_info").json() == c.get("/get_model_info").json()
         assert c.get("/health_generate").json() == {"status": "ok"}
         loads = c.get("/v1/loads").json()
@@ -107,7 +110,7 @@ def fleet(tiny_model_dir) -> Iterator[Fleet]:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixlang", "serve", "--dp", "2", "--model", str(tiny_model_dir), "--port", str(port),
-         "--device", "cpu", "--kv-cache-tokens", "4096", "--served-model-name", "tiny", "--graceful-timeout", "2",
+         "--device", "cpu", "--kv-cache-tokens", "4096", "--served-model-name", "tiny", "--graceful-timeout", "10",
          "--compile-layers", "false",
          "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -132,6 +135,13 @@ def _metric(base: str, name: str) -> float:
 
 def test_the_fleet_serves_the_openai_sdk_and_generate_through_the_router(fleet):
     assert len(fleet.workers) == 2 and healthy_workers(fleet.url) == 2
+    # the router listens on our host only: its public port and its Prometheus endpoint on a free port
+    # (its own default would be 0.0.0.0:29000)
+    (router,) = [p for p in psutil.Process(fleet.proc.pid).children() if "sglang" in " ".join(p.cmdline())]
+    listening = {c.laddr for c in router.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    port = int(fleet.url.rsplit(":", 1)[1])
+    assert {ip for ip, _ in listening} == {"127.0.0.1"} and len(listening) == 2, listening
+    assert port in {p for _, p in listening} and 29000 not in {p for _, p in listening}
     with openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused", max_retries=0) as client:
         chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=4, extra_body={"ignore_eos": True})
@@ -186,10 +196,15 @@ def test_programs_run_per_primitive_through_the_router_as_on_one_worker(fleet):
     assert isinstance(state.error(), ValueError) and "remote=False" in str(state.error())
 
 
-def test_a_killed_worker_leaves_the_fleet_serving_rejoins_then_sigterm_stops_it_all(fleet):
-    victim = fleet.workers[1]
-    pid = httpx.get(f"{victim}/server_info", timeout=10).json()["pid"]
-    os.kill(pid, signal.SIGKILL)
+def test_a_worker_killed_mid_request_fails_it_clearly_the_fleet_serves_on_and_it_rejoins(fleet):
+    long = {"text": "Count to a thousand:", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(httpx.post, f"{fleet.url}/generate", json=long, timeout=120)
+        victim = _running_on(fleet.workers)  # the worker the router sent it to
+        pid = httpx.get(f"{victim}/server_info", timeout=10).json()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        r = in_flight.result(timeout=60)  # it does not hang: it fails at once, with an error that says why
+    assert r.status_code >= 500 and "upstream" in r.text, (r.status_code, r.text)
     started, served_in_a_row, i = time.monotonic(), 0, 0
     while served_in_a_row < 6:  # until the router's health check drops the dead worker (or it is back)
         r = httpx.post(f"{fleet.url}/generate", json={"text": f"still here {i}",
@@ -204,11 +219,31 @@ def test_a_killed_worker_leaves_the_fleet_serving_rejoins_then_sigterm_stops_it_
     while _pid(victim) in (None, pid) or healthy_workers(fleet.url) < 2:
         assert time.monotonic() < deadline, "the killed worker did not rejoin"
         time.sleep(0.5)
-    fleet.proc.send_signal(signal.SIGTERM)
+
+
+def test_sigterm_finishes_the_request_in_flight_then_stops_it_all(fleet):
+    request = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(httpx.post, f"{fleet.url}/generate", json=request, timeout=120)
+        _running_on(fleet.workers)
+        fleet.proc.send_signal(signal.SIGTERM)
+        r = in_flight.result(timeout=60)
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 60, r.text  # drained, not cut
     assert fleet.proc.wait(60) == 0
     for base in [fleet.url, *fleet.workers]:
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{base}/health", timeout=2)
+
+
+def _running_on(workers: list[str]) -> str:
+    """The worker running a request now (polled from its /v1/loads until one is)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for worker in workers:
+            if httpx.get(f"{worker}/v1/loads", timeout=10).json()["loads"][0]["num_running_reqs"]:
+                return worker
+        time.sleep(0.05)
+    raise AssertionError("no worker ran the request")
 
 
 def _pid(base: str) -> int | None:
