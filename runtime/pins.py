@@ -7,7 +7,7 @@ bounded and never block admission:
     is released first;
   - under memory pressure the KV owner evicts unpinned LRU leaves first, then releases expired pins,
     then idle pins (no live request runs through them) oldest first; a pin a live request also locks
-    frees nothing, so it is kept;
+    frees nothing, so it is kept; what a queued request will hit (pinned or not) goes last;
   - `releasable` tokens (held by idle pins alone) count as room when admission asks what fits.
 """
 from __future__ import annotations
@@ -109,9 +109,11 @@ class PinTable:
         """Tokens that releasing idle pins would make evictable."""
         return self.cache.idle_pinned_size
 
-    def release_oldest_idle(self) -> bool:
-        """Releases the oldest pin no live request runs through (one that frees something); False if none."""
-        idle = [p for p in self.pins.values() if p.node.lock_ref == p.node.pin_ref]
+    def release_oldest_idle(self, wanted: bool = True) -> bool:
+        """Releases the oldest pin no live request runs through (one that frees something); False if none.
+        `wanted=False` skips pins a queued request will hit (releasing them frees nothing evicted first)."""
+        idle = [p for p in self.pins.values()
+                if p.node.lock_ref == p.node.pin_ref and (wanted or not p.node.want_ref)]
         if not idle:
             return False
         self.unpin(min(idle, key=lambda p: p.touched).owner)
