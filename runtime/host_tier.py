@@ -45,7 +45,7 @@ class HostTier:
 
         self.num_slots = num_slots
         self.k = [like(b) for b in k_buffers]
-        self.v = [like(b) for b in v_buffers]
+        self.v = self.k if v_buffers is k_buffers else [like(b) for b in v_buffers]  # MLA: one latent buffer
         self.allocator = SlotAllocator(num_slots, cpu)
         self.cache = RadixCache(self.allocator.free)
         self.parked_tokens = 0  # copied device -> host
