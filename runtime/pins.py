@@ -4,7 +4,7 @@ running program), so LRU eviction does not throw away what is about to be extend
 A pin is a lock (`RadixCache.inc_lock_ref(node, pin=True)`) with an owner, an age and an expiry. Pins are
 bounded and never block admission:
   - the tokens under pins stay within `budget` (max_pinned_fraction of the pool); past it the oldest pin
-    that frees tokens is released first;
+    that frees tokens is released first, to the young end of the LRU (its owner is likely back soon);
   - under memory pressure the KV owner evicts unpinned LRU leaves first, then releases expired pins,
     then idle pins (no live request runs through them) oldest first; a pin a live request also locks
     frees nothing, so it is kept; what a queued request will hit (pinned or not) goes last;
@@ -125,7 +125,9 @@ class PinTable:
         session's parent under its sub-agents' pins) frees nothing, so it is kept while another would."""
         while self.cache.pinned_size > self.budget:
             freeing = [p for p in self.pins.values() if p.node.pin_ref == 1] or list(self.pins.values())
-            self.unpin(min(freeing, key=lambda p: p.touched).owner)
+            oldest = min(freeing, key=lambda p: p.touched)
+            self.unpin(oldest.owner)
+            self.cache.touch(oldest.node)  # held until now: the LRU ranks it as used now, after one-shot prompts
             self.stats.released_under_pressure += 1
 
     def _drop(self, pin: Pin) -> None:

@@ -130,6 +130,15 @@ class RadixCache:
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         return upper
 
+    def touch(self, node: TreeNode) -> None:
+        """Marks the path root..node used now (the young end of the LRU), deepest node youngest."""
+        path = []
+        while node is not self.root:
+            path.append(node)
+            node = node.parent
+        for node in reversed(path):
+            node.last_access = next(_clock)
+
     # ---- locking ----------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode, pin: bool = False) -> None:
         """Locks the path from `node` up to the root; `pin`: the lock is a pin (runtime/pins.py)."""

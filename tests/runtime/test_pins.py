@@ -287,3 +287,33 @@ def test_ttl_expiry_frees_the_path_to_the_lru():
     now[0] = 2.5
     assert kv.pins.expire() == 1 and kv.cache.evictable_size == len(ids) and kv.cache.pinned_size == 0
     kv.check([], [])
+
+
+def test_a_pin_released_for_the_budget_goes_to_the_young_end_of_the_lru():
+    kv = make_kv(fraction=0.25)  # 12 tokens
+    session, one_shot = [1] * 10, [7] * 10
+    kv.release(run_request(kv, session))
+    kv.pin("old", session, None)
+    kv.release(run_request(kv, one_shot))  # used after the session's last turn, never pinned
+    kv.release(run_request(kv, [2] * 10))
+    kv.pin("new", [2] * 10, None)  # over the budget: "old" goes
+    assert list(kv.pins.pins) == ["new"]
+    assert kv.ensure_free(kv.allocator.num_free + 10)  # one 10-token path must go: the one-shot, not the session
+    assert kv.cached_prefix_len(session) == 10 and kv.cached_prefix_len(one_shot) == 0
+    kv.check([], [])
+
+
+def test_the_pinned_budget_keeps_a_forked_parent_under_its_sub_agents():
+    kv = make_kv(fraction=0.5)  # 24 tokens
+    now = [0.0]
+    kv.pins.clock = lambda: now[0]
+    parent, sub = [1] * 12, [1] * 12 + [3] * 4
+    kv.release(run_request(kv, sub))
+    kv.pin("parent", parent, None)
+    now[0] = 1.0
+    kv.pin("sub", sub, None)  # the sub-agent extends the parent's pinned history: 16 tokens pinned
+    now[0] = 2.0
+    kv.release(run_request(kv, [5] * 10))
+    kv.pin("other", [5] * 10, None)  # 26 > 24: releasing the parent would free nothing, so "sub" goes
+    assert sorted(kv.pins.pins) == ["other", "parent"] and kv.cache.pinned_size == 22
+    kv.check([], [])
