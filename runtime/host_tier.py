@@ -76,7 +76,8 @@ class HostTier:
         cuda = k_buffers[0].is_cuda
 
         def like(buf: torch.Tensor) -> torch.Tensor:
-            return torch.zeros((num_slots, *buf.shape[1:]), dtype=buf.dtype, device=cpu, pin_memory=cuda)
+            # empty: a slot is read only after it was parked, and untouched pages of a big tier cost no RAM
+            return torch.empty((num_slots, *buf.shape[1:]), dtype=buf.dtype, device=cpu, pin_memory=cuda)
 
         self.num_slots = num_slots
         self.k = [like(b) for b in k_buffers]
