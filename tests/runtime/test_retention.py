@@ -37,6 +37,19 @@ def test_a_session_survives_pressure_that_evicts_everything_else(tiny_engine_fac
     assert stats["pins_released_under_pressure_total"] == 0 and stats["kv_pinned_tokens"] <= POOL // 2
 
 
+def test_a_queued_request_keeps_its_cached_prefix_under_pressure(tiny_engine_factory):
+    """No key, no pin: the prefix is the least recently used, yet the request queued behind a flood (first
+    come, first served, two at a time) still finds it, because what a queued request will hit goes last."""
+    engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0, schedule_policy="fcfs",
+                                 max_running_requests=2)
+    prefix = words(8, 240)
+    first = engine.generate(prefix, GREEDY)
+    outs = engine.generate([words(100 + i, 120) for i in range(8)] + [prefix + " and then"], GREEDY)
+    assert outs[-1].meta.cached_tokens >= first.meta.prompt_tokens - 1
+    engine.check_invariants()
+    assert engine.generate(words(100, 120), GREEDY).meta.cached_tokens < 5  # the pressure was real: evicted
+
+
 def test_abort_of_a_keyed_request_releases_its_session(tiny_engine_factory):
     engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0)
     engine.generate(words(3, 120), GREEDY, cache_key="s")
