@@ -53,7 +53,7 @@ class Workload:
 
 @dataclass(slots=True)
 class Turn:
-    """One agent turn, for finding where recomputes and the TTFT tail come from (--diagnose)."""
+    """One agent turn (--diagnose reads the kinds and the tail: where recomputes and slow turns come from)."""
 
     kind: str  # "first" (a session's first turn), "turn", "sub" (a sub-agent's)
     ttft: float
@@ -64,11 +64,8 @@ class Turn:
 
 @dataclass
 class Measures:
-    ttft: list[float] = field(default_factory=list)
-    prefilled: list[int] = field(default_factory=list)  # prompt - cached, per agent turn
-    turns: int = 0
+    log: list[Turn] = field(default_factory=list)  # agent turns
     background_tokens: int = 0
-    log: list[Turn] = field(default_factory=list)
 
 
 def tool_result(rng: random.Random, n: int) -> str:
@@ -85,11 +82,8 @@ async def one_turn(engine: Engine, prompt: str, key: str | None, wl: Workload, m
             first = time.perf_counter() - t0
         parts.append(chunk.text)
         if chunk.finished:
-            m.prefilled.append(chunk.prompt_tokens - chunk.cached_tokens)
             m.log.append(Turn(kind, first or 0.0, chunk.prompt_tokens, chunk.cached_tokens, reusable))
             length = chunk.prompt_tokens + chunk.completion_tokens
-    m.ttft.append(first or 0.0)
-    m.turns += 1
     return "".join(parts), length
 
 
@@ -167,17 +161,18 @@ def working_set(engine: Engine, wl: Workload) -> int:
 
 def summarize(name: str, agents_m: Measures, background_m: Measures, span: float, stats: dict[str, float],
               before: dict[str, float]) -> dict[str, Any]:
-    ttft = sorted(agents_m.ttft)
+    log = agents_m.log
+    ttft = sorted(t.ttft for t in log)
     p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]
     recomputed = stats["recomputed_cached_tokens_total"] - before["recomputed_cached_tokens_total"]
-    return {"config": name, "agent_turns": agents_m.turns,
-            "recomputed_tokens_per_turn": recomputed / agents_m.turns,
-            "prefilled_tokens_per_turn": statistics.mean(agents_m.prefilled),
+    return {"config": name, "agent_turns": len(log),
+            "recomputed_tokens_per_turn": recomputed / len(log),
+            "prefilled_tokens_per_turn": statistics.mean(t.prompt - t.cached for t in log),
             "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": p99,
-            "agent_turns_per_s": agents_m.turns / span,
+            "agent_turns_per_s": len(log) / span,
             "background_tokens_per_s": background_m.background_tokens / span,
             "seconds": span, "pins_released_under_pressure": stats["pins_released_under_pressure_total"],
-            "host_restored_tokens": stats["host_restored_tokens_total"], "diagnosis": diagnose(agents_m.log, stats)}
+            "host_restored_tokens": stats["host_restored_tokens_total"], "diagnosis": diagnose(log, stats)}
 
 
 def diagnose(log: list[Turn], stats: dict[str, float]) -> dict[str, Any]:
