@@ -9,6 +9,8 @@ Workload (seeded, identical for every config):
   - background load: one-shot requests with unique prompts, 2 at a time, for as long as the agents run;
   - the KV pool holds about half of the agents' working set (their final histories).
 Agents send prompt_cache_key (their id; a sub-agent its own) in the retention configs, nothing in "off".
+"off" and "pins" run without the host KV tier, "pins+host" with it at its default size: the engine's
+defaults, and what a client of them gets by sending prompt_cache_key.
 
 Reports per config: prompt tokens recomputed per agent turn (prefilled again although cached before: the
 engine's recomputed_cached_tokens_total), prompt tokens prefilled per turn, p50 / p99 time to first token
@@ -49,11 +51,20 @@ class Workload:
     seed: int = 0
 
 
+@dataclass(slots=True)
+class Turn:
+    """One agent turn (--diagnose reads the kinds and the tail: where recomputes and slow turns come from)."""
+
+    kind: str  # "first" (a session's first turn), "turn", "sub" (a sub-agent's)
+    ttft: float
+    prompt: int
+    cached: int
+    reusable: int  # tokens of this session's previous sequence (prompt + output) that this prompt repeats
+
+
 @dataclass
 class Measures:
-    ttft: list[float] = field(default_factory=list)
-    prefilled: list[int] = field(default_factory=list)  # prompt - cached, per agent turn
-    turns: int = 0
+    log: list[Turn] = field(default_factory=list)  # agent turns
     background_tokens: int = 0
 
 
@@ -61,18 +72,19 @@ def tool_result(rng: random.Random, n: int) -> str:
     return " ".join(f"{rng.choice(WORDS)}{rng.randint(0, 99)}" for _ in range(n))
 
 
-async def one_turn(engine: Engine, prompt: str, key: str | None, wl: Workload, m: Measures) -> str:
+async def one_turn(engine: Engine, prompt: str, key: str | None, wl: Workload, m: Measures,
+                   kind: str = "turn", reusable: int = 0) -> tuple[str, int]:
+    """Runs one turn; its text and the length of its sequence (prompt + output tokens)."""
     params = {"temperature": 0, "max_new_tokens": wl.max_new_tokens, "ignore_eos": True}
-    t0, first, parts = time.perf_counter(), None, []
+    t0, first, parts, length = time.perf_counter(), None, [], 0
     async for chunk in engine.async_stream(prompt, params, cache_key=key):
         if first is None and (chunk.token_ids or chunk.finished):
             first = time.perf_counter() - t0
         parts.append(chunk.text)
         if chunk.finished:
-            m.prefilled.append(chunk.prompt_tokens - chunk.cached_tokens)
-    m.ttft.append(first or 0.0)
-    m.turns += 1
-    return "".join(parts)
+            m.log.append(Turn(kind, first or 0.0, chunk.prompt_tokens, chunk.cached_tokens, reusable))
+            length = chunk.prompt_tokens + chunk.completion_tokens
+    return "".join(parts), length
 
 
 async def agent(engine: Engine, i: int, wl: Workload, keyed: bool, m: Measures) -> None:
@@ -81,8 +93,11 @@ async def agent(engine: Engine, i: int, wl: Workload, keyed: bool, m: Measures) 
     forks = rng.randint(2, 3) if i % 2 == 0 else 0
     history = SYSTEM + f"Task {i}: fix the failing test in module_{i}.py\n"
     key = f"agent-{i}" if keyed else None
+    last = 0  # the previous turn's sequence length: what this turn could reuse
     for t in range(turns):
-        history += "Assistant:" + await one_turn(engine, history + "Assistant:", key, wl, m) + "\n"
+        out, length = await one_turn(engine, history + "Assistant:", key, wl, m, "turn" if t else "first", last)
+        history += "Assistant:" + out + "\n"
+        last = length - 1  # the last output token has no KV
         await asyncio.sleep(rng.uniform(wl.min_wait, wl.max_wait))  # the tool runs
         if forks and t == turns // 2:
             notes = await asyncio.gather(*(sub_agent(engine, history, i, j, wl, keyed, m) for j in range(forks)))
@@ -96,9 +111,10 @@ async def sub_agent(engine: Engine, history: str, i: int, j: int, wl: Workload, 
     rng = random.Random(wl.seed * 1000 + i * 10 + j + 500_000)
     prompt = history + f"Subagent {j} task: review part {j} of the change.\n"
     key = f"agent-{i}-sub-{j}" if keyed else None
-    out = ""
+    out, last = "", 0
     for _ in range(2):
-        out = await one_turn(engine, prompt + "Assistant:", key, wl, m)
+        out, length = await one_turn(engine, prompt + "Assistant:", key, wl, m, "sub", last)
+        last = length - 1
         prompt += "Assistant:" + out + "\nTool: " + tool_result(rng, wl.tool_words // 2) + "\n"
         await asyncio.sleep(rng.uniform(wl.min_wait, wl.max_wait) / 2)
     if keyed:
@@ -145,17 +161,35 @@ def working_set(engine: Engine, wl: Workload) -> int:
 
 def summarize(name: str, agents_m: Measures, background_m: Measures, span: float, stats: dict[str, float],
               before: dict[str, float]) -> dict[str, Any]:
-    ttft = sorted(agents_m.ttft)
+    log = agents_m.log
+    ttft = sorted(t.ttft for t in log)
     p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]
     recomputed = stats["recomputed_cached_tokens_total"] - before["recomputed_cached_tokens_total"]
-    return {"config": name, "agent_turns": agents_m.turns,
-            "recomputed_tokens_per_turn": recomputed / agents_m.turns,
-            "prefilled_tokens_per_turn": statistics.mean(agents_m.prefilled),
+    return {"config": name, "agent_turns": len(log),
+            "recomputed_tokens_per_turn": recomputed / len(log),
+            "prefilled_tokens_per_turn": statistics.mean(t.prompt - t.cached for t in log),
             "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": p99,
-            "agent_turns_per_s": agents_m.turns / span,
+            "agent_turns_per_s": len(log) / span,
             "background_tokens_per_s": background_m.background_tokens / span,
             "seconds": span, "pins_released_under_pressure": stats["pins_released_under_pressure_total"],
-            "host_restored_tokens": stats["host_restored_tokens_total"]}
+            "host_restored_tokens": stats["host_restored_tokens_total"], "diagnosis": diagnose(log, stats)}
+
+
+def diagnose(log: list[Turn], stats: dict[str, float]) -> dict[str, Any]:
+    """Where the prefill goes: per kind of turn, the tokens of the session's previous sequence that were
+    not found cached ("lost"), and what the slowest 5% of turns (the TTFT tail) prefilled."""
+    out: dict[str, Any] = {k: stats[k] for k in ("pins_released_under_pressure_total", "pins_expired_total",
+                                                  "preemptions_total", "host_restored_tokens_total")}
+    for kind in ("first", "turn", "sub"):
+        turns = [t for t in log if t.kind == kind]
+        if turns:
+            out[kind] = {"turns": len(turns), "prompt": statistics.mean(t.prompt for t in turns),
+                         "prefilled": statistics.mean(t.prompt - t.cached for t in turns),
+                         "lost": statistics.mean(max(0, t.reusable - t.cached) for t in turns),
+                         "ttft_p50": statistics.median(t.ttft for t in turns)}
+    tail = sorted(log, key=lambda t: -t.ttft)[:max(1, len(log) // 20)]
+    out["tail"] = [(t.kind, round(t.ttft, 2), t.prompt, t.prompt - t.cached) for t in tail]
+    return out
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -170,6 +204,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--max-pinned-fraction", type=float, default=None, help="engine option (default: the engine's)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which of off,pins,pins+host to run (off first)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--diagnose", action="store_true", help="also print where prefill and the TTFT tail come from")
     args = parser.parse_args(argv)
     wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
                   min_wait=min(0.2, args.max_wait), max_wait=args.max_wait, background_words=args.background_words)
@@ -181,9 +216,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for name in args.configs.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"--configs: {name!r} is not one of {CONFIGS}")
-        host = 4 * pool if name == "pins+host" else 0
-        engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64,
-                        kv_host_cache_tokens=host, **options)
+        host = {} if name == "pins+host" else {"kv_host_cache_tokens": 0}  # the tier at its default size, or none
+        engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64, **host, **options)
         try:
             before = engine.stats()
             agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
@@ -192,6 +226,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         finally:
             engine.shutdown()
     print_rows(rows)
+    if args.diagnose:
+        for r in rows:
+            print(r["config"], json.dumps(r["diagnosis"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

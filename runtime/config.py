@@ -10,6 +10,8 @@ if TYPE_CHECKING:  # torch is imported where used, so the language layer can rea
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
+HOST_TIER_POOLS = 2  # the default host KV tier holds this many device pools (an agent's history outlives a pool)...
+HOST_TIER_MEM_FRACTION = 0.2  # ... within this share of the host's available memory
 
 # sampling limits
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -75,8 +77,9 @@ class EngineConfig:
     prompt_cache_retention: float = 300.0
     max_pinned_fraction: float = 0.5
     # host KV tier (runtime/host_tier.py): evicted KV parks in this many tokens of host memory and is copied
-    # back on a hit instead of recomputed; 0: off (it costs host RAM: ~the pool's bytes per token)
-    kv_host_cache_tokens: int = 0
+    # back on a hit instead of recomputed; 0: off; None: HOST_TIER_POOLS device pools, within
+    # HOST_TIER_MEM_FRACTION of the host's available memory (off under tp_size > 1 or without the radix cache)
+    kv_host_cache_tokens: int | None = None
     init_new_token_ratio: float = 0.7  # share of remaining max_new_tokens reserved per running request
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
@@ -136,7 +139,7 @@ class EngineConfig:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if not self.prompt_cache_retention >= 0:
             raise ValueError(f"prompt_cache_retention must be >= 0 seconds, got {self.prompt_cache_retention}")
-        if self.kv_host_cache_tokens < 0:
+        if self.kv_host_cache_tokens is not None and self.kv_host_cache_tokens < 0:
             raise ValueError(f"kv_host_cache_tokens must be >= 0 (0: no host tier), got {self.kv_host_cache_tokens}")
         if not 0.0 < self.mem_fraction <= 0.95:
             raise ValueError(f"mem_fraction must be in (0, 0.95], got {self.mem_fraction}")

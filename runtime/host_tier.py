@@ -3,13 +3,16 @@ pool in host memory, indexed by a radix tree of its token paths; a later prompt 
 there than in the device tree gets those tokens copied back instead of recomputed.
 
 Host slots follow the device invariant on their own: free + in the host tree = every host slot, once.
-On CUDA the host buffers are pinned memory (copies are DMA, not pageable staging); on the CPU both
-pools are RAM and a copy still costs ~100x less than prefilling the tokens through every layer.
+On CUDA the host buffers are pinned memory and copies are asynchronous (`AsyncDeviceToHost`; written for
+CUDA and guarded by the device type, but tested only on the CPU); on the CPU both pools are RAM and a
+copy still costs ~100x less than prefilling the tokens through every layer.
 
 Also here: `EvictedPrefixes`, which remembers evicted token paths (no KV) so the engine can report the
 tokens it recomputes that it had cached before, the figure retention exists to cut.
 """
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 
@@ -35,17 +38,52 @@ class EvictedPrefixes:
         return self.tree.match_prefix(key).length
 
 
+class AsyncDeviceToHost:
+    """CUDA device -> host copies that do not stall the step: the KV is gathered on the compute stream (so
+    it is read before its freed slots are reused), copied on a side stream into pinned staging, and
+    scattered into the host pool once the copy is done (`settle`; before any read of the host pool)."""
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device)
+        self.pending: deque[tuple[torch.cuda.Event, torch.Tensor, list[torch.Tensor], torch.Tensor]] = deque()
+
+    def copy(self, dst: list[torch.Tensor], dst_slots: torch.Tensor, src: list[torch.Tensor],
+             src_slots: torch.Tensor) -> None:
+        gathered = torch.stack([buf[src_slots] for buf in src])
+        staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+        self.stream.wait_stream(torch.cuda.current_stream(gathered.device))
+        with torch.cuda.stream(self.stream):
+            staging.copy_(gathered, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        gathered.record_stream(self.stream)  # its memory is not reused before the side stream read it
+        self.pending.append((done, staging, dst, dst_slots))
+        self.settle(wait=False)
+
+    def settle(self, wait: bool = True) -> None:
+        """Scatters finished copies into the host pool, in order (a host slot freed and parked again gets
+        its latest KV); `wait`: every copy, waiting for those in flight."""
+        while self.pending and (wait or self.pending[0][0].query()):
+            done, staging, dst, dst_slots = self.pending.popleft()
+            done.synchronize()
+            for layer, buf in enumerate(dst):
+                buf[dst_slots] = staging[layer]
+
+
 class HostTier:
     def __init__(self, num_slots: int, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
         cpu = torch.device("cpu")
-        pin = torch.cuda.is_available() and k_buffers[0].is_cuda
+        cuda = k_buffers[0].is_cuda
 
         def like(buf: torch.Tensor) -> torch.Tensor:
-            return torch.zeros((num_slots, *buf.shape[1:]), dtype=buf.dtype, device=cpu, pin_memory=pin)
+            # empty: a slot is read only after it was parked, and untouched pages of a big tier cost no RAM
+            return torch.empty((num_slots, *buf.shape[1:]), dtype=buf.dtype, device=cpu, pin_memory=cuda)
 
         self.num_slots = num_slots
         self.k = [like(b) for b in k_buffers]
-        self.v = [like(b) for b in v_buffers]
+        self.v = self.k if v_buffers is k_buffers else [like(b) for b in v_buffers]  # MLA: one latent buffer
+        # on CUDA copies out are asynchronous (pinned memory, a side stream); on the CPU a copy is a gather
+        self.to_host = AsyncDeviceToHost(k_buffers[0].device) if cuda else None
         self.allocator = SlotAllocator(num_slots, cpu)
         self.cache = RadixCache(self.allocator.free)
         self.parked_tokens = 0  # copied device -> host
@@ -53,6 +91,10 @@ class HostTier:
 
     def match(self, key: list[int]) -> PrefixMatch:
         return self.cache.match_prefix(key)
+
+    def _pairs(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
+        """(host buffers, device buffers) to copy between: K and V, or MLA's one latent buffer."""
+        return ((self.k, k_buffers),) if self.v is self.k else ((self.k, k_buffers), (self.v, v_buffers))
 
     def park(self, path: list[int], device_slots: torch.Tensor, k_buffers: list[torch.Tensor],
              v_buffers: list[torch.Tensor]) -> None:
@@ -70,19 +112,30 @@ class HostTier:
         if slots is None:  # the rest of the host tier is locked: skip this one
             return
         src = device_slots[have.length:]
-        for dst_list, src_list in ((self.k, k_buffers), (self.v, v_buffers)):
-            for dst, buf in zip(dst_list, src_list):
-                dst[slots] = buf[src].to("cpu", non_blocking=False)
+        for host, device in self._pairs(k_buffers, v_buffers):
+            if self.to_host is not None:
+                self.to_host.copy(host, slots, device, src)
+            else:
+                for dst, buf in zip(host, device):
+                    dst[slots] = buf[src]
         present = self.cache.insert(path, torch.cat((have.slots, slots)))
         assert present == have.length, "the host prefix just matched must still be there"
         self.parked_tokens += need
 
     def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor, k_buffers: list[torch.Tensor],
                 v_buffers: list[torch.Tensor]) -> None:
-        """Copies host KV at `host_slots` into device `device_slots`."""
-        for src_list, dst_list in ((self.k, k_buffers), (self.v, v_buffers)):
-            for src, buf in zip(src_list, dst_list):
-                buf[device_slots] = src[host_slots].to(buf.device, non_blocking=False)
+        """Copies host KV at `host_slots` into device `device_slots` (on CUDA: one asynchronous copy per
+        buffer list from pinned staging, ordered before the step that reads it on the compute stream)."""
+        for host, device in self._pairs(k_buffers, v_buffers):
+            if self.to_host is not None:
+                self.to_host.settle()
+                staged = torch.stack([src[host_slots] for src in host]).pin_memory()
+                moved = staged.to(device[0].device, non_blocking=True)
+                for layer, buf in enumerate(device):
+                    buf[device_slots] = moved[layer]
+            else:
+                for src, buf in zip(host, device):
+                    buf[device_slots] = src[host_slots]
         self.restored_tokens += int(host_slots.numel())
 
     def flush(self) -> None:

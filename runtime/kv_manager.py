@@ -82,19 +82,33 @@ class KVManager:
         return self.ensure_free(n)
 
     def ensure_free(self, n: int) -> bool:
-        """Frees slots until n are free: unpinned LRU leaves first, then expired pins, then idle pins
-        oldest first (so no request waits on a pin it could evict)."""
-        self._evict_to(n)
-        if self.allocator.num_free < n and self.pins.expire():
-            self._evict_to(n)
-        while self.allocator.num_free < n and self.pins.release_oldest_idle():
-            self._evict_to(n)
+        """Frees slots until n are free: unpinned LRU leaves no queued request will hit first, then expired
+        pins, then idle pins oldest first (so no request waits on a pin it could evict); what a queued
+        request will hit goes last, by the same order."""
+        for wanted in (False, True):
+            self._evict_to(n, wanted)
+            if self.allocator.num_free < n and self.pins.expire():
+                self._evict_to(n, wanted)
+            while self.allocator.num_free < n and self.pins.release_oldest_idle(wanted):
+                self._evict_to(n, wanted)
         return self.allocator.num_free >= n
 
-    def _evict_to(self, n: int) -> None:
+    def _evict_to(self, n: int, wanted: bool) -> None:
         short = n - self.allocator.num_free
         if short > 0:
-            self.cache.evict(short)
+            self.cache.evict(short, wanted)
+
+    def want(self, req: Req) -> None:
+        """`req` waits in the queue: the cached prefix it will hit is evicted last, until it is admitted
+        or leaves (`release`). Matched once, on arrival or preemption."""
+        if self.cache_enabled and req.swapped is None:
+            req.wanted = self.cache.match_prefix(req.tokens(0, req.fill_len)).node
+            self.cache.want(req.wanted, 1)
+
+    def _unwant(self, req: Req) -> None:
+        if req.wanted is not None:
+            self.cache.want(req.wanted, -1)
+            req.wanted = None
 
     # ---- verbs --------------------------------------------------------------------------------
     def admit(self, req: Req, match_limit: int, budget: int, fits: Callable[[int], bool]) -> int | None:
@@ -109,6 +123,7 @@ class KVManager:
         if not fits(n):
             self.cache.dec_lock_ref(match.node)
             return None
+        self._unwant(req)
         req.row = self.req_to_token.alloc_row()
         self.req_to_token.write(req.row, 0, match.slots)
         req.kv_len = req.cached_len = req.slot_len = match.length
@@ -125,7 +140,7 @@ class KVManager:
             return
         self.cache.inc_lock_ref(match.node)  # room is made around both prefixes
         self.host.cache.inc_lock_ref(hosted.node)
-        self._evict_to(extra)  # unpinned LRU leaves only: a copy-back is worth no pin
+        self._evict_to(extra, wanted=False)  # unpinned LRU leaves only: a copy-back is worth no pin
         fits = self.allocator.num_free >= extra
         self.host.cache.dec_lock_ref(hosted.node)
         self.cache.dec_lock_ref(match.node)
@@ -218,6 +233,7 @@ class KVManager:
 
     def release(self, req: Req, cache_computed: bool = True) -> None:
         """Gives back the request's row and KV: computed tokens to the tree, the rest to the allocator."""
+        self._unwant(req)
         if req.row is None:
             req.swapped = None
             return
@@ -276,6 +292,7 @@ class KVManager:
         held, expected_locks = [], Counter()
         for req in running:
             assert req.row is not None, f"running request {req.rid} has no row"
+            assert req.wanted is None, f"running request {req.rid} still wants a queued hit"
             assert req.cached_len <= req.kv_len <= req.slot_len <= req.fill_len, f"bad lengths in {req.rid}"
             held.append(self.req_to_token.read(req.row, req.cached_len, req.slot_len))
             path = self.cache.path_slots(req.last_node)
@@ -285,8 +302,13 @@ class KVManager:
             while node is not self.cache.root:
                 expected_locks[id(node)] += 1
                 node = node.parent
+        expected_wants = Counter()
         for req in waiting:
             assert req.row is None and req.last_node is None, f"waiting request {req.rid} holds KV"
+            node = req.wanted
+            while node is not None and node is not self.cache.root:
+                expected_wants[id(node)] += 1
+                node = node.parent
         expected_pins = Counter()
         for pin in self.pins.pins.values():
             node = pin.node
@@ -297,6 +319,7 @@ class KVManager:
         for node in self.cache.nodes():
             assert node.lock_ref == expected_locks[id(node)], "tree lock_ref differs from live requests + pins"
             assert node.pin_ref == expected_pins[id(node)], "tree pin_ref differs from the pin table"
+            assert node.want_ref == expected_wants[id(node)], "tree want_ref differs from the queue"
         parts = [self.allocator.free_slots(), self.cache.all_slots(), *held]
         counts = torch.bincount(torch.cat(parts).cpu(), minlength=self.pool.num_slots)
         assert counts.numel() == self.pool.num_slots, "slot index out of range"

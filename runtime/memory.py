@@ -122,6 +122,12 @@ class KVPool:
         per_buffer = num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         return per_buffer if shared_kv else 2 * per_buffer
 
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of KV one token holds here."""
+        first = self.k_buffers[0]
+        return self.bytes_per_token(len(self.k_buffers), first.shape[1], first.shape[2], first.dtype, self.shared_kv)
+
     def swap_out(self, slots: torch.Tensor) -> SwappedKV:
         k = torch.stack([buf[slots] for buf in self.k_buffers]).to("cpu")
         v = k if self.shared_kv else torch.stack([buf[slots] for buf in self.v_buffers]).to("cpu")

@@ -4,10 +4,10 @@ running program), so LRU eviction does not throw away what is about to be extend
 A pin is a lock (`RadixCache.inc_lock_ref(node, pin=True)`) with an owner, an age and an expiry. Pins are
 bounded and never block admission:
   - the tokens under pins stay within `budget` (max_pinned_fraction of the pool); past it the oldest pin
-    is released first;
+    that frees tokens is released first, to the young end of the LRU (its owner is likely back soon);
   - under memory pressure the KV owner evicts unpinned LRU leaves first, then releases expired pins,
     then idle pins (no live request runs through them) oldest first; a pin a live request also locks
-    frees nothing, so it is kept;
+    frees nothing, so it is kept; what a queued request will hit (pinned or not) goes last;
   - `releasable` tokens (held by idle pins alone) count as room when admission asks what fits.
 """
 from __future__ import annotations
@@ -109,9 +109,11 @@ class PinTable:
         """Tokens that releasing idle pins would make evictable."""
         return self.cache.idle_pinned_size
 
-    def release_oldest_idle(self) -> bool:
-        """Releases the oldest pin no live request runs through (one that frees something); False if none."""
-        idle = [p for p in self.pins.values() if p.node.lock_ref == p.node.pin_ref]
+    def release_oldest_idle(self, wanted: bool = True) -> bool:
+        """Releases the oldest pin no live request runs through (one that frees something); False if none.
+        `wanted=False` skips pins a queued request will hit (releasing them frees nothing evicted first)."""
+        idle = [p for p in self.pins.values()
+                if p.node.lock_ref == p.node.pin_ref and (wanted or not p.node.want_ref)]
         if not idle:
             return False
         self.unpin(min(idle, key=lambda p: p.touched).owner)
@@ -119,9 +121,13 @@ class PinTable:
         return True
 
     def _enforce_budget(self) -> None:
+        """Releases the oldest pins until the budget holds; a pin whose path other pins extend (a forked
+        session's parent under its sub-agents' pins) frees nothing, so it is kept while another would."""
         while self.cache.pinned_size > self.budget:
-            oldest = min(self.pins.values(), key=lambda p: p.touched)
+            freeing = [p for p in self.pins.values() if p.node.pin_ref == 1] or list(self.pins.values())
+            oldest = min(freeing, key=lambda p: p.touched)
             self.unpin(oldest.owner)
+            self.cache.touch(oldest.node)  # held until now: the LRU ranks it as used now, after one-shot prompts
             self.stats.released_under_pressure += 1
 
     def _drop(self, pin: Pin) -> None:

@@ -5,7 +5,8 @@ same length; a node's lock_ref is the number of locks whose path runs through it
 pins), its pin_ref the number of pins among them, so lock_ref(parent) >= lock_ref(child) and
 pin_ref <= lock_ref; evictable_size + protected_size = total tokens in the tree; idle_pinned_size counts
 the tokens locked by pins alone (lock_ref == pin_ref > 0: releasing those pins makes them evictable),
-pinned_size those under any pin.
+pinned_size those under any pin. A node's want_ref counts the queued requests whose cached prefix runs
+through it: not a lock (admission may still evict it), an order: `evict` spares wanted leaves unless told.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ _clock = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "last_access")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "want_ref", "last_access")
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: "TreeNode | None"):
         self.children: dict[int, TreeNode] = {}
@@ -29,6 +30,7 @@ class TreeNode:
         self.value = value
         self.lock_ref = 0
         self.pin_ref = 0
+        self.want_ref = 0
         self.last_access = next(_clock)
 
     def __lt__(self, other: "TreeNode") -> bool:
@@ -122,10 +124,20 @@ class RadixCache:
         parent = child.parent
         upper = TreeNode(child.key[:n], child.value[:n], parent)
         upper.lock_ref, upper.pin_ref, upper.last_access = child.lock_ref, child.pin_ref, child.last_access
+        upper.want_ref = child.want_ref
         upper.children[child.key[n]] = child
         parent.children[child.key[0]] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         return upper
+
+    def touch(self, node: TreeNode) -> None:
+        """Marks the path root..node used now (the young end of the LRU), deepest node youngest."""
+        path = []
+        while node is not self.root:
+            path.append(node)
+            node = node.parent
+        for node in reversed(path):
+            node.last_access = next(_clock)
 
     # ---- locking ----------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode, pin: bool = False) -> None:
@@ -156,12 +168,21 @@ class RadixCache:
             if node.pin_ref == node.lock_ref:
                 self.idle_pinned_size += n
 
+    def want(self, node: TreeNode, n: int) -> None:
+        """A queued request will hit the path root..node (n=1), or no longer waits for it (n=-1). The path
+        may have been evicted since: its nodes keep their parent links, so the walk still ends at the root."""
+        while node is not self.root and node is not None:
+            node.want_ref += n
+            assert node.want_ref >= 0, "want_ref underflow"
+            node = node.parent
+
     # ---- eviction ---------------------------------------------------------------------------
-    def evict(self, num_tokens: int) -> int:
-        """Free least-recently-used unlocked leaves until `num_tokens` slots are freed (or none left)."""
+    def evict(self, num_tokens: int, wanted: bool = True) -> int:
+        """Free least-recently-used unlocked leaves until `num_tokens` slots are freed (or none left);
+        `wanted=False` spares the leaves a queued request will hit."""
         if self.disable or num_tokens <= 0:
             return 0
-        heap = [n for n in self.nodes() if not n.children and n.lock_ref == 0]
+        heap = [n for n in self.nodes() if not n.children and n.lock_ref == 0 and (wanted or not n.want_ref)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -173,7 +194,8 @@ class RadixCache:
             self.evictable_size -= len(leaf.key)
             parent = leaf.parent
             del parent.children[leaf.key[0]]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if (parent is not self.root and not parent.children and parent.lock_ref == 0
+                    and (wanted or not parent.want_ref)):
                 heapq.heappush(heap, parent)
         return freed
 
@@ -214,6 +236,7 @@ class RadixCache:
             assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, "lock order"
             assert node.parent is self.root or node.parent.pin_ref >= node.pin_ref, "pin order"
             assert 0 <= node.pin_ref <= node.lock_ref, "pin_ref exceeds lock_ref"
+            assert node.parent is self.root or node.parent.want_ref >= node.want_ref, "want order"
             counted._account(node, len(node.key))
         sizes = ("evictable_size", "protected_size", "idle_pinned_size", "pinned_size")
         counts = [getattr(counted, k) for k in sizes]

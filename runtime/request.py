@@ -92,6 +92,7 @@ class KVFields:
     cached_len: int = 0
     last_node: TreeNode | None = None
     swapped: SwappedKV | None = None
+    wanted: TreeNode | None = None  # while queued: the end of the cached prefix it will hit (evicted last)
 
 
 @dataclass(eq=False)

@@ -60,6 +60,7 @@ class Scheduler:
             return
         self.reqs[req.rid] = req
         self.waiting.append(req)
+        self.kv.want(req)
         if req.retain is not None:  # the owner is back: its pin is young again
             self.kv.pins.refresh(req.retain.owner, self._ttl(req.retain))
 
@@ -227,6 +228,7 @@ class Scheduler:
             self.kv.release(req)
         req.state = ReqState.PREEMPTED
         self.waiting.insert(0, req)
+        self.kv.want(req)
         self.new_token_ratio = self.cfg.init_new_token_ratio  # admit more conservatively for a while
 
     # ---- finishing ------------------------------------------------------------------------------

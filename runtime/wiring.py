@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.registry import create_backend
-from .config import EngineConfig, available_memory_bytes
+from .config import HOST_TIER_MEM_FRACTION, HOST_TIER_POOLS, EngineConfig, available_memory_bytes
 from .constrained.jump_forward import JumpForwarder
 from .cuda_graph import DecodeGraphs
 from .distributed.embedding_cache import BroadcastEmbeddingCache
@@ -82,7 +82,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     else:
         runner = TPRunner(loaded.model, req_to_token, attn, device, workers, encoder, image_token_id)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
-    kv = KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, cfg.kv_host_cache_tokens)
+    kv = KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, kv_host_tier_size(cfg, pool))
     drafter = create_drafter(cfg, loaded, pool_size, context_length)
     scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
     outputs = OutputProcessor(kv, context_length, scheduler.counters, jump, drafter)
@@ -97,6 +97,17 @@ def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: K
         return None
     make_backend = functools.partial(create_backend, cfg.attention_backend)
     return BackgroundCompile(model, make_backend, pool.k_buffers, pool.v_buffers, marker)
+
+
+def kv_host_tier_size(cfg: EngineConfig, pool: KVPool) -> int:
+    """Tokens of the host KV tier: the option, or by default HOST_TIER_POOLS device pools within
+    HOST_TIER_MEM_FRACTION of the host's available memory (none where no tier can serve)."""
+    if cfg.kv_host_cache_tokens is not None:
+        return cfg.kv_host_cache_tokens
+    if cfg.tp_size > 1 or cfg.disable_radix_cache:
+        return 0
+    fits = int(HOST_TIER_MEM_FRACTION * available_memory_bytes(torch.device("cpu")) / pool.token_bytes)
+    return min(HOST_TIER_POOLS * pool.num_slots, fits)
 
 
 def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,

@@ -71,8 +71,10 @@ def check_kv_contents(kv: KVManager) -> None:
             assert torch.equal(k[node.value].flatten(), want) and torch.equal(v[node.value].flatten(), -want)
 
 
-def tree_slots_unlocked(kv: KVManager) -> set[int]:
-    return {s for node in kv.cache.nodes() if node.lock_ref == 0 for s in node.value.tolist()}
+def tree_slots_unlocked(kv: KVManager, wanted: bool) -> set[int]:
+    """Slots of unlocked tree nodes a queued request will hit (`wanted`) or will not."""
+    return {s for node in kv.cache.nodes() if node.lock_ref == 0 and bool(node.want_ref) == wanted
+            for s in node.value.tolist()}
 
 
 class PinMachine(RuleBasedStateMachine):
@@ -82,6 +84,7 @@ class PinMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.kv.pins.clock = lambda: self.now
         self.running: list[FakeReq] = []
+        self.waiting: list[FakeReq] = []
 
     @precondition(lambda self: len(self.running) < 8)
     @rule(ids=keys)
@@ -120,22 +123,53 @@ class PinMachine(RuleBasedStateMachine):
         self.kv.pins.expire()
         assert all(p.expires > self.now for p in self.kv.pins.pins.values()), "an expired pin survived"
 
+    @precondition(lambda self: len(self.waiting) < 4)
+    @rule(ids=keys)
+    def queue_request(self, ids: list[int]) -> None:
+        """A request arrives and waits: the cached prefix it will hit is evicted last."""
+        req = FakeReq(rid=f"q{len(self.waiting)}", ids=ids)
+        self.kv.want(req)
+        assert self.kv.cache.path_key(req.wanted) == ids[:self.kv.cached_prefix_len(ids)]
+        self.waiting.append(req)
+
+    @precondition(lambda self: self.waiting)
+    @rule(i=st.integers(0, 3), admit=st.booleans())
+    def dequeue_request(self, i: int, admit: bool) -> None:
+        """A queued request is admitted (if it fits) or aborted: either way it wants nothing any more."""
+        req = self.waiting.pop(i % len(self.waiting))
+        if admit and len(self.running) < 8:
+            ran = run_request(self.kv, req.ids, rid=req.rid)
+            self.kv.release(req)  # the queued copy, never admitted itself: drops its want alone
+            if ran is not None:
+                self.running.append(ran)
+        else:
+            self.kv.release(req)
+        assert req.wanted is None and req.row is None
+
     @rule(n=st.integers(1, POOL))
     def memory_pressure(self, n: int) -> None:
-        """ensure_free frees unpinned LRU leaves first, then expired pins, then idle pins oldest first."""
+        """ensure_free frees unpinned LRU leaves no queued request will hit first, then expired pins, then
+        idle pins oldest first, then what queued requests will hit."""
         before = dict(self.kv.pins.pins)
-        unlocked = tree_slots_unlocked(self.kv)
+        unwanted, wanted = tree_slots_unlocked(self.kv, False), tree_slots_unlocked(self.kv, True)
+        wanted_pinned = {s for p in before.values() if p.node.want_ref for s in self.kv.cache.path_slots(p.node).tolist()}
         ok = self.kv.ensure_free(n)
         released = [p for owner, p in before.items() if self.kv.pins.pins.get(owner) is not p]
         in_tree = set(self.kv.cache.all_slots().tolist())
         if released:
-            assert not unlocked & in_tree, "a pin was released while unpinned leaves were left"
+            assert not unwanted & in_tree, "a pin was released while unpinned leaves were left"
+        if (wanted | wanted_pinned) - in_tree:
+            assert not unwanted & in_tree, "a queued request's hit went before an unwanted leaf"
+            assert not any(p.node.lock_ref == p.node.pin_ref and not p.node.want_ref
+                           for p in self.kv.pins.pins.values()), "a queued request's hit went before an idle pin"
         if any(p.expires > self.now for p in released):
             assert not any(p.expires <= self.now for p in self.kv.pins.pins.values()), \
                 "a live pin was released before an expired one"
-        kept_ages = [p.touched for p in self.kv.pins.pins.values() if p.node.lock_ref == p.node.pin_ref]
+        kept_ages = [p.touched for p in self.kv.pins.pins.values()
+                     if p.node.lock_ref == p.node.pin_ref and not p.node.want_ref]
         for p in released:
-            assert all(p.touched <= age for age in kept_ages), "a younger idle pin went before an older one"
+            assert all(p.touched <= age for age in kept_ages) or p.node.want_ref, \
+                "a younger idle pin went before an older one"
         if not ok:
             assert self.kv.cache.evictable_size == 0 and self.kv.pins.releasable == 0
 
@@ -143,7 +177,7 @@ class PinMachine(RuleBasedStateMachine):
     def every_slot_is_free_cached_pinned_or_held(self) -> None:
         if not hasattr(self, "kv"):
             return
-        self.kv.check(self.running, [])
+        self.kv.check(self.running, self.waiting)
         assert self.kv.cache.pinned_size <= self.kv.pins.budget
         check_kv_contents(self.kv)
 
@@ -175,6 +209,32 @@ def test_pins_survive_pressure_that_evicts_everything_else():
     assert kv.ensure_free(POOL - len(kept))  # everything unpinned goes, the pin stays
     assert kv.cache.total_size == len(kept) and kv.cached_prefix_len(kept) == len(kept)
     assert kv.pins.stats.released_under_pressure == 0
+    kv.check([], [])
+
+
+def test_a_queued_request_keeps_its_hit_under_pressure():
+    """Eviction order: unpinned LRU leaves, expired pins, idle pins by age, and only then what a queued
+    request will hit, though that was used longest ago."""
+    kv = make_kv(fraction=0.5)
+    now = [0.0]
+    kv.pins.clock = lambda: now[0]
+    queued_prefix, pinned, lru = [1] * 12, [2] * 12, [3] * 12
+    for ids in (queued_prefix, pinned, lru):  # queued_prefix is the least recently used
+        kv.release(run_request(kv, ids))
+    kv.pin("expired", pinned[:6], ttl=1.0)
+    kv.pin("idle", pinned, ttl=None)
+    now[0] = 2.0
+    queued = FakeReq(rid="queued", ids=queued_prefix + [5, 6])
+    kv.want(queued)
+    kv.check([], [queued])
+    assert kv.ensure_free(POOL - len(queued_prefix))  # all but the queued request's prefix must go
+    assert kv.cached_prefix_len(queued.ids) == len(queued_prefix) and kv.cache.total_size == len(queued_prefix)
+    assert kv.pins.pins == {} and kv.pins.stats.expired == 1 and kv.pins.stats.released_under_pressure == 1
+    kv.check([], [queued])
+    assert kv.ensure_free(POOL)  # and it still goes when nothing else is left: a want is no lock
+    assert kv.cache.total_size == 0
+    kv.check([], [queued])
+    kv.release(queued)
     kv.check([], [])
 
 
@@ -226,4 +286,34 @@ def test_ttl_expiry_frees_the_path_to_the_lru():
     assert kv.pins.expire() == 0
     now[0] = 2.5
     assert kv.pins.expire() == 1 and kv.cache.evictable_size == len(ids) and kv.cache.pinned_size == 0
+    kv.check([], [])
+
+
+def test_a_pin_released_for_the_budget_goes_to_the_young_end_of_the_lru():
+    kv = make_kv(fraction=0.25)  # 12 tokens
+    session, one_shot = [1] * 10, [7] * 10
+    kv.release(run_request(kv, session))
+    kv.pin("old", session, None)
+    kv.release(run_request(kv, one_shot))  # used after the session's last turn, never pinned
+    kv.release(run_request(kv, [2] * 10))
+    kv.pin("new", [2] * 10, None)  # over the budget: "old" goes
+    assert list(kv.pins.pins) == ["new"]
+    assert kv.ensure_free(kv.allocator.num_free + 10)  # one 10-token path must go: the one-shot, not the session
+    assert kv.cached_prefix_len(session) == 10 and kv.cached_prefix_len(one_shot) == 0
+    kv.check([], [])
+
+
+def test_the_pinned_budget_keeps_a_forked_parent_under_its_sub_agents():
+    kv = make_kv(fraction=0.5)  # 24 tokens
+    now = [0.0]
+    kv.pins.clock = lambda: now[0]
+    parent, sub = [1] * 12, [1] * 12 + [3] * 4
+    kv.release(run_request(kv, sub))
+    kv.pin("parent", parent, None)
+    now[0] = 1.0
+    kv.pin("sub", sub, None)  # the sub-agent extends the parent's pinned history: 16 tokens pinned
+    now[0] = 2.0
+    kv.release(run_request(kv, [5] * 10))
+    kv.pin("other", [5] * 10, None)  # 26 > 24: releasing the parent would free nothing, so "sub" goes
+    assert sorted(kv.pins.pins) == ["other", "parent"] and kv.cache.pinned_size == 22
     kv.check([], [])

@@ -22,7 +22,7 @@ def flood(engine, n: int = 8) -> None:
 
 
 def test_a_session_survives_pressure_that_evicts_everything_else(tiny_engine_factory):
-    engine = tiny_engine_factory(kv_cache_tokens=POOL)
+    engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0)  # evicted means gone
     history = words(1, 240)
     first = engine.generate(history, GREEDY, cache_key="agent-1")
     unkeyed = words(2, 240)
@@ -37,8 +37,21 @@ def test_a_session_survives_pressure_that_evicts_everything_else(tiny_engine_fac
     assert stats["pins_released_under_pressure_total"] == 0 and stats["kv_pinned_tokens"] <= POOL // 2
 
 
+def test_a_queued_request_keeps_its_cached_prefix_under_pressure(tiny_engine_factory):
+    """No key, no pin: the prefix is the least recently used, yet the request queued behind a flood (first
+    come, first served, two at a time) still finds it, because what a queued request will hit goes last."""
+    engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0, schedule_policy="fcfs",
+                                 max_running_requests=2)
+    prefix = words(8, 240)
+    first = engine.generate(prefix, GREEDY)
+    outs = engine.generate([words(100 + i, 120) for i in range(8)] + [prefix + " and then"], GREEDY)
+    assert outs[-1].meta.cached_tokens >= first.meta.prompt_tokens - 1
+    engine.check_invariants()
+    assert engine.generate(words(100, 120), GREEDY).meta.cached_tokens < 5  # the pressure was real: evicted
+
+
 def test_abort_of_a_keyed_request_releases_its_session(tiny_engine_factory):
-    engine = tiny_engine_factory(kv_cache_tokens=POOL)
+    engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0)
     engine.generate(words(3, 120), GREEDY, cache_key="s")
     assert engine.stats()["kv_pins"] == 1
     stream = engine.stream(words(3, 120) + " more", {"temperature": 0, "max_new_tokens": 200}, cache_key="s")
@@ -82,11 +95,24 @@ def test_the_pinned_budget_is_never_exceeded(tiny_engine_factory):
     assert stats["kv_pins"] < 6 and stats["pins_released_under_pressure_total"] >= 1
 
 
+def test_the_host_tier_is_on_by_default_at_two_pools(tiny_engine_factory):
+    engine = tiny_engine_factory(kv_cache_tokens=POOL)
+    prompt = words(7, 240)
+    first = engine.generate(prompt, GREEDY)
+    flood(engine)
+    again = engine.generate(prompt, GREEDY)
+    assert again.meta.cached_tokens == first.meta.prompt_tokens - 1  # copied back, not recomputed
+    assert engine.scheduler.kv.host.num_slots == 2 * POOL
+    assert tiny_engine_factory(kv_cache_tokens=POOL, disable_radix_cache=True).scheduler.kv.host is None
+
+
 def test_bad_retention_options_are_refused_naming_the_field(tiny_engine_factory):
     with pytest.raises(ValueError, match="max_pinned_fraction"):
         tiny_engine_factory(max_pinned_fraction=1.5)
     with pytest.raises(ValueError, match="prompt_cache_retention"):
         tiny_engine_factory(prompt_cache_retention=-1)
+    with pytest.raises(ValueError, match="kv_host_cache_tokens"):
+        tiny_engine_factory(kv_host_cache_tokens=-1)
     engine = tiny_engine_factory()
     with pytest.raises(ValueError, match="prompt_cache_key"):
         engine.generate("hi", GREEDY, cache_key="")
@@ -108,7 +134,7 @@ def test_a_host_tier_restore_gives_the_tokens_and_logprobs_of_a_recompute(tiny_e
     for a, b in zip(fresh.meta.output_logprobs, restored.meta.output_logprobs, strict=True):
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
         assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-4)
-    plain = tiny_engine_factory(kv_cache_tokens=POOL)  # the control: no host tier, the same story
+    plain = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0)  # the control: no host tier
     plain.generate(prompt, params)
     flood(plain)
     again = plain.generate(prompt, params)
