@@ -55,6 +55,7 @@ class Engine:
         self.device = cfg.torch_device()
         self.vocab_size, self.pool_size = parts.vocab_size, parts.pool_size
         self.image_prompts, self.image_encoder = parts.image_prompts, parts.image_encoder
+        self.background_compile = parts.background_compile  # None: decode stays eager
         self.context_length = self.scheduler.context_length
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
                                               cfg.constrained_json_whitespace_pattern,

@@ -40,6 +40,7 @@ class EngineParts:
     pool_size: int
     image_prompts: ImagePrompts | None = None  # None: a text-only model
     image_encoder: ImageEncoder | None = None
+    background_compile: BackgroundCompile | None = None  # the CPU decode forward compiling in a thread
 
 
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
@@ -60,7 +61,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
-    start_background_compile(cfg, loaded.model, pool)
+    compiling = start_background_compile(cfg, loaded.model, pool)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
         capture = device.type == "cuda" and getattr(loaded.model, "capturable", True)  # MoE routing syncs
@@ -86,7 +87,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
     outputs = OutputProcessor(kv, context_length, scheduler.counters, jump, drafter)
     return EngineParts(EngineCore(scheduler, runner, outputs), loaded.tokenizer, loaded.name, mcfg.vocab_size,
-                       pool_size, None if vision is None else ImagePrompts(vision), encoder)
+                       pool_size, None if vision is None else ImagePrompts(vision), encoder, compiling)
 
 
 def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: KVPool) -> BackgroundCompile | None:
