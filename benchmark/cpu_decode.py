@@ -11,8 +11,13 @@ prompts (and with transformers' recorded ids), and the perplexity of a fixed tex
 torch.compile'd); each of its graphs compiles in a warm-up pass over every workload, before the timed rounds.
 
 HF transformers needs `accelerate` to read a GGUF (pip install -e ".[test,bench]"); llama.cpp is optional
-(pip install llama-cpp-python, which builds from source: CMAKE_ARGS as in benchmark/programs/plain_lm.py);
-either one missing is reported and skipped.
+(CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_AMX=OFF" pip install llama-cpp-python builds it for this CPU, AMX off:
+its tile instructions fault on these VMs); either one missing is reported and skipped. On a shared machine
+run with OMP_WAIT_POLICY=passive: llama.cpp's OpenMP threads otherwise spin for cores other processes hold
+(at load 15 on 2 cores it then took ~1.4 s a token instead of ~0.03 s).
+
+With compile_layers="auto" an engine compiles its decode forward in the background where the compile
+cache is warm (after a `radixlang serve` or a --compile run on this machine); the timed rounds wait for it.
 """
 from __future__ import annotations
 
