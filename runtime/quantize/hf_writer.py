@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from ..models.hf_config import LLAMA, MISTRAL, QWEN2, QWEN3
 from ..models.llama import LlamaForCausalLM
+from ..models.gguf_file import read_gguf
 from ..models.loader import LoadedModel, gguf_metadata, gguf_to_hf_config, read_hf_config
 from ..models.quant_formats import IntWeight, write_gptq
 
@@ -27,12 +28,9 @@ def source_hf_config(model_path: Path) -> dict[str, Any]:
     """The model's config.json, or the one transformers would hold for a GGUF file."""
     if model_path.is_dir():
         return read_hf_config(model_path)
-    import gguf
-
-    reader = gguf.GGUFReader(str(model_path))
-    meta = gguf_metadata(reader)
+    meta = gguf_metadata(model_path)
     arch = meta["general.architecture"]
-    hf = gguf_to_hf_config(meta, arch, {t.name for t in reader.tensors})
+    hf = gguf_to_hf_config(meta, arch, {t.name for t in read_gguf(model_path).tensors})
     ids = {"bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id")}
     return hf | {"model_type": _MODEL_TYPES[hf["architectures"][0]], "torch_dtype": "float32"} | ids
 
