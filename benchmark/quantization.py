@@ -34,7 +34,7 @@ FOLDERS = {  # name: the quantize options that make it
     "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128),
     "GPTQ int4 g128 act-order": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=True),
     "RTN W8A8": QuantizeOptions(method="smoothquant", smooth=False),
-    "SmoothQuant W8A8": QuantizeOptions(method="smoothquant", alpha=0.5),
+    "SmoothQuant W8A8": QuantizeOptions(method="smoothquant"),
 }
 PREFILL_PROMPTS = [f"{FIXED_TEXT} ({i})" for i in range(8)]  # ~250 tokens each, distinct (no cache hits)
 Runner = Callable[[], tuple[float, int]]  # -> (seconds, tokens)

@@ -2,11 +2,15 @@
 (bit-equal in fp16), each native layer against a matmul with those weights (bf16 bounds), a whole engine
 against transformers running the reference weights, and bad quantization_config values.
 
-gptqmodel / autoawq (transformers' own GPTQ / AWQ backends) do not install here without a GPU toolchain,
-so the second oracle is the formats' reference formulas written out in quant_folders.py."""
+The formats' reference formulas are written out in quant_folders.py. AutoAWQ's own dequantize_gemm is a
+second oracle where it is installed: `pip install --no-deps autoawq` builds (pure Python), and its
+packing_utils needs only torch, though the package's __init__ needs accelerate and a GPU stack, so the
+test loads that one file. gptqmodel's sdist needs a CUDA toolchain to build: not tried here."""
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,6 +55,31 @@ def test_dequantised_weights_are_bit_equal_to_the_formats_reference(fp_folder, t
     ours = dict(dequantized_weights(iter(load_file(str(folder / "model.safetensors")).items()), qc, None))
     for weight_name, ref in reference.items():
         assert torch.equal(ours[weight_name].half(), ref), weight_name
+
+
+def autoawq_packing_utils():
+    spec = importlib.util.find_spec("awq")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("autoawq is not installed (pip install --no-deps autoawq)")
+    path = Path(spec.submodule_search_locations[0]) / "utils" / "packing_utils.py"
+    module_spec = importlib.util.spec_from_file_location("awq_packing_utils", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_awq_dequantised_weights_are_bit_equal_to_autoawqs_own(fp_folder, tmp_path):
+    awq = autoawq_packing_utils()
+    folder, _ = build(fp_folder, tmp_path, "awq4-g32")
+    state = load_file(str(folder / "model.safetensors"))
+    qc = parse_quant_config(json.loads((folder / "config.json").read_text()))
+    ours = dict(dequantized_weights(iter(state.items()), qc, None))
+    prefixes = [k.removesuffix(".qweight") for k in state if k.endswith(".qweight")]
+    assert prefixes
+    for prefix in prefixes:
+        theirs = awq.dequantize_gemm(state[f"{prefix}.qweight"], state[f"{prefix}.qzeros"], state[f"{prefix}.scales"],
+                                     4, 32)  # [K, N] fp16
+        assert torch.equal(ours[f"{prefix}.weight"].half(), theirs.T), prefix
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -72,3 +72,15 @@ def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_pa
 def test_bad_quantize_options_fail_naming_the_option(folder, tmp_path, capsys, args, field):
     assert main(["quantize", str(folder), str(tmp_path / "q"), *args]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_a_gguf_sources_config_is_the_one_its_model_card_publishes():
+    """`radixlang quantize` on the default GGUF writes SmolLM2-135M's config.json (values from its HF card)."""
+    from radixlang.runtime.models.loader import default_model_path
+    from radixlang.runtime.quantize.hf_writer import source_hf_config
+
+    cfg = source_hf_config(default_model_path())
+    assert {k: cfg[k] for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "vocab_size")} == {
+        "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152}
