@@ -68,7 +68,7 @@ def whitespace_node(pattern: str | None) -> ra.Node:
     dfa = compile_dfa([node])
     if not dfa.is_finite():
         raise ValueError(f"JSON whitespace pattern {pattern!r} must match a bounded length (e.g. '[ ]?')")
-    read = (dfa.trans >= 0).any(axis=0).tolist()  # by byte class: whether any state reads it
+    read = (dfa.trans >= 0).any(axis=0)
     used = {b for b in range(256) if read[dfa.byte_class[b]]}
     if not used <= JSON_WHITESPACE:
         raise ValueError(f"JSON whitespace pattern {pattern!r} may only match spaces, tabs and newlines")
