@@ -80,7 +80,8 @@ def first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
         out: list = []
         for item in node.items:
             optional = isinstance(item, ra.Repeat) and item.min == 0  # e.g. a number's "-?": starts as its item
-            first = first_chars(item.item if optional and isinstance(item, ra.Repeat) else item, rules, seen, pending)
+            start = item.item if isinstance(item, ra.Repeat) and optional else item
+            first = first_chars(start, rules, seen, pending)
             if first is not None and not ra.nullable(item):
                 return ra.normalize([*out, *first])
             if first is None:  # nullable with unknown start: be conservative

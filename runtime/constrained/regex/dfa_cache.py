@@ -20,7 +20,6 @@ import numpy as np
 from ...config import DFA_CACHE_BYTES, DFA_CACHE_ENTRIES
 
 
-
 class Automaton(Protocol):
     """What the cache needs of a value: its tables, made read-only once shared, and sized for the bound."""
 
