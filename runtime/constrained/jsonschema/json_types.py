@@ -79,8 +79,8 @@ def first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
     if isinstance(node, ra.Seq):
         out: list = []
         for item in node.items:
-            optional = isinstance(item, ra.Repeat) and item.min == 0  # e.g. a number's "-?": starts as its item
-            start = item.item if isinstance(item, ra.Repeat) and optional else item
+            # an optional item (e.g. a number's "-?") starts as its item
+            start = item.item if isinstance(item, ra.Repeat) and item.min == 0 else item
             first = first_chars(start, rules, seen, pending)
             if first is not None and not ra.nullable(item):
                 return ra.normalize([*out, *first])
