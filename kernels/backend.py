@@ -66,7 +66,10 @@ class DecodeGroups:
 def pack_groups(groups: list[tuple[list[int], int]]) -> tuple[list[int], list[int], list[int], list[int]]:
     """Host lists of the cascade layout: (members group by group, each group's start among them, its size,
     its prefix length)."""
-    members, starts, sizes, lens = [], [], [], []
+    members: list[int] = []
+    starts: list[int] = []
+    sizes: list[int] = []
+    lens: list[int] = []
     for group, length in groups:
         starts.append(len(members))
         sizes.append(len(group))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import triton
@@ -79,10 +80,10 @@ class _TargetOnly:
 
 
 @contextlib.contextmanager
-def compile_only(arch: int) -> Iterator[list[tuple[str, dict, object]]]:
+def compile_only(arch: int) -> Iterator[list[tuple[str, dict, Any]]]:  # Any: triton's CompiledKernel (untyped)
     """Within it, a kernel launch compiles the kernel for `arch` and returns without running it; yields the
     list of (kernel name, constexprs, compiled kernel) that the launches fill."""
-    compiled: list[tuple[str, dict, object]] = []
+    compiled: list[tuple[str, dict, Any]] = []
     run = JITFunction.run
 
     def compile_instead(self, *args, grid, warmup, **kwargs):
@@ -185,8 +186,8 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_check compiles kernels: run it without TRITON_INTERPRET=1")
     variants = []
-    shapes = [(f"{h}/{kv}/{d}", lambda dtype, h=h, kv=kv, d=d: drive_every_step_kind(h, kv, d, dtype))
-              for h, kv, d in HEAD_SHAPES]
+    shapes: list[tuple[str, Callable[[torch.dtype], None]]] = [
+        (f"{h}/{kv}/{d}", functools.partial(drive_every_step_kind, h, kv, d)) for h, kv, d in HEAD_SHAPES]
     shapes.append(("mla {}/{}+{}, moe".format(*MLA_SHAPE), drive_mla_and_moe))
     for dtype in dtypes:
         for label, drive in shapes:

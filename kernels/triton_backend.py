@@ -106,7 +106,7 @@ class TritonAttention:
         self._extend = ExtendSeqs.build(
             [q_ptr[i] for i in ext], [batch.extend_lens[i] for i in ext], [kv_ptr[i] for i in ext],
             [batch.kv_lens[i] for i in ext], [MASK_CAUSAL if batch.parents[i] is None else MASK_TREE for i in ext],
-            [None if batch.parents[i] is None else tree_visibility(batch.parents[i]) for i in ext],
+            [None if (parents := batch.parents[i]) is None else tree_visibility(parents) for i in ext],
             self.device) if ext else None
         self._decode = DecodeSeqs(self._ints([q_ptr[i] for i in dec]), self._ints([kv_ptr[i] for i in dec]),
                                   self._ints([batch.kv_lens[i] for i in dec]),
@@ -143,10 +143,11 @@ class TritonAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"
+        kv_indices = self._kv_indices
+        assert kv_indices is not None, "plan() sets it with the cache locations"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
         k_cache[self._out_cache_loc] = k.to(k_cache.dtype)
         v_cache[self._out_cache_loc] = v.to(v_cache.dtype)
-        kv_indices = self._kv_indices
         out = torch.empty_like(q)
         if self._extend is not None:
             extend_attention(q, k_cache, v_cache, kv_indices, self._extend, scale, out=out)
@@ -162,6 +163,8 @@ class TritonAttention:
                        scale: float, w_kv_b: torch.Tensor) -> torch.Tensor:
         """MLA over the latent pool (kernels/mla.py): decodes absorbed in the Triton latent kernel."""
         assert self._out_cache_loc is not None, "plan() runs before forward_latent()"
+        kv_indices = self._kv_indices
+        assert kv_indices is not None, "plan() sets it with the cache locations"
         cache = self.k_buffers[layer]
         cache[self._out_cache_loc] = latent.to(cache.dtype)
         w_uk, w_uv = split_up_proj(w_kv_b, q_nope.shape[-1])
@@ -169,13 +172,15 @@ class TritonAttention:
         d = self._decode
         if d is not None:
             q_abs = absorb_query(q_nope[d.q_rows], q_rope[d.q_rows], w_uk).to(cache.dtype)
-            o = mla_decode(q_abs, cache, self._kv_indices, d.kv_starts, d.kv_lens, w_uk.shape[2], scale)
+            o = mla_decode(q_abs, cache, kv_indices, d.kv_starts, d.kv_lens, w_uk.shape[2], scale)
             out[d.q_rows] = absorb_output(o.to(q_nope.dtype), w_uv)
         extend_latents(out, q_nope, q_rope, cache, self._latent_extends, w_kv_b, scale)
         return out
 
     def _run_cascade(self, q, k_cache, v_cache, kv_indices, scale: float, out: torch.Tensor) -> None:
-        c, s = self._cascade, self._cascade.suffix
+        c = self._cascade
+        assert c is not None, "forward() runs the cascade only when plan() built one"
+        s = c.suffix
         n, heads, d = c.q_rows.numel(), q.shape[1], q.shape[2]
         prefix, suffix = c.prefix_splits, num_splits(n, k_cache.shape[1], s.max_kv_len)
         # parts-major, so each prefix split's rows are one contiguous block; a row a split never reaches

@@ -134,7 +134,8 @@ def method_key(method: Any) -> Any:
     """What a Select node stores: a built-in's name (serializable), else the callable itself."""
     if isinstance(method, str):
         return resolve_method(method).name
-    builtin = BUILTIN_METHODS.get(getattr(method, "name", None))
+    name = getattr(method, "name", None)
+    builtin = BUILTIN_METHODS.get(name) if isinstance(name, str) else None
     if builtin is not None and type(method) is type(builtin):
         return builtin.name
     return resolve_method(method)

@@ -124,6 +124,7 @@ class EngineBackend:
         prompts = self.engine.image_prompts
         if prompts is None:
             reject_images(state, self.engine.model_name)
+        assert prompts is not None, "reject_images raised: the state has images"
         return state.with_placeholders(prompts.placeholder), list(state.images)
 
     @staticmethod

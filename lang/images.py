@@ -40,7 +40,9 @@ def image_data_url(image: ImageData) -> str:
     if image.kind == "pixels":
         from PIL import Image  # only programs that pass PIL images get here, so Pillow is there
 
+        assert image.mode is not None and image.size is not None, "raw pixels come with their mode and size"
+        width, height = image.size
         out = io.BytesIO()
-        Image.frombytes(image.mode, tuple(image.size), data).save(out, "PNG")
+        Image.frombytes(image.mode, (width, height), data).save(out, "PNG")
         data = out.getvalue()
     return "data:application/octet-stream;base64," + base64.b64encode(data).decode()

@@ -60,7 +60,8 @@ def signature_schema(fn: Callable[..., Any]) -> dict[str, Any]:
             raise ValueError(f"tool {fn.__name__!r}: *args and **kwargs have no schema")
         hint = Any if p.annotation is inspect.Parameter.empty else p.annotation
         fields[name] = (hint, ... if p.default is inspect.Parameter.empty else p.default)
-    model = pydantic.create_model(fn.__name__, **fields)
+    # pydantic's stubs type each field keyword apart; a dict of (type, default) definitions is what it takes
+    model = pydantic.create_model(fn.__name__, **fields)  # type: ignore[call-overload]
     return _untitled(model.model_json_schema())
 
 

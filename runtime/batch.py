@@ -31,6 +31,12 @@ class ScheduledItem:
         return self.start + self.length
 
     @property
+    def row(self) -> int:
+        """The request's req_to_token row: the KV manager gives every scheduled request one."""
+        assert self.req.row is not None, f"scheduled request {self.req.rid} has no row"
+        return self.req.row
+
+    @property
     def completes_fill(self) -> bool:
         return self.end == self.req.fill_len
 
@@ -112,7 +118,7 @@ class StepBatch:
         """`groups`: the step's cascade groups, from `prefix_groups` (None: no cascade)."""
         return AttentionBatch(
             req_to_token=req_to_token,
-            rows=[item.req.row for item in self.items],
+            rows=[item.row for item in self.items],
             kv_lens=[item.end for item in self.items],
             extend_lens=[item.length for item in self.items],
             positions=[p for item in self.items for p in item.positions()],

@@ -110,7 +110,7 @@ class DecodeGraphs:
         step's cascade groups (batch.prefix_groups), which need a backend with cascade."""
         n = len(batch.items)
         b = bucket_for(n, self.buckets)
-        pack_decode(batch.input_ids(), [i.req.row for i in batch.items], [i.end for i in batch.items], b, self.host)
+        pack_decode(batch.input_ids(), [i.row for i in batch.items], [i.end for i in batch.items], b, self.host)
         key = (b, bool(groups))
         copied = STEP_ROWS
         if groups:

@@ -43,7 +43,8 @@ class IncrementalDetokenizer:
         self._prefix = 0
         self._read = len(self.ids)
         self._patterns = [re.compile(p) for p in self.stop_regex]
-        widths = [re._parser.parse(p).getwidth()[1] for p in self.stop_regex]  # longest match, in chars
+        # longest match, in chars; re._parser is private, so typeshed has no stub for it
+        widths = [re._parser.parse(p).getwidth()[1] for p in self.stop_regex]  # type: ignore[attr-defined]
         self._regex_hold = min(max(widths, default=1) - 1, STOP_REGEX_HOLD_CHARS)
 
     def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizeResult:

@@ -74,7 +74,8 @@ def prune(tree: DraftTree, keep: Callable[[int, int], bool]) -> DraftTree:
     """Drops every node for which keep(node index, new parent index) is False, with its subtree; `keep`
     sees nodes in order, parents first, and the surviving parent's new index (-1: the root)."""
     new_index: dict[int, int] = {-1: -1}
-    tokens, parents = [], []
+    tokens: list[int] = []
+    parents: list[int] = []
     for i, (token, p) in enumerate(zip(tree.tokens, tree.parents)):
         if p not in new_index or not keep(i, new_index[p]):
             continue

@@ -58,7 +58,7 @@ class EngineCore:
 
     @property
     def drafter(self) -> Drafter | None:
-        return self.scheduler.drafter
+        return self.outputs.drafter  # the scheduler holds the same one, typed by what it asks of it
 
     def set_jump_forward(self, jump: JumpForwarder | None) -> None:
         self.outputs.jump = jump

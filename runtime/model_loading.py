@@ -2,6 +2,7 @@
 MLA folder to models/sparse_models.py, the rest (GGUF files, dense language-model folders) to models/."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -33,6 +34,6 @@ def is_vision_folder(path: Path) -> bool:
     return _has_architecture(path, VISION_ARCHS)
 
 
-def _has_architecture(path: Path, archs: object) -> bool:
+def _has_architecture(path: Path, archs: Collection[str]) -> bool:
     return (path / "config.json").exists() and any(
         a in archs for a in read_hf_config(path).get("architectures") or [])

@@ -51,6 +51,7 @@ class ModelRunner:
         return self.run(self.step_inputs(batch, groups))
 
     def step_inputs(self, batch: StepBatch, groups: list[tuple[list[int], int]]) -> StepInputs:
+        assert self.req_to_token is not None, "worker ranks receive their StepInputs, never build them"
         attention = batch.attention_batch(self.req_to_token.table, groups)
         if self.images is None:
             return StepInputs(batch.input_ids(), attention, batch.hidden_rows)

@@ -103,7 +103,10 @@ class OutputProcessor:
 
     # ---- one batched sampler call -------------------------------------------------------------
     def _sample(self, live: list[tuple[ScheduledItem, LogitRows]], logits: torch.Tensor | None) -> StepSamples:
-        sample_rows, samples, score_rows, scores = [], [], [], []
+        sample_rows: list[int] = []
+        samples: list[SampleRow] = []
+        score_rows: list[int] = []
+        scores: list[ScoreRow] = []
         for item, rows in live:
             req = item.req
             if rows.samples:  # item.samples
@@ -138,7 +141,7 @@ class OutputProcessor:
         drafted = req.draft.tokens if req.draft is not None else []
         parents = req.draft.parents if req.draft is not None else []
         m = req.constraint
-        states = constraint_states(m.state, m.constraint.advance, drafted, parents) if m is not None else None
+        states = constraint_states(m.state, m.constraint.advance, drafted, parents) if m is not None else []
         top = req.top_logprobs_num if req.return_logprob else -1
         rows = []
         for j, path in enumerate(paths(drafted, parents)):
@@ -247,8 +250,8 @@ class OutputProcessor:
             wanted.append((req, room))
         if self.drafter is None or not wanted:
             return
-        for (req, _), tree in zip(wanted, self.drafter.propose(wanted)):
-            tree = self._guarded(req, self._allowed, req, tree)
+        for (req, _), proposed in zip(wanted, self.drafter.propose(wanted)):
+            tree = self._guarded(req, self._allowed, req, proposed)
             if tree is None:
                 continue
             self.counters.spec_draft_tokens += len(tree.tokens)

@@ -30,7 +30,7 @@ def _dfs_weight_order(reqs: list[Req], node_of: dict[int, TreeNode], root: TreeN
     at_node: dict[int, list[Req]] = defaultdict(list)
     weight: dict[int, int] = defaultdict(int)
     for r in reqs:
-        node = node_of[id(r)]
+        node: TreeNode | None = node_of[id(r)]
         at_node[id(node)].append(r)
         while node is not None:
             weight[id(node)] += 1

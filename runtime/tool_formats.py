@@ -89,6 +89,7 @@ def tool_call_structural_tag(fmt: ToolFormat, tools: list[dict[str, Any]], choic
         tags = [{"type": "tag", "begin": fmt.call_begin.replace(NAME, _escaped(t["name"])),
                  "content": {"type": "json_schema", "json_schema": parameters_schema(t)}, "end": fmt.call_end}
                 for t in tools]
+    body: dict[str, Any]
     if choice == "auto":
         body = {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": tags}
     else:

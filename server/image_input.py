@@ -14,8 +14,10 @@ def prepare_images(prompts: ImagePrompts | None, model: str, sources: list[Any],
                    params: list[str]) -> list[PreparedImage]:
     """What the engine takes for each source; `params[i]` names source i in an error. Slow on large
     images: call it on a worker thread."""
-    if prompts is None and sources:
-        raise APIError(400, f"model {model!r} has no vision tower, so it takes no images", params[0])
+    if prompts is None:
+        if sources:
+            raise APIError(400, f"model {model!r} has no vision tower, so it takes no images", params[0])
+        return []
     return _convert(sources, params, lambda source, param: prompts.prepare(source, param, allow_paths=False))
 
 

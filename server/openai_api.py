@@ -274,7 +274,8 @@ class _ChatView(_View):
         return chat_logprobs(self.state.engine.tokenizer, lps or []) if self.body.logprobs else None
 
     def choice(self, k: int, c: Completion) -> dict[str, Any]:
-        message, reason = {"role": "assistant", "content": c.text}, c.meta.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        reason: str | None = c.meta.finish_reason
         if self.tools is not None and self.tools.parses:
             message, reason = reply_message(self.tools, c.text, reason)
         return {"index": k, "message": message, "logprobs": self._logprobs(c.meta.output_logprobs),
@@ -287,7 +288,8 @@ class _ChatView(_View):
                 for k in range(len(self.job.prompts) * self.job.n)]
 
     def render(self, k: int, chunk: StreamChunk) -> list[dict]:
-        text, calls, reason = chunk.text, [], chunk.finish_reason
+        text, reason = chunk.text, chunk.finish_reason
+        calls: list[dict[str, Any]] = []
         if self.tools is not None and self.tools.parses:
             stream = self.tool_streams.setdefault(k, ToolStream(self.tools))
             text, calls = stream.feed(chunk.text, chunk.finished)

@@ -74,13 +74,15 @@ def _write_tokenizer(path: Path) -> tuple[int, int]:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False, "chat_template": CHAT_TEMPLATE}))
-    return tok.token_to_id("<image>"), tok.token_to_id("</s>")
+    image_id, eos_id = tok.token_to_id("<image>"), tok.token_to_id("</s>")
+    assert image_id is not None and eos_id is not None, "both are specials added above"
+    return image_id, eos_id
 
 
 def _text_weights(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """Our fused q/k/v and gate/up linears, unfused into HF's LLaVA names."""
     cfg = model.config
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         if "qkv_proj" in name:
             q, k, v = t.split([cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2)

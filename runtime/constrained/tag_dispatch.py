@@ -50,8 +50,9 @@ def dispatch_constraint(tag: Any, whitespace: str | None, relaxed: frozenset[str
     rests = [t.begin.encode()[len(trigger):] for t in tag.tags]
     if not _prefix_free(rests):
         return None
-    roots = [_regular_root(json.dumps(t.schema), whitespace, relaxed) for t in tag.tags]
-    if any(root is None for root in roots):  # the general path compiles it again, or names the bad tag
+    found = [_regular_root(json.dumps(t.schema), whitespace, relaxed) for t in tag.tags]
+    roots = [root for root in found if root is not None]
+    if len(roots) < len(found):  # the general path compiles it again, or names the bad tag
         return None
     free = cached(("free_text", tag.triggers[0], vocab.size), lambda: FreeText(tag.triggers[0], vocab)) \
         if triggered else None
@@ -273,5 +274,7 @@ class TagDispatch(RegexConstraint):
         out = b""
         while more := super().forced_bytes(self._built(state), limit - len(out)):  # stops at a leaf
             out += more
-            state = self.advance_bytes(state, more)
+            nxt = self.advance_bytes(state, more)
+            assert nxt is not None, "forced bytes are allowed bytes"
+            state = nxt
         return out

@@ -28,9 +28,9 @@ class ExpertParallel:
         lo, hi = min(tp.rank * chunk, x.shape[0]), min((tp.rank + 1) * chunk, x.shape[0])
         flat = phys[lo:hi].flatten()
         order = flat.argsort(stable=True)  # by expert, so by owning rank
-        send_sizes = torch.bincount(flat // self.per_rank, minlength=tp.size)
-        recv_sizes = tp.all_to_all(send_sizes, [1] * tp.size, [1] * tp.size).tolist()
-        send_sizes = send_sizes.tolist()
+        send_counts = torch.bincount(flat // self.per_rank, minlength=tp.size)
+        recv_sizes = tp.all_to_all(send_counts, [1] * tp.size, [1] * tp.size).tolist()
+        send_sizes = send_counts.tolist()
         tokens = lo + order // k
         rows = tp.all_to_all(x.index_select(0, tokens), send_sizes, recv_sizes)
         ids = tp.all_to_all(flat[order], send_sizes, recv_sizes)

@@ -20,10 +20,16 @@ class TensorParallel:
     size: int = 1
     group: dist.ProcessGroup | None = None  # set by `join` (never at size 1)
 
+    @property
+    def _joined(self) -> dist.ProcessGroup:
+        """The group the collectives run on: only at size > 1, which `join`s first."""
+        assert self.group is not None, "a collective at size > 1 before join"
+        return self.group
+
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums `t` over the ranks, in place."""
         if self.size > 1:
-            self.group.allreduce([t]).wait()
+            self._joined.allreduce([t]).wait()
         return t
 
     def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -35,10 +41,10 @@ class TensorParallel:
         opts = dist.GatherOptions()
         opts.rootRank = 0
         if self.rank != 0:
-            self.group.gather([], [local], opts).wait()
+            self._joined.gather([], [local], opts).wait()
             return local
         parts = [torch.empty_like(local) for _ in range(self.size)]
-        self.group.gather([parts], [local], opts).wait()
+        self._joined.gather([parts], [local], opts).wait()
         return torch.cat(parts, dim=-1)[..., :vocab_size]
 
     def all_to_all(self, t: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
@@ -47,7 +53,7 @@ class TensorParallel:
         out = t.new_empty((sum(recv_sizes), *t.shape[1:]))
         if self.size == 1:
             return out.copy_(t)
-        self.group.alltoall_base(out, t.contiguous(), recv_sizes, send_sizes, dist.AllToAllOptions()).wait()
+        self._joined.alltoall_base(out, t.contiguous(), recv_sizes, send_sizes, dist.AllToAllOptions()).wait()
         return out
 
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +61,7 @@ class TensorParallel:
         if self.size == 1:
             return t
         parts = [torch.empty_like(t) for _ in range(self.size)]
-        self.group.allgather([parts], [t.contiguous()]).wait()
+        self._joined.allgather([parts], [t.contiguous()]).wait()
         return torch.cat(parts)
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
@@ -63,7 +69,7 @@ class TensorParallel:
         if self.size > 1:
             opts = dist.BroadcastOptions()
             opts.rootRank = 0
-            self.group.broadcast([t], opts).wait()
+            self._joined.broadcast([t], opts).wait()
         return t
 
     def join(self, store: dist.TCPStore, device: torch.device, timeout_s: float) -> None:
@@ -89,8 +95,9 @@ def _process_group(store: dist.Store, rank: int, size: int, device: torch.device
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, size, opts)
-    opts = dist.ProcessGroupGloo._Options()
+        # torch's stubs make the backends no ProcessGroup, though they bind the same collectives
+        return dist.ProcessGroupNCCL(store, rank, size, opts)  # type: ignore[return-value]
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # bound, but not in torch's stubs
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=LOCALHOST)]
-    return dist.ProcessGroupGloo(store, rank, size, opts)
+    return dist.ProcessGroupGloo(store, rank, size, opts)  # type: ignore[return-value]  # as NCCL's, above

@@ -111,6 +111,8 @@ def _read_packed(prefix: str, t: dict[str, torch.Tensor], qc: CheckpointQuant):
 class PermutedInput(nn.Module):
     """A linear whose input columns are taken in `order` first (act-order weights, sorted by group)."""
 
+    order: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, order: torch.Tensor, inner: nn.Module):
         super().__init__()
         self.register_buffer("order", order)
@@ -170,7 +172,7 @@ def _native(parts: list[Any], bias: torch.Tensor | None) -> nn.Module | None:
         codes = torch.cat([p[0] for p in parts]).to(torch.int8)
         return W8A8Linear(codes, torch.cat([p[1] for p in parts]), bias)
     sorted_parts = [p.sorted_by_group() for p in parts]
-    if not all(packable(*w.codes.shape, "int4") and runs_share_groups(w) for w, _ in sorted_parts):
+    if not all(packable(w.codes.shape[0], w.codes.shape[1], "int4") and runs_share_groups(w) for w, _ in sorted_parts):
         return None
     orders = [order for _, order in sorted_parts]
     if all(torch.equal(o, orders[0]) for o in orders):

@@ -63,14 +63,15 @@ class BackgroundCompile:
         self.marker = marker
         self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers)
         self._vocab = model.config.vocab_size
-        model.forward = self.forward
+        model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
         self.thread = threading.Thread(target=self._compile, name="radixlang-compile", daemon=True)
         self.thread.start()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        if self.ready and embeds is None and getattr(ctx.attn, "decode_only", False):
-            return self.compiled(input_ids, positions, ctx)
+        compiled = self.compiled  # set before `ready`
+        if self.ready and compiled is not None and embeds is None and getattr(ctx.attn, "decode_only", False):
+            return compiled(input_ids, positions, ctx)
         return self.eager(input_ids, positions, ctx, embeds)
 
     def _compile(self) -> None:

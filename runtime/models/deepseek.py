@@ -127,7 +127,8 @@ class DeepseekDecoderLayer(nn.Module):
         self.self_attn = MLAttention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if layer_id in cfg.moe.sparse_layers:
-            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, shared_name="shared_experts", **ranks)
+            self.mlp: SparseMoeBlock | SharedExpert = SparseMoeBlock(cfg.moe, cfg.hidden_size,
+                                                                     shared_name="shared_experts", **ranks)
         else:
             self.mlp = SharedExpert(cfg.hidden_size, cfg.intermediate_size)
 
@@ -138,6 +139,8 @@ class DeepseekDecoderLayer(nn.Module):
 
 class MLARotary(nn.Module):
     """RoPE over the qk_rope_head_dim dims only."""
+
+    cos_sin: torch.Tensor  # a buffer, registered in __init__
 
     def __init__(self, cfg: DeepseekConfig):
         super().__init__()

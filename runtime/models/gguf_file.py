@@ -45,7 +45,8 @@ class _Cursor:
     """Reads little-endian values from the mapped file, advancing an offset."""
 
     def __init__(self, buf: np.ndarray):
-        self.buf, self.view, self.at = buf, memoryview(buf), 0
+        # numpy's stubs give ndarray the buffer protocol only from Python 3.12; it has it on every version
+        self.buf, self.view, self.at = buf, memoryview(buf), 0  # type: ignore[arg-type]
 
     def scalar(self, fmt: str) -> Any:
         (value,) = struct.unpack_from(fmt, self.view, self.at)

@@ -185,7 +185,7 @@ class Router(nn.Module):
         self.spec = spec
         self.weight = nn.Parameter(torch.empty(spec.num_experts, hidden_size))
         if spec.score_bias:
-            self.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts))
+            self.e_score_correction_bias: nn.Parameter | None = nn.Parameter(torch.zeros(spec.num_experts))
         else:
             self.e_score_correction_bias = None
 

@@ -31,6 +31,8 @@ class SparseMoeBlock(nn.Module):
     """Router -> routed experts (+ shared expert). Counts the tokens each logical expert receives (`load`)
     for EPLB; `table` maps the router's logical choices to the physical experts that run them."""
 
+    load: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, spec: MoeSpec, hidden_size: int, shared_name: str = "shared_expert",
                  ep: TensorParallel | None = None, sliced: TensorParallel | None = None):
         """Over several ranks: `ep` partitions the experts over them, or `sliced` gives each rank every
@@ -40,8 +42,8 @@ class SparseMoeBlock(nn.Module):
         self.gate = Router(spec, hidden_size)
         self.dispatch = None if ep is None or ep.size == 1 else ExpertParallel(ep, spec.num_experts)
         self.sliced = None if sliced is None or sliced.size == 1 else sliced
-        local = None if self.dispatch is None else list(range(ep.rank * self.dispatch.per_rank,
-                                                            (ep.rank + 1) * self.dispatch.per_rank))
+        local = None if self.dispatch is None else list(range(self.dispatch.tp.rank * self.dispatch.per_rank,
+                                                            (self.dispatch.tp.rank + 1) * self.dispatch.per_rank))
         self.experts = Experts(spec, hidden_size, local, self.sliced)
         self.shared_name = shared_name
         if spec.shared_intermediate_size:
@@ -95,9 +97,9 @@ class MoeLlamaForCausalLM(LlamaForCausalLM):
                  expert_parallel: bool = True):
         super().__init__(cfg, tp)
         self.moe_spec = spec
-        ranks = {"ep": self.tp} if expert_parallel else {"sliced": self.tp}
+        ep, sliced = (self.tp, None) if expert_parallel else (None, self.tp)
         for i in spec.sparse_layers:
-            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, **ranks)
+            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, ep=ep, sliced=sliced)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]

@@ -37,6 +37,10 @@ DENSE_DTYPE = detect().dense_dtype
 class Int8Linear(nn.Module):
     """y = x W^T + b with W = qweight * scale[:, None] (symmetric, per output channel)."""
 
+    qweight: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
+    scale: torch.Tensor
+    dense: torch.Tensor
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         w = weight.detach().float()
@@ -64,6 +68,10 @@ class Int4Linear(nn.Module):
     (code - 8) * scale + zero per group of 32. A 4-bit W maps onto it exactly: zero = minimum + 8 * scale.
     An 8-bit W (Q8_0) is split as code = 16 * hi + lo with both halves 4-bit, laid side by side along K,
     and the input is repeated twice: one kernel call, still exactly the file's weights."""
+
+    packed: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
+    scales_zeros: torch.Tensor
+    dense: torch.Tensor
 
     def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
         super().__init__()
@@ -140,7 +148,7 @@ def quantize_model(model: nn.Module, mode: str, blocks: dict[str, GroupQuant] | 
     replaced, fused = 0, fuse_blocks(blocks or {})
     for name, linear, weight_name in _linears(model):
         weights = fused.get(weight_name) if mode == "auto" else None
-        if mode == "auto" and weights is None or not packable(*linear.weight.shape, mode):
+        if mode == "auto" and weights is None or not packable(linear.weight.shape[0], linear.weight.shape[1], mode):
             continue
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, _packed_linear(linear.weight, linear.bias, mode, weights))
@@ -187,7 +195,8 @@ def packed_linear_record(module: nn.Module) -> dict | None:
 
 def packed_linear_from_state(record: dict, state: dict[str, torch.Tensor]) -> nn.Module:
     """A packed linear over already converted buffers (a weight cache entry): nothing is recomputed."""
-    cls = {"Int8Linear": Int8Linear, "Int4Linear": Int4Linear}[record["class"]]
+    classes: dict[str, type[Int8Linear] | type[Int4Linear]] = {"Int8Linear": Int8Linear, "Int4Linear": Int4Linear}
+    cls = classes[record["class"]]
     module = cls.__new__(cls)
     nn.Module.__init__(module)
     for name, value in record["attrs"].items():

@@ -27,8 +27,8 @@ def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
     if any(a in DEEPSEEK_ARCHS for a in hf.get("architectures") or []):
         cfg, weights, tokenizer = read_hf_dir(path, hf, read_config=deepseek_config_from_hf)
         with torch.device("meta"):
-            model = DeepseekForCausalLM(cfg, tp, expert_parallel)
-        rotary = MLARotary(cfg)
+            model: DeepseekForCausalLM | MoeLlamaForCausalLM = DeepseekForCausalLM(cfg, tp, expert_parallel)
+        rotary: MLARotary | Rotary = MLARotary(cfg)
     else:
         (cfg, spec), weights, tokenizer = read_hf_dir(path, hf, read_config=moe_llama_config_from_hf)
         with torch.device("meta"):

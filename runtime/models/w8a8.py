@@ -22,6 +22,9 @@ def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class W8A8Linear(nn.Module):
     """y = x W^T + b with W = qweight * weight_scale (one scale per output channel)."""
 
+    qweight: torch.Tensor  # buffers, registered in __init__
+    weight_scale: torch.Tensor
+
     def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         assert qweight.dtype == torch.int8 and weight_scale.shape == (qweight.shape[0], 1)

@@ -78,7 +78,8 @@ def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tens
     with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as f:
         for name, t in tensors.items():
             f.seek(layout[name][2])
-            f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+            # an ndarray is a buffer (numpy's stubs say so only from Python 3.12); written without a copy
+            f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # type: ignore[call-overload]
         f.truncate(offset)
     index = {"version": FORMAT_VERSION, "identity": identity, "bytes": offset, "tensors": layout, "extra": extra}
     os.replace(f.name, folder / f"{key}.bin")

@@ -11,7 +11,7 @@ from torch import nn
 
 CLIP, SIGLIP, IDEFICS3 = "clip_vision_model", "siglip_vision_model", "idefics3_vision"
 # transformers' defaults for fields a config.json leaves out (real LLaVA folders are sparse)
-_DEFAULTS = {
+_DEFAULTS: dict[str, dict[str, Any]] = {
     CLIP: dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
                patch_size=32, layer_norm_eps=1e-5, hidden_act="quick_gelu"),
     SIGLIP: dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,

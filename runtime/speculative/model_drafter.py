@@ -159,7 +159,7 @@ class ModelDrafter:
             nodes = [with_ancestors(r.parents, r.frontier) for r in active]
             if not active or not self.kv.ensure_free(sum(map(len, nodes))):
                 return
-            items = []
+            items: list[tuple[DraftSeq, int, list[int] | None, list[int]]] = []
             for r, ns in zip(active, nodes):
                 tree = subtree(r.tokens, r.parents, ns)
                 r.seq.ids += tree.tokens
@@ -176,8 +176,8 @@ class ModelDrafter:
         """Adds the top-k children of each expanded node (rows of `logits`, in order); each round's next
         frontier is its top-k new children by cumulative log-probability."""
         logq = torch.log_softmax(logits.float(), dim=-1)
-        values, ids = logq.topk(min(self.topk, logq.shape[-1]), dim=-1)
-        values, ids = values.tolist(), ids.tolist()
+        top_values, top_ids = logq.topk(min(self.topk, logq.shape[-1]), dim=-1)
+        values, ids = top_values.tolist(), top_ids.tolist()
         row = 0
         for r, parents in zip(rounds, expanded):
             new = []
@@ -195,12 +195,16 @@ class ModelDrafter:
         """One draft forward: per item (sequence, first position, tree parents or None for a chain, rows
         wanted as offsets in the item), the new tokens being the sequence's slots from that position on.
         Returns the logits of the wanted rows, in order."""
-        rows, input_ids, positions, hidden_rows = [], [], [], []
+        rows: list[int] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        hidden_rows: list[int] = []
         for seq, start, parents, wanted in items:
             n = seq.slot_len - start
             hidden_rows += [len(input_ids) + w for w in wanted]
             input_ids += seq.tokens(start, seq.slot_len)
             positions += list(range(start, start + n)) if parents is None else [start + d for d in depths(parents)]
+            assert seq.row is not None, "a sequence in a forward has caught up, so holds a row"
             rows.append(seq.row)
         batch = AttentionBatch(
             req_to_token=self.kv.req_to_token.table, rows=rows, kv_lens=[s.slot_len for s, *_ in items],
@@ -219,6 +223,7 @@ def build_model_drafter(cfg: EngineConfig, target: LoadedModel, pool_size: int, 
         model: DraftLM = EarlyExit(target.model, cfg.speculative_draft_layers)
         mcfg, layers = target.model.config, cfg.speculative_draft_layers
     else:
+        assert cfg.speculative_draft_model is not None, "EngineConfig requires it with STANDALONE"
         model = load_standalone(cfg.speculative_draft_model, target, context_length, device, dtype)
         mcfg = model.config
         layers = mcfg.num_layers

@@ -53,9 +53,9 @@ class NgramTrie:
         for n in range(min(max_len, len(context), self.window - 1), min_len - 1, -1):
             node: _Node | None = self.root
             for token in context[len(context) - n:]:
-                node = node.children.get(token)
                 if node is None:
                     break
+                node = node.children.get(token)
             if node is not None and node.children:
                 return Match(node, n)
         return None

@@ -121,9 +121,10 @@ class GrammarConstraint:
 
     def advance_bytes(self, state: State, data: bytes) -> State | None:
         for b in data:
-            state = self._step(state, b)
-            if state is None:
+            nxt = self._step(state, b)
+            if nxt is None:
                 return None
+            state = nxt
         return state
 
     def _step(self, state: State, b: int) -> State | None:
@@ -200,7 +201,9 @@ class GrammarConstraint:
             if b is None:
                 break
             out.append(b)
-            state = self._step(state, b)
+            nxt = self._step(state, b)
+            assert nxt is not None, "the only live next byte always steps"
+            state = nxt
         return bytes(out)
 
     def _only_next_byte(self, state: State) -> int | None:

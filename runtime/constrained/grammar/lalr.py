@@ -9,12 +9,12 @@ caches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.regex_parser import parse_regex
 
-Stack = Optional[tuple[int, Any]]  # (state, parent stack)
+Stack = tuple[int, Any]  # (state, parent stack: a Stack, or None below the start state)
 END = "$END"
 
 # Lark's common.ESCAPED_STRING uses a look-behind; this is the same language, written regularly.
@@ -52,7 +52,7 @@ class LalrTable:
     def initial(self) -> Stack:
         return (self.start, None)
 
-    def feed(self, stack: Stack, terminal: str) -> Stack:
+    def feed(self, stack: Stack, terminal: str) -> Stack | None:
         """The stack after shifting `terminal` (with any reductions first), or None if it is an error."""
         while True:
             act = self.actions[stack[0]].get(terminal)

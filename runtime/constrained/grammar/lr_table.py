@@ -7,6 +7,7 @@ Conflicts resolve as Lark resolves them: shift over reduce; two reductions on on
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from .lalr import END, LalrTable
 
@@ -28,9 +29,9 @@ def build_table(productions: list[Production], terminals: set[str], start: str =
     states = _Lr0(prods, by_rule)
     names = [END, *sorted(terminals)]
     lookahead = _lookaheads(prods, by_rule, states, _nullable(prods), {t: 1 << i for i, t in enumerate(names)})
-    actions: dict[int, dict[str, tuple[bool, object]]] = {}
+    actions: dict[int, dict[str, tuple[bool, Any]]] = {}  # (True, state) or (False, (size, rule))
     for s, row_goto in enumerate(states.goto):
-        row = {sym: (True, t) for sym, t in row_goto.items() if sym != END}
+        row: dict[str, tuple[bool, Any]] = {sym: (True, t) for sym, t in row_goto.items() if sym != END}
         for p in states.completed[s]:
             la = lookahead.get((s, p), 0)
             rule, rhs = prods[p]
@@ -120,7 +121,8 @@ def _lookaheads(prods: list[Production], by_rule: dict[str, list[int]], states: 
     """LA(state, production) as terminal bits (DeRemer & Pennello: reads, includes, lookback)."""
     trans = [(p, sym) for p, row in enumerate(states.goto) for sym in row if sym in by_rule]
     index = {t: i for i, t in enumerate(trans)}
-    direct, reads = [0] * len(trans), [[] for _ in trans]
+    direct = [0] * len(trans)
+    reads: list[list[int]] = [[] for _ in trans]
     for i, (p, rule) in enumerate(trans):
         r = states.goto[p][rule]
         for sym in states.goto[r]:

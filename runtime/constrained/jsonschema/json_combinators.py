@@ -55,7 +55,7 @@ def _split_by_discriminator(s: dict, rest: dict) -> dict | None:
     deps = s.get("dependentSchemas", {})
     if "dependentRequired" in s or not isinstance(deps, dict) or not deps:
         return None
-    allowed: dict[str, list] = {}
+    allowed: dict[str, Any] = {}  # trigger -> the values its dependency allows; "" -> the property they name
     for trigger, dep in deps.items():
         props = dep.get("properties") if isinstance(dep, dict) and set(dep) == {"properties"} else None
         if not isinstance(props, dict) or len(props) != 1:
@@ -69,7 +69,7 @@ def _split_by_discriminator(s: dict, rest: dict) -> dict | None:
     values = normalize(rest.get("properties", {}).get(key, {}), frozenset()).get("enum")
     if not isinstance(values, list) or len(values) + 1 > MAX_BRANCHES:
         return None
-    choices = [{"properties": {key: False}}]
+    choices: list[dict[str, Any]] = [{"properties": {key: False}}]
     choices += [{"required": [key], "properties": {key: {"const": v}, **{t: False for t, ok in allowed.items()
                                                                          if not any(same_json(v, w) for w in ok)}}}
                 for v in values]
@@ -130,7 +130,7 @@ def _split_conditionals(parts: list[Any]) -> list[Any]:
                {"allOf": [{"required": [key], "properties": {key: {"not": {"enum": values}}}},
                           *(other for *_, other in conds)]}]
     choices += [{"allOf": [{"required": [key], "properties": {key: {"const": v}}}, *applying(v)]} for v in values]
-    rest = [p for p in parts if _value_condition(p) is None or _value_condition(p)[0] != key]
+    rest = [p for p in parts if (cond := _value_condition(p)) is None or cond[0] != key]
     return [*rest, {"anyOf": choices}]
 
 
@@ -268,6 +268,7 @@ def enum(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
         if not isinstance(s["enum"], list) or not s["enum"]:
             raise ValueError(f"json_schema enum at {path} must be a non-empty list")
         values = s["enum"] if values is None else [v for v in values if v in s["enum"]]
+    assert values is not None, "the compiler calls enum() on a schema with const or enum"
     rest = {k: v for k, v in s.items() if k not in ("enum", "const")}
     if "type" in rest:
         allowed = as_types(rest.pop("type"))

@@ -64,7 +64,8 @@ def _required_values(parts: list[dict], resolve: Callable[[str], Any], formats: 
                    for b in branches]
             for name in set(per[0]).intersection(*per[1:]):
                 values = [r[name] for r in per]
-                union = None if any(v is None for v in values) else set().union(*values)
+                given = [v for v in values if v is not None]
+                union = None if len(given) < len(values) else set().union(*given)
                 known = out.get(name)
                 out[name] = union if known is None else known if union is None else known & union
     return out

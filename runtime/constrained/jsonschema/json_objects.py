@@ -40,9 +40,9 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
         items.append((ra.seq(ra.literal(const_text(name)), c.punct(":"), value), req))
     extra = _extra_pair(c, s, path, [n for n in dict.fromkeys([*props, *required])])
     lo, hi = s.get("minProperties", 0), s.get("maxProperties")
-    for key, value in (("minProperties", lo), ("maxProperties", hi)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {value!r}")
+    for key, bound in (("minProperties", lo), ("maxProperties", hi)):
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
+            raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {bound!r}")
     body = _members(c, items, extra, lo, hi, path)
     return c.bracketed("{", body, "}")
 

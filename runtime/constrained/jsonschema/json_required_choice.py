@@ -18,8 +18,9 @@ from .schema_merge import MAX_BRANCHES, normalize
 def required_choice(key: str, subs: list[Any], formats: frozenset[str]) -> list[dict] | None:
     """Disjoint branches equivalent to `key` over `subs`, when every branch says only `required`;
     None otherwise, or when the branches would multiply past MAX_BRANCHES."""
-    sets = [_required_only(sub, formats) for sub in subs]
-    if len(sets) < 2 or any(s is None for s in sets):
+    found = [_required_only(sub, formats) for sub in subs]
+    sets = [s for s in found if s is not None]
+    if len(found) < 2 or len(sets) < len(found):
         return None
     out: list[dict] = []
     for i, own in enumerate(sets):

@@ -48,7 +48,7 @@ def string_schema(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     patterns = s.get("pattern", ())
     bodies += [pattern_body(p, path) for p in (patterns if isinstance(patterns, tuple) else (patterns,))]
     if not bodies:
-        return long_string(c, lo, hi) if c.rule_size is not None and (hi or 0) > 2 * STRING_CHUNK \
+        return long_string(c, lo, hi) if c.rule_size is not None and hi is not None and hi > 2 * STRING_CHUNK \
             else string_node(lo, hi)
     node = constrained_string(bodies, lo, hi)
     if node == ra.NOTHING or node == quoted(ra.NOTHING):

@@ -302,7 +302,7 @@ def _compare_exhausted(digits: str, op: str) -> bool:
 def _fraction_digits(digits: str, op: str, budget: int, first: bool) -> ra.Node:
     """Digit strings (1..budget long when `first`, else 0..budget) comparing to `digits` by op."""
     lo_len = 1 if first else 0
-    parts = [] if first or not _compare_exhausted(digits, op) else [ra.EMPTY]
+    parts: list[ra.Node] = [] if first or not _compare_exhausted(digits, op) else [ra.EMPTY]
     if budget == 0:
         return ra.alt(*parts)
     if not digits:  # the bound's rest is zero

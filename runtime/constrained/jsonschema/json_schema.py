@@ -168,13 +168,14 @@ class _SchemaCompiler:
             box = opened[i]
             group = [j for j, other in enumerate(opened) if j >= i and box and other and other.opening == box.opening]
             body = None
-            bodies = [opened[j].body for j in group]
+            bodies = [member.body for j in group if (member := opened[j]) is not None]  # all are containers
             if len(group) > 1 and any(ra.refs(b) for b in bodies):
                 body = merged_body(bodies)
             if body is None:
                 out.append(node)
                 continue
             merged.update(group)
+            assert box is not None, "a merged body comes from a group of containers like this one"
             out.append(self.bracketed(box.opening, body, box.closing))
         return out
 
@@ -329,7 +330,7 @@ class _SchemaCompiler:
             self.open_refs.discard(key)
         if key in self._recursive:
             self.rules[name] = body
-            node = ra.Ref(name)
+            node: ra.Node = ra.Ref(name)
         else:
             node = body
         self._inline[memo] = node

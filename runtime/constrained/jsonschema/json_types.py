@@ -3,7 +3,7 @@ node starts: the compiler uses these to infer a missing `type`, to tell alternat
 first character, and to choose which pieces become rules of their own."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from ..regex import regex_ast as ra
 from .json_scalars import FORMATS
@@ -41,7 +41,8 @@ def json_type(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "integer" if value == int(value) else "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(value)]
 
 
 _TYPE_FIRSTS = {"object": "{", "array": "[", "string": '"', "integer": "-0-9", "number": "-0-9", "boolean": "tf",
@@ -73,12 +74,14 @@ def first_chars(node: ra.Node, rules: dict[str, ra.Node], seen: set[str],
         return first_chars(rules[node.name], rules, seen | {node.name}, pending)
     if isinstance(node, ra.Alt):
         parts = [first_chars(x, rules, seen, pending) for x in node.items]
-        return None if any(p is None for p in parts) else ra.normalize(r for p in parts for r in p)
+        known = [p for p in parts if p is not None]
+        return None if len(known) < len(parts) else ra.normalize(r for p in known for r in p)
     if isinstance(node, ra.Seq):
         out: list = []
         for item in node.items:
-            optional = isinstance(item, ra.Repeat) and item.min == 0  # e.g. a number's "-?": starts as its item
-            first = first_chars(item.item if optional else item, rules, seen, pending)
+            # an optional item (e.g. a number's "-?") starts as its item
+            start = item.item if isinstance(item, ra.Repeat) and item.min == 0 else item
+            first = first_chars(start, rules, seen, pending)
             if first is not None and not ra.nullable(item):
                 return ra.normalize([*out, *first])
             if first is None:  # nullable with unknown start: be conservative
@@ -105,6 +108,10 @@ def lexes_alone(node: ra.Node) -> bool:
     return isinstance(first, ra.Chars) and first.ranges in (((0x7B, 0x7B),), ((0x5B, 0x5B),), ((0x22, 0x22),))
 
 
+@overload
+def count_keyword(schema: dict, key: str, default: int, path: str) -> int: ...
+@overload
+def count_keyword(schema: dict, key: str, default: None, path: str) -> int | None: ...
 def count_keyword(schema: dict, key: str, default: int | None, path: str) -> int | None:
     value = schema.get(key, default)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

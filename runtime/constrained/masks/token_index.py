@@ -79,7 +79,7 @@ class TokenIndex:
         # the only byte that may follow (never in accepting states), else -1
         only = (live @ members == 1) & (dfa.accept < 0)
         self.forced = np.where(only, first_byte[live.argmax(axis=1)], -1)
-        self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
+        self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def grown(self, dfa: Dfa, unbuilt: np.ndarray) -> "TokenIndex":
         """The index of `dfa`, this index's DFA with unbuilt rows filled in and rows added: every mask
@@ -88,13 +88,13 @@ class TokenIndex:
         out._states = self._states
         return out
 
-    def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         hit = self._states.get(state)
         if hit is None:
             hit = self._states[state] = self._walk(state)
         return hit
 
-    def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Bits of the tokens readable from `state`, and its boundary records: the trie's live nodes,
         a level at a time, expanding only the children of live nodes."""
         trie, vocab, accept = self.vocab.trie, self.vocab, self.dfa.accept
@@ -124,7 +124,10 @@ class TokenIndex:
         mask = np.zeros(vocab.size, bool)
         mask[vocab.ids] = alive[trie.token_node]
         empty = np.zeros(0, np.int64)
-        out = tuple(np.concatenate(cols) for cols in zip(*bounds)) if bounds else (empty, empty, empty)
+        out = (empty, empty, empty)
+        if bounds:
+            token_rows, positions, accepted = zip(*bounds)
+            out = (np.concatenate(token_rows), np.concatenate(positions), np.concatenate(accepted))
         return np.packbits(mask, bitorder="little"), out
 
     def mask(self, state: int) -> np.ndarray:

@@ -71,6 +71,7 @@ def _membership(sets: list[ra.Ranges], bounds: np.ndarray) -> np.ndarray:
     owner = [j for j, ranges in enumerate(sets) for _ in ranges]
     flat = np.array([r for ranges in sets for r in ranges], np.int64).reshape(-1, 2)
     diff = np.zeros((len(sets), len(bounds)), np.int64)
-    np.add.at(diff, (owner, np.searchsorted(bounds, flat[:, 0])), 1)
-    np.add.at(diff, (owner, np.searchsorted(bounds, flat[:, 1] + 1)), -1)
+    # numpy's stubs type ufunc.at's indices as one array, though numpy takes a tuple (one array per axis)
+    np.add.at(diff, (owner, np.searchsorted(bounds, flat[:, 0])), 1)  # type: ignore[arg-type]
+    np.add.at(diff, (owner, np.searchsorted(bounds, flat[:, 1] + 1)), -1)  # type: ignore[arg-type]
     return np.cumsum(diff, axis=1)[:, :-1] > 0

@@ -200,7 +200,8 @@ def _product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> 
     start = np.array([[d.start for d in dfas]])
     keys = [start.tobytes()]
     ids = {keys[0]: 0}
-    layers, rows = [start], []
+    layers: list[np.ndarray] = [start]
+    rows: list[np.ndarray] = []
     while len(layers) > len(rows):
         frontier = layers[len(rows)]
         nxt = np.stack([t[frontier[:, i]] for i, t in enumerate(trans_of)], axis=-1)  # [F, K, patterns]

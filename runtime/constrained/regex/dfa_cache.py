@@ -13,11 +13,24 @@ import contextlib
 import contextvars
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterator, TypeVar
+from typing import Any, Callable, Hashable, Iterator, Protocol, TypeVar
+
+import numpy as np
 
 from ...config import DFA_CACHE_BYTES, DFA_CACHE_ENTRIES
 
-T = TypeVar("T")
+
+class Automaton(Protocol):
+    """What the cache needs of a value: its tables, made read-only once shared, and sized for the bound."""
+
+    @property
+    def trans(self) -> np.ndarray: ...
+
+    @property
+    def accept(self) -> np.ndarray: ...
+
+
+T = TypeVar("T", bound=Automaton)
 
 _CURRENT: contextvars.ContextVar["DfaCache | None"] = contextvars.ContextVar("dfa_cache", default=None)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Hashable, Sequence
+from typing import Hashable, Sequence, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from ...config import MAX_DFA_STATES, MAX_NFA_STATES
 class ConstraintTooLarge(ValueError):
     """An automaton over its size bound. At compile time the request is refused (400); lexers are built on
     first use, so mid-decode it ends only the request whose constraint it is."""
+
+
+K = TypeVar("K", bound=Hashable)
 
 
 def too_large() -> ConstraintTooLarge:
@@ -79,11 +82,11 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
             hit = closures[q] = frozenset(seen & important)
         return hit
 
-    moves_of: dict[int, list[tuple[int, tuple[int, ...], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
+    moves_of: dict[int, list[tuple[int, Sequence[int], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
     first = closure(start)
     ids, order, rows, done = {first: 0}, [first], [], 0  # rows: the DFA's rows, flat
     while done < len(order):
-        groups: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
+        groups: dict[int, tuple[Sequence[int], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
         for q in order[done]:
             moves = moves_of.get(q)
             if moves is None:
@@ -115,7 +118,7 @@ def _by_symbol(groups) -> dict[int, frozenset[int]]:  # noqa: ANN001 - (symbols,
     return out
 
 
-def state_id(ids: dict[Hashable, int], order: list[Hashable], key: Hashable, limit: int | None = None) -> int:
+def state_id(ids: dict[K, int], order: list[K], key: K, limit: int | None = None) -> int:
     """The id of the DFA state `key` of a construction (subsets, products); new keys join `order`,
     up to `limit` states (MAX_DFA_STATES if None)."""
     hit = ids.get(key)

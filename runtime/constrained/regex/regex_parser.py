@@ -6,7 +6,7 @@ conditionals, possessive/atomic groups and anchors away from the pattern's ends 
 """
 from __future__ import annotations
 
-import _sre
+import _sre  # type: ignore[import-not-found]  # typeshed has no stub for the C module behind `re`
 import functools
 import re
 from typing import Any
@@ -19,8 +19,8 @@ try:  # Python >= 3.11
     from re import _constants as C  # type: ignore[attr-defined]
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as C  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants as C
+    import sre_parse
 
 _UNSUPPORTED = {
     C.ASSERT: "look-ahead/look-behind", C.ASSERT_NOT: "negative look-around",
@@ -120,7 +120,7 @@ def _fold(ranges: ra.Ranges, flags: int) -> ra.Ranges:
     if not flags & re.IGNORECASE:
         return ranges
     keys, variants = _case_variants(bool(flags & re.ASCII))
-    extra = []
+    extra: list[tuple[int, int]] = []
     for lo, hi in ranges:
         for i in range(np.searchsorted(keys, lo), np.searchsorted(keys, hi, side="right")):
             extra.extend((v, v) for v in variants[i])
