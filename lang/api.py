@@ -69,7 +69,9 @@ def gen_int(name: str | None = None, max_tokens: int | None = None, n: int | Non
             return_logprob: bool | None = None, logprob_start_len: int | None = None,
             top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None) -> Gen:
     """gen(name, ..., dtype=int): an integer (SGLang's positional order)."""
-    return gen(**{k: v for k, v in locals().items()}, dtype=int)
+    node = gen(**{k: v for k, v in locals().items()}, dtype=int)
+    assert isinstance(node, Gen), "gen without choices makes a Gen"
+    return node
 
 
 def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
@@ -81,7 +83,9 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | 
                logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
                return_text_in_logprobs: bool | None = None) -> Gen:
     """gen(name, ..., dtype=str): a double-quoted string (SGLang's positional order)."""
-    return gen(**{k: v for k, v in locals().items()}, dtype=str)
+    node = gen(**{k: v for k, v in locals().items()}, dtype=str)
+    assert isinstance(node, Gen), "gen without choices makes a Gen"
+    return node
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
@@ -159,6 +163,7 @@ def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Seq:
     `<name>_reasoning_content`; the variable and the state's text keep the answer.
     `s += assistant(separate_reasoning(gen("answer"), model_type="deepseek-r1"))`."""
     reasoning_format(model_type)
+    assert model_type is not None, "reasoning_format rejects a missing model_type"
     inner = [] if expr is None else [expr]
     return Seq([*inner, SeparateReasoning(_variables_of(expr), model_type)])
 

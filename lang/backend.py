@@ -7,7 +7,7 @@ States forked from one another share KV only through the runtime's radix cache, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Generator, Protocol, runtime_checkable
 
 from .chat import ChatTemplate
 from .ir import Gen, ImageData
@@ -50,7 +50,7 @@ class GenDelta:
 
 @runtime_checkable
 class Backend(Protocol):
-    def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
+    def generate(self, state: StateView, gen: Gen) -> Generator[GenDelta, None, None]:
         """Streams the completion of `state.text` under `gen.params` (already merged with run defaults)."""
 
     def select(self, state: StateView, choices: list[str], method: Any) -> tuple[int, dict[str, Any]]:

@@ -13,7 +13,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from .backend import PREFILL_ONLY, GenDelta, StateView
 from .chat import ChatTemplate
@@ -128,7 +128,7 @@ class Endpoint:
                 self._incremental = False
         return self._incremental
 
-    def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
+    def generate(self, state: StateView, gen: Gen) -> Generator[GenDelta, None, None]:
         text, images = self._prompt(state)
         if not text:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
@@ -265,7 +265,7 @@ def _cumulative(events: Iterator[dict[str, Any]], incremental: bool) -> Iterator
     if not incremental:
         yield from events
         return
-    text, so_far = "", {}
+    text, so_far = "", dict[str, list[Any]]()
     for event in events:
         text += event.get("text", "")
         meta = dict(event.get("meta_info") or {})

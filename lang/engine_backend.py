@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Generator
 
 from ..runtime.meta_info import meta_info
 from .backend import PREFILL_ONLY, GenDelta, StateView, reject_images
@@ -51,7 +51,7 @@ class EngineBackend:
         """The model's path: the one given, else the default model's GGUF file."""
         return self.engine.model_path
 
-    def generate(self, state: StateView, gen: Gen) -> Iterator[GenDelta]:
+    def generate(self, state: StateView, gen: Gen) -> Generator[GenDelta, None, None]:
         text, images = self._prompt(state)
         if not text:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
@@ -103,6 +103,7 @@ class EngineBackend:
                              cache_key=_retention(state))
         outs = self.engine.generate(input_ids=full, sampling_params=PREFILL_ONLY, return_logprob=True,
                                     logprob_start_len=start, image_data=images and [images] * len(full))
+        assert isinstance(outs, list), "a list of prompts gives a list of completions"
         scored = [self._entries(out.meta.input_logprobs) for out in outs]
         assert all(len(s) == len(ids) - start for s, ids in zip(scored, full)), "one logprob per choice token"
         unconditional = None
@@ -110,6 +111,7 @@ class EngineBackend:
             tails = [ids[start:] for ids in full]
             alone = self.engine.generate(input_ids=tails, sampling_params=PREFILL_ONLY, return_logprob=True,
                                          logprob_start_len=0)
+            assert isinstance(alone, list), "a list of prompts gives a list of completions"
             unconditional = [[(None, tail[0], None)] + self._entries(out.meta.input_logprobs)
                              for tail, out in zip(tails, alone)]
         index, meta = decide(method, choices, scored, unconditional)

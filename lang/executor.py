@@ -19,7 +19,7 @@ from .chat import ChatTemplate
 from .choices import resolve_method
 from .gen_params import GenParams
 from .tools import parsed_calls
-from .ir import (Gen, Image, ImageData, Node, RoleBegin, RoleEnd, Select, SeparateReasoning, SetVar, Text,
+from .ir import (Arg, Gen, Image, ImageData, Node, RoleBegin, RoleEnd, Select, SeparateReasoning, SetVar, Text,
                  VarScopeBegin, VarScopeEnd)
 from .reasoning import reasoning_format, reasoning_variable
 
@@ -68,7 +68,7 @@ class JoinOp(Node):
 class Run:
     """What the states of one program run share."""
 
-    def __init__(self, backend: Backend | None, defaults: GenParams, events: queue.Queue | None = None):
+    def __init__(self, backend: Backend, defaults: GenParams, events: queue.Queue | None = None):
         self.backend = backend
         self.defaults = defaults
         self.events = events
@@ -96,7 +96,7 @@ class Run:
     def template(self) -> ChatTemplate:
         with self.lock:
             if not self._template_fetched:
-                self._template = self.backend.chat_template() if self.backend is not None else None
+                self._template = self.backend.chat_template()
                 self._template_fetched = True
         if self._template is None:
             raise ValueError("the model has no chat template, so roles (system/user/assistant) cannot be rendered")
@@ -256,6 +256,7 @@ class StateCore:
         elif isinstance(node, RoleEnd):
             self._role_end(node.role)
         elif isinstance(node, Image):
+            assert not isinstance(node.source, Arg), "a program's arguments are bound before its nodes run"
             with self.cond:
                 self.images.append(node.source)
                 self.image_offsets.append(len(self.text))
@@ -325,6 +326,7 @@ class StateCore:
             self._set_var(name, parsed_calls(text) if gen.params.tool_calls else text, meta)
 
     def _select(self, node: Select) -> None:
+        assert not isinstance(node.choices, Arg), "a program's arguments are bound before its nodes run"
         choices = list(node.choices)
         index, meta = self.run.backend.select(self.view(), choices, resolve_method(node.method))
         start = len(self.text)

@@ -36,12 +36,37 @@ def _gen_fields() -> list[tuple[str, Any, Any]]:
     return [(name, kind | None, dataclasses.field(default=None)) for name, kind in [*fields, *LANG_FIELDS.items()]]
 
 
-class _GenParamsMethods:
-    """The behaviour of GenParams (its fields come from `_gen_fields`)."""
+@dataclasses.dataclass(slots=True)
+class GenParams:
+    """gen()'s fields (SGLang's names); None: inherit the run's default, then the backend's.
 
-    __slots__ = ()
+    Declared here so the type checker sees them; `_gen_fields` (the runtime's request schema) stays the
+    source of truth: the check below the class fails the import when the two differ."""
 
-    def merged(self, defaults: "GenParams") -> "GenParams":
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+    grammar: str | None = None
+    stop_regex: list[str] | None = None
+    structural_tag: Any | None = None
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
+    dtype: str | None = None
+    tool_calls: bool | None = None
+
+    def merged(self, defaults: GenParams) -> GenParams:
         """These params, with unset fields taken from `defaults`."""
         return GenParams(**{f.name: v if (v := getattr(self, f.name)) is not None else getattr(defaults, f.name)
                             for f in dataclasses.fields(self)})
@@ -112,9 +137,9 @@ class _GenParamsMethods:
             raise ValueError(f"grammar must be a non-empty Lark grammar string, got {self.grammar!r}")
 
 
-GenParams = dataclasses.make_dataclass("GenParams", _gen_fields(), bases=(_GenParamsMethods,), slots=True)
-GenParams.__module__ = __name__
-GenParams.__doc__ = "gen()'s fields (SGLang's names); None: inherit the run's default, then the backend's."
+_declared = [(f.name, kind) for f, kind in zip(dataclasses.fields(GenParams), typing.get_type_hints(GenParams).values())]
+if _declared != [(name, kind) for name, kind, _ in _gen_fields()]:
+    raise TypeError(f"GenParams' fields {_declared} differ from the runtime's sampling schema {_gen_fields()}")
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
 
 
@@ -130,7 +155,7 @@ RUN_FIELDS = {_RUNTIME_NAMES.get(name, name): name for name in GEN_FIELDS
               if name not in GEN_CONSTRAINTS and name != "tool_calls"}  # a tool gen marks itself
 
 
-def sampling_defaults(sampling: Mapping[str, Any] | None) -> "GenParams":
+def sampling_defaults(sampling: Mapping[str, Any] | None) -> GenParams:
     """A run's sampling defaults (SGLang's run() names, e.g. max_new_tokens) as validated GenParams."""
     sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
     unknown = sorted(set(sampling) - set(RUN_FIELDS))

@@ -16,6 +16,12 @@ class GlobalConfig:
       next request reuses their KV through the radix cache, so no KV is spliced and outputs stay exact).
     """
 
+    # declared for the type checker: __init__ sets each flag through _FLAGS
+    skip_special_tokens_in_output: bool
+    spaces_between_special_tokens_in_out: bool
+    enable_precache_with_tracing: bool
+    enable_parallel_encoding: bool
+
     _FLAGS = ("skip_special_tokens_in_output", "spaces_between_special_tokens_in_out",
               "enable_precache_with_tracing", "enable_parallel_encoding")
 

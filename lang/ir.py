@@ -8,7 +8,7 @@ them back; `Arg` and `Var` stand for an argument and a variable whose values are
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import Field, dataclass
 from typing import Any, ClassVar
 
 import xxhash
@@ -35,12 +35,21 @@ class Placeholder:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def as_choices(self) -> Arg:
+        """The node a select's choices become (an argument's; TraceError if no Arg can stand for it)."""
+        raise NotImplementedError
+
+    def as_image(self) -> Arg:
+        """The node an image() becomes (an argument's; TraceError if no Arg can stand for it)."""
+        raise NotImplementedError
+
 
 class Node:
     """Something a program appends to its state; `+` chains nodes and strings into a `Seq`."""
 
     __slots__ = ()
     kind: ClassVar[str] = ""
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # each node is a dataclass (ir_json reads its fields)
 
     def __add__(self, other: Any) -> "Seq":
         return Seq(_items(self) + _items(other))
@@ -132,6 +141,7 @@ class ImageData:
     def digest(kind: str, data: bytes, mode: str | None, size: list[int] | None) -> str:
         h = xxhash.xxh3_128()
         if kind == "pixels":  # the same pixels in another layout are another image
+            assert size is not None, "raw pixels come with their size"
             h.update(f"{mode}:{size[0]}x{size[1]}:".encode())
         h.update(data)
         return h.hexdigest()

@@ -13,11 +13,16 @@ from .ir import (JOIN_MODES, Gen, Image, ImageData, Node, Placeholder, RoleBegin
 from .config import MAX_FORK_SIZE
 
 _EAGER_NODES = (Text, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, SeparateReasoning)
-_END = object()  # text_async_iter: the iterator is exhausted
 
 
 class StateOps:
     """Roles, scopes and copies, written once on top of `+=` and `fork` (shared with the tracer)."""
+
+    def __iadd__(self, other: Any) -> StateOps:
+        raise NotImplementedError  # each subclass appends its own way
+
+    def fork(self, size: int = 1) -> ProgramStateGroup:
+        raise NotImplementedError
 
     def system(self, expr: Any = None) -> Any:
         return self._role("system", expr)
@@ -214,7 +219,7 @@ class ProgramState(StateOps):
         these steps' output_token_logprobs and output_token_logprobs_length so far)."""
         chunks = self.text_iter(var_name)
         end, used = 0, 0
-        while (chunk := await asyncio.to_thread(next, chunks, _END)) is not _END:
+        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:  # text_iter yields str
             if not return_meta_data:
                 yield chunk
                 continue

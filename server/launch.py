@@ -67,7 +67,8 @@ def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
     app = create_app(engine, served_model_name, limits, incremental_streaming_output)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)
+                            # uvicorn annotates int, but waits with asyncio.timeout, which takes seconds as a float
+                            timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]
     return DrainingServer(config, app.state.server, grace_s)
 
 

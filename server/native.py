@@ -103,7 +103,7 @@ async def _prompt_ids(state: ServerState, body: GenerateRequest) -> tuple[list[l
     assert ids is not None  # GenerateRequest holds text or input_ids
     single = bool(ids) and isinstance(ids[0], int)
     prompts = [ids] if single else ids
-    state.limits.check_prompts(len(prompts), "input_ids")  # type: ignore[arg-type]
+    state.limits.check_prompts(len(prompts), "input_ids")
     return prompts, single  # type: ignore[return-value]
 
 

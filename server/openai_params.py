@@ -64,13 +64,12 @@ def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length:
     """Token ids of each prompt of /v1/completions, and their texts when given as text. Slow on long
     texts: call it on a worker thread."""
     batched = not isinstance(prompt, str)
-    if not batched:
-        prompt = [prompt]
-    if not prompt:
+    prompts: list[Any] = [prompt] if isinstance(prompt, str) else prompt
+    if not prompts:
         raise APIError(400, "prompt must not be empty", "prompt")
-    if isinstance(prompt[0], str):
-        return encode_texts(tokenizer, prompt, "prompt", batched, context_length), list(prompt)
-    return ([prompt] if isinstance(prompt[0], int) else prompt), None
+    if isinstance(prompts[0], str):
+        return encode_texts(tokenizer, prompts, "prompt", batched, context_length), list(prompts)
+    return ([prompts] if isinstance(prompts[0], int) else prompts), None
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int,
@@ -79,7 +78,9 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_lengt
     """The conversation rendered with the model's chat template, ready for the assistant's turn, and its
     images (prepared for the engine), each where a placeholder stands in the text. Slow on long conversations and on
     images: call it on a worker thread."""
-    rendered, sources, params = [], [], []
+    rendered = []
+    sources: list[Any] = []
+    params: list[str] = []
     for i, m in enumerate(messages):
         message = {"role": m.role, "content": _message_content(m, i, sources, params, image_prompts is not None, model)}
         if m.name is not None:
@@ -89,8 +90,8 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_lengt
     images = prepare_images(image_prompts, model, sources, params)
     rendered, extra = template_messages(messages, rendered, tools)
     with user_errors({}):
-        text = tokenizer.apply_chat_template(rendered, image_placeholder=image_prompts and image_prompts.placeholder,
-                                             **extra)
+        placeholder = image_prompts.placeholder if image_prompts is not None else None
+        text = tokenizer.apply_chat_template(rendered, image_placeholder=placeholder, **extra)
     return encode_texts(tokenizer, [text], "messages", False, context_length)[0], images
 
 

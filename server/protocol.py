@@ -130,7 +130,7 @@ class ProfileRequest(StrictModel):
     merge_profiles holds already (one rank, one trace)."""
 
     output_dir: str | None = None
-    num_steps: int | None = Field(None, ge=1)
+    num_steps: int | None = Field(default=None, ge=1)  # default=: type checkers read only the keyword
     activities: list[str] | None = None
     with_stack: bool | None = None
     record_shapes: bool | None = None
@@ -227,7 +227,38 @@ def _sampling_fields() -> dict[str, Any]:
             for name, rule in RULES.items() if name not in ("json_schema", "structural_tag")}
 
 
-SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
+if typing.TYPE_CHECKING:
+    class SamplingFields(_OpenAIFields):
+        """What create_model builds below, declared for the type checker (`_sampling_fields` is the source)."""
+
+        max_tokens: int | None = None
+        min_tokens: int | None = None
+        temperature: float | None = None
+        top_p: float | None = None
+        top_k: int | None = None
+        min_p: float | None = None
+        frequency_penalty: float | None = None
+        presence_penalty: float | None = None
+        repetition_penalty: float | None = None
+        stop: str | list[str] | None = None
+        stop_token_ids: list[int] | None = None
+        ignore_eos: bool | None = None
+        skip_special_tokens: bool | None = None
+        no_stop_trim: bool | None = None
+        n: int | None = None
+        seed: int | None = None
+        regex: str | None = None
+        grammar: str | None = None
+        stop_regex: str | list[str] | None = None
+        logit_bias: dict[str, float] | None = None
+        spaces_between_special_tokens: bool | None = None
+        stream_interval: int | None = None
+        custom_params: dict[str, Any] | None = None
+        beam_width: int | None = None
+        ebnf: str | None = None
+        watermark: Any | None = None
+else:
+    SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
 
 
 class CompletionRequest(SamplingFields, SGLangCompletionExtras):
