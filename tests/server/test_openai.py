@@ -360,3 +360,20 @@ def test_concurrent_streams_on_one_connection_pool_do_not_mix(server, client):
     for t in threads:
         t.join(60)
     assert got == expected
+
+
+def test_sampling_fields_declaration_matches_the_built_model():
+    """The type checker's SamplingFields (declared under TYPE_CHECKING) names the same fields, with the same
+    types, as the pydantic model create_model builds from the runtime's schema."""
+    import ast
+    import typing
+    from pathlib import Path
+
+    from radixlang.server import protocol
+
+    tree = ast.parse(Path(protocol.__file__).read_text())
+    declared = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "SamplingFields")
+    hints = {s.target.id: eval(ast.unparse(s.annotation), vars(protocol) | vars(typing))  # noqa: S307 - our own source
+             for s in declared.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    built = {name: kind for name, (kind, _) in protocol._sampling_fields().items()}
+    assert hints == built
