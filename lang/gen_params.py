@@ -1,4 +1,4 @@
-"""gen()'s fields, as the IR stores them, and their validation: derived from the runtime's request schema."""
+"""gen()'s fields, as the IR stores them, and their validation (checked on import against the runtime's schema)."""
 from __future__ import annotations
 
 import dataclasses
@@ -137,7 +137,7 @@ class GenParams:
             raise ValueError(f"grammar must be a non-empty Lark grammar string, got {self.grammar!r}")
 
 
-_declared = [(f.name, kind) for f, kind in zip(dataclasses.fields(GenParams), typing.get_type_hints(GenParams).values())]
+_declared = list(typing.get_type_hints(GenParams).items())  # the fields' names and types, in order
 if _declared != [(name, kind) for name, kind, _ in _gen_fields()]:
     raise TypeError(f"GenParams' fields {_declared} differ from the runtime's sampling schema {_gen_fields()}")
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
