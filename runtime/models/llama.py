@@ -67,6 +67,8 @@ RopeTable = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, d/2] each: on
 class Rotary(nn.Module):
     """Non-interleaved (rotate-half) RoPE, as HF Llama applies it after llama.cpp's permute is undone."""
 
+    cos_sin: torch.Tensor  # a buffer (register_buffer), which nn.Module's typing cannot see
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         cos, sin = rope_cos_sin(cfg.rope, cfg.head_dim, cfg.max_position)
@@ -107,7 +109,7 @@ class Attention(nn.Module):
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # q heads, then k heads
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (cfg.qk_norm)
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
         q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
         o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)

@@ -26,6 +26,13 @@ class CausalAttention:
         return out.transpose(0, 1)
 
 
+def linear_weight(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """The weight of `module`'s linear `name` (`get_submodule`'s typing knows no linear)."""
+    weight = module.get_submodule(name).weight
+    assert isinstance(weight, torch.Tensor), f"{name} is a linear, with a weight"
+    return weight
+
+
 def record_inputs(layer: DecoderLayer, observe: Callable[[str, torch.Tensor], None]) -> list:
     """Calls observe(linear name, its 2-D input) on every forward of the layer's linears; returns the
     hook handles (remove them when done)."""
