@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.backend import AttentionBackend
 from ..distributed.group import TensorParallel
 from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
                                   VocabParallelEmbedding, check_tp_size, load_shard)
@@ -38,12 +37,23 @@ class LlamaConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class LayerAttention(Protocol):
+    """What the layers call of the attention: a kernels AttentionBackend planned for the step (which says
+    the shapes), or quantize's whole-sequence attention of a calibration pass."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float, /
+                ) -> torch.Tensor: ...
+
+    def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer: int,
+                       scale: float, w_kv_b: torch.Tensor, /) -> torch.Tensor: ...
+
+
 @dataclass(slots=True)
 class ForwardContext:
     """What one forward pass needs besides token ids and positions: the attention backend, already
     planned for this step (it holds the step's KV index tensors and the per-layer KV buffers)."""
 
-    attn: AttentionBackend
+    attn: LayerAttention
 
 
 class RMSNorm(nn.Module):

@@ -25,6 +25,10 @@ class CausalAttention:
                                              is_causal=True, scale=scale)
         return out.transpose(0, 1)
 
+    def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer_id: int,
+                       scale: float, w_kv_b: torch.Tensor) -> torch.Tensor:
+        raise ValueError("layer-wise calibration runs multi-head attention models, not MLA (DeepSeek) ones")
+
 
 def linear_weight(module: torch.nn.Module, name: str) -> torch.Tensor:
     """The weight of `module`'s linear `name` (`get_submodule`'s typing knows no linear)."""
