@@ -252,7 +252,8 @@ class EngineConfig:
         if self.dtype == "auto" and self.torch_device().type != "cuda":  # fp32 computes the weights exactly
             return torch.float32
         if self.dtype == "auto":
-            return dtypes.get(stored_dtype(self.model), torch.bfloat16)
+            stored = stored_dtype(self.model)
+            return dtypes.get(stored, torch.bfloat16) if stored is not None else torch.bfloat16
         if self.dtype not in dtypes:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {self.dtype!r}")
         return dtypes[self.dtype]
@@ -268,7 +269,8 @@ def stored_dtype(model: str | None) -> str | None:
     return hf.get("dtype") or hf.get("torch_dtype")
 
 
-_COMPILE_CHOICES = {"auto": "auto", "true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+_COMPILE_CHOICES: dict[str, str | bool] = {"auto": "auto", "true": True, "on": True, "1": True,
+                                           "false": False, "off": False, "0": False}
 
 
 def _compile_choice(value: str | bool) -> str | bool:

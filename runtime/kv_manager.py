@@ -12,7 +12,7 @@ pinned slot is a tree slot, and the invariant counts it there.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from .host_tier import EvictedPrefixes, HostTier
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .pins import PinTable
 from .radix_cache import RadixCache, TreeNode
-from .request import Req
+from .request import KVSeq
 
 
 HISTORY_POOLS = 4  # evicted token paths remembered (no KV), in pool sizes: "recomputed, was cached" counts these
@@ -93,25 +93,30 @@ class KVManager:
                 self._evict_to(n, wanted)
         return self.allocator.num_free >= n
 
+    @staticmethod
+    def _row(req: KVSeq) -> int:
+        assert req.row is not None, f"{req.rid} holds no row"
+        return req.row
+
     def _evict_to(self, n: int, wanted: bool) -> None:
         short = n - self.allocator.num_free
         if short > 0:
             self.cache.evict(short, wanted)
 
-    def want(self, req: Req) -> None:
+    def want(self, req: KVSeq) -> None:
         """`req` waits in the queue: the cached prefix it will hit is evicted last, until it is admitted
         or leaves (`release`). Matched once, on arrival or preemption."""
         if self.cache_enabled and req.swapped is None:
             req.wanted = self.cache.match_prefix(req.tokens(0, req.fill_len)).node
             self.cache.want(req.wanted, 1)
 
-    def _unwant(self, req: Req) -> None:
+    def _unwant(self, req: KVSeq) -> None:
         if req.wanted is not None:
             self.cache.want(req.wanted, -1)
             req.wanted = None
 
     # ---- verbs --------------------------------------------------------------------------------
-    def admit(self, req: Req, match_limit: int, budget: int, fits: Callable[[int], bool]) -> int | None:
+    def admit(self, req: KVSeq, match_limit: int, budget: int, fits: Callable[[int], bool]) -> int | None:
         """Gives `req` a row holding its longest cached prefix (up to `match_limit` tokens), locked.
         Returns how many tokens to extend now (at most `budget`), or None (nothing held) when
         `fits(that many)` says no."""
@@ -147,6 +152,7 @@ class KVManager:
         if not fits:
             return
         slots = self.allocator.alloc(extra)
+        assert slots is not None, "`fits` said the free slots suffice"
         self.host.restore(hosted.slots[match.length:], slots, self.pool.k_buffers, self.pool.v_buffers)
         present = self.cache.insert(key[:hosted.length], torch.cat((match.slots, slots)))
         assert present == match.length, "the locked device prefix must still be there"
@@ -158,12 +164,13 @@ class KVManager:
         if self.host is not None:
             self.host.park(path, self.cache.path_slots(leaf), self.pool.k_buffers, self.pool.v_buffers)
 
-    def swap_in(self, req: Req, fits: Callable[[int], bool]) -> bool:
+    def swap_in(self, req: KVSeq, fits: Callable[[int], bool]) -> bool:
         """Brings a swapped-out request's KV back into fresh slots, if `fits(those + its pending)`."""
         assert req.swapped is not None
         if not fits(req.kv_len + req.pending):
             return False
         slots = self.allocator.alloc(req.kv_len)
+        assert slots is not None, "`fits` said the free slots suffice"
         self.pool.swap_in(slots, req.swapped)
         req.swapped = None
         req.row = self.req_to_token.alloc_row()
@@ -172,66 +179,67 @@ class KVManager:
         req.cached_len, req.last_node = 0, self.cache.root
         return True
 
-    def extend(self, req: Req, n: int) -> int:
+    def extend(self, req: KVSeq, n: int) -> int:
         """Allocates slots for the next n positions; returns the first of them. The caller made room."""
         return self.extend_all([(req, n)])[0]
 
-    def extend_all(self, plan: list[tuple[Req, int]]) -> list[int]:
+    def extend_all(self, plan: Sequence[tuple[KVSeq, int]]) -> list[int]:
         """`extend` for each (request, n), in one allocation and one table write."""
         starts = [req.kv_len for req, _ in plan]
         lens = [n for _, n in plan]
         slots = self.allocator.alloc(sum(lens))
         assert slots is not None, "allocation after ensure_free cannot fail"
-        self.req_to_token.write_runs([req.row for req, _ in plan], starts, lens, slots)
+        self.req_to_token.write_runs([self._row(req) for req, _ in plan], starts, lens, slots)
         for (req, n), start in zip(plan, starts):
             req.slot_len = start + n
         return starts
 
-    def computed(self, req: Req, end: int) -> None:
+    def computed(self, req: KVSeq, end: int) -> None:
         """The step that computed positions up to `end` finished."""
         req.kv_len = end
 
-    def commit(self, req: Req) -> None:
+    def commit(self, req: KVSeq) -> None:
         """Hands the computed prefix to the tree, so concurrent requests can share it now."""
         if not self.cache_enabled:
             return
         key = req.tokens(0, req.kv_len)
-        slots = self.req_to_token.read(req.row, 0, req.kv_len)
+        slots = self.req_to_token.read(self._row(req), 0, req.kv_len)
         present = self.cache.insert(key, slots)
         self.allocator.free(slots[req.cached_len:present])
         match = self.cache.match_prefix(key)
         assert match.length == req.kv_len, "prefix just inserted must match in full"
-        self.req_to_token.write(req.row, 0, match.slots)
+        self.req_to_token.write(self._row(req), 0, match.slots)
         self._relock(req, match.node, req.kv_len)
 
-    def truncate(self, req: Req, length: int) -> None:
+    def truncate(self, req: KVSeq, length: int) -> None:
         """Forgets the KV of positions >= length (rejected draft tokens): owned slots go back to the
         allocator; tree-owned ones stay cached and the lock moves to the shallower node."""
         if req.kv_len <= length:
             return
         assert req.slot_len == req.kv_len, "no step may be in flight"
-        self.allocator.free(self.req_to_token.read(req.row, max(length, req.cached_len), req.kv_len))
+        self.allocator.free(self.req_to_token.read(self._row(req), max(length, req.cached_len), req.kv_len))
         if req.cached_len > length:
             match = self.cache.match_prefix(req.tokens(0, length))
             assert match.length == length, "a locked prefix must still be in the tree"
             self._relock(req, match.node, length)
         req.kv_len = req.slot_len = length
 
-    def keep_path(self, req: Req, first: int, kept: list[int]) -> None:
+    def keep_path(self, req: KVSeq, first: int, kept: list[int]) -> None:
         """After a draft tree's verify: the KV of positions `kept` (ascending, >= first; a root-first path
         of tree nodes) moves to positions first, first + 1, ... by moving slot indices in the request's
         row (a token's K/V depends on its ancestors only, which the tree mask gave it); every other
         slot from `first` on goes back to the allocator. Nothing of the tree has reached the radix tree."""
         assert req.slot_len == req.kv_len and req.cached_len <= first, "a verified tree is owned, not cached"
-        slots = self.req_to_token.read(req.row, first, req.kv_len)
+        row = self._row(req)
+        slots = self.req_to_token.read(row, first, req.kv_len)
         keep = torch.zeros(slots.numel(), dtype=torch.bool, device=slots.device)
         offsets = torch.tensor([p - first for p in kept], dtype=torch.int64, device=slots.device)
         keep[offsets] = True
         self.allocator.free(slots[~keep])
-        self.req_to_token.write(req.row, first, slots[offsets])
+        self.req_to_token.write(row, first, slots[offsets])
         req.kv_len = req.slot_len = first + len(kept)
 
-    def release(self, req: Req, cache_computed: bool = True) -> None:
+    def release(self, req: KVSeq, cache_computed: bool = True) -> None:
         """Gives back the request's row and KV: computed tokens to the tree, the rest to the allocator."""
         self._unwant(req)
         if req.row is None:
@@ -244,15 +252,16 @@ class KVManager:
             self.allocator.free(slots[req.kv_len:])
         else:
             self.allocator.free(slots[req.cached_len:])
+        assert req.last_node is not None, "a request holding a row locks its cached prefix"
         self.cache.dec_lock_ref(req.last_node)
         self.req_to_token.free_row(req.row)
         req.row, req.last_node, req.swapped = None, None, None
         req.kv_len = req.cached_len = req.slot_len = 0
 
-    def swap_out(self, req: Req) -> None:
+    def swap_out(self, req: KVSeq) -> None:
         """Copies the computed KV to host memory and releases the slots; `swap_in` restores it."""
         kv_len = req.kv_len
-        saved = self.pool.swap_out(self.req_to_token.read(req.row, 0, kv_len))
+        saved = self.pool.swap_out(self.req_to_token.read(self._row(req), 0, kv_len))
         self.release(req, cache_computed=False)
         req.swapped, req.kv_len = saved, kv_len
 
@@ -275,13 +284,14 @@ class KVManager:
             self.host.flush()
         return self.cache.total_size == 0
 
-    def _relock(self, req: Req, node, cached_len: int) -> None:
+    def _relock(self, req: KVSeq, node: TreeNode, cached_len: int) -> None:
         self.cache.inc_lock_ref(node)
+        assert req.last_node is not None, "a request holding a row locks its cached prefix"
         self.cache.dec_lock_ref(req.last_node)
         req.last_node, req.cached_len = node, cached_len
 
     # ---- invariants ---------------------------------------------------------------------------
-    def check(self, running: Iterable[Req], waiting: Iterable[Req]) -> None:
+    def check(self, running: Iterable[KVSeq], waiting: Iterable[KVSeq]) -> None:
         """free + in tree (pinned or not) + held by live requests = every slot, each exactly once; locks
         match their users: live requests and pins."""
         self.cache.check()
@@ -289,11 +299,13 @@ class KVManager:
         if self.host is not None:
             self.host.check()
         running = list(running)
-        held, expected_locks = [], Counter()
+        held: list[torch.Tensor] = []
+        expected_locks: Counter[int] = Counter()
         for req in running:
             assert req.row is not None, f"running request {req.rid} has no row"
             assert req.wanted is None, f"running request {req.rid} still wants a queued hit"
             assert req.cached_len <= req.kv_len <= req.slot_len <= req.fill_len, f"bad lengths in {req.rid}"
+            assert req.last_node is not None, f"running request {req.rid} locks no prefix"
             held.append(self.req_to_token.read(req.row, req.cached_len, req.slot_len))
             path = self.cache.path_slots(req.last_node)
             assert torch.equal(path, self.req_to_token.read(req.row, 0, req.cached_len)), \
@@ -301,21 +313,21 @@ class KVManager:
             node = req.last_node
             while node is not self.cache.root:
                 expected_locks[id(node)] += 1
-                node = node.parent
-        expected_wants = Counter()
+                node = node.up
+        expected_wants: Counter[int] = Counter()
         for req in waiting:
             assert req.row is None and req.last_node is None, f"waiting request {req.rid} holds KV"
-            node = req.wanted
-            while node is not None and node is not self.cache.root:
-                expected_wants[id(node)] += 1
-                node = node.parent
-        expected_pins = Counter()
+            wanted = req.wanted
+            while wanted is not None and wanted is not self.cache.root:
+                expected_wants[id(wanted)] += 1
+                wanted = wanted.parent
+        expected_pins: Counter[int] = Counter()
         for pin in self.pins.pins.values():
             node = pin.node
             while node is not self.cache.root:
                 expected_locks[id(node)] += 1
                 expected_pins[id(node)] += 1
-                node = node.parent
+                node = node.up
         for node in self.cache.nodes():
             assert node.lock_ref == expected_locks[id(node)], "tree lock_ref differs from live requests + pins"
             assert node.pin_ref == expected_pins[id(node)], "tree pin_ref differs from the pin table"

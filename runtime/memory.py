@@ -80,8 +80,8 @@ class ReqToToken:
             return
         host = torch.tensor([rows, starts, lens, offsets(lens)[:-1]], dtype=torch.int64)
         rows_t, starts_t, lens_t, first = host.to(self.table.device, non_blocking=True)
-        at = flat_runs(rows_t * self.table.shape[1] + starts_t - first, lens_t, slots.numel())
-        self.table.view(-1).index_copy_(0, at, slots.to(self.table.device, torch.int32))
+        cells = flat_runs(rows_t * self.table.shape[1] + starts_t - first, lens_t, slots.numel())
+        self.table.view(-1).index_copy_(0, cells, slots.to(self.table.device, torch.int32))
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         return self.table[row, start:end].to(torch.int64)

@@ -12,6 +12,7 @@ from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
 from .models.eplb import Placement, apply_placements
 from .models.llama import ForwardContext, LlamaForCausalLM
+from .models.moe_llama import SparseMoeBlock
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePart, step_images
 
@@ -72,12 +73,16 @@ class ModelRunner:
     @property
     def ep_size(self) -> int:
         """The ranks a MoE model's experts are partitioned over (1: each rank holds every expert)."""
-        blocks = getattr(self.model, "moe_blocks", list)()
+        blocks = self._moe_blocks()
         return blocks[0].dispatch.tp.size if blocks and blocks[0].dispatch is not None else 1
 
     def place_experts(self, placements: list[Placement]) -> None:
         """Applies an EPLB placement per MoE layer."""
-        apply_placements(self.model.moe_blocks(), placements)
+        apply_placements(self._moe_blocks(), placements)
+
+    def _moe_blocks(self) -> list[SparseMoeBlock]:
+        """The model's MoE blocks: a MoE model's `moe_blocks()`; a dense model has none."""
+        return getattr(self.model, "moe_blocks", list)()
 
     def close(self) -> None:
         """Releases what the runner started (tensor-parallel worker ranks); nothing here."""

@@ -11,10 +11,9 @@ import torch
 from .batch import Finish, LogitRows, ScheduledItem, StepBatch
 from .constrained.regex.fsa import ConstraintTooLarge
 from .constrained.jump_forward import JumpForwarder
-from .constrained.matcher import Matcher
 from .kv_manager import KVManager
 from .emit import emit
-from .request import Req
+from .request import ConstraintCursor, Req
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
 from .counters import SchedulerCounters
 from .speculative.drafter import Drafter
@@ -203,7 +202,9 @@ class OutputProcessor:
             self.counters.generated_tokens += 1  # the bonus token: the one a plain step would decode
         self.kv.truncate(req, req.fill_len)  # KV of accepted tokens after the end is not output
         if appended:
-            emit(req, text, tokens[:appended], logprobs[:appended] if req.return_logprob else [])
+            # a request that asked for logprobs has one for each sampled token: the filter drops nothing
+            kept = [lp for lp in logprobs[:appended] if lp is not None] if req.return_logprob else []
+            emit(req, text, tokens[:appended], kept)
         if reason is not None:
             self.finish(req, reason, matched=matched, error=error)
         return reason is None
@@ -263,7 +264,7 @@ class OutputProcessor:
             req.draft = Draft(list(tree.tokens), list(tree.parents), source)
 
 
-def _advance(m: Matcher, token: int) -> str | None:
+def _advance(m: ConstraintCursor, token: int) -> str | None:
     """Advances the constraint past `token`; the error that ends the request, if it can't."""
     try:
         if m.advance(token):

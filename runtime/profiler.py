@@ -90,6 +90,7 @@ class StepProfiler:
             raise ValueError("profiling is not in progress; call /start_profile first")
         profile, path = self._profile, self._path
         self._profile = self._path = self._steps_left = None
+        assert path is not None, "`start` sets the path with the profile"
         profile.stop()
         profile.export_chrome_trace(str(path))
         return path

@@ -36,6 +36,12 @@ class TreeNode:
     def __lt__(self, other: "TreeNode") -> bool:
         return self.last_access < other.last_access
 
+    @property
+    def up(self) -> "TreeNode":
+        """The parent of a node below the root (walks up stop at the root, the one node without one)."""
+        assert self.parent is not None, "the root has no parent"
+        return self.parent
+
 
 @dataclass(slots=True)
 class PrefixMatch:
@@ -121,7 +127,7 @@ class RadixCache:
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child`'s edge after n tokens; returns the new upper node."""
-        parent = child.parent
+        parent = child.up
         upper = TreeNode(child.key[:n], child.value[:n], parent)
         upper.lock_ref, upper.pin_ref, upper.last_access = child.lock_ref, child.pin_ref, child.last_access
         upper.want_ref = child.want_ref
@@ -135,7 +141,7 @@ class RadixCache:
         path = []
         while node is not self.root:
             path.append(node)
-            node = node.parent
+            node = node.up
         for node in reversed(path):
             node.last_access = next(_clock)
 
@@ -168,7 +174,7 @@ class RadixCache:
             if node.pin_ref == node.lock_ref:
                 self.idle_pinned_size += n
 
-    def want(self, node: TreeNode, n: int) -> None:
+    def want(self, node: TreeNode | None, n: int) -> None:
         """A queued request will hit the path root..node (n=1), or no longer waits for it (n=-1). The path
         may have been evicted since: its nodes keep their parent links, so the walk still ends at the root."""
         while node is not self.root and node is not None:
@@ -192,7 +198,7 @@ class RadixCache:
             self.free_slots(leaf.value)
             freed += len(leaf.key)
             self.evictable_size -= len(leaf.key)
-            parent = leaf.parent
+            parent = leaf.up
             del parent.children[leaf.key[0]]
             if (parent is not self.root and not parent.children and parent.lock_ref == 0
                     and (wanted or not parent.want_ref)):
@@ -213,7 +219,7 @@ class RadixCache:
         values = []
         while node is not self.root:
             values.append(node.value)
-            node = node.parent
+            node = node.up
         return torch.cat(values[::-1]) if values else self._empty()
 
     def path_key(self, node: TreeNode) -> list[int]:
@@ -221,7 +227,7 @@ class RadixCache:
         keys = []
         while node is not self.root:
             keys.append(node.key)
-            node = node.parent
+            node = node.up
         return [t for key in reversed(keys) for t in key]
 
     def all_slots(self) -> torch.Tensor:
@@ -232,11 +238,12 @@ class RadixCache:
         counted = RadixCache(self.free_slots)
         for node in self.nodes():
             assert node.key and len(node.key) == node.value.numel(), "node key/value mismatch"
-            assert node.parent.children.get(node.key[0]) is node, "broken parent link"
-            assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, "lock order"
-            assert node.parent is self.root or node.parent.pin_ref >= node.pin_ref, "pin order"
+            parent = node.up
+            assert parent.children.get(node.key[0]) is node, "broken parent link"
+            assert parent is self.root or parent.lock_ref >= node.lock_ref, "lock order"
+            assert parent is self.root or parent.pin_ref >= node.pin_ref, "pin order"
             assert 0 <= node.pin_ref <= node.lock_ref, "pin_ref exceeds lock_ref"
-            assert node.parent is self.root or node.parent.want_ref >= node.want_ref, "want order"
+            assert parent is self.root or parent.want_ref >= node.want_ref, "want order"
             counted._account(node, len(node.key))
         sizes = ("evictable_size", "protected_size", "idle_pinned_size", "pinned_size")
         counts = [getattr(counted, k) for k in sizes]

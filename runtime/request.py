@@ -95,6 +95,28 @@ class KVFields:
     wanted: TreeNode | None = None  # while queued: the end of the cached prefix it will hit (evicted last)
 
 
+class KVSeq(Protocol):
+    """What the KV owner uses of a sequence: the `KVFields`, its id and its tokens. Requests and the draft
+    model's copies of them (runtime/speculative/model_drafter.py) both are one."""
+
+    rid: str
+    row: int | None
+    kv_len: int
+    slot_len: int
+    cached_len: int
+    last_node: TreeNode | None
+    swapped: SwappedKV | None
+    wanted: TreeNode | None
+
+    @property
+    def fill_len(self) -> int: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    def tokens(self, start: int, end: int) -> list[int]: ...
+
+
 @dataclass(eq=False)
 class Req(KVFields):
     rid: str

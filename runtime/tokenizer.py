@@ -128,7 +128,7 @@ class Tokenizer:
         hf.no_truncation()
         cfg = _read_json(path / "tokenizer_config.json")
         special = {k: _token_content(cfg.get(k)) for k in ("bos_token", "eos_token")}
-        eos_ids = list(eos_token_ids)
+        eos_ids: list[int | None] = list(eos_token_ids)  # None: an eos token the vocab lacks (dropped below)
         if not eos_ids and special["eos_token"] is not None:
             eos_ids = [hf.token_to_id(special["eos_token"])]
         bos_id = hf.token_to_id(special["bos_token"]) if special["bos_token"] else None
@@ -269,7 +269,8 @@ def _shaped_content(content: Any, as_parts: bool, image_placeholder: str | None)
         return content
     if image_placeholder is None and any(part.get("type") == "image" for part in content):
         raise ValueError("a message has an image part, but this model has no image placeholder")
-    return "\n".join(image_placeholder if part.get("type") == "image" else part["text"] for part in content)
+    placeholder = image_placeholder or ""  # "" is never used: without a placeholder no part is an image
+    return "\n".join(placeholder if part.get("type") == "image" else part["text"] for part in content)
 
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is what templates read

@@ -76,7 +76,7 @@ class ConstraintCompiler:
             return GrammarConstraint(rules_grammar(ebnf.root, ebnf.rules, "ebnf"), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
-            glued = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
+            glued: Constraint | None = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
             if glued is None:
                 glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
             return with_marker_tokens(glued, tag)

@@ -162,7 +162,7 @@ class _Parser:
             options.append(self.sequence())
 
     def sequence(self) -> ra.Node:
-        items = []
+        items: list[ra.Node] = []
         while True:
             self.skip_space()
             c = self.peek()
@@ -230,7 +230,7 @@ class _Parser:
 
     def string(self, quote: str) -> ra.Node:
         self.pos += 1
-        out = []
+        out: list[str] = []
         while True:
             c = self.peek()
             if c == "":

@@ -159,7 +159,9 @@ def pack_checkpoint_linears(model: nn.Module, store: QuantStore) -> int:
     for module_name, parts in targets.items():
         linear = model.get_submodule(module_name)
         ordered = [parts[None]] if None in parts else [parts[p] for p in packed_parts(f"{module_name}.weight")]
-        native = _native(ordered, linear.bias)
+        bias = linear.bias
+        assert bias is None or isinstance(bias, torch.Tensor), f"{module_name} is a linear: its bias a tensor or None"
+        native = _native(ordered, bias)
         if native is not None:
             parent, _, attr = module_name.rpartition(".")
             setattr(model.get_submodule(parent), attr, native)

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.backend import AttentionBackend
 from ..distributed.group import TensorParallel
 from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
                                   VocabParallelEmbedding, check_tp_size, load_shard)
@@ -38,12 +37,23 @@ class LlamaConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class LayerAttention(Protocol):
+    """What the layers call of the attention: a kernels AttentionBackend planned for the step (which says
+    the shapes), or quantize's whole-sequence attention of a calibration pass."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float, /
+                ) -> torch.Tensor: ...
+
+    def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer: int,
+                       scale: float, w_kv_b: torch.Tensor, /) -> torch.Tensor: ...
+
+
 @dataclass(slots=True)
 class ForwardContext:
     """What one forward pass needs besides token ids and positions: the attention backend, already
     planned for this step (it holds the step's KV index tensors and the per-layer KV buffers)."""
 
-    attn: AttentionBackend
+    attn: LayerAttention
 
 
 class RMSNorm(nn.Module):
@@ -66,6 +76,8 @@ RopeTable = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, d/2] each: on
 
 class Rotary(nn.Module):
     """Non-interleaved (rotate-half) RoPE, as HF Llama applies it after llama.cpp's permute is undone."""
+
+    cos_sin: torch.Tensor  # a buffer (register_buffer), which nn.Module's typing cannot see
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -107,7 +119,7 @@ class Attention(nn.Module):
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # q heads, then k heads
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (cfg.qk_norm)
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
         q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
         o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)

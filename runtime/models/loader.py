@@ -301,7 +301,7 @@ def gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
         if heads is not None:
             tensor = unpermute_qk(tensor, heads)
         if blocks is not None and t.tensor_type in PACKABLE and tensor.dim() == 2:
-            stored = read_blocks(t.data, t.tensor_type, tuple(tensor.shape))
+            stored = read_blocks(t.data, t.tensor_type, (tensor.shape[0], tensor.shape[1]))
             blocks[name] = stored if heads is None else stored.rows(unpermute_qk(torch.arange(len(tensor)), heads))
         yield name, tensor
 

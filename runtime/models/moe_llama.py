@@ -105,8 +105,8 @@ class MoeLlamaForCausalLM(LlamaForCausalLM):
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(stack_experts(weights, self.moe_spec.num_experts))
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> None:
+        super().load_weights(stack_experts(weights, self.moe_spec.num_experts), dtype)
 
 
 _EXPERT_PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",

@@ -42,7 +42,7 @@ def load_moe_gguf(path: Path, device: torch.device, dtype: torch.dtype, tp: Tens
     """A mixture-of-experts GGUF (llama.cpp's Mixtral as `llama` with `expert_count`, and `qwen3moe`): the
     config read as its config.json would be, the stacked `ffn_*_exps` as per-expert weights."""
     gguf = read_gguf(path)
-    arch = gguf.metadata.get("general.architecture")
+    arch = gguf.metadata["general.architecture"]  # a MoE GGUF: found by its `{arch}.expert_count`
     cfg, spec = moe_llama_config_from_hf(gguf_to_hf_config(gguf.metadata, arch, {t.name for t in gguf.tensors}))
     with torch.device("meta"):
         model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)

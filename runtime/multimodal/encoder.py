@@ -3,15 +3,22 @@ LRU embedding cache. Under tensor parallelism that cache is rank 0's broadcast c
 once, on rank 0, and its embeddings go to every rank's mirror before the step that uses them."""
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
-from torch import nn
 
 from ..distributed.embedding_cache import BroadcastEmbeddingCache, EmbeddingCounters
 from .prompt import StepImages, embed_parts
 
 
+class VisionEncoder(Protocol):
+    def encode(self, pixels: torch.Tensor, /) -> torch.Tensor:
+        """One image's pixels -> its [feature rows, hidden] embeddings."""
+        ...
+
+
 class ImageEncoder:
-    def __init__(self, vision: nn.Module, cache: BroadcastEmbeddingCache, device: torch.device, dtype: torch.dtype):
+    def __init__(self, vision: VisionEncoder, cache: BroadcastEmbeddingCache, device: torch.device, dtype: torch.dtype):
         self.vision = vision
         self.cache = cache
         self.device, self.dtype = device, dtype

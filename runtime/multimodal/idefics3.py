@@ -37,15 +37,27 @@ class Idefics3Config:
         return (self.vision.image_size // self.vision.patch_size) ** 2 // self.scale_factor ** 2
 
 
+class _Projection(nn.Module):
+    def __init__(self, proj: nn.Linear):
+        super().__init__()
+        self.proj = proj
+
+
+class _Connector(nn.Module):
+    """HF's `connector.modality_projection.proj` (the weights' names)."""
+
+    def __init__(self, proj: nn.Linear):
+        super().__init__()
+        self.modality_projection = _Projection(proj)
+
+
 class Idefics3Vision(nn.Module):
     def __init__(self, cfg: Idefics3Config):
         super().__init__()
         self.config = cfg
         self.vision_model = VisionTower(cfg.vision)
-        self.connector = nn.Module()
-        self.connector.modality_projection = nn.Module()
-        self.connector.modality_projection.proj = nn.Linear(cfg.vision.hidden_size * cfg.scale_factor ** 2,
-                                                            cfg.text_hidden_size, bias=False)
+        self.connector = _Connector(nn.Linear(cfg.vision.hidden_size * cfg.scale_factor ** 2, cfg.text_hidden_size,
+                                              bias=False))
 
     def encode(self, tiles: torch.Tensor) -> torch.Tensor:
         """One image's tiles [T, 3, S, S] -> its [T * tokens_per_tile, hidden] features, tile by tile."""

@@ -7,7 +7,6 @@ from typing import Any, Callable
 
 import torch
 from PIL import Image
-from torch import nn
 
 from ..distributed.group import TensorParallel
 from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
@@ -24,7 +23,7 @@ VISION_ARCHS = (LLAVA, IDEFICS3_ARCH)
 class VisionModel:
     """What an engine needs of a vision-language model besides its language model."""
 
-    module: nn.Module  # encode(one image's pixels) -> [feature rows, hidden]
+    module: LlavaVision | Idefics3Vision  # encode(one image's pixels) -> [feature rows, hidden]
     # an image -> (its pixels, the tokens that replace its placeholder: image_token_id at each feature row)
     prepare: Callable[[Image.Image], tuple[torch.Tensor, list[int]]]
     image_token_id: int  # the prompt's placeholder for one image, and the token of each feature row

@@ -131,14 +131,21 @@ class _Embeddings(nn.Module):
         return (buckets(height // patch)[:, None] * side + buckets(width // patch)[None, :]).reshape(-1)
 
 
+class _Encoder(nn.Module):
+    """HF's `encoder` level of the tower (its weights are named `encoder.layers.*`)."""
+
+    def __init__(self, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+
+
 class VisionTower(nn.Module):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
         self.config = cfg
         self.embeddings = _Embeddings(cfg)
         self.pre_layrnorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.kind == CLIP else None
-        self.encoder = nn.Module()
-        self.encoder.layers = nn.ModuleList(_EncoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.encoder = _Encoder(nn.ModuleList(_EncoderLayer(cfg) for _ in range(cfg.num_layers)))
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)  # of the last hidden state
 
     def hidden_states(self, pixels: torch.Tensor, upto: int) -> list[torch.Tensor]:

@@ -39,6 +39,7 @@ def generated_samples(model_path: Path, text: str, count: int, new_tokens: int) 
     with Engine(model=str(model_path), device="cpu", kv_cache_tokens=count * (new_tokens + 64)) as engine:
         outs = engine.generate(input_ids=[engine.tokenizer.encode(p) for p in prompts], sampling_params={
             "temperature": 1.0, "max_new_tokens": new_tokens, "seed": 0, "ignore_eos": True})
+        assert isinstance(outs, list), "a batch of prompts gives a list of completions"
         return [torch.tensor(engine.tokenizer.encode(p) + o.output_ids) for p, o in zip(prompts, outs)]
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from ..models.llama import LlamaForCausalLM
 from ..models.loader import LoadedModel, source_hf_config
 from ..models.quant_formats import IntWeight, write_gptq
+from .layerwise import linear_weight
 
 _SPLITS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
            "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
@@ -75,7 +76,7 @@ def _part_rows(model: LlamaForCausalLM, rest: str) -> list[int]:
         return [cfg.num_heads * cfg.head_dim, kv, kv]
     if rest == "mlp.gate_up_proj":
         return [cfg.intermediate_size, cfg.intermediate_size]
-    return [model.get_submodule(f"layers.0.{rest}").weight.shape[0]]
+    return [linear_weight(model, f"layers.0.{rest}").shape[0]]
 
 
 def _write_tokenizer(out: Path, model_path: Path, loaded: LoadedModel) -> None:

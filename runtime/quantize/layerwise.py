@@ -25,6 +25,17 @@ class CausalAttention:
                                              is_causal=True, scale=scale)
         return out.transpose(0, 1)
 
+    def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer_id: int,
+                       scale: float, w_kv_b: torch.Tensor) -> torch.Tensor:
+        raise ValueError("layer-wise calibration runs multi-head attention models, not MLA (DeepSeek) ones")
+
+
+def linear_weight(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """The weight of `module`'s linear `name` (`get_submodule`'s typing knows no linear)."""
+    weight = module.get_submodule(name).weight
+    assert isinstance(weight, torch.Tensor), f"{name} is a linear, with a weight"
+    return weight
+
 
 def record_inputs(layer: DecoderLayer, observe: Callable[[str, torch.Tensor], None]) -> list:
     """Calls observe(linear name, its 2-D input) on every forward of the layer's linears; returns the

@@ -15,7 +15,7 @@ import torch
 from ..models.llama import DecoderLayer, LlamaForCausalLM
 from ..models.w8a8 import quantize_rows_int8
 from .hf_writer import Packed
-from .layerwise import LINEARS, record_inputs, run_layerwise
+from .layerwise import LINEARS, linear_weight, record_inputs, run_layerwise
 
 _MIN = 1e-5
 
@@ -32,7 +32,7 @@ def smooth_and_quantize(model: LlamaForCausalLM, samples: list[torch.Tensor], al
         if not samples:
             raise ValueError("SmoothQuant needs calibration text (--calib)")
         smooth_model(model, samples, alpha)
-    return {f"layers.{i}.{name}": quantize_rows_int8(layer.get_submodule(name).weight.detach())
+    return {f"layers.{i}.{name}": quantize_rows_int8(linear_weight(layer, name).detach())
             for i, layer in enumerate(model.layers) for name in LINEARS}
 
 

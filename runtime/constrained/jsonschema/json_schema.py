@@ -69,7 +69,7 @@ def whitespace_node(pattern: str | None) -> ra.Node:
     if not dfa.is_finite():
         raise ValueError(f"JSON whitespace pattern {pattern!r} must match a bounded length (e.g. '[ ]?')")
     read = (dfa.trans >= 0).any(axis=0)
-    used = {b for b in range(256) if read[dfa.byte_class[b]]}
+    used = {b for b in range(256) if read[dfa.byte_class[b]]}  # type: ignore[index]  # stubs: any(axis=0) may be bool
     if not used <= JSON_WHITESPACE:
         raise ValueError(f"JSON whitespace pattern {pattern!r} may only match spaces, tabs and newlines")
     return node
