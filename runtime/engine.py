@@ -7,7 +7,7 @@ import queue
 import random
 import threading
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -194,7 +194,7 @@ class Engine:
             self.abort(sub.rid)
             raise
 
-    async def async_chunks(self, batch: SubmissionBatch) -> AsyncIterator[tuple[int, StreamChunk]]:
+    async def async_chunks(self, batch: SubmissionBatch) -> AsyncGenerator[tuple[int, StreamChunk], None]:
         """Every request's chunks as (index in batch.requests, chunk); cancelling or closing the
         iterator aborts what is unfinished."""
         await self._async_all(batch.shared_prefills)
@@ -244,7 +244,7 @@ class Engine:
             yield chunk
 
     def async_stream_batch(self, prompt: Prompts = None, sampling_params: SamplingArg = None,
-                           **options: Any) -> AsyncIterator[tuple[int, StreamChunk]]:
+                           **options: Any) -> AsyncGenerator[tuple[int, StreamChunk], None]:
         """Streams every prompt and sample at once as (index, chunk), indexed prompt-major like
         `generate`'s list. Validates on the call (ValueError before anything runs)."""
         return self.async_chunks(self.prepare(prompt, sampling_params, **options))

@@ -16,13 +16,22 @@ if TYPE_CHECKING:
 class RequestStatus(Protocol):
     """What meta_info reads of a request: a CompletionMeta, or the StreamChunk that finished it."""
 
-    rid: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    finish_reason: str | None
-    matched_stop: int | str | None
-    error: str | None
+    # read-only (properties), so that a status whose field is narrower (CompletionMeta's finish_reason is
+    # always a str) still conforms
+    @property
+    def rid(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def matched_stop(self) -> int | str | None: ...
+    @property
+    def error(self) -> str | None: ...
 
 
 def finish_reason(status: RequestStatus) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncGenerator, Any, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -163,7 +163,7 @@ def _since_last(whole: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
 
 
 def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int, max_new_tokens: int,
-            interval: int, groups: dict[str, list[str]], chunks: AsyncIterator[tuple[int, StreamChunk]],
+            interval: int, groups: dict[str, list[str]], chunks: AsyncGenerator[tuple[int, StreamChunk], None],
             started: float) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
     `stream_interval` k, an event comes once k more tokens are out (and at the end). A server started with

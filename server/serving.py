@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator, Callable, Coroutine, Iterable
+from typing import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable
 
 from fastapi import Request
 
@@ -46,7 +46,7 @@ async def run(state: ServerState, request: Request, completions: Coroutine[objec
     return results
 
 
-async def events(state: ServerState, groups: Groups, chunks: AsyncIterator[tuple[int, StreamChunk]],
+async def events(state: ServerState, groups: Groups, chunks: AsyncGenerator[tuple[int, StreamChunk], None],
                  render: Callable[[int, StreamChunk], Iterable[dict]],
                  start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: (),
                  with_logprobs: bool = False) -> AsyncIterator[str]:
