@@ -1,6 +1,7 @@
 # Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
 # no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py) and `make test`
-# (everything; CI). Both first run `make lint` (ruff: syntax errors, pyflakes, Any only with a reason).
+# (everything; CI). Both first run `make lint`: ruff (syntax errors, pyflakes, import order, Any only with a
+# reason) and mypy on the package.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -21,11 +22,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/radixlang generate "What is the capital of France?" --chat --max-tokens 48
 
-lint: $(STAMP)
+lint: typecheck
 	$(VENV)/bin/ruff check .
 
-# mypy on the package, as `radixlang` (the repo root is the package: a link under .venv names it). Not yet
-# part of `lint`: it still reports errors (issue 24); run it on the modules you change
+# mypy on the package, as `radixlang` (the repo root is the package: a link under .venv names it)
 typecheck: $(STAMP)
 	mkdir -p $(VENV)/mypy_path && ln -sfn ../.. $(VENV)/mypy_path/radixlang
 	MYPYPATH=$(VENV)/mypy_path $(VENV)/bin/mypy -p radixlang

@@ -25,13 +25,13 @@ import time
 import jsonschema
 import numpy as np
 
-from radixlang.runtime.constrained.regex.automaton import compile_dfa
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.grammar.constraint import JSON_GRAMMAR, GrammarConstraint
 from radixlang.runtime.constrained.jump_forward import JumpForwarder
-from radixlang.runtime.constrained.matcher import RegexConstraint
-from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
+from radixlang.runtime.constrained.matcher import RegexConstraint
+from radixlang.runtime.constrained.regex.automaton import compile_dfa
+from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 from radixlang.runtime.engine import Engine
 
 COMPACT_SCHEMA = {  # unbounded strings: the usual JSON-object regex

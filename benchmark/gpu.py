@@ -387,9 +387,9 @@ def main() -> None:
     ensure_importable()
     sys.path.insert(0, str(HERE))
     import torch
+    from gpu_kernels import kernel_table
     from transformers import AutoModelForCausalLM
 
-    from gpu_kernels import kernel_table
     from radixlang.runtime.engine import Engine
 
     t_start = time.perf_counter()

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Callable
 
 from radixlang.runtime.constrained.compiler import ConstraintCompiler
-from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
-from radixlang.runtime.constrained.matcher import Matcher
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
+from radixlang.runtime.constrained.matcher import Matcher
+from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
 

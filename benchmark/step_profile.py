@@ -35,10 +35,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
+from radixlang.benchmark.radix_cache import DECODE_PROMPTS  # the cache benchmark's prompts
 from radixlang.runtime import output_processor
 from radixlang.runtime.engine import Engine
-
-from radixlang.benchmark.radix_cache import DECODE_PROMPTS  # the cache benchmark's prompts
 
 PARTS = ("step", "model", "logits", "sampler", "runner", "plan", "plan_decode", "schedule", "process", "sample",
          "release")
@@ -119,8 +118,13 @@ def prompts_for(rows: int) -> list[str]:
 
 def random_model(shape: str, folder: Path) -> Path:
     """A random-weight model of the named shape with SmolLM2's tokenizer, written under `folder`."""
-    from radixlang.testing.random_llama import SMOLLM2_135M, TINY_CONFIG, smollm2_tokenizer, tiny_weights, \
-        write_hf_folder
+    from radixlang.testing.random_llama import (
+        SMOLLM2_135M,
+        TINY_CONFIG,
+        smollm2_tokenizer,
+        tiny_weights,
+        write_hf_folder,
+    )
 
     cfg = {"tiny": TINY_CONFIG, "smollm2-135m": SMOLLM2_135M}[shape]
     return write_hf_folder(folder / shape, cfg, tiny_weights(cfg), smollm2_tokenizer())

@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from radixlang.runtime.engine import Engine
-
 from radixlang.benchmark.radix_cache import DECODE_PROMPTS as PROMPTS  # the same 16 prompts as the cache benchmark
+from radixlang.runtime.engine import Engine
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .backend import (AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups,
-                      tree_visibility)
+from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups, tree_visibility
 from .mla import absorb_output, absorb_query, split_up_proj
 from .reference import extend_latents, plan_extends
 from .triton_decode import MAX_SPLITS, decode_attention, decode_parts, merge_states, num_splits

@@ -1,19 +1,42 @@
 """The radixlang language: programs of gen / select / fork / image / roles, traced to IR, run on a backend."""
-from .api import (assistant, assistant_begin, assistant_end, flush_cache, gen, gen_int, gen_string, get_server_info,
-                  image, select, separate_reasoning, system, system_begin, system_end, user, user_begin, user_end, video)
+from .api import (
+                  assistant,
+                  assistant_begin,
+                  assistant_end,
+                  flush_cache,
+                  gen,
+                  gen_int,
+                  gen_string,
+                  get_server_info,
+                  image,
+                  select,
+                  separate_reasoning,
+                  system,
+                  system_begin,
+                  system_end,
+                  user,
+                  user_begin,
+                  user_end,
+                  video,
+)
 from .backend import Backend, GenDelta, StateView
+from .choices import (
+                  ChoicesDecision,
+                  ChoicesSamplingMethod,
+                  greedy_token_selection,
+                  token_length_normalized,
+                  unconditional_likelihood_normalized,
+)
 from .default_backend import set_default_backend
-from .choices import (ChoicesDecision, ChoicesSamplingMethod, greedy_token_selection, token_length_normalized,
-                      unconditional_likelihood_normalized)
 from .endpoint import Endpoint, RuntimeEndpoint
 from .engine_backend import EngineBackend, Runtime
+from .executor import ProgramCancelled, ProgramEvent
+from .global_config import global_config
+from .hosted import Anthropic, Crusoe, LiteLLM, OpenAI, ServerArgs, VertexAI, version
 from .interpreter import interpret, run_ir
 from .ir import IR_VERSION, TraceError
 from .ir_json import ProgramIR
 from .program import Program, function, program
-from .executor import ProgramCancelled, ProgramEvent
-from .global_config import global_config
-from .hosted import Anthropic, Crusoe, LiteLLM, OpenAI, ServerArgs, VertexAI, version
 from .state import ProgramState, ProgramStateGroup
 from .tools import Tool, call_text, tool, tool_results, tools_prompt
 

@@ -6,12 +6,23 @@ from typing import Any
 
 from .choices import method_key, token_length_normalized
 from .default_backend import BackendArg, as_backend
-from .images import load_image
-from .tools import as_tools, tool_gen_tag
 from .gen_params import GEN_FIELDS, GenParams, stop_list
-from .ir import (Gen, Image, Placeholder, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, TraceError,
-                 check_select, check_choices)
+from .images import load_image
+from .ir import (
+    Gen,
+    Image,
+    Placeholder,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    Seq,
+    TraceError,
+    check_choices,
+    check_select,
+)
 from .reasoning import reasoning_format
+from .tools import as_tools, tool_gen_tag
 
 _DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 

@@ -18,10 +18,11 @@ from typing import Any, Generator, Iterator
 from .backend import PREFILL_ONLY, GenDelta, StateView
 from .chat import ChatTemplate
 from .choices import decide, resolve_method
+from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 from .images import image_data_url
 from .ir import Gen
 from .ir_json import ProgramIR
-from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
+
 
 class Endpoint:
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = HTTP_TIMEOUT_S,

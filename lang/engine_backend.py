@@ -13,8 +13,8 @@ from .ir import Gen
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine
-    from ..runtime.submission import Retention
     from ..runtime.sampler import TokenLogprob
+    from ..runtime.submission import Retention
 
 
 class EngineBackend:

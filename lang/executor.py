@@ -18,10 +18,23 @@ from .backend import Backend, StateView
 from .chat import ChatTemplate
 from .choices import resolve_method
 from .gen_params import GenParams
-from .tools import parsed_calls
-from .ir import (Arg, Gen, Image, ImageData, Node, RoleBegin, RoleEnd, Select, SeparateReasoning, SetVar, Text,
-                 VarScopeBegin, VarScopeEnd)
+from .ir import (
+    Arg,
+    Gen,
+    Image,
+    ImageData,
+    Node,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    SetVar,
+    Text,
+    VarScopeBegin,
+    VarScopeEnd,
+)
 from .reasoning import reasoning_format, reasoning_variable
+from .tools import parsed_calls
 
 
 class ProgramCancelled(RuntimeError):

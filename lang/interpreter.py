@@ -9,16 +9,16 @@ from typing import Any, Callable, Iterator, Mapping
 from tqdm import tqdm
 
 from .backend import Backend
+from .config import RUN_BATCH_AUTO_THREADS
 from .default_backend import BackendArg, as_backend
-from .images import load_image
+from .executor import ProgramEvent, Run
 from .gen_params import GenParams, sampling_defaults
+from .global_config import global_config
+from .images import load_image
 from .ir import Arg, Fork, Image, Join, Node, Select, Text, Var, check_choices
 from .ir_json import ProgramIR
-from .executor import ProgramEvent, Run
 from .state import ProgramState
 from .tracer import Traceable, constant_prefix, trace_program
-from .config import RUN_BATCH_AUTO_THREADS
-from .global_config import global_config
 
 
 def run_program(func: Callable[[ProgramState], Any], backend: BackendArg, defaults: GenParams, stream: bool,

@@ -10,10 +10,30 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from .gen_params import GenParams
-from .ir import (CHOICE_METHODS, IR_VERSION, JOIN_MODES, OP_NODES, OP_SINCE, ROLES, Arg, Fork, Gen, Image, ImageData,
-                 Join, Node, RoleBegin, RoleEnd, Select, SeparateReasoning, Seq, Var, check_select)
 from .config import MAX_FORK_SIZE
+from .gen_params import GenParams
+from .ir import (
+    CHOICE_METHODS,
+    IR_VERSION,
+    JOIN_MODES,
+    OP_NODES,
+    OP_SINCE,
+    ROLES,
+    Arg,
+    Fork,
+    Gen,
+    Image,
+    ImageData,
+    Join,
+    Node,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    Seq,
+    Var,
+    check_select,
+)
 from .reasoning import reasoning_format
 
 

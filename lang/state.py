@@ -7,10 +7,25 @@ import contextlib
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from .executor import JoinOp, StateCore
-from .ir import (JOIN_MODES, Gen, Image, ImageData, Node, Placeholder, RoleBegin, RoleEnd, Select, SeparateReasoning,
-                 Seq, SetVar, Text, VarScopeBegin, VarScopeEnd)
 from .config import MAX_FORK_SIZE
+from .executor import JoinOp, StateCore
+from .ir import (
+    JOIN_MODES,
+    Gen,
+    Image,
+    ImageData,
+    Node,
+    Placeholder,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    Seq,
+    SetVar,
+    Text,
+    VarScopeBegin,
+    VarScopeEnd,
+)
 
 _EAGER_NODES = (Text, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, SeparateReasoning)
 

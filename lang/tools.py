@@ -13,7 +13,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..runtime.tool_formats import FALLBACK, FALLBACK_SYSTEM, ToolCall, parse_tool_calls, render_call, tool_call_structural_tag
+from ..runtime.tool_formats import (
+    FALLBACK,
+    FALLBACK_SYSTEM,
+    ToolCall,
+    parse_tool_calls,
+    render_call,
+    tool_call_structural_tag,
+)
 
 TOOL_CHOICES = ("auto", "required")
 

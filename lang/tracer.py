@@ -15,11 +15,25 @@ import json
 import re
 from typing import Any, Callable, Iterator, Protocol
 
-from .ir import (Arg, Fork, Image, Join, Node, Placeholder, RoleBegin, RoleEnd, Select, Seq, SetVar, Text,
-                 TraceError, Var)
-from .ir_json import Op, ProgramIR
 from .executor import variables_set_by
-from .state import ProgramStateGroup, StateOps, check_fork_size, _check_name
+from .ir import (
+    Arg,
+    Fork,
+    Image,
+    Join,
+    Node,
+    Placeholder,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Seq,
+    SetVar,
+    Text,
+    TraceError,
+    Var,
+)
+from .ir_json import Op, ProgramIR
+from .state import ProgramStateGroup, StateOps, _check_name, check_fork_size
 
 
 class Traceable(Protocol):

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..kernels.backend import AttentionBatch
-from .request import Req
 from .draft_tree import depths
+from .request import Req
 
 
 @dataclass(slots=True)

@@ -16,19 +16,19 @@ from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
 from .constrained.marker_tokens import MarkerTokens
 from .constrained.masks.vocab import TokenVocab
-from .models.eplb import Placement, expert_load, plan_rebalance
-from .models.loader import default_model_path
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
+from .models.eplb import Placement, expert_load, plan_rebalance
+from .models.loader import default_model_path
 from .multimodal.prompt import text_ids
-from .request import Req, StreamChunk
 from .profiler import ProfileSpec, StepProfiler
+from .request import Req, StreamChunk
 from .sampler import SamplingState
 from .sampling_params import SamplingParams
-from .tokenizer import Tokenizer
 from .scheduler_thread import SchedulerThread
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
+from .tokenizer import Tokenizer
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 

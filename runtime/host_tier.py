@@ -16,8 +16,8 @@ from collections import deque
 
 import torch
 
-from .radix_cache import PrefixMatch, RadixCache
 from .memory import SlotAllocator
+from .radix_cache import PrefixMatch, RadixCache
 
 
 class EvictedPrefixes:

@@ -22,7 +22,6 @@ from .pins import PinTable
 from .radix_cache import RadixCache, TreeNode
 from .request import KVSeq
 
-
 HISTORY_POOLS = 4  # evicted token paths remembered (no KV), in pool sizes: "recomputed, was cached" counts these
 HISTORY_MAX_TOKENS = 1 << 21  # ... and at most this many (a token of a remembered path costs ~40 host bytes)
 MIN_RESTORE = 16  # fewer host-tier tokens than this are recomputed: a copy's fixed cost would exceed theirs

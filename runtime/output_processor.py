@@ -9,16 +9,25 @@ from typing import Callable, TypeVar
 import torch
 
 from .batch import Finish, LogitRows, ScheduledItem, StepBatch
-from .constrained.regex.fsa import ConstraintTooLarge
 from .constrained.jump_forward import JumpForwarder
-from .kv_manager import KVManager
+from .constrained.regex.fsa import ConstraintTooLarge
+from .counters import SchedulerCounters
+from .draft_tree import (
+    DRAFTER,
+    JUMP_FORWARD,
+    Draft,
+    DraftTree,
+    accept_path,
+    allowed_tree,
+    chain,
+    constraint_states,
+    paths,
+)
 from .emit import emit
+from .kv_manager import KVManager
 from .request import ConstraintCursor, Req
 from .sampler import SampleRow, ScoreRow, StepSamples, TokenLogprob, sample_step
-from .counters import SchedulerCounters
 from .speculative.drafter import Drafter
-from .draft_tree import (DRAFTER, JUMP_FORWARD, Draft, DraftTree, accept_path, allowed_tree, chain,
-                               constraint_states, paths)
 
 T = TypeVar("T")
 

@@ -14,13 +14,13 @@ import torch
 
 from .batch import Finish, ScheduledItem, StepBatch
 from .config import EngineConfig
+from .counters import SchedulerCounters
+from .draft_tree import item_parents
 from .emit import emit_final
 from .kv_manager import KVManager
 from .radix_cache import RadixCache
 from .request import Req, ReqState
 from .schedule_policy import order_waiting
-from .draft_tree import item_parents
-from .counters import SchedulerCounters
 
 if TYPE_CHECKING:
     from .submission import Retention

@@ -4,8 +4,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Sequence

@@ -15,15 +15,15 @@ from .distributed.group import TensorParallel
 from .distributed.layers import kv_heads_per_rank
 from .distributed.runner import TPRunner
 from .distributed.workers import TPWorkers
+from .engine_core import EngineCore
 from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
-from .model_runner import ModelRunner
 from .model_loading import load_model
+from .model_runner import ModelRunner
 from .models.compiled import BackgroundCompile, warm_marker
 from .models.llama import LlamaForCausalLM
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts
-from .engine_core import EngineCore
 from .output_processor import OutputProcessor
 from .radix_cache import RadixCache
 from .scheduler import Scheduler

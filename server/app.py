@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from .config import HEALTH_TIMEOUT_S
 from ..runtime.engine import Engine
 from . import native, openai_api, programs, sglang_api, worker_api
 from .body_limit import BodySizeLimit
+from .config import HEALTH_TIMEOUT_S
 from .errors import install_error_handlers
 from .limits import ServerLimits
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics

@@ -11,9 +11,9 @@ from typing import Iterator
 
 import uvicorn
 
-from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from ..runtime.engine import Engine
 from .app import create_app
+from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from .limits import ServerLimits
 from .state import ServerState
 

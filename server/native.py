@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import AsyncGenerator, Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse

@@ -9,15 +9,23 @@ from typing import Any, ClassVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from ..runtime.engine import Completion
 from ..runtime.request import StreamChunk
 from ..runtime.sampler import TokenLogprob
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
+from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from .errors import APIError, user_errors
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
-from .openai_params import (FIELDS, Job, chat_prompt, check_model, check_top_logprobs, completion_prompts,
-                            new_id, num_prompts)
+from .openai_params import (
+    FIELDS,
+    Job,
+    chat_prompt,
+    check_model,
+    check_top_logprobs,
+    completion_prompts,
+    new_id,
+    num_prompts,
+)
 from .openapi import error_responses, streaming_responses
 from .protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
 from .serving import events, run

@@ -19,8 +19,8 @@ from ..runtime.engine import Engine
 from ..runtime.models.loader import model_identity
 from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
-from .openapi import error_responses
 from .errors import APIError
+from .openapi import error_responses
 from .protocol import ConcatenateRequest, ProfileRequest
 from .sglang_fields import check_profile_extras
 from .state import server_state

@@ -14,8 +14,8 @@ from typing import Any, AsyncIterator, Callable, Iterator, Protocol, TypeVar
 
 from fastapi import Request
 
-from .config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
 from ..runtime.engine import Engine
+from .config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
 from .errors import APIError
 from .limits import ServerLimits
 

@@ -11,8 +11,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..runtime.tool_formats import (ParsedCalls, ToolCall, ToolFormat, detect_format, fallback_messages,
-                                    held_back, new_call_id, parse_tool_calls, tool_call_structural_tag)
+from ..runtime.tool_formats import (
+    ParsedCalls,
+    ToolCall,
+    ToolFormat,
+    detect_format,
+    fallback_messages,
+    held_back,
+    new_call_id,
+    parse_tool_calls,
+    tool_call_structural_tag,
+)
 from .errors import APIError
 from .protocol import ChatCompletionRequest, ChatMessage
 

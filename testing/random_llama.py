@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..runtime.tokenizer import Tokenizer
 from ..runtime.models.loader import default_model_path, gguf_metadata
+from ..runtime.tokenizer import Tokenizer
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

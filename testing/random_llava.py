@@ -12,9 +12,9 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..runtime.models.llama import LlamaConfig, LlamaForCausalLM
-from ..runtime.tokenizer import bytes_to_unicode
 from ..runtime.multimodal.llava import LLAVA, LlavaConfig, LlavaVision
 from ..runtime.multimodal.vision import CLIP, VisionConfig
+from ..runtime.tokenizer import bytes_to_unicode
 
 SPECIALS = ["<s>", "</s>", "<image>"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'].upper() }}: {{ m['content'] }}\n{% endfor %}"

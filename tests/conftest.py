@@ -17,8 +17,8 @@ if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder 
     atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
 
 from radixlang.runtime.models.loader import default_model_path, gguf_metadata
-from radixlang.testing.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
 from radixlang.runtime.tokenizer import Tokenizer
+from radixlang.testing.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
 
 # `make test-fast` leaves these out (-m "not slow"): the real model (tests/e2e, the smollm_engine fixture),
 # the Triton interpreter and compile check, process groups and subprocesses, transformers parity, the

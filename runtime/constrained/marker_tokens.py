@@ -14,9 +14,9 @@ from typing import Hashable
 
 import numpy as np
 
+from .masks.vocab import TokenVocab
 from .matcher import Constraint, MaskCache
 from .structural_tag import StructuralTag
-from .masks.vocab import TokenVocab
 
 
 def marker_tokens(tag: StructuralTag, vocab: TokenVocab) -> dict[int, bytes]:

@@ -13,9 +13,9 @@ from typing import Any, Callable, Hashable, Protocol
 import numpy as np
 
 from ..config import JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
-from .regex.automaton import Dfa
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
+from .regex.automaton import Dfa
 
 
 class Constraint(Protocol):

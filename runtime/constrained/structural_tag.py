@@ -25,9 +25,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .jsonschema.json_schema import JsonGrammar, compile_json_schema, schema_to_dict
 from .regex import regex_ast as ra
 from .regex.automaton import difference
-from .jsonschema.json_schema import JsonGrammar, compile_json_schema, schema_to_dict
 
 ANY_CHAR = ra.chars([(0, 0x10FFFF)])
 ANY_TEXT = ra.repeat(ANY_CHAR, 0, None)

@@ -20,8 +20,8 @@ import torch
 from ...kernels.registry import create_backend
 from ..config import EngineConfig
 from ..memory import KVPool
-from ..model_runner import ModelRunner, StepInputs
 from ..model_loading import load_model
+from ..model_runner import ModelRunner, StepInputs
 from ..multimodal.prompt import embed_parts
 from .embedding_cache import EmbeddingMirror
 from .group import TensorParallel, connect_store

@@ -17,8 +17,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.group import TensorParallel
-from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
-                                  VocabParallelEmbedding, load_shard)
+from ..distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    Part,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    load_shard,
+)
 from .llama import ForwardContext, RMSNorm, RopeTable, _copy_into, apply_rope
 from .moe import MoeSpec
 from .moe_llama import SharedExpert, SparseMoeBlock, stack_experts

@@ -9,8 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.group import TensorParallel
-from ..distributed.layers import (ColumnParallelLinear, ParallelLMHead, Part, RowParallelLinear,
-                                  VocabParallelEmbedding, check_tp_size, load_shard)
+from ..distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    Part,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    check_tp_size,
+    load_shard,
+)
 from .rope import RopeScaling, rope_cos_sin
 
 

@@ -24,7 +24,7 @@ from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM
 from .moe_config import MIXTRAL, QWEN2_MOE, QWEN3_MOE
-from .quant import packed_linear_record, packed_linear_from_state, quantize_model
+from .quant import packed_linear_from_state, packed_linear_record, quantize_model
 
 logger = logging.getLogger(__name__)
 

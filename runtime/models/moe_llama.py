@@ -11,7 +11,7 @@ from torch import nn
 from ..distributed.ep import ExpertParallel
 from ..distributed.group import TensorParallel
 from .llama import LlamaConfig, LlamaForCausalLM
-from .moe import ExpertTable, Experts, MoeSpec, Router
+from .moe import Experts, ExpertTable, MoeSpec, Router
 
 
 class SharedExpert(nn.Module):

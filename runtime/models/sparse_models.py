@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 
 from ..distributed.group import TensorParallel
+from ..tokenizer import Tokenizer
 from .deepseek import DeepseekForCausalLM, MLARotary
 from .deepseek_config import DEEPSEEK_ARCHS, deepseek_config_from_hf
-from .llama import Rotary
-from ..tokenizer import Tokenizer
 from .gguf_file import read_gguf
+from .llama import Rotary
 from .loader import LoadedModel, gguf_to_hf_config, gguf_weights, read_hf_config, read_hf_dir
 from .moe import Router
 from .moe_config import MOE_LLAMA_ARCHS, moe_llama_config_from_hf

@@ -11,8 +11,14 @@ from PIL import Image
 from ..distributed.group import TensorParallel
 from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
 from ..tokenizer import Tokenizer
-from .idefics3 import IDEFICS3_ARCH, Idefics3Config, Idefics3Vision, SplitImageProcessor, make_prepare, \
-    split_idefics3_weights
+from .idefics3 import (
+    IDEFICS3_ARCH,
+    Idefics3Config,
+    Idefics3Vision,
+    SplitImageProcessor,
+    make_prepare,
+    split_idefics3_weights,
+)
 from .llava import LLAVA, LlavaConfig, LlavaVision, llava_text_config, split_llava_weights
 from .preprocess import ImageProcessor, read_preprocessor_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..models.llama import ForwardContext, LlamaForCausalLM
 from ..model_loading import load_model
+from ..models.llama import ForwardContext, LlamaForCausalLM
 from ..models.loader import LoadedModel
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Protocol
 
 from ..config import SPEC_VERIFY_OVERHEAD, EngineConfig
+from ..draft_tree import DraftTree
 from ..request import Req
 from .ngram import NgramTrie
 from .pacing import Pacing
-from ..draft_tree import DraftTree
 
 if TYPE_CHECKING:
     from ..models.loader import LoadedModel

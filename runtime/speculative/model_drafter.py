@@ -25,6 +25,7 @@ import torch
 from ...kernels.backend import AttentionBackend, AttentionBatch
 from ...kernels.registry import create_backend
 from ..config import SPEC_VERIFY_OVERHEAD, EngineConfig
+from ..draft_tree import DraftTree, best_nodes, depths, subtree, with_ancestors
 from ..kv_manager import KVManager
 from ..memory import KVPool, ReqToToken, SlotAllocator
 from ..models.llama import ForwardContext
@@ -33,7 +34,6 @@ from ..radix_cache import RadixCache
 from ..request import KVFields, Req
 from .draft_model import DraftLM, EarlyExit, load_standalone, weights_per_token
 from .pacing import Pacing
-from ..draft_tree import DraftTree, best_nodes, depths, subtree, with_ancestors
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ import torch
 from radixlang.kernels.backend import DecodeBatch
 from radixlang.kernels.registry import ATTENTION_BACKENDS, create_backend
 
-from .test_attention import D, HEADS, KV_HEADS, LAYERS, SLOTS, chain, naive
+from .test_attention import HEADS, KV_HEADS, LAYERS, SLOTS, D, chain, naive
 
 WIDTH = 32  # req_to_token columns: the plan's max_kv_len
 PAD_SLOT = SLOTS - 1

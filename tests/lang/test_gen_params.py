@@ -6,9 +6,9 @@ import inspect
 import pytest
 
 import radixlang as rl
-from radixlang.runtime.validation import parse_params
 from radixlang.lang.gen_params import GEN_FIELDS, RUN_FIELDS, sampling_defaults
 from radixlang.runtime.sampling_params import RULES
+from radixlang.runtime.validation import parse_params
 
 # SGLang 0.5.23's gen() parameters in their positional order (sglang/lang/api.py), written out rather than
 # read from radixlang; `grammar` (Lark) is radixlang's own, keyword-only after them

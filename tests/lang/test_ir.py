@@ -9,8 +9,22 @@ from hypothesis import strategies as st
 
 import radixlang as rl
 from radixlang.lang.images import load_image
-from radixlang.lang.ir import (Arg, Fork, Gen, GenParams, Image, Join, RoleBegin, RoleEnd, Select, SetVar, Text, Var,
-                               VarScopeBegin, VarScopeEnd)
+from radixlang.lang.ir import (
+    Arg,
+    Fork,
+    Gen,
+    GenParams,
+    Image,
+    Join,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SetVar,
+    Text,
+    Var,
+    VarScopeBegin,
+    VarScopeEnd,
+)
 from radixlang.lang.ir_json import Op, ProgramIR
 
 names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True)

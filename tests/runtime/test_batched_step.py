@@ -7,8 +7,8 @@ import torch
 
 from radixlang.runtime import output_processor, sampler
 from radixlang.runtime.batch import ScheduledItem, StepBatch
-from radixlang.runtime.output_processor import OutputProcessor
 from radixlang.runtime.engine import create_req
+from radixlang.runtime.output_processor import OutputProcessor
 from radixlang.runtime.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},

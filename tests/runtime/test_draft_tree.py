@@ -1,8 +1,17 @@
 """Draft tree helpers: item parents, paths, pruning and the acceptance walk, against hand-built trees."""
 from __future__ import annotations
 
-from radixlang.runtime.draft_tree import (DraftTree, accept_path, best_nodes, chain, item_parents, paths, prune,
-                                               subtree, with_ancestors)
+from radixlang.runtime.draft_tree import (
+    DraftTree,
+    accept_path,
+    best_nodes,
+    chain,
+    item_parents,
+    paths,
+    prune,
+    subtree,
+    with_ancestors,
+)
 
 # root -> 10 (0) -> 11 (2) -> 12 (4)
 #      -> 20 (1) -> 21 (3)

@@ -9,13 +9,22 @@ import numpy as np
 import pytest
 import torch
 
-from radixlang.runtime.validation import check_params
 from radixlang.runtime import sampler as sampler_module
-from radixlang.runtime.sampler import (SampleRow, SamplingState, ScoreRow, apply_bitmask, apply_penalties,
-                                       process_logits, sample_step, sample_tokens,
-                                       token_distribution, uniform)
-from radixlang.testing.masks import pack_mask
+from radixlang.runtime.sampler import (
+    SampleRow,
+    SamplingState,
+    ScoreRow,
+    apply_bitmask,
+    apply_penalties,
+    process_logits,
+    sample_step,
+    sample_tokens,
+    token_distribution,
+    uniform,
+)
 from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.validation import check_params
+from radixlang.testing.masks import pack_mask
 
 from .sampler_reference import distribution
 

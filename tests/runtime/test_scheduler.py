@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from radixlang.runtime.validation import check_params, parse_params
 from radixlang.runtime.config import EngineConfig
-from radixlang.runtime.engine import create_scheduler
-from radixlang.runtime.request import Req, ReqState, StreamChunk
-from radixlang.runtime.engine import create_req
+from radixlang.runtime.engine import create_req, create_scheduler
 from radixlang.runtime.engine_core import EngineCore
+from radixlang.runtime.request import Req, ReqState, StreamChunk
 from radixlang.runtime.scheduler import Scheduler
+from radixlang.runtime.validation import check_params, parse_params
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

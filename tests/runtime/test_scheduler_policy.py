@@ -9,11 +9,11 @@ import torch
 
 from radixlang.runtime.batch import Finish
 from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.engine import create_req
 from radixlang.runtime.kv_manager import KVManager
 from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import Req
-from radixlang.runtime.engine import create_req
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.scheduler import Scheduler
 

@@ -8,9 +8,19 @@ import random
 
 import pytest
 
-from radixlang.runtime.tool_formats import (FALLBACK, HERMES, LLAMA3_JSON, MISTRAL, ToolCall, detect_format,
-                                            fallback_messages, held_back, parse_tool_calls, render_call,
-                                            tool_call_structural_tag)
+from radixlang.runtime.tool_formats import (
+    FALLBACK,
+    HERMES,
+    LLAMA3_JSON,
+    MISTRAL,
+    ToolCall,
+    detect_format,
+    fallback_messages,
+    held_back,
+    parse_tool_calls,
+    render_call,
+    tool_call_structural_tag,
+)
 
 from .constrained.conftest import compiler, vocab  # noqa: F401 (fixtures)
 from .constrained.test_structural_tag import tagged_walk

@@ -8,8 +8,8 @@ import threading
 import openai
 import pytest
 
-from radixlang.runtime.validation import check_params, parse_params
 from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.validation import check_params, parse_params
 from radixlang.server.errors import APIError
 from radixlang.server.openai_api import sampling_params
 from radixlang.server.protocol import ChatCompletionRequest, CompletionRequest

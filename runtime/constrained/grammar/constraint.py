@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+
 import numpy as np
 
 from ...config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
+from ..masks.token_index import TokenIndex, walk_rows
+from ..masks.vocab import TokenVocab
+from ..matcher import MaskCache
 from ..regex import regex_ast as ra
 from ..regex.automaton import Dfa, collector_paused, compile_dfa
 from ..regex.dfa_cache import caching, current
 from ..regex.fsa import ConstraintTooLarge
 from .lalr import LalrGrammar, Stack
-from ..matcher import MaskCache
-from ..masks.token_index import TokenIndex, walk_rows
-from ..masks.vocab import TokenVocab
 
 # Any JSON value, with whitespace allowed between tokens (Lark's JSON example grammar).
 JSON_GRAMMAR = r"""

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..regex import regex_ast as ra
+from .contract import SchemaCompiler
 from .json_scalars import const_text
 from .json_types import KNOWN_FORMATS, as_types, count_keyword, json_type
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
-from .contract import SchemaCompiler
-
 
 MAX_UNIQUE_VALUES = 8  # uniqueItems is enforced over at most this many item values (2^n states)
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import exactly_one, intersection
+from .contract import SchemaCompiler
 from .json_disjoint import provably_disjoint
 from .json_required_choice import required_choice
 from .json_scalars import compiled_or_nothing, const_text
 from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type
 from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize, same_json
-from .contract import SchemaCompiler
 
 
 def merged_all_of(schema: dict) -> dict | None:

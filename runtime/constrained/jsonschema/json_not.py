@@ -6,11 +6,11 @@ from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import difference, intersection
+from .contract import SchemaCompiler
 from .json_combinators import merged_all_of
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings
 from .json_types import KNOWN_FORMATS, as_types, json_type
 from .schema_merge import JSON_TYPES, Unsatisfiable, conjoin_sub, normalize
-from .contract import SchemaCompiler
 
 
 def negated(c: SchemaCompiler, s: dict, path: str) -> ra.Node:

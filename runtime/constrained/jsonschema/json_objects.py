@@ -11,9 +11,9 @@ from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa, difference, intersection
+from .contract import SchemaCompiler
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
-from .contract import SchemaCompiler
 
 
 def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:

@@ -7,13 +7,23 @@ from decimal import Decimal
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import intersection
-from .json_scalars import (FORMATS, as_decimal, compiled_or_nothing, constrained_string, integer_node, multiples_of,
-                           number_node, pattern_body, quoted, string_body, string_node)
-from .json_types import count_keyword
 from ..regex.regex_parser import parse_regex
-from .schema_merge import Unsatisfiable
 from .contract import SchemaCompiler
-
+from .json_scalars import (
+    FORMATS,
+    as_decimal,
+    compiled_or_nothing,
+    constrained_string,
+    integer_node,
+    multiples_of,
+    number_node,
+    pattern_body,
+    quoted,
+    string_body,
+    string_node,
+)
+from .json_types import count_keyword
+from .schema_merge import Unsatisfiable
 
 STRING_CHUNK = 512  # in grammar mode, a string longer than twice this many characters is read in chunks of it
 

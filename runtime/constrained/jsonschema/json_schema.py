@@ -17,6 +17,7 @@ from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa
+from ..regex.regex_parser import parse_regex
 from .json_arrays import array_node
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
@@ -26,7 +27,6 @@ from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
 from .json_types import KNOWN_FORMATS, first_chars, infer_type, lexes_alone, type_first_chars
 from .json_unions import Container, merged_body
-from ..regex.regex_parser import parse_regex
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value

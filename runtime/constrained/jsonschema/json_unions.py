@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..grammar.rule_grammar import ref_free_runs
 from ..regex import regex_ast as ra
 from ..regex.fsa import ConstraintTooLarge, Nfa, subsets
-from ..grammar.rule_grammar import ref_free_runs
 
 MAX_MERGED_STATES = 512  # a subset construction larger than this is left as separate alternatives
 

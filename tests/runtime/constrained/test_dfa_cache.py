@@ -8,12 +8,19 @@ import re
 import numpy as np
 import pytest
 
+from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.regex import automaton
 from radixlang.runtime.constrained.regex import regex_ast as ra
 from radixlang.runtime.constrained.regex.alphabet import alphabet_of
-from radixlang.runtime.constrained.regex.automaton import (Dfa, char_sets, compile_chars, compile_dfa, difference,
-                                                     exactly_one, intersection)
-from radixlang.runtime.constrained.compiler import ConstraintCompiler
+from radixlang.runtime.constrained.regex.automaton import (
+    Dfa,
+    char_sets,
+    compile_chars,
+    compile_dfa,
+    difference,
+    exactly_one,
+    intersection,
+)
 from radixlang.runtime.constrained.regex.dfa_cache import DfaCache, caching
 from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 

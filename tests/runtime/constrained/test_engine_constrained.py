@@ -13,8 +13,8 @@ import jsonschema
 import lark
 import pytest
 
-from radixlang.runtime.validation import parse_params
 from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.validation import parse_params
 
 from ...conftest import CHARACTER_REGEX
 
@@ -182,8 +182,8 @@ def test_engine_option_relaxes_unique_items_only_when_asked(tiny_engine_factory)
 def test_a_lexer_outgrowing_its_bound_mid_decode_ends_only_its_request(tiny_engine, monkeypatch):
     """Lexers are built on first use, so one can outgrow its bound mid-decode: that request ends with the
     error, while the step's other requests decode exactly as they would have alone."""
-    from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
     from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint
+    from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
 
     refused: list = []
 

@@ -10,11 +10,11 @@ import jsonschema
 import pydantic
 import pytest
 
-from radixlang.runtime.constrained.regex.automaton import compile_dfa
 from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint
 from radixlang.runtime.constrained.jsonschema.json_scalars import integer_node, number_node
 from radixlang.runtime.constrained.jsonschema.json_schema import compile_json_schema
 from radixlang.runtime.constrained.matcher import RegexConstraint
+from radixlang.runtime.constrained.regex.automaton import compile_dfa
 
 CHECKER = jsonschema.FormatChecker()
 

@@ -11,9 +11,9 @@ from decimal import Decimal
 import jsonschema
 import pytest
 
-from radixlang.runtime.constrained.regex.automaton import compile_dfa
 from radixlang.runtime.constrained.jsonschema.json_scalars import number_node
 from radixlang.runtime.constrained.jsonschema.json_schema import compile_json_schema
+from radixlang.runtime.constrained.regex.automaton import compile_dfa
 
 from .test_json_schema import complete_outputs
 

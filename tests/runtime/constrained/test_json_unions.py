@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from radixlang.runtime.constrained.regex import regex_ast as ra
 from radixlang.runtime.constrained.jsonschema.json_unions import merged_body
+from radixlang.runtime.constrained.regex import regex_ast as ra
 
 A, B, C = ra.Ref("a"), ra.Ref("b"), ra.Ref("c")
 MAX_LETTERS = 5

@@ -136,8 +136,8 @@ def test_the_engine_generates_valid_tagged_output(tiny_engine):
 @pytest.mark.parametrize("spec, trigger", [(LEGACY, "<f="), (SEPARATED, "<f=flag>")])
 def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler, vocab, spec, trigger):
     """The fast path (parts glued, no joint determinization) against the general one, both ways."""
-    from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.matcher import RegexConstraint
+    from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.structural_tag import structural_tag_grammar
     from radixlang.runtime.constrained.tag_dispatch import TagDispatch
 
@@ -156,8 +156,8 @@ def test_the_glued_automaton_speaks_the_same_language_as_the_joint_one(compiler,
 def test_a_tag_is_built_only_when_decoding_reaches_it(compiler):
     """Ten tools: compiling and the first masks build none of their automata; reaching one tool's
     begin builds that one, and the walk through it is what the joint automaton allows."""
-    from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.matcher import RegexConstraint
+    from radixlang.runtime.constrained.regex.automaton import compile_dfa
     from radixlang.runtime.constrained.structural_tag import structural_tag_grammar
 
     tools = [{"begin": f'<t>{{"name": "tool{i}", "arguments": ', "end": "}</t>",

@@ -6,10 +6,10 @@ import random
 import numpy as np
 import pytest
 
-from radixlang.runtime.constrained.regex.automaton import compile_dfa
-from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 from radixlang.runtime.constrained.masks.token_index import TokenIndex
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
+from radixlang.runtime.constrained.regex.automaton import compile_dfa
+from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 
 
 def brute_force_allowed(dfa, vocab: TokenVocab, state: int) -> np.ndarray:

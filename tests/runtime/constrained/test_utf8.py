@@ -10,11 +10,12 @@ import re
 import numpy as np
 import pytest
 
-from radixlang.runtime.constrained.regex import regex_ast as ra, utf8
+from radixlang.runtime.constrained.masks.token_index import walk_rows
+from radixlang.runtime.constrained.regex import regex_ast as ra
+from radixlang.runtime.constrained.regex import utf8
 from radixlang.runtime.constrained.regex.automaton import compile_dfa
 from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge, refine
 from radixlang.runtime.constrained.regex.regex_parser import parse_regex
-from radixlang.runtime.constrained.masks.token_index import walk_rows
 
 CODE_POINTS = np.array([cp for cp in range(ra.MAX_CODE_POINT + 1) if not 0xD800 <= cp <= 0xDFFF])
 

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from radixlang.testing.workers import inspect_embeddings
 from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache
 from radixlang.runtime.engine import Engine
+from radixlang.testing.workers import inspect_embeddings
 from tests.conftest import TINY_CONFIG, tiny_weights, write_hf_folder
 
 MQA_CONFIG = TINY_CONFIG | {"num_key_value_heads": 1}  # one KV head: each of 2 ranks holds a copy

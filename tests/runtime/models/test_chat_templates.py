@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import transformers  # noqa: E402
 
 from radixlang.runtime.tokenizer import Tokenizer
 
 from .hf_tiny import write_tokenizer
-
-import transformers  # noqa: E402
 
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"

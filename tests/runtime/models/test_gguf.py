@@ -12,8 +12,8 @@ import transformers
 from safetensors.torch import save_file
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.hf_config import config_from_hf
 from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models.hf_config import config_from_hf
 from radixlang.runtime.models.rope import rope_cos_sin
 
 from .gguf_tiny import K_QUANTS, Q, gguf_tensors, write_gguf

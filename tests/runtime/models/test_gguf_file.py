@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers
 
+from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models import gguf_file, loader, weight_cache
 from radixlang.runtime.models.gguf_file import read_gguf
-from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.loader import default_model_path
 from radixlang.runtime.models.quant import Int4Linear
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import pytest
+import transformers  # noqa: E402
 
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.hf_config import config_from_hf
 
 from .hf_tiny import BASE, save_hf_model
-
-import transformers  # noqa: E402
 
 
 def saved(tmp_path, cls_name: str, **overrides) -> dict:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import transformers  # noqa: E402
 
 from radixlang.runtime.engine import Engine  # noqa: E402

@@ -13,9 +13,9 @@ from radixlang.kernels.reference import TorchAttention
 from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.memory import KVPool
+from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.deepseek import DeepseekConfig, MLAttention
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.model_loading import load_model
 
 from .test_moe_parity import build, prompts
 

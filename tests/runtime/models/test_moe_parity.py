@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import transformers
 
 from radixlang.runtime.engine import Engine

@@ -13,9 +13,9 @@ import transformers
 from torch import nn
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.gguf_blocks import read_blocks
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models import quant
+from radixlang.runtime.models.gguf_blocks import read_blocks
 from radixlang.runtime.models.quant import DENSE_MIN_ROWS, Int4Linear, Int8Linear, quantize_int4_rtn, quantize_model
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf

@@ -54,8 +54,15 @@ def sharpen(model: torch.nn.Module, seed: int) -> None:
 def save_llava(path: Path, tower: str = "clip", feature_layer: int | list[int] = -2,
                strategy: str = "default", seed: int = 0) -> torch.nn.Module:
     """Builds, sharpens and saves a LLaVA folder; returns the transformers model (fp32, eval)."""
-    from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, SiglipImageProcessorPil, SiglipVisionConfig)
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        SiglipImageProcessorPil,
+        SiglipVisionConfig,
+    )
 
     path.mkdir(parents=True, exist_ok=True)
     image_token_id = write_tokenizer(path)

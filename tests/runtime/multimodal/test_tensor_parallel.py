@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang.testing.workers import inspect_embeddings
 from radixlang.runtime.distributed.embedding_cache import BroadcastEmbeddingCache
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.multimodal.encoder import ImageEncoder
 from radixlang.runtime.multimodal.prompt import ImagePart, StepImages
+from radixlang.testing.workers import inspect_embeddings
 
 from .llava_tiny import GREEDY, IMAGE_SIZE, PATCH, PROMPT, TEXT, noise_image
 

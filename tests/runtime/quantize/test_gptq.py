@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang.runtime.quantize.gptq import GPTQSpec, dampened_hessian, group_params, gptq_quantize, rtn_quantize
+from radixlang.runtime.quantize.gptq import GPTQSpec, dampened_hessian, gptq_quantize, group_params, rtn_quantize
 
 
 def correlated_inputs(rows: int, k: int, seed: int) -> torch.Tensor:

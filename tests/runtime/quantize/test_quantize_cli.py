@@ -11,9 +11,13 @@ import transformers
 from safetensors.torch import load_file
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.checkpoint_quant import (ConcatOutputs, PermutedInput, dequantized_weights,
-                                                       parse_quant_config)
 from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models.checkpoint_quant import (
+    ConcatOutputs,
+    PermutedInput,
+    dequantized_weights,
+    parse_quant_config,
+)
 from radixlang.runtime.models.quant import Int4Linear
 from radixlang.runtime.models.w8a8 import W8A8Linear
 from radixlang.server.cli import main

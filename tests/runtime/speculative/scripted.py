@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from radixlang.runtime.draft_tree import DraftTree
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.pacing import Pacing
-from radixlang.runtime.draft_tree import DraftTree
 
 
 class ScriptedDrafter:

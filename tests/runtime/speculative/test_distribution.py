@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from radixlang.runtime import output_processor
-from radixlang.runtime.request import Req
 from radixlang.runtime.draft_tree import DraftTree
-
-from .scripted import ScriptedDrafter, draft_every_step
+from radixlang.runtime.request import Req
 
 from ...conftest import TINY_CONFIG, tiny_weights
 from ..models.test_llama import dense_logits
+from .scripted import ScriptedDrafter, draft_every_step
 
 TOP_K = 3  # a small effective vocabulary: 27 joint cells for three tokens
 SAMPLES = int(os.environ.get("SPEC_SAMPLES", 2000))

@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from radixlang.runtime.config import SPEC_VERIFY_OVERHEAD, EngineConfig
-from radixlang.runtime.speculative.pacing import Pacing
 from radixlang.runtime.draft_tree import best_nodes, subtree
+from radixlang.runtime.speculative.pacing import Pacing
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder
 from ..models.test_llama import dense_logits
 from .scripted import draft_every_step
-from .test_speculative_engine import (GREEDY, PROMPTS, SAMPLED, Harness, assert_same, bare_req,  # noqa: F401
-                                      plain_outputs)
+from .test_speculative_engine import GREEDY, PROMPTS, SAMPLED, Harness, assert_same, bare_req, plain_outputs  # noqa: F401
 
 SELF = {"speculative_algorithm": "SELF", "speculative_draft_layers": 1}
 DRAFT_CONFIG = {**TINY_CONFIG, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64}

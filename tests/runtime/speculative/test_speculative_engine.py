@@ -10,14 +10,13 @@ from collections import defaultdict
 import pytest
 import torch
 
-from radixlang.runtime.validation import check_params, parse_params
 from radixlang.runtime import output_processor
 from radixlang.runtime.config import EngineConfig
-from radixlang.runtime.engine import create_scheduler
-from radixlang.runtime.request import Req
-from radixlang.runtime.engine import create_req
-from radixlang.runtime.speculative.drafter import NgramDrafter
 from radixlang.runtime.draft_tree import DraftTree
+from radixlang.runtime.engine import create_req, create_scheduler
+from radixlang.runtime.request import Req
+from radixlang.runtime.speculative.drafter import NgramDrafter
+from radixlang.runtime.validation import check_params, parse_params
 
 from .scripted import ScriptedDrafter
 
