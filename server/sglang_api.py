@@ -105,7 +105,9 @@ async def health_generate(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.api_route("/start_profile", methods=["GET", "POST"], responses=error_responses(400, 422))
+# GET and POST, as SGLang takes both; one operation id each, so the OpenAPI spec has no duplicates
+@router.get("/start_profile", operation_id="start_profile_get", responses=error_responses(400, 422))
+@router.post("/start_profile", operation_id="start_profile", responses=error_responses(400, 422))
 async def start_profile(request: Request, body: ProfileRequest | None = Body(None)) -> PlainTextResponse:
     """SGLang's: torch.profiler over the scheduler's steps until /stop_profile (or num_steps steps)."""
     body = body or ProfileRequest()
@@ -116,7 +118,8 @@ async def start_profile(request: Request, body: ProfileRequest | None = Body(Non
     return PlainTextResponse(f"Start profiling. The trace will be written to {path}\n")
 
 
-@router.api_route("/stop_profile", methods=["GET", "POST"], responses=error_responses(400))
+@router.get("/stop_profile", operation_id="stop_profile_get", responses=error_responses(400))
+@router.post("/stop_profile", operation_id="stop_profile", responses=error_responses(400))
 async def stop_profile(request: Request) -> PlainTextResponse:
     path = await _profiler_call(request, server_state(request).engine.stop_profile)
     return PlainTextResponse(f"Stop profiling. The trace was written to {path}\n")
