@@ -33,14 +33,21 @@ SLOW_PATHS = (
     "tests/runtime/models/test_moe_parity.py",  # transformers parity, as test_hf_parity
     "tests/runtime/models/test_moe_gguf.py",  # transformers parity of MoE GGUF files
     "tests/server/test_router.py",  # router and worker processes
+    "tests/runtime/speculative/test_distribution.py",  # sampling statistics: thousands of draws per case
 )
+
+
+def _runs_triton(item: pytest.Item) -> bool:
+    """A case parametrized onto the Triton backend (it runs in the interpreter on CPU)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "triton" in map(str, callspec.params.values())
 
 
 def pytest_collection_modifyitems(config, items):
     root = Path(str(config.rootpath))
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
-        if (path.startswith(SLOW_PATHS) or item.get_closest_marker("e2e")
+        if (path.startswith(SLOW_PATHS) or item.get_closest_marker("e2e") or _runs_triton(item)
                 or "smollm_engine" in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
