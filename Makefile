@@ -33,7 +33,9 @@ typecheck: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
+# one pytest worker per core (pytest-xdist): the fast tier is mostly single-threaded Python (automata, grammars,
+# the scheduler); tests/conftest.py gives each worker its share of torch's threads
 test-fast: lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n auto
 
 .PHONY: install demo lint typecheck test test-fast

@@ -12,6 +12,9 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU-only machine (CI)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test-fast` runs one worker per core: give each its share,
+    # so that torch's threads do not oversubscribe the cores (spinning OpenMP threads would then wait on each other)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder of this session, not ~/.cache
     os.environ["RADIXLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixlang-test-cache-")
     atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
@@ -34,6 +37,7 @@ SLOW_PATHS = (
     "tests/runtime/models/test_moe_gguf.py",  # transformers parity of MoE GGUF files
     "tests/server/test_router.py",  # router and worker processes
     "tests/runtime/speculative/test_distribution.py",  # sampling statistics: thousands of draws per case
+    "tests/test_main.py",  # `python -m radixlang` in subprocesses, as the CLI tests
 )
 
 

@@ -75,6 +75,8 @@ def apply(s, plan, topic, city):
 
 def outcome(state):
     if state.error() is not None:
+        if isinstance(state.error(), TypeError):  # eagerly, Python's own `str + list` raises it, in Python's words:
+            return ("error", "TypeError")  # the interpreter says the same in ours ("... holds a list")
         return ("error", type(state.error()).__name__, str(state.error()))
     return state.text(), dict(state._core.vars), state.messages()
 
