@@ -123,7 +123,8 @@ class EngineConfig:
     speculative_ngram_capacity: int = 200_000  # nodes of the trie shared by recent requests; 0: no sharing
 
     @classmethod
-    def from_options(cls, model: str | None = None, **options: Any) -> "EngineConfig":
+    def from_options(cls, model: str | None = None,
+                     **options: Any) -> "EngineConfig":  # noqa: ANN401 - the fields, each of its own type
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:

@@ -7,7 +7,9 @@ verified token, the root). Parents come before children, so any prefix of the no
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, TypeVar
+
+S = TypeVar("S")  # a constraint's state: whatever its `advance` takes and returns
 
 JUMP_FORWARD = "jump_forward"  # a constraint's forced string: a one-branch draft
 DRAFTER = "drafter"  # the speculative drafter (n-gram or draft model)
@@ -59,8 +61,8 @@ def paths(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def constraint_states(start: Any, advance: Callable[[Any, int], Any | None], tokens: list[int],
-                      parents: list[int]) -> list[Any]:
+def constraint_states(start: S, advance: Callable[[S, int], S | None], tokens: list[int],
+                      parents: list[int]) -> list[S]:
     """The constraint state at the root and after each node (every node must follow the constraint)."""
     states = [start]
     for token, p in zip(tokens, parents):
@@ -85,8 +87,8 @@ def prune(tree: DraftTree, keep: Callable[[int, int], bool]) -> DraftTree:
     return DraftTree(tokens, parents)
 
 
-def allowed_tree(tree: DraftTree, stop_ids: frozenset[int], start: Any,
-                 advance: Callable[[Any, int], Any | None] | None) -> DraftTree:
+def allowed_tree(tree: DraftTree, stop_ids: frozenset[int], start: S,
+                 advance: Callable[[S, int], S | None] | None) -> DraftTree:
     """`tree` without nodes under a stop token nor, given a constraint (its state at the root and its
     `advance`), nodes that the constraint forbids: what verification could never accept."""
     kept: list[int] = []  # new index -> old index

@@ -7,7 +7,7 @@ import queue
 import random
 import threading
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence, TypedDict, TypeVar
 
 import torch
 
@@ -32,11 +32,27 @@ from .tokenizer import Tokenizer
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
+
 # re-exported: callers imported these from here before the engine was split
 __all__ = ["Collector", "Completion", "CompletionMeta", "Engine", "EngineParts", "collecting_sink",
            "create_scheduler", "kv_pool_size", "sample_rids"]
 T = TypeVar("T")
 Sink = Callable[[StreamChunk], None]
+
+
+class PrepareOptions(TypedDict, total=False):
+    """`prepare`'s keyword arguments, as the generate and stream forms pass them on (mypy checks each
+    against `prepare`'s signature where they are passed)."""
+
+    input_ids: InputIds
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    rid: str | Sequence[str] | None
+    image_data: object
+    cache_key: str | Retention | None
 
 
 def _resolve(future: asyncio.Future[T], value: T) -> None:
@@ -89,7 +105,8 @@ def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenize
 
 
 class Engine:
-    def __init__(self, model: str | None = None, **options: Any):
+    def __init__(self, model: str | None = None,
+                 **options: Any):  # noqa: ANN401 - EngineConfig's fields, each of its own type (checked there)
         self.config = cfg = EngineConfig.from_options(model, **options)
         parts = create_scheduler(cfg)
         self.core, self.tokenizer, self.model_name = parts.core, parts.tokenizer, parts.model_name
@@ -113,7 +130,7 @@ class Engine:
     # ---- the one way in ---------------------------------------------------------------------------
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                rid: str | Sequence[str] | None = None, image_data: Any = None,
+                rid: str | Sequence[str] | None = None, image_data: object = None,
                 cache_key: str | Retention | None = None) -> SubmissionBatch:
         """Validates one call (ValueError / TypeError naming the field) into its Submissions: one per
         prompt and sample, prompt-major. `image_data`: a vision model's images (paths, bytes, data URLs,
@@ -156,11 +173,11 @@ class Engine:
 
         for i, s in enumerate(subs):
             self.submit(s, collecting_sink(s.return_logprob, put(i)))
-        results: list[Completion | None] = [None] * len(subs)
+        results: dict[int, Completion] = {}
         for _ in subs:
             i, completion = done.get()
             results[i] = completion
-        return results  # type: ignore[return-value]
+        return [results[i] for i in range(len(subs))]
 
     def chunks(self, sub: Submission) -> Iterator[StreamChunk]:
         """One request's chunks as they are decided; closing the iterator early aborts the request."""
@@ -219,37 +236,37 @@ class Engine:
                 self.abort(subs[i].rid)
 
     # ---- the generate forms: prepare, then run ----------------------------------------------------
-    def generate(self, prompt: Prompts = None, sampling_params: SamplingArg = None, **options: Any
-                 ) -> Completion | list[Completion]:
+    def generate(self, prompt: Prompts = None, sampling_params: SamplingArg = None,
+                 **options: Unpack[PrepareOptions]) -> Completion | list[Completion]:
         """Blocking generation (`prepare`'s arguments). One prompt (n=1) gives a Completion; otherwise a
         list, prompt-major."""
         batch = self.prepare(prompt, sampling_params, **options)
         return _unwrap(batch, self.run(batch))
 
     async def async_generate(self, prompt: Prompts = None, sampling_params: SamplingArg = None,
-                             **options: Any) -> Completion | list[Completion]:
+                             **options: Unpack[PrepareOptions]) -> Completion | list[Completion]:
         batch = self.prepare(prompt, sampling_params, **options)
         return _unwrap(batch, await self.async_run(batch))
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingArg = None,
-               **options: Any) -> Iterator[StreamChunk]:
+               **options: Unpack[PrepareOptions]) -> Iterator[StreamChunk]:
         """Yields one prompt's text as it is decided; closing the iterator early aborts the request."""
         return self.chunks(self._one(prompt, sampling_params, options))
 
     async def async_stream(self, prompt: str | None = None, sampling_params: SamplingArg = None,
-                           **options: Any) -> AsyncIterator[StreamChunk]:
+                           **options: Unpack[PrepareOptions]) -> AsyncIterator[StreamChunk]:
         """Async `stream`; cancelling or closing it aborts the request and frees its KV."""
         batch = SubmissionBatch([self._one(prompt, sampling_params, options)], [], True)
         async for _, chunk in self.async_chunks(batch):
             yield chunk
 
     def async_stream_batch(self, prompt: Prompts = None, sampling_params: SamplingArg = None,
-                           **options: Any) -> AsyncGenerator[tuple[int, StreamChunk], None]:
+                           **options: Unpack[PrepareOptions]) -> AsyncGenerator[tuple[int, StreamChunk], None]:
         """Streams every prompt and sample at once as (index, chunk), indexed prompt-major like
         `generate`'s list. Validates on the call (ValueError before anything runs)."""
         return self.async_chunks(self.prepare(prompt, sampling_params, **options))
 
-    def _one(self, prompt: str | None, sampling_params: SamplingArg, options: dict[str, Any]) -> Submission:
+    def _one(self, prompt: str | None, sampling_params: SamplingArg, options: PrepareOptions) -> Submission:
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError("stream takes a single prompt string")
         batch = self.prepare(prompt, sampling_params, **options)

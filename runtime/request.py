@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Hashable, Protocol, TypeVar
+
+import numpy as np
 
 from .detokenizer import IncrementalDetokenizer
 from .draft_tree import Draft
@@ -34,18 +36,29 @@ if TYPE_CHECKING:
     from .submission import Retention
 
 
-class ConstraintCursor(Protocol):
+S = TypeVar("S", bound=Hashable)  # a constraint's state (an automaton's: each constraint has its own kind)
+
+
+class ConstraintStep(Protocol[S]):
+    """The compiled constraint (constrained/matcher.Constraint), as drafts are checked against it."""
+
+    def advance(self, state: S, token_id: int) -> S | None: ...
+
+
+class ConstraintCursor(Protocol[S]):
     """A request's position in its constraint (constrained/matcher.Matcher): what the step loop asks."""
 
-    constraint: Any  # the compiled constraint (constrained/matcher.Constraint): advance(state, token)
     end_ids: tuple[int, ...]  # EOS ids that may end the output where the constraint can end
 
     @property
-    def state(self) -> Any: ...
+    def constraint(self) -> ConstraintStep[S]: ...
 
-    def mask_words(self, state: Any) -> Any: ...
+    @property
+    def state(self) -> S: ...
 
-    def is_complete(self, state: Any = None) -> bool: ...
+    def mask_words(self, state: S) -> np.ndarray: ...
+
+    def is_complete(self, state: S | None = None) -> bool: ...
 
     def advance(self, token_id: int) -> bool: ...
 

@@ -36,7 +36,7 @@ class Rule:
     hi_ids: str | None = None  # bias: the keys are token ids below this limit
 
 
-def _field(default: Any, rule: Rule) -> Any:
+def _field(default: object, rule: Rule) -> Any:  # noqa: ANN401 - a Field posing as the default, as field()'s
     """A field with its rule; a list default is a fresh list per instance."""
     if isinstance(default, list):
         return field(default_factory=list, metadata={"rule": rule})

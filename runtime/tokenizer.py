@@ -62,8 +62,8 @@ def _render_env() -> jinja2.Environment:
     def raise_exception(message: str) -> None:
         raise ValueError(f"chat template error: {message}")
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env.globals["raise_exception"] = raise_exception
@@ -208,7 +208,7 @@ class Tokenizer:
     # ---- chat ------------------------------------------------------------------------------
     def apply_chat_template(
         self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-        image_placeholder: str | None = None, **kwargs: Any
+        image_placeholder: str | None = None, **kwargs: object
     ) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass a plain prompt instead")
@@ -228,7 +228,7 @@ class Tokenizer:
 
 
 def render_chat_template(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                         image_placeholder: str | None = None, **kwargs: Any) -> str:
+                         image_placeholder: str | None = None, **kwargs: object) -> str:
     """Renders a Jinja chat template (HF conventions) in a sandbox; also used without a Tokenizer.
 
     A message's content is a string or a list of OpenAI-style parts (`{"type": "text", "text"}`,
@@ -251,7 +251,7 @@ _PROBE = "\ue000radixlang-probe\ue001"
 def _reads_content_parts(template: str) -> bool:
     """Whether the template drops string content but renders a text part's: it reads content as a list
     of parts (judged by rendering, as vLLM's content-format detection does)."""
-    def renders(content: Any) -> bool:
+    def renders(content: object) -> bool:
         try:
             text = _compiled_template(template).render(messages=[{"role": "user", "content": content}],
                                                        add_generation_prompt=False)
@@ -262,7 +262,8 @@ def _reads_content_parts(template: str) -> bool:
     return not renders(_PROBE) and renders([{"type": "text", "text": _PROBE}])
 
 
-def _shaped_content(content: Any, as_parts: bool, image_placeholder: str | None) -> Any:
+def _shaped_content(content: str | list[dict[str, Any]] | None, as_parts: bool,
+                    image_placeholder: str | None) -> str | list[dict[str, Any]] | None:
     if content is None or isinstance(content, str):
         return [{"type": "text", "text": content}] if as_parts and content else content
     if as_parts:
@@ -311,7 +312,7 @@ def _sentencepiece_bytes(tok: str) -> bytes:
     return tok.replace("\u2581", " ").encode()
 
 
-def _token_content(tok: Any) -> str | None:
+def _token_content(tok: str | dict[str, Any] | None) -> str | None:
     return tok.get("content") if isinstance(tok, dict) else tok
 
 

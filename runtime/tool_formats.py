@@ -130,15 +130,15 @@ def parse_tool_calls(fmt: ToolFormat, text: str) -> ParsedCalls:
         except json.JSONDecodeError:
             return ParsedCalls(content if calls else text, calls, invalid=True)
         items = value if fmt.array and isinstance(value, list) else [value]
-        read = [_call(fmt, item) for item in items]
-        if not read or any(c is None for c in read):
+        read = [c for c in (_call(fmt, item) for item in items) if c is not None]
+        if not read or len(read) != len(items):
             return ParsedCalls(content if calls else text, calls, invalid=True)
-        calls.extend(read)  # type: ignore[arg-type]
+        calls.extend(read)
         pos = text.find(fmt.trigger, end)
     return ParsedCalls(content, calls)
 
 
-def _call(fmt: ToolFormat, item: Any) -> ToolCall | None:
+def _call(fmt: ToolFormat, item: object) -> ToolCall | None:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
     args = item.get(fmt.args_key, item.get("arguments"))

@@ -9,7 +9,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeGuard
 
 from .config import MAX_STOP_REGEX_LEN
 from .sampling_params import ALIASES, CONSTRAINT_FIELDS, RULES, UNSUPPORTED, Rule, SamplingParams
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # types only: checking a request needs no torch (lang checks 
 SamplingArg = SamplingParams | Mapping[str, Any] | None
 Prompts = str | Sequence[str] | None
 InputIds = Sequence[int] | Sequence[Sequence[int]] | None
+Bound = float | str  # a range's end: a number, or (a limit not known yet) the limit's name as the caller spells it
 
 
 @dataclass
@@ -43,7 +44,7 @@ class RequestValidator:
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
               rid: str | Sequence[str] | None = None, retain: Retention | str | None = None,
               names: Mapping[str, str] | None = None,
-              image_data: Any = None) -> SubmissionBatch:  # noqa: ANN401 - paths, bytes, data URLs or PIL images
+              image_data: object = None) -> SubmissionBatch:
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
@@ -72,7 +73,7 @@ class RequestValidator:
                                        starts[i], top_logprobs_num, constraint, images[i], retain))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
 
-    def _images(self, prompts: list[list[int]], image_data: Any,
+    def _images(self, prompts: list[list[int]], image_data: object,
                 logprob_start_len: int) -> tuple[list[list[ImageSpan]], list[int]]:
         """Expands each prompt's image placeholders into spans (in place); returns the spans and each
         prompt's logprob_start_len in the expanded prompt. `image_data`: images of one prompt, or one
@@ -102,6 +103,7 @@ class RequestValidator:
         else:
             assert input_ids is not None
             single = bool(input_ids) and not isinstance(input_ids[0], (list, tuple))
+            # the first item told the shape, which the static union cannot follow: ids, or rows of them
             batch = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
         if not batch:
             raise ValueError("no prompts given")
@@ -150,14 +152,16 @@ class RequestValidator:
                 for s in seen.values()]
 
 
-def images_per_prompt(image_data: Any, num_prompts: int) -> list[list[Any]]:
+def images_per_prompt(image_data: object, num_prompts: int) -> list[list[object]]:
     """One list of image sources per prompt, from one prompt's list (or one image) or a list of lists."""
-    nested = isinstance(image_data, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in image_data)
+    items = list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]
+    lists = [list(x) for x in items if isinstance(x, (list, tuple))]
+    nested = isinstance(image_data, (list, tuple)) and len(lists) == len(items)
     if num_prompts == 1 and not nested:
-        return [list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]]
-    if not nested or len(image_data) != num_prompts:
+        return [items]
+    if not nested or len(lists) != num_prompts:
         raise ValueError(f"image_data must hold one list of images per prompt ({num_prompts})")
-    return [list(x) for x in image_data]
+    return lists
 
 
 def _sample_params(params: SamplingParams, j: int) -> SamplingParams:
@@ -230,7 +234,7 @@ def check_fields(values: Mapping[str, Any], *, vocab_size: int | None = None, co
         lo, hi = (_bound(b, limits, names) for b in (rule.lo, rule.hi))
         if rule.kind == "bias":
             vocab = _bound(rule.hi_ids if rule.hi_ids is not None else math.inf, limits, names)
-            _check_bias(label, value, lo, hi, vocab)
+            _check_bias(label, value, rule, lo, hi, vocab)
         elif rule.kind == "unsupported":
             _check_unsupported(name, label, value)
         else:
@@ -241,7 +245,7 @@ def check_fields(values: Mapping[str, Any], *, vocab_size: int | None = None, co
         raise FieldError(spelled[1], f"{' and '.join(spelled)} are exclusive: use at most one")
 
 
-def _bound(bound: float | str, limits: Mapping[str, Any], names: Mapping[str, str]) -> float | str:
+def _bound(bound: Bound, limits: Mapping[str, Any], names: Mapping[str, str]) -> Bound:
     """A numeric bound, a known limit's value, or (unknown yet) the limit's name as the caller spells it."""
     if not isinstance(bound, str):
         return bound
@@ -249,27 +253,27 @@ def _bound(bound: float | str, limits: Mapping[str, Any], names: Mapping[str, st
     return names.get(bound, bound) if value is None else value
 
 
-def _in_range(value: float, rule: Rule, lo: float | str, hi: float | str) -> bool:
+def _in_range(value: float, rule: Rule, lo: Bound, hi: Bound) -> bool:
     above = isinstance(lo, str) or (value > lo if rule.lo_open else value >= lo)
     return above and (isinstance(hi, str) or value <= hi)
 
 
-def _range_error(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> FieldError:
+def _range_error(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> FieldError:
     return FieldError(label, f"{label} must be in {'(' if rule.lo_open else '['}{lo}, {hi}], got {value}")
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _check_int(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
     if not _is_int(value):
         raise FieldError(label, f"{label} must be an integer, got {value!r}")
     if not _in_range(value, rule, lo, hi):
         raise _range_error(label, value, rule, lo, hi)
 
 
-def _check_float(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _check_float(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise FieldError(label, f"{label} must be a number, got {value!r}")
     if not math.isfinite(value):
@@ -278,42 +282,39 @@ def _check_float(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
         raise _range_error(label, value, rule, lo, hi)
 
 
-def _check_bool(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _check_bool(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
     if not isinstance(value, bool):
         raise FieldError(label, f"{label} must be a boolean, got {value!r}")
 
 
-def _check_seed(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
-    if value is not None and not _is_int(value):
-        raise FieldError(label, f"{label} must be an integer, got {value!r}")
-    if value is not None and not _in_range(value, rule, lo, hi):
-        raise _range_error(label, value, rule, lo, hi)
+def _check_strings(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
+    _strings(label, value)
 
 
-def _check_strings(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _strings(label: str, value: object) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
         raise FieldError(label, f"{label} must be a non-empty string or a list of them, got {value!r}")
+    return value
 
 
-def _check_token_ids(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
-    known = not isinstance(hi, str)
-    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t and (not known or t < hi) for t in value):
+def _check_token_ids(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
+    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t and (isinstance(hi, str) or t < hi)
+                                              for t in value):
         raise FieldError(label, f"{label} must be token ids in [0, {hi}), got {value!r}")
 
 
-def _check_text(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _check_text(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
     if value is not None and not isinstance(value, str):
         raise FieldError(label, f"{label} must be a string, got {type(value).__name__}")
 
 
-def _check_optional_int(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _check_optional_int(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
     if value is not None:
         _check_int(label, value, rule, lo, hi)
 
 
-def _check_regexes(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
-    _check_strings(label, value, rule, lo, hi)
-    for pattern in value:
+def _check_regexes(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
+    for pattern in _strings(label, value):
         if len(pattern.encode()) > MAX_STOP_REGEX_LEN:
             raise FieldError(label, f"{label}: a pattern may be at most {MAX_STOP_REGEX_LEN} bytes, got "
                                     f"{len(pattern.encode())}")
@@ -325,7 +326,7 @@ def _check_regexes(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None
             raise FieldError(label, f"{label}: {pattern!r} matches the empty string, so it would stop at once")
 
 
-def _check_bias(label: str, value: Any, lo: Any, hi: Any, vocab: Any) -> None:
+def _check_bias(label: str, value: object, rule: Rule, lo: Bound, hi: Bound, vocab: Bound) -> None:
     """OpenAI's and SGLang's logit_bias: {"token id": bias}, each bias in [lo, hi]."""
     if value is None:
         return
@@ -335,22 +336,22 @@ def _check_bias(label: str, value: Any, lo: Any, hi: Any, vocab: Any) -> None:
         token = int(key) if isinstance(key, str) and key.isdigit() else key if _is_int(key) else None
         if token is None or (not isinstance(vocab, str) and not 0 <= token < vocab):
             raise FieldError(label, f"{label} keys must be token ids in [0, {vocab}), got {key!r}")
-        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not lo <= bias <= hi:
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not _in_range(bias, rule, lo, hi):
             raise FieldError(label, f"{label}[{key!r}] must be a number in [{lo}, {hi}], got {bias!r}")
 
 
-def _check_json_object(label: str, value: Any, rule: Rule, lo: Any, hi: Any) -> None:
+def _check_json_object(label: str, value: object, rule: Rule, lo: Bound, hi: Bound) -> None:
     if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
         raise FieldError(label, f"{label} must be a JSON object, got {type(value).__name__}")
 
 
-def _check_unsupported(name: str, label: str, value: Any) -> None:
+def _check_unsupported(name: str, label: str, value: object) -> None:
     allowed, reason = UNSUPPORTED[name]
     if not any(value is a or (a is not None and value == a and _is_int(value)) for a in allowed):
         raise FieldError(label, f"{label}={value!r}: {reason}")
 
 
 _CHECKS = {"int": _check_int, "optional_int": _check_optional_int, "regexes": _check_regexes,
-           "json_object": _check_json_object, "float": _check_float, "bool": _check_bool, "seed": _check_seed,
+           "json_object": _check_json_object, "float": _check_float, "bool": _check_bool, "seed": _check_optional_int,
            "strings": _check_strings, "token_ids": _check_token_ids, "text": _check_text,
            "any": lambda *_: None}

@@ -4,14 +4,21 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
 from .ebnf import parse_ebnf
 from .grammar.constraint import GrammarConstraint
 from .grammar.lalr import build_lark
 from .grammar.rule_grammar import rules_grammar
-from .jsonschema.json_schema import JsonGrammar, compile_json_schema, relaxed_keywords, schema_to_dict, whitespace_node
+from .jsonschema.json_schema import (
+    JsonGrammar,
+    Relaxed,
+    compile_json_schema,
+    relaxed_keywords,
+    schema_to_dict,
+    whitespace_node,
+)
 from .marker_tokens import with_marker_tokens
 from .masks.vocab import TokenVocab
 from .matcher import Constraint, RegexConstraint
@@ -26,7 +33,7 @@ class ConstraintCompiler:
     """Compiles regex / JSON schema / Lark / EBNF constraints against one vocabulary; thread-safe."""
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
-                 cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Any = ()):
+                 cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Relaxed = ()):
         whitespace_node(json_whitespace)  # a bad pattern fails here, when the engine starts
         self.json_relaxed = relaxed_keywords(json_relaxed)
         self._make_vocab = make_vocab
@@ -44,16 +51,17 @@ class ConstraintCompiler:
                 self._vocab = self._make_vocab()
             return self._vocab
 
-    def compile(self, kind: str, spec: Any) -> Constraint:
+    def compile(self, kind: str, spec: object) -> Constraint:
         """`kind` is 'regex', 'json_schema', 'grammar', 'ebnf' or 'structural_tag'. Raises ValueError for a bad spec."""
-        key = (kind, _cache_text(kind, spec))
+        text = _cache_text(kind, spec)
+        key = (kind, text)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
         with collector_paused(), caching(self._dfas):
-            constraint = self._build(kind, spec)
+            constraint = self._build(kind, spec, text)
             start = constraint.initial()
             if not constraint.can_end(start) and not constraint.allowed(start).any():
                 raise ValueError(f"{kind} matches no text that the vocabulary can spell")
@@ -63,14 +71,15 @@ class ConstraintCompiler:
                 self._cache.popitem(last=False)
         return constraint
 
-    def _build(self, kind: str, spec: Any) -> Constraint:
+    def _build(self, kind: str, spec: object, text: str) -> Constraint:
+        """`text`: the spec's cache text, which for a regex or grammar is the spec itself."""
         vocab = self.vocab
         if kind == "regex":
-            return RegexConstraint(compile_dfa([parse_regex(spec)]), vocab)
+            return RegexConstraint(compile_dfa([parse_regex(text)]), vocab)
         if kind == "grammar":
-            return GrammarConstraint(build_lark(spec), vocab)
+            return GrammarConstraint(build_lark(text), vocab)
         if kind == "ebnf":
-            ebnf = parse_ebnf(spec)
+            ebnf = parse_ebnf(text)
             if not ebnf.rules:  # a regular grammar: one DFA
                 return RegexConstraint(compile_dfa([ebnf.root]), vocab)
             return GrammarConstraint(rules_grammar(ebnf.root, ebnf.rules, "ebnf"), vocab)
@@ -91,7 +100,7 @@ def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
     return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
 
 
-def _cache_text(kind: str, spec: Any) -> str:
+def _cache_text(kind: str, spec: object) -> str:
     if kind == "json_schema":
         return json.dumps(schema_to_dict(spec))  # key order is property order: it matters
     if kind == "structural_tag":

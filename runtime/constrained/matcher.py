@@ -8,7 +8,7 @@ output may end.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Protocol
+from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
 import numpy as np
 
@@ -17,17 +17,19 @@ from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
 
+S = TypeVar("S", bound=Hashable)  # a constraint's state: each kind of constraint has its own
 
-class Constraint(Protocol):
+
+class Constraint(Protocol[S]):
     vocab: TokenVocab
 
-    def initial(self) -> Hashable: ...
-    def advance(self, state: Any, token_id: int) -> Any | None: ...
-    def advance_bytes(self, state: Any, data: bytes) -> Any | None: ...
-    def allowed(self, state: Any) -> np.ndarray: ...  # fresh bool [vocab.size], EOS excluded
-    def allowed_bits(self, state: Any) -> np.ndarray: ...  # the same as shared little-endian bits (uint8)
-    def can_end(self, state: Any) -> bool: ...
-    def forced_bytes(self, state: Any, limit: int) -> bytes: ...
+    def initial(self) -> S: ...
+    def advance(self, state: S, token_id: int) -> S | None: ...
+    def advance_bytes(self, state: S, data: bytes) -> S | None: ...
+    def allowed(self, state: S) -> np.ndarray: ...  # fresh bool [vocab.size], EOS excluded
+    def allowed_bits(self, state: S) -> np.ndarray: ...  # the same as shared little-endian bits (uint8)
+    def can_end(self, state: S) -> bool: ...
+    def forced_bytes(self, state: S, limit: int) -> bytes: ...
 
 
 class MaskCache:
@@ -99,20 +101,20 @@ class RegexConstraint:
         return bytes(out)
 
 
-class Matcher:
+class Matcher(Generic[S]):
     """One request's position in a constraint (a state per consumed token)."""
 
-    def __init__(self, constraint: Constraint, end_ids: tuple[int, ...]):
+    def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...]):
         self.constraint = constraint
         self.end_ids = end_ids
-        self.states: list[Any] = [constraint.initial()]
+        self.states: list[S] = [constraint.initial()]
         self._complete: dict[Hashable, bool] = {}  # is_complete per state: it needs the whole mask
 
     @property
-    def state(self) -> Any:
+    def state(self) -> S:
         return self.states[-1]
 
-    def mask_words(self, state: Any) -> np.ndarray:
+    def mask_words(self, state: S) -> np.ndarray:
         """Which tokens may come next (EOS only where the output may end), as one row of the step's
         bitmask: int32 words, bit i of word w allowing token 32w + i. Built from the stored bits
         (little-endian bytes are those words' bytes), never unpacked."""
@@ -124,7 +126,7 @@ class Matcher:
                 words[t >> 3] |= 1 << (t & 7)
         return words.view("<i4")
 
-    def is_complete(self, state: Any = None) -> bool:
+    def is_complete(self, state: S | None = None) -> bool:
         """The output may end here and no token but EOS may follow."""
         state = self.state if state is None else state
         done = self._complete.get(state)
@@ -133,7 +135,7 @@ class Matcher:
                 self.constraint.can_end(state) and not self.constraint.allowed_bits(state).any())
         return done
 
-    def lookahead(self, tokens: list[int]) -> list[Any]:
+    def lookahead(self, tokens: list[int]) -> list[S]:
         """The states after each prefix of `tokens` (len(tokens) + 1 of them), without consuming any;
         the tokens must follow the constraint (a jump-forward draft does)."""
         states = [self.state]
@@ -145,15 +147,15 @@ class Matcher:
 
     def advance(self, token_id: int) -> bool:
         """Consumes one token; False (state unchanged) if the constraint does not allow it."""
+        nxt: S | None
         if token_id in self.end_ids:
-            ok = self.constraint.can_end(self.state)
-            nxt = self.state
+            nxt = self.state if self.constraint.can_end(self.state) else None
         else:
             nxt = self.constraint.advance(self.state, token_id)
-            ok = nxt is not None
-        if ok:
-            self.states.append(nxt)
-        return ok
+        if nxt is None:
+            return False
+        self.states.append(nxt)
+        return True
 
     def forced_bytes(self) -> bytes:
         """The unique continuation, if the constraint admits exactly one for a while ('' if none)."""

@@ -23,9 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from .jsonschema.json_schema import JsonGrammar, compile_json_schema, schema_to_dict
+from .jsonschema.json_schema import JsonGrammar, Relaxed, compile_json_schema, schema_to_dict
 from .regex import regex_ast as ra
 from .regex.automaton import difference
 
@@ -37,7 +36,7 @@ FIELD = "structural_tag"
 @dataclass(frozen=True, slots=True)
 class Tag:
     begin: str
-    schema: Any  # a JSON schema (dict or bool)
+    schema: dict | bool  # a JSON schema
     end: str
 
 
@@ -54,7 +53,7 @@ class StructuralTag:
         return json.dumps(dataclasses.asdict(self))  # in order: a schema's property order matters
 
 
-def parse_structural_tag(spec: Any) -> StructuralTag:
+def parse_structural_tag(spec: object) -> StructuralTag:
     """A structural tag from a dict or JSON string in either spelling; ValueError names the bad field."""
     if isinstance(spec, StructuralTag):
         return spec
@@ -78,7 +77,7 @@ def parse_structural_tag(spec: Any) -> StructuralTag:
     return _checked(StructuralTag(tags, triggers), FIELD)
 
 
-def _parse_format(fmt: Any, where: str) -> StructuralTag:
+def _parse_format(fmt: object, where: str) -> StructuralTag:
     if not isinstance(fmt, dict) or fmt.get("type") not in ("triggered_tags", "tags_with_separator"):
         raise ValueError(f"{where}.type must be 'triggered_tags' or 'tags_with_separator'")
     triggered = fmt["type"] == "triggered_tags"
@@ -99,7 +98,7 @@ def _parse_format(fmt: Any, where: str) -> StructuralTag:
     return _checked(StructuralTag(tags, None, separator, **flags), where)
 
 
-def _legacy_tag(s: Any, where: str) -> Tag:
+def _legacy_tag(s: object, where: str) -> Tag:
     if not isinstance(s, dict):
         raise ValueError(f"{where} must be an object with begin, schema and end")
     _only(s, {"begin", "schema", "end"}, where)
@@ -107,7 +106,7 @@ def _legacy_tag(s: Any, where: str) -> Tag:
                _text(s.get("end", ""), f"{where}.end", empty=True))
 
 
-def _format_tag(t: Any, where: str) -> Tag:
+def _format_tag(t: object, where: str) -> Tag:
     if not isinstance(t, dict) or t.get("type", "tag") != "tag":
         raise ValueError(f"{where} must be an object of type 'tag'")
     _only(t, {"type", "begin", "content", "end"}, where)
@@ -136,20 +135,20 @@ def _only(obj: dict, allowed: set[str], where: str) -> None:
         raise ValueError(f"{where} has unknown field(s) {unknown}; allowed: {sorted(allowed)}")
 
 
-def _list(value: Any, where: str) -> list:
+def _list(value: object, where: str) -> list:
     if not isinstance(value, list):
         raise ValueError(f"{where} must be a list")
     return value
 
 
-def _text(value: Any, where: str, empty: bool = False) -> str:
+def _text(value: object, where: str, empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not empty):
         raise ValueError(f"{where} must be a {'' if empty else 'non-empty '}string")
     return value
 
 
 # ---- the language -----------------------------------------------------------------------------------
-def structural_tag_grammar(tag: StructuralTag, whitespace: str | None = None, relaxed: Any = ()) -> JsonGrammar:
+def structural_tag_grammar(tag: StructuralTag, whitespace: str | None = None, relaxed: Relaxed = ()) -> JsonGrammar:
     """The tag's language as one root (plus rules when a schema recurses), like a JSON schema's."""
     rules: dict[str, ra.Node] = {}
     bodies = []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from .matcher import RegexConstraint
 from .regex import regex_ast as ra
 from .regex.automaton import Dfa, compile_dfa
 from .regex.dfa_cache import cached
-from .structural_tag import free_text
+from .structural_tag import StructuralTag, Tag, free_text
 
 JSON_BLANKS = " \t\n\r"
 
@@ -40,13 +39,13 @@ class _NotGlueable(Exception):
     """A tag's body may go on after its end marker: the general path takes the whole tag set."""
 
 
-def dispatch_constraint(tag: Any, whitespace: str | None, relaxed: frozenset[str],
+def dispatch_constraint(tag: StructuralTag, whitespace: str | None, relaxed: frozenset[str],
                         vocab: TokenVocab) -> "TagDispatch | None":
     """The tag set as a lazily glued DFA (see the module doc), or None when the general path must build it."""
-    triggered = tag.triggers is not None
-    if triggered and (len(tag.triggers) != 1 or tag.at_least_one):
+    if tag.triggers is not None and (len(tag.triggers) != 1 or tag.at_least_one):
         return None
-    trigger = tag.triggers[0].encode() if triggered else b""
+    first = tag.triggers[0] if tag.triggers is not None else None  # None: separator mode
+    trigger = first.encode() if first is not None else b""
     rests = [t.begin.encode()[len(trigger):] for t in tag.tags]
     if not _prefix_free(rests):
         return None
@@ -54,8 +53,7 @@ def dispatch_constraint(tag: Any, whitespace: str | None, relaxed: frozenset[str
     roots = [root for root in found if root is not None]
     if len(roots) < len(found):  # the general path compiles it again, or names the bad tag
         return None
-    free = cached(("free_text", tag.triggers[0], vocab.size), lambda: FreeText(tag.triggers[0], vocab)) \
-        if triggered else None
+    free = cached(("free_text", first, vocab.size), lambda: FreeText(first, vocab)) if first is not None else None
     if free is not None:
         done = np.flatnonzero(free.dfa.accept == 1)
         if len(done) != 1 or (free.dfa.trans[done[0]] >= 0).any():
@@ -84,7 +82,7 @@ def _regular_root(schema_text: str, whitespace: str | None, relaxed: frozenset[s
     return None if grammar.rules else grammar.root
 
 
-def _closed(t: Any, whitespace: str | None) -> bool:
+def _closed(t: Tag, whitespace: str | None) -> bool:
     """Whether no text of the tag's body goes on after its end marker, known without building it: an
     object or array ends at its bracket, and only blanks (when allowed) could follow it, which an end
     marker that begins with a non-blank rules out. Other tags are built up front and checked."""
@@ -92,7 +90,7 @@ def _closed(t: Any, whitespace: str | None) -> bool:
     return bracketed and (whitespace is None or (t.end != "" and t.end[0] not in JSON_BLANKS))
 
 
-def _body(t: Any, root: ra.Node, whitespace: str | None, relaxed: frozenset[str]) -> Dfa:
+def _body(t: Tag, root: ra.Node, whitespace: str | None, relaxed: frozenset[str]) -> Dfa:
     """A tag's schema + end marker as a byte DFA, kept by content."""
     key = ("structural_tag_body", json.dumps(t.schema), t.end, whitespace, tuple(sorted(relaxed)))
     return cached(key, lambda: compile_dfa([ra.seq(root, ra.literal(t.end))]))
@@ -137,7 +135,7 @@ def _open_after_trigger(dfa: Dfa) -> Dfa:
 class TagDispatch(RegexConstraint):
     """The glued DFA over all 256 bytes (no byte classes: it grows), built tag by tag on first reach."""
 
-    def __init__(self, tag: Any, free: FreeText | None, rests: list[bytes], roots: list[ra.Node],
+    def __init__(self, tag: StructuralTag, free: FreeText | None, rests: list[bytes], roots: list[ra.Node],
                  whitespace: str | None, relaxed: frozenset[str], vocab: TokenVocab):
         self.tag, self.free, self.roots, self.whitespace, self.relaxed = tag, free, roots, whitespace, relaxed
         self._lock = threading.Lock()
@@ -204,7 +202,7 @@ class TagDispatch(RegexConstraint):
         return head
 
     # ---- building a tag on first reach --------------------------------------------------------------
-    def _build(self, leaves: Any) -> None:
+    def _build(self, leaves: int | list[int] | np.ndarray) -> None:
         """Appends the DFAs of the tags whose leaves are given (those not built yet), and makes each
         leaf's row its tag's start row."""
         with self._lock:

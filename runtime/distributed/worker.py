@@ -47,7 +47,7 @@ class WorkerSpec:
     pool_size: int  # KV slots: the same on every rank (each holds its own heads)
 
 
-def send(conn: Connection, kind: str, body: Any = None) -> None:
+def send(conn: Connection, kind: str, body: object = None) -> None:
     conn.send_bytes(pickle.dumps((kind, body)))
 
 

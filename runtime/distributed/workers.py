@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
+from typing import TYPE_CHECKING, Callable, Hashable, TypeVar
 
 import torch
 
@@ -98,7 +98,7 @@ class TPWorkers:
         self._send_all(CALL, probe)
         return [receive(conn)[1] for conn in self._conns]
 
-    def _send_all(self, kind: str, body: Any = None) -> None:
+    def _send_all(self, kind: str, body: object = None) -> None:
         if self.failure is not None:
             raise WorkerFailure(self.failure)
         if any(proc.poll() is not None for proc in self._procs):

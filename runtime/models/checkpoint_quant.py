@@ -11,7 +11,7 @@ separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear. Other devices keep t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from .quant import Int4Linear, packable
 from .quant_formats import IntWeight, read_awq, read_gptq
 from .w8a8 import W8A8Linear
 
+T = TypeVar("T")
 METHODS = ("gptq", "awq", "w8a8_int8")
 GROUP_SIZES = (-1, 32, 64, 128)
 _PACKED_SUFFIXES = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales"),
@@ -63,7 +64,7 @@ def parse_quant_config(hf: dict[str, Any]) -> CheckpointQuant | None:
     return CheckpointQuant(method, bits, group_size, desc_act, zero_offset=1 if fmt == "gptq" else 0)
 
 
-def _choice(qc: dict[str, Any], key: str, allowed: tuple, default: Any = None) -> Any:
+def _choice(qc: dict[str, Any], key: str, allowed: tuple[T, ...], default: T | None = None) -> T:
     value = qc.get(key, default)
     if value is None or value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
         raise ValueError(f"quantization_config.{key} must be one of {list(allowed)}, got {value!r}")

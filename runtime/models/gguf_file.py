@@ -48,13 +48,17 @@ class _Cursor:
         # numpy's stubs give ndarray the buffer protocol only from Python 3.12; it has it on every version
         self.buf, self.view, self.at = buf, memoryview(buf), 0  # type: ignore[arg-type]
 
-    def scalar(self, fmt: str) -> Any:
+    def scalar(self, fmt: str) -> int | float:  # a bool is an int
         (value,) = struct.unpack_from(fmt, self.view, self.at)
         self.at += struct.calcsize(fmt)
         return value
 
+    def count(self, fmt: str = "<Q") -> int:
+        """An unsigned integer (`fmt`: "<Q" or "<I"): a length, count, type tag or version."""
+        return int(self.scalar(fmt))
+
     def string(self) -> str:
-        size = self.scalar("<Q")
+        size = self.count()
         self.at += size
         return bytes(self.view[self.at - size:self.at]).decode("utf-8")
 
@@ -65,25 +69,25 @@ def read_gguf(path: str | Path) -> GGUFFile:
     if bytes(cur.view[:4]) != _MAGIC:
         raise ValueError(f"{str(path)!r} is not a GGUF file (bad magic)")
     cur.at = 4
-    version = cur.scalar("<I")
+    version = cur.count("<I")
     if version < 2:
         raise ValueError(f"GGUF version {version} of {str(path)!r} is not supported (2 and later are)")
-    n_tensors, n_fields = cur.scalar("<Q"), cur.scalar("<Q")
+    n_tensors, n_fields = cur.count(), cur.count()
     metadata = {}
     for _ in range(n_fields):
         key = cur.string()
-        metadata[key] = _value(cur, cur.scalar("<I"))
+        metadata[key] = _value(cur, cur.count("<I"))
     infos = [_tensor_info(cur) for _ in range(n_tensors)]
     alignment = int(metadata.get("general.alignment", 32))
     start = -(-cur.at // alignment) * alignment
     return GGUFFile(metadata, [_tensor(buf, start, *info) for info in infos])
 
 
-def _value(cur: _Cursor, kind: int) -> Any:
+def _value(cur: _Cursor, kind: int) -> Any:  # noqa: ANN401 - a string, number, bool or array (`kind`)
     if kind == _STRING:
         return cur.string()
     if kind == _ARRAY:
-        item, count = cur.scalar("<I"), cur.scalar("<Q")
+        item, count = cur.count("<I"), cur.count()
         if item == _STRING:
             return _string_array(cur, count)
         if item not in _SCALARS:
@@ -151,8 +155,8 @@ def _string_starts(region: np.ndarray, count: int) -> np.ndarray | None:
 
 def _tensor_info(cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
     name = cur.string()
-    dims = tuple(cur.scalar("<Q") for _ in range(cur.scalar("<I")))
-    return name, dims, cur.scalar("<I"), cur.scalar("<Q")
+    dims = tuple(cur.count() for _ in range(cur.count("<I")))
+    return name, dims, cur.count("<I"), cur.count()
 
 
 def _block_size(kind: int) -> tuple[int, int]:

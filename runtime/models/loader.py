@@ -220,7 +220,7 @@ def _gguf_config(gguf: GGUFFile) -> tuple[LlamaConfig, str]:
 
 def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
     """The config.json transformers would hold for this GGUF, so both formats map through one function."""
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str, default: object = None) -> Any:  # noqa: ANN401 - of the type GGUF gives `key`
         return meta.get(f"{arch}.{key}", default)
 
     hidden, heads = get("embedding_length"), get("attention.head_count")

@@ -17,7 +17,8 @@ _DENSE_SIBLING = {MIXTRAL: MISTRAL, QWEN2_MOE: QWEN2, QWEN3_MOE: QWEN3}
 MOE_LLAMA_ARCHS = tuple(_DENSE_SIBLING)
 
 
-def first_of(hf: dict[str, Any], *names: str, default: Any = None) -> Any:
+def first_of(hf: dict[str, Any], *names: str,
+             default: object = None) -> Any:  # noqa: ANN401 - a config.json value; each caller knows its key's type
     """The first of `names` that the config sets (not null)."""
     for name in names:
         if hf.get(name) is not None:

@@ -82,7 +82,7 @@ def _flat_rope_dict(hf: dict[str, Any]) -> dict[str, Any]:
     return nested[0] or {}
 
 
-def _positive(name: str, value: Any) -> float:
+def _positive(name: str, value: object) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"rope {name} must be a number > 0, got {value!r}")
     return float(value)

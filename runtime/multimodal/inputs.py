@@ -8,7 +8,7 @@ import io
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypeGuard
 
 from PIL import Image, UnidentifiedImageError
 
@@ -17,7 +17,20 @@ from .config import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 _DATA_URL = "data:"
 
 
-def load_pil(source: Any, where: str = "image", allow_paths: bool = True) -> Image.Image:
+class ImageBytes(Protocol):
+    """The language's ImageData (lang/ir.py), read by its fields (lang sits above the runtime)."""
+
+    @property
+    def kind(self) -> str: ...  # "pixels" (raw, with mode and size) or "encoded" (a file's bytes)
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def mode(self) -> str | None: ...
+    @property
+    def size(self) -> list[int] | None: ...
+
+
+def load_pil(source: object, where: str = "image", allow_paths: bool = True) -> Image.Image:
     """A fully decoded PIL image. `allow_paths=False` refuses file paths (an HTTP client must not name
     files on the server)."""
     if isinstance(source, Image.Image):
@@ -54,7 +67,7 @@ def decode_base64(text: str, where: str) -> bytes:
         raise ValueError(f"{where} is neither a base64 data URL nor base64 image data") from None
 
 
-def _is_image_data(source: Any) -> bool:
+def _is_image_data(source: object) -> TypeGuard[ImageBytes]:
     return all(hasattr(source, a) for a in ("kind", "data", "hash", "mode", "size"))
 
 

@@ -116,7 +116,7 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return pixels[..., top:top + height, left:left + width]
 
 
-def _hw(crop: Any) -> tuple[int, int]:
+def _hw(crop: object) -> tuple[int, int]:
     if isinstance(crop, int):
         return crop, crop
     if isinstance(crop, dict) and {"height", "width"} <= set(crop):

@@ -3,7 +3,7 @@ and each step's model input takes those spans' embeddings in place of token embe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ class ImagePrompts:
     def placeholder(self) -> str:
         return self.vision.placeholder
 
-    def prepare(self, source: Any, where: str = "image", allow_paths: bool = True) -> PreparedImage:
+    def prepare(self, source: object, where: str = "image", allow_paths: bool = True) -> PreparedImage:
         if isinstance(source, PreparedImage):
             return source
         from .inputs import load_pil  # Pillow only when an image arrives: text models start without it
@@ -45,7 +45,7 @@ class ImagePrompts:
         pixels, tokens = self.vision.prepare(image)
         return PreparedImage(self.keyer.key(image), pixels, tuple(tokens))
 
-    def expand(self, ids: Sequence[int], sources: Sequence[Any], where: str = "image_data",
+    def expand(self, ids: Sequence[int], sources: Sequence[object], where: str = "image_data",
                allow_paths: bool = True, logprob_start: int = -1) -> tuple[list[int], list[ImageSpan], int]:
         """The prompt with each placeholder replaced by its image's tokens (feature positions as radix
         keys), the image spans, and `logprob_start` (a position in the prompt as given) in the expanded

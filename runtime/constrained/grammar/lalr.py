@@ -9,10 +9,14 @@ caches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..regex import regex_ast as ra
 from ..regex.regex_parser import parse_regex
+
+if TYPE_CHECKING:
+    from lark.lexer import TerminalDef
+    from lark.parsers.lalr_analysis import ParseTableBase
 
 Stack = tuple[int, Any]  # (state, parent stack: a Stack, or None below the start state)
 END = "$END"
@@ -39,7 +43,7 @@ class LalrTable:
     end: int  # the state after the whole input has reduced to the start rule
 
     @classmethod
-    def from_lark(cls, parse_table: Any, start: str = "start") -> "LalrTable":
+    def from_lark(cls, parse_table: ParseTableBase[int], start: str = "start") -> "LalrTable":
         from lark.parsers.lalr_analysis import Shift
 
         actions = {
@@ -106,7 +110,7 @@ def build_lark(text: str) -> LalrGrammar:
     return LalrGrammar(table, terminals, frozenset(parser.ignore_tokens))
 
 
-def _terminal_node(t: Any) -> ra.Node:
+def _terminal_node(t: TerminalDef) -> ra.Node:
     pattern = t.pattern
     if pattern.type == "str" and not pattern.flags:
         return ra.literal(pattern.value)
@@ -119,7 +123,7 @@ def _terminal_node(t: Any) -> ra.Node:
         raise ValueError(f"grammar terminal {t.name}: {e}") from None
 
 
-def _rank(t: Any) -> tuple:
+def _rank(t: TerminalDef) -> tuple:
     """Lark's preference: higher priority, then string literals over regexps, then longer literals."""
     literal = t.pattern.type == "str"
     return (-t.priority, not literal, -len(t.pattern.value) if literal else 0, t.name)

@@ -5,7 +5,7 @@ builders, and the state they share (rules, `$ref`s, exact mode).
 A leaf: the keyword modules import this instead of json_schema, which imports them, so no cycle."""
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from ..regex import regex_ast as ra
 from .json_refs import RefResolver
@@ -25,7 +25,7 @@ class SchemaCompiler(Protocol):
     rules: dict[str, ra.Node]
     merged_names: dict[str, str]  # rules for merged allOfs that recurse, by content
 
-    def compile(self, schema: Any, path: str) -> ra.Node:  # noqa: ANN401 - a subschema is any JSON value
+    def compile(self, schema: object, path: str) -> ra.Node:
         """A subschema's language; `path` (a JSON pointer) names it in errors."""
         ...
 
@@ -45,6 +45,6 @@ class SchemaCompiler(Protocol):
 
     def alternatives(self, nodes: list[ra.Node], makers: list[Maker]) -> ra.Node: ...
 
-    def named(self, key: str, target: Any, name: str, path: str) -> ra.Node:  # noqa: ANN401 - a subschema
+    def named(self, key: str, target: object, name: str, path: str) -> ra.Node:
         """`target` compiled once per `key`; met again inside its own compilation, it is the rule `name`."""
         ...

@@ -2,8 +2,6 @@
 uniqueItems, enforced exactly where the items have few possible values."""
 from __future__ import annotations
 
-from typing import Any
-
 from ..regex import regex_ast as ra
 from .contract import SchemaCompiler
 from .json_scalars import const_text
@@ -17,7 +15,7 @@ def _joined(items: list[ra.Node], comma: ra.Node) -> ra.Node:
     return ra.seq(*(ra.seq(comma, x) if i else x for i, x in enumerate(items)))
 
 
-def _finite_values(items: Any) -> list | None:
+def _finite_values(items: object) -> list | None:
     """The values an items schema allows when it is a plain enum, const or boolean, else None."""
     if not isinstance(items, dict):
         return None
@@ -35,7 +33,7 @@ def _finite_values(items: Any) -> list | None:
     return [v for v in values if json_type(v) in types or (json_type(v) == "integer" and "number" in types)]
 
 
-def _canonical(value: Any) -> Any:
+def _canonical(value: object) -> object:
     """One spelling per JSON value (1.0 and 1 are equal, so they must not both appear as unique items)."""
     return int(value) if isinstance(value, float) and value == int(value) else value
 

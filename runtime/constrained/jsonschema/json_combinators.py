@@ -93,7 +93,7 @@ def all_of(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     return c.named(key, merged, name, path)
 
 
-def _conjoined(parts: list[Any]) -> Any:
+def _conjoined(parts: list[Any]) -> object:
     """The parts merged into one schema; where they clash, with their conditionals split by value first."""
     try:
         return conjoin_all(parts)
@@ -123,7 +123,7 @@ def _split_conditionals(parts: list[Any]) -> list[Any]:
     if len(values) + 2 > MAX_BRANCHES or not all(isinstance(v, str) for v in values):  # `not: {enum}` takes strings
         return parts
 
-    def applying(value: Any) -> list[Any]:
+    def applying(value: object) -> list[Any]:
         return [then if any(same_json(value, v) for v in vals) else other for vals, _, then, other in conds]
 
     choices = [{"allOf": [{"properties": {key: False}}, *(other if req else then for _, req, then, other in conds)]},
@@ -134,7 +134,7 @@ def _split_conditionals(parts: list[Any]) -> list[Any]:
     return [*rest, {"anyOf": choices}]
 
 
-def _value_condition(part: Any) -> tuple[str, list, bool] | None:
+def _value_condition(part: object) -> tuple[str, list, bool] | None:
     """(property, values, whether `if` requires it) of a part `{if: {properties: {p: {const|enum}}}, then, else}`."""
     if not isinstance(part, dict) or not set(part) <= {"if", "then", "else"} or not isinstance(part.get("if"), dict):
         return None
@@ -149,7 +149,7 @@ def _value_condition(part: Any) -> tuple[str, list, bool] | None:
     return name, values, "required" in cond and cond["required"] == [name]
 
 
-def _named_values(sub: Any) -> list | None:
+def _named_values(sub: object) -> list | None:
     """The values a `{const | enum [, type]}` schema admits (those of its types); None for another shape."""
     if not isinstance(sub, dict) or set(sub) - {"const", "enum", "type"}:
         return None
@@ -160,7 +160,7 @@ def _named_values(sub: Any) -> list | None:
             or (json_type(v) == "integer" and "number" in as_types(sub["type"]))]
 
 
-def _flatten(c: SchemaCompiler, schema: Any, path: str, seen: set[str], inlined: list[str]) -> list[Any]:
+def _flatten(c: SchemaCompiler, schema: object, path: str, seen: set[str], inlined: list[str]) -> list[Any]:
     """The conjuncts of a schema: `allOf` members and inlined `$ref` targets (listed in `inlined`),
     normalized."""
     if not isinstance(schema, dict):

@@ -27,7 +27,7 @@ _NOT_DIRECT = frozenset({"type", "$ref", "allOf", "anyOf", "oneOf", "not", "if",
 _ADDS_PROPERTIES = frozenset({"anyOf", "oneOf", "if", "then", "else", "not", "dependentSchemas", "patternProperties"})
 
 
-def provably_disjoint(a: Any, b: Any, resolve: Callable[[str], Any], formats: frozenset[str],
+def provably_disjoint(a: object, b: object, resolve: Callable[[str], Any], formats: frozenset[str],
                       infer_type: Callable[[dict], str | None]) -> bool:
     parts_a, parts_b = _conjuncts(a, resolve, formats, 0), _conjuncts(b, resolve, formats, 0)
     item_types_a, item_types_b = _first_item_types(parts_a, formats), _first_item_types(parts_b, formats)
@@ -71,7 +71,7 @@ def _required_values(parts: list[dict], resolve: Callable[[str], Any], formats: 
     return out
 
 
-def _conjuncts(schema: Any, resolve: Callable[[str], Any], formats: frozenset[str], depth: int) -> list[dict]:
+def _conjuncts(schema: object, resolve: Callable[[str], Any], formats: frozenset[str], depth: int) -> list[dict]:
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return []
     s = normalize(schema, formats)
@@ -154,7 +154,7 @@ def _values(parts: list[dict], name: str, formats: frozenset[str]) -> set[str] |
     return None
 
 
-def _canonical_text(value: Any) -> str:
+def _canonical_text(value: object) -> str:
     """Equal JSON values, equal texts (1 and 1.0 alike; true and 1 not)."""
     if isinstance(value, float) and value == int(value):
         value = int(value)

@@ -2,7 +2,7 @@
 properties; each an exact complement within what the rest of the schema allows."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Iterable
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import difference, intersection
@@ -69,7 +69,7 @@ def negated(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
                      f"is supported, got keywords {sorted(keys)}")
 
 
-def _excluded_types(type_value: Any) -> set[str]:
+def _excluded_types(type_value: str | Iterable[str]) -> set[str]:
     """The types a `not: {type: ...}` excludes: every number is excluded with `number`, integers too."""
     drop = as_types(type_value)  # a fresh set
     return drop | {"integer"} if "number" in drop else drop
@@ -91,7 +91,7 @@ def _none_of(c: SchemaCompiler, rest: dict, branches: list, path: str) -> ra.Nod
     return c.compile({"allOf": [{**rest, "not": b} for b in others]}, path)
 
 
-def _complement_as_schema(n: Any) -> dict | None:
+def _complement_as_schema(n: object) -> dict | None:
     """A schema for the values `n` refuses, where `n` is one type or requires one property; else None."""
     if not isinstance(n, dict):
         return None
@@ -105,7 +105,7 @@ def _complement_as_schema(n: Any) -> dict | None:
     return None
 
 
-def _string_not_matching(c: SchemaCompiler, rest: dict, pattern: Any, path: str) -> ra.Node:
+def _string_not_matching(c: SchemaCompiler, rest: dict, pattern: object, path: str) -> ra.Node:
     """The schema's strings that no match of `pattern` occurs in. Written with raw characters only,
     as a pattern reads them (an escaped spelling of a matching string must not slip through)."""
     node = c.exact(lambda: c.compile({**rest, "type": "string"}, path))

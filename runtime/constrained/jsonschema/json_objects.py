@@ -47,7 +47,7 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     return c.bracketed("{", body, "}")
 
 
-def _declared_schema(s: dict, name: str) -> Any:
+def _declared_schema(s: dict, name: str) -> object:
     """The property's schema, with every `patternProperties` entry whose pattern its name matches."""
     sub = property_schema(s, name)
     if name in s.get("properties", {}) and s.get("patternProperties"):
@@ -68,7 +68,7 @@ def _name_filter(c: SchemaCompiler, s: dict, path: str):
     return ok
 
 
-def _names_node(c: SchemaCompiler, names: Any, path: str) -> ra.Node:
+def _names_node(c: SchemaCompiler, names: object, path: str) -> ra.Node:
     if names is False:
         return ra.NOTHING
     node = c.exact(lambda: c.compile(conjoin_sub({"type": "string"}, names), f"{path}/propertyNames"))

@@ -10,12 +10,12 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
 
 
 class RefResolver:
-    def __init__(self, root: Any):
+    def __init__(self, root: object):
         self.root = root
         self.ids: dict[str, Any] = {}  # "$id"/"id" values (without a trailing '#') and "#anchor" -> subschema
         self._index(root, top=True)
 
-    def _index(self, node: Any, top: bool = False) -> None:
+    def _index(self, node: object, top: bool = False) -> None:
         if isinstance(node, list):
             for item in node:
                 self._index(item)
@@ -31,7 +31,7 @@ class RefResolver:
             if key not in _DATA_KEYWORDS and not (key in ("$id", "id") and isinstance(value, str)):
                 self._index(value)
 
-    def resolve(self, ref: Any, path: str) -> tuple[str, Any]:
+    def resolve(self, ref: object, path: str) -> tuple[str, object]:
         """(a key naming the target, the target schema)."""
         if not isinstance(ref, str):
             raise ValueError(f"json_schema $ref at {path} must be a string, got {ref!r}")
@@ -54,7 +54,7 @@ class RefResolver:
         prefix = "" if doc is self.root else f"{id(doc)}:"
         return f"#{prefix}{fragment}", node
 
-    def _document(self, base: str, ref: str, path: str) -> Any:
+    def _document(self, base: str, ref: str, path: str) -> object:
         if not base:
             return self.root
         if base in self.ids:

@@ -41,7 +41,7 @@ def required_choice(key: str, subs: list[Any], formats: frozenset[str]) -> list[
     return out or None
 
 
-def _required_only(sub: Any, formats: frozenset[str]) -> list[str] | None:
+def _required_only(sub: object, formats: frozenset[str]) -> list[str] | None:
     if not isinstance(sub, dict):
         return None
     s = normalize(sub, formats)

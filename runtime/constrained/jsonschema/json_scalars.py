@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 from decimal import Decimal
-from typing import Any
 
 import numpy as np
 
@@ -114,7 +113,7 @@ def _hex_digit(d: str) -> ra.Node:
     return ra.char_class(d + d.upper()) if d.isalpha() else ra.literal(d)
 
 
-def pattern_body(pattern: Any, path: str) -> ra.Node:
+def pattern_body(pattern: object, path: str) -> ra.Node:
     """A string `pattern` (search semantics, so unanchored ends match anything), raw characters only.
     Each top-level alternative is anchored on its own (`^a$|^b$`)."""
     if not isinstance(pattern, str):
@@ -203,11 +202,11 @@ def constrained_string(bodies: list[ra.Node], lo: int, hi: int | None) -> ra.Nod
     return quoted(compiled_or_nothing(intersection(bodies)))
 
 
-def compiled_or_nothing(dfa: Any) -> ra.Node:
+def compiled_or_nothing(dfa: CharDfa) -> ra.Node:
     return ra.Compiled(dfa) if dfa.accept.max() >= 0 else ra.NOTHING
 
 
-def const_text(value: Any) -> str:
+def const_text(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 

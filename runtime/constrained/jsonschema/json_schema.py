@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Iterable
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa
@@ -36,6 +36,7 @@ JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than th
 RELAXABLE = frozenset({"uniqueItems"})  # keywords a caller may leave unenforced where they cannot be enforced
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
+Relaxed = str | Iterable[str] | None  # keywords left unenforced: names, or one comma-separated string
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class JsonGrammar:
     rules: dict[str, ra.Node] = field(default_factory=dict)  # empty: `root` is a plain regex
 
 
-def schema_to_dict(schema: Any, field: str = "json_schema") -> dict | bool:
+def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
     """A schema given as a dict, a JSON string, or a pydantic model class, as a plain dict; errors name
     `field`."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
@@ -75,7 +76,7 @@ def whitespace_node(pattern: str | None) -> ra.Node:
     return node
 
 
-def relaxed_keywords(relaxed: Any) -> frozenset[str]:
+def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
     """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`),
     as names or one comma-separated string."""
     if isinstance(relaxed, str):
@@ -86,7 +87,7 @@ def relaxed_keywords(relaxed: Any) -> frozenset[str]:
     return out
 
 
-def compile_json_schema(schema: Any, whitespace: str | None = None, relaxed: Any = ()) -> JsonGrammar:
+def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = ()) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
     keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused)."""
@@ -205,7 +206,7 @@ class _SchemaCompiler:
         return out
 
     # ---- dispatch -----------------------------------------------------------------------------
-    def compile(self, schema: Any, path: str) -> ra.Node:
+    def compile(self, schema: object, path: str) -> ra.Node:
         if schema is True:
             return self.any_value()
         if schema is False:
@@ -306,11 +307,11 @@ class _SchemaCompiler:
         return ra.literal("null")
 
     # ---- references -----------------------------------------------------------------------------
-    def ref(self, ref: Any, path: str) -> ra.Node:
+    def ref(self, ref: object, path: str) -> ra.Node:
         key, target = self.refs.resolve(ref, path)
         return self.named(key, target, self._rule_name(key), key)
 
-    def named(self, key: str, target: Any, name: str, path: str) -> ra.Node:
+    def named(self, key: str, target: object, name: str, path: str) -> ra.Node:
         """`target` compiled once per `key` (and split mode: an inline body remade split must not come
         back unsplit from the memo); met again inside its own compilation, it is the rule `name`."""
         memo = f"split:{key}" if self._split_all else key

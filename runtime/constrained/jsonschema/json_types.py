@@ -3,7 +3,7 @@ node starts: the compiler uses these to infer a missing `type`, to tell alternat
 first character, and to choose which pieces become rules of their own."""
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Iterable, overload
 
 from ..regex import regex_ast as ra
 from .json_scalars import FORMATS
@@ -28,11 +28,11 @@ def infer_type(schema: dict) -> str | None:
     return next((t for t, hints in _TYPE_HINTS if keys & hints), None)
 
 
-def as_types(value: Any) -> set[str]:
+def as_types(value: str | Iterable[str]) -> set[str]:
     return {value} if isinstance(value, str) else set(value)
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     if value is None:
@@ -49,7 +49,7 @@ _TYPE_FIRSTS = {"object": "{", "array": "[", "string": '"', "integer": "-0-9", "
                 "null": "n"}
 
 
-def type_first_chars(schema: Any) -> ra.Ranges | None:
+def type_first_chars(schema: object) -> ra.Ranges | None:
     """The first characters of a schema's values, from its `type` alone (None when it has no type)."""
     if not isinstance(schema, dict):
         return None

@@ -61,7 +61,8 @@ def normalize(schema: dict, known_formats: frozenset[str]) -> dict:
     return out
 
 
-def conjoin(a: Any, b: Any) -> Any:
+# a, b and the result: subschemas, any JSON value (a dict or bool when valid; the compiler rejects others)
+def conjoin(a: Any, b: Any) -> Any:  # noqa: ANN401 - subschemas (above)
     """A schema equivalent to `a` and `b` both holding, keyword by keyword; raises Clash where a
     keyword pair has no such form. Both are normalized and hold no `$ref` or `allOf` at the top."""
     if a is True or a == {}:
@@ -81,7 +82,7 @@ def conjoin(a: Any, b: Any) -> Any:
     return out
 
 
-def conjoin_all(parts: Iterable[Any]) -> Any:
+def conjoin_all(parts: Iterable[Any]) -> object:
     """`conjoin` over parts, in order (True for none); raises Clash where two do not merge."""
     merged: Any = True
     for part in parts:
@@ -89,7 +90,8 @@ def conjoin_all(parts: Iterable[Any]) -> Any:
     return merged
 
 
-def conjoin_sub(a: Any, b: Any) -> Any:
+# a, b and the result: subschemas, any JSON value (a dict or bool when valid; the compiler rejects others)
+def conjoin_sub(a: Any, b: Any) -> Any:  # noqa: ANN401 - subschemas (above)
     """`conjoin` for a subschema position: where it clashes, an allOf that the compiler intersects."""
     if not isinstance(a, dict) or not isinstance(b, dict) or "$ref" in a or "$ref" in b \
             or "allOf" in a or "allOf" in b:
@@ -100,7 +102,8 @@ def conjoin_sub(a: Any, b: Any) -> Any:
         return {"allOf": [a, b]}
 
 
-def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:
+# x, y and the result: values of the keyword `key`, of the JSON type it takes (a number, list, dict, schema...)
+def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:  # noqa: ANN401 - `key`'s values (above)
     if key == "type":
         return _types(x, y)
     if key in _LOWER:
@@ -138,7 +141,7 @@ def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:
     raise Clash(key)
 
 
-def _types(x: Any, y: Any) -> list[str]:
+def _types(x: object, y: object) -> list[str]:
     xs, ys = _as_list(x), _as_list(y)
     out = [t for t in xs if t in ys]
     out += [t for t in ("integer",) if t not in out and (("integer" in xs and "number" in ys)
@@ -166,7 +169,7 @@ def _merge_property_sets(out: dict, a: dict, b: dict) -> None:
         out["additionalProperties"] = conjoin_sub(extra_a, extra_b)
 
 
-def property_schema(schema: dict, name: str) -> Any:
+def property_schema(schema: dict, name: str) -> object:
     """The schema that `schema` applies to a property `name` (True where it says nothing)."""
     props = schema.get("properties", {})
     if name in props:
@@ -187,21 +190,21 @@ def _search(pattern: str, name: str) -> bool:
         raise ValueError(f"json_schema patternProperties pattern {pattern!r} is not a valid regex: {e}") from None
 
 
-def _item(prefix: list, schema: dict, i: int) -> Any:
+def _item(prefix: list, schema: dict, i: int) -> object:
     return prefix[i] if i < len(prefix) else schema.get("items", True)
 
 
-def same_json(x: Any, y: Any) -> bool:
+def same_json(x: object, y: object) -> bool:
     return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True) and type(x) is type(y)
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
-def _as_list(x: Any) -> list:
+def _as_list(x: object) -> list:
     return list(x) if isinstance(x, list) else [x]
 
 
-def _as_tuple(x: Any) -> tuple:
+def _as_tuple(x: object) -> tuple:
     return x if isinstance(x, tuple) else (x,)

@@ -69,7 +69,7 @@ class _Converter:
     def seq(self, items: list, flags: int) -> ra.Node:
         return ra.seq(*(self.item(op, av, flags) for op, av in items))
 
-    def item(self, op: Any, av: Any, flags: int) -> ra.Node:
+    def item(self, op: int, av: Any, flags: int) -> ra.Node:  # noqa: ANN401 - av's shape is op's: int, tuple, list
         if op in _UNSUPPORTED:
             raise self.fail(_UNSUPPORTED[op])
         if op is C.LITERAL:
@@ -146,7 +146,7 @@ def _case_variants(ascii_only: bool) -> tuple[np.ndarray, list[tuple[int, ...]]]
 _CATEGORY_REGEX = {"DIGIT": r"\d", "SPACE": r"\s", "WORD": r"\w"}
 
 
-def _category(cat: Any, ascii_only: bool) -> ra.Ranges:
+def _category(cat: int, ascii_only: bool) -> ra.Ranges:
     name = str(cat).upper()
     negated = "NOT_" in name
     base = next((k for k in _CATEGORY_REGEX if name.endswith(k)), None)
