@@ -5,7 +5,7 @@ import base64
 import io
 import os
 from pathlib import Path
-from typing import Protocol, Union
+from typing import Protocol
 
 from .ir import ImageData
 
@@ -21,7 +21,7 @@ class PixelImage(Protocol):
 
 
 # what image() takes
-ImageSource = Union[str, os.PathLike[str], bytes, bytearray, memoryview, ImageData, PixelImage]
+ImageSource = str | os.PathLike[str] | bytes | bytearray | memoryview | ImageData | PixelImage
 
 
 def load_image(source: ImageSource) -> ImageData:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable
 
 from ..runtime.tool_formats import (
     FALLBACK,
@@ -38,7 +38,7 @@ class Tool:
 
 
 # what a tool is made from (a pydantic model class is a callable)
-ToolSource = Union[Tool, Callable[..., Any], dict[str, Any]]
+ToolSource = Tool | Callable[..., Any] | dict[str, Any]
 
 
 def tool(obj: ToolSource) -> Tool:
