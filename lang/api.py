@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .choices import method_key, token_length_normalized
+from .choices import ChoiceMethod, method_key, token_length_normalized
 from .default_backend import BackendArg, as_backend
 from .gen_params import GEN_FIELDS, GenParams, stop_list
-from .images import load_image
+from .images import ImageSource, load_image
 from .ir import (
+    Appendable,
     Gen,
     Image,
     Placeholder,
@@ -34,7 +35,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
-        choices: list[str] | None = None, choices_method: Any = None, regex: str | None = None,
+        choices: list[str] | None = None, choices_method: str | ChoiceMethod | None = None, regex: str | None = None,
         json_schema: str | dict | type | None = None, *, grammar: str | None = None,
         structural_tag: str | dict | None = None, tools: list | None = None, tool_choice: str = "auto",
         parallel_tool_calls: bool = True) -> Gen | Select:
@@ -100,7 +101,7 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | 
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: Any = token_length_normalized) -> Select:
+           choices_method: str | ChoiceMethod = token_length_normalized) -> Select:
     """Append the choice the model finds most likely after the text so far, scored by `choices_method`."""
     _check_var_name(name)
     if isinstance(choices, Placeholder):
@@ -113,7 +114,7 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return node
 
 
-def image(expr: Any) -> Image:
+def image(expr: ImageSource | Placeholder) -> Image:
     """An image (a file path, bytes or a PIL image) at this point of the program."""
     if isinstance(expr, Placeholder):
         return Image(expr.as_image())
@@ -127,20 +128,20 @@ def video(path: str, num_frames: int) -> Image:
                               "frames with image() instead")
 
 
-def _role(role: str, expr: Any) -> Seq:
+def _role(role: str, expr: Appendable | None) -> Seq:
     inner = [] if expr is None else [expr]
     return Seq([RoleBegin(role), *inner, RoleEnd(role)])
 
 
-def system(expr: Any = None) -> Seq:
+def system(expr: Appendable | None = None) -> Seq:
     return _role("system", expr)
 
 
-def user(expr: Any = None) -> Seq:
+def user(expr: Appendable | None = None) -> Seq:
     return _role("user", expr)
 
 
-def assistant(expr: Any = None) -> Seq:
+def assistant(expr: Appendable | None = None) -> Seq:
     return _role("assistant", expr)
 
 
@@ -168,7 +169,7 @@ def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
 
 
-def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Seq:
+def separate_reasoning(expr: Appendable | None = None, model_type: str | None = None) -> Seq:
     """SGLang's: appends `expr`, then moves the reasoning (`<think>…</think>` and kin, by SGLang's reasoning
     parser `model_type`: "deepseek-r1", "qwen3", ...) out of each variable its gen / select sets into
     `<name>_reasoning_content`; the variable and the state's text keep the answer.
@@ -179,7 +180,7 @@ def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Seq:
     return Seq([*inner, SeparateReasoning(_variables_of(expr), model_type)])
 
 
-def _variables_of(expr: Any) -> list[str]:
+def _variables_of(expr: Appendable | None) -> list[str]:
     if isinstance(expr, (Gen, Select)):
         if expr.name is None:
             raise ValueError("separate_reasoning needs its gen / select named: the reasoning goes to "
@@ -190,7 +191,7 @@ def _variables_of(expr: Any) -> list[str]:
     return []
 
 
-def _concrete(primitive: str, field: str, value: Any) -> None:
+def _concrete(primitive: str, field: str, value: object) -> None:
     values = value if isinstance(value, (list, tuple)) else [value]
     for v in values:
         if isinstance(v, Placeholder):
@@ -198,14 +199,14 @@ def _concrete(primitive: str, field: str, value: Any) -> None:
                              "the program still runs eagerly with .run()")
 
 
-def _check_var_name(name: Any) -> None:
+def _check_var_name(name: object) -> None:
     if isinstance(name, Placeholder):
         raise TraceError(f"a variable name depends on {name.describe()}, which is unknown while tracing")
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"a variable name must be a non-empty string or None, got {name!r}")
 
 
-def _schema_text(schema: Any) -> str | None:
+def _schema_text(schema: object) -> str | None:
     """json_schema as a JSON string, from a string, a dict, or a pydantic model class."""
     if schema is None or isinstance(schema, str):
         return schema

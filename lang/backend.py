@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generator, Protocol, runtime_checkable
 
 from .chat import ChatTemplate
+from .choices import ChoiceMethod
 from .ir import Gen, ImageData
 
 PREFILL_ONLY = {"max_new_tokens": 0}  # sampling params that compute a prompt's KV (and logprobs) and stop
@@ -53,7 +54,7 @@ class Backend(Protocol):
     def generate(self, state: StateView, gen: Gen) -> Generator[GenDelta, None, None]:
         """Streams the completion of `state.text` under `gen.params` (already merged with run defaults)."""
 
-    def select(self, state: StateView, choices: list[str], method: Any) -> tuple[int, dict[str, Any]]:
+    def select(self, state: StateView, choices: list[str], method: str | ChoiceMethod) -> tuple[int, dict[str, Any]]:
         """Scores every choice as a continuation of `state.text`; returns (chosen index, meta info)."""
 
     def cache_prefix(self, text: str) -> None:

@@ -6,7 +6,7 @@ Token log-probability entries are `(logprob, token_id, text_or_None)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 TokenLogprobs = Sequence[Sequence[Any]]  # one choice's entries
 
@@ -17,6 +17,14 @@ class ChoicesDecision:
     meta_info: dict[str, Any] | None = None
 
 
+class ChoiceMethod(Protocol):
+    """What select scores its choices with: a built-in below, or a callable written for SGLang."""
+
+    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float],
+                 input_token_logprobs: Sequence[TokenLogprobs], output_token_logprobs: Sequence[TokenLogprobs],
+                 unconditional_token_logprobs: Sequence[TokenLogprobs] | None = None) -> ChoicesDecision: ...
+
+
 class ChoicesSamplingMethod:
     """Base of the choice methods; subclasses implement `__call__`."""
 
@@ -24,8 +32,8 @@ class ChoicesSamplingMethod:
     requires_unconditional_logprobs: ClassVar[bool] = False
 
     def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float],
-                 input_token_logprobs: list[TokenLogprobs], output_token_logprobs: list[TokenLogprobs],
-                 unconditional_token_logprobs: list[TokenLogprobs] | None = None) -> ChoicesDecision:
+                 input_token_logprobs: Sequence[TokenLogprobs], output_token_logprobs: Sequence[TokenLogprobs],
+                 unconditional_token_logprobs: Sequence[TokenLogprobs] | None = None) -> ChoicesDecision:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -119,21 +127,25 @@ BUILTIN_METHODS: dict[str, ChoicesSamplingMethod] = {m.name: m for m in (
     token_length_normalized, greedy_token_selection, unconditional_likelihood_normalized)}
 
 
-def resolve_method(method: Any) -> Any:
+def resolve_method(method: str | ChoiceMethod) -> ChoiceMethod:
     """A method object from a built-in name, or the given callable."""
     if isinstance(method, str):
-        if method not in BUILTIN_METHODS:
-            raise ValueError(f"choice method must be one of {sorted(BUILTIN_METHODS)}, got {method!r}")
-        return BUILTIN_METHODS[method]
+        return _builtin(method)
     if not callable(method):
         raise TypeError(f"choices_method must be a choice method or its name, got {type(method).__name__}")
     return method
 
 
-def method_key(method: Any) -> Any:
+def _builtin(name: str) -> ChoicesSamplingMethod:
+    if name not in BUILTIN_METHODS:
+        raise ValueError(f"choice method must be one of {sorted(BUILTIN_METHODS)}, got {name!r}")
+    return BUILTIN_METHODS[name]
+
+
+def method_key(method: str | ChoiceMethod) -> str | ChoiceMethod:
     """What a Select node stores: a built-in's name (serializable), else the callable itself."""
     if isinstance(method, str):
-        return resolve_method(method).name
+        return _builtin(method).name
     name = getattr(method, "name", None)
     builtin = BUILTIN_METHODS.get(name) if isinstance(name, str) else None
     if builtin is not None and type(method) is type(builtin):
@@ -141,7 +153,7 @@ def method_key(method: Any) -> Any:
     return resolve_method(method)
 
 
-def decide(method: Any, choices: list[str], scored: list[list[tuple]],
+def decide(method: str | ChoiceMethod, choices: list[str], scored: list[list[tuple]],
            unconditional: list[list[tuple]] | None) -> tuple[int, dict[str, Any]]:
     """Runs the choice method over per-choice token log-probabilities; returns (index, meta info)."""
     normalized = [_mean([e[0] for e in entries]) for entries in scored]

@@ -9,6 +9,7 @@ POST /v1/programs for `run(remote=True)`. Only the standard library is used.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import urllib.error
@@ -17,7 +18,7 @@ from typing import Any, Generator, Iterator
 
 from .backend import PREFILL_ONLY, GenDelta, StateView
 from .chat import ChatTemplate
-from .choices import decide, resolve_method
+from .choices import ChoiceMethod, decide, resolve_method
 from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 from .images import image_data_url
 from .ir import Gen
@@ -41,7 +42,7 @@ class Endpoint:
         self._lock = threading.Lock()
 
     # ---- HTTP ---------------------------------------------------------------------------------------
-    def _open(self, path: str, payload: Any = None) -> Any:
+    def _open(self, path: str, payload: object = None) -> http.client.HTTPResponse:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -55,7 +56,7 @@ class Endpoint:
         except urllib.error.URLError as e:
             raise ConnectionError(f"cannot reach {self.base_url}: {e.reason}") from None
 
-    def _json(self, path: str, payload: Any = None) -> Any:
+    def _json(self, path: str, payload: object = None) -> Any:  # noqa: ANN401 - the route's JSON reply, any shape
         with self._open(path, payload) as response:
             return json.loads(response.read())
 
@@ -163,7 +164,7 @@ class Endpoint:
             raise RuntimeError(f"gen {gen.name!r} was aborted: {reason.get('message') or meta.get('error')}")
         yield GenDelta("", meta)
 
-    def select(self, state: StateView, choices: list[str], method: Any) -> tuple[int, dict[str, Any]]:
+    def select(self, state: StateView, choices: list[str], method: str | ChoiceMethod) -> tuple[int, dict[str, Any]]:
         """As the engine backend's select, without a local tokenizer: the server scores the prefix and
         every prefix + choice from a window before the prefix's end, and the first position where
         a choice's tokens differ from the prefix's is where healing starts."""

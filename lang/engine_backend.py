@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Generator
 from ..runtime.meta_info import meta_info
 from .backend import PREFILL_ONLY, GenDelta, StateView, reject_images
 from .chat import ChatTemplate
-from .choices import common_prefix_len, decide, resolve_method
+from .choices import ChoiceMethod, common_prefix_len, decide, resolve_method
 from .ir import Gen
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class EngineBackend:
                              input_logprobs=input_logprobs, output_logprobs=logprobs)
             yield GenDelta(chunk.text, meta, progress)
 
-    def select(self, state: StateView, choices: list[str], method: Any) -> tuple[int, dict[str, Any]]:
+    def select(self, state: StateView, choices: list[str], method: str | ChoiceMethod) -> tuple[int, dict[str, Any]]:
         """Scores each choice by its tokens' log-probabilities after the prefix, in one batched call.
 
         Token healing: prefix and choice are tokenized together, because the tokens at their
@@ -156,7 +156,8 @@ class Runtime(EngineBackend):
     `Runtime(model=None, **engine_options)`; `model_path=` is accepted as SGLang spells it.
     """
 
-    def __init__(self, model: str | None = None, *, model_path: str | None = None, **engine_options: Any):
+    def __init__(self, model: str | None = None, *, model_path: str | None = None,
+                 **engine_options: Any):  # noqa: ANN401 - Engine's own options, passed on for it to check
         from ..runtime.engine import Engine
 
         if model is not None and model_path is not None:

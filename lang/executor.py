@@ -50,7 +50,7 @@ class ProgramEvent:
     state: int = 0
     name: str | None = None
     value: Any = None
-    meta: dict[str, Any] | None = None
+    meta: dict[str, Any] | list[Any] | None = None  # a fork's gathered variable: a list, one per state
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": self.kind, "state": self.state}
@@ -202,7 +202,7 @@ class StateCore:
                 self.ended = True
                 self.queue.put(None)
 
-    def set_after_end(self, name: str, value: Any) -> None:
+    def set_after_end(self, name: str, value: object) -> None:
         """SGLang lets a caller set a variable on a finished state (`state["n"] = int(state["n"])`)."""
         self.wait_finished()
         with self.cond:
@@ -220,7 +220,7 @@ class StateCore:
         with self.cond:
             self.cond.wait_for(lambda: self.finished)
 
-    def get_var(self, name: str) -> Any:
+    def get_var(self, name: str) -> object:
         with self.cond:
             self.cond.wait_for(lambda: not self.pending[name] or self.finished)
             if name in self.vars:
@@ -296,7 +296,7 @@ class StateCore:
             self.cond.notify_all()
         self.run.emit(ProgramEvent("text", self.sid, value=text))
 
-    def _set_var(self, name: str, value: Any, meta: Any = None) -> None:
+    def _set_var(self, name: str, value: object, meta: dict[str, Any] | list[Any] | None = None) -> None:
         with self.cond:
             self.vars[name] = value
             if meta is not None:

@@ -143,7 +143,7 @@ if _declared != [(name, kind) for name, kind, _ in _gen_fields()]:
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
 
 
-def stop_list(stop: Any) -> Any:
+def stop_list(stop: object) -> object:
     """One stop string, or a tuple of them, as a list (anything else is left to validation)."""
     if isinstance(stop, str):
         return [stop]

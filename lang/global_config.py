@@ -33,7 +33,7 @@ class GlobalConfig:
         for flag in self._FLAGS:
             setattr(self, flag, True)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name == "default_backend":
             object.__setattr__(self, name, value)
             return

@@ -5,12 +5,26 @@ import base64
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from .ir import ImageData
 
 
-def load_image(source: Any) -> ImageData:
+class PixelImage(Protocol):
+    """A PIL.Image.Image, as far as this module reads one (so PIL need not be imported)."""
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def size(self) -> tuple[int, int]: ...
+    def tobytes(self) -> bytes: ...
+
+
+# what image() takes
+ImageSource = str | os.PathLike[str] | bytes | bytearray | memoryview | ImageData | PixelImage
+
+
+def load_image(source: ImageSource) -> ImageData:
     """An image's data and hash. Encoded bytes hash as given; a PIL image hashes its decoded pixels."""
     if isinstance(source, ImageData):
         return source

@@ -149,7 +149,7 @@ def _load(ir: ProgramIR | str | bytes | Mapping[str, Any], args: Mapping[str, An
 
 
 def interpret(ir: ProgramIR | str | Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
-              backend: BackendArg = None, stream: bool = False, **sampling: Any) -> ProgramState:
+              backend: BackendArg = None, stream: bool = False, **sampling: object) -> ProgramState:
     """Runs an IR program with its arguments; returns its state, like `Program.run`."""
     program, args = _load(ir, args)
     return run_program(lambda s: replay(s, program, args), backend, sampling_defaults(sampling), stream)

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import xxhash
 
+from .choices import ChoiceMethod
 from .config import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR  # noqa: F401 - SGLang's sglang.lang.ir names
 from .gen_params import GenParams
 
@@ -51,14 +52,17 @@ class Node:
     kind: ClassVar[str] = ""
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # each node is a dataclass (ir_json reads its fields)
 
-    def __add__(self, other: Any) -> "Seq":
+    def __add__(self, other: Appendable) -> "Seq":
         return Seq(_items(self) + _items(other))
 
-    def __radd__(self, other: Any) -> "Seq":
+    def __radd__(self, other: Appendable) -> "Seq":
         return Seq(_items(other) + _items(self))
 
 
-def _items(x: Any) -> list[Any]:
+Appendable = str | Node | Placeholder  # what `s += x` takes and `+` chains (a Seq is a Node)
+
+
+def _items(x: object) -> list[Appendable]:
     if isinstance(x, Seq):
         return list(x.nodes)
     if isinstance(x, (str, Node, Placeholder)):
@@ -70,7 +74,7 @@ def _items(x: Any) -> list[Any]:
 class Seq(Node):
     """Several items appended in order (eager only: the IR stores them flattened)."""
 
-    nodes: list[Any]
+    nodes: list[Appendable]
     kind: ClassVar[str] = "seq"
 
 
@@ -110,7 +114,7 @@ class Select(Node):
 
     name: str | None
     choices: list[str] | Arg
-    method: str = "token_length_normalized"
+    method: str | ChoiceMethod = "token_length_normalized"
     temperature: float = 0.0
     kind: ClassVar[str] = "select"
 
@@ -151,7 +155,7 @@ class ImageData:
                 "mode": self.mode, "size": self.size}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str) -> "ImageData":
+    def from_dict(cls, d: object, where: str) -> "ImageData":
         if not isinstance(d, dict) or set(d) - {"kind", "data", "hash", "mode", "size"}:
             raise ValueError(f"{where}: an image needs kind, data, hash, mode, size")
         kind, mode, size = d.get("kind"), d.get("mode"), d.get("size")
@@ -238,7 +242,7 @@ def check_select(node: Select, where: str = "select") -> None:
         raise ValueError(f"{where}: select scores choices greedily; temperature must be 0, got {node.temperature}")
 
 
-def check_choices(choices: Any, where: str = "select") -> list[str]:
+def check_choices(choices: object, where: str = "select") -> list[str]:
     if isinstance(choices, str) or not isinstance(choices, (list, tuple)) or not choices:
         raise ValueError(f"{where}: choices must be a non-empty list of strings, got {choices!r}")
     if not all(isinstance(c, str) and c for c in choices):

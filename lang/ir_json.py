@@ -10,6 +10,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from .choices import ChoiceMethod
 from .config import MAX_FORK_SIZE
 from .gen_params import GenParams
 from .ir import (
@@ -60,11 +61,11 @@ class ProgramIR:
     def to_dict(self) -> dict[str, Any]:
         return encode_program(self)
 
-    def to_json(self, **json_kwargs: Any) -> str:
+    def to_json(self, **json_kwargs: Any) -> str:  # noqa: ANN401 - json.dumps's own options (indent, ...), passed on
         return json.dumps(self.to_dict(), ensure_ascii=False, **json_kwargs)
 
     @classmethod
-    def from_dict(cls, d: Any) -> "ProgramIR":
+    def from_dict(cls, d: object) -> "ProgramIR":
         """Decodes and validates untrusted input; errors name the offending op and field."""
         return decode_program(d)
 
@@ -83,10 +84,10 @@ class ProgramIR:
 
 def encode_program(program: ProgramIR) -> dict[str, Any]:
     return {"version": program.version, "name": program.name, "params": list(program.params),
-            "ops": [{"state": op.state, **_encode(op.node)} for op in program.ops]}
+            "ops": [{"state": op.state, **_encode_node(op.node)} for op in program.ops]}
 
 
-def decode_program(d: Any) -> ProgramIR:
+def decode_program(d: object) -> ProgramIR:
     if not isinstance(d, dict):
         raise ValueError("an IR program must be a JSON object")
     version = d.get("version")
@@ -120,17 +121,22 @@ def validate_program(program: ProgramIR) -> None:
     _Validator(program).run()
 
 
-def _encode(value: Any) -> Any:
-    if isinstance(value, Seq):
+def _encode_node(node: Node) -> dict[str, object]:
+    if isinstance(node, Seq):
         raise ValueError("a Seq is flattened before it enters the IR")
+    out: dict[str, object] = {"op": node.kind}
+    for f in dataclasses.fields(node):
+        out[f.name] = _encode(getattr(node, f.name))
+    if isinstance(node, Select) and not isinstance(node.method, str):
+        raise ValueError(f"select {node.name!r} uses a custom choice method, which the IR cannot store; "
+                         f"use one of {CHOICE_METHODS}")
+    return out
+
+
+def _encode(value: object) -> object:
+    """A field's value as JSON."""
     if isinstance(value, Node):
-        out = {"op": value.kind}
-        for f in dataclasses.fields(value):
-            out[f.name] = _encode(getattr(value, f.name))
-        if isinstance(value, Select) and not isinstance(value.method, str):
-            raise ValueError(f"select {value.name!r} uses a custom choice method, which the IR cannot store; "
-                             f"use one of {CHOICE_METHODS}")
-        return out
+        return _encode_node(value)
     if isinstance(value, GenParams):
         return value.set_fields()
     if isinstance(value, ImageData):
@@ -161,14 +167,19 @@ def _decode_node(d: dict[str, Any], where: str, allowed: tuple[type[Node], ...] 
     return cls(**values)
 
 
-def _coerce(value: Any, hint: Any, where: str) -> Any:
+# types a field holds only in an eager run: the JSON form carries a name instead (Select.method)
+_RUN_ONLY = (ChoiceMethod,)
+
+
+def _coerce(value: object, hint: object,
+            where: str) -> Any:  # noqa: ANN401 - a value of the type `hint` names, checked here at run time
     """`value` (decoded JSON) checked against the type `hint`; raises ValueError naming `where`."""
     origin = typing.get_origin(hint)
     if hint is Any:
         return value
     if origin in (typing.Union, types.UnionType):
         errors = []
-        for option in typing.get_args(hint):
+        for option in (o for o in typing.get_args(hint) if o not in _RUN_ONLY):
             try:
                 return _coerce(value, option, where)
             except ValueError as e:
@@ -183,7 +194,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if value is not None:
             raise ValueError(f"{where} must be null")
         return None
-    if hint is bool or hint is str:
+    if isinstance(hint, type) and hint in (bool, str):
         if not isinstance(value, hint):
             raise ValueError(f"{where} must be a {hint.__name__}, got {value!r}")
         return value

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from .default_backend import BackendArg
 from .gen_params import RUN_FIELDS, sampling_defaults
@@ -42,15 +42,15 @@ class Program:
         self.name = func.__name__
         functools.update_wrapper(self, func)
 
-    def bind(self, **kwargs: Any) -> "Program":
+    def bind(self, **kwargs: object) -> "Program":
         """A copy of this program with some arguments fixed."""
         unknown = sorted(set(kwargs) - set(self.arg_names))
         if unknown:
             raise TypeError(f"{self.name}() has no argument(s) {unknown}")
         return Program(self.func, {**self.bind_arguments, **kwargs}, self.num_api_spec_tokens)
 
-    def run(self, *args: Any, stream: bool = False, backend: BackendArg = None, remote: bool = False,
-            **kwargs: Any) -> ProgramState:
+    def run(self, *args: object, stream: bool = False, backend: BackendArg = None, remote: bool = False,
+            **kwargs: object) -> ProgramState:
         """Runs the program. Keyword arguments named like run()'s sampling defaults (max_new_tokens,
         temperature, stop, ...) set them; the rest go to the program. Errors inside the program
         surface through `state.error()` and are raised by `state.sync()` and by reads."""
@@ -65,7 +65,7 @@ class Program:
         return run_program(call, backend, defaults, stream)
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple], *, num_threads: int | str = "auto",
-                  progress_bar: bool = False, backend: BackendArg = None, **sampling: Any) -> list[ProgramState]:
+                  progress_bar: bool = False, backend: BackendArg = None, **sampling: object) -> list[ProgramState]:
         """Runs the program once per item (a dict of arguments, or a tuple of positional ones).
 
         The text every run starts with is cached once first; it is found by tracing the program up
@@ -84,27 +84,29 @@ class Program:
                 raise TypeError(f"run_batch item {i} must be a dict or a tuple of arguments, got {type(item).__name__}")
         return run_batch(self, calls, backend, defaults, num_threads, progress_bar)
 
-    def trace(self, **kwargs: Any) -> ProgramIR:
+    def trace(self, **kwargs: object) -> ProgramIR:
         """Records the program as IR. Given arguments are fixed into it; the others become its params."""
         return trace_program(self, kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object,
+                 **kwargs: Any,  # noqa: ANN401 - run()'s options or the function's arguments, passed on as given
+                 ) -> Any:  # noqa: ANN401 - the function's result (in a program) or a ProgramState
         """Inside another program, `prog(s, ...)` appends to `s`; elsewhere it is `run`."""
         if args and isinstance(args[0], (ProgramState, TracingState)):
             return self.func(*args, **kwargs)
         return self.run(*args, **kwargs)
 
-    def _pop_n(self, kwargs: dict[str, Any]) -> None:
+    def _pop_n(self, kwargs: dict[str, object]) -> None:
         """SGLang's run(n=1): taken unless the program has an argument `n`; only 1 (fork for several)."""
         if "n" in kwargs and "n" not in self.arg_names and kwargs.pop("n") not in (None, 1):
             raise ValueError(f"{self.name}: run(n=...) must be 1; fork the state for several samples")
 
-    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Callable[[ProgramState], Any]:
+    def _call(self, args: tuple, kwargs: dict[str, object]) -> Callable[[ProgramState], Any]:
         bound = self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})  # TypeError on mismatch
         rest_args, rest_kwargs = bound.args[1:], bound.kwargs
         return lambda s: self.func(s, *rest_args, **rest_kwargs)
 
-    def _values(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _values(self, args: tuple, kwargs: dict[str, object]) -> dict[str, Any]:
         bound = self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})
         return {k: v for k, v in bound.arguments.items() if k != self.state_param}
 
@@ -112,7 +114,14 @@ class Program:
         return f"Program({self.name})"
 
 
-def program(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+@overload
+def program(func: Callable[..., Any], num_api_spec_tokens: int | None = None) -> Program: ...
+@overload
+def program(func: None = None, num_api_spec_tokens: int | None = None) -> Callable[[Callable[..., Any]], Program]: ...
+
+
+def program(func: Callable[..., Any] | None = None,
+            num_api_spec_tokens: int | None = None) -> Program | Callable[[Callable[..., Any]], Program]:
     """Decorator: `@program` or `@program()` turns `def f(s, ...)` into a Program
     (`num_api_spec_tokens`: SGLang's, accepted; see Program)."""
     if func is None:

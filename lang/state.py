@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any, AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, AsyncIterator, Callable, Generic, Iterator, Sequence, TypeVar, overload
 
 from .config import MAX_FORK_SIZE
 from .executor import JoinOp, StateCore
 from .ir import (
     JOIN_MODES,
+    Appendable,
     Gen,
     Image,
     ImageData,
@@ -28,27 +30,48 @@ from .ir import (
 )
 
 _EAGER_NODES = (Text, Gen, Select, RoleBegin, RoleEnd, Image, VarScopeBegin, VarScopeEnd, SetVar, SeparateReasoning)
+S = TypeVar("S", bound="StateOps")  # a state type: a fork's states are of their parent's type
 
 
 class StateOps:
     """Roles, scopes and copies, written once on top of `+=` and `fork` (shared with the tracer)."""
 
-    def __iadd__(self, other: Any) -> StateOps:
+    def __iadd__(self: S, other: Appendable) -> S:
         raise NotImplementedError  # each subclass appends its own way
 
-    def fork(self, size: int = 1) -> ProgramStateGroup:
+    def fork(self: S, size: int = 1) -> ProgramStateGroup[S]:
         raise NotImplementedError
 
-    def system(self, expr: Any = None) -> Any:
+    def _join_fork(self: S, children: list[S], mode: str) -> None:
+        """Merges the states of one fork of this state back into it (ProgramStateGroup.join)."""
+        raise NotImplementedError
+
+    # `s.user("hi")` appends a whole turn; `with s.user(): ...` makes a turn of what the block appends
+    @overload
+    def system(self, expr: None = None) -> AbstractContextManager[None]: ...
+    @overload
+    def system(self, expr: Appendable) -> None: ...
+
+    def system(self, expr: Appendable | None = None) -> AbstractContextManager[None] | None:
         return self._role("system", expr)
 
-    def user(self, expr: Any = None) -> Any:
+    @overload
+    def user(self, expr: None = None) -> AbstractContextManager[None]: ...
+    @overload
+    def user(self, expr: Appendable) -> None: ...
+
+    def user(self, expr: Appendable | None = None) -> AbstractContextManager[None] | None:
         return self._role("user", expr)
 
-    def assistant(self, expr: Any = None) -> Any:
+    @overload
+    def assistant(self, expr: None = None) -> AbstractContextManager[None]: ...
+    @overload
+    def assistant(self, expr: Appendable) -> None: ...
+
+    def assistant(self, expr: Appendable | None = None) -> AbstractContextManager[None] | None:
         return self._role("assistant", expr)
 
-    def _role(self, role: str, expr: Any) -> Any:
+    def _role(self, role: str, expr: Appendable | None) -> AbstractContextManager[None] | None:
         if expr is None:
             return self._role_scope(role)
         self += Seq([RoleBegin(role), expr, RoleEnd(role)])  # noqa: PLW0642 - appends; self is unchanged
@@ -69,7 +92,7 @@ class StateOps:
         self += VarScopeEnd(name)  # noqa: PLW0642
 
     @contextlib.contextmanager
-    def copy(self) -> Iterator[Any]:
+    def copy(self: S) -> Iterator[S]:
         """A fork of one state whose variables join back when the block ends."""
         group = self.fork(1)
         yield group[0]
@@ -83,15 +106,15 @@ class ProgramState(StateOps):
         self._core = core
 
     # ---- building -----------------------------------------------------------------------------
-    def __iadd__(self, other: Any) -> "ProgramState":
+    def __iadd__(self, other: Appendable) -> "ProgramState":
         self._core.submit(eager_nodes(other))
         return self
 
-    def fork(self, size: int = 1) -> "ProgramStateGroup":
+    def fork(self, size: int = 1) -> "ProgramStateGroup[ProgramState]":
         """`size` copies of this state; the shared prefix is cached once, then the copies run in parallel."""
         return self._fork(size, None)
 
-    def _fork(self, size: int, ids: list[int] | None) -> "ProgramStateGroup":
+    def _fork(self, size: int, ids: list[int] | None) -> "ProgramStateGroup[ProgramState]":
         check_fork_size(size)
         core, run = self._core, self._core.run
         core.sync()
@@ -101,7 +124,26 @@ class ProgramState(StateOps):
         children = [run.new_core(core, None if ids is None else ids[i]) for i in range(size)]
         return ProgramStateGroup([ProgramState(c) for c in children], self)
 
-    def set_var(self, name: str, value: Any) -> None:
+    def _join_fork(self, children: list[ProgramState], mode: str) -> None:
+        """Waits for the fork's states, then merges their variables or text into this state."""
+        cores = [s._core for s in children]
+        for core in cores:
+            core.end()
+        for core in cores:
+            core.wait_finished()
+            if core.error is not None:
+                raise core.error
+        values: dict[str, list[Any]] = {}
+        metas: dict[str, list[Any]] = {}
+        if mode == "gather_variable":
+            for core in cores:
+                for name in core.assigned:
+                    values.setdefault(name, []).append(core.vars[name])
+                    metas.setdefault(name, []).append(core.meta.get(name))
+        text = "".join(core.text[core.fork_start:] for core in cores) if mode == "concate_and_append" else ""
+        self._core.submit([JoinOp(mode, values, metas, text)])
+
+    def set_var(self, name: str, value: object) -> None:
         """Inside the program, an op in order with the others; on a finished state (the program returned,
         or the fork was joined), the variable is set at once."""
         _check_name(name)
@@ -115,7 +157,7 @@ class ProgramState(StateOps):
     __setitem__ = set_var
 
     # ---- reading -------------------------------------------------------------------------------
-    def get_var(self, name: str) -> Any:
+    def get_var(self, name: str) -> Any:  # noqa: ANN401 - a variable holds any value the program stored
         """The variable's value; if the program failed before setting it, the program's own exception is
         raised (not the KeyError or cancellation that followed from it)."""
         self._settle(wait_all=False)
@@ -139,7 +181,7 @@ class ProgramState(StateOps):
         with self._core.cond:
             return name in self._core.vars or bool(self._core.pending[name])
 
-    def get_meta_info(self, name: str) -> Any:
+    def get_meta_info(self, name: str) -> Any:  # noqa: ANN401 - the backend's meta dicts, lists of them after forks
         """What the backend reported for variable `name` (token counts, finish reason, logprobs, scores)."""
         self.get_var(name)
         with self._core.cond:
@@ -159,7 +201,7 @@ class ProgramState(StateOps):
         return list(self._core.images)
 
     @property
-    def ret_value(self) -> Any:
+    def ret_value(self) -> Any:  # noqa: ANN401 - the user's program function returns anything
         """The program function's return value (once it returned)."""
         self._core.run.done.wait()
         return self._core.run.ret_value
@@ -262,39 +304,41 @@ class ProgramState(StateOps):
         return f"ProgramState(state={self._core.sid}, chars={len(self._core.text)})"
 
 
-class ProgramStateGroup:
+class ProgramStateGroup(Generic[S]):
     """The states of one fork; `+=` appends to each, `join` merges them back into the parent."""
 
-    def __init__(self, states: list[Any], parent: Any):
+    def __init__(self, states: list[S], parent: S):
         self.states = states
         self.parent = parent
         self.joined = False
 
-    def __getitem__(self, i: int) -> Any:
+    def __getitem__(self, i: int) -> S:
         return self.states[i]
 
-    def __setitem__(self, i: int, value: Any) -> None:
+    def __setitem__(self, i: int, value: object) -> None:
         if value is not self.states[i]:  # `forks[i] += x` assigns the same state back; nothing else may
             raise TypeError("the states of a fork cannot be replaced")
 
     def __len__(self) -> int:
         return len(self.states)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[S]:
         return iter(self.states)
 
-    def __iadd__(self, other: Any) -> "ProgramStateGroup":
+    def __iadd__(self, other: Appendable | list[Appendable] | tuple[Appendable, ...] | Callable[[int], Appendable]
+                 ) -> ProgramStateGroup[S]:
+        states: Sequence[StateOps] = self.states  # (mypy cannot apply a self-typed += to a type variable)
         if callable(other) and not isinstance(other, Node):  # a function of the child's index
-            for i, state in enumerate(self.states):
+            for i, state in enumerate(states):
                 state += other(i)
         elif isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
                 raise ValueError(f"appending a list to a fork of {len(self.states)} needs {len(self.states)} "
                                  f"items, got {len(other)}")
-            for state, item in zip(self.states, other):
+            for state, item in zip(states, other):
                 state += item
         else:
-            for state in self.states:
+            for state in states:
                 state += other
         return self
 
@@ -306,25 +350,7 @@ class ProgramStateGroup:
         if self.joined:
             raise RuntimeError("this fork was already joined")
         self.joined = True
-        self._join(mode)
-
-    def _join(self, mode: str) -> None:
-        cores = [s._core for s in self.states]
-        for core in cores:
-            core.end()
-        for core in cores:
-            core.wait_finished()
-            if core.error is not None:
-                raise core.error
-        values: dict[str, list[Any]] = {}
-        metas: dict[str, list[Any]] = {}
-        if mode == "gather_variable":
-            for core in cores:
-                for name in core.assigned:
-                    values.setdefault(name, []).append(core.vars[name])
-                    metas.setdefault(name, []).append(core.meta.get(name))
-        text = "".join(core.text[core.fork_start:] for core in cores) if mode == "concate_and_append" else ""
-        self.parent._core.submit([JoinOp(mode, values, metas, text)])
+        self.parent._join_fork(self.states, mode)
 
 
 STREAM_LISTS = ("output_token_logprobs", "output_top_logprobs")  # per-step lists a merged meta concatenates
@@ -339,7 +365,7 @@ def merge_stream_meta(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def eager_nodes(item: Any) -> list[Node]:
+def eager_nodes(item: object) -> list[Node]:
     """The ops `s += item` appends, for a running program."""
     if isinstance(item, str):
         return [Text(item)]
@@ -357,11 +383,11 @@ def eager_nodes(item: Any) -> list[Node]:
                     "primitive (gen, select, image, a role)")
 
 
-def check_fork_size(size: Any) -> None:
+def check_fork_size(size: object) -> None:
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_FORK_SIZE:
         raise ValueError(f"fork size must be an integer in [1, {MAX_FORK_SIZE}], got {size!r}")
 
 
-def _check_name(name: Any) -> None:
+def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"a variable name must be a non-empty string, got {name!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..runtime.tool_formats import (
     FALLBACK,
@@ -37,7 +37,11 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
 
-def tool(obj: Any) -> Tool:
+# what a tool is made from (a pydantic model class is a callable)
+ToolSource = Tool | Callable[..., Any] | dict[str, Any]
+
+
+def tool(obj: ToolSource) -> Tool:
     """A tool from a function (its signature and docstring), a pydantic model class (its schema and
     docstring), an OpenAI function dict (`{"type": "function", "function": {...}}` or the inner object),
     or a Tool."""
@@ -72,23 +76,27 @@ def signature_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     return _untitled(model.model_json_schema())
 
 
-def _untitled(schema: Any) -> Any:
+def _untitled(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema without pydantic's generated titles (noise in a prompt)."""
-    if isinstance(schema, dict):
-        return {k: _untitled(v) for k, v in schema.items() if k != "title" or not isinstance(v, str)}
-    if isinstance(schema, list):
-        return [_untitled(x) for x in schema]
-    return schema
+    return {k: _untitled_value(v) for k, v in schema.items() if k != "title" or not isinstance(v, str)}
 
 
-def _object_schema(schema: Any, name: str) -> dict[str, Any]:
+def _untitled_value(value: object) -> object:
+    if isinstance(value, dict):
+        return _untitled(value)
+    if isinstance(value, list):
+        return [_untitled_value(x) for x in value]
+    return value
+
+
+def _object_schema(schema: object, name: str) -> dict[str, Any]:
     schema = {"type": "object", "properties": {}} if schema is None else schema
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise ValueError(f"tool {name!r}: parameters must be a JSON schema of type 'object'")
     return schema
 
 
-def as_tools(tools: Any) -> list[Tool]:
+def as_tools(tools: Iterable[ToolSource]) -> list[Tool]:
     out = [tool(t) for t in tools]
     names = [t.name for t in out]
     if not out or len(set(names)) != len(names):
@@ -96,7 +104,7 @@ def as_tools(tools: Any) -> list[Tool]:
     return out
 
 
-def tool_gen_tag(tools: list[Tool], tool_choice: Any, parallel_tool_calls: bool) -> dict[str, Any]:
+def tool_gen_tag(tools: list[Tool], tool_choice: str, parallel_tool_calls: bool) -> dict[str, Any]:
     """The structural tag of gen(tools=...): "auto" (text or calls), "required", or one tool's name."""
     if tool_choice in TOOL_CHOICES:
         return tool_call_structural_tag(FALLBACK, [t.spec() for t in tools], tool_choice, parallel_tool_calls)
@@ -112,12 +120,12 @@ def parsed_calls(text: str) -> list[dict[str, Any]]:
     return [{"name": c.name, "arguments": c.arguments} for c in parse_tool_calls(FALLBACK, text).calls]
 
 
-def tools_prompt(tools: Any) -> str:
+def tools_prompt(tools: Iterable[ToolSource]) -> str:
     """The text that lists the tools and how to call them (for the system turn)."""
     return FALLBACK_SYSTEM.format(tools="\n".join(json.dumps(t.spec(), ensure_ascii=False) for t in as_tools(tools)))
 
 
-def tool_results(calls: list[dict[str, Any]], tools: Any) -> str:
+def tool_results(calls: list[dict[str, Any]], tools: Iterable[ToolSource]) -> str:
     """Runs each call's function (on this machine) and returns the user turn's text of their results, as
     <tool_response> blocks (append it with `s += rl.user(rl.tool_results(s["call"], tools))`)."""
     by_name = {t.name: t for t in as_tools(tools)}

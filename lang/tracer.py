@@ -13,10 +13,11 @@ import dataclasses
 import inspect
 import json
 import re
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, NoReturn, Protocol
 
 from .executor import variables_set_by
 from .ir import (
+    Appendable,
     Arg,
     Fork,
     Image,
@@ -108,7 +109,7 @@ class _Trace:
                     self._assign(parent, name)
 
     # ---- turning appended items into ops --------------------------------------------------------
-    def nodes(self, item: Any) -> list[Node]:
+    def nodes(self, item: object) -> list[Node]:
         if isinstance(item, str):
             return self._split(item)
         if isinstance(item, Seq):
@@ -153,7 +154,7 @@ def _reject_markers(node: Node) -> None:
                          "the program still runs eagerly with .run()")
 
 
-def _has_marker(value: Any) -> bool:
+def _has_marker(value: object) -> bool:
     if isinstance(value, str):
         return "\ue000" in value
     if isinstance(value, (list, tuple)):
@@ -191,14 +192,14 @@ class _Value(Placeholder):
             raise self._fail(f"the format spec {spec!r}")
         return self.trace.marker(self)
 
-    def __add__(self, other: Any) -> Any:
+    def __add__(self, other: object) -> str | Seq:
         if isinstance(other, str):
             return self.trace.marker(self) + other
         if isinstance(other, (Node, Placeholder)):
             return Seq([self, *(other.nodes if isinstance(other, Seq) else [other])])
         return NotImplemented
 
-    def __radd__(self, other: Any) -> Any:
+    def __radd__(self, other: object) -> str | Seq:
         if isinstance(other, str):
             return other + self.trace.marker(self)
         if isinstance(other, Node):
@@ -211,7 +212,7 @@ class _Value(Placeholder):
     def __bool__(self) -> bool:
         raise self._fail("a truth test (if / while / and / or)")
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         raise self._fail("a comparison")
 
     __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__
@@ -223,10 +224,10 @@ class _Value(Placeholder):
     def __iter__(self) -> Iterator[Any]:
         raise self._fail("iteration")
 
-    def __contains__(self, item: Any) -> bool:
+    def __contains__(self, item: object) -> bool:
         raise self._fail("the `in` operator")
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: object) -> NoReturn:
         raise self._fail("indexing")
 
     def __int__(self) -> int:
@@ -238,7 +239,7 @@ class _Value(Placeholder):
     def __index__(self) -> int:
         raise self._fail("use as an integer")
 
-    def __getattr__(self, attr: str) -> Any:
+    def __getattr__(self, attr: str) -> NoReturn:
         if attr.startswith("__"):
             raise AttributeError(attr)
         raise self._fail(f".{attr}")
@@ -296,15 +297,18 @@ class TracingState(StateOps):
     def __init__(self, trace: _Trace, sid: int):
         self._trace, self._sid = trace, sid
 
-    def __iadd__(self, other: Any) -> "TracingState":
+    def __iadd__(self, other: Appendable) -> "TracingState":
         for node in self._trace.nodes(other):
             self._trace.record(self._sid, node)
         return self
 
-    def fork(self, size: int = 1) -> ProgramStateGroup:
+    def fork(self, size: int = 1) -> ProgramStateGroup[TracingState]:
         check_fork_size(size)
         children = self._trace.fork(self._sid, size)
-        return _TracingGroup([TracingState(self._trace, c) for c in children], self)
+        return ProgramStateGroup([TracingState(self._trace, c) for c in children], self)
+
+    def _join_fork(self, children: list[TracingState], mode: str) -> None:
+        self._trace.join(self._sid, [s._sid for s in children], mode)
 
     def get_var(self, name: str) -> _VarValue:
         if name not in self._trace.defined[self._sid]:
@@ -316,7 +320,7 @@ class TracingState(StateOps):
     def __contains__(self, name: str) -> bool:
         return name in self._trace.defined[self._sid]
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str, value: object) -> None:
         _check_name(name)
         try:
             json.dumps(value)
@@ -335,7 +339,7 @@ class TracingState(StateOps):
     def messages(self) -> list[dict[str, Any]]:
         raise self._unknown("the state's messages")
 
-    def get_meta_info(self, name: str) -> Any:
+    def get_meta_info(self, name: str) -> NoReturn:
         raise self._unknown(f"the meta info of {name!r}")
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
@@ -346,11 +350,6 @@ class TracingState(StateOps):
 
     def error(self) -> None:
         return None
-
-
-class _TracingGroup(ProgramStateGroup):
-    def _join(self, mode: str) -> None:
-        self.parent._trace.join(self.parent._sid, [s._sid for s in self.states], mode)
 
 
 def trace_program(program: Traceable, kwargs: dict[str, Any], prefix_only: bool = False) -> ProgramIR:

@@ -104,6 +104,8 @@ async def _prompt_ids(state: ServerState, body: GenerateRequest) -> tuple[list[l
     single = bool(ids) and isinstance(ids[0], int)
     prompts = [ids] if single else ids
     state.limits.check_prompts(len(prompts), "input_ids")
+    # a list of one prompt's ids, or the list of prompts (`single` says which): mypy cannot narrow
+    # `list[int] | list[list[int]]` by its first item
     return prompts, single  # type: ignore[return-value]
 
 

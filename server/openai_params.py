@@ -124,7 +124,7 @@ def _message_content(m: ChatMessage, i: int, sources: list[Any], params: list[st
     return parts
 
 
-def _image_url(part: dict[str, Any], param: str) -> Any:
+def _image_url(part: dict[str, Any], param: str) -> object:  # unchecked: prepare_images checks each source
     image_url = part.get("image_url")
     if set(part) != {"type", "image_url"} or not isinstance(image_url, dict) or "url" not in image_url \
             or set(image_url) - {"url", "detail"}:

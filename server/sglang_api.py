@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -27,6 +27,7 @@ from .state import server_state
 from .worker_api import load_entry
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 @router.get("/get_model_info")
@@ -125,13 +126,13 @@ async def stop_profile(request: Request) -> PlainTextResponse:
     return PlainTextResponse(f"Stop profiling. The trace was written to {path}\n")
 
 
-async def _profiler_call(request: Request, fn: Any, *args: Any) -> Any:
+async def _profiler_call(request: Request, fn: Callable[..., T], *args: object) -> T:
     try:
         return await server_state(request).offload(fn, *args)
     except (ValueError, OSError) as e:  # one already running / none running, a bad spec, an unwritable dir
         raise APIError(400, str(e), getattr(e, "field", None)) from None
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, list, dict))
 

@@ -4,14 +4,13 @@ the router. A field that asks for a feature radixlang lacks is refused with a 40
 its default; the others are ignored (the README's "Behind a router" table says why for each)."""
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel
 
 from .errors import APIError
+from .protocol import SGLangGenerateExtras
 
 # field -> the only value accepted (its default): what a value other than it would ask for
-_GENERATE_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+_GENERATE_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "return_hidden_states": (False, "hidden states"),
     "return_entropy": (False, "per-token entropy"),
     "return_bytes": (False, "output bytes"),
@@ -29,7 +28,7 @@ _GENERATE_UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "bootstrap_room": (None, "prefill/decode disaggregation"),
     "bootstrap_pair_key": (None, "prefill/decode disaggregation"),
 }
-_CHAT_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+_CHAT_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "continue_final_message": (False, "continuing the last assistant message"),
     "return_hidden_states": (False, "hidden states"),
     "chat_template_kwargs": (None, "chat template arguments"),
@@ -41,7 +40,7 @@ _CHAT_UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "bootstrap_room": (None, "prefill/decode disaggregation"),
 }
 
-_PROFILE_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+_PROFILE_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "start_step": (None, "starting at a later step (start it then)"),
     "profile_by_stage": (False, "separate prefill / decode traces"),
     "profile_stages": (None, "profiling some stages only"),
@@ -52,10 +51,10 @@ _COMPLETION_UNSUPPORTED = {name: _CHAT_UNSUPPORTED[name] for name in ("return_hi
                                                                       "session_params")}
 
 
-def check_generate_extras(body: BaseModel) -> None:
+def check_generate_extras(body: SGLangGenerateExtras) -> None:
     """A 400 naming the first SGLang field of a /generate body that asks for what radixlang lacks."""
     _refuse(body, _GENERATE_UNSUPPORTED)
-    rank = body.data_parallel_rank  # type: ignore[attr-defined]
+    rank = body.data_parallel_rank
     if rank not in (None, 0):  # a worker is one rank: a router's dp_aware mode must not address others
         raise APIError(400, f"data_parallel_rank must be 0 or null: this server is one rank, got {rank}",
                        "data_parallel_rank")
@@ -76,12 +75,12 @@ def check_profile_extras(body: BaseModel) -> None:
     _refuse(body, _PROFILE_UNSUPPORTED)
 
 
-def _refuse(body: BaseModel, unsupported: dict[str, tuple[Any, str]]) -> None:
+def _refuse(body: BaseModel, unsupported: dict[str, tuple[bool | None, str]]) -> None:
     for name, (default, feature) in unsupported.items():
         value = getattr(body, name)
         if value != default and not (default is None and value in ([], {})):
             raise APIError(400, f"{name}: radixlang does not support {feature}; leave it {_json(default)}", name)
 
 
-def _json(value: Any) -> str:
+def _json(value: bool | None) -> str:
     return {None: "null", False: "false"}.get(value, repr(value))

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterator, Protocol, TypeVar
+from typing import AsyncIterator, Callable, Iterator, Protocol, TypeVar
 
 from fastapi import Request
 
@@ -110,7 +110,7 @@ class ServerState:
         # tokenising, chat templates and rendering big responses: CPU work kept off the event loop
         self._cpu = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="radixlang-cpu")
 
-    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+    async def offload(self, fn: Callable[..., T], *args: object) -> T:
         """Runs `fn(*args)` on the CPU pool, so the event loop keeps answering (/health) meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self._cpu, functools.partial(fn, *args))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -13,7 +13,7 @@ T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def sse(obj: Any) -> str:
+def sse(obj: object) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 

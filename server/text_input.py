@@ -2,7 +2,7 @@
 \\ud800 escape can carry) is the client's mistake: a 400 naming the field, before the tokenizer sees it."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..runtime.tokenizer import Tokenizer
 from .errors import APIError
@@ -16,7 +16,7 @@ def check_unicode(text: str, param: str) -> None:
                             f"character {e.start}", param) from None
 
 
-def check_unicode_tree(value: Any, param: str) -> None:
+def check_unicode_tree(value: object, param: str) -> None:
     """`check_unicode` on every string (and key) of decoded JSON; the error names the first bad one's path."""
     if isinstance(value, str):
         check_unicode(value, param)

@@ -82,7 +82,7 @@ def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _choice(choice: Any, names: set[str]) -> str:
+def _choice(choice: object, names: set[str]) -> str:
     if choice is None:
         return "auto"
     if isinstance(choice, str):
@@ -140,9 +140,9 @@ def template_messages(messages: list[ChatMessage], rendered: list[dict[str, Any]
     return rendered, {"tools": [{"type": "function", "function": t} for t in plan.tools]}
 
 
-def _history_call(call: Any, param: str) -> dict[str, Any]:
+def _history_call(call: object, param: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+    if not isinstance(call, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise APIError(400, "a tool call is {'id', 'type': 'function', 'function': {'name', 'arguments'}}", param)
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
