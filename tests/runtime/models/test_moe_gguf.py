@@ -12,8 +12,11 @@ import pytest
 from radixlang.runtime.engine import Engine
 
 from .gguf_tiny import GGUF_ARCH, gguf_name, permute_qk, write_gguf
+from .hf_tiny import one_thread
 from .test_hf_parity import hf_greedy
 from .test_moe_parity import build, prompts
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)  # the fixture, imported
 
 EXPERT_STEMS = {"gate": "ffn_gate_exps", "up": "ffn_up_exps", "down": "ffn_down_exps"}
 SHARED_STEMS = {"gate_proj": "ffn_gate_shexp", "up_proj": "ffn_up_shexp", "down_proj": "ffn_down_shexp"}
