@@ -13,7 +13,15 @@ import torch
 
 from radixlang.runtime.engine import Engine
 
-from .gguf_tiny import GGUF_ARCH, byte_tokenizer_metadata, gguf_name, permute_qk, write_gguf
+from .gguf_tiny import (
+    GGUF_ARCH,
+    add_base_metadata,
+    byte_tokenizer_metadata,
+    gguf_name,
+    permute_qk,
+    write_gguf,
+    write_out,
+)
 from .hf_tiny import one_thread
 from .test_hf_parity import full_logprobs, hf_greedy
 from .test_moe_parity import PARITY_GAIN, TOP5_TOLERANCE, build, prompts
@@ -80,15 +88,7 @@ def write_deepseek_gguf(path, model, hf: dict, split_kv_b: bool) -> None:
     arch, blocks = gguf.MODEL_ARCH.DEEPSEEK2, hf["num_hidden_layers"]
     nope, rope, v_dim, rank = hf["qk_nope_head_dim"], hf["qk_rope_head_dim"], hf["v_head_dim"], hf["kv_lora_rank"]
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(blocks)
-    w.add_context_length(hf["max_position_embeddings"])
-    w.add_embedding_length(hf["hidden_size"])
-    w.add_feed_forward_length(hf["intermediate_size"])
-    w.add_head_count(hf["num_attention_heads"])
-    w.add_head_count_kv(1)
-    w.add_rope_freq_base(hf["rope_parameters"]["rope_theta"])
-    w.add_layer_norm_rms_eps(hf["rms_norm_eps"])
-    w.add_vocab_size(hf["vocab_size"])
+    add_base_metadata(w, hf, kv_heads=1)  # MLA as MQA over the latent
     w.add_leading_dense_block_count(hf["first_k_dense_replace"])
     if hf["q_lora_rank"] is not None:
         w.add_q_lora_rank(hf["q_lora_rank"])
@@ -122,10 +122,7 @@ def write_deepseek_gguf(path, model, hf: dict, split_kv_b: bool) -> None:
     names = gguf.get_tensor_name_map(arch, blocks)
     for name, t in deepseek_tensors(model, hf, split_kv_b):
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(t.numpy()))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
 
 
 def deepseek_tensors(model, hf: dict, split_kv_b: bool):
