@@ -61,6 +61,12 @@ def rank_device(cfg: EngineConfig, rank: int) -> torch.device:
     return torch.device("cuda", rank) if device.type == "cuda" else device
 
 
+def rank_threads(size: int) -> int:
+    """Intra-op threads of each rank on the CPU: the ranks share the host's cores (more threads than cores
+    spin-wait against each other, many times slower)."""
+    return max(1, (os.cpu_count() or 1) // size)
+
+
 def host_step(inputs: StepInputs) -> StepInputs:
     """The step with just its own rows of req_to_token (renumbered 0..n-1), on the host, ready to send:
     a worker has no request table of its own. Image embeddings travel as references into its mirror."""
@@ -76,7 +82,7 @@ def main(fd: int) -> None:
     conn = Connection(fd)
     spec = pickle.loads(conn.recv_bytes())
     torch.set_grad_enabled(False)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))  # the ranks share the host's cores
+    torch.set_num_threads(rank_threads(spec.size))
     timeout = spec.cfg.dist_timeout
     try:
         tp, runner = _build(spec)
@@ -87,6 +93,11 @@ def main(fd: int) -> None:
         send(conn, ERROR, f"{type(e).__name__}: {e}")
         return
     _serve(conn, tp, runner, EmbeddingMirror())
+    # a worker holds nothing to save, and finalizing an interpreter holding torch, a model and a process
+    # group takes seconds (rank 0 waits that long in close): leave at once
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:

@@ -14,7 +14,7 @@ import torch
 from ..config import EngineConfig
 from ..model_runner import StepInputs
 from .group import TensorParallel, open_store
-from .worker import CALL, EMBEDDING, ERROR, PLACE, STEP, STOP, WorkerSpec, host_step, receive, send
+from .worker import CALL, EMBEDDING, ERROR, PLACE, STEP, STOP, WorkerSpec, host_step, rank_threads, receive, send
 
 if TYPE_CHECKING:
     from .embedding_cache import EmbeddingMirror
@@ -37,6 +37,10 @@ class TPWorkers:
             raise ValueError(f"tp_size {tp.size} needs one GPU per rank; {torch.cuda.device_count()} are visible")
         self.tp, self.device, self.timeout = tp, device, cfg.dist_timeout
         self.failure: str | None = None
+        # rank 0 (this process) takes its share of the cores too, while the workers run; restored in close
+        self._threads = torch.get_num_threads() if device.type == "cpu" else None
+        if self._threads is not None:
+            torch.set_num_threads(rank_threads(tp.size))
         self._store = open_store(cfg.dist_timeout)
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
@@ -139,6 +143,9 @@ class TPWorkers:
             conn.close()
         self._procs, self._conns = [], []
         self.tp.group = None
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            self._threads = None
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:

@@ -20,6 +20,7 @@ from ..tokenizer import Tokenizer
 from . import quant, weight_cache
 from .checkpoint_quant import QuantStore, dequantized_weights, pack_checkpoint_linears, parse_quant_config
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
+from .gguf_deepseek import DEEPSEEK_GGUF_ARCH, deepseek_gguf_to_hf_config, deepseek_gguf_weights
 from .gguf_file import GGUFFile, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM
@@ -213,7 +214,7 @@ def _gguf_config(gguf: GGUFFile) -> tuple[LlamaConfig, str]:
     tensors = {t.name: t for t in gguf.tensors}
     cfg = config_from_hf(gguf_to_hf_config(meta, arch, set(tensors)))
     if "rope_freqs.weight" in tensors:  # llama.cpp bakes llama3 rope scaling into per-dimension divisors
-        divisors = _dequantize(tensors["rope_freqs.weight"]).flatten().tolist()
+        divisors = dequantize_gguf(tensors["rope_freqs.weight"]).flatten().tolist()
         cfg.rope = dataclasses.replace(cfg.rope, freq_divisors=tuple(divisors))
     return cfg, arch
 
@@ -223,6 +224,8 @@ def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -
     def get(key: str, default: object = None) -> Any:  # noqa: ANN401 - of the type GGUF gives `key`
         return meta.get(f"{arch}.{key}", default)
 
+    if arch == DEEPSEEK_GGUF_ARCH:
+        return deepseek_gguf_to_hf_config(meta, tensor_names, gguf_rope_scaling(get))
     hidden, heads = get("embedding_length"), get("attention.head_count")
     window = get("attention.sliding_window")  # absent: llama.cpp attends to the whole context
     experts = {}
@@ -246,7 +249,7 @@ def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -
         "head_dim": get("attention.key_length") or get("rope.dimension_count") or hidden // heads,
         "max_position_embeddings": get("context_length", 4096),
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_parameters": {"rope_theta": get("rope.freq_base", 10000.0), **_gguf_rope_scaling(get)},
+        "rope_parameters": {"rope_theta": get("rope.freq_base", 10000.0), **gguf_rope_scaling(get)},
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
         "sliding_window": window,
@@ -254,7 +257,7 @@ def gguf_to_hf_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -
     } | experts
 
 
-def _gguf_rope_scaling(get) -> dict[str, Any]:
+def gguf_rope_scaling(get) -> dict[str, Any]:
     kind = get("rope.scaling.type", "none")
     if kind not in _GGUF_ROPE_TYPES:
         raise ValueError(f"GGUF rope.scaling.type {kind!r} is not supported ({', '.join(_GGUF_ROPE_TYPES)} are)")
@@ -268,7 +271,7 @@ def _gguf_rope_scaling(get) -> dict[str, Any]:
     return scaling | {hf_key: get(key) for hf_key, key in optional.items() if get(key) is not None}
 
 
-def _dequantize(t) -> np.ndarray:
+def dequantize_gguf(t) -> np.ndarray:
     """A GGUF tensor as fp32, in torch's dimension order (GGUF lists dimensions fastest first)."""
     import gguf
 
@@ -282,13 +285,18 @@ def is_moe_gguf(path: Path) -> bool:
     return bool(meta.get(f"{meta.get('general.architecture')}.expert_count"))
 
 
+def deepseek_weights(gguf: GGUFFile) -> Iterator[tuple[str, torch.Tensor]]:
+    """A `deepseek2` file's HF-named fp32 weights."""
+    return deepseek_gguf_weights((t.name, torch.from_numpy(np.array(dequantize_gguf(t)))) for t in gguf.tensors)
+
+
 def gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
                  blocks: dict[str, GroupQuant] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named fp32 weights; with `blocks`, also files the packable ones there as stored."""
     for t in gguf.tensors:
         if t.name == "rope_freqs.weight":  # read into the config, not a weight
             continue
-        array = _dequantize(t)
+        array = dequantize_gguf(t)
         tensor = torch.from_numpy(np.array(array, copy=not array.flags.writeable))
         layer, stem = t.name.split(".")[1:3] if t.name.startswith("blk.") else ("", "")
         if stem in _GGUF_EXPERTS:

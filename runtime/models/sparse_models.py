@@ -10,9 +10,10 @@ from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
 from .deepseek import DeepseekForCausalLM, MLARotary
 from .deepseek_config import DEEPSEEK_ARCHS, deepseek_config_from_hf
+from .gguf_deepseek import DEEPSEEK_GGUF_ARCH
 from .gguf_file import read_gguf
 from .llama import Rotary
-from .loader import LoadedModel, gguf_to_hf_config, gguf_weights, read_hf_config, read_hf_dir
+from .loader import LoadedModel, deepseek_weights, gguf_to_hf_config, gguf_weights, read_hf_config, read_hf_dir
 from .moe import Router
 from .moe_config import MOE_LLAMA_ARCHS, moe_llama_config_from_hf
 from .moe_llama import MoeLlamaForCausalLM
@@ -39,15 +40,23 @@ def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
 
 def load_moe_gguf(path: Path, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None = None,
                   expert_parallel: bool = True) -> LoadedModel:
-    """A mixture-of-experts GGUF (llama.cpp's Mixtral as `llama` with `expert_count`, and `qwen3moe`): the
-    config read as its config.json would be, the stacked `ffn_*_exps` as per-expert weights."""
+    """A mixture-of-experts GGUF (llama.cpp's Mixtral as `llama` with `expert_count`, `qwen2moe`, `qwen3moe`,
+    and DeepSeek-V2 / V3 as `deepseek2`): the config read as its config.json would be, the stacked
+    `ffn_*_exps` as per-expert weights."""
     gguf = read_gguf(path)
     arch = gguf.metadata["general.architecture"]  # a MoE GGUF: found by its `{arch}.expert_count`
-    cfg, spec = moe_llama_config_from_hf(gguf_to_hf_config(gguf.metadata, arch, {t.name for t in gguf.tensors}))
+    names = {t.name for t in gguf.tensors}
+    tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
+    hf = gguf_to_hf_config(gguf.metadata, arch, names)
+    if arch == DEEPSEEK_GGUF_ARCH:
+        ds_cfg = deepseek_config_from_hf(hf)
+        with torch.device("meta"):
+            ds_model = DeepseekForCausalLM(ds_cfg, tp, expert_parallel)
+        return _finish(ds_model, MLARotary(ds_cfg), deepseek_weights(gguf), device, dtype, tokenizer, path.stem)
+    cfg, spec = moe_llama_config_from_hf(hf)
     with torch.device("meta"):
         model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)
-    return _finish(model, Rotary(cfg), gguf_weights(gguf, cfg, arch), device, dtype,
-                   Tokenizer.from_gguf_metadata(gguf.metadata), path.stem)
+    return _finish(model, Rotary(cfg), gguf_weights(gguf, cfg, arch), device, dtype, tokenizer, path.stem)
 
 
 def _finish(model, rotary, weights, device: torch.device, dtype: torch.dtype, tokenizer: Tokenizer,

@@ -65,16 +65,8 @@ def write_gguf(path, hf: dict, tensors: dict[str, tuple[np.ndarray, object]],
     arch = GGUF_ARCH[hf["architectures"][0]]
     rope = hf.get("rope_parameters") or {"rope_type": "default", "rope_theta": hf["rope_theta"]}
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(hf["num_hidden_layers"])
-    writer.add_context_length(hf["max_position_embeddings"])
-    writer.add_embedding_length(hf["hidden_size"])
-    writer.add_feed_forward_length(hf["intermediate_size"])
-    writer.add_head_count(hf["num_attention_heads"])
-    writer.add_head_count_kv(hf["num_key_value_heads"])
+    add_base_metadata(writer, hf, hf["num_key_value_heads"])
     writer.add_key_length(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
-    writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
-    writer.add_vocab_size(hf["vocab_size"])
     if rope["rope_type"] in ("linear", "yarn"):
         writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
         writer.add_rope_scaling_factor(rope["factor"])
@@ -93,6 +85,23 @@ def write_gguf(path, hf: dict, tensors: dict[str, tuple[np.ndarray, object]],
     tokenizer_metadata(writer)
     for name, (data, raw_dtype) in tensors.items():
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    write_out(writer)
+
+
+def add_base_metadata(writer: gguf.GGUFWriter, hf: dict, kv_heads: int) -> None:
+    """The keys every architecture's converter writes."""
+    writer.add_block_count(hf["num_hidden_layers"])
+    writer.add_context_length(hf["max_position_embeddings"])
+    writer.add_embedding_length(hf["hidden_size"])
+    writer.add_feed_forward_length(hf["intermediate_size"])
+    writer.add_head_count(hf["num_attention_heads"])
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base((hf.get("rope_parameters") or hf)["rope_theta"])
+    writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
+    writer.add_vocab_size(hf["vocab_size"])
+
+
+def write_out(writer: gguf.GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -17,6 +18,17 @@ SPECIAL_TOKENS = ["<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|star
 VOCAB_SIZE = 288  # 256 bytes + the specials, rounded up as checkpoints pad their embeddings
 BASE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Runs a module's tests on one intra-op thread: tiny shapes gain nothing from more, and where the host is
+    busy (a shared CI runner; worker ranks beside the test process) threads spin-waiting on each other make
+    every op many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def byte_tokenizer() -> HFTokenizer:

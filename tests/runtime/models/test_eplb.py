@@ -11,7 +11,10 @@ from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.eplb import Placement, balanced_packing, place_experts, replicate
 from radixlang.runtime.models.moe import ExpertTable
 
+from .hf_tiny import one_thread
 from .test_moe_parity import build, prompts
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)  # the fixture, imported
 
 
 @st.composite

@@ -17,7 +17,10 @@ from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.deepseek import DeepseekConfig, MLAttention
 from radixlang.runtime.models.llama import ForwardContext
 
+from .hf_tiny import one_thread
 from .test_moe_parity import build, prompts
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)  # the fixture, imported
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,10 @@ import transformers
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models import moe
 
-from .hf_tiny import BASE, save_hf_model
+from .hf_tiny import BASE, one_thread, save_hf_model
 from .test_hf_parity import full_logprobs, hf_greedy, prompts
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)  # the fixture, imported
 
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 # MLA at tiny shapes: layer 0 dense, layer 1 MoE with a shared expert
