@@ -7,7 +7,7 @@ y: per BLOCK_K columns it loads the words that hold its codes, shifts each code 
 zero of that run's group (one per column, as a run of GROUP_RUN columns lies in one group), dequantises
 in fp32, where each (code - zero) * scale is exact, rounds once to the activations' dtype and multiplies on
 tensor cores, accumulating in fp32. So the weights cross memory at 4 or 8 bits each (what decode's speed
-is), and a 16-bit W is bit-equal to the format's own fp16 dequantisation (transformers', AutoGPTQ's).
+is), and with fp16 activations W is bit-equal to the format's own fp16 dequantisation (AutoGPTQ's, AutoAWQ's).
 
 Act-order checkpoints (GPTQ desc_act: g_idx not sorted) are sorted by group at load, as for the CPU kernel,
 and the caller gathers the input columns in that order (checkpoint_quant.PermutedInput).
