@@ -4,8 +4,8 @@ Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `ge
 workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on (inside the decode graphs) and
 off; a kernel microbenchmark (benchmark/gpu_kernels.py: attention, issue 29's MLA latent decode and fused
 MoE, issue 30's GPTQ / AWQ dequant-GEMM at SmolLM2's and a 7B layer's shapes); the HBM bandwidth decode
-achieves at 64 requests x 4k context (bytes of weights and KV read per step / step time); for those two, also the decode graphs' replay time alone (CUDA events), which tells the
-kernels' share from the host's; Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16);
+achieves at 64 requests x 4k context (bytes of weights and KV read per step / step time); for those two,
+also the decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's; Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16);
 and decode with CUDA graphs on vs off. `goals` holds the issue's targets as booleans.
 
 On an H200 (its image has torch, triton, transformers and tokenizers; the engine imports neither gguf, lark,
