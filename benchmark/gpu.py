@@ -6,7 +6,8 @@ off; a kernel microbenchmark (benchmark/gpu_kernels.py: attention, issue 29's ML
 MoE, issue 30's GPTQ / AWQ dequant-GEMM at SmolLM2's and a 7B layer's shapes); the HBM bandwidth decode
 achieves at 64 requests x 4k context (bytes of weights and KV read per step / step time); for those two,
 also the decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's;
-Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs off. `goals` holds the issue's targets as booleans.
+Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs
+off. `goals` holds the issue's targets as booleans.
 
 On an H200 (its image has torch, triton, transformers and tokenizers; the engine imports neither gguf, lark,
 fastapi nor uvicorn on this path, so no wheels are needed). `../shared` does not travel, so first, here:
