@@ -3,10 +3,11 @@
 Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `generate`; the shared-prefix
 workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on (inside the decode graphs) and
 off; a kernel microbenchmark (benchmark/gpu_kernels.py: attention, issue 29's MLA latent decode and fused
-MoE); the HBM bandwidth decode achieves at 64 requests x 4k context (bytes of weights and KV read per step
-/ step time); for those two, also the decode graphs' replay time alone (CUDA events), which tells the
-kernels' share from the host's; Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16);
-and decode with CUDA graphs on vs off. `goals` holds the issue's targets as booleans.
+MoE, issue 30's GPTQ / AWQ dequant-GEMM at SmolLM2's and a 7B layer's shapes); the HBM bandwidth decode
+achieves at 64 requests x 4k context (bytes of weights and KV read per step / step time); for those two,
+also the decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's;
+Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs
+off. `goals` holds the issue's targets as booleans.
 
 On an H200 (its image has torch, triton, transformers and tokenizers; the engine imports neither gguf, lark,
 fastapi nor uvicorn on this path, so no wheels are needed). `../shared` does not travel, so first, here:
@@ -86,7 +87,8 @@ def kernel_sizes(quick: bool):
                            extend_contexts=(24,), max_kv_bytes=1 << 30, reference_max_kv_bytes=1 << 30,
                            max_extend_tokens=64, cascade_requests=(2,), cascade_prefixes=(40,), cascade_suffix=3,
                            mla_shapes=((20, 32, 8),), mla_requests=(2,), mla_contexts=(40,),
-                           moe_shapes=((48, 40, 5, 2),), moe_tokens=(13,))
+                           moe_shapes=((48, 40, 5, 2),), moe_tokens=(13,), dequant_shapes=((64, 80, 4, 32),),
+                           dequant_rows=(3, 20))
     return KernelSizes(heads=((9, 3, 64), (32, 8, 128)), decode_requests=(1, 16, 64, 256),
                        decode_contexts=(1024, 4096, 16384, 32768), extend_requests=(1, 16),
                        extend_contexts=(1024, 4096, 16384), max_kv_bytes=4 << 30, reference_max_kv_bytes=1 << 30,
@@ -95,7 +97,11 @@ def kernel_sizes(quick: bool):
                        # DeepSeek-V3's latent rows with 16 (one rank of TP 8) and 128 query heads
                        mla_shapes=((16, 512, 64), (128, 512, 64)), mla_requests=(1, 64, 256), mla_contexts=(1024, 4096),
                        # Mixtral-8x7B's experts, and 32 of DeepSeek-V3's (one rank of EP 8)
-                       moe_shapes=((4096, 14336, 8, 2), (7168, 2048, 32, 8)), moe_tokens=(1, 64, 1024, 8192))
+                       moe_shapes=((4096, 14336, 8, 2), (7168, 2048, 32, 8)), moe_tokens=(1, 64, 1024, 8192),
+                       # GPTQ / AWQ linears: SmolLM2's gate_up and down, a 7B layer's (Llama-2-7B) q and up / down
+                       dequant_shapes=((576, 3072, 4, 64), (1536, 576, 4, 64), (4096, 4096, 4, 128),
+                                       (4096, 11008, 4, 128), (11008, 4096, 4, 128), (4096, 11008, 8, 128)),
+                       dequant_rows=(1, 16, 256, 2048))
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -5,8 +5,9 @@ leaves them); and the fixed-shape decode plan (what the decode graphs capture) o
 prefix, with and without its cascade group. Each case reports milliseconds per call and, for Triton
 decode, the KV bytes read per second (for the cascade, the prefix pass's programs and K/V bytes, counted
 from its grid and tile sizes); the MLA latent decode kernel against SDPA over the same latent rows
-(dense), and the fused-MoE kernel against the grouped per-expert matmuls of the CPU path. A case that
-fails (out of memory, a missing SDPA kernel) records its error instead."""
+(dense), the fused-MoE kernel against the grouped per-expert matmuls of the CPU path, and the GPTQ / AWQ
+dequant-GEMM against a matmul on its dequantized weights (the bytes of weights it reads per second, too).
+A case that fails (out of memory, a missing SDPA kernel) records its error instead."""
 from __future__ import annotations
 
 import math
@@ -41,6 +42,8 @@ class KernelSizes:
     mla_contexts: tuple[int, ...] = ()
     moe_shapes: tuple[tuple[int, int, int, int], ...] = ()  # (hidden, expert intermediate, experts, top_k)
     moe_tokens: tuple[int, ...] = ()
+    dequant_shapes: tuple[tuple[int, int, int, int], ...] = ()  # (in, out, bits, group size) of a linear
+    dequant_rows: tuple[int, ...] = ()
 
 
 def bench_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -220,6 +223,32 @@ def fused_moe_case(hidden: int, inter: int, experts: int, top_k: int, tokens: in
     return row
 
 
+def dequant_gemm_case(k: int, n: int, bits: int, group: int, rows: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """One GPTQ / AWQ linear on `rows` rows: the Triton dequant-GEMM reading the packed codes, against a
+    matmul on the same weights dequantized to `dtype` (what the GPU path ran before)."""
+    from radixlang.kernels.triton_dequant_gemm import dequant_gemm
+    from radixlang.runtime.models.quant_formats import pack_int32
+
+    row: dict = {"in": k, "out": n, "bits": bits, "group": group, "rows": rows}
+    codes = torch.randint(0, 2**bits, (n, k), dtype=torch.int32, device=device)
+    scales = torch.rand(k // group, n, device=device) * 0.01
+    zeros = torch.full((k // group, n), 2 ** (bits - 1), dtype=torch.int16, device=device)
+    g_idx = torch.arange(k, dtype=torch.int32, device=device) // group
+    qweight = pack_int32(codes.T.cpu(), bits, dim=0).to(device)
+    weight = ((codes - zeros.T.repeat_interleave(group, 1)).float() * scales.T.repeat_interleave(group, 1)).to(dtype)
+    x = torch.randn(rows, k, dtype=dtype, device=device)
+    row["triton_ms"] = _timed(lambda: dequant_gemm(x, qweight, scales, zeros, g_idx, bits), device)
+    row["dense_ms"] = _timed(lambda: x @ weight.T, device)
+    if isinstance(row["triton_ms"], float) and isinstance(row["dense_ms"], float):
+        row["speedup"] = row["dense_ms"] / row["triton_ms"]
+        weight_bytes = qweight.numel() * 4 + scales.numel() * 4 + zeros.numel() * 2
+        row["weight_gb_s"] = weight_bytes / row["triton_ms"] / 1e6
+        want = (x @ weight.T).float()
+        got = dequant_gemm(x, qweight, scales, zeros, g_idx, bits).float()
+        row["max_rel_diff"] = ((got - want).abs().max() / want.abs().max()).item()
+    return row
+
+
 def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -> dict[str, list[dict]]:
     decode, extend, cascade = [], [], []
     elsize = torch.empty((), dtype=dtype).element_size()
@@ -240,4 +269,6 @@ def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -
     mla = [mla_decode_case(heads, rank, rope, requests, context, dtype, device)
            for heads, rank, rope in sizes.mla_shapes for requests in sizes.mla_requests for context in sizes.mla_contexts]
     moe = [fused_moe_case(*shape, tokens, dtype, device) for shape in sizes.moe_shapes for tokens in sizes.moe_tokens]
-    return {"decode": decode, "extend": extend, "cascade": cascade, "mla_decode": mla, "fused_moe": moe}
+    dequant = [dequant_gemm_case(*shape, rows, dtype, device) for shape in sizes.dequant_shapes for rows in sizes.dequant_rows]
+    return {"decode": decode, "extend": extend, "cascade": cascade, "mla_decode": mla, "fused_moe": moe,
+            "dequant_gemm": dequant}

@@ -121,8 +121,9 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="radixlang-quant-"))
     folders = make_folders(root, [n for n in args.only.split(",") if n])
-    engines = {"fp32": Engine(device="cpu", kv_cache_tokens=4096), "auto": Engine(device="cpu", kv_cache_tokens=4096,
-                                                                                   quantization="auto")}
+    # fp32 is quantization="none": the default ("auto") runs the GGUF's Q4_1 / Q8_0 blocks and bf16 copies
+    engines = {name: Engine(device="cpu", kv_cache_tokens=4096, quantization=mode)
+               for name, mode in (("fp32", "none"), ("auto", "auto"))}
     engines |= {name: Engine(str(path), device="cpu", kv_cache_tokens=4096) for name, path in folders.items()}
     try:
         for engine in engines.values():

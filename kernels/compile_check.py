@@ -1,5 +1,6 @@
-"""Compiles the Triton attention kernels for a CUDA GPU on a machine without one, and reports each variant's
-registers, local memory (spills), shared memory and tensor-core instructions.
+"""Compiles the Triton kernels (attention, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM) for a CUDA GPU on a
+machine without one, and reports each variant's registers, local memory (spills), shared memory and
+tensor-core instructions.
 
 CI runs the kernels under TRITON_INTERPRET=1, which executes them as numpy and accepts code that a real
 compile rejects (a global that is not a constexpr, say). This check drives the Triton backend through every
@@ -38,6 +39,7 @@ from triton.runtime.jit import JITFunction
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
 from .triton_backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton_decode import MAX_SPLITS, num_splits
+from .triton_dequant_gemm import dequant_gemm
 from .triton_extend import block_rows
 from .triton_mla import mla_decode
 from .triton_moe import fused_moe
@@ -47,6 +49,7 @@ SIXTEEN_BIT = ("bfloat16", "float16")  # their tl.dot must use tensor cores (fp3
 HEAD_SHAPES = ((9, 3, 64), (32, 8, 128))  # SmolLM2-135M's (heads, KV heads, head_dim); a Llama-8B-like one
 MLA_SHAPE = (16, 512, 64)  # DeepSeek-V3's latent decode: (query heads on a rank, kv_lora_rank, rope dims)
 MOE_SHAPE = (256, 128, 8, 2)  # (hidden, expert intermediate, experts, top-k): sizes are runtime arguments
+DEQUANT_GEMM_LABEL = "dequant gemm"  # GPTQ / AWQ linears: 4- and 8-bit codes, decode and prefill row blocks
 
 
 @dataclass(slots=True)
@@ -182,6 +185,17 @@ def drive_mla_and_moe(dtype: torch.dtype) -> None:
               torch.zeros(experts, hidden, inter, dtype=dtype), ids, torch.ones(8, k))
 
 
+def drive_dequant_gemm(dtype: torch.dtype) -> None:
+    """The GPTQ / AWQ dequant-GEMM for 4- and 8-bit codes at both row-block sizes (compile-only)."""
+    k, n = 256, 128  # sizes are runtime arguments
+    for bits in (4, 8):
+        qweight = torch.zeros(k * bits // 32, n, dtype=torch.int32)
+        scales, zeros = torch.zeros(k // 128, n), torch.zeros(k // 128, n, dtype=torch.int16)
+        for rows in (1, 64):
+            dequant_gemm(torch.zeros(rows, k, dtype=dtype), qweight, scales, zeros, torch.arange(k, dtype=torch.int32) // 128,
+                         bits)
+
+
 def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_check compiles kernels: run it without TRITON_INTERPRET=1")
@@ -189,6 +203,7 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     shapes: list[tuple[str, Callable[[torch.dtype], None]]] = [
         (f"{h}/{kv}/{d}", functools.partial(drive_every_step_kind, h, kv, d)) for h, kv, d in HEAD_SHAPES]
     shapes.append(("mla {}/{}+{}, moe".format(*MLA_SHAPE), drive_mla_and_moe))
+    shapes.append((DEQUANT_GEMM_LABEL, drive_dequant_gemm))
     for dtype in dtypes:
         for label, drive in shapes:
             with compile_only(arch) as compiled:

@@ -6,24 +6,31 @@ with scale s and zero z is W = (code - 8) * s + s * (8 - z) per run of 32, exact
 form; 8-bit codes go through its hi/lo split. Act-order (desc_act) checkpoints list each column's group
 in g_idx: the columns are sorted by group once at load and the input is gathered in that order per call
 (the kernel needs contiguous groups). Fused q/k/v or gate/up whose parts were sorted differently run as
-separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear. Other devices keep the fp32 weights.
+separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear.
+
+On a CUDA GPU GPTQ / AWQ run on the Triton dequant-GEMM (triton_quant.TritonIntLinear), from the same
+group-sorted codes and input order; W8A8 folders keep their dequantized weights there (no int8 GPU kernel
+yet), as do other devices.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, TypeVar
+from typing import Any, Iterator, Literal, TypeVar
 
 import torch
 from torch import nn
 
+from ...kernels.registry import ATTENTION_BACKENDS
 from .gguf_blocks import GROUP, GroupQuant
 from .llama import packed_parts, packed_target
 from .quant import Int4Linear, packable
 from .quant_formats import IntWeight, read_awq, read_gptq
+from .triton_quant import TritonIntLinear
 from .w8a8 import W8A8Linear
 
 T = TypeVar("T")
 METHODS = ("gptq", "awq", "w8a8_int8")
+Kernels = Literal["cpu", "triton"]  # torch's CPU int4pack / int8 kernels, or the Triton dequant-GEMM (GPU)
 GROUP_SIZES = (-1, 32, 64, 128)
 _PACKED_SUFFIXES = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales"),
                     "w8a8_int8": ("weight", "weight_scale")}
@@ -150,7 +157,14 @@ def runs_share_groups(w: IntWeight) -> bool:
     return k % GROUP == 0 and bool((w.g_idx.view(-1, GROUP) == w.g_idx[::GROUP, None]).all())
 
 
-def pack_checkpoint_linears(model: nn.Module, store: QuantStore) -> int:
+def checkpoint_kernels(device: torch.device) -> Kernels | None:
+    """The native kernels for a quantized checkpoint on `device` (None: keep the dequantized weights)."""
+    if device.type == "cpu":
+        return "cpu"
+    return "triton" if device.type == "cuda" and "triton" in ATTENTION_BACKENDS else None
+
+
+def pack_checkpoint_linears(model: nn.Module, store: QuantStore, kernels: Kernels = "cpu") -> int:
     """Swaps each linear whose weights `store` holds for its native kernel; returns how many."""
     targets: dict[str, dict[str | None, Any]] = {}
     for name, packed in store.items():
@@ -159,10 +173,9 @@ def pack_checkpoint_linears(model: nn.Module, store: QuantStore) -> int:
     replaced = 0
     for module_name, parts in targets.items():
         linear = model.get_submodule(module_name)
+        assert isinstance(linear, nn.Linear), f"{module_name} is a {type(linear).__name__}, not a linear"
         ordered = [parts[None]] if None in parts else [parts[p] for p in packed_parts(f"{module_name}.weight")]
-        bias = linear.bias
-        assert bias is None or isinstance(bias, torch.Tensor), f"{module_name} is a linear: its bias a tensor or None"
-        native = _native(ordered, bias)
+        native = _native(ordered, linear.bias, kernels, linear.weight.device)
         if native is not None:
             parent, _, attr = module_name.rpartition(".")
             setattr(model.get_submodule(parent), attr, native)
@@ -170,23 +183,29 @@ def pack_checkpoint_linears(model: nn.Module, store: QuantStore) -> int:
     return replaced
 
 
-def _native(parts: list[Any], bias: torch.Tensor | None) -> nn.Module | None:
+def _native(parts: list[Any], bias: torch.Tensor | None, kernels: Kernels, device: torch.device) -> nn.Module | None:
     if isinstance(parts[0], tuple):  # W8A8: int8 rows stack
+        if kernels != "cpu":
+            return None
         codes = torch.cat([p[0] for p in parts]).to(torch.int8)
         return W8A8Linear(codes, torch.cat([p[1] for p in parts]), bias)
     sorted_parts = [p.sorted_by_group() for p in parts]
-    if not all(packable(w.codes.shape[0], w.codes.shape[1], "int4") and runs_share_groups(w) for w, _ in sorted_parts):
+    if not all(runs_share_groups(w) and (kernels == "triton" or packable(w.codes.shape[0], w.codes.shape[1], "int4"))
+               for w, _ in sorted_parts):
         return None
+
+    def linear(w: IntWeight, b: torch.Tensor | None) -> nn.Module:
+        return TritonIntLinear(w, b, device) if kernels == "triton" else Int4Linear(group_quant(w), b)
+
     orders = [order for _, order in sorted_parts]
     if all(torch.equal(o, orders[0]) for o in orders):
-        fused = _cat_int_weights([w for w, _ in sorted_parts])
-        return _with_order(orders[0], Int4Linear(group_quant(fused), bias))
+        return _with_order(orders[0], linear(_cat_int_weights([w for w, _ in sorted_parts]), bias), device)
     biases = bias.split([w.codes.shape[0] for w, _ in sorted_parts]) if bias is not None else [None] * len(parts)
-    return ConcatOutputs([_with_order(o, Int4Linear(group_quant(w), b)) for (w, o), b in zip(sorted_parts, biases)])
+    return ConcatOutputs([_with_order(o, linear(w, b), device) for (w, o), b in zip(sorted_parts, biases)])
 
 
-def _with_order(order: torch.Tensor, linear: nn.Module) -> nn.Module:
-    return linear if torch.equal(order, torch.arange(len(order))) else PermutedInput(order, linear)
+def _with_order(order: torch.Tensor, linear: nn.Module, device: torch.device) -> nn.Module:
+    return linear if torch.equal(order, torch.arange(len(order))) else PermutedInput(order.to(device), linear)
 
 
 def _cat_int_weights(parts: list[IntWeight]) -> IntWeight:

@@ -18,7 +18,13 @@ from torch import nn
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
 from . import quant, weight_cache
-from .checkpoint_quant import QuantStore, dequantized_weights, pack_checkpoint_linears, parse_quant_config
+from .checkpoint_quant import (
+    QuantStore,
+    checkpoint_kernels,
+    dequantized_weights,
+    pack_checkpoint_linears,
+    parse_quant_config,
+)
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_deepseek import DEEPSEEK_GGUF_ARCH, deepseek_gguf_to_hf_config, deepseek_gguf_weights
 from .gguf_file import GGUFFile, read_gguf
@@ -73,8 +79,9 @@ def load_language_model(path: str | Path | None, device: torch.device, dtype: to
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
     model = build_model(cfg, weights, device, dtype, tp)
-    if quantized and device.type == "cpu" and (tp is None or tp.size == 1):
-        pack_checkpoint_linears(model, quantized)
+    kernels = checkpoint_kernels(device)
+    if quantized and kernels is not None and (tp is None or tp.size == 1):
+        pack_checkpoint_linears(model, quantized, kernels)
     quantize_model(model, quantization, blocks)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
 

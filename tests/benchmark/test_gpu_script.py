@@ -56,6 +56,8 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
     for part, oracle in (("mla_decode", "sdpa_ms"), ("fused_moe", "grouped_ms")):  # each against its torch form
         assert len(kernels[part]) == 1 and isinstance(kernels[part][0][oracle], float)
         assert kernels[part][0]["max_abs_diff"] < 1e-4
+    dequant = kernels["dequant_gemm"]  # the GPTQ / AWQ kernel against a matmul on its dequantized weights
+    assert [r["rows"] for r in dequant] == [3, 20] and all(r["max_rel_diff"] < 1e-5 for r in dequant)
     assert all(isinstance(r[k], float) for r in kernels["decode"] + kernels["extend"]
                for k in ("triton_ms", "sdpa_ms", "reference_ms"))
     assert set(table["goals"]) == {"batch1_vs_hf>=20", "batch256_vs_hf>=5", "cascade_vs_no_cascade>=3",

@@ -1,4 +1,4 @@
-"""The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the backend launches,
+"""The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the engine launches,
 without register spills, within its shared memory, and bf16 on tensor cores; and the check catches what the
 interpreter lets pass.
 
@@ -57,6 +57,11 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
         sparse = [v for v in lines if v["heads"].startswith("mla")]  # MLA latent decode, fused-MoE GEMMs
         assert sorted(v["kernel"] for v in sparse) == ["_grouped_gemm_kernel"] * 2 + ["_mla_decode_kernel"]
         assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in sparse)
+        dequant = [v for v in lines if v["heads"] == "dequant gemm"]  # GPTQ / AWQ: bits x row-block sizes
+        bits_rows = sorted((v["constants"]["BITS"], v["constants"]["BLOCK_M"]) for v in dequant)
+        assert bits_rows == [(4, 16), (4, 64), (8, 16), (8, 64)]
+        assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 and v["dots"] == 1 for v in dequant)
+        assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in dequant)
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""

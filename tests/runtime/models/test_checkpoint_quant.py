@@ -17,16 +17,21 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.checkpoint_quant import (
     ConcatOutputs,
     PermutedInput,
+    QuantStore,
+    checkpoint_kernels,
     dequantized_weights,
+    pack_checkpoint_linears,
     parse_quant_config,
 )
 from radixlang.runtime.models.quant import Int4Linear
 from radixlang.runtime.models.quant_formats import IntWeight, read_gptq, write_gptq
+from radixlang.runtime.models.triton_quant import TritonIntLinear
 
 from .hf_tiny import BASE, save_hf_model
 from .quant_folders import write_quantized_folder
@@ -103,6 +108,28 @@ def test_native_layers_compute_with_the_reference_weights(fp_folder, tmp_path, n
     if CASES[name][3]:  # act-order: q, k, v were sorted differently, so run side by side, input gathered
         assert isinstance(layer.self_attn.qkv_proj, ConcatOutputs)
         assert all(isinstance(p, PermutedInput) for p in layer.self_attn.qkv_proj.parts)
+
+
+@pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_layers_run_the_triton_kernel_with_the_reference_weights(fp_folder, tmp_path, name):
+    """The GPU path (run here in Triton's interpreter): each checkpoint's linears on the dequant-GEMM."""
+    folder, reference = build(fp_folder, tmp_path, name, torch.float32)  # the exact products
+    assert checkpoint_kernels(torch.device("cuda")) == "triton" and checkpoint_kernels(torch.device("cpu")) == "cpu"
+    qc = parse_quant_config(json.loads((folder / "config.json").read_text()))
+    store: QuantStore = {}
+    list(dequantized_weights(iter(load_file(str(folder / "model.safetensors")).items()), qc, store))
+    model = load_model(fp_folder, torch.device("cpu"), torch.float32).model
+    assert pack_checkpoint_linears(model, store, "triton") == 4 * BASE["num_hidden_layers"]  # qkv, o, gate_up, down
+    layer = model.layers[1]
+    x = torch.randn(3, BASE["hidden_size"], generator=torch.Generator().manual_seed(0))
+    for module, prefix, parts in ((layer.self_attn.qkv_proj, "self_attn", ("q_proj", "k_proj", "v_proj")),
+                                  (layer.mlp.gate_up_proj, "mlp", ("gate_proj", "up_proj"))):
+        want = x.double() @ torch.cat([reference[f"model.layers.1.{prefix}.{p}.weight"] for p in parts]).double().T
+        assert ((module(x).double() - want).abs() <= 1e-5 * want.abs().max()).all()
+    kernels = [m for m in layer.modules() if isinstance(m, TritonIntLinear)]
+    assert len(kernels) == (7 if CASES[name][3] else 4)  # act-order: q/k/v and gate/up sorted differently, run apart
+    assert not any(isinstance(m, Int4Linear) for m in model.modules())
 
 
 @pytest.mark.parametrize("name", ["gptq4-g32-act-order", "awq4-g32"])

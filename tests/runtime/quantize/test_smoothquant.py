@@ -8,7 +8,7 @@ import transformers
 
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.models.w8a8 import W8A8Linear, quantize_rows_int8
+from radixlang.runtime.models.w8a8 import ROW_TILE, W8A8Linear, quantize_rows_int8
 from radixlang.runtime.quantize.layerwise import CausalAttention
 from radixlang.runtime.quantize.smoothquant import smooth_and_quantize, smooth_model
 
@@ -60,12 +60,17 @@ def test_int8_matmul_is_exact_against_a_float_matmul_of_the_same_ints():
 
 def test_w8a8_linear_is_its_int_codes_times_the_row_and_channel_scales():
     g = torch.Generator().manual_seed(1)
-    w, x, bias = torch.randn(48, 128, generator=g), torch.randn(2, 5, 128, generator=g), torch.randn(48, generator=g)
+    rows = ROW_TILE // 2 + 3  # two of them span more than one row tile
+    w, x, bias = torch.randn(48, 128, generator=g), torch.randn(2, rows, 128, generator=g), torch.randn(48, generator=g)
+    x[0, 1] *= 1000  # one row far larger: its own scale
     layer = W8A8Linear.from_float(w, bias)
-    xq, xs = quantize_rows_int8(x.reshape(-1, 128))
+    flat = x.reshape(-1, 128)
+    xs = flat.abs().amax(dim=1, keepdim=True) / 127  # symmetric per row, codes in [-127, 127]
+    xq = torch.round(flat / xs)
+    assert torch.equal(quantize_rows_int8(flat)[0].float(), xq) and xq.abs().max() == 127
     want = (xq.double() @ layer.qweight.double().T) * xs.double() * layer.weight_scale.double() + bias.double()
     got = layer(x)
-    assert got.shape == (2, 5, 48)
+    assert got.shape == (2, rows, 48)
     assert torch.allclose(got.reshape(-1, 48).double(), want, rtol=1e-6, atol=1e-5)
     assert (got - (x @ w.T + bias)).abs().max() < 0.05 * (x @ w.T).abs().max()  # and near the float layer
 
