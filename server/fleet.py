@@ -22,6 +22,8 @@ import urllib.error
 import urllib.request
 from typing import Sequence
 
+from .config import HEALTH_TIMEOUT_S
+
 logger = logging.getLogger(__name__)
 
 ROUTER_MODULE = "sglang_router"
@@ -29,6 +31,10 @@ INSTALL_HINT = "pip install 'radixlang[router]'  (the sglang-router wheel)"
 STARTUP_TIMEOUT_S = 600.0  # a worker loads and warms its model within this
 POLL_S = 0.2
 HEALTH_CHECK_INTERVAL_S = 2  # the router probes each worker this often: a dead one leaves within seconds
+# A worker's /health waits for its scheduler thread to answer between steps (HEALTH_TIMEOUT_S at most), and a
+# long prefill step on a busy CPU takes more than the router's default 5 s: with that, the router took a
+# busy worker for a dead one. So the worker's own answer decides; a dead worker still refuses at once.
+HEALTH_CHECK_TIMEOUT_S = math.ceil(HEALTH_TIMEOUT_S) + 5
 MAX_RESTARTS = 3  # a worker that dies is started again this many times at most
 STOP_MARGIN_S = 15.0  # after the drain grace period, a process still running is killed
 
@@ -121,6 +127,7 @@ class Fleet:
                "--port", str(spec.port), "--worker-urls", *self.worker_urls, "--policy", spec.policy,
                "--prometheus-host", spec.host, "--prometheus-port", str(self.metrics_port),
                "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
+               "--health-check-timeout-secs", str(HEALTH_CHECK_TIMEOUT_S),
                # it finishes what is in flight within the workers' grace, then the workers drain in turn
                "--shutdown-grace-period-secs", str(max(1, math.ceil(spec.grace_s))),
                "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,

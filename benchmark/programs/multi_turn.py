@@ -39,6 +39,18 @@ def make_long(n: int) -> list[dict]:
             for i in range(n)]
 
 
+def make_sessions(n: int, turns: int = 4) -> list[dict]:
+    """`n` chat sessions of the long-turn chat's messages, each a user with their own report and notes, as a
+    server's concurrent conversations are: no two share more than the system prompt and a few words."""
+    sessions = []
+    for i in range(n):
+        rng, subject = random.Random(i), SUBJECTS[i % len(SUBJECTS)]
+        messages = [long_message(rng, subject, t) for t in range(turns)]
+        messages[0] = f"I am writing report number {i + 1}, on {subject}. {messages[0]}"
+        sessions.append({"turns": messages, "max_tokens": LONG_REPLY})
+    return sessions
+
+
 @rl.function
 def chat(s, turns, max_tokens):
     s += rl.system(SYSTEM)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -59,6 +60,19 @@ def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
     assert res.returncode == 2 and "schedule_policy must be one of" in res.stderr
 
 
+def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.2)
+
+
 def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_tiny_model_dir, stream_in_thread):
     port = free_port()
     proc = subprocess.Popen(
@@ -69,16 +83,7 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_ti
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+        _wait_healthy(proc, url)
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
             assert [m.id for m in client.models.list().data] == ["tiny"]
             out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
@@ -91,6 +96,32 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_ti
         reader.join(30)
         assert proc.wait(timeout=30) == 0
         assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_during_a_cold_background_compile_exits_at_once_and_cleanly(tiny_model_dir, tmp_path):
+    """The compile thread cannot be interrupted; the process must not wait for it, nor crash on it, at exit."""
+    port = free_port()
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))  # nothing compiled yet: a cold compile
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(tiny_model_dir),
+         "--port", str(port), "--device", "cpu", "--kv-cache-tokens", "256", "--graceful-timeout", "1",
+         "--log-level", "warning", "--compile-layers", "true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url)
+        assert httpx.get(f"{url}/server_info", timeout=5).json()["decode_compile"] == "compiling"
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(timeout=60) == 0, proc.communicate()[1]
+        assert time.monotonic() - started < 15  # the 1 s grace, the drain's 5 s margin, the engine's close
+        stderr = proc.communicate()[1]
+        # it left while the compile ran (the old exit waited on its workers, or aborted: exit 134)
+        assert "exiting without waiting for the background decode compile" in stderr, stderr
     finally:
         if proc.poll() is None:
             proc.kill()
