@@ -1,4 +1,4 @@
-"""Quantization methods on SmolLM2-135M, one run: perplexity of fidelity.py's fixed text and greedy
+"""Quantization methods on SmolLM2-135M, one run: perplexity of fidelity.py's fixed and long texts, greedy
 agreement with fp32 on its 20 prompts, then decode tok/s (batch 1, 16 x 64) and prefill tok/s, for:
 fp32, RTN int4 g128, GPTQ int4 g128 (with and without act-order), naive W8A8 (RTN), SmoothQuant W8A8
 (alpha 0.5, and a sweep with --alphas), and the GGUF's own Q4_1 / Q8_0 blocks (`auto`).
@@ -25,7 +25,7 @@ from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_decode import engine_runner  # noqa: E402
-from fidelity import FIXED_TEXT, agreement, perplexity, reference_run  # noqa: E402
+from fidelity import FIXED_TEXT, LONG_TEXT, agreement, perplexity, reference_run  # noqa: E402
 from radix_cache import DECODE_PROMPTS  # noqa: E402
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -84,16 +84,19 @@ def measure(engines: dict[str, Engine], repeats: int) -> dict[str, dict[str, flo
 
 def report_fidelity(engines: dict[str, Engine]) -> None:
     fp32_run = reference_run(engines["fp32"])
-    ppl = {name: perplexity(e) for name, e in engines.items()}
-    print("\nfidelity: perplexity of the fixed text (delta to fp32) and greedy agreement with fp32")
+    texts = {"fixed text": FIXED_TEXT, "long text": LONG_TEXT}
+    ppl = {text: {name: perplexity(e, body) for name, e in engines.items()} for text, body in texts.items()}
+    print("\nfidelity: perplexity of fidelity.py's fixed text (206 tokens) and long text (~1.2k tokens; delta to"
+          " fp32), greedy agreement with fp32")
     for name, engine in engines.items():
         vs = "" if name == "fp32" else "; " + agreement(reference_run(engine), fp32_run)
-        print(f"  {name:26} ppl {ppl[name]:.3f} ({ppl[name] - ppl['fp32']:+.3f}){vs}", flush=True)
-    gap = lambda a, b: 1 - (ppl[a] - ppl["fp32"]) / (ppl[b] - ppl["fp32"])  # noqa: E731
+        scores = "  ".join(f"{ppl[t][name]:.3f} ({ppl[t][name] - ppl[t]['fp32']:+.3f})" for t in texts)
+        print(f"  {name:26} ppl {scores}{vs}", flush=True)
     for a, b in (("GPTQ int4 g128", "RTN int4 g128"), ("GPTQ int4 g128 act-order", "RTN int4 g128"),
                  ("SmoothQuant W8A8", "RTN W8A8")):
-        if a in ppl and b in ppl:
-            print(f"  {a} closes {100 * gap(a, b):.0f}% of {b}'s perplexity gap to fp32")
+        if a in engines and b in engines:
+            closed = [100 * (1 - (p[a] - p["fp32"]) / (p[b] - p["fp32"])) for p in ppl.values()]
+            print(f"  {a} closes {closed[0]:.0f}% (fixed text) / {closed[1]:.0f}% (long text) of {b}'s gap to fp32")
 
 
 def report_speed(speed: dict[str, dict[str, float]]) -> None:

@@ -25,7 +25,9 @@ class GPTQSpec:
     sym: bool = False
     act_order: bool = False
     percdamp: float = 0.01  # dampening: this fraction of mean(diag(H)) added to the diagonal
-    block_size: int = 128
+    # columns per lazy batch update; any size gives the same arithmetic. 32 on CPU: the in-block updates
+    # (rows x block / 2 per column) then cost a quarter of 128's, the rest goes to one matmul per block
+    block_size: int = 32
 
 
 def group_params(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,30 +88,30 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -
 def _gptq(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWeight:
     n, k = weight.shape
     gs = spec.group_size if spec.group_size > 0 else k
-    if gs != k and spec.block_size % gs:
-        raise ValueError(f"group_size {gs} must divide block_size {spec.block_size}")
+    if gs != k and spec.block_size % gs and gs % spec.block_size:
+        raise ValueError(f"group_size {gs} and block_size {spec.block_size}: one must divide the other")
     h, w = dampened_hessian(hessian, weight, spec.percdamp)
     order = torch.argsort(h.diagonal(), descending=True) if spec.act_order else torch.arange(k)
-    w, h = w[:, order], h[order][:, order]
+    h = h[order][:, order]
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    codes = torch.empty(n, k, dtype=torch.int32)
+    # W transposed: column q of W is row q here, contiguous, so the per-column steps touch dense memory
+    wt = w[:, order].T.contiguous()
+    codes, errors = torch.empty_like(wt), torch.empty_like(wt)
     groups = -(-k // gs)  # the last group may be shorter (SmolLM2's 576 inputs in groups of 128)
-    scales, zeros = torch.empty(n, groups, dtype=w.dtype), torch.empty(n, groups, dtype=w.dtype)
-    if gs == k:  # one group per row: its range is the whole row before any update
-        scales[:, 0], zeros[:, 0] = group_params(w, spec.bits, spec.sym)
+    scales, zeros = torch.empty(groups, n, dtype=w.dtype), torch.empty(groups, n, dtype=w.dtype)
     for b0 in range(0, k, spec.block_size):
         b1 = min(b0 + spec.block_size, k)
-        block, errors = w[:, b0:b1].clone(), torch.zeros(n, b1 - b0, dtype=w.dtype)
-        for i in range(b1 - b0):
-            col, g = b0 + i, (b0 + i) // gs
-            if gs != k and col % gs == 0:  # the group's range, after all earlier columns' updates
-                scales[:, g], zeros[:, g] = group_params(block[:, i:i + gs], spec.bits, spec.sym)
-            q = round_column(block[:, i], scales[:, g], zeros[:, g], spec.bits)
-            codes[:, col] = q.int()
-            errors[:, i] = (block[:, i] - scales[:, g] * (q - zeros[:, g])) / u[col, col]
-            block[:, i:] -= errors[:, i:i + 1] * u[col, col:b1]
-        w[:, b1:] -= errors @ u[b0:b1, b1:]
-    return _in_input_order(codes, scales, zeros, order, gs, spec.bits)
+        for col in range(b0, b1):
+            g = col // gs
+            # a group's range, from its columns as all earlier columns' updates left them: a group starts
+            # at a block's start (every earlier block's update applied) or inside one (in-block updates are)
+            if col % gs == 0:
+                scales[g], zeros[g] = group_params(wt[col:col + gs].T, spec.bits, spec.sym)
+            codes[col] = round_column(wt[col], scales[g], zeros[g], spec.bits)
+            err = torch.div(wt[col] - scales[g] * (codes[col] - zeros[g]), u[col, col], out=errors[col])
+            wt[col + 1:b1].addr_(u[col, col + 1:b1], err, alpha=-1)
+        wt[b1:].addmm_(u[b0:b1, b1:].T, errors[b0:b1], alpha=-1)  # the block's errors reach later columns at once
+    return _in_input_order(codes.T.int(), scales.T, zeros.T, order, gs, spec.bits)
 
 
 def _in_input_order(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, order: torch.Tensor,

@@ -37,28 +37,48 @@ def linear_weight(module: torch.nn.Module, name: str) -> torch.Tensor:
     return weight
 
 
-def record_inputs(layer: DecoderLayer, observe: Callable[[str, torch.Tensor], None]) -> list:
-    """Calls observe(linear name, its 2-D input) on every forward of the layer's linears; returns the
-    hook handles (remove them when done)."""
+def record_inputs(layer: DecoderLayer, observe: Callable[[str, torch.Tensor], None],
+                  names: tuple[str, ...] = LINEARS) -> list:
+    """Calls observe(linear name, its 2-D input) on every forward of the layer's linears `names`; returns
+    the hook handles (remove them when done)."""
     def hook(name):
         return lambda module, args: observe(name, args[0].reshape(-1, args[0].shape[-1]))
 
-    return [layer.get_submodule(name).register_forward_pre_hook(hook(name)) for name in LINEARS]
+    return [layer.get_submodule(name).register_forward_pre_hook(hook(name)) for name in names]
+
+
+class _InputSeen(Exception):
+    """Raised by a hook once the linear a pass is for has seen its input: the rest of the layer is not run."""
 
 
 @torch.no_grad()
 def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
-                  on_layer: Callable[[int, DecoderLayer, Callable[[], None]], None], desc: str) -> None:
-    """For each layer: on_layer(index, layer, run), where run() passes every sample through the layer
-    as it is at that moment (hook its linears to see their inputs); then the samples move on through
-    the layer as on_layer left it."""
+                  on_layer: Callable[[int, DecoderLayer, Callable[[str | None], None]], None], desc: str) -> None:
+    """For each layer: on_layer(index, layer, run), where run(stop_at) passes every sample through the
+    layer as it is at that moment (hook its linears to see their inputs), up to linear `stop_at`'s input
+    when given (what comes after it is not computed); then the samples move on through the layer as
+    on_layer left it."""
     ctx = ForwardContext(attn=CausalAttention())
     hidden = [model.embed_tokens(ids) for ids in samples]
     ropes = [model.rotary.table(torch.arange(len(ids))) for ids in samples]
 
-    def run() -> None:
-        for x, rope in zip(hidden, ropes):
-            layer(x, rope, ctx)
+    def run(stop_at: str | None) -> None:
+        handle = None
+        if stop_at is not None:
+            def stop(module: torch.nn.Module, args: tuple) -> None:
+                raise _InputSeen
+
+            # registered last: the caller's hook on the same linear sees the input first
+            handle = layer.get_submodule(stop_at).register_forward_pre_hook(stop)
+        try:
+            for x, rope in zip(hidden, ropes):
+                try:
+                    layer(x, rope, ctx)
+                except _InputSeen:
+                    pass
+        finally:
+            if handle is not None:
+                handle.remove()
 
     for index, layer in enumerate(tqdm(model.layers, desc=desc, unit="layer")):
         on_layer(index, layer, run)

@@ -46,7 +46,7 @@ def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: fl
             act_max[name] = torch.maximum(act_max[name], m) if name in act_max else m
 
         handles = record_inputs(layer, observe)
-        run()
+        run(None)
         for h in handles:
             h.remove()
         smooth_layer(layer, act_max, alpha)

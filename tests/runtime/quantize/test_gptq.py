@@ -43,12 +43,12 @@ def paper_reference(weight: torch.Tensor, h: torch.Tensor, spec: GPTQSpec) -> to
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("group_size", [32, -1])
-def test_gptq_equals_the_papers_unblocked_equations(act_order, group_size):
+@pytest.mark.parametrize("group_size, block_size", [(32, 64), (64, 32), (-1, 64)])  # groups in blocks, across
+def test_gptq_equals_the_papers_unblocked_equations(act_order, group_size, block_size):
     k = 128
     x = correlated_inputs(512, k, seed=0).double()
     w = torch.randn(24, k, generator=torch.Generator().manual_seed(3)).double()
-    spec = GPTQSpec(bits=4, group_size=group_size, act_order=act_order, block_size=64)  # two blocks
+    spec = GPTQSpec(bits=4, group_size=group_size, act_order=act_order, block_size=block_size)
     ours = gptq_quantize(w, hessian(x), spec)
     want = paper_reference(w, hessian(x), spec)
     assert torch.equal(ours.codes, want)
