@@ -52,6 +52,7 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
+        self.prefill_budget = self.cfg.prefill_budget()
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -59,6 +60,7 @@ class Scheduler:
             emit_final(req, "abort", error=f"request id {req.rid!r} is already in use")
             return
         self.reqs[req.rid] = req
+        req.queued_step = self.counters.steps
         self.waiting.append(req)
         self.kv.want(req)
         if req.retain is not None:  # the owner is back: its pin is young again
@@ -105,7 +107,7 @@ class Scheduler:
 
     def _schedule_running(self) -> tuple[list[ScheduledItem], int]:
         """Decodes and unfinished extends of admitted requests; preempts when KV runs out."""
-        budget = self.cfg.max_prefill_tokens
+        budget = self.prefill_budget
         plan: list[tuple[Req, int]] = []
         for req in self.running:
             n = req.pending
@@ -142,7 +144,7 @@ class Scheduler:
         items: list[ScheduledItem] = []
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
-        for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache):
+        for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps):
             if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
                 break
             if self.kv.num_free_rows == 0:
