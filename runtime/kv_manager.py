@@ -127,7 +127,7 @@ class KVManager:
         Returns how many tokens to extend now (at most `budget`), or None (nothing held) when
         `fits(that many)` says no."""
         key = req.tokens(0, match_limit)
-        self._restore(key, fits)
+        self._restore(key, fits, budget)
         match = self.cache.match_prefix(key)
         self.cache.inc_lock_ref(match.node)  # before any eviction, so the match survives it
         n = min(req.fill_len - match.length, budget)
@@ -141,9 +141,10 @@ class KVManager:
         req.last_node = match.node
         return n
 
-    def _restore(self, key: list[int], fits: Callable[[int], bool]) -> None:
+    def _restore(self, key: list[int], fits: Callable[[int], bool], chunk: int) -> None:
         """Copies back from the host tier the KV of `key` it holds beyond the device tree's match, when
-        `fits` makes room for it: by the same rules as the recompute it saves, which needs those slots too."""
+        `fits` makes room for it: by the same rules as the recompute it saves, which needs those slots too.
+        When the whole of it does not fit, its first `chunk` tokens (what a recompute would take now) do."""
         if self.host is None or not self.cache_enabled:
             return
         match, hosted = self.cache.match_prefix(key), self.host.match(key)
@@ -152,15 +153,17 @@ class KVManager:
             return
         self.cache.inc_lock_ref(match.node)  # room is made around both prefixes
         self.host.cache.inc_lock_ref(hosted.node)
-        room = fits(extra)
+        sizes = [n for n in (extra, min(extra, chunk)) if n >= self.min_restore]
+        size = next((n for n in sizes if fits(n)), 0)
         self.host.cache.dec_lock_ref(hosted.node)
         self.cache.dec_lock_ref(match.node)
-        if not room:
+        if not size:
             return
-        slots = self.allocator.alloc(extra)
+        end = match.length + size
+        slots = self.allocator.alloc(size)
         assert slots is not None, "`fits` said the free slots suffice"
-        self.host.restore(hosted.slots[match.length:], slots, self.pool.k_buffers, self.pool.v_buffers)
-        present = self.cache.insert(key[:hosted.length], torch.cat((match.slots, slots)))
+        self.host.restore(hosted.slots[match.length:end], slots, self.pool.k_buffers, self.pool.v_buffers)
+        present = self.cache.insert(key[:end], torch.cat((match.slots, slots)))
         assert present == match.length, "the locked device prefix must still be there"
 
     def _on_evict(self, leaf: TreeNode) -> None:

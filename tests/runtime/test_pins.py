@@ -345,3 +345,16 @@ def test_a_host_restore_releases_idle_pins_as_a_recompute_would():
     assert kv.host.restored_tokens == 30 and kv.pins.pins == {}  # copied back, not recomputed
     check_kv_contents(kv)
     kv.check([back], [])
+
+
+def test_a_host_restore_that_does_not_fit_whole_copies_back_the_first_chunk():
+    kv = make_kv(host=POOL)
+    session = list(range(40))
+    kv.release(run_request(kv, session))
+    kv.ensure_free(POOL)  # the session's KV is evicted to the host tier
+    live = run_request(kv, list(range(100, 116)), "live")  # 16 of 48 slots held: 40 do not fit, 16 + 16 do
+    back = FakeReq(rid="back", ids=session + [7])
+    assert kv.admit(back, 40, 16, lambda n: kv.can_fit(n, 0, False)) == 16  # the next 16 are recomputed
+    assert kv.host is not None and kv.host.restored_tokens == 16 and back.cached_len == 16
+    check_kv_contents(kv)  # the copied chunk holds its tokens' KV
+    kv.check([live, back], [])
