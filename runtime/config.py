@@ -14,11 +14,6 @@ SCHEDULE_POLICIES = ("least-prefill", "lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
 HOST_TIER_POOLS = 2  # the default host KV tier holds this many device pools (an agent's history outlives a pool)...
 HOST_TIER_MEM_FRACTION = 0.2  # ... within this share of the host's available memory
-# A step costs about its prefill tokens on the CPU (no fixed cost worth amortizing: a 2.7k-token prompt
-# prefilled in 512-token chunks took 40 s vs 48 s in 2048-token ones), and every request in it waits that
-# long for its next token: smaller chunks bound the wait of a short turn behind a long prompt
-PREFILL_CHUNK_CPU = 512
-PREFILL_CHUNK_CUDA = 2048
 
 # sampling limits
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -73,8 +68,7 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # KV pool size in tokens; overrides mem_fraction
     mem_fraction: float = 0.1  # else: this fraction of the memory available after loading the model
     max_running_requests: int = 64
-    # per-step token budget for prefill chunks; None: PREFILL_CHUNK_CUDA on CUDA, PREFILL_CHUNK_CPU on the CPU
-    max_prefill_tokens: int | None = None
+    max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
     schedule_policy: str = "least-prefill"  # see runtime/schedule_policy.py
     in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
     disable_radix_cache: bool = False
@@ -237,12 +231,6 @@ class EngineConfig:
         if self.disable_cuda_graph is None:
             return self.torch_device().type == "cuda"
         return not self.disable_cuda_graph
-
-    def prefill_budget(self) -> int:
-        """Tokens of prefill chunks one step computes, at most."""
-        if self.max_prefill_tokens is not None:
-            return self.max_prefill_tokens
-        return PREFILL_CHUNK_CUDA if self.torch_device().type == "cuda" else PREFILL_CHUNK_CPU
 
     def decode_graph_max_bs(self) -> int:
         return min(self.cuda_graph_max_bs or self.max_running_requests, self.max_running_requests)

@@ -52,7 +52,6 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
-        self.prefill_budget = self.cfg.prefill_budget()
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -107,7 +106,7 @@ class Scheduler:
 
     def _schedule_running(self) -> tuple[list[ScheduledItem], int]:
         """Decodes and unfinished extends of admitted requests; preempts when KV runs out."""
-        budget = self.prefill_budget
+        budget = self.cfg.max_prefill_tokens
         plan: list[tuple[Req, int]] = []
         for req in self.running:
             n = req.pending

@@ -81,7 +81,7 @@ class ModelDrafter:
         self.budget = cfg.speculative_num_draft_tokens
         self.steps = cfg.speculative_num_steps
         self.topk = cfg.speculative_eagle_topk
-        self.max_catch_up = cfg.prefill_budget()  # tokens one draft forward computes, like a prefill chunk
+        self.max_catch_up = cfg.max_prefill_tokens  # tokens one draft forward computes, like a prefill chunk
         self._reqs: dict[str, DraftSeq] = {}
 
     # ---- the drafter protocol -----------------------------------------------------------------
