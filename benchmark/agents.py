@@ -201,13 +201,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--max-wait", type=float, default=2.0, help="longest tool wait (s); the shortest is 0.2")
     parser.add_argument("--pool-share", type=float, default=0.5, help="KV pool / agents' working set")
     parser.add_argument("--background-words", type=int, default=150, help="words per background prompt (~2 tokens each)")
+    parser.add_argument("--background-concurrency", type=int, default=2, help="background requests in flight")
     parser.add_argument("--max-pinned-fraction", type=float, default=None, help="engine option (default: the engine's)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which of off,pins,pins+host to run (off first)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--diagnose", action="store_true", help="also print where prefill and the TTFT tail come from")
     args = parser.parse_args(argv)
     wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
-                  min_wait=min(0.2, args.max_wait), max_wait=args.max_wait, background_words=args.background_words)
+                  min_wait=min(0.2, args.max_wait), max_wait=args.max_wait, background_words=args.background_words,
+                  background_concurrency=args.background_concurrency)
     probe = Engine(args.model, device="cpu", kv_cache_tokens=4096)
     pool = int(working_set(probe, wl) * args.pool_share)
     probe.shutdown()

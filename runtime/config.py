@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch is imported where used, so the language layer can read this module cheaply
     import torch
 
-SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+SCHEDULE_POLICIES = ("least-prefill", "lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
 HOST_TIER_POOLS = 2  # the default host KV tier holds this many device pools (an agent's history outlives a pool)...
 HOST_TIER_MEM_FRACTION = 0.2  # ... within this share of the host's available memory
@@ -69,7 +69,7 @@ class EngineConfig:
     mem_fraction: float = 0.1  # else: this fraction of the memory available after loading the model
     max_running_requests: int = 64
     max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
-    schedule_policy: str = "lpm"
+    schedule_policy: str = "least-prefill"  # see runtime/schedule_policy.py
     in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
     disable_radix_cache: bool = False
     preemption_mode: str = "recompute"

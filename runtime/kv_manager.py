@@ -69,16 +69,23 @@ class KVManager:
         """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable.
 
         Pins yield to a request that would otherwise wait on them alone: one that does not fit in the
-        unpinned memory even once the live requests' slots come back (and one that runs alone)."""
+        unpinned memory even once the live requests' slots come back (and one that runs alone). With a host
+        tier they yield without that wait: a released pin's KV parks there and its owner copies it back
+        (~100x cheaper than the recompute the wait protects against), while the wait costs this request
+        live requests' whole remaining decodes of time to first token."""
         if not waive_reserve:
             unpinned = self.allocator.num_free + self.cache.evictable_size
             if unpinned < n + reserve:
-                # their own slots, and the unpinned tree paths they lock: all of it evictable once they finish
-                held_by_live = (self.num_slots - self.allocator.num_free - self.cache.total_size
-                                + self.cache.protected_size - self.cache.pinned_size)
-                if unpinned + held_by_live >= n + reserve or unpinned + self.pins.releasable < n + reserve:
-                    return False  # wait for live requests to finish, not for pins
+                if unpinned + self.pins.releasable < n + reserve:
+                    return False  # not even idle pins make room: wait for live requests to finish
+                if self.host is None and unpinned + self._held_by_live() >= n + reserve:
+                    return False  # live requests will make room: wait for them, keeping the pins
         return self.ensure_free(n)
+
+    def _held_by_live(self) -> int:
+        """Live requests' own slots, and the unpinned tree paths they lock: evictable once they finish."""
+        return (self.num_slots - self.allocator.num_free - self.cache.total_size
+                + self.cache.protected_size - self.cache.pinned_size)
 
     def ensure_free(self, n: int) -> bool:
         """Frees slots until n are free: unpinned LRU leaves no queued request will hit first, then expired
@@ -120,7 +127,7 @@ class KVManager:
         Returns how many tokens to extend now (at most `budget`), or None (nothing held) when
         `fits(that many)` says no."""
         key = req.tokens(0, match_limit)
-        self._restore(key)
+        self._restore(key, fits, budget)
         match = self.cache.match_prefix(key)
         self.cache.inc_lock_ref(match.node)  # before any eviction, so the match survives it
         n = min(req.fill_len - match.length, budget)
@@ -134,8 +141,10 @@ class KVManager:
         req.last_node = match.node
         return n
 
-    def _restore(self, key: list[int]) -> None:
-        """Copies back from the host tier the KV of `key` it holds beyond the device tree's match."""
+    def _restore(self, key: list[int], fits: Callable[[int], bool], chunk: int) -> None:
+        """Copies back from the host tier the KV of `key` it holds beyond the device tree's match, when
+        `fits` makes room for it: by the same rules as the recompute it saves, which needs those slots too.
+        When the whole of it does not fit, its first `chunk` tokens (what a recompute would take now) do."""
         if self.host is None or not self.cache_enabled:
             return
         match, hosted = self.cache.match_prefix(key), self.host.match(key)
@@ -144,16 +153,17 @@ class KVManager:
             return
         self.cache.inc_lock_ref(match.node)  # room is made around both prefixes
         self.host.cache.inc_lock_ref(hosted.node)
-        self._evict_to(extra, wanted=False)  # unpinned LRU leaves only: a copy-back is worth no pin
-        fits = self.allocator.num_free >= extra
+        sizes = [n for n in (extra, min(extra, chunk)) if n >= self.min_restore]
+        size = next((n for n in sizes if fits(n)), 0)
         self.host.cache.dec_lock_ref(hosted.node)
         self.cache.dec_lock_ref(match.node)
-        if not fits:
+        if not size:
             return
-        slots = self.allocator.alloc(extra)
+        end = match.length + size
+        slots = self.allocator.alloc(size)
         assert slots is not None, "`fits` said the free slots suffice"
-        self.host.restore(hosted.slots[match.length:], slots, self.pool.k_buffers, self.pool.v_buffers)
-        present = self.cache.insert(key[:hosted.length], torch.cat((match.slots, slots)))
+        self.host.restore(hosted.slots[match.length:end], slots, self.pool.k_buffers, self.pool.v_buffers)
+        present = self.cache.insert(key[:end], torch.cat((match.slots, slots)))
         assert present == match.length, "the locked device prefix must still be there"
 
     def _on_evict(self, leaf: TreeNode) -> None:

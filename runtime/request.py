@@ -148,6 +148,7 @@ class Req(KVFields):
     retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
 
     state: ReqState = ReqState.WAITING
+    queued_step: int = 0  # the scheduler step at which it last joined the queue (least-prefill ages by it)
     output_ids: list[int] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens reused from the cache (reported)
     input_logprobs: list[TokenLogprob] = field(default_factory=list)  # from prompt_logprob_from + 1 on

@@ -1,4 +1,12 @@
-"""The order in which waiting requests are considered for admission."""
+"""The order in which waiting requests are considered for admission.
+
+least-prefill (the default) admits first the requests with the fewest tokens left to prefill once their
+cached prefix is reused: an agent's next turn on its pinned history (a short extend) goes before a cold
+prompt, and a short prompt before a long one, so the turns that can answer soonest are not queued behind
+prefill they do not need (shortest-job-first on the prefill, as Autellix and vLLM's short-prompt
+preference do). A request passed over for STARVATION_STEPS steps goes ahead of every shorter one, in
+arrival order, so a long prompt waits a bounded number of steps however many short ones arrive.
+"""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -8,15 +16,22 @@ from .radix_cache import RadixCache, TreeNode
 from .request import Req, ReqState
 
 LPM_MAX_QUEUE = 128  # past this, prefix matching every waiting request each step costs too much
+STARVATION_STEPS = 64  # least-prefill: a request queued this many steps is no longer overtaken
 
 
-def order_waiting(waiting: list[Req], policy: str, cache: RadixCache) -> list[Req]:
-    """Preempted requests first (oldest first), then the rest by `policy`."""
+def order_waiting(waiting: list[Req], policy: str, cache: RadixCache, step: int = 0) -> list[Req]:
+    """Preempted requests first (oldest first), then the rest by `policy`; `step` is the scheduler's step
+    count now (least-prefill ages requests by it)."""
     resumed = [r for r in waiting if r.state is ReqState.PREEMPTED]
     fresh = [r for r in waiting if r.state is not ReqState.PREEMPTED]
     if policy == "fcfs" or cache.disable or len(fresh) > LPM_MAX_QUEUE:
         return resumed + fresh
     matches = {id(r): cache.match_prefix(r.prompt_ids) for r in fresh}
+    if policy == "least-prefill":
+        overdue = [r for r in fresh if step - r.queued_step >= STARVATION_STEPS]
+        rest = [r for r in fresh if step - r.queued_step < STARVATION_STEPS]
+        rest.sort(key=lambda r: len(r.prompt_ids) - matches[id(r)].length)  # stable: ties keep arrival order
+        return resumed + overdue + rest
     if policy == "lpm":
         fresh.sort(key=lambda r: -matches[id(r)].length)  # stable: ties keep arrival order
         return resumed + fresh

@@ -59,6 +59,7 @@ class Scheduler:
             emit_final(req, "abort", error=f"request id {req.rid!r} is already in use")
             return
         self.reqs[req.rid] = req
+        req.queued_step = self.counters.steps
         self.waiting.append(req)
         self.kv.want(req)
         if req.retain is not None:  # the owner is back: its pin is young again
@@ -142,7 +143,7 @@ class Scheduler:
         items: list[ScheduledItem] = []
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
-        for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache):
+        for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps):
             if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
                 break
             if self.kv.num_free_rows == 0:

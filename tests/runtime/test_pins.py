@@ -317,3 +317,44 @@ def test_the_pinned_budget_keeps_a_forked_parent_under_its_sub_agents():
     kv.pin("other", [5] * 10, None)  # 26 > 24: releasing the parent would free nothing, so "sub" goes
     assert sorted(kv.pins.pins) == ["other", "parent"] and kv.cache.pinned_size == 22
     kv.check([], [])
+
+
+def test_with_a_host_tier_admission_releases_an_idle_pin_instead_of_waiting_for_live_requests():
+    for host, admitted in ((0, False), (POOL, True)):
+        kv = make_kv(fraction=1.0, host=host)
+        kv.release(run_request(kv, list(range(20))))
+        kv.pin("idle", list(range(20)), None)
+        live = run_request(kv, list(range(100, 124)), "live")  # 24 slots, back once it finishes
+        # 4 free + 20 pinned: the request fits only by releasing the pin, or after "live" finishes
+        assert kv.can_fit(20, 0, waive_reserve=False) is admitted
+        assert ("idle" in kv.pins.pins) is not admitted
+        if admitted:  # the released pin's KV parked in the host tier, where its owner finds it
+            assert kv.host is not None and kv.host.match(list(range(20))).length == 20
+        kv.check([live], [])
+
+
+def test_a_host_restore_releases_idle_pins_as_a_recompute_would():
+    kv = make_kv(fraction=1.0, host=POOL)
+    session = list(range(30))
+    kv.release(run_request(kv, session))
+    kv.ensure_free(POOL)  # the session's KV is evicted to the host tier
+    kv.release(run_request(kv, list(range(100, 130))))
+    kv.pin("other", list(range(100, 130)), None)  # an idle pin holds 30 of the 48 slots
+    back = run_request(kv, session + [7], "back")  # the session's next turn
+    assert back is not None and kv.host is not None
+    assert kv.host.restored_tokens == 30 and kv.pins.pins == {}  # copied back, not recomputed
+    check_kv_contents(kv)
+    kv.check([back], [])
+
+
+def test_a_host_restore_that_does_not_fit_whole_copies_back_the_first_chunk():
+    kv = make_kv(host=POOL)
+    session = list(range(40))
+    kv.release(run_request(kv, session))
+    kv.ensure_free(POOL)  # the session's KV is evicted to the host tier
+    live = run_request(kv, list(range(100, 116)), "live")  # 16 of 48 slots held: 40 do not fit, 16 + 16 do
+    back = FakeReq(rid="back", ids=session + [7])
+    assert kv.admit(back, 40, 16, lambda n: kv.can_fit(n, 0, False)) == 16  # the next 16 are recomputed
+    assert kv.host is not None and kv.host.restored_tokens == 16 and back.cached_len == 16
+    check_kv_contents(kv)  # the copied chunk holds its tokens' KV
+    kv.check([live, back], [])

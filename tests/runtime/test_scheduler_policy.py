@@ -15,6 +15,7 @@ from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import Req
 from radixlang.runtime.sampling_params import SamplingParams
+from radixlang.runtime.schedule_policy import STARVATION_STEPS
 from radixlang.runtime.scheduler import Scheduler
 
 CPU = torch.device("cpu")
@@ -79,3 +80,47 @@ def test_apply_ends_the_decided_requests_frees_their_kv_and_sends_the_last_chunk
         ("stop", 2, None), ("abort", None, "gone")]
     sched.check_invariants()
     assert sched.kv.num_free_slots + sched.kv.cached_tokens == sched.kv.num_slots
+
+
+def finish_filled(sched: Scheduler, batch) -> None:
+    """Simulates the step, then ends every request whose prompt is now computed (a one-token answer)."""
+    forward(sched, batch)
+    sched.apply([Finish(i.req, "length") for i in batch.items if i.end == len(i.req.prompt_ids)])
+
+
+def test_least_prefill_admits_the_fewest_uncached_tokens_first(make):
+    scheduler, req, _ = make
+    sched = scheduler(pool=256, max_prefill_tokens=200)
+    assert sched.cfg.schedule_policy == "least-prefill"  # the default
+    sched.add(req("history", 30))
+    finish_filled(sched, sched.schedule())  # tokens 10..39 now cached
+    # oracle: tokens left to prefill = prompt - cached prefix (the cached path is 10..39 for "turn" only)
+    long_cold, turn, short_cold = req("long-cold", 20), req("turn", 34), req("short-cold", 6)
+    long_cold.prompt_ids = list(range(100, 120))  # 20 uncached
+    short_cold.prompt_ids = list(range(200, 206))  # 6 uncached
+    # "turn" repeats the cached 30 tokens and adds 4: 4 uncached
+    for r in (long_cold, turn, short_cold):
+        sched.add(r)
+    assert [i.req.rid for i in sched.schedule().items] == ["turn", "short-cold", "long-cold"]
+    sched.check_invariants()
+
+
+def test_least_prefill_stops_overtaking_a_long_prompt_after_starvation_steps(make):
+    scheduler, req, _ = make
+    sched = scheduler(pool=256, max_prefill_tokens=8)
+    long = req("long", 40)
+    long.prompt_ids = list(range(100, 140))
+    sched.add(long)
+    admitted_at = None
+    for step in range(STARVATION_STEPS + 4):
+        # two fresh 4-token prompts a step take the whole 8-token budget, and each is shorter than "long"
+        for k in range(2):
+            short = req(f"s{step}-{k}", 4)
+            short.prompt_ids = [300 + step * 2 + k] * 4
+            sched.add(short)
+        batch = sched.schedule()
+        if admitted_at is None and any(i.req is long for i in batch.items):
+            admitted_at = step
+        finish_filled(sched, batch)
+    assert admitted_at == STARVATION_STEPS  # queued at step 0, overtaken until it had waited that long
+    sched.check_invariants()
