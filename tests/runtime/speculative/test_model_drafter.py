@@ -247,7 +247,7 @@ def test_a_draft_model_that_does_not_pay_only_probes(tiny_model_dir, plain_outpu
     assert {rid: h.output(rid) for rid in plain_outputs} == plain_outputs
     # 4 requests x 47 chances to draft (48 tokens); the first step's 4 chances all draft (no verify has
     # failed yet), then 4 misses sit out 15 chances, and one probe every 31, 63 ... after that
-    assert rounds[:4] == list(plain_outputs)
+    assert sorted(rounds[:4]) == sorted(plain_outputs)  # in the scheduler's order (shortest prefill first)
     assert 5 <= len(rounds) <= 4 + 4
 
 
