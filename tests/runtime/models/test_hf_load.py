@@ -1,5 +1,5 @@
-"""Loading an HF folder: weights whose dtype already matches are the mapped file itself (no copy), and the
-default dtype follows the folder on CUDA."""
+"""Loading an HF folder: weights whose dtype already matches are the mapped file itself (no copy), the fused
+ones come mapped from the weight cache once stacked, and the default dtype follows the folder on CUDA."""
 from __future__ import annotations
 
 import pytest
