@@ -77,7 +77,9 @@ class BackgroundCompile:
     def _compile(self) -> None:
         try:
             self.compiled = torch.compile(self.eager, dynamic=True)
-            with torch.no_grad():
+            # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
+            # the tensors' dispatch keys fail at the first live step, which then recompiles on the scheduler thread
+            with torch.inference_mode():
                 for batch, kv_lens in WARMUP_STEPS:
                     plan = self._scratch.plan(_scratch_batch(batch, kv_lens))
                     ids = torch.arange(batch, dtype=torch.int64) % self._vocab

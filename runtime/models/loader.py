@@ -25,6 +25,7 @@ from .checkpoint_quant import (
     pack_checkpoint_linears,
     parse_quant_config,
 )
+from .fused_cache import FusedCache
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_deepseek import DEEPSEEK_GGUF_ARCH, deepseek_gguf_to_hf_config, deepseek_gguf_weights
 from .gguf_file import GGUFFile, read_gguf
@@ -72,18 +73,32 @@ def load_language_model(path: str | Path | None, device: torch.device, dtype: to
         return _load_gguf_cached(path, device, dtype, quantization, keep_blocks)
     blocks: dict[str, GroupQuant] = {}
     quantized: QuantStore = {}  # a GPTQ / AWQ / W8A8 folder's packed linears
+    fused = None
     if path.is_dir():
         cfg, weights, tokenizer = read_hf_dir(path, quantized=quantized)
+        fused = _fused_cache(path, device, dtype, tp)
+        if fused is not None:
+            weights = fused.weights(weights)
     elif path.suffix == ".gguf":
         cfg, weights, tokenizer = _read_gguf(path, blocks if keep_blocks or quantization == "auto" else None)
     else:
         raise ValueError(f"model path {str(path)!r} is neither a .gguf file nor an HF folder")
     model = build_model(cfg, weights, device, dtype, tp)
+    if fused is not None:
+        fused.save(model)
     kernels = checkpoint_kernels(device)
     if quantized and kernels is not None and (tp is None or tp.size == 1):
         pack_checkpoint_linears(model, quantized, kernels)
     quantize_model(model, quantization, blocks)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
+
+
+def _fused_cache(folder: Path, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None) -> FusedCache | None:
+    """The fused-weight cache of a folder of plain weights loaded whole on the CPU (a quantized folder's
+    linears are repacked anyway; a rank's shard is sliced from the checkpoint)."""
+    if device.type != "cpu" or (tp is not None and tp.size > 1) or parse_quant_config(read_hf_config(folder)):
+        return None
+    return FusedCache(folder, sorted(folder.glob("*.safetensors")), dtype)
 
 
 def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quantization: str,

@@ -3,6 +3,7 @@ eager forward's tokens; compile_layers="auto" compiles only once a compile of th
 from __future__ import annotations
 
 import pytest
+from torch._dynamo.utils import counters
 
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import Engine
@@ -34,9 +35,11 @@ def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_di
         calls = []
         compiled = compiler.compiled
         compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
+        graphs = counters["stats"]["unique_graphs"]
         after = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]
         engine.check_invariants()
     assert before == want and after == want
+    assert counters["stats"]["unique_graphs"] == graphs  # the live steps took the warm-up's graph: no recompile
     assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
     assert compiler.marker.exists()  # the next engine on this model compiles under "auto"
     compiler.marker.unlink()  # so the session's later engines on the tiny model stay eager under "auto"

@@ -1,5 +1,5 @@
-"""Loading an HF folder: weights whose dtype already matches are the mapped file itself (no copy), and the
-default dtype follows the folder on CUDA."""
+"""Loading an HF folder: weights whose dtype already matches are the mapped file itself (no copy), the fused
+ones come mapped from the weight cache once stacked, and the default dtype follows the folder on CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -59,3 +59,39 @@ def test_auto_dtype_is_the_folders_stored_dtype_on_cuda_and_fp32_on_cpu(tmp_path
     assert EngineConfig(model=str(tmp_path), device="cuda").torch_dtype() == getattr(torch, stored)
     assert EngineConfig(model=str(tmp_path), device="cpu").torch_dtype() == torch.float32
     assert EngineConfig(model=None, device="cuda").torch_dtype() == torch.bfloat16  # a GGUF: bf16
+
+
+def _stacked_by_transformers(model) -> dict[str, torch.Tensor]:
+    """The fused weights of our model, stacked from transformers' own modules (the oracle)."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        out[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                                                  attn.v_proj.weight])
+        out[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    return out
+
+
+@pytest.mark.skipif(not open("/proc/self/maps").readable(), reason="needs /proc/self/maps")
+def test_fused_weights_load_from_the_cache_and_are_rebuilt_when_a_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXLANG_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    reference = save_hf_model(folder, transformers.LlamaConfig(**BASE))
+    load_language_model(folder, torch.device("cpu"), torch.float32)  # stacks them and writes the entry
+    (entry,) = (tmp_path / "cache").glob("*.bin")
+    second = load_language_model(folder, torch.device("cpu"), torch.float32)
+    fused = {name: p for name, p in second.model.named_parameters() if any(f in name for f in FUSED)}
+    assert fused.keys() == _stacked_by_transformers(reference).keys()
+    ranges = _mapped_ranges(entry.resolve())
+    for name, expected in _stacked_by_transformers(reference).items():
+        assert _in(ranges, fused[name]), name  # mapped from the cache, not stacked again
+        assert torch.equal(fused[name], expected)
+
+    changed = save_hf_model(folder, transformers.LlamaConfig(**BASE), seed=1)  # same shapes, new weights
+    third = load_language_model(folder, torch.device("cpu"), torch.float32)
+    params = dict(third.model.named_parameters())
+    for name, expected in _stacked_by_transformers(changed).items():
+        assert torch.equal(params[name], expected)
+    fourth = load_language_model(folder, torch.device("cpu"), torch.float32)  # the entry now holds the new file's
+    assert torch.equal(fourth.model.layers[0].mlp.gate_up_proj.weight,
+                       _stacked_by_transformers(changed)["layers.0.mlp.gate_up_proj.weight"])
