@@ -21,7 +21,9 @@ def flood(engine) -> None:
 
 
 def test_a_running_program_keeps_its_state_and_releases_it_at_the_end(tiny_engine_factory):
-    engine = tiny_engine_factory(kv_cache_tokens=POOL)
+    # no host tier: with one, admission releases an idle pin at once (its KV parks on the host and comes
+    # back; tests/runtime/test_pins.py), and this tests that the pin itself holds the state
+    engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0)
     seen = {}
 
     @rl.function

@@ -91,7 +91,11 @@ def sglang_run(outputs: list[str]) -> Any:
         def generate(self, s, sampling_params):
             return outputs.pop(0), {}
 
-    return conversation(sglang).run(backend=Canned())
+    state = conversation(sglang).run(backend=Canned())
+    # SGLang's executor thread sets a gen's variable before its separate_reasoning rewrites it: wait for the
+    # whole program, or a read may race the rewrite (it did, on a busy machine)
+    state.sync()
+    return state
 
 
 @pytest.mark.parametrize("traced", [False, True])
