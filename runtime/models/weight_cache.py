@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _ALIGN = 64
@@ -84,6 +87,15 @@ def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tens
     index = {"version": FORMAT_VERSION, "identity": identity, "bytes": offset, "tensors": layout, "extra": extra}
     os.replace(f.name, folder / f"{key}.bin")
     _write_atomically(folder / f"{key}.json", json.dumps(index))
+
+
+def try_save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
+                   extra: dict[str, Any]) -> None:
+    """save_entry, as a cache writes: a read-only or full disk only costs the next load its conversion."""
+    try:
+        save_entry(key, identity, tensors, extra)
+    except OSError as e:
+        logger.warning("could not write the weight cache to %s: %s", cache_dir(), e)
 
 
 def _write_atomically(path: Path, text: str) -> None:
