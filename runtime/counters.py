@@ -9,7 +9,7 @@ class SchedulerCounters:
     steps: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    recomputed_cached_tokens: int = 0  # prompt tokens prefilled again that had been cached and evicted
+    recomputed_cached_tokens: int = 0  # prompt tokens prefilled again that had been cached and evicted (since a flush)
     generated_tokens: int = 0
     preemptions: int = 0
     finished: int = 0

@@ -37,6 +37,9 @@ class EvictedPrefixes:
         """How many leading tokens of `key` were cached once and evicted since."""
         return self.tree.match_prefix(key).length
 
+    def clear(self) -> None:
+        self.tree = RadixCache(lambda slots: None)
+
 
 class AsyncDeviceToHost:
     """CUDA device -> host copies that do not stall the step: the KV is gathered on the compute stream (so

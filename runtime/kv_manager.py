@@ -286,9 +286,10 @@ class KVManager:
     def flush(self) -> bool:
         """Releases every pin and evicts every cached prefix not in use; True when the tree is empty."""
         self.pins.unpin_all()
-        self.cache.on_evict = None  # a flush forgets: nothing parks in the host tier
+        self.cache.on_evict = None  # a flush forgets: nothing parks in the host tier...
         self.cache.evict(self.cache.evictable_size)
         self.cache.on_evict = self._on_evict
+        self.evicted.clear()  # ...and what was evicted before does not count as "recomputed, was cached" after
         if self.host is not None:
             self.host.flush()
         return self.cache.total_size == 0

@@ -17,7 +17,7 @@ _METRICS = (
      "Pins given up early for KV memory or the pinned budget."),
     ("pins_expired_total", "pins_expired_total", "counter", "Pins released when their retention ran out."),
     ("recomputed_cached_tokens_total", "recomputed_cached_tokens_total", "counter",
-     "Prompt tokens prefilled again that had been cached before and evicted."),
+     "Prompt tokens prefilled again that had been cached before and evicted (since the last flush)."),
     ("host_cache_tokens", "host_cache_tokens", "gauge", "Tokens of KV parked in the host tier."),
     ("host_restored_tokens_total", "host_restored_tokens_total", "counter",
      "Prompt tokens whose KV was copied back from the host tier instead of recomputed."),

@@ -140,3 +140,23 @@ def test_a_host_tier_restore_gives_the_tokens_and_logprobs_of_a_recompute(tiny_e
     again = plain.generate(prompt, params)
     assert again.meta.cached_tokens < 5 and again.output_ids == fresh.output_ids
     assert plain.stats()["recomputed_cached_tokens_total"] >= fresh.meta.prompt_tokens - 5
+
+
+def test_a_flush_forgets_what_was_evicted_before_it(tiny_engine_factory):
+    """"Recomputed, was cached" counts evictions since the last flush: after /flush_cache (a benchmark's
+    fresh start) a prompt evicted before it is a plain miss, as one never seen."""
+    engine = tiny_engine_factory(kv_cache_tokens=POOL, kv_host_cache_tokens=0)
+    evicted, flushed = words(9, 240), words(10, 240)
+    engine.generate(evicted, GREEDY)
+    flood(engine)  # `evicted` leaves by the LRU
+    engine.generate(flushed, GREEDY)
+    assert engine.flush_cache()
+    first = engine.stats()["recomputed_cached_tokens_total"]
+    for prompt in (evicted, flushed):
+        again = engine.generate(prompt, GREEDY)
+        assert again.meta.cached_tokens < 5
+    assert engine.stats()["recomputed_cached_tokens_total"] == first
+    engine.generate(words(11, 240), GREEDY)  # the record starts again after the flush
+    flood(engine)
+    engine.generate(words(11, 240), GREEDY)
+    assert engine.stats()["recomputed_cached_tokens_total"] >= first + 70
