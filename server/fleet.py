@@ -85,6 +85,7 @@ class Fleet:
         self.commands: list[list[str]] = []  # each worker's command line and environment, to restart it
         self.envs: list[dict[str, str]] = []
         self.router: subprocess.Popen | None = None
+        self.more_routers: list[subprocess.Popen] = []  # add_router's
         self.metrics_port: int | None = None
 
     @property
@@ -121,18 +122,18 @@ class Fleet:
         return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 - it only calls prctl
 
     def _start_router(self) -> None:
-        spec = self.spec
-        self.metrics_port = free_port(spec.host)  # its default, 0.0.0.0:29000, clashes and is public
-        cmd = [sys.executable, "-m", f"{ROUTER_MODULE}.launch_router", "--host", spec.host,
-               "--port", str(spec.port), "--worker-urls", *self.worker_urls, "--policy", spec.policy,
-               "--prometheus-host", spec.host, "--prometheus-port", str(self.metrics_port),
-               "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
-               "--health-check-timeout-secs", str(HEALTH_CHECK_TIMEOUT_S),
-               # it finishes what is in flight within the workers' grace, then the workers drain in turn
-               "--shutdown-grace-period-secs", str(max(1, math.ceil(spec.grace_s))),
-               "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,
-               *spec.router_args]
+        self.metrics_port = free_port(self.spec.host)  # its default, 0.0.0.0:29000, clashes and is public
+        cmd = router_command(self.spec, self.worker_urls, self.spec.port, self.spec.policy, self.metrics_port)
         self.router = subprocess.Popen(cmd, preexec_fn=_die_with_parent)  # noqa: PLW1509 - it only calls prctl
+
+    def add_router(self, policy: str) -> str:
+        """Another router, with `policy`, in front of the same workers on a free port, stopped with the
+        fleet; its URL once it serves. benchmark/scale_out.py compares policies on the same worker processes."""
+        port = free_port(self.spec.host)
+        cmd = router_command(self.spec, self.worker_urls, port, policy, free_port(self.spec.host))
+        self.more_routers.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))  # noqa: PLW1509 - prctl only
+        wait_router(url(self.spec.host, port), self.more_routers[-1], len(self.worker_urls))
+        return url(self.spec.host, port)
 
     def wait(self) -> int:
         """Blocks until the router exits (or a signal stops the fleet). A worker that dies is started again
@@ -153,16 +154,32 @@ class Fleet:
     def stop(self) -> None:
         """The router first: it takes no new requests and finishes those in flight (within the grace period);
         then every worker drains and exits."""
-        procs = ([self.router] if self.router else []) + self.workers
-        if self.router and self.router.poll() is None:
-            self.router.send_signal(signal.SIGTERM)
-            _wait_or_kill(self.router, self.spec.grace_s + STOP_MARGIN_S)
+        routers = ([self.router] if self.router else []) + self.more_routers
+        for router in routers:
+            if router.poll() is None:
+                router.send_signal(signal.SIGTERM)
+        for router in routers:
+            _wait_or_kill(router, self.spec.grace_s + STOP_MARGIN_S)
         for proc in self.workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.spec.grace_s + STOP_MARGIN_S
-        for proc in procs:
+        for proc in self.workers:
             _wait_or_kill(proc, max(0.0, deadline - time.monotonic()))
+
+
+def router_command(spec: FleetSpec, worker_urls: list[str], port: int, policy: str, metrics_port: int) -> list[str]:
+    """The command line of SGLang's router on `spec.host:port` in front of `worker_urls` with `policy`
+    (benchmark/scale_out.py starts a second one, with another policy, in front of the same workers)."""
+    return [sys.executable, "-m", f"{ROUTER_MODULE}.launch_router", "--host", spec.host,
+            "--port", str(port), "--worker-urls", *worker_urls, "--policy", policy,
+            "--prometheus-host", spec.host, "--prometheus-port", str(metrics_port),
+            "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
+            "--health-check-timeout-secs", str(HEALTH_CHECK_TIMEOUT_S),
+            # it finishes what is in flight within the workers' grace, then the workers drain in turn
+            "--shutdown-grace-period-secs", str(max(1, math.ceil(spec.grace_s))),
+            "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,
+            *spec.router_args]
 
 
 def _die_with_parent() -> None:

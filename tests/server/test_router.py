@@ -179,6 +179,28 @@ def test_flush_cache_through_the_router_reaches_every_worker(fleet):
     assert [_metric(w, "kv_cached_tokens") for w in fleet.workers] == [0.0, 0.0]
 
 
+def test_a_second_router_with_another_policy_fronts_the_same_workers(fleet):
+    """Fleet.add_router (benchmark/scale_out.py compares policies on the same worker processes with it)."""
+    from radixlang.server.fleet import Fleet as Processes
+    from radixlang.server.fleet import FleetSpec
+
+    spec = FleetSpec(host="127.0.0.1", port=_free_port(), dp=2, worker_args=[], grace_s=2, log_level="warning")
+    more = Processes(spec)
+    more.worker_urls = list(fleet.workers)  # the fixture's workers, started by `serve --dp 2`
+    try:
+        url = more.add_router("round_robin")
+        before = [_metric(w, "prompt_tokens_total") for w in fleet.workers]
+        for _ in range(4):  # the same prompt: cache_aware would send all four to one worker
+            r = httpx.post(f"{url}/generate", json={"text": "Round and round the garden",
+                                                    "sampling_params": {"max_new_tokens": 1}}, timeout=60)
+            assert r.status_code == 200, r.text
+        added = [_metric(w, "prompt_tokens_total") - b for w, b in zip(fleet.workers, before)]
+        assert added[0] == added[1] > 0, added  # two each
+    finally:
+        more.stop()
+    assert more.more_routers[0].poll() is not None and healthy_workers(fleet.url) == 2  # the workers serve on
+
+
 @rl.function
 def pick(s, topic):
     s += "Topic: " + topic + ". One word about it:" + rl.gen("word", max_tokens=4)
