@@ -152,7 +152,7 @@ class Fleet:
         return 0 if self.router is None else self.router.returncode or 0
 
     def stop(self) -> None:
-        """The router first: it takes no new requests and finishes those in flight (within the grace period);
+        """The routers first: they take no new requests and finish those in flight (within the grace period);
         then every worker drains and exits."""
         routers = ([self.router] if self.router else []) + self.more_routers
         for router in routers:
