@@ -29,11 +29,11 @@ and multi-turn chat: `--programs` sessions, all in flight at once, each its own 
 4 turns of 6-sentence messages and 24-token replies. Measuring starts once every worker's background
 compile of the decode forward (on by default for `radixlang serve`) has finished, so that no compile
 thread takes CPU inside the measured window; `--eager` serves eager decode instead (no compile: on a
-loaded shared VM a cold compile takes many minutes per worker). `--pin` pins each of the N workers (all
-its threads) to its own core.
+loaded shared VM a cold compile takes many minutes per worker). Each of the N workers (all its threads)
+runs on its own core, as each would have its own GPU (`--no-pin`: where the kernel puts them).
 
     python -m benchmark.scale_out [--model M] [--programs 16] [--concurrency 8] [--threads 2] [--trials 3]
-                                  [--workers 2] [--eager] [--pin] [--host-tier off|default]
+                                  [--workers 2] [--eager] [--no-pin] [--host-tier off|default]
     python -m benchmark.scale_out --remote-only   # remote=True on one worker vs per primitive via the router
 
 On a GPU machine each worker gets one GPU (CUDA_VISIBLE_DEVICES). Needs `pip install 'radixlang[router]'`.
@@ -289,7 +289,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=[p.name for p in PROGRAMS],
                         choices=[p.name for p in PROGRAMS], metavar="NAME", help="a subset of: %(choices)s")
     parser.add_argument("--eager", action="store_true", help="workers decode eagerly (no background compile)")
-    parser.add_argument("--pin", action="store_true", help="each of the N workers on its own core")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="each of the N workers (all its threads) on its own core (default: on)")
     parser.add_argument("--host-tier", choices=["off", "default"], default="off",
                         help="the workers' host KV tier: off (the pool is all a worker keeps) or its default size")
     parser.add_argument("--json", default=None, help="also write the results here")
