@@ -9,8 +9,8 @@ in g_idx: the columns are sorted by group once at load and the input is gathered
 separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear.
 
 On a CUDA GPU GPTQ / AWQ run on the Triton dequant-GEMM (triton_quant.TritonIntLinear), from the same
-group-sorted codes and input order; W8A8 folders keep their dequantized weights there (no int8 GPU kernel
-yet), as do other devices.
+group-sorted codes and input order, and W8A8 folders on the Triton int8 GEMM (triton_quant.TritonW8A8Linear);
+other devices keep the dequantized weights.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .gguf_blocks import GROUP, GroupQuant
 from .llama import packed_parts, packed_target
 from .quant import Int4Linear, packable
 from .quant_formats import IntWeight, read_awq, read_gptq
-from .triton_quant import TritonIntLinear
+from .triton_quant import TritonIntLinear, TritonW8A8Linear
 from .w8a8 import W8A8Linear
 
 T = TypeVar("T")
@@ -185,10 +185,8 @@ def pack_checkpoint_linears(model: nn.Module, store: QuantStore, kernels: Kernel
 
 def _native(parts: list[Any], bias: torch.Tensor | None, kernels: Kernels, device: torch.device) -> nn.Module | None:
     if isinstance(parts[0], tuple):  # W8A8: int8 rows stack
-        if kernels != "cpu":
-            return None
-        codes = torch.cat([p[0] for p in parts]).to(torch.int8)
-        return W8A8Linear(codes, torch.cat([p[1] for p in parts]), bias)
+        codes, scales = torch.cat([p[0] for p in parts]).to(torch.int8), torch.cat([p[1] for p in parts])
+        return W8A8Linear(codes, scales, bias) if kernels == "cpu" else TritonW8A8Linear(codes, scales, bias).to(device)
     sorted_parts = [p.sorted_by_group() for p in parts]
     if not all(runs_share_groups(w) and (kernels == "triton" or packable(w.codes.shape[0], w.codes.shape[1], "int4"))
                for w, _ in sorted_parts):
