@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_dequant_gemm import output_tile
+
 # the CPU quantiser's floor on max|x| (w8a8._TINY * 127): an all-zero row gets a normal, nonzero scale
 MIN_ABSMAX = tl.constexpr(127 * torch.finfo(torch.float32).tiny)
 QUANT_BLOCK = 1024  # columns per step of the row quantiser
@@ -60,13 +62,8 @@ def _quantize_rows_kernel(X, Q, SCALE, K, stride_xm, stride_qm, BLOCK: tl.conste
 def _w8a8_gemm_kernel(A, A_SCALE, W, W_SCALE, BIAS, Y, M, N, K, stride_am, stride_wn, stride_ym,
                       SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, m_ok, n_ok = output_tile(M, N, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + offs_k < K
