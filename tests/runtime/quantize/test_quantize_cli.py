@@ -72,6 +72,21 @@ def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_pa
             assert torch.equal(ours[f"{prefix}.weight"], gptq_reference_dequant(t, qc.bits, torch.float32))
 
 
+def test_a_w8a8_folders_tied_head_runs_w8a8_over_an_int8_copy_of_the_embedding(tmp_path):
+    tied = tmp_path / "tied"
+    save_hf_model(tied, transformers.LlamaConfig(**BASE, tie_word_embeddings=True), seed=6)
+    out = quantize(tied, tmp_path / "q", QuantizeOptions(method="smoothquant", smooth=False))
+    model = load_model(out, torch.device("cpu"), torch.float32).model
+    embedding = model.embed_tokens.weight
+    assert isinstance(model.lm_head, W8A8Linear) and embedding.dtype == torch.float32  # lookups stay exact
+    step = embedding.abs().amax(dim=1, keepdim=True) / 127  # per-row int8: within half a step of each weight
+    assert ((model.lm_head.dequantized() - embedding).abs() <= step / 2 * (1 + 1e-5)).all()
+    hidden = torch.randn(5, BASE["hidden_size"], generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.compute_logits(hidden), model.lm_head(hidden))
+    fp32, quantized = prompt_logprobs(tied), prompt_logprobs(out)
+    assert (quantized - fp32).abs().mean() < 0.1 * fp32.abs().mean()
+
+
 @pytest.mark.slow  # a whole engine's linears in Triton's interpreter
 @pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
 @pytest.mark.parametrize("smooth", [True, False], ids=["smoothquant", "rtn-w8a8"])
