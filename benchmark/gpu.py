@@ -3,7 +3,8 @@
 Measures (issue 12): decode tok/s at batch 1/16/64/256 against transformers' `generate`; the shared-prefix
 workload (64 requests x 32 tokens after a 4k-token prefix) with cascade on (inside the decode graphs) and
 off; a kernel microbenchmark (benchmark/gpu_kernels.py: attention, issue 29's MLA latent decode and fused
-MoE, issue 30's GPTQ / AWQ dequant-GEMM at SmolLM2's and a 7B layer's shapes); the HBM bandwidth decode
+MoE, issue 30's GPTQ / AWQ dequant-GEMM and W8A8 int8 linear at SmolLM2's and a 7B layer's shapes, the W8A8
+one against a bf16 torch.mm and checked bit for bit there); the HBM bandwidth decode
 achieves at 64 requests x 4k context (bytes of weights and KV read per step / step time); for those two,
 also the decode graphs' replay time alone (CUDA events), which tells the kernels' share from the host's;
 Triton vs torch attention (greedy ids in fp32, top-1 logprobs in bf16); and decode with CUDA graphs on vs
@@ -88,7 +89,7 @@ def kernel_sizes(quick: bool):
                            max_extend_tokens=64, cascade_requests=(2,), cascade_prefixes=(40,), cascade_suffix=3,
                            mla_shapes=((20, 32, 8),), mla_requests=(2,), mla_contexts=(40,),
                            moe_shapes=((48, 40, 5, 2),), moe_tokens=(13,), dequant_shapes=((64, 80, 4, 32),),
-                           dequant_rows=(3, 20))
+                           dequant_rows=(3, 20), w8a8_shapes=((200, 80),), w8a8_rows=(3, 20))
     return KernelSizes(heads=((9, 3, 64), (32, 8, 128)), decode_requests=(1, 16, 64, 256),
                        decode_contexts=(1024, 4096, 16384, 32768), extend_requests=(1, 16),
                        extend_contexts=(1024, 4096, 16384), max_kv_bytes=4 << 30, reference_max_kv_bytes=1 << 30,
@@ -101,7 +102,11 @@ def kernel_sizes(quick: bool):
                        # GPTQ / AWQ linears: SmolLM2's gate_up and down, a 7B layer's (Llama-2-7B) q and up / down
                        dequant_shapes=((576, 3072, 4, 64), (1536, 576, 4, 64), (4096, 4096, 4, 128),
                                        (4096, 11008, 4, 128), (11008, 4096, 4, 128), (4096, 11008, 8, 128)),
-                       dequant_rows=(1, 16, 256, 2048))
+                       dequant_rows=(1, 16, 256, 2048),
+                       # W8A8 linears: SmolLM2's qkv, o, gate_up, down, and Llama-2-7B's
+                       w8a8_shapes=((576, 960), (576, 576), (576, 3072), (1536, 576),
+                                    (4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096)),
+                       w8a8_rows=(1, 16, 256, 2048))
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -6,8 +6,10 @@ prefix, with and without its cascade group. Each case reports milliseconds per c
 decode, the KV bytes read per second (for the cascade, the prefix pass's programs and K/V bytes, counted
 from its grid and tile sizes); the MLA latent decode kernel against SDPA over the same latent rows
 (dense), the fused-MoE kernel against the grouped per-expert matmuls of the CPU path, and the GPTQ / AWQ
-dequant-GEMM against a matmul on its dequantized weights (the bytes of weights it reads per second, too).
-A case that fails (out of memory, a missing SDPA kernel) records its error instead."""
+dequant-GEMM against a matmul on its dequantized weights (the bytes of weights it reads per second, too),
+and the W8A8 int8 linear (row quantiser + int8 GEMM with its rescale) against a matmul in the activations'
+dtype on the same weights, with its parts and torch._int_mm (cuBLAS) timed apart, and checked there: codes
+bit-equal to the CPU quantiser's formula run by torch, int32 sums exact. A case that fails (out of memory, a missing SDPA kernel) records its error instead."""
 from __future__ import annotations
 
 import math
@@ -44,6 +46,8 @@ class KernelSizes:
     moe_tokens: tuple[int, ...] = ()
     dequant_shapes: tuple[tuple[int, int, int, int], ...] = ()  # (in, out, bits, group size) of a linear
     dequant_rows: tuple[int, ...] = ()
+    w8a8_shapes: tuple[tuple[int, int], ...] = ()  # (in, out) of a linear
+    w8a8_rows: tuple[int, ...] = ()
 
 
 def bench_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -249,6 +253,37 @@ def dequant_gemm_case(k: int, n: int, bits: int, group: int, rows: int, dtype: t
     return row
 
 
+def w8a8_case(k: int, n: int, rows: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """One W8A8 linear on `rows` rows: the Triton path whole (quantise the rows, int8 GEMM, rescale) and its
+    two parts, torch._int_mm (cuBLAS int8; it refuses some shapes) on the same codes, and a dense matmul
+    in `dtype` on the dequantized weights (what a W8A8 folder ran on the GPU before)."""
+    from radixlang.kernels.triton_w8a8 import int8_matmul, quantize_rows, w8a8_linear
+    from radixlang.runtime.models.w8a8 import quantize_rows_int8
+
+    row: dict = {"in": k, "out": n, "rows": rows}
+    qweight, w_scale = quantize_rows_int8(torch.randn(n, k, device=device) * 0.02)
+    weight = (qweight.float() * w_scale).to(dtype)
+    x = torch.randn(rows, k, dtype=dtype, device=device)
+    codes, x_scale = quantize_rows(x)
+    row["triton_ms"] = _timed(lambda: w8a8_linear(x, qweight, w_scale), device)
+    row["quantize_ms"] = _timed(lambda: quantize_rows(x), device)
+    row["int8_gemm_ms"] = _timed(lambda: int8_matmul(codes, qweight), device)
+    row["torch_int_mm_ms"] = _timed(lambda: torch._int_mm(codes, qweight.T), device)
+    row["dense_ms"] = _timed(lambda: x @ weight.T, device)
+    if isinstance(row["triton_ms"], float) and isinstance(row["dense_ms"], float):
+        row["speedup"] = row["dense_ms"] / row["triton_ms"]
+    if isinstance(row["int8_gemm_ms"], float):
+        row["int8_tops"] = 2 * rows * k * n / row["int8_gemm_ms"] / 1e9
+    want_codes, want_scale = quantize_rows_int8(x)  # the CPU's formula, in torch on this device
+    row["codes_bit_equal"] = torch.equal(codes, want_codes) and torch.equal(x_scale, want_scale[:, 0])
+    sums = codes.double() @ qweight.double().T  # exact: |sums| < 2**53
+    row["int32_exact"] = torch.equal(int8_matmul(codes, qweight).double(), sums)
+    want = sums * x_scale.double()[:, None] * w_scale.double().T
+    got = w8a8_linear(x, qweight, w_scale).double()
+    row["max_rel_diff"] = ((got - want).abs().max() / want.abs().max()).item()
+    return row
+
+
 def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -> dict[str, list[dict]]:
     decode, extend, cascade = [], [], []
     elsize = torch.empty((), dtype=dtype).element_size()
@@ -270,5 +305,6 @@ def kernel_table(sizes: KernelSizes, dtype: torch.dtype, device: torch.device) -
            for heads, rank, rope in sizes.mla_shapes for requests in sizes.mla_requests for context in sizes.mla_contexts]
     moe = [fused_moe_case(*shape, tokens, dtype, device) for shape in sizes.moe_shapes for tokens in sizes.moe_tokens]
     dequant = [dequant_gemm_case(*shape, rows, dtype, device) for shape in sizes.dequant_shapes for rows in sizes.dequant_rows]
+    w8a8 = [w8a8_case(*shape, rows, dtype, device) for shape in sizes.w8a8_shapes for rows in sizes.w8a8_rows]
     return {"decode": decode, "extend": extend, "cascade": cascade, "mla_decode": mla, "fused_moe": moe,
-            "dequant_gemm": dequant}
+            "dequant_gemm": dequant, "w8a8": w8a8}

@@ -1,4 +1,5 @@
-"""Compiles the Triton kernels (attention, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM) for a CUDA GPU on a
+"""Compiles the Triton kernels (attention, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM, the W8A8 int8 GEMM and
+its row quantiser) for a CUDA GPU on a
 machine without one, and reports each variant's registers, local memory (spills), shared memory and
 tensor-core instructions.
 
@@ -43,6 +44,7 @@ from .triton_dequant_gemm import dequant_gemm
 from .triton_extend import block_rows
 from .triton_mla import mla_decode
 from .triton_moe import fused_moe
+from .triton_w8a8 import QUANT_BLOCK, int8_matmul, w8a8_linear
 
 SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}  # opt-in dynamic shared memory per block
 SIXTEEN_BIT = ("bfloat16", "float16")  # their tl.dot must use tensor cores (fp32 stays exact: "ieee", CUDA cores)
@@ -50,6 +52,7 @@ HEAD_SHAPES = ((9, 3, 64), (32, 8, 128))  # SmolLM2-135M's (heads, KV heads, hea
 MLA_SHAPE = (16, 512, 64)  # DeepSeek-V3's latent decode: (query heads on a rank, kv_lora_rank, rope dims)
 MOE_SHAPE = (256, 128, 8, 2)  # (hidden, expert intermediate, experts, top-k): sizes are runtime arguments
 DEQUANT_GEMM_LABEL = "dequant gemm"  # GPTQ / AWQ linears: 4- and 8-bit codes, decode and prefill row blocks
+W8A8_LABEL = "w8a8 gemm"  # W8A8 int8 linears: the row quantiser, the int8 GEMM at both row blocks, scaled or not
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ class Variant:
     local_bytes: int  # per-thread local memory: register spills, or arrays the compiler could not keep in registers
     dots: int  # tl.dot ops in the kernel's Triton IR
     tensor_core_ops: int  # MMA instructions in its PTX (mma.sync; on Hopper also wgmma.mma_async)
+    approx_divisions: int = 0  # fp32 divisions not IEEE-rounded in its PTX (what Triton's `/` becomes)
 
 
 class _TargetOnly:
@@ -196,6 +200,17 @@ def drive_dequant_gemm(dtype: torch.dtype) -> None:
                          bits)
 
 
+def drive_w8a8(dtype: torch.dtype) -> None:
+    """The W8A8 linear (row quantiser, then the int8 GEMM with its fp32 epilogue, with and without a bias) at
+    both row-block sizes, and the bare int8 GEMM (int32 out) that the tests compare exactly (compile-only)."""
+    k, n = 2 * QUANT_BLOCK, 128  # sizes are runtime arguments; the quantiser's block is QUANT_BLOCK from K on
+    weight, scale = torch.zeros(n, k, dtype=torch.int8), torch.ones(n)
+    for rows in (1, 64):
+        w8a8_linear(torch.zeros(rows, k, dtype=dtype), weight, scale, torch.zeros(n))
+        w8a8_linear(torch.zeros(rows, k, dtype=dtype), weight, scale)
+    int8_matmul(torch.zeros(64, k, dtype=torch.int8), weight)
+
+
 def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_check compiles kernels: run it without TRITON_INTERPRET=1")
@@ -204,6 +219,7 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
         (f"{h}/{kv}/{d}", functools.partial(drive_every_step_kind, h, kv, d)) for h, kv, d in HEAD_SHAPES]
     shapes.append(("mla {}/{}+{}, moe".format(*MLA_SHAPE), drive_mla_and_moe))
     shapes.append((DEQUANT_GEMM_LABEL, drive_dequant_gemm))
+    shapes.append((W8A8_LABEL, drive_w8a8))
     for dtype in dtypes:
         for label, drive in shapes:
             with compile_only(arch) as compiled:
@@ -217,7 +233,8 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
                 variants.append(Variant(name, str(dtype).removeprefix("torch."), label,
                                         constants, kernel.metadata.num_warps, kernel.metadata.shared,
                                         registers, local, kernel.asm["ttir"].count("tt.dot"),
-                                        len(re.findall(r"\b(?:mma\.sync|wgmma\.mma_async)\b", kernel.asm["ptx"]))))
+                                        len(re.findall(r"\b(?:mma\.sync|wgmma\.mma_async)\b", kernel.asm["ptx"])),
+                                        len(re.findall(r"\bdiv\.(?:full|approx)\.", kernel.asm["ptx"]))))
     return variants
 
 

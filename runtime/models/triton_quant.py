@@ -1,9 +1,11 @@
-"""GPTQ / AWQ linears on GPU: the packed codes run on the Triton dequant-GEMM (kernels/triton_dequant_gemm.py).
+"""Quantized linears on GPU: GPTQ / AWQ codes run on the Triton dequant-GEMM (kernels/triton_dequant_gemm.py),
+W8A8 int8 on the Triton int8 GEMM (kernels/triton_w8a8.py).
 
 At load the group-sorted IntWeight (checkpoint_quant sorts act-order columns and gathers the input) is
 packed along K into int32 words, GPTQ's qweight layout, whatever format it came from; scales become fp32
 (the stored fp16 values, exactly) and zeros int16 (8-bit v1 zeros reach 256), both [groups, N], so a K
-step reads one row of each.
+step reads one row of each. A W8A8 linear keeps w8a8.W8A8Linear's int8 [N, K] weights and fp32 channel
+scales as they are; only its forward differs.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 
 from .quant_formats import IntWeight, pack_int32
+from .w8a8 import W8A8Linear
 
 
 class TritonIntLinear(nn.Module):
@@ -35,4 +38,15 @@ class TritonIntLinear(nn.Module):
 
         flat = x.reshape(-1, x.shape[-1])
         out = dequant_gemm(flat, self.qweight, self.scales, self.zeros, self.g_idx, self.bits, self.bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class TritonW8A8Linear(W8A8Linear):
+    """W8A8Linear on the GPU: per-token int8 activations and the int8 GEMM with its rescale, in Triton."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ...kernels.triton_w8a8 import w8a8_linear  # imports triton: only when it runs
+
+        flat = x.reshape(-1, x.shape[-1])
+        out = w8a8_linear(flat, self.qweight, self.weight_scale, self.bias)
         return out.view(*x.shape[:-1], out.shape[-1])

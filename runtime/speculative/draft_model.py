@@ -41,7 +41,7 @@ def weights_per_token(model: DraftLM) -> int:
     a memory-bound device, what a forward of a few tokens costs."""
     base = model.target if isinstance(model, EarlyExit) else model
     layers = base.layers[: model.num_layers] if isinstance(model, EarlyExit) else base.layers
-    head = base.embed_tokens.weight if base.lm_head is None else base.lm_head.weight
+    head = getattr(base.lm_head, "weight", base.embed_tokens.weight)  # tied, or packed (the embedding's shape)
     return head.numel() + sum(p.numel() for layer in layers for p in layer.parameters())
 
 

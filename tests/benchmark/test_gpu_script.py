@@ -58,6 +58,9 @@ def test_quick_mode_prints_the_full_json_table(tmp_path):
         assert kernels[part][0]["max_abs_diff"] < 1e-4
     dequant = kernels["dequant_gemm"]  # the GPTQ / AWQ kernel against a matmul on its dequantized weights
     assert [r["rows"] for r in dequant] == [3, 20] and all(r["max_rel_diff"] < 1e-5 for r in dequant)
+    w8a8 = kernels["w8a8"]  # the W8A8 linear against a dense matmul, and checked against the CPU's formulas
+    assert [r["rows"] for r in w8a8] == [3, 20] and all(isinstance(r["dense_ms"], float) for r in w8a8)
+    assert all(r["codes_bit_equal"] and r["int32_exact"] and r["max_rel_diff"] < 1e-5 for r in w8a8)
     assert all(isinstance(r[k], float) for r in kernels["decode"] + kernels["extend"]
                for k in ("triton_ms", "sdpa_ms", "reference_ms"))
     assert set(table["goals"]) == {"batch1_vs_hf>=20", "batch256_vs_hf>=5", "cascade_vs_no_cascade>=3",

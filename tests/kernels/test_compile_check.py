@@ -62,6 +62,16 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
         assert bits_rows == [(4, 16), (4, 64), (8, 16), (8, 64)]
         assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 and v["dots"] == 1 for v in dequant)
         assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in dequant)
+        w8a8 = [v for v in lines if v["heads"] == "w8a8 gemm"]  # the row quantiser; int8 GEMMs by row block
+        quantiser = [v for v in w8a8 if v["kernel"] == "_quantize_rows_kernel"]
+        assert [v["constants"]["BLOCK"] for v in quantiser] == [1024] and quantiser[0]["dots"] == 0
+        # its divisions IEEE-rounded, as the CPU's (the interpreter's numpy `/` is too, so only here it shows)
+        assert quantiser[0]["approx_divisions"] == 0
+        gemms = [v for v in w8a8 if v["kernel"] == "_w8a8_gemm_kernel"]
+        assert sorted((v["constants"]["BLOCK_M"], v["constants"]["SCALED"], v["constants"]["HAS_BIAS"]) for v in gemms) \
+            == [(16, True, False), (16, True, True), (64, False, False), (64, True, False), (64, True, True)]
+        assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in w8a8)
+        assert all(v["dots"] == 1 and v["tensor_core_ops"] > 0 for v in gemms)  # int8 on tensor cores, any out dtype
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""

@@ -10,8 +10,10 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models import loader
 from radixlang.runtime.models.checkpoint_quant import (
     ConcatOutputs,
     PermutedInput,
@@ -19,7 +21,9 @@ from radixlang.runtime.models.checkpoint_quant import (
     parse_quant_config,
 )
 from radixlang.runtime.models.quant import Int4Linear
+from radixlang.runtime.models.triton_quant import TritonW8A8Linear
 from radixlang.runtime.models.w8a8 import W8A8Linear
+from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 from radixlang.server.cli import main
 
 from ..models.hf_tiny import BASE, save_hf_model
@@ -66,6 +70,37 @@ def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_pa
         for prefix in prefixes:
             t = {s: state[f"{prefix}.{s}"] for s in ("qweight", "qzeros", "scales", "g_idx")}
             assert torch.equal(ours[f"{prefix}.weight"], gptq_reference_dequant(t, qc.bits, torch.float32))
+
+
+def test_a_w8a8_folders_tied_head_runs_w8a8_over_an_int8_copy_of_the_embedding(tmp_path):
+    tied = tmp_path / "tied"
+    save_hf_model(tied, transformers.LlamaConfig(**BASE, tie_word_embeddings=True), seed=6)
+    out = quantize(tied, tmp_path / "q", QuantizeOptions(method="smoothquant", smooth=False))
+    model = load_model(out, torch.device("cpu"), torch.float32).model
+    embedding = model.embed_tokens.weight
+    assert isinstance(model.lm_head, W8A8Linear) and embedding.dtype == torch.float32  # lookups stay exact
+    step = embedding.abs().amax(dim=1, keepdim=True) / 127  # per-row int8: within half a step of each weight
+    assert ((model.lm_head.dequantized() - embedding).abs() <= step / 2 * (1 + 1e-5)).all()
+    hidden = torch.randn(5, BASE["hidden_size"], generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.compute_logits(hidden), model.lm_head(hidden))
+    fp32, quantized = prompt_logprobs(tied), prompt_logprobs(out)
+    assert (quantized - fp32).abs().mean() < 0.1 * fp32.abs().mean()
+
+
+@pytest.mark.slow  # a whole engine's linears in Triton's interpreter
+@pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+@pytest.mark.parametrize("smooth", [True, False], ids=["smoothquant", "rtn-w8a8"])
+def test_w8a8_folders_run_the_triton_int8_gemm_on_gpu_and_score_as_on_cpu(folder, tmp_path, monkeypatch, smooth):
+    """The GPU path, run here in Triton's interpreter: every linear of a W8A8 folder on the Triton int8 GEMM,
+    and the engine's scores those of the CPU's torch._int_mm linears within float rounding."""
+    out = quantize(folder, tmp_path / "q", QuantizeOptions(method="smoothquant", smooth=smooth))
+    cpu = prompt_logprobs(out)
+    monkeypatch.setattr(loader, "checkpoint_kernels", lambda device: "triton")  # what it picks on a CUDA device
+    model = load_model(out, torch.device("cpu"), torch.float32).model
+    linears = [m for m in model.modules() if isinstance(m, W8A8Linear)]
+    assert len(linears) == 4 * BASE["num_hidden_layers"] and all(type(m) is TritonW8A8Linear for m in linears)
+    gpu = prompt_logprobs(out)
+    assert (gpu - cpu).abs().max() <= 1e-4 * cpu.abs().max()
 
 
 @pytest.mark.parametrize("args, field", [
