@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
             engine.check_invariants()
             rows.append(summarize(name, agents_m, background_m, span, engine.stats(), before) | {"pool": pool})
+            r = rows[-1]  # as each config ends: a run cut short still reports what it measured
+            print(f"{name}: p99 TTFT {r['ttft_p99_s']:.3f} s, recomputed/turn {r['recomputed_tokens_per_turn']:.1f}, "
+                  f"background {r['background_tokens_per_s']:.1f} tok/s, {span:.0f} s", flush=True)
         finally:
             engine.shutdown()
     print_rows(rows)
