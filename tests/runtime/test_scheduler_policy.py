@@ -134,6 +134,17 @@ def session(r: Req, key: str | None = None) -> Req:
     return r
 
 
+def tight(scheduler) -> Scheduler:
+    """A 64-slot pool and no reserve for future tokens: a request fits exactly when its slots are free."""
+    return scheduler(pool=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+
+
+def one_shot(req, rid: str, ids: range, max_new_tokens: int) -> Req:
+    r = req(rid, len(ids), max_new_tokens=max_new_tokens)
+    r.prompt_ids = list(ids)
+    return r
+
+
 def decode(sched: Scheduler, batch) -> None:
     """Simulates the step with a sampled token for every item that completes its sequence; then ends the
     requests that reached max_new_tokens, as the output processor would."""
@@ -174,9 +185,8 @@ def test_a_larger_priority_goes_first_and_outranks_a_session(make):
 
 def test_a_session_turn_preempts_a_running_background_request_for_its_memory(make):
     scheduler, req, chunks = make
-    sched = scheduler(pool=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
-    bg = req("bg", 30, max_new_tokens=20)
-    bg.prompt_ids = list(range(200, 230))
+    sched = tight(scheduler)
+    bg = one_shot(req, "bg", range(200, 230), max_new_tokens=20)
     sched.add(bg)
     decode(sched, sched.schedule())
     decode(sched, sched.schedule())  # bg decodes: it holds 31 of the 64 slots
@@ -203,9 +213,8 @@ def test_a_session_turn_preempts_a_running_background_request_for_its_memory(mak
 
 def test_no_preemption_when_it_would_not_make_room(make):
     scheduler, req, _ = make
-    sched = scheduler(pool=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
-    other, bg = session(req("other", 30, max_new_tokens=20)), req("bg", 10, max_new_tokens=20)
-    bg.prompt_ids = list(range(300, 310))
+    sched = tight(scheduler)
+    other, bg = session(req("other", 30, max_new_tokens=20)), one_shot(req, "bg", range(300, 310), 20)
     sched.add(other)
     sched.add(bg)
     decode(sched, sched.schedule())  # both run: 40 of the 64 slots
@@ -220,9 +229,8 @@ def test_no_preemption_when_it_would_not_make_room(make):
 
 def test_background_work_is_delayed_never_starved_by_session_turns(make):
     scheduler, req, chunks = make
-    sched = scheduler(pool=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
-    bg = req("bg", 20, max_new_tokens=24)
-    bg.prompt_ids = list(range(200, 220))
+    sched = tight(scheduler)
+    bg = one_shot(req, "bg", range(200, 220), max_new_tokens=24)
     sched.add(bg)
     ran, step = [], 0
     # a session turn that needs most of the pool arrives whenever the last one ends, forever
