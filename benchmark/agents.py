@@ -219,12 +219,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if name not in CONFIGS:
             raise SystemExit(f"--configs: {name!r} is not one of {CONFIGS}")
         host = {} if name == "pins+host" else {"kv_host_cache_tokens": 0}  # the tier at its default size, or none
-        engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64, **host, **options)
+        # eager decode in every config: with compile_layers="auto" a config may start a background compile
+        # (once another finished on this machine) whose thread takes the cores inside its measured window
+        engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64,
+                        compile_layers=False, **host, **options)
         try:
             before = engine.stats()
             agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
             engine.check_invariants()
             rows.append(summarize(name, agents_m, background_m, span, engine.stats(), before) | {"pool": pool})
+            r = rows[-1]  # as each config ends: a run cut short still reports what it measured
+            print(f"{name}: p99 TTFT {r['ttft_p99_s']:.3f} s, recomputed/turn {r['recomputed_tokens_per_turn']:.1f}, "
+                  f"background {r['background_tokens_per_s']:.1f} tok/s, {span:.0f} s", flush=True)
         finally:
             engine.shutdown()
     print_rows(rows)

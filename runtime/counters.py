@@ -11,7 +11,8 @@ class SchedulerCounters:
     cached_tokens: int = 0
     recomputed_cached_tokens: int = 0  # prompt tokens prefilled again that had been cached and evicted (since a flush)
     generated_tokens: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  # every preemption: for KV memory, or for a higher class
+    priority_preemptions: int = 0  # of those, for a higher class (scheduler._yield_to_waiting)
     finished: int = 0
     aborted: int = 0
     jump_forward_drafted: int = 0  # tokens proposed by jump-forward

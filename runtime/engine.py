@@ -53,6 +53,7 @@ class PrepareOptions(TypedDict, total=False):
     rid: str | Sequence[str] | None
     image_data: object
     cache_key: str | Retention | None
+    priority: int
 
 
 def _resolve(future: asyncio.Future[T], value: T) -> None:
@@ -131,15 +132,16 @@ class Engine:
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
                 rid: str | Sequence[str] | None = None, image_data: object = None,
-                cache_key: str | Retention | None = None) -> SubmissionBatch:
+                cache_key: str | Retention | None = None, priority: int = 0) -> SubmissionBatch:
         """Validates one call (ValueError / TypeError naming the field) into its Submissions: one per
         prompt and sample, prompt-major. `image_data`: a vision model's images (paths, bytes, data URLs,
         PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt.
         `cache_key`: a session key (OpenAI's prompt_cache_key): once finished, the whole sequence stays
-        pinned for prompt_cache_retention seconds, and the key's next request refreshes it."""
+        pinned for prompt_cache_retention seconds, and the key's next request refreshes it. `priority`:
+        SGLang's; a larger one is admitted first and may preempt running requests of a lower one."""
         return self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
                                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                    rid=rid, image_data=image_data, retain=cache_key)
+                                    rid=rid, image_data=image_data, retain=cache_key, priority=priority)
 
     def submit(self, sub: Submission, sink: Sink) -> None:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one
@@ -156,7 +158,7 @@ class Engine:
                          context_length=self.context_length, seed=seed, device=self.device,
                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
-        req.retain = sub.retain
+        req.retain, req.priority = sub.retain, sub.priority
         return req
 
     # ---- running prepared batches -----------------------------------------------------------------

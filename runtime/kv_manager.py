@@ -58,6 +58,11 @@ class KVManager:
     def cached_tokens(self) -> int:
         return self.cache.total_size
 
+    @property
+    def reachable_slots(self) -> int:
+        """Slots admission can have without waiting for a live request: free, evictable, under idle pins."""
+        return self.allocator.num_free + self.cache.evictable_size + self.pins.releasable
+
     def cached_prefix_len(self, tokens: list[int]) -> int:
         return self.cache.match_prefix(tokens).length
 

@@ -146,6 +146,8 @@ class Req(KVFields):
     draft: Draft | None = None  # a draft tree after output_ids, not yet verified
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
     retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
+    priority: int = 0  # SGLang's request priority: larger is admitted first (runtime/schedule_policy.py)
+    yielded: bool = False  # preempted once for a higher class: never again (so it is delayed, not starved)
 
     state: ReqState = ReqState.WAITING
     queued_step: int = 0  # the scheduler step at which it last joined the queue (least-prefill ages by it)

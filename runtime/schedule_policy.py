@@ -6,6 +6,12 @@ prompt, and a short prompt before a long one, so the turns that can answer soone
 prefill they do not need (shortest-job-first on the prefill, as Autellix and vLLM's short-prompt
 preference do). A request passed over for STARVATION_STEPS steps goes ahead of every shorter one, in
 arrival order, so a long prompt waits a bounded number of steps however many short ones arrive.
+
+Under every policy, requests are first ordered by class (`rank`): a larger `priority` (SGLang's request
+field: larger first) goes first, and at equal priority a session's or program's request (one that carries a
+retention owner: the engine was told its owner comes back and extends what it keeps) before a one-shot one.
+The policy orders requests within a class. The same starvation rule bounds the classes: a request queued
+STARVATION_STEPS steps goes ahead of every class, so background work is delayed, never starved.
 """
 from __future__ import annotations
 
@@ -19,19 +25,36 @@ LPM_MAX_QUEUE = 128  # past this, prefix matching every waiting request each ste
 STARVATION_STEPS = 64  # least-prefill: a request queued this many steps is no longer overtaken
 
 
+def rank(req: Req) -> tuple[int, bool]:
+    """A request's class: its priority, then whether it belongs to a session or program (`retain`)."""
+    return req.priority, req.retain is not None
+
+
+def overdue(req: Req, step: int) -> bool:
+    """Queued (since arrival; a preemption does not restart the count) for STARVATION_STEPS steps or more."""
+    return step - req.queued_step >= STARVATION_STEPS
+
+
 def order_waiting(waiting: list[Req], policy: str, cache: RadixCache, step: int = 0) -> list[Req]:
-    """Preempted requests first (oldest first), then the rest by `policy`; `step` is the scheduler's step
-    count now (least-prefill ages requests by it)."""
+    """Overdue requests first, then by class (`rank`, larger first), and within a class preempted requests
+    first (oldest first), then the rest by `policy`; `step` is the scheduler's step count now."""
+    ordered = _policy_order(waiting, policy, cache, step)
+    if len({rank(r) for r in ordered}) > 1:  # stable: the policy's order within a class
+        ordered.sort(key=lambda r: (not overdue(r, step), -r.priority, r.retain is None))
+    return ordered
+
+
+def _policy_order(waiting: list[Req], policy: str, cache: RadixCache, step: int) -> list[Req]:
     resumed = [r for r in waiting if r.state is ReqState.PREEMPTED]
     fresh = [r for r in waiting if r.state is not ReqState.PREEMPTED]
     if policy == "fcfs" or cache.disable or len(fresh) > LPM_MAX_QUEUE:
         return resumed + fresh
     matches = {id(r): cache.match_prefix(r.prompt_ids) for r in fresh}
     if policy == "least-prefill":
-        overdue = [r for r in fresh if step - r.queued_step >= STARVATION_STEPS]
-        rest = [r for r in fresh if step - r.queued_step < STARVATION_STEPS]
+        late = [r for r in fresh if overdue(r, step)]
+        rest = [r for r in fresh if not overdue(r, step)]
         rest.sort(key=lambda r: len(r.prompt_ids) - matches[id(r)].length)  # stable: ties keep arrival order
-        return resumed + overdue + rest
+        return resumed + late + rest
     if policy == "lpm":
         fresh.sort(key=lambda r: -matches[id(r)].length)  # stable: ties keep arrival order
         return resumed + fresh

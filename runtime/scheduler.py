@@ -20,7 +20,7 @@ from .emit import emit_final
 from .kv_manager import KVManager
 from .radix_cache import RadixCache
 from .request import Req, ReqState
-from .schedule_policy import order_waiting
+from .schedule_policy import order_waiting, rank
 
 if TYPE_CHECKING:
     from .submission import Retention
@@ -96,6 +96,8 @@ class Scheduler:
             self._finish(f.req, f.reason, f.matched, f.error)
 
     def _schedule(self) -> list[ScheduledItem]:
+        if self.waiting and self.running:
+            self._yield_to_waiting()
         items, budget = self._schedule_running()
         if budget > 0 and self.waiting:  # a pure decode step skips admission's per-step setup
             items += self._admit(budget)
@@ -119,7 +121,7 @@ class Scheduler:
             if n > 0:
                 plan.append((req, n))
         while plan and not self.kv.ensure_free(sum(n for _, n in plan)):
-            victim = self.running[-1]
+            victim = min(reversed(self.running), key=rank)  # the lowest class, newest first
             if len(self.running) == 1:
                 # a single request that outgrew the whole pool: end it rather than spin
                 self._finish(victim, "length")
@@ -195,6 +197,46 @@ class Scheduler:
         self._move_to_running(req)
         return self._extend(req, n)
 
+    def _yield_to_waiting(self) -> None:
+        """Priority preemption, as SGLang's: when the request admission tries first outranks running ones
+        (`rank`: a session's returning turn over one-shot requests) and finds no room, running requests of
+        a lower class, the lowest and newest first, are preempted until it fits. Their computed KV stays
+        in the radix tree (the host tier once evicted), so they resume cheaply. Bounded: a request yields
+        once at most, and a preempted one keeps its queue age, so within STARVATION_STEPS steps it goes
+        ahead of every class. Runs before this step extends any slot, so a victim is in no item."""
+        low = min(rank(r) for r in self.running)
+        if max(rank(r) for r in self.waiting) <= low:
+            return
+        head = order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)[0]
+        victims = [r for r in self.running if rank(r) < rank(head) and not r.yielded]
+        if not victims:
+            return
+        need = self._admission_need(head)
+        reserve = sum(self._future_tokens(r) for r in self.running) + self._future_tokens(head)
+        freed = sum(v.slot_len for v in victims)  # at most: slots they own and prefixes they alone lock
+        if self.kv.reachable_slots + freed < need + reserve - sum(self._future_tokens(v) for v in victims):
+            return  # preempting all of them would not make room: preempt none
+        victims.sort(key=rank, reverse=True)  # stable: pop() takes the lowest class, newest first
+        while victims and self._blocked(head, need, reserve):
+            victim = victims.pop()
+            reserve -= self._future_tokens(victim)
+            victim.yielded = True
+            self.counters.priority_preemptions += 1
+            self._preempt(victim, pressure=False)
+
+    def _admission_need(self, req: Req) -> int:
+        """The slots admitting `req` takes this step: its uncached tokens (or swapped KV), within the budget."""
+        if req.swapped is not None:
+            return req.kv_len + req.pending
+        cached = self.kv.cached_prefix_len(req.tokens(0, req.fill_len - 1))
+        return min(req.fill_len - cached, self.cfg.max_prefill_tokens)
+
+    def _blocked(self, req: Req, need: int, reserve: int) -> bool:
+        """Whether admitting `req` (needing `need` slots, with `reserve` still reachable) must wait now."""
+        if len(self.running) >= self.cfg.max_running_requests or self.kv.num_free_rows == 0:
+            return True
+        return not self.kv.can_fit(need, reserve, not self.running)
+
     def _move_to_running(self, req: Req) -> None:
         self.waiting.remove(req)
         self.running.append(req)
@@ -217,7 +259,9 @@ class Scheduler:
         if not keep:
             req.draft = None
 
-    def _preempt(self, req: Req) -> None:
+    def _preempt(self, req: Req, pressure: bool = True) -> None:
+        """Back to the queue, its computed KV to the tree (or swapped out). `pressure`: preempted because
+        KV ran out (not for a higher class), so admission is more conservative for a while."""
         self._drop_draft(req)  # the draft is re-proposed after the request resumes
         if self.drafter is not None:
             self.drafter.forget(req, finished=False)  # draft KV goes to the draft cache, like the target's
@@ -230,7 +274,8 @@ class Scheduler:
         req.state = ReqState.PREEMPTED
         self.waiting.insert(0, req)
         self.kv.want(req)
-        self.new_token_ratio = self.cfg.init_new_token_ratio  # admit more conservatively for a while
+        if pressure:
+            self.new_token_ratio = self.cfg.init_new_token_ratio  # admit more conservatively for a while
 
     # ---- finishing ------------------------------------------------------------------------------
     def _finish(self, req: Req, reason: str, matched: int | str | None = None, error: str | None = None) -> None:
@@ -301,6 +346,7 @@ class Scheduler:
             "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             "generated_tokens_total": s.generated_tokens,
             "preemptions_total": s.preemptions,
+            "priority_preemptions_total": s.priority_preemptions,
             "finished_requests_total": s.finished,
             "aborted_requests_total": s.aborted,
             "steps_total": s.steps,

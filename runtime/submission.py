@@ -45,6 +45,7 @@ class Submission:
     constraint: Constraint | None = None  # compiled from params' regex / json_schema / grammar
     images: list[ImageSpan] = field(default_factory=list)
     retain: Retention | None = None  # keep the finished sequence pinned (a session / program state)
+    priority: int = 0  # SGLang's request priority: larger is admitted first, and may preempt (schedule_policy.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,12 +43,13 @@ class RequestValidator:
     def build(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
               rid: str | Sequence[str] | None = None, retain: Retention | str | None = None,
-              names: Mapping[str, str] | None = None,
+              priority: int = 0, names: Mapping[str, str] | None = None,
               image_data: object = None) -> SubmissionBatch:
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
-        sequence pinned (a str: a session key, OpenAI's prompt_cache_key). Errors name a sampling field
+        sequence pinned (a str: a session key, OpenAI's prompt_cache_key). `priority`: SGLang's (larger
+        first; see runtime/schedule_policy.py). Errors name a sampling field
         as `names` spells it. The sampling params are checked first, then compiled (a constraint)."""
         params = parse_params(sampling_params)
         check_params(params, self.vocab_size, self.context_length, names)
@@ -64,13 +65,16 @@ class RequestValidator:
             if not retain:
                 raise ValueError("prompt_cache_key must be a non-empty string")
             retain = Retention.session(retain)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
         prompt_rids = self._rids(rid, len(prompts))
         rids = sample_rids(prompt_rids, params.n)
         subs = []
         for i, ids in enumerate(prompts):
             for j in range(params.n):
                 subs.append(Submission(rids[i * params.n + j], ids, _sample_params(params, j), return_logprob,
-                                       starts[i], top_logprobs_num, constraint, images[i], retain))
+                                       starts[i], top_logprobs_num, constraint, images[i], retain,
+                                       priority))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
 
     def _images(self, prompts: list[list[int]], image_data: object,
@@ -148,7 +152,8 @@ class RequestValidator:
             seen.setdefault(tuple(s.prompt_ids), s)
         if len(seen) == len(subs):
             return []
-        return [Submission(uuid.uuid4().hex, s.prompt_ids, SamplingParams(max_new_tokens=0), images=s.images)
+        return [Submission(uuid.uuid4().hex, s.prompt_ids, SamplingParams(max_new_tokens=0), images=s.images,
+                           priority=s.priority)
                 for s in seen.values()]
 
 

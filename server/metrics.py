@@ -27,7 +27,10 @@ _METRICS = (
     ("generation_tokens_total", "generated_tokens_total", "counter", "Tokens generated."),
     ("requests_finished_total", "finished_requests_total", "counter", "Requests that finished."),
     ("requests_aborted_total", "aborted_requests_total", "counter", "Requests aborted."),
-    ("preemptions_total", "preemptions_total", "counter", "Requests preempted to free KV memory."),
+    ("preemptions_total", "preemptions_total", "counter",
+     "Requests preempted to free KV memory or for a higher class."),
+    ("priority_preemptions_total", "priority_preemptions_total", "counter",
+     "Requests preempted for a higher class (priority, or a session's turn over one-shot requests)."),
     ("scheduler_steps_total", "steps_total", "counter", "Scheduler steps that ran the model."),
 )
 

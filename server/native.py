@@ -47,7 +47,8 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     build = functools.partial(  # validated once, on the CPU pool (a constraint compiles there)
         engine.validator.build, input_ids=prompts, sampling_params=body.sampling_params,
         return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
-        top_logprobs_num=body.top_logprobs_num, rid=body.rid, image_data=images, retain=body.cache_key, names=FIELDS)
+        top_logprobs_num=body.top_logprobs_num, rid=body.rid, image_data=images, retain=body.cache_key,
+        priority=body.priority or 0, names=FIELDS)
     with user_errors(FIELDS):
         batch = await state.offload(build)
     state.limits.check_sequences(len(prompts), batch.n)

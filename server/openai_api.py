@@ -155,7 +155,8 @@ async def _respond(request: Request, view: _View, params: dict[str, Any], fields
     build = functools.partial(
         state.engine.validator.build, input_ids=job.prompts, sampling_params=params, return_logprob=job.return_logprob,
         logprob_start_len=job.logprob_start_len, top_logprobs_num=job.top_logprobs_num, rid=job.rids,
-        image_data=job.image_data, retain=job.cache_key, names=fields)
+        image_data=job.image_data, retain=job.cache_key, priority=job.priority,
+        names=fields)
     with user_errors(fields):
         batch = await state.offload(build)
     state.limits.check_sequences(len(job.prompts), batch.n)
@@ -191,7 +192,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     want_logprobs = body.logprobs is not None
     job = Job(new_id("cmpl"), prompts, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
               logprob_start_len=0 if body.echo and want_logprobs else -1,  # echo scores the prompt too
-              cache_key=body.prompt_cache_key)
+              cache_key=body.prompt_cache_key, priority=body.priority or 0)
     return await _respond(request, _CompletionView(state, body, job, texts), params, fields)
 
 
@@ -266,7 +267,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
                                          engine.image_prompts, state.model_name, plan)
     job = Job(new_id("chatcmpl"), [prompt], return_logprob=body.logprobs,
-              top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key)
+              top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key,
+              priority=body.priority or 0)
     return await _respond(request, _ChatView(state, body, job, plan), params, fields)
 
 

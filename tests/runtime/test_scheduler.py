@@ -13,6 +13,7 @@ from radixlang.runtime.engine import create_req, create_scheduler
 from radixlang.runtime.engine_core import EngineCore
 from radixlang.runtime.request import Req, ReqState, StreamChunk
 from radixlang.runtime.scheduler import Scheduler
+from radixlang.runtime.submission import Retention
 from radixlang.runtime.validation import check_params, parse_params
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -154,6 +155,23 @@ def test_swap_preemption_restores_kv_without_recompute(harness):
                 assert c.length == 1
                 swapped_back += 1
     assert swapped_back > 0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_background_request_preempted_for_a_session_turn_keeps_its_greedy_output(harness, solo_outputs, mode):
+    h = harness(kv_cache_tokens=64, preemption_mode=mode, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+    h.add(h.request("bg", PROMPTS[0], max_new_tokens=24))
+    for _ in range(4):
+        h.step()  # bg prefilled and decoding
+    turn = h.request("turn", " ".join(PROMPTS[1:] * 2), max_new_tokens=4)  # fits only in bg's slots
+    turn.retain = Retention.session("agent")
+    h.add(turn)
+    first = h.step()
+    assert [c.req.rid for c in first] == ["turn"]  # admitted at once, not after bg's 20 remaining decodes
+    assert h.sched.stats()["priority_preemptions_total"] == 1
+    h.run()
+    assert h.output_ids("bg") == solo_outputs[PROMPTS[0]]
+    assert h.final("bg").finish_reason == "length" and h.final("turn").finish_reason == "length"
 
 
 def test_request_larger_than_pool_finishes_with_length_instead_of_spinning(harness):

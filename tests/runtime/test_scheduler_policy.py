@@ -13,10 +13,11 @@ from radixlang.runtime.engine import create_req
 from radixlang.runtime.kv_manager import KVManager
 from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
-from radixlang.runtime.request import Req
+from radixlang.runtime.request import Req, ReqState
 from radixlang.runtime.sampling_params import SamplingParams
 from radixlang.runtime.schedule_policy import STARVATION_STEPS
 from radixlang.runtime.scheduler import Scheduler
+from radixlang.runtime.submission import Retention
 
 CPU = torch.device("cpu")
 CONTEXT = 64
@@ -124,3 +125,128 @@ def test_least_prefill_stops_overtaking_a_long_prompt_after_starvation_steps(mak
         finish_filled(sched, batch)
     assert admitted_at == STARVATION_STEPS  # queued at step 0, overtaken until it had waited that long
     sched.check_invariants()
+
+
+# ---- classes: priority, then a session's turn over one-shot requests -------------------------------
+def session(r: Req, key: str | None = None) -> Req:
+    """`r` as a request of a prompt_cache_key session (it carries a retention owner)."""
+    r.retain = Retention.session(key or r.rid)
+    return r
+
+
+def tight(scheduler) -> Scheduler:
+    """A 64-slot pool and no reserve for future tokens: a request fits exactly when its slots are free."""
+    return scheduler(pool=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+
+
+def one_shot(req, rid: str, ids: range, max_new_tokens: int) -> Req:
+    r = req(rid, len(ids), max_new_tokens=max_new_tokens)
+    r.prompt_ids = list(ids)
+    return r
+
+
+def decode(sched: Scheduler, batch) -> None:
+    """Simulates the step with a sampled token for every item that completes its sequence; then ends the
+    requests that reached max_new_tokens, as the output processor would."""
+    forward(sched, batch)
+    done = []
+    for item in batch.items:
+        if item.samples:
+            item.req.output_ids.append(7)
+            if len(item.req.output_ids) == item.req.max_new_tokens:
+                done.append(Finish(item.req, "length"))
+    sched.apply(done)
+
+
+def test_a_session_turn_is_admitted_before_queued_background_requests(make):
+    scheduler, req, _ = make
+    sched = scheduler(pool=256, max_prefill_tokens=30)
+    # oracle: least-prefill alone would admit the two short one-shot prompts first (6 < 24 tokens each)
+    bg1, bg2 = req("bg1", 6), req("bg2", 6)
+    bg1.prompt_ids, bg2.prompt_ids = [300] * 6, [400] * 6
+    turn = session(req("turn", 24))
+    for r in (bg1, bg2, turn):
+        sched.add(r)
+    assert [i.req.rid for i in sched.schedule().items] == ["turn", "bg1"]  # bg2 is past the 30-token budget
+    sched.check_invariants()
+
+
+def test_a_larger_priority_goes_first_and_outranks_a_session(make):
+    scheduler, req, _ = make
+    sched = scheduler(pool=256, max_prefill_tokens=36)
+    turn, low, urgent = session(req("turn", 6)), req("low", 6), req("urgent", 30)
+    low.priority, urgent.priority = -1, 2  # SGLang's field: larger first
+    low.prompt_ids, urgent.prompt_ids = [300] * 6, list(range(100, 130))
+    for r in (low, turn, urgent):
+        sched.add(r)
+    assert [i.req.rid for i in sched.schedule().items] == ["urgent", "turn"]
+    sched.check_invariants()
+
+
+def test_a_session_turn_preempts_a_running_background_request_for_its_memory(make):
+    scheduler, req, chunks = make
+    sched = tight(scheduler)
+    bg = one_shot(req, "bg", range(200, 230), max_new_tokens=20)
+    sched.add(bg)
+    decode(sched, sched.schedule())
+    decode(sched, sched.schedule())  # bg decodes: it holds 31 of the 64 slots
+    turn = session(req("turn", 40, max_new_tokens=4))  # 40 more slots: it fits only once bg's are free
+    sched.add(turn)
+    batch = sched.schedule()
+    # oracle: the turn runs now, not after bg's 18 remaining decodes; bg is back in the queue, preempted once
+    assert [(i.req.rid, i.length) for i in batch.items] == [("turn", 40)]
+    assert bg.state is ReqState.PREEMPTED and bg.yielded
+    assert sched.stats()["priority_preemptions_total"] == 1
+    sched.check_invariants()
+    decode(sched, batch)
+    for _ in range(100):
+        if not sched.has_work:
+            break
+        decode(sched, sched.schedule())
+        sched.check_invariants()
+    assert turn.done and bg.done
+    assert [c.finish_reason for c in (chunks["turn"][-1], chunks["bg"][-1])] == ["length", "length"]
+    assert len(bg.output_ids) == 20  # resumed where it stopped, and finished
+    assert sched.stats()["priority_preemptions_total"] == 1
+    sched.check_invariants()
+
+
+def test_no_preemption_when_it_would_not_make_room(make):
+    scheduler, req, _ = make
+    sched = tight(scheduler)
+    other, bg = session(req("other", 30, max_new_tokens=20)), one_shot(req, "bg", range(300, 310), 20)
+    sched.add(other)
+    sched.add(bg)
+    decode(sched, sched.schedule())  # both run: 40 of the 64 slots
+    turn = session(req("turn", 40))  # 40 slots: 24 free + bg's 10 is not enough, and "other" is its class
+    turn.prompt_ids = list(range(100, 140))
+    sched.add(turn)
+    batch = sched.schedule()
+    assert {i.req.rid for i in batch.items} == {"other", "bg"} and bg.state is ReqState.RUNNING
+    assert sched.stats()["priority_preemptions_total"] == 0
+    sched.check_invariants()
+
+
+def test_background_work_is_delayed_never_starved_by_session_turns(make):
+    scheduler, req, chunks = make
+    sched = tight(scheduler)
+    bg = one_shot(req, "bg", range(200, 220), max_new_tokens=24)
+    sched.add(bg)
+    ran, step = [], 0
+    # a session turn that needs most of the pool arrives whenever the last one ends, forever
+    while not bg.done and step < 6 * STARVATION_STEPS:
+        if not any(r.retain is not None for r in sched.waiting + sched.running):
+            turn = session(req(f"turn{step}", 40, max_new_tokens=4), "agent")
+            turn.prompt_ids = [1000 + step] + list(range(101, 140))
+            sched.add(turn)
+        batch = sched.schedule()
+        assert batch is not None, "nothing ran: a deadlock"
+        if any(i.req is bg for i in batch.items):
+            ran.append(step)
+        decode(sched, batch)
+        sched.check_invariants()
+        step += 1
+    # it yielded once, then waited at most STARVATION_STEPS steps to go ahead of every turn, and finished
+    assert bg.done and chunks["bg"][-1].finish_reason == "length" and len(bg.output_ids) == 24
+    assert max(b - a for a, b in zip(ran, ran[1:])) <= STARVATION_STEPS
+    assert sched.stats()["priority_preemptions_total"] == 1

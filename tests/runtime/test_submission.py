@@ -26,6 +26,12 @@ def test_prepare_gives_one_submission_per_prompt_and_sample_with_seeds_offset(en
     assert len(batch.shared_prefills) == 2  # each prompt's KV computed once for its two samples
 
 
+def test_priority_reaches_every_submission_and_the_shared_prefills(engine):
+    batch = engine.prepare(["a b", "c d"], {**GREEDY, "n": 2}, priority=3)
+    assert [s.priority for s in batch.requests + batch.shared_prefills] == [3] * 6
+    assert engine.prepare("a b", GREEDY).requests[0].priority == 0  # SGLang's default
+
+
 def test_a_call_is_validated_once_and_its_samples_share_the_checked_params(engine, monkeypatch):
     checks = []
     real = validation.check_fields
@@ -41,6 +47,8 @@ def test_a_call_is_validated_once_and_its_samples_share_the_checked_params(engin
     (dict(sampling_params={"temperature": -1}), "temperature"),
     (dict(rid=["same", "same"]), "rid"),
     (dict(top_logprobs_num=-1), "top_logprobs_num"),
+    (dict(priority="high"), "priority"),
+    (dict(priority=True), "priority"),
 ])
 def test_prepare_refuses_bad_fields_naming_them(engine, call, field):
     with pytest.raises((ValueError, FieldError), match=field):

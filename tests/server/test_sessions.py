@@ -123,3 +123,20 @@ def test_a_server_side_program_pins_while_it_runs_and_nothing_once_disconnected(
     while session_server.engine.stats()["kv_pins"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert session_server.engine.stats()["kv_pinned_tokens"] == 0
+
+
+def test_sglang_priority_field_reaches_the_scheduler_on_every_route(session_server, monkeypatch):
+    seen = []
+    real = session_server.engine.validator.build
+    monkeypatch.setattr(session_server.engine.validator, "build",
+                        lambda *a, **k: seen.append(k["priority"]) or real(*a, **k))
+    with session_server.client() as http:
+        bodies = [("/generate", {"text": "hi", "sampling_params": GREEDY, "priority": 5}),
+                  ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2, "priority": -2}),
+                  ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                                            "max_tokens": 2, "priority": 1}),
+                  ("/generate", {"text": "hi", "sampling_params": GREEDY})]
+        for route, body in bodies:
+            assert http.post(route, json=body).status_code == 200
+        assert http.post("/generate", json={"text": "hi", "priority": "high"}).status_code in (400, 422)
+    assert seen == [5, -2, 1, 0]
