@@ -292,12 +292,12 @@ class Engine:
     def release_cache_key(self, key: str | Retention) -> int:
         """Drops a session's pin (or a Retention's owner's); how many tokens it pinned (0: none)."""
         owner = (Retention.session(key) if isinstance(key, str) else key).owner
-        return self._thread.call(lambda: self.scheduler.kv.pins.unpin(owner)).result()
+        return self._thread.call(lambda: self.scheduler.unpin(owner)).result()
 
     def release_pins(self, group: str) -> None:
         """Drops every pin of `group` (a program's states); returns at once."""
         if not self._thread.closed:
-            self._thread.call(lambda: self.scheduler.kv.pins.unpin_group(group))
+            self._thread.call(lambda: self.scheduler.unpin_group(group))
 
     def start_profile(self, spec: ProfileSpec | None = None) -> Path:
         """Starts torch.profiler over the scheduler's steps (ValueError if one runs); the trace's future path."""
