@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from radixlang.runtime.batch import Finish
 from radixlang.runtime.config import DP_DISPATCH_SLACK, EngineConfig
 from radixlang.runtime.dp_scheduler import DPScheduler, common_prefix_len
-from radixlang.runtime.engine import create_req
+from radixlang.runtime.engine import Engine, create_req
 from radixlang.runtime.kv_manager import KVManager
 from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.radix_cache import RadixCache
@@ -102,3 +102,8 @@ def test_common_prefix_len_matches_a_token_by_token_count(a, b):
 def test_dp_attention_refuses_what_it_cannot_run(options, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_options("unused", device="cpu", enable_dp_attention=True, **options)
+
+
+def test_dp_attention_refuses_a_dense_model_before_loading_it():
+    with pytest.raises(ValueError, match="needs a mixture-of-experts language model"):
+        Engine(device="cpu", tp_size=2, enable_dp_attention=True)  # the default model: dense SmolLM2
