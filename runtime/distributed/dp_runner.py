@@ -43,6 +43,10 @@ class DPRunner(TPRunner):
         """Rank 0's batch alone (the other ranks idle)."""
         return self.forward_ranks([batch] + [None] * (len(self.tables) - 1))[0]
 
+    def expert_load(self) -> torch.Tensor:
+        """Every rank's routing counts summed: each rank's routers see only its own requests' tokens."""
+        return torch.stack([super().expert_load(), *self.workers.expert_loads()]).sum(dim=0)
+
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         """Rank 0's own inputs: the workers got theirs from `forward_ranks`."""
         return ModelRunner.run(self, inputs)

@@ -34,6 +34,7 @@ DP_STEP = "dp-step"  # body: DPStep, this rank's own batch under DP attention (i
 EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
 CALL = "call"  # body: a picklable function of the worker's EmbeddingMirror; the worker replies with its result
 PLACE = "place"  # body: list[eplb.Placement], one per MoE layer, applied in step with rank 0
+LOAD = "load"  # no body; the worker replies with its expert load (DP attention: each rank routes its own tokens)
 STOP = "stop"
 # worker -> rank 0
 LOADED = "loaded"
@@ -144,6 +145,8 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
             send(conn, CALL, body(mirror))
         elif kind == PLACE:
             runner.place_experts(body)
+        elif kind == LOAD:
+            send(conn, LOAD, runner.expert_load())
         else:
             raise ValueError(f"unknown message kind {kind!r}")
 

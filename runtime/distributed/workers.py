@@ -20,6 +20,7 @@ from .worker import (
     DP_STEP,
     EMBEDDING,
     ERROR,
+    LOAD,
     PLACE,
     STEP,
     STOP,
@@ -113,6 +114,11 @@ class TPWorkers:
     def place_experts(self, placements: list) -> None:
         """Each worker applies these EPLB placements (list[eplb.Placement]), one per MoE layer."""
         self._send_all(PLACE, placements)
+
+    def expert_loads(self) -> list[torch.Tensor]:
+        """Each worker's [MoE layers, experts] routing counts, in rank order."""
+        self._send_all(LOAD)
+        return [receive(conn)[1] for conn in self._conns]
 
     def call(self, probe: Callable[[EmbeddingMirror], T]) -> list[T]:
         """`probe(mirror)` run on each worker, its results in rank order. `probe` travels pickled, so it

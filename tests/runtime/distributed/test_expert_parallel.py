@@ -26,11 +26,12 @@ def _generate(engine: Engine) -> list[Completion]:
     return engine.generate(input_ids=prompts(7), sampling_params=GREEDY, return_logprob=True, top_logprobs_num=3)
 
 
-def _run(folder: Path, **options) -> list[Completion]:
+def _run(folder: Path, **options) -> tuple[list[Completion], torch.Tensor]:
+    """The outputs, and the tokens each expert was sent."""
     with Engine(str(folder), device="cpu", kv_cache_tokens=1024, max_prefill_tokens=64, **options) as engine:
         out = _generate(engine)
         engine.check_invariants()
-    return out
+        return out, engine.expert_load()
 
 
 def _assert_same(one: list[Completion], other: list[Completion], tolerance: float = 1e-4) -> None:
@@ -43,13 +44,14 @@ def _assert_same(one: list[Completion], other: list[Completion], tolerance: floa
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
-    """name -> (its folder, its outputs on one rank): each family built and run once for the module."""
+    """name -> (its folder, its outputs and expert load on one rank): each family built and run once for the
+    module."""
     root = tmp_path_factory.mktemp("ep")
 
     @functools.cache
-    def folder_and_outputs(name: str) -> tuple[Path, list[Completion]]:
+    def folder_and_outputs(name: str) -> tuple[Path, list[Completion], torch.Tensor]:
         build(root, name)
-        return root / name, _run(root / name)
+        return root / name, *_run(root / name)
 
     return folder_and_outputs
 
@@ -60,8 +62,8 @@ def one_rank(tmp_path_factory):
     ("deepseek-v3", dict(tp_size=2)),  # MLA: 2 of 4 query heads per rank over the same latent; 4 experts each
 ], ids=["ep4", "tp2-ep1", "deepseek-ep2"])
 def test_ep_greedy_tokens_and_logprobs_match_ep1(one_rank, name, options):
-    folder, one = one_rank(name)
-    _assert_same(one, _run(folder, **options))
+    folder, one, _ = one_rank(name)
+    _assert_same(one, _run(folder, **options)[0])
 
 
 def test_experts_that_do_not_split_over_the_ranks_are_refused(tmp_path):
@@ -76,7 +78,7 @@ def test_ep2_and_eplb_under_ep_keep_ep1_outputs(one_rank):
     """EP 2 (4 experts + a shared expert, 2 per rank; layer 0 dense, tensor-parallel) gives EP 1's outputs;
     then a placement with replicas applied on both ranks (each gathers the experts its new physical slots
     run) keeps them."""
-    folder, one = one_rank("qwen2-moe")  # 4 experts -> 6 physical: 3 per rank, two replicas
+    folder, one, _ = one_rank("qwen2-moe")  # 4 experts -> 6 physical: 3 per rank, two replicas
     with Engine(str(folder), device="cpu", kv_cache_tokens=1024, max_prefill_tokens=64, tp_size=2) as engine:
         before = _generate(engine)
         with pytest.raises(ValueError, match="ep_size 2"):
@@ -108,7 +110,7 @@ def _together(engine: Engine, requests: list[tuple[list[int], dict]]) -> list[Co
 def test_dp_attention_deepseek_matches_one_rank_with_half_the_latent_pool_per_rank(one_rank):
     """MLA under DP attention: each rank's latent pool holds half the tokens (a TP-attention rank holds the
     whole latent pool: the latent is not split by heads), and greedy tokens and logprobs equal one rank's."""
-    folder, one = one_rank("deepseek-v3")
+    folder, one, _ = one_rank("deepseek-v3")
     with Engine(str(folder), device="cpu", kv_cache_tokens=1024, max_prefill_tokens=64, **DP) as engine:
         out = _generate(engine)
         engine.check_invariants()
@@ -124,11 +126,17 @@ def test_dp_attention_deepseek_matches_one_rank_with_half_the_latent_pool_per_ra
     assert per_rank_bytes == (512 + 1) * token_bytes  # + the pad slot; TP attention: (1024 + 1) on every rank
 
 
-def test_dp_attention_mixtral_idle_rank_prefix_dispatch_abort_and_close(one_rank):
-    folder, one = one_rank("mixtral")
+def test_dp_attention_mixtral_eplb_idle_rank_prefix_dispatch_abort_and_close(one_rank):
+    """Under EPLB's placement (3 physical experts per rank): requests ending at different steps, one rank
+    idling while the other decodes, a shared prefix dispatched to the rank that caches it, an abort, and a
+    close with a request in flight."""
+    folder, one, one_load = one_rank("mixtral")
     batch = prompts(7)
     with Engine(str(folder), device="cpu", kv_cache_tokens=1024, max_prefill_tokens=64, **DP) as engine:
         _assert_same(one, _generate(engine), DP_TOLERANCE)
+        # each rank routes its own tokens: the engine's load sums them; EPLB's placement then moves weights on both
+        assert engine.expert_load().sum() == one_load.sum() > 0
+        engine.rebalance_experts(num_physical=6)
         # requests ending at different steps: the short one's rank idles (zero-token steps) while the other decodes
         uneven = _together(engine, [(batch[0], GREEDY), (batch[1], GREEDY | {"max_new_tokens": 3})])
         assert uneven[0].output_ids == one[0].output_ids and uneven[1].output_ids == one[1].output_ids[:3]
