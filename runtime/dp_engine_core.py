@@ -49,10 +49,6 @@ class DPEngineCore:
     def abort_all(self, error: str | None = None) -> None:
         self.scheduler.abort_all(error)
 
-    @property
-    def jump(self) -> JumpForwarder | None:
-        return self.ranks[0].jump
-
     def set_jump_forward(self, jump: JumpForwarder | None) -> None:
         for core in self.ranks:
             core.set_jump_forward(jump)
