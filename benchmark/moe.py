@@ -13,13 +13,22 @@ table). A skewed router: the router's rows for the hot experts lean towards the 
    shared with other work, so compare the two figures of one run, not across runs.
 
     .venv/bin/python benchmark/moe.py [--experts 16] [--ranks 4] [--redundant 8] [--tokens 4096]
+
+`--dp-attention` measures instead the decode step of a small DeepSeek-V3-shaped MoE (random weights, built
+with transformers) served over 2 ranks with the experts expert-parallel: DP attention (each rank attends to
+its own requests over its own latent pool) against TP attention (each rank attends to every request with
+half the heads), at a small batch. Decode step = the extra wall time of a longer generation per extra token.
+
+    flock /work/coord/bench.lock .venv/bin/python benchmark/moe.py --dp-attention [--batch 4] [--prompt 256]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -84,6 +93,56 @@ def imbalance(values: list[float]) -> float:
     return max(values) / (sum(values) / len(values))
 
 
+def write_tiny_deepseek(path: Path) -> Path:
+    """A DeepSeek-V3-shaped MoE (MLA, one dense layer, 8 routed experts + a shared one) with SmolLM2's tokenizer."""
+    import transformers
+
+    from radixlang.testing.random_llama import smollm2_tokenizer, write_tokenizer_files
+
+    tokenizer = smollm2_tokenizer()
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=tokenizer.vocab_size, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=8, num_key_value_heads=8,
+        q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
+        max_position_embeddings=2048)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(str(path))
+    return write_tokenizer_files(path, tokenizer)
+
+
+def decode_step_ms(folder: Path, batch: int, prompt: int, repeats: int, **options: bool) -> float:
+    """Median ms of one decode step of `batch` requests over 2 ranks (EP experts), from the difference of a
+    long and a short generation."""
+    from radixlang.runtime.engine import Engine
+
+    g = torch.Generator().manual_seed(0)
+    short, long = 8, 40
+    times: dict[int, list[float]] = {short: [], long: []}
+    with Engine(str(folder), device="cpu", tp_size=2, kv_cache_tokens=8192, disable_radix_cache=True,
+                **options) as engine:
+        for _ in range(repeats):
+            for n in (short, long):
+                prompts = torch.randint(0, 40000, (batch, prompt), generator=g).tolist()
+                t0 = time.perf_counter()
+                engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": n,
+                                                                    "ignore_eos": True})
+                times[n].append(time.perf_counter() - t0)
+    return 1e3 * (statistics.median(times[long]) - statistics.median(times[short])) / (long - short)
+
+
+def dp_attention_main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_tiny_deepseek(Path(tmp) / "deepseek")
+        decode_step_ms(folder, args.batch, args.prompt, 1)  # warm-up: page in the weights, start the workers
+        tp = decode_step_ms(folder, args.batch, args.prompt, args.repeats)
+        dp = decode_step_ms(folder, args.batch, args.prompt, args.repeats, enable_dp_attention=True)
+    print(json.dumps({"batch": args.batch, "prompt_tokens": args.prompt, "ranks": 2,
+                      "decode_step_ms_tp_attention": round(tp, 2), "decode_step_ms_dp_attention": round(dp, 2),
+                      "dp_over_tp_speed": round(tp / dp, 2),
+                      "note": "same run; both with the experts expert-parallel over the 2 ranks"}, indent=1))
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -95,7 +154,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--inter", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dp-attention", action="store_true", help="DP against TP attention's decode step")
+    parser.add_argument("--batch", type=int, default=4, help="--dp-attention: requests decoding together")
+    parser.add_argument("--prompt", type=int, default=256, help="--dp-attention: prompt tokens of each")
     args = parser.parse_args()
+    if args.dp_attention:
+        dp_attention_main(args)
+        return
     torch.set_num_threads(1)
     block, direction = skewed_block(args.experts, args.hidden, args.inter, args.hot, seed=0)
     block(tokens(args.tokens, args.hidden, direction, seed=1))  # calibration: fills the load counters

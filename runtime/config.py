@@ -14,6 +14,11 @@ SCHEDULE_POLICIES = ("least-prefill", "lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
 HOST_TIER_POOLS = 2  # the default host KV tier holds this many device pools (an agent's history outlives a pool)...
 HOST_TIER_MEM_FRACTION = 0.2  # ... within this share of the host's available memory
+# DP attention's dispatcher: a request goes to the rank holding the longest prefix of its prompt when that
+# beats the least-loaded rank's by this many tokens and that rank has at most
+# DP_DISPATCH_SLACK more requests queued or running; otherwise to the least-loaded rank
+DP_DISPATCH_MIN_PREFIX = 32
+DP_DISPATCH_SLACK = 8
 
 # sampling limits
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -108,6 +113,10 @@ class EngineConfig:
     # MoE models over the TP ranks, CLI --ep: None = tp_size, each rank holds 1/tp of the experts and tokens
     # travel to them by all_to_all (expert parallelism); 1 = each rank holds every expert's 1/tp slice
     ep_size: int | None = None
+    # SGLang's --enable-dp-attention, for MoE models over tp_size > 1 ranks: every rank holds the whole attention
+    # and runs its own requests (its own scheduler, radix tree and 1/tp_size of the KV pool: kv_cache_tokens is
+    # the total); the experts stay partitioned over all ranks, which step together (runtime/dp_scheduler.py)
+    enable_dp_attention: bool = False
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names
     speculative_algorithm: str | None = None  # one of SPECULATIVE_ALGORITHMS; None: off
@@ -177,6 +186,8 @@ class EngineConfig:
                              f"every tensor-parallel rank or over none, got {self.ep_size!r}")
         if not self.dist_timeout > 0:
             raise ValueError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        if self.enable_dp_attention:
+            self._validate_dp_attention()
         if self.tp_size > 1 and self.quantization in ("int8", "int4"):
             raise ValueError(f"quantization={self.quantization!r} is not supported with tp_size > 1 "
                              "(its linears are not sharded); use quantization='none' or tp_size=1")
@@ -186,6 +197,21 @@ class EngineConfig:
         if self.tp_size > 1 and self.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with tp_size > 1 (each rank holds its own "
                              "KV heads); use preemption_mode='recompute'")
+
+    def _validate_dp_attention(self) -> None:
+        if self.tp_size < 2:
+            raise ValueError(f"enable_dp_attention needs tp_size >= 2 (one attention replica per rank), got "
+                             f"tp_size={self.tp_size}")
+        if self.ep_size == 1:
+            raise ValueError("enable_dp_attention partitions the experts over every rank: ep_size must be "
+                             f"tp_size ({self.tp_size}) or unset, got 1")
+        if self.speculative_algorithm is not None:
+            raise ValueError("speculative decoding is not supported with enable_dp_attention; unset "
+                             "speculative_algorithm")
+
+    def dp_size(self) -> int:
+        """Attention replicas, each with its own requests and KV: tp_size under DP attention, else 1."""
+        return self.tp_size if self.enable_dp_attention else 1
 
     def _validate_speculative(self) -> None:
         if self.speculative_algorithm is not None and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:

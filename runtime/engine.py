@@ -19,7 +19,7 @@ from .constrained.masks.vocab import TokenVocab
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
-from .models.eplb import Placement, expert_load, plan_rebalance
+from .models.eplb import Placement, plan_rebalance
 from .models.loader import default_model_path
 from .multimodal.prompt import text_ids
 from .profiler import ProfileSpec, StepProfiler
@@ -294,12 +294,12 @@ class Engine:
     def release_cache_key(self, key: str | Retention) -> int:
         """Drops a session's pin (or a Retention's owner's); how many tokens it pinned (0: none)."""
         owner = (Retention.session(key) if isinstance(key, str) else key).owner
-        return self._thread.call(lambda: self.scheduler.kv.pins.unpin(owner)).result()
+        return self._thread.call(lambda: self.scheduler.unpin(owner)).result()
 
     def release_pins(self, group: str) -> None:
         """Drops every pin of `group` (a program's states); returns at once."""
         if not self._thread.closed:
-            self._thread.call(lambda: self.scheduler.kv.pins.unpin_group(group))
+            self._thread.call(lambda: self.scheduler.unpin_group(group))
 
     def start_profile(self, spec: ProfileSpec | None = None) -> Path:
         """Starts torch.profiler over the scheduler's steps (ValueError if one runs); the trace's future path."""
@@ -318,7 +318,8 @@ class Engine:
 
     def expert_load(self) -> torch.Tensor:
         """[MoE layers, experts]: tokens the routers sent to each expert since the last rebalance."""
-        return self._thread.query(lambda: expert_load(self._moe_blocks()))
+        self._require_moe()
+        return self._thread.query(self.runner.expert_load)
 
     def rebalance_experts(self, num_physical: int, num_ranks: int | None = None, num_groups: int = 1,
                           num_nodes: int = 1) -> list[Placement]:
@@ -326,21 +327,20 @@ class Engine:
         on every rank. `num_ranks`: the expert-parallel ranks the placement balances (default: the
         engine's; under expert parallelism it must be that)."""
         def place() -> list[Placement]:
-            blocks = self._moe_blocks()
+            self._require_moe()
             ep = self.runner.ep_size
             if num_ranks is not None and ep > 1 and num_ranks != ep:
                 raise ValueError(f"num_ranks must be the engine's ep_size {ep} under expert parallelism")
-            placements = plan_rebalance(blocks, num_physical, num_ranks or ep, num_groups, num_nodes)
+            placements = plan_rebalance(self.runner.expert_load(), num_physical, num_ranks or ep, num_groups,
+                                        num_nodes)
             self.runner.place_experts(placements)
             return placements
 
         return self._thread.query(place)
 
-    def _moe_blocks(self) -> list[torch.nn.Module]:
-        blocks: list[torch.nn.Module] = getattr(self.runner.model, "moe_blocks", list)()
-        if not blocks:
+    def _require_moe(self) -> None:
+        if not getattr(self.runner.model, "moe_blocks", list)():
             raise ValueError("this model has no mixture-of-experts layers")
-        return blocks
 
     def shutdown(self) -> None:
         """Aborts what is still in flight and stops the scheduler thread."""

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
-from .batch import Finish, ScheduledItem
+from .batch import Finish, ScheduledItem, StepBatch
 from .constrained.jump_forward import JumpForwarder
 from .distributed.workers import WorkerFailure
 from .model_runner import ModelRunner
@@ -15,6 +17,20 @@ from .scheduler import Scheduler
 from .speculative.drafter import Drafter
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def aborting_on_error(batches: list[tuple[Scheduler, StepBatch]]) -> Iterator[None]:
+    """A failed step must not take the engine down with it: its requests end with the error instead. A
+    WorkerFailure passes: the model cannot run again, and the engine stops and fails every request."""
+    try:
+        yield
+    except WorkerFailure:
+        raise
+    except Exception as e:
+        logger.exception("step failed; aborting its %d request(s)", sum(len(b.items) for _, b in batches))
+        for scheduler, batch in batches:
+            scheduler.apply([Finish(item.req, "abort", error=f"internal error: {e!r}") for item in batch.items])
 
 
 @dataclass
@@ -32,17 +48,15 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        try:
-            logits = self.runner.forward(batch)
-            result = self.outputs.process(batch, logits)
-            self.scheduler.apply(result.finished)
-            self.scheduler.apply(self.outputs.draft(result.to_draft))  # drafts see the ended requests gone
-        except WorkerFailure:  # the model cannot run again: the engine stops and fails every request
-            raise
-        except Exception as e:  # a failed step must not take the engine down with it
-            logger.exception("step failed; aborting its %d request(s)", len(batch.items))
-            self.scheduler.apply([Finish(item.req, "abort", error=f"internal error: {e!r}") for item in batch.items])
+        with aborting_on_error([(self.scheduler, batch)]):
+            self.complete(batch, self.runner.forward(batch))
         return batch.items
+
+    def complete(self, batch: StepBatch, logits: torch.Tensor | None) -> None:
+        """Samples the step's logits, streams, and ends the requests that are done."""
+        result = self.outputs.process(batch, logits)
+        self.scheduler.apply(result.finished)
+        self.scheduler.apply(self.outputs.draft(result.to_draft))  # drafts see the ended requests gone
 
     # ---- what the scheduler thread and the engine ask ---------------------------------------------
     @property

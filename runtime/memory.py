@@ -116,6 +116,12 @@ class KVPool:
         self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.v_buffers = self.k_buffers if shared_kv else [_zeros(shape, dtype, device) for _ in range(num_layers)]
 
+    @classmethod
+    def elsewhere(cls, num_slots: int) -> KVPool:
+        """The slots of a pool whose buffers another process holds (a DP-attention rank's): the KV owner
+        here hands them out, and that rank's steps write and read them there."""
+        return cls(num_slots, 0, 0, 0, torch.float32, torch.device("cpu"))
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                         shared_kv: bool = False) -> int:

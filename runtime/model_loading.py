@@ -15,19 +15,28 @@ from .multimodal.loader import VISION_ARCHS, load_vision_language
 
 def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
                tp: TensorParallel | None = None, keep_blocks: bool = False,
-               quantization: str = "none", ep_size: int | None = None) -> LoadedModel:
+               quantization: str = "none", ep_size: int | None = None, dp_attention: bool = False) -> LoadedModel:
     """`tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
     Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels). `quantization`: a mode of
     quant.QUANTIZATIONS, applied to language models (vision and MoE / MLA models load as stored). `ep_size`:
-    MoE experts over the `tp` ranks (EngineConfig.ep_size)."""
+    MoE experts over the `tp` ranks (EngineConfig.ep_size). `dp_attention` (EngineConfig.enable_dp_attention):
+    a MoE model with attention whole on every rank; any other model is refused."""
     path = Path(path) if path is not None else default_model_path()
     if path.is_dir() and is_vision_folder(path):
+        _refuse_dp_attention(dp_attention, path)
         return load_vision_language(path, device, dtype, tp)
     if path.is_dir() and _has_architecture(path, SPARSE_ARCHS):  # MoE / MLA: their own modules
-        return load_sparse_model(path, device, dtype, tp, expert_parallel=ep_size != 1)
+        return load_sparse_model(path, device, dtype, tp, ep_size != 1, dp_attention)
     if path.suffix == ".gguf" and path.is_file() and is_moe_gguf(path):
-        return load_moe_gguf(path, device, dtype, tp, expert_parallel=ep_size != 1)
+        return load_moe_gguf(path, device, dtype, tp, ep_size != 1, dp_attention)
+    _refuse_dp_attention(dp_attention, path)
     return load_language_model(path, device, dtype, tp, keep_blocks, quantization)
+
+
+def _refuse_dp_attention(dp_attention: bool, path: Path) -> None:
+    if dp_attention:
+        raise ValueError(f"enable_dp_attention needs a mixture-of-experts language model (the ranks share its "
+                         f"experts); {path.name} is not one")
 
 
 def is_vision_folder(path: Path) -> bool:

@@ -10,7 +10,7 @@ from .batch import StepBatch, prefix_groups
 from .config import CASCADE_MIN_PREFIX
 from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
-from .models.eplb import Placement, apply_placements
+from .models.eplb import Placement, apply_placements, expert_load
 from .models.llama import ForwardContext, LlamaForCausalLM
 from .models.moe_llama import SparseMoeBlock
 from .multimodal.encoder import ImageEncoder
@@ -75,6 +75,10 @@ class ModelRunner:
         """The ranks a MoE model's experts are partitioned over (1: each rank holds every expert)."""
         blocks = self._moe_blocks()
         return blocks[0].dispatch.tp.size if blocks and blocks[0].dispatch is not None else 1
+
+    def expert_load(self) -> torch.Tensor:
+        """[MoE layers, experts]: tokens the routers sent to each expert since the last placement."""
+        return expert_load(self._moe_blocks())
 
     def place_experts(self, placements: list[Placement]) -> None:
         """Applies an EPLB placement per MoE layer."""

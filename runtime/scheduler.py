@@ -325,9 +325,9 @@ class Scheduler:
 
     def stats(self) -> dict[str, float]:
         self.kv.pins.expire()
-        s, pool, free = self.counters, self.kv.num_slots, self.kv.num_free_slots
+        s = self.counters
         pins = self.kv.pins
-        return {
+        return with_ratios({
             "kv_pinned_tokens": self.kv.cache.pinned_size,
             "kv_pins": len(pins.pins),
             "pins_released_under_pressure_total": pins.stats.released_under_pressure,
@@ -337,13 +337,11 @@ class Scheduler:
             "host_restored_tokens_total": self.kv.host.restored_tokens if self.kv.host else 0,
             "running_requests": len(self.running),
             "waiting_requests": len(self.waiting),
-            "kv_pool_tokens": pool,
-            "kv_free_tokens": free,
+            "kv_pool_tokens": self.kv.num_slots,
+            "kv_free_tokens": self.kv.num_free_slots,
             "kv_cached_tokens": self.kv.cached_tokens,
-            "kv_usage": 1.0 - free / pool,
             "prompt_tokens_total": s.prompt_tokens,
             "cached_tokens_total": s.cached_tokens,
-            "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             "generated_tokens_total": s.generated_tokens,
             "preemptions_total": s.preemptions,
             "priority_preemptions_total": s.priority_preemptions,
@@ -355,5 +353,23 @@ class Scheduler:
             "spec_draft_tokens_total": s.spec_draft_tokens,
             "spec_verify_steps_total": s.spec_verifies,
             "spec_accepted_tokens_total": s.spec_accepted_tokens,
-            "spec_accept_length": s.spec_accepted_tokens / s.spec_verifies if s.spec_verifies else 0.0,
-        }
+        })
+
+    # ---- pins, by owner ---------------------------------------------------------------------------
+    def unpin(self, owner: str) -> int:
+        """Drops `owner`'s pin; how many tokens it pinned (0: none)."""
+        return self.kv.pins.unpin(owner)
+
+    def unpin_group(self, group: str) -> None:
+        self.kv.pins.unpin_group(group)
+
+
+def with_ratios(totals: dict[str, float]) -> dict[str, float]:
+    """The stats' ratios from their totals (one scheduler's, or the sums over DP-attention ranks)."""
+    t = totals
+    return t | {
+        "kv_usage": 1.0 - t["kv_free_tokens"] / t["kv_pool_tokens"],
+        "cache_hit_rate": t["cached_tokens_total"] / t["prompt_tokens_total"] if t["prompt_tokens_total"] else 0.0,
+        "spec_accept_length": (t["spec_accepted_tokens_total"] / t["spec_verify_steps_total"]
+                               if t["spec_verify_steps_total"] else 0.0),
+    }

@@ -6,15 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.backend import AttentionBackend
 from ..kernels.registry import create_backend
 from .config import HOST_TIER_MEM_FRACTION, HOST_TIER_POOLS, EngineConfig, available_memory_bytes
 from .constrained.jump_forward import JumpForwarder
 from .cuda_graph import DecodeGraphs
+from .distributed.dp_runner import DPRunner
 from .distributed.embedding_cache import BroadcastEmbeddingCache
 from .distributed.group import TensorParallel
 from .distributed.layers import kv_heads_per_rank
 from .distributed.runner import TPRunner
 from .distributed.workers import TPWorkers
+from .dp_engine_core import DPEngineCore
 from .engine_core import EngineCore
 from .kv_manager import KVManager
 from .memory import KVPool, ReqToToken, SlotAllocator
@@ -33,7 +36,7 @@ from .tokenizer import Tokenizer
 
 @dataclass(slots=True)
 class EngineParts:
-    core: EngineCore
+    core: EngineCore | DPEngineCore
     tokenizer: Tokenizer
     model_name: str
     vocab_size: int
@@ -46,26 +49,27 @@ class EngineParts:
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner, scheduler and output
     processor (no thread)."""
-    device, dtype = cfg.torch_device(), cfg.torch_dtype()
+    device, dtype, dp = cfg.torch_device(), cfg.torch_dtype(), cfg.dp_size()
     tp = TensorParallel(0, cfg.tp_size)
-    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization(), ep_size=cfg.ep_size)
+    loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization(), ep_size=cfg.ep_size,
+                        dp_attention=cfg.enable_dp_attention)
     mcfg = loaded.model.config
     context_length = cfg.context_length or mcfg.max_position
     if context_length > mcfg.max_position:
         raise ValueError(f"context_length {context_length} exceeds the model's {mcfg.max_position}")
-    kv_heads = kv_heads_per_rank(mcfg.num_kv_heads, tp.size)  # each rank's pool holds its own heads
+    # each rank's pool holds its own heads; under DP attention all of them, for its own requests only
+    kv_heads = kv_heads_per_rank(mcfg.num_kv_heads, tp.size // dp)
     latent = getattr(mcfg, "latent_kv", False)  # MLA: one latent row per token, K and V one buffer
-    pool_size = kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length, latent)
+    # under DP attention each rank holds its share of the whole capacity
+    pool_size = max(2, kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length, latent) // dp)
     pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device, shared_kv=latent)
-    allocator = SlotAllocator(pool_size, device)
-    req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
-    cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
+    kv = kv_owner(cfg, pool, context_length, device, kv_host_tier_size(cfg, pool))
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     decode_compile = start_background_compile(cfg, loaded.model, pool)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
         capture = device.type == "cuda" and getattr(loaded.model, "capturable", True)  # MoE routing syncs
-        graphs = DecodeGraphs(loaded.model, attn, req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
+        graphs = DecodeGraphs(loaded.model, attn, kv.req_to_token.table, pool.pad_slot, cfg.decode_graph_max_bs(),
                               capture=capture)
     vision = loaded.vision
     if vision is not None and tp.size > 1 and cfg.image_cache_mb == 0:
@@ -77,17 +81,44 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
         publish = None if workers is None else workers.publish_embedding
         encoder = ImageEncoder(vision.module, BroadcastEmbeddingCache(cfg.image_cache_mb, publish), device, dtype)
     image_token_id = 0 if vision is None else vision.image_token_id
-    if workers is None:
-        runner = ModelRunner(loaded.model, req_to_token, attn, device, graphs, encoder, image_token_id)
-    else:
-        runner = TPRunner(loaded.model, req_to_token, attn, device, workers, encoder, image_token_id)
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
-    kv = KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, kv_host_tier_size(cfg, pool))
-    drafter = create_drafter(cfg, loaded, pool_size, context_length)
-    scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
-    outputs = OutputProcessor(kv, context_length, scheduler.counters, jump, drafter)
-    return EngineParts(EngineCore(scheduler, runner, outputs), loaded.tokenizer, loaded.name, mcfg.vocab_size,
-                       pool_size, None if vision is None else ImagePrompts(vision), encoder, decode_compile)
+    core: EngineCore | DPEngineCore
+    if workers is not None and dp > 1:
+        core = create_dp_core(cfg, loaded.model, kv, attn, workers, jump)
+    else:
+        if workers is None:
+            runner = ModelRunner(loaded.model, kv.req_to_token, attn, device, graphs, encoder, image_token_id)
+        else:
+            runner = TPRunner(loaded.model, kv.req_to_token, attn, device, workers, encoder, image_token_id)
+        drafter = create_drafter(cfg, loaded, pool_size, context_length)
+        scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
+        core = EngineCore(scheduler, runner, OutputProcessor(kv, context_length, scheduler.counters, jump, drafter))
+    return EngineParts(core, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
+                       None if vision is None else ImagePrompts(vision), encoder, decode_compile)
+
+
+def kv_owner(cfg: EngineConfig, pool: KVPool, context_length: int, device: torch.device,
+             host_tokens: int = 0) -> KVManager:
+    """The KV owner of one pool: its slot allocator, request table and radix cache."""
+    allocator = SlotAllocator(pool.num_slots, device)
+    cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
+    req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
+    return KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, host_tokens)
+
+
+def create_dp_core(cfg: EngineConfig, model: LlamaForCausalLM, first: KVManager, attn: AttentionBackend,
+                   workers: TPWorkers, jump: JumpForwarder | None) -> DPEngineCore:
+    """DP attention: rank 0's KV owner (`first`, over its pool here) and one per worker rank, over the slots
+    of that rank's pool there; a scheduler and an output processor on each."""
+    context_length = first.req_to_token.table.shape[1]
+    owners = [first] + [kv_owner(cfg, KVPool.elsewhere(first.num_slots), context_length, workers.device)
+                        for _ in range(1, cfg.dp_size())]
+    runner = DPRunner(model, [kv.req_to_token for kv in owners], attn, workers.device, workers)
+    ranks = []
+    for kv in owners:
+        scheduler = Scheduler(cfg, kv, context_length)
+        ranks.append(EngineCore(scheduler, runner, OutputProcessor(kv, context_length, scheduler.counters, jump)))
+    return DPEngineCore(ranks, runner)
 
 
 def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: KVPool) -> BackgroundCompile | None:

@@ -12,7 +12,8 @@ from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
 from .limits import ServerLimits
 
 _ARG_TYPES = {"str": str, "int": int, "float": float}
-_FLAG_ALIASES = {"tp_size": ("--tp",), "ep_size": ("--ep",)}  # extra spellings of an engine option's flag (SGLang's)
+# extra spellings of an engine option's flag (SGLang's)
+_FLAG_ALIASES = {"tp_size": ("--tp",), "ep_size": ("--ep",), "enable_dp_attention": ("--dp-attention",)}
 
 
 def _engine_fields(skip: Sequence[str]) -> list[dataclasses.Field]:
@@ -75,7 +76,9 @@ def _serve(args: argparse.Namespace) -> int:
     from .launch import serve
 
     limits = _limits(args)  # a bad limit fails before the model loads
-    if args.dp is not None:
+    if args.dp is not None and args.enable_dp_attention:
+        _dp_attention_ranks(args)
+    elif args.dp is not None:
         return _serve_fleet(args, limits)
     # a server lives long enough to repay a compile, which runs in the background: auto means on here
     options = {"compile_layers": True} | _engine_options(args)
@@ -86,6 +89,14 @@ def _serve(args: argparse.Namespace) -> int:
     if engine.decode_compile is not None and not engine.decode_compile.finished.is_set():
         _exit_without_the_compile()
     return 0
+
+
+def _dp_attention_ranks(args: argparse.Namespace) -> None:
+    """SGLang's `--tp N --dp N --enable-dp-attention`: one engine whose N ranks each run their own requests
+    (not a fleet of N engines, which --dp alone starts)."""
+    if args.dp != (args.tp_size or 1):
+        raise ValueError(f"--dp with --enable-dp-attention counts the attention replicas, one per rank: it must "
+                         f"equal --tp ({args.tp_size or 1}), got {args.dp}")
 
 
 def _exit_without_the_compile() -> None:

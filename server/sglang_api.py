@@ -61,7 +61,7 @@ async def server_info(request: Request) -> dict[str, Any]:
     live = {**await state.stats(), **await load_entry(state)}  # the scheduler's counters and SGLang's load
     return {**config, "model_path": state.engine.model_path, "tokenizer_path": state.engine.model_path,
             "served_model_name": state.model_name, "host": request.url.hostname, "port": request.url.port,
-            "dp_size": 1, "is_embedding": False, "context_length": engine.context_length,
+            "dp_size": engine.config.dp_size(), "is_embedding": False, "context_length": engine.context_length,
             "max_total_num_tokens": engine.pool_size, "limits": dataclasses.asdict(state.limits),
             "internal_states": [live], "version": version(), "frontend": "python", "pid": os.getpid(),
             "incremental_streaming_output": state.incremental_streaming_output,

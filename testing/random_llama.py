@@ -76,6 +76,11 @@ def write_hf_folder(path: Path, cfg: dict, weights: dict[str, torch.Tensor], tok
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
+    return write_tokenizer_files(path, tokenizer)
+
+
+def write_tokenizer_files(path: Path, tokenizer: Tokenizer) -> Path:
+    """`tokenizer` as an HF folder's tokenizer.json and tokenizer_config.json."""
     tokenizer.hf.save(str(path / "tokenizer.json"))
     eos = tokenizer.hf.id_to_token(tokenizer.eos_token_ids[0])
     (path / "tokenizer_config.json").write_text(

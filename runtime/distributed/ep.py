@@ -2,11 +2,15 @@
 [r * per_rank, (r + 1) * per_rank) and runs them for every rank's tokens. Its local expert i is physical
 expert r * per_rank + i; an EPLB placement (replicas of hot experts) moves the weights to match (`relocate`).
 
-Attention leaves every rank with all of the step's hidden states. Each rank routes its own slice of the
-tokens, dispatches each (token, choice) row to the rank holding its expert (all_to_all with split sizes:
-the counts first, then the rows and their expert ids), runs its experts grouped, returns the outputs along
-the reverse split (combine), weighs and sums them per token, and an all-reduce of the slices gives every
-rank the whole step's MoE output.
+Tensor-parallel attention leaves every rank with all of the step's hidden states: each rank routes its own
+slice of the tokens, dispatches each (token, choice) row to the rank holding its expert (all_to_all with
+split sizes: the counts first, then the rows and their expert ids), runs its experts grouped, returns the
+outputs along the reverse split (combine), weighs and sums them per token, and an all-reduce of the slices
+gives every rank the whole step's MoE output.
+
+Under DP attention (`local_tokens`) each rank's hidden states are its own requests' tokens: it routes all of
+them, and the combine returns exactly its own outputs (no all-reduce). A rank with no work joins with zero
+rows, so every rank calls the same collectives in the same order.
 """
 from __future__ import annotations
 
@@ -17,15 +21,15 @@ from .group import TensorParallel
 
 
 class ExpertParallel:
-    def __init__(self, tp: TensorParallel, num_physical: int):
+    def __init__(self, tp: TensorParallel, num_physical: int, local_tokens: bool = False):
         if num_physical % tp.size:
             raise ValueError(f"{num_physical} experts do not split over ep_size {tp.size}: it must divide them")
         self.tp, self.per_rank = tp, num_physical // tp.size
+        self.local_tokens = local_tokens  # DP attention: x holds this rank's tokens only
 
     def __call__(self, experts, x: torch.Tensor, phys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         tp, k = self.tp, phys.shape[1]
-        chunk = -(-x.shape[0] // tp.size)
-        lo, hi = min(tp.rank * chunk, x.shape[0]), min((tp.rank + 1) * chunk, x.shape[0])
+        lo, hi = self._my_tokens(x.shape[0])
         flat = phys[lo:hi].flatten()
         order = flat.argsort(stable=True)  # by expert, so by owning rank
         send_counts = torch.bincount(flat // self.per_rank, minlength=tp.size)
@@ -36,7 +40,15 @@ class ExpertParallel:
         ids = tp.all_to_all(flat[order], send_sizes, recv_sizes)
         out = tp.all_to_all(self._run_local(experts, rows, ids), recv_sizes, send_sizes)
         out = out * weights[lo:hi].flatten().index_select(0, order).unsqueeze(1).to(out.dtype)
-        return tp.all_reduce(torch.zeros_like(x).index_add_(0, tokens, out))
+        mine = torch.zeros_like(x).index_add_(0, tokens, out)
+        return mine if self.local_tokens else tp.all_reduce(mine)
+
+    def _my_tokens(self, num_tokens: int) -> tuple[int, int]:
+        """The rows this rank routes: all of them under DP attention, else its 1/size slice."""
+        if self.local_tokens:
+            return 0, num_tokens
+        chunk = -(-num_tokens // self.tp.size)
+        return min(self.tp.rank * chunk, num_tokens), min((self.tp.rank + 1) * chunk, num_tokens)
 
     def _run_local(self, experts, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's experts over the rows dispatched to it (any order), outputs in the same order."""

@@ -37,15 +37,22 @@ class TensorParallel:
         shard back (their result is not used)."""
         if self.size == 1:
             return local
-        local = local.contiguous()
+        parts = self.gather(local)
+        return torch.cat(parts, dim=-1)[..., :vocab_size] if parts else local
+
+    def gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `t` (the same shape everywhere) on rank 0, in rank order; other ranks get []."""
+        if self.size == 1:
+            return [t]
+        t = t.contiguous()
         opts = dist.GatherOptions()
         opts.rootRank = 0
         if self.rank != 0:
-            self._joined.gather([], [local], opts).wait()
-            return local
-        parts = [torch.empty_like(local) for _ in range(self.size)]
-        self._joined.gather([parts], [local], opts).wait()
-        return torch.cat(parts, dim=-1)[..., :vocab_size]
+            self._joined.gather([], [t], opts).wait()
+            return []
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        self._joined.gather([parts], [t], opts).wait()
+        return parts
 
     def all_to_all(self, t: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
         """Rows of `t` (send_sizes[r] for rank r, in rank order) to their ranks; returns the rows received,

@@ -23,15 +23,18 @@ from ..memory import KVPool
 from ..model_loading import load_model
 from ..model_runner import ModelRunner, StepInputs
 from ..multimodal.prompt import embed_parts
+from .dp_step import run_dp_step
 from .embedding_cache import EmbeddingMirror
 from .group import TensorParallel, connect_store
 from .layers import kv_heads_per_rank
 
 # message kinds, rank 0 -> worker
 STEP = "step"  # body: StepInputs with only the step's rows of req_to_token, on the host, images by reference
+DP_STEP = "dp-step"  # body: DPStep, this rank's own batch under DP attention (its inputs as STEP's)
 EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor follows as a broadcast
 CALL = "call"  # body: a picklable function of the worker's EmbeddingMirror; the worker replies with its result
 PLACE = "place"  # body: list[eplb.Placement], one per MoE layer, applied in step with rank 0
+LOAD = "load"  # no body; the worker replies with its expert load (DP attention: each rank routes its own tokens)
 STOP = "stop"
 # worker -> rank 0
 LOADED = "loaded"
@@ -44,7 +47,7 @@ class WorkerSpec:
     rank: int
     size: int
     port: int  # rank 0's rendezvous store
-    pool_size: int  # KV slots: the same on every rank (each holds its own heads)
+    pool_size: int  # KV slots: the same on every rank (each holds its own heads, or under DP attention its own requests)
 
 
 def send(conn: Connection, kind: str, body: object = None) -> None:
@@ -105,12 +108,20 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL binds each rank to the current device
     tp = TensorParallel(spec.rank, spec.size)
-    model = load_model(cfg.model, device, dtype, tp, ep_size=cfg.ep_size).model
+    model = load_model(cfg.model, device, dtype, tp, ep_size=cfg.ep_size, dp_attention=cfg.enable_dp_attention).model
     mcfg = model.config
-    pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, spec.size),
+    attention_ranks = spec.size // cfg.dp_size()  # DP attention: every rank holds all the KV heads
+    pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, attention_ranks),
                   mcfg.head_dim, dtype, device, shared_kv=getattr(mcfg, "latent_kv", False))
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
     return tp, ModelRunner(model, None, attn, device)
+
+
+def _on_device(inputs: StepInputs, runner: ModelRunner, mirror: EmbeddingMirror) -> StepInputs:
+    """A received step's table on this rank's device, its images' embeddings from the mirror."""
+    inputs.attention.req_to_token = inputs.attention.req_to_token.to(runner.device)
+    inputs.embeds = embed_parts(inputs.images, mirror.get, runner.device)
+    return inputs
 
 
 @torch.inference_mode()
@@ -123,9 +134,10 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
         if kind == STOP:
             return
         if kind == STEP:
-            body.attention.req_to_token = body.attention.req_to_token.to(runner.device)
-            body.embeds = embed_parts(body.images, mirror.get, runner.device)
-            runner.run(body)
+            runner.run(_on_device(body, runner, mirror))
+        elif kind == DP_STEP:
+            _on_device(body.inputs, runner, mirror)
+            run_dp_step(runner, tp, body)
         elif kind == EMBEDDING:
             key, shape, dtype, evicted = body
             mirror.add(key, tp.broadcast(torch.empty(shape, dtype=dtype, device=runner.device)), evicted)
@@ -133,6 +145,8 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
             send(conn, CALL, body(mirror))
         elif kind == PLACE:
             runner.place_experts(body)
+        elif kind == LOAD:
+            send(conn, LOAD, runner.expert_load())
         else:
             raise ValueError(f"unknown message kind {kind!r}")
 

@@ -13,8 +13,23 @@ import torch
 
 from ..config import EngineConfig
 from ..model_runner import StepInputs
+from .dp_step import DPStep
 from .group import TensorParallel, open_store
-from .worker import CALL, EMBEDDING, ERROR, PLACE, STEP, STOP, WorkerSpec, host_step, rank_threads, receive, send
+from .worker import (
+    CALL,
+    DP_STEP,
+    EMBEDDING,
+    ERROR,
+    LOAD,
+    PLACE,
+    STEP,
+    STOP,
+    WorkerSpec,
+    host_step,
+    rank_threads,
+    receive,
+    send,
+)
 
 if TYPE_CHECKING:
     from .embedding_cache import EmbeddingMirror
@@ -85,6 +100,10 @@ class TPWorkers:
     def send_step(self, inputs: StepInputs) -> None:
         self._send_all(STEP, host_step(inputs))
 
+    def send_dp_steps(self, steps: list[DPStep]) -> None:
+        """Worker r (rank r) gets steps[r - 1]: under DP attention each rank runs its own batch."""
+        self._send_each(DP_STEP, steps)
+
     def publish_embedding(self, key: Hashable, t: torch.Tensor, evicted: list[Hashable]) -> None:
         self._send_all(EMBEDDING, (key, tuple(t.shape), t.dtype, evicted))
         try:
@@ -96,6 +115,11 @@ class TPWorkers:
         """Each worker applies these EPLB placements (list[eplb.Placement]), one per MoE layer."""
         self._send_all(PLACE, placements)
 
+    def expert_loads(self) -> list[torch.Tensor]:
+        """Each worker's [MoE layers, experts] routing counts, in rank order."""
+        self._send_all(LOAD)
+        return [receive(conn)[1] for conn in self._conns]
+
     def call(self, probe: Callable[[EmbeddingMirror], T]) -> list[T]:
         """`probe(mirror)` run on each worker, its results in rank order. `probe` travels pickled, so it
         is a module-level function (radixlang.testing.workers has the tests' probes)."""
@@ -103,12 +127,16 @@ class TPWorkers:
         return [receive(conn)[1] for conn in self._conns]
 
     def _send_all(self, kind: str, body: object = None) -> None:
+        self._send_each(kind, [body] * len(self._conns))
+
+    def _send_each(self, kind: str, bodies: list) -> None:
+        """bodies[i] to worker i (rank i + 1)."""
         if self.failure is not None:
             raise WorkerFailure(self.failure)
         if any(proc.poll() is not None for proc in self._procs):
             raise self.fail(None)
         try:
-            for conn in self._conns:
+            for conn, body in zip(self._conns, bodies, strict=True):
                 send(conn, kind, body)
         except OSError as e:
             raise self.fail(e) from e

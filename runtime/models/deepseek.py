@@ -120,7 +120,7 @@ class MLAttention(nn.Module):
         q_nope, q_rope, c_kv, k_rope = self.project(x, rope)
         latent = torch.cat([c_kv.unsqueeze(1), k_rope], dim=-1)  # [T, 1, R + r]: the cached row
         o = ctx.attn.forward_latent(q_nope, q_rope, latent, self.layer_id, self.cfg.softmax_scale, self.kv_b_weight())
-        return self.o_proj(o.reshape(o.shape[0], -1))
+        return self.o_proj(o.flatten(1))  # T = 0 included (an idle DP-attention rank)
 
 
 class DeepseekDecoderLayer(nn.Module):
@@ -159,16 +159,21 @@ class MLARotary(nn.Module):
 
 
 class DeepseekForCausalLM(nn.Module):
+    """`dp_attention`: every rank holds the whole MLA, dense MLPs, embedding and head (each runs its own
+    requests over its own latent pool); only the routed experts are partitioned over the `tp` ranks."""
+
     capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
 
-    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None, expert_parallel: bool = True):
+    def __init__(self, cfg: DeepseekConfig, tp: TensorParallel | None = None, expert_parallel: bool = True,
+                 dp_attention: bool = False):
         super().__init__()
-        self.tp = tp = tp or TensorParallel()
+        group = tp or TensorParallel()
+        self.tp = tp = TensorParallel() if dp_attention else group
         if cfg.num_heads % tp.size:
             raise ValueError(f"tp_size {tp.size} does not split this model's {cfg.num_heads} query heads")
         self.config = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        ranks = {"ep": tp} if expert_parallel else {"sliced": tp}
+        ranks = {"ep": group, "local_tokens": dp_attention} if expert_parallel else {"sliced": group}
         self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i, tp, ranks) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = MLARotary(cfg)

@@ -98,10 +98,10 @@ def expert_load(blocks) -> torch.Tensor:
     return torch.stack([b.load.cpu() for b in blocks])
 
 
-def plan_rebalance(blocks, num_physical: int, num_ranks: int, num_groups: int = 1,
+def plan_rebalance(load: torch.Tensor, num_physical: int, num_ranks: int, num_groups: int = 1,
                    num_nodes: int = 1) -> list[Placement]:
-    """Each MoE layer's placement from its measured load."""
-    return [place_experts(b.load.tolist(), num_physical, num_ranks, num_groups, num_nodes) for b in blocks]
+    """Each MoE layer's placement from its measured load ([sparse layers, experts], as `expert_load`)."""
+    return [place_experts(layer.tolist(), num_physical, num_ranks, num_groups, num_nodes) for layer in load]
 
 
 def apply_placements(blocks, placements: list[Placement]) -> None:

@@ -130,7 +130,7 @@ class Attention(nn.Module):
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
         q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
         o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)
-        return self.o_proj(o.reshape(-1, self.q_size))
+        return self.o_proj(o.flatten(1))  # [T, heads * head_dim], T = 0 included (an idle DP-attention rank)
 
 
 class MLP(nn.Module):

@@ -57,7 +57,7 @@ def _group_masked(scores: torch.Tensor, spec: MoeSpec) -> torch.Tensor:
     weigh 0."""
     if spec.n_group <= 1:
         return scores
-    group_scores = scores.view(scores.shape[0], spec.n_group, -1).amax(dim=-1)
+    group_scores = scores.view(scores.shape[0], spec.n_group, scores.shape[1] // spec.n_group).amax(dim=-1)
     keep = torch.zeros_like(group_scores, dtype=torch.bool)
     keep.scatter_(1, group_scores.topk(spec.topk_group, dim=-1, sorted=False)[1], True)
     return scores.masked_fill(~keep.repeat_interleave(scores.shape[1] // spec.n_group, dim=1), 0.0)
@@ -68,7 +68,7 @@ def _grouped_topk(choice: torch.Tensor, spec: MoeSpec) -> torch.Tensor:
     topk_group best groups' experts may be chosen."""
     t = choice.shape[0]
     if spec.n_group > 1:
-        grouped = choice.view(t, spec.n_group, -1)
+        grouped = choice.view(t, spec.n_group, choice.shape[1] // spec.n_group)  # no -1: t may be 0
         group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
         keep.scatter_(1, group_scores.topk(spec.topk_group, dim=-1, sorted=False)[1], True)

@@ -34,13 +34,15 @@ class SparseMoeBlock(nn.Module):
     load: torch.Tensor  # a buffer, registered in __init__
 
     def __init__(self, spec: MoeSpec, hidden_size: int, shared_name: str = "shared_expert",
-                 ep: TensorParallel | None = None, sliced: TensorParallel | None = None):
+                 ep: TensorParallel | None = None, sliced: TensorParallel | None = None,
+                 local_tokens: bool = False):
         """Over several ranks: `ep` partitions the experts over them, or `sliced` gives each rank every
-        expert's 1/size slice (outputs summed over the ranks)."""
+        expert's 1/size slice (outputs summed over the ranks). `local_tokens` (DP attention): each rank's
+        input is its own requests' tokens, not the whole step's."""
         super().__init__()
         self.spec = spec
         self.gate = Router(spec, hidden_size)
-        self.dispatch = None if ep is None or ep.size == 1 else ExpertParallel(ep, spec.num_experts)
+        self.dispatch = None if ep is None or ep.size == 1 else ExpertParallel(ep, spec.num_experts, local_tokens)
         self.sliced = None if sliced is None or sliced.size == 1 else sliced
         local = None if self.dispatch is None else list(range(self.dispatch.tp.rank * self.dispatch.per_rank,
                                                             (self.dispatch.tp.rank + 1) * self.dispatch.per_rank))
@@ -89,17 +91,20 @@ class SparseMoeBlock(nn.Module):
 class MoeLlamaForCausalLM(LlamaForCausalLM):
     """The dense model with the MLP of each layer in `spec.sparse_layers` replaced by a SparseMoeBlock.
     Over several ranks (`tp`), attention is tensor-parallel and the experts expert-parallel (ep = tp), or
-    with `expert_parallel` False each rank holds a slice of every expert."""
+    with `expert_parallel` False each rank holds a slice of every expert. With `dp_attention` every rank
+    holds the whole attention, dense MLPs, embedding and head (each runs its own requests) and only the
+    experts are partitioned over the ranks."""
 
     capturable = False  # expert grouping reads routing counts on the host: decode buckets run uncaptured
 
     def __init__(self, cfg: LlamaConfig, spec: MoeSpec, tp: TensorParallel | None = None,
-                 expert_parallel: bool = True):
-        super().__init__(cfg, tp)
+                 expert_parallel: bool = True, dp_attention: bool = False):
+        group = tp or TensorParallel()
+        super().__init__(cfg, TensorParallel() if dp_attention else group)
         self.moe_spec = spec
-        ep, sliced = (self.tp, None) if expert_parallel else (None, self.tp)
+        ep, sliced = (group, None) if expert_parallel else (None, group)
         for i in spec.sparse_layers:
-            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, ep=ep, sliced=sliced)
+            self.layers[i].mlp = SparseMoeBlock(spec, cfg.hidden_size, ep=ep, sliced=sliced, local_tokens=dp_attention)
 
     def moe_blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]

@@ -22,24 +22,26 @@ SPARSE_ARCHS = MOE_LLAMA_ARCHS + DEEPSEEK_ARCHS
 
 
 def load_sparse_model(path: Path, device: torch.device, dtype: torch.dtype,
-                      tp: TensorParallel | None = None, expert_parallel: bool = True) -> LoadedModel:
-    """`expert_parallel`: over several `tp` ranks, partition the experts (else slice each one)."""
+                      tp: TensorParallel | None = None, expert_parallel: bool = True,
+                      dp_attention: bool = False) -> LoadedModel:
+    """`expert_parallel`: over several `tp` ranks, partition the experts (else slice each one).
+    `dp_attention`: attention and the dense layers whole on every rank, each running its own requests."""
     hf = read_hf_config(path)
     if any(a in DEEPSEEK_ARCHS for a in hf.get("architectures") or []):
         cfg, weights, tokenizer = read_hf_dir(path, hf, read_config=deepseek_config_from_hf)
         with torch.device("meta"):
-            model: DeepseekForCausalLM | MoeLlamaForCausalLM = DeepseekForCausalLM(cfg, tp, expert_parallel)
+            model: DeepseekForCausalLM | MoeLlamaForCausalLM = DeepseekForCausalLM(cfg, tp, expert_parallel, dp_attention)
         rotary: MLARotary | Rotary = MLARotary(cfg)
     else:
         (cfg, spec), weights, tokenizer = read_hf_dir(path, hf, read_config=moe_llama_config_from_hf)
         with torch.device("meta"):
-            model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)
+            model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel, dp_attention)
         rotary = Rotary(cfg)
     return _finish(model, rotary, weights, device, dtype, tokenizer, path.name)
 
 
 def load_moe_gguf(path: Path, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None = None,
-                  expert_parallel: bool = True) -> LoadedModel:
+                  expert_parallel: bool = True, dp_attention: bool = False) -> LoadedModel:
     """A mixture-of-experts GGUF (llama.cpp's Mixtral as `llama` with `expert_count`, `qwen2moe`, `qwen3moe`,
     and DeepSeek-V2 / V3 as `deepseek2`): the config read as its config.json would be, the stacked
     `ffn_*_exps` as per-expert weights."""
@@ -51,11 +53,11 @@ def load_moe_gguf(path: Path, device: torch.device, dtype: torch.dtype, tp: Tens
     if arch == DEEPSEEK_GGUF_ARCH:
         ds_cfg = deepseek_config_from_hf(hf)
         with torch.device("meta"):
-            ds_model = DeepseekForCausalLM(ds_cfg, tp, expert_parallel)
+            ds_model = DeepseekForCausalLM(ds_cfg, tp, expert_parallel, dp_attention)
         return _finish(ds_model, MLARotary(ds_cfg), deepseek_weights(gguf), device, dtype, tokenizer, path.stem)
     cfg, spec = moe_llama_config_from_hf(hf)
     with torch.device("meta"):
-        model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel)
+        model = MoeLlamaForCausalLM(cfg, spec, tp, expert_parallel, dp_attention)
     return _finish(model, Rotary(cfg), gguf_weights(gguf, cfg, arch), device, dtype, tokenizer, path.stem)
 
 

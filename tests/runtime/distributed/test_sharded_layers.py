@@ -17,7 +17,7 @@ from radixlang.runtime.memory import KVPool
 from radixlang.runtime.models.hf_config import config_from_hf
 from radixlang.runtime.models.llama import ForwardContext
 from radixlang.runtime.models.loader import build_model
-from radixlang.server.cli import _engine_options, build_parser
+from radixlang.server.cli import _engine_options, build_parser, main
 from tests.conftest import TINY_CONFIG, tiny_weights
 
 CONFIG = TINY_CONFIG | {"vocab_size": 1001, "num_key_value_heads": 1, "tie_word_embeddings": True,
@@ -76,3 +76,12 @@ def test_tp_flag_and_its_long_spelling_set_tp_size():
     for flag in ("--tp", "--tp-size"):
         args = build_parser().parse_args(["serve", flag, "3"])
         assert _engine_options(args) == {"tp_size": 3}
+
+
+def test_dp_attention_takes_sglangs_flags_and_dp_counts_its_ranks(capsys):
+    for flag in ("--enable-dp-attention", "--dp-attention"):
+        args = build_parser().parse_args(["serve", "--tp", "2", flag])
+        assert _engine_options(args) == {"tp_size": 2, "enable_dp_attention": True}
+    # SGLang's `--tp 2 --dp 2 --enable-dp-attention` is one engine; a --dp other than --tp is refused before loading
+    assert main(["serve", "--tp", "2", "--dp", "4", "--enable-dp-attention"]) == 2
+    assert "must equal --tp (2), got 4" in capsys.readouterr().err
