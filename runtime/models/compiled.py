@@ -39,8 +39,15 @@ def inductor_cache_dir() -> Path:
 
 
 def use_our_inductor_cache() -> None:
-    """Points inductor's caches (FX graphs, kernels) at our cache folder, unless the user chose one."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    """Points inductor's caches (FX graphs, kernels) at our cache folder, unless the user chose one. Importing
+    torch._dynamo sets the variable to inductor's default (a per-user folder under /tmp) itself, so that
+    value is taken for no choice: else any process that imported it first (a test, transformers) compiled
+    into /tmp, and the next start missed the artefacts and compiled for minutes."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
 
 
 def warm_marker(model_key: str) -> Path:
