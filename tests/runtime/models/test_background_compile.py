@@ -3,6 +3,7 @@ eager forward's tokens; compile_layers="auto" compiles only once a compile of th
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from torch._dynamo.utils import counters
@@ -66,3 +67,15 @@ def test_compile_artefacts_go_to_our_cache_folder_unless_the_user_chose_one(monk
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "chosen"))
     compiled_module.use_our_inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "chosen")
+
+
+def test_gil_turns_are_short_while_any_compile_runs_and_restored_after_the_last():
+    # the serving thread takes the GIL back after each torch op: a compile thread's 5 ms turns slowed eager steps
+    default = sys.getswitchinterval()
+    first, second = compiled_module.short_gil_turns(), compiled_module.short_gil_turns()
+    with first:
+        assert sys.getswitchinterval() == pytest.approx(compiled_module.COMPILING_SWITCH_INTERVAL_S)
+        second.__enter__()  # a second engine's compile overlaps the first and outlives it
+    assert sys.getswitchinterval() == pytest.approx(compiled_module.COMPILING_SWITCH_INTERVAL_S)
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == default
