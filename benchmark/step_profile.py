@@ -4,6 +4,7 @@ per step.
 
     python benchmark/step_profile.py --rows 1 --quantization auto
     python benchmark/step_profile.py --rows 16 --cprofile 25    # also the 25 costliest functions
+    python benchmark/step_profile.py --quantization auto --compile true --clock cpu   # the compiled decode
     python benchmark/step_profile.py --random tiny --rows 256 --tokens 32 --cuda-graph
     python benchmark/step_profile.py --random tiny --rows 256 --baseline /tmp/radixlang-base
 
