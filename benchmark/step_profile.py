@@ -4,6 +4,7 @@ per step.
 
     python benchmark/step_profile.py --rows 1 --quantization auto
     python benchmark/step_profile.py --rows 16 --cprofile 25    # also the 25 costliest functions
+    python benchmark/step_profile.py --quantization auto --compile true --clock cpu   # the compiled decode
     python benchmark/step_profile.py --random tiny --rows 256 --tokens 32 --cuda-graph
     python benchmark/step_profile.py --random tiny --rows 256 --baseline /tmp/radixlang-base
 
@@ -136,8 +137,10 @@ def profile(args: argparse.Namespace, profiler: cProfile.Profile | None = None) 
     prompts = prompts_for(args.rows)
     options = {"device": "cpu", "quantization": args.quantization,
                "kv_cache_tokens": max(16384, 2 * args.rows * (args.tokens + 32)),
-               "max_running_requests": max(64, args.rows), "disable_cuda_graph": not args.cuda_graph}
+               "max_running_requests": max(64, args.rows), "disable_cuda_graph": not args.cuda_graph,
+               "compile_layers": args.compile}
     with Engine(args.model, **options) as engine:
+        wait_for_compile(engine)
         spent, count = timed_parts(engine, CLOCKS[args.clock])
         engine.generate(prompts, {**params, "max_new_tokens": 4})  # warm-up at the measured batch size
         if profiler is not None:
@@ -159,6 +162,19 @@ def profile(args: argparse.Namespace, profiler: cProfile.Profile | None = None) 
     per_step = {name: parts.get(name, 0.0) * 1000 / args.tokens for name in PARTS}
     per_step["host"] = per_step["step"] - sum(per_step[name] for name in DEVICE_PARTS)
     return {"wall": elapsed * 1000 / args.tokens, "parts": per_step, "texts": texts}
+
+
+def wait_for_compile(engine: Engine) -> None:
+    """Steps time the compiled decode forward where the engine compiles one (compile_layers), not the eager
+    forward it serves with while the background compile runs."""
+    compiling = engine.decode_compile
+    if compiling is None:
+        print("decode: eager", file=sys.stderr)
+        return
+    t0 = time.perf_counter()
+    compiling.finished.wait()
+    state = "compiled" if compiling.ready else f"compile failed ({compiling.error}), eager"
+    print(f"decode: {state}, waited {time.perf_counter() - t0:.0f} s for the background compile", file=sys.stderr)
 
 
 def print_profile(args: argparse.Namespace, result: dict) -> None:
@@ -224,6 +240,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cuda-graph", action="store_true", help="decode through the padded CUDA-graph path")
+    parser.add_argument("--compile", default="auto", choices=("auto", "true", "false"),
+                        help="compile_layers: the CPU decode forward compiled (true), eager (false), or the default")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="what times the parts: wall time, or the scheduler thread's CPU time (steadier "
                              "on a shared machine; on a GPU, wall)")

@@ -15,12 +15,14 @@ says a compile finished there, which `compile_layers="auto"` reads.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -30,6 +32,8 @@ from .weight_cache import cache_dir
 
 logger = logging.getLogger(__name__)
 SCRATCH_CONTEXT = 8  # KV slots per scratch sequence
+# the GIL's turn length while a compile runs (Python's default is 5 ms; see short_gil_turns)
+COMPILING_SWITCH_INTERVAL_S = 0.0005
 # (batch, kv lengths) of the warm-up steps: batch 1, a batch, a batch of unequal lengths (the graphs seen)
 WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)))
 
@@ -39,8 +43,15 @@ def inductor_cache_dir() -> Path:
 
 
 def use_our_inductor_cache() -> None:
-    """Points inductor's caches (FX graphs, kernels) at our cache folder, unless the user chose one."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    """Points inductor's caches (FX graphs, kernels) at our cache folder, unless the user chose one. Importing
+    torch._dynamo sets the variable to inductor's default (a per-user folder under /tmp) itself, so that
+    value is taken for no choice: else any process that imported it first (a test, transformers) compiled
+    into /tmp, and the next start missed the artefacts and compiled for minutes."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
 
 
 def warm_marker(model_key: str) -> Path:
@@ -75,6 +86,10 @@ class BackgroundCompile:
         return self.eager(input_ids, positions, ctx, embeds)
 
     def _compile(self) -> None:
+        with short_gil_turns():
+            self._compile_and_warm()
+
+    def _compile_and_warm(self) -> None:
         try:
             self.compiled = torch.compile(self.eager, dynamic=True)
             # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
@@ -94,6 +109,40 @@ class BackgroundCompile:
             self.marker.touch()
         self.ready = True
         self.finished.set()
+
+
+class _GilTurns:
+    """Shortens the GIL's turns while any compile in the process runs, and restores them after the last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._saved = sys.getswitchinterval()
+
+    @contextlib.contextmanager
+    def shortened(self) -> Iterator[None]:
+        with self._lock:
+            if self._running == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, COMPILING_SWITCH_INTERVAL_S))
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    sys.setswitchinterval(self._saved)
+
+
+_GIL_TURNS = _GilTurns()
+
+
+def short_gil_turns() -> contextlib.AbstractContextManager[None]:
+    """While a compile runs. Its thread runs Python (dynamo's tracing) for minutes, and every torch op the
+    serving thread calls releases the GIL; taking it back then waits out the compile thread's turn, 5 ms by
+    default, so an eager step of ~2000 ops ran several times slower (the first request's first token too)."""
+    return _GIL_TURNS.shortened()
 
 
 def _scratch_backend(make_backend: Callable[[list, list], AttentionBackend], k_buffers: list[torch.Tensor],

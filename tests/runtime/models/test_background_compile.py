@@ -2,8 +2,12 @@
 eager forward's tokens; compile_layers="auto" compiles only once a compile of the model finished here."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from torch._dynamo.utils import counters
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import Engine
@@ -49,3 +53,29 @@ def test_the_triton_backend_on_a_cpu_never_compiles():
     # Triton on a CPU is its interpreter: a compile beside the engine's steps broke them
     assert not EngineConfig.from_options(compile_layers=True, attention_backend="triton").compiles_decode(warm=True)
     assert EngineConfig.from_options(compile_layers=True, attention_backend="torch").compiles_decode(warm=False)
+
+
+def test_compile_artefacts_go_to_our_cache_folder_unless_the_user_chose_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("RADIXLANG_CACHE_DIR", str(tmp_path))
+    # importing torch._dynamo (this module did) sets the variable to inductor's own /tmp default: no choice
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    compiled_module.use_our_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    compiled_module.use_our_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "chosen"))
+    compiled_module.use_our_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "chosen")
+
+
+def test_gil_turns_are_short_while_any_compile_runs_and_restored_after_the_last():
+    # the serving thread takes the GIL back after each torch op: a compile thread's 5 ms turns slowed eager steps
+    default = sys.getswitchinterval()
+    first, second = compiled_module.short_gil_turns(), compiled_module.short_gil_turns()
+    with first:
+        assert sys.getswitchinterval() == pytest.approx(compiled_module.COMPILING_SWITCH_INTERVAL_S)
+        second.__enter__()  # a second engine's compile overlaps the first and outlives it
+    assert sys.getswitchinterval() == pytest.approx(compiled_module.COMPILING_SWITCH_INTERVAL_S)
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == default
