@@ -58,7 +58,7 @@ def calibration_samples(tokenizer: Tokenizer, documents: Iterable[Document], seq
 
 
 def chat_text(tokenizer: Tokenizer, doc: Document) -> str:
-    messages = [{"role": "user", "content": doc.prompt}, {"role": "assistant", "content": doc.text}]
+    messages: list[dict[str, object]] = [{"role": "user", "content": doc.prompt}, {"role": "assistant", "content": doc.text}]
     if tokenizer.chat_template:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=False)
     return f"User: {doc.prompt}\nAssistant: {doc.text}"

@@ -139,8 +139,8 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWei
     static = spec.static_groups and spec.act_order
     if static:  # every group's range from the weights as they are, in input order
         for g in range(groups):
-            cols = slice(g * gs, (g + 1) * gs)
-            scales[g], zeros[g] = group_params(w[:, cols], spec.bits, spec.sym, _clip(spec, importance, cols))
+            span = slice(g * gs, (g + 1) * gs)
+            scales[g], zeros[g] = group_params(w[:, span], spec.bits, spec.sym, _clip(spec, importance, span))
     group_of = order // gs if static else torch.arange(k) // gs  # by rounding position
     group_list = group_of.tolist()
     for b0 in range(0, k, spec.block_size):
@@ -150,8 +150,9 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWei
             # a group's range, from its columns as all earlier columns' updates left them: a group starts
             # at a block's start (every earlier block's update applied) or inside one (in-block updates are)
             if not static and col % gs == 0:
-                cols = order[col:col + gs]
-                scales[g], zeros[g] = group_params(wt[col:col + gs].T, spec.bits, spec.sym, _clip(spec, importance, cols))
+                inputs = order[col:col + gs]  # the group's input indices (importance is in input order)
+                scales[g], zeros[g] = group_params(wt[col:col + gs].T, spec.bits, spec.sym,
+                                                   _clip(spec, importance, inputs))
             codes[col] = round_column(wt[col], scales[g], zeros[g], spec.bits)
             err = torch.div(wt[col] - scales[g] * (codes[col] - zeros[g]), u[col, col], out=errors[col])
             wt[col + 1:b1].addr_(u[col, col + 1:b1], err, alpha=-1)
