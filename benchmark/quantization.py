@@ -32,7 +32,7 @@ from radix_cache import DECODE_PROMPTS  # noqa: E402
 GREEDY = {"temperature": 0, "ignore_eos": True}
 FOLDERS = {  # name: the quantize options that make it
     "RTN int4 g128": QuantizeOptions(method="rtn", bits=4, group_size=128),
-    "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128),
+    "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=False),
     "GPTQ int4 g128 act-order": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=True),
     "RTN W8A8": QuantizeOptions(method="smoothquant", smooth=False),
     "SmoothQuant W8A8": QuantizeOptions(method="smoothquant"),

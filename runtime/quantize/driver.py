@@ -21,7 +21,7 @@ class QuantizeOptions:
     method: str = "gptq"
     bits: int = 4  # weight-only methods; SmoothQuant is always W8A8
     group_size: int = 128
-    act_order: bool = False
+    act_order: bool = True  # GPTQ: closed 53% of RTN's perplexity gap on SmolLM2, in order 38% (README)
     static_groups: bool = False  # with act_order: groups of consecutive inputs, no permutation at load
     sym: bool = False
     percdamp: float = 0.01
@@ -95,9 +95,10 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
 def quantization_config(opts: QuantizeOptions) -> dict:
     if opts.method == "smoothquant":
         return {"quant_method": "w8a8_int8", "smoothquant_alpha": opts.alpha if opts.smooth else None}
-    return {"quant_method": "gptq", "bits": opts.bits, "group_size": opts.group_size, "desc_act": opts.act_order,
+    act_order = opts.act_order and opts.method == "gptq"  # RTN rounds in input order
+    return {"quant_method": "gptq", "bits": opts.bits, "group_size": opts.group_size, "desc_act": act_order,
             "sym": opts.sym, "damp_percent": opts.percdamp, "true_sequential": True,
-            "static_groups": opts.static_groups and opts.act_order,
+            "static_groups": opts.static_groups and act_order,
             "checkpoint_format": "gptq", "lm_head": False, "quantizer": "radixlang " + opts.method}
 
 
