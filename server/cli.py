@@ -156,7 +156,7 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--clip-search", action=argparse.BooleanOptionalAction, default=True,
                    help="GPTQ: shrink each group's range to the one with the least output error (default: on)")
     q.add_argument("--percdamp", type=float, default=None,
-                   help="GPTQ dampening, fraction of mean diag(H) (default 0.01)")
+                   help="GPTQ dampening, fraction of mean diag(H) (default 0.1)")
     q.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
     q.add_argument("--calib", default="builtin",
                    help="calibration text: 'builtin' (shipped with radixlang), 'python' (plus Python's own "
