@@ -8,11 +8,12 @@ are rendered with the model's chat template (calibration.py), since that is how 
 own disk:
 - the reference prose of Python's documentation, `pydoc_data.topics` (what `help("if")` prints);
 - the docstrings of the standard library's modules, read from its source files with `ast` (never imported).
-It is not the default because it is narrow: technical English with code. GPTQ with H from more tokens of it
-rounds prose worse, not better (SmolLM2-135M, fidelity.py's fixed / long text, in memory: the shipped text
-alone 10.59 / 16.09, with 6k of these tokens added 11.78 / 16.75; RTN 12.10 / 17.72): volume fixes an
-under-determined H only when the text resembles what the model is then asked. Use it (or a file of your
-own text) for a model that will mostly read code and documentation.
+It is not the default: it is narrow (technical English with code) and slow to calibrate on. Measured on
+SmolLM2-135M (fidelity.py's fixed / long text; RTN 12.09 / 17.73): through `radixlang quantize` with
+act-order and percdamp 0.01, 16k tokens of it gave 10.32 / 15.76 against 10.45 / 16.10 for the shipped
+text alone, but took 240 s of CPU against 60 s; in memory, without act-order, a prototype with 6k of its
+tokens was worse than the shipped text (11.78 / 16.75 against 10.59 / 16.09). Use it (or a file of your
+own text) when a few more minutes buy a better H, or for a model that will mostly read code.
 
 Neither overlaps the benchmark's evaluation text (benchmark/fidelity.py; tests/runtime/quantize/
 test_corpus.py checks for any shared run of 8 words). Deterministic for a given Python install: documents in
