@@ -33,11 +33,11 @@ class GPTQSpec:
     # columns per lazy batch update; any size gives the same arithmetic. 32 on CPU: the in-block updates
     # (rows x block / 2 per column) then cost a quarter of 128's, the rest goes to one matmul per block
     block_size: int = 32
-    clip_search: bool = False  # shrink each group's range to the rounding-error-optimal one
+    clip_search: bool = False  # shrink each group's range to the one with the least input-weighted error
     static_groups: bool = False  # act-order with input-order groups, ranges fixed before any update
 
 
-# the clip grid: range shrink factors 1, 0.99, ..., 0.2 (GPTQ's reference grid)
+# the clip grid: range shrink factors 1, 0.99, ..., 0.2 (as GPTQ's reference steps them)
 CLIP_SHRINKS = torch.arange(100, 19, -1, dtype=torch.float64) / 100
 
 
