@@ -11,9 +11,10 @@ own disk:
 It is not the default: it is narrow (technical English with code) and slow to calibrate on. Measured on
 SmolLM2-135M (fidelity.py's fixed / long text; RTN 12.09 / 17.73): through `radixlang quantize` with
 act-order and percdamp 0.01, 16k tokens of it gave 10.32 / 15.76 against 10.45 / 16.10 for the shipped
-text alone, but took 240 s of CPU against 60 s; in memory, without act-order, a prototype with 6k of its
-tokens was worse than the shipped text (11.78 / 16.75 against 10.59 / 16.09). Use it (or a file of your
-own text) when a few more minutes buy a better H, or for a model that will mostly read code.
+text alone, but with the default percdamp 0.1 10.69 / 15.92 against 10.07 / 15.75, and it takes 240 s
+of CPU against 60 s; in memory, without act-order, a prototype with 6k of its tokens was worse than the
+shipped text (11.78 / 16.75 against 10.59 / 16.09). Use it (or a file of your own text) for a model that
+will mostly read code.
 
 Neither overlaps the benchmark's evaluation text (benchmark/fidelity.py; tests/runtime/quantize/
 test_corpus.py checks for any shared run of 8 words). Deterministic for a given Python install: documents in
