@@ -4,8 +4,9 @@ fp32, RTN int4 g128, GPTQ int4 g128 (with and without act-order), naive W8A8 (RT
 (alpha 0.5, and a sweep with --alphas), and the GGUF's own Q4_1 / Q8_0 blocks (`auto`).
 
 Every quantized model is made here by `radixlang quantize`'s code from the same fp32 weights (the GGUF
-dequantized), calibrated on the shipped text (runtime/quantize/calibration.txt, disjoint from the fixed
-text), and loaded from the HF folder it writes, as a user would. --reuse DIR keeps the folders there and
+dequantized), calibrated on the builtin text (runtime/quantize/calibration.txt; tests/runtime/quantize/
+test_corpus.py checks it shares no 8-word run with the evaluation text), and loaded from the HF folder it
+writes, as a user would. --reuse DIR keeps the folders there and
 skips those already written (then no quantization time is printed for them).
 
 Speed: the engines run the same workloads interleaved round by round, the best round counts (machine
@@ -31,7 +32,7 @@ from radix_cache import DECODE_PROMPTS  # noqa: E402
 GREEDY = {"temperature": 0, "ignore_eos": True}
 FOLDERS = {  # name: the quantize options that make it
     "RTN int4 g128": QuantizeOptions(method="rtn", bits=4, group_size=128),
-    "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128),
+    "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=False),
     "GPTQ int4 g128 act-order": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=True),
     "RTN W8A8": QuantizeOptions(method="smoothquant", smooth=False),
     "SmoothQuant W8A8": QuantizeOptions(method="smoothquant"),

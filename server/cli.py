@@ -142,9 +142,11 @@ def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
 def _quantize(args: argparse.Namespace) -> int:
     from ..runtime.quantize.driver import QuantizeOptions, quantize
 
-    opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size, act_order=args.act_order,
-                           sym=args.sym, percdamp=args.percdamp, alpha=args.alpha, calib=args.calib,
-                           threads=args.threads)
+    tuned = {name: getattr(args, name) for name in ("act_order", "percdamp", "calib_tokens")
+             if getattr(args, name) is not None}  # unset: QuantizeOptions' default
+    opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
+                           static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
+                           alpha=args.alpha, calib=args.calib, threads=args.threads, **tuned)
     quantize(None if args.model == "default" else args.model, args.out, opts)
     return 0
 
@@ -157,11 +159,20 @@ def _add_quantize_command(sub) -> None:
                    help="gptq / rtn: weight-only int4 or int8, GPTQ format; smoothquant: W8A8 int8")
     q.add_argument("--bits", type=int, default=4, choices=[4, 8])
     q.add_argument("--group-size", type=int, default=128, help="-1, 32, 64 or 128 (default: 128)")
-    q.add_argument("--act-order", action="store_true", help="GPTQ: round columns by descending Hessian diagonal")
+    q.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
+                   help="GPTQ: round columns by descending Hessian diagonal (default: on)")
+    q.add_argument("--static-groups", action="store_true",
+                   help="GPTQ with --act-order: groups of consecutive inputs (no input permutation at load)")
     q.add_argument("--sym", action="store_true", help="symmetric weight codes (default: asymmetric)")
-    q.add_argument("--percdamp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
+    q.add_argument("--clip-search", action=argparse.BooleanOptionalAction, default=True,
+                   help="GPTQ: shrink each group's range to the one with the least output error (default: on)")
+    q.add_argument("--percdamp", type=float, default=None,
+                   help="GPTQ dampening, fraction of mean diag(H) (default 0.1)")
     q.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
-    q.add_argument("--calib", default="builtin", help="calibration text: 'builtin' (shipped) or a text file")
+    q.add_argument("--calib", default="builtin",
+                   help="calibration text: 'builtin' (shipped with radixlang), 'python' (plus Python's own "
+                        "documentation, ~100k tokens: for code models) or a text file")
+    q.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens at most (default 32768)")
     q.add_argument("--threads", type=int, default=1,
                    help="torch threads while quantizing (default 1: fastest on a busy machine)")
     q.set_defaults(func=_quantize)

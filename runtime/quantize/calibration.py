@@ -1,50 +1,64 @@
-"""Calibration samples: token windows of shipped text (`builtin`) or of a user's text file.
+"""Calibration samples: token windows of a corpus of corpus.py (`builtin`, `python`) or of a user's text file.
 
-The builtin text (calibration.txt, written for radixlang) mixes what a chat model is asked about:
-encyclopedic prose on several subjects, instructions, code (Python, SQL, JSON), arithmetic, a story, a
-business report, a speech, a little French, and user/assistant exchanges. GPTQ and SmoothQuant need the
-typical size and correlation of each layer's inputs, not facts, and these are set by such varied text;
-the benchmark's held-out text (benchmark/fidelity.py) is not in it.
+Plain text is packed into windows of `seq_len` tokens, documents separated by a blank line; a chat exchange
+is one sample, rendered with the model's chat template (how a chat model sees what users send), or as
+"User: / Assistant:" lines for a model without one.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
 from ..tokenizer import Tokenizer
+from .corpus import Document, python_documents, shipped_documents
 
-BUILTIN = Path(__file__).with_name("calibration.txt")
 MIN_TOKENS = 32  # a trailing window shorter than this is dropped
 
 
-def calibration_text(source: str) -> str:
-    path = BUILTIN if source == "builtin" else Path(source)
+def calibration_documents(source: str) -> Iterator[Document]:
+    """`builtin` (the shipped text), `python` (it and Python's own documentation), or the text of the file
+    `source` as one document."""
+    if source == "builtin":
+        return iter(shipped_documents())
+    if source == "python":
+        return python_documents()
+    path = Path(source)
     if not path.is_file():
-        raise ValueError(f"--calib must be 'builtin' or a text file, got {source!r}")
+        raise ValueError(f"--calib must be 'builtin', 'python' or a text file, got {source!r}")
     text = path.read_text()
     if not text.strip():
         raise ValueError(f"--calib file {source!r} is empty")
-    return text
+    return iter([Document(text)])
 
 
-def generated_samples(model_path: Path, text: str, count: int, new_tokens: int) -> list[torch.Tensor]:
-    """`count` samples the model writes itself (temperature 1, seeded) after the opening words of the
-    text's paragraphs: its own distribution, and enough tokens that each layer's H = 2XX^T is well
-    determined (the shipped text alone, ~2k tokens, is fewer than SmolLM2's 1536 MLP channels need)."""
-    from ..engine import Engine
+def calibration_samples(tokenizer: Tokenizer, documents: Iterable[Document], seq_len: int,
+                        max_tokens: int) -> list[torch.Tensor]:
+    """Samples of at most `seq_len` tokens, at most `max_tokens` in all, from the documents in order: plain ones
+    packed into consecutive windows, each chat exchange its own sample."""
+    samples: list[torch.Tensor] = []
+    stream: list[int] = []  # plain text not yet cut into windows
+    total = 0
+    for doc in documents:
+        if doc.prompt is None:
+            stream += tokenizer.encode(doc.text + "\n\n")
+            while len(stream) >= seq_len and total < max_tokens:
+                size = min(seq_len, max_tokens - total)
+                samples.append(torch.tensor(stream[:size]))
+                stream, total = stream[size:], total + size
+        elif total < max_tokens:
+            ids = tokenizer.encode(chat_text(tokenizer, doc))[:seq_len]
+            samples.append(torch.tensor(ids))
+            total += len(ids)
+        if total >= max_tokens:
+            break
+    tail = stream[:max_tokens - total]
+    return samples + [torch.tensor(tail)] * (len(tail) >= MIN_TOKENS)
 
-    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
-    prompts = [" ".join(paragraphs[i % len(paragraphs)].split()[:8 + i // len(paragraphs)]) for i in range(count)]
-    with Engine(model=str(model_path), device="cpu", kv_cache_tokens=count * (new_tokens + 64)) as engine:
-        outs = engine.generate(input_ids=[engine.tokenizer.encode(p) for p in prompts], sampling_params={
-            "temperature": 1.0, "max_new_tokens": new_tokens, "seed": 0, "ignore_eos": True})
-        assert isinstance(outs, list), "a batch of prompts gives a list of completions"
-        return [torch.tensor(engine.tokenizer.encode(p) + o.output_ids) for p, o in zip(prompts, outs)]
 
-
-def calibration_samples(tokenizer: Tokenizer, text: str, seq_len: int, max_samples: int) -> list[torch.Tensor]:
-    """Consecutive windows of `seq_len` tokens (the last may be shorter), at most `max_samples`."""
-    ids = tokenizer.encode(text)
-    windows = [ids[i:i + seq_len] for i in range(0, len(ids), seq_len)][:max_samples]
-    return [torch.tensor(w) for w in windows if len(w) >= MIN_TOKENS]
+def chat_text(tokenizer: Tokenizer, doc: Document) -> str:
+    messages: list[dict[str, object]] = [{"role": "user", "content": doc.prompt}, {"role": "assistant", "content": doc.text}]
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    return f"User: {doc.prompt}\nAssistant: {doc.text}"
