@@ -146,9 +146,7 @@ class Scheduler:
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
         for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps):
-            if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
-                break
-            if self.kv.num_free_rows == 0:
+            if budget <= 0 or self._admission_closed():
                 break
             if self._better_next_step(req, admitted):
                 continue
@@ -183,9 +181,7 @@ class Scheduler:
                 return None
             self._move_to_running(req)
             return self._extend(req, req.pending)
-        match_limit = req.fill_len - 1  # the last token is always recomputed, for its logits
-        if req.wants_prompt_logprobs:
-            match_limit = min(match_limit, req.next_prompt_logit)
+        match_limit = self._match_limit(req)
         n = self.kv.admit(req, match_limit, budget, fits)
         if n is None:
             return None
@@ -217,7 +213,7 @@ class Scheduler:
         if self.kv.reachable_slots + freed < need + reserve - sum(self._future_tokens(v) for v in victims):
             return  # preempting all of them would not make room: preempt none
         victims.sort(key=rank, reverse=True)  # stable: pop() takes the lowest class, newest first
-        while victims and self._blocked(head, need, reserve):
+        while victims and self._blocked(need, reserve):
             victim = victims.pop()
             reserve -= self._future_tokens(victim)
             victim.yielded = True
@@ -228,14 +224,23 @@ class Scheduler:
         """The slots admitting `req` takes this step: its uncached tokens (or swapped KV), within the budget."""
         if req.swapped is not None:
             return req.kv_len + req.pending
-        cached = self.kv.cached_prefix_len(req.tokens(0, req.fill_len - 1))
+        cached = self.kv.cached_prefix_len(req.tokens(0, self._match_limit(req)))
         return min(req.fill_len - cached, self.cfg.max_prefill_tokens)
 
-    def _blocked(self, req: Req, need: int, reserve: int) -> bool:
-        """Whether admitting `req` (needing `need` slots, with `reserve` still reachable) must wait now."""
-        if len(self.running) >= self.cfg.max_running_requests or self.kv.num_free_rows == 0:
-            return True
-        return not self.kv.can_fit(need, reserve, not self.running)
+    @staticmethod
+    def _match_limit(req: Req) -> int:
+        """How much of `req`'s prompt may come from the cache: never its last token (recomputed for its
+        logits), nor a prompt position whose logprob is still wanted."""
+        limit = req.fill_len - 1
+        return min(limit, req.next_prompt_logit) if req.wants_prompt_logprobs else limit
+
+    def _admission_closed(self) -> bool:
+        """No request can be admitted this step: the running set or the request table is full."""
+        return len(self.running) >= self.cfg.max_running_requests or self.kv.num_free_rows == 0
+
+    def _blocked(self, need: int, reserve: int) -> bool:
+        """Whether admitting a request that needs `need` slots, with `reserve` still reachable, must wait now."""
+        return self._admission_closed() or not self.kv.can_fit(need, reserve, not self.running)
 
     def _move_to_running(self, req: Req) -> None:
         self.waiting.remove(req)
