@@ -2,6 +2,7 @@
 the router needs, and `radixlang serve --dp 2` as a fleet behind it."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -244,13 +245,18 @@ def test_a_worker_killed_mid_request_fails_it_clearly_the_fleet_serves_on_and_it
 
 
 def test_sigterm_finishes_the_request_in_flight_then_stops_it_all(fleet):
-    request = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
-    with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(httpx.post, f"{fleet.url}/generate", json=request, timeout=120)
-        _running_on(fleet.workers)
+    # streamed, so that its first event proves it is running on a worker when the signal goes: the tiny model
+    # makes a few hundred tokens a second, and polling /v1/loads could miss a request that short altogether
+    request = {"text": "Once upon a time", "stream": True,
+               "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    with httpx.stream("POST", f"{fleet.url}/generate", json=request, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        events = (line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: "))
+        first = json.loads(next(events))
+        assert first["meta_info"]["completion_tokens"] < 300, "the request ended before the signal could be sent"
         fleet.proc.send_signal(signal.SIGTERM)
-        r = in_flight.result(timeout=60)
-    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 60, r.text  # drained, not cut
+        last = json.loads([event for event in events if event != "[DONE]"][-1])
+    assert last["meta_info"]["completion_tokens"] == 300, last  # drained, not cut
     assert fleet.proc.wait(60) == 0
     for base in [fleet.url, *fleet.workers]:
         with pytest.raises(httpx.TransportError):
