@@ -33,6 +33,7 @@ from radixlang.benchmark.fidelity import agreement, perplexity, reference_run
 from radixlang.benchmark.hf_baseline import load_causal_lm
 from radixlang.benchmark.radix_cache import DECODE_PROMPTS, few_shot_prompts  # the cache benchmark's workloads
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.models.cpu_paths import dense_min_rows
 from radixlang.runtime.models.cpu_paths import detect as detect_cpu_paths
 from radixlang.runtime.models.loader import default_model_path
 
@@ -164,7 +165,8 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip HF transformers and llama.cpp")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    print(f"{detect_cpu_paths().describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{detect_cpu_paths().describe()} from {dense_min_rows(1)} rows (Q8_0 layers: {dense_min_rows(2)}; "
+          f"measured once on this machine, cached); torch {torch.__version__}, {torch.get_num_threads()} threads")
     engines, first_tokens = {}, {}
     for m in modes:
         t0 = time.perf_counter()

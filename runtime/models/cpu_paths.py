@@ -1,4 +1,5 @@
-"""Which CPU matmul path a low-bit linear takes, chosen from the CPU's features at start.
+"""Which CPU matmul path a low-bit linear takes: the dense copy's dtype from the CPU's features, the row
+crossover from a one-time measurement on this machine, cached on disk.
 
 The packed int4 / int8 kernels read the fewest bytes, so they win while a step has few rows; their cost
 grows with the rows (they unpack every weight once per few rows), so from `dense_min_rows` rows on a layer
@@ -7,21 +8,36 @@ or AMX: a bf16 matmul is then the fastest), and fp32 elsewhere: on an AVX2-only 
 every element and ran 2-3x slower than fp32, so the dense path there is exactly what `quantization="none"`
 computes, on the file's dequantized weights, and the default is never slower than `none` on large steps.
 
-Crossovers (SmolLM2-135M's shapes, 1 thread, a shared 2-core VM, same-run ratios): on the AMX Xeon a bf16
-matmul matched int4pack at about 12 rows; with torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2,
-ONEDNN_MAX_CPU_ISA=AVX2 on that machine) int4pack matched the fp32 matmul at about 8-16 rows per layer.
-RADIXLANG_CPU_PATHS=bf16|fp32 forces one (benchmarks; tests of the other kind of machine).
+Where the two cost the same depends on the CPU, its caches and the layer's form, not only on its feature
+flags: on the AMX Xeon a bf16 matmul matched int4pack at about 12 rows; on an AVX2 EPYC (Zen, 2 cores)
+int4pack beat the fp32 matmul up to 12 rows and more, and a Q8_0 layer (two int4 halves, the input repeated)
+up to 8 rows, where the old rule "rows x halves >= 8" had switched it to the fp32 copy from 4 rows at half the
+speed. So the first low-bit model on a machine times both paths on weights too large for its caches, for
+each form (1 and 2 halves), at 1-32 rows, and `crossover` picks the rows from which the dense matmul is no
+slower; the result is kept in the cache folder (`cpu_paths.json`), keyed by the CPU's features, torch's
+version and the thread count, so later starts read it (~1 s once per machine). RADIXLANG_CPU_PATHS=bf16|fp32
+forces the dense dtype and the features' default crossovers, without a measurement (benchmarks; tests of the
+other kind of machine).
 """
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 
-BF16_DENSE_MIN_ROWS = 12
+logger = logging.getLogger(__name__)
+
+BF16_DENSE_MIN_ROWS = 12  # the features' defaults, used where the crossover is not measured
 FP32_DENSE_MIN_ROWS = 8
+MEASURED_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)  # the rows the one-time measurement times
+HALVES = (1, 2)  # a layer's int4 halves: 1 for 4-bit weights, 2 for Q8_0 (see quant.Int4Linear)
+CACHE_FILE = "cpu_paths.json"
+TIE = 0.05  # within this fraction of the packed kernel's time, the dense matmul counts as no slower
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +45,16 @@ class CpuPaths:
     capability: str  # torch's kernel dispatch level: "AVX512", "AVX2", ...
     flags: tuple[str, ...]  # the features that decide: avx2, avx512, avx512_bf16, amx_tile
     dense_dtype: torch.dtype  # the dense copy's dtype for steps of dense_min_rows rows and more
-    dense_min_rows: int
+    dense_min_rows: int  # the features' default crossover (`dense_min_rows()` gives the measured one)
+    forced: bool = False  # RADIXLANG_CPU_PATHS chose the dtype: the default crossovers, no measurement
 
     def describe(self) -> str:
         dense = "bf16" if self.dense_dtype == torch.bfloat16 else "fp32"
-        return (f"cpu {self.capability} [{' '.join(self.flags) or 'none'}]: packed int4/int8 below "
-                f"{self.dense_min_rows} rows, {dense} dense from there")
+        return f"cpu {self.capability} [{' '.join(self.flags) or 'none'}]: packed int4/int8, then {dense} dense"
+
+    def cache_key(self) -> str:
+        dense = "bf16" if self.dense_dtype == torch.bfloat16 else "fp32"
+        return f"{self.capability}|{','.join(self.flags)}|{dense}|torch{torch.__version__}|{torch.get_num_threads()}t"
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,5 +71,95 @@ def detect() -> CpuPaths:
     if forced:
         bf16 = forced == "bf16"
     if bf16:
-        return CpuPaths(capability, flags, torch.bfloat16, BF16_DENSE_MIN_ROWS)
-    return CpuPaths(capability, flags, torch.float32, FP32_DENSE_MIN_ROWS)
+        return CpuPaths(capability, flags, torch.bfloat16, BF16_DENSE_MIN_ROWS, bool(forced))
+    return CpuPaths(capability, flags, torch.float32, FP32_DENSE_MIN_ROWS, bool(forced))
+
+
+def crossover(times: dict[int, tuple[float, float]], default: int) -> int:
+    """The fewest rows from which the dense matmul is no slower than the packed kernel (within TIE, a
+    measurement's noise), there and at every larger row count measured; `times`: rows -> (packed seconds,
+    dense seconds). Ties go to the dense copy: on an fp32-dense CPU it computes what `none` does. Past the
+    largest measured count where the packed kernel still wins: twice that count. No measurements: `default`."""
+    if not times:
+        return default
+    rows = sorted(times)
+    chosen = 2 * rows[-1]
+    for r in reversed(rows):
+        packed, dense = times[r]
+        if dense > packed * (1 + TIE):
+            break
+        chosen = r
+    return chosen
+
+
+def dense_min_rows(halves: int = 1) -> int:
+    """Rows from which a packed linear of `halves` int4 halves (1, or 2 for Q8_0) runs its dense copy
+    instead: measured once on this machine and cached (see the module's docstring)."""
+    return _crossovers()[min(max(halves, 1), max(HALVES))]
+
+
+@functools.lru_cache(maxsize=1)
+def _crossovers() -> dict[int, int]:
+    paths = detect()
+    if paths.forced:
+        return {h: paths.dense_min_rows for h in HALVES}
+    from .weight_cache import cache_dir
+
+    path, key = cache_dir() / CACHE_FILE, paths.cache_key()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.get(key) if isinstance(saved, dict) else None
+    if isinstance(entry, dict) and all(isinstance(entry.get(str(h)), int) for h in HALVES):
+        return {h: entry[str(h)] for h in HALVES}
+    t0 = time.perf_counter()
+    times = {h: measure(paths.dense_dtype, h) for h in HALVES}
+    chosen = {h: crossover(times[h], paths.dense_min_rows) for h in HALVES}
+    logger.info("measured the packed / dense crossover on this CPU in %.1f s: %s (%s)", time.perf_counter() - t0,
+                chosen, key)
+    saved = saved if isinstance(saved, dict) else {}
+    saved[key] = {str(h): chosen[h] for h in HALVES} | {
+        "times_ms": {str(h): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[h].items()} for h in HALVES}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(saved, indent=1))
+        tmp.replace(path)
+    except OSError as e:  # a read-only cache folder: measure again next start
+        logger.warning("could not save the CPU path measurement to %s: %s", path, e)
+    return chosen
+
+
+def measure(dense_dtype: torch.dtype, halves: int, rows: tuple[int, ...] = MEASURED_ROWS, copies: int = 6,
+            out_features: int = 2048, in_features: int = 1024, rounds: int = 2) -> dict[int, tuple[float, float]]:
+    """rows -> (packed, dense) seconds of one thread's CPU time for a matmul over `copies` layers of
+    [out_features, in_features] weights (fp32 copies 48 MB in all: past the caches, as a model's layers
+    are), best of `rounds`, the two paths interleaved. One thread's CPU time, not wall time: other processes
+    on a shared machine disturb it far less, and the ratio is what decides."""
+    from .gguf_blocks import GROUP
+
+    k = in_features * halves
+    # the values do not change the time (no denormals): constant weights build fast; random bytes are
+    # valid int4pack tiles (two 4-bit codes each)
+    layers = [(torch.randint(0, 256, (out_features, k // 2), dtype=torch.uint8),
+               torch.full((k // GROUP, out_features, 2), 0.01, dtype=torch.bfloat16),
+               torch.full((out_features, in_features), 0.01, dtype=dense_dtype)) for _ in range(copies)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    best: dict[int, list[float]] = {r: [float("inf"), float("inf")] for r in rows}
+    try:
+        for _ in range(rounds):
+            for r in rows:
+                x = torch.full((r, in_features), 0.5)
+                xp = x.to(torch.bfloat16).repeat(1, halves)
+                xd = x.to(dense_dtype)
+                for i, run in enumerate((
+                        lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xp, p, GROUP, sz) for p, sz, _ in layers],
+                        lambda: [xd @ d.T for _, _, d in layers])):
+                    t0 = time.thread_time()
+                    run()
+                    best[r][i] = min(best[r][i], time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return {r: (p, d) for r, (p, d) in best.items()}

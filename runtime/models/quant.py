@@ -7,9 +7,10 @@ for the matmul and the result back to the model's dtype. Outputs then differ sli
 model, the oracle (`quantization="none"`).
 
 The packed kernels unpack every weight once per few input rows, so their cost grows with the rows: from
-DENSE_MIN_ROWS rows on (batched decode steps, prefill chunks) a layer runs a dense matmul instead, on a copy
-of its weights in DENSE_DTYPE: bf16 on CPUs with bf16 units, fp32 elsewhere (cpu_paths.py chooses both;
-int8 codes are exact in bf16, 4-bit weights d * q + m round to bf16).
+a layer's `dense_min_rows` rows on (batched decode steps, prefill chunks) it runs a dense matmul instead, on
+a copy of its weights in DENSE_DTYPE: bf16 on CPUs with bf16 units, fp32 elsewhere (int8 codes are exact in
+bf16, 4-bit weights d * q + m round to bf16). cpu_paths.py chooses both: the dtype from the CPU's features,
+the rows from a one-time measurement on this machine, per form (4-bit, or Q8_0's two halves).
 
 Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from the file's own blocks
 (other tensors and HF folders stay fp32); "int8" per-output-channel int8 of every linear; "int4"
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import cpu_paths
 from .cpu_paths import detect
 from .gguf_blocks import GROUP, GroupQuant, cat_rows
 from .llama import packed_parts, packed_target
@@ -28,10 +30,15 @@ QUANTIZATIONS = ("none", "auto", "int8", "int4")
 K_MULTIPLE = 64  # torch 2.13's CPU int8pack kernel crashes on some other input widths (K=40 with M>=5)
 N_MULTIPLE = 16  # the CPU int4pack layout tiles output rows by 16
 INNER_K_TILES = 2  # the CPU int4pack conversion takes it but lays weights out the same for 2, 4 and 8
-# rows from which a layer runs a dense matmul instead of the packed kernel, and that copy's dtype: both
-# follow the CPU (see cpu_paths.py)
-DENSE_MIN_ROWS = detect().dense_min_rows
+# rows from which a layer runs a dense matmul instead of the packed kernel (None: cpu_paths measures them
+# on this machine, once; tests pin a number), and the dense copy's dtype (from the CPU's features)
+DENSE_MIN_ROWS: int | None = None
 DENSE_DTYPE = detect().dense_dtype
+
+
+def dense_min_rows(halves: int = 1) -> int:
+    """Rows from which a packed linear of `halves` int4 halves (Q8_0: 2) runs its dense copy."""
+    return DENSE_MIN_ROWS if DENSE_MIN_ROWS is not None else cpu_paths.dense_min_rows(halves)
 
 
 class Int8Linear(nn.Module):
@@ -40,9 +47,11 @@ class Int8Linear(nn.Module):
     qweight: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
     scale: torch.Tensor
     dense: torch.Tensor
+    dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
+        self.dense_min_rows = dense_min_rows()
         w = weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
@@ -56,7 +65,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat(x)
-        if flat.shape[0] >= DENSE_MIN_ROWS:  # the kernel's own order: sum of x * code, then the scale
+        if flat.shape[0] >= self.dense_min_rows:  # the kernel's own order: sum of x * code, then the scale
             dense = flat.to(self.dense.dtype) @ self.dense.T
             return _finish(dense.float() * self.scale.float(), x, self.bias)
         out = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.qweight, self.scale)
@@ -72,12 +81,14 @@ class Int4Linear(nn.Module):
     packed: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
     scales_zeros: torch.Tensor
     dense: torch.Tensor
+    dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
     def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
         super().__init__()
         codes, scale, zero = _int4_operands(weights)
         self.in_features = weights.codes.shape[1]
         self.repeats = codes.shape[1] // self.in_features
+        self.dense_min_rows = dense_min_rows(self.repeats)
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
         self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
         self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
@@ -85,7 +96,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat(x)
-        if flat.shape[0] * self.repeats >= DENSE_MIN_ROWS:
+        if flat.shape[0] >= self.dense_min_rows:
             return _finish(flat.to(self.dense.dtype) @ self.dense.T, x, self.bias)
         flat = flat.to(torch.bfloat16)
         if self.repeats > 1:
@@ -201,6 +212,7 @@ def packed_linear_from_state(record: dict, state: dict[str, torch.Tensor]) -> nn
     nn.Module.__init__(module)
     for name, value in record["attrs"].items():
         setattr(module, name, value)
+    module.dense_min_rows = dense_min_rows(record["attrs"].get("repeats", 1))
     for name, tensor in state.items():
         if name != "bias":
             module.register_buffer(name, tensor)

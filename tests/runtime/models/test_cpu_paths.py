@@ -1,15 +1,20 @@
 """Matmul paths follow the CPU: bf16 dense copies only where bf16 units are, else fp32 ones, whose steps of
-many rows then compute exactly what quantization="none" computes on the same GGUF."""
+many rows then compute exactly what quantization="none" computes on the same GGUF; the rows from which a
+layer switches are measured once per machine (per form: 4-bit, Q8_0's two halves) and cached on disk."""
 from __future__ import annotations
 
+import json
+
+import gguf
 import pytest
 import torch
 
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models import cpu_paths, quant
+from radixlang.runtime.models.gguf_blocks import read_blocks
 from radixlang.runtime.models.quant import Int4Linear, quantize_int4_rtn
 
-from .test_quant import PROMPTS, tiny_q4_gguf  # noqa: F401 (a fixture)
+from .test_quant import PROMPTS, file_tensor, tiny_q4_gguf  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("capability,flags,dense", [
@@ -45,7 +50,7 @@ def test_the_fp32_dense_path_is_the_fp32_matmul_of_the_stored_weights(monkeypatc
     w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
     blocks = quantize_int4_rtn(w)
     linear = Int4Linear(blocks, None)
-    x = torch.randn(quant.DENSE_MIN_ROWS, 128, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(linear.dense_min_rows, 128, generator=torch.Generator().manual_seed(1))
     assert linear.dense.dtype == torch.float32
     assert torch.equal(linear(x), x @ blocks.dequantize().T)  # no bf16 rounding of inputs or weights
 
@@ -62,3 +67,85 @@ def test_auto_on_an_fp32_path_cpu_scores_prompts_as_none(tiny_q4_gguf, monkeypat
             scores[mode] = [lp.logprob for o in out for lp in o.meta.input_logprobs if lp.logprob is not None]
             engine.check_invariants()
     assert scores["auto"] == pytest.approx(scores["none"], rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("times,rows", [
+    ({1: (1, 3), 2: (2, 5), 4: (4, 6), 8: (8, 7), 16: (16, 9)}, 8),  # dense from 8 rows on
+    ({1: (1, 3), 4: (4, 6), 8: (8, 8.3), 16: (16, 9)}, 8),  # within TIE counts as no slower: dense
+    ({1: (1, 3), 4: (4, 3), 8: (8, 9), 16: (16, 9)}, 16),  # a faster dense at 4 rows but not at 8: from 16
+    ({1: (1, 3), 8: (2, 9), 32: (5, 9)}, 64),  # packed wins at every count measured
+    ({1: (3, 1), 8: (9, 2)}, 1),  # dense wins everywhere
+    ({}, 8),  # nothing measured: the features' default
+])
+def test_crossover_is_the_first_row_count_from_which_the_dense_matmul_is_never_slower(times, rows):
+    assert cpu_paths.crossover(times, default=8) == rows
+
+
+@pytest.fixture
+def fresh_chooser(tmp_path, monkeypatch):
+    """The crossover chooser over an empty cache folder and a fake measurement that counts its calls."""
+    monkeypatch.setenv("RADIXLANG_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("RADIXLANG_CPU_PATHS", raising=False)
+    calls = []
+
+    def fake_measure(dense_dtype, halves):
+        calls.append(halves)  # 4-bit layers: packed wins up to 12 rows; Q8_0's two halves: up to 4
+        last_packed = 12 if halves == 1 else 4
+        return {r: (1.0, 2.0 if r <= last_packed else 0.5) for r in cpu_paths.MEASURED_ROWS}
+    monkeypatch.setattr(cpu_paths, "measure", fake_measure)
+    cpu_paths.detect.cache_clear()
+    cpu_paths._crossovers.cache_clear()
+    yield tmp_path, calls
+    cpu_paths.detect.cache_clear()
+    cpu_paths._crossovers.cache_clear()
+
+
+def test_crossovers_are_measured_once_per_machine_and_read_from_the_cache_after(fresh_chooser):
+    tmp_path, calls = fresh_chooser
+    assert (cpu_paths.dense_min_rows(1), cpu_paths.dense_min_rows(2)) == (16, 6)
+    assert sorted(calls) == [1, 2]
+    saved = json.loads((tmp_path / cpu_paths.CACHE_FILE).read_text())
+    key = cpu_paths.detect().cache_key()
+    assert (saved[key]["1"], saved[key]["2"]) == (16, 6) and torch.__version__ in key
+    cpu_paths._crossovers.cache_clear()  # the next process: reads the file, measures nothing
+    assert (cpu_paths.dense_min_rows(1), cpu_paths.dense_min_rows(2)) == (16, 6) and len(calls) == 2
+    saved[key]["1"] = 3  # what is read is what decides
+    (tmp_path / cpu_paths.CACHE_FILE).write_text(json.dumps(saved))
+    cpu_paths._crossovers.cache_clear()
+    assert cpu_paths.dense_min_rows(1) == 3 and len(calls) == 2
+
+
+def test_another_cpu_or_torch_measures_again_and_a_broken_cache_file_is_remeasured(fresh_chooser, monkeypatch):
+    tmp_path, calls = fresh_chooser
+    (tmp_path / cpu_paths.CACHE_FILE).write_text(json.dumps({"AVX512|avx2,avx512|bf16|torch0|2t": {"1": 3, "2": 3}}))
+    assert cpu_paths.dense_min_rows(1) == 16 and len(calls) == 2
+    saved = json.loads((tmp_path / cpu_paths.CACHE_FILE).read_text())
+    assert len(saved) == 2  # the other machine's entry is kept
+    (tmp_path / cpu_paths.CACHE_FILE).write_text("{not json")
+    cpu_paths._crossovers.cache_clear()
+    assert cpu_paths.dense_min_rows(2) == 6 and len(calls) == 4
+
+
+def test_forced_paths_take_the_features_defaults_without_measuring(fresh_chooser, monkeypatch):
+    _, calls = fresh_chooser
+    monkeypatch.setenv("RADIXLANG_CPU_PATHS", "fp32")
+    cpu_paths.detect.cache_clear()
+    assert cpu_paths.dense_min_rows(1) == cpu_paths.dense_min_rows(2) == cpu_paths.FP32_DENSE_MIN_ROWS
+    assert calls == []
+
+
+def test_a_q8_0_layer_runs_the_packed_kernel_below_its_own_crossover_and_the_dense_copy_from_it(fresh_chooser):
+    # Q8_0 runs as two int4 halves over a repeated input; its crossover is measured for that form (the old
+    # rule switched at rows x halves >= 8, so at 4 rows this layer ran the dense copy)
+    raw, weight = file_tensor(gguf.GGMLQuantizationType.Q8_0, 48, 128, seed=3)
+    layer = Int4Linear(read_blocks(raw, gguf.GGMLQuantizationType.Q8_0, (48, 128)), None)
+    four_bit = Int4Linear(quantize_int4_rtn(weight), None)
+    assert (layer.repeats, layer.dense_min_rows, four_bit.dense_min_rows) == (2, 6, 16)
+    x = torch.randn(6, 128, generator=torch.Generator().manual_seed(4))
+
+    def packed(rows: torch.Tensor) -> torch.Tensor:  # the int4pack kernel on the repeated bf16 input
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).repeat(1, 2), layer.packed, 32,
+                                                          layer.scales_zeros).float()
+    assert torch.equal(layer(x[:4]), packed(x[:4]))
+    assert torch.equal(layer(x), (x.to(layer.dense.dtype) @ layer.dense.T).float())
+    assert torch.equal(layer.dense.float(), weight.to(layer.dense.dtype).float())  # the file's weights

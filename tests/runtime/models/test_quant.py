@@ -16,7 +16,7 @@ from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models import quant
 from radixlang.runtime.models.gguf_blocks import read_blocks
-from radixlang.runtime.models.quant import DENSE_MIN_ROWS, Int4Linear, Int8Linear, quantize_int4_rtn, quantize_model
+from radixlang.runtime.models.quant import Int4Linear, Int8Linear, quantize_int4_rtn, quantize_model
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
 from .hf_tiny import BASE, save_hf_model
@@ -59,7 +59,7 @@ def test_int4_linear_on_file_blocks_computes_with_the_files_weights(qtype):
 def test_int4_linear_runs_many_rows_as_a_bf16_matmul_within_the_same_bound(qtype):
     raw, weight = file_tensor(qtype, 48, 128, seed=5)
     layer = Int4Linear(read_blocks(raw, qtype, (48, 128)), None)
-    x = torch.randn(DENSE_MIN_ROWS, 128, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(layer.dense_min_rows, 128, generator=torch.Generator().manual_seed(6))
     xb = x.to(torch.bfloat16).float()
     want = xb @ weight.T
     packed = torch.ops.aten._weight_int4pack_mm_for_cpu(x[:1].to(torch.bfloat16).repeat(1, layer.repeats),
@@ -72,7 +72,7 @@ def test_int4_linear_runs_many_rows_as_a_bf16_matmul_within_the_same_bound(qtype
 def test_int8_linear_runs_many_rows_with_its_exact_codes():
     g = torch.Generator().manual_seed(7)
     layer = Int8Linear(torch.randn(48, 128, generator=g), None)
-    x = torch.randn(DENSE_MIN_ROWS, 128, generator=g)
+    x = torch.randn(layer.dense_min_rows, 128, generator=g)
     want = x.to(torch.bfloat16).float() @ layer.dequantized().T
     assert torch.allclose(layer(x), want, rtol=2e-2, atol=2e-2)
 
