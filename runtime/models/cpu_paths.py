@@ -14,7 +14,7 @@ int4pack beat the fp32 matmul up to 12 rows and more, and a Q8_0 layer (two int4
 up to 8 rows, where the old rule "rows x halves >= 8" had switched it to the fp32 copy from 4 rows at half the
 speed. So the first low-bit model on a machine times both paths on weights too large for its caches, for
 each form (1 and 2 halves), at 1-32 rows, and `crossover` picks the rows from which the dense matmul is no
-slower; the result is kept in the cache folder (`cpu_paths.json`), keyed by the CPU's features, torch's
+slower (where the two paths' fitted lines cross); the result is kept in the cache folder (`cpu_paths.json`), keyed by the CPU's features, torch's
 version and the thread count, so later starts read it (~1 s once per machine). RADIXLANG_CPU_PATHS=bf16|fp32
 forces the dense dtype and the features' default crossovers, without a measurement (benchmarks; tests of the
 other kind of machine).
@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -37,7 +38,6 @@ FP32_DENSE_MIN_ROWS = 8
 MEASURED_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)  # the rows the one-time measurement times
 HALVES = (1, 2)  # a layer's int4 halves: 1 for 4-bit weights, 2 for Q8_0 (see quant.Int4Linear)
 CACHE_FILE = "cpu_paths.json"
-TIE = 0.05  # within this fraction of the packed kernel's time, the dense matmul counts as no slower
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,20 +76,32 @@ def detect() -> CpuPaths:
 
 
 def crossover(times: dict[int, tuple[float, float]], default: int) -> int:
-    """The fewest rows from which the dense matmul is no slower than the packed kernel (within TIE, a
-    measurement's noise), there and at every larger row count measured; `times`: rows -> (packed seconds,
-    dense seconds). Ties go to the dense copy: on an fp32-dense CPU it computes what `none` does. Past the
-    largest measured count where the packed kernel still wins: twice that count. No measurements: `default`."""
+    """The fewest rows from which the dense matmul is no slower than the packed kernel; `times`: rows ->
+    (packed seconds, dense seconds). Each path's time is fitted as a line in the rows (least squares over
+    the counts of 2 rows and more: one row is a matrix-vector product, a path of its own) and the lines'
+    crossing rounded up, so one disturbed count (a shared machine) moves the choice a little, not to the
+    next count measured: on the AVX2 VM the first count where dense was faster went 12, 16, 24 between runs.
+    Dense no slower at every count: 1; the packed kernel's line never crossed: twice the largest count.
+    No measurements: `default`."""
     if not times:
         return default
     rows = sorted(times)
-    chosen = 2 * rows[-1]
-    for r in reversed(rows):
-        packed, dense = times[r]
-        if dense > packed * (1 + TIE):
-            break
-        chosen = r
-    return chosen
+    if all(times[r][1] <= times[r][0] for r in rows):
+        return 1
+    fit = [r for r in rows if r >= 2]
+    if len(fit) < 2:
+        return 2 * rows[-1] if times[rows[-1]][1] > times[rows[-1]][0] else rows[-1]
+    (p0, p1), (d0, d1) = (_line(fit, [times[r][i] for r in fit]) for i in (0, 1))
+    if p1 <= d1:  # the packed kernel grows no faster with the rows: it does not lose later
+        return 2 * rows[-1] if p0 < d0 else 2
+    return min(max(2, math.ceil((d0 - p0) / (p1 - d1))), 2 * rows[-1])
+
+
+def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (xs, ys)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
 
 
 def dense_min_rows(halves: int = 1) -> int:
@@ -132,7 +144,7 @@ def _crossovers() -> dict[int, int]:
 
 
 def measure(dense_dtype: torch.dtype, halves: int, rows: tuple[int, ...] = MEASURED_ROWS, copies: int = 6,
-            out_features: int = 2048, in_features: int = 1024, rounds: int = 2) -> dict[int, tuple[float, float]]:
+            out_features: int = 2048, in_features: int = 1024, rounds: int = 3) -> dict[int, tuple[float, float]]:
     """rows -> (packed, dense) seconds of one thread's CPU time for a matmul over `copies` layers of
     [out_features, in_features] weights (fp32 copies 48 MB in all: past the caches, as a model's layers
     are), best of `rounds`, the two paths interleaved. One thread's CPU time, not wall time: other processes

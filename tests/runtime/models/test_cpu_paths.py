@@ -69,15 +69,24 @@ def test_auto_on_an_fp32_path_cpu_scores_prompts_as_none(tiny_q4_gguf, monkeypat
     assert scores["auto"] == pytest.approx(scores["none"], rel=1e-5, abs=1e-5)
 
 
+def lines(packed: tuple[float, float], dense: tuple[float, float], rows=cpu_paths.MEASURED_ROWS,
+          one_row: tuple[float, float] | None = None) -> dict[int, tuple[float, float]]:
+    """Times growing as intercept + slope * rows for each path (and the one-row times, a path of its own)."""
+    times = {r: (packed[0] + packed[1] * r, dense[0] + dense[1] * r) for r in rows}
+    return times | ({1: one_row} if one_row else {})
+
+
 @pytest.mark.parametrize("times,rows", [
-    ({1: (1, 3), 2: (2, 5), 4: (4, 6), 8: (8, 7), 16: (16, 9)}, 8),  # dense from 8 rows on
-    ({1: (1, 3), 4: (4, 6), 8: (8, 8.3), 16: (16, 9)}, 8),  # within TIE counts as no slower: dense
-    ({1: (1, 3), 4: (4, 3), 8: (8, 9), 16: (16, 9)}, 16),  # a faster dense at 4 rows but not at 8: from 16
-    ({1: (1, 3), 8: (2, 9), 32: (5, 9)}, 64),  # packed wins at every count measured
-    ({1: (3, 1), 8: (9, 2)}, 1),  # dense wins everywhere
+    (lines((0.0, 1.0), (9.0, 0.25)), 12),  # the lines cross at 12 rows
+    (lines((0.0, 1.0), (9.1, 0.25)), 13),  # between two counts: rounded up
+    (lines((0.0, 1.0), (9.0, 0.25)) | {8: (5.0, 11.0), 16: (16.0, 10.0)}, 13),  # two disturbed counts move it by 1
+    (lines((0.0, 1.0), (3.0, 0.5), one_row=(1.0, 0.5)), 6),  # a faster dense matrix-vector product alone: ignored
+    (lines((1.0, 0.5), (9.0, 0.5)), 64),  # parallel lines, packed below: it never loses
+    (lines((0.0, 2.0), (200.0, 0.1)), 64),  # crossing past the counts measured: twice the largest
+    (lines((5.0, 2.0), (1.0, 0.5)), 1),  # dense faster at every count
     ({}, 8),  # nothing measured: the features' default
 ])
-def test_crossover_is_the_first_row_count_from_which_the_dense_matmul_is_never_slower(times, rows):
+def test_crossover_is_where_the_fitted_lines_of_the_two_paths_cross(times, rows):
     assert cpu_paths.crossover(times, default=8) == rows
 
 
@@ -89,9 +98,8 @@ def fresh_chooser(tmp_path, monkeypatch):
     calls = []
 
     def fake_measure(dense_dtype, halves):
-        calls.append(halves)  # 4-bit layers: packed wins up to 12 rows; Q8_0's two halves: up to 4
-        last_packed = 12 if halves == 1 else 4
-        return {r: (1.0, 2.0 if r <= last_packed else 0.5) for r in cpu_paths.MEASURED_ROWS}
+        calls.append(halves)  # the lines cross at 16 rows for 4-bit layers, at 6 for Q8_0's two halves
+        return lines((0.0, 1.0), (12.0, 0.25)) if halves == 1 else lines((0.0, 2.0), (9.0, 0.5))
     monkeypatch.setattr(cpu_paths, "measure", fake_measure)
     cpu_paths.detect.cache_clear()
     cpu_paths._crossovers.cache_clear()
