@@ -27,11 +27,11 @@ CONTEXT = 64
 def make(tokenizer):
     chunks = defaultdict(list)
 
-    def scheduler(pool: int = 128, **options) -> Scheduler:
+    def scheduler(pool: int = 128, host_tokens: int = 0, **options) -> Scheduler:
         cfg = EngineConfig.from_options("unused", device="cpu", **options)
         allocator = SlotAllocator(pool, CPU)
         kv = KVManager(KVPool(pool, 1, 1, 4, torch.float32, CPU), allocator, ReqToToken(4, CONTEXT, CPU),
-                       RadixCache(allocator.free, device=CPU))
+                       RadixCache(allocator.free, device=CPU), host_tokens=host_tokens)
         return Scheduler(cfg, kv, CONTEXT)
 
     def req(rid: str, n_prompt: int, max_new_tokens: int = 4) -> Req:
@@ -104,6 +104,60 @@ def test_least_prefill_admits_the_fewest_uncached_tokens_first(make):
         sched.add(r)
     assert [i.req.rid for i in sched.schedule().items] == ["turn", "short-cold", "long-cold"]
     sched.check_invariants()
+
+
+def test_least_prefill_counts_a_prefix_in_the_host_tier_as_reused(make):
+    scheduler, req, _ = make
+    sched = scheduler(pool=64, host_tokens=128, max_prefill_tokens=64)
+    history = one_shot(req, "history", range(100, 140), max_new_tokens=1)
+    sched.add(history)
+    finish_filled(sched, sched.schedule())  # 100..139 cached on the device
+    flood = one_shot(req, "flood", range(200, 250), max_new_tokens=1)
+    sched.add(flood)
+    finish_filled(sched, sched.schedule())  # 50 more slots: the history is evicted, its KV parked on the host
+    assert sched.kv.cached_prefix_len(list(range(100, 140))) == 0
+    assert sched.kv.host is not None and sched.kv.host.match(list(range(100, 140))).length == 40
+    # oracle: tokens left to prefill = prompt - reused prefix (device or host): cold 12, turn 4 (40 copied back)
+    cold = one_shot(req, "cold", range(300, 312), max_new_tokens=1)
+    turn = one_shot(req, "turn", range(100, 140), max_new_tokens=1)
+    turn.prompt_ids += [7, 8, 9, 10]
+    sched.add(cold)
+    sched.add(turn)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.length) for i in batch.items] == [("turn", 40, 4), ("cold", 0, 12)]
+    sched.check_invariants()
+    finish_filled(sched, batch)
+    sched.check_invariants()
+
+
+def test_a_request_admission_found_no_room_for_is_not_overtaken_by_later_ones(make):
+    scheduler, req, _ = make
+    sched = tight(scheduler)
+    running = one_shot(req, "running", range(100, 130), max_new_tokens=6)
+    sched.add(running)
+    decode(sched, sched.schedule())  # it holds 31 of the 64 slots for 5 more decodes
+    big = one_shot(req, "big", range(200, 240), max_new_tokens=1)  # 40 slots: not before "running" ends
+    sched.add(big)
+    decode(sched, sched.schedule())
+    assert big.state is ReqState.WAITING  # no room: admission found it blocked
+    admitted: dict[str, int] = {}
+    for step in range(12):
+        small = one_shot(req, f"small{step}", range(300 + 10 * step, 306 + 10 * step), max_new_tokens=1)
+        sched.add(small)  # 6 slots: each would fit in the 32 free ones, and is shorter than "big"
+        batch = sched.schedule()
+        for item in batch.items:
+            admitted.setdefault(item.req.rid, step)
+        decode(sched, batch)
+        sched.check_invariants()
+    # oracle: "running" decodes its last token in step 3 of the loop; "big" gets the slots it frees next
+    # step, and no small request arriving after "big" was found blocked is admitted before it
+    assert running.done and admitted["big"] == 4
+    assert min(v for k, v in admitted.items() if k.startswith("small")) >= admitted["big"]
+    assert big.done
+    while sched.has_work:
+        decode(sched, sched.schedule())
+    sched.check_invariants()
+    assert sched.kv.num_free_slots + sched.kv.cached_tokens == 64  # every slot free or cached: none leaked
 
 
 def test_least_prefill_stops_overtaking_a_long_prompt_after_starvation_steps(make):
