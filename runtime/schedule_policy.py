@@ -4,10 +4,8 @@ least-prefill (the default) admits first the requests with the fewest tokens lef
 cached prefix is reused: an agent's next turn on its pinned history (a short extend) goes before a cold
 prompt, and a short prompt before a long one, so the turns that can answer soonest are not queued behind
 prefill they do not need (shortest-job-first on the prefill, as Autellix and vLLM's short-prompt
-preference do). A prefix held by the host KV tier counts as reused: it is copied back, not prefilled, so
-a turn whose history was parked there is as short a job as one whose history stayed on the device. A
-request passed over for STARVATION_STEPS steps goes ahead of every shorter one, in arrival order, so a
-long prompt waits a bounded number of steps however many short ones arrive.
+preference do). A request passed over for STARVATION_STEPS steps goes ahead of every shorter one, in
+arrival order, so a long prompt waits a bounded number of steps however many short ones arrive.
 
 Shortest-first orders compute, not memory. A request admission found no KV room for (`blocked`: its
 prompt, or its copy-back from the host tier, needs more slots than live requests leave) keeps its place
@@ -46,19 +44,17 @@ def overdue(req: Req, step: int) -> bool:
     return step - req.queued_step >= STARVATION_STEPS
 
 
-def order_waiting(waiting: list[Req], policy: str, cache: RadixCache, step: int = 0,
-                  host: RadixCache | None = None) -> list[Req]:
+def order_waiting(waiting: list[Req], policy: str, cache: RadixCache, step: int = 0) -> list[Req]:
     """Overdue requests first, then by class (`rank`, larger first), and within a class preempted requests
     first, then blocked ones (each oldest first), then the rest by `policy`; `step` is the scheduler's step
-    count now; `host`: the host KV tier's tree (least-prefill counts its prefixes as reused)."""
-    ordered = _policy_order(waiting, policy, cache, step, host)
+    count now."""
+    ordered = _policy_order(waiting, policy, cache, step)
     if len({rank(r) for r in ordered}) > 1:  # stable: the policy's order within a class
         ordered.sort(key=lambda r: (not overdue(r, step), -r.priority, r.retain is None))
     return ordered
 
 
-def _policy_order(waiting: list[Req], policy: str, cache: RadixCache, step: int,
-                  host: RadixCache | None = None) -> list[Req]:
+def _policy_order(waiting: list[Req], policy: str, cache: RadixCache, step: int) -> list[Req]:
     resumed = [r for r in waiting if r.state is ReqState.PREEMPTED]
     blocked = sorted((r for r in waiting if r.blocked and r.state is not ReqState.PREEMPTED),
                      key=lambda r: r.queued_step)  # stable: arrival order within a step
@@ -68,13 +64,9 @@ def _policy_order(waiting: list[Req], policy: str, cache: RadixCache, step: int,
         return first + fresh
     matches = {id(r): cache.match_prefix(r.prompt_ids) for r in fresh}
     if policy == "least-prefill":
-        reused = {i: m.length for i, m in matches.items()}
-        if host is not None:  # a host-tier prefix is copied back, not prefilled
-            for r in fresh:
-                reused[id(r)] = max(reused[id(r)], host.match_prefix(r.prompt_ids).length)
         late = [r for r in fresh if overdue(r, step)]
         rest = [r for r in fresh if not overdue(r, step)]
-        rest.sort(key=lambda r: len(r.prompt_ids) - reused[id(r)])  # stable: ties keep arrival order
+        rest.sort(key=lambda r: len(r.prompt_ids) - matches[id(r)].length)  # stable: ties keep arrival order
         return first + late + rest
     if policy == "lpm":
         fresh.sort(key=lambda r: -matches[id(r)].length)  # stable: ties keep arrival order

@@ -161,8 +161,7 @@ class Scheduler:
         return items
 
     def _order_waiting(self) -> list[Req]:
-        host = self.kv.host.cache if self.kv.host is not None else None
-        return order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps, host)
+        return order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
 
     def _better_next_step(self, req: Req, admitted: RadixCache) -> bool:
         """Defer a request whose prompt shares a long uncached prefix with one admitted this step:

@@ -27,11 +27,11 @@ CONTEXT = 64
 def make(tokenizer):
     chunks = defaultdict(list)
 
-    def scheduler(pool: int = 128, host_tokens: int = 0, **options) -> Scheduler:
+    def scheduler(pool: int = 128, **options) -> Scheduler:
         cfg = EngineConfig.from_options("unused", device="cpu", **options)
         allocator = SlotAllocator(pool, CPU)
         kv = KVManager(KVPool(pool, 1, 1, 4, torch.float32, CPU), allocator, ReqToToken(4, CONTEXT, CPU),
-                       RadixCache(allocator.free, device=CPU), host_tokens=host_tokens)
+                       RadixCache(allocator.free, device=CPU))
         return Scheduler(cfg, kv, CONTEXT)
 
     def req(rid: str, n_prompt: int, max_new_tokens: int = 4) -> Req:
@@ -103,30 +103,6 @@ def test_least_prefill_admits_the_fewest_uncached_tokens_first(make):
     for r in (long_cold, turn, short_cold):
         sched.add(r)
     assert [i.req.rid for i in sched.schedule().items] == ["turn", "short-cold", "long-cold"]
-    sched.check_invariants()
-
-
-def test_least_prefill_counts_a_prefix_in_the_host_tier_as_reused(make):
-    scheduler, req, _ = make
-    sched = scheduler(pool=64, host_tokens=128, max_prefill_tokens=64)
-    history = one_shot(req, "history", range(100, 140), max_new_tokens=1)
-    sched.add(history)
-    finish_filled(sched, sched.schedule())  # 100..139 cached on the device
-    flood = one_shot(req, "flood", range(200, 250), max_new_tokens=1)
-    sched.add(flood)
-    finish_filled(sched, sched.schedule())  # 50 more slots: the history is evicted, its KV parked on the host
-    assert sched.kv.cached_prefix_len(list(range(100, 140))) == 0
-    assert sched.kv.host is not None and sched.kv.host.match(list(range(100, 140))).length == 40
-    # oracle: tokens left to prefill = prompt - reused prefix (device or host): cold 12, turn 4 (40 copied back)
-    cold = one_shot(req, "cold", range(300, 312), max_new_tokens=1)
-    turn = one_shot(req, "turn", range(100, 140), max_new_tokens=1)
-    turn.prompt_ids += [7, 8, 9, 10]
-    sched.add(cold)
-    sched.add(turn)
-    batch = sched.schedule()
-    assert [(i.req.rid, i.start, i.length) for i in batch.items] == [("turn", 40, 4), ("cold", 0, 12)]
-    sched.check_invariants()
-    finish_filled(sched, batch)
     sched.check_invariants()
 
 
