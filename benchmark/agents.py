@@ -13,9 +13,14 @@ Agents send prompt_cache_key (their id; a sub-agent its own) in the retention co
 defaults, and what a client of them gets by sending prompt_cache_key.
 
 Reports per config: prompt tokens recomputed per agent turn (prefilled again although cached before: the
-engine's recomputed_cached_tokens_total), prompt tokens prefilled per turn, p50 / p99 time to first token
-per agent turn, agent turns/s, background tokens/s (prompt + generated), and the ratios against "off".
+engine's recomputed_cached_tokens_total), prompt tokens prefilled per turn, p50 / p95 / p99 time to first
+token per agent turn, agent turns/s, background tokens/s (prompt + generated), and the ratios against "off".
 The machine's cores may be shared with other work: compare ratios within one run, not absolute figures.
+
+`--rounds N` repeats the three configs N times, round r on workload seed `--seed` + r in every config (the
+configs interleaved, so a change of load hits all three alike), prints each round, then every config's
+figures over all its turns pooled across rounds: one round has only ~35-80 turns, so its p99 is its slowest
+turn; the pooled percentiles are what a tail claim should rest on.
 """
 from __future__ import annotations
 
@@ -159,27 +164,61 @@ def working_set(engine: Engine, wl: Workload) -> int:
     return total
 
 
-def summarize(name: str, agents_m: Measures, background_m: Measures, span: float, stats: dict[str, float],
-              before: dict[str, float]) -> dict[str, Any]:
-    log = agents_m.log
+@dataclass
+class Result:
+    """One config's measures in one or more rounds (`pooled` merges rounds)."""
+
+    name: str
+    agents: Measures
+    background: Measures
+    span: float
+    stats: dict[str, float]  # engine counters accrued in the measured window(s)
+    pool: int
+
+
+def counters(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    keys = ("recomputed_cached_tokens_total", "pins_released_under_pressure_total", "pins_expired_total",
+            "preemptions_total", "priority_preemptions_total", "host_restored_tokens_total")
+    return {k: after[k] - before[k] for k in keys}
+
+
+def pooled(results: list[Result]) -> Result:
+    """Every round's turns and totals of one config, as one run."""
+    first = results[0]
+    agents_m, background_m = Measures(), Measures()
+    for r in results:
+        agents_m.log += r.agents.log
+        background_m.background_tokens += r.background.background_tokens
+    stats = {k: sum(r.stats[k] for r in results) for k in first.stats}
+    return Result(first.name, agents_m, background_m, sum(r.span for r in results), stats, first.pool)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest rank: with ~50 values the p99 is the slowest one."""
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def summarize(res: Result) -> dict[str, Any]:
+    log, stats = res.agents.log, res.stats
     ttft = sorted(t.ttft for t in log)
-    p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]
-    recomputed = stats["recomputed_cached_tokens_total"] - before["recomputed_cached_tokens_total"]
-    return {"config": name, "agent_turns": len(log),
-            "recomputed_tokens_per_turn": recomputed / len(log),
+    return {"config": res.name, "agent_turns": len(log),
+            "recomputed_tokens_per_turn": stats["recomputed_cached_tokens_total"] / len(log),
             "prefilled_tokens_per_turn": statistics.mean(t.prompt - t.cached for t in log),
-            "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": p99,
-            "agent_turns_per_s": len(log) / span,
-            "background_tokens_per_s": background_m.background_tokens / span,
-            "seconds": span, "pins_released_under_pressure": stats["pins_released_under_pressure_total"],
-            "host_restored_tokens": stats["host_restored_tokens_total"], "diagnosis": diagnose(log, stats)}
+            "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": percentile(ttft, 0.95),
+            "ttft_p99_s": percentile(ttft, 0.99),
+            "agent_turns_per_s": len(log) / res.span,
+            "background_tokens_per_s": res.background.background_tokens / res.span,
+            "seconds": res.span, "pins_released_under_pressure": stats["pins_released_under_pressure_total"],
+            "host_restored_tokens": stats["host_restored_tokens_total"], "pool": res.pool,
+            "diagnosis": diagnose(log, stats)}
 
 
 def diagnose(log: list[Turn], stats: dict[str, float]) -> dict[str, Any]:
     """Where the prefill goes: per kind of turn, the tokens of the session's previous sequence that were
     not found cached ("lost"), and what the slowest 5% of turns (the TTFT tail) prefilled."""
     out: dict[str, Any] = {k: stats[k] for k in ("pins_released_under_pressure_total", "pins_expired_total",
-                                                  "preemptions_total", "host_restored_tokens_total")}
+                                                  "preemptions_total", "priority_preemptions_total",
+                                                  "host_restored_tokens_total")}
     for kind in ("first", "turn", "sub"):
         turns = [t for t in log if t.kind == kind]
         if turns:
@@ -204,59 +243,87 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--background-concurrency", type=int, default=2, help="background requests in flight")
     parser.add_argument("--max-pinned-fraction", type=float, default=None, help="engine option (default: the engine's)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which of off,pins,pins+host to run (off first)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every config; round r uses seed --seed + r")
+    parser.add_argument("--seed", type=int, default=0, help="the first round's workload seed")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--diagnose", action="store_true", help="also print where prefill and the TTFT tail come from")
     args = parser.parse_args(argv)
-    wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
-                  min_wait=min(0.2, args.max_wait), max_wait=args.max_wait, background_words=args.background_words,
-                  background_concurrency=args.background_concurrency)
-    probe = Engine(args.model, device="cpu", kv_cache_tokens=4096)
-    pool = int(working_set(probe, wl) * args.pool_share)
-    probe.shutdown()
-    options = {} if args.max_pinned_fraction is None else {"max_pinned_fraction": args.max_pinned_fraction}
-    rows = []
-    for name in args.configs.split(","):
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    names = args.configs.split(",")
+    for name in names:
         if name not in CONFIGS:
             raise SystemExit(f"--configs: {name!r} is not one of {CONFIGS}")
-        host = {} if name == "pins+host" else {"kv_host_cache_tokens": 0}  # the tier at its default size, or none
-        # eager decode in every config: with compile_layers="auto" a config may start a background compile
-        # (once another finished on this machine) whose thread takes the cores inside its measured window
-        engine = Engine(args.model, device="cpu", kv_cache_tokens=pool, max_running_requests=64,
-                        compile_layers=False, **host, **options)
-        try:
-            before = engine.stats()
-            agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
-            engine.check_invariants()
-            rows.append(summarize(name, agents_m, background_m, span, engine.stats(), before) | {"pool": pool})
-            r = rows[-1]  # as each config ends: a run cut short still reports what it measured
-            print(f"{name}: p99 TTFT {r['ttft_p99_s']:.3f} s, recomputed/turn {r['recomputed_tokens_per_turn']:.1f}, "
-                  f"background {r['background_tokens_per_s']:.1f} tok/s, {span:.0f} s", flush=True)
-        finally:
-            engine.shutdown()
-    print_rows(rows)
+    options = {} if args.max_pinned_fraction is None else {"max_pinned_fraction": args.max_pinned_fraction}
+    results: dict[str, list[Result]] = {name: [] for name in names}
+    rows = []
+    for rnd in range(args.rounds):
+        wl = Workload(agents=args.agents, min_turns=args.min_turns, max_turns=args.max_turns,
+                      min_wait=min(0.2, args.max_wait), max_wait=args.max_wait,
+                      background_words=args.background_words,
+                      background_concurrency=args.background_concurrency, seed=args.seed + rnd)
+        probe = Engine(args.model, device="cpu", kv_cache_tokens=4096)
+        pool = int(working_set(probe, wl) * args.pool_share)
+        probe.shutdown()
+        for name in names:
+            res = run_one(args.model, name, wl, pool, options)
+            results[name].append(res)
+            r = summarize(res) | {"round": rnd, "seed": wl.seed}
+            rows.append(r)  # as each config ends: a run cut short still reports what it measured
+            print(f"round {rnd} (seed {wl.seed}) {name}: p50/p95/p99 TTFT {r['ttft_p50_s']:.2f}/{r['ttft_p95_s']:.2f}/"
+                  f"{r['ttft_p99_s']:.2f} s over {r['agent_turns']} turns, recomputed/turn "
+                  f"{r['recomputed_tokens_per_turn']:.1f}, background {r['background_tokens_per_s']:.1f} tok/s, "
+                  f"{res.span:.0f} s", flush=True)
+        if args.rounds > 1:
+            print(f"-- round {rnd}, seed {wl.seed}")
+            print_rows([x for x in rows if x["round"] == rnd])
+    if args.rounds > 1:
+        pooled_rows = [summarize(pooled(results[name])) | {"round": "pooled"} for name in names]
+        print(f"-- pooled over {args.rounds} rounds (seeds {args.seed}-{args.seed + args.rounds - 1})")
+        print_rows(pooled_rows)
+        rows += pooled_rows
+    else:
+        print_rows(rows)
     if args.diagnose:
         for r in rows:
-            print(r["config"], json.dumps(r["diagnosis"]))
+            print(r["config"], r["round"], json.dumps(r["diagnosis"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
     return rows
 
 
+def run_one(model: str | None, name: str, wl: Workload, pool: int, options: dict[str, float]) -> Result:
+    """One config on a fresh engine."""
+    host = {} if name == "pins+host" else {"kv_host_cache_tokens": 0}  # the tier at its default size, or none
+    # eager decode in every config: with compile_layers="auto" a config may start a background compile
+    # (once another finished on this machine) whose thread takes the cores inside its measured window
+    engine = Engine(model, device="cpu", kv_cache_tokens=pool, max_running_requests=64,
+                    compile_layers=False, **host, **options)
+    try:
+        before = engine.stats()
+        agents_m, background_m, span = asyncio.run(run_config(engine, wl, keyed=name != "off"))
+        engine.check_invariants()
+        return Result(name, agents_m, background_m, span, counters(before, engine.stats()), pool)
+    finally:
+        engine.shutdown()
+
+
 def print_rows(rows: list[dict[str, Any]]) -> None:
     off = rows[0]
     print(f"KV pool {off['pool']} tokens (about half the agents' working set); cores may be shared: ratios only")
-    print(f"{'config':10} {'recomp/turn':>11} {'prefill/turn':>12} {'ttft p50':>9} {'ttft p99':>9} "
-          f"{'turns/s':>8} {'bg tok/s':>9} {'pins freed':>10} {'host restored':>13}")
+    print(f"{'config':10} {'turns':>5} {'recomp/turn':>11} {'prefill/turn':>12} {'ttft p50':>9} {'ttft p95':>9} "
+          f"{'ttft p99':>9} {'turns/s':>8} {'bg tok/s':>9} {'pins freed':>10} {'host restored':>13}")
     for r in rows:
-        print(f"{r['config']:10} {r['recomputed_tokens_per_turn']:11.1f} {r['prefilled_tokens_per_turn']:12.1f} "
-              f"{r['ttft_p50_s']:9.3f} {r['ttft_p99_s']:9.3f} {r['agent_turns_per_s']:8.2f} "
-              f"{r['background_tokens_per_s']:9.1f} {r['pins_released_under_pressure']:10.0f} "
-              f"{r['host_restored_tokens']:13.0f}")
+        print(f"{r['config']:10} {r['agent_turns']:5d} {r['recomputed_tokens_per_turn']:11.1f} "
+              f"{r['prefilled_tokens_per_turn']:12.1f} {r['ttft_p50_s']:9.3f} {r['ttft_p95_s']:9.3f} "
+              f"{r['ttft_p99_s']:9.3f} {r['agent_turns_per_s']:8.2f} {r['background_tokens_per_s']:9.1f} "
+              f"{r['pins_released_under_pressure']:10.0f} {r['host_restored_tokens']:13.0f}")
     for r in rows[1:]:
         left = r["recomputed_tokens_per_turn"]
         recomputed = f"{off['recomputed_tokens_per_turn'] / left:.1f}x fewer" if left else "no"
-        print(f"{r['config']} vs off: {recomputed} recomputed tokens, "
+        print(f"{r['config']} vs {off['config']}: {recomputed} recomputed tokens, "
+              f"{off['ttft_p95_s'] / r['ttft_p95_s']:.2f}x lower p95 / "
               f"{off['ttft_p99_s'] / r['ttft_p99_s']:.2f}x lower p99 TTFT, "
               f"{r['agent_turns_per_s'] / off['agent_turns_per_s']:.2f}x agent turns/s, "
               f"background {r['background_tokens_per_s'] / off['background_tokens_per_s']:.2f}x of off")

@@ -148,6 +148,7 @@ class Req(KVFields):
     retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
     priority: int = 0  # SGLang's request priority: larger is admitted first (runtime/schedule_policy.py)
     yielded: bool = False  # preempted once for a higher class: never again (so it is delayed, not starved)
+    blocked: bool = False  # admission found no KV room for it: later arrivals of its class wait behind it
 
     state: ReqState = ReqState.WAITING
     queued_step: int = 0  # the scheduler step at which it last joined the queue (least-prefill ages by it)

@@ -145,19 +145,23 @@ class Scheduler:
         items: list[ScheduledItem] = []
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
-        for req in order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps):
+        for req in self._order_waiting():
             if budget <= 0 or self._admission_closed():
                 break
             if self._better_next_step(req, admitted):
                 continue
             item = self._try_admit(req, budget, reserve)
             if item is None:
+                req.blocked = True  # it keeps its place: what live requests free next goes to it
                 break
             items.append(item)
             budget -= item.length
             reserve += self._future_tokens(req)
             admitted.insert(req.prompt_ids, torch.zeros(len(req.prompt_ids), dtype=torch.int64))
         return items
+
+    def _order_waiting(self) -> list[Req]:
+        return order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
 
     def _better_next_step(self, req: Req, admitted: RadixCache) -> bool:
         """Defer a request whose prompt shares a long uncached prefix with one admitted this step:
@@ -203,7 +207,7 @@ class Scheduler:
         low = min(rank(r) for r in self.running)
         if max(rank(r) for r in self.waiting) <= low:
             return
-        head = order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)[0]
+        head = self._order_waiting()[0]
         victims = [r for r in self.running if rank(r) < rank(head) and not r.yielded]
         if not victims:
             return
@@ -246,6 +250,7 @@ class Scheduler:
         self.waiting.remove(req)
         self.running.append(req)
         req.state = ReqState.RUNNING
+        req.blocked = False
 
     def _future_tokens(self, req: Req) -> int:
         remaining = req.max_new_tokens - len(req.output_ids) - req.num_draft

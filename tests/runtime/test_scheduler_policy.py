@@ -106,6 +106,36 @@ def test_least_prefill_admits_the_fewest_uncached_tokens_first(make):
     sched.check_invariants()
 
 
+def test_a_request_admission_found_no_room_for_is_not_overtaken_by_later_ones(make):
+    scheduler, req, _ = make
+    sched = tight(scheduler)
+    running = one_shot(req, "running", range(100, 130), max_new_tokens=6)
+    sched.add(running)
+    decode(sched, sched.schedule())  # it holds 31 of the 64 slots for 5 more decodes
+    big = one_shot(req, "big", range(200, 240), max_new_tokens=1)  # 40 slots: not before "running" ends
+    sched.add(big)
+    decode(sched, sched.schedule())
+    assert big.state is ReqState.WAITING  # no room: admission found it blocked
+    admitted: dict[str, int] = {}
+    for step in range(12):
+        small = one_shot(req, f"small{step}", range(300 + 10 * step, 306 + 10 * step), max_new_tokens=1)
+        sched.add(small)  # 6 slots: each would fit in the 32 free ones, and is shorter than "big"
+        batch = sched.schedule()
+        for item in batch.items:
+            admitted.setdefault(item.req.rid, step)
+        decode(sched, batch)
+        sched.check_invariants()
+    # oracle: "running" decodes its last token in step 3 of the loop; "big" gets the slots it frees next
+    # step, and no small request arriving after "big" was found blocked is admitted before it
+    assert running.done and admitted["big"] == 4
+    assert min(v for k, v in admitted.items() if k.startswith("small")) >= admitted["big"]
+    assert big.done
+    while sched.has_work:
+        decode(sched, sched.schedule())
+    sched.check_invariants()
+    assert sched.kv.num_free_slots + sched.kv.cached_tokens == 64  # every slot free or cached: none leaked
+
+
 def test_least_prefill_stops_overtaking_a_long_prompt_after_starvation_steps(make):
     scheduler, req, _ = make
     sched = scheduler(pool=256, max_prefill_tokens=8)
