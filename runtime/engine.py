@@ -343,8 +343,11 @@ class Engine:
             raise ValueError("this model has no mixture-of-experts layers")
 
     def shutdown(self) -> None:
-        """Aborts what is still in flight and stops the scheduler thread."""
+        """Aborts what is still in flight, stops the scheduler thread and cancels a background compile that
+        still runs (a process that exits with it inside the compiler aborts)."""
         self._thread.stop()
+        if self.decode_compile is not None:
+            self.decode_compile.stop()
         self.runner.close()
 
     def __enter__(self) -> "Engine":
