@@ -152,6 +152,8 @@ class BackgroundCompile:
         try:
             self._compile_and_warm_up()
         except Exception as e:  # noqa: BLE001 - a failed compile leaves the engine eager, not broken
+            if self.cancel.is_set():  # the cancel, wrapped on its way (as class creation wraps a __set_name__'s)
+                raise CompileCancelled from e
             self.error = e
             logger.warning("background compile failed; decode stays eager: %s", e)
             return
