@@ -127,6 +127,8 @@ class Engine:
         self._seed_lock = threading.Lock()
         self.profiler = StepProfiler()  # its state is the scheduler thread's
         self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
+        if self.decode_compile is not None:  # once the engine is up, and idle
+            self.decode_compile.start(self._thread.idle_seconds)
 
     # ---- the one way in ---------------------------------------------------------------------------
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,

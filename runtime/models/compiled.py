@@ -9,8 +9,10 @@ per graph (batch 1, larger batches, batches whose lengths differ).
 So the engine serves eagerly from its first request while a background thread compiles those graphs on
 a scratch decode batch (its own attention backend over a few scratch KV slots: the live pool and plan are
 never touched), then decode-only steps switch to the compiled forward. Steps holding prompt chunks, token
-trees or image rows stay eager: their shapes change every step. Inductor's FX graph and kernel caches live
-in our cache folder (`inductor/`), so the next start on the machine finds the artefacts; a marker per model
+trees or image rows stay eager: their shapes change every step. The compile starts once the engine is up
+and has had no request for COMPILE_AFTER_IDLE_S: it takes a core and the GIL, which made the engine's start
+and its first request 2-3x slower (a one-shot `generate` ends before it would start). Inductor's FX graph
+and kernel caches live in our cache folder (`inductor/`), so the next start on the machine finds the artefacts; a marker per model
 says a compile finished there, which `compile_layers="auto"` reads.
 
 A process may end while a compile runs. A thread still inside the compiler when the interpreter finalizes
@@ -46,10 +48,14 @@ SCRATCH_CONTEXT = 8  # KV slots per scratch sequence
 COMPILING_SWITCH_INTERVAL_S = 0.0005
 # (batch, kv lengths) of the warm-up steps: batch 1, a batch, a batch of unequal lengths (the graphs seen)
 WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)))
+# the compile starts once the engine has had no request for this long: while it runs, the engine's steps take
+# 2-3x as long (it takes a core and the GIL), and the engine's start and first request should not pay for that
+COMPILE_AFTER_IDLE_S = 1.0
 # how long stop() waits for a cancelled compile's thread: it leaves at its next Python line, which a C++ call
 # (a kernel's compile, waiting on inductor's workers) can hold back for seconds on a busy machine
 STOP_TIMEOUT_S = 30.0
 STOP_RAISE_EVERY_S = 0.1
+IDLE_POLL_S = 0.05
 
 
 def inductor_cache_dir() -> Path:
@@ -85,7 +91,6 @@ class BackgroundCompile:
 
     def __init__(self, model: LlamaForCausalLM, make_backend: Callable[[list, list], AttentionBackend],
                  k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], marker: Path | None = None):
-        use_our_inductor_cache()
         self.eager = model.forward
         self.compiled: Callable | None = None  # made in the thread: importing the compiler takes seconds
         self.ready = False  # the compiled forward serves decode-only steps
@@ -100,7 +105,13 @@ class BackgroundCompile:
         self._vocab = model.config.vocab_size
         model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
         self.thread = threading.Thread(target=self._compile, name="radixlang-compile", daemon=True)
+        self._idle_seconds: Callable[[], float] = lambda: COMPILE_AFTER_IDLE_S
         _LIVE.add(self)
+
+    def start(self, idle_seconds: Callable[[], float]) -> None:
+        """Starts the thread, which compiles once `idle_seconds()` (the engine's time without a request) reaches
+        COMPILE_AFTER_IDLE_S."""
+        self._idle_seconds = idle_seconds
         self.thread.start()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
@@ -112,7 +123,7 @@ class BackgroundCompile:
 
     @property
     def state(self) -> str:
-        """"compiling" (decode is eager meanwhile), "ready" (the compiled forward serves decode), or, with decode
+        """"compiling" (decode is eager meanwhile; also while it waits for an idle engine), "ready" (the compiled forward serves decode), or, with decode
         eager for good, "failed" or "cancelled" (stopped before it finished)."""
         if not self.finished.is_set():
             return "compiling"
@@ -124,6 +135,10 @@ class BackgroundCompile:
         """Cancels the compile if it still runs, and waits up to `timeout` s for its thread to leave the
         compiler; a finished compile keeps serving. Idempotent."""
         self.cancel.set()
+        if self.thread.ident is None:  # never started
+            self.cancelled = True
+            self.finished.set()
+            return
         deadline = time.monotonic() + timeout
         with _lost_cancels_unreported():
             while self.thread.is_alive() and time.monotonic() < deadline:
@@ -136,6 +151,7 @@ class BackgroundCompile:
 
     def _compile(self) -> None:
         try:
+            self._wait_for_an_idle_engine()
             with short_gil_turns():
                 self._compile_and_warm()
         except CompileCancelled:
@@ -143,6 +159,11 @@ class BackgroundCompile:
             logger.info("background compile cancelled; decode stays eager")
         finally:
             self.finished.set()
+
+    def _wait_for_an_idle_engine(self) -> None:
+        while self._idle_seconds() < COMPILE_AFTER_IDLE_S:
+            if self.cancel.wait(IDLE_POLL_S):
+                raise CompileCancelled
 
     def _compile_and_warm(self) -> None:
         with self._lock:
@@ -167,6 +188,7 @@ class BackgroundCompile:
         self.ready = True
 
     def _compile_and_warm_up(self) -> None:
+        use_our_inductor_cache()  # here, not at the engine's start: importing inductor takes ~1.7 s
         self.compiled = torch.compile(self.eager, dynamic=True)
         # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
         # the tensors' dispatch keys fail at the first live step, which then recompiles on the scheduler thread
