@@ -136,3 +136,20 @@ def _wait_until_inside_torch(thread: threading.Thread) -> None:
             return
         time.sleep(0.005)
     raise AssertionError("the compile thread never ran torch's compiler")
+
+
+def test_the_compile_starts_only_once_the_engine_has_had_no_request_for_a_while(tiny_model_dir, monkeypatch):
+    # a compile takes a core and the GIL: begun with the engine, it slowed Engine() and its first requests 2-3x
+    starts = []
+
+    def compile_starts() -> None:
+        starts.append(time.monotonic())
+        raise RuntimeError("no compile in this test")
+
+    monkeypatch.setattr(compiled_module, "use_our_inductor_cache", compile_starts)
+    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
+        engine.generate(PROMPTS, {**GREEDY, "max_new_tokens": 32})
+        served = time.monotonic()
+        assert engine.decode_compile.finished.wait(60) and engine.decode_compile.state == "failed"
+        engine.check_invariants()
+    assert len(starts) == 1 and starts[0] > served
