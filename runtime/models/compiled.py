@@ -51,6 +51,7 @@ WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)))
 # the compile starts once the engine has had no request for this long: while it runs, the engine's steps take
 # 2-3x as long (it takes a core and the GIL), and the engine's start and first request should not pay for that
 COMPILE_AFTER_IDLE_S = 1.0
+COMPILE_START_LATEST_S = 60.0  # ... or this long after the engine's start: a busy server compiles all the same
 # how long stop() waits for a cancelled compile's thread: it leaves at its next Python line, which a C++ call
 # (a kernel's compile, waiting on inductor's workers) can hold back for seconds on a busy machine
 STOP_TIMEOUT_S = 30.0
@@ -110,7 +111,7 @@ class BackgroundCompile:
 
     def start(self, idle_seconds: Callable[[], float]) -> None:
         """Starts the thread, which compiles once `idle_seconds()` (the engine's time without a request) reaches
-        COMPILE_AFTER_IDLE_S."""
+        COMPILE_AFTER_IDLE_S, or COMPILE_START_LATEST_S from now at the latest."""
         self._idle_seconds = idle_seconds
         self.thread.start()
 
@@ -161,7 +162,8 @@ class BackgroundCompile:
             self.finished.set()
 
     def _wait_for_an_idle_engine(self) -> None:
-        while self._idle_seconds() < COMPILE_AFTER_IDLE_S:
+        latest = time.monotonic() + COMPILE_START_LATEST_S
+        while self._idle_seconds() < COMPILE_AFTER_IDLE_S and time.monotonic() < latest:
             if self.cancel.wait(IDLE_POLL_S):
                 raise CompileCancelled
 
