@@ -12,8 +12,8 @@ never touched), then decode-only steps switch to the compiled forward. Steps hol
 trees or image rows stay eager: their shapes change every step. The compile starts once the engine is up
 and has had no request for COMPILE_AFTER_IDLE_S: it takes a core and the GIL, which made the engine's start
 and its first request 2-3x slower (a one-shot `generate` ends before it would start). Inductor's FX graph
-and kernel caches live in our cache folder (`inductor/`), so the next start on the machine finds the artefacts; a marker per model
-says a compile finished there, which `compile_layers="auto"` reads.
+and kernel caches live in our cache folder (`inductor/`), so the next start on the machine finds the
+artefacts; a marker per model says a compile finished there, which `compile_layers="auto"` reads.
 
 A process may end while a compile runs. A thread still inside the compiler when the interpreter finalizes
 is frozen at its next take of the GIL, under torch's C++ frames, and the process aborts ("terminate called
@@ -124,8 +124,8 @@ class BackgroundCompile:
 
     @property
     def state(self) -> str:
-        """"compiling" (decode is eager meanwhile; also while it waits for an idle engine), "ready" (the compiled forward serves decode), or, with decode
-        eager for good, "failed" or "cancelled" (stopped before it finished)."""
+        """"compiling" (decode is eager meanwhile; also while it waits for an idle engine), "ready" (the compiled
+        forward serves decode), or, with decode eager for good, "failed" or "cancelled" (stopped unfinished)."""
         if not self.finished.is_set():
             return "compiling"
         if self.cancelled:
