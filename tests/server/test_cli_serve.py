@@ -103,9 +103,16 @@ def test_serve_answers_requests_and_on_sigterm_drains_then_exits_cleanly(long_ti
 
 
 SERVE = STALL_THE_COMPILE + """
-import sys
+import os, sys
 from radixlang.server.cli import main
 
+
+def _say_stalled():
+    STALLED.wait()
+    open(os.environ["STALLED_FLAG"], "w").close()
+
+
+threading.Thread(target=_say_stalled, daemon=True).start()
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -113,7 +120,8 @@ sys.exit(main(sys.argv[1:]))
 def test_sigterm_during_a_background_compile_cancels_it_and_exits_cleanly(tiny_model_dir, tmp_path):
     """A thread left inside the compiler when the interpreter exits aborts the process (exit 134)."""
     port = free_port()
-    env = dict(os.environ, RADIXLANG_CACHE_DIR=str(tmp_path))  # nothing compiled yet: a cold compile
+    stalled = tmp_path / "stalled"  # the child makes it once its compile is held inside torch
+    env = dict(os.environ, RADIXLANG_CACHE_DIR=str(tmp_path), STALLED_FLAG=str(stalled))  # a cold compile
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVE, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--device", "cpu",
          "--kv-cache-tokens", "256", "--graceful-timeout", "1", "--log-level", "warning", "--compile-layers", "true"],
@@ -122,6 +130,10 @@ def test_sigterm_during_a_background_compile_cancels_it_and_exits_cleanly(tiny_m
     try:
         _wait_healthy(proc, url)
         assert httpx.get(f"{url}/server_info", timeout=5).json()["decode_compile"] == "compiling"
+        deadline = time.monotonic() + 120
+        while not stalled.exists():  # the compile starts once the server has been idle for a second
+            assert proc.poll() is None and time.monotonic() < deadline, "the compile never reached torch's tracing"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         stderr = proc.communicate(timeout=120)[1]
         assert proc.returncode == 0 and "terminate called" not in stderr, stderr[-3000:]
