@@ -87,7 +87,8 @@ def llama_cpp_runner() -> Runner | None:
 
 def first_token_seconds(engine: Engine) -> float:
     """Seconds from a fresh engine's start to its first request's first token (the batch-1 prompt), as a
-    user measures it: the background compile of compile_layers="auto", if any, runs meanwhile."""
+    user measures it. compile_layers="auto"'s background compile, if any, starts only once the engine has been
+    idle for a second; an earlier engine's compile of this run may be running (the line printed says so)."""
     t0 = time.perf_counter()
     engine.generate(DECODE_PROMPTS[0], {**GREEDY, "max_new_tokens": 1})  # done at its first token
     return time.perf_counter() - t0
@@ -169,11 +170,15 @@ def main() -> None:
           f"measured once on this machine, cached); torch {torch.__version__}, {torch.get_num_threads()} threads")
     engines, first_tokens = {}, {}
     for m in modes:
+        others = [e.decode_compile for e in engines.values() if e.decode_compile is not None]
         t0 = time.perf_counter()
         engines[m] = Engine(device="cpu", kv_cache_tokens=16384, quantization=m)
         up = time.perf_counter() - t0
         first_tokens[m] = first_token_seconds(engines[m])
-        print(f"radixlang {m}: engine up in {up:.2f} s; first token of its first request {first_tokens[m]:.3f} s later")
+        beside = " (another engine's compile running beside it)" if any(
+            c.thread.is_alive() and not c.finished.is_set() for c in others) else ""
+        print(f"radixlang {m}: engine up in {up:.2f} s; first token of its first request {first_tokens[m]:.3f} s "
+              f"later{beside}")
     for m in (m for m in args.compile.split(",") if m):
         engines[f"{m}+compile"] = Engine(device="cpu", kv_cache_tokens=16384, quantization=m, compile_layers=True)
     try:

@@ -127,6 +127,8 @@ class Engine:
         self._seed_lock = threading.Lock()
         self.profiler = StepProfiler()  # its state is the scheduler thread's
         self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
+        if self.decode_compile is not None:  # once the engine is up, and idle
+            self.decode_compile.start(self._thread.idle_seconds)
 
     # ---- the one way in ---------------------------------------------------------------------------
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
@@ -343,8 +345,11 @@ class Engine:
             raise ValueError("this model has no mixture-of-experts layers")
 
     def shutdown(self) -> None:
-        """Aborts what is still in flight and stops the scheduler thread."""
+        """Aborts what is still in flight, stops the scheduler thread and cancels a background compile that
+        still runs (a process that exits with it inside the compiler aborts)."""
         self._thread.stop()
+        if self.decode_compile is not None:
+            self.decode_compile.stop()
         self.runner.close()
 
     def __enter__(self) -> "Engine":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable, Protocol, TypeVar
 
@@ -35,6 +36,9 @@ class SchedulerThread:
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.closed = False
         self.stopped: str | None = None  # why the loop stopped on its own (a TP worker failure)
+        # whether the loop has requests, and since when it has none: written by the loop, read by any thread
+        self.busy = False
+        self.idle_since = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="radixlang-scheduler", daemon=True)
         self._thread.start()
 
@@ -59,6 +63,16 @@ class SchedulerThread:
             return fn()
         return self.call(fn).result()
 
+    def idle_seconds(self) -> float:
+        """Seconds since the loop last had requests (0 while it has some)."""
+        return 0.0 if self.busy else time.monotonic() - self.idle_since
+
+    def _note_work(self) -> None:
+        busy = self.core.has_work
+        if self.busy and not busy:
+            self.idle_since = time.monotonic()
+        self.busy = busy
+
     def stop(self) -> None:
         """Aborts what is still in flight and joins the thread."""
         if not self.closed:
@@ -74,8 +88,10 @@ class SchedulerThread:
             wait = None if not self.core.has_work else 0.0 if progressed else IDLE_POLL_SECONDS
             if not self._drain_inbox(wait):
                 break
+            self._note_work()
             try:
                 progressed = bool(self.core.step())
+                self._note_work()
                 if self.after_step is not None:
                     self.after_step(progressed)
             except WorkerFailure as e:  # a TP rank died or hung: the model cannot run again

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from typing import Any, Sequence
 
@@ -86,8 +85,6 @@ def _serve(args: argparse.Namespace) -> int:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
               grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits,
               incremental_streaming_output=args.incremental_streaming_output)
-    if engine.decode_compile is not None and not engine.decode_compile.finished.is_set():
-        _exit_without_the_compile()
     return 0
 
 
@@ -97,19 +94,6 @@ def _dp_attention_ranks(args: argparse.Namespace) -> None:
     if args.dp != (args.tp_size or 1):
         raise ValueError(f"--dp with --enable-dp-attention counts the attention replicas, one per rank: it must "
                          f"equal --tp ({args.tp_size or 1}), got {args.dp}")
-
-
-def _exit_without_the_compile() -> None:
-    """The server has drained and the engine is closed, but the background decode compile still runs, and
-    nothing can interrupt torch.compile: the interpreter's exit would wait for its compile workers, or abort
-    in torch's C++ teardown under it (exit 134). So end the process now, with its compile workers."""
-    import psutil
-
-    print("radixlang: exiting without waiting for the background decode compile", file=sys.stderr, flush=True)
-    for child in psutil.Process().children(recursive=True):
-        child.kill()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:

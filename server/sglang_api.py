@@ -70,13 +70,9 @@ async def server_info(request: Request) -> dict[str, Any]:
 
 def _decode_compile(engine: Engine) -> str:
     """The background compile of the decode forward (runtime/models/compiled.py): "off", "compiling" (decode
-    is eager meanwhile, and the compile takes CPU), "ready" (it serves decode) or "failed" (eager for good)."""
-    job = engine.decode_compile
-    if job is None:
-        return "off"
-    if not job.finished.is_set():
-        return "compiling"
-    return "failed" if job.error is not None else "ready"
+    is eager meanwhile, and the compile takes CPU), "ready" (it serves decode), or "failed" / "cancelled"
+    (stopped before it finished, as by a shutdown): eager for good."""
+    return "off" if engine.decode_compile is None else engine.decode_compile.state
 
 
 @router.post("/concate_and_append_request", responses=error_responses(413, 422))

@@ -99,6 +99,29 @@ OUTLASTS_GRACE_TOKENS = 16000
 OUTLASTS_GRACE_KV_TOKENS = OUTLASTS_GRACE_TOKENS + 4096  # that request's KV, and room for the others beside it
 
 
+# A child process's script starts with this to hold its background compile inside torch's C++ (the dispatcher
+# calling back into Python, as the compiler's tracing does for seconds at a time) until it is cancelled: where a
+# thread left at interpreter exit aborts the process. It returns to Python every 10 ms, where a cancel lands.
+STALL_THE_COMPILE = """
+import threading, time
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+STALLED = threading.Event()
+_dispatch = FakeTensorMode.__torch_dispatch__
+
+
+def _stalling_dispatch(*args, **kwargs):
+    if threading.current_thread().name == "radixlang-compile":
+        STALLED.set()
+        while True:
+            time.sleep(0.01)
+    return _dispatch(*args, **kwargs)
+
+
+FakeTensorMode.__torch_dispatch__ = _stalling_dispatch
+"""
+
+
 @pytest.fixture(scope="session")
 def long_tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     """The tiny model with a context long enough for a request of OUTLASTS_GRACE_TOKENS."""

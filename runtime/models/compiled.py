@@ -9,18 +9,30 @@ per graph (batch 1, larger batches, batches whose lengths differ).
 So the engine serves eagerly from its first request while a background thread compiles those graphs on
 a scratch decode batch (its own attention backend over a few scratch KV slots: the live pool and plan are
 never touched), then decode-only steps switch to the compiled forward. Steps holding prompt chunks, token
-trees or image rows stay eager: their shapes change every step. Inductor's FX graph and kernel caches live
-in our cache folder (`inductor/`), so the next start on the machine finds the artefacts; a marker per model
-says a compile finished there, which `compile_layers="auto"` reads.
+trees or image rows stay eager: their shapes change every step. The compile starts once the engine is up
+and has had no request for COMPILE_AFTER_IDLE_S: it takes a core and the GIL, which made the engine's start
+and its first request 2-3x slower (a one-shot `generate` ends before it would start). Inductor's FX graph
+and kernel caches live in our cache folder (`inductor/`), so the next start on the machine finds the
+artefacts; a marker per model says a compile finished there, which `compile_layers="auto"` reads.
+
+A process may end while a compile runs. A thread still inside the compiler when the interpreter finalizes
+is frozen at its next take of the GIL, under torch's C++ frames, and the process aborts ("terminate called
+without an active exception", exit 134). So `stop()` (Engine.shutdown, and an exit hook for engines never
+shut down) cancels the compile: it raises CompileCancelled in the thread at its next Python line and waits
+for the thread to leave.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
 import sys
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -36,6 +48,15 @@ SCRATCH_CONTEXT = 8  # KV slots per scratch sequence
 COMPILING_SWITCH_INTERVAL_S = 0.0005
 # (batch, kv lengths) of the warm-up steps: batch 1, a batch, a batch of unequal lengths (the graphs seen)
 WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)))
+# the compile starts once the engine has had no request for this long: while it runs, the engine's steps take
+# 2-3x as long (it takes a core and the GIL), and the engine's start and first request should not pay for that
+COMPILE_AFTER_IDLE_S = 1.0
+COMPILE_START_LATEST_S = 60.0  # ... or this long after the engine's start: a busy server compiles all the same
+# how long stop() waits for a cancelled compile's thread: it leaves at its next Python line, which a C++ call
+# (a kernel's compile, waiting on inductor's workers) can hold back for seconds on a busy machine
+STOP_TIMEOUT_S = 30.0
+STOP_RAISE_EVERY_S = 0.1
+IDLE_POLL_S = 0.05
 
 
 def inductor_cache_dir() -> Path:
@@ -59,23 +80,39 @@ def warm_marker(model_key: str) -> Path:
     return inductor_cache_dir() / f"compiled-{digest}.done"
 
 
+class CompileCancelled(BaseException):
+    """Raised in a compile's thread by `stop()`. Not an Exception, so that no `except Exception` in the
+    compiler (or ours, which takes a failed compile for eager) swallows it."""
+
+
 class BackgroundCompile:
     """Routes a model's decode-only steps to its compiled forward once a background thread has compiled it;
-    until then (and for every other step) the eager forward runs."""
+    until then (and for every other step, and for good after a failed or cancelled compile) the eager
+    forward runs."""
 
     def __init__(self, model: LlamaForCausalLM, make_backend: Callable[[list, list], AttentionBackend],
                  k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], marker: Path | None = None):
-        use_our_inductor_cache()
         self.eager = model.forward
         self.compiled: Callable | None = None  # made in the thread: importing the compiler takes seconds
         self.ready = False  # the compiled forward serves decode-only steps
-        self.finished = threading.Event()  # compiled, or failed (then `error` says why)
+        self.finished = threading.Event()  # compiled, failed (then `error` says why) or cancelled
         self.error: BaseException | None = None
+        self.cancel = threading.Event()  # stop() was called: the compile ends, or never starts
+        self.cancelled = False  # the compile ended unfinished because of stop()
+        self._raisable = False  # the thread runs the compile: stop() may raise CompileCancelled in it
+        self._lock = threading.Lock()  # orders _raisable against stop()'s raise
         self.marker = marker
         self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers)
         self._vocab = model.config.vocab_size
         model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
         self.thread = threading.Thread(target=self._compile, name="radixlang-compile", daemon=True)
+        self._idle_seconds: Callable[[], float] = lambda: COMPILE_AFTER_IDLE_S
+        _LIVE.add(self)
+
+    def start(self, idle_seconds: Callable[[], float]) -> None:
+        """Starts the thread, which compiles once `idle_seconds()` (the engine's time without a request) reaches
+        COMPILE_AFTER_IDLE_S, or COMPILE_START_LATEST_S from now at the latest."""
+        self._idle_seconds = idle_seconds
         self.thread.start()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
@@ -85,30 +122,123 @@ class BackgroundCompile:
             return compiled(input_ids, positions, ctx)
         return self.eager(input_ids, positions, ctx, embeds)
 
-    def _compile(self) -> None:
-        with short_gil_turns():
-            self._compile_and_warm()
+    @property
+    def state(self) -> str:
+        """"compiling" (decode is eager meanwhile; also while it waits for an idle engine), "ready" (the compiled
+        forward serves decode), or, with decode eager for good, "failed" or "cancelled" (stopped unfinished)."""
+        if not self.finished.is_set():
+            return "compiling"
+        if self.cancelled:
+            return "cancelled"
+        return "failed" if self.error is not None else "ready"
 
-    def _compile_and_warm(self) -> None:
-        try:
-            self.compiled = torch.compile(self.eager, dynamic=True)
-            # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
-            # the tensors' dispatch keys fail at the first live step, which then recompiles on the scheduler thread
-            with torch.inference_mode():
-                for batch, kv_lens in WARMUP_STEPS:
-                    plan = self._scratch.plan(_scratch_batch(batch, kv_lens))
-                    ids = torch.arange(batch, dtype=torch.int64) % self._vocab
-                    self.compiled(ids, plan.positions, ForwardContext(self._scratch))
-        except Exception as e:  # noqa: BLE001 - a failed compile leaves the engine eager, not broken
-            self.error = e
-            logger.warning("background compile failed; decode stays eager: %s", e)
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Cancels the compile if it still runs, and waits up to `timeout` s for its thread to leave the
+        compiler; a finished compile keeps serving. Idempotent."""
+        self.cancel.set()
+        if self.thread.ident is None:  # never started
+            self.cancelled = True
             self.finished.set()
             return
-        if self.marker is not None:
+        deadline = time.monotonic() + timeout
+        with _lost_cancels_unreported():
+            while self.thread.is_alive() and time.monotonic() < deadline:
+                with self._lock:
+                    if self._raisable:  # again each turn: a raise that lands in a __del__ or weakref callback is lost
+                        _raise_in(self.thread, CompileCancelled)
+                self.thread.join(min(STOP_RAISE_EVERY_S, max(0.0, deadline - time.monotonic())))
+        if self.thread.is_alive():
+            logger.warning("the background compile did not stop within %.0f s; exiting now may abort", timeout)
+
+    def _compile(self) -> None:
+        try:
+            self._wait_for_an_idle_engine()
+            with short_gil_turns():
+                self._compile_and_warm()
+        except CompileCancelled:
+            self.cancelled = True
+            logger.info("background compile cancelled; decode stays eager")
+        finally:
+            self.finished.set()
+
+    def _wait_for_an_idle_engine(self) -> None:
+        latest = time.monotonic() + COMPILE_START_LATEST_S
+        while self._idle_seconds() < COMPILE_AFTER_IDLE_S and time.monotonic() < latest:
+            if self.cancel.wait(IDLE_POLL_S):
+                raise CompileCancelled
+
+    def _compile_and_warm(self) -> None:
+        with self._lock:
+            if self.cancel.is_set():  # stopped before the thread ran
+                raise CompileCancelled
+            self._raisable = True
+        try:
+            self._compile_and_warm_up()
+        except Exception as e:  # noqa: BLE001 - a failed compile leaves the engine eager, not broken
+            if self.cancel.is_set():  # the cancel, wrapped on its way (as class creation wraps a __set_name__'s)
+                raise CompileCancelled from e
+            self.error = e
+            logger.warning("background compile failed; decode stays eager: %s", e)
+            return
+        finally:
+            with self._lock:
+                self._raisable = False
+            _take_pending_exception()
+        if self.marker is not None:  # no marker for a compile that failed or was cancelled (raised above)
             self.marker.parent.mkdir(parents=True, exist_ok=True)
             self.marker.touch()
         self.ready = True
-        self.finished.set()
+
+    def _compile_and_warm_up(self) -> None:
+        use_our_inductor_cache()  # here, not at the engine's start: importing inductor takes ~1.7 s
+        self.compiled = torch.compile(self.eager, dynamic=True)
+        # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
+        # the tensors' dispatch keys fail at the first live step, which then recompiles on the scheduler thread
+        with torch.inference_mode():
+            for batch, kv_lens in WARMUP_STEPS:
+                if self.cancel.is_set():
+                    raise CompileCancelled
+                plan = self._scratch.plan(_scratch_batch(batch, kv_lens))
+                ids = torch.arange(batch, dtype=torch.int64) % self._vocab
+                self.compiled(ids, plan.positions, ForwardContext(self._scratch))
+
+
+_LIVE: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()  # compiles of this process, for the exit hook
+
+
+@atexit.register
+def _stop_live_compiles() -> None:
+    """At interpreter exit, before threads are frozen: cancels the compiles of engines never shut down."""
+    for job in list(_LIVE):
+        job.stop()
+
+
+def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
+    """Raises `exc` in `thread` when it next runs Python code (CPython's PyThreadState_SetAsyncExc)."""
+    assert thread.ident is not None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))
+
+
+@contextlib.contextmanager
+def _lost_cancels_unreported() -> Iterator[None]:
+    """Python reports an exception that a __del__ or weakref callback could not raise ("Exception ignored
+    in ..."): a lost CompileCancelled, which stop() raises again, is no news for the user."""
+    report = sys.unraisablehook
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if not isinstance(unraisable.exc_value, CompileCancelled):
+            report(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = report
+
+
+def _take_pending_exception() -> None:
+    """A call of a Python function: a CompileCancelled raised just before `_raisable` went False is
+    delivered here, at the latest, where _compile catches it, not after the thread's last handler."""
 
 
 class _GilTurns:

@@ -1,9 +1,13 @@
 """The compiled decode forward, built in a background thread while the engine serves eagerly, gives the
-eager forward's tokens; compile_layers="auto" compiles only once a compile of the model finished here."""
+eager forward's tokens; compile_layers="auto" compiles only once a compile of the model finished here; a
+compile still running is cancelled, so that the engine stays eager and the process exits cleanly."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from torch._dynamo.utils import counters
@@ -13,8 +17,22 @@ from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models import compiled as compiled_module
 
+from ...conftest import STALL_THE_COMPILE
+
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = ["The history of the printing press", "1, 2, 3, 4, 5,", "Once upon a time"]
+
+EXIT_MID_COMPILE = STALL_THE_COMPILE + """
+import sys
+from radixlang.runtime.engine import Engine
+
+engine = Engine(sys.argv[1], device="cpu", kv_cache_tokens=256, compile_layers=True)
+assert STALLED.wait(120), "the compile never reached torch's tracing"
+if sys.argv[2] == "shutdown":
+    engine.shutdown()
+    job = engine.decode_compile
+    print(job.state, job.marker.exists(), job.thread.is_alive())
+"""
 
 
 def test_compile_layers_choices_are_checked():
@@ -79,3 +97,59 @@ def test_gil_turns_are_short_while_any_compile_runs_and_restored_after_the_last(
     assert sys.getswitchinterval() == pytest.approx(compiled_module.COMPILING_SWITCH_INTERVAL_S)
     second.__exit__(None, None, None)
     assert sys.getswitchinterval() == default
+
+
+@pytest.mark.parametrize("shutdown", [True, False], ids=["shutdown", "exit without shutdown"])
+def test_a_process_exits_cleanly_while_its_background_compile_runs(tiny_model_dir, tmp_path, shutdown):
+    # a thread left inside the compiler when the interpreter exits is frozen under torch's C++: exit 134
+    env = dict(os.environ, RADIXLANG_CACHE_DIR=str(tmp_path))  # nothing compiled yet: no marker, cold caches
+    res = subprocess.run([sys.executable, "-c", EXIT_MID_COMPILE, str(tiny_model_dir),
+                          "shutdown" if shutdown else "exit"], capture_output=True, text=True, env=env, timeout=300)
+    assert "terminate called" not in res.stderr and res.returncode == 0, res.stderr[-3000:]
+    if shutdown:  # cancelled, its thread gone, and no marker: the next engine does not take it for compiled
+        assert res.stdout.split() == ["cancelled", "False", "False"]
+
+
+def test_a_cancelled_compile_leaves_the_engine_serving_eagerly_and_writes_no_marker(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))
+    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
+        want = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
+    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
+        job = engine.decode_compile
+        _wait_until_inside_torch(job.thread)
+        job.stop()
+        assert job.state == "cancelled" and not job.ready and not job.thread.is_alive(), job.error
+        assert not job.marker.exists()
+        got = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]
+        engine.check_invariants()
+    assert got == want
+
+
+def _wait_until_inside_torch(thread: threading.Thread) -> None:
+    """Until `thread` runs torch's code (the compile proper, past our own set-up)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None and "torch" + os.sep + "_" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        if frame is not None:
+            return
+        time.sleep(0.005)
+    raise AssertionError("the compile thread never ran torch's compiler")
+
+
+def test_the_compile_starts_only_once_the_engine_has_had_no_request_for_a_while(tiny_model_dir, monkeypatch):
+    # a compile takes a core and the GIL: begun with the engine, it slowed Engine() and its first requests 2-3x
+    starts = []
+
+    def compile_starts() -> None:
+        starts.append(time.monotonic())
+        raise RuntimeError("no compile in this test")
+
+    monkeypatch.setattr(compiled_module, "use_our_inductor_cache", compile_starts)
+    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
+        engine.generate(PROMPTS, {**GREEDY, "max_new_tokens": 32})
+        served = time.monotonic()
+        assert engine.decode_compile.finished.wait(60) and engine.decode_compile.state == "failed"
+        engine.check_invariants()
+    assert len(starts) == 1 and starts[0] > served
