@@ -217,7 +217,12 @@ class LlamaForCausalLM(nn.Module):
             missing = [p for p in order if p not in parts]
             if missing:
                 raise ValueError(f"weights for {target} are missing parts {missing}")
-            _assign(self, target, params[target], load_shard(self, target, torch.cat([parts[p] for p in order])), dtype)
+            stacked = [parts[p] for p in order]
+            if stacked[0].is_meta:  # deferred by the loader: no op on meta tensors (they import torch's compiler)
+                fused = torch.empty((sum(len(t) for t in stacked), *stacked[0].shape[1:]), device="meta")
+            else:
+                fused = torch.cat(stacked)
+            _assign(self, target, params[target], load_shard(self, target, fused), dtype)
             loaded.add(target)
         absent = sorted(set(params) - loaded)
         if absent:
@@ -254,9 +259,10 @@ def _copy_into(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 
 def _assign(model: nn.Module, name: str, param: torch.Tensor, tensor: torch.Tensor, dtype: torch.dtype | None) -> None:
     """Replaces parameter `name` by `tensor` on its device, in `dtype` (default: its own): `to` and
-    `contiguous` return the tensor itself when nothing differs."""
+    `contiguous` return the tensor itself when nothing differs. A meta tensor (a weight the loader
+    fills in later) stays on the meta device."""
     if tuple(param.shape) != tuple(tensor.shape):
         raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
-    value = tensor.to(param.device, dtype or param.dtype).contiguous()
+    value = tensor.to(tensor.device if tensor.is_meta else param.device, dtype or param.dtype).contiguous()
     owner, _, attr = name.rpartition(".")
     setattr(model.get_submodule(owner), attr, nn.Parameter(value, requires_grad=False))

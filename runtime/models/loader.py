@@ -6,9 +6,10 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -27,9 +28,9 @@ from .checkpoint_quant import (
 from .fused_cache import FusedCache
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_deepseek import DEEPSEEK_GGUF_ARCH, deepseek_gguf_to_hf_config, deepseek_gguf_weights
-from .gguf_file import GGUFFile, read_gguf
+from .gguf_file import GGUFFile, GGUFTensor, read_gguf
 from .hf_config import LLAMA, MISTRAL, QWEN2, QWEN3, config_from_hf
-from .llama import LlamaConfig, LlamaForCausalLM
+from .llama import LlamaConfig, LlamaForCausalLM, packed_parts, packed_target
 from .moe_config import MIXTRAL, QWEN2_MOE, QWEN3_MOE
 from .quant import packed_linear_from_state, packed_linear_record, quantize_model
 
@@ -100,8 +101,9 @@ def _fused_cache(folder: Path, device: torch.device, dtype: torch.dtype, tp: Ten
 
 def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quantization: str,
                       keep_blocks: bool) -> LoadedModel:
-    """A GGUF's model from the weight cache, converting (dequantizing, repacking) and saving it on a miss."""
-    gguf = read_gguf(path)
+    """A GGUF's model from the weight cache, converting (dequantizing, repacking) on a miss. The entry is
+    written on a background thread while the engine starts (weight_cache.save_entry_in_background)."""
+    gguf = read_gguf_once(path)
     cfg, arch = _gguf_config(gguf)
     tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
     key = weight_cache.entry_key(path, f"{quantization}-{dtype}-{weight_cache_tag()}")
@@ -110,10 +112,33 @@ def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quan
     if cached is not None:
         return LoadedModel(model_from_state(cfg, *cached, device), tokenizer, path.stem)
     blocks: dict[str, GroupQuant] = {}
-    model = build_model(cfg, gguf_weights(gguf, cfg, arch, blocks), device, dtype)
+    # "auto" runs the stored blocks: fp32 copies are made only of what it leaves in fp32 (the embedding)
+    deferred: dict[str, Callable[[], torch.Tensor]] | None = {} if quantization == "auto" else None
+    with _one_thread():
+        model = build_model(cfg, gguf_weights(gguf, cfg, arch, blocks, deferred), device, dtype)
     quantize_model(model, quantization, blocks)
-    weight_cache.try_save_entry(key, identity, model.state_dict(), {"packed": packed_records(model)})
+    with _one_thread():
+        materialize_deferred(model, deferred or {}, dtype)
+    weight_cache.save_entry_in_background(key, identity, model.state_dict(), {"packed": packed_records(model)})
     return LoadedModel(model, tokenizer, path.stem, blocks=blocks if keep_blocks else {})
+
+
+def materialize_deferred(model: nn.Module, deferred: dict[str, Callable[[], torch.Tensor]], dtype: torch.dtype) -> int:
+    """Fills each parameter still deferred (a meta tensor from gguf_weights: quantize_model did not pack it)
+    with its fp32 weights from `deferred`, q/k/v and gate/up stacked as load_weights stacks them; returns
+    how many."""
+    params = {name for name, p in model.named_parameters() if p.is_meta}
+    parts: dict[str, dict[str | None, Callable[[], torch.Tensor]]] = {}
+    for hf_name, compute in deferred.items():
+        target, part = packed_target(hf_name.removeprefix("model."))
+        if target in params:
+            parts.setdefault(target, {})[part] = compute
+    for target in params:
+        order = packed_parts(target)
+        weight = torch.cat([parts[target][p]() for p in order]) if order else parts[target][None]()
+        owner, _, attr = target.rpartition(".")
+        setattr(model.get_submodule(owner), attr, nn.Parameter(weight.to(dtype), requires_grad=False))
+    return len(params)
 
 
 def packed_records(model: LlamaForCausalLM) -> dict[str, dict]:
@@ -143,6 +168,19 @@ def weight_cache_tag() -> str:
     """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels."""
     dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
     return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread while converting: the elementwise dequantizing and copying is memory-bound, and
+    on a busy 2-core machine a second thread that is not scheduled stalls every op (measured: 10.8 s for
+    the default model's tensors on 2 threads at load 4, 0.4-1.1 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
@@ -217,7 +255,7 @@ _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 
 
 def _read_gguf(path: Path, blocks: dict[str, GroupQuant] | None = None):
-    gguf = read_gguf(path)
+    gguf = read_gguf_once(path)
     cfg, arch = _gguf_config(gguf)
     return cfg, gguf_weights(gguf, cfg, arch, blocks), Tokenizer.from_gguf_metadata(gguf.metadata)
 
@@ -230,7 +268,7 @@ def _gguf_config(gguf: GGUFFile) -> tuple[LlamaConfig, str]:
     tensors = {t.name: t for t in gguf.tensors}
     cfg = config_from_hf(gguf_to_hf_config(meta, arch, set(tensors)))
     if "rope_freqs.weight" in tensors:  # llama.cpp bakes llama3 rope scaling into per-dimension divisors
-        divisors = dequantize_gguf(tensors["rope_freqs.weight"]).flatten().tolist()
+        divisors = gguf_fp32(tensors["rope_freqs.weight"]).flatten().tolist()
         cfg.rope = dataclasses.replace(cfg.rope, freq_divisors=tuple(divisors))
     return cfg, arch
 
@@ -288,46 +326,107 @@ def gguf_rope_scaling(get) -> dict[str, Any]:
 
 
 def dequantize_gguf(t) -> np.ndarray:
-    """A GGUF tensor as fp32, in torch's dimension order (GGUF lists dimensions fastest first)."""
+    """A GGUF tensor as fp32, in torch's dimension order (GGUF lists dimensions fastest first), by gguf's
+    numpy code: for the types gguf_fp32 does not compute itself (K-quants and the rarer ones)."""
     import gguf
 
     array = gguf.quants.dequantize(t.data, t.tensor_type)
     return np.ascontiguousarray(array.reshape(list(reversed(t.shape))), dtype=np.float32)
 
 
+_F32, _F16, _Q4_0, _Q4_1, _Q8_0 = 0, 1, 2, 3, 8  # ggml type ids (gguf.GGMLQuantizationType)
+_BLOCK_BYTES = {_Q4_0: 18, _Q4_1: 20, _Q8_0: 34}  # each block: 32 weights and an fp16 scale (Q4_1: + minimum)
+
+
+def gguf_fp32(t: GGUFTensor) -> torch.Tensor:
+    """A GGUF tensor as a writable fp32 tensor in torch's dimension order. F32 / F16 are copied from the file;
+    Q4_0 / Q4_1 / Q8_0 are dequantized with torch, equal bit for bit to gguf's numpy code (the same fp32
+    steps: d * q, then + m) and an order of magnitude sooner; other types go through gguf's code."""
+    shape = tuple(reversed(t.shape))
+    if t.tensor_type in (_F32, _F16):
+        return torch.from_numpy(t.data.astype(np.float32)).view(shape)  # astype copies: writable
+    if t.tensor_type not in _BLOCK_BYTES:
+        return torch.from_numpy(dequantize_gguf(t))
+    with warnings.catch_warnings():  # a view of the file's read-only map, only read here
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(t.data)
+    return _dequantize_blocks(raw.reshape(-1, _BLOCK_BYTES[t.tensor_type]), t.tensor_type).view(shape)
+
+
+def _dequantize_blocks(blocks: torch.Tensor, kind: int) -> torch.Tensor:
+    """[n, bytes] raw Q4_0 / Q4_1 / Q8_0 blocks -> [n, 32] fp32, in gguf's order of operations."""
+    scale = blocks[:, :2].contiguous().view(torch.float16).float()
+    if kind == _Q8_0:
+        return blocks[:, 2:].contiguous().view(torch.int8).float().mul_(scale)
+    codes = blocks[:, 4:] if kind == _Q4_1 else blocks[:, 2:]  # byte j: weight j (low nibble), j + 16 (high)
+    out = torch.empty(len(blocks), 32)
+    out[:, :16].copy_(codes & 0xF)
+    out[:, 16:].copy_(codes >> 4)
+    if kind == _Q4_0:
+        return out.sub_(8).mul_(scale)
+    return out.mul_(scale).add_(blocks[:, 2:4].contiguous().view(torch.float16).float())
+
+
+def read_gguf_once(path: Path) -> GGUFFile:
+    """read_gguf, parsed once per version of the file: the loader asks whether a file is a MoE model, then
+    loads it (each parse decodes the ~100k vocabulary strings)."""
+    stat = path.stat()
+    return _read_gguf_version(str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_gguf_version(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> GGUFFile:
+    return read_gguf(path)
+
+
 def is_moe_gguf(path: Path) -> bool:
     """Whether a GGUF file holds a mixture-of-experts model (its architecture's `expert_count` is set)."""
-    meta = read_gguf(path).metadata
+    meta = read_gguf_once(path).metadata
     return bool(meta.get(f"{meta.get('general.architecture')}.expert_count"))
 
 
 def deepseek_weights(gguf: GGUFFile) -> Iterator[tuple[str, torch.Tensor]]:
     """A `deepseek2` file's HF-named fp32 weights."""
-    return deepseek_gguf_weights((t.name, torch.from_numpy(np.array(dequantize_gguf(t)))) for t in gguf.tensors)
+    return deepseek_gguf_weights((t.name, gguf_fp32(t)) for t in gguf.tensors)
 
 
-def gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str,
-                 blocks: dict[str, GroupQuant] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named fp32 weights; with `blocks`, also files the packable ones there as stored."""
+def gguf_weights(gguf: GGUFFile, cfg: LlamaConfig, arch: str, blocks: dict[str, GroupQuant] | None = None,
+                 deferred: dict[str, Callable[[], torch.Tensor]] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named fp32 weights; with `blocks`, also files the packable ones there as stored. With `deferred`, a
+    weight filed there comes as a meta tensor instead, not dequantized, when the rest of its fused group
+    (q/k/v, gate/up) is filed too; `deferred` gets what computes it: quantize_model packs such weights
+    from their blocks, and materialize_deferred computes those that stay fp32."""
+    tensors = []
     for t in gguf.tensors:
         if t.name == "rope_freqs.weight":  # read into the config, not a weight
             continue
-        array = dequantize_gguf(t)
-        tensor = torch.from_numpy(np.array(array, copy=not array.flags.writeable))
         layer, stem = t.name.split(".")[1:3] if t.name.startswith("blk.") else ("", "")
         if stem in _GGUF_EXPERTS:
-            for expert, w in enumerate(tensor):
+            for expert, w in enumerate(gguf_fp32(t)):
                 yield f"layers.{layer}.mlp.experts.{expert}.{_GGUF_EXPERTS[stem]}.weight", w
             continue
-        if stem == "ffn_gate_inp_shexp":  # stored as one row of hidden_size values
-            tensor = tensor.view(1, -1)
         name, heads = _gguf_tensor_name(t.name, cfg, arch)
-        if heads is not None:
-            tensor = unpermute_qk(tensor, heads)
-        if blocks is not None and t.tensor_type in PACKABLE and tensor.dim() == 2:
-            stored = read_blocks(t.data, t.tensor_type, (tensor.shape[0], tensor.shape[1]))
-            blocks[name] = stored if heads is None else stored.rows(unpermute_qk(torch.arange(len(tensor)), heads))
-        yield name, tensor
+        # ffn_gate_inp_shexp is stored as one row of hidden_size values
+        shape = (1, t.shape[0]) if stem == "ffn_gate_inp_shexp" else tuple(reversed(t.shape))
+        tensors.append((t, name, heads, shape, blocks is not None and t.tensor_type in PACKABLE and len(shape) == 2))
+    filed_groups: dict[str, bool] = {}
+    for _, name, _, _, filed in tensors:
+        group = packed_target(name)[0]
+        filed_groups[group] = filed_groups.get(group, True) and filed
+    for t, name, heads, shape, filed in tensors:
+        if filed and blocks is not None:
+            raw = t.data if heads is None else _unpermute_rows(t.data, heads)  # rows of whole blocks
+            blocks[name] = read_blocks(raw, t.tensor_type, (shape[0], shape[1]))
+            if deferred is not None and filed_groups[packed_target(name)[0]]:
+                deferred[name] = functools.partial(_weight_fp32, t, shape, heads)
+                yield name, torch.empty(shape, device="meta")
+                continue
+        yield name, _weight_fp32(t, shape, heads)
+
+
+def _weight_fp32(t: GGUFTensor, shape: tuple[int, ...], heads: int | None) -> torch.Tensor:
+    tensor = gguf_fp32(t).view(shape)
+    return tensor if heads is None else unpermute_qk(tensor, heads)
 
 
 def _gguf_tensor_name(gguf_name: str, cfg: LlamaConfig, arch: str) -> tuple[str, int | None]:
@@ -341,6 +440,12 @@ def _gguf_tensor_name(gguf_name: str, cfg: LlamaConfig, arch: str) -> tuple[str,
     if arch in ("llama", "mistral") and stem in ("attn_q", "attn_k"):
         return name, cfg.num_heads if stem == "attn_q" else cfg.num_kv_heads
     return name, None
+
+
+def _unpermute_rows(data: np.ndarray, num_heads: int) -> np.ndarray:
+    """unpermute_qk of a quantized tensor's raw rows (each row: its blocks' bytes), as one numpy copy."""
+    rows = data.shape[0]
+    return np.ascontiguousarray(data.reshape(num_heads, rows // num_heads // 2, 2, -1).swapaxes(1, 2)).reshape(data.shape)
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -357,7 +462,7 @@ def source_hf_config(model_path: Path) -> dict[str, Any]:
     are transformers' model_types: llama, mistral, qwen2, qwen3)."""
     if model_path.is_dir():
         return read_hf_config(model_path)
-    gguf = read_gguf(model_path)
+    gguf = read_gguf_once(model_path)
     meta = _plain_metadata(gguf)
     arch = meta["general.architecture"]
     hf = gguf_to_hf_config(meta, arch, {t.name for t in gguf.tensors})

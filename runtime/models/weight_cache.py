@@ -5,14 +5,22 @@ and `<key>.json` (the source file's identity, each tensor's dtype / shape / offs
 record). The key names the source path and the conversion; the identity (size + mtime) is checked on every
 read, so a changed source file is converted again and its stale entry replaced. Tensors come back as views
 of one private (copy-on-write) map of the .bin: pages are read as the model touches them.
+
+A converting process writes its entry on a background thread (save_entry_in_background) while it starts
+serving. Each file is written under a temporary name (`<key>.<pid>.<random>.part`) and renamed into place,
+the .bin before the .json that points at it, so another process sees a whole entry or none. The thread is
+joined at interpreter exit, so a short run still leaves its entry; a killed writer leaves only .part files,
+which the next write of that key removes.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _ALIGN = 64
+_writes: dict[str, threading.Thread] = {}  # key -> the thread writing that entry in this process
+_writes_lock = threading.Lock()
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int16,
                                torch.int32, torch.int64, torch.bool)}
 
@@ -46,7 +56,9 @@ def entry_key(path: Path, conversion: str) -> str:
 
 
 def load_entry(key: str, identity: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-    """(tensors, extra) of a valid entry, or None when it is missing or its source changed."""
+    """(tensors, extra) of a valid entry, or None when it is missing or its source changed. Waits for this
+    process's own write of the entry, if one is under way."""
+    wait_for_write(key)
     index_path, data_path = cache_dir() / f"{key}.json", cache_dir() / f"{key}.bin"
     try:
         index = json.loads(index_path.read_text())
@@ -73,12 +85,13 @@ def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tens
     """Writes the entry atomically (a temporary file renamed into place), replacing an older one."""
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_parts(folder, key)
     layout, offset = {}, 0
     for name, t in tensors.items():
         offset = -(-offset // _ALIGN) * _ALIGN
         layout[name] = (str(t.dtype), list(t.shape), offset)
         offset += t.numel() * t.element_size()
-    with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as f:
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=_part_prefix(key), suffix=".part", delete=False) as f:
         for name, t in tensors.items():
             f.seek(layout[name][2])
             # an ndarray is a buffer (numpy's stubs say so only from Python 3.12); written without a copy
@@ -86,7 +99,7 @@ def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tens
         f.truncate(offset)
     index = {"version": FORMAT_VERSION, "identity": identity, "bytes": offset, "tensors": layout, "extra": extra}
     os.replace(f.name, folder / f"{key}.bin")
-    _write_atomically(folder / f"{key}.json", json.dumps(index))
+    _write_atomically(folder / f"{key}.json", json.dumps(index), key)
 
 
 def try_save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
@@ -98,7 +111,56 @@ def try_save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.
         logger.warning("could not write the weight cache to %s: %s", cache_dir(), e)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".part", delete=False) as f:
+def save_entry_in_background(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
+                             extra: dict[str, Any]) -> threading.Thread:
+    """try_save_entry on a thread of its own, so that a converting start does not wait for the disk. The
+    tensors must not change while it runs (a model's weights do not). Not a daemon: the interpreter joins it
+    at exit, so a one-shot run still leaves its entry for the next start."""
+    wait_for_write(key)
+    thread = threading.Thread(target=try_save_entry, args=(key, identity, tensors, extra),
+                              name="radixlang-weight-cache-write")
+    with _writes_lock:
+        _writes[key] = thread
+    thread.start()
+    return thread
+
+
+def wait_for_write(key: str | None = None) -> None:
+    """Joins this process's background write of entry `key` (None: of every entry)."""
+    with _writes_lock:
+        threads = list(_writes.values()) if key is None else [t for k, t in _writes.items() if k == key]
+    for thread in threads:
+        thread.join()
+    with _writes_lock:
+        for k, t in list(_writes.items()):
+            if not t.is_alive():
+                del _writes[k]
+
+
+def _part_prefix(key: str) -> str:
+    return f"{key}.{os.getpid()}."
+
+
+def _remove_abandoned_parts(folder: Path, key: str) -> None:
+    """Deletes the temporary files of `key` left by writers that died (their pid no longer runs)."""
+    for part in folder.glob(f"{glob.escape(key)}.*.part"):
+        pid = part.name[len(key) + 1:].split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            part.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _write_atomically(path: Path, text: str, key: str) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=_part_prefix(key), suffix=".part",
+                                     delete=False) as f:
         f.write(text)
     os.replace(f.name, path)

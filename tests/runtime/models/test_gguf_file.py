@@ -157,6 +157,7 @@ def test_a_corrupt_cache_entry_is_converted_again(q4_gguf, tmp_path, monkeypatch
     monkeypatch.setenv("RADIXLANG_CACHE_DIR", str(tmp_path / "cache"))
     path, cpu = q4_gguf(1), torch.device("cpu")
     load_model(path, cpu, torch.float32)
+    weight_cache.wait_for_write()  # the entry is written in the background
     (data,) = (tmp_path / "cache").glob("*.bin")
     data.write_bytes(data.read_bytes()[:100])  # truncated (a crash while another process wrote it)
     assert_states_equal(load_model(path, cpu, torch.float32).model.state_dict(), fresh_state(path, "none"))
