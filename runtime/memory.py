@@ -1,10 +1,11 @@
 """KV memory: token-granular slots, the per-request position->slot table, and the per-layer K/V pool."""
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 from itertools import pairwise
 
-import numpy as np
 import torch
 
 from ..kernels.backend import flat_runs, offsets
@@ -96,10 +97,14 @@ class SwappedKV:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if device.type == "cpu" and dtype == torch.float32:
-        # numpy's zeros come from calloc: pages are zeroed lazily, so a big pool costs nothing up front
-        return torch.from_numpy(np.zeros(shape, dtype=np.float32))
-    return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    # a private anonymous map: the kernel zeroes each page when it is first touched, so a big pool costs
+    # nothing up front (calloc may reuse heap memory a model load freed and clear all of it: 0.3 s for the
+    # default model's pool)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)  # the tensor keeps the map alive
 
 
 class KVPool:

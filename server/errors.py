@@ -7,15 +7,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from typing import Iterator, Mapping
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from ..runtime.validation import FieldError
-from .streaming import ClientGone
+
+if TYPE_CHECKING:  # imported where used: the CLI's `generate` imports this module (limits.py) without a server
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +41,8 @@ def _encodable(text: str) -> str:
 
 
 def error_response(e: APIError) -> JSONResponse:
+    from fastapi.responses import JSONResponse
+
     return JSONResponse(error_body(e.status, e.message, e.param, e.kind), status_code=e.status)
 
 
@@ -89,6 +90,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+    from starlette.exceptions import HTTPException
+
+    from .streaming import ClientGone
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         status = 400 if request.url.path.startswith("/v1/") else 422

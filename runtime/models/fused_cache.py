@@ -37,8 +37,8 @@ class FusedCache:
         yield from self.cached.items()
 
     def save(self, model: nn.Module) -> None:
-        """Writes the model's fused tensors, unless they came from the entry."""
+        """Writes the model's fused tensors (on a background thread), unless they came from the entry."""
         if self.cached is not None:
             return
         fused: dict[str, torch.Tensor] = {name: p for name, p in model.named_parameters() if packed_parts(name)}
-        weight_cache.try_save_entry(self.key, self.identity, fused, {})
+        weight_cache.save_entry_in_background(self.key, self.identity, fused, {})

@@ -7,6 +7,7 @@ import torch
 from safetensors import safe_open
 
 from radixlang.runtime.config import EngineConfig
+from radixlang.runtime.models import weight_cache
 from radixlang.runtime.models.loader import load_language_model
 
 from .hf_tiny import BASE, save_hf_model
@@ -78,6 +79,7 @@ def test_fused_weights_load_from_the_cache_and_are_rebuilt_when_a_file_changes(t
     folder = tmp_path / "model"
     reference = save_hf_model(folder, transformers.LlamaConfig(**BASE))
     load_language_model(folder, torch.device("cpu"), torch.float32)  # stacks them and writes the entry
+    weight_cache.wait_for_write()  # written in the background
     (entry,) = (tmp_path / "cache").glob("*.bin")
     second = load_language_model(folder, torch.device("cpu"), torch.float32)
     fused = {name: p for name, p in second.model.named_parameters() if any(f in name for f in FUSED)}
