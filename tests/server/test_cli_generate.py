@@ -30,3 +30,13 @@ def test_bad_arguments_exit_with_a_clear_error(tiny_model_dir):
     assert res.returncode == 2 and "max_new_tokens" in res.stderr
     res = run_cli("generate", "Hi", "--model", "/nonexistent/model.gguf")
     assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_the_generate_path_imports_no_server_no_transformers_and_no_compiler():
+    # what `radixlang generate` imports: the CLI module, then the engine (fastapi alone took 0.25-0.6 s)
+    heavy = ("fastapi", "starlette", "uvicorn", "pydantic", "transformers", "torch._dynamo", "torch._inductor")
+    code = ("import sys, radixlang.server.cli, radixlang.runtime.engine; "
+            f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
