@@ -81,9 +81,11 @@ def load_entry(key: str, identity: dict[str, Any]) -> tuple[dict[str, torch.Tens
     return tensors, index["extra"]
 
 
-def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor], extra: dict[str, Any]) -> None:
-    """Writes the entry atomically (a temporary file renamed into place), replacing an older one."""
-    folder = cache_dir()
+def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor], extra: dict[str, Any],
+               folder: Path | None = None) -> None:
+    """Writes the entry atomically (a temporary file renamed into place), replacing an older one, in `folder`
+    (default: cache_dir())."""
+    folder = cache_dir() if folder is None else folder
     folder.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_parts(folder, key)
     layout, offset = {}, 0
@@ -103,21 +105,21 @@ def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tens
 
 
 def try_save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
-                   extra: dict[str, Any]) -> None:
+                   extra: dict[str, Any], folder: Path | None = None) -> None:
     """save_entry, as a cache writes: a read-only or full disk only costs the next load its conversion."""
     try:
-        save_entry(key, identity, tensors, extra)
+        save_entry(key, identity, tensors, extra, folder)
     except OSError as e:
-        logger.warning("could not write the weight cache to %s: %s", cache_dir(), e)
+        logger.warning("could not write the weight cache to %s: %s", folder or cache_dir(), e)
 
 
 def save_entry_in_background(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
                              extra: dict[str, Any]) -> threading.Thread:
     """try_save_entry on a thread of its own, so that a converting start does not wait for the disk. The
-    tensors must not change while it runs (a model's weights do not). Not a daemon: the interpreter joins it
-    at exit, so a one-shot run still leaves its entry for the next start."""
+    tensors must not change while it runs (a model's weights do not); the folder is cache_dir() as of this
+    call. Not a daemon: the interpreter joins it at exit, so a one-shot run still leaves its entry."""
     wait_for_write(key)
-    thread = threading.Thread(target=try_save_entry, args=(key, identity, tensors, extra),
+    thread = threading.Thread(target=try_save_entry, args=(key, identity, tensors, extra, cache_dir()),
                               name="radixlang-weight-cache-write")
     with _writes_lock:
         _writes[key] = thread
