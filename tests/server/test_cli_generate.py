@@ -33,8 +33,10 @@ def test_bad_arguments_exit_with_a_clear_error(tiny_model_dir):
 
 
 def test_the_generate_path_imports_no_server_no_transformers_and_no_compiler():
-    # what `radixlang generate` imports: the CLI module, then the engine (fastapi alone took 0.25-0.6 s)
-    heavy = ("fastapi", "starlette", "uvicorn", "pydantic", "transformers", "torch._dynamo", "torch._inductor")
+    # what `radixlang generate` imports: the CLI module, then the engine (fastapi alone took 0.25-0.6 s;
+    # jinja2, 0.12 s, comes with the first chat template)
+    heavy = ("fastapi", "starlette", "uvicorn", "pydantic", "transformers", "torch._dynamo", "torch._inductor",
+             "jinja2")
     code = ("import sys, radixlang.server.cli, radixlang.runtime.engine; "
             f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
