@@ -105,6 +105,53 @@ class Int4Linear(nn.Module):
         return _finish(out, x, self.bias)
 
 
+class BlockLinear(nn.Module):
+    """y = x W^T + b for a GGUF's Q4_0 / Q4_1 / Q8_0 W (GroupQuant) on the native AVX2 kernel
+    (block_kernel.py: `torch.ops.radixlang_cpu.block_mm`), from the file's blocks at every row count: the
+    activations are quantized per 32 to int8, each block's dot product is an integer sum, so outputs differ
+    from the fp32 model (the oracle) by the activations' rounding, about 0.4% of each block's largest value."""
+
+    qweight: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
+    scale: torch.Tensor
+    minimum: torch.Tensor
+
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
+        super().__init__()
+        qweight, scale, minimum = block_operands(weights)
+        self.in_features, self.bits = weights.codes.shape[1], weights.bits
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
+        self.bias = _bias(bias)
+
+    def group_quant(self) -> GroupQuant:
+        """The weights as codes, scale and minimum (to rebuild the int4pack layer where the kernel is gone)."""
+        n = self.qweight.shape[0]
+        if self.bits == 8:
+            codes = self.qweight.to(torch.int16)
+        else:
+            packed = self.qweight.view(n, -1, GROUP // 2)
+            codes = torch.cat([packed & 0xF, packed >> 4], dim=-1).view(n, -1).to(torch.int16)
+        return GroupQuant(codes, self.scale, self.minimum, self.bits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = _flat(x)
+        out = torch.ops.radixlang_cpu.block_mm(flat.float(), self.qweight, self.scale, self.minimum, self.bits)
+        return _finish(out, x, self.bias)
+
+
+def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, scale, minimum) in block_mm's layout: 4-bit codes two a byte in ggml's order (byte j of a
+    block: code j low, code j + 16 high), Q8_0 codes as int8; fp32 scale and minimum per block."""
+    n, k = w.codes.shape
+    if w.bits == 8:
+        qweight = w.codes.to(torch.int8)
+    else:
+        codes = w.codes.view(n, k // GROUP, GROUP).to(torch.uint8)
+        qweight = (codes[..., :GROUP // 2] | (codes[..., GROUP // 2:] << 4)).reshape(n, k // 2)
+    return qweight.contiguous(), w.scale.float().contiguous(), w.minimum.float().contiguous()
+
+
 def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes in [0, 15], scale, zero) with W = (codes - 8) * scale + zero per group."""
     if w.bits == 4:
