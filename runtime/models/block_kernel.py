@@ -10,7 +10,7 @@ activation rule (the tests' oracle repeats it).
 
 The op is C++ compiled on this machine with g++ (no ninja, no setuptools): one file against torch's headers,
 `-O3 -march=native`, ~15-25 s. The shared object is kept in the cache folder (weight_cache.cache_dir()/kernels),
-named by a hash of the source, torch's version and ABI, the compiler's version and the CPU's flags, and built to a
+(or RADIXLANG_KERNEL_DIR: the tests keep it out of their temporary cache folder), named by a hash of the source, torch's version and ABI, the compiler's version and the CPU's flags, and built to a
 temporary name then renamed, so processes that build at once (pytest-xdist) each load a whole file.
 
 When it is built: `make install` builds it (`python -m radixlang.runtime.models.block_kernel`). Where it is
@@ -44,10 +44,15 @@ _state: dict[str, object] = {"loaded": False, "failed": None, "thread": None}
 
 
 def supported() -> bool:
-    """Whether this CPU runs the kernel (AVX2 with FMA / F16C: every AVX2 x86-64 CPU) and a compiler exists;
+    """Whether this CPU runs the kernel (AVX2 with FMA: every AVX2 x86-64 CPU) and a compiler exists;
     RADIXLANG_BLOCK_KERNEL=0 turns it off (tests of the fallback, comparisons)."""
     if os.environ.get("RADIXLANG_BLOCK_KERNEL", "1") == "0":
         return False
+    return _avx2_and_compiler()
+
+
+@functools.lru_cache(maxsize=1)
+def _avx2_and_compiler() -> bool:
     return torch.cpu._is_avx2_supported() and _compiler() is not None
 
 
@@ -71,6 +76,7 @@ def library_path() -> Path:
     """Where this source, torch, compiler and CPU's build lives in the cache folder."""
     from .weight_cache import cache_dir
 
+    folder = Path(os.environ.get("RADIXLANG_KERNEL_DIR") or cache_dir() / "kernels")
     compiler = _compiler() or "none"
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -78,7 +84,7 @@ def library_path() -> Path:
         version = ""
     key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
                                     compiler, version, _cpu_flags(), sys.version]).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"block_mm-{key}.so"
+    return folder / f"block_mm-{key}.so"
 
 
 def build(path: Path | None = None) -> Path:
@@ -130,9 +136,11 @@ def loaded() -> bool:
 def available(wait: bool = False) -> bool:
     """Whether the op is loaded now, loading a built one. Not built yet: starts the build in the background
     (or, with `wait`, builds here) and answers False until a later call finds it (see the module docstring)."""
+    if not supported():
+        return False
     if _state["loaded"]:
         return True
-    if _state["failed"] is not None or not supported():
+    if _state["failed"] is not None:
         return False
     path = library_path()
     if not path.exists():
