@@ -287,7 +287,7 @@ def packed_linear_from_state(record: dict, state: dict[str, torch.Tensor]) -> nn
 
 
 def _new(cls: type[nn.Module], record: dict, state: dict[str, torch.Tensor]) -> nn.Module:
-    module = cls.__new__(cls)
+    module: Int8Linear | Int4Linear | BlockLinear = cls.__new__(cls)  # type: ignore[assignment]
     nn.Module.__init__(module)
     for name, value in record["attrs"].items():
         setattr(module, name, value)

@@ -12,10 +12,9 @@ import torch
 import transformers
 
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import gguf_file, loader, weight_cache
+from radixlang.runtime.models import block_kernel, gguf_file, loader, weight_cache
 from radixlang.runtime.models.gguf_file import read_gguf
 from radixlang.runtime.models.loader import default_model_path
-from radixlang.runtime.models import block_kernel
 from radixlang.runtime.models.quant import BlockLinear, Int4Linear
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf

@@ -19,8 +19,8 @@ from radixlang.runtime.models.gguf_blocks import read_blocks
 from radixlang.runtime.models.quant import BlockLinear, Int4Linear, Int8Linear, quantize_int4_rtn, quantize_model
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
-from .test_block_kernel import quantize_activations
 from .hf_tiny import BASE, save_hf_model
+from .test_block_kernel import quantize_activations
 
 PACKED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
 
