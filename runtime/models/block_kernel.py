@@ -193,4 +193,8 @@ def wait_for_build(timeout: float | None = None) -> None:
 
 if __name__ == "__main__":  # `make install`: build (or find) the kernel now
     logging.basicConfig(level=logging.INFO)
-    print("block_mm kernel:", "ready" if available(wait=True) else f"unavailable ({_state['failed']})")
+    if available(wait=True):
+        print(f"block_mm kernel: ready ({library_path()})")
+    else:
+        reason = _state["failed"] or "no AVX2, no g++, or RADIXLANG_BLOCK_KERNEL=0"
+        print(f"block_mm kernel: unavailable ({reason}); low-bit linears use torch's int4pack")
