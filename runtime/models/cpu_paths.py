@@ -1,5 +1,7 @@
 """Which CPU matmul path a low-bit linear takes: the dense copy's dtype from the CPU's features, the row
-crossover from a one-time measurement on this machine, cached on disk.
+crossover from a one-time measurement on this machine, cached on disk. Two crossovers: the block kernel's
+(quant.BlockLinear; `block_dense_min_rows`, one [3072, 1024] layer timed at 1-32 rows per form, ~0.2 s) and,
+where that kernel is not built, torch's int4pack kernel's (below).
 
 The packed int4 / int8 kernels read the fewest bytes, so they win while a step has few rows; their cost
 grows with the rows (they unpack every weight once per few rows), so from `dense_min_rows` rows on a layer

@@ -1,4 +1,7 @@
-"""Weight-only low-bit linears for CPU decode, on torch's packed CPU kernels.
+"""Weight-only low-bit linears for CPU decode: a GGUF's blocks (and "int4"'s groups) on radixlang's AVX2 block
+kernel (BlockLinear over block_kernel.py's `radixlang_cpu::block_mm`: int8 activations per 32, integer dot
+products, llama.cpp's method), and torch's packed CPU kernels (Int4Linear, Int8Linear) where that kernel is not
+built (no AVX2 or g++, or while its one-time build runs in the background) and for "int8".
 
 At batch 1 a decode step reads every weight once, so its time is the bytes read: int8 reads a quarter of
 fp32's, int4 an eighth (plus one scale and zero per 32 weights). torch's int8pack / int4pack kernels are
