@@ -33,7 +33,8 @@ from radixlang.benchmark.fidelity import agreement, perplexity, reference_run
 from radixlang.benchmark.hf_baseline import load_causal_lm
 from radixlang.benchmark.radix_cache import DECODE_PROMPTS, few_shot_prompts  # the cache benchmark's workloads
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.cpu_paths import dense_min_rows
+from radixlang.runtime.models import block_kernel
+from radixlang.runtime.models.cpu_paths import block_dense_min_rows, dense_min_rows
 from radixlang.runtime.models.cpu_paths import detect as detect_cpu_paths
 from radixlang.runtime.models.loader import default_model_path
 
@@ -166,8 +167,13 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip HF transformers and llama.cpp")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    print(f"{detect_cpu_paths().describe()} from {dense_min_rows(1)} rows (Q8_0 layers: {dense_min_rows(2)}; "
-          f"measured once on this machine, cached); torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if block_kernel.available(wait=True):  # built here if missing, before any timing (make install builds it)
+        paths = (f"cpu {detect_cpu_paths().capability}: block_mm kernel (int8 activations), then dense from "
+                 f"{block_dense_min_rows(4)} rows (Q8_0 layers: {block_dense_min_rows(8)}")
+    else:
+        paths = (f"{detect_cpu_paths().describe()} from {dense_min_rows(1)} rows (Q8_0 layers: {dense_min_rows(2)}")
+    print(f"{paths}; measured once on this machine, cached); torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
     engines, first_tokens = {}, {}
     for m in modes:
         others = [e.decode_compile for e in engines.values() if e.decode_compile is not None]

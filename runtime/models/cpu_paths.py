@@ -1,5 +1,7 @@
 """Which CPU matmul path a low-bit linear takes: the dense copy's dtype from the CPU's features, the row
-crossover from a one-time measurement on this machine, cached on disk.
+crossover from a one-time measurement on this machine, cached on disk. Two crossovers: the block kernel's
+(quant.BlockLinear; `block_dense_min_rows`, one [3072, 1024] layer timed at 1-32 rows per form, ~0.2 s) and,
+where that kernel is not built, torch's int4pack kernel's (below).
 
 The packed int4 / int8 kernels read the fewest bytes, so they win while a step has few rows; their cost
 grows with the rows (they unpack every weight once per few rows), so from `dense_min_rows` rows on a layer
@@ -38,6 +40,10 @@ FP32_DENSE_MIN_ROWS = 8
 MEASURED_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)  # the rows the one-time measurement times
 HALVES = (1, 2)  # a layer's int4 halves: 1 for 4-bit weights, 2 for Q8_0 (see quant.Int4Linear)
 CACHE_FILE = "cpu_paths.json"
+# the block kernel (block_kernel.py) against the dense copy: a default where not measured, the rows timed, the forms
+BLOCK_DENSE_MIN_ROWS = 16
+BLOCK_MEASURED_ROWS = (1, 4, 8, 16, 32)
+BLOCK_BITS = (4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +139,77 @@ def _crossovers() -> dict[int, int]:
     saved = saved if isinstance(saved, dict) else {}
     saved[key] = {str(h): chosen[h] for h in HALVES} | {
         "times_ms": {str(h): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[h].items()} for h in HALVES}}
+    _save(path, saved)
+    return chosen
+
+
+def block_dense_min_rows(bits: int) -> int:
+    """Rows from which a BlockLinear of `bits` (4: Q4_0 / Q4_1 / int4, 8: Q8_0) runs its dense copy instead of
+    the block kernel: measured once on this machine and cached, as dense_min_rows."""
+    return _block_crossovers()[8 if bits == 8 else 4]
+
+
+@functools.lru_cache(maxsize=1)
+def _block_crossovers() -> dict[int, int]:
+    paths = detect()
+    if paths.forced:
+        return {b: BLOCK_DENSE_MIN_ROWS for b in BLOCK_BITS}
+    from .weight_cache import cache_dir
+
+    path, key = cache_dir() / CACHE_FILE, f"{paths.cache_key()}|block_mm"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.get(key) if isinstance(saved, dict) else None
+    if isinstance(entry, dict) and all(isinstance(entry.get(str(b)), int) for b in BLOCK_BITS):
+        return {b: entry[str(b)] for b in BLOCK_BITS}
+    t0 = time.perf_counter()
+    times = {b: measure_block(paths.dense_dtype, b) for b in BLOCK_BITS}
+    chosen = {b: crossover(times[b], BLOCK_DENSE_MIN_ROWS) for b in BLOCK_BITS}
+    logger.info("measured the block kernel / dense crossover on this CPU in %.2f s: %s (%s)",
+                time.perf_counter() - t0, chosen, key)
+    saved = saved if isinstance(saved, dict) else {}
+    saved[key] = {str(b): chosen[b] for b in BLOCK_BITS} | {
+        "times_ms": {str(b): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[b].items()} for b in BLOCK_BITS}}
+    _save(path, saved)
+    return chosen
+
+
+def measure_block(dense_dtype: torch.dtype, bits: int, rows: tuple[int, ...] = BLOCK_MEASURED_ROWS,
+                  out_features: int = 3072, in_features: int = 1024, rounds: int = 2) -> dict[int, tuple[float, float]]:
+    """rows -> (block kernel, dense) seconds of one thread's CPU time for one [out_features, in_features] layer
+    (fp32: 12 MB, past the L2 caches; one layer keeps this under ~0.3 s on a 2-core AVX2 VM), best of `rounds`,
+    interleaved. The block kernel's time grows with the rows (it is compute-bound from a few rows), the dense
+    matmul's much less, so they cross once."""
+    from .gguf_blocks import GROUP
+
+    k, n = in_features, out_features
+    qweight = torch.randint(0, 256, (n, k // 2 if bits == 4 else k), dtype=torch.uint8)
+    if bits == 8:
+        qweight = qweight.view(torch.int8)
+    scale = torch.full((n, k // GROUP), 0.01)
+    minimum = torch.full((n, k // GROUP), -0.08)
+    dense = torch.full((n, k), 0.01, dtype=dense_dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    best: dict[int, list[float]] = {r: [float("inf"), float("inf")] for r in rows}
+    try:
+        for _ in range(rounds):
+            for r in rows:
+                x = torch.randn(r, k)
+                xd = x.to(dense_dtype)
+                for i, run in enumerate((lambda: torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, bits),
+                                         lambda: xd @ dense.T)):
+                    t0 = time.thread_time()
+                    run()
+                    best[r][i] = min(best[r][i], time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return {r: (p, d) for r, (p, d) in best.items()}
+
+
+def _save(path, saved: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -140,7 +217,6 @@ def _crossovers() -> dict[int, int]:
         tmp.replace(path)
     except OSError as e:  # a read-only cache folder: measure again next start
         logger.warning("could not save the CPU path measurement to %s: %s", path, e)
-    return chosen
 
 
 def measure(dense_dtype: torch.dtype, halves: int, rows: tuple[int, ...] = MEASURED_ROWS, copies: int = 6,

@@ -1,4 +1,7 @@
-"""Weight-only low-bit linears for CPU decode, on torch's packed CPU kernels.
+"""Weight-only low-bit linears for CPU decode: a GGUF's blocks (and "int4"'s groups) on radixlang's AVX2 block
+kernel (BlockLinear over block_kernel.py's `radixlang_cpu::block_mm`: int8 activations per 32, integer dot
+products, llama.cpp's method), and torch's packed CPU kernels (Int4Linear, Int8Linear) where that kernel is not
+built (no AVX2 or g++, or while its one-time build runs in the background) and for "int8".
 
 At batch 1 a decode step reads every weight once, so its time is the bytes read: int8 reads a quarter of
 fp32's, int4 an eighth (plus one scale and zero per 32 weights). torch's int8pack / int4pack kernels are
@@ -21,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import cpu_paths
+from . import block_kernel, cpu_paths
 from .cpu_paths import detect
 from .gguf_blocks import GROUP, GroupQuant, cat_rows
 from .llama import packed_parts, packed_target
@@ -39,6 +42,11 @@ DENSE_DTYPE = detect().dense_dtype
 def dense_min_rows(halves: int = 1) -> int:
     """Rows from which a packed linear of `halves` int4 halves (Q8_0: 2) runs its dense copy."""
     return DENSE_MIN_ROWS if DENSE_MIN_ROWS is not None else cpu_paths.dense_min_rows(halves)
+
+
+def block_dense_min_rows(bits: int) -> int:
+    """Rows from which a BlockLinear of `bits` (4 or 8) runs its dense copy."""
+    return DENSE_MIN_ROWS if DENSE_MIN_ROWS is not None else cpu_paths.block_dense_min_rows(bits)
 
 
 class Int8Linear(nn.Module):
@@ -83,7 +91,8 @@ class Int4Linear(nn.Module):
     dense: torch.Tensor
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
-    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, keep_blocks: bool = False,
+                 dense: torch.Tensor | None = None):
         super().__init__()
         codes, scale, zero = _int4_operands(weights)
         self.in_features = weights.codes.shape[1]
@@ -91,7 +100,11 @@ class Int4Linear(nn.Module):
         self.dense_min_rows = dense_min_rows(self.repeats)
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
         self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
-        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
+        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE) if dense is None else dense)
+        self.bits = weights.bits
+        if keep_blocks:  # the block kernel is being built: the weight cache entry then serves BlockLinear later
+            for name, tensor in zip(("qweight", "scale", "minimum"), block_operands(weights)):
+                self.register_buffer(name, tensor)
         self.bias = _bias(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +116,61 @@ class Int4Linear(nn.Module):
             flat = flat.repeat(1, self.repeats)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         return _finish(out, x, self.bias)
+
+
+class BlockLinear(nn.Module):
+    """y = x W^T + b for a block-quantized W (GroupQuant: a GGUF's Q4_0 / Q4_1 / Q8_0 blocks, or "int4"'s
+    round-to-nearest groups) on the native AVX2 kernel (block_kernel.py: `torch.ops.radixlang_cpu.block_mm`),
+    from the blocks as stored. The kernel quantizes the activations per 32 to int8 (block_mm.cpp states the
+    rule), so outputs differ from the fp32 model (the oracle) by that rounding: at most half a step of 1/127 of
+    each block's largest input. From `dense_min_rows` rows on (cpu_paths.block_dense_min_rows: where the
+    kernel's time, which grows with the rows, passes a dense matmul's) it runs a dense copy, as Int4Linear."""
+
+    qweight: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
+    scale: torch.Tensor
+    minimum: torch.Tensor
+    dense: torch.Tensor
+    dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
+
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, dense: torch.Tensor | None = None):
+        super().__init__()
+        qweight, scale, minimum = block_operands(weights)
+        self.in_features, self.bits = weights.codes.shape[1], weights.bits
+        self.dense_min_rows = block_dense_min_rows(self.bits)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
+        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE) if dense is None else dense)
+        self.bias = _bias(bias)
+
+    def group_quant(self) -> GroupQuant:
+        """The weights as codes, scale and minimum (to rebuild an int4pack layer where the kernel is missing)."""
+        n = self.qweight.shape[0]
+        if self.bits == 8:
+            codes = self.qweight.to(torch.int16)
+        else:
+            packed = self.qweight.view(n, -1, GROUP // 2)
+            codes = torch.cat([packed & 0xF, packed >> 4], dim=-1).view(n, -1).to(torch.int16)
+        return GroupQuant(codes, self.scale, self.minimum, self.bits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = _flat(x)
+        if flat.shape[0] >= self.dense_min_rows:
+            return _finish(flat.to(self.dense.dtype) @ self.dense.T, x, self.bias)
+        out = torch.ops.radixlang_cpu.block_mm(flat.float(), self.qweight, self.scale, self.minimum, self.bits)
+        return _finish(out, x, self.bias)
+
+
+def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, scale, minimum) in block_mm's layout: 4-bit codes two a byte in ggml's order (byte j of a
+    block: code j low, code j + 16 high), Q8_0 codes as int8; fp32 scale and minimum per block."""
+    n, k = w.codes.shape
+    if w.bits == 8:
+        qweight = w.codes.to(torch.int8)
+    else:
+        codes = w.codes.view(n, k // GROUP, GROUP).to(torch.uint8)
+        qweight = (codes[..., :GROUP // 2] | (codes[..., GROUP // 2:] << 4)).reshape(n, k // 2)
+    return qweight.contiguous(), w.scale.float().contiguous(), w.minimum.float().contiguous()
 
 
 def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -198,21 +266,38 @@ def fuse_blocks(blocks: dict[str, GroupQuant]) -> dict[str, GroupQuant]:
 
 def packed_linear_record(module: nn.Module) -> dict | None:
     """What rebuilds a packed linear from its saved state (None: not a packed linear)."""
+    if isinstance(module, BlockLinear):
+        return {"class": "BlockLinear", "attrs": {"in_features": module.in_features, "bits": module.bits}}
     if not isinstance(module, (Int8Linear, Int4Linear)):
         return None
     attrs = {"in_features": module.in_features, "repeats": module.repeats} if isinstance(module, Int4Linear) else {}
+    if isinstance(module, Int4Linear):
+        attrs["bits"] = module.bits
     return {"class": type(module).__name__, "attrs": attrs}
 
 
 def packed_linear_from_state(record: dict, state: dict[str, torch.Tensor]) -> nn.Module:
-    """A packed linear over already converted buffers (a weight cache entry): nothing is recomputed."""
-    classes: dict[str, type[Int8Linear] | type[Int4Linear]] = {"Int8Linear": Int8Linear, "Int4Linear": Int4Linear}
-    cls = classes[record["class"]]
-    module = cls.__new__(cls)
+    """A packed linear over already converted buffers (a weight cache entry): nothing is recomputed. An
+    int4pack entry written while the block kernel was building kept its blocks: with the kernel loaded now it
+    becomes a BlockLinear (the int4pack buffers stay registered, unread, so the entry's keys still match). A
+    BlockLinear entry where the kernel is missing runs its dense copy at every row count."""
+    if record["class"] == "Int4Linear" and "qweight" in state and block_kernel.available():
+        record = {"class": "BlockLinear", "attrs": {"in_features": record["attrs"]["in_features"],
+                                                    "bits": record["attrs"]["bits"]}}
+    classes: dict[str, type[nn.Module]] = {"Int8Linear": Int8Linear, "Int4Linear": Int4Linear,
+                                           "BlockLinear": BlockLinear}
+    return _new(classes[record["class"]], record, state)
+
+
+def _new(cls: type[nn.Module], record: dict, state: dict[str, torch.Tensor]) -> nn.Module:
+    module: Int8Linear | Int4Linear | BlockLinear = cls.__new__(cls)  # type: ignore[assignment]
     nn.Module.__init__(module)
     for name, value in record["attrs"].items():
         setattr(module, name, value)
-    module.dense_min_rows = dense_min_rows(record["attrs"].get("repeats", 1))
+    if cls is BlockLinear:  # no kernel (a build gone, RADIXLANG_BLOCK_KERNEL=0): the dense copy throughout
+        module.dense_min_rows = block_dense_min_rows(record["attrs"]["bits"]) if block_kernel.available() else 1
+    else:
+        module.dense_min_rows = dense_min_rows(record["attrs"].get("repeats", 1))
     for name, tensor in state.items():
         if name != "bias":
             module.register_buffer(name, tensor)
@@ -224,4 +309,8 @@ def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
                    blocks: GroupQuant | None) -> nn.Module:
     if mode == "int8":
         return Int8Linear(weight, bias)
-    return Int4Linear(blocks if blocks is not None else quantize_int4_rtn(weight), bias)
+    weights = blocks if blocks is not None else quantize_int4_rtn(weight)
+    if block_kernel.available():
+        return BlockLinear(weights, bias)
+    # the kernel is building in the background (block_kernel.available started it): int4pack in this process
+    return Int4Linear(weights, bias, keep_blocks=block_kernel.supported())

@@ -1,0 +1,200 @@
+"""A native AVX2 matmul over a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks (`torch.ops.radixlang_cpu.block_mm`).
+
+llama.cpp's method, written here: the weights stay as the file's 32-weight blocks (4-bit codes two a byte, an
+fp32 scale and minimum per block), the activations are quantized per row and block of 32 to int8 with a scale
+(and the block's sum, for the minimum's term), and each block's dot product is an exact integer sum on AVX2
+(`maddubs` / `madd`; AVX-VNNI's `dpbusd` where the compiler targets it), scaled and accumulated in fp32.
+Several activation rows share one unpacked weight block (a register tile of 4 rows), and the output features
+are split over torch's own thread pool (`at::parallel_for`). block_mm.cpp documents the layouts and the
+activation rule (the tests' oracle repeats it).
+
+The op is C++ compiled on this machine with g++ (no ninja, no setuptools): one file against torch's headers,
+`-O3 -march=native`, ~15-25 s. The shared object is kept in the cache folder (weight_cache.cache_dir()/kernels),
+(or RADIXLANG_KERNEL_DIR: the tests keep it out of their temporary cache folder), named by a hash of the source, torch's version and ABI, the compiler's version and the CPU's flags, and built to a
+temporary name then renamed, so processes that build at once (pytest-xdist) each load a whole file.
+
+When it is built: `make install` builds it (`python -m radixlang.runtime.models.block_kernel`). Where it is
+missing at a model's load (a pip install, a new torch), `available()` starts the build in a background thread
+and answers False: that process keeps torch's int4pack path (quant.Int4Linear) and the next one loads the
+kernel. The build never lands in a request, and a running server's compiled graphs are not swapped mid-flight
+(a recompile costs minutes on a 2-core machine). No AVX2, no g++, or a failed build: logged once, int4pack.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("block_mm.cpp")
+OP_NAMESPACE = "radixlang_cpu"
+_lock = threading.Lock()
+_state: dict[str, object] = {"loaded": False, "failed": None, "thread": None}
+
+
+def supported() -> bool:
+    """Whether this CPU runs the kernel (AVX2 with FMA: every AVX2 x86-64 CPU) and a compiler exists;
+    RADIXLANG_BLOCK_KERNEL=0 turns it off (tests of the fallback, comparisons)."""
+    if os.environ.get("RADIXLANG_BLOCK_KERNEL", "1") == "0":
+        return False
+    return _avx2_and_compiler()
+
+
+@functools.lru_cache(maxsize=1)
+def _avx2_and_compiler() -> bool:
+    return torch.cpu._is_avx2_supported() and _compiler() is not None
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+@functools.lru_cache(maxsize=1)
+def library_path() -> Path:
+    """Where this source, torch, compiler and CPU's build lives in the cache folder."""
+    from .weight_cache import cache_dir
+
+    folder = Path(os.environ.get("RADIXLANG_KERNEL_DIR") or cache_dir() / "kernels")
+    compiler = _compiler() or "none"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
+                                    compiler, version, _cpu_flags(), sys.version]).encode()).hexdigest()[:16]
+    return folder / f"block_mm-{key}.so"
+
+
+def build(path: Path | None = None) -> Path:
+    """Compiles the op to `path` (default library_path()); raises on failure. Atomic: temp file + rename."""
+    path = path or library_path()
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++) found")
+    from torch.utils import cpp_extension
+
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    lib = Path(torch.__file__).parent / "lib"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    cmd = [compiler, "-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *includes, str(SOURCE),
+           f"-L{lib}", "-ltorch_cpu", "-ltorch", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(tmp)]
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed ({done.returncode}): {done.stderr[-2000:]}")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    logger.info("built the block_mm kernel in %.1f s: %s", time.perf_counter() - t0, path)
+    return path
+
+
+def load(path: Path | None = None) -> None:
+    """Loads a built op into torch and registers its shape function for torch.compile (once per process)."""
+    with _lock:
+        if _state["loaded"]:
+            return
+        torch.ops.load_library(str(path or library_path()))
+        torch.library.register_fake(f"{OP_NAMESPACE}::block_mm")(_fake_block_mm)
+        _state["loaded"] = True
+
+
+def _fake_block_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
+                   bits: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+def loaded() -> bool:
+    return bool(_state["loaded"])
+
+
+def available(wait: bool = False) -> bool:
+    """Whether the op is loaded now, loading a built one. Not built yet: starts the build in the background
+    (or, with `wait`, builds here) and answers False until a later call finds it (see the module docstring)."""
+    if not supported():
+        return False
+    if _state["loaded"]:
+        return True
+    if _state["failed"] is not None:
+        return False
+    path = library_path()
+    if not path.exists():
+        if not wait:
+            _start_background_build(path)
+            return False
+        try:
+            build(path)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            _fail(e)
+            return False
+    try:
+        load(path)
+    except (OSError, RuntimeError) as e:
+        _fail(e)
+        return False
+    return True
+
+
+def _fail(error: BaseException) -> None:
+    if _state["failed"] is None:
+        logger.warning("the block_mm CPU kernel is unavailable (%s); low-bit linears use torch's int4pack", error)
+    _state["failed"] = error
+
+
+def _start_background_build(path: Path) -> None:
+    with _lock:
+        thread = _state["thread"]
+        if isinstance(thread, threading.Thread):
+            return
+
+        def run() -> None:
+            try:
+                build(path)
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                _fail(e)
+
+        thread = threading.Thread(target=run, name="radixlang-block-mm-build", daemon=True)
+        _state["thread"] = thread
+        thread.start()
+        logger.info("building the block_mm CPU kernel in the background; this process uses int4pack")
+
+
+def wait_for_build(timeout: float | None = None) -> None:
+    """Joins a background build (benchmarks, tests)."""
+    thread = _state["thread"]
+    if isinstance(thread, threading.Thread):
+        thread.join(timeout)
+
+
+if __name__ == "__main__":  # `make install`: build (or find) the kernel now
+    logging.basicConfig(level=logging.INFO)
+    if available(wait=True):
+        print(f"block_mm kernel: ready ({library_path()})")
+    else:
+        reason = _state["failed"] or "no AVX2, no g++, or RADIXLANG_BLOCK_KERNEL=0"
+        print(f"block_mm kernel: unavailable ({reason}); low-bit linears use torch's int4pack")

@@ -1,0 +1,188 @@
+// radixlang_cpu::block_mm: y = x W^T for W held as a GGUF's own 32-weight blocks (Q4_0 / Q4_1 / Q8_0), on
+// AVX2 integer dot products; built and loaded by block_kernel.py (see its docstring for the design).
+//
+// Weights, per output feature n and block b of 32 input columns:
+//   bits 4: qweight uint8 [N, K / 2], 16 bytes a block, byte j = code j (low nibble) | code j + 16 (high
+//           nibble), codes in [0, 15] (ggml's Q4_0 / Q4_1 order); W = scale * code + minimum
+//   bits 8: qweight int8 [N, K], codes in [-128, 127]; W = scale * code (minimum unused)
+//   scale, minimum: fp32 [N, K / 32]
+// Activations (the documented rule the tests' oracle repeats): per row and block of 32, amax = max |x|,
+//   d = amax / 127, q = round_half_even(x * (127 / amax)) in [-127, 127] (all 0 where amax = 0), s = d * sum(q).
+// Then y[r, n] = sum_b scale[n, b] * d[r, b] * (sum_i code_i * q_i) + minimum[n, b] * s[r, b]: the integer sums
+// are exact, the float sums accumulate per block.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int kMaxRows = 4;  // rows sharing one unpacked weight block (register tile)
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 8 int32 sums of 4 products each, u8 x s8 (no int16 saturation here: |code * q| sums stay below 2^15)
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// one row's blocks: codes q, scales d, and d * sum(q) per block
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < k / kGroup; ++b) {
+    const float* src = x + b * kGroup;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(src + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float top = _mm_cvtss_f32(m);
+    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    __m256i c[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {  // cvtps rounds by MXCSR: to nearest, ties to even
+      c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+      sum = _mm256_add_epi32(sum, c[i]);
+    }
+    // pack 32 int32 -> 32 int8; the packs interleave 128-bit lanes, the permute restores the order
+    const __m256i p16a = _mm256_packs_epi32(c[0], c[1]);
+    const __m256i p16b = _mm256_packs_epi32(c[2], c[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kGroup), ordered);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_hadd_epi32(t, t);
+    t = _mm_hadd_epi32(t, t);
+    d[b] = top / 127.0f;
+    s[b] = d[b] * static_cast<float>(_mm_cvtsi128_si32(t));
+  }
+}
+
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float out = hsum(acc);
+  for (; i < n; ++i) out += a[i] * b[i];
+  return out;
+}
+
+// R rows x one output feature: each weight block is unpacked once and dotted with R activation rows
+template <int Bits, int R>
+inline void tile(const uint8_t* w, const float* wd, int64_t kb, const int8_t* q, const float* xd, int64_t k,
+                 float* acc_out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < kb; ++b) {
+    __m256i wu;  // unsigned operand of the dot
+    __m256i ws;  // Q8_0: the weights' signs, moved onto the activations
+    if constexpr (Bits == 4) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 16));
+      wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+      ws = wu;
+    } else {
+      ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * kGroup));
+      wu = _mm256_sign_epi8(ws, ws);  // |code|; -128 stays 0x80, which is 128 unsigned
+    }
+    const float dw = wd[b];
+    for (int r = 0; r < R; ++r) {
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * k + b * kGroup));
+      if constexpr (Bits == 8) xv = _mm256_sign_epi8(xv, ws);
+      const __m256 prod = _mm256_cvtepi32_ps(dot_u8s8(wu, xv));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r * kb + b]), prod, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) acc_out[r] = hsum(acc[r]);
+}
+
+template <int Bits>
+void run_rows(const uint8_t* w, const float* wd, const float* wm, int64_t kb, const int8_t* q, const float* xd,
+              const float* xs, int64_t m, int64_t k, float* y, int64_t n_total, int64_t n) {
+  float sums[kMaxRows];
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+    const int64_t rows = std::min<int64_t>(kMaxRows, m - r0);
+    const int8_t* qr = q + r0 * k;
+    const float* dr = xd + r0 * kb;
+    switch (rows) {
+      case 4: tile<Bits, 4>(w, wd, kb, qr, dr, k, sums); break;
+      case 3: tile<Bits, 3>(w, wd, kb, qr, dr, k, sums); break;
+      case 2: tile<Bits, 2>(w, wd, kb, qr, dr, k, sums); break;
+      default: tile<Bits, 1>(w, wd, kb, qr, dr, k, sums); break;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float v = sums[r];
+      if constexpr (Bits == 4) v += dot_f32(wm, xs + (r0 + r) * kb, kb);
+      y[(r0 + r) * n_total + n] = v;
+    }
+  }
+}
+
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                    const at::Tensor& minimum, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "block_mm: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "block_mm: x must be a 2-D float32 tensor");
+  const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0), kb = k / kGroup;
+  TORCH_CHECK(k % kGroup == 0, "block_mm: in_features must be a multiple of 32, got ", k);
+  TORCH_CHECK(qweight.dim() == 2 && qweight.size(1) == (bits == 4 ? k / 2 : k) &&
+                  qweight.element_size() == 1 && qweight.is_contiguous(),
+              "block_mm: qweight must be a contiguous 1-byte [N, ", bits == 4 ? k / 2 : k, "] tensor");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == n * kb,
+              "block_mm: scale must be a contiguous float32 [N, K / 32] tensor");
+  TORCH_CHECK(bits == 8 || (minimum.scalar_type() == at::kFloat && minimum.is_contiguous() &&
+                            minimum.numel() == n * kb),
+              "block_mm: minimum must be a contiguous float32 [N, K / 32] tensor");
+  at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  std::vector<int8_t> q(m * k);
+  std::vector<float> xd(m * kb), xs(m * kb);
+  const float* xp = xc.data_ptr<float>();
+  at::parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * k, k, q.data() + r * k, xd.data() + r * kb, xs.data() + r * kb);
+  });
+  const uint8_t* wp = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* sp = scale.data_ptr<float>();
+  const float* mp = bits == 4 ? minimum.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t row_bytes = bits == 4 ? k / 2 : k;
+  // enough features a task that a thread's share is worth waking it for
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, k * m));
+  at::parallel_for(0, n, grain, [&](int64_t f0, int64_t f1) {
+    for (int64_t f = f0; f < f1; ++f) {
+      if (bits == 4)
+        run_rows<4>(wp + f * row_bytes, sp + f * kb, mp + f * kb, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f);
+      else
+        run_rows<8>(wp + f * row_bytes, sp + f * kb, nullptr, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f);
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixlang_cpu, m) {
+  m.def("block_mm(Tensor x, Tensor qweight, Tensor scale, Tensor minimum, int bits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) { m.impl("block_mm", &block_mm); }

@@ -1,0 +1,136 @@
+"""The native block kernel (`torch.ops.radixlang_cpu.block_mm`, block_kernel.py) against a brute-force oracle in
+torch: the weights as the `gguf` package dequantizes the file's blocks, the activations quantized per 32 by the
+kernel's documented rule (block_mm.cpp), an fp64 matmul. Also: torch.compile traces it as one op with the same
+results, and without the kernel a GGUF's low-bit linears fall back to torch's int4pack."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from radixlang.runtime.models import block_kernel, quant
+from radixlang.runtime.models.gguf_blocks import read_blocks
+from radixlang.runtime.models.quant import BlockLinear, Int4Linear
+
+from .gguf_tiny import Q
+
+pytestmark = pytest.mark.skipif(not block_kernel.available(wait=True), reason="no AVX2 CPU or no C++ compiler")
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """The activations the kernel computes with: per row and block of 32, q = round_half_even(x * 127 / amax)
+    times amax / 127 (fp32, as the kernel computes the factor)."""
+    rows, cols = x.shape
+    blocks = x.view(rows, cols // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    factor = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * factor) * (amax / 127.0)).view(rows, cols)
+
+
+def file_blocks(qtype, rows: int, cols: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 0.1 + 0.02
+    raw = gguf.quants.quantize(w, qtype)
+    return raw, torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_block_mm_is_the_files_weights_times_the_quantized_activations(qtype, monkeypatch):
+    monkeypatch.setattr(quant, "DENSE_MIN_ROWS", 1 << 30)  # the kernel at every row count
+    n, k = 37, 160  # odd N; K = 5 blocks
+    raw, weight = file_blocks(qtype, n, k, seed=0)
+    layer = BlockLinear(read_blocks(raw, qtype, (n, k)), None)
+    g = torch.Generator().manual_seed(1)
+    for rows in [*range(1, 10), 15, 16, 17, 31, 33, 40]:  # every tail of the 4-row tile, and many tiles
+        x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 3
+        x[0, 32:64] = 0  # a block of zeros: scale 0
+        want = quantize_activations(x).double() @ weight.T
+        got = layer(x)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        # exact integer block sums; fp32 scale products and accumulation
+        bound = 1e-5 * (quantize_activations(x).abs().double() @ weight.abs().T) + 1e-6
+        assert ((got.double() - want).abs() <= bound).all(), (rows, (got.double() - want).abs().max())
+
+
+def test_block_mm_extremes_of_the_codes_and_the_activations():
+    """Q8_0 codes of -128 and 127 against activations of +-127: the largest products; 4-bit codes 0 and 15."""
+    n, k = 5, 64
+    codes = torch.tensor([-128, 127] * (n * k // 2), dtype=torch.int16).view(n, k)
+    scale, minimum = torch.full((n, 2), 0.5), torch.zeros(n, 2)
+    x = torch.tensor([1.0, -1.0] * (k // 2)).repeat(3, 1) * torch.tensor([[1.0], [-2.0], [0.25]])
+    want = quantize_activations(x).double() @ (codes.double() * 0.5).T
+    eight = quant.GroupQuant(codes, scale, minimum, bits=8)
+    got = torch.ops.radixlang_cpu.block_mm(x, *quant.block_operands(eight), 8)
+    assert torch.allclose(got.double(), want, rtol=1e-6)
+    four = quant.GroupQuant((codes > 0).to(torch.int16) * 15, scale, minimum - 3.0, bits=4)
+    got = torch.ops.radixlang_cpu.block_mm(x, *quant.block_operands(four), 4)
+    assert torch.allclose(got.double(), quantize_activations(x).double() @ four.dequantize().double().T, rtol=1e-6)
+
+
+def test_block_mm_refuses_bad_operands():
+    x, w = torch.randn(2, 64), quant.GroupQuant(torch.zeros(3, 64, dtype=torch.int16), torch.ones(3, 2),
+                                                torch.zeros(3, 2), bits=4)
+    qweight, scale, minimum = quant.block_operands(w)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.radixlang_cpu.block_mm(torch.randn(2, 48), qweight, scale, minimum, 4)
+    with pytest.raises(RuntimeError, match="bits must be 4 or 8"):
+        torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, 5)
+    with pytest.raises(RuntimeError, match="qweight"):
+        torch.ops.radixlang_cpu.block_mm(x, qweight[:, :16], scale, minimum, 4)
+
+
+def test_compiled_block_linear_equals_eager(monkeypatch):
+    monkeypatch.setattr(quant, "DENSE_MIN_ROWS", 1 << 30)
+    raw, _ = file_blocks(Q.Q4_1, 48, 96, seed=2)
+    layer = BlockLinear(read_blocks(raw, Q.Q4_1, (48, 96)), torch.randn(48))
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)  # one opaque op: no graph break
+    for rows in (1, 3):
+        x = torch.randn(rows, 96)
+        assert torch.equal(compiled(x), layer(x))
+
+
+def test_without_the_kernel_gguf_linears_fall_back_to_int4pack(monkeypatch):
+    monkeypatch.setenv("RADIXLANG_BLOCK_KERNEL", "0")
+    raw, weight = file_blocks(Q.Q4_1, 48, 96, seed=3)
+    blocks = read_blocks(raw, Q.Q4_1, (48, 96))
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(96, 48, bias=False)
+    assert quant.quantize_model(model, "auto", {"proj.weight": blocks}) == 1
+    assert type(model.proj) is Int4Linear and not hasattr(model.proj, "qweight")
+    x = torch.randn(2, 96)
+    xb = x.to(torch.bfloat16).double()
+    want = xb @ weight.T
+    assert ((model.proj(x).double() - want).abs() <= 2**-7 * (xb.abs() @ weight.abs().T) + 1e-5).all()
+    # a BlockLinear from a weight cache entry, where the kernel is gone: its dense copy at every row count
+    record = quant.packed_linear_record(BlockLinear(blocks, None))
+    state = dict(BlockLinear(blocks, None).state_dict())
+    restored = quant.packed_linear_from_state(record, state)
+    assert type(restored) is BlockLinear and restored.dense_min_rows == 1
+    assert torch.allclose(restored(x).double(), x.double() @ weight.T, atol=1e-5)
+
+
+def test_an_int4pack_entry_that_kept_its_blocks_loads_as_block_linear(monkeypatch):
+    raw, weight = file_blocks(Q.Q8_0, 48, 96, seed=4)
+    monkeypatch.setenv("RADIXLANG_BLOCK_KERNEL", "0")  # written while the kernel was building
+    pending = Int4Linear(read_blocks(raw, Q.Q8_0, (48, 96)), None, keep_blocks=True)
+    record, state = quant.packed_linear_record(pending), dict(pending.state_dict())
+    monkeypatch.delenv("RADIXLANG_BLOCK_KERNEL")
+    restored = quant.packed_linear_from_state(record, state)
+    assert type(restored) is BlockLinear and restored.bits == 8
+    assert dict(restored.state_dict()).keys() == state.keys()  # the entry's keys load strictly
+    x = torch.randn(2, 96)
+    assert torch.allclose(restored(x).double(), quantize_activations(x).double() @ weight.T, atol=1e-5)
+
+
+def test_the_build_is_cached_by_source_and_lands_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXLANG_KERNEL_DIR", str(tmp_path))
+    block_kernel.library_path.cache_clear()
+    try:
+        path = block_kernel.library_path()
+        assert path.parent == tmp_path and path.name.startswith("block_mm-") and path.suffix == ".so"
+        monkeypatch.setenv("CXX", "/nonexistent/g++")
+        with pytest.raises((OSError, RuntimeError)):
+            block_kernel.build(path)
+        assert list(tmp_path.iterdir()) == []  # no partial file left behind
+    finally:
+        block_kernel.library_path.cache_clear()
