@@ -13,8 +13,12 @@ prompts (and with transformers' recorded ids), and the perplexity of a fixed tex
 torch.compile'd); each of its graphs compiles in a warm-up pass over every workload, before the timed rounds.
 
 HF transformers needs `accelerate` to read a GGUF (pip install -e ".[test,bench]"); llama.cpp is optional
-(CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_AMX=OFF" pip install llama-cpp-python builds it for this CPU, AMX off:
-its tile instructions fault on these VMs); either one missing is reported and skipped. On a shared machine
+(CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_AMX=OFF" pip install --no-binary llama-cpp-python llama-cpp-python builds it
+for this CPU, AMX off: its tile instructions fault on these VMs). On a CPU with AMX, GGML_NATIVE=ON still
+compiles ggml's AMX_INT8 path in (-march=native defines __AMX_INT8__; the first token then segfaults): name the
+features instead, -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF. Either peer missing is reported and skipped. On a shared machine
 run with OMP_WAIT_POLICY=passive: llama.cpp's OpenMP threads otherwise spin for cores other processes hold
 (at load 15 on 2 cores it then took ~1.4 s a token instead of ~0.03 s).
 
