@@ -30,6 +30,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -121,24 +122,33 @@ def _crossovers() -> dict[int, int]:
     paths = detect()
     if paths.forced:
         return {h: paths.dense_min_rows for h in HALVES}
+    return _measured_crossovers(paths.cache_key(), HALVES, lambda h: measure(paths.dense_dtype, h),
+                                paths.dense_min_rows, "packed")
+
+
+def _measured_crossovers(key: str, forms: tuple[int, ...],
+                         measure_form: Callable[[int], dict[int, tuple[float, float]]], default: int,
+                         what: str) -> dict[int, int]:
+    """form -> the row crossover saved under `key` in the cache folder's CACHE_FILE, or measured now (each form
+    timed by `measure_form`) and saved there."""
     from .weight_cache import cache_dir
 
-    path, key = cache_dir() / CACHE_FILE, paths.cache_key()
+    path = cache_dir() / CACHE_FILE
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = {}
     entry = saved.get(key) if isinstance(saved, dict) else None
-    if isinstance(entry, dict) and all(isinstance(entry.get(str(h)), int) for h in HALVES):
-        return {h: entry[str(h)] for h in HALVES}
+    if isinstance(entry, dict) and all(isinstance(entry.get(str(f)), int) for f in forms):
+        return {f: entry[str(f)] for f in forms}
     t0 = time.perf_counter()
-    times = {h: measure(paths.dense_dtype, h) for h in HALVES}
-    chosen = {h: crossover(times[h], paths.dense_min_rows) for h in HALVES}
-    logger.info("measured the packed / dense crossover on this CPU in %.1f s: %s (%s)", time.perf_counter() - t0,
+    times = {f: measure_form(f) for f in forms}
+    chosen = {f: crossover(times[f], default) for f in forms}
+    logger.info("measured the %s / dense crossover on this CPU in %.2f s: %s (%s)", what, time.perf_counter() - t0,
                 chosen, key)
     saved = saved if isinstance(saved, dict) else {}
-    saved[key] = {str(h): chosen[h] for h in HALVES} | {
-        "times_ms": {str(h): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[h].items()} for h in HALVES}}
+    saved[key] = {str(f): chosen[f] for f in forms} | {
+        "times_ms": {str(f): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[f].items()} for f in forms}}
     _save(path, saved)
     return chosen
 
@@ -154,26 +164,8 @@ def _block_crossovers() -> dict[int, int]:
     paths = detect()
     if paths.forced:
         return {b: BLOCK_DENSE_MIN_ROWS for b in BLOCK_BITS}
-    from .weight_cache import cache_dir
-
-    path, key = cache_dir() / CACHE_FILE, f"{paths.cache_key()}|block_mm"
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    entry = saved.get(key) if isinstance(saved, dict) else None
-    if isinstance(entry, dict) and all(isinstance(entry.get(str(b)), int) for b in BLOCK_BITS):
-        return {b: entry[str(b)] for b in BLOCK_BITS}
-    t0 = time.perf_counter()
-    times = {b: measure_block(paths.dense_dtype, b) for b in BLOCK_BITS}
-    chosen = {b: crossover(times[b], BLOCK_DENSE_MIN_ROWS) for b in BLOCK_BITS}
-    logger.info("measured the block kernel / dense crossover on this CPU in %.2f s: %s (%s)",
-                time.perf_counter() - t0, chosen, key)
-    saved = saved if isinstance(saved, dict) else {}
-    saved[key] = {str(b): chosen[b] for b in BLOCK_BITS} | {
-        "times_ms": {str(b): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[b].items()} for b in BLOCK_BITS}}
-    _save(path, saved)
-    return chosen
+    return _measured_crossovers(f"{paths.cache_key()}|block_mm", BLOCK_BITS,
+                                lambda b: measure_block(paths.dense_dtype, b), BLOCK_DENSE_MIN_ROWS, "block kernel")
 
 
 def measure_block(dense_dtype: torch.dtype, bits: int, rows: tuple[int, ...] = BLOCK_MEASURED_ROWS,
