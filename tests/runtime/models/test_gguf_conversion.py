@@ -11,10 +11,10 @@ import torch
 import transformers
 
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import loader
+from radixlang.runtime.models import block_kernel, loader
 from radixlang.runtime.models.gguf_file import GGUFTensor, read_gguf
 from radixlang.runtime.models.llama import packed_parts
-from radixlang.runtime.models.quant import Int4Linear, quantize_model
+from radixlang.runtime.models.quant import BlockLinear, Int4Linear, quantize_model
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
 from .hf_tiny import BASE, save_hf_model
@@ -78,7 +78,8 @@ def test_auto_makes_fp32_copies_only_of_what_it_leaves_in_fp32(q4_gguf, tmp_path
     counts = Counts(monkeypatch)
     model = load_model(path, CPU, torch.float32, quantization="auto").model
     assert counts.gguf_numpy == 0 and counts.fp32 == ["token_embd.weight"]  # the embedding's lookups stay fp32
-    assert isinstance(model.lm_head, Int4Linear) and isinstance(model.layers[0].self_attn.qkv_proj, Int4Linear)
+    packed = BlockLinear if block_kernel.available() else Int4Linear  # the native kernel where it is built
+    assert isinstance(model.lm_head, packed) and isinstance(model.layers[0].self_attn.qkv_proj, packed)
     assert not any(p.is_meta for p in model.parameters())
     assert torch.equal(model.embed_tokens.weight, expected["embed_tokens.weight"])  # gguf's numpy dequantization
     got, want = model.state_dict(), eager.state_dict()
