@@ -129,10 +129,6 @@ def _fake_block_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, 
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
-def loaded() -> bool:
-    return bool(_state["loaded"])
-
-
 def available(wait: bool = False) -> bool:
     """Whether the op is loaded now, loading a built one. Not built yet: starts the build in the background
     (or, with `wait`, builds here) and answers False until a later call finds it (see the module docstring)."""
@@ -182,13 +178,6 @@ def _start_background_build(path: Path) -> None:
         _state["thread"] = thread
         thread.start()
         logger.info("building the block_mm CPU kernel in the background; this process uses int4pack")
-
-
-def wait_for_build(timeout: float | None = None) -> None:
-    """Joins a background build (benchmarks, tests)."""
-    thread = _state["thread"]
-    if isinstance(thread, threading.Thread):
-        thread.join(timeout)
 
 
 if __name__ == "__main__":  # `make install`: build (or find) the kernel now

@@ -91,8 +91,7 @@ class Int4Linear(nn.Module):
     dense: torch.Tensor
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
-    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, keep_blocks: bool = False,
-                 dense: torch.Tensor | None = None):
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, keep_blocks: bool = False):
         super().__init__()
         codes, scale, zero = _int4_operands(weights)
         self.in_features = weights.codes.shape[1]
@@ -100,7 +99,7 @@ class Int4Linear(nn.Module):
         self.dense_min_rows = dense_min_rows(self.repeats)
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
         self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
-        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE) if dense is None else dense)
+        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
         self.bits = weights.bits
         if keep_blocks:  # the block kernel is being built: the weight cache entry then serves BlockLinear later
             for name, tensor in zip(("qweight", "scale", "minimum"), block_operands(weights)):
@@ -132,7 +131,7 @@ class BlockLinear(nn.Module):
     dense: torch.Tensor
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
-    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, dense: torch.Tensor | None = None):
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
         super().__init__()
         qweight, scale, minimum = block_operands(weights)
         self.in_features, self.bits = weights.codes.shape[1], weights.bits
@@ -140,18 +139,8 @@ class BlockLinear(nn.Module):
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("minimum", minimum)
-        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE) if dense is None else dense)
+        self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
         self.bias = _bias(bias)
-
-    def group_quant(self) -> GroupQuant:
-        """The weights as codes, scale and minimum (to rebuild an int4pack layer where the kernel is missing)."""
-        n = self.qweight.shape[0]
-        if self.bits == 8:
-            codes = self.qweight.to(torch.int16)
-        else:
-            packed = self.qweight.view(n, -1, GROUP // 2)
-            codes = torch.cat([packed & 0xF, packed >> 4], dim=-1).view(n, -1).to(torch.int16)
-        return GroupQuant(codes, self.scale, self.minimum, self.bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat(x)
