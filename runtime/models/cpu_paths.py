@@ -23,6 +23,7 @@ other kind of machine).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -30,7 +31,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -183,22 +184,43 @@ def measure_block(dense_dtype: torch.dtype, bits: int, rows: tuple[int, ...] = B
     scale = torch.full((n, k // GROUP), 0.01)
     minimum = torch.full((n, k // GROUP), -0.08)
     dense = torch.full((n, k), 0.01, dtype=dense_dtype)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+
+    def runs(r: int) -> tuple[Callable[[], object], Callable[[], object]]:
+        x = torch.randn(r, k)
+        xd = x.to(dense_dtype)
+        return lambda: torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, bits), lambda: xd @ dense.T
+
+    return _best_thread_times(rows, rounds, runs)
+
+
+def _best_thread_times(rows: tuple[int, ...], rounds: int,
+                       runs: Callable[[int], tuple[Callable[[], object], Callable[[], object]]]
+                       ) -> dict[int, tuple[float, float]]:
+    """rows -> (low-bit, dense) seconds of one thread's CPU time, best of `rounds`, the two paths interleaved;
+    `runs(rows)` builds the two calls for one row count."""
     best: dict[int, list[float]] = {r: [float("inf"), float("inf")] for r in rows}
-    try:
+    with one_thread():
         for _ in range(rounds):
             for r in rows:
-                x = torch.randn(r, k)
-                xd = x.to(dense_dtype)
-                for i, run in enumerate((lambda: torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, bits),
-                                         lambda: xd @ dense.T)):
+                for i, run in enumerate(runs(r)):
                     t0 = time.thread_time()
                     run()
                     best[r][i] = min(best[r][i], time.thread_time() - t0)
+    return {r: (p, d) for r, (p, d) in best.items()}
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside, its thread count restored after. For work of many small or memory-bound ops
+    (converting weights, GPTQ's per-column updates) and for timing one thread: on a busy 2-core machine each
+    multi-threaded op waits for a thread that is not scheduled (the default model's tensors took 10.8 s to
+    convert on 2 threads at load 4, 0.4-1.1 s on one; SmolLM2's gate/up GPTQ 20 s against 1.1 s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
     finally:
         torch.set_num_threads(threads)
-    return {r: (p, d) for r, (p, d) in best.items()}
 
 
 def _save(path, saved: dict) -> None:
@@ -225,21 +247,12 @@ def measure(dense_dtype: torch.dtype, halves: int, rows: tuple[int, ...] = MEASU
     layers = [(torch.randint(0, 256, (out_features, k // 2), dtype=torch.uint8),
                torch.full((k // GROUP, out_features, 2), 0.01, dtype=torch.bfloat16),
                torch.full((out_features, in_features), 0.01, dtype=dense_dtype)) for _ in range(copies)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    best: dict[int, list[float]] = {r: [float("inf"), float("inf")] for r in rows}
-    try:
-        for _ in range(rounds):
-            for r in rows:
-                x = torch.full((r, in_features), 0.5)
-                xp = x.to(torch.bfloat16).repeat(1, halves)
-                xd = x.to(dense_dtype)
-                for i, run in enumerate((
-                        lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xp, p, GROUP, sz) for p, sz, _ in layers],
-                        lambda: [xd @ d.T for _, _, d in layers])):
-                    t0 = time.thread_time()
-                    run()
-                    best[r][i] = min(best[r][i], time.thread_time() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return {r: (p, d) for r, (p, d) in best.items()}
+
+    def runs(r: int) -> tuple[Callable[[], object], Callable[[], object]]:
+        x = torch.full((r, in_features), 0.5)
+        xp = x.to(torch.bfloat16).repeat(1, halves)
+        xd = x.to(dense_dtype)
+        return (lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xp, p, GROUP, sz) for p, sz, _ in layers],
+                lambda: [xd @ d.T for _, _, d in layers])
+
+    return _best_thread_times(rows, rounds, runs)

@@ -25,6 +25,7 @@ from .checkpoint_quant import (
     pack_checkpoint_linears,
     parse_quant_config,
 )
+from .cpu_paths import one_thread
 from .fused_cache import FusedCache
 from .gguf_blocks import PACKABLE, GroupQuant, read_blocks
 from .gguf_deepseek import DEEPSEEK_GGUF_ARCH, deepseek_gguf_to_hf_config, deepseek_gguf_weights
@@ -114,10 +115,10 @@ def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quan
     blocks: dict[str, GroupQuant] = {}
     # "auto" runs the stored blocks: fp32 copies are made only of what it leaves in fp32 (the embedding)
     deferred: dict[str, Callable[[], torch.Tensor]] | None = {} if quantization == "auto" else None
-    with _one_thread():
+    with one_thread():  # the conversion's ops are memory-bound (cpu_paths.one_thread)
         model = build_model(cfg, gguf_weights(gguf, cfg, arch, blocks, deferred), device, dtype)
     quantize_model(model, quantization, blocks)
-    with _one_thread():
+    with one_thread():
         materialize_deferred(model, deferred or {}, dtype)
     weight_cache.save_entry_in_background(key, identity, model.state_dict(), {"packed": packed_records(model)})
     return LoadedModel(model, tokenizer, path.stem, blocks=blocks if keep_blocks else {})
@@ -168,19 +169,6 @@ def weight_cache_tag() -> str:
     """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels."""
     dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
     return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """torch on one thread while converting: the elementwise dequantizing and copying is memory-bound, and
-    on a busy 2-core machine a second thread that is not scheduled stalls every op (measured: 10.8 s for
-    the default model's tensors on 2 threads at load 4, 0.4-1.1 s on one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.cpu_paths import one_thread
 from ..models.quant_formats import IntWeight
 
 
@@ -111,14 +112,8 @@ def dampened_hessian(hessian: torch.Tensor, weight: torch.Tensor, percdamp: floa
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWeight:
     """weight [N, K], hessian [K, K] (computed in their dtype: fp32, or fp64 for a reference)."""
-    threads = torch.get_num_threads()
-    # thousands of tiny per-column ops: on a busy machine each multi-threaded one waits for a descheduled
-    # thread (SmolLM2's gate/up took 20 s with 2 threads, 1.1 s with 1)
-    torch.set_num_threads(1)
-    try:
+    with one_thread():  # thousands of tiny per-column ops
         return _gptq(weight, hessian, spec)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _gptq(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWeight:
