@@ -28,7 +28,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+# part of every key: a version's entries are never read by another. 2: "auto" entries hold the block kernel's
+# BlockLinear records, or int4pack ones that keep their blocks (version 1's int4pack entries have none: read
+# by this code they would keep a machine on int4pack after the kernel is built; read by version-1 code,
+# a BlockLinear record is a KeyError)
+FORMAT_VERSION = 2
 _ALIGN = 64
 _writes: dict[str, threading.Thread] = {}  # key -> the thread writing that entry in this process
 _writes_lock = threading.Lock()
