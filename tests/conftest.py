@@ -17,11 +17,9 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test-fast` runs one worke
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 # the native block kernel (runtime/models/block_kernel.py) is built once per machine into the user's cache folder,
 # not the session's, and loaded before any test: every test then sees the same low-bit linears (BlockLinear where
-# the CPU and compiler allow, else int4pack), not a switch when a background build lands mid-session; cache_dir()
-# is read here as the user has it, before the session's own folder replaces it below
-from radixlang.runtime.models.weight_cache import cache_dir
-
-os.environ.setdefault("RADIXLANG_KERNEL_DIR", str(cache_dir() / "kernels"))
+# the CPU and compiler allow, else int4pack), not a switch when a background build lands mid-session
+_USER_CACHE = os.environ.get("RADIXLANG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "radixlang"
+os.environ.setdefault("RADIXLANG_KERNEL_DIR", str(Path(_USER_CACHE) / "kernels"))
 if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder of this session, not ~/.cache
     os.environ["RADIXLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixlang-test-cache-")
     atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
