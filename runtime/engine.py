@@ -26,6 +26,7 @@ from .profiler import ProfileSpec, StepProfiler
 from .request import Req, StreamChunk
 from .sampler import SamplingState
 from .sampling_params import SamplingParams
+from .openmp_workers import release_openmp_workers
 from .scheduler_thread import SchedulerThread
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer
@@ -127,6 +128,7 @@ class Engine:
         self._seed_lock = threading.Lock()
         self.profiler = StepProfiler()  # its state is the scheduler thread's
         self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
+        release_openmp_workers()  # this thread's, from loading: the model runs on the scheduler thread's
         if self.decode_compile is not None:  # once the engine is up, and idle
             self.decode_compile.start(self._thread.idle_seconds)
 
@@ -149,6 +151,7 @@ class Engine:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one
         with finished=True (an rid already in flight ends at once with finish_reason 'abort')."""
         req = self._make_req(sub, sink)
+        release_openmp_workers()  # the caller's: it now waits on the scheduler thread (openmp_workers.py)
         self._thread.call(lambda: self.scheduler.add(req))
 
     def _make_req(self, sub: Submission, sink: Sink) -> Req:

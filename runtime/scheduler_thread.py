@@ -11,6 +11,7 @@ from typing import Callable, Protocol, TypeVar
 import torch
 
 from .distributed.workers import WorkerFailure
+from .openmp_workers import release_openmp_workers
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,6 +87,8 @@ class SchedulerThread:
         while True:
             # block when idle; poll when the last step could schedule nothing, so we never spin
             wait = None if not self.core.has_work else 0.0 if progressed else IDLE_POLL_SECONDS
+            if wait is None:  # idle: torch work elsewhere in the process gets the cores (openmp_workers.py)
+                release_openmp_workers()
             if not self._drain_inbox(wait):
                 break
             self._note_work()
