@@ -9,7 +9,7 @@ are split over torch's own thread pool (`at::parallel_for`). block_mm.cpp docume
 activation rule (the tests' oracle repeats it).
 
 The op is C++ compiled on this machine with g++ (no ninja, no setuptools): one file against torch's headers,
-`-O3 -march=native`, ~15-25 s. The shared object is kept in the cache folder (weight_cache.cache_dir()/kernels),
+`-O3 -march=native -fopenmp`, ~15-25 s. The shared object is kept in the cache folder (weight_cache.cache_dir()/kernels),
 (or RADIXLANG_KERNEL_DIR: the tests keep it out of their temporary cache folder), named by a hash of the source, torch's version and ABI, the compiler's version and the CPU's flags, and built to a
 temporary name then renamed, so processes that build at once (pytest-xdist) each load a whole file.
 
@@ -71,6 +71,12 @@ def _cpu_flags() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+# -fopenmp: ATen's OpenMP parallel_for is a header template whose `#pragma omp parallel` compiles into this
+# object; without the flag it runs serially (the kernel used one thread). libgomp.so.1 resolves to the copy torch
+# has loaded, so the op and torch share one thread pool.
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden")
+
+
 @functools.lru_cache(maxsize=1)
 def library_path() -> Path:
     """Where this source, torch, compiler and CPU's build lives in the cache folder."""
@@ -82,8 +88,9 @@ def library_path() -> Path:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
-                                    compiler, version, _cpu_flags(), sys.version]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(COMPILE_FLAGS), torch.__version__,
+                                    str(torch._C._GLIBCXX_USE_CXX11_ABI), compiler, version, _cpu_flags(),
+                                    sys.version]).encode()).hexdigest()[:16]
     return folder / f"block_mm-{key}.so"
 
 
@@ -99,7 +106,7 @@ def build(path: Path | None = None) -> Path:
     lib = Path(torch.__file__).parent / "lib"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = [compiler, "-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+    cmd = [compiler, *COMPILE_FLAGS,
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *includes, str(SOURCE),
            f"-L{lib}", "-ltorch_cpu", "-ltorch", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(tmp)]
     t0 = time.perf_counter()

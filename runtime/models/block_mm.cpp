@@ -87,55 +87,79 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return out;
 }
 
-// R rows x one output feature: each weight block is unpacked once and dotted with R activation rows
-template <int Bits, int R>
-inline void tile(const uint8_t* w, const float* wd, int64_t kb, const int8_t* q, const float* xd, int64_t k,
-                 float* acc_out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+// R rows x F output features: each weight block is unpacked once and dotted with R activation rows; the R * F
+// accumulators are independent, so the FMAs of consecutive blocks do not wait on each other
+template <int Bits, int R, int F>
+inline void tile(const uint8_t* w, int64_t row_bytes, const float* wd, int64_t kb, const int8_t* q, const float* xd,
+                 int64_t k, float* acc_out) {
+  __m256 acc[R][F];
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) acc[r][f] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < kb; ++b) {
-    __m256i wu;  // unsigned operand of the dot
-    __m256i ws;  // Q8_0: the weights' signs, moved onto the activations
-    if constexpr (Bits == 4) {
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 16));
-      wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-      ws = wu;
-    } else {
-      ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * kGroup));
-      wu = _mm256_sign_epi8(ws, ws);  // |code|; -128 stays 0x80, which is 128 unsigned
-    }
-    const float dw = wd[b];
-    for (int r = 0; r < R; ++r) {
-      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * k + b * kGroup));
-      if constexpr (Bits == 8) xv = _mm256_sign_epi8(xv, ws);
-      const __m256 prod = _mm256_cvtepi32_ps(dot_u8s8(wu, xv));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r * kb + b]), prod, acc[r]);
+    __m256i xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * k + b * kGroup));
+    for (int f = 0; f < F; ++f) {
+      const uint8_t* wf = w + f * row_bytes;
+      __m256i wu;  // unsigned operand of the dot
+      __m256i ws;  // Q8_0: the weights' signs, moved onto the activations
+      if constexpr (Bits == 4) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wf + b * 16));
+        wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+        ws = wu;
+      } else {
+        ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wf + b * kGroup));
+        wu = _mm256_sign_epi8(ws, ws);  // |code|; -128 stays 0x80, which is 128 unsigned
+      }
+      const float dw = wd[f * kb + b];
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = Bits == 8 ? _mm256_sign_epi8(xv[r], ws) : xv[r];
+        const __m256 prod = _mm256_cvtepi32_ps(dot_u8s8(wu, x));
+        acc[r][f] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r * kb + b]), prod, acc[r][f]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) acc_out[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) acc_out[r * F + f] = hsum(acc[r][f]);
 }
 
-template <int Bits>
-void run_rows(const uint8_t* w, const float* wd, const float* wm, int64_t kb, const int8_t* q, const float* xd,
-              const float* xs, int64_t m, int64_t k, float* y, int64_t n_total, int64_t n) {
-  float sums[kMaxRows];
-  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
-    const int64_t rows = std::min<int64_t>(kMaxRows, m - r0);
+// features [f0, f0 + F) of every row, R rows at a time
+template <int Bits, int F>
+void run_features(const uint8_t* w, int64_t row_bytes, const float* wd, const float* wm, int64_t kb,
+                  const int8_t* q, const float* xd, const float* xs, int64_t m, int64_t k, float* y,
+                  int64_t n_total, int64_t f0) {
+  constexpr int kRows = F >= 4 ? 2 : kMaxRows;  // R * F accumulators within the 16 registers
+  float sums[kRows * F];
+  for (int64_t r0 = 0; r0 < m; r0 += kRows) {
+    const int64_t rows = std::min<int64_t>(kRows, m - r0);
     const int8_t* qr = q + r0 * k;
     const float* dr = xd + r0 * kb;
     switch (rows) {
-      case 4: tile<Bits, 4>(w, wd, kb, qr, dr, k, sums); break;
-      case 3: tile<Bits, 3>(w, wd, kb, qr, dr, k, sums); break;
-      case 2: tile<Bits, 2>(w, wd, kb, qr, dr, k, sums); break;
-      default: tile<Bits, 1>(w, wd, kb, qr, dr, k, sums); break;
+      case 4: tile<Bits, 4, F>(w, row_bytes, wd, kb, qr, dr, k, sums); break;
+      case 3: tile<Bits, 3, F>(w, row_bytes, wd, kb, qr, dr, k, sums); break;
+      case 2: tile<Bits, 2, F>(w, row_bytes, wd, kb, qr, dr, k, sums); break;
+      default: tile<Bits, 1, F>(w, row_bytes, wd, kb, qr, dr, k, sums); break;
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      float v = sums[r];
-      if constexpr (Bits == 4) v += dot_f32(wm, xs + (r0 + r) * kb, kb);
-      y[(r0 + r) * n_total + n] = v;
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int f = 0; f < F; ++f) {
+        float v = sums[r * F + f];
+        if constexpr (Bits == 4) v += dot_f32(wm + f * kb, xs + (r0 + r) * kb, kb);
+        y[(r0 + r) * n_total + f0 + f] = v;
+      }
   }
+}
+
+template <int Bits>
+void run_range(const uint8_t* wp, int64_t row_bytes, const float* sp, const float* mp, int64_t kb, const int8_t* q,
+               const float* xd, const float* xs, int64_t m, int64_t k, float* y, int64_t n, int64_t f0, int64_t f1) {
+  constexpr int F = 4;
+  int64_t f = f0;
+  for (; f + F <= f1; f += F)
+    run_features<Bits, F>(wp + f * row_bytes, row_bytes, sp + f * kb, Bits == 4 ? mp + f * kb : nullptr, kb, q, xd,
+                          xs, m, k, y, n, f);
+  for (; f < f1; ++f)
+    run_features<Bits, 1>(wp + f * row_bytes, row_bytes, sp + f * kb, Bits == 4 ? mp + f * kb : nullptr, kb, q, xd,
+                          xs, m, k, y, n, f);
 }
 
 at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
@@ -166,15 +190,15 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Te
   const float* mp = bits == 4 ? minimum.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = bits == 4 ? k / 2 : k;
-  // enough features a task that a thread's share is worth waking it for
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, k * m));
-  at::parallel_for(0, n, grain, [&](int64_t f0, int64_t f1) {
-    for (int64_t f = f0; f < f1; ++f) {
-      if (bits == 4)
-        run_rows<4>(wp + f * row_bytes, sp + f * kb, mp + f * kb, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f);
-      else
-        run_rows<8>(wp + f * row_bytes, sp + f * kb, nullptr, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f);
-    }
+  // tasks of whole 4-feature tiles, enough of them that a thread's share is worth waking it for
+  const int64_t tiles = (n + 3) / 4;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, k * m));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    const int64_t f0 = t0 * 4, f1 = std::min(n, t1 * 4);
+    if (bits == 4)
+      run_range<4>(wp, row_bytes, sp, mp, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f0, f1);
+    else
+      run_range<8>(wp, row_bytes, sp, nullptr, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f0, f1);
   });
   return y;
 }

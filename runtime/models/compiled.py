@@ -46,8 +46,10 @@ logger = logging.getLogger(__name__)
 SCRATCH_CONTEXT = 8  # KV slots per scratch sequence
 # the GIL's turn length while a compile runs (Python's default is 5 ms; see short_gil_turns)
 COMPILING_SWITCH_INTERVAL_S = 0.0005
-# (batch, kv lengths) of the warm-up steps: batch 1, a batch, a batch of unequal lengths (the graphs seen)
-WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)))
+# (batch, kv lengths) of the warm-up steps: batch 1, a batch, a batch of unequal lengths (the graphs seen), and
+# a second size of that batch: its graph first compiles for batch 3 alone, and the next size recompiled it (for
+# seconds, on the scheduler thread) at the first such live step
+WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)), (4, (6, 3, 5, 4)))
 # the compile starts once the engine has had no request for this long: while it runs, the engine's steps take
 # 2-3x as long (it takes a core and the GIL), and the engine's start and first request should not pay for that
 COMPILE_AFTER_IDLE_S = 1.0

@@ -165,7 +165,10 @@ def _block_crossovers() -> dict[int, int]:
     paths = detect()
     if paths.forced:
         return {b: BLOCK_DENSE_MIN_ROWS for b in BLOCK_BITS}
-    return _measured_crossovers(f"{paths.cache_key()}|block_mm", BLOCK_BITS,
+    from . import block_kernel
+
+    # keyed by the kernel's build too: a rebuilt kernel (new source or flags) is measured again
+    return _measured_crossovers(f"{paths.cache_key()}|{block_kernel.library_path().stem}", BLOCK_BITS,
                                 lambda b: measure_block(paths.dense_dtype, b), BLOCK_DENSE_MIN_ROWS, "block kernel")
 
 

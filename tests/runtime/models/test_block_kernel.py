@@ -137,3 +137,29 @@ def test_the_build_is_cached_by_source_and_lands_atomically(tmp_path, monkeypatc
         assert list(tmp_path.iterdir()) == []  # no partial file left behind
     finally:
         block_kernel.library_path.cache_clear()
+
+
+RUNS_ON_TORCH_THREADS = r"""
+import os, numpy as np, torch
+from radixlang.runtime.models import block_kernel
+assert block_kernel.available(wait=True)
+torch.set_num_threads(2)
+rng = np.random.default_rng(0)  # operands from numpy: no torch op has started a parallel region before the kernel
+x = torch.from_numpy(rng.standard_normal((1, 1024), dtype=np.float32))
+qweight = torch.from_numpy(rng.integers(0, 256, (4096, 512), dtype=np.uint8))
+scale = torch.from_numpy(np.full((4096, 32), 0.01, dtype=np.float32))
+threads = len(os.listdir("/proc/self/task"))
+torch.ops.radixlang_cpu.block_mm(x, qweight, scale, scale, 4)
+print(len(os.listdir("/proc/self/task")) - threads)
+"""
+
+
+def test_block_mm_runs_on_torchs_threads():
+    """The op's parallel_for starts torch's OpenMP workers: built without -fopenmp, ATen's header-only OpenMP
+    parallel_for ran the whole matmul on the calling thread."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", RUNS_ON_TORCH_THREADS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "1"  # one worker beside the calling thread
