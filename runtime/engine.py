@@ -22,11 +22,11 @@ from .image_span import ImageSpan
 from .models.eplb import Placement, plan_rebalance
 from .models.loader import default_model_path
 from .multimodal.prompt import text_ids
+from .openmp_workers import release_openmp_workers
 from .profiler import ProfileSpec, StepProfiler
 from .request import Req, StreamChunk
 from .sampler import SamplingState
 from .sampling_params import SamplingParams
-from .openmp_workers import release_openmp_workers
 from .scheduler_thread import SchedulerThread
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer
