@@ -48,8 +48,9 @@ SCRATCH_CONTEXT = 8  # KV slots per scratch sequence
 COMPILING_SWITCH_INTERVAL_S = 0.0005
 # (batch, kv lengths) of the warm-up steps: batch 1, a batch, a batch of unequal lengths (the graphs seen), and
 # a second size of that batch: its graph first compiles for batch 3 alone, and the next size recompiled it (for
-# seconds, on the scheduler thread) at the first such live step
+# seconds, on the scheduler thread) at the first such live step. warmup_steps() adds the model's row switches.
 WARMUP_STEPS = ((1, (4,)), (2, (4, 4)), (3, (3, 5, 4)), (4, (6, 3, 5, 4)))
+MAX_WARMED_ROWS = 256  # a layer whose dense copy starts beyond this many rows is not warmed there
 # the compile starts once the engine has had no request for this long: while it runs, the engine's steps take
 # 2-3x as long (it takes a core and the GIL), and the engine's start and first request should not pay for that
 COMPILE_AFTER_IDLE_S = 1.0
@@ -104,7 +105,9 @@ class BackgroundCompile:
         self._raisable = False  # the thread runs the compile: stop() may raise CompileCancelled in it
         self._lock = threading.Lock()  # orders _raisable against stop()'s raise
         self.marker = marker
-        self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers)
+        self._steps = warmup_steps(model)
+        self._scratch_rows = max(batch for batch, _ in self._steps)
+        self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers, self._scratch_rows)
         self._vocab = model.config.vocab_size
         model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
         self.thread = threading.Thread(target=self._compile, name="radixlang-compile", daemon=True)
@@ -197,10 +200,10 @@ class BackgroundCompile:
         # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
         # the tensors' dispatch keys fail at the first live step, which then recompiles on the scheduler thread
         with torch.inference_mode():
-            for batch, kv_lens in WARMUP_STEPS:
+            for batch, kv_lens in self._steps:
                 if self.cancel.is_set():
                     raise CompileCancelled
-                plan = self._scratch.plan(_scratch_batch(batch, kv_lens))
+                plan = self._scratch.plan(_scratch_batch(batch, kv_lens, self._scratch_rows))
                 ids = torch.arange(batch, dtype=torch.int64) % self._vocab
                 self.compiled(ids, plan.positions, ForwardContext(self._scratch))
 
@@ -277,21 +280,31 @@ def short_gil_turns() -> contextlib.AbstractContextManager[None]:
     return _GIL_TURNS.shortened()
 
 
+def warmup_steps(model: torch.nn.Module) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """WARMUP_STEPS, then for each row count from which some packed linear of `model` runs its dense copy
+    (`dense_min_rows`: a branch the compiled graph guards on, so batches from there on take graphs of their own)
+    a batch of that many rows of equal lengths and one of unequal lengths: else the first live batch that large
+    recompiled, for ~20 s, on the scheduler thread (SmolLM2 `auto`: 7 rows)."""
+    switches = sorted({rows for m in model.modules()
+                       if 1 < (rows := getattr(m, "dense_min_rows", 0)) <= MAX_WARMED_ROWS})
+    steps = list(WARMUP_STEPS)
+    for rows in switches:
+        steps += [(rows, (4,) * rows), (rows, tuple(3 + i % 3 for i in range(rows)))]
+    return tuple(steps)
+
+
 def _scratch_backend(make_backend: Callable[[list, list], AttentionBackend], k_buffers: list[torch.Tensor],
-                     v_buffers: list[torch.Tensor]) -> AttentionBackend:
-    """An attention backend of the live one's kind over a few KV slots of the live buffers' layout."""
-    slots = SCRATCH_CONTEXT * _scratch_rows() + 1
+                     v_buffers: list[torch.Tensor], rows: int) -> AttentionBackend:
+    """An attention backend of the live one's kind over a few KV slots per row of the live buffers' layout."""
+    slots = SCRATCH_CONTEXT * rows + 1
     def scratch(t: torch.Tensor) -> torch.Tensor:
         return torch.zeros(slots, *t.shape[1:], dtype=t.dtype, device=t.device)
     return make_backend([scratch(k) for k in k_buffers], [scratch(v) for v in v_buffers])
 
 
-def _scratch_batch(batch: int, kv_lens: tuple[int, ...]) -> AttentionBatch:
-    """`batch` decodes, sequence i on scratch row i with KV slots of its own."""
-    table = torch.arange(SCRATCH_CONTEXT * _scratch_rows(), dtype=torch.int32).view(-1, SCRATCH_CONTEXT)
+def _scratch_batch(batch: int, kv_lens: tuple[int, ...], rows: int) -> AttentionBatch:
+    """`batch` decodes, sequence i on scratch row i (of `rows`) with KV slots of its own."""
+    table = torch.arange(SCRATCH_CONTEXT * rows, dtype=torch.int32).view(-1, SCRATCH_CONTEXT)
     return AttentionBatch(table, list(range(batch)), list(kv_lens), [1] * batch, [n - 1 for n in kv_lens],
                           [None] * batch)
 
-
-def _scratch_rows() -> int:
-    return max(batch for batch, _ in WARMUP_STEPS)

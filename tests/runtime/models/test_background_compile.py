@@ -67,6 +67,31 @@ def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_di
     compiler.marker.unlink()  # so the session's later engines on the tiny model stay eager under "auto"
 
 
+def test_batches_past_a_layers_dense_switch_take_warmed_up_graphs(tiny_model_dir, monkeypatch):
+    """A packed linear runs its dense copy from `dense_min_rows` rows on, a branch the compiled graph guards on:
+    the warm-up compiles that side too, so the first live batch that large does not recompile (SmolLM2 `auto`
+    recompiled for ~20 s on the scheduler thread at its first 7-row batch)."""
+    from radixlang.runtime.models import quant
+
+    monkeypatch.setattr(quant, "DENSE_MIN_ROWS", 4)  # int8 layers: the packed kernel below 4 rows, dense from 4
+    monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))  # one graph below the switch
+    prompts = [*PROMPTS, "Red, green", "A list of the planets, from the sun outwards:"]  # 5 unequal rows
+    options = {"device": "cpu", "kv_cache_tokens": 1024, "quantization": "int8"}
+    with Engine(str(tiny_model_dir), **options, compile_layers=True) as engine:
+        compiler = engine.runner.model.forward.__self__
+        assert [batch for batch, _ in compiler._steps] == [3, 4, 4]  # the switch's side: equal and unequal rows
+        assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
+        graphs = counters["stats"]["unique_graphs"]
+        calls = []
+        compiled = compiler.compiled
+        compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
+        engine.generate(prompts, GREEDY)  # tokens: the test above (a random model's near ties flip across runs)
+        engine.check_invariants()
+    compiler.marker.unlink()
+    assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the 5-row decode steps ran compiled
+    assert counters["stats"]["unique_graphs"] == graphs  # ... on the warmed graph of the dense side
+
+
 def test_the_triton_backend_on_a_cpu_never_compiles():
     # Triton on a CPU is its interpreter: a compile beside the engine's steps broke them
     assert not EngineConfig.from_options(compile_layers=True, attention_backend="triton").compiles_decode(warm=True)
