@@ -18,9 +18,13 @@ for this CPU, AMX off: its tile instructions fault on these VMs). On a CPU with 
 compiles ggml's AMX_INT8 path in (-march=native defines __AMX_INT8__; the first token then segfaults): name the
 features instead, -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
--DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF. Either peer missing is reported and skipped. On a shared machine
-run with OMP_WAIT_POLICY=passive: llama.cpp's OpenMP threads otherwise spin for cores other processes hold
-(at load 15 on 2 cores it then took ~1.4 s a token instead of ~0.03 s).
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF. Either peer missing is reported and skipped.
+Leave OMP_WAIT_POLICY unset unless other processes hold the cores (at load 15 on 2 cores llama.cpp's spinning
+threads took ~1.4 s a token instead of ~0.03 s): `passive` makes every OpenMP region (each torch op, each llama.cpp
+graph node) wait for a sleeping worker, and on an idle 2-core Xeon VM it cut llama.cpp from 82-91 to 26.6 tok/s at
+batch 1 and slowed radixlang's compiled 16-row step from 69 to 77 ms (2026-12-03; figures measured under it
+understate llama.cpp). All systems share torch's libgomp in this process; runtime/openmp_workers.py keeps an idle
+engine's OpenMP workers from throttling the peer measured beside it, and the peers' from throttling the engine.
 
 With compile_layers="auto" an engine compiles its decode forward in the background where the compile
 cache is warm (after a `radixlang serve` or a --compile run on this machine); the timed rounds wait for it.
