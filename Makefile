@@ -33,12 +33,15 @@ typecheck: $(STAMP)
 	mkdir -p $(VENV)/mypy_path && ln -sfn ../.. $(VENV)/mypy_path/radixlang
 	MYPYPATH=$(VENV)/mypy_path $(VENV)/bin/mypy -p radixlang
 
+# pytest's own script, not `python -m pytest`, which puts the repo root first on sys.path: its top-level folders
+# then shadow installed packages of the same name (transformers 5.25 imports the `kernels` distribution, and got
+# our kernels/)
 test: lint
-	$(PY) -m pytest
+	$(VENV)/bin/pytest
 
 # one pytest worker per core (pytest-xdist): the fast tier is mostly single-threaded Python (automata, grammars,
 # the scheduler); tests/conftest.py gives each worker its share of torch's threads
 test-fast: lint
-	$(PY) -m pytest -m "not slow" -n auto
+	$(VENV)/bin/pytest -m "not slow" -n auto
 
 .PHONY: install demo lint typecheck test test-fast
