@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     reason="the sglang wheel (pip install --no-deps sglang, as `make install` does) or its frontend's imports "
            "(the test extra) are not installed")]
 
-ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS_SCRIPT = Path(__file__).with_name("sglang_programs.py")
 SUITE_TIMEOUT_S = 420
 
 # content checks the 135M model may fail: program -> the exceptions its own checks raise
@@ -48,8 +48,10 @@ CONTENT_CHECKS = {
 
 def run_clients(url: str) -> dict[str, dict[str, dict]]:
     """Both clients at once (the engine batches their requests); each program's outcome per client."""
-    procs = {client: subprocess.Popen([sys.executable, "-m", "tests.compat.sglang_programs", client, url],
-                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # the script by its path, not `-m tests.compat...` from the repo root: the root on sys.path makes our kernels/
+    # shadow the `kernels` distribution that transformers >= 5.25 imports
+    procs = {client: subprocess.Popen([sys.executable, str(PROGRAMS_SCRIPT), client, url],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for client in ("radixlang", "sglang")}
     deadline = time.monotonic() + SUITE_TIMEOUT_S
     outcomes = {}
