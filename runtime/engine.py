@@ -150,9 +150,19 @@ class Engine:
     def submit(self, sub: Submission, sink: Sink) -> None:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one
         with finished=True (an rid already in flight ends at once with finish_reason 'abort')."""
-        req = self._make_req(sub, sink)
+        self.submit_all([(sub, sink)])
+
+    def submit_all(self, items: list[tuple[Submission, Sink]]) -> None:
+        """Queues validated requests in one command: no step runs between two of them, so a batch's prompts are
+        admitted together (one at a time, the first could prefill and decode alone)."""
+        reqs = [self._make_req(sub, sink) for sub, sink in items]
         release_openmp_workers()  # the caller's: it now waits on the scheduler thread (openmp_workers.py)
-        self._thread.call(lambda: self.scheduler.add(req))
+
+        def add_all() -> None:
+            for req in reqs:
+                self.scheduler.add(req)
+
+        self._thread.call(add_all)
 
     def _make_req(self, sub: Submission, sink: Sink) -> Req:
         seed = sub.params.seed
@@ -178,8 +188,7 @@ class Engine:
         def put(i: int) -> Callable[[Completion], None]:
             return lambda c: done.put((i, c))
 
-        for i, s in enumerate(subs):
-            self.submit(s, collecting_sink(s.return_logprob, put(i)))
+        self.submit_all([(s, collecting_sink(s.return_logprob, put(i))) for i, s in enumerate(subs)])
         results: dict[int, Completion] = {}
         for _ in subs:
             i, completion = done.get()
