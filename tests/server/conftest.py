@@ -49,6 +49,9 @@ def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
             incremental_streaming_output: bool = False, **options: Any) -> Iterator[LiveServer]:
     options.setdefault("kv_cache_tokens", 4096)
     options.setdefault("device", "cpu")
+    # eager unless a test asks: under "auto" a compile marker left by another test (a `serve --compile-layers
+    # true` subprocess) made this server compile in the background, and the profile tests saw compiled graphs
+    options.setdefault("compile_layers", False)
     engine = Engine(model=str(model_dir), **options)
     try:
         with background_server(engine, grace_s=grace_s, limits=limits,

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 from torch._dynamo.utils import counters
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
@@ -145,6 +146,7 @@ def test_a_process_exits_cleanly_while_its_background_compile_runs(tiny_model_di
 
 def test_a_cancelled_compile_leaves_the_engine_serving_eagerly_and_writes_no_marker(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))
+    torch._dynamo.reset()  # the forward's graphs compiled by earlier tests: the compile would end before it is seen
     with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
         want = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
     with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
