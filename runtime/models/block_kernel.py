@@ -4,8 +4,8 @@ llama.cpp's method, written here: the weights stay as the file's 32-weight block
 fp32 scale and minimum per block), the activations are quantized per row and block of 32 to int8 with a scale
 (and the block's sum, for the minimum's term), and each block's dot product is an exact integer sum on AVX2
 (`maddubs` / `madd`; AVX-VNNI's `dpbusd` where the compiler targets it), scaled and accumulated in fp32.
-Several activation rows share one unpacked weight block (a register tile of 4 rows), and the output features
-are split over torch's own thread pool (`at::parallel_for`). block_mm.cpp documents the layouts and the
+A register tile of 4 output features by 1-2 activation rows (4 rows by 1 feature on a tail) shares each unpacked
+weight block, and tiles of output features are split over torch's own thread pool (`at::parallel_for`). block_mm.cpp documents the layouts and the
 activation rule (the tests' oracle repeats it).
 
 The op is C++ compiled on this machine with g++ (no ninja, no setuptools): one file against torch's headers,

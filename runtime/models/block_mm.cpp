@@ -25,6 +25,7 @@ namespace {
 
 constexpr int64_t kGroup = 32;
 constexpr int kMaxRows = 4;  // rows sharing one unpacked weight block (register tile)
+constexpr int kFeatures = 4;  // output features of a register tile, and of a parallel task's unit
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -128,7 +129,7 @@ template <int Bits, int F>
 void run_features(const uint8_t* w, int64_t row_bytes, const float* wd, const float* wm, int64_t kb,
                   const int8_t* q, const float* xd, const float* xs, int64_t m, int64_t k, float* y,
                   int64_t n_total, int64_t f0) {
-  constexpr int kRows = F >= 4 ? 2 : kMaxRows;  // R * F accumulators within the 16 registers
+  constexpr int kRows = F >= kFeatures ? 2 : kMaxRows;  // R * F accumulators within the 16 registers
   float sums[kRows * F];
   for (int64_t r0 = 0; r0 < m; r0 += kRows) {
     const int64_t rows = std::min<int64_t>(kRows, m - r0);
@@ -152,7 +153,7 @@ void run_features(const uint8_t* w, int64_t row_bytes, const float* wd, const fl
 template <int Bits>
 void run_range(const uint8_t* wp, int64_t row_bytes, const float* sp, const float* mp, int64_t kb, const int8_t* q,
                const float* xd, const float* xs, int64_t m, int64_t k, float* y, int64_t n, int64_t f0, int64_t f1) {
-  constexpr int F = 4;
+  constexpr int F = kFeatures;
   int64_t f = f0;
   for (; f + F <= f1; f += F)
     run_features<Bits, F>(wp + f * row_bytes, row_bytes, sp + f * kb, Bits == 4 ? mp + f * kb : nullptr, kb, q, xd,
@@ -191,10 +192,10 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Te
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = bits == 4 ? k / 2 : k;
   // tasks of whole 4-feature tiles, enough of them that a thread's share is worth waking it for
-  const int64_t tiles = (n + 3) / 4;
+  const int64_t tiles = (n + kFeatures - 1) / kFeatures;
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, k * m));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    const int64_t f0 = t0 * 4, f1 = std::min(n, t1 * 4);
+    const int64_t f0 = t0 * kFeatures, f1 = std::min(n, t1 * kFeatures);
     if (bits == 4)
       run_range<4>(wp, row_bytes, sp, mp, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f0, f1);
     else
