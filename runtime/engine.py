@@ -215,16 +215,19 @@ class Engine:
         return await self._async_all(batch.requests)
 
     async def _async_all(self, subs: list[Submission]) -> list[Completion]:
-        return list(await asyncio.gather(*(self._async_one(s) for s in subs)))
-
-    async def _async_one(self, sub: Submission) -> Completion:
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[Completion] = loop.create_future()
-        self.submit(sub, collecting_sink(sub.return_logprob, lambda c: _call_soon(loop, _resolve, done, c)))
+        dones: list[asyncio.Future[Completion]] = [loop.create_future() for _ in subs]
+
+        def resolve(done: asyncio.Future[Completion]) -> Callable[[Completion], None]:
+            return lambda c: _call_soon(loop, _resolve, done, c)
+
+        self.submit_all([(s, collecting_sink(s.return_logprob, resolve(d))) for s, d in zip(subs, dones)])
         try:
-            return await done
-        except asyncio.CancelledError:  # the caller gave up (which cancels `done` too): free the request's KV
-            self.abort(sub.rid)
+            return list(await asyncio.gather(*dones))
+        except asyncio.CancelledError:  # the caller gave up (which cancels the futures too): free the requests' KV
+            for sub, done in zip(subs, dones):
+                if not done.done() or done.cancelled():
+                    self.abort(sub.rid)
             raise
 
     async def async_chunks(self, batch: SubmissionBatch) -> AsyncGenerator[tuple[int, StreamChunk], None]:
@@ -237,11 +240,10 @@ class Engine:
         def sink(i: int) -> Sink:
             return lambda chunk: _call_soon(loop, inbox.put_nowait, (i, chunk))
 
-        subs, live = batch.requests, set()
+        subs, live = batch.requests, set[int]()
         try:
-            for i, sub in enumerate(subs):
-                self.submit(sub, sink(i))
-                live.add(i)
+            self.submit_all([(sub, sink(i)) for i, sub in enumerate(subs)])
+            live.update(range(len(subs)))
             while live:
                 i, chunk = await inbox.get()
                 if chunk.finished:
