@@ -2,13 +2,25 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+# `tests.…` imports (shared helpers) resolve to this folder without the repo root on sys.path: the root there
+# makes our kernels/ shadow the `kernels` distribution transformers >= 5.25 imports (the Makefile runs pytest's
+# script for that reason), and pytest's importlib mode registers `tests` only once some test under it is collected
+if "tests" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("tests", Path(__file__).with_name("__init__.py"),
+                                                   submodule_search_locations=[str(Path(__file__).parent)])
+    assert _spec is not None and _spec.loader is not None
+    sys.modules["tests"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["tests"])
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a CPU-only machine (CI)
     os.environ.setdefault("TRITON_INTERPRET", "1")
