@@ -72,6 +72,7 @@ parallel_op()
 out["caller pool"] = os_threads() - engine_base
 engine.generate("hello", params)  # the submitting thread waits on the engine: its worker goes
 out["caller released"] = settled(engine_base) - engine_base
+engine.check_invariants()  # no KV slot leaked
 engine.shutdown()
 print(json.dumps(out))
 """
