@@ -133,7 +133,19 @@ def load(path: Path | None = None) -> None:
 
 def _fake_block_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
                    bits: int) -> torch.Tensor:
-    return x.new_empty((x.shape[0], qweight.shape[0]))
+    features = qweight.shape[0] * scale.shape[-1] if qweight.dim() == 3 else qweight.shape[0]  # interleaved: groups x 16
+    return x.new_empty((x.shape[0], features))
+
+
+def interleave() -> int:
+    """16 where the kernel runs block_mm.cpp's interleaved layout (built with AVX-512 VNNI), else 0: the rows
+    layout, or no kernel (none built yet: this starts no build)."""
+    if not _state["loaded"] and _state["failed"] is None and supported() and library_path().exists():
+        try:
+            load()
+        except (OSError, RuntimeError) as e:
+            _fail(e)
+    return int(torch.ops.radixlang_cpu.block_mm_interleave()) if _state["loaded"] else 0
 
 
 def available(wait: bool = False) -> bool:

@@ -1,11 +1,21 @@
 // radixlang_cpu::block_mm: y = x W^T for W held as a GGUF's own 32-weight blocks (Q4_0 / Q4_1 / Q8_0), on
-// AVX2 integer dot products; built and loaded by block_kernel.py (see its docstring for the design).
+// integer dot products; built and loaded by block_kernel.py (see its docstring for the design).
 //
-// Weights, per output feature n and block b of 32 input columns:
+// Two weight layouts, told apart by qweight's rank.
+// Rows (2-D qweight; AVX2 `maddubs` / AVX-VNNI), per output feature n and block b of 32 input columns:
 //   bits 4: qweight uint8 [N, K / 2], 16 bytes a block, byte j = code j (low nibble) | code j + 16 (high
 //           nibble), codes in [0, 15] (ggml's Q4_0 / Q4_1 order); W = scale * code + minimum
 //   bits 8: qweight int8 [N, K], codes in [-128, 127]; W = scale * code (minimum unused)
 //   scale, minimum: fp32 [N, K / 32]
+// Interleaved (3-D qweight; AVX-512 VNNI, compiled where the CPU has it): 16 output features side by side, so
+// one 512-bit `dpbusd` takes 4 inputs of 16 features and each feature's sum stays in its own lane (no
+// horizontal sums, one weight stream per thread). G = N / 16 groups; per group g and block b:
+//   bits 4: qweight uint8 [G, K / 32, 256]: byte i * 64 + f * 4 + j = code(16 g + f, 32 b + 4 i + j) (low nibble)
+//           | code(16 g + f, 32 b + 16 + 4 i + j) (high nibble), i < 4, j < 4
+//   bits 8: qweight int8 [G, K / 32, 512]: byte i * 64 + f * 4 + j = code(16 g + f, 32 b + 4 i + j), i < 8
+//   scale: fp32 [G, K / 32, 16]; minimum: bits 4 fp32 [G, K / 32, 16], bits 8 int32 [G, K / 32, 16] = 128 * the
+//   block's sum of codes (dpbusd multiplies unsigned by signed bytes: Q8_0's signed codes take the activations
+//   shifted to q + 128, and this exact integer takes the shift back out)
 // Activations (the documented rule the tests' oracle repeats): per row and block of 32, amax = max |x|,
 //   d = amax / 127, q = round_half_even(x * (127 / amax)) in [-127, 127] (all 0 where amax = 0), s = d * sum(q).
 // Then y[r, n] = sum_b scale[n, b] * d[r, b] * (sum_i code_i * q_i) + minimum[n, b] * s[r, b]: the integer sums
@@ -163,29 +173,124 @@ void run_range(const uint8_t* wp, int64_t row_bytes, const float* sp, const floa
                           xs, m, k, y, n, f);
 }
 
-at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                    const at::Tensor& minimum, int64_t bits) {
+constexpr int kLanes = 16;  // output features of an interleaved group: one 512-bit register of fp32 / int32 sums
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr bool kInterleaved = true;
+constexpr int kTileRows = 8;  // activation rows sharing one unpacked block (8 accumulators + 8 weight registers)
+
+// R rows x one group of 16 features over all blocks: acc[r] holds y[r, 16 g .. 16 g + 15]
+template <int Bits, int R>
+inline void group_tile(const uint8_t* w, const float* ws, const void* wm, int64_t kb, const int8_t* q, int64_t k,
+                       const float* xd, const float* xs, float* y, int64_t n) {
+  constexpr int kBlockBytes = Bits == 4 ? 256 : 512;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i shift = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < kb; ++b) {
+    const uint8_t* wb = w + b * kBlockBytes;
+    __m512i wv[8];
+    if constexpr (Bits == 4) {
+      for (int i = 0; i < 4; ++i) {
+        const __m512i packed = _mm512_loadu_si512(wb + i * 64);
+        wv[i] = _mm512_and_si512(packed, low);
+        wv[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      }
+    } else {
+      for (int i = 0; i < 8; ++i) wv[i] = _mm512_loadu_si512(wb + i * 64);
+    }
+    const __m512 dw = _mm512_loadu_ps(ws + b * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const int32_t* qr = reinterpret_cast<const int32_t*>(q + r * k + b * kGroup);
+      __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();  // two chains: half the latency
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (Bits == 4) {  // unsigned codes x signed activations
+          dot0 = _mm512_dpbusd_epi32(dot0, wv[i], _mm512_set1_epi32(qr[i]));
+          dot1 = _mm512_dpbusd_epi32(dot1, wv[i + 4], _mm512_set1_epi32(qr[i + 4]));
+        } else {  // activations + 128 (unsigned) x signed codes
+          dot0 = _mm512_dpbusd_epi32(dot0, _mm512_xor_si512(_mm512_set1_epi32(qr[i]), shift), wv[i]);
+          dot1 = _mm512_dpbusd_epi32(dot1, _mm512_xor_si512(_mm512_set1_epi32(qr[i + 4]), shift), wv[i + 4]);
+        }
+      }
+      __m512i dot = _mm512_add_epi32(dot0, dot1);
+      if constexpr (Bits == 8)
+        dot = _mm512_sub_epi32(dot, _mm512_loadu_si512(static_cast<const int32_t*>(wm) + b * kLanes));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * kb + b])), acc[r]);
+      if constexpr (Bits == 4)
+        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(static_cast<const float*>(wm) + b * kLanes),
+                                 _mm512_set1_ps(xs[r * kb + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * n, acc[r]);
+}
+
+// groups [g0, g1) of every row, kTileRows rows at a time (a group's weights stay in L1 / L2 across the tiles)
+template <int Bits>
+void run_groups(const uint8_t* w, const float* ws, const void* wm, int64_t kb, const int8_t* q, int64_t k,
+                const float* xd, const float* xs, int64_t m, float* y, int64_t n, int64_t g0, int64_t g1) {
+  constexpr int64_t kBlockBytes = Bits == 4 ? 256 : 512;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* wg = w + g * kb * kBlockBytes;
+    const float* sg = ws + g * kb * kLanes;
+    const void* mg = static_cast<const char*>(wm) + g * kb * kLanes * 4;
+    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+      const int8_t* qr = q + r0 * k;
+      const float* dr = xd + r0 * kb;
+      const float* sr = xs + r0 * kb;
+      float* yr = y + r0 * n + g * kLanes;
+      switch (std::min<int64_t>(kTileRows, m - r0)) {
+        case 8: group_tile<Bits, 8>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        case 7: group_tile<Bits, 7>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        case 6: group_tile<Bits, 6>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        case 5: group_tile<Bits, 5>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        case 4: group_tile<Bits, 4>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        case 3: group_tile<Bits, 3>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        case 2: group_tile<Bits, 2>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+        default: group_tile<Bits, 1>(wg, sg, mg, kb, qr, k, dr, sr, yr, n); break;
+      }
+    }
+  }
+}
+#else
+constexpr bool kInterleaved = false;
+#endif
+
+// x quantized per row and block of 32 (the rule above): codes q [m, k], scales d and d * sum(q) [m, k / 32]
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+};
+
+QuantizedRows quantize_rows(const at::Tensor& x) {
+  const int64_t m = x.size(0), k = x.size(1), kb = k / kGroup;
+  QuantizedRows out{std::vector<int8_t>(m * k), std::vector<float>(m * kb), std::vector<float>(m * kb)};
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_row(xp + r * k, k, out.q.data() + r * k, out.d.data() + r * kb, out.s.data() + r * kb);
+  });
+  return out;
+}
+
+void check_common(const at::Tensor& x, int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 8, "block_mm: bits must be 4 or 8, got ", bits);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "block_mm: x must be a 2-D float32 tensor");
+  TORCH_CHECK(x.size(1) % kGroup == 0, "block_mm: in_features must be a multiple of 32, got ", x.size(1));
+}
+
+at::Tensor block_mm_rows(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                         const at::Tensor& minimum, int64_t bits) {
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0), kb = k / kGroup;
-  TORCH_CHECK(k % kGroup == 0, "block_mm: in_features must be a multiple of 32, got ", k);
-  TORCH_CHECK(qweight.dim() == 2 && qweight.size(1) == (bits == 4 ? k / 2 : k) &&
-                  qweight.element_size() == 1 && qweight.is_contiguous(),
+  TORCH_CHECK(qweight.size(1) == (bits == 4 ? k / 2 : k) && qweight.element_size() == 1 && qweight.is_contiguous(),
               "block_mm: qweight must be a contiguous 1-byte [N, ", bits == 4 ? k / 2 : k, "] tensor");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == n * kb,
               "block_mm: scale must be a contiguous float32 [N, K / 32] tensor");
   TORCH_CHECK(bits == 8 || (minimum.scalar_type() == at::kFloat && minimum.is_contiguous() &&
                             minimum.numel() == n * kb),
               "block_mm: minimum must be a contiguous float32 [N, K / 32] tensor");
-  at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
-  std::vector<int8_t> q(m * k);
-  std::vector<float> xd(m * kb), xs(m * kb);
-  const float* xp = xc.data_ptr<float>();
-  at::parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * k, k, q.data() + r * k, xd.data() + r * kb, xs.data() + r * kb);
-  });
+  const QuantizedRows xq = quantize_rows(x);
   const uint8_t* wp = static_cast<const uint8_t*>(qweight.data_ptr());
   const float* sp = scale.data_ptr<float>();
   const float* mp = bits == 4 ? minimum.data_ptr<float>() : nullptr;
@@ -197,17 +302,65 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Te
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     const int64_t f0 = t0 * kFeatures, f1 = std::min(n, t1 * kFeatures);
     if (bits == 4)
-      run_range<4>(wp, row_bytes, sp, mp, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f0, f1);
+      run_range<4>(wp, row_bytes, sp, mp, kb, xq.q.data(), xq.d.data(), xq.s.data(), m, k, yp, n, f0, f1);
     else
-      run_range<8>(wp, row_bytes, sp, nullptr, kb, q.data(), xd.data(), xs.data(), m, k, yp, n, f0, f1);
+      run_range<8>(wp, row_bytes, sp, nullptr, kb, xq.q.data(), xq.d.data(), xq.s.data(), m, k, yp, n, f0, f1);
   });
   return y;
 }
+
+at::Tensor block_mm_interleaved(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                const at::Tensor& minimum, int64_t bits) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  const int64_t m = x.size(0), k = x.size(1), kb = k / kGroup, groups = qweight.size(0), n = groups * kLanes;
+  const int64_t block_bytes = bits == 4 ? 256 : 512;
+  TORCH_CHECK(qweight.size(1) == kb && qweight.size(2) == block_bytes && qweight.element_size() == 1 &&
+                  qweight.is_contiguous(),
+              "block_mm: an interleaved qweight must be a contiguous 1-byte [N / 16, K / 32, ", block_bytes, "] tensor");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == n * kb,
+              "block_mm: an interleaved scale must be a contiguous float32 [N / 16, K / 32, 16] tensor");
+  TORCH_CHECK(minimum.scalar_type() == (bits == 4 ? at::kFloat : at::kInt) && minimum.is_contiguous() &&
+                  minimum.numel() == n * kb,
+              "block_mm: an interleaved minimum must be a contiguous [N / 16, K / 32, 16] tensor, float32 for 4 bits, "
+              "int32 (128 * the block's sum of codes) for 8");
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  const QuantizedRows xq = quantize_rows(x);
+  const uint8_t* wp = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* sp = scale.data_ptr<float>();
+  const void* mp = minimum.data_ptr();
+  float* yp = y.data_ptr<float>();
+  // a task is a group of 16 features; enough groups per task that a thread's share is worth waking it for
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, kLanes * k * m));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    if (bits == 4)
+      run_groups<4>(wp, sp, mp, kb, xq.q.data(), k, xq.d.data(), xq.s.data(), m, yp, n, g0, g1);
+    else
+      run_groups<8>(wp, sp, mp, kb, xq.q.data(), k, xq.d.data(), xq.s.data(), m, yp, n, g0, g1);
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "block_mm: the interleaved layout needs AVX-512 VNNI, which this build lacks");
+#endif
+}
+
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                    const at::Tensor& minimum, int64_t bits) {
+  check_common(x, bits);
+  TORCH_CHECK(qweight.dim() == 2 || qweight.dim() == 3, "block_mm: qweight must be 2-D (rows) or 3-D (interleaved)");
+  const at::Tensor xc = x.contiguous();
+  return qweight.dim() == 3 ? block_mm_interleaved(xc, qweight, scale, minimum, bits)
+                            : block_mm_rows(xc, qweight, scale, minimum, bits);
+}
+
+// 16 where this build runs the interleaved layout (AVX-512 VNNI), else 0: the loader packs weights to match
+int64_t block_mm_interleave() { return kInterleaved ? kLanes : 0; }
 
 }  // namespace
 
 TORCH_LIBRARY(radixlang_cpu, m) {
   m.def("block_mm(Tensor x, Tensor qweight, Tensor scale, Tensor minimum, int bits) -> Tensor");
+  m.def("block_mm_interleave() -> int", &block_mm_interleave);
 }
 
 TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) { m.impl("block_mm", &block_mm); }

@@ -35,6 +35,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from . import prepacked
+
 logger = logging.getLogger(__name__)
 
 BF16_DENSE_MIN_ROWS = 12  # the features' defaults, used where the crossover is not measured
@@ -62,7 +64,9 @@ class CpuPaths:
 
     def cache_key(self) -> str:
         dense = "bf16" if self.dense_dtype == torch.bfloat16 else "fp32"
-        return f"{self.capability}|{','.join(self.flags)}|{dense}|torch{torch.__version__}|{torch.get_num_threads()}t"
+        # "prepacked": the dense side is timed on its oneDNN-packed copy (prepacked.py); older entries timed a plain matmul
+        return (f"{self.capability}|{','.join(self.flags)}|{dense}-prepacked|torch{torch.__version__}|"
+                f"{torch.get_num_threads()}t")
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,20 +182,21 @@ def measure_block(dense_dtype: torch.dtype, bits: int, rows: tuple[int, ...] = B
     (fp32: 12 MB, past the L2 caches; one layer keeps this under ~0.3 s on a 2-core AVX2 VM), best of `rounds`,
     interleaved. The block kernel's time grows with the rows (it is compute-bound from a few rows), the dense
     matmul's much less, so they cross once."""
-    from .gguf_blocks import GROUP
+    from .gguf_blocks import GROUP, GroupQuant
+    from .quant import block_operands
 
     k, n = in_features, out_features
-    qweight = torch.randint(0, 256, (n, k // 2 if bits == 4 else k), dtype=torch.uint8)
-    if bits == 8:
-        qweight = qweight.view(torch.int8)
-    scale = torch.full((n, k // GROUP), 0.01)
-    minimum = torch.full((n, k // GROUP), -0.08)
+    low, high = (0, 16) if bits == 4 else (-128, 128)
+    codes = torch.randint(low, high, (n, k), dtype=torch.int16)
+    blocks = GroupQuant(codes, torch.full((n, k // GROUP), 0.01), torch.full((n, k // GROUP), -0.08), bits=bits)
+    qweight, scale, minimum = block_operands(blocks)  # the layout the loader packs for this build
     dense = torch.full((n, k), 0.01, dtype=dense_dtype)
+    packed = prepacked.pack(dense)
 
     def runs(r: int) -> tuple[Callable[[], object], Callable[[], object]]:
         x = torch.randn(r, k)
-        xd = x.to(dense_dtype)
-        return lambda: torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, bits), lambda: xd @ dense.T
+        return (lambda: torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, bits),
+                lambda: prepacked.dense_matmul(x, dense, packed))
 
     return _best_thread_times(rows, rounds, runs)
 
@@ -251,11 +256,12 @@ def measure(dense_dtype: torch.dtype, halves: int, rows: tuple[int, ...] = MEASU
                torch.full((k // GROUP, out_features, 2), 0.01, dtype=torch.bfloat16),
                torch.full((out_features, in_features), 0.01, dtype=dense_dtype)) for _ in range(copies)]
 
+    packed = [prepacked.pack(d) for _, _, d in layers]
+
     def runs(r: int) -> tuple[Callable[[], object], Callable[[], object]]:
         x = torch.full((r, in_features), 0.5)
         xp = x.to(torch.bfloat16).repeat(1, halves)
-        xd = x.to(dense_dtype)
         return (lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xp, p, GROUP, sz) for p, sz, _ in layers],
-                lambda: [xd @ d.T for _, _, d in layers])
+                lambda: [prepacked.dense_matmul(x, d, pd) for (_, _, d), pd in zip(layers, packed)])
 
     return _best_thread_times(rows, rounds, runs)

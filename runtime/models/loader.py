@@ -17,7 +17,7 @@ from torch import nn
 
 from ..distributed.group import TensorParallel
 from ..tokenizer import Tokenizer
-from . import quant, weight_cache
+from . import block_kernel, quant, weight_cache
 from .checkpoint_quant import (
     QuantStore,
     checkpoint_kernels,
@@ -166,9 +166,11 @@ def model_from_state(cfg: LlamaConfig, state: dict[str, torch.Tensor], extra: di
 
 
 def weight_cache_tag() -> str:
-    """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels."""
+    """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels (the block
+    kernel's layout: interleaved by 16 features where its build has AVX-512 VNNI, else rows; 0 while not loaded)."""
     dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
-    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
+    return (f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
+            f"-blocks{block_kernel.interleave()}")
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import block_kernel, cpu_paths
+from . import block_kernel, cpu_paths, prepacked
 from .cpu_paths import detect
 from .gguf_blocks import GROUP, GroupQuant, cat_rows
 from .llama import packed_parts, packed_target
@@ -55,6 +55,7 @@ class Int8Linear(nn.Module):
     qweight: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
     scale: torch.Tensor
     dense: torch.Tensor
+    packed_dense: torch.Tensor | None  # dense, packed for oneDNN (not saved: redone at load)
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -65,6 +66,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale.to(torch.bfloat16))
         self.register_buffer("dense", self.qweight.to(DENSE_DTYPE))  # codes in [-127, 127]: exact in bf16
+        _attach_packed_dense(self)
         self.bias = _bias(bias)
 
     def dequantized(self) -> torch.Tensor:
@@ -74,7 +76,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat(x)
         if flat.shape[0] >= self.dense_min_rows:  # the kernel's own order: sum of x * code, then the scale
-            dense = flat.to(self.dense.dtype) @ self.dense.T
+            dense = prepacked.dense_matmul(flat, self.dense, self.packed_dense)
             return _finish(dense.float() * self.scale.float(), x, self.bias)
         out = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.qweight, self.scale)
         return _finish(out, x, self.bias)
@@ -89,6 +91,7 @@ class Int4Linear(nn.Module):
     packed: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
     scales_zeros: torch.Tensor
     dense: torch.Tensor
+    packed_dense: torch.Tensor | None  # dense, packed for oneDNN (not saved: redone at load)
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
     def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, keep_blocks: bool = False):
@@ -100,6 +103,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
         self.register_buffer("scales_zeros", torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous())
         self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
+        _attach_packed_dense(self)
         self.bits = weights.bits
         if keep_blocks:  # the block kernel is being built: the weight cache entry then serves BlockLinear later
             for name, tensor in zip(("qweight", "scale", "minimum"), block_operands(weights)):
@@ -109,7 +113,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat(x)
         if flat.shape[0] >= self.dense_min_rows:
-            return _finish(flat.to(self.dense.dtype) @ self.dense.T, x, self.bias)
+            return _finish(prepacked.dense_matmul(flat, self.dense, self.packed_dense), x, self.bias)
         flat = flat.to(torch.bfloat16)
         if self.repeats > 1:
             flat = flat.repeat(1, self.repeats)
@@ -129,6 +133,7 @@ class BlockLinear(nn.Module):
     scale: torch.Tensor
     minimum: torch.Tensor
     dense: torch.Tensor
+    packed_dense: torch.Tensor | None  # dense, packed for oneDNN (not saved: redone at load)
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
     def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
@@ -140,19 +145,29 @@ class BlockLinear(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("minimum", minimum)
         self.register_buffer("dense", weights.dequantize().to(DENSE_DTYPE))
+        _attach_packed_dense(self)
         self.bias = _bias(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat(x)
         if flat.shape[0] >= self.dense_min_rows:
-            return _finish(flat.to(self.dense.dtype) @ self.dense.T, x, self.bias)
+            return _finish(prepacked.dense_matmul(flat, self.dense, self.packed_dense), x, self.bias)
         out = torch.ops.radixlang_cpu.block_mm(flat.float(), self.qweight, self.scale, self.minimum, self.bits)
         return _finish(out, x, self.bias)
 
 
 def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qweight, scale, minimum) in block_mm's layout: 4-bit codes two a byte in ggml's order (byte j of a
-    block: code j low, code j + 16 high), Q8_0 codes as int8; fp32 scale and minimum per block."""
+    """(qweight, scale, minimum) in the layout block_mm.cpp runs fastest here: interleaved by 16 output features
+    where the kernel was built with AVX-512 VNNI (and the features are a multiple of 16), else by rows."""
+    lanes = block_kernel.interleave()
+    if lanes and w.codes.shape[0] % lanes == 0:
+        return _interleaved_operands(w, lanes)
+    return _row_operands(w)
+
+
+def _row_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows layout: 4-bit codes two a byte in ggml's order (byte j of a block: code j low, code j + 16 high),
+    Q8_0 codes as int8; fp32 scale and minimum per block."""
     n, k = w.codes.shape
     if w.bits == 8:
         qweight = w.codes.to(torch.int8)
@@ -160,6 +175,28 @@ def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         codes = w.codes.view(n, k // GROUP, GROUP).to(torch.uint8)
         qweight = (codes[..., :GROUP // 2] | (codes[..., GROUP // 2:] << 4)).reshape(n, k // 2)
     return qweight.contiguous(), w.scale.float().contiguous(), w.minimum.float().contiguous()
+
+
+def _interleaved_operands(w: GroupQuant, lanes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The interleaved layout (block_mm.cpp states it): per group of `lanes` features and block, 4 input codes of
+    each feature side by side; scale and minimum [groups, blocks, lanes]; Q8_0's minimum is the int32 128 * the
+    block's sum of codes, which takes back out the + 128 its activations get."""
+    n, k = w.codes.shape
+    groups, blocks = n // lanes, k // GROUP
+
+    def by_block(per_block: torch.Tensor) -> torch.Tensor:  # [n, blocks] -> [groups, blocks, lanes]
+        return per_block.reshape(groups, lanes, blocks).permute(0, 2, 1).contiguous()
+
+    if w.bits == 8:
+        codes = w.codes.view(groups, lanes, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (group, block, i, lane, j)
+        qweight = codes.to(torch.int8).reshape(groups, blocks, 8 * lanes * 4)
+        minimum = by_block(128 * w.codes.view(n, blocks, GROUP).sum(-1, dtype=torch.int32))
+    else:
+        codes = w.codes.view(groups, lanes, blocks, 2, 4, 4).to(torch.uint8)  # (group, lane, block, half, i, j)
+        packed = codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)  # inputs 4 i + j low, 16 + 4 i + j high
+        qweight = packed.permute(0, 2, 3, 1, 4).reshape(groups, blocks, 4 * lanes * 4)
+        minimum = by_block(w.minimum.float())
+    return qweight.contiguous(), by_block(w.scale.float()), minimum
 
 
 def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -174,6 +211,12 @@ def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
     return None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+
+def _attach_packed_dense(module: nn.Module) -> None:
+    """The dense copy packed for oneDNN (prepacked.py), as a buffer that is not saved: the weight cache keeps the
+    plain copy, and the packing (~1 ms a MB) is redone at each load."""
+    module.register_buffer("packed_dense", prepacked.pack(module.dense), persistent=False)
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -290,6 +333,7 @@ def _new(cls: type[nn.Module], record: dict, state: dict[str, torch.Tensor]) -> 
     for name, tensor in state.items():
         if name != "bias":
             module.register_buffer(name, tensor)
+    _attach_packed_dense(module)
     module.bias = _bias(state.get("bias"))
     return module
 

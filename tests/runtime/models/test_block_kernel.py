@@ -34,14 +34,21 @@ def file_blocks(qtype, rows: int, cols: int, seed: int) -> tuple[np.ndarray, tor
     return raw, torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64))
 
 
+INTERLEAVED = block_kernel.interleave() > 0  # this CPU's build runs the interleaved layout (AVX-512 VNNI)
+# N = 37: the rows layout (odd N, every CPU); N = 48: three interleaved groups where the build has that layout
+LAYOUTS = [37, pytest.param(48, marks=pytest.mark.skipif(not INTERLEAVED, reason="no AVX-512 VNNI"))]
+
+
+@pytest.mark.parametrize("n", LAYOUTS, ids=["rows", "interleaved"])
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
-def test_block_mm_is_the_files_weights_times_the_quantized_activations(qtype, monkeypatch):
+def test_block_mm_is_the_files_weights_times_the_quantized_activations(qtype, n, monkeypatch):
     monkeypatch.setattr(quant, "DENSE_MIN_ROWS", 1 << 30)  # the kernel at every row count
-    n, k = 37, 160  # odd N; K = 5 blocks
+    k = 160  # K = 5 blocks
     raw, weight = file_blocks(qtype, n, k, seed=0)
     layer = BlockLinear(read_blocks(raw, qtype, (n, k)), None)
+    assert layer.qweight.dim() == (3 if n % 16 == 0 and INTERLEAVED else 2)
     g = torch.Generator().manual_seed(1)
-    for rows in [*range(1, 10), 15, 16, 17, 31, 33, 40]:  # every tail of the 4-row tile, and many tiles
+    for rows in [*range(1, 10), 15, 16, 17, 31, 33, 40]:  # every tail of the 4- and 8-row tiles, and many tiles
         x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 3
         x[0, 32:64] = 0  # a block of zeros: scale 0
         want = quantize_activations(x).double() @ weight.T
@@ -52,9 +59,10 @@ def test_block_mm_is_the_files_weights_times_the_quantized_activations(qtype, mo
         assert ((got.double() - want).abs() <= bound).all(), (rows, (got.double() - want).abs().max())
 
 
-def test_block_mm_extremes_of_the_codes_and_the_activations():
+@pytest.mark.parametrize("n", [5, 16], ids=["rows", "interleaved"])
+def test_block_mm_extremes_of_the_codes_and_the_activations(n):
     """Q8_0 codes of -128 and 127 against activations of +-127: the largest products; 4-bit codes 0 and 15."""
-    n, k = 5, 64
+    k = 64
     codes = torch.tensor([-128, 127] * (n * k // 2), dtype=torch.int16).view(n, k)
     scale, minimum = torch.full((n, 2), 0.5), torch.zeros(n, 2)
     x = torch.tensor([1.0, -1.0] * (k // 2)).repeat(3, 1) * torch.tensor([[1.0], [-2.0], [0.25]])
@@ -77,6 +85,14 @@ def test_block_mm_refuses_bad_operands():
         torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, 5)
     with pytest.raises(RuntimeError, match="qweight"):
         torch.ops.radixlang_cpu.block_mm(x, qweight[:, :16], scale, minimum, 4)
+    if INTERLEAVED:  # a group's operands of the wrong kind
+        qweight, scale, minimum = quant.block_operands(quant.GroupQuant(
+            torch.zeros(16, 64, dtype=torch.int16), torch.ones(16, 2), torch.zeros(16, 2), bits=8))
+        assert qweight.dim() == 3
+        with pytest.raises(RuntimeError, match="int32"):
+            torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum.float(), 8)
+        with pytest.raises(RuntimeError, match="qweight"):
+            torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, 4)
 
 
 def test_compiled_block_linear_equals_eager(monkeypatch):
