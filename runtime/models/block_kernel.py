@@ -1,12 +1,20 @@
-"""A native AVX2 matmul over a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks (`torch.ops.radixlang_cpu.block_mm`).
+"""A native matmul over a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks (`torch.ops.radixlang_cpu.block_mm`).
 
-llama.cpp's method, written here: the weights stay as the file's 32-weight blocks (4-bit codes two a byte, an
-fp32 scale and minimum per block), the activations are quantized per row and block of 32 to int8 with a scale
-(and the block's sum, for the minimum's term), and each block's dot product is an exact integer sum on AVX2
-(`maddubs` / `madd`; AVX-VNNI's `dpbusd` where the compiler targets it), scaled and accumulated in fp32.
-A register tile of 4 output features by 1-2 activation rows (4 rows by 1 feature on a tail) shares each unpacked
-weight block, and tiles of output features are split over torch's own thread pool (`at::parallel_for`). block_mm.cpp documents the layouts and the
-activation rule (the tests' oracle repeats it).
+llama.cpp's method, written here: the weights stay as the file's 32-weight blocks (4-bit codes two a byte, a
+scale and minimum per block), the activations are quantized per row and block of 32 to int8 with a scale (and
+the block's sum, for the minimum's term), and each block's dot product is an exact integer sum, scaled and
+accumulated in fp32. Two layouts (block_mm.cpp documents both, and the activation rule the tests' oracle repeats):
+- interleaved, where the build has AVX-512 VNNI: 16 output features side by side, so one 512-bit `dpbusd`
+  takes 4 inputs of 16 features and each feature's sum stays in its lane; scales and minimums in fp16, as the
+  file stores them. A group of 16 features by up to 8 activation rows is the register tile. On the AMX Xeon VM
+  (benchmark/block_mm.py, 2 threads, 2026-12-03 19:19 UTC) a 576 x 3072 Q4_1 layer took 0.025 / 0.031 / 0.055 /
+  0.100 ms at 1 / 4 / 8 / 16 rows against the rows layout's 0.037 / 0.101 / 0.201 / 0.364 in the same run (the
+  bf16 dense copy: 0.14 at each), so the dense copy now takes over at ~20 rows instead of 7; 4-bit blocks
+  read 20 bytes instead of 24.
+- rows, elsewhere (AVX2; AVX-VNNI's 256-bit `dpbusd` where the compiler targets it): each feature's blocks
+  as stored, a register tile of 4 features by 1-2 rows.
+Tiles are split over torch's own thread pool (`at::parallel_for`). `quant.block_operands` packs a layer's
+blocks in the layout `interleave()` names.
 
 The op is C++ compiled on this machine with g++ (no ninja, no setuptools): one file against torch's headers,
 `-O3 -march=native -fopenmp`, ~15-25 s. The shared object is kept in the cache folder (weight_cache.cache_dir()/kernels),
@@ -146,6 +154,15 @@ def interleave() -> int:
         except (OSError, RuntimeError) as e:
             _fail(e)
     return int(torch.ops.radixlang_cpu.block_mm_interleave()) if _state["loaded"] else 0
+
+
+def layout_tag() -> str:
+    """Names the block layout a weight cache entry was packed in: "none" (no kernel loaded), "rows", or the
+    interleaved layout with the build's hash, since block_mm.cpp defines that layout (an entry packed by an
+    earlier build, e.g. fp32 scales, is then a miss, not operands the kernel refuses at the first request)."""
+    if not interleave():
+        return "rows" if _state["loaded"] else "none"
+    return f"interleaved{interleave()}-{library_path().stem.removeprefix('block_mm-')}"
 
 
 def available(wait: bool = False) -> bool:

@@ -167,10 +167,10 @@ def model_from_state(cfg: LlamaConfig, state: dict[str, torch.Tensor], extra: di
 
 def weight_cache_tag() -> str:
     """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels (the block
-    kernel's layout: interleaved by 16 features where its build has AVX-512 VNNI, else rows; 0 while not loaded)."""
+    kernel's layout: block_kernel.layout_tag)."""
     dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
     return (f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
-            f"-blocks{block_kernel.interleave()}")
+            f"-blocks_{block_kernel.layout_tag()}")
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""Weight-only low-bit linears for CPU decode: a GGUF's blocks (and "int4"'s groups) on radixlang's AVX2 block
-kernel (BlockLinear over block_kernel.py's `radixlang_cpu::block_mm`: int8 activations per 32, integer dot
-products, llama.cpp's method), and torch's packed CPU kernels (Int4Linear, Int8Linear) where that kernel is not
+"""Weight-only low-bit linears for CPU decode: a GGUF's blocks (and "int4"'s groups) on radixlang's block kernel
+(BlockLinear over block_kernel.py's `radixlang_cpu::block_mm`: int8 activations per 32, integer dot products,
+llama.cpp's method; AVX-512 VNNI on weights interleaved by 16 features where built so, AVX2 on rows elsewhere),
+and torch's packed CPU kernels (Int4Linear, Int8Linear) where that kernel is not
 built (no AVX2 or g++, or while its one-time build runs in the background) and for "int8".
 
 At batch 1 a decode step reads every weight once, so its time is the bytes read: int8 reads a quarter of
@@ -12,7 +13,8 @@ model, the oracle (`quantization="none"`).
 The packed kernels unpack every weight once per few input rows, so their cost grows with the rows: from
 a layer's `dense_min_rows` rows on (batched decode steps, prefill chunks) it runs a dense matmul instead, on
 a copy of its weights in DENSE_DTYPE: bf16 on CPUs with bf16 units, fp32 elsewhere (int8 codes are exact in
-bf16, 4-bit weights d * q + m round to bf16). cpu_paths.py chooses both: the dtype from the CPU's features,
+bf16, 4-bit weights d * q + m round to bf16), whose bf16 matmul runs on a weight packed once for oneDNN
+(prepacked.py). cpu_paths.py chooses both: the dtype from the CPU's features,
 the rows from a one-time measurement on this machine, per form (4-bit, or Q8_0's two halves).
 
 Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from the file's own blocks
@@ -20,6 +22,8 @@ Modes: "none" fp32 (exact); "auto" runs a GGUF's Q4_0 / Q4_1 / Q8_0 tensors from
 group-wise (32) round-to-nearest int4 of every linear.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -160,7 +164,7 @@ def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     """(qweight, scale, minimum) in the layout block_mm.cpp runs fastest here: interleaved by 16 output features
     where the kernel was built with AVX-512 VNNI (and the features are a multiple of 16), else by rows."""
     lanes = block_kernel.interleave()
-    if lanes and w.codes.shape[0] % lanes == 0:
+    if lanes and w.codes.shape[0] % lanes == 0 and _exact_in_half(w.scale) and _exact_in_half(w.minimum):
         return _interleaved_operands(w, lanes)
     return _row_operands(w)
 
@@ -179,8 +183,9 @@ def _row_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def _interleaved_operands(w: GroupQuant, lanes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The interleaved layout (block_mm.cpp states it): per group of `lanes` features and block, 4 input codes of
-    each feature side by side; scale and minimum [groups, blocks, lanes]; Q8_0's minimum is the int32 128 * the
-    block's sum of codes, which takes back out the + 128 its activations get."""
+    each feature side by side; scale and minimum [groups, blocks, lanes] in fp16 (a GGUF's own precision; "int4"
+    rounds its scales to fp16 when it quantizes); Q8_0's minimum is the int16 sum of the block's codes, which takes
+    back out the + 128 its activations get."""
     n, k = w.codes.shape
     groups, blocks = n // lanes, k // GROUP
 
@@ -190,13 +195,19 @@ def _interleaved_operands(w: GroupQuant, lanes: int) -> tuple[torch.Tensor, torc
     if w.bits == 8:
         codes = w.codes.view(groups, lanes, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (group, block, i, lane, j)
         qweight = codes.to(torch.int8).reshape(groups, blocks, 8 * lanes * 4)
-        minimum = by_block(128 * w.codes.view(n, blocks, GROUP).sum(-1, dtype=torch.int32))
+        minimum = by_block(w.codes.view(n, blocks, GROUP).sum(-1, dtype=torch.int32).to(torch.int16))
     else:
         codes = w.codes.view(groups, lanes, blocks, 2, 4, 4).to(torch.uint8)  # (group, lane, block, half, i, j)
         packed = codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)  # inputs 4 i + j low, 16 + 4 i + j high
         qweight = packed.permute(0, 2, 3, 1, 4).reshape(groups, blocks, 4 * lanes * 4)
-        minimum = by_block(w.minimum.float())
-    return qweight.contiguous(), by_block(w.scale.float()), minimum
+        minimum = by_block(w.minimum.to(torch.float16))
+    return qweight.contiguous(), by_block(w.scale.to(torch.float16)), minimum
+
+
+def _exact_in_half(values: torch.Tensor) -> bool:
+    """Whether fp16 holds `values` exactly (a GGUF's scales and minimums are fp16; quantize_int4_rtn rounds its
+    own), so the interleaved layout computes with the same weights as the dense copy; else the rows layout."""
+    return torch.equal(values.to(torch.float16).float(), values.float())
 
 
 def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -236,10 +247,21 @@ def quantize_int4_rtn(weight: torch.Tensor) -> GroupQuant:
     group's [min, max], so the error is at most half a step, (max - min) / 30."""
     w = weight.detach().float()
     groups = w.view(w.shape[0], -1, GROUP)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    # minimum and scale in fp16 (where in its range), as a GGUF stores them, for the block kernel's interleaved
+    # layout; rounded outward (minimum down, scale up), so the codes still span the group and the bound holds
+    low, high = _half_toward(groups.amin(dim=-1), -math.inf), groups.amax(dim=-1)
+    scale = _half_toward(((high - low) / 15).clamp(min=2**-24), math.inf)  # 2^-24: fp16's least step, never 0
     codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
     return GroupQuant(codes.view_as(w).to(torch.int16), scale, low, bits=4)
+
+
+def _half_toward(values: torch.Tensor, direction: float) -> torch.Tensor:
+    """`values` rounded to fp16 toward `direction` (-inf: the largest fp16 at most each value; inf: the least at
+    least), as fp32; a value beyond fp16's range stays as it is."""
+    half = values.half()
+    wrong_side = half.float() > values if direction < 0 else half.float() < values
+    half = torch.where(wrong_side, torch.nextafter(half, torch.full_like(half, direction)), half)
+    return torch.where(torch.isfinite(half), half.float(), values)
 
 
 def packable(out_features: int, in_features: int, mode: str) -> bool:
