@@ -107,7 +107,7 @@ def _load_gguf_cached(path: Path, device: torch.device, dtype: torch.dtype, quan
     gguf = read_gguf_once(path)
     cfg, arch = _gguf_config(gguf)
     tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
-    key = weight_cache.entry_key(path, f"{quantization}-{dtype}-{weight_cache_tag()}")
+    key = weight_cache.entry_key(path, f"{quantization}-{dtype}-{weight_cache_tag(quantization)}")
     identity = weight_cache.source_identity(path)
     cached = None if keep_blocks else weight_cache.load_entry(key, identity)
     if cached is not None:
@@ -165,12 +165,12 @@ def model_from_state(cfg: LlamaConfig, state: dict[str, torch.Tensor], extra: di
     return model.eval()
 
 
-def weight_cache_tag() -> str:
-    """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels (the block
-    kernel's layout: block_kernel.layout_tag)."""
+def weight_cache_tag(quantization: str) -> str:
+    """What a converted model depends on besides its file: torch's packed layouts and the CPU's kernels (for the
+    modes that pack blocks, the block kernel's layout: block_kernel.layout_tag)."""
     dense = str(quant.DENSE_DTYPE).removeprefix("torch.")
-    return (f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}"
-            f"-blocks_{block_kernel.layout_tag()}")
+    blocks = f"-blocks_{block_kernel.layout_tag()}" if quantization in ("auto", "int4") else ""
+    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}{blocks}"
 
 
 @contextlib.contextmanager

@@ -13,6 +13,8 @@ The packed weight is an mkldnn-layout tensor, which inductor lowers only as a fr
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # bf16 only: there the packed call is bit-equal to the plain matmul. An fp32 copy (AVX2 CPUs) stays plain: oneDNN's
@@ -33,11 +35,21 @@ def _prepacked_linear_shape(x: torch.Tensor, packed: torch.Tensor, out_features:
 
 def pack(dense: torch.Tensor) -> torch.Tensor | None:
     """`dense` ([out_features, in_features]) in oneDNN's blocked layout, or None where it stays plain (not on the
-    CPU, torch without mkldnn, not bf16). The layout is chosen for any row count (no batch
+    CPU, torch without mkldnn, not bf16, no bf16 units). The layout is chosen for any row count (no batch
     hint): packed for 16 rows it was 10-15% slower at 64-512 rows and equal at 16."""
-    if dense.device.type != "cpu" or dense.dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
+    if (dense.device.type != "cpu" or dense.dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available()
+            or not bf16_units()):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(dense.contiguous(), None)
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_units() -> bool:
+    """Whether oneDNN runs bf16 natively here (AVX512_BF16 or AMX at torch's AVX512 level): the CPUs this was
+    measured on, and where cpu_paths makes the dense copies bf16. Elsewhere (an AVX2 CPU with bf16 copies forced
+    by RADIXLANG_CPU_PATHS=bf16) the plain matmul stays."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512") and (
+        torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def dense_matmul(flat: torch.Tensor, dense: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:

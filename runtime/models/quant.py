@@ -224,9 +224,9 @@ def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
     return None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
 
-def _attach_packed_dense(module: nn.Module) -> None:
+def _attach_packed_dense(module: Int8Linear | Int4Linear | BlockLinear) -> None:
     """The dense copy packed for oneDNN (prepacked.py), as a buffer that is not saved: the weight cache keeps the
-    plain copy, and the packing (~1 ms a MB) is redone at each load."""
+    plain copy, and the packing (~1 ms a MB; 0.28 s for the default model) is redone at each load."""
     module.register_buffer("packed_dense", prepacked.pack(module.dense), persistent=False)
 
 

@@ -10,7 +10,7 @@ from radixlang.runtime.models.gguf_blocks import GroupQuant
 from radixlang.runtime.models.quant import BlockLinear, Int4Linear
 
 pytestmark = pytest.mark.skipif(prepacked.pack(torch.zeros(16, 32, dtype=torch.bfloat16)) is None,
-                                reason="torch without mkldnn")
+                                reason="no bf16 units (the dense copies are fp32 and stay plain) or no mkldnn")
 
 
 def test_the_packed_matmul_is_the_plain_matmul():

@@ -36,7 +36,7 @@ def tiny_gguf(tmp_path, monkeypatch):
 
 
 def entry_of(path, mode: str):
-    key = weight_cache.entry_key(path, f"{mode}-{torch.float32}-{loader.weight_cache_tag()}")
+    key = weight_cache.entry_key(path, f"{mode}-{torch.float32}-{loader.weight_cache_tag(mode)}")
     return weight_cache.load_entry(key, weight_cache.source_identity(path))
 
 
