@@ -51,8 +51,8 @@ def main() -> None:
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
         blocks = read_blocks(gguf.quants.quantize(w, qtype), qtype, (n, k))
         copies = max(1, (64 << 20) // (n * k * 4))  # fp32 weights past the caches
-        block = [quant.block_operands(blocks) for _ in range(copies)]
-        rows_layout = [quant._row_operands(blocks) for _ in range(copies)]
+        block = [block_kernel.block_operands(blocks) for _ in range(copies)]
+        rows_layout = [block_kernel.row_operands(blocks) for _ in range(copies)]
         packed = [quant.Int4Linear(blocks, None) for _ in range(copies)]
         for layer in packed:
             layer.dense_min_rows = 1 << 30  # the packed kernel at every row count

@@ -13,7 +13,7 @@ accumulated in fp32. Two layouts (block_mm.cpp documents both, and the activatio
   read 20 bytes instead of 24.
 - rows, elsewhere (AVX2; AVX-VNNI's 256-bit `dpbusd` where the compiler targets it): each feature's blocks
   as stored, a register tile of 4 features by 1-2 rows.
-Tiles are split over torch's own thread pool (`at::parallel_for`). `quant.block_operands` packs a layer's
+Tiles are split over torch's own thread pool (`at::parallel_for`). `block_operands` packs a layer's
 blocks in the layout `interleave()` names.
 
 The op is C++ compiled on this machine with g++ (no ninja, no setuptools): one file against torch's headers,
@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from .gguf_blocks import GROUP, GroupQuant
 
 logger = logging.getLogger(__name__)
 
@@ -158,11 +160,17 @@ def interleave() -> int:
 
 def layout_tag() -> str:
     """Names the block layout a weight cache entry was packed in: "none" (no kernel loaded), "rows", or the
-    interleaved layout with the build's hash, since block_mm.cpp defines that layout (an entry packed by an
-    earlier build, e.g. fp32 scales, is then a miss, not operands the kernel refuses at the first request)."""
+    interleaved layout with a hash of the two files that define it (block_mm.cpp and this one's block_operands):
+    an entry packed by an earlier version (e.g. fp32 scales) is then a miss, not operands the kernel refuses at
+    the first request."""
     if not interleave():
         return "rows" if _state["loaded"] else "none"
-    return f"interleaved{interleave()}-{library_path().stem.removeprefix('block_mm-')}"
+    return f"interleaved{interleave()}-{_layout_sources_hash()}"
+
+
+@functools.lru_cache(maxsize=1)
+def _layout_sources_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def available(wait: bool = False) -> bool:
@@ -223,3 +231,53 @@ if __name__ == "__main__":  # `make install`: build (or find) the kernel now
     else:
         reason = _state["failed"] or "no AVX2, no g++, or RADIXLANG_BLOCK_KERNEL=0"
         print(f"block_mm kernel: unavailable ({reason}); low-bit linears use torch's int4pack")
+
+
+def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, scale, minimum) in the layout block_mm.cpp runs fastest here: interleaved by 16 output features
+    where the kernel was built with AVX-512 VNNI (and the features are a multiple of 16), else by rows."""
+    lanes = interleave()
+    if lanes and w.codes.shape[0] % lanes == 0 and _exact_in_half(w.scale) and _exact_in_half(w.minimum):
+        return interleaved_operands(w, lanes)
+    return row_operands(w)
+
+
+def row_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows layout: 4-bit codes two a byte in ggml's order (byte j of a block: code j low, code j + 16 high),
+    Q8_0 codes as int8; fp32 scale and minimum per block."""
+    n, k = w.codes.shape
+    if w.bits == 8:
+        qweight = w.codes.to(torch.int8)
+    else:
+        codes = w.codes.view(n, k // GROUP, GROUP).to(torch.uint8)
+        qweight = (codes[..., :GROUP // 2] | (codes[..., GROUP // 2:] << 4)).reshape(n, k // 2)
+    return qweight.contiguous(), w.scale.float().contiguous(), w.minimum.float().contiguous()
+
+
+def interleaved_operands(w: GroupQuant, lanes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The interleaved layout (block_mm.cpp states it): per group of `lanes` features and block, 4 input codes of
+    each feature side by side; scale and minimum [groups, blocks, lanes] in fp16 (a GGUF's own precision; "int4"
+    rounds its scales to fp16 when it quantizes); Q8_0's minimum is the int16 sum of the block's codes, which takes
+    back out the + 128 its activations get."""
+    n, k = w.codes.shape
+    groups, blocks = n // lanes, k // GROUP
+
+    def by_block(per_block: torch.Tensor) -> torch.Tensor:  # [n, blocks] -> [groups, blocks, lanes]
+        return per_block.reshape(groups, lanes, blocks).permute(0, 2, 1).contiguous()
+
+    if w.bits == 8:
+        codes = w.codes.view(groups, lanes, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (group, block, i, lane, j)
+        qweight = codes.to(torch.int8).reshape(groups, blocks, 8 * lanes * 4)
+        minimum = by_block(w.codes.view(n, blocks, GROUP).sum(-1, dtype=torch.int32).to(torch.int16))
+    else:
+        codes = w.codes.view(groups, lanes, blocks, 2, 4, 4).to(torch.uint8)  # (group, lane, block, half, i, j)
+        packed = codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)  # inputs 4 i + j low, 16 + 4 i + j high
+        qweight = packed.permute(0, 2, 3, 1, 4).reshape(groups, blocks, 4 * lanes * 4)
+        minimum = by_block(w.minimum.to(torch.float16))
+    return qweight.contiguous(), by_block(w.scale.to(torch.float16)), minimum
+
+
+def _exact_in_half(values: torch.Tensor) -> bool:
+    """Whether fp16 holds `values` exactly (a GGUF's scales and minimums are fp16; quantize_int4_rtn rounds its
+    own), so the interleaved layout computes with the same weights as the dense copy; else the rows layout."""
+    return torch.equal(values.to(torch.float16).float(), values.float())

@@ -184,14 +184,13 @@ def measure_block(dense_dtype: torch.dtype, bits: int, rows: tuple[int, ...] = B
     matmul's much less, so they cross once."""
     from . import block_kernel
     from .gguf_blocks import GROUP, GroupQuant
-    from .quant import block_operands
 
     k, n = in_features, out_features
     low, high = (0, 16) if bits == 4 else (-128, 128)
     codes = torch.randint(low, high, (n, k), dtype=torch.int16)
     # scale and minimum exact in fp16, as a GGUF's are: else block_operands keeps the rows layout
     blocks = GroupQuant(codes, torch.full((n, k // GROUP), 2**-7), torch.full((n, k // GROUP), -2**-4), bits=bits)
-    qweight, scale, minimum = block_operands(blocks)  # the layout the loader packs for this build
+    qweight, scale, minimum = block_kernel.block_operands(blocks)  # the layout the loader packs for this build
     assert (qweight.dim() == 3) == (block_kernel.interleave() > 0), "measured a layout the model would not run"
     dense = torch.full((n, k), 0.01, dtype=dense_dtype)
     packed = prepacked.pack(dense)

@@ -110,7 +110,7 @@ class Int4Linear(nn.Module):
         _attach_packed_dense(self)
         self.bits = weights.bits
         if keep_blocks:  # the block kernel is being built: the weight cache entry then serves BlockLinear later
-            for name, tensor in zip(("qweight", "scale", "minimum"), block_operands(weights)):
+            for name, tensor in zip(("qweight", "scale", "minimum"), block_kernel.block_operands(weights)):
                 self.register_buffer(name, tensor)
         self.bias = _bias(bias)
 
@@ -142,7 +142,7 @@ class BlockLinear(nn.Module):
 
     def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
         super().__init__()
-        qweight, scale, minimum = block_operands(weights)
+        qweight, scale, minimum = block_kernel.block_operands(weights)
         self.in_features, self.bits = weights.codes.shape[1], weights.bits
         self.dense_min_rows = block_dense_min_rows(self.bits)
         self.register_buffer("qweight", qweight)
@@ -158,56 +158,6 @@ class BlockLinear(nn.Module):
             return _finish(prepacked.dense_matmul(flat, self.dense, self.packed_dense), x, self.bias)
         out = torch.ops.radixlang_cpu.block_mm(flat.float(), self.qweight, self.scale, self.minimum, self.bits)
         return _finish(out, x, self.bias)
-
-
-def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qweight, scale, minimum) in the layout block_mm.cpp runs fastest here: interleaved by 16 output features
-    where the kernel was built with AVX-512 VNNI (and the features are a multiple of 16), else by rows."""
-    lanes = block_kernel.interleave()
-    if lanes and w.codes.shape[0] % lanes == 0 and _exact_in_half(w.scale) and _exact_in_half(w.minimum):
-        return _interleaved_operands(w, lanes)
-    return _row_operands(w)
-
-
-def _row_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rows layout: 4-bit codes two a byte in ggml's order (byte j of a block: code j low, code j + 16 high),
-    Q8_0 codes as int8; fp32 scale and minimum per block."""
-    n, k = w.codes.shape
-    if w.bits == 8:
-        qweight = w.codes.to(torch.int8)
-    else:
-        codes = w.codes.view(n, k // GROUP, GROUP).to(torch.uint8)
-        qweight = (codes[..., :GROUP // 2] | (codes[..., GROUP // 2:] << 4)).reshape(n, k // 2)
-    return qweight.contiguous(), w.scale.float().contiguous(), w.minimum.float().contiguous()
-
-
-def _interleaved_operands(w: GroupQuant, lanes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The interleaved layout (block_mm.cpp states it): per group of `lanes` features and block, 4 input codes of
-    each feature side by side; scale and minimum [groups, blocks, lanes] in fp16 (a GGUF's own precision; "int4"
-    rounds its scales to fp16 when it quantizes); Q8_0's minimum is the int16 sum of the block's codes, which takes
-    back out the + 128 its activations get."""
-    n, k = w.codes.shape
-    groups, blocks = n // lanes, k // GROUP
-
-    def by_block(per_block: torch.Tensor) -> torch.Tensor:  # [n, blocks] -> [groups, blocks, lanes]
-        return per_block.reshape(groups, lanes, blocks).permute(0, 2, 1).contiguous()
-
-    if w.bits == 8:
-        codes = w.codes.view(groups, lanes, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (group, block, i, lane, j)
-        qweight = codes.to(torch.int8).reshape(groups, blocks, 8 * lanes * 4)
-        minimum = by_block(w.codes.view(n, blocks, GROUP).sum(-1, dtype=torch.int32).to(torch.int16))
-    else:
-        codes = w.codes.view(groups, lanes, blocks, 2, 4, 4).to(torch.uint8)  # (group, lane, block, half, i, j)
-        packed = codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)  # inputs 4 i + j low, 16 + 4 i + j high
-        qweight = packed.permute(0, 2, 3, 1, 4).reshape(groups, blocks, 4 * lanes * 4)
-        minimum = by_block(w.minimum.to(torch.float16))
-    return qweight.contiguous(), by_block(w.scale.to(torch.float16)), minimum
-
-
-def _exact_in_half(values: torch.Tensor) -> bool:
-    """Whether fp16 holds `values` exactly (a GGUF's scales and minimums are fp16; quantize_int4_rtn rounds its
-    own), so the interleaved layout computes with the same weights as the dense copy; else the rows layout."""
-    return torch.equal(values.to(torch.float16).float(), values.float())
 
 
 def _int4_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -68,17 +68,17 @@ def test_block_mm_extremes_of_the_codes_and_the_activations(n):
     x = torch.tensor([1.0, -1.0] * (k // 2)).repeat(3, 1) * torch.tensor([[1.0], [-2.0], [0.25]])
     want = quantize_activations(x).double() @ (codes.double() * 0.5).T
     eight = quant.GroupQuant(codes, scale, minimum, bits=8)
-    got = torch.ops.radixlang_cpu.block_mm(x, *quant.block_operands(eight), 8)
+    got = torch.ops.radixlang_cpu.block_mm(x, *block_kernel.block_operands(eight), 8)
     assert torch.allclose(got.double(), want, rtol=1e-6)
     four = quant.GroupQuant((codes > 0).to(torch.int16) * 15, scale, minimum - 3.0, bits=4)
-    got = torch.ops.radixlang_cpu.block_mm(x, *quant.block_operands(four), 4)
+    got = torch.ops.radixlang_cpu.block_mm(x, *block_kernel.block_operands(four), 4)
     assert torch.allclose(got.double(), quantize_activations(x).double() @ four.dequantize().double().T, rtol=1e-6)
 
 
 def test_block_mm_refuses_bad_operands():
     x, w = torch.randn(2, 64), quant.GroupQuant(torch.zeros(3, 64, dtype=torch.int16), torch.ones(3, 2),
                                                 torch.zeros(3, 2), bits=4)
-    qweight, scale, minimum = quant.block_operands(w)
+    qweight, scale, minimum = block_kernel.block_operands(w)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         torch.ops.radixlang_cpu.block_mm(torch.randn(2, 48), qweight, scale, minimum, 4)
     with pytest.raises(RuntimeError, match="bits must be 4 or 8"):
@@ -86,7 +86,7 @@ def test_block_mm_refuses_bad_operands():
     with pytest.raises(RuntimeError, match="qweight"):
         torch.ops.radixlang_cpu.block_mm(x, qweight[:, :16], scale, minimum, 4)
     if INTERLEAVED:  # a group's operands of the wrong kind
-        qweight, scale, minimum = quant.block_operands(quant.GroupQuant(
+        qweight, scale, minimum = block_kernel.block_operands(quant.GroupQuant(
             torch.zeros(16, 64, dtype=torch.int16), torch.ones(16, 2), torch.zeros(16, 2), bits=8))
         assert qweight.dim() == 3
         with pytest.raises(RuntimeError, match="int16"):
