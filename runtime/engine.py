@@ -21,6 +21,7 @@ from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
 from .models.eplb import Placement, plan_rebalance
 from .models.loader import default_model_path
+from .models.weight_cache import write_when_idle
 from .multimodal.prompt import text_ids
 from .openmp_workers import release_openmp_workers
 from .profiler import ProfileSpec, StepProfiler
@@ -129,6 +130,7 @@ class Engine:
         self.profiler = StepProfiler()  # its state is the scheduler thread's
         self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
         release_openmp_workers()  # this thread's, from loading: the model runs on the scheduler thread's
+        write_when_idle(self._thread)  # a converting start's weight cache write waits out the first requests
         if self.decode_compile is not None:  # once the engine is up, and idle
             self.decode_compile.start(self._thread.idle_seconds)
 

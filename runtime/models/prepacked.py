@@ -57,4 +57,8 @@ def dense_matmul(flat: torch.Tensor, dense: torch.Tensor, packed: torch.Tensor |
     flat = flat.to(dense.dtype)
     if packed is None:
         return flat @ dense.T
-    return prepacked_linear(flat.contiguous(), packed, dense.shape[0])
+    if torch.compiler.is_compiling():  # traced: the opaque op, which inductor calls as an extern kernel
+        return prepacked_linear(flat.contiguous(), packed, dense.shape[0])
+    # eager: oneDNN's op itself. The custom op's first call imports dynamo (and triton), ~1.3 s of a one-shot
+    # `radixlang generate`, which then also printed triton's nanobind leak report at exit
+    return torch.ops.mkldnn._linear_pointwise(flat.contiguous(), packed, None, "none", [], "")

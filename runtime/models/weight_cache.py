@@ -23,8 +23,10 @@ import os
 import sys
 import tempfile
 import threading
+import time
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -119,14 +121,47 @@ def try_save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.
         logger.warning("could not write the weight cache to %s: %s", folder or cache_dir(), e)
 
 
+class Idleness(Protocol):
+    def idle_seconds(self) -> float: ...
+
+
+# the process's engines (their scheduler threads), which the background writes wait for (write_when_idle)
+_engines: weakref.WeakSet[Idleness] = weakref.WeakSet()
+WRITE_AFTER_IDLE_S = 1.0  # a write starts once every engine has had no request this long,
+WRITE_START_LATEST_S = 60.0  # or this long after the load at the latest (a server under constant load)
+ENGINE_GRACE_S = 3.0  # how long a write waits for an engine to register before it writes anyway
+_hurry = threading.Event()  # set by wait_for_write: a joiner needs the entry (a load of the same file)
+
+
+def write_when_idle(engine: Idleness) -> None:
+    """Background writes of this process wait until `engine` (and every other registered one) has been idle for
+    WRITE_AFTER_IDLE_S: a cold start's first requests then run on both cores."""
+    _engines.add(engine)
+
+
+def _wait_until_quiet(started: float) -> None:
+    """Returns once the engines are idle, the main thread has ended (the interpreter joins this writer at exit:
+    the write then runs at once), wait_for_write needs the entry, or WRITE_START_LATEST_S has passed."""
+    while threading.main_thread().is_alive() and not _hurry.is_set():
+        waited = time.monotonic() - started
+        engines = list(_engines)
+        if waited >= WRITE_START_LATEST_S or (not engines and waited >= ENGINE_GRACE_S):
+            return
+        if engines and all(e.idle_seconds() >= WRITE_AFTER_IDLE_S for e in engines):
+            return
+        time.sleep(0.05)
+
+
 def _save_at_low_priority(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
                           extra: dict[str, Any], folder: Path) -> None:
-    """try_save_entry from a thread niced to 19 (Linux niceness is per thread): the copy of ~0.5 GB into the page
-    cache took one of 2 cores while a cold start's first request ran, whose first token came 0.9-1.9 s after
-    `Engine()` instead of 0.03 s. Idle cores still write it at full speed."""
+    """try_save_entry once the engines are idle, from a thread niced to 19 (Linux niceness is per thread): the copy
+    of ~0.5 GB into the page cache, and the kernel's writeback of it, took a core while a cold start's first
+    request ran, whose first token came 0.9-1.9 s after `Engine()` instead of 0.03 s."""
+    started = time.monotonic()
     if sys.platform == "linux":
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    _wait_until_quiet(started)
     try_save_entry(key, identity, tensors, extra, folder)
 
 
@@ -148,12 +183,16 @@ def wait_for_write(key: str | None = None) -> None:
     """Joins this process's background write of entry `key` (None: of every entry)."""
     with _writes_lock:
         threads = list(_writes.values()) if key is None else [t for k, t in _writes.items() if k == key]
+    if threads:
+        _hurry.set()  # someone needs the entry now: the writers stop waiting for idle engines
     for thread in threads:
         thread.join()
     with _writes_lock:
         for k, t in list(_writes.items()):
             if not t.is_alive():
                 del _writes[k]
+        if not _writes:
+            _hurry.clear()
 
 
 def _part_prefix(key: str) -> str:

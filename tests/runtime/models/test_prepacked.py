@@ -2,6 +2,9 @@
 replaces, within bf16 rounding of an fp64 matmul, traced by torch.compile as one opaque op, and not saved."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -46,3 +49,19 @@ def test_a_layers_dense_path_runs_packed_compiles_as_one_op_and_is_not_saved(cls
     assert torch.equal(layer(x), want)
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)  # no graph break at the packed op
     assert torch.equal(compiled(x), want)
+
+
+def test_the_eager_path_does_not_import_the_compiler():
+    """Only a traced call takes the custom op: its first eager call imported dynamo and triton (~1.3 s of a
+    one-shot `radixlang generate`, and triton's leak report at exit)."""
+    code = """
+import sys, torch
+from radixlang.runtime.models import prepacked
+weight = torch.randn(64, 64).to(torch.bfloat16)
+out = prepacked.dense_matmul(torch.randn(24, 64), weight, prepacked.pack(weight))
+assert out.shape == (24, 64)
+print("torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

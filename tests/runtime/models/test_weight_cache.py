@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -66,6 +67,8 @@ def test_the_entry_is_written_on_another_thread_after_the_model_is_returned(tiny
         save(*args)
     niceness: list[int] = []
     monkeypatch.setattr(weight_cache, "save_entry", stalled_save)
+    monkeypatch.setattr(weight_cache, "_engines", weakref.WeakSet())  # no engine to wait for,
+    monkeypatch.setattr(weight_cache, "ENGINE_GRACE_S", 0.0)  # nor for one to come
     model = load_model(tiny_gguf, CPU, torch.float32, quantization="auto").model
     assert writers and writers[0] is not threading.current_thread() and writers[0].is_alive()
     # the writer yields the cores to the first requests (Linux nices threads one by one; this one stays as it was)
@@ -73,6 +76,22 @@ def test_the_entry_is_written_on_another_thread_after_the_model_is_returned(tiny
         assert niceness == [19] and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19
     release.set()
     assert_entry_is(entry_of(tiny_gguf, "auto"), model.state_dict())  # load_entry waits for the write
+
+
+def test_a_background_write_waits_until_the_engines_are_idle(tiny_gguf, monkeypatch):
+    class Engine:  # what write_when_idle reads of an engine: its scheduler's idle time
+        idle = 0.0
+
+        def idle_seconds(self) -> float:
+            return self.idle
+    engine, written, save = Engine(), threading.Event(), weight_cache.save_entry
+    monkeypatch.setattr(weight_cache, "_engines", weakref.WeakSet())
+    monkeypatch.setattr(weight_cache, "save_entry", lambda *args: (save(*args), written.set()))
+    weight_cache.write_when_idle(engine)
+    load_model(tiny_gguf, CPU, torch.float32, quantization="auto")
+    assert not written.wait(timeout=1.5)  # a request is running: the write waits
+    engine.idle = weight_cache.WRITE_AFTER_IDLE_S
+    assert written.wait(timeout=30)
 
 
 def run_child(code: str, tiny_gguf) -> subprocess.CompletedProcess:
