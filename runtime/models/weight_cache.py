@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 # a BlockLinear record is a KeyError)
 FORMAT_VERSION = 2
 _ALIGN = 64
-_writes: dict[str, threading.Thread] = {}  # key -> the thread writing that entry in this process
+# key -> the thread writing that entry in this process, and the event that tells it the entry is needed now
+_writes: dict[str, tuple[threading.Thread, threading.Event]] = {}
 _writes_lock = threading.Lock()
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int16,
                                torch.int32, torch.int64, torch.bool)}
@@ -130,7 +131,6 @@ _engines: weakref.WeakSet[Idleness] = weakref.WeakSet()
 WRITE_AFTER_IDLE_S = 1.0  # a write starts once every engine has had no request this long,
 WRITE_START_LATEST_S = 60.0  # or this long after the load at the latest (a server under constant load)
 ENGINE_GRACE_S = 3.0  # how long a write waits for an engine to register before it writes anyway
-_hurry = threading.Event()  # set by wait_for_write: a joiner needs the entry (a load of the same file)
 
 
 def write_when_idle(engine: Idleness) -> None:
@@ -139,10 +139,10 @@ def write_when_idle(engine: Idleness) -> None:
     _engines.add(engine)
 
 
-def _wait_until_quiet(started: float) -> None:
+def _wait_until_quiet(started: float, needed: threading.Event) -> None:
     """Returns once the engines are idle, the main thread has ended (the interpreter joins this writer at exit:
-    the write then runs at once), wait_for_write needs the entry, or WRITE_START_LATEST_S has passed."""
-    while threading.main_thread().is_alive() and not _hurry.is_set():
+    the write then runs at once), wait_for_write needs the entry (`needed`), or WRITE_START_LATEST_S has passed."""
+    while threading.main_thread().is_alive() and not needed.is_set():
         waited = time.monotonic() - started
         engines = list(_engines)
         if waited >= WRITE_START_LATEST_S or (not engines and waited >= ENGINE_GRACE_S):
@@ -153,7 +153,7 @@ def _wait_until_quiet(started: float) -> None:
 
 
 def _save_at_low_priority(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
-                          extra: dict[str, Any], folder: Path) -> None:
+                          extra: dict[str, Any], folder: Path, needed: threading.Event) -> None:
     """try_save_entry once the engines are idle, from a thread niced to 19 (Linux niceness is per thread): the copy
     of ~0.5 GB into the page cache, and the kernel's writeback of it, took a core while a cold start's first
     request ran, whose first token came 0.9-1.9 s after `Engine()` instead of 0.03 s."""
@@ -161,7 +161,7 @@ def _save_at_low_priority(key: str, identity: dict[str, Any], tensors: dict[str,
     if sys.platform == "linux":
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    _wait_until_quiet(started)
+    _wait_until_quiet(started, needed)
     try_save_entry(key, identity, tensors, extra, folder)
 
 
@@ -171,10 +171,12 @@ def save_entry_in_background(key: str, identity: dict[str, Any], tensors: dict[s
     tensors must not change while it runs (a model's weights do not); the folder is cache_dir() as of this
     call. Not a daemon: the interpreter joins it at exit, so a one-shot run still leaves its entry."""
     wait_for_write(key)
-    thread = threading.Thread(target=_save_at_low_priority, args=(key, identity, tensors, extra, cache_dir()),
+    needed = threading.Event()
+    thread = threading.Thread(target=_save_at_low_priority,
+                              args=(key, identity, tensors, extra, cache_dir(), needed),
                               name="radixlang-weight-cache-write")
     with _writes_lock:
-        _writes[key] = thread
+        _writes[key] = (thread, needed)
     thread.start()
     return thread
 
@@ -182,17 +184,14 @@ def save_entry_in_background(key: str, identity: dict[str, Any], tensors: dict[s
 def wait_for_write(key: str | None = None) -> None:
     """Joins this process's background write of entry `key` (None: of every entry)."""
     with _writes_lock:
-        threads = list(_writes.values()) if key is None else [t for k, t in _writes.items() if k == key]
-    if threads:
-        _hurry.set()  # someone needs the entry now: the writers stop waiting for idle engines
-    for thread in threads:
+        writes = list(_writes.values()) if key is None else [w for k, w in _writes.items() if k == key]
+    for thread, needed in writes:
+        needed.set()  # the caller needs the entry now: no waiting for idle engines
         thread.join()
     with _writes_lock:
-        for k, t in list(_writes.items()):
-            if not t.is_alive():
+        for k, (thread, _) in list(_writes.items()):
+            if not thread.is_alive():
                 del _writes[k]
-        if not _writes:
-            _hurry.clear()
 
 
 def _part_prefix(key: str) -> str:
