@@ -75,8 +75,7 @@ def detect() -> CpuPaths:
               "avx512_bf16": torch.cpu._is_avx512_bf16_supported, "amx_tile": torch.cpu._is_amx_tile_supported}
     flags = tuple(name for name, probe in probes.items() if probe())
     capability = torch.backends.cpu.get_cpu_capability()
-    # torch's AVX512 kernels and oneDNN's bf16 paths run only at the AVX512 dispatch level
-    bf16 = capability.startswith("AVX512") and ("avx512_bf16" in flags or "amx_tile" in flags)
+    bf16 = prepacked.bf16_units()  # the same test decides whether the bf16 copies are packed
     forced = os.environ.get("RADIXLANG_CPU_PATHS")
     if forced not in (None, "", "bf16", "fp32"):
         raise ValueError(f"RADIXLANG_CPU_PATHS must be 'bf16' or 'fp32', got {forced!r}")

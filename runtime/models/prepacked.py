@@ -13,8 +13,6 @@ The packed weight is an mkldnn-layout tensor, which inductor lowers only as a fr
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 # bf16 only: there the packed call is bit-equal to the plain matmul. An fp32 copy (AVX2 CPUs) stays plain: oneDNN's
@@ -25,7 +23,11 @@ PACKABLE_DTYPES = (torch.bfloat16,)
 @torch.library.custom_op("radixlang::prepacked_linear", mutates_args=())
 def prepacked_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """x @ W.T for W packed by `pack` (x: [rows, in_features] in W's dtype)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return _onednn_linear(x, packed)
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # no bias, no fused activation
 
 
 @prepacked_linear.register_fake
@@ -43,10 +45,10 @@ def pack(dense: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(dense.contiguous(), None)
 
 
-@functools.lru_cache(maxsize=1)
 def bf16_units() -> bool:
-    """Whether oneDNN runs bf16 natively here (AVX512_BF16 or AMX at torch's AVX512 level): the CPUs this was
-    measured on, and where cpu_paths makes the dense copies bf16. Elsewhere (an AVX2 CPU with bf16 copies forced
+    """Whether oneDNN runs bf16 natively here (AVX512_BF16 or AMX, at torch's AVX512 dispatch level, the only one
+    where torch's AVX512 kernels and oneDNN's bf16 paths run): the CPUs this was measured on, and where cpu_paths
+    makes the dense copies bf16. Elsewhere (an AVX2 CPU with bf16 copies forced
     by RADIXLANG_CPU_PATHS=bf16) the plain matmul stays."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512") and (
         torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
@@ -61,4 +63,4 @@ def dense_matmul(flat: torch.Tensor, dense: torch.Tensor, packed: torch.Tensor |
         return prepacked_linear(flat.contiguous(), packed, dense.shape[0])
     # eager: oneDNN's op itself. The custom op's first call imports dynamo (and triton), ~1.3 s of a one-shot
     # `radixlang generate`, which then also printed triton's nanobind leak report at exit
-    return torch.ops.mkldnn._linear_pointwise(flat.contiguous(), packed, None, "none", [], "")
+    return _onednn_linear(flat.contiguous(), packed)
