@@ -26,6 +26,15 @@ from .hf_tiny import BASE, save_hf_model
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def no_write_of_another_test():
+    """Writes left pending by earlier tests in this worker wait up to ENGINE_GRACE_S for an engine; one that woke
+    inside a test below would call its stand-in save_entry (CI once saw two writers where one was due)."""
+    weight_cache.wait_for_write()
+    yield
+    weight_cache.wait_for_write()
+
+
 @pytest.fixture
 def tiny_gguf(tmp_path, monkeypatch):
     monkeypatch.setenv("RADIXLANG_CACHE_DIR", str(tmp_path / "cache"))
