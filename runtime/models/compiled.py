@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import types
 import weakref
 from pathlib import Path
 from typing import Callable, Iterator
@@ -116,6 +117,7 @@ class BackgroundCompile:
         self._scratch_rows = max(batch for batch, _ in self._steps)
         self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers, self._scratch_rows)
         self._vocab = model.config.vocab_size
+        self._module_guards_droppable = not getattr(model, "moe_blocks", list)()
         model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
         self.thread = threading.Thread(target=self._compile, name="radixlang-compile", daemon=True)
         self._idle_seconds: Callable[[], float] = lambda: COMPILE_AFTER_IDLE_S
@@ -203,7 +205,10 @@ class BackgroundCompile:
 
     def _compile_and_warm_up(self) -> None:
         use_our_inductor_cache()  # here, not at the engine's start: importing inductor takes ~1.7 s
-        self.compiled = torch.compile(self.eager, dynamic=True, options=dict(COMPILE_OPTIONS))
+        options: dict[str, str | int | bool | Callable[..., object]] = dict(COMPILE_OPTIONS)
+        if self._module_guards_droppable:
+            options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        self.compiled = torch.compile(own_code(self.eager), dynamic=True, options=options)
         # the engine's steps run under inference_mode (engine_core.py): so do these, or dynamo's guards on
         # the tensors' dispatch keys fail at the first live step, which then recompiles on the scheduler thread
         with torch.inference_mode():
@@ -213,6 +218,22 @@ class BackgroundCompile:
                 plan = self._scratch.plan(_scratch_batch(batch, kv_lens, self._scratch_rows))
                 ids = torch.arange(batch, dtype=torch.int64) % self._vocab
                 self.compiled(ids, plan.positions, ForwardContext(self._scratch))
+
+
+def own_code(forward: Callable) -> Callable:
+    """`forward` (a bound method) on a copy of its function that has a code object of its own.
+
+    Dynamo keeps a function's compiled graphs, and the guards that pick one, on its code object, which every
+    instance of the class shares. Each engine's model gets its own, so its graphs are reached from its forward
+    alone, and the guards on the model's modules can be dropped (`guard_filter_fn`). SmolLM2's batch-1 graph has
+    4,935 guards, 4,576 of them on the modules' attributes and weights, all checked at every step, with the caches
+    cold from the weights' stream; none of that changes once the engine runs (weights, shapes and config are fixed
+    at load). What still picks a graph is kept: the inputs' shapes, the attention plan's tensors, global state.
+    Not for mixture-of-experts models, whose expert tables EPLB replaces while the engine runs."""
+    fn = forward.__func__  # type: ignore[attr-defined]
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__, own.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return types.MethodType(own, forward.__self__)  # type: ignore[attr-defined]
 
 
 _LIVE: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()  # compiles of this process, for the exit hook

@@ -18,9 +18,19 @@ from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models import compiled as compiled_module
 
-from ...conftest import STALL_THE_COMPILE
+from ...conftest import STALL_THE_COMPILE, TINY_CONFIG, tiny_weights, write_hf_folder
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+# the tiny model with biases on its MLP's linears: a graph of the tiny model would leave them out, and no guard on
+# the inputs or the attention plan (the same shapes) tells the two apart
+OTHER_CONFIG = TINY_CONFIG | {"mlp_bias": True}
+
+
+def with_mlp_biases(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    biases = {name.replace(".weight", ".bias"): torch.randn(len(w), generator=g)
+              for name, w in weights.items() if ".mlp." in name}
+    return weights | biases
 PROMPTS = ["The history of the printing press", "1, 2, 3, 4, 5,", "Once upon a time"]
 
 EXIT_MID_COMPILE = STALL_THE_COMPILE + """
@@ -99,6 +109,36 @@ def test_batches_past_a_layers_dense_switch_take_warmed_up_graphs(tiny_model_dir
     compiler.marker.unlink()
     assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the 5-row decode steps ran compiled
     assert counters["stats"]["unique_graphs"] == graphs  # ... on the warmed graph of the dense side
+
+
+def test_two_models_compiled_in_one_process_each_run_their_own_graphs(tiny_model_dir, tmp_path, tokenizer,
+                                                                      monkeypatch):
+    """Each model's compiled forward has a code object of its own, which holds its graphs, so the guards on its
+    modules can be dropped (compiled.own_code): a second model must still get a graph of its own, not the
+    first's with its weights fed in."""
+    monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))
+    other = write_hf_folder(tmp_path / "other", OTHER_CONFIG, with_mlp_biases(tiny_weights(OTHER_CONFIG)), tokenizer)
+    want = {}
+    for path in (tiny_model_dir, other):
+        with Engine(str(path), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
+            want[path] = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
+    assert want[tiny_model_dir] != want[other]
+    engines = {path: Engine(str(path), device="cpu", kv_cache_tokens=1024, compile_layers=True)
+               for path in (tiny_model_dir, other)}
+    try:
+        for path, engine in engines.items():
+            compiler = engine.decode_compile
+            assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
+            compiler.marker.unlink(missing_ok=True)  # later engines on these models stay eager under "auto"
+            calls = []
+            compiled = compiler.compiled
+            compiler.compiled = lambda *a, compiled=compiled, calls=calls: calls.append(1) or compiled(*a)
+            assert [o.output_ids for o in engine.generate(PROMPTS, GREEDY)] == want[path]
+            assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
+            engine.check_invariants()
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
 
 
 def test_the_triton_backend_on_a_cpu_never_compiles():
