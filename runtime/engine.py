@@ -21,6 +21,7 @@ from .detokenizer import IncrementalDetokenizer
 from .image_span import ImageSpan
 from .models.eplb import Placement, plan_rebalance
 from .models.loader import default_model_path
+from .models.moe_llama import moe_blocks
 from .models.weight_cache import write_when_idle
 from .multimodal.prompt import text_ids
 from .openmp_workers import release_openmp_workers
@@ -357,7 +358,7 @@ class Engine:
         return self._thread.query(place)
 
     def _require_moe(self) -> None:
-        if not getattr(self.runner.model, "moe_blocks", list)():
+        if not moe_blocks(self.runner.model):
             raise ValueError("this model has no mixture-of-experts layers")
 
     def shutdown(self) -> None:

@@ -12,7 +12,7 @@ from .cuda_graph import DecodeGraphs
 from .memory import ReqToToken
 from .models.eplb import Placement, apply_placements, expert_load
 from .models.llama import ForwardContext, LlamaForCausalLM
-from .models.moe_llama import SparseMoeBlock
+from .models.moe_llama import moe_blocks
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePart, step_images
 
@@ -73,20 +73,16 @@ class ModelRunner:
     @property
     def ep_size(self) -> int:
         """The ranks a MoE model's experts are partitioned over (1: each rank holds every expert)."""
-        blocks = self._moe_blocks()
+        blocks = moe_blocks(self.model)
         return blocks[0].dispatch.tp.size if blocks and blocks[0].dispatch is not None else 1
 
     def expert_load(self) -> torch.Tensor:
         """[MoE layers, experts]: tokens the routers sent to each expert since the last placement."""
-        return expert_load(self._moe_blocks())
+        return expert_load(moe_blocks(self.model))
 
     def place_experts(self, placements: list[Placement]) -> None:
         """Applies an EPLB placement per MoE layer."""
-        apply_placements(self._moe_blocks(), placements)
-
-    def _moe_blocks(self) -> list[SparseMoeBlock]:
-        """The model's MoE blocks: a MoE model's `moe_blocks()`; a dense model has none."""
-        return getattr(self.model, "moe_blocks", list)()
+        apply_placements(moe_blocks(self.model), placements)
 
     def close(self) -> None:
         """Releases what the runner started (tensor-parallel worker ranks); nothing here."""

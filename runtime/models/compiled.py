@@ -41,6 +41,7 @@ import torch
 
 from ...kernels.backend import AttentionBackend, AttentionBatch
 from .llama import ForwardContext, LlamaForCausalLM
+from .moe_llama import moe_blocks
 from .weight_cache import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class BackgroundCompile:
         self._scratch_rows = max(batch for batch, _ in self._steps)
         self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers, self._scratch_rows)
         self._vocab = model.config.vocab_size
-        self._module_guards_droppable = not getattr(model, "moe_blocks", list)()
+        self._module_guards_droppable = not moe_blocks(model)
         model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
         self.thread = threading.Thread(target=self._compile, name="radixlang-compile", daemon=True)
         self._idle_seconds: Callable[[], float] = lambda: COMPILE_AFTER_IDLE_S

@@ -88,6 +88,11 @@ class SparseMoeBlock(nn.Module):
         return out
 
 
+def moe_blocks(model: nn.Module) -> list[SparseMoeBlock]:
+    """The model's MoE blocks: a MoE model's `moe_blocks()`; a dense model has none."""
+    return getattr(model, "moe_blocks", list)()
+
+
 class MoeLlamaForCausalLM(LlamaForCausalLM):
     """The dense model with the MLP of each layer in `spec.sparse_layers` replaced by a SparseMoeBlock.
     Over several ranks (`tp`), attention is tensor-parallel and the experts expert-parallel (ep = tp), or

@@ -25,12 +25,6 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 # the inputs or the attention plan (the same shapes) tells the two apart
 OTHER_CONFIG = TINY_CONFIG | {"mlp_bias": True}
 
-
-def with_mlp_biases(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    biases = {name.replace(".weight", ".bias"): torch.randn(len(w), generator=g)
-              for name, w in weights.items() if ".mlp." in name}
-    return weights | biases
 PROMPTS = ["The history of the printing press", "1, 2, 3, 4, 5,", "Once upon a time"]
 
 EXIT_MID_COMPILE = STALL_THE_COMPILE + """
@@ -44,6 +38,22 @@ if sys.argv[2] == "shutdown":
     job = engine.decode_compile
     print(job.state, job.marker.exists(), job.thread.is_alive())
 """
+
+
+def with_mlp_biases(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    biases = {name.replace(".weight", ".bias"): torch.randn(len(w), generator=g)
+              for name, w in weights.items() if ".mlp." in name}
+    return weights | biases
+
+
+def count_compiled_calls(compiler: compiled_module.BackgroundCompile) -> list[int]:
+    """A list that grows by one at each call of the compiled forward from now on."""
+    calls: list[int] = []
+    compiled = compiler.compiled
+    assert compiled is not None
+    compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
+    return calls
 
 
 def settled_graph_count() -> int:
@@ -75,9 +85,7 @@ def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_di
         before = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]  # eager, or compiled if it was quick
         assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
         compiler.marker.unlink()  # so the session's later engines on the tiny model stay eager under "auto"
-        calls = []
-        compiled = compiler.compiled
-        compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
+        calls = count_compiled_calls(compiler)
         graphs = settled_graph_count()
         after = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]
         engine.check_invariants()
@@ -101,9 +109,7 @@ def test_batches_past_a_layers_dense_switch_take_warmed_up_graphs(tiny_model_dir
         assert [batch for batch, _ in compiler._steps] == [3, 4, 4]  # the switch's side: equal and unequal rows
         assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
         graphs = settled_graph_count()
-        calls = []
-        compiled = compiler.compiled
-        compiler.compiled = lambda *a: calls.append(1) or compiled(*a)
+        calls = count_compiled_calls(compiler)
         engine.generate(prompts, GREEDY)  # tokens: the test above (a random model's near ties flip across runs)
         engine.check_invariants()
     compiler.marker.unlink()
@@ -122,6 +128,7 @@ def test_two_models_compiled_in_one_process_each_run_their_own_graphs(tiny_model
     for path in (tiny_model_dir, other):
         with Engine(str(path), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
             want[path] = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
+            eager.check_invariants()
     assert want[tiny_model_dir] != want[other]
     engines = {path: Engine(str(path), device="cpu", kv_cache_tokens=1024, compile_layers=True)
                for path in (tiny_model_dir, other)}
@@ -130,9 +137,7 @@ def test_two_models_compiled_in_one_process_each_run_their_own_graphs(tiny_model
             compiler = engine.decode_compile
             assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
             compiler.marker.unlink(missing_ok=True)  # later engines on these models stay eager under "auto"
-            calls = []
-            compiled = compiler.compiled
-            compiler.compiled = lambda *a, compiled=compiled, calls=calls: calls.append(1) or compiled(*a)
+            calls = count_compiled_calls(compiler)
             assert [o.output_ids for o in engine.generate(PROMPTS, GREEDY)] == want[path]
             assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
             engine.check_invariants()
