@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 	# SGLang's frontend and test programs (tests/compat), without its GPU server's dependencies; the wheel
 	# is built for CPython 3.11 on x86-64 Linux: elsewhere tests/compat skips
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 || echo "sglang 0.5.23 does not install here: tests/compat will skip"
-	# the native AVX2 block kernel for GGUF low-bit weights (runtime/models/block_kernel.py), built now so that no
+	# the native AVX2 block kernel for GGUF low-bit weights (kernels/cpu/block_kernel.py), built now so that no
 	# process serves its first minute on the int4pack fallback; without g++ or AVX2 it says so and int4pack stays
-	$(PY) -m radixlang.runtime.models.block_kernel
+	$(PY) -m radixlang.kernels.cpu.block_kernel
 	touch $(STAMP)
 
 install: $(STAMP)

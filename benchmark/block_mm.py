@@ -18,8 +18,9 @@ import gguf
 import numpy as np
 import torch
 
-from radixlang.runtime.models import block_kernel, prepacked, quant
-from radixlang.runtime.models.gguf_blocks import read_blocks
+from radixlang.kernels.cpu import block_kernel, prepacked
+from radixlang.kernels.cpu.gguf_blocks import read_blocks
+from radixlang.runtime.models.linear import quant
 
 SHAPES = [(576, 3072, gguf.GGMLQuantizationType.Q4_1), (1536, 576, gguf.GGMLQuantizationType.Q4_1),
           (576, 49152, gguf.GGMLQuantizationType.Q8_0)]

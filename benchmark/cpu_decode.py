@@ -40,11 +40,11 @@ import torch
 from radixlang.benchmark.fidelity import agreement, perplexity, reference_run
 from radixlang.benchmark.hf_baseline import load_causal_lm
 from radixlang.benchmark.radix_cache import DECODE_PROMPTS, few_shot_prompts  # the cache benchmark's workloads
+from radixlang.kernels.cpu import block_kernel
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models import block_kernel
-from radixlang.runtime.models.cpu_paths import block_dense_min_rows, dense_min_rows
-from radixlang.runtime.models.cpu_paths import detect as detect_cpu_paths
-from radixlang.runtime.models.loader import default_model_path
+from radixlang.runtime.models.linear.cpu_paths import block_dense_min_rows, dense_min_rows
+from radixlang.runtime.models.linear.cpu_paths import detect as detect_cpu_paths
+from radixlang.runtime.models.loading.loader import default_model_path
 
 MODES = ("none", "auto", "int8", "int4")
 GREEDY = {"temperature": 0, "ignore_eos": True}

@@ -19,7 +19,7 @@ import torch
 
 from radixlang.benchmark.hf_baseline import load_causal_lm  # one loader for every transformers baseline
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.loader import default_model_path
+from radixlang.runtime.models.loading.loader import default_model_path
 
 PROMPTS = json.loads((Path(__file__).parents[1] / "tests" / "data" / "hf_greedy_smollm2.json").read_text())["cases"]
 # A fixed text for perplexity (written for this benchmark): plain encyclopedic prose, ~250 tokens

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from radixlang.kernels.backend import AttentionBatch, DecodeBatch, DecodeGroups
 from radixlang.kernels.mla import latent_decode
 from radixlang.kernels.registry import create_backend
-from radixlang.kernels.triton_extend import extend_grid
+from radixlang.kernels.triton.extend import extend_grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +179,7 @@ def cascade_case(heads: int, kv_heads: int, d: int, requests: int, prefix: int, 
 def mla_decode_case(heads: int, rank: int, rope: int, requests: int, context: int, dtype: torch.dtype,
                     device: torch.device) -> dict:
     """Absorbed MLA decode: each request's query heads over its `context` latent rows [c_kv | k_rope]."""
-    from radixlang.kernels.triton_mla import mla_decode
+    from radixlang.kernels.triton.mla import mla_decode
 
     row = {"heads": heads, "kv_lora_rank": rank, "rope": rope, "requests": requests, "context": context}
     cache = torch.randn(requests * context, 1, rank + rope, dtype=dtype, device=device)
@@ -202,7 +202,7 @@ def fused_moe_case(hidden: int, inter: int, experts: int, top_k: int, tokens: in
                    device: torch.device) -> dict:
     """The routed experts of one layer for `tokens` tokens (uniform random routing): the Triton fused-MoE
     kernel against one matmul pair per active expert (the CPU path, runtime/models/moe.py)."""
-    from radixlang.kernels.triton_moe import fused_moe
+    from radixlang.kernels.triton.moe import fused_moe
     from radixlang.runtime.models.moe import grouped_mlp
 
     row = {"hidden": hidden, "inter": inter, "experts": experts, "top_k": top_k, "tokens": tokens}
@@ -230,8 +230,8 @@ def fused_moe_case(hidden: int, inter: int, experts: int, top_k: int, tokens: in
 def dequant_gemm_case(k: int, n: int, bits: int, group: int, rows: int, dtype: torch.dtype, device: torch.device) -> dict:
     """One GPTQ / AWQ linear on `rows` rows: the Triton dequant-GEMM reading the packed codes, against a
     matmul on the same weights dequantized to `dtype` (what the GPU path ran before)."""
-    from radixlang.kernels.triton_dequant_gemm import dequant_gemm
-    from radixlang.runtime.models.quant_formats import pack_int32
+    from radixlang.kernels.triton.dequant_gemm import dequant_gemm
+    from radixlang.runtime.models.linear.quant_formats import pack_int32
 
     row: dict = {"in": k, "out": n, "bits": bits, "group": group, "rows": rows}
     codes = torch.randint(0, 2**bits, (n, k), dtype=torch.int32, device=device)
@@ -257,8 +257,8 @@ def w8a8_case(k: int, n: int, rows: int, dtype: torch.dtype, device: torch.devic
     """One W8A8 linear on `rows` rows: the Triton path whole (quantise the rows, int8 GEMM, rescale) and its
     two parts, torch._int_mm (cuBLAS int8; it refuses some shapes) on the same codes, and a dense matmul
     in `dtype` on the dequantized weights (what a W8A8 folder ran on the GPU before)."""
-    from radixlang.kernels.triton_w8a8 import int8_matmul, quantize_rows, w8a8_linear
-    from radixlang.runtime.models.w8a8 import quantize_rows_int8
+    from radixlang.kernels.triton.w8a8 import int8_matmul, quantize_rows, w8a8_linear
+    from radixlang.runtime.models.linear.w8a8 import quantize_rows_int8
 
     row: dict = {"in": k, "out": n, "rows": rows}
     qweight, w_scale = quantize_rows_int8(torch.randn(n, k, device=device) * 0.02)

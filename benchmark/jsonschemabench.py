@@ -36,7 +36,7 @@ from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
 from radixlang.runtime.constrained.matcher import Matcher
 from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
-from radixlang.runtime.models.loader import default_model_path, gguf_metadata
+from radixlang.runtime.models.loading.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
 
 SUBSETS = ("Github_trivial", "Github_easy", "Github_medium", "Github_hard", "Github_ultra", "Glaiveai2K",

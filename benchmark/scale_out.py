@@ -105,7 +105,7 @@ METRIC_FIELDS = {"radixlang_prompt_tokens_total": "prompt", "radixlang_cached_to
 def chat_working_set(model: str | None, sessions: list[dict]) -> int:
     """Tokens of every session's whole conversation (replies at max_tokens), as the served model counts them:
     what one engine must keep to find every turn's history cached."""
-    from radixlang.runtime.models.loader import default_model_path, gguf_metadata
+    from radixlang.runtime.models.loading.loader import default_model_path, gguf_metadata
     from radixlang.runtime.tokenizer import Tokenizer
 
     path = model or str(default_model_path())

@@ -16,7 +16,7 @@ Each part is timed by wrapping the method that does it, so the parts nest: `runn
 one host copy). Host work = step - model - logits - plan_decode - sampler: everything a GPU would not do. `release`, the
 freeing of the step's logits (the OS's work on a CPU, the caching allocator's on a GPU), is timed after the
 step, outside it.
---cuda-graph runs decode steps through runtime/cuda_graph.py's padded path (captured on CUDA, eager on
+--cuda-graph runs decode steps through runtime/execution/cuda_graph.py's padded path (captured on CUDA, eager on
 the CPU), whose attention plan (`plan_decode`) is device work.
 
 --baseline TREE profiles another checkout of radixlang on the same model and prompts, the two trees in
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Callable
 
 from radixlang.benchmark.radix_cache import DECODE_PROMPTS  # the cache benchmark's prompts
-from radixlang.runtime import output_processor
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.execution import output_processor
 
 PARTS = ("step", "model", "logits", "sampler", "runner", "plan", "plan_decode", "schedule", "process", "sample",
          "release")

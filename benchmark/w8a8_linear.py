@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from radixlang.runtime.models import w8a8
-from radixlang.runtime.models.w8a8 import W8A8Linear, quantize_rows_int8
+from radixlang.runtime.models.linear import w8a8
+from radixlang.runtime.models.linear.w8a8 import W8A8Linear, quantize_rows_int8
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}  # (in, out)
 

@@ -38,13 +38,13 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
-from .triton_backend import PREFIX_CHUNK, TritonAttention, prefix_splits
-from .triton_decode import MAX_SPLITS, num_splits
-from .triton_dequant_gemm import dequant_gemm
-from .triton_extend import block_rows
-from .triton_mla import mla_decode
-from .triton_moe import fused_moe
-from .triton_w8a8 import QUANT_BLOCK, int8_matmul, w8a8_linear
+from .triton.backend import PREFIX_CHUNK, TritonAttention, prefix_splits
+from .triton.decode import MAX_SPLITS, num_splits
+from .triton.dequant_gemm import dequant_gemm
+from .triton.extend import block_rows
+from .triton.mla import mla_decode
+from .triton.moe import fused_moe
+from .triton.w8a8 import QUANT_BLOCK, int8_matmul, w8a8_linear
 
 SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}  # opt-in dynamic shared memory per block
 SIXTEEN_BIT = ("bfloat16", "float16")  # their tl.dot must use tensor cores (fp32 stays exact: "ieee", CUDA cores)

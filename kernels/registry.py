@@ -14,7 +14,7 @@ BackendFactory = Callable[[list[torch.Tensor], list[torch.Tensor]], AttentionBac
 
 
 def _triton(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> AttentionBackend:
-    from .triton_backend import TritonAttention  # imports triton (~0.2 s): only when the backend is built
+    from .triton.backend import TritonAttention
 
     return TritonAttention(k_buffers, v_buffers)
 

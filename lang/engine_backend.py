@@ -13,7 +13,7 @@ from .ir import Gen
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine
-    from ..runtime.sampler import TokenLogprob
+    from ..runtime.execution.sampler import TokenLogprob
     from ..runtime.submission import Retention
 
 

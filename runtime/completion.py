@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .execution.sampler import TokenLogprob
 from .request import StreamChunk
-from .sampler import TokenLogprob
 
 
 @dataclass(slots=True)

@@ -74,16 +74,16 @@ class EngineConfig:
     mem_fraction: float = 0.1  # else: this fraction of the memory available after loading the model
     max_running_requests: int = 64
     max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
-    schedule_policy: str = "least-prefill"  # see runtime/schedule_policy.py
+    schedule_policy: str = "least-prefill"  # see runtime/scheduling/schedule_policy.py
     in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
     disable_radix_cache: bool = False
     preemption_mode: str = "recompute"
-    # KV retention (runtime/pins.py): a finished request with a prompt_cache_key keeps its whole sequence
+    # KV retention (runtime/kv/pins.py): a finished request with a prompt_cache_key keeps its whole sequence
     # pinned this many seconds (a turn of an agent comes back within a tool call); pins hold at most this
     # share of the pool, and under pressure the oldest idle pin goes first
     prompt_cache_retention: float = 300.0
     max_pinned_fraction: float = 0.5
-    # host KV tier (runtime/host_tier.py): evicted KV parks in this many tokens of host memory and is copied
+    # host KV tier (runtime/kv/host_tier.py): evicted KV parks in this many tokens of host memory and is copied
     # back on a hit instead of recomputed; 0: off; None: HOST_TIER_POOLS device pools, within
     # HOST_TIER_MEM_FRACTION of the host's available memory (off under tp_size > 1 or without the radix cache)
     kv_host_cache_tokens: int | None = None
@@ -101,7 +101,7 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
     # "auto" (default, as llama.cpp runs a GGUF): a GGUF's own Q4_0/Q4_1/Q8_0 weights on packed kernels on
     # one CPU rank (fp32 elsewhere, and for HF folders); "none": fp32 (exact, equal to transformers, the
-    # oracle); "int8" / "int4": quantize every linear at load (see runtime/models/quant.py); low-bit modes are
+    # oracle); "int8" / "int4": quantize every linear at load (see runtime/models/linear/quant.py); low-bit modes are
     # not exact
     quantization: str = "auto"
     # torch.compile the CPU decode forward (~1.6x the model step) in a background thread while serving eagerly
@@ -115,7 +115,7 @@ class EngineConfig:
     ep_size: int | None = None
     # SGLang's --enable-dp-attention, for MoE models over tp_size > 1 ranks: every rank holds the whole attention
     # and runs its own requests (its own scheduler, radix tree and 1/tp_size of the KV pool: kv_cache_tokens is
-    # the total); the experts stay partitioned over all ranks, which step together (runtime/dp_scheduler.py)
+    # the total); the experts stay partitioned over all ranks, which step together (runtime/scheduling/dp_scheduler.py)
     enable_dp_attention: bool = False
     dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
     # speculative decoding, with SGLang's option names
@@ -167,7 +167,7 @@ class EngineConfig:
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         from ..kernels.registry import resolve_backend
-        from .models.quant import QUANTIZATIONS
+        from .models.linear.quant import QUANTIZATIONS
 
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")

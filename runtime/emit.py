@@ -1,8 +1,8 @@
 """What a request streams to its sink: a chunk per step it made progress in, and one final chunk."""
 from __future__ import annotations
 
+from .execution.sampler import TokenLogprob
 from .request import Req, StreamChunk
-from .sampler import TokenLogprob
 
 
 def emit(req: Req, text: str, token_ids: list[int], logprobs: list[TokenLogprob]) -> None:

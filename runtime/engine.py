@@ -18,16 +18,16 @@ from .constrained.marker_tokens import MarkerTokens
 from .constrained.masks.vocab import TokenVocab
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
+from .execution.sampler import SamplingState
 from .image_span import ImageSpan
 from .models.eplb import Placement, plan_rebalance
-from .models.loader import default_model_path
+from .models.loading.loader import default_model_path
+from .models.loading.weight_cache import write_when_idle
 from .models.moe_llama import moe_blocks
-from .models.weight_cache import write_when_idle
 from .multimodal.prompt import text_ids
 from .openmp_workers import release_openmp_workers
 from .profiler import ProfileSpec, StepProfiler
 from .request import Req, StreamChunk
-from .sampler import SamplingState
 from .sampling_params import SamplingParams
 from .scheduler_thread import SchedulerThread
 from .submission import Retention, Submission, SubmissionBatch, sample_rids

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from .sampler import TokenLogprob
+    from .execution.sampler import TokenLogprob
     from .tokenizer import Tokenizer
 
 

@@ -1,5 +1,5 @@
 """Which loader a model path needs: a vision-language HF folder goes to multimodal/, a mixture-of-experts or
-MLA folder to models/sparse_models.py, the rest (GGUF files, dense language-model folders) to models/."""
+MLA folder to models/loading/sparse_models.py, the rest (GGUF files, dense language-model folders) to models/."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from .distributed.group import TensorParallel
-from .models.loader import LoadedModel, default_model_path, is_moe_gguf, load_language_model, read_hf_config
-from .models.sparse_models import SPARSE_ARCHS, load_moe_gguf, load_sparse_model
+from .models.loading.loader import LoadedModel, default_model_path, is_moe_gguf, load_language_model, read_hf_config
+from .models.loading.sparse_models import SPARSE_ARCHS, load_moe_gguf, load_sparse_model
 from .multimodal.loader import VISION_ARCHS, load_vision_language
 
 

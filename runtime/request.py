@@ -5,7 +5,7 @@ request's constraint is typed by the `ConstraintCursor` protocol, and `engine.cr
 builds requests with their feature state.
 
 The lengths of a request, each in tokens (the KV ones are assigned only by the KV owner,
-runtime/kv_manager.py):
+runtime/kv/kv_manager.py):
   len(prompt_ids)   the prompt, image spans expanded;
   len(output_ids)   verified output tokens (only these are ever streamed or reported);
   num_draft         unverified draft tokens after them (`draft.tokens`, while `draft` is set);
@@ -26,10 +26,10 @@ import numpy as np
 
 from .detokenizer import IncrementalDetokenizer
 from .draft_tree import Draft
+from .execution.sampler import SamplingState, TokenLogprob
 from .image_span import ImageSpan
-from .memory import SwappedKV
-from .radix_cache import TreeNode
-from .sampler import SamplingState, TokenLogprob
+from .kv.memory import SwappedKV
+from .kv.radix_cache import TreeNode
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class StreamChunk:
 
 @dataclass(eq=False, kw_only=True)
 class KVFields:
-    """A sequence's KV bookkeeping, assigned only by the KV owner (runtime/kv_manager.py, which says what
+    """A sequence's KV bookkeeping, assigned only by the KV owner (runtime/kv/kv_manager.py, which says what
     they mean): requests, and the draft model's copies of them."""
 
     row: int | None = None
@@ -145,8 +145,8 @@ class Req(KVFields):
     constraint: ConstraintCursor | None = None  # regex / JSON schema / grammar position; None: unconstrained
     draft: Draft | None = None  # a draft tree after output_ids, not yet verified
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
-    retain: Retention | None = None  # pin the sequence once finished (runtime/pins.py)
-    priority: int = 0  # SGLang's request priority: larger is admitted first (runtime/schedule_policy.py)
+    retain: Retention | None = None  # pin the sequence once finished (runtime/kv/pins.py)
+    priority: int = 0  # SGLang's request priority: larger is admitted first (runtime/scheduling/schedule_policy.py)
     yielded: bool = False  # preempted once for a higher class: never again (so it is delayed, not starved)
     blocked: bool = False  # admission found no KV room for it: later arrivals of its class wait behind it
 

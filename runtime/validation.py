@@ -49,7 +49,7 @@ class RequestValidator:
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
         sequence pinned (a str: a session key, OpenAI's prompt_cache_key). `priority`: SGLang's (larger
-        first; see runtime/schedule_policy.py). Errors name a sampling field
+        first; see runtime/scheduling/schedule_policy.py). Errors name a sampling field
         as `names` spells it. The sampling params are checked first, then compiled (a constraint)."""
         params = parse_params(sampling_params)
         check_params(params, self.vocab_size, self.context_length, names)

@@ -10,26 +10,26 @@ from ..kernels.backend import AttentionBackend
 from ..kernels.registry import create_backend
 from .config import HOST_TIER_MEM_FRACTION, HOST_TIER_POOLS, EngineConfig, available_memory_bytes
 from .constrained.jump_forward import JumpForwarder
-from .cuda_graph import DecodeGraphs
 from .distributed.dp_runner import DPRunner
 from .distributed.embedding_cache import BroadcastEmbeddingCache
 from .distributed.group import TensorParallel
 from .distributed.layers import kv_heads_per_rank
 from .distributed.runner import TPRunner
 from .distributed.workers import TPWorkers
-from .dp_engine_core import DPEngineCore
-from .engine_core import EngineCore
-from .kv_manager import KVManager
-from .memory import KVPool, ReqToToken, SlotAllocator
+from .execution.cuda_graph import DecodeGraphs
+from .execution.dp_engine_core import DPEngineCore
+from .execution.engine_core import EngineCore
+from .execution.model_runner import ModelRunner
+from .execution.output_processor import OutputProcessor
+from .kv.kv_manager import KVManager
+from .kv.memory import KVPool, ReqToToken, SlotAllocator
+from .kv.radix_cache import RadixCache
 from .model_loading import load_model
-from .model_runner import ModelRunner
 from .models.compiled import BackgroundCompile, warm_marker
 from .models.llama import LlamaForCausalLM
 from .multimodal.encoder import ImageEncoder
 from .multimodal.prompt import ImagePrompts
-from .output_processor import OutputProcessor
-from .radix_cache import RadixCache
-from .scheduler import Scheduler
+from .scheduling.scheduler import Scheduler
 from .speculative.drafter import create_drafter
 from .tokenizer import Tokenizer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from ..runtime.sampler import TokenLogprob
+from ..runtime.execution.sampler import TokenLogprob
 from ..runtime.tokenizer import Tokenizer
 
 

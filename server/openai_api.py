@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..runtime.engine import Completion
+from ..runtime.execution.sampler import TokenLogprob
 from ..runtime.request import StreamChunk
-from ..runtime.sampler import TokenLogprob
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
 from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from .errors import APIError, user_errors

@@ -31,7 +31,7 @@ class Job:
     logprob_start_len: int = -1
     image_data: list[Any] | None = None  # the prompt's images (decoded), one per placeholder
     cache_key: str | None = None  # prompt_cache_key: the finished sequence stays cached for the session
-    priority: int = 0  # SGLang's field: larger is admitted first (runtime/schedule_policy.py)
+    priority: int = 0  # SGLang's field: larger is admitted first (runtime/scheduling/schedule_policy.py)
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1  # samples per prompt: set once the request is validated
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..lang.hosted import version
 from ..runtime.engine import Engine
-from ..runtime.models.loader import model_identity
+from ..runtime.models.loading.loader import model_identity
 from ..runtime.profiler import ProfileSpec
 from .config import HEALTH_TIMEOUT_S
 from .errors import APIError

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..runtime.models.loader import default_model_path, gguf_metadata
+from ..runtime.models.loading.loader import default_model_path, gguf_metadata
 from ..runtime.tokenizer import Tokenizer
 
 TINY_CONFIG = {

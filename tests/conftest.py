@@ -27,7 +27,7 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter on a 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test-fast` runs one worker per core: give each its share,
     # so that torch's threads do not oversubscribe the cores (spinning OpenMP threads would then wait on each other)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-# the native block kernel (runtime/models/block_kernel.py) is built once per machine into the user's cache folder,
+# the native block kernel (kernels/cpu/block_kernel.py) is built once per machine into the user's cache folder,
 # not the session's, and loaded before any test: every test then sees the same low-bit linears (BlockLinear where
 # the CPU and compiler allow, else int4pack), not a switch when a background build lands mid-session
 _USER_CACHE = os.environ.get("RADIXLANG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "radixlang"
@@ -36,8 +36,8 @@ if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder 
     os.environ["RADIXLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixlang-test-cache-")
     atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
 
-from radixlang.runtime.models import block_kernel
-from radixlang.runtime.models.loader import default_model_path, gguf_metadata
+from radixlang.kernels.cpu import block_kernel
+from radixlang.runtime.models.loading.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
 from radixlang.testing.random_llama import TINY_CONFIG, tiny_weights, write_hf_folder  # noqa: F401 (tests import them from here)
 

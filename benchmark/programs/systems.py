@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.loader import default_model_path
+from radixlang.runtime.models.loading.loader import default_model_path
 
 from .plain_lm import LLAMA_CPP_CMAKE_ARGS, LlamaCppLM, PlainLM, TransformersLM
 

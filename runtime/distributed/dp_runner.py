@@ -7,8 +7,8 @@ import torch
 
 from ...kernels.backend import AttentionBackend
 from ..batch import StepBatch, prefix_groups
-from ..memory import ReqToToken
-from ..model_runner import ModelRunner, StepInputs
+from ..execution.model_runner import ModelRunner, StepInputs
+from ..kv.memory import ReqToToken
 from ..models.llama import LlamaForCausalLM
 from .dp_step import DPStep, idle_inputs, run_dp_step
 from .runner import TPRunner

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ...kernels.backend import AttentionBatch
-from ..model_runner import ModelRunner, StepInputs
+from ..execution.model_runner import ModelRunner, StepInputs
 from ..models.llama import ForwardContext
 from .group import TensorParallel
 

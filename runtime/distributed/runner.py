@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ...kernels.backend import AttentionBackend
-from ..memory import ReqToToken
-from ..model_runner import ModelRunner, StepInputs
+from ..execution.model_runner import ModelRunner, StepInputs
+from ..kv.memory import ReqToToken
 from ..models.llama import LlamaForCausalLM
 from ..multimodal.encoder import ImageEncoder
 from .workers import TPWorkers

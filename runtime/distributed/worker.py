@@ -19,9 +19,9 @@ import torch
 
 from ...kernels.registry import create_backend
 from ..config import EngineConfig
-from ..memory import KVPool
+from ..execution.model_runner import ModelRunner, StepInputs
+from ..kv.memory import KVPool
 from ..model_loading import load_model
-from ..model_runner import ModelRunner, StepInputs
 from ..multimodal.prompt import embed_parts
 from .dp_step import run_dp_step
 from .embedding_cache import EmbeddingMirror

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, TypeVar
 import torch
 
 from ..config import EngineConfig
-from ..model_runner import StepInputs
+from ..execution.model_runner import StepInputs
 from .dp_step import DPStep
 from .group import TensorParallel, open_store
 from .worker import (

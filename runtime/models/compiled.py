@@ -39,10 +39,10 @@ from typing import Callable, Iterator
 
 import torch
 
+from ...cache_dir import cache_dir
 from ...kernels.backend import AttentionBackend, AttentionBatch
 from .llama import ForwardContext, LlamaForCausalLM
 from .moe_llama import moe_blocks
-from .weight_cache import cache_dir
 
 logger = logging.getLogger(__name__)
 SCRATCH_CONTEXT = 8  # KV slots per scratch sequence

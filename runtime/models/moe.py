@@ -149,7 +149,7 @@ class Experts(nn.Module):
                 phys_to_logical: torch.Tensor, num_physical: int) -> torch.Tensor:
         """x [T, H]; phys, weights [T, k] -> sum over k of weight * expert(x), [T, H]."""
         if self.fused if self.fused is not None else (x.is_cuda and TRITON):
-            from ...kernels.triton_moe import fused_moe  # imports triton: only when it runs
+            from ...kernels.triton.moe import fused_moe
 
             return fused_moe(x, self.gate_up_proj, self.down_proj, phys_to_logical[phys], weights)
         k = phys.shape[1]

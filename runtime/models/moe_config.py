@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .hf_config import MISTRAL, QWEN2, QWEN3, config_from_hf
 from .llama import LlamaConfig
+from .loading.hf_config import MISTRAL, QWEN2, QWEN3, config_from_hf
 from .moe import MoeSpec
 
 MIXTRAL, QWEN2_MOE, QWEN3_MOE = "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"

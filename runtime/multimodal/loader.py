@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from ..distributed.group import TensorParallel
-from ..models.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
+from ..models.loading.loader import LoadedModel, build_model, read_hf_config, read_hf_dir
 from ..tokenizer import Tokenizer
 from .idefics3 import (
     IDEFICS3_ARCH,

@@ -70,7 +70,7 @@ def quantize(model_path: str | Path | None, out: str | Path, opts: QuantizeOptio
 
 
 def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -> Path:
-    from ..models.loader import default_model_path
+    from ..models.loading.loader import default_model_path
     from .smoothquant import smooth_and_quantize
 
     model_path = Path(model_path) if model_path is not None else default_model_path()

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.cpu_paths import one_thread
-from ..models.quant_formats import IntWeight
+from ..models.linear.cpu_paths import one_thread
+from ..models.linear.quant_formats import IntWeight
 
 
 @dataclass(frozen=True, slots=True)

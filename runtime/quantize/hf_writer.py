@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from ..models.linear.quant_formats import IntWeight, write_gptq
 from ..models.llama import LlamaForCausalLM
-from ..models.loader import LoadedModel, source_hf_config
-from ..models.quant_formats import IntWeight, write_gptq
+from ..models.loading.loader import LoadedModel, source_hf_config
 from .layerwise import linear_weight
 
 _SPLITS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

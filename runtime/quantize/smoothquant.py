@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..models.linear.w8a8 import quantize_rows_int8
 from ..models.llama import DecoderLayer, LlamaForCausalLM
-from ..models.w8a8 import quantize_rows_int8
 from .hf_writer import Packed
 from .layerwise import LINEARS, linear_weight, record_inputs, run_layerwise
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..model_loading import load_model
 from ..models.llama import ForwardContext, LlamaForCausalLM
-from ..models.loader import LoadedModel
+from ..models.loading.loader import LoadedModel
 
 
 class EarlyExit(nn.Module):

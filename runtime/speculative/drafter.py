@@ -16,7 +16,7 @@ from .ngram import NgramTrie
 from .pacing import Pacing
 
 if TYPE_CHECKING:
-    from ..models.loader import LoadedModel
+    from ..models.loading.loader import LoadedModel
 
 
 class Drafter(Protocol):

@@ -26,11 +26,11 @@ from ...kernels.backend import AttentionBackend, AttentionBatch
 from ...kernels.registry import create_backend
 from ..config import SPEC_VERIFY_OVERHEAD, EngineConfig
 from ..draft_tree import DraftTree, best_nodes, depths, subtree, with_ancestors
-from ..kv_manager import KVManager
-from ..memory import KVPool, ReqToToken, SlotAllocator
+from ..kv.kv_manager import KVManager
+from ..kv.memory import KVPool, ReqToToken, SlotAllocator
+from ..kv.radix_cache import RadixCache
 from ..models.llama import ForwardContext
-from ..models.loader import LoadedModel
-from ..radix_cache import RadixCache
+from ..models.loading.loader import LoadedModel
 from ..request import KVFields, Req
 from .draft_model import DraftLM, EarlyExit, load_standalone, weights_per_token
 from .pacing import Pacing

@@ -34,7 +34,7 @@ def spec_engine():
 @pytest.fixture(scope="module", params=DRAFT_MODELS)
 def draft_model_engine(request):
     from radixlang.runtime.engine import Engine
-    from radixlang.runtime.models.loader import default_model_path
+    from radixlang.runtime.models.loading.loader import default_model_path
 
     options = {"speculative_algorithm": "SELF", "speculative_draft_layers": 8} if request.param == "self" else \
         {"speculative_algorithm": "STANDALONE", "speculative_draft_model": str(default_model_path())}

@@ -96,7 +96,7 @@ def test_cascade_groups_read_the_shared_prefix_once_and_match_the_definition():
 
 @pytest.mark.parametrize("parts", [4, 3])  # 3: the cascade's prefix + suffix splits need not be a power of two
 def test_merge_states_is_the_associative_lse_operator(parts):
-    from radixlang.kernels.triton_decode import merge_states
+    from radixlang.kernels.triton.decode import merge_states
 
     g = torch.Generator().manual_seed(0)
     n, heads, d = 3, 2, 16
@@ -126,7 +126,7 @@ def test_gqa_packed_rows_match_the_definition_across_row_blocks():
     # programs per KV head, query 42 split between them, and its own key the first of a 32-key block), a
     # token tree, and a MASK_NONE pass (a cascade prefix) with LSE
     from radixlang.kernels.backend import tree_visibility
-    from radixlang.kernels.triton_extend import MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
+    from radixlang.kernels.triton.extend import MASK_CAUSAL, MASK_NONE, MASK_TREE, ExtendSeqs, extend_attention
 
     heads, kv_heads, d, scale = 9, 3, 64, 0.125
     parents = [-1, 0, 0, 1, 2, -1, 5]
@@ -157,7 +157,7 @@ def test_gqa_packed_rows_match_the_definition_across_row_blocks():
 
 
 def test_gqa_packing_cuts_extend_programs_by_the_group():
-    from radixlang.kernels.triton_extend import extend_grid
+    from radixlang.kernels.triton.extend import extend_grid
 
     # a cascade prefix split of 64 members: 3 KV heads x 2 blocks of 128 rows, not 9 query heads x 2 of 32
     assert extend_grid(1, 64, 9, 3) == (1, 3, 2)
@@ -170,7 +170,7 @@ def cascade_step(kv_lens, groups, width, heads, kv_heads, d, dtype, pad, seed=0)
     first `length` slots (the first member's); then `pad` padding rows (row 0, one key, the padding slot),
     all as the padded decode batch of a CUDA graph with the group layout packed as its host does it."""
     from radixlang.kernels.backend import DecodeBatch, DecodeGroups
-    from radixlang.runtime.cuda_graph import ORDER, PREFIX_LENS, STARTS, max_groups, pack_cascade
+    from radixlang.runtime.execution.cuda_graph import ORDER, PREFIX_LENS, STARTS, max_groups, pack_cascade
 
     g = torch.Generator().manual_seed(seed)
     num_slots = sum(kv_lens) + 2

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixlang.kernels.registry import ATTENTION_BACKENDS
-from radixlang.runtime.models.quant_formats import pack_int32
+from radixlang.runtime.models.linear.quant_formats import pack_int32
 
 pytestmark = pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="trit
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [3, 20])
 def test_dequant_gemm_is_x_times_the_dequantised_weights(bits, rows):
-    from radixlang.kernels.triton_dequant_gemm import dequant_gemm
+    from radixlang.kernels.triton.dequant_gemm import dequant_gemm
 
     g = torch.Generator().manual_seed(bits * rows)
     n, k, groups = 80, 96, 3

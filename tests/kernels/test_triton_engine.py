@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radixlang.kernels.registry import ATTENTION_BACKENDS
-from radixlang.runtime import model_runner
+from radixlang.runtime.execution import model_runner
 
 pytestmark = pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
 

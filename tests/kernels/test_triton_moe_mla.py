@@ -23,7 +23,7 @@ def mla_oracle(q, cache, seqs, rank, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mla_decode_matches_attention_over_the_latent_rows(dtype):
-    from radixlang.kernels.triton_mla import mla_decode
+    from radixlang.kernels.triton.mla import mla_decode
 
     g = torch.Generator().manual_seed(0)
     rank, rope, heads = 32, 8, 20  # two head blocks, the second partly masked; rope padded to 16
@@ -53,7 +53,7 @@ def moe_oracle(x, gate_up, down, ids, weights):
 
 
 def test_fused_moe_matches_each_tokens_experts_one_by_one():
-    from radixlang.kernels.triton_moe import align_by_expert, fused_moe
+    from radixlang.kernels.triton.moe import align_by_expert, fused_moe
 
     g = torch.Generator().manual_seed(1)
     tokens, experts, k, hidden, inter = 13, 5, 2, 48, 40  # dims not multiples of the blocks: masks matter

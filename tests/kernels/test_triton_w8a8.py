@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from radixlang.kernels.registry import ATTENTION_BACKENDS
-from radixlang.runtime.models.w8a8 import W8A8Linear, quantize_rows_int8
+from radixlang.runtime.models.linear.w8a8 import W8A8Linear, quantize_rows_int8
 
 pytestmark = pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_quantiser_is_bit_equal_to_the_cpu_quantiser(dtype):
-    from radixlang.kernels.triton_w8a8 import QUANT_BLOCK, quantize_rows
+    from radixlang.kernels.triton.w8a8 import QUANT_BLOCK, quantize_rows
 
     g = torch.Generator().manual_seed(0)
     k = QUANT_BLOCK + 77  # two blocks, the second partial
@@ -36,7 +36,7 @@ def test_row_quantiser_is_bit_equal_to_the_cpu_quantiser(dtype):
 
 @pytest.mark.parametrize("rows", [3, 20])
 def test_int8_gemm_sums_are_exact_in_int32(rows):
-    from radixlang.kernels.triton_w8a8 import BLOCK_K, int8_matmul
+    from radixlang.kernels.triton.w8a8 import BLOCK_K, int8_matmul
 
     g = torch.Generator().manual_seed(rows)
     n, k = 80, 9 * BLOCK_K + 40
@@ -54,7 +54,7 @@ def test_int8_gemm_sums_are_exact_in_int32(rows):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [3, 20])
 def test_w8a8_linear_equals_the_cpu_w8a8_linear(dtype, rows):
-    from radixlang.kernels.triton_w8a8 import w8a8_linear
+    from radixlang.kernels.triton.w8a8 import w8a8_linear
 
     g = torch.Generator().manual_seed(rows)
     n, k = 80, 200
@@ -76,7 +76,7 @@ def test_w8a8_linear_equals_the_cpu_w8a8_linear(dtype, rows):
     assert ((got.double() - exact).abs() <= 4 * ulp * magnitude).all()
 
 def test_w8a8_linear_on_no_rows_is_empty():
-    from radixlang.kernels.triton_w8a8 import w8a8_linear
+    from radixlang.kernels.triton.w8a8 import w8a8_linear
 
     layer = W8A8Linear.from_float(torch.randn(8, 32), None)
     assert w8a8_linear(torch.zeros(0, 32), layer.qweight, layer.weight_scale).shape == (0, 8)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang.runtime import output_processor, sampler
 from radixlang.runtime.batch import ScheduledItem, StepBatch
 from radixlang.runtime.engine import create_req
-from radixlang.runtime.output_processor import OutputProcessor
+from radixlang.runtime.execution import output_processor, sampler
+from radixlang.runtime.execution.output_processor import OutputProcessor
 from radixlang.runtime.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},

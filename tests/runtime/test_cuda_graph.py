@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from radixlang.kernels.registry import ATTENTION_BACKENDS
-from radixlang.runtime import cuda_graph, model_runner
 from radixlang.runtime.batch import prefix_groups
 from radixlang.runtime.config import EngineConfig
-from radixlang.runtime.cuda_graph import batch_buckets, bucket_for, pack_decode
+from radixlang.runtime.execution import cuda_graph, model_runner
+from radixlang.runtime.execution.cuda_graph import batch_buckets, bucket_for, pack_decode
 
 
 @pytest.mark.parametrize("max_batch,want", [(1, [1]), (2, [1, 2]), (8, [1, 2, 4, 8]), (5, [1, 2, 4, 5]),

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 
 from radixlang.runtime.batch import Finish
 from radixlang.runtime.config import DP_DISPATCH_SLACK, EngineConfig
-from radixlang.runtime.dp_scheduler import DPScheduler, common_prefix_len
 from radixlang.runtime.engine import Engine, create_req
-from radixlang.runtime.kv_manager import KVManager
-from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.kv.kv_manager import KVManager
+from radixlang.runtime.kv.memory import KVPool, ReqToToken, SlotAllocator
+from radixlang.runtime.kv.radix_cache import RadixCache
 from radixlang.runtime.request import Req
 from radixlang.runtime.sampling_params import SamplingParams
-from radixlang.runtime.scheduler import Scheduler
+from radixlang.runtime.scheduling.dp_scheduler import DPScheduler, common_prefix_len
+from radixlang.runtime.scheduling.scheduler import Scheduler
 
 CPU = torch.device("cpu")
 CONTEXT = 128

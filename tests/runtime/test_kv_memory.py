@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from radixlang.runtime.kv_manager import KVManager
-from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.kv.kv_manager import KVManager
+from radixlang.runtime.kv.memory import KVPool, ReqToToken, SlotAllocator
+from radixlang.runtime.kv.radix_cache import RadixCache
 
 
 @pytest.mark.parametrize("n", [1, 2, 32, 33, 60])  # FEW_WRITES = 32: a write per run up to 32, one scatter beyond

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixlang.runtime.execution.sampler import TokenLogprob
 from radixlang.runtime.meta_info import meta_info
-from radixlang.runtime.sampler import TokenLogprob
 
 
 @dataclass

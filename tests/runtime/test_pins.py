@@ -1,4 +1,4 @@
-"""Pins on the radix cache (runtime/pins.py) and the host tier (runtime/host_tier.py) through the KV owner:
+"""Pins on the radix cache (runtime/kv/pins.py) and the host tier (runtime/kv/host_tier.py) through the KV owner:
 a hypothesis state machine of live requests, pins, unpins, TTL expiry, memory pressure, host parking and
 restores, with the KV invariant of both tiers after every step, the eviction order and the pinned budget
 checked against what the step did, and every cached slot's KV checked against the token it holds."""
@@ -11,9 +11,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixlang.runtime.kv_manager import KVManager
-from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.kv.kv_manager import KVManager
+from radixlang.runtime.kv.memory import KVPool, ReqToToken, SlotAllocator
+from radixlang.runtime.kv.radix_cache import RadixCache
 from radixlang.runtime.request import KVFields
 
 POOL = 48

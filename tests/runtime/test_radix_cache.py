@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.kv.radix_cache import RadixCache
 
 keys = st.lists(st.integers(0, 3), min_size=1, max_size=10)
 

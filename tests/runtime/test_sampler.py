@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from radixlang.runtime import sampler as sampler_module
-from radixlang.runtime.sampler import (
+from radixlang.runtime.execution import sampler as sampler_module
+from radixlang.runtime.execution.sampler import (
     SampleRow,
     SamplingState,
     ScoreRow,

@@ -10,9 +10,9 @@ import torch
 
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_req, create_scheduler
-from radixlang.runtime.engine_core import EngineCore
+from radixlang.runtime.execution.engine_core import EngineCore
 from radixlang.runtime.request import Req, ReqState, StreamChunk
-from radixlang.runtime.scheduler import Scheduler
+from radixlang.runtime.scheduling.scheduler import Scheduler
 from radixlang.runtime.submission import Retention
 from radixlang.runtime.validation import check_params, parse_params
 

@@ -10,13 +10,13 @@ import torch
 from radixlang.runtime.batch import Finish
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.engine import create_req
-from radixlang.runtime.kv_manager import KVManager
-from radixlang.runtime.memory import KVPool, ReqToToken, SlotAllocator
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.kv.kv_manager import KVManager
+from radixlang.runtime.kv.memory import KVPool, ReqToToken, SlotAllocator
+from radixlang.runtime.kv.radix_cache import RadixCache
 from radixlang.runtime.request import Req, ReqState
 from radixlang.runtime.sampling_params import SamplingParams
-from radixlang.runtime.schedule_policy import STARVATION_STEPS
-from radixlang.runtime.scheduler import Scheduler
+from radixlang.runtime.scheduling.schedule_policy import STARVATION_STEPS
+from radixlang.runtime.scheduling.scheduler import Scheduler
 from radixlang.runtime.submission import Retention
 
 CPU = torch.device("cpu")

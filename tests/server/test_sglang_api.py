@@ -44,7 +44,7 @@ def test_model_info_names_the_model_as_sglangs_client_reads_it(server, tiny_mode
 
 @pytest.mark.slow  # transformers parses the real model's GGUF metadata (the 49k vocabulary) field by field
 def test_model_identity_of_a_gguf_is_transformers_config_of_it():
-    from radixlang.runtime.models.loader import default_model_path, model_identity
+    from radixlang.runtime.models.loading.loader import default_model_path, model_identity
 
     transformers = pytest.importorskip("transformers")
     path = default_model_path()

@@ -12,7 +12,7 @@ import torch
 
 from radixlang.runtime.completion import Completion
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.memory import KVPool
+from radixlang.runtime.kv.memory import KVPool
 from radixlang.runtime.request import StreamChunk
 from tests.runtime.models.hf_tiny import one_thread
 from tests.runtime.models.test_moe_parity import build, prompts

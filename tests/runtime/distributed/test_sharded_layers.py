@@ -13,10 +13,10 @@ from radixlang.kernels.backend import AttentionBatch
 from radixlang.kernels.reference import TorchAttention
 from radixlang.runtime.distributed.group import TensorParallel
 from radixlang.runtime.distributed.layers import kv_heads_per_rank
-from radixlang.runtime.memory import KVPool
-from radixlang.runtime.models.hf_config import config_from_hf
+from radixlang.runtime.kv.memory import KVPool
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.models.loader import build_model
+from radixlang.runtime.models.loading.hf_config import config_from_hf
+from radixlang.runtime.models.loading.loader import build_model
 from radixlang.server.cli import _engine_options, build_parser, main
 from tests.conftest import TINY_CONFIG, tiny_weights
 

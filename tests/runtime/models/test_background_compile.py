@@ -98,7 +98,7 @@ def test_batches_past_a_layers_dense_switch_take_warmed_up_graphs(tiny_model_dir
     """A packed linear runs its dense copy from `dense_min_rows` rows on, a branch the compiled graph guards on:
     the warm-up compiles that side too, so the first live batch that large does not recompile (SmolLM2 `auto`
     recompiled for ~20 s on the scheduler thread at its first 7-row batch)."""
-    from radixlang.runtime.models import quant
+    from radixlang.runtime.models.linear import quant
 
     monkeypatch.setattr(quant, "DENSE_MIN_ROWS", 4)  # int8 layers: the packed kernel below 4 rows, dense from 4
     monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))  # one graph below the switch

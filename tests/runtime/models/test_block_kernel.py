@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from radixlang.runtime.models import block_kernel, quant
-from radixlang.runtime.models.gguf_blocks import read_blocks
-from radixlang.runtime.models.quant import BlockLinear, Int4Linear
+from radixlang.kernels.cpu import block_kernel
+from radixlang.kernels.cpu.gguf_blocks import read_blocks
+from radixlang.runtime.models.linear import quant
+from radixlang.runtime.models.linear.quant import BlockLinear, Int4Linear
 
 from .gguf_tiny import Q
 

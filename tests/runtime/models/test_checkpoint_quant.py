@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models.checkpoint_quant import (
+from radixlang.runtime.models.linear.checkpoint_quant import (
     ConcatOutputs,
     PermutedInput,
     QuantStore,
@@ -29,9 +29,9 @@ from radixlang.runtime.models.checkpoint_quant import (
     pack_checkpoint_linears,
     parse_quant_config,
 )
-from radixlang.runtime.models.quant import Int4Linear
-from radixlang.runtime.models.quant_formats import IntWeight, read_gptq, write_gptq
-from radixlang.runtime.models.triton_quant import TritonIntLinear
+from radixlang.runtime.models.linear.quant import Int4Linear
+from radixlang.runtime.models.linear.quant_formats import IntWeight, read_gptq, write_gptq
+from radixlang.runtime.models.linear.triton_quant import TritonIntLinear
 
 from .hf_tiny import BASE, save_hf_model
 from .quant_folders import write_quantized_folder

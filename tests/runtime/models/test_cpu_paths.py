@@ -9,10 +9,10 @@ import gguf
 import pytest
 import torch
 
+from radixlang.kernels.cpu.gguf_blocks import read_blocks
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models import cpu_paths, quant
-from radixlang.runtime.models.gguf_blocks import read_blocks
-from radixlang.runtime.models.quant import Int4Linear, quantize_int4_rtn
+from radixlang.runtime.models.linear import cpu_paths, quant
+from radixlang.runtime.models.linear.quant import Int4Linear, quantize_int4_rtn
 
 from .test_quant import PROMPTS, file_tensor, tiny_q4_gguf  # noqa: F401 (a fixture)
 

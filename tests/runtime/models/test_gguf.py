@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models.hf_config import config_from_hf
+from radixlang.runtime.models.loading.hf_config import config_from_hf
 from radixlang.runtime.models.rope import rope_cos_sin
 
 from .gguf_tiny import K_QUANTS, Q, gguf_tensors, write_gguf
@@ -68,7 +68,7 @@ def test_gguf_metadata_maps_like_the_hf_config(tmp_path, name):
     hf = json.loads((tmp_path / "hf" / "config.json").read_text())
     tensors, _ = gguf_tensors(hf, dict(model.state_dict()), Q.F32, None)
     write_gguf(tmp_path / "m.gguf", hf, tensors)
-    from radixlang.runtime.models.loader import _read_gguf
+    from radixlang.runtime.models.loading.loader import _read_gguf
 
     gguf_cfg, hf_cfg = _read_gguf(tmp_path / "m.gguf")[0], config_from_hf(hf)
     # GGUF stores eps as fp32, the precision RMSNorm adds it in anyway
@@ -114,7 +114,7 @@ def test_llama31_gguf_rope_freqs_give_transformers_llama3_tables(tmp_path):
     tensors["rope_freqs.weight"] = (llama_cpp_rope_freqs(hf["rope_parameters"], head_dim), None)
     write_gguf(tmp_path / "m.gguf", hf | {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
                tensors)
-    from radixlang.runtime.models.loader import _read_gguf
+    from radixlang.runtime.models.loading.loader import _read_gguf
 
     gguf_rope = _read_gguf(tmp_path / "m.gguf")[0].rope
     assert gguf_rope.freq_divisors is not None and max(gguf_rope.freq_divisors) == 8.0

@@ -10,11 +10,12 @@ import pytest
 import torch
 import transformers
 
+from radixlang.kernels.cpu import block_kernel
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import block_kernel, loader
-from radixlang.runtime.models.gguf_file import GGUFTensor, read_gguf
+from radixlang.runtime.models.linear.quant import BlockLinear, Int4Linear, quantize_model
 from radixlang.runtime.models.llama import packed_parts
-from radixlang.runtime.models.quant import BlockLinear, Int4Linear, quantize_model
+from radixlang.runtime.models.loading import loader
+from radixlang.runtime.models.loading.gguf_file import GGUFTensor, read_gguf
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
 from .hf_tiny import BASE, save_hf_model

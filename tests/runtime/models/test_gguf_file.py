@@ -11,11 +11,12 @@ import pytest
 import torch
 import transformers
 
+from radixlang.kernels.cpu import block_kernel
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import block_kernel, gguf_file, loader, weight_cache
-from radixlang.runtime.models.gguf_file import read_gguf
-from radixlang.runtime.models.loader import default_model_path
-from radixlang.runtime.models.quant import BlockLinear, Int4Linear
+from radixlang.runtime.models.linear.quant import BlockLinear, Int4Linear
+from radixlang.runtime.models.loading import gguf_file, loader, weight_cache
+from radixlang.runtime.models.loading.gguf_file import read_gguf
+from radixlang.runtime.models.loading.loader import default_model_path
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
 from .hf_tiny import BASE, save_hf_model

@@ -5,7 +5,7 @@ import pytest
 import transformers  # noqa: E402
 
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.hf_config import config_from_hf
+from radixlang.runtime.models.loading.hf_config import config_from_hf
 
 from .hf_tiny import BASE, save_hf_model
 

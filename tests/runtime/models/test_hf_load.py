@@ -7,8 +7,8 @@ import torch
 from safetensors import safe_open
 
 from radixlang.runtime.config import EngineConfig
-from radixlang.runtime.models import weight_cache
-from radixlang.runtime.models.loader import load_language_model
+from radixlang.runtime.models.loading import weight_cache
+from radixlang.runtime.models.loading.loader import load_language_model
 
 from .hf_tiny import BASE, save_hf_model
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlang.runtime.models.loader import unpermute_qk
+from radixlang.runtime.models.loading.loader import unpermute_qk
 from radixlang.runtime.models.rope import RopeScaling, rope_inv_freq
 
 from ...conftest import TINY_CONFIG, tiny_weights, write_hf_folder

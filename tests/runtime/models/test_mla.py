@@ -12,7 +12,7 @@ from radixlang.kernels.mla import absorb_output, absorb_query, latent_decode, la
 from radixlang.kernels.reference import TorchAttention
 from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.memory import KVPool
+from radixlang.runtime.kv.memory import KVPool
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.deepseek import DeepseekConfig, MLAttention
 from radixlang.runtime.models.llama import ForwardContext
@@ -158,7 +158,7 @@ def test_latent_pool_decodes_match_plain_decodes(v3_folder, options):
 def test_triton_latent_decode_kernel_gives_the_torch_backends_tokens(v3_folder, monkeypatch):
     """The Triton backend on a latent pool (interpreted on a CPU): extends up-projected, decodes in the MLA
     kernel; logprobs as the torch backend's."""
-    from radixlang.kernels import triton_backend
+    from radixlang.kernels.triton import backend as triton_backend
 
     decodes = []
     kernel = triton_backend.mla_decode

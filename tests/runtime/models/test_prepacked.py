@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from radixlang.runtime.models import prepacked, quant
-from radixlang.runtime.models.gguf_blocks import GroupQuant
-from radixlang.runtime.models.quant import BlockLinear, Int4Linear
+from radixlang.kernels.cpu import prepacked
+from radixlang.kernels.cpu.gguf_blocks import GroupQuant
+from radixlang.runtime.models.linear import quant
+from radixlang.runtime.models.linear.quant import BlockLinear, Int4Linear
 
 pytestmark = pytest.mark.skipif(prepacked.pack(torch.zeros(16, 32, dtype=torch.bfloat16)) is None,
                                 reason="no bf16 units (the dense copies are fp32 and stay plain) or no mkldnn")

@@ -12,11 +12,12 @@ import torch
 import transformers
 from torch import nn
 
+from radixlang.kernels.cpu import block_kernel
+from radixlang.kernels.cpu.gguf_blocks import read_blocks
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import block_kernel, quant
-from radixlang.runtime.models.gguf_blocks import read_blocks
-from radixlang.runtime.models.quant import BlockLinear, Int4Linear, Int8Linear, quantize_int4_rtn, quantize_model
+from radixlang.runtime.models.linear import quant
+from radixlang.runtime.models.linear.quant import BlockLinear, Int4Linear, Int8Linear, quantize_int4_rtn, quantize_model
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
 from .hf_tiny import BASE, save_hf_model

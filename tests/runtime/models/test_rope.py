@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers  # noqa: E402
 
-from radixlang.runtime.models.hf_config import config_from_hf
+from radixlang.runtime.models.loading.hf_config import config_from_hf
 from radixlang.runtime.models.rope import RopeScaling, rope_cos_sin, rope_from_hf, rope_inv_freq
 
 HEAD_DIM, MAX_POSITION = 32, 512

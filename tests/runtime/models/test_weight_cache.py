@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import loader, weight_cache
+from radixlang.runtime.models.loading import loader, weight_cache
 
 from .gguf_tiny import Q, gguf_tensors, write_gguf
 from .hf_tiny import BASE, save_hf_model

@@ -13,16 +13,16 @@ from safetensors.torch import load_file
 from radixlang.kernels.registry import ATTENTION_BACKENDS
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_loading import load_model
-from radixlang.runtime.models import loader
-from radixlang.runtime.models.checkpoint_quant import (
+from radixlang.runtime.models.linear.checkpoint_quant import (
     ConcatOutputs,
     PermutedInput,
     dequantized_weights,
     parse_quant_config,
 )
-from radixlang.runtime.models.quant import Int4Linear
-from radixlang.runtime.models.triton_quant import TritonW8A8Linear
-from radixlang.runtime.models.w8a8 import W8A8Linear
+from radixlang.runtime.models.linear.quant import Int4Linear
+from radixlang.runtime.models.linear.triton_quant import TritonW8A8Linear
+from radixlang.runtime.models.linear.w8a8 import W8A8Linear
+from radixlang.runtime.models.loading import loader
 from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 from radixlang.server.cli import main
 
@@ -115,7 +115,7 @@ def test_bad_quantize_options_fail_naming_the_option(folder, tmp_path, capsys, a
 
 def test_a_gguf_sources_config_is_the_one_its_model_card_publishes():
     """`radixlang quantize` on the default GGUF writes SmolLM2-135M's config.json (values from its HF card)."""
-    from radixlang.runtime.models.loader import default_model_path
+    from radixlang.runtime.models.loading.loader import default_model_path
     from radixlang.runtime.quantize.hf_writer import source_hf_config
 
     cfg = source_hf_config(default_model_path())

@@ -7,8 +7,8 @@ import torch
 import transformers
 
 from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models.linear.w8a8 import ROW_TILE, W8A8Linear, quantize_rows_int8
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.models.w8a8 import ROW_TILE, W8A8Linear, quantize_rows_int8
 from radixlang.runtime.quantize.layerwise import CausalAttention
 from radixlang.runtime.quantize.smoothquant import smooth_and_quantize, smooth_model
 

@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 import torch
 
-from radixlang.runtime import output_processor
 from radixlang.runtime.draft_tree import DraftTree
+from radixlang.runtime.execution import output_processor
 from radixlang.runtime.request import Req
 
 from ...conftest import TINY_CONFIG, tiny_weights

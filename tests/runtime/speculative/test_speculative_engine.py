@@ -10,10 +10,10 @@ from collections import defaultdict
 import pytest
 import torch
 
-from radixlang.runtime import output_processor
 from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.draft_tree import DraftTree
 from radixlang.runtime.engine import create_req, create_scheduler
+from radixlang.runtime.execution import output_processor
 from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.drafter import NgramDrafter
 from radixlang.runtime.validation import check_params, parse_params

@@ -1,0 +1,1 @@
+"""Running a step: the step loop, the model runner, CUDA graphs, the sampler, the outputs."""

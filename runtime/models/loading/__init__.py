@@ -1,0 +1,1 @@
+"""Loading models: GGUF and HF folders, their configs, and the weight caches."""

@@ -1,0 +1,1 @@
+"""Scheduling: which requests run in a step (policy, preemption, DP attention's dispatch)."""
