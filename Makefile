@@ -44,4 +44,9 @@ test: lint
 test-fast: lint
 	$(VENV)/bin/pytest -m "not slow" -n auto
 
-.PHONY: install demo lint typecheck test test-fast
+# re-renders the results tables of README.md and docs/performance.md from docs/results/*.json, which a
+# benchmark writes with --publish (benchmark/results.py); tests/benchmark/test_results.py fails while they are stale
+results: $(STAMP)
+	$(PY) -m radixlang.benchmark.results
+
+.PHONY: install demo lint typecheck test test-fast results

@@ -40,6 +40,7 @@ import torch
 from radixlang.benchmark.fidelity import agreement, perplexity, reference_run
 from radixlang.benchmark.hf_baseline import load_causal_lm
 from radixlang.benchmark.radix_cache import DECODE_PROMPTS, few_shot_prompts  # the cache benchmark's workloads
+from radixlang.benchmark.results import save
 from radixlang.kernels.cpu import block_kernel
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.linear.cpu_paths import block_dense_min_rows, dense_min_rows
@@ -173,6 +174,8 @@ def main() -> None:
                              "default, auto, and the exact none)")
     parser.add_argument("--compile", default="", help="modes to run also with compile_layers=True, comma-separated")
     parser.add_argument("--no-peers", action="store_true", help="skip HF transformers and llama.cpp")
+    parser.add_argument("--publish", action="store_true",
+                        help="also write docs/results/cpu_decode.json, the figures the docs render (make results)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if block_kernel.available(wait=True):  # built here if missing, before any timing (make install builds it)
@@ -207,7 +210,12 @@ def main() -> None:
             runners |= {name: run for name, run in peers.items() if run is not None}
         for run in runners.values():
             run(DECODE_PROMPTS[:2], 4)  # warm-up
-        report_speed(measure(runners, args.repeats))
+        best = measure(runners, args.repeats)
+        report_speed(best)
+        figures = {"workloads": list(WORKLOADS), "paths": paths, "first_token_s": first_tokens,
+                   "systems": {name: {w: {"seconds": s, "tokens": t, "tok_s": t / s} for w, (s, t) in cells.items()}
+                               for name, cells in best.items()}}
+        print(f"saved {save('cpu_decode', figures, publish=args.publish)}")
         report_fidelity(engines)
         for engine in engines.values():
             engine.check_invariants()
