@@ -158,7 +158,7 @@ def test_the_build_is_cached_by_source_and_lands_atomically(tmp_path, monkeypatc
 
 RUNS_ON_TORCH_THREADS = r"""
 import os, numpy as np, torch
-from radixlang.runtime.models import block_kernel
+from radixlang.kernels.cpu import block_kernel
 assert block_kernel.available(wait=True)
 torch.set_num_threads(2)
 rng = np.random.default_rng(0)  # operands from numpy: no torch op has started a parallel region before the kernel

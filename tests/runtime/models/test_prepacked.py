@@ -57,7 +57,7 @@ def test_the_eager_path_does_not_import_the_compiler():
     one-shot `radixlang generate`, and triton's leak report at exit)."""
     code = """
 import sys, torch
-from radixlang.runtime.models import prepacked
+from radixlang.kernels.cpu import prepacked
 weight = torch.randn(64, 64).to(torch.bfloat16)
 out = prepacked.dense_matmul(torch.randn(24, 64), weight, prepacked.pack(weight))
 assert out.shape == (24, 64)

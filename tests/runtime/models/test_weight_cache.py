@@ -122,7 +122,7 @@ def test_a_process_that_exits_right_after_loading_leaves_a_complete_entry(tiny_g
 def test_a_writer_killed_mid_write_leaves_no_entry_and_the_next_write_removes_its_part(tiny_gguf):
     res = run_child("""
         import os, signal, sys, torch
-        from radixlang.runtime.models import weight_cache
+        from radixlang.runtime.models.loading import weight_cache
 
         class Fatal(torch.Tensor):  # the second tensor: the process dies while writing it
             def detach(self):
