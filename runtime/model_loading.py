@@ -18,7 +18,7 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
                quantization: str = "none", ep_size: int | None = None, dp_attention: bool = False) -> LoadedModel:
     """`tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
     Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels). `quantization`: a mode of
-    quant.QUANTIZATIONS, applied to language models (vision and MoE / MLA models load as stored). `ep_size`:
+    config.QUANTIZATIONS, applied to language models (vision and MoE / MLA models load as stored). `ep_size`:
     MoE experts over the `tp` ranks (EngineConfig.ep_size). `dp_attention` (EngineConfig.enable_dp_attention):
     a MoE model with attention whole on every rank; any other model is refused."""
     path = Path(path) if path is not None else default_model_path()

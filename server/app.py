@@ -16,16 +16,21 @@ from .limits import ServerLimits
 from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import error_responses
 from .protocol import AbortRequest, ReleaseCacheRequest
+from .request_log import RequestLog
 from .state import ServerState, server_state
 
 
 def create_app(engine: Engine, served_model_name: str | None = None,
-               limits: ServerLimits | None = None, incremental_streaming_output: bool = False) -> FastAPI:
-    """The HTTP API over `engine`. The app does not own the engine: whoever made it shuts it down."""
+               limits: ServerLimits | None = None, incremental_streaming_output: bool = False,
+               log_requests: bool = False) -> FastAPI:
+    """The HTTP API over `engine`. The app does not own the engine: whoever made it shuts it down.
+    `log_requests`: log each request's body (truncated) at info level."""
     state = ServerState(engine, served_model_name or engine.model_name, limits, incremental_streaming_output)
     app = FastAPI(title="radixlang", lifespan=state.lifespan)
     app.state.server = state
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
+    if log_requests:  # added last, so it runs first: a body refused for its size is logged too, as far as read
+        app.add_middleware(RequestLog)
     install_error_handlers(app)
     app.include_router(native.router)
     app.include_router(openai_api.router)

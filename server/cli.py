@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import gc
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..runtime.config import EngineConfig
@@ -16,31 +17,68 @@ _ARG_TYPES = {"str": str, "int": int, "float": float}
 _FLAG_ALIASES = {"tp_size": ("--tp",), "ep_size": ("--ep",), "enable_dp_attention": ("--dp-attention",)}
 
 
+class _Parser(argparse.ArgumentParser):
+    """An unknown option is reported with the usage of the command it was given to (`serve`'s), not the
+    top-level one: argparse leaves a subcommand's leftovers to the parent, whose error prints its own usage."""
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            owner: argparse.ArgumentParser = getattr(parsed, "command_parser", self)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
+def field_flags(f: dataclasses.Field) -> tuple[str, ...]:
+    """The command-line spellings of an option field: --kv-cache-tokens, and SGLang's aliases (--tp)."""
+    return ("--" + f.name.replace("_", "-"), *_FLAG_ALIASES.get(f.name, ()))
+
+
+def field_help(f: dataclasses.Field, default: object = dataclasses.MISSING) -> str:
+    """An option field's description, from its declaration (runtime/config.option), with its default."""
+    default = f.default if default is dataclasses.MISSING else default
+    return f"{f.metadata['help']} (default: {shown_default(default)})".replace("%", "%%")  # argparse formats with %
+
+
+def shown_default(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field, default: object) -> None:
+    base = str(f.type).split("|")[0].strip()
+    choices = f.metadata.get("choices") or None
+    if base == "bool":
+        group.add_argument(*field_flags(f), action="store_true", default=default, help=field_help(f))
+    else:
+        group.add_argument(*field_flags(f), type=_ARG_TYPES[base], default=default, choices=choices,
+                           help=field_help(f))
+
+
 def _engine_fields(skip: Sequence[str]) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(EngineConfig) if f.name != "model" and f.name not in skip]
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """One flag per EngineConfig field (--kv-cache-tokens, --schedule-policy, ...); unset flags
-    leave the engine's own default. `skip`: fields whose flag the command uses otherwise."""
-    parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
+    """One flag per EngineConfig field (--kv-cache-tokens, --schedule-policy, ...), described by the field's
+    declaration; unset flags leave the engine's own default. `skip`: fields whose flag the command uses otherwise."""
+    parser.add_argument("--model", default=None, help="GGUF file or Hugging Face folder, a local path (a hub id "
+                        "needs `huggingface-cli download ID --local-dir DIR` first); default: SmolLM2-135M-Instruct")
     parser.set_defaults(engine_skip=tuple(skip))
     group = parser.add_argument_group("engine options")
     for f in _engine_fields(skip):
-        flags = ("--" + f.name.replace("_", "-"), *_FLAG_ALIASES.get(f.name, ()))
-        base = str(f.type).split("|")[0].strip()
-        if base == "bool":
-            group.add_argument(*flags, action="store_true", default=None, help=f"(default: {f.default})")
-        else:
-            group.add_argument(*flags, type=_ARG_TYPES[base], default=None, help=f"(default: {f.default})")
+        _add_field(group, f, None)
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerLimits field (--max-body-bytes, --max-prompts, ...)."""
     group = parser.add_argument_group("request limits (a request over one is refused with a 4xx naming it)")
     for f in dataclasses.fields(ServerLimits):
-        group.add_argument("--" + f.name.replace("_", "-"), type=_ARG_TYPES[str(f.type)], default=f.default,
-                           help=f"(default: {f.default})")
+        _add_field(group, f, f.default)
 
 
 def _limits(args: argparse.Namespace) -> ServerLimits:
@@ -54,8 +92,18 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
+def _check_model(model: str | None) -> None:
+    """A missing --model fails here, before an engine starts, with what to do (a hub id: download it first)."""
+    from ..runtime.models.loader import missing_model_message
+
+    if model is not None and not Path(model).exists():
+        raise FileNotFoundError(missing_model_message(model))
+
+
 def _generate(args: argparse.Namespace) -> int:
     from ..runtime.engine import Engine
+
+    _check_model(args.model)
 
     with Engine(model=args.model, **_engine_options(args)) as engine:
         prompt = args.prompt
@@ -80,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .launch import serve
 
     limits = _limits(args)  # a bad limit fails before the model loads
+    _check_model(args.model)
     if args.dp is not None and args.enable_dp_attention:
         _dp_attention_ranks(args)
     elif args.dp is not None:
@@ -89,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
     with Engine(model=args.model, **options) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
               grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits,
-              incremental_streaming_output=args.incremental_streaming_output)
+              incremental_streaming_output=args.incremental_streaming_output, log_requests=args.log_requests)
     return 0
 
 
@@ -107,7 +156,8 @@ def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
 
     require_router()  # says how to install it
     options = {"model": args.model, "served_model_name": args.served_model_name,
-               "incremental_streaming_output": args.incremental_streaming_output, **_engine_options(args),
+               "incremental_streaming_output": args.incremental_streaming_output, "log_requests": args.log_requests,
+               **_engine_options(args),
                **dataclasses.asdict(limits)}
     spec = FleetSpec(host=args.host, port=args.port, dp=args.dp, worker_args=list(worker_flags(options)),
                      policy=args.router_policy, threads_per_worker=args.threads_per_worker,
@@ -117,11 +167,14 @@ def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
 
 def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data parallel (SGLang's router in front of N engines; "
-                                      "pip install 'radixlang[router]')")
+                                      "pip install sglang-router)")
     group.add_argument("--dp", type=int, default=None, help="engine processes behind the router on --port "
                        "(each on a free port, with its share of the threads, or one GPU each)")
     group.add_argument("--router-policy", default="cache_aware",
-                       choices=["cache_aware", "round_robin", "random", "power_of_two"])
+                       choices=["cache_aware", "round_robin", "random", "power_of_two"],
+                       help="how the router picks a worker: cache_aware (the longest cached prefix, unless the "
+                            "load is uneven), round_robin, random, power_of_two (the less loaded of two) "
+                            "(default: cache_aware)")
     group.add_argument("--threads-per-worker", type=int, default=None,
                        help="CPU threads of each engine (default: the cores split evenly)")
     group.add_argument("--router-arg", action="append", default=[],
@@ -146,7 +199,7 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("out", help="folder to write (config.json with quantization_config, safetensors, tokenizer)")
     q.add_argument("--method", default="gptq", choices=["gptq", "rtn", "smoothquant"],
                    help="gptq / rtn: weight-only int4 or int8, GPTQ format; smoothquant: W8A8 int8")
-    q.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    q.add_argument("--bits", type=int, default=4, choices=[4, 8], help="bits per weight (default: 4)")
     q.add_argument("--group-size", type=int, default=128, help="-1, 32, 64 or 128 (default: 128)")
     q.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
                    help="GPTQ: round columns by descending Hessian diagonal (default: on)")
@@ -167,25 +220,55 @@ def _add_quantize_command(sub) -> None:
     q.set_defaults(func=_quantize)
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from .. import cache_dir
+
+    if args.cache_command == "clear":
+        removed = cache_dir.clear(kinds=args.kind)
+        print(f"removed {len(removed)} entries ({cache_dir.human_bytes(sum(e.bytes for e in removed))}) "
+              f"from {cache_dir.cache_dir()}")
+        return 0
+    print(cache_dir.render_listing(cache_dir.entries()))
+    return 0
+
+
+def _add_cache_command(sub) -> None:
+    c = sub.add_parser("cache", help="list or clear radixlang's cache folder (converted weights, compiled code, "
+                                     "kernels): $RADIXLANG_CACHE_DIR, else ~/.cache/radixlang")
+    actions = c.add_subparsers(dest="cache_command", required=True)
+    actions.add_parser("ls", help="list the entries: kind, size, last use, name")
+    clear = actions.add_parser("clear", help="remove entries (every kind unless --kind is given)")
+    clear.add_argument("--kind", action="append", choices=["weights", "compile", "kernels", "other"],
+                       help="remove only entries of this kind (repeatable; default: all)")
+    for p in (c, *actions.choices.values()):
+        p.set_defaults(command_parser=p)
+    c.set_defaults(func=_cache)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixlang", description="radixlang LLM runtime")
+    parser = _Parser(prog="radixlang", description="radixlang LLM runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="print a completion of PROMPT")
-    gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("prompt", help="the text to complete (with --chat: the user's message)")
+    gen.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: 128)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy (default: 0)")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed (default: the engine's --seed)")
     gen.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     _add_engine_options(gen, skip=("seed",))
     gen.set_defaults(func=_generate)
 
     srv = sub.add_parser("serve", help="serve the engine over HTTP (native /generate and OpenAI /v1)")
-    srv.add_argument("--host", default=DEFAULT_HOST)
-    srv.add_argument("--port", type=int, default=DEFAULT_PORT)
+    srv.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST}; "
+                     "0.0.0.0: every interface)")
+    srv.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
     srv.add_argument("--served-model-name", default=None, help="model id in /v1 (default: the model's name)")
     srv.add_argument("--graceful-timeout", type=float, default=GRACEFUL_SHUTDOWN_S,
                      help="seconds requests in flight may still run on shutdown before they are aborted")
-    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                     help="logging threshold: info shows the start-up banner, a step line every few seconds while "
+                          "busy, and uvicorn's access lines (default: info)")
+    srv.add_argument("--log-requests", action="store_true",
+                     help="log each request's method, path and body (truncated) at info level (default: off)")
     srv.add_argument("--incremental-streaming-output", action="store_true",
                      help="as SGLang's: each /generate stream event carries only the text, output_ids and "
                           "logprobs new since the last one (default: all so far)")
@@ -194,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(srv)
     srv.set_defaults(func=_serve)
     _add_quantize_command(sub)
+    _add_cache_command(sub)
+    for command in sub.choices.values():  # an unknown option prints that command's usage (_Parser)
+        command.set_defaults(command_parser=command)
     return parser
 
 

@@ -10,3 +10,5 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/compl
 METRICS_SAMPLE_INTERVAL_S = 1.0
 METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
 HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
+STEP_LOG_INTERVAL_S = 5.0  # `serve` logs a step line (requests, cache hits, tok/s) this often while busy
+REQUEST_LOG_MAX_CHARS = 2000  # --log-requests: a body longer than this is logged truncated

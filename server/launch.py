@@ -15,6 +15,7 @@ from ..runtime.engine import Engine
 from .app import create_app
 from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from .limits import ServerLimits
+from .server_log import configure_logging
 from .state import ServerState
 
 DRAIN_POLL_S = 0.05
@@ -62,18 +63,26 @@ class DrainingServer(uvicorn.Server):
 def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                 served_model_name: str | None = None, grace_s: float = GRACEFUL_SHUTDOWN_S,
                 log_level: str = "info", limits: ServerLimits | None = None,
-                incremental_streaming_output: bool = False) -> DrainingServer:
+                incremental_streaming_output: bool = False, log_requests: bool = False) -> DrainingServer:
     if grace_s < 0:
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
-    app = create_app(engine, served_model_name, limits, incremental_streaming_output)
+    app = create_app(engine, served_model_name, limits, incremental_streaming_output, log_requests)
+    app.state.server.url = base_url(host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             # uvicorn annotates int, but waits with asyncio.timeout, which takes seconds as a float
                             timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]
     return DrainingServer(config, app.state.server, grace_s)
 
 
+def base_url(host: str, port: int) -> str:
+    name = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
+    return f"http://{name}:{port}"
+
+
 def serve(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, **kwargs) -> None:
-    """Runs the server until SIGINT/SIGTERM; returns after a graceful shutdown (the engine stays up)."""
+    """Runs the server until SIGINT/SIGTERM; returns after a graceful shutdown (the engine stays up).
+    Logs as `radixlang serve` does: the banner, step lines and uvicorn's lines at `log_level`."""
+    configure_logging(kwargs.get("log_level", "info"))
     make_server(engine, host, port, **kwargs).run()
 
 
@@ -87,6 +96,7 @@ def background_server(engine: Engine, host: str = DEFAULT_HOST, port: int = 0,
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    server.state.url = base_url(host, sock.getsockname()[1])  # before it starts: the banner names it
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="radixlang-http", daemon=True)
     thread.start()
     while not server.started:
@@ -94,8 +104,7 @@ def background_server(engine: Engine, host: str = DEFAULT_HOST, port: int = 0,
             sock.close()
             raise RuntimeError("the HTTP server failed to start")
         time.sleep(0.01)
-    name = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
-    server.url = f"http://{name}:{sock.getsockname()[1]}"
+    server.url = server.state.url
     try:
         yield server
     finally:

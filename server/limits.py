@@ -5,16 +5,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..runtime.config import option
 from .errors import APIError
 
 
 @dataclass(slots=True)
 class ServerLimits:
-    max_body_bytes: int = 16 * 2**20  # request body; a larger one gets a 413 before it is read
-    max_prompts: int = 256  # prompts in one request
-    max_sequences: int = 256  # prompts x n in one request: each is a request the engine runs
-    max_program_states: int = 1024  # states one /v1/programs run may hold: 1 + every fork's children
-    max_program_seconds: float = 600.0  # wall time of one /v1/programs run; then it is cancelled
+    max_body_bytes: int = option(16 * 2**20, "bytes of a request body; a larger one gets a 413 before it is read")
+    max_prompts: int = option(256, "prompts in one request")
+    max_sequences: int = option(256, "prompts x n in one request (each is a request the engine runs)")
+    max_program_states: int = option(1024, "states one /v1/programs run may hold: 1 + every fork's children")
+    max_program_seconds: float = option(600.0, "wall time of one /v1/programs run; then it is cancelled")
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

@@ -18,6 +18,8 @@ from ..runtime.engine import Engine
 from .config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
 from .errors import APIError
 from .limits import ServerLimits
+from .server_log import StepLog, banner
+from .server_log import logger as server_log
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,6 +109,9 @@ class ServerState:
         self.programs: set[Cancellable] = set()  # /v1/programs runs in flight (event loop only)
         self.throughput = Throughput()
         self.draining = False
+        self.url = "(not listening yet)"  # the base URL, set by launch.make_server / background_server
+        self.api_keys = False  # whether requests must bring an API key (the start-up banner says so)
+        self.step_log = StepLog()
         # tokenising, chat templates and rendering big responses: CPU work kept off the event loop
         self._cpu = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="radixlang-cpu")
 
@@ -143,7 +148,10 @@ class ServerState:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
+        # uvicorn listens only once this startup half returns: the banner comes before /health can answer
+        server_log.info(banner(self.engine, self.url, self.api_keys))
         sampler = asyncio.create_task(self._sample_forever())
+        started = time.monotonic()
         try:
             yield
         finally:
@@ -151,13 +159,15 @@ class ServerState:
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
             self._cpu.shutdown(wait=False, cancel_futures=True)
+            server_log.info(self.step_log.shutdown_line(time.monotonic() - started))
 
     async def _sample_forever(self) -> None:
         while True:
             try:
-                await self.stats()
+                stats = await self.stats()
             except RuntimeError:  # engine shut down underneath us: nothing left to sample
                 return
+            self.step_log.observe(time.monotonic(), stats)
             await asyncio.sleep(METRICS_SAMPLE_INTERVAL_S)
 
 

@@ -168,8 +168,12 @@ class BackgroundCompile:
     def _compile(self) -> None:
         try:
             self._wait_for_an_idle_engine()
+            started = time.monotonic()
+            logger.info("background compile of the decode forward started; decode runs eager meanwhile")
             with short_gil_turns():
                 self._compile_and_warm()
+            if self.ready:
+                logger.info("background compile finished in %.0f s; decode runs compiled", time.monotonic() - started)
         except CompileCancelled:
             self.cancelled = True
             logger.info("background compile cancelled; decode stays eager")

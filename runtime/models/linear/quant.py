@@ -34,7 +34,6 @@ from ..llama import packed_parts, packed_target
 from . import cpu_paths
 from .cpu_paths import detect
 
-QUANTIZATIONS = ("none", "auto", "int8", "int4")
 K_MULTIPLE = 64  # torch 2.13's CPU int8pack kernel crashes on some other input widths (K=40 with M>=5)
 N_MULTIPLE = 16  # the CPU int4pack layout tiles output rows by 16
 INNER_K_TILES = 2  # the CPU int4pack conversion takes it but lays weights out the same for 2, 4 and 8

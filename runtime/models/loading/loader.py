@@ -60,16 +60,29 @@ def default_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
 
 
+def missing_model_message(model: str) -> str:
+    """Why `model` cannot load, and what to do: an `owner/name` that is no local path is most likely a Hugging
+    Face hub id, which radixlang does not download (nothing fetches weights at run time)."""
+    message = f"model path {model!r} does not exist"
+    parts = model.split("/")
+    if len(parts) == 2 and all(parts) and not model.startswith((".", "~")):
+        folder = parts[1]
+        message += (f"; it looks like a Hugging Face hub id, and radixlang loads only local files: download it first "
+                    f"(`huggingface-cli download {model} --local-dir {folder}`) and pass --model {folder}, or pass "
+                    "a GGUF file")
+    return message
+
+
 def load_language_model(path: str | Path | None, device: torch.device, dtype: torch.dtype,
                         tp: TensorParallel | None = None, keep_blocks: bool = False,
                         quantization: str = "none") -> LoadedModel:
     """A GGUF file or an HF folder of a language model (runtime/model_loading.py also takes vision folders).
     `tp`: load only this tensor-parallel rank's shard of the weights. `keep_blocks`: also return a GGUF's
-    Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels). `quantization`: a mode of quant.QUANTIZATIONS
+    Q4_0 / Q4_1 / Q8_0 weights as stored (for packed kernels). `quantization`: a mode of config.QUANTIZATIONS
     applied here; a GGUF on one CPU rank is then converted once and read back from the weight cache."""
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
-        raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+        raise FileNotFoundError(missing_model_message(str(path)))
     if path.suffix == ".gguf" and not path.is_dir() and device.type == "cpu" and (tp is None or tp.size == 1):
         return _load_gguf_cached(path, device, dtype, quantization, keep_blocks)
     blocks: dict[str, GroupQuant] = {}

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ....cache_dir import cache_dir
+from ....cache_dir import WEIGHT_FORMAT_VERSION, cache_dir, prune
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # BlockLinear records, or int4pack ones that keep their blocks (version 1's int4pack entries have none: read
 # by this code they would keep a machine on int4pack after the kernel is built; read by version-1 code,
 # a BlockLinear record is a KeyError)
-FORMAT_VERSION = 2
+FORMAT_VERSION = WEIGHT_FORMAT_VERSION  # (the cache folder's module removes entries of other versions)
 _ALIGN = 64
 # key -> the thread writing that entry in this process, and the event that tells it the entry is needed now
 _writes: dict[str, tuple[threading.Thread, threading.Event]] = {}
@@ -72,6 +72,8 @@ def load_entry(key: str, identity: dict[str, Any]) -> tuple[dict[str, torch.Tens
     size = data_path.stat().st_size
     if size != index["bytes"]:
         return None
+    with contextlib.suppress(OSError):  # its last use, which the cache's LRU bound reads (a read-only cache: none)
+        os.utime(index_path)
     raw = torch.from_file(str(data_path), shared=False, size=size, dtype=torch.uint8) if size else torch.empty(0)
     tensors = {}
     for name, (dtype, shape, offset) in index["tensors"].items():
@@ -109,11 +111,17 @@ def save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tens
 
 def try_save_entry(key: str, identity: dict[str, Any], tensors: dict[str, torch.Tensor],
                    extra: dict[str, Any], folder: Path | None = None) -> None:
-    """save_entry, as a cache writes: a read-only or full disk only costs the next load its conversion."""
+    """save_entry, as a cache writes: a read-only or full disk only costs the next load its conversion. Then the
+    folder is pruned to its bound (cache_dir.prune), this entry kept."""
     try:
         save_entry(key, identity, tensors, extra, folder)
-    except OSError as e:
+        removed = prune(folder, keep=frozenset({key}))
+    except (OSError, ValueError) as e:  # ValueError: a malformed RADIXLANG_CACHE_MAX_BYTES
         logger.warning("could not write the weight cache to %s: %s", folder or cache_dir(), e)
+        return
+    if removed:
+        logger.info("weight cache: removed %d old entries (%.0f MB) from %s", len(removed),
+                    sum(e.bytes for e in removed) / 2**20, folder or cache_dir())
 
 
 class Idleness(Protocol):
