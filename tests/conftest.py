@@ -35,6 +35,9 @@ os.environ.setdefault("RADIXLANG_KERNEL_DIR", str(Path(_USER_CACHE) / "kernels")
 if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder of this session, not ~/.cache
     os.environ["RADIXLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixlang-test-cache-")
     atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
+    # unbounded: the session's folder goes at its end, and its tests load the real model in several layouts, each
+    # converted once (the default bound of two entries would evict and convert them again)
+    os.environ.setdefault("RADIXLANG_CACHE_MAX_BYTES", str(2**50))
 
 from radixlang.kernels.cpu import block_kernel
 from radixlang.runtime.models.loading.loader import default_model_path, gguf_metadata
