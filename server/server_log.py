@@ -67,16 +67,27 @@ def _kv_bytes(engine: Engine) -> int | None:
 
 
 def _cpu_paths(engine: Engine) -> str:
+    """The CPU's kernel level and features, and the dtype of the dense copies large steps use."""
     if engine.device.type != "cpu":
-        return engine.device.type
+        return "-"
     from ..runtime.models.cpu_paths import detect
 
-    return detect().describe()
+    paths = detect()
+    dense = "bf16" if "bfloat16" in str(paths.dense_dtype) else "fp32"
+    return f"{paths.capability} [{' '.join(paths.flags) or 'none'}] packed int4/int8 + {dense} dense"
 
 
 def _compile_state(engine: Engine) -> str:
     compile_ = engine.decode_compile
     return "off (eager decode)" if compile_ is None else f"background ({compile_.state})"
+
+
+def _quantization(engine: Engine) -> str:
+    mode = engine.config.load_quantization()
+    if mode != "auto":
+        return mode
+    gguf = model_format(engine.model_path) == "GGUF"
+    return "auto (the GGUF's own blocks, packed)" if gguf else "auto (weights as stored)"
 
 
 def banner(engine: Engine, url: str, api_keys: bool) -> str:
@@ -86,8 +97,9 @@ def banner(engine: Engine, url: str, api_keys: bool) -> str:
         "version": version(),
         "model": engine.model_path,
         "format": model_format(engine.model_path),
-        "quantization": engine.config.load_quantization(),
-        "device": _cpu_paths(engine),
+        "quantization": _quantization(engine),
+        "device": str(engine.device),
+        "cpu_paths": _cpu_paths(engine),
         "dtype": str(engine.config.torch_dtype()).removeprefix("torch."),
         "kv_pool": f"{engine.pool_size} tokens" + (f" ({human_bytes(kv_bytes)})" if kv_bytes is not None else ""),
         "context_length": engine.context_length,
@@ -122,11 +134,11 @@ class StepLog:
         if line is not None:
             logger.info(line)
 
-    def shutdown_line(self, uptime_s: float) -> str:
-        s = self.latest
-        return (f"radixlang server stopped after {uptime_s:.0f} s: {int(s.get('finished_requests_total', 0))} "
-                f"requests finished, {int(s.get('aborted_requests_total', 0))} aborted, "
-                f"{int(s.get('generated_tokens_total', 0))} tokens generated")
+
+def shutdown_line(stats: dict[str, float], uptime_s: float) -> str:
+    return (f"radixlang server stopped after {uptime_s:.0f} s: {int(stats.get('finished_requests_total', 0))} "
+            f"requests finished, {int(stats.get('aborted_requests_total', 0))} aborted, "
+            f"{int(stats.get('generated_tokens_total', 0))} tokens generated")
 
 
 def step_line(before: dict[str, float], after: dict[str, float], seconds: float) -> str | None:

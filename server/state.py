@@ -18,7 +18,7 @@ from ..runtime.engine import Engine
 from .config import METRICS_SAMPLE_INTERVAL_S, METRICS_WINDOW_S
 from .errors import APIError
 from .limits import ServerLimits
-from .server_log import StepLog, banner
+from .server_log import StepLog, banner, shutdown_line
 from .server_log import logger as server_log
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,11 @@ class ServerState:
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
             self._cpu.shutdown(wait=False, cancel_futures=True)
-            server_log.info(self.step_log.shutdown_line(time.monotonic() - started))
+            try:  # the engine outlives the app (whoever made it shuts it down): its counters as of now
+                final = await asyncio.to_thread(self.engine.stats)
+            except RuntimeError:
+                final = self.step_log.latest
+            server_log.info(shutdown_line(final, time.monotonic() - started))
 
     async def _sample_forever(self) -> None:
         while True:

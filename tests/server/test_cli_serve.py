@@ -141,3 +141,41 @@ def test_sigterm_during_a_background_compile_cancels_it_and_exits_cleanly(tiny_m
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_logs_its_banner_before_health_answers_and_a_shutdown_line(tiny_model_dir):
+    import threading
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixlang.server.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+         "--device", "cpu", "--kv-cache-tokens", "512", "--compile-layers", "false", "--log-requests"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []  # (when read, line) of stderr
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url)
+        healthy_at = time.monotonic()
+        httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    banner = [(t, line) for t, line in lines if "radixlang serving: " in line]
+    assert len(banner) == 1 and banner[0][0] < healthy_at, [line for _, line in lines]
+    text = banner[0][1]
+    for field in (f"model={tiny_model_dir}", "format=HF folder", "kv_pool=512 tokens (", "context_length=1024",
+                  f"url=http://127.0.0.1:{port}", "api_keys=off", "quantization="):
+        assert field in text, (field, text)
+    assert " INFO " in text  # at info level, on stderr, with the time
+    # the banner precedes uvicorn's own start-up lines too: it is logged while the app starts
+    started = next(i for i, (_, line) in enumerate(lines) if "Uvicorn running on" in line)
+    assert lines.index(banner[0]) < started
+    assert any('request POST /generate {"text":"hi"' in line for _, line in lines)
+    stopped = [line for _, line in lines if "radixlang server stopped after " in line]
+    assert len(stopped) == 1 and "1 requests finished, 0 aborted, 2 tokens generated" in stopped[0], stopped
