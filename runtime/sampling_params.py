@@ -36,46 +36,66 @@ class Rule:
     hi_ids: str | None = None  # bias: the keys are token ids below this limit
 
 
-def _field(default: object, rule: Rule) -> Any:  # noqa: ANN401 - a Field posing as the default, as field()'s
-    """A field with its rule; a list default is a fresh list per instance."""
+def _field(default: object, rule: Rule, help: str) -> Any:  # noqa: ANN401 - a Field posing as the default
+    """A field with its rule and its description (docs/reference/sampling.md is generated from them); a list
+    default is a fresh list per instance."""
     if isinstance(default, list):
-        return field(default_factory=list, metadata={"rule": rule})
-    return field(default=default, metadata={"rule": rule})
+        return field(default_factory=list, metadata={"rule": rule, "help": help})
+    return field(default=default, metadata={"rule": rule, "help": help})
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    max_new_tokens: int = _field(DEFAULT_MAX_NEW_TOKENS, Rule("int", 0, "context_length"))
-    min_new_tokens: int = _field(0, Rule("int", 0, "max_new_tokens"))
-    temperature: float = _field(1.0, Rule("float", 0.0, MAX_TEMPERATURE))
-    top_p: float = _field(1.0, Rule("float", 0, 1, lo_open=True))
-    top_k: int = _field(-1, Rule("int", -1, "vocab_size"))  # -1 or 0: no top-k
-    min_p: float = _field(0.0, Rule("float", 0.0, 1.0))
-    frequency_penalty: float = _field(0.0, Rule("float", -MAX_PENALTY, MAX_PENALTY))
-    presence_penalty: float = _field(0.0, Rule("float", -MAX_PENALTY, MAX_PENALTY))
-    repetition_penalty: float = _field(1.0, Rule("float", 0, MAX_PENALTY, lo_open=True))
-    stop: list[str] = _field([], Rule("strings", accepts=str | list[str]))
-    stop_token_ids: list[int] = _field([], Rule("token_ids", hi="vocab_size"))
-    ignore_eos: bool = _field(False, Rule("bool"))
-    skip_special_tokens: bool = _field(True, Rule("bool"))
-    no_stop_trim: bool = _field(False, Rule("bool"))
-    n: int = _field(1, Rule("int", 1, MAX_N))
-    seed: int | None = _field(None, Rule("seed", -(2**63), 2**64 - 1))  # a signed or unsigned 64-bit integer
+    max_new_tokens: int = _field(DEFAULT_MAX_NEW_TOKENS, Rule("int", 0, "context_length"),
+                                 "tokens to generate at most")
+    min_new_tokens: int = _field(0, Rule("int", 0, "max_new_tokens"),
+                                 "tokens generated before a stop string or EOS may end the output")
+    temperature: float = _field(1.0, Rule("float", 0.0, MAX_TEMPERATURE), "sampling temperature; 0 is greedy")
+    top_p: float = _field(1.0, Rule("float", 0, 1, lo_open=True),
+                          "nucleus sampling: the smallest set of tokens whose probabilities reach this sum")
+    top_k: int = _field(-1, Rule("int", -1, "vocab_size"), "sample among the k likeliest tokens; -1 or 0: all")
+    min_p: float = _field(0.0, Rule("float", 0.0, 1.0), "drop tokens less likely than this times the likeliest")
+    frequency_penalty: float = _field(0.0, Rule("float", -MAX_PENALTY, MAX_PENALTY),
+                                      "subtracted from a token's logit for each time it occurred in the output")
+    presence_penalty: float = _field(0.0, Rule("float", -MAX_PENALTY, MAX_PENALTY),
+                                     "subtracted from a token's logit once it occurred in the output")
+    repetition_penalty: float = _field(1.0, Rule("float", 0, MAX_PENALTY, lo_open=True),
+                                       "scales down the logits of tokens seen in the prompt or output (> 1: fewer "
+                                       "repeats)")
+    stop: list[str] = _field([], Rule("strings", accepts=str | list[str]),
+                             "strings that end the output (left out of the text unless no_stop_trim)")
+    stop_token_ids: list[int] = _field([], Rule("token_ids", hi="vocab_size"), "token ids that end the output")
+    ignore_eos: bool = _field(False, Rule("bool"), "keep generating past the end-of-sequence token")
+    skip_special_tokens: bool = _field(True, Rule("bool"), "leave special tokens out of the text")
+    no_stop_trim: bool = _field(False, Rule("bool"), "keep the matched stop string at the end of the text")
+    n: int = _field(1, Rule("int", 1, MAX_N), "samples per prompt")
+    seed: int | None = _field(None, Rule("seed", -(2**63), 2**64 - 1),  # a signed or unsigned 64-bit integer
+                              "this request's sampling seed; default: one drawn from the engine's seed")
     # constrained decoding: at most one of these
-    regex: str | None = _field(None, Rule("text"))
-    json_schema: Any = _field(None, Rule("any"))  # dict, JSON string, or pydantic model class
-    grammar: str | None = _field(None, Rule("text"))  # Lark grammar (LALR), start rule `start`
+    regex: str | None = _field(None, Rule("text"), "constrain the output to this regular expression")
+    json_schema: Any = _field(None, Rule("any"),  # dict, JSON string, or pydantic model class
+                              "constrain the output to JSON matching this schema (a dict, JSON text or pydantic model)")
+    grammar: str | None = _field(None, Rule("text"), "constrain the output to this Lark grammar (LALR, start rule "
+                                 "`start`)")
     # SGLang's fields added for its clients (issue 25): each is checked, used, or documented as a no-op
-    stop_regex: list[str] = _field([], Rule("regexes", accepts=str | list[str]))  # output ends at a match
+    stop_regex: list[str] = _field([], Rule("regexes", accepts=str | list[str]),
+                                   "regular expressions whose match ends the output")
     logit_bias: dict[str, float] | None = _field(None, Rule("bias", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS,
-                                                            hi_ids="vocab_size"))
-    spaces_between_special_tokens: bool = _field(True, Rule("bool"))  # no-op: fast tokenizers never add them
-    stream_interval: int | None = _field(None, Rule("optional_int", 1))  # /generate streams every k tokens
-    custom_params: dict[str, Any] | None = _field(None, Rule("json_object"))  # no-op: no custom logit processors
-    beam_width: int | None = _field(None, Rule("unsupported"))
-    ebnf: str | None = _field(None, Rule("text"))  # XGrammar's EBNF (GBNF-like), start rule `root`
-    structural_tag: Any = _field(None, Rule("any"))  # dict or JSON string: free text + triggered schemas
-    watermark: Any = _field(None, Rule("unsupported"))
+                                                            hi_ids="vocab_size"),
+                                                 "token id -> value added to its logit (-100 bans it, 100 forces it)")
+    spaces_between_special_tokens: bool = _field(True, Rule("bool"), "accepted for SGLang's clients; no effect "
+                                                 "(fast tokenizers never add those spaces)")
+    stream_interval: int | None = _field(None, Rule("optional_int", 1),
+                                         "/generate streams an event every this many tokens")
+    custom_params: dict[str, Any] | None = _field(None, Rule("json_object"), "accepted for SGLang's clients; no "
+                                                  "effect (no custom logit processors)")
+    beam_width: int | None = _field(None, Rule("unsupported"), "SGLang's field; only 1 or unset (beam search is "
+                                    "not supported; use n)")
+    ebnf: str | None = _field(None, Rule("text"), "constrain the output to this EBNF grammar (XGrammar's, GBNF-like; "
+                              "start rule `root`)")
+    structural_tag: Any = _field(None, Rule("any"), "free text in which trigger strings start JSON constrained to "
+                                 "their schemas (a dict or JSON text)")
+    watermark: Any = _field(None, Rule("unsupported"), "SGLang's field; only unset (watermarking is not supported)")
 
     @property
     def constraint(self) -> tuple[str, Any] | None:
