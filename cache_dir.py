@@ -1,6 +1,6 @@
 """radixlang's cache folder, what is in it, and its bound.
 
-One folder holds everything radixlang keeps between runs: converted weights (runtime/models/weight_cache.py:
+One folder holds everything radixlang keeps between runs: converted weights (runtime/models/loading/weight_cache.py:
 `<key>.bin` + `<key>.json`), torch.compile's artefacts (`inductor/`, with a marker per compiled model), the
 native CPU kernels (`kernels/`) and small measurements (`cpu_paths*.json`). It is RADIXLANG_CACHE_DIR, else
 $XDG_CACHE_HOME/radixlang, else ~/.cache/radixlang.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # part of every weight entry's key and index: entries of another version are never read, so they are removed.
-# History is in runtime/models/weight_cache.py, which writes this version
+# History is in runtime/models/loading/weight_cache.py, which writes this version
 WEIGHT_FORMAT_VERSION = 2
 MAX_BYTES_ENV = "RADIXLANG_CACHE_MAX_BYTES"
 DEFAULT_BOUND_ENTRIES = 2  # default bound: this many times the largest weight entry

@@ -94,7 +94,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_model(model: str | None) -> None:
     """A missing --model fails here, before an engine starts, with what to do (a hub id: download it first)."""
-    from ..runtime.models.loader import missing_model_message
+    from ..runtime.models.loading.loader import missing_model_message
 
     if model is not None and not Path(model).exists():
         raise FileNotFoundError(missing_model_message(model))

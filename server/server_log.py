@@ -58,7 +58,7 @@ def model_format(path: str) -> str:
 def _kv_bytes(engine: Engine) -> int | None:
     """Bytes of the KV pool (every layer's K and V) where this process holds it; None where it does not
     (tensor-parallel ranks and data-parallel attention ranks each hold their own share)."""
-    from ..runtime.scheduler import Scheduler
+    from ..runtime.scheduling.scheduler import Scheduler
 
     scheduler = engine.scheduler
     if not isinstance(scheduler, Scheduler) or not scheduler.kv.pool.k_buffers:
@@ -70,7 +70,7 @@ def _cpu_paths(engine: Engine) -> str:
     """The CPU's kernel level and features, and the dtype of the dense copies large steps use."""
     if engine.device.type != "cpu":
         return "-"
-    from ..runtime.models.cpu_paths import detect
+    from ..runtime.models.linear.cpu_paths import detect
 
     paths = detect()
     dense = "bf16" if "bfloat16" in str(paths.dense_dtype) else "fp32"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixlang import cache_dir
-from radixlang.runtime.models import weight_cache
+from radixlang.runtime.models.loading import weight_cache
 from radixlang.server.cli import main
 
 
