@@ -223,8 +223,8 @@ def _add_quantize_command(sub) -> None:
 def _cache(args: argparse.Namespace) -> int:
     from .. import cache_dir
 
-    if args.cache_command == "clear":
-        removed = cache_dir.clear(kinds=args.kind)
+    if args.cache_command in ("clear", "prune"):
+        removed = cache_dir.clear(kinds=args.kind) if args.cache_command == "clear" else cache_dir.prune()
         print(f"removed {len(removed)} entries ({cache_dir.human_bytes(sum(e.bytes for e in removed))}) "
               f"from {cache_dir.cache_dir()}")
         return 0
@@ -237,6 +237,8 @@ def _add_cache_command(sub) -> None:
                                      "kernels): $RADIXLANG_CACHE_DIR, else ~/.cache/radixlang")
     actions = c.add_subparsers(dest="cache_command", required=True)
     actions.add_parser("ls", help="list the entries: kind, size, last use, name")
+    actions.add_parser("prune", help="remove stale weight entries, then the least recently used ones over the "
+                                     "bound (RADIXLANG_CACHE_MAX_BYTES; default twice the largest), as each write does")
     clear = actions.add_parser("clear", help="remove entries (every kind unless --kind is given)")
     clear.add_argument("--kind", action="append", choices=["weights", "compile", "kernels", "other"],
                        help="remove only entries of this kind (repeatable; default: all)")

@@ -145,6 +145,17 @@ def test_cache_ls_and_clear(folder, tmp_path, capsys):
     assert list(folder.iterdir()) == [folder / "kernels"]  # the (empty) folder of its kind stays
 
 
+def test_cache_prune_removes_what_a_write_would(folder, tmp_path, capsys):
+    now = time.time()
+    src, gone = _source(tmp_path, "m"), _source(tmp_path, "gone")
+    keys = [_write(src, c, 1000, now - 100 * (4 - i)) for i, c in enumerate("abc")]
+    stale = _write(gone, "a", 1000, now)
+    gone.unlink()
+    assert main(["cache", "prune"]) == 0
+    assert "removed 2 entries" in capsys.readouterr().out  # the stale one, and the oldest over twice the largest
+    assert _keys(folder) == set(keys[1:]) and stale not in _keys(folder)
+
+
 def test_cache_with_an_unknown_action_prints_its_own_usage(capsys):
     with pytest.raises(SystemExit):
         main(["cache", "ls", "--bogus"])
