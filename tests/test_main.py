@@ -15,7 +15,7 @@ def run(command: list[str]) -> subprocess.CompletedProcess:
 def test_python_dash_m_radixlang_prints_the_console_scripts_help():
     module, script = run([sys.executable, "-m", "radixlang", "--help"]), run([str(SCRIPT), "--help"])
     assert module.returncode == script.returncode == 0, module.stderr
-    assert module.stdout.startswith("usage: radixlang ") and "{generate,serve,quantize}" in module.stdout
+    assert module.stdout.startswith("usage: radixlang ") and "{generate,serve,quantize,cache}" in module.stdout
     assert module.stdout == script.stdout
 
 
