@@ -55,9 +55,9 @@ def test_serve_rejects_a_bad_limit_before_loading_the_model():
 
 def test_serve_rejects_a_bad_engine_option_with_a_clear_error(tiny_model_dir):
     res = subprocess.run([sys.executable, "-m", "radixlang.server.cli", "serve", "--model",
-                          str(tiny_model_dir), "--schedule-policy", "random"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "schedule_policy must be one of" in res.stderr
+                          str(tiny_model_dir), "--mem-fraction", "2"],  # a value set (--schedule-policy) the parser
+                         capture_output=True, text=True, timeout=120)  # checks itself: test_cli_help.py
+    assert res.returncode == 2 and "mem_fraction must be in (0, 0.95], got 2.0" in res.stderr
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
