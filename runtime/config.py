@@ -108,8 +108,9 @@ class EngineConfig:
     max_pinned_fraction: float = option(0.5, "share of the KV pool pins may hold [0, 1]; under pressure the oldest "
                                         "idle pin goes first")
     kv_host_cache_tokens: int | None = option(None, "host KV tier: evicted KV parks in this many tokens of host "
-                                              "memory and is copied back on a hit; 0: off; default: two device "
-                                              "pools within 20% of available host memory (off with tp_size > 1)")
+                                              "memory and is copied back on a hit; 0: off; default: "
+                                              f"{HOST_TIER_POOLS} device pools within {HOST_TIER_MEM_FRACTION:.0%} "
+                                              "of available host memory (off with tp_size > 1)")
     init_new_token_ratio: float = option(0.7, "share of each running request's remaining max_new_tokens reserved "
                                          "in the KV pool when admitting new requests")
     min_new_token_ratio: float = option(0.1, "the reservation share's floor, reached as it decays")
