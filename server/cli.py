@@ -189,7 +189,9 @@ def _quantize(args: argparse.Namespace) -> int:
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                            static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
                            alpha=args.alpha, calib=args.calib, threads=args.threads, **tuned)
-    quantize(None if args.model == "default" else args.model, args.out, opts)
+    model = None if args.model == "default" else args.model
+    _check_model(model)
+    quantize(model, args.out, opts)
     return 0
 
 

@@ -70,10 +70,12 @@ def test_an_unknown_flag_prints_the_commands_usage_not_the_top_level_one(command
     assert f"radixlang {command}: error: unrecognized arguments: --no-such-flag" in err
 
 
-@pytest.mark.parametrize("command", ["serve", "generate"])
+@pytest.mark.parametrize("command", ["serve", "generate", "quantize"])
 def test_a_hub_id_says_it_needs_a_local_download_first(command, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no folder of that name here
-    argv = [command, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct"] + (["hi"] if command == "generate" else [])
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    argv = {"serve": ["serve", "--model", hub_id], "generate": ["generate", "--model", hub_id, "hi"],
+            "quantize": ["quantize", hub_id, str(tmp_path / "out")]}[command]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "looks like a Hugging Face hub id" in err
@@ -85,3 +87,12 @@ def test_a_missing_local_path_is_not_called_a_hub_id(capsys, tmp_path):
     assert main(["serve", "--model", str(tmp_path / "model.gguf")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "hub id" not in err
+
+
+def test_log_requests_reaches_fleet_workers():
+    from radixlang.server.fleet import worker_flags
+
+    assert build_parser().parse_args(["serve"]).log_requests is False
+    flags = list(worker_flags({"log_requests": True, "compile_layers": "true"}))
+    worker = build_parser().parse_args(["serve", *flags])
+    assert worker.log_requests is True and worker.compile_layers == "true"
