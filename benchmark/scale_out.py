@@ -36,7 +36,7 @@ runs on its own core, as each would have its own GPU (`--no-pin`: where the kern
                                   [--workers 2] [--eager] [--no-pin] [--host-tier off|default]
     python -m benchmark.scale_out --remote-only   # remote=True on one worker vs per primitive via the router
 
-On a GPU machine each worker gets one GPU (CUDA_VISIBLE_DEVICES). Needs `pip install 'radixlang[router]'`.
+On a GPU machine each worker gets one GPU (CUDA_VISIBLE_DEVICES). Needs `pip install sglang-router`.
 """
 from __future__ import annotations
 

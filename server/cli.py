@@ -128,13 +128,13 @@ def _serve(args: argparse.Namespace) -> int:
     from .launch import serve
 
     limits = _limits(args)  # a bad limit fails before the model loads
-    _check_model(args.model)
     if args.dp is not None and args.enable_dp_attention:
         _dp_attention_ranks(args)
     elif args.dp is not None:
         return _serve_fleet(args, limits)
     # a server lives long enough to repay a compile, which runs in the background: auto means on here
     options = {"compile_layers": True} | _engine_options(args)
+    _check_model(args.model)
     with Engine(model=args.model, **options) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
               grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits,
@@ -155,6 +155,7 @@ def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
     from .fleet import FleetSpec, require_router, serve_fleet, worker_flags
 
     require_router()  # says how to install it
+    _check_model(args.model)  # here, not in each of N workers
     options = {"model": args.model, "served_model_name": args.served_model_name,
                "incremental_streaming_output": args.incremental_streaming_output, "log_requests": args.log_requests,
                **_engine_options(args),

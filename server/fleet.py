@@ -2,7 +2,7 @@
 share of the threads (or one GPU each), behind SGLang's router (`sglang-router`, the smg core) on the
 public port with its cache-aware policy.
 
-The router is a separate process from an optional wheel (`pip install 'radixlang[router]'`). SIGTERM or
+The router is a separate process from an optional wheel (`pip install sglang-router`). SIGTERM or
 SIGINT stops the router first (no new traffic), then the workers, which drain as a single server does.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .config import HEALTH_TIMEOUT_S
 logger = logging.getLogger(__name__)
 
 ROUTER_MODULE = "sglang_router"
-INSTALL_HINT = "pip install 'radixlang[router]'  (the sglang-router wheel)"
+INSTALL_HINT = "pip install sglang-router  (from a radixlang checkout: pip install -e '.[router]')"
 STARTUP_TIMEOUT_S = 600.0  # a worker loads and warms its model within this
 POLL_S = 0.2
 HEALTH_CHECK_INTERVAL_S = 2  # the router probes each worker this often: a dead one leaves within seconds

@@ -88,7 +88,7 @@ def test_dp_without_the_router_wheel_says_how_to_install_it(monkeypatch, capsys)
 
     monkeypatch.setattr(fleet, "router_available", lambda: False)
     assert cli.main(["serve", "--dp", "2", "--model", "/no/such/model"]) == 2
-    assert "pip install 'radixlang[router]'" in capsys.readouterr().err
+    assert "pip install sglang-router" in capsys.readouterr().err
 
 
 # ---- a fleet behind the real router -----------------------------------------------------------------
