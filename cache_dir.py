@@ -7,9 +7,9 @@ $XDG_CACHE_HOME/radixlang, else ~/.cache/radixlang.
 
 Weight entries are the big ones (a 100 MB GGUF converts to ~0.5 GB), so they are bounded: after each write,
 entries that can never be read again (an older format version, a source file that is gone or changed, files a
-killed writer left) are removed, then the least recently used ones until the weight entries fit in the bound
-(RADIXLANG_CACHE_MAX_BYTES, default twice the largest entry: the layout in use and one more). The entry just
-written stays whatever its size. An entry's last use is its index's mtime, touched on every load. Removing
+killed writer left) are removed; then the least recently used ones over the bound: for each source file, twice
+its largest entry (the layout in use and one more), or, when RADIXLANG_CACHE_MAX_BYTES is set, that many bytes
+for all of them together. The entry just written stays whatever its size. An entry's last use is its index's mtime, touched on every load. Removing
 an entry another process has mapped is safe: the mapping keeps its pages until it is closed.
 
 This module imports nothing of radixlang's and no torch: `radixlang cache ls` is instant, and every layer
@@ -28,7 +28,7 @@ from pathlib import Path
 # History is in runtime/models/loading/weight_cache.py, which writes this version
 WEIGHT_FORMAT_VERSION = 2
 MAX_BYTES_ENV = "RADIXLANG_CACHE_MAX_BYTES"
-DEFAULT_BOUND_ENTRIES = 2  # default bound: this many times the largest weight entry
+DEFAULT_BOUND_ENTRIES = 2  # a source file's entries take at most this many times its largest entry
 ABANDONED_AFTER_S = 3600.0  # a temporary (.part) file or an index-less .bin this old is a dead writer's
 KINDS = ("weights", "compile", "kernels", "other")
 
@@ -139,13 +139,11 @@ def remove(entry: Entry) -> None:
             path.unlink(missing_ok=True)
 
 
-def max_weight_bytes(weights: list[Entry]) -> int:
-    """The weight entries' bound: RADIXLANG_CACHE_MAX_BYTES (a number of bytes, or with a K/M/G suffix), else
-    DEFAULT_BOUND_ENTRIES times the largest entry."""
+def max_weight_bytes() -> int | None:
+    """RADIXLANG_CACHE_MAX_BYTES (a number of bytes, or with a K/M/G suffix): a bound on all weight entries
+    together, which replaces the per-model one; None when unset."""
     explicit = os.environ.get(MAX_BYTES_ENV)
-    if explicit:
-        return parse_bytes(explicit)
-    return DEFAULT_BOUND_ENTRIES * max((e.bytes for e in weights), default=0)
+    return parse_bytes(explicit) if explicit else None
 
 
 def parse_bytes(text: str) -> int:
@@ -161,19 +159,25 @@ def parse_bytes(text: str) -> int:
 
 def prune(folder: Path | None = None, keep: frozenset[str] = frozenset(), max_bytes: int | None = None,
           now: float | None = None) -> list[Entry]:
-    """Removes stale weight entries, then the least recently used until the rest fit in `max_bytes` (default:
-    max_weight_bytes). Entries named in `keep` (keys) stay. Returns what it removed."""
+    """Removes stale weight entries, then the least recently used ones over the bound: a cap on them all
+    (`max_bytes`, default RADIXLANG_CACHE_MAX_BYTES) when one is set, else DEFAULT_BOUND_ENTRIES times each source
+    file's largest entry, per source (one model's layouts never evict another model's). Entries named in `keep`
+    (keys) stay. Returns what it removed."""
     weights = [e for e in entries(folder, now) if e.kind == "weights"]
     removed = [e for e in weights if e.stale is not None and e.name not in keep]
-    live = sorted((e for e in weights if e.stale is None), key=lambda e: e.last_used)  # least recently used first
-    bound = max_weight_bytes(live) if max_bytes is None else max_bytes
-    total = sum(e.bytes for e in live)
+    live = [e for e in weights if e.stale is None and e.source is not None]  # not a write under way
+    cap = max_weight_bytes() if max_bytes is None else max_bytes
+    groups: dict[str | None, list[Entry]] = {}
     for entry in live:
-        if total <= bound:
-            break
-        if entry.name not in keep:
-            removed.append(entry)
-            total -= entry.bytes
+        groups.setdefault(None if cap is not None else entry.source, []).append(entry)
+    for group in groups.values():
+        budget = cap if cap is not None else DEFAULT_BOUND_ENTRIES * max(e.bytes for e in group)
+        used = 0
+        for entry in sorted(group, key=lambda e: -e.last_used):  # most recently used first
+            used += entry.bytes
+            if used > budget and entry.name not in keep:
+                removed.append(entry)
+                used -= entry.bytes
     for entry in removed:
         remove(entry)
     return removed

@@ -241,7 +241,8 @@ def _add_cache_command(sub) -> None:
     actions = c.add_subparsers(dest="cache_command", required=True)
     actions.add_parser("ls", help="list the entries: kind, size, last use, name")
     actions.add_parser("prune", help="remove stale weight entries, then the least recently used ones over the "
-                                     "bound (RADIXLANG_CACHE_MAX_BYTES; default twice the largest), as each write does")
+                                     "bound (per model, twice its largest entry; or RADIXLANG_CACHE_MAX_BYTES for "
+                                     "all together), as each write does")
     clear = actions.add_parser("clear", help="remove entries (every kind unless --kind is given)")
     clear.add_argument("--kind", action="append", choices=["weights", "compile", "kernels", "other"],
                        help="remove only entries of this kind (repeatable; default: all)")

@@ -36,7 +36,7 @@ if "RADIXLANG_CACHE_DIR" not in os.environ:  # converted weights go to a folder 
     os.environ["RADIXLANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixlang-test-cache-")
     atexit.register(shutil.rmtree, os.environ["RADIXLANG_CACHE_DIR"], ignore_errors=True)
     # unbounded: the session's folder goes at its end, and its tests load the real model in several layouts, each
-    # converted once (the default bound of two entries would evict and convert them again)
+    # converted once (the default bound, two entries' worth per model, would evict and convert them again)
     os.environ.setdefault("RADIXLANG_CACHE_MAX_BYTES", str(2**50))
 
 from radixlang.kernels.cpu import block_kernel

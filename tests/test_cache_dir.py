@@ -77,19 +77,29 @@ def test_a_load_counts_as_a_use(folder, tmp_path):
     assert _keys(folder) == {first} and second not in _keys(folder)
 
 
-def test_the_default_bound_is_twice_the_largest_entry_and_the_env_overrides_it(folder, tmp_path, monkeypatch):
+def test_by_default_each_models_entries_take_at_most_twice_its_largest(folder, tmp_path, monkeypatch):
     now = time.time()
-    src = _source(tmp_path, "m")
+    src, other = _source(tmp_path, "m"), _source(tmp_path, "other")
     keys = [_write(src, c, 1000, now - 100 * (4 - i)) for i, c in enumerate("abc")]
-    cache_dir.prune(folder)  # three entries of one size, a bound of two
-    assert _keys(folder) == set(keys[1:])
+    others = {_write(other, c, 1000, now - 1000 - i) for i, c in enumerate("ab")}  # older than all of m's
+    cache_dir.prune(folder)  # m: three entries of one size, room for two; `other`: two, within its own bound
+    assert _keys(folder) == set(keys[1:]) | others
     monkeypatch.setenv(cache_dir.MAX_BYTES_ENV, "1K")
-    assert cache_dir.max_weight_bytes([]) == 1024
+    assert cache_dir.max_weight_bytes() == 1024
     cache_dir.prune(folder)
-    assert _keys(folder) == set()  # each entry is over 1 KB: none fits
+    assert _keys(folder) == set()  # each entry is over 1 KB: none fits the cap
     monkeypatch.setenv(cache_dir.MAX_BYTES_ENV, "lots")
     with pytest.raises(ValueError, match="RADIXLANG_CACHE_MAX_BYTES"):
         cache_dir.prune(folder)
+
+
+def test_the_cap_evicts_across_models_least_recently_used_first(folder, tmp_path, monkeypatch):
+    now = time.time()
+    old = _write(_source(tmp_path, "old"), "a", 1000, now - 300)
+    new = _write(_source(tmp_path, "new"), "a", 1000, now - 100)
+    sizes = {e.name: e.bytes for e in cache_dir.entries(folder)}
+    monkeypatch.setenv(cache_dir.MAX_BYTES_ENV, str(sizes[new] + 10))
+    assert [e.name for e in cache_dir.prune(folder)] == [old] and _keys(folder) == {new}
 
 
 def test_a_write_prunes_the_folder_and_keeps_what_it_wrote(folder, tmp_path, monkeypatch):
@@ -123,6 +133,8 @@ def test_stale_entries_go_whatever_the_bound(folder, tmp_path):
     assert "format version" in stale[old_version] and "gone or changed" in stale[gone]
     cache_dir.prune(folder, max_bytes=10**9)
     assert _keys(folder) == {kept} and fresh_part.exists() and not abandoned.exists()
+    cache_dir.prune(folder, max_bytes=1)  # a cap nothing fits: a write under way is still left alone
+    assert fresh_part.exists() and not _keys(folder)
 
 
 def test_cache_ls_and_clear(folder, tmp_path, capsys):
@@ -152,7 +164,7 @@ def test_cache_prune_removes_what_a_write_would(folder, tmp_path, capsys):
     stale = _write(gone, "a", 1000, now)
     gone.unlink()
     assert main(["cache", "prune"]) == 0
-    assert "removed 2 entries" in capsys.readouterr().out  # the stale one, and the oldest over twice the largest
+    assert "removed 2 entries" in capsys.readouterr().out  # the stale one, and m's oldest over twice its largest
     assert _keys(folder) == set(keys[1:]) and stale not in _keys(folder)
 
 
