@@ -10,3 +10,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/compl
 METRICS_SAMPLE_INTERVAL_S = 1.0
 METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
 HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
+# /v1/responses with store=true: responses kept in memory for previous_response_id, at most this many, each
+# for this long (its KV stays pinned for the engine's prompt_cache_retention, usually shorter)
+RESPONSES_STORE_MAX_ITEMS = 1024
+RESPONSES_STORE_TTL_S = 3600.0
