@@ -146,7 +146,7 @@ class ProtocolView(_View):
     chunk_kind: ClassVar[str] = ""
 
     @classmethod
-    def adapter(cls, **fields: Any) -> Callable[[_ChatView], _View]:
+    def adapter(cls, **fields: Any) -> Callable[[_ChatView], _View]:  # noqa: ANN401 - the subclass's own fields
         """What `chat_response` calls with the chat view it built."""
         return lambda inner: cls(inner.state, inner.body, inner.job, inner=inner, **fields)
 

@@ -155,9 +155,8 @@ def _messages(messages: list[dict[str, Any]], breakpoints: _CacheBreakpoints) ->
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 continue  # past reasoning: chat templates drop it too
             else:
-                raise APIError(400, f"a {role} message takes content blocks of type "
-                                    f"{'text, image and tool_result' if role == 'user' else 'text, tool_use and thinking'}"
-                                    f", got {kind!r}", bparam)
+                allowed = "text, image and tool_result" if role == "user" else "text, tool_use and thinking"
+                raise APIError(400, f"a {role} message takes content blocks of type {allowed}, got {kind!r}", bparam)
         if role == "assistant":
             out.append({"role": "assistant", "content": parts or (None if calls else ""),
                         **({"tool_calls": calls} if calls else {})})

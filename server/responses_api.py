@@ -225,39 +225,36 @@ class ResponsesView(ProtocolView):
 
     def opening(self) -> list[dict[str, Any]]:
         response = self._response("in_progress", [], None)
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+        return [self._emit("response.created", response=response),
+                self._emit("response.in_progress", response=response)]
 
     def on_block(self, event: BlockEvent) -> list[dict[str, Any]]:
         i, block = event.index, event.block
         at = {"item_id": self._item_id(i, block), "output_index": i}
-        part = {"content_index": 0} if block.kind != "call" else {}
-        if event.action == "open":
-            added = [self._event("response.output_item.added", output_index=i, item=self._item(i, block, False))]
-            if block.kind != "call":
-                added.append(self._event("response.content_part.added", **at, **part, part=self._part(block)))
-            return added
-        if event.action == "delta":
-            if block.kind == "call":
-                return [self._event("response.function_call_arguments.delta", **at, delta=event.piece)]
-            kind = "output_text" if block.kind == "text" else "reasoning_text"
-            extra = {"logprobs": []} if block.kind == "text" else {}
-            return [self._event(f"response.{kind}.delta", **at, **part, delta=event.piece, **extra)]
-        done = []
         if block.kind == "call":
-            done.append(self._event("response.function_call_arguments.done", **at, name=block.name,
-                                    arguments=block.text))
-        else:
-            kind = "output_text" if block.kind == "text" else "reasoning_text"
-            extra = {"logprobs": []} if block.kind == "text" else {}
-            done += [self._event(f"response.{kind}.done", **at, **part, text=block.text, **extra),
-                     self._event("response.content_part.done", **at, **part, part=self._part(block))]
-        return [*done, self._event("response.output_item.done", output_index=i, item=self._item(i, block, True))]
+            if event.action == "open":
+                return [self._emit("response.output_item.added", output_index=i, item=self._item(i, block, False))]
+            if event.action == "delta":
+                return [self._emit("response.function_call_arguments.delta", **at, delta=event.piece)]
+            return [self._emit("response.function_call_arguments.done", **at, name=block.name, arguments=block.text),
+                    self._emit("response.output_item.done", output_index=i, item=self._item(i, block, True))]
+        # text and reasoning: an item with one content part
+        at["content_index"] = 0
+        kind = "output_text" if block.kind == "text" else "reasoning_text"
+        extra: dict[str, Any] = {"logprobs": []} if block.kind == "text" else {}
+        if event.action == "open":
+            return [self._emit("response.output_item.added", output_index=i, item=self._item(i, block, False)),
+                    self._emit("response.content_part.added", **at, part=self._part(block))]
+        if event.action == "delta":
+            return [self._emit(f"response.{kind}.delta", **at, delta=event.piece, **extra)]
+        return [self._emit(f"response.{kind}.done", **at, text=block.text, **extra),
+                self._emit("response.content_part.done", **at, part=self._part(block)),
+                self._emit("response.output_item.done", output_index=i, item=self._item(i, block, True))]
 
     def closing(self, ending: Ending) -> list[dict[str, Any]]:
         response = self._finished(self.blocks.blocks, ending)
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
-        return [self._event(kind, response=response)]
+        return [self._emit(kind, response=response)]
 
     # ---- shapes -----------------------------------------------------------------------------------
     def _finished(self, blocks: list[Block], ending: Ending) -> dict[str, Any]:
@@ -316,7 +313,7 @@ class ResponsesView(ProtocolView):
             return {"type": "reasoning_text", "text": block.text}
         return {"type": "output_text", "text": block.text, "annotations": [], "logprobs": []}
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def _emit(self, kind: str, **fields: Any) -> dict[str, Any]:  # noqa: ANN401 - an event's JSON fields
         self.sequence += 1
         return {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
