@@ -63,22 +63,27 @@ class OutputConfig(StrictModel):
     format: dict[str, Any] | None = None  # {"type": "json_schema", "schema": {...}}: the reply is that JSON
 
 
-class MessagesRequest(StrictModel):
+class CountTokensRequest(StrictModel):
+    """POST /v1/messages/count_tokens: the prompt part of a Messages request."""
+
     model: str
-    max_tokens: int = Field(ge=1)  # required, as Anthropic's API has it
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     # automatic prompt caching: a breakpoint that moves with the conversation (see server/messages_api.py)
     cache_control: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)  # required, as Anthropic's API has it
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     # accepted and ignored: bookkeeping that one local server has no use for
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None

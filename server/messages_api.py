@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from .agent_protocol import MessagesRequest
+from .agent_protocol import CountTokensRequest, MessagesRequest
 from .agent_views import (
     Block,
     BlockEvent,
@@ -33,9 +33,10 @@ from .agent_views import (
 )
 from .errors import APIError, anthropic_error_body
 from .openai_api import chat_response
-from .openai_params import check_model
-from .openapi import streaming_responses
+from .openai_params import chat_prompt, check_model
+from .openapi import error_responses, streaming_responses
 from .state import server_state
+from .tool_calls import plan_tools
 
 router = APIRouter()
 
@@ -50,20 +51,45 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
     check_model(body.model, state.model_name)
-    breakpoints = _CacheBreakpoints()
-    fields: dict[str, Any] = {
-        "model": body.model, "messages": _system(body.system, breakpoints) + _messages(body.messages, breakpoints),
+    fields = _chat_fields(body, state.engine.tokenizer.chat_template) | {
         "stream": body.stream, "max_completion_tokens": body.max_tokens, "stop": body.stop_sequences,
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "tools": _tools(body.tools, breakpoints)}
-    fields |= _tool_choice(body.tool_choice)
-    fields |= _output_format(body)
-    fields |= _thinking(body, state.engine.tokenizer.chat_template)
-    fields["prompt_cache_key"] = breakpoints.key(body.cache_control)
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
     chat = chat_request({k: v for k, v in fields.items() if v is not None}, _PARAMS)
     adapter = MessagesView.adapter(request_body=body, message_id=f"msg_{uuid.uuid4().hex}")
     return named_events(await chat_response(chat, request, adapter),
                         lambda error: anthropic_error_body(int(error.get("code") or 500), error.get("message", "")))
+
+
+@router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, 503))
+async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+    """The prompt's tokens as the chat template renders it (an image counts as its placeholder)."""
+    state = server_state(request)
+    state.ensure_open()
+    check_model(body.model, state.model_name)
+    engine = state.engine
+    fields = _chat_fields(body, engine.tokenizer.chat_template)
+    chat = chat_request({k: v for k, v in fields.items() if v is not None}, _PARAMS)
+    # the tool constraint is not compiled: only the prompt is wanted
+    plan = await state.offload(plan_tools, chat, engine.tokenizer.chat_template, lambda tag: None)
+    prompt, _ = await state.offload(chat_prompt, engine.tokenizer, chat.messages, engine.context_length,
+                                    engine.image_prompts, state.model_name, plan)
+    return {"input_tokens": len(prompt)}
+
+
+def _chat_fields(body: CountTokensRequest, chat_template: str | None) -> dict[str, Any]:
+    """The chat fields of the request's prompt part: messages, tools, tool choice, thinking, output format."""
+    if body.messages[-1].get("role") == "assistant":
+        raise APIError(400, "a last assistant message (a prefill to continue) is not supported; end with a user "
+                            "message", f"messages[{len(body.messages) - 1}].role")
+    breakpoints = _CacheBreakpoints()
+    fields: dict[str, Any] = {
+        "model": body.model, "messages": _system(body.system, breakpoints) + _messages(body.messages, breakpoints),
+        "tools": _tools(body.tools, breakpoints)}
+    fields |= _tool_choice(body.tool_choice)
+    fields |= _output_format(body)
+    fields |= _thinking(body, chat_template)
+    fields["prompt_cache_key"] = breakpoints.key(body.cache_control)
+    return fields
 
 
 # ---- the request as chat fields -------------------------------------------------------------------
@@ -229,7 +255,7 @@ def _tool_choice(choice: dict[str, Any] | None) -> dict[str, Any]:
     return {"tool_choice": chat, **parallel}
 
 
-def _output_format(body: MessagesRequest) -> dict[str, Any]:
+def _output_format(body: CountTokensRequest) -> dict[str, Any]:
     fmt = body.output_config.format if body.output_config is not None else None
     if fmt is None:
         return {}
@@ -238,7 +264,7 @@ def _output_format(body: MessagesRequest) -> dict[str, Any]:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}}
 
 
-def _thinking(body: MessagesRequest, chat_template: str | None) -> dict[str, Any]:
+def _thinking(body: CountTokensRequest, chat_template: str | None) -> dict[str, Any]:
     """`thinking` as the template's switch and, where the chat route takes it, a thinking token budget."""
     thinking = body.thinking
     if thinking is None:
@@ -248,7 +274,8 @@ def _thinking(body: MessagesRequest, chat_template: str | None) -> dict[str, Any
     fields = thinking_switch(chat_template, True)
     if thinking.type == "enabled":
         budget = thinking.budget_tokens
-        if budget is None or budget >= body.max_tokens:
+        max_tokens = body.max_tokens if isinstance(body, MessagesRequest) else None
+        if budget is None or (max_tokens is not None and budget >= max_tokens):
             raise APIError(400, "thinking.budget_tokens is required with type 'enabled' and must be less than "
                                 "max_tokens", "thinking.budget_tokens")
         if supports_thinking_budget():

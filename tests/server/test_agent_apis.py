@@ -135,6 +135,8 @@ def test_messages_text_whole_streamed_and_stop_sequence(server, claude, hf_token
                                             {"role": "user", "content": "Say hello."}])
     assert whole.type == "message" and whole.role == "assistant" and whole.stop_reason == "max_tokens"
     assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == expected
+    assert claude.messages.count_tokens(model="default", system=kwargs["system"],
+                                        messages=kwargs["messages"]).input_tokens == expected
     assert whole.usage.output_tokens == 8
     text = whole.content[0].text
 
@@ -189,6 +191,7 @@ def test_messages_cache_control_pins_the_prefix(server, claude):
 def test_messages_bad_input_is_a_4xx_in_anthropic_shape(server, claude):
     cases = [dict(messages=[{"role": "user", "content": "hi"}]),  # no max_tokens
              dict(max_tokens=4, messages=[{"role": "user", "content": [{"type": "document"}]}]),
+             dict(max_tokens=4, messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]),
              dict(max_tokens=4, messages=[{"role": "user", "content": "hi"}], tool_choice={"type": "any"}),
              dict(max_tokens=4, messages=[{"role": "user", "content": "hi"}],
                   thinking={"type": "enabled", "budget_tokens": 8})]
