@@ -7,7 +7,7 @@ chat content parts, an assistant's tool_use blocks its tool_calls, a user's tool
 stop strings. The reply's blocks become thinking, text and tool_use content blocks. `cache_control`
 breakpoints become a prompt_cache_key session named by a hash of the prompt up to the last breakpoint,
 so the finished sequence stays pinned and the next request sharing that prefix finds it cached
-(runtime/pins.py).
+(runtime/kv/pins.py).
 """
 from __future__ import annotations
 

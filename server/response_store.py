@@ -1,7 +1,7 @@
 """Responses kept for `previous_response_id` (/v1/responses with store=true): in memory, at most
 `capacity` of them (the oldest goes first), each for `ttl_s` seconds. A stored response keeps the
 conversation through its reply as chat messages, so a follow-up renders it again with the chat template;
-its KV stays cached under a prompt_cache_key session named by the response id (runtime/pins.py), so the
+its KV stays cached under a prompt_cache_key session named by the response id (runtime/kv/pins.py), so the
 follow-up's prompt finds that prefix in the radix cache. Thread-safe: whole responses are rendered on the
 server's CPU pool, streamed ones on the event loop."""
 from __future__ import annotations
