@@ -23,7 +23,6 @@ from ..runtime.request import StreamChunk
 from .errors import APIError
 from .openai_api import _ChatView, _View
 from .protocol import ChatCompletionRequest
-from .sglang_fields import check_chat_extras
 
 BlockKind = Literal["reasoning", "text", "call"]
 
@@ -197,7 +196,6 @@ def chat_request(fields: dict[str, Any], param_names: dict[str, str]) -> ChatCom
         loc = [str(p) for p in err.get("loc", ())]
         param = param_names.get(loc[0], loc[0]) if loc else None
         raise APIError(400, f"{param}: {err.get('msg', 'invalid value')}", param) from None
-    check_chat_extras(body)
     return body
 
 

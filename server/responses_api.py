@@ -65,6 +65,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         # the finished sequence stays pinned, so a follow-up's prompt is a cache hit
         "prompt_cache_key": body.prompt_cache_key or (response_id if body.store else None)}
     effort = body.reasoning.effort if body.reasoning is not None else None
+    fields["reasoning_effort"] = effort  # the chat route's own field (templates such as gpt-oss's read it)
     fields |= thinking_switch(state.engine.tokenizer.chat_template, None if effort is None else
                               effort not in ("none", "minimal"))
     chat = chat_request({k: v for k, v in fields.items() if v is not None}, _PARAMS)

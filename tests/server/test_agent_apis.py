@@ -48,14 +48,15 @@ def claude(server):
 
 # ---- /v1/responses --------------------------------------------------------------------------------
 def test_responses_text_whole_and_streamed(server, oai, hf_tokenizer):
-    kwargs = dict(model="default", instructions="Be brief.", input="Say hello.", max_output_tokens=6, temperature=0)
+    kwargs = dict(model="default", instructions="Be brief.", input="Say hello.", max_output_tokens=6, temperature=0,
+                  reasoning={"effort": "low", "summary": "auto"})  # accepted: this template has no thinking switch
     whole = oai.responses.create(**kwargs)
     expected = prompt_tokens(hf_tokenizer, [{"role": "system", "content": "Be brief."},
                                             {"role": "user", "content": "Say hello."}])
     assert whole.object == "response" and whole.id.startswith("resp_")
     assert whole.usage.input_tokens == expected and whole.usage.output_tokens == 6
     assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
-    assert [item.type for item in whole.output] == ["message"]
+    assert [item.type for item in whole.output] == ["message"] and whole.reasoning.effort == "low"
 
     events = list(oai.responses.create(stream=True, **kwargs))
     assert [e.sequence_number for e in events] == list(range(len(events)))
