@@ -48,6 +48,8 @@ class ResponsesRequest(StrictModel):
     service_tier: str | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    prompt_cache_retention: str | None = None  # the server's --prompt-cache-retention decides
+    max_tool_calls: int | None = None  # a cap on built-in (hosted) tool calls, which are not supported
     background: Literal[False] = False  # background runs are not supported
 
 

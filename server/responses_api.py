@@ -10,6 +10,7 @@ response is kept (server/response_store.py) and its KV pinned under a session na
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +56,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                                 "deleted, or expired)", "previous_response_id")
         history = previous.messages
     response_id = _new_id("resp")
-    conversation = history + input_messages(body.input)
+    origins: list[str] = []  # the field each new chat message came from
+    conversation = history + input_messages(body.input, origins)
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
+    origins = ["instructions"] * len(instructions) + ["previous_response_id"] * len(history) + origins
     fields: dict[str, Any] = {
         "model": body.model, "messages": instructions + conversation, "stream": body.stream,
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
@@ -71,7 +74,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     chat = chat_request({k: v for k, v in fields.items() if v is not None}, _PARAMS)
     adapter = ResponsesView.adapter(request_body=body, response_id=response_id, conversation=conversation,
                                     store=store)
-    return named_events(await chat_response(chat, request, adapter), _error_event)
+    try:
+        response = await chat_response(chat, request, adapter)
+    except APIError as e:
+        raise _renamed(e, origins) from None
+    return named_events(response, _error_event)
 
 
 @router.get("/v1/responses/{response_id}", responses=error_responses(404))
@@ -92,10 +99,12 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
 
 
 # ---- the request as chat fields -------------------------------------------------------------------
-def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(items: str | list[dict[str, Any]], origins: list[str]) -> list[dict[str, Any]]:
     """`input` as chat messages: a string is one user message; consecutive function_call items join one
-    assistant message's tool_calls; reasoning items are dropped (templates drop past reasoning too)."""
+    assistant message's tool_calls; reasoning items are dropped (templates drop past reasoning too).
+    `origins` gets the item each message came from."""
     if isinstance(items, str):
+        origins.append("input")
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(items):
@@ -125,7 +134,21 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind != "reasoning":
             raise APIError(400, f"input items are messages, function_call, function_call_output and reasoning; "
                                 f"got type {kind!r}", f"{param}.type")
+        origins.extend([param] * (len(messages) - len(origins)))  # this item's new message, if it made one
     return messages
+
+
+_CHAT_PARAM = re.compile(r"^messages\[(\d+)\](.*)$")
+
+
+def _renamed(e: APIError, origins: list[str]) -> APIError:
+    """A chat-route error about messages[k] named by the input item (or field) message k came from."""
+    match = _CHAT_PARAM.match(e.param or "")
+    if match is None or int(match.group(1)) >= len(origins):
+        return e
+    origin, rest = origins[int(match.group(1))], match.group(2).replace(".tool_call_id", ".call_id")
+    param = origin + rest if origin.startswith("input[") else origin
+    return APIError(e.status, e.message.replace(e.param or "", param), param, e.kind)
 
 
 def _text_field(item: dict[str, Any], name: str, param: str) -> str:

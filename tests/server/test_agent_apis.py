@@ -22,6 +22,7 @@ ANTHROPIC_TOOL = {"name": "get_weather", "description": "Current weather in a ci
 ANSWER_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                                    "maximum": 9}},
                  "required": ["ok", "n"], "additionalProperties": False}
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5ErkJggg=="
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +118,17 @@ def test_responses_bad_input_is_a_400_in_openai_shape(server, oai):
     cases = [({"input": [{"type": "web_search_call"}]}, "input[0].type"),
              ({"input": "hi", "previous_response_id": "resp_nope"}, "previous_response_id"),
              ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-             ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format.schema")]
+             ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+             ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": PNG}]}]},
+              "input[0].content[0]")]  # this model has no vision tower
     for fields, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
             oai.responses.create(model="default", max_output_tokens=4, **fields)
         assert e.value.body["param"] == param, e.value.body
-    with pytest.raises(openai.BadRequestError):  # the stored call must be answered by a known call_id
-        oai.responses.create(model="default", max_output_tokens=4, input=[
-            {"type": "function_call_output", "call_id": "call_unknown", "output": "x"}])
+    with pytest.raises(openai.BadRequestError) as e:  # a result must answer an earlier call
+        oai.responses.create(model="default", max_output_tokens=4, instructions="Be brief.", input=[
+            {"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_x", "output": "x"}])
+    assert e.value.body["param"] == "input[1].call_id"
 
 
 # ---- /v1/messages ---------------------------------------------------------------------------------
@@ -192,6 +196,8 @@ def test_messages_cache_control_pins_the_prefix(server, claude):
 def test_messages_bad_input_is_a_4xx_in_anthropic_shape(server, claude):
     cases = [dict(messages=[{"role": "user", "content": "hi"}]),  # no max_tokens
              dict(max_tokens=4, messages=[{"role": "user", "content": [{"type": "document"}]}]),
+             dict(max_tokens=4, messages=[{"role": "user", "content": [  # this model has no vision tower
+                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG[22:]}}]}]),
              dict(max_tokens=4, messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]),
              dict(max_tokens=4, messages=[{"role": "user", "content": "hi"}], tool_choice={"type": "any"}),
              dict(max_tokens=4, messages=[{"role": "user", "content": "hi"}],
