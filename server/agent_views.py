@@ -222,15 +222,20 @@ def named_events(response: Response, error_event: Callable[[dict[str, Any]], dic
     frames = response.body_iterator
 
     async def renamed() -> AsyncIterator[str]:
-        async for frame in frames:
-            text = frame if isinstance(frame, str) else bytes(frame).decode()
-            data = text.removeprefix("data: ").strip()
-            if data == "[DONE]":
-                continue
-            obj = json.loads(data)
-            if "error" in obj and "type" not in obj:
-                obj = error_event(obj["error"])
-            yield f"event: {obj['type']}\ndata: {json.dumps(obj, ensure_ascii=False)}\n\n"
+        try:
+            async for frame in frames:
+                text = frame if isinstance(frame, str) else bytes(frame).decode()
+                data = text.removeprefix("data: ").strip()
+                if data == "[DONE]":
+                    continue
+                obj = json.loads(data)
+                if "error" in obj and "type" not in obj:
+                    obj = error_event(obj["error"])
+                yield f"event: {obj['type']}\ndata: {json.dumps(obj, ensure_ascii=False)}\n\n"
+        finally:  # closed early (the client left): the chat stream closes now and aborts its requests
+            close = getattr(frames, "aclose", None)
+            if close is not None:
+                await close()
 
     response.body_iterator = renamed()
     return response

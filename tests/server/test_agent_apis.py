@@ -210,3 +210,15 @@ def test_messages_bad_input_is_a_4xx_in_anthropic_shape(server, claude):
     with pytest.raises(anthropic.NotFoundError) as e:
         claude.messages.create(model="claude-nope", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert e.value.body["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/responses", {"input": "Tell me a long story.", "max_output_tokens": 900}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 900})])
+def test_a_client_leaving_a_stream_aborts_it(server, route, body):
+    before = server.engine.stats()["generated_tokens_total"]
+    with server.client() as http, http.stream("POST", route, json={"model": "default", "stream": True, **body}) as r:
+        assert r.status_code == 200
+        assert next(r.iter_lines()).startswith("event: ")
+    server.wait_idle()  # no request left running, every KV token accounted for
+    assert server.engine.stats()["generated_tokens_total"] - before < 900 - 100  # it stopped early
