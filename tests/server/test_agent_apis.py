@@ -159,22 +159,22 @@ def test_messages_text_whole_streamed_and_stop_sequence(server, claude, hf_token
 
 
 def test_messages_forced_tool_use_round_trip(server, claude):
-    kwargs = dict(model="default", max_tokens=80, tools=[ANTHROPIC_TOOL], extra_body={"temperature": 0},
+    kwargs = dict(model="default", max_tokens=80, tools=[ANTHROPIC_TOOL],
                   tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
                   messages=[{"role": "user", "content": "What is the weather in Paris?"}])
-    whole = claude.messages.create(**kwargs)
-    uses = [b for b in whole.content if b.type == "tool_use"]
-    assert whole.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "get_weather"
+    with claude.messages.stream(**kwargs) as stream:  # the whole reply's shape: tests/server/test_agent_views.py
+        events = list(stream)
+        final = stream.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "get_weather"
     jsonschema.validate(uses[0].input, WEATHER_SCHEMA)
-
-    events = list(claude.messages.create(stream=True, **kwargs))
-    types = [e.type for e in events]
-    assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
-    starts = [e.content_block for e in events if e.type == "content_block_start"]
-    assert [b.type for b in starts] == ["tool_use"] and starts[0].name == "get_weather"
+    types = [e.type for e in events if e.type in ("message_start", "content_block_start", "message_delta",
+                                                   "message_stop")]
+    assert types == ["message_start", "content_block_start", "message_delta", "message_stop"]
+    start = next(e.content_block for e in events if e.type == "content_block_start")
+    assert start.type == "tool_use" and start.name == "get_weather" and start.id == uses[0].id
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
-    assert json.loads(partial) == uses[0].input  # greedy: the stream joins to the whole reply
-    assert events[-2].delta.stop_reason == "tool_use"
+    assert json.loads(partial) == uses[0].input
 
     history = [*kwargs["messages"], {"role": "assistant", "content": [u.model_dump() for u in uses]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "21 C"}]}]
