@@ -96,3 +96,15 @@ def test_responses_view_reasoning_text_and_function_call(tokenizer):
     assert [{k: v for k, v in item.items() if k != "id"} for item in whole["output"]] == \
         [{k: v for k, v in item.items() if k != "id"} for item in
          (i.model_dump(exclude_none=True, exclude={"parsed_arguments"}) for i in final.output)]
+
+
+def test_response_store_keeps_the_newest_within_its_bound_and_ttl():
+    now = [0.0]
+    store = ResponseStore(capacity=2, ttl_s=10.0, clock=lambda: now[0])
+    for i in range(3):
+        now[0] += 1.0
+        store.put(f"r{i}", {"id": f"r{i}"}, [])
+    assert store.get("r0") is None and store.get("r1").body == {"id": "r1"} and len(store) == 2
+    now[0] = 11.5  # r1 was stored at 2.0, r2 at 3.0
+    assert store.get("r1") is None and store.get("r2") is not None
+    assert store.delete("r2") and not store.delete("r2") and len(store) == 0
