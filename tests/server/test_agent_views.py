@@ -105,6 +105,6 @@ def test_response_store_keeps_the_newest_within_its_bound_and_ttl():
         now[0] += 1.0
         store.put(f"r{i}", {"id": f"r{i}"}, [])
     assert store.get("r0") is None and store.get("r1").body == {"id": "r1"} and len(store) == 2
-    now[0] = 11.5  # r1 was stored at 2.0, r2 at 3.0
+    now[0] = 12.5  # r1 expired at 12.0, r2 expires at 13.0
     assert store.get("r1") is None and store.get("r2") is not None
     assert store.delete("r2") and not store.delete("r2") and len(store) == 0
