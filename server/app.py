@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..runtime.engine import Engine
-from . import native, openai_api, programs, sglang_api, worker_api
+from . import messages_api, native, openai_api, programs, responses_api, sglang_api, worker_api
 from .body_limit import BodySizeLimit
 from .config import HEALTH_TIMEOUT_S
 from .errors import install_error_handlers
@@ -17,6 +17,7 @@ from .metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from .openapi import error_responses
 from .protocol import AbortRequest, ReleaseCacheRequest
 from .request_log import RequestLog
+from .response_store import ResponseStore
 from .state import ServerState, server_state
 
 
@@ -28,12 +29,15 @@ def create_app(engine: Engine, served_model_name: str | None = None,
     state = ServerState(engine, served_model_name or engine.model_name, limits, incremental_streaming_output)
     app = FastAPI(title="radixlang", lifespan=state.lifespan)
     app.state.server = state
+    app.state.responses = ResponseStore()  # /v1/responses kept for previous_response_id
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
     if log_requests:  # added last, so it runs first: a body refused for its size is logged too, as far as read
         app.add_middleware(RequestLog)
     install_error_handlers(app)
     app.include_router(native.router)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
+    app.include_router(messages_api.router)
     app.include_router(programs.router)
     app.include_router(sglang_api.router)
     app.include_router(worker_api.router)

@@ -12,3 +12,7 @@ METRICS_WINDOW_S = 10.0  # tokens/s in /metrics average over this window
 HEALTH_TIMEOUT_S = 30.0  # /health fails if the scheduler thread has not answered by then
 STEP_LOG_INTERVAL_S = 5.0  # `serve` logs a step line (requests, cache hits, tok/s) this often while busy
 REQUEST_LOG_MAX_CHARS = 2000  # --log-requests: a body longer than this is logged truncated
+# /v1/responses with store=true: responses kept in memory for previous_response_id, at most this many, each
+# for this long (its KV stays pinned for the engine's prompt_cache_retention, usually shorter)
+RESPONSES_STORE_MAX_ITEMS = 1024
+RESPONSES_STORE_TTL_S = 3600.0

@@ -1,4 +1,5 @@
-"""Errors as JSON bodies: {"error": {"message", "type", "param", "code"}} on every route.
+"""Errors as JSON bodies: {"error": {"message", "type", "param", "code"}} on every route but Anthropic's
+/v1/messages, which answers in its own shape: {"type": "error", "error": {"type", "message"}}.
 
 Schema errors are 422 on the native API (FastAPI's convention) and 400 on /v1 (OpenAI's).
 """
@@ -40,10 +41,23 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def error_response(e: APIError) -> JSONResponse:
-    from fastapi.responses import JSONResponse
+# Anthropic's error types by status (its API's documented set)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+ANTHROPIC_PATH = "/v1/messages"
 
-    return JSONResponse(error_body(e.status, e.message, e.param, e.kind), status_code=e.status)
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": _encodable(message)}}
+
+
+def _shaped_body(path: str, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> dict:
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return anthropic_error_body(status, message)
+    return error_body(status, message, param, kind)
 
 
 @contextlib.contextmanager
@@ -100,16 +114,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         status = 400 if request.url.path.startswith("/v1/") else 422
         message, param = _validation_message(exc)
-        return JSONResponse(error_body(status, message, param), status_code=status)
+        return JSONResponse(_shaped_body(request.url.path, status, message, param), status_code=status)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404, 405, ...
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
-                            headers=exc.headers)
+        return JSONResponse(_shaped_body(request.url.path, exc.status_code, str(exc.detail)),
+                            status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+        body = _shaped_body(request.url.path, exc.status, exc.message, exc.param, exc.kind)
+        return JSONResponse(body, status_code=exc.status)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
@@ -118,4 +133,5 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("request to %s failed", request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {exc!r}", kind="server_error"), status_code=500)
+        body = _shaped_body(request.url.path, 500, f"internal error: {exc!r}", kind="server_error")
+        return JSONResponse(body, status_code=500)

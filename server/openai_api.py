@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -247,6 +247,12 @@ class _CompletionView(_View):
 # ---- /v1/chat/completions -------------------------------------------------------------------------
 @router.post("/v1/chat/completions", responses=streaming_responses(400, 404, 413, 503))
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    return await chat_response(body, request)
+
+
+async def chat_response(body: ChatCompletionRequest, request: Request,
+                        adapt: Callable[[_ChatView], _View] | None = None) -> Response:
+    """Runs a chat request; `adapt` wraps its view to answer in another protocol's shape (server/agent_views.py)."""
     state = server_state(request)
     state.ensure_open()
     check_model(body.model, state.model_name)
@@ -269,7 +275,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     job = Job(new_id("chatcmpl"), [prompt], return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key,
               priority=body.priority or 0)
-    return await _respond(request, _ChatView(state, body, job, plan), params, fields)
+    view = _ChatView(state, body, job, plan)
+    return await _respond(request, adapt(view) if adapt is not None else view, params, fields)
 
 
 @dataclass
