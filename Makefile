@@ -1,7 +1,7 @@
 # Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
 # no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py), `make docs` (the docs
-# site) and `make test` (everything, the docs site included; CI). Both test targets first run `make lint`: ruff (syntax errors, pyflakes, import order, Any only with a
-# reason) and mypy on the package.
+# site) and `make test` (everything, the docs site included; CI). Both test targets first run `make lint`: ruff
+# (syntax errors, pyflakes, import order, Any only with a reason) and mypy on the package.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
