@@ -39,11 +39,12 @@ typecheck: $(STAMP)
 test: lint docs
 	$(VENV)/bin/pytest
 
-# the docs site (mkdocs.yml) into .venv/site, --strict: a broken link or a page missing from disk fails it. The
-# reference pages are generated from the code first, where docs/gen_reference.py exists
+# the docs site (mkdocs.yml) into .venv/site. --strict: a broken link or anchor, or a nav page missing, fails it (not
+# --quiet, which hides the warnings --strict counts). Reference pages are generated first, where docs/gen_reference.py
+# exists
 docs: $(STAMP)
 	if [ -f docs/gen_reference.py ]; then $(PY) docs/gen_reference.py; fi
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/site
 
 # one pytest worker per core (pytest-xdist): the fast tier is mostly single-threaded Python (automata, grammars,
 # the scheduler); tests/conftest.py gives each worker its share of torch's threads
