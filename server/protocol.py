@@ -25,8 +25,8 @@ class StrictModel(BaseModel):
 class SGLangGenerateExtras(StrictModel):
     """SGLang's /generate fields beyond the ones radixlang implements. SGLang's router (smg) sends
     several on every request it forwards. Accepted; those that ask for a feature radixlang lacks must
-    keep their default (UNSUPPORTED in sglang_fields.py), the rest are ignored (README: "Behind a router"), except
-    `priority`, which the scheduler uses (runtime/scheduling/schedule_policy.py)."""
+    keep their default (UNSUPPORTED in sglang_fields.py), the rest are ignored (docs/scale-out.md, "What the
+    router calls on a worker"), except `priority`, which the scheduler uses (runtime/scheduling/schedule_policy.py)."""
 
     model: str | None = None
     log_metrics: bool = True

@@ -1,7 +1,7 @@
 """SGLang's request fields that radixlang accepts without implementing (protocol.SGLangGenerateExtras,
 SGLangChatExtras): SGLang's router adds them to every request it forwards, so refusing them would refuse
 the router. A field that asks for a feature radixlang lacks is refused with a 400 naming it unless it keeps
-its default; the others are ignored (the README's "Behind a router" table says why for each)."""
+its default; the others are ignored (docs/scale-out.md's fields table says why for each)."""
 from __future__ import annotations
 
 from pydantic import BaseModel

@@ -21,10 +21,10 @@ class QuantizeOptions:
     method: str = "gptq"
     bits: int = 4  # weight-only methods; SmoothQuant is always W8A8
     group_size: int = 128
-    act_order: bool = True  # GPTQ: closed 66% of RTN's perplexity gap on SmolLM2, in order 38% (README)
+    act_order: bool = True  # GPTQ: closed 66% of RTN's perplexity gap on SmolLM2, in order 38% (docs/changelog-2.md)
     static_groups: bool = False  # with act_order: groups of consecutive inputs, no permutation at load
     sym: bool = False
-    percdamp: float = 0.1  # GPTQ: 0.1 beat the paper's 0.01 on SmolLM2 (README, Quantization)
+    percdamp: float = 0.1  # GPTQ: 0.1 beat the paper's 0.01 on SmolLM2 (docs/changelog-2.md)
     clip_search: bool = True  # GPTQ: each group's range shrunk to the output-error-optimal one
     alpha: float = 0.5  # SmoothQuant migration strength
     smooth: bool = True  # SmoothQuant without smoothing: plain (naive) W8A8
