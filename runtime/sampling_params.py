@@ -76,6 +76,9 @@ class SamplingParams:
     ebnf: str | None = _field(None, Rule("text"))  # XGrammar's EBNF (GBNF-like), start rule `root`
     structural_tag: Any = _field(None, Rule("any"))  # dict or JSON string: free text + triggered schemas
     watermark: Any = _field(None, Rule("unsupported"))
+    # reasoning models (issue 44): the thinking block comes first, then the constraint applies to the answer
+    reasoning_parser: str | None = _field(None, Rule("text"))  # SGLang's parser name: the block's markers
+    thinking_token_budget: int | None = _field(None, Rule("optional_int", 0))  # vLLM's: then the block is closed
 
     @property
     def constraint(self) -> tuple[str, Any] | None:

@@ -258,6 +258,8 @@ if typing.TYPE_CHECKING:
         beam_width: int | None = None
         ebnf: str | None = None
         watermark: Any | None = None
+        reasoning_parser: str | None = None
+        thinking_token_budget: int | None = None
 else:
     SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
 
