@@ -122,13 +122,13 @@ class Engine:
         self.image_prompts, self.image_encoder = parts.image_prompts, parts.image_encoder
         self.decode_compile = parts.decode_compile
         self.context_length = self.scheduler.context_length
-        self._set_up_chat(cfg)
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
                                               cfg.constrained_json_whitespace_pattern,
                                               json_relaxed=cfg.constrained_json_relaxed)
         self.validator = RequestValidator(self.tokenizer, self.model_name, self.vocab_size, self.context_length,
                                           self.pool_size, self.constraints, self.image_prompts,
                                           share_prefills=not cfg.disable_radix_cache)
+        self._set_up_chat(cfg)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self.profiler = StepProfiler()  # its state is the scheduler thread's

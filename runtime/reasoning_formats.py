@@ -11,7 +11,7 @@ Three reusable pieces besides the table:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 PROMPT_TAIL_TOKENS = 16  # a generation prompt's last tokens hold its opened (or closed) thinking block
@@ -121,17 +121,12 @@ class ReasoningStream:
     text: str = ""
     sent_reasoning: int = 0  # characters of the split's reasoning sent so far
     sent_content: int = 0
-    _decided: bool = field(default=False, repr=False)  # the reply's start settled whether it reasons
 
     def feed(self, piece: str, finished: bool) -> tuple[str, str]:
         self.text += piece
         text = self.text
-        if not finished and not self._decided:
-            # until the start is known to be or not to be the start marker, send nothing
-            stripped = text
-            if not self.fmt.forced and self.fmt.start.startswith(stripped) and stripped != self.fmt.start:
-                return "", ""
-            self._decided = True
+        if not finished and self._undecided(text):
+            return "", ""
         reasoning, content = self.fmt.split(text)
         if not finished:
             reasoning, content = self._holding_back(text, reasoning, content)
@@ -139,6 +134,14 @@ class ReasoningStream:
         self.sent_reasoning = max(self.sent_reasoning, len(reasoning))
         self.sent_content = max(self.sent_content, len(content))
         return out
+
+    def _undecided(self, text: str) -> bool:
+        """The reply so far is start markers and maybe the beginning of another: whether it reasons (and
+        what the split drops) is not known yet."""
+        start = self.fmt.start
+        while text.startswith(start):
+            text = text[len(start):]
+        return start.startswith(text)
 
     def _holding_back(self, text: str, reasoning: str, content: str) -> tuple[str, str]:
         """Cuts a trailing partial marker (end, or a tool call that would end the reasoning)."""
