@@ -16,10 +16,10 @@ THINK_MARKERS = ("<think>", "</think>")
 
 # ChatML with tools listed in the system turn (Hermes' calls) and the block opened for the answer
 OPENS_THINKING = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+    {{- '<|im_start|>system\\n' }}{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
     {{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
     {{- '\\n</tools>\\nCall a tool as <tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call><|im_end|>\\n' }}
-{%- elif messages[0].role == 'system' %}
+{%- elif messages and messages[0].role == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}

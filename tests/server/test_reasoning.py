@@ -74,11 +74,13 @@ def test_budget_closes_the_block_and_the_answer_follows_the_schema(client):
 
 
 def test_budget_then_required_tool_calls(client):
+    """One call (random weights never end a call list of their own: with parallel calls the list runs to
+    max_tokens, which the reply reports as "length"; SmolLM2 ending its lists is tests/e2e's)."""
     reply = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=64, seed=5,
-                                           tools=[WEATHER], tool_choice="required",
+                                           tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
                                            extra_body={"thinking_token_budget": BUDGET})
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     assert choice.message.model_extra["reasoning_content"]
     for call in choice.message.tool_calls:
         assert call.function.name == "get_weather"
@@ -124,3 +126,50 @@ def test_chat_template_kwargs_reach_the_template(client, thinking_server):
     reply = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=4,
                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_generate_separates_reasoning_under_a_budget(thinking_server):
+    engine = thinking_server.engine
+    prompt = engine.tokenizer.apply_chat_template(MESSAGES)
+    params = {"max_new_tokens": 48, "temperature": 0, "thinking_token_budget": BUDGET, "json_schema": json.dumps(SCHEMA)}
+    with thinking_server.client() as http:
+        whole = http.post("/generate", json={"text": prompt, "sampling_params": params}).json()
+        split = http.post("/generate", json={"text": prompt, "sampling_params": params,
+                                             "separate_reasoning": True}).json()
+        route = http.post("/separate_reasoning", json={"text": whole["text"]}).json()
+        bad = http.post("/separate_reasoning", json={"text": "x", "reasoning_parser": "gpt-7"})
+    # the prompt opened the block, so the raw text starts inside it: "<reasoning></think>{...}"
+    reasoning, answer = whole["text"].split("</think>")
+    assert (split["reasoning_text"], split["text"]) == (reasoning, answer)
+    jsonschema.validate(json.loads(answer), SCHEMA)
+    assert route == {"text": answer, "reasoning_text": reasoning}  # deepseek-r1's parser starts inside the block
+    assert bad.status_code == 400 and "gpt-7" in bad.json()["error"]["message"]
+    thinking_server.wait_idle()
+
+
+def test_a_program_thinks_within_its_budget_locally_and_remote(thinking_server):
+    import radixlang as rl
+
+    @rl.function
+    def trip(s):
+        s += rl.user("Plan a trip.")
+        s += rl.assistant(rl.separate_reasoning(
+            rl.gen("plan", max_tokens=48, temperature=0, json_schema=SCHEMA, thinking_token_budget=BUDGET),
+            model_type="deepseek-r1"))
+
+    local = trip.run(backend=rl.EngineBackend(thinking_server.engine))
+    remote = trip.run(backend=rl.Endpoint(thinking_server.url), remote=True)
+    for state in (local, remote):
+        assert state.error() is None
+        jsonschema.validate(json.loads(state["plan"]), SCHEMA)
+        assert state["plan_reasoning_content"]
+    assert (remote["plan"], remote["plan_reasoning_content"]) == (local["plan"], local["plan_reasoning_content"])
+    thinking_server.wait_idle()
+
+
+def test_a_chat_request_without_max_tokens_is_capped(tmp_path):
+    with serving(write_thinking_model(tmp_path / "m"), default_max_tokens=5) as live:
+        with openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as c:
+            reply = c.chat.completions.create(model="default", messages=MESSAGES)
+        assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (5, "length")
+        live.wait_idle()
