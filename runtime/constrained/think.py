@@ -56,7 +56,7 @@ class ThinkParts:
     def build(cls, start: str, end: str, vocab: TokenVocab) -> "ThinkParts":
         free = FreeText(end, vocab)
         raw = end.encode()
-        depth = {}
+        depth: dict[int, int] = {}
         for k in range(len(raw)):
             state = free.dfa.walk(free.dfa.start, raw[:k])
             depth.setdefault(state, k)
