@@ -182,8 +182,11 @@ class ThinkThen:
     def _thinking(self, free_state: int, spent: int) -> State:
         """A thinking state, or (the budget spent) the state that closes the block from here."""
         if self.budget is not None and spent >= self.budget:
-            k = self.parts.depth[free_state]
-            return CLOSE, (k, self.parts.end_rests[k].constraint.initial()), spent
+            k = self.parts.depth.get(free_state)
+            # None: the text stops inside a UTF-8 character (byte-level tokens may split one): the block
+            # closes after the token that completes it
+            if k is not None:
+                return CLOSE, (k, self.parts.end_rests[k].constraint.initial()), spent
         return THINK, free_state, spent
 
     def _inner_initial(self) -> Hashable:

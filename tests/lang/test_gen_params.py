@@ -28,8 +28,10 @@ def test_gens_signature_is_sglangs_and_every_keyword_is_a_derived_field():
     params = list(inspect.signature(rl.gen).parameters.values())
     assert [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD] == SGLANG_GEN_PARAMETERS
     tool_keywords = ["tools", "tool_choice", "parallel_tool_calls"]  # ours: they become a structural_tag
-    assert [p.name for p in params if p.kind is p.KEYWORD_ONLY] == ["grammar", "structural_tag", *tool_keywords]
-    assert set(GEN_FIELDS) == (set(SGLANG_GEN_PARAMETERS + ["grammar", "structural_tag", "tool_calls"])
+    reasoning = ["thinking_token_budget", "reasoning_parser"]  # reasoning models (docs/reasoning.md)
+    assert [p.name for p in params if p.kind is p.KEYWORD_ONLY] == ["grammar", "structural_tag", *tool_keywords,
+                                                                     *reasoning]
+    assert set(GEN_FIELDS) == (set(SGLANG_GEN_PARAMETERS + ["grammar", "structural_tag", "tool_calls", *reasoning])
                                - {"name", "n", "choices", "choices_method"})
     for fn in (rl.gen_int, rl.gen_string):
         assert list(inspect.signature(fn).parameters) == SGLANG_GEN_INT_PARAMETERS

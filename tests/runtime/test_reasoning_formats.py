@@ -118,3 +118,17 @@ def test_the_budget_forces_the_end_marker_and_the_answers_start(compiler):
     nxt = think.advance_bytes(state, b"</think>a")
     assert nxt is not None and nxt[0] == ANSWER and not think.can_end(nxt)
     assert think.advance_bytes(state, b"</think>x") is None
+
+
+def test_a_budget_spent_inside_a_character_closes_after_it(compiler):
+    """Byte-level tokens may split a UTF-8 character: the block cannot close inside it, so it closes once
+    the character is whole."""
+    tok, comp = compiler
+    think = comp.think_then(None, "<think>", "</think>", 1, True)
+    vocab = comp.vocab
+    half = next(i for i in vocab.ids.tolist() if vocab.token_bytes[i] == "é".encode()[:1])
+    rest = next(i for i in vocab.ids.tolist() if vocab.token_bytes[i] == "é".encode()[1:])
+    state = think.advance(think.initial(), half)
+    assert state[0] == THINK and think.allowed(state)[rest]
+    state = think.advance(state, rest)
+    assert state[0] == CLOSE and think.forced_bytes(state, 64) == b"</think>"

@@ -173,3 +173,28 @@ def test_a_chat_request_without_max_tokens_is_capped(tmp_path):
             reply = c.chat.completions.create(model="default", messages=MESSAGES)
         assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (5, "length")
         live.wait_idle()
+
+
+def test_qwen3s_template_from_a_file_thinks_or_not_as_enable_thinking_says(tmp_path):
+    """--chat-template: Qwen3's template (tests/runtime/models/test_chat_templates.py) makes the parser qwen3.
+    Its generation prompt leaves the block to the model, so with a budget the engine opens it (`<think>`),
+    closes it at the budget, and the answer follows the schema; enable_thinking false writes an empty block
+    into the prompt, and the whole reply is the answer."""
+    from tests.runtime.models.test_chat_templates import QWEN3
+
+    (tmp_path / "qwen3.jinja").write_text(QWEN3)
+    model = write_thinking_model(tmp_path / "m")
+    with serving(model, chat_template=str(tmp_path / "qwen3.jinja")) as live:
+        assert live.engine.reasoning_parser == "qwen3"
+        with openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+            def ask(**extra):
+                return c.chat.completions.create(model="default", messages=MESSAGES, max_tokens=48, seed=2,
+                                                 response_format=_json_format(), extra_body=extra).choices[0]
+
+            thinking = ask(thinking_token_budget=4)
+            plain = ask(chat_template_kwargs={"enable_thinking": False})
+        assert thinking.message.model_extra["reasoning_content"] and thinking.finish_reason == "stop"
+        jsonschema.validate(json.loads(thinking.message.content), SCHEMA)
+        assert plain.message.model_extra["reasoning_content"] is None and plain.finish_reason == "stop"
+        jsonschema.validate(json.loads(plain.message.content), SCHEMA)
+        live.wait_idle()
