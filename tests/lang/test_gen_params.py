@@ -74,6 +74,6 @@ def test_run_takes_every_gen_field_but_the_constraints_under_the_runtimes_names(
     assert set(RUN_FIELDS) == {"max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
                                "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
                                "return_logprob", "top_logprobs_num", "return_text_in_logprobs", "stop_regex",
-                               "logprob_start_len"}
+                               "logprob_start_len", "thinking_token_budget", "reasoning_parser"}
     params = sampling_defaults({"max_new_tokens": 7, "min_new_tokens": 2, "stop": "\n"})
     assert (params.max_tokens, params.min_tokens, params.stop) == (7, 2, ["\n"])
