@@ -22,7 +22,13 @@ decode speed with an "auto" structural tag vs. plain decoding on the same prompt
 
 BFCL's schema dialect ("dict", "float", "tuple", "any") is converted here, not in the engine.
 
+With a reasoning model (--model, its parser detected from its chat template or set with
+--reasoning-parser) and --thinking-token-budget N, a third way runs: constrained after at most N thinking
+tokens (docs/reasoning.md), beside the constrained way without thinking (Qwen3's enable_thinking false;
+for other templates the model's own default).
+
     .venv/bin/python benchmark/tool_calls.py [--per-category 10] [--max-tokens 128] [--concurrency 8]
+        [--model M --thinking-token-budget 64]
 """
 from __future__ import annotations
 
@@ -137,12 +143,19 @@ def ast_ok(calls: list[dict], truths: list[dict], functions: dict[str, dict]) ->
 
 
 # ---- runs -----------------------------------------------------------------------------------------
-def ask(client, question: dict, constrained: bool, max_tokens: int, parallel: bool
-        ) -> tuple[list[dict] | None, int, bool]:
-    """The calls (None: the output did not parse), the completion tokens, and whether max_tokens cut it."""
+def ask(client, question: dict, constrained: bool, max_tokens: int, parallel: bool, budget: int | None = None,
+        no_think: bool = False) -> tuple[list[dict] | None, int, bool]:
+    """The calls (None: the output did not parse), the completion tokens, and whether max_tokens cut it.
+    `budget`: think first, at most that many tokens; `no_think`: ask the template not to think."""
+    extra: dict[str, Any] = {}
+    if budget is not None:
+        extra["thinking_token_budget"] = budget
+    if no_think:
+        extra["chat_template_kwargs"] = {"enable_thinking": False}
     reply = client.chat.completions.create(model="default", messages=question["question"][0],
                                            tools=tools_of(question), tool_choice="required" if constrained else "none",
-                                           parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=0)
+                                           parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=0,
+                                           extra_body=extra or None)
     message, tokens = reply.choices[0].message, reply.usage.completion_tokens
     cut = reply.choices[0].finish_reason == "length"
     if constrained:
@@ -243,12 +256,13 @@ def valid(calls: list[dict] | None, functions: dict[str, dict]) -> bool:
 
 
 def run_category(client, category: str, limit: int, constrained: bool, max_tokens: int,
-                 concurrency: int) -> dict[str, float]:
+                 concurrency: int, budget: int | None = None, no_think: bool = False) -> dict[str, float]:
     items = load(category, limit)
     parallel = category.startswith("parallel")  # the category's own premise, the same for both ways
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda qa: ask(client, qa[0], constrained, max_tokens, parallel), items))
+        results = list(pool.map(lambda qa: ask(client, qa[0], constrained, max_tokens, parallel, budget, no_think),
+                                items))
     elapsed = time.perf_counter() - started
     n_valid = n_ast = tokens = n_cut = n_valid_uncut = 0
     for (question, truth), (calls, used, cut) in zip(items, results):
@@ -329,13 +343,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--reasoning-parser", default="auto")
+    ap.add_argument("--thinking-token-budget", type=int, default=None,
+                    help="also run the constrained way after at most this many thinking tokens")
     args = ap.parse_args()
     import openai
 
     from radixlang.runtime.engine import Engine
     from radixlang.server.launch import background_server
 
-    engine = Engine(device=args.device, kv_cache_tokens=65536)
+    engine = Engine(model=args.model, device=args.device, kv_cache_tokens=65536,
+                    reasoning_parser=args.reasoning_parser)
+    budget = args.thinking_token_budget
+    if budget is not None and engine.reasoning_parser is None:
+        raise SystemExit("--thinking-token-budget needs a reasoning model (its parser detected or set)")
+    # (constrained, budget): the think way beside the constrained one without thinking
+    ways = [(True, None), (False, None)] + ([(True, budget)] if budget is not None else [])
     try:
         for way, (p50, p90, general) in compile_times(engine).items():
             print(f"structural tag compile, 10 tools, + first mask, {way:<9}: p50 {p50:.1f} ms, p90 {p90:.1f} ms "
@@ -347,19 +371,22 @@ def main() -> None:
                                                                 max_retries=0, timeout=600) as client:
             print(f"{'category':<18} {'way':<14} {'n':>3} {'valid %':>8} {'of uncut':>8} {'AST %':>7} {'cut %':>6} "
                   f"{'tok/s':>7}")
-            ast = {True: [], False: []}
+            ast: dict[tuple[bool, int | None], list[float]] = {w: [] for w in ways}
             for category in CATEGORIES:
-                for constrained in (True, False):
+                for constrained, think in ways:
                     r = run_category(client, category, args.per_category, constrained, args.max_tokens,
-                                     args.concurrency)
-                    ast[constrained].append(r["ast"])
-                    way = "constrained" if constrained else "unconstrained"
+                                     args.concurrency, think, no_think=budget is not None and think is None)
+                    ast[(constrained, think)].append(r["ast"])
+                    way = f"think {think}" if think is not None else "constrained" if constrained else "unconstrained"
                     print(f"{category:<18} {way:<14} {r['n']:>3} {r['valid']:>8.1f} {r['valid_uncut']:>8.1f} {r['ast']:>7.1f} "
                           f"{r['cut']:>6.1f} {r['tok_s']:>7.1f}", flush=True)
-            ours, theirs = (statistics.mean(ast[c]) for c in (True, False))
+            ours, theirs = (statistics.mean(ast[(c, None)]) for c in (True, False))
             ratio = f"{ours / theirs:.2f}x" if theirs else "unbounded (the unconstrained way scored 0)"
             print(f"AST accuracy over the categories: constrained {ours:.1f}%, unconstrained {theirs:.1f}%, "
                   f"ratio {ratio}")
+            if budget is not None:
+                print(f"AST accuracy with thinking (budget {budget}): {statistics.mean(ast[(True, budget)]):.1f}%, "
+                      f"without: {ours:.1f}%")
     finally:
         engine.check_invariants()
         engine.shutdown()

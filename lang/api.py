@@ -38,7 +38,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         choices: list[str] | None = None, choices_method: str | ChoiceMethod | None = None, regex: str | None = None,
         json_schema: str | dict | type | None = None, *, grammar: str | None = None,
         structural_tag: str | dict | None = None, tools: list | None = None, tool_choice: str = "auto",
-        parallel_tool_calls: bool = True) -> Gen | Select:
+        parallel_tool_calls: bool = True, thinking_token_budget: int | None = None,
+        reasoning_parser: str | None = None) -> Gen | Select:
     """Generate text into variable `name`. Unset fields inherit the run's defaults. The positional order is
     SGLang's (`gen("tip", 64, stop="\\n")` sets max_tokens); `grammar` (Lark), `structural_tag` and the tool
     fields are radixlang's, keyword-only.
@@ -48,6 +49,10 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     generated text; with `tools` (functions, pydantic models or JSON schemas; see lang/tools.py) it holds
     the parsed calls, each valid for its tool's schema: tool_choice "auto" (text or calls), "required"
     or a tool's name. `n` must be 1 (fork the state for several samples).
+
+    Reasoning models (docs/reasoning.md): `reasoning_parser` (SGLang's parser names; the server's
+    --reasoning-parser by default) makes the thinking block come first and the constraint apply to the answer;
+    `thinking_token_budget` (vLLM's name) closes the block after that many tokens.
     """
     fields = {k: v for k, v in locals().items() if k in GEN_FIELDS}  # first line: locals() are the arguments
     for field, value in fields.items():

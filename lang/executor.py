@@ -336,7 +336,7 @@ class StateCore:
         if name is not None:
             text = "".join(parts)
             self.starts[name] = start
-            self._set_var(name, parsed_calls(text) if gen.params.tool_calls else text, meta)
+            self._set_var(name, parsed_calls(text, meta, name) if gen.params.tool_calls else text, meta)
 
     def _select(self, node: Select) -> None:
         assert not isinstance(node.choices, Arg), "a program's arguments are bound before its nodes run"

@@ -59,6 +59,8 @@ class GenParams:
     grammar: str | None = None
     stop_regex: list[str] | None = None
     structural_tag: Any | None = None
+    reasoning_parser: str | None = None
+    thinking_token_budget: int | None = None
     return_logprob: bool | None = None
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None

@@ -17,6 +17,7 @@ from ..runtime.tool_formats import (
     FALLBACK,
     FALLBACK_SYSTEM,
     ToolCall,
+    held_back,
     parse_tool_calls,
     render_call,
     tool_call_structural_tag,
@@ -115,9 +116,23 @@ def tool_gen_tag(tools: list[Tool], tool_choice: str, parallel_tool_calls: bool)
     return tool_call_structural_tag(FALLBACK, [chosen[0].spec()], "required", parallel_tool_calls)
 
 
-def parsed_calls(text: str) -> list[dict[str, Any]]:
-    """The calls of a tool gen's text, as the variable holds them: [{"name", "arguments"}, ...]."""
-    return [{"name": c.name, "arguments": c.arguments} for c in parse_tool_calls(FALLBACK, text).calls]
+def parsed_calls(text: str, meta: dict[str, Any] | None = None, name: str | None = None) -> list[dict[str, Any]]:
+    """The calls of a tool gen's text, as the variable holds them: [{"name", "arguments"}, ...].
+
+    A call cut off by max_tokens (the meta's finish_reason says "length") is never passed off as the
+    model's answer: with no complete call before it, it is an error (state.error()); after complete calls,
+    the variable holds those and the meta says `tool_call_cut_off: True`."""
+    parsed = parse_tool_calls(FALLBACK, text)
+    reason = (meta or {}).get("finish_reason")
+    cut = isinstance(reason, dict) and reason.get("type") == "length"
+    began = FALLBACK.trigger in text or held_back(FALLBACK, text) > 0
+    incomplete = parsed.invalid or (cut and began and not text.rstrip().endswith(FALLBACK.call_end))
+    if incomplete and not parsed.calls:
+        why = "max_tokens cut it off (finish_reason 'length')" if cut else "it does not parse"
+        raise ValueError(f"gen {name!r}: a tool call is incomplete: {why}; raise max_tokens. Text: {text!r}")
+    if meta is not None and parsed.calls:
+        meta["tool_call_cut_off"] = bool(incomplete)
+    return [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
 
 
 def tools_prompt(tools: Iterable[ToolSource]) -> str:
@@ -129,6 +144,9 @@ def tool_results(calls: list[dict[str, Any]], tools: Iterable[ToolSource]) -> st
     """Runs each call's function (on this machine) and returns the user turn's text of their results, as
     <tool_response> blocks (append it with `s += rl.user(rl.tool_results(s["call"], tools))`)."""
     by_name = {t.name: t for t in as_tools(tools)}
+    if not calls:
+        raise ValueError("tool_results got no calls: the gen made none (with tool_choice 'auto' the model may "
+                         "answer in text; check the variable before running tools)")
     out = []
     for call in calls:
         t = by_name.get(call["name"])

@@ -160,6 +160,18 @@ class EngineConfig:
     speculative_ngram_branch_length: int = option(8, "NGRAM: draft tree depth at most")
     speculative_ngram_capacity: int = option(200_000, "NGRAM: nodes of the trie shared by recent requests; 0: no "
                                              "sharing")
+    # reasoning models and chat templates (docs/reasoning.md)
+    reasoning_parser: str = option("auto", "reasoning format by SGLang's parser name (deepseek-r1, qwen3, mistral, "
+                                   "...): the thinking block goes to reasoning_content; auto: detected from the chat "
+                                   "template; none: off")
+    tool_call_parser: str | None = option(None, "tool call format (hermes, llama3_json, mistral, radixlang); "
+                                          "default: detected from the chat template")
+    chat_template: str | None = option(None, "a Jinja chat template file used instead of the model's own")
+    default_chat_template_kwargs: str | None = option(None, "JSON object passed to every chat template render "
+                                                      "(e.g. {\"enable_thinking\": false}); a request's "
+                                                      "chat_template_kwargs override it")
+    default_max_tokens: int = option(4096, "a chat request without max_tokens generates at most this many tokens "
+                                     "(and at most to the context); 0: up to the context")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -189,6 +201,7 @@ class EngineConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._validate_speculative()
+        self._validate_chat()
         self.compile_layers = _compile_choice(self.compile_layers)
         if self.image_cache_mb < 0:
             raise ValueError(f"image_cache_mb must be >= 0, got {self.image_cache_mb}")
@@ -241,6 +254,9 @@ class EngineConfig:
     def dp_size(self) -> int:
         """Attention replicas, each with its own requests and KV: tp_size under DP attention, else 1."""
         return self.tp_size if self.enable_dp_attention else 1
+
+    def _validate_chat(self) -> None:
+        _validate_chat_fields(self)
 
     def _validate_speculative(self) -> None:
         if self.speculative_algorithm is not None and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
@@ -313,6 +329,28 @@ class EngineConfig:
         if self.dtype not in dtypes:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(dtypes)}, got {self.dtype!r}")
         return dtypes[self.dtype]
+
+
+def _validate_chat_fields(cfg: EngineConfig) -> None:
+    from .reasoning_formats import REASONING_FORMATS
+    from .tool_formats import FORMATS
+
+    if cfg.reasoning_parser not in ("auto", "none") and cfg.reasoning_parser.lower() not in REASONING_FORMATS:
+        raise ValueError(f"reasoning_parser must be 'auto', 'none' or one of {sorted(REASONING_FORMATS)}, "
+                         f"got {cfg.reasoning_parser!r}")
+    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in FORMATS:
+        raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {cfg.tool_call_parser!r}")
+    if cfg.chat_template is not None and not Path(cfg.chat_template).is_file():
+        raise ValueError(f"chat_template must be a Jinja template file, got {cfg.chat_template!r} (not a file)")
+    if cfg.default_chat_template_kwargs is not None:
+        try:
+            kwargs = json.loads(cfg.default_chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"default_chat_template_kwargs is not valid JSON: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError("default_chat_template_kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    if cfg.default_max_tokens < 0:
+        raise ValueError(f"default_max_tokens must be >= 0 (0: up to the context), got {cfg.default_max_tokens}")
 
 
 def stored_dtype(model: str | None) -> str | None:

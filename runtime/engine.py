@@ -3,6 +3,7 @@ scheduler thread; the generate / stream forms are thin adapters over those two."
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import random
 import threading
@@ -14,7 +15,6 @@ import torch
 from .completion import Collector, Completion, CompletionMeta, collecting_sink
 from .config import EngineConfig
 from .constrained.compiler import ConstraintCompiler
-from .constrained.marker_tokens import MarkerTokens
 from .constrained.masks.vocab import TokenVocab
 from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
@@ -27,11 +27,13 @@ from .models.moe_llama import moe_blocks
 from .multimodal.prompt import text_ids
 from .openmp_workers import release_openmp_workers
 from .profiler import ProfileSpec, StepProfiler
+from .reasoning_formats import resolve_reasoning_parser
 from .request import Req, StreamChunk
 from .sampling_params import SamplingParams
 from .scheduler_thread import SchedulerThread
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer
+from .tool_formats import FORMATS, ToolFormat, detect_format
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 
@@ -96,7 +98,7 @@ def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenize
         constraint=matcher,
         # a tool call's marker token is the parser's cue: keep its text (the constraint allows no other special)
         detok=IncrementalDetokenizer(tokenizer, params.stop,
-                                     params.skip_special_tokens and not isinstance(constraint, MarkerTokens),
+                                     params.skip_special_tokens and not getattr(constraint, "keeps_marker_text", False),
                                      trim_stop=not params.no_stop_trim, context_ids=token_ids,
                                      stop_regex=params.stop_regex),
         sink=sink,
@@ -126,6 +128,7 @@ class Engine:
         self.validator = RequestValidator(self.tokenizer, self.model_name, self.vocab_size, self.context_length,
                                           self.pool_size, self.constraints, self.image_prompts,
                                           share_prefills=not cfg.disable_radix_cache)
+        self._set_up_chat(cfg)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
         self.profiler = StepProfiler()  # its state is the scheduler thread's
@@ -327,6 +330,17 @@ class Engine:
     def stop_profile(self) -> Path:
         """Stops the profiler and writes its Chrome trace (ValueError if none runs); the trace's path."""
         return self._thread.call(self.profiler.stop).result()
+
+    def _set_up_chat(self, cfg: EngineConfig) -> None:
+        """The chat template (the model's, or --chat-template's file), the reasoning parser and tool-call
+        format it implies (or as set), and the arguments every render gets."""
+        if cfg.chat_template is not None:
+            self.tokenizer.chat_template = Path(cfg.chat_template).read_text()
+        template = self.tokenizer.chat_template
+        self.reasoning_parser: str | None = resolve_reasoning_parser(cfg.reasoning_parser, template)
+        self.tool_format: ToolFormat = FORMATS[cfg.tool_call_parser] if cfg.tool_call_parser else detect_format(template)
+        self.chat_template_kwargs: dict[str, Any] = json.loads(cfg.default_chat_template_kwargs or "{}")
+        self.validator.reasoning_parser = self.reasoning_parser
 
     def check_invariants(self) -> None:
         """Asserts the KV memory invariant (free + tree + live requests = pool) on the scheduler thread."""

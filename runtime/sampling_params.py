@@ -96,6 +96,11 @@ class SamplingParams:
     structural_tag: Any = _field(None, Rule("any"), "free text in which trigger strings start JSON constrained to "
                                  "their schemas (a dict or JSON text)")
     watermark: Any = _field(None, Rule("unsupported"), "SGLang's field; only unset (watermarking is not supported)")
+    # reasoning models: the thinking block comes first, then the constraint applies to the answer
+    reasoning_parser: str | None = _field(None, Rule("text"), "reasoning format by SGLang's parser name (qwen3, "
+                                          "deepseek-r1, ...); default: the server's --reasoning-parser")
+    thinking_token_budget: int | None = _field(None, Rule("optional_int", 0), "thinking tokens at most (vLLM's "
+                                               "name): the engine then closes the block and the answer follows")
 
     @property
     def constraint(self) -> tuple[str, Any] | None:

@@ -93,7 +93,11 @@ def tool_call_structural_tag(fmt: ToolFormat, tools: list[dict[str, Any]], choic
     if choice == "auto":
         body = {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": tags}
     else:
-        body = {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator, "at_least_one": True}
+        # calls back to back, no separator: where a separator (a newline) may follow a call, a weak model
+        # writes it and then, the next call's begin being forced, repeats the call until max_tokens (SmolLM2:
+        # 0 of 8 prompts ended). Without one, after each call the model chooses between another call's
+        # begin and the end of its turn: the list ends when the model ends it (8 of 8)
+        body = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True}
     return {"type": "structural_tag", "format": body | {"stop_after_first": not parallel or fmt.array}}
 
 

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeGuard
 
 from .config import MAX_STOP_REGEX_LEN
+from .reasoning_formats import PROMPT_TAIL_TOKENS, prompt_phase, reasoning_format
 from .sampling_params import ALIASES, CONSTRAINT_FIELDS, RULES, UNSUPPORTED, Rule, SamplingParams
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 
 if TYPE_CHECKING:  # types only: checking a request needs no torch (lang checks gen()'s fields with check_fields)
     from .constrained.compiler import ConstraintCompiler
+    from .constrained.matcher import Constraint
     from .image_span import ImageSpan
     from .multimodal.prompt import ImagePrompts
     from .tokenizer import Tokenizer
@@ -39,6 +41,7 @@ class RequestValidator:
     constraints: ConstraintCompiler
     image_prompts: ImagePrompts | None = None  # None: a text-only model
     share_prefills: bool = True  # False without a radix cache: samples cannot share a prompt's KV
+    reasoning_parser: str | None = None  # the model's (engine option): a thinking_token_budget alone uses it
 
     def build(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
@@ -56,6 +59,7 @@ class RequestValidator:
         spec = params.constraint
         constraint = self.constraints.compile(*spec) if spec is not None else None
         prompts, single = self._prompt_ids(prompt, input_ids)
+        constraints = self._thinking_first(params, constraint, prompts, names or {})
         images, starts = self._images(prompts, image_data, logprob_start_len)
         if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= self.vocab_size:
             raise ValueError(f"top_logprobs_num must be in [0, {self.vocab_size}], got {top_logprobs_num!r}")
@@ -73,9 +77,35 @@ class RequestValidator:
         for i, ids in enumerate(prompts):
             for j in range(params.n):
                 subs.append(Submission(rids[i * params.n + j], ids, _sample_params(params, j), return_logprob,
-                                       starts[i], top_logprobs_num, constraint, images[i], retain,
+                                       starts[i], top_logprobs_num, constraints[i], images[i], retain,
                                        priority))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
+
+    def _thinking_first(self, params: SamplingParams, constraint: Constraint | None, prompts: list[list[int]],
+                        names: Mapping[str, str]) -> list[Constraint | None]:
+        """Each prompt's constraint: with a reasoning parser and a constraint or a thinking budget, the
+        thinking block comes first (constrained/think.py), from where the prompt leaves the model."""
+        budget, parser = params.thinking_token_budget, params.reasoning_parser
+        if parser is None and budget is not None:
+            parser = self.reasoning_parser
+        if parser is None:
+            if budget is not None:
+                label = names.get("thinking_token_budget", "thinking_token_budget")
+                raise FieldError(label, f"{label} needs a reasoning model: start the server with --reasoning-parser "
+                                        "(or pass reasoning_parser)")
+            return [constraint] * len(prompts)
+        try:
+            fmt = reasoning_format(parser)
+        except ValueError as e:
+            raise FieldError(names.get("reasoning_parser", "reasoning_parser"), str(e)) from None
+        if constraint is None and budget is None:
+            return [None] * len(prompts)
+        out: list[Constraint | None] = []
+        for ids in prompts:
+            phase = prompt_phase(fmt, self.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False))
+            out.append(constraint if phase == "answer" else
+                       self.constraints.think_then(constraint, fmt.start, fmt.end, budget, phase == "think"))
+        return out
 
     def _images(self, prompts: list[list[int]], image_data: object,
                 logprob_start_len: int) -> tuple[list[list[ImageSpan]], list[int]]:

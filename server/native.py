@@ -12,12 +12,14 @@ from fastapi.responses import JSONResponse
 from ..runtime.completion import Collector, Completion
 from ..runtime.engine import Engine
 from ..runtime.meta_info import meta_info
+from ..runtime.reasoning_formats import reasoning_format
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import ALIASES, SamplingParams
 from .errors import APIError, user_errors
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
-from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
+from .protocol import DetokenizeRequest, GenerateRequest, SeparateReasoningRequest, TokenizeRequest
+from .reasoning import reply_format, split_reply
 from .serving import events, length_hint, run
 from .sglang_fields import check_generate_extras
 from .state import ServerState, server_state
@@ -44,6 +46,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     _check_logprob_start(body.logprob_start_len, prompts)
     check_unicode_tree(body.rid, "rid")  # it comes back as the response's id
     images = await _images(state, body.image_data)
+    split = _reasoning_split(engine, body)
     build = functools.partial(  # validated once, on the CPU pool (a constraint compiles there)
         engine.validator.build, input_ids=prompts, sampling_params=body.sampling_params,
         return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
@@ -59,11 +62,12 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         state.live.check(groups)  # a clash is still a 4xx status, before the stream starts
         chunks = engine.async_chunks(batch)
         interval = batch.requests[0].params.stream_interval or 1
-        return sse_response(_events(state, body, prompts, n, max_new_tokens, interval, groups, chunks, started))
+        return sse_response(_events(state, body, prompts, n, max_new_tokens, interval, groups, chunks, started,
+                                    split))
     results = await run(state, request, engine.async_run(batch), groups)
 
     def render() -> list[dict[str, Any]]:
-        return [_response(engine, body, prompts[i // n], c, True, started, max_new_tokens)
+        return [_response(engine, body, prompts[i // n], c, True, started, max_new_tokens, split)
                 for i, c in enumerate(results)]
 
     items = await state.offload(render)  # logprobs of long prompts take many detokenisations
@@ -132,8 +136,37 @@ def _check_logprob_start(start: int, prompts: list[list[int]]) -> None:
                             f"prompt has {longest} tokens), got {start}", "logprob_start_len")
 
 
+def _reasoning_split(engine: Engine, body: GenerateRequest) -> str | None:
+    """The reasoning parser that splits each reply (separate_reasoning), or None; a 400 without one."""
+    if not body.separate_reasoning:
+        return None
+    parser = (body.sampling_params or {}).get("reasoning_parser") or engine.reasoning_parser
+    if parser is None:
+        raise APIError(400, "separate_reasoning needs a reasoning parser: start the server with "
+                            "--reasoning-parser, or pass sampling_params.reasoning_parser", "separate_reasoning")
+    try:
+        reasoning_format(parser)
+    except ValueError as e:
+        raise APIError(400, str(e), "sampling_params.reasoning_parser") from None
+    return str(parser)
+
+
+@router.post("/separate_reasoning", responses=error_responses(400, 422))
+async def separate_reasoning(body: SeparateReasoningRequest, request: Request) -> dict[str, Any]:
+    """SGLang's route: a finished text split into its reasoning and its answer."""
+    parser = body.reasoning_parser or server_state(request).engine.reasoning_parser
+    if parser is None:
+        raise APIError(400, "no reasoning parser: pass reasoning_parser or start the server with --reasoning-parser",
+                       "reasoning_parser")
+    try:
+        reasoning, text = reasoning_format(parser).split(body.text)
+    except ValueError as e:
+        raise APIError(400, str(e), "reasoning_parser") from None
+    return {"text": text, "reasoning_text": reasoning}
+
+
 def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: Completion,
-              finished: bool, started: float, max_new_tokens: int) -> dict[str, Any]:
+              finished: bool, started: float, max_new_tokens: int, split: str | None = None) -> dict[str, Any]:
     meta = meta_info(engine.tokenizer, c.meta, finished=finished, e2e_latency=time.perf_counter() - started,
                      return_logprob=body.return_logprob, with_text=body.return_text_in_logprobs,
                      prompt_ids=prompt_ids, logprob_start_len=body.logprob_start_len,
@@ -143,6 +176,9 @@ def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: C
         hint = length_hint(engine, c.meta.prompt_tokens, c.meta.completion_tokens, max_new_tokens)
         if hint:
             reason["message"] = hint
+    if split is not None:
+        reasoning, answer = split_reply(reply_format(split, engine.tokenizer, prompt_ids), c.text)
+        return {"text": answer, "reasoning_text": reasoning or "", "output_ids": c.output_ids, "meta_info": meta}
     return {"text": c.text, "output_ids": c.output_ids, "meta_info": meta}
 
 
@@ -158,6 +194,9 @@ def _since_last(whole: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
     event = {"text": whole["text"][sent.get("text", 0):], "output_ids": whole["output_ids"][sent.get("ids", 0):],
              "meta_info": meta}
     sent.update(text=len(whole["text"]), ids=len(whole["output_ids"]))
+    if "reasoning_text" in whole:
+        event["reasoning_text"] = whole["reasoning_text"][sent.get("reasoning", 0):]
+        sent["reasoning"] = len(whole["reasoning_text"])
     for key in _INCREMENTAL_META:
         if key in meta:
             meta[key] = meta[key][sent.get(key, 0):]
@@ -167,7 +206,7 @@ def _since_last(whole: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
 
 def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int, max_new_tokens: int,
             interval: int, groups: dict[str, list[str]], chunks: AsyncGenerator[tuple[int, StreamChunk], None],
-            started: float) -> AsyncIterator[str]:
+            started: float, split: str | None = None) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
     `stream_interval` k, an event comes once k more tokens are out (and at the end). A server started with
     SGLang's incremental_streaming_output sends only what is new instead (`_since_last`)."""
@@ -182,7 +221,7 @@ def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]],
             return []
         sent[i] = chunk.completion_tokens
         c = collector.result(chunk, body.return_logprob)
-        whole = _response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens)
+        whole = _response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens, split)
         if state.incremental_streaming_output:
             return [_since_last(whole, shown.setdefault(i, {})) | {"index": i}]
         return [whole | {"index": i}]

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..runtime.engine import Completion
 from ..runtime.execution.sampler import TokenLogprob
+from ..runtime.reasoning_formats import ReasoningFormat, reasoning_format
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
 from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -28,6 +29,7 @@ from .openai_params import (
 )
 from .openapi import error_responses, streaming_responses
 from .protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
+from .reasoning import ReasoningStream, default_max_tokens, reasoning_params, reply_format, split_reply, template_kwargs
 from .serving import events, run
 from .sglang_fields import check_chat_extras, check_completion_extras
 from .state import ServerState, server_state
@@ -263,27 +265,46 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
     engine = state.engine
     max_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    # no limit given: up to the context (the engine stops there)
-    params = sampling_params(body, engine.context_length if max_tokens is None else max_tokens)
+    if max_tokens is None:  # a bounded default (engine option default_max_tokens), not the whole context
+        max_tokens = default_max_tokens(engine.config.default_max_tokens, engine.context_length)
+    params = sampling_params(body, max_tokens)
+    parser = _reasoning_parser(params.pop("reasoning_parser", None), engine.reasoning_parser)
+    params |= reasoning_params(parser, params.pop("thinking_token_budget", None))
     plan = await state.offload(plan_tools, body, engine.tokenizer.chat_template,
-                               lambda tag: engine.constraints.compile("structural_tag", tag))
+                               lambda tag: engine.constraints.compile("structural_tag", tag), engine.tool_format)
     if plan is not None and plan.structural_tag is not None:
         params["structural_tag"] = plan.structural_tag
     fields = FIELDS | {"max_new_tokens": max_name, "top_logprobs_num": "top_logprobs", "input_ids": "messages"}
+    extra = template_kwargs(engine.chat_template_kwargs, body.chat_template_kwargs)
     prompt, images = await state.offload(chat_prompt, engine.tokenizer, body.messages, engine.context_length,
-                                         engine.image_prompts, state.model_name, plan)
+                                         engine.image_prompts, state.model_name, plan, extra)
     job = Job(new_id("chatcmpl"), [prompt], return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key,
               priority=body.priority or 0)
-    view = _ChatView(state, body, job, plan)
+    split = reply_format(parser, engine.tokenizer, prompt) if body.separate_reasoning else None
+    view = _ChatView(state, body, job, plan, split)
     return await _respond(request, adapt(view) if adapt is not None else view, params, fields)
+
+
+def _reasoning_parser(requested: object, served: str | None) -> str | None:
+    """The request's reasoning_parser (a radixlang extension), else the server's."""
+    if requested is None:
+        return served
+    try:
+        reasoning_format(requested)
+    except ValueError as e:
+        raise APIError(400, str(e), "reasoning_parser") from None
+    assert isinstance(requested, str)
+    return requested.lower()
 
 
 @dataclass
 class _ChatView(_View):
     body: ChatCompletionRequest
     tools: ToolPlan | None = None  # with tools: calls come back as tool_calls
+    reasoning: ReasoningFormat | None = None  # with a reasoning parser: the thinking as reasoning_content
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, across its events
+    reasoning_streams: dict[int, ReasoningStream] = field(default_factory=dict)
     kind: ClassVar[str] = "chat.completion"
     chunk_kind: ClassVar[str] = "chat.completion.chunk"
 
@@ -291,10 +312,13 @@ class _ChatView(_View):
         return chat_logprobs(self.state.engine.tokenizer, lps or []) if self.body.logprobs else None
 
     def choice(self, k: int, c: Completion) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        reasoning, text = split_reply(self.reasoning, c.text)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
         reason: str | None = c.meta.finish_reason
         if self.tools is not None and self.tools.parses:
-            message, reason = reply_message(self.tools, c.text, reason)
+            message, reason = reply_message(self.tools, text, reason)
+        if self.reasoning is not None:
+            message["reasoning_content"] = reasoning
         return {"index": k, "message": message, "logprobs": self._logprobs(c.meta.output_logprobs),
                 "finish_reason": reason, "matched_stop": c.meta.matched_stop}
 
@@ -306,12 +330,17 @@ class _ChatView(_View):
 
     def render(self, k: int, chunk: StreamChunk) -> list[dict]:
         text, reason = chunk.text, chunk.finish_reason
+        reasoning = ""
+        if self.reasoning is not None:
+            thinking = self.reasoning_streams.setdefault(k, ReasoningStream(self.reasoning))
+            reasoning, text = thinking.feed(text, chunk.finished)
         calls: list[dict[str, Any]] = []
         if self.tools is not None and self.tools.parses:
             stream = self.tool_streams.setdefault(k, ToolStream(self.tools))
-            text, calls = stream.feed(chunk.text, chunk.finished)
+            text, calls = stream.feed(text, chunk.finished)
             reason = stream.finish_reason(reason)
-        delta: dict[str, Any] = {"content": text} if text else {}
+        delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+        delta |= {"content": text} if text else {}
         if calls:
             delta["tool_calls"] = calls[:1]
         choice: dict[str, Any] = {"index": k, "delta": delta,

@@ -75,7 +75,8 @@ def completion_prompts(tokenizer: Tokenizer, prompt: str | list, context_length:
 
 def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_length: int,
                 image_prompts: ImagePrompts | None = None, model: str = "",
-                tools: ToolPlan | None = None) -> tuple[list[int], list[Any]]:
+                tools: ToolPlan | None = None, template_kwargs: dict[str, Any] | None = None
+                ) -> tuple[list[int], list[Any]]:
     """The conversation rendered with the model's chat template, ready for the assistant's turn, and its
     images (prepared for the engine), each where a placeholder stands in the text. Slow on long conversations and on
     images: call it on a worker thread."""
@@ -92,7 +93,7 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_lengt
     rendered, extra = template_messages(messages, rendered, tools)
     with user_errors({}):
         placeholder = image_prompts.placeholder if image_prompts is not None else None
-        text = tokenizer.apply_chat_template(rendered, image_placeholder=placeholder, **extra)
+        text = tokenizer.apply_chat_template(rendered, image_placeholder=placeholder, **(template_kwargs or {}), **extra)
     return encode_texts(tokenizer, [text], "messages", False, context_length)[0], images
 
 

@@ -106,6 +106,9 @@ class GenerateRequest(SGLangGenerateExtras):
     # prompt_cache_retention (OpenAI's prompt_cache_key; `session` is the same, spelled natively)
     session: str | None = Field(None, min_length=1, max_length=256)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
+    # the reply's thinking as `reasoning_text`, `text` keeping the answer (the server's reasoning parser, or
+    # sampling_params.reasoning_parser); SGLang's chat field, with its /separate_reasoning route's names
+    separate_reasoning: bool = False
 
     @model_validator(mode="after")
     def _one_prompt_kind(self) -> "GenerateRequest":
@@ -118,6 +121,11 @@ class GenerateRequest(SGLangGenerateExtras):
     @property
     def cache_key(self) -> str | None:
         return self.session if self.session is not None else self.prompt_cache_key
+
+
+class SeparateReasoningRequest(StrictModel):  # SGLang's /separate_reasoning
+    text: str
+    reasoning_parser: str | None = None  # default: the server's
 
 
 class ConcatenateRequest(StrictModel):  # SGLang's /concate_and_append_request (a fork join)
@@ -258,6 +266,8 @@ if typing.TYPE_CHECKING:
         beam_width: int | None = None
         ebnf: str | None = None
         watermark: Any | None = None
+        reasoning_parser: str | None = None
+        thinking_token_budget: int | None = None
 else:
     SamplingFields = create_model("SamplingFields", __base__=_OpenAIFields, **_sampling_fields())
 

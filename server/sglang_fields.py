@@ -31,7 +31,6 @@ _GENERATE_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
 _CHAT_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "continue_final_message": (False, "continuing the last assistant message"),
     "return_hidden_states": (False, "hidden states"),
-    "chat_template_kwargs": (None, "chat template arguments"),
     "return_audio": (None, "audio output"),
     "lora_path": (None, "LoRA adapters"),
     "session_params": (None, "sessions"),

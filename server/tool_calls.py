@@ -40,9 +40,10 @@ class ToolPlan:
 
 
 def plan_tools(body: ChatCompletionRequest, chat_template: str | None,
-               compile_tag: Callable[[dict[str, Any]], Any]) -> ToolPlan | None:
+               compile_tag: Callable[[dict[str, Any]], Any], fmt: ToolFormat | None = None) -> ToolPlan | None:
     """The request's tool plan, or None without tools. `compile_tag` compiles the constraint (a cache hit
-    for the engine later), so that a schema it cannot compile is a 400 naming the tool."""
+    for the engine later), so that a schema it cannot compile is a 400 naming the tool. `fmt`: the
+    server's tool-call format (--tool-call-parser), else the one the template renders."""
     if not body.tools:
         if body.tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", "tool_choice")
@@ -53,7 +54,7 @@ def plan_tools(body: ChatCompletionRequest, chat_template: str | None,
         raise APIError(400, "response_format cannot be combined with tools unless tool_choice is 'none'",
                        "response_format")
     parallel = body.parallel_tool_calls is not False
-    fmt = detect_format(chat_template)
+    fmt = fmt or detect_format(chat_template)
     tag = None
     if choice != "none":
         chosen = tools if choice in ("auto", "required") else [t for t in tools if t["name"] == choice]

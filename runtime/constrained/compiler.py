@@ -27,6 +27,7 @@ from .regex.dfa_cache import DfaCache, caching
 from .regex.regex_parser import parse_regex
 from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
+from .think import ThinkParts, ThinkThen
 
 
 class ConstraintCompiler:
@@ -42,6 +43,7 @@ class ConstraintCompiler:
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Constraint] = OrderedDict()
         self._dfas = DfaCache()  # sub-languages shared by this engine's compiles (and their lexers)
+        self._think_parts: dict[tuple[str, str], ThinkParts] = {}  # per reasoning marker pair (a few)
         self._lock = threading.Lock()
 
     @property
@@ -70,6 +72,22 @@ class ConstraintCompiler:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return constraint
+
+    def think_then(self, inner: Constraint | None, start: str, end: str, budget: int | None,
+                   opened: bool) -> Constraint:
+        """`inner` (None: free text) after a thinking block between `start` and `end` (see think.py): the
+        block is opened first unless the prompt `opened` it, and closed after `budget` thinking tokens.
+        Cheap per request: the markers' automata are built once and shared."""
+        key = (start, end)
+        with self._lock:
+            parts = self._think_parts.get(key)
+        if parts is None:
+            vocab = self.vocab
+            with collector_paused(), caching(self._dfas):
+                parts = ThinkParts.build(start, end, vocab)
+            with self._lock:
+                parts = self._think_parts.setdefault(key, parts)
+        return ThinkThen(parts, inner, budget, opened, self.vocab)
 
     def _build(self, kind: str, spec: object, text: str) -> Constraint:
         """`text`: the spec's cache text, which for a regex or grammar is the spec itself."""

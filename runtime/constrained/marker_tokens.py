@@ -38,6 +38,7 @@ class MarkerTokens:
 
     def __init__(self, inner: Constraint, markers: dict[int, bytes]):
         self.inner, self.markers, self.vocab = inner, markers, inner.vocab
+        self.keeps_marker_text = True  # the detokenizer keeps the marker tokens' text (engine.create_req)
         self._masks = MaskCache()
 
     def initial(self) -> Hashable:

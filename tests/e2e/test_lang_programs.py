@@ -171,3 +171,38 @@ def test_json_via_regex(backend):
     state = character_gen.run(name="Hermione Granger", temperature=0, backend=backend)
     assert re.fullmatch(CHARACTER_REGEX, state["json_output"])
     assert json.loads(state["json_output"])["house"] in ("Gryffindor", "Slytherin", "Ravenclaw", "Hufflepuff")
+
+
+# ---- tool calls that end (issue 44) -------------------------------------------------------------------
+def get_weather(city: str, unit: str = "celsius") -> dict:
+    """Current weather in a city."""
+    return {"city": city, "unit": unit, "temperature": 21}
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@sgl.function
+def tool_turn(s, question):
+    s += sgl.system(sgl.tools_prompt([get_weather, add]))
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("call", tools=[get_weather, add], tool_choice="required", max_tokens=64,
+                               temperature=0))
+
+
+def test_required_tool_calls_end_locally_and_remote(backend, smollm_engine):
+    """gen(tools, tool_choice="required") with parallel calls on: the list ends when the model ends it (it
+    used to repeat the call until max_tokens), the same locally and run on a server (remote=True)."""
+    from radixlang.server.launch import background_server
+
+    questions = ["What is the weather in Paris?", "Add 17 and 25."]
+    local = [tool_turn.run(question=q, backend=backend) for q in questions]
+    with background_server(smollm_engine) as server:
+        remote = [tool_turn.run(question=q, backend=sgl.Endpoint(server.url), remote=True) for q in questions]
+    for mine, theirs in zip(local, remote):
+        assert mine.error() is None and theirs.error() is None
+        assert mine["call"] and mine.get_meta_info("call")["tool_call_cut_off"] is False
+        assert len({json.dumps(c, sort_keys=True) for c in mine["call"]}) == len(mine["call"])  # none repeated
+        assert theirs["call"] == mine["call"]

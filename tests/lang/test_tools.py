@@ -97,3 +97,24 @@ def test_the_ir_carries_the_tools_and_a_remote_run_returns_the_same_calls(backen
     remote = agent_turn.run(question="Weather in Oslo?", backend=endpoint, remote=True)
     assert remote.error() is None
     assert remote["call"] == local["call"] and remote.text() == local.text()
+
+
+@rl.function
+def cut_short(s):
+    s += rl.user("Weather in Oslo?")
+    s += rl.assistant(rl.gen("call", tools=TOOLS, tool_choice="required", max_tokens=6, temperature=0))
+
+
+def test_a_call_cut_off_by_max_tokens_is_an_error_locally_and_remote(backend, endpoint):
+    """Six tokens cannot hold a call: the state reports it (the variable is never a silent [])."""
+    for state in (cut_short.run(backend=backend), cut_short.run(backend=endpoint, remote=True)):
+        error = state.error()
+        assert isinstance(error, Exception) and "max_tokens cut it off" in str(error)
+    with pytest.raises(ValueError, match="no calls"):
+        rl.tool_results([], TOOLS)
+
+
+def test_calls_before_a_cut_off_one_are_kept_and_the_meta_says_so(backend):
+    """The random model never ends its call list: at max_tokens the complete calls stay, flagged in the meta."""
+    state = agent_turn.run(question="Weather in Oslo?", backend=backend)
+    assert state["call"] and state.get_meta_info("call")["tool_call_cut_off"] is True
