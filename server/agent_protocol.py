@@ -42,6 +42,8 @@ class ResponsesRequest(StrictModel):
     store: bool = True  # OpenAI's default: kept, so a later request can continue it
     metadata: dict[str, str] | None = None  # kept with the response
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's extension, as on the chat route: thinking tokens at most, then the engine closes the block
+    thinking_token_budget: int | None = Field(None, ge=0)
     # accepted and ignored: routing and bookkeeping that one local server has no use for
     user: str | None = None
     safety_identifier: str | None = None

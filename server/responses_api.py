@@ -65,6 +65,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "tools": _tools(body.tools), "tool_choice": _tool_choice(body.tool_choice),
         "parallel_tool_calls": body.parallel_tool_calls, "response_format": _response_format(body),
+        "thinking_token_budget": body.thinking_token_budget,
         # the finished sequence stays pinned, so a follow-up's prompt is a cache hit
         "prompt_cache_key": body.prompt_cache_key or (response_id if body.store else None)}
     effort = body.reasoning.effort if body.reasoning is not None else None

@@ -198,3 +198,27 @@ def test_qwen3s_template_from_a_file_thinks_or_not_as_enable_thinking_says(tmp_p
         assert plain.message.model_extra["reasoning_content"] is None and plain.finish_reason == "stop"
         jsonschema.validate(json.loads(plain.message.content), SCHEMA)
         live.wait_idle()
+
+
+def test_agent_protocols_carry_the_thinking_and_its_budget(thinking_server):
+    """/v1/messages' `thinking.budget_tokens` is the engine's thinking budget, and the thinking comes back as a
+    thinking block (the anthropic SDK parses it); /v1/responses returns it as a reasoning item beside JSON that
+    follows the schema (the openai SDK parses it)."""
+    anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is the peer client of /v1/messages")
+    with anthropic.Anthropic(base_url=thinking_server.url, api_key="unused", max_retries=0, timeout=120) as client:
+        message = client.messages.create(
+            model="default", max_tokens=64, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": BUDGET},
+            extra_body={"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}})
+    kinds = [block.type for block in message.content]
+    assert kinds == ["thinking", "text"], kinds
+    assert message.content[0].thinking and "</think>" not in message.content[0].thinking
+    jsonschema.validate(json.loads(message.content[1].text), SCHEMA)
+    assert message.stop_reason == "end_turn"
+    with openai.OpenAI(base_url=f"{thinking_server.url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        response = client.responses.create(
+            model="default", input=MESSAGES[0]["content"], max_output_tokens=64,
+            text={"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA}},
+            extra_body={"thinking_token_budget": BUDGET})
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    jsonschema.validate(json.loads(response.output_text), SCHEMA)
+    thinking_server.wait_idle()
