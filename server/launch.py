@@ -13,6 +13,7 @@ import uvicorn
 
 from ..runtime.engine import Engine
 from .app import create_app
+from .auth import AuthConfig
 from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from .limits import ServerLimits
 from .state import ServerState
@@ -62,11 +63,16 @@ class DrainingServer(uvicorn.Server):
 def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                 served_model_name: str | None = None, grace_s: float = GRACEFUL_SHUTDOWN_S,
                 log_level: str = "info", limits: ServerLimits | None = None,
-                incremental_streaming_output: bool = False) -> DrainingServer:
+                incremental_streaming_output: bool = False, auth: AuthConfig | None = None,
+                ssl_keyfile: str | None = None, ssl_certfile: str | None = None) -> DrainingServer:
+    """`auth`: API keys (server/auth.py); `ssl_keyfile` / `ssl_certfile`: serve HTTPS (PEM files)."""
     if grace_s < 0:
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
-    app = create_app(engine, served_model_name, limits, incremental_streaming_output)
+    if (ssl_keyfile is None) != (ssl_certfile is None):
+        raise ValueError("TLS needs both --ssl-keyfile and --ssl-certfile")
+    app = create_app(engine, served_model_name, limits, incremental_streaming_output, auth)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
                             # uvicorn annotates int, but waits with asyncio.timeout, which takes seconds as a float
                             timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]
     return DrainingServer(config, app.state.server, grace_s)
@@ -95,7 +101,8 @@ def background_server(engine: Engine, host: str = DEFAULT_HOST, port: int = 0,
             raise RuntimeError("the HTTP server failed to start")
         time.sleep(0.01)
     name = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
-    server.url = f"http://{name}:{sock.getsockname()[1]}"
+    scheme = "https" if server.config.ssl_certfile else "http"
+    server.url = f"{scheme}://{name}:{sock.getsockname()[1]}"
     try:
         yield server
     finally:

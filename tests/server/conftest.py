@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from radixlang.runtime.engine import Engine
+from radixlang.server.auth import AuthConfig
 from radixlang.server.launch import DrainingServer, background_server
 from radixlang.server.limits import ServerLimits
 
@@ -46,7 +47,8 @@ class LiveServer:
 
 @contextlib.contextmanager
 def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
-            incremental_streaming_output: bool = False, **options: Any) -> Iterator[LiveServer]:
+            incremental_streaming_output: bool = False, auth: AuthConfig | None = None,
+            **options: Any) -> Iterator[LiveServer]:
     options.setdefault("kv_cache_tokens", 4096)
     options.setdefault("device", "cpu")
     # eager unless a test asks: under "auto" a compile marker left by another test (a `serve --compile-layers
@@ -54,7 +56,7 @@ def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
     options.setdefault("compile_layers", False)
     engine = Engine(model=str(model_dir), **options)
     try:
-        with background_server(engine, grace_s=grace_s, limits=limits,
+        with background_server(engine, grace_s=grace_s, limits=limits, auth=auth,
                                incremental_streaming_output=incremental_streaming_output) as server:
             yield LiveServer(server.url, engine, server)
         engine.check_invariants()
