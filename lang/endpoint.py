@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import os
+import threading
 import urllib.error
 import urllib.request
 from typing import Any, Generator, Iterator
@@ -24,7 +24,6 @@ from .config import HTTP_TIMEOUT_S, SELECT_HEAL_WINDOW
 from .images import image_data_url
 from .ir import Gen
 from .ir_json import ProgramIR
-
 
 API_KEY_ENV = "RADIXLANG_API_KEY"  # the key an Endpoint sends when given none (server/auth.py reads the same)
 

@@ -7,6 +7,7 @@ after each scenario (the `server` fixtures check it)."""
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -231,17 +232,22 @@ def _self_signed(tmp_path) -> tuple[str, str]:
         if shutil.which("openssl") is None:
             pytest.skip("neither the cryptography package nor openssl is installed")
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"],
+                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=IP:127.0.0.1"],
                        check=True, capture_output=True)
         return str(key), str(cert)
     import datetime
+    import ipaddress
 
     private = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(private.public_key())
                    .serial_number(x509.random_serial_number()).not_valid_before(now)
-                   .not_valid_after(now + datetime.timedelta(days=1)).sign(private, hashes.SHA256()))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                  critical=False)
+                   .sign(private, hashes.SHA256()))
     key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
     cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
@@ -256,10 +262,10 @@ def test_tls_serves_https_with_keys(tiny_engine_factory, tmp_path):
     with background_server(engine, auth=AuthConfig({A: "alice"}), ssl_keyfile=keyfile,
                            ssl_certfile=certfile) as server:
         assert server.url.startswith("https://")
-        with httpx.Client(base_url=server.url, verify=certfile, timeout=60) as http:
+        with httpx.Client(base_url=server.url, verify=ssl.create_default_context(cafile=certfile), timeout=60) as http:
             assert http.get("/health").status_code == 200
             r = http.post("/generate", json={"text": "tls", "sampling_params": GREEDY}, headers=bearer(A))
             assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2
-        with pytest.raises(httpx.ConnectError):  # plain HTTP on the TLS port is not served
+        with pytest.raises(httpx.TransportError):  # plain HTTP on the TLS port is not served
             httpx.get(server.url.replace("https", "http", 1) + "/health", timeout=10)
     engine.check_invariants()
