@@ -5,6 +5,7 @@ import contextlib
 import json
 import threading
 import time
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -16,6 +17,10 @@ from radixlang.server.auth import AuthConfig
 from radixlang.server.launch import DrainingServer, background_server
 from radixlang.server.limits import ServerLimits
 
+# RADIXLANG_TEST_API_KEY=k: every test server requires the (admin) key k, and LiveServer.client sends it; the
+# hardening and fuzz tests run so to show keys change nothing else (tests that build their own clients do not)
+TEST_KEY = os.environ.get("RADIXLANG_TEST_API_KEY")
+
 
 @dataclass
 class LiveServer:
@@ -24,6 +29,8 @@ class LiveServer:
     server: DrainingServer
 
     def client(self, **kwargs: Any) -> httpx.Client:
+        if TEST_KEY:
+            kwargs["headers"] = {"Authorization": f"Bearer {TEST_KEY}"} | kwargs.get("headers", {})
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60), **kwargs)
 
     def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
@@ -54,6 +61,8 @@ def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
     # eager unless a test asks: under "auto" a compile marker left by another test (a `serve --compile-layers
     # true` subprocess) made this server compile in the background, and the profile tests saw compiled graphs
     options.setdefault("compile_layers", False)
+    if TEST_KEY and auth is None:  # the suite's own requests carry it (LiveServer.client): a non-default namespace
+        auth = AuthConfig({}, (TEST_KEY,))
     engine = Engine(model=str(model_dir), **options)
     try:
         with background_server(engine, grace_s=grace_s, limits=limits, auth=auth,
