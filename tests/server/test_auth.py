@@ -269,3 +269,58 @@ def test_tls_serves_https_with_keys(tiny_engine_factory, tmp_path):
         with pytest.raises(httpx.TransportError):  # plain HTTP on the TLS port is not served
             httpx.get(server.url.replace("https", "http", 1) + "/health", timeout=10)
     engine.check_invariants()
+
+
+def test_serve_flags_build_the_keys_and_warn_on_an_open_public_host(caplog, monkeypatch):
+    from radixlang.server.cli import _auth, build_parser
+
+    monkeypatch.delenv("RADIXLANG_API_KEY", raising=False)
+    monkeypatch.delenv("RADIXLANG_ADMIN_API_KEY", raising=False)
+    args = build_parser().parse_args(["serve", "--api-key", "k1", "--api-key", "k2", "--admin-api-key", "adm",
+                                      "--max-requests-per-tenant", "3", "--host", "0.0.0.0"])
+    with caplog.at_level("WARNING"):
+        auth = _auth(args)
+    assert set(auth.keys) == {"k1", "k2"} and auth.admin_keys == ("adm",) and auth.max_requests_per_tenant == 3
+    assert not caplog.records  # keys given: no warning
+    with caplog.at_level("WARNING"):
+        open_auth = _auth(build_parser().parse_args(["serve", "--host", "0.0.0.0"]))
+    assert not open_auth.enabled and "without API keys" in caplog.text
+    assert "k1" not in caplog.text
+
+
+def test_a_fleet_hands_its_workers_the_keys_off_the_command_line(monkeypatch):
+    import os
+    import stat
+
+    from radixlang.server import fleet
+
+    spec = fleet.FleetSpec(host="0.0.0.0", port=1, dp=2, worker_args=[], auth=AuthConfig({A: "alice"}, (ADMIN,)),
+                           ssl_keyfile="k.pem", ssl_certfile="c.pem")
+    launched: list[tuple[list[str], dict[str, str]]] = []
+    class Exited:  # a worker process that has already exited
+        returncode = 0
+
+        def poll(self) -> int:
+            return 0
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    def launch(cmd: list[str], env: dict[str, str]) -> Exited:
+        launched.append((cmd, env))
+        return Exited()
+
+    monkeypatch.setattr(fleet.Fleet, "_launch", staticmethod(launch))
+    f = fleet.Fleet(spec)
+    f._start_worker(0)
+    [(cmd, env)] = launched
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"  # only the router reaches a worker
+    assert A not in cmd and ADMIN not in cmd and env["RADIXLANG_ADMIN_API_KEY"] == ADMIN
+    keys_file = cmd[cmd.index("--api-keys-file") + 1]
+    assert read_keys_file(__import__("pathlib").Path(keys_file)) == {A: "alice"}
+    assert stat.S_IMODE(os.stat(keys_file).st_mode) == 0o600
+    router = fleet.router_command(spec, f.worker_urls, 1, "cache_aware", 2)
+    assert "--api-key" not in router and ADMIN not in router and A not in router
+    assert router[router.index("--tls-cert-path") + 1] == "c.pem" and f.url.startswith("https://")
+    f.stop()
+    assert not os.path.exists(keys_file)
