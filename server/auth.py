@@ -85,9 +85,10 @@ class AuthConfig:
                 raise ValueError("an API key must be a non-empty string without whitespace")
         if self.max_requests_per_tenant < 0:
             raise ValueError(f"max_requests_per_tenant must be >= 0, got {self.max_requests_per_tenant}")
-        # the (key, tenant) pairs, scanned in full on each lookup: the time does not depend on which matched
-        self._entries = [(k.encode(), Tenant(t, DEFAULT_NAMESPACE.child("tenant", t))) for k, t in self.keys.items()]
-        self._entries += [(k.encode(), Tenant("admin", DEFAULT_NAMESPACE.child("tenant", "admin"), admin=True))
+        # (digest of the key, tenant), scanned in full on each lookup: digests of equal length, so neither
+        # the time nor its length depends on which key matched or how much of one did
+        self._entries = [(_digest(k), Tenant(t, DEFAULT_NAMESPACE.child("tenant", t))) for k, t in self.keys.items()]
+        self._entries += [(_digest(k), Tenant("admin", DEFAULT_NAMESPACE.child("tenant", "admin"), admin=True))
                           for k in self.admin_keys]
 
     @property
@@ -98,7 +99,7 @@ class AuthConfig:
         """The tenant of `key`, or None for a missing or unknown key. Constant time in the key's content."""
         if key is None:
             return None
-        given, found = key.encode(), None
+        given, found = _digest(key), None
         for known, tenant in self._entries:
             if hmac.compare_digest(given, known) and found is None:
                 found = tenant
@@ -119,6 +120,10 @@ class AuthConfig:
         if admin is not None and admin in keys:
             raise ValueError("the admin key must differ from every tenant key")
         return cls(keys, (admin,) if admin else (), max_requests_per_tenant)
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
 
 
 def read_keys_file(path: Path) -> dict[str, str]:
