@@ -16,8 +16,8 @@ from collections import deque
 
 import torch
 
-from .memory import SlotAllocator
 from ..namespace import DEFAULT_NAMESPACE, Namespace
+from .memory import SlotAllocator
 from .radix_cache import PrefixMatch, RadixCache
 
 

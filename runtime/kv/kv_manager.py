@@ -20,10 +20,10 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from ..namespace import DEFAULT_NAMESPACE, Namespace
 from ..request import KVSeq
 from .host_tier import EvictedPrefixes, HostTier
 from .memory import KVPool, ReqToToken, SlotAllocator
-from ..namespace import DEFAULT_NAMESPACE, Namespace
 from .pins import PinTable
 from .radix_cache import RadixCache, TreeNode
 

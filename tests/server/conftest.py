@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
-import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
