@@ -18,6 +18,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--skip-fairness", action="store_true")
     args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures show as they come
     options = {"device": args.device} if args.device else {}
     with Engine(model=args.model, **options) as engine:
         with background_server(engine, auth=AuthConfig(dict(KEYS))) as server:
