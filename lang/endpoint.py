@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -24,6 +25,8 @@ from .images import image_data_url
 from .ir import Gen
 from .ir_json import ProgramIR
 
+API_KEY_ENV = "RADIXLANG_API_KEY"  # the key an Endpoint sends when given none (server/auth.py reads the same)
+
 
 class Endpoint:
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = HTTP_TIMEOUT_S,
@@ -33,7 +36,8 @@ class Endpoint:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
+        # sent as `Authorization: Bearer` (a server started with --api-key); by default $RADIXLANG_API_KEY's
+        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         self.timeout = timeout
         self._chat_template = chat_template
         self._info: dict[str, Any] | None = None
@@ -303,4 +307,6 @@ def _http_error(code: int, body: bytes) -> Exception:
         if isinstance(detail, dict):
             detail = detail.get("message") or detail
     message = f"server answered {code}: {detail}"
+    if code in (401, 403):  # not a bad request: this client's key (api_key=, $RADIXLANG_API_KEY) is refused
+        return PermissionError(message)
     return ValueError(message) if 400 <= code < 500 else RuntimeError(message)

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any, Generator
 
 from ..runtime.meta_info import meta_info
+from ..runtime.namespace import DEFAULT_NAMESPACE, Namespace
 from .backend import PREFILL_ONLY, GenDelta, StateView, reject_images
 from .chat import ChatTemplate
 from .choices import ChoiceMethod, common_prefix_len, decide, resolve_method
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 
 
 class EngineBackend:
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: "Engine", namespace: Namespace = DEFAULT_NAMESPACE):
         self.engine = engine
+        self.namespace = namespace  # the cache namespace of every request (a server's tenant)
 
     # ---- Backend protocol -----------------------------------------------------------------------
     def chat_template(self) -> ChatTemplate | None:
@@ -28,7 +30,7 @@ class EngineBackend:
 
     def cache_prefix(self, text: str) -> None:
         if text:
-            self.engine.generate(text, PREFILL_ONLY)
+            self.engine.generate(text, PREFILL_ONLY, namespace=self.namespace)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
@@ -65,7 +67,7 @@ class EngineBackend:
         for chunk in self.engine.stream(text, p.sampling_params(), return_logprob=want_logprobs,
                                         logprob_start_len=_start(p.logprob_start_len, want_logprobs),
                                         top_logprobs_num=p.top_logprobs_num or 0, image_data=images,
-                                        cache_key=_retention(state)):
+                                        cache_key=_retention(state), namespace=self.namespace):
             logprobs.extend(chunk.logprobs)
             input_logprobs = chunk.input_logprobs if chunk.input_logprobs is not None else input_logprobs
             progress = meta_info(tok, chunk, finished=chunk.finished, return_logprob=want_logprobs,
@@ -100,9 +102,10 @@ class EngineBackend:
                              "(the first token of the prompt cannot be scored)")
         # the shared KV, computed once, pinned for the state until it moves on (the choices are scored on it)
         self.engine.generate(input_ids=prefix_ids, sampling_params=PREFILL_ONLY, image_data=images,
-                             cache_key=_retention(state))
+                             cache_key=_retention(state), namespace=self.namespace)
         outs = self.engine.generate(input_ids=full, sampling_params=PREFILL_ONLY, return_logprob=True,
-                                    logprob_start_len=start, image_data=images and [images] * len(full))
+                                    logprob_start_len=start, image_data=images and [images] * len(full),
+                                    namespace=self.namespace)
         assert isinstance(outs, list), "a list of prompts gives a list of completions"
         scored = [self._entries(out.meta.input_logprobs) for out in outs]
         assert all(len(s) == len(ids) - start for s, ids in zip(scored, full)), "one logprob per choice token"
@@ -110,7 +113,7 @@ class EngineBackend:
         if getattr(method, "requires_unconditional_logprobs", False):
             tails = [ids[start:] for ids in full]
             alone = self.engine.generate(input_ids=tails, sampling_params=PREFILL_ONLY, return_logprob=True,
-                                         logprob_start_len=0)
+                                         logprob_start_len=0, namespace=self.namespace)
             assert isinstance(alone, list), "a list of prompts gives a list of completions"
             unconditional = [[(None, tail[0], None)] + self._entries(out.meta.input_logprobs)
                              for tail, out in zip(tails, alone)]

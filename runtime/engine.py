@@ -25,6 +25,7 @@ from .models.loading.loader import default_model_path
 from .models.loading.weight_cache import write_when_idle
 from .models.moe_llama import moe_blocks
 from .multimodal.prompt import text_ids
+from .namespace import DEFAULT_NAMESPACE, Namespace
 from .openmp_workers import release_openmp_workers
 from .profiler import ProfileSpec, StepProfiler
 from .reasoning_formats import resolve_reasoning_parser
@@ -59,6 +60,7 @@ class PrepareOptions(TypedDict, total=False):
     image_data: object
     cache_key: str | Retention | None
     priority: int
+    namespace: Namespace
 
 
 def _resolve(future: asyncio.Future[T], value: T) -> None:
@@ -142,16 +144,19 @@ class Engine:
     def prepare(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
                 rid: str | Sequence[str] | None = None, image_data: object = None,
-                cache_key: str | Retention | None = None, priority: int = 0) -> SubmissionBatch:
+                cache_key: str | Retention | None = None, priority: int = 0,
+                namespace: Namespace = DEFAULT_NAMESPACE) -> SubmissionBatch:
         """Validates one call (ValueError / TypeError naming the field) into its Submissions: one per
         prompt and sample, prompt-major. `image_data`: a vision model's images (paths, bytes, data URLs,
         PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt.
         `cache_key`: a session key (OpenAI's prompt_cache_key): once finished, the whole sequence stays
         pinned for prompt_cache_retention seconds, and the key's next request refreshes it. `priority`:
-        SGLang's; a larger one is admitted first and may preempt running requests of a lower one."""
+        SGLang's; a larger one is admitted first and may preempt running requests of a lower one.
+        `namespace`: the requests reuse cached KV only from requests of the same namespace (a tenant)."""
         return self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
                                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                    rid=rid, image_data=image_data, retain=cache_key, priority=priority)
+                                    rid=rid, image_data=image_data, retain=cache_key, priority=priority,
+                                    namespace=namespace)
 
     def submit(self, sub: Submission, sink: Sink) -> None:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one
@@ -179,7 +184,7 @@ class Engine:
                          context_length=self.context_length, seed=seed, device=self.device,
                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
-        req.retain, req.priority = sub.retain, sub.priority
+        req.retain, req.priority, req.namespace = sub.retain, sub.priority, sub.namespace
         return req
 
     # ---- running prepared batches -----------------------------------------------------------------

@@ -30,6 +30,7 @@ from .execution.sampler import SamplingState, TokenLogprob
 from .image_span import ImageSpan
 from .kv.memory import SwappedKV
 from .kv.radix_cache import TreeNode
+from .namespace import DEFAULT_NAMESPACE, Namespace
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ class KVFields:
     last_node: TreeNode | None = None
     swapped: SwappedKV | None = None
     wanted: TreeNode | None = None  # while queued: the end of the cached prefix it will hit (evicted last)
+    namespace: Namespace = DEFAULT_NAMESPACE  # KV is reused only within it (a tenant, an adapter)
 
 
 class KVSeq(Protocol):
@@ -120,6 +122,7 @@ class KVSeq(Protocol):
     last_node: TreeNode | None
     swapped: SwappedKV | None
     wanted: TreeNode | None
+    namespace: Namespace
 
     @property
     def fill_len(self) -> int: ...

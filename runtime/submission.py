@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from .namespace import DEFAULT_NAMESPACE, Namespace
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Submission:
     images: list[ImageSpan] = field(default_factory=list)
     retain: Retention | None = None  # keep the finished sequence pinned (a session / program state)
     priority: int = 0  # SGLang's request priority: larger is admitted first, and may preempt (schedule_policy.py)
+    namespace: Namespace = DEFAULT_NAMESPACE  # KV is reused only within it: a tenant, an adapter (namespace.py)
 
 
 @dataclass(frozen=True, slots=True)

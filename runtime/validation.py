@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeGuard
 
 from .config import MAX_STOP_REGEX_LEN
 from .reasoning_formats import PROMPT_TAIL_TOKENS, prompt_phase, reasoning_format
+from .namespace import DEFAULT_NAMESPACE, Namespace
 from .sampling_params import ALIASES, CONSTRAINT_FIELDS, RULES, UNSUPPORTED, Rule, SamplingParams
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 
@@ -47,12 +48,13 @@ class RequestValidator:
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
               rid: str | Sequence[str] | None = None, retain: Retention | str | None = None,
               priority: int = 0, names: Mapping[str, str] | None = None,
-              image_data: object = None) -> SubmissionBatch:
+              image_data: object = None, namespace: Namespace = DEFAULT_NAMESPACE) -> SubmissionBatch:
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
         sequence pinned (a str: a session key, OpenAI's prompt_cache_key). `priority`: SGLang's (larger
-        first; see runtime/scheduling/schedule_policy.py). Errors name a sampling field
+        first; see runtime/scheduling/schedule_policy.py). `namespace`: the requests reuse KV only within it
+        (runtime/namespace.py). Errors name a sampling field
         as `names` spells it. The sampling params are checked first, then compiled (a constraint)."""
         params = parse_params(sampling_params)
         check_params(params, self.vocab_size, self.context_length, names)
@@ -78,7 +80,7 @@ class RequestValidator:
             for j in range(params.n):
                 subs.append(Submission(rids[i * params.n + j], ids, _sample_params(params, j), return_logprob,
                                        starts[i], top_logprobs_num, constraints[i], images[i], retain,
-                                       priority))
+                                       priority, namespace))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
 
     def _thinking_first(self, params: SamplingParams, constraint: Constraint | None, prompts: list[list[int]],
@@ -183,7 +185,7 @@ class RequestValidator:
         if len(seen) == len(subs):
             return []
         return [Submission(uuid.uuid4().hex, s.prompt_ids, SamplingParams(max_new_tokens=0), images=s.images,
-                           priority=s.priority)
+                           priority=s.priority, namespace=s.namespace)
                 for s in seen.values()]
 
 

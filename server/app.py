@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..runtime.engine import Engine
 from . import messages_api, native, openai_api, programs, responses_api, sglang_api, worker_api
+from .auth import AuthConfig, Authentication, require_admin, tenant_of
 from .body_limit import BodySizeLimit
 from .config import HEALTH_TIMEOUT_S
 from .errors import install_error_handlers
@@ -23,16 +24,20 @@ from .state import ServerState, server_state
 
 def create_app(engine: Engine, served_model_name: str | None = None,
                limits: ServerLimits | None = None, incremental_streaming_output: bool = False,
-               log_requests: bool = False) -> FastAPI:
+               log_requests: bool = False, auth: AuthConfig | None = None) -> FastAPI:
     """The HTTP API over `engine`. The app does not own the engine: whoever made it shuts it down.
-    `log_requests`: log each request's body (truncated) at info level."""
+    `log_requests`: log each request's body (truncated) at info level. `auth`: the API keys (server/auth.py);
+    None or no keys: an open server, as without."""
     state = ServerState(engine, served_model_name or engine.model_name, limits, incremental_streaming_output)
     app = FastAPI(title="radixlang", lifespan=state.lifespan)
     app.state.server = state
+    state.api_keys = auth is not None and auth.enabled
     app.state.responses = ResponseStore()  # /v1/responses kept for previous_response_id
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
-    if log_requests:  # added last, so it runs first: a body refused for its size is logged too, as far as read
+    if log_requests:  # a body refused for its size is logged too, as far as read
         app.add_middleware(RequestLog)
+    if auth is not None and auth.enabled:  # outermost: a request without a key is refused before its body is read
+        app.add_middleware(Authentication, config=auth)
     install_error_handlers(app)
     app.include_router(native.router)
     app.include_router(openai_api.router)
@@ -66,17 +71,22 @@ def _admin_routes(app: FastAPI) -> None:
 
     @app.post("/abort", responses=error_responses(413, 422))
     async def abort(body: AbortRequest, request: Request) -> dict[str, Any]:
-        """Aborts a request by its rid (or OpenAI response id), or every request with abort_all;
-        answers how many engine requests (samples) that ended."""
-        live = server_state(request).live
-        return {"aborted": live.abort_all() if body.abort_all else live.abort(body.rid or "")}
+        """Aborts a request by its rid (or OpenAI response id), or every request with abort_all (the admin
+        key's, on a server with keys); answers how many engine requests (samples) that ended. A tenant
+        aborts only its own requests: another's rid counts as unknown."""
+        live, tenant = server_state(request).live, tenant_of(request)
+        if body.abort_all:
+            require_admin(request, "abort_all")
+            return {"aborted": live.abort_all()}
+        return {"aborted": live.abort(body.rid or "", None if tenant.admin else tenant.id)}
 
     @app.post("/v1/prompt_cache/release", responses=error_responses(413, 422))
     async def release_prompt_cache(body: ReleaseCacheRequest, request: Request) -> dict[str, Any]:
         """Drops a prompt_cache_key session's pinned sequence now (its tokens return to the LRU);
         answers whether it had one and how many tokens it held."""
         engine = server_state(request).engine
-        tokens = await asyncio.to_thread(engine.release_cache_key, body.prompt_cache_key)
+        key = tenant_of(request).scoped(body.prompt_cache_key)  # a tenant releases only its own sessions
+        tokens = await asyncio.to_thread(engine.release_cache_key, key)
         return {"released": tokens > 0, "tokens": tokens}
 
     @app.get("/metrics")

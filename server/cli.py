@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..runtime.config import EngineConfig
+from .auth import ADMIN_KEY_ENV, KEY_ENV, AuthConfig, warn_if_open
 from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
 from .limits import ServerLimits
 
@@ -123,22 +124,31 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _auth(args: argparse.Namespace) -> AuthConfig:
+    auth = AuthConfig.from_options(args.api_key, args.api_keys_file, args.admin_api_key,
+                                   args.max_requests_per_tenant)
+    warn_if_open(args.host, auth)
+    return auth
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..runtime.engine import Engine
     from .launch import serve
 
     limits = _limits(args)  # a bad limit fails before the model loads
+    auth = _auth(args)  # ... and so do a bad key or keys file
     if args.dp is not None and args.enable_dp_attention:
         _dp_attention_ranks(args)
     elif args.dp is not None:
-        return _serve_fleet(args, limits)
+        return _serve_fleet(args, limits, auth)
     # a server lives long enough to repay a compile, which runs in the background: auto means on here
     options = {"compile_layers": True} | _engine_options(args)
     _check_model(args.model)
     with Engine(model=args.model, **options) as engine:
         serve(engine, args.host, args.port, served_model_name=args.served_model_name,
               grace_s=args.graceful_timeout, log_level=args.log_level, limits=limits,
-              incremental_streaming_output=args.incremental_streaming_output, log_requests=args.log_requests)
+              incremental_streaming_output=args.incremental_streaming_output, log_requests=args.log_requests,
+              auth=auth, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     return 0
 
 
@@ -150,7 +160,7 @@ def _dp_attention_ranks(args: argparse.Namespace) -> None:
                          f"equal --tp ({args.tp_size or 1}), got {args.dp}")
 
 
-def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
+def _serve_fleet(args: argparse.Namespace, limits: ServerLimits, auth: AuthConfig) -> int:
     """`serve --dp N`: N `radixlang serve` workers with these options behind SGLang's router."""
     from .fleet import FleetSpec, require_router, serve_fleet, worker_flags
 
@@ -159,11 +169,28 @@ def _serve_fleet(args: argparse.Namespace, limits: ServerLimits) -> int:
     options = {"model": args.model, "served_model_name": args.served_model_name,
                "incremental_streaming_output": args.incremental_streaming_output, "log_requests": args.log_requests,
                **_engine_options(args),
-               **dataclasses.asdict(limits)}
+               **dataclasses.asdict(limits), "max_requests_per_tenant": args.max_requests_per_tenant or None}
     spec = FleetSpec(host=args.host, port=args.port, dp=args.dp, worker_args=list(worker_flags(options)),
                      policy=args.router_policy, threads_per_worker=args.threads_per_worker,
-                     grace_s=args.graceful_timeout, router_args=args.router_arg, log_level=args.log_level)
+                     grace_s=args.graceful_timeout, router_args=args.router_arg, log_level=args.log_level,
+                     auth=auth, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     return serve_fleet(spec)
+
+
+def _add_security_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("access (docs/security.md): without a key the server is open to all")
+    group.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                       help="a key clients must send (Authorization: Bearer KEY, or x-api-key: KEY); repeatable, "
+                            f"each its own tenant with its own cache; also read from ${KEY_ENV}")
+    group.add_argument("--api-keys-file", default=None, metavar="FILE",
+                       help="keys, one a line: `KEY` or `KEY TENANT` (keys of one tenant share its cache)")
+    group.add_argument("--admin-api-key", default=None, metavar="KEY",
+                       help="the key of the routes that act on the whole server (/flush_cache, profiling, "
+                            f"abort_all, worker loads); also read from ${ADMIN_KEY_ENV}")
+    group.add_argument("--max-requests-per-tenant", type=int, default=0, metavar="N",
+                       help="requests one key may have in flight; past it a 429 with Retry-After (default: 0, no cap)")
+    group.add_argument("--ssl-keyfile", default=None, help="serve HTTPS: the private key (PEM)")
+    group.add_argument("--ssl-certfile", default=None, help="serve HTTPS: the certificate chain (PEM)")
 
 
 def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
@@ -279,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="as SGLang's: each /generate stream event carries only the text, output_ids and "
                           "logprobs new since the last one (default: all so far)")
     _add_limit_options(srv)
+    _add_security_options(srv)
     _add_fleet_options(srv)
     _add_engine_options(srv)
     srv.set_defaults(func=_serve)

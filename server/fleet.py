@@ -4,6 +4,12 @@ public port with its cache-aware policy.
 
 The router is a separate process from an optional wheel (`pip install sglang-router`). SIGTERM or
 SIGINT stops the router first (no new traffic), then the workers, which drain as a single server does.
+
+With API keys (server/auth.py) the workers check them: they bind to loopback, get the keys in a file only
+this user can read (the admin key in their environment), never on a command line, and the router forwards
+each client's own Authorization header, so each worker sees the tenant. The router gets no key of its own:
+sglang-router's --api-key puts its key in front of the client's on every request it forwards, which would
+make every request the router's. With --ssl-certfile the router serves HTTPS (its --tls-cert-path).
 """
 from __future__ import annotations
 
@@ -15,13 +21,16 @@ import math
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from typing import Sequence
 
+from .auth import ADMIN_KEY_ENV, KEY_ENV, AuthConfig
 from .config import HEALTH_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
@@ -50,6 +59,9 @@ class FleetSpec:
     grace_s: float = 30.0
     router_args: list[str] = dataclasses.field(default_factory=list)  # extra sglang-router options
     log_level: str = "info"
+    auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)  # the keys the workers check
+    ssl_keyfile: str | None = None  # the router serves HTTPS with these (PEM)
+    ssl_certfile: str | None = None
 
 
 def router_available() -> bool:
@@ -87,10 +99,12 @@ class Fleet:
         self.router: subprocess.Popen | None = None
         self.more_routers: list[subprocess.Popen] = []  # add_router's
         self.metrics_port: int | None = None
+        self.keys_file: str | None = None  # the workers' keys (deleted on stop)
 
     @property
     def url(self) -> str:
-        return url(self.spec.host, self.spec.port)
+        base = url(self.spec.host, self.spec.port)
+        return base.replace("http://", "https://", 1) if self.spec.ssl_certfile else base
 
     def start(self) -> None:
         try:
@@ -112,10 +126,24 @@ class Fleet:
         env = dict(os.environ, **worker_env(i, spec.dp, spec.threads_per_worker, use_gpus=not on_cpu))
         cmd = [sys.executable, "-m", "radixlang", "serve", "--host", host, "--port", str(port),
                "--graceful-timeout", str(spec.grace_s), "--log-level", spec.log_level, *spec.worker_args]
+        env.pop(KEY_ENV, None)  # the keys file holds it
+        env.pop(ADMIN_KEY_ENV, None)
+        if spec.auth.keys:
+            cmd += ["--api-keys-file", self._keys_file()]
+        if spec.auth.admin_keys:
+            env[ADMIN_KEY_ENV] = spec.auth.admin_keys[0]
         self.commands.append(cmd)
         self.envs.append(env)
         self.workers.append(self._launch(cmd, env))
         self.worker_urls.append(url(host, port))
+
+    def _keys_file(self) -> str:
+        """The tenant keys, `KEY TENANT` a line, in a file only this user reads (written once)."""
+        if self.keys_file is None:
+            fd, self.keys_file = tempfile.mkstemp(prefix="radixlang-keys-", text=True)  # mode 0600
+            with os.fdopen(fd, "w") as f:
+                f.writelines(f"{key} {tenant}\n" for key, tenant in self.spec.auth.keys.items())
+        return self.keys_file
 
     @staticmethod
     def _launch(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -166,6 +194,9 @@ class Fleet:
         deadline = time.monotonic() + self.spec.grace_s + STOP_MARGIN_S
         for proc in self.workers:
             _wait_or_kill(proc, max(0.0, deadline - time.monotonic()))
+        if self.keys_file is not None:
+            os.unlink(self.keys_file)
+            self.keys_file = None
 
 
 def router_command(spec: FleetSpec, worker_urls: list[str], port: int, policy: str, metrics_port: int) -> list[str]:
@@ -179,6 +210,8 @@ def router_command(spec: FleetSpec, worker_urls: list[str], port: int, policy: s
             # it finishes what is in flight within the workers' grace, then the workers drain in turn
             "--shutdown-grace-period-secs", str(max(1, math.ceil(spec.grace_s))),
             "--log-level", "warn" if spec.log_level in ("warning", "error", "critical") else spec.log_level,
+            *(["--tls-cert-path", spec.ssl_certfile, "--tls-key-path", spec.ssl_keyfile]
+              if spec.ssl_certfile and spec.ssl_keyfile else []),
             *spec.router_args]
 
 
@@ -247,8 +280,10 @@ def healthy_workers(base: str) -> int:
 
 
 def _get(address: str) -> object | None:
+    # our own router, polled on its own address: its certificate may be one a client trusts by its name only
+    context = ssl._create_unverified_context() if address.startswith("https:") else None  # noqa: S323
     try:
-        with urllib.request.urlopen(address, timeout=5) as response:
+        with urllib.request.urlopen(address, timeout=5, context=context) as response:
             raw = response.read()
     except (urllib.error.URLError, OSError):
         return None

@@ -13,6 +13,7 @@ import uvicorn
 
 from ..runtime.engine import Engine
 from .app import create_app
+from .auth import AuthConfig
 from .config import DEFAULT_HOST, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, SHUTDOWN_MARGIN_S
 from .limits import ServerLimits
 from .server_log import configure_logging
@@ -63,20 +64,26 @@ class DrainingServer(uvicorn.Server):
 def make_server(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                 served_model_name: str | None = None, grace_s: float = GRACEFUL_SHUTDOWN_S,
                 log_level: str = "info", limits: ServerLimits | None = None,
-                incremental_streaming_output: bool = False, log_requests: bool = False) -> DrainingServer:
+                incremental_streaming_output: bool = False, log_requests: bool = False,
+                auth: AuthConfig | None = None, ssl_keyfile: str | None = None,
+                ssl_certfile: str | None = None) -> DrainingServer:
+    """`auth`: API keys (server/auth.py); `ssl_keyfile` / `ssl_certfile`: serve HTTPS (PEM files)."""
     if grace_s < 0:
         raise ValueError(f"graceful shutdown time must be >= 0 seconds, got {grace_s}")
-    app = create_app(engine, served_model_name, limits, incremental_streaming_output, log_requests)
-    app.state.server.url = base_url(host, port)
+    if (ssl_keyfile is None) != (ssl_certfile is None):
+        raise ValueError("TLS needs both --ssl-keyfile and --ssl-certfile")
+    app = create_app(engine, served_model_name, limits, incremental_streaming_output, log_requests, auth)
+    app.state.server.url = base_url(host, port, https=ssl_certfile is not None)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
                             # uvicorn annotates int, but waits with asyncio.timeout, which takes seconds as a float
                             timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]
     return DrainingServer(config, app.state.server, grace_s)
 
 
-def base_url(host: str, port: int) -> str:
+def base_url(host: str, port: int, https: bool = False) -> str:
     name = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
-    return f"http://{name}:{port}"
+    return f"{'https' if https else 'http'}://{name}:{port}"
 
 
 def serve(engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, **kwargs) -> None:
@@ -96,7 +103,8 @@ def background_server(engine: Engine, host: str = DEFAULT_HOST, port: int = 0,
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server.state.url = base_url(host, sock.getsockname()[1])  # before it starts: the banner names it
+    # before it starts: the banner names it
+    server.state.url = base_url(host, sock.getsockname()[1], https=server.config.ssl_certfile is not None)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="radixlang-http", daemon=True)
     thread.start()
     while not server.started:

@@ -15,6 +15,7 @@ from ..runtime.meta_info import meta_info
 from ..runtime.reasoning_formats import reasoning_format
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import ALIASES, SamplingParams
+from .auth import tenant_of
 from .errors import APIError, user_errors
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
@@ -47,11 +48,13 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     check_unicode_tree(body.rid, "rid")  # it comes back as the response's id
     images = await _images(state, body.image_data)
     split = _reasoning_split(engine, body)
+    tenant = tenant_of(request)
     build = functools.partial(  # validated once, on the CPU pool (a constraint compiles there)
         engine.validator.build, input_ids=prompts, sampling_params=body.sampling_params,
         return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
-        top_logprobs_num=body.top_logprobs_num, rid=body.rid, image_data=images, retain=body.cache_key,
-        priority=body.priority or 0, names=FIELDS)
+        top_logprobs_num=body.top_logprobs_num, rid=body.rid, image_data=images,
+        retain=body.cache_key and tenant.scoped(body.cache_key), priority=body.priority or 0, names=FIELDS,
+        namespace=tenant.namespace)
     with user_errors(FIELDS):
         batch = await state.offload(build)
     state.limits.check_sequences(len(prompts), batch.n)
@@ -63,7 +66,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         chunks = engine.async_chunks(batch)
         interval = batch.requests[0].params.stream_interval or 1
         return sse_response(_events(state, body, prompts, n, max_new_tokens, interval, groups, chunks, started,
-                                    split))
+                                    tenant.id, split))
     results = await run(state, request, engine.async_run(batch), groups)
 
     def render() -> list[dict[str, Any]]:
@@ -206,7 +209,7 @@ def _since_last(whole: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
 
 def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int, max_new_tokens: int,
             interval: int, groups: dict[str, list[str]], chunks: AsyncGenerator[tuple[int, StreamChunk], None],
-            started: float, split: str | None = None) -> AsyncIterator[str]:
+            started: float, owner: str, split: str | None = None) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
     `stream_interval` k, an event comes once k more tokens are out (and at the end). A server started with
     SGLang's incremental_streaming_output sends only what is new instead (`_since_last`)."""
@@ -226,4 +229,4 @@ def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]],
             return [_since_last(whole, shown.setdefault(i, {})) | {"index": i}]
         return [whole | {"index": i}]
 
-    return events(state, groups, chunks, render, with_logprobs=body.return_logprob)
+    return events(state, groups, chunks, render, with_logprobs=body.return_logprob, owner=owner)

@@ -14,6 +14,7 @@ from ..runtime.execution.sampler import TokenLogprob
 from ..runtime.reasoning_formats import ReasoningFormat, reasoning_format
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
+from .auth import tenant_of
 from .config import COMPLETIONS_DEFAULT_MAX_TOKENS
 from .errors import APIError, user_errors
 from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
@@ -152,13 +153,14 @@ class _View:
 async def _respond(request: Request, view: _View, params: dict[str, Any], fields: dict[str, str]) -> Response:
     """Validates the request once (on the CPU pool: a constraint compiles there), then runs or streams it."""
     state, job = view.state, view.job
+    tenant = tenant_of(request)
     for name, value in params.items():  # e.g. a stop string comes back in matched_stop
         check_unicode_tree(value, fields.get(name, name))
     build = functools.partial(
         state.engine.validator.build, input_ids=job.prompts, sampling_params=params, return_logprob=job.return_logprob,
         logprob_start_len=job.logprob_start_len, top_logprobs_num=job.top_logprobs_num, rid=job.rids,
-        image_data=job.image_data, retain=job.cache_key, priority=job.priority,
-        names=fields)
+        image_data=job.image_data, retain=job.cache_key and tenant.scoped(job.cache_key), priority=job.priority,
+        names=fields, namespace=tenant.namespace)
     with user_errors(fields):
         batch = await state.offload(build)
     state.limits.check_sequences(len(job.prompts), batch.n)
@@ -168,7 +170,7 @@ async def _respond(request: Request, view: _View, params: dict[str, Any], fields
         state.live.check(groups)  # a clash is still a 4xx status, before the stream starts
         chunks = state.engine.async_chunks(batch)
         return sse_response(events(state, groups, chunks, view.render, view.start(), view.finish,
-                                   job.return_logprob))
+                                   job.return_logprob, tenant.id))
     results = await run(state, request, state.engine.async_run(batch), groups)
     return JSONResponse(await state.offload(view.whole, results))  # logprobs: many detokenisations
 

@@ -16,6 +16,7 @@ from ..lang.executor import ProgramEvent
 from ..lang.interpreter import ProgramRun, run_ir
 from ..lang.ir import Arg, Fork, Image, TraceError
 from ..lang.ir_json import ProgramIR
+from .auth import Tenant, tenant_of
 from .errors import APIError, error_body, user_errors
 from .image_input import decode_images
 from .openapi import streaming_responses
@@ -47,7 +48,7 @@ class _Tracked:
 async def run_program(body: ProgramRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
-    run = await state.offload(_start, state, body)  # decoding and checking a big IR is CPU work
+    run = await state.offload(_start, state, body, tenant_of(request))  # decoding and checking a big IR is CPU work
     if body.stream:
         return sse_response(_event_stream(state, run))
     last = await until_disconnect(request, _last_event(state, run))  # a client that leaves cancels it
@@ -61,14 +62,15 @@ def program_states(program: ProgramIR) -> int:
     return 1 + sum(len(op.node.children) for op in program.ops if isinstance(op.node, Fork))
 
 
-def _start(state: ServerState, body: ProgramRequest) -> _Tracked:
+def _start(state: ServerState, body: ProgramRequest, tenant: Tenant) -> _Tracked:
     for param in ("program", "args", "sampling_params"):
         check_unicode_tree(getattr(body, param), param)
     with user_errors({"program": "program", "args": "args"}):
         program = ProgramIR.from_dict(body.program)
         state.limits.check_program_states(program_states(program))
         args = body.args | _image_args(program, body.args)
-        return _Tracked(run_ir(program, args, EngineBackend(state.engine), body.sampling_params))
+        backend = EngineBackend(state.engine, tenant.namespace)  # the program reuses its tenant's cache only
+        return _Tracked(run_ir(program, args, backend, body.sampling_params))
 
 
 def _image_args(program: ProgramIR, args: dict[str, Any]) -> dict[str, Any]:

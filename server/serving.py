@@ -11,6 +11,7 @@ from fastapi import Request
 
 from ..runtime.engine import Completion, Engine
 from ..runtime.request import StreamChunk
+from .auth import tenant_of
 from .errors import APIError, error_body
 from .state import ServerState
 from .streaming import SSE_DONE, sse, until_disconnect
@@ -36,7 +37,7 @@ async def run(state: ServerState, request: Request, completions: Coroutine[objec
     claimed. Raises ClientGone if the client disconnects first (its requests are aborted), APIError
     for a failed request."""
     try:
-        with state.live.claim(groups):
+        with state.live.claim(groups, tenant_of(request).id):
             results = await until_disconnect(request, completions)
     finally:
         completions.close()  # an id clash: it never started, so nothing was submitted (else a no-op)
@@ -49,13 +50,13 @@ async def run(state: ServerState, request: Request, completions: Coroutine[objec
 async def events(state: ServerState, groups: Groups, chunks: AsyncGenerator[tuple[int, StreamChunk], None],
                  render: Callable[[int, StreamChunk], Iterable[dict]],
                  start: Iterable[dict] = (), finish: Callable[[], Iterable[dict]] = lambda: (),
-                 with_logprobs: bool = False) -> AsyncIterator[str]:
+                 with_logprobs: bool = False, owner: str = "") -> AsyncIterator[str]:
     """SSE text for a stream: `start` events, `render`'s events per chunk, `finish` events once all
     samples are done, then [DONE]. An engine error ends the stream with an error event instead.
     `with_logprobs`: rendering names tokens (the whole prompt's, with prompt logprobs), so it runs on
-    the CPU pool, off the event loop."""
+    the CPU pool, off the event loop. `owner`: the tenant whose ids these are (only it may abort them)."""
     try:
-        with state.live.claim(groups):
+        with state.live.claim(groups, owner):
             async with contextlib.aclosing(chunks):
                 for obj in start:
                     yield sse(obj)

@@ -37,6 +37,7 @@ class LiveRequests:
     engine: Engine
     groups: dict[str, list[str]] = field(default_factory=dict)
     rids: set[str] = field(default_factory=set)
+    owners: dict[str, str] = field(default_factory=dict)  # a group's or sample's id -> its tenant's id
 
     def check(self, groups: dict[str, list[str]]) -> None:
         """Raises a 400 unless every id is new: unique in the request (a sample may share only its
@@ -50,20 +51,27 @@ class LiveRequests:
                 raise APIError(400, f"request id {key!r} is already in use", "rid")
 
     @contextlib.contextmanager
-    def claim(self, groups: dict[str, list[str]]) -> Iterator[None]:
+    def claim(self, groups: dict[str, list[str]], owner: str = "") -> Iterator[None]:
+        """Marks the ids in flight for `owner` (a tenant's id; "" on a server without keys)."""
         self.check(groups)
         self.groups.update(groups)
-        for rids in groups.values():
+        for key, rids in groups.items():
             self.rids.update(rids)
+            self.owners.update(dict.fromkeys([key, *rids], owner))
         try:
             yield
         finally:
             for key, rids in groups.items():
                 self.groups.pop(key, None)
                 self.rids.difference_update(rids)
+                for rid in [key, *rids]:
+                    self.owners.pop(rid, None)
 
-    def abort(self, key: str) -> int:
-        """Aborts a group (or one sample by its engine id); how many engine requests that was."""
+    def abort(self, key: str, owner: str | None = None) -> int:
+        """Aborts a group (or one sample by its engine id) if `owner` made it (None: whoever did); how many
+        engine requests that was. Another tenant's id counts as unknown: it aborts nothing."""
+        if owner is not None and self.owners.get(key) != owner:
+            return 0
         rids = self.groups.get(key) or ([key] if key in self.rids else [])
         for rid in rids:
             self.engine.abort(rid)

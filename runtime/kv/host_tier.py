@@ -16,6 +16,7 @@ from collections import deque
 
 import torch
 
+from ..namespace import DEFAULT_NAMESPACE, Namespace
 from .memory import SlotAllocator
 from .radix_cache import PrefixMatch, RadixCache
 
@@ -27,15 +28,15 @@ class EvictedPrefixes:
         self.capacity = capacity
         self.tree = RadixCache(lambda slots: None)
 
-    def record(self, path: list[int]) -> None:
-        self.tree.insert(path, torch.zeros(len(path), dtype=torch.int64))
+    def record(self, path: list[int], namespace: Namespace = DEFAULT_NAMESPACE) -> None:
+        self.tree.insert(path, torch.zeros(len(path), dtype=torch.int64), namespace)
         over = self.tree.total_size - self.capacity
         if over > 0:
             self.tree.evict(over)
 
-    def seen(self, key: list[int]) -> int:
-        """How many leading tokens of `key` were cached once and evicted since."""
-        return self.tree.match_prefix(key).length
+    def seen(self, key: list[int], namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        """How many leading tokens of `key` (in `namespace`) were cached once and evicted since."""
+        return self.tree.match_prefix(key, namespace).length
 
     def clear(self) -> None:
         self.tree = RadixCache(lambda slots: None)
@@ -92,17 +93,18 @@ class HostTier:
         self.parked_tokens = 0  # copied device -> host
         self.restored_tokens = 0  # copied host -> device: prefill not redone
 
-    def match(self, key: list[int]) -> PrefixMatch:
-        return self.cache.match_prefix(key)
+    def match(self, key: list[int], namespace: Namespace = DEFAULT_NAMESPACE) -> PrefixMatch:
+        return self.cache.match_prefix(key, namespace)
 
     def _pairs(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
         """(host buffers, device buffers) to copy between: K and V, or MLA's one latent buffer."""
         return ((self.k, k_buffers),) if self.v is self.k else ((self.k, k_buffers), (self.v, v_buffers))
 
-    def park(self, path: list[int], device_slots: torch.Tensor, k_buffers: list[torch.Tensor],
+    def park(self, path: list[int], namespace: Namespace, device_slots: torch.Tensor, k_buffers: list[torch.Tensor],
              v_buffers: list[torch.Tensor]) -> None:
-        """Copies the KV of `path` (at `device_slots`) that the host tier lacks; LRU host entries make room."""
-        have = self.cache.match_prefix(path)
+        """Copies the KV of `path` (at `device_slots`) that the host tier lacks in `namespace`; LRU host
+        entries make room."""
+        have = self.cache.match_prefix(path, namespace)
         need = len(path) - have.length
         if need <= 0 or need > self.num_slots:
             return
@@ -121,7 +123,7 @@ class HostTier:
             else:
                 for dst, buf in zip(host, device):
                     dst[slots] = buf[src]
-        present = self.cache.insert(path, torch.cat((have.slots, slots)))
+        present = self.cache.insert(path, torch.cat((have.slots, slots)), namespace)
         assert present == have.length, "the host prefix just matched must still be there"
         self.parked_tokens += need
 

@@ -8,6 +8,10 @@ Only this module assigns a request's KV fields (`row`, `kv_len`, `slot_len`, `ca
 A request's slots go back to the tree (computed, cacheable tokens) or to the allocator (the rest)
 exactly once, in `release`. Pins (runtime/kv/pins.py) hold tree paths for owners that will come back; a
 pinned slot is a tree slot, and the invariant counts it there.
+
+Every lookup and insert is keyed by the sequence's namespace (runtime/namespace.py) as well as its tokens:
+a request reuses only KV cached in its own namespace, and the host tier and the evicted-path history keep
+namespaces apart the same way.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from ..namespace import DEFAULT_NAMESPACE, Namespace
 from ..request import KVSeq
 from .host_tier import EvictedPrefixes, HostTier
 from .memory import KVPool, ReqToToken, SlotAllocator
@@ -63,12 +68,12 @@ class KVManager:
         """Slots admission can have without waiting for a live request: free, evictable, under idle pins."""
         return self.allocator.num_free + self.cache.evictable_size + self.pins.releasable
 
-    def cached_prefix_len(self, tokens: list[int]) -> int:
-        return self.cache.match_prefix(tokens).length
+    def cached_prefix_len(self, tokens: list[int], namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        return self.cache.match_prefix(tokens, namespace).length
 
-    def previously_cached(self, tokens: list[int], cached: int) -> int:
+    def previously_cached(self, tokens: list[int], cached: int, namespace: Namespace = DEFAULT_NAMESPACE) -> int:
         """Of `tokens`, beyond the `cached` ones reused, how many were cached before and evicted."""
-        return max(0, self.evicted.seen(tokens) - cached)
+        return max(0, self.evicted.seen(tokens, namespace) - cached)
 
     def can_fit(self, n: int, reserve: int, waive_reserve: bool) -> bool:
         """Whether n slots can be had now (evicting if needed) with `reserve` more still reachable.
@@ -118,7 +123,7 @@ class KVManager:
         """`req` waits in the queue: the cached prefix it will hit is evicted last, until it is admitted
         or leaves (`release`). Matched once, on arrival or preemption."""
         if self.cache_enabled and req.swapped is None:
-            req.wanted = self.cache.match_prefix(req.tokens(0, req.fill_len)).node
+            req.wanted = self.cache.match_prefix(req.tokens(0, req.fill_len), req.namespace).node
             self.cache.want(req.wanted, 1)
 
     def _unwant(self, req: KVSeq) -> None:
@@ -132,8 +137,8 @@ class KVManager:
         Returns how many tokens to extend now (at most `budget`), or None (nothing held) when
         `fits(that many)` says no."""
         key = req.tokens(0, match_limit)
-        self._restore(key, fits, budget)
-        match = self.cache.match_prefix(key)
+        self._restore(key, req.namespace, fits, budget)
+        match = self.cache.match_prefix(key, req.namespace)
         self.cache.inc_lock_ref(match.node)  # before any eviction, so the match survives it
         n = min(req.fill_len - match.length, budget)
         if not fits(n):
@@ -146,13 +151,13 @@ class KVManager:
         req.last_node = match.node
         return n
 
-    def _restore(self, key: list[int], fits: Callable[[int], bool], chunk: int) -> None:
+    def _restore(self, key: list[int], namespace: Namespace, fits: Callable[[int], bool], chunk: int) -> None:
         """Copies back from the host tier the KV of `key` it holds beyond the device tree's match, when
         `fits` makes room for it: by the same rules as the recompute it saves, which needs those slots too.
         When the whole of it does not fit, its first `chunk` tokens (what a recompute would take now) do."""
         if self.host is None or not self.cache_enabled:
             return
-        match, hosted = self.cache.match_prefix(key), self.host.match(key)
+        match, hosted = self.cache.match_prefix(key, namespace), self.host.match(key, namespace)
         extra = hosted.length - match.length
         if extra < self.min_restore:
             return
@@ -168,15 +173,15 @@ class KVManager:
         slots = self.allocator.alloc(size)
         assert slots is not None, "`fits` said the free slots suffice"
         self.host.restore(hosted.slots[match.length:end], slots, self.pool.k_buffers, self.pool.v_buffers)
-        present = self.cache.insert(key[:end], torch.cat((match.slots, slots)))
+        present = self.cache.insert(key[:end], torch.cat((match.slots, slots)), namespace)
         assert present == match.length, "the locked device prefix must still be there"
 
     def _on_evict(self, leaf: TreeNode) -> None:
         """A leaf leaves the device tree: its path is remembered, and its KV parks in the host tier."""
-        path = self.cache.path_key(leaf)
-        self.evicted.record(path)
+        path, namespace = self.cache.path_key(leaf), self.cache.namespace_of(leaf)
+        self.evicted.record(path, namespace)
         if self.host is not None:
-            self.host.park(path, self.cache.path_slots(leaf), self.pool.k_buffers, self.pool.v_buffers)
+            self.host.park(path, namespace, self.cache.path_slots(leaf), self.pool.k_buffers, self.pool.v_buffers)
 
     def swap_in(self, req: KVSeq, fits: Callable[[int], bool]) -> bool:
         """Brings a swapped-out request's KV back into fresh slots, if `fits(those + its pending)`."""
@@ -218,9 +223,9 @@ class KVManager:
             return
         key = req.tokens(0, req.kv_len)
         slots = self.req_to_token.read(self._row(req), 0, req.kv_len)
-        present = self.cache.insert(key, slots)
+        present = self.cache.insert(key, slots, req.namespace)
         self.allocator.free(slots[req.cached_len:present])
-        match = self.cache.match_prefix(key)
+        match = self.cache.match_prefix(key, req.namespace)
         assert match.length == req.kv_len, "prefix just inserted must match in full"
         self.req_to_token.write(self._row(req), 0, match.slots)
         self._relock(req, match.node, req.kv_len)
@@ -233,7 +238,7 @@ class KVManager:
         assert req.slot_len == req.kv_len, "no step may be in flight"
         self.allocator.free(self.req_to_token.read(self._row(req), max(length, req.cached_len), req.kv_len))
         if req.cached_len > length:
-            match = self.cache.match_prefix(req.tokens(0, length))
+            match = self.cache.match_prefix(req.tokens(0, length), req.namespace)
             assert match.length == length, "a locked prefix must still be in the tree"
             self._relock(req, match.node, length)
         req.kv_len = req.slot_len = length
@@ -261,7 +266,7 @@ class KVManager:
             return
         slots = self.req_to_token.read(req.row, 0, req.slot_len)
         if cache_computed and self.cache_enabled and req.kv_len > req.cached_len:
-            present = self.cache.insert(req.tokens(0, req.kv_len), slots[: req.kv_len])
+            present = self.cache.insert(req.tokens(0, req.kv_len), slots[: req.kv_len], req.namespace)
             self.allocator.free(slots[req.cached_len:present])
             self.allocator.free(slots[req.kv_len:])
         else:
@@ -280,12 +285,13 @@ class KVManager:
         req.swapped, req.kv_len = saved, kv_len
 
     # ---- pins -----------------------------------------------------------------------------------
-    def pin(self, owner: str, tokens: list[int], ttl: float | None, group: str | None = None) -> int:
-        """Pins the cached prefix of `tokens` for `owner` (see runtime/kv/pins.py); how many tokens that is
-        (0: none cached, or over the pinned budget)."""
+    def pin(self, owner: str, tokens: list[int], ttl: float | None, group: str | None = None,
+            namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        """Pins the cached prefix of `tokens` in `namespace` for `owner` (see runtime/kv/pins.py); how many
+        tokens that is (0: none cached, or over the pinned budget)."""
         if not self.cache_enabled:
             return 0
-        match = self.cache.match_prefix(tokens)
+        match = self.cache.match_prefix(tokens, namespace)
         return match.length if self.pins.pin(owner, match.node, match.length, ttl, group) else 0
 
     def flush(self) -> bool:
@@ -326,20 +332,20 @@ class KVManager:
             assert torch.equal(path, self.req_to_token.read(req.row, 0, req.cached_len)), \
                 f"request {req.rid} does not use its locked prefix"
             node = req.last_node
-            while node is not self.cache.root:
+            while node.parent is not None:
                 expected_locks[id(node)] += 1
                 node = node.up
         expected_wants: Counter[int] = Counter()
         for req in waiting:
             assert req.row is None and req.last_node is None, f"waiting request {req.rid} holds KV"
             wanted = req.wanted
-            while wanted is not None and wanted is not self.cache.root:
+            while wanted is not None and wanted.parent is not None:
                 expected_wants[id(wanted)] += 1
                 wanted = wanted.parent
         expected_pins: Counter[int] = Counter()
         for pin in self.pins.pins.values():
             node = pin.node
-            while node is not self.cache.root:
+            while node.parent is not None:
                 expected_locks[id(node)] += 1
                 expected_pins[id(node)] += 1
                 node = node.up

@@ -50,7 +50,7 @@ class PinTable:
         (None: until released). Returns False when the pin alone exceeds the budget (nothing pinned)."""
         now = self.clock()
         old = self.pins.pop(owner, None)
-        if tokens <= 0 or tokens > self.budget or node is self.cache.root:
+        if tokens <= 0 or tokens > self.budget or node.parent is None:  # a root: nothing to pin
             if old is not None:
                 self._drop(old)
             return False

@@ -7,6 +7,11 @@ pin_ref <= lock_ref; evictable_size + protected_size = total tokens in the tree;
 the tokens locked by pins alone (lock_ref == pin_ref > 0: releasing those pins makes them evictable),
 pinned_size those under any pin. A node's want_ref counts the queued requests whose cached prefix runs
 through it: not a lock (admission may still evict it), an order: `evict` spares wanted leaves unless told.
+
+Namespaces (runtime/namespace.py): the tree has one root per namespace, made on the first insert into it and
+dropped once its last path is evicted; a match, an insert and a pin are keyed by (namespace, tokens), so a
+prefix is reused only within its namespace. A root is the one kind of node without a parent: walks up stop
+at the first node whose parent is None. `root` is the default namespace's, which always exists.
 """
 from __future__ import annotations
 
@@ -17,13 +22,17 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..namespace import DEFAULT_NAMESPACE, Namespace
+
 _clock = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "want_ref", "last_access")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "want_ref", "last_access",
+                 "namespace")
 
-    def __init__(self, key: list[int], value: torch.Tensor, parent: "TreeNode | None"):
+    def __init__(self, key: list[int], value: torch.Tensor, parent: "TreeNode | None",
+                 namespace: Namespace | None = None):
         self.children: dict[int, TreeNode] = {}
         self.parent = parent
         self.key = key
@@ -32,6 +41,7 @@ class TreeNode:
         self.pin_ref = 0
         self.want_ref = 0
         self.last_access = next(_clock)
+        self.namespace = namespace  # a root's namespace; None below the roots
 
     def __lt__(self, other: "TreeNode") -> bool:
         return self.last_access < other.last_access
@@ -72,12 +82,34 @@ class RadixCache:
         self.reset()
 
     def reset(self) -> None:
-        self.root = TreeNode([], self._empty(), None)
-        self.root.lock_ref = 1  # never evicted
+        self.root = self._new_root(DEFAULT_NAMESPACE)
+        self.roots: dict[Namespace, TreeNode] = {DEFAULT_NAMESPACE: self.root}
         self.evictable_size = 0
         self.protected_size = 0
         self.idle_pinned_size = 0
         self.pinned_size = 0
+
+    def _new_root(self, namespace: Namespace) -> TreeNode:
+        root = TreeNode([], self._empty(), None, namespace)
+        root.lock_ref = 1  # never evicted
+        return root
+
+    def root_of(self, namespace: Namespace = DEFAULT_NAMESPACE) -> TreeNode:
+        """The namespace's root; one not in the tree yet gets a root that is not linked in (a match there is
+        empty, a lock on it is a no-op), so a lookup never grows the tree."""
+        return self.roots.get(namespace) or self._new_root(namespace)
+
+    def namespace_of(self, node: TreeNode) -> Namespace:
+        """The namespace whose tree holds `node` (the root of its path's)."""
+        while node.parent is not None:
+            node = node.parent
+        assert node.namespace is not None, "a root carries its namespace"
+        return node.namespace
+
+    @property
+    def namespaces(self) -> list[Namespace]:
+        """The namespaces the tree holds a path of (and the default one, always)."""
+        return list(self.roots)
 
     def _empty(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=self.device)
@@ -87,15 +119,18 @@ class RadixCache:
         return self.evictable_size + self.protected_size
 
     # ---- lookup / insert --------------------------------------------------------------------
-    def match_prefix(self, key: Sequence[int]) -> PrefixMatch:
-        """Longest cached prefix of `key`; splits an edge so the match ends exactly at a node."""
-        if self.disable or not key:
+    def match_prefix(self, key: Sequence[int], namespace: Namespace = DEFAULT_NAMESPACE) -> PrefixMatch:
+        """Longest cached prefix of `key` in `namespace`; splits an edge so the match ends exactly at a node."""
+        if self.disable:
             return PrefixMatch(self._empty(), self.root)
-        node, _, values = self._descend(key)
+        root = self.root_of(namespace)
+        if not key or not root.children:
+            return PrefixMatch(self._empty(), root)
+        node, _, values = self._descend(key, root)
         return PrefixMatch(torch.cat(values) if values else self._empty(), node)
 
-    def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
-        """Cache `key` -> `slots`; returns how many leading tokens were cached already.
+    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        """Cache `key` -> `slots` in `namespace`; returns how many leading tokens were cached already.
 
         The caller owns `slots[:returned]` still (duplicates of what the tree holds) and must free
         those it does not share with the tree; the rest now belong to the tree.
@@ -103,17 +138,20 @@ class RadixCache:
         if self.disable or not key:
             return 0
         assert len(key) == slots.numel(), "key and slots differ in length"
-        node, pos, _ = self._descend(key)
+        root = self.roots.get(namespace)
+        if root is None:
+            root = self.roots[namespace] = self._new_root(namespace)
+        node, pos, _ = self._descend(key, root)
         if pos < len(key):
             leaf = TreeNode(list(key[pos:]), slots[pos:].clone(), node)
             node.children[key[pos]] = leaf
             self.evictable_size += len(leaf.key)  # a fresh leaf has no lock of its own
         return pos
 
-    def _descend(self, key: Sequence[int]) -> tuple[TreeNode, int, list[torch.Tensor]]:
-        """Walk down along `key`, splitting the last edge at the divergence and refreshing LRU times.
-        Returns the deepest node reached, how many tokens matched, and the slots on the way."""
-        node, pos, values = self.root, 0, []
+    def _descend(self, key: Sequence[int], root: TreeNode) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Walk down from `root` along `key`, splitting the last edge at the divergence and refreshing LRU
+        times. Returns the deepest node reached, how many tokens matched, and the slots on the way."""
+        node, pos, values = root, 0, []
         node.last_access = next(_clock)
         while pos < len(key) and key[pos] in node.children:
             child = node.children[key[pos]]
@@ -139,7 +177,7 @@ class RadixCache:
     def touch(self, node: TreeNode) -> None:
         """Marks the path root..node used now (the young end of the LRU), deepest node youngest."""
         path = []
-        while node is not self.root:
+        while node.parent is not None:
             path.append(node)
             node = node.up
         for node in reversed(path):
@@ -154,7 +192,7 @@ class RadixCache:
         self._add_lock(node, -1, -int(pin))
 
     def _add_lock(self, node: TreeNode | None, locks: int, pins: int) -> None:
-        while node is not self.root and node is not None:
+        while node is not None and node.parent is not None:
             n = len(node.key)
             self._account(node, -n)
             node.lock_ref += locks
@@ -177,7 +215,7 @@ class RadixCache:
     def want(self, node: TreeNode | None, n: int) -> None:
         """A queued request will hit the path root..node (n=1), or no longer waits for it (n=-1). The path
         may have been evicted since: its nodes keep their parent links, so the walk still ends at the root."""
-        while node is not self.root and node is not None:
+        while node is not None and node.parent is not None:
             node.want_ref += n
             assert node.want_ref >= 0, "want_ref underflow"
             node = node.parent
@@ -200,14 +238,18 @@ class RadixCache:
             self.evictable_size -= len(leaf.key)
             parent = leaf.up
             del parent.children[leaf.key[0]]
-            if (parent is not self.root and not parent.children and parent.lock_ref == 0
-                    and (wanted or not parent.want_ref)):
+            if parent.parent is None:  # a root: a namespace's last path is gone, and its root with it
+                if not parent.children and parent is not self.root:
+                    assert parent.namespace is not None
+                    self.roots.pop(parent.namespace, None)
+            elif not parent.children and parent.lock_ref == 0 and (wanted or not parent.want_ref):
                 heapq.heappush(heap, parent)
         return freed
 
     # ---- introspection ----------------------------------------------------------------------
     def nodes(self) -> list[TreeNode]:
-        out, stack = [], list(self.root.children.values())
+        """Every node below the roots, of every namespace."""
+        out, stack = [], [c for root in self.roots.values() for c in root.children.values()]
         while stack:
             node = stack.pop()
             out.append(node)
@@ -217,7 +259,7 @@ class RadixCache:
     def path_slots(self, node: TreeNode) -> torch.Tensor:
         """Slots from the root down to `node`, in token order."""
         values = []
-        while node is not self.root:
+        while node.parent is not None:
             values.append(node.value)
             node = node.up
         return torch.cat(values[::-1]) if values else self._empty()
@@ -225,7 +267,7 @@ class RadixCache:
     def path_key(self, node: TreeNode) -> list[int]:
         """Tokens from the root down to `node`."""
         keys = []
-        while node is not self.root:
+        while node.parent is not None:
             keys.append(node.key)
             node = node.up
         return [t for key in reversed(keys) for t in key]
@@ -236,14 +278,20 @@ class RadixCache:
 
     def check(self) -> None:
         counted = RadixCache(self.free_slots)
+        assert self.roots.get(DEFAULT_NAMESPACE) is self.root, "the default namespace's root moved"
+        for namespace, root in self.roots.items():
+            assert root.parent is None and root.namespace == namespace and root.lock_ref == 1, "bad root"
+            assert root is self.root or root.children, f"namespace {namespace} kept an empty root"
         for node in self.nodes():
             assert node.key and len(node.key) == node.value.numel(), "node key/value mismatch"
             parent = node.up
             assert parent.children.get(node.key[0]) is node, "broken parent link"
-            assert parent is self.root or parent.lock_ref >= node.lock_ref, "lock order"
-            assert parent is self.root or parent.pin_ref >= node.pin_ref, "pin order"
+            assert node.namespace is None, "a root below a root"
+            top = parent.parent is None
+            assert top or parent.lock_ref >= node.lock_ref, "lock order"
+            assert top or parent.pin_ref >= node.pin_ref, "pin order"
             assert 0 <= node.pin_ref <= node.lock_ref, "pin_ref exceeds lock_ref"
-            assert parent is self.root or parent.want_ref >= node.want_ref, "want order"
+            assert top or parent.want_ref >= node.want_ref, "want order"
             counted._account(node, len(node.key))
         sizes = ("evictable_size", "protected_size", "idle_pinned_size", "pinned_size")
         counts = [getattr(counted, k) for k in sizes]
@@ -252,8 +300,8 @@ class RadixCache:
 
     def contains(self, node: TreeNode) -> bool:
         """Whether `node` is still linked into the tree (not evicted)."""
-        while node is not self.root:
-            if node.parent is None or node.parent.children.get(node.key[0]) is not node:
+        while node.parent is not None:
+            if node.parent.children.get(node.key[0]) is not node:
                 return False
             node = node.parent
-        return True
+        return node.namespace is not None and self.roots.get(node.namespace) is node

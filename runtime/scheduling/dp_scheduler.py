@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DP_DISPATCH_MIN_PREFIX, DP_DISPATCH_SLACK
+from ..namespace import DEFAULT_NAMESPACE, Namespace
 from ..request import Req
 from .scheduler import Scheduler, with_ratios
 
@@ -55,17 +56,17 @@ class DPScheduler:
 
     def add(self, req: Req) -> None:
         holder = next((s for s in self.ranks if req.rid in s.reqs), None)  # its add refuses the id in use
-        (holder or self.ranks[self.rank_for(req.prompt_ids)]).add(req)
+        (holder or self.ranks[self.rank_for(req.prompt_ids, req.namespace)]).add(req)
 
-    def rank_for(self, prompt: list[int]) -> int:
-        return choose_rank([RankView(self._held_prefix(s, prompt), len(s.waiting) + len(s.running))
+    def rank_for(self, prompt: list[int], namespace: Namespace = DEFAULT_NAMESPACE) -> int:
+        return choose_rank([RankView(self._held_prefix(s, prompt, namespace), len(s.waiting) + len(s.running))
                             for s in self.ranks])
 
     @staticmethod
-    def _held_prefix(s: Scheduler, prompt: list[int]) -> int:
-        held = s.kv.cached_prefix_len(prompt) if s.kv.cache_enabled else 0
+    def _held_prefix(s: Scheduler, prompt: list[int], namespace: Namespace) -> int:
+        held = s.kv.cached_prefix_len(prompt, namespace) if s.kv.cache_enabled else 0
         for other in (*s.running, *s.waiting):
-            if other.prompt_ids[:1] == prompt[:1] and held < len(prompt):
+            if other.namespace == namespace and other.prompt_ids[:1] == prompt[:1] and held < len(prompt):
                 held = max(held, common_prefix_len(other.prompt_ids, prompt))
         return held
 

@@ -62,7 +62,7 @@ def _policy_order(waiting: list[Req], policy: str, cache: RadixCache, step: int)
     first = resumed + blocked
     if policy == "fcfs" or cache.disable or len(fresh) > LPM_MAX_QUEUE:
         return first + fresh
-    matches = {id(r): cache.match_prefix(r.prompt_ids) for r in fresh}
+    matches = {id(r): cache.match_prefix(r.prompt_ids, r.namespace) for r in fresh}
     if policy == "least-prefill":
         late = [r for r in fresh if overdue(r, step)]
         rest = [r for r in fresh if not overdue(r, step)]
@@ -72,22 +72,27 @@ def _policy_order(waiting: list[Req], policy: str, cache: RadixCache, step: int)
         fresh.sort(key=lambda r: -matches[id(r)].length)  # stable: ties keep arrival order
         return first + fresh
     if policy == "dfs-weight":
-        return first + _dfs_weight_order(fresh, {id(r): matches[id(r)].node for r in fresh}, cache.root)
+        return first + _dfs_weight_order(fresh, {id(r): matches[id(r)].node for r in fresh})
     raise ValueError(f"unknown schedule policy {policy!r}; choose from {SCHEDULE_POLICIES}")
 
 
-def _dfs_weight_order(reqs: list[Req], node_of: dict[int, TreeNode], root: TreeNode) -> list[Req]:
-    """Walk the tree heaviest subtree first, so requests sharing a prefix run back to back."""
+def _dfs_weight_order(reqs: list[Req], node_of: dict[int, TreeNode]) -> list[Req]:
+    """Walk the tree heaviest subtree first, so requests sharing a prefix run back to back (each namespace's
+    root is a tree of its own; the heaviest goes first)."""
     at_node: dict[int, list[Req]] = defaultdict(list)
     weight: dict[int, int] = defaultdict(int)
+    roots: dict[int, TreeNode] = {}
     for r in reqs:
-        node: TreeNode | None = node_of[id(r)]
+        node = node_of[id(r)]
         at_node[id(node)].append(r)
-        while node is not None:
+        while True:
             weight[id(node)] += 1
+            if node.parent is None:
+                roots[id(node)] = node
+                break
             node = node.parent
     out: list[Req] = []
-    stack = [root]
+    stack = sorted(roots.values(), key=lambda n: weight[id(n)])  # heaviest popped first
     while stack:
         node = stack.pop()
         out.extend(at_node.get(id(node), ()))

@@ -157,7 +157,7 @@ class Scheduler:
             items.append(item)
             budget -= item.length
             reserve += self._future_tokens(req)
-            admitted.insert(req.prompt_ids, torch.zeros(len(req.prompt_ids), dtype=torch.int64))
+            admitted.insert(req.prompt_ids, torch.zeros(len(req.prompt_ids), dtype=torch.int64), req.namespace)
         return items
 
     def _order_waiting(self) -> list[Req]:
@@ -168,10 +168,10 @@ class Scheduler:
         next step that prefix is in the tree, so it is computed once instead of twice."""
         if not self.kv.cache_enabled or req.state is not ReqState.WAITING:
             return False
-        shared = admitted.match_prefix(req.prompt_ids).length
+        shared = admitted.match_prefix(req.prompt_ids, req.namespace).length
         if shared < self.cfg.in_batch_share_min:
             return False
-        return shared - self.kv.cached_prefix_len(req.prompt_ids) >= self.cfg.in_batch_share_min
+        return shared - self.kv.cached_prefix_len(req.prompt_ids, req.namespace) >= self.cfg.in_batch_share_min
 
     def _try_admit(self, req: Req, budget: int, reserve: int) -> ScheduledItem | None:
         reserve += self._future_tokens(req)
@@ -193,7 +193,8 @@ class Scheduler:
             req.cached_tokens = req.kv_len
             self.counters.prompt_tokens += len(req.prompt_ids)
             self.counters.cached_tokens += req.kv_len
-            self.counters.recomputed_cached_tokens += self.kv.previously_cached(req.tokens(0, match_limit), req.kv_len)
+            self.counters.recomputed_cached_tokens += self.kv.previously_cached(req.tokens(0, match_limit), req.kv_len,
+                                                                                req.namespace)
         self._move_to_running(req)
         return self._extend(req, n)
 
@@ -228,7 +229,7 @@ class Scheduler:
         """The slots admitting `req` takes this step: its uncached tokens (or swapped KV), within the budget."""
         if req.swapped is not None:
             return req.kv_len + req.pending
-        cached = self.kv.cached_prefix_len(req.tokens(0, self._match_limit(req)))
+        cached = self.kv.cached_prefix_len(req.tokens(0, self._match_limit(req)), req.namespace)
         return min(req.fill_len - cached, self.cfg.max_prefill_tokens)
 
     @staticmethod
@@ -299,7 +300,7 @@ class Scheduler:
         computed = req.tokens(0, req.kv_len)
         self.kv.release(req)
         if req.retain is not None:
-            self._retain(req.retain, computed, reason)
+            self._retain(req, req.retain, computed, reason)
         if self.drafter is not None:
             self.drafter.forget(req, finished=reason != "abort")
         req.state = ReqState.ABORTED if reason == "abort" else ReqState.FINISHED
@@ -311,12 +312,12 @@ class Scheduler:
         tail = "" if isinstance(matched, str) else req.detok.flush()  # a stop string released its text
         emit_final(req, reason, matched, error, tail)
 
-    def _retain(self, retain: Retention, computed: list[int], reason: str) -> None:
+    def _retain(self, req: Req, retain: Retention, computed: list[int], reason: str) -> None:
         """A finished sequence stays pinned for its owner; an aborted one releases the owner's pin."""
         if reason == "abort":
             self.kv.pins.unpin(retain.owner)
         elif computed:
-            self.kv.pin(retain.owner, computed, self._ttl(retain), retain.group)
+            self.kv.pin(retain.owner, computed, self._ttl(retain), retain.group, req.namespace)
 
     def _ttl(self, retain: Retention) -> float:
         return self.cfg.prompt_cache_retention if retain.ttl is None else retain.ttl

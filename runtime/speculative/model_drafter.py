@@ -92,7 +92,7 @@ class ModelDrafter:
         for i, (req, room) in enumerate(batch):
             seq = self._reqs.get(req.rid)
             if seq is None:
-                seq = self._reqs[req.rid] = DraftSeq(req.rid)
+                seq = self._reqs[req.rid] = DraftSeq(req.rid, namespace=req.namespace)
             admitted = seq.row is None
             room_left = self.max_catch_up - catch_up if rounds else None  # the first round always runs
             if not self.pacing.ready() or not self._catch_up(seq, req, room_left):

@@ -1,4 +1,5 @@
-"""RadixCache against a brute-force model: a dict from every cached prefix to its last token's slot."""
+"""RadixCache against a brute-force model: a dict from every cached (namespace, prefix) to its last token's
+slot; a prefix is reused only within its namespace."""
 from __future__ import annotations
 
 import torch
@@ -7,13 +8,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixlang.runtime.kv.radix_cache import RadixCache
+from radixlang.runtime.namespace import DEFAULT_NAMESPACE, Namespace
 
 keys = st.lists(st.integers(0, 3), min_size=1, max_size=10)
+TENANT_A = DEFAULT_NAMESPACE.child("tenant", "a")
+namespaces = st.sampled_from([DEFAULT_NAMESPACE, TENANT_A, TENANT_A.child("adapter", "x")])
 
 
-def longest_cached(model: dict[tuple, int], key: list[int]) -> int:
+def longest_cached(model: dict[tuple, int], key: list[int], ns: Namespace = DEFAULT_NAMESPACE) -> int:
     n = 0
-    while n < len(key) and tuple(key[: n + 1]) in model:
+    while n < len(key) and (ns, *key[: n + 1]) in model:
         n += 1
     return n
 
@@ -32,26 +36,27 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.next_slot += n
         return slots
 
-    @rule(key=keys)
-    def insert(self, key: list[int]) -> None:
-        expected = longest_cached(self.model, key)
+    @rule(key=keys, ns=namespaces)
+    def insert(self, key: list[int], ns: Namespace) -> None:
+        expected = longest_cached(self.model, key, ns)
         slots = self.fresh_slots(len(key))
-        assert self.cache.insert(key, slots) == expected
+        assert self.cache.insert(key, slots, ns) == expected
         for j in range(expected + 1, len(key) + 1):
-            self.model[tuple(key[:j])] = int(slots[j - 1])
+            self.model[(ns, *key[:j])] = int(slots[j - 1])
 
-    @rule(key=keys)
-    def match(self, key: list[int]) -> None:
-        n = longest_cached(self.model, key)
-        m = self.cache.match_prefix(key)
+    @rule(key=keys, ns=namespaces)
+    def match(self, key: list[int], ns: Namespace) -> None:
+        n = longest_cached(self.model, key, ns)
+        m = self.cache.match_prefix(key, ns)
         assert m.length == n
-        assert m.slots.tolist() == [self.model[tuple(key[:j])] for j in range(1, n + 1)]
+        assert m.slots.tolist() == [self.model[(ns, *key[:j])] for j in range(1, n + 1)]
+        assert self.cache.namespace_of(m.node) == ns
 
-    @rule(key=keys)
-    def lock(self, key: list[int]) -> None:
-        m = self.cache.match_prefix(key)
+    @rule(key=keys, ns=namespaces)
+    def lock(self, key: list[int], ns: Namespace) -> None:
+        m = self.cache.match_prefix(key, ns)
         self.cache.inc_lock_ref(m.node)
-        self.locks.append((m.node, tuple(key[: m.length])))
+        self.locks.append((m.node, (ns, *key[: m.length])))
 
     @precondition(lambda self: self.locks)
     @rule(i=st.integers(0, 100))
@@ -73,10 +78,10 @@ class RadixCacheMachine(RuleBasedStateMachine):
             assert prefix not in protected, "evicted a locked prefix"
             del self.model[prefix]
         for prefix in self.model:  # what remains is still prefix-closed
-            assert len(prefix) == 1 or prefix[:-1] in self.model
+            assert len(prefix) == 2 or prefix[:-1] in self.model
 
     def protected_prefixes(self) -> set[tuple]:
-        return {key[:j] for _, key in self.locks for j in range(1, len(key) + 1)}
+        return {key[:j] for _, key in self.locks for j in range(2, len(key) + 1)}
 
     @invariant()
     def sizes_match_model(self) -> None:
@@ -86,6 +91,8 @@ class RadixCacheMachine(RuleBasedStateMachine):
         assert self.cache.total_size == len(self.model)
         assert self.cache.protected_size == len(self.protected_prefixes())
         assert sorted(self.cache.all_slots().tolist()) == sorted(self.model.values())
+        # a namespace has a root exactly while it holds a path (the default one always)
+        assert set(self.cache.namespaces) == {DEFAULT_NAMESPACE} | {prefix[0] for prefix in self.model}
 
 
 TestRadixCacheAgainstBruteForce = RadixCacheMachine.TestCase
@@ -121,3 +128,21 @@ def test_disabled_cache_matches_and_stores_nothing():
     assert cache.insert([1, 2], torch.tensor([0, 1])) == 0
     assert cache.match_prefix([1, 2]).length == 0
     assert cache.total_size == 0
+
+
+def test_namespaces_share_no_prefix_and_evict_by_one_lru():
+    """Two tenants with the same tokens hold two paths; a flush (evict all) empties both."""
+    freed: list[int] = []
+    cache = RadixCache(lambda s: freed.extend(s.tolist()))
+    b = DEFAULT_NAMESPACE.child("tenant", "b")
+    assert cache.insert([1, 2, 3], torch.tensor([0, 1, 2]), TENANT_A) == 0
+    assert cache.match_prefix([1, 2, 3]).length == 0  # the default namespace sees nothing of A's
+    assert cache.match_prefix([1, 2, 3], b).length == 0
+    assert cache.insert([1, 2, 3], torch.tensor([3, 4, 5]), b) == 0  # B computes its own copy
+    assert cache.match_prefix([1, 2, 3], TENANT_A).slots.tolist() == [0, 1, 2]
+    assert cache.match_prefix([1, 2, 3], b).slots.tolist() == [3, 4, 5]
+    assert set(cache.namespaces) == {DEFAULT_NAMESPACE, TENANT_A, b}
+    cache.check()
+    assert cache.evict(100) == 6 and sorted(freed) == [0, 1, 2, 3, 4, 5]
+    assert cache.namespaces == [DEFAULT_NAMESPACE]
+    cache.check()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -12,8 +13,13 @@ import httpx
 import pytest
 
 from radixlang.runtime.engine import Engine
+from radixlang.server.auth import AuthConfig
 from radixlang.server.launch import DrainingServer, background_server
 from radixlang.server.limits import ServerLimits
+
+# RADIXLANG_TEST_API_KEY=k: every test server requires the (admin) key k, and LiveServer.client sends it; the
+# hardening and fuzz tests run so to show keys change nothing else (tests that build their own clients do not)
+TEST_KEY = os.environ.get("RADIXLANG_TEST_API_KEY")
 
 
 @dataclass
@@ -23,6 +29,8 @@ class LiveServer:
     server: DrainingServer
 
     def client(self, **kwargs: Any) -> httpx.Client:
+        if TEST_KEY:
+            kwargs["headers"] = {"Authorization": f"Bearer {TEST_KEY}"} | kwargs.get("headers", {})
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60), **kwargs)
 
     def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
@@ -46,15 +54,18 @@ class LiveServer:
 
 @contextlib.contextmanager
 def serving(model_dir, grace_s: float = 5.0, limits: ServerLimits | None = None,
-            incremental_streaming_output: bool = False, **options: Any) -> Iterator[LiveServer]:
+            incremental_streaming_output: bool = False, auth: AuthConfig | None = None,
+            **options: Any) -> Iterator[LiveServer]:
     options.setdefault("kv_cache_tokens", 4096)
     options.setdefault("device", "cpu")
     # eager unless a test asks: under "auto" a compile marker left by another test (a `serve --compile-layers
     # true` subprocess) made this server compile in the background, and the profile tests saw compiled graphs
     options.setdefault("compile_layers", False)
+    if TEST_KEY and auth is None:  # the suite's own requests carry it (LiveServer.client): a non-default namespace
+        auth = AuthConfig({}, (TEST_KEY,))
     engine = Engine(model=str(model_dir), **options)
     try:
-        with background_server(engine, grace_s=grace_s, limits=limits,
+        with background_server(engine, grace_s=grace_s, limits=limits, auth=auth,
                                incremental_streaming_output=incremental_streaming_output) as server:
             yield LiveServer(server.url, engine, server)
         engine.check_invariants()

@@ -18,6 +18,9 @@ from radixlang.server.launch import background_server
 from radixlang.server.limits import ServerLimits
 
 from ..conftest import OUTLASTS_GRACE_KV_TOKENS, OUTLASTS_GRACE_TOKENS
+from .conftest import TEST_KEY
+
+AUTH_LINE = f"Authorization: Bearer {TEST_KEY}\r\n".encode() if TEST_KEY else b""  # raw requests carry the suite's key
 
 CHAT = {"model": "default", "max_tokens": 2}
 
@@ -140,7 +143,7 @@ def test_a_50_mb_body_is_refused_before_it_is_read_while_health_answers(server):
     declared = 50 * 2**20
     sock = _raw_socket(server.url)
     with sock, server.client() as http:  # as curl sends a big body: headers first, the body on 100 Continue
-        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + AUTH_LINE
                      + f"Expect: 100-continue\r\nContent-Length: {declared}\r\n\r\n".encode())
         health = http.get("/health")
         status, body = _read_response(sock)  # no byte of the body was sent
@@ -160,7 +163,8 @@ def test_a_chunked_body_is_refused_once_it_crosses_the_limit(server_factory):
 
     async def post() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as http:
-            return await http.post("/generate", content=chunks(), headers={"content-type": "application/json"})
+            return await http.post("/generate", content=chunks(), headers={"content-type": "application/json"}
+                                   | ({"authorization": f"Bearer {TEST_KEY}"} if TEST_KEY else {}))
 
     error = _error(asyncio.run(post()), 413)
     assert "3145728 bytes (max_body_bytes)" in error["message"]
@@ -176,6 +180,7 @@ def test_health_answers_while_huge_prompts_are_tokenised_and_then_refused(server
     answer: list[tuple[int, dict]] = []
     with sock, server.client() as http:
         sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     + AUTH_LINE
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         reader = threading.Thread(target=lambda: answer.append(_read_response(sock)))
         reader.start()

@@ -1,0 +1,163 @@
+"""Two tenants on one `radixlang serve` with API keys (docs/security.md): what one learns of the other, and
+how much one slows the other. Both parts run over HTTP against an in-process server on SmolLM2-135M.
+
+Leak: tenant A sends a 600-token prompt, then again; tenant B then sends A's exact prompt; and B sends a
+fresh 600-token prompt (the cold reference). B must report 0 cached tokens and a time to first token like
+the cold prompt's, while A's repeat is fully cached (all but the last token) and fast. Timings are the
+median of --rounds rounds, each with new prompts.
+
+Fairness: a light tenant sends one short request at a time (--light-requests), alone, then while a
+flooding tenant keeps --flood-concurrency long requests in flight; then again with the flooder capped by
+--max-requests-per-tenant (--cap). Prints the light tenant's p50 / p99 TTFT in each case and the ratio to
+running alone (the issue's goal: within 2x).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from radixlang.runtime.engine import Engine
+from radixlang.server.auth import AuthConfig
+from radixlang.server.launch import background_server
+
+A, B, LIGHT, FLOOD = "tenant-a-key", "tenant-b-key", "light-key", "flood-key"
+KEYS = {A: "a", B: "b", LIGHT: "light", FLOOD: "flood"}
+
+
+def random_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 40000) for _ in range(n)]
+
+
+async def ttft(http: httpx.AsyncClient, key: str, body: dict[str, Any]) -> tuple[float, int]:
+    """(seconds to the first streamed token, cached prompt tokens) of one /generate request."""
+    started = time.perf_counter()
+    first, cached = None, 0
+    async with http.stream("POST", "/generate", json=body | {"stream": True},
+                           headers={"Authorization": f"Bearer {key}"}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            if first is None:
+                first = time.perf_counter() - started
+            cached = json.loads(line[6:])["meta_info"]["cached_tokens"]
+    assert first is not None, "the stream sent no token"
+    return first, cached
+
+
+async def leak(url: str, rounds: int, prompt_tokens: int, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    rows: dict[str, list[float]] = {k: [] for k in ("a_cold", "a_repeat", "b_on_a", "b_cold")}
+    cached: dict[str, list[int]] = {k: [] for k in rows}
+    params = {"max_new_tokens": 1, "temperature": 0}
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+        await ttft(http, A, {"input_ids": random_ids(rng, 16), "sampling_params": params})  # warm-up
+        for _ in range(rounds):
+            ids, fresh = random_ids(rng, prompt_tokens), random_ids(rng, prompt_tokens)
+            for name, key, prompt in (("a_cold", A, ids), ("a_repeat", A, ids), ("b_on_a", B, ids),
+                                      ("b_cold", B, fresh)):
+                t, c = await ttft(http, key, {"input_ids": prompt, "sampling_params": params})
+                rows[name].append(t)
+                cached[name].append(c)
+    out = {name: statistics.median(ts) for name, ts in rows.items()}
+    print(f"\nleak: a {prompt_tokens}-token prompt, median of {rounds} rounds (TTFT ms; cached tokens each round)")
+    for name, label in (("a_cold", "A, first time"), ("a_repeat", "A, repeat"), ("b_on_a", "B, A's prompt"),
+                        ("b_cold", "B, a fresh prompt")):
+        print(f"  {label:<20} {out[name] * 1000:8.1f} ms   cached {cached[name]}")
+    print(f"  B on A's prompt / B cold: {out['b_on_a'] / out['b_cold']:.2f}x   "
+          f"A repeat / A cold: {out['a_repeat'] / out['a_cold']:.2f}x")
+    assert all(c == 0 for c in cached["b_on_a"]), "B saw A's cached prefix"
+    assert all(c == prompt_tokens - 1 for c in cached["a_repeat"]), "A's repeat was not fully cached"
+    return out
+
+
+async def light_ttfts(http: httpx.AsyncClient, n: int, rng: random.Random) -> list[float]:
+    out = []
+    for _ in range(n):
+        t, _ = await ttft(http, LIGHT, {"input_ids": random_ids(rng, 64),
+                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        out.append(t)
+    return out
+
+
+async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random) -> int:
+    """One of the flooder's request loops: long prompts, long answers, until `stop`; how many were refused."""
+    refused = 0
+    while not stop.is_set():
+        body = {"input_ids": random_ids(rng, 256), "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+        r = await http.post("/generate", json=body, headers={"Authorization": f"Bearer {FLOOD}"})
+        if r.status_code == 429:
+            refused += 1
+            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+        else:
+            r.raise_for_status()
+    return refused
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+async def fairness(url: str, requests: int, concurrency: int, seed: int) -> tuple[list[float], list[float], int]:
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        alone = await light_ttfts(http, requests, rng)
+        stop = asyncio.Event()
+        flooders = [asyncio.create_task(flood(http, stop, random.Random(seed + i))) for i in range(concurrency)]
+        await asyncio.sleep(1.0)  # the flood is under way
+        loaded = await light_ttfts(http, requests, rng)
+        stop.set()
+        refused = sum(await asyncio.gather(*flooders))
+    return alone, loaded, refused
+
+
+def report(label: str, alone: list[float], loaded: list[float], refused: int) -> None:
+    p99a, p99l = percentile(alone, 0.99), percentile(loaded, 0.99)
+    print(f"  {label:<26} p50 {statistics.median(loaded) * 1000:7.1f} ms  p99 {p99l * 1000:7.1f} ms  "
+          f"(alone: p50 {statistics.median(alone) * 1000:.1f}, p99 {p99a * 1000:.1f})  p99 ratio {p99l / p99a:.2f}x"
+          f"  flood requests refused (429): {refused}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--prompt-tokens", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--light-requests", type=int, default=20)
+    parser.add_argument("--flood-concurrency", type=int, default=8)
+    parser.add_argument("--cap", type=int, default=2, help="the flooder's --max-requests-per-tenant in the last run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--skip-fairness", action="store_true")
+    args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures show as they come
+    options = {"device": args.device} if args.device else {}
+    with Engine(model=args.model, **options) as engine:
+        with background_server(engine, auth=AuthConfig(dict(KEYS))) as server:
+            asyncio.run(leak(server.url, args.rounds, args.prompt_tokens, args.seed))
+            if args.skip_fairness:
+                return
+            print(f"\nfairness: the light tenant's TTFT over {args.light_requests} short requests, one at a time, "
+                  f"while a flooder keeps {args.flood_concurrency} long ones in flight")
+            report("flood, no cap", *asyncio.run(fairness(server.url, args.light_requests, args.flood_concurrency,
+                                                          args.seed + 1)))
+        engine.check_invariants()
+        capped = AuthConfig(dict(KEYS), max_requests_per_tenant=args.cap)
+        with background_server(engine, auth=capped) as server:
+            report(f"flood capped at {args.cap} in flight", *asyncio.run(
+                fairness(server.url, args.light_requests, args.flood_concurrency, args.seed + 2)))
+        engine.check_invariants()
+
+
+if __name__ == "__main__":
+    main()
