@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeGuard
 
 from .config import MAX_STOP_REGEX_LEN
-from .reasoning_formats import PROMPT_TAIL_TOKENS, prompt_phase, reasoning_format
 from .namespace import DEFAULT_NAMESPACE, Namespace
+from .reasoning_formats import PROMPT_TAIL_TOKENS, prompt_phase, reasoning_format
 from .sampling_params import ALIASES, CONSTRAINT_FIELDS, RULES, UNSUPPORTED, Rule, SamplingParams
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 

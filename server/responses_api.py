@@ -20,11 +20,12 @@ from fastapi.responses import Response
 
 from .agent_protocol import ResponsesRequest
 from .agent_views import Block, BlockEvent, Ending, ProtocolView, chat_request, named_events, thinking_switch
+from .auth import Tenant, tenant_of
 from .errors import APIError
 from .openai_api import chat_response
 from .openai_params import check_model
 from .openapi import error_responses, streaming_responses
-from .response_store import ResponseStore
+from .response_store import ResponseStore, StoredResponse
 from .state import server_state
 
 router = APIRouter()
@@ -34,8 +35,25 @@ _PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "r
            "tool_choice": "tool_choice", "tools": "tools"}
 
 
-def response_store(request: Request) -> ResponseStore:
-    return request.app.state.responses
+@dataclass
+class TenantResponses:
+    """The stored responses as one tenant sees them: ids are scoped to the tenant (as prompt_cache_keys are), so
+    another tenant's response id is not found, cannot be continued, read or deleted."""
+    store: ResponseStore
+    tenant: Tenant
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self.store.get(self.tenant.scoped(response_id))
+
+    def put(self, response_id: str, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        self.store.put(self.tenant.scoped(response_id), body, messages)
+
+    def delete(self, response_id: str) -> bool:
+        return self.store.delete(self.tenant.scoped(response_id))
+
+
+def response_store(request: Request) -> TenantResponses:
+    return TenantResponses(request.app.state.responses, tenant_of(request))
 
 
 def _new_id(prefix: str) -> str:
@@ -95,7 +113,8 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
     """Forgets a stored response and releases its pinned KV."""
     if not response_store(request).delete(response_id):
         raise APIError(404, f"no stored response {response_id!r}", "response_id", kind="not_found_error")
-    await asyncio.to_thread(server_state(request).engine.release_cache_key, response_id)
+    # the pin's session is the tenant's own name for the id (the chat route scoped the prompt_cache_key)
+    await asyncio.to_thread(server_state(request).engine.release_cache_key, tenant_of(request).scoped(response_id))
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
@@ -237,7 +256,7 @@ class ResponsesView(ProtocolView):
     request_body: ResponsesRequest = field(kw_only=True)
     response_id: str = field(kw_only=True)
     conversation: list[dict[str, Any]] = field(kw_only=True)  # what the reply continues (stored with it)
-    store: ResponseStore = field(kw_only=True)
+    store: TenantResponses = field(kw_only=True)
     item_ids: dict[int, str] = field(default_factory=dict, kw_only=True)  # block -> its output item's id
     sequence: int = field(default=0, kw_only=True)
 

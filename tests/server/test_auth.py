@@ -154,6 +154,26 @@ def test_a_prompt_cache_key_is_the_tenants_own(srv):
         assert r.json()["released"] and r.json()["tokens"] >= len(ids)  # A's survived B's releases
 
 
+def test_a_stored_response_is_the_tenants_own(srv):
+    """/v1/responses ids are tenant-scoped like prompt_cache_keys: B can neither read, continue nor delete A's
+    stored response (and so cannot see A's conversation or reuse A's pinned KV); A can. The openai SDK speaks."""
+    with openai.OpenAI(base_url=f"{srv.url}/v1", api_key=A, max_retries=0) as alice, \
+            openai.OpenAI(base_url=f"{srv.url}/v1", api_key=B, max_retries=0) as bob:
+        first = alice.responses.create(model="default", input="a private question", max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(first.id)
+        with pytest.raises(openai.BadRequestError, match="previous_response_id|not stored"):
+            bob.responses.create(model="default", input="go on", previous_response_id=first.id, max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(first.id)
+        follow = alice.responses.create(model="default", input="go on", previous_response_id=first.id,
+                                        max_output_tokens=2)
+        assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+        assert alice.responses.retrieve(first.id).id == first.id
+        alice.responses.delete(first.id)
+        alice.responses.delete(follow.id)
+
+
 def stream(url: str, key: str, rid: str, statuses: list[int]) -> threading.Thread:
     def read() -> None:
         with httpx.Client(base_url=url, timeout=60, headers=bearer(key)) as http, \
