@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,28 @@ class _Decodes:
 
 
 @dataclass(slots=True)
+class _Rows:
+    """Every query row of a step with its own visible keys: row r attends over slots[offset[r]:offset[r] + length[r]]
+    (radixlang_cpu::attention_rows, one fixed order per row: see `rows_op`)."""
+
+    slots: torch.Tensor  # int64 KV slots, each sequence's in position order
+    offset: torch.Tensor  # [n] int64
+    length: torch.Tensor  # [n] int64
+
+
+def rows_op() -> Callable[..., torch.Tensor] | None:
+    """The batch-invariant CPU attention (radixlang_cpu::attention_rows, built with the block kernel) where it is
+    loaded, else None (torch's SDPA then: a row's last bits depend on the call's shapes). Each query row attends over
+    exactly its visible keys in one order, so a row computes the same bits in a decode, a prefill, an extend over a
+    cached prefix, beside any other rows and in any chunk (issue 43); SDPA tiles queries and keys by the call's
+    shapes and pads a decode batch to its longest sequence."""
+    try:
+        return torch.ops.radixlang_cpu.attention_rows
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@dataclass(slots=True)
 class _Extend:
     """One multi-token sequence: query rows [start, end) over `slots` with a [n, total] visibility mask."""
 
@@ -46,6 +69,12 @@ class TorchAttention:
         self._out_cache_loc: torch.Tensor | None = None
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
+        self._rows: _Rows | None = None
+
+    def _invariant(self) -> bool:
+        """Whether steps run radixlang_cpu::attention_rows: fp32 caches on the CPU, with the op loaded."""
+        k = self.k_buffers[0]
+        return k.device.type == "cpu" and k.dtype == torch.float32 and k.dim() == 3 and rows_op() is not None
 
     @property
     def decode_only(self) -> bool:
@@ -61,6 +90,14 @@ class TorchAttention:
         self._decodes = self._plan_decodes(plan, decode, q_ptr, kv_ptr, batch.kv_lens) if decode else None
         self._extends = plan_extends(batch, plan, q_ptr, kv_ptr)
         self._out_cache_loc = plan.out_cache_loc
+        self._rows = None
+        if self._invariant() and all(p is None for p in batch.parents):  # token trees keep SDPA's masks
+            ext = torch.tensor(batch.extend_lens)
+            seq = torch.repeat_interleave(torch.arange(len(ext)), ext)
+            first = torch.tensor(q_ptr[:-1])[seq]  # each row's sequence's first new row
+            prefix = (torch.tensor(batch.kv_lens) - ext)[seq]
+            length = prefix + torch.arange(int(ext.sum())) - first + 1
+            self._rows = _Rows(plan.kv_indices, torch.tensor(kv_ptr[:-1])[seq], length)
         return plan
 
     def plan_decode(self, batch: DecodeBatch) -> None:
@@ -71,6 +108,9 @@ class TorchAttention:
         self._decodes = _Decodes(rows, slots, valid[:, None, None, :], every_row=True)
         self._extends = []
         self._out_cache_loc = batch.out_cache_loc
+        self._rows = None
+        if self._invariant():
+            self._rows = _Rows(slots.reshape(-1), rows * batch.max_kv_len, batch.kv_lens.long())
 
     @staticmethod
     def _plan_decodes(plan: AttentionPlan, seqs: list[int], q_ptr: list[int], kv_ptr: list[int],
@@ -91,6 +131,11 @@ class TorchAttention:
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
         k_cache.index_copy_(0, self._out_cache_loc, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self._out_cache_loc, v.to(v_cache.dtype))
+        if self._rows is not None and q.dtype == torch.float32:
+            op = rows_op()
+            assert op is not None
+            r = self._rows
+            return op(q, k_cache, v_cache, r.slots, r.offset, r.length, scale)
         d = self._decodes
         if d is not None and d.every_row:
             return self._decode(q, k_cache, v_cache, d, scale)
