@@ -16,8 +16,12 @@ PROMPT = "What is the capital of France? The capital of France is"
 NEIGHBOURS = [f"Neighbour {i}: " + "a long story about the sea and the ships, " * (8 + 3 * i) for i in range(6)]
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
-MODES = ["none", pytest.param("int4", marks=pytest.mark.skipif(not block_kernel.available(wait=True),
-                                                                 reason="no block kernel (AVX2 and g++)"))]
+# the exact mode's fp32 linears run torch's matmul (MKL), whose kernel and blocking change with the row count
+# (1 row: a matrix-vector product; 2-15 and 16+ rows: other tilings), so its last bits still depend on the batch
+EXACT_NOT_YET = pytest.mark.xfail(strict=True, reason="fp32 linears on torch's matmul: M-dependent (issue 43)")
+MODES = [pytest.param("none", marks=EXACT_NOT_YET),
+         pytest.param("int4", marks=pytest.mark.skipif(not block_kernel.available(wait=True),
+                                                        reason="no block kernel (AVX2 and g++)"))]
 
 
 def answer(engine, prompt: str = PROMPT) -> tuple[list[int], list[float]]:
