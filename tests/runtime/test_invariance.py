@@ -12,7 +12,8 @@ import pytest
 
 from radixlang.runtime.models import block_kernel
 
-PROMPT = "What is the capital of France? The capital of France is"
+# longer than the ~20-26 rows from which the block kernel's linears used to switch to their dense copy
+PROMPT = "Paris is a city on the Seine, with old bridges, wide avenues and many museums. " * 3 + "The capital of France is"
 NEIGHBOURS = [f"Neighbour {i}: " + "a long story about the sea and the ships, " * (8 + 3 * i) for i in range(6)]
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
