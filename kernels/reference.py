@@ -90,14 +90,7 @@ class TorchAttention:
         self._decodes = self._plan_decodes(plan, decode, q_ptr, kv_ptr, batch.kv_lens) if decode else None
         self._extends = plan_extends(batch, plan, q_ptr, kv_ptr)
         self._out_cache_loc = plan.out_cache_loc
-        self._rows = None
-        if self._invariant() and all(p is None for p in batch.parents):  # token trees keep SDPA's masks
-            ext = torch.tensor(batch.extend_lens)
-            seq = torch.repeat_interleave(torch.arange(len(ext)), ext)
-            first = torch.tensor(q_ptr[:-1])[seq]  # each row's sequence's first new row
-            prefix = (torch.tensor(batch.kv_lens) - ext)[seq]
-            length = prefix + torch.arange(int(ext.sum())) - first + 1
-            self._rows = _Rows(plan.kv_indices, torch.tensor(kv_ptr[:-1])[seq], length)
+        self._rows = plan_rows(batch, plan, q_ptr, kv_ptr) if self._invariant() else None
         return plan
 
     def plan_decode(self, batch: DecodeBatch) -> None:
@@ -175,6 +168,31 @@ class TorchAttention:
         o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=d.mask, scale=scale,
                                            enable_gqa=True)
         return o.squeeze(2)
+
+
+def plan_rows(batch: AttentionBatch, plan: AttentionPlan, q_ptr: list[int], kv_ptr: list[int]) -> _Rows:
+    """Each query row's visible keys for attention_rows. A chain's row r sees its sequence's slots up to itself (a
+    prefix of the sequence's run in kv_indices); a token tree's row sees the cached prefix, then its ancestors and
+    itself in position order (a list of its own, after the runs), so a chain written as parents equals the chain."""
+    ext = torch.tensor(batch.extend_lens)
+    seq = torch.repeat_interleave(torch.arange(len(ext)), ext)
+    first = torch.tensor(q_ptr[:-1])[seq]  # each row's sequence's first new row
+    prefix = (torch.tensor(batch.kv_lens) - ext)[seq]
+    length = prefix + torch.arange(int(ext.sum())) - first + 1
+    offset = torch.tensor(kv_ptr[:-1])[seq]
+    slots = [plan.kv_indices]
+    end = plan.kv_indices.numel()
+    for i, parents in enumerate(batch.parents):
+        if parents is None:
+            continue
+        run = plan.kv_indices[kv_ptr[i]:kv_ptr[i + 1]]
+        cached = batch.kv_lens[i] - batch.extend_lens[i]
+        for j, seen in enumerate(tree_visibility(parents)):
+            visible = torch.cat([run[:cached], run[cached:][seen]])
+            slots.append(visible)
+            offset[q_ptr[i] + j], length[q_ptr[i] + j] = end, visible.numel()
+            end += visible.numel()
+    return _Rows(torch.cat(slots) if len(slots) > 1 else plan.kv_indices, offset, length)
 
 
 def plan_extends(batch: AttentionBatch, plan: AttentionPlan, q_ptr: list[int], kv_ptr: list[int]) -> list[_Extend]:
