@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
+from .cpu import block_kernel
 from .mla import absorb_output, absorb_query, latent_decode, latent_extend, split_up_proj
 
 
@@ -70,11 +71,15 @@ class TorchAttention:
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
         self._rows: _Rows | None = None
+        # decided once: a kernel whose build lands later (block_kernel's background build) must not switch a
+        # running engine's numbers mid-request
+        k = k_buffers[0] if k_buffers else None
+        self._use_rows = (k is not None and k.device.type == "cpu" and k.dtype == torch.float32 and k.dim() == 3
+                          and block_kernel.available() and rows_op() is not None)
 
     def _invariant(self) -> bool:
         """Whether steps run radixlang_cpu::attention_rows: fp32 caches on the CPU, with the op loaded."""
-        k = self.k_buffers[0]
-        return k.device.type == "cpu" and k.dtype == torch.float32 and k.dim() == 3 and rows_op() is not None
+        return self._use_rows
 
     @property
     def decode_only(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlang.runtime.models import block_kernel
+from radixlang.kernels.cpu import block_kernel
 
 # longer than the ~20-26 rows from which the block kernel's linears used to switch to their dense copy
 PROMPT = "Paris is a city on the Seine, with old bridges, wide avenues and many museums. " * 3 + "The capital of France is"
