@@ -43,7 +43,7 @@ from radixlang.benchmark.radix_cache import DECODE_PROMPTS, few_shot_prompts  # 
 from radixlang.benchmark.results import save
 from radixlang.kernels.cpu import block_kernel
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.linear.cpu_paths import block_dense_min_rows, dense_min_rows
+from radixlang.runtime.models.linear.cpu_paths import dense_min_rows
 from radixlang.runtime.models.linear.cpu_paths import detect as detect_cpu_paths
 from radixlang.runtime.models.loading.loader import default_model_path
 
@@ -179,8 +179,8 @@ def main() -> None:
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if block_kernel.available(wait=True):  # built here if missing, before any timing (make install builds it)
-        paths = (f"cpu {detect_cpu_paths().capability}: block_mm kernel (int8 activations), then dense from "
-                 f"{block_dense_min_rows(4)} rows (Q8_0 layers: {block_dense_min_rows(8)}")
+        paths = (f"cpu {detect_cpu_paths().capability}: block_mm kernel (int8 activations) at every row count "
+                 "(batch-invariant")
     else:
         paths = (f"{detect_cpu_paths().describe()} from {dense_min_rows(1)} rows (Q8_0 layers: {dense_min_rows(2)}")
     print(f"{paths}; measured once on this machine, cached); torch {torch.__version__}, "

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
+from .cpu import block_kernel
 from .mla import absorb_output, absorb_query, latent_decode, latent_extend, split_up_proj
 
 
@@ -23,6 +25,28 @@ class _Decodes:
         """[b, kv_heads, max_len, d]: one flat index_select (advanced indexing costs several times more)."""
         b, length = self.slots.shape
         return cache.index_select(0, self.slots.view(-1)).view(b, length, *cache.shape[1:]).transpose(1, 2).to(dtype)
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Every query row of a step with its own visible keys: row r attends over slots[offset[r]:offset[r] + length[r]]
+    (radixlang_cpu::attention_rows, one fixed order per row: see `rows_op`)."""
+
+    slots: torch.Tensor  # int64 KV slots, each sequence's in position order
+    offset: torch.Tensor  # [n] int64
+    length: torch.Tensor  # [n] int64
+
+
+def rows_op() -> Callable[..., torch.Tensor] | None:
+    """The batch-invariant CPU attention (radixlang_cpu::attention_rows, built with the block kernel) where it is
+    loaded, else None (torch's SDPA then: a row's last bits depend on the call's shapes). Each query row attends over
+    exactly its visible keys in one order, so a row computes the same bits in a decode, a prefill, an extend over a
+    cached prefix, beside any other rows and in any chunk (issue 43); SDPA tiles queries and keys by the call's
+    shapes and pads a decode batch to its longest sequence."""
+    try:
+        return torch.ops.radixlang_cpu.attention_rows
+    except (AttributeError, RuntimeError):
+        return None
 
 
 @dataclass(slots=True)
@@ -46,6 +70,16 @@ class TorchAttention:
         self._out_cache_loc: torch.Tensor | None = None
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
+        self._rows: _Rows | None = None
+        # decided once: a kernel whose build lands later (block_kernel's background build) must not switch a
+        # running engine's numbers mid-request
+        k = k_buffers[0] if k_buffers else None
+        self._use_rows = (k is not None and k.device.type == "cpu" and k.dtype == torch.float32 and k.dim() == 3
+                          and block_kernel.available() and rows_op() is not None)
+
+    def _invariant(self) -> bool:
+        """Whether steps run radixlang_cpu::attention_rows: fp32 caches on the CPU, with the op loaded."""
+        return self._use_rows
 
     @property
     def decode_only(self) -> bool:
@@ -61,6 +95,7 @@ class TorchAttention:
         self._decodes = self._plan_decodes(plan, decode, q_ptr, kv_ptr, batch.kv_lens) if decode else None
         self._extends = plan_extends(batch, plan, q_ptr, kv_ptr)
         self._out_cache_loc = plan.out_cache_loc
+        self._rows = plan_rows(batch, plan, q_ptr, kv_ptr) if self._invariant() else None
         return plan
 
     def plan_decode(self, batch: DecodeBatch) -> None:
@@ -71,6 +106,9 @@ class TorchAttention:
         self._decodes = _Decodes(rows, slots, valid[:, None, None, :], every_row=True)
         self._extends = []
         self._out_cache_loc = batch.out_cache_loc
+        self._rows = None
+        if self._invariant():
+            self._rows = _Rows(slots.reshape(-1), rows * batch.max_kv_len, batch.kv_lens.long())
 
     @staticmethod
     def _plan_decodes(plan: AttentionPlan, seqs: list[int], q_ptr: list[int], kv_ptr: list[int],
@@ -91,6 +129,11 @@ class TorchAttention:
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
         k_cache.index_copy_(0, self._out_cache_loc, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self._out_cache_loc, v.to(v_cache.dtype))
+        if self._rows is not None and q.dtype == torch.float32:
+            op = rows_op()
+            assert op is not None
+            r = self._rows
+            return op(q, k_cache, v_cache, r.slots, r.offset, r.length, scale)
         d = self._decodes
         if d is not None and d.every_row:
             return self._decode(q, k_cache, v_cache, d, scale)
@@ -130,6 +173,31 @@ class TorchAttention:
         o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=d.mask, scale=scale,
                                            enable_gqa=True)
         return o.squeeze(2)
+
+
+def plan_rows(batch: AttentionBatch, plan: AttentionPlan, q_ptr: list[int], kv_ptr: list[int]) -> _Rows:
+    """Each query row's visible keys for attention_rows. A chain's row r sees its sequence's slots up to itself (a
+    prefix of the sequence's run in kv_indices); a token tree's row sees the cached prefix, then its ancestors and
+    itself in position order (a list of its own, after the runs), so a chain written as parents equals the chain."""
+    ext = torch.tensor(batch.extend_lens)
+    seq = torch.repeat_interleave(torch.arange(len(ext)), ext)
+    first = torch.tensor(q_ptr[:-1])[seq]  # each row's sequence's first new row
+    prefix = (torch.tensor(batch.kv_lens) - ext)[seq]
+    length = prefix + torch.arange(int(ext.sum())) - first + 1
+    offset = torch.tensor(kv_ptr[:-1])[seq]
+    slots = [plan.kv_indices]
+    end = plan.kv_indices.numel()
+    for i, parents in enumerate(batch.parents):
+        if parents is None:
+            continue
+        run = plan.kv_indices[kv_ptr[i]:kv_ptr[i + 1]]
+        cached = batch.kv_lens[i] - batch.extend_lens[i]
+        for j, seen in enumerate(tree_visibility(parents)):
+            visible = torch.cat([run[:cached], run[cached:][seen]])
+            slots.append(visible)
+            offset[q_ptr[i] + j], length[q_ptr[i] + j] = end, visible.numel()
+            end += visible.numel()
+    return _Rows(torch.cat(slots) if len(slots) > 1 else plan.kv_indices, offset, length)
 
 
 def plan_extends(batch: AttentionBatch, plan: AttentionPlan, q_ptr: list[int], kv_ptr: list[int]) -> list[_Extend]:

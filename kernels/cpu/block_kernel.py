@@ -138,6 +138,7 @@ def load(path: Path | None = None) -> None:
             return
         torch.ops.load_library(str(path or library_path()))
         torch.library.register_fake(f"{OP_NAMESPACE}::block_mm")(_fake_block_mm)
+        torch.library.register_fake(f"{OP_NAMESPACE}::attention_rows")(_fake_attention_rows)
         _state["loaded"] = True
 
 
@@ -145,6 +146,11 @@ def _fake_block_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, 
                    bits: int) -> torch.Tensor:
     features = qweight.shape[0] * scale.shape[-1] if qweight.dim() == 3 else qweight.shape[0]  # interleaved: groups x 16
     return x.new_empty((x.shape[0], features))
+
+
+def _fake_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                         row_offset: torch.Tensor, row_len: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def interleave() -> int:

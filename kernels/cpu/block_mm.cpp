@@ -379,6 +379,146 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Te
                             : block_mm_rows(xc, qweight, scale, minimum, bits);
 }
 
+
+// ---- radixlang_cpu::attention_rows: softmax attention of each query row over its own visible keys, in one fixed
+// order. A row's result depends on its query, its keys and their count only: not on how many rows share the call
+// (a decode batch, a prefill chunk), on padding, nor on how its keys were split between cached and new tokens, so
+// an extend over a cached prefix, a cold prefill and a decode compute the same bits (torch's SDPA tiles the
+// queries and keys by the call's shapes). Per (row, head), on 8-lane AVX2 vectors (the same code on AVX-512 CPUs):
+//   s_j = scale * q . k_j   (lanes over the head dim, i = 8 t + l, summed lane-wise then by a fixed tree)
+//   p_j = exp(s_j - max s)  (a fixed polynomial, below), sum = lanes over j, l = j mod 8, then the same tree
+//   o = (sum_j p_j v_j in j order) / sum
+// Each (row, head) is one task on one thread: the thread count changes nothing.
+
+inline float hsum8(__m256 v) { return hsum(v); }
+
+// exp(x) for x <= 0 (Cephes' polynomial on x - n ln 2, then 2^n through the exponent bits); below -87.3: 0
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 floor_x = _mm256_set1_ps(-87.3f);
+  const __m256 zero_mask = _mm256_cmp_ps(x, floor_x, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, floor_x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+void attend_row(const float* q, const float* k_cache, const float* v_cache, int64_t slot_stride, int64_t kv_head,
+                int64_t d, const int64_t* slots, int64_t len, float scale, float* scores, float* out) {
+  const int64_t vecs = d / 8;
+  const float* qh = q;
+  // scores, 4 keys at a time for independent FMA chains (each key's own order is the same)
+  int64_t j = 0;
+  for (; j + 4 <= len; j += 4) {
+    const float* k0 = k_cache + slots[j] * slot_stride + kv_head * d;
+    const float* k1 = k_cache + slots[j + 1] * slot_stride + kv_head * d;
+    const float* k2 = k_cache + slots[j + 2] * slot_stride + kv_head * d;
+    const float* k3 = k_cache + slots[j + 3] * slot_stride + kv_head * d;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t t = 0; t < vecs; ++t) {
+      const __m256 qv = _mm256_loadu_ps(qh + 8 * t);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 8 * t), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + 8 * t), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + 8 * t), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + 8 * t), a3);
+    }
+    scores[j] = hsum8(a0) * scale;
+    scores[j + 1] = hsum8(a1) * scale;
+    scores[j + 2] = hsum8(a2) * scale;
+    scores[j + 3] = hsum8(a3) * scale;
+  }
+  for (; j < len; ++j) {
+    const float* k0 = k_cache + slots[j] * slot_stride + kv_head * d;
+    __m256 a0 = _mm256_setzero_ps();
+    for (int64_t t = 0; t < vecs; ++t) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), _mm256_loadu_ps(k0 + 8 * t), a0);
+    scores[j] = hsum8(a0) * scale;
+  }
+  float top = scores[0];
+  for (int64_t i = 1; i < len; ++i) top = std::max(top, scores[i]);
+  // p_j in place; the sum over lanes j mod 8, the tail (j >= 8 * (len / 8)) padded with zeros into one more vector
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + i), topv));
+    _mm256_storeu_ps(scores + i, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  if (i < len) {
+    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t t = i; t < len; ++t) tail[t - i] = scores[t] - top;
+    __m256 p = exp_nonpositive(_mm256_load_ps(tail));
+    p = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(len - i)),
+                                                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+    _mm256_store_ps(tail, p);
+    for (int64_t t = i; t < len; ++t) scores[t] = tail[t - i];
+    sum = _mm256_add_ps(sum, p);
+  }
+  const float inv = 1.0f / hsum8(sum);
+  // o = sum_j p_j v_j, j in order, 8 head-dim lanes per vector (d <= 256: 32 vectors held on the stack)
+  __m256 acc[32];
+  for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t jj = 0; jj < len; ++jj) {
+    const float* v0 = v_cache + slots[jj] * slot_stride + kv_head * d;
+    const __m256 p = _mm256_set1_ps(scores[jj]);
+    for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v0 + 8 * t), acc[t]);
+  }
+  const __m256 invv = _mm256_set1_ps(inv);
+  for (int64_t t = 0; t < vecs; ++t) _mm256_storeu_ps(out + 8 * t, _mm256_mul_ps(acc[t], invv));
+}
+
+// q [n, H, d]; k_cache, v_cache [S, KH, d]; row r attends over slots[row_offset[r] : row_offset[r] + row_len[r]]
+at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& slots, const at::Tensor& row_offset, const at::Tensor& row_len,
+                          double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "attention_rows: q must be a float32 [n, heads, d] tensor");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
+              "attention_rows: the caches must be contiguous float32 [slots, kv_heads, d] tensors of one shape");
+  const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == d && d % 8 == 0 && d <= 256, "attention_rows: head dim must match, a multiple of 8, <= 256");
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention_rows: heads must be a multiple of kv_heads");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && row_offset.scalar_type() == at::kLong &&
+                  row_len.scalar_type() == at::kLong && row_offset.numel() == n && row_len.numel() == n &&
+                  row_offset.is_contiguous() && row_len.is_contiguous(),
+              "attention_rows: slots, row_offset and row_len must be contiguous int64, one offset and length a row");
+  const at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty({n, heads, d}, q.options());
+  if (n == 0) return out;
+  const int64_t* off = row_offset.data_ptr<int64_t>();
+  const int64_t* lens = row_len.data_ptr<int64_t>();
+  const int64_t total = slots.numel(), groups = heads / kv_heads, slot_stride = kv_heads * d;
+  int64_t longest = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(lens[r] > 0 && off[r] >= 0 && off[r] + lens[r] <= total, "attention_rows: row ", r,
+                " reaches past its slots");
+    longest = std::max(longest, lens[r]);
+  }
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, n * heads, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores(longest + 8);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t r = u / heads, h = u % heads;
+      attend_row(qp + u * d, kp, vp, slot_stride, h / groups, d, sp + off[r], lens[r], sc, scores.data(), op + u * d);
+    }
+  });
+  return out;
+}
+
 // 16 where this build runs the interleaved layout (AVX-512 VNNI), else 0: the loader packs weights to match
 int64_t block_mm_interleave() { return kInterleaved ? kLanes : 0; }
 
@@ -387,6 +527,11 @@ int64_t block_mm_interleave() { return kInterleaved ? kLanes : 0; }
 TORCH_LIBRARY(radixlang_cpu, m) {
   m.def("block_mm(Tensor x, Tensor qweight, Tensor scale, Tensor minimum, int bits) -> Tensor");
   m.def("block_mm_interleave() -> int", &block_mm_interleave);
+  m.def("attention_rows(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor row_offset, Tensor row_len, "
+        "float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) { m.impl("block_mm", &block_mm); }
+TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) {
+  m.impl("block_mm", &block_mm);
+  m.impl("attention_rows", &attention_rows);
+}

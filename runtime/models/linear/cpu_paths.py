@@ -158,8 +158,9 @@ def _measured_crossovers(key: str, forms: tuple[int, ...],
 
 
 def block_dense_min_rows(bits: int) -> int:
-    """Rows from which a BlockLinear of `bits` (4: Q4_0 / Q4_1 / int4, 8: Q8_0) runs its dense copy instead of
-    the block kernel: measured once on this machine and cached, as dense_min_rows."""
+    """Rows from which the block kernel's time passes a dense copy's for `bits` (4: Q4_0 / Q4_1 / int4, 8: Q8_0):
+    measured once on this machine and cached, as dense_min_rows. BlockLinear no longer switches (it runs the kernel
+    at every row count, for batch invariance: quant.BlockLinear); kept for benchmark/block_mm.py-style comparisons."""
     return _block_crossovers()[8 if bits == 8 else 4]
 
 

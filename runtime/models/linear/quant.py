@@ -48,9 +48,8 @@ def dense_min_rows(halves: int = 1) -> int:
     return DENSE_MIN_ROWS if DENSE_MIN_ROWS is not None else cpu_paths.dense_min_rows(halves)
 
 
-def block_dense_min_rows(bits: int) -> int:
-    """Rows from which a BlockLinear of `bits` (4 or 8) runs its dense copy."""
-    return DENSE_MIN_ROWS if DENSE_MIN_ROWS is not None else cpu_paths.block_dense_min_rows(bits)
+# a BlockLinear with the kernel loaded never runs its dense copy: one numeric path for every row count (below)
+BLOCK_NEVER_DENSE = 1 << 62
 
 
 class Int8Linear(nn.Module):
@@ -130,8 +129,15 @@ class BlockLinear(nn.Module):
     round-to-nearest groups) on the native AVX2 kernel (block_kernel.py: `torch.ops.radixlang_cpu.block_mm`),
     from the blocks as stored. The kernel quantizes the activations per 32 to int8 (block_mm.cpp states the
     rule), so outputs differ from the fp32 model (the oracle) by that rounding: at most half a step of 1/127 of
-    each block's largest input. From `dense_min_rows` rows on (cpu_paths.block_dense_min_rows: where the
-    kernel's time, which grows with the rows, passes a dense matmul's) it runs a dense copy, as Int4Linear."""
+    each block's largest input.
+
+    It runs the kernel at every row count, never a dense copy: a row's result is then bitwise the same whether
+    it is computed alone (a decode, an extend over a cached prefix), beside other requests' rows, or in a long
+    prefill chunk (the kernel's integer block sums are exact and each row's float accumulation runs over the
+    blocks in one order, whatever the rows around it). The radix cache, batching and chunking change nothing
+    but speed (issue 43: with the dense copy from ~20 rows on, a cached prompt's answer changed). A dense bf16
+    copy is faster from a few dozen rows (prefill) on CPUs with AMX; that speed is traded for the invariance.
+    The dense copy stays as the path of an entry loaded where the kernel is missing (dense_min_rows 1)."""
 
     qweight: torch.Tensor  # buffers (registered in __init__, so they move and save with the module)
     scale: torch.Tensor
@@ -144,7 +150,7 @@ class BlockLinear(nn.Module):
         super().__init__()
         qweight, scale, minimum = block_kernel.block_operands(weights)
         self.in_features, self.bits = weights.codes.shape[1], weights.bits
-        self.dense_min_rows = block_dense_min_rows(self.bits)
+        self.dense_min_rows = BLOCK_NEVER_DENSE
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("minimum", minimum)
@@ -299,7 +305,7 @@ def _new(cls: type[nn.Module], record: dict, state: dict[str, torch.Tensor]) -> 
     for name, value in record["attrs"].items():
         setattr(module, name, value)
     if cls is BlockLinear:  # no kernel (a build gone, RADIXLANG_BLOCK_KERNEL=0): the dense copy throughout
-        module.dense_min_rows = block_dense_min_rows(record["attrs"]["bits"]) if block_kernel.available() else 1
+        module.dense_min_rows = BLOCK_NEVER_DENSE if block_kernel.available() else 1
     else:
         module.dense_min_rows = dense_min_rows(record["attrs"].get("repeats", 1))
     for name, tensor in state.items():

@@ -56,7 +56,9 @@ def test_the_fp32_dense_path_is_the_fp32_matmul_of_the_stored_weights(monkeypatc
 
 
 def test_auto_on_an_fp32_path_cpu_scores_prompts_as_none(tiny_q4_gguf, monkeypatch):  # noqa: F811
+    # without the block kernel (torch's int4pack fallback; with it, BlockLinear runs the kernel at every row count),
     # prompt chunks run the dense fp32 copies (the file's own weights, dequantized): none's computation
+    monkeypatch.setenv("RADIXLANG_BLOCK_KERNEL", "0")
     monkeypatch.setattr(quant, "DENSE_DTYPE", torch.float32)
     monkeypatch.setattr(quant, "DENSE_MIN_ROWS", 2)
     prompts = [p for p in PROMPTS if len(p) >= 8]

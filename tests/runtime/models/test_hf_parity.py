@@ -1,6 +1,8 @@
 """Each supported family, saved by transformers, runs in the engine with transformers' own logits and greedy tokens."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers  # noqa: E402
@@ -81,7 +83,11 @@ def test_engine_matches_transformers_logits_and_greedy_tokens(tmp_path, name):
     assert [out.output_ids for out in greedy] == expected
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.tensor([batch[0]])).logits[0], -1)
+        exact = torch.log_softmax(copy.deepcopy(model).double()(torch.tensor([batch[0]])).logits[0], -1)
     got = full_logprobs(scored.meta)
     assert got.shape == ref.shape and not got.isnan().any()
-    print(f"{name}: max |logprob diff| {(got - ref).abs().max():.2e}")
-    assert (got - ref).abs().max() < 3e-4
+    # against fp64 transformers, within twice fp32 transformers' own error (measured 0.75-1.6x it across the families): the engine's attention sums in
+    # an order of its own (kernels/cpu attention_rows), so its fp32 rounding is not transformers' SDPA's
+    own = (ref.double() - exact).abs().max()
+    print(f"{name}: max |logprob diff| {(got - exact).abs().max():.2e} from fp64 (fp32 transformers: {own:.2e})")
+    assert (got.double() - exact).abs().max() < max(3e-4, 2 * own)
