@@ -115,7 +115,11 @@ def test_tree_of_thought_fork(backend):
     prefix_tokens = len(backend.engine.tokenizer.encode(backend.engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": "How can I stay warm in winter?"}])))
     assert all(m["cached_tokens"] >= prefix_tokens for m in state.get_meta_info("thought"))
-    assert state["answer"].strip()
+    # the greedy answer after three sampled (unseeded) thoughts: it ran over the whole joined state; its text may
+    # be empty when the model's first token is the stop newline, which depends on the thoughts drawn
+    answer = state.get_meta_info("answer")
+    assert isinstance(state["answer"], str) and answer["completion_tokens"] >= 1
+    assert answer["prompt_tokens"] > prefix_tokens + sum(m["completion_tokens"] for m in state.get_meta_info("thought"))
     assert state.messages()[-1]["content"].startswith("Here are three ideas:\n- ")
 
 
