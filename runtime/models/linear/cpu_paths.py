@@ -1,7 +1,7 @@
 """Which CPU matmul path a low-bit linear takes: the dense copy's dtype from the CPU's features, the row
-crossover from a one-time measurement on this machine, cached on disk. Two crossovers: the block kernel's
-(quant.BlockLinear; `block_dense_min_rows`, one [3072, 1024] layer timed at 1-32 rows per form, ~0.2 s) and,
-where that kernel is not built, torch's int4pack kernel's (below).
+crossover from a one-time measurement on this machine, cached on disk, for torch's int4pack kernel, the path
+where the block kernel is not built (below). quant.BlockLinear has no crossover: it runs the block kernel at
+every row count, so that a row's result does not depend on the rows beside it (docs/determinism.md).
 
 The packed int4 / int8 kernels read the fewest bytes, so they win while a step has few rows; their cost
 grows with the rows (they unpack every weight once per few rows), so from `dense_min_rows` rows on a layer
@@ -44,10 +44,6 @@ FP32_DENSE_MIN_ROWS = 8
 MEASURED_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)  # the rows the one-time measurement times
 HALVES = (1, 2)  # a layer's int4 halves: 1 for 4-bit weights, 2 for Q8_0 (see quant.Int4Linear)
 CACHE_FILE = "cpu_paths.json"
-# the block kernel (block_kernel.py) against the dense copy: a default where not measured, the rows timed, the forms
-BLOCK_DENSE_MIN_ROWS = 16
-BLOCK_MEASURED_ROWS = (1, 4, 8, 16, 32)
-BLOCK_BITS = (4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,52 +151,6 @@ def _measured_crossovers(key: str, forms: tuple[int, ...],
         "times_ms": {str(f): {str(r): [round(t * 1e3, 3) for t in pd] for r, pd in times[f].items()} for f in forms}}
     _save(path, saved)
     return chosen
-
-
-def block_dense_min_rows(bits: int) -> int:
-    """Rows from which the block kernel's time passes a dense copy's for `bits` (4: Q4_0 / Q4_1 / int4, 8: Q8_0):
-    measured once on this machine and cached, as dense_min_rows. BlockLinear no longer switches (it runs the kernel
-    at every row count, for batch invariance: quant.BlockLinear); kept for benchmark/block_mm.py-style comparisons."""
-    return _block_crossovers()[8 if bits == 8 else 4]
-
-
-@functools.lru_cache(maxsize=1)
-def _block_crossovers() -> dict[int, int]:
-    paths = detect()
-    if paths.forced:
-        return {b: BLOCK_DENSE_MIN_ROWS for b in BLOCK_BITS}
-    from ....kernels.cpu import block_kernel
-
-    # keyed by the kernel's build too: a rebuilt kernel (new source or flags) is measured again
-    return _measured_crossovers(f"{paths.cache_key()}|{block_kernel.library_path().stem}", BLOCK_BITS,
-                                lambda b: measure_block(paths.dense_dtype, b), BLOCK_DENSE_MIN_ROWS, "block kernel")
-
-
-def measure_block(dense_dtype: torch.dtype, bits: int, rows: tuple[int, ...] = BLOCK_MEASURED_ROWS,
-                  out_features: int = 3072, in_features: int = 1024, rounds: int = 2) -> dict[int, tuple[float, float]]:
-    """rows -> (block kernel, dense) seconds of one thread's CPU time for one [out_features, in_features] layer
-    (fp32: 12 MB, past the L2 caches; one layer keeps this under ~0.3 s on a 2-core AVX2 VM), best of `rounds`,
-    interleaved. The block kernel's time grows with the rows (it is compute-bound from a few rows), the dense
-    matmul's much less, so they cross once."""
-    from ....kernels.cpu import block_kernel
-    from ....kernels.cpu.gguf_blocks import GROUP, GroupQuant
-
-    k, n = in_features, out_features
-    low, high = (0, 16) if bits == 4 else (-128, 128)
-    codes = torch.randint(low, high, (n, k), dtype=torch.int16)
-    # scale and minimum exact in fp16, as a GGUF's are: else block_operands keeps the rows layout
-    blocks = GroupQuant(codes, torch.full((n, k // GROUP), 2**-7), torch.full((n, k // GROUP), -2**-4), bits=bits)
-    qweight, scale, minimum = block_kernel.block_operands(blocks)  # the layout the loader packs for this build
-    assert (qweight.dim() == 3) == (block_kernel.interleave() > 0), "measured a layout the model would not run"
-    dense = torch.full((n, k), 0.01, dtype=dense_dtype)
-    packed = prepacked.pack(dense)
-
-    def runs(r: int) -> tuple[Callable[[], object], Callable[[], object]]:
-        x = torch.randn(r, k)
-        return (lambda: torch.ops.radixlang_cpu.block_mm(x, qweight, scale, minimum, bits),
-                lambda: prepacked.dense_matmul(x, dense, packed))
-
-    return _best_thread_times(rows, rounds, runs)
 
 
 def _best_thread_times(rows: tuple[int, ...], rounds: int,
