@@ -20,7 +20,7 @@ from .errors import APIError, user_errors
 from .image_input import prepare_images
 from .openapi import error_responses, streaming_responses
 from .protocol import DetokenizeRequest, GenerateRequest, SeparateReasoningRequest, TokenizeRequest
-from .reasoning import reply_format, split_reply
+from .reasoning import reply_format, request_parser, split_reply
 from .serving import events, length_hint, run
 from .sglang_fields import check_generate_extras
 from .state import ServerState, server_state
@@ -143,15 +143,12 @@ def _reasoning_split(engine: Engine, body: GenerateRequest) -> str | None:
     """The reasoning parser that splits each reply (separate_reasoning), or None; a 400 without one."""
     if not body.separate_reasoning:
         return None
-    parser = (body.sampling_params or {}).get("reasoning_parser") or engine.reasoning_parser
+    parser = request_parser((body.sampling_params or {}).get("reasoning_parser") or None, engine.reasoning_parser,
+                            "sampling_params.reasoning_parser")
     if parser is None:
         raise APIError(400, "separate_reasoning needs a reasoning parser: start the server with "
                             "--reasoning-parser, or pass sampling_params.reasoning_parser", "separate_reasoning")
-    try:
-        reasoning_format(parser)
-    except ValueError as e:
-        raise APIError(400, str(e), "sampling_params.reasoning_parser") from None
-    return str(parser)
+    return parser
 
 
 @router.post("/separate_reasoning", responses=error_responses(400, 422))

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..runtime.engine import Completion
 from ..runtime.execution.sampler import TokenLogprob
-from ..runtime.reasoning_formats import ReasoningFormat, reasoning_format
+from ..runtime.reasoning_formats import ReasoningFormat
 from ..runtime.request import StreamChunk
 from ..runtime.sampling_params import CONSTRAINT_FIELDS, RULES
 from .auth import tenant_of
@@ -30,7 +30,15 @@ from .openai_params import (
 )
 from .openapi import error_responses, streaming_responses
 from .protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
-from .reasoning import ReasoningStream, default_max_tokens, reasoning_params, reply_format, split_reply, template_kwargs
+from .reasoning import (
+    ReasoningStream,
+    default_max_tokens,
+    reasoning_params,
+    reply_format,
+    request_parser,
+    split_reply,
+    template_kwargs,
+)
 from .serving import events, run
 from .sglang_fields import check_chat_extras, check_completion_extras
 from .state import ServerState, server_state
@@ -270,7 +278,7 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
     if max_tokens is None:  # a bounded default (engine option default_max_tokens), not the whole context
         max_tokens = default_max_tokens(engine.config.default_max_tokens, engine.context_length)
     params = sampling_params(body, max_tokens)
-    parser = _reasoning_parser(params.pop("reasoning_parser", None), engine.reasoning_parser)
+    parser = request_parser(params.pop("reasoning_parser", None), engine.reasoning_parser, "reasoning_parser")
     params |= reasoning_params(parser, params.pop("thinking_token_budget", None))
     plan = await state.offload(plan_tools, body, engine.tokenizer.chat_template,
                                lambda tag: engine.constraints.compile("structural_tag", tag), engine.tool_format)
@@ -286,18 +294,6 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
     split = reply_format(parser, engine.tokenizer, prompt) if body.separate_reasoning else None
     view = _ChatView(state, body, job, plan, split)
     return await _respond(request, adapt(view) if adapt is not None else view, params, fields)
-
-
-def _reasoning_parser(requested: object, served: str | None) -> str | None:
-    """The request's reasoning_parser (a radixlang extension), else the server's."""
-    if requested is None:
-        return served
-    try:
-        reasoning_format(requested)
-    except ValueError as e:
-        raise APIError(400, str(e), "reasoning_parser") from None
-    assert isinstance(requested, str)
-    return requested.lower()
 
 
 @dataclass

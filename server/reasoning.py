@@ -22,8 +22,8 @@ from ..runtime.reasoning_formats import (
 from ..runtime.tokenizer import Tokenizer
 from .errors import APIError
 
-__all__ = ["ReasoningStream", "default_max_tokens", "reasoning_params", "reply_format", "split_reply",
-           "template_kwargs"]
+__all__ = ["ReasoningStream", "default_max_tokens", "reasoning_params", "reply_format", "request_parser",
+           "split_reply", "template_kwargs"]
 
 # what chat_prompt passes itself: a request's chat_template_kwargs may not replace them
 _RESERVED = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"}
@@ -38,6 +38,18 @@ def template_kwargs(defaults: dict[str, Any], requested: dict[str, Any] | None,
     if clash:
         raise APIError(400, f"{param} may not set {clash}: the server passes them", param)
     return defaults | requested
+
+
+def request_parser(requested: object, served: str | None, param: str) -> str | None:
+    """A request's reasoning_parser (a radixlang extension) in lower case, else the server's; an unknown name is
+    a 400 naming `param`."""
+    if requested is None:
+        return served
+    try:
+        reasoning_format(requested)
+    except ValueError as e:
+        raise APIError(400, str(e), param) from None
+    return str(requested).lower()
 
 
 def reasoning_params(parser: str | None, budget: int | None, param: str = "thinking_token_budget") -> dict[str, Any]:
