@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +32,7 @@ from .agent_views import (
 )
 from .errors import APIError, anthropic_error_body
 from .openai_api import chat_response
-from .openai_params import chat_prompt, check_model
+from .openai_params import chat_prompt, check_model, new_id
 from .openapi import error_responses, streaming_responses
 from .state import server_state
 from .tool_calls import plan_tools
@@ -55,7 +54,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         "stream": body.stream, "max_completion_tokens": body.max_tokens, "stop": body.stop_sequences,
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
     chat = chat_request({k: v for k, v in fields.items() if v is not None}, _PARAMS)
-    adapter = MessagesView.adapter(request_body=body, message_id=f"msg_{uuid.uuid4().hex}")
+    adapter = MessagesView.adapter(request_body=body, message_id=new_id("msg", "_"))
     return named_events(await chat_response(chat, request, adapter),
                         lambda error: anthropic_error_body(int(error.get("code") or 500), error.get("message", "")))
 

@@ -40,8 +40,10 @@ class Job:
         return [self.id] if len(self.prompts) == 1 else [f"{self.id}-{i}" for i in range(len(self.prompts))]
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A fresh id in the protocol's shape: Chat Completions' `chatcmpl-...`; Responses' and Messages' `resp_...`,
+    `msg_...` (sep "_")."""
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
 
 
 def check_model(model: str, served: str) -> None:

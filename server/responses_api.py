@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,7 @@ from .agent_views import Block, BlockEvent, Ending, ProtocolView, chat_request, 
 from .auth import Tenant, tenant_of
 from .errors import APIError
 from .openai_api import chat_response
-from .openai_params import check_model
+from .openai_params import check_model, new_id
 from .openapi import error_responses, streaming_responses
 from .response_store import ResponseStore, StoredResponse
 from .state import server_state
@@ -56,10 +55,6 @@ def response_store(request: Request) -> TenantResponses:
     return TenantResponses(request.app.state.responses, tenant_of(request))
 
 
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
 @router.post("/v1/responses", responses=streaming_responses(400, 404, 413, 503))
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state = server_state(request)
@@ -73,7 +68,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             raise APIError(400, f"previous response {body.previous_response_id!r} is not stored here (never stored, "
                                 "deleted, or expired)", "previous_response_id")
         history = previous.messages
-    response_id = _new_id("resp")
+    response_id = new_id("resp", "_")
     origins: list[str] = []  # the field each new chat message came from
     conversation = history + input_messages(body.input, origins)
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
@@ -337,7 +332,7 @@ class ResponsesView(ProtocolView):
 
     def _item_id(self, index: int, block: Block) -> str:
         prefix = {"reasoning": "rs", "text": "msg", "call": "fc"}[block.kind]
-        return self.item_ids.setdefault(index, _new_id(prefix))
+        return self.item_ids.setdefault(index, new_id(prefix, "_"))
 
     def _item(self, index: int, block: Block, done: bool) -> dict[str, Any]:
         status = "completed" if done else "in_progress"
