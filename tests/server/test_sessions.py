@@ -101,7 +101,7 @@ def test_bad_session_fields_are_refused_naming_them(session_server):
     session_server.wait_idle()
 
 
-def test_a_server_side_program_pins_while_it_runs_and_nothing_once_disconnected(session_server):
+def test_a_server_side_program_pins_while_it_runs_and_nothing_once_disconnected(session_server, monkeypatch):
     import json
 
     import radixlang as rl
@@ -111,18 +111,34 @@ def test_a_server_side_program_pins_while_it_runs_and_nothing_once_disconnected(
         s += words(5, 90) + rl.gen("first", max_tokens=3, temperature=0, ignore_eos=True)
         s += " then" + rl.gen("second", max_tokens=600, temperature=0, ignore_eos=True)
 
+    # read as "second" is submitted: a later read races its decode, whose 600 tokens may end the run (or
+    # pressure the 1,024-slot pool) before a slow client gets there
+    engine, pins_at_second = session_server.engine, []
+    real_stream = engine.stream
+
+    def stream(prompt=None, *args, **kwargs):
+        if prompt and prompt.endswith(" then"):
+            pins_at_second.append(engine.stats()["kv_pins"])
+        return real_stream(prompt, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "stream", stream)
     body = {"program": two_steps.trace().to_dict(), "stream": True}
+    with session_server.client() as http:  # no earlier test's pins: this run's are the only ones
+        assert http.post("/flush_cache").status_code == 200
     with session_server.client() as http, http.stream("POST", "/v1/programs", json=body) as r:
         for line in r.iter_lines():
             event = json.loads(line.removeprefix("data: ")) if line.startswith("data: {") else {}
             if event.get("event") == "var" and event.get("name") == "first":
                 break
-        assert session_server.engine.stats()["kv_pins"] == 1  # the state's sequence, while "second" runs
+        deadline = time.monotonic() + 10  # the program's thread submits "second" after the event
+        while not pins_at_second and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert pins_at_second == [1]  # the state's sequence, pinned after "first", while "second" starts
     session_server.wait_idle()  # the client left: the run was cancelled
     deadline = time.monotonic() + 10  # its program thread releases the pins as the run ends
     while session_server.engine.stats()["kv_pins"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert session_server.engine.stats()["kv_pinned_tokens"] == 0
+    assert session_server.engine.stats()["kv_pins"] == 0 and session_server.engine.stats()["kv_pinned_tokens"] == 0
 
 
 def test_sglang_priority_field_reaches_the_scheduler_on_every_route(session_server, monkeypatch):
