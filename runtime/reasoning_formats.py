@@ -115,9 +115,11 @@ def prompt_phase(fmt: ReasoningFormat, prompt_tail: str) -> Phase:
 class ReasoningStream:
     """`split` made incrementally: `feed` each piece of a reply (`finished` with the last) and get the
     (reasoning, content) text to send now. A partial marker at the end is held back until it resolves,
-    so the joined deltas equal `split` of the whole text."""
+    so the joined deltas equal `split` of the whole text. `hold_reasoning` (SGLang's stream_reasoning=false)
+    sends the reasoning in one piece once its block ends (or the reply does), not as it is decided."""
 
     fmt: ReasoningFormat
+    hold_reasoning: bool = False
     text: str = ""
     sent_reasoning: int = 0  # characters of the split's reasoning sent so far
     sent_content: int = 0
@@ -130,6 +132,8 @@ class ReasoningStream:
         reasoning, content = self.fmt.split(text)
         if not finished:
             reasoning, content = self._holding_back(text, reasoning, content)
+            if self.hold_reasoning and not content and not self._block_ended(text):
+                return "", ""
         out = reasoning[self.sent_reasoning:], content[self.sent_content:]
         self.sent_reasoning = max(self.sent_reasoning, len(reasoning))
         self.sent_content = max(self.sent_content, len(content))
@@ -142,6 +146,10 @@ class ReasoningStream:
         while text.startswith(start):
             text = text[len(start):]
         return start.startswith(text)
+
+    def _block_ended(self, text: str) -> bool:
+        """The end marker (or a tool call, which ends the reasoning too) has arrived."""
+        return self.fmt.end in text or bool(self.fmt.tool_start and self.fmt.tool_start in text)
 
     def _holding_back(self, text: str, reasoning: str, content: str) -> tuple[str, str]:
         """Cuts a trailing partial marker (end, or a tool call that would end the reasoning)."""

@@ -330,7 +330,8 @@ class _ChatView(_View):
         text, reason = chunk.text, chunk.finish_reason
         reasoning = ""
         if self.reasoning is not None:
-            thinking = self.reasoning_streams.setdefault(k, ReasoningStream(self.reasoning))
+            thinking = self.reasoning_streams.setdefault(
+                k, ReasoningStream(self.reasoning, hold_reasoning=not self.body.stream_reasoning))
             reasoning, text = thinking.feed(text, chunk.finished)
         calls: list[dict[str, Any]] = []
         if self.tools is not None and self.tools.parses:

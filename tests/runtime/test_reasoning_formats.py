@@ -132,3 +132,23 @@ def test_a_budget_spent_inside_a_character_closes_after_it(compiler):
     assert state[0] == THINK and think.allowed(state)[rest]
     state = think.advance(state, rest)
     assert state[0] == CLOSE and think.forced_bytes(state, 64) == b"</think>"
+
+
+@pytest.mark.parametrize("model_type", ["deepseek-r1", "qwen3", "kimi_k2"])
+def test_held_reasoning_arrives_whole_when_sglangs_does(model_type):
+    """stream_reasoning=false: the reasoning in one delta, at the piece where SGLang's parser (the oracle, with
+    stream_reasoning=False) releases it, and the deltas still join to the whole split (SGLang's own stream
+    keeps a repeated start marker that its whole-text parse drops: the text is checked against the latter)."""
+    parser = pytest.importorskip("sglang.srt.parser.reasoning_parser", reason="SGLang's parser is the oracle")
+    fmt = reasoning_format(model_type)
+    for text in TEXTS:
+        if fmt.end not in text:
+            continue  # a block still open at the end: SGLang's stream never releases it, ours does at finish
+        for width in (1, 3):
+            ours, theirs = ReasoningStream(fmt, hold_reasoning=True), parser.ReasoningParser(model_type, False)
+            pieces = [text[i:i + width] for i in range(0, len(text), width)]
+            deltas = [ours.feed(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
+            their = [theirs.parse_stream_chunk(p)[0] or "" for p in pieces]
+            assert [bool(r) for r, _ in deltas] == [bool(r) for r in their], (text, width)
+            assert sum(bool(r) for r, _ in deltas) <= 1
+            assert ("".join(r for r, _ in deltas), "".join(c for _, c in deltas)) == fmt.split(text)

@@ -87,18 +87,22 @@ def test_budget_then_required_tool_calls(client):
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
 
 
-def test_stream_joins_to_the_whole_reply(client):
+@pytest.mark.parametrize("stream_reasoning", [True, False])
+def test_stream_joins_to_the_whole_reply(client, stream_reasoning):
+    """SGLang's stream_reasoning=false holds the reasoning back and sends it whole, in one delta."""
     kwargs = dict(model="default", messages=MESSAGES, max_tokens=48, seed=11, temperature=0,
                   response_format=_json_format(), extra_body={"thinking_token_budget": BUDGET})
     whole = client.chat.completions.create(**kwargs).choices[0]
-    reasoning, content, reasons = "", "", []
+    reasoning, content, reasons = [], "", []
+    kwargs["extra_body"] |= {"stream_reasoning": stream_reasoning}
     for event in client.chat.completions.create(stream=True, **kwargs):
         for c in event.choices:
-            reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
+            reasoning += [r] if (r := (c.delta.model_extra or {}).get("reasoning_content")) else []
             content += c.delta.content or ""
             reasons.append(c.finish_reason)
-    assert (reasoning, content) == (whole.message.model_extra["reasoning_content"], whole.message.content)
+    assert ("".join(reasoning), content) == (whole.message.model_extra["reasoning_content"], whole.message.content)
     assert reasons[-1] == whole.finish_reason == "stop"
+    assert len(reasoning) == 1 if not stream_reasoning else len(reasoning) > 1
 
 
 def test_without_a_budget_the_thinking_runs_to_max_tokens(client):
