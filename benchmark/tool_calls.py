@@ -25,10 +25,13 @@ BFCL's schema dialect ("dict", "float", "tuple", "any") is converted here, not i
 With a reasoning model (--model, its parser detected from its chat template or set with
 --reasoning-parser) and --thinking-token-budget N, a third way runs: constrained after at most N thinking
 tokens (docs/reasoning.md), beside the constrained way without thinking (Qwen3's enable_thinking false;
-for other templates the model's own default).
+for other templates the model's own default). --open-thinking makes any model a thinking one: its own chat
+template plus a generation prompt that opens `<think>` (closed empty, as Qwen3's is, under enable_thinking
+false), so the default model thinks in free text until the budget closes the block.
 
     .venv/bin/python benchmark/tool_calls.py [--per-category 10] [--max-tokens 128] [--concurrency 8]
-        [--model M --thinking-token-budget 64]
+        [--model M --thinking-token-budget 64] [--open-thinking --thinking-token-budget 32]
+        [--categories simple_python,multiple] [--calls-only]
 """
 from __future__ import annotations
 
@@ -337,6 +340,29 @@ def decode_ratio(engine, tokens: int = 64, rounds: int = 4) -> tuple[float, floa
     return statistics.median(speeds[False]), statistics.median(speeds[True])
 
 
+OPEN_THINKING = ("{% if add_generation_prompt %}{% if enable_thinking is defined and enable_thinking is false %}"
+                 "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
+
+
+def thinking_template(model: str | None) -> str:
+    """A template file: the model's own, its generation prompt followed by an opened <think> block (Qwen3's
+    empty block under enable_thinking false)."""
+    import tempfile
+
+    from radixlang.runtime.engine import Engine
+
+    probe = Engine(model=model, kv_cache_tokens=256)
+    try:
+        own = probe.tokenizer.chat_template
+    finally:
+        probe.shutdown()
+    if not own:
+        raise SystemExit("--open-thinking needs a model with a chat template")
+    path = Path(tempfile.mkdtemp()) / "thinking.jinja"
+    path.write_text(own + OPEN_THINKING)
+    return str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=10)
@@ -347,32 +373,43 @@ def main() -> None:
     ap.add_argument("--reasoning-parser", default="auto")
     ap.add_argument("--thinking-token-budget", type=int, default=None,
                     help="also run the constrained way after at most this many thinking tokens")
+    ap.add_argument("--categories", default=",".join(CATEGORIES), help="comma-separated BFCL categories")
+    ap.add_argument("--calls-only", action="store_true",
+                    help="only the calls: no compile timings, no decode ratio, no unconstrained way")
+    ap.add_argument("--open-thinking", action="store_true",
+                    help="the model's template with a generation prompt that opens a <think> block")
     args = ap.parse_args()
     import openai
 
     from radixlang.runtime.engine import Engine
     from radixlang.server.launch import background_server
 
+    template = thinking_template(args.model) if args.open_thinking else None
     engine = Engine(model=args.model, device=args.device, kv_cache_tokens=65536,
-                    reasoning_parser=args.reasoning_parser)
+                    reasoning_parser=args.reasoning_parser, chat_template=template)
+    print(f"reasoning parser: {engine.reasoning_parser}", flush=True)
     budget = args.thinking_token_budget
     if budget is not None and engine.reasoning_parser is None:
         raise SystemExit("--thinking-token-budget needs a reasoning model (its parser detected or set)")
     # (constrained, budget): the think way beside the constrained one without thinking
-    ways = [(True, None), (False, None)] + ([(True, budget)] if budget is not None else [])
+    ways = [(True, None)] + ([] if args.calls_only else [(False, None)]) + ([(True, budget)] if budget is not None else [])
+    categories = args.categories.split(",")
+    if unknown := set(categories) - set(CATEGORIES):
+        raise SystemExit(f"unknown categories {sorted(unknown)}; known: {', '.join(CATEGORIES)}")
     try:
-        for way, (p50, p90, general) in compile_times(engine).items():
-            print(f"structural tag compile, 10 tools, + first mask, {way:<9}: p50 {p50:.1f} ms, p90 {p90:.1f} ms "
-                  f"({general:.0f}% on the general path)", flush=True)
-        plain, tagged = decode_ratio(engine)
-        print(f"decode: plain {plain:.1f} tok/s, auto structural tag {tagged:.1f} tok/s "
-              f"(ratio {tagged / plain:.2f})")
+        if not args.calls_only:
+            for way, (p50, p90, general) in compile_times(engine).items():
+                print(f"structural tag compile, 10 tools, + first mask, {way:<9}: p50 {p50:.1f} ms, "
+                      f"p90 {p90:.1f} ms ({general:.0f}% on the general path)", flush=True)
+            plain, tagged = decode_ratio(engine)
+            print(f"decode: plain {plain:.1f} tok/s, auto structural tag {tagged:.1f} tok/s "
+                  f"(ratio {tagged / plain:.2f})")
         with background_server(engine) as server, openai.OpenAI(base_url=f"{server.url}/v1", api_key="-",
                                                                 max_retries=0, timeout=600) as client:
             print(f"{'category':<18} {'way':<14} {'n':>3} {'valid %':>8} {'of uncut':>8} {'AST %':>7} {'cut %':>6} "
                   f"{'tok/s':>7}")
             ast: dict[tuple[bool, int | None], list[float]] = {w: [] for w in ways}
-            for category in CATEGORIES:
+            for category in categories:
                 for constrained, think in ways:
                     r = run_category(client, category, args.per_category, constrained, args.max_tokens,
                                      args.concurrency, think, no_think=budget is not None and think is None)
@@ -380,10 +417,12 @@ def main() -> None:
                     way = f"think {think}" if think is not None else "constrained" if constrained else "unconstrained"
                     print(f"{category:<18} {way:<14} {r['n']:>3} {r['valid']:>8.1f} {r['valid_uncut']:>8.1f} {r['ast']:>7.1f} "
                           f"{r['cut']:>6.1f} {r['tok_s']:>7.1f}", flush=True)
-            ours, theirs = (statistics.mean(ast[(c, None)]) for c in (True, False))
-            ratio = f"{ours / theirs:.2f}x" if theirs else "unbounded (the unconstrained way scored 0)"
-            print(f"AST accuracy over the categories: constrained {ours:.1f}%, unconstrained {theirs:.1f}%, "
-                  f"ratio {ratio}")
+            ours = statistics.mean(ast[(True, None)])
+            if not args.calls_only:
+                theirs = statistics.mean(ast[(False, None)])
+                ratio = f"{ours / theirs:.2f}x" if theirs else "unbounded (the unconstrained way scored 0)"
+                print(f"AST accuracy over the categories: constrained {ours:.1f}%, unconstrained {theirs:.1f}%, "
+                      f"ratio {ratio}")
             if budget is not None:
                 print(f"AST accuracy with thinking (budget {budget}): {statistics.mean(ast[(True, budget)]):.1f}%, "
                       f"without: {ours:.1f}%")
