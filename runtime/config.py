@@ -292,11 +292,16 @@ class EngineConfig:
         return warm if self.compile_layers == "auto" else bool(self.compile_layers)
 
     def load_quantization(self) -> str:
-        """The mode the weights load in: "auto" packs only on one CPU rank (the kernels are CPU ones, and
-        packed linears are not sharded); elsewhere it is the exact path."""
-        if self.quantization == "auto" and (self.torch_device().type != "cpu" or self.tp_size > 1):
+        """The mode the weights load in: "auto" packs on the CPU only (its kernels are CPU ones); under tensor
+        parallelism only on the block kernel, whose shards compute one rank's bits (sharded_blocks.py), so a CPU
+        without it (no AVX2 or g++) runs the exact path there. Elsewhere it is the exact path."""
+        if self.quantization != "auto":
+            return self.quantization
+        if self.torch_device().type != "cpu":
             return "none"
-        return self.quantization
+        from ..kernels.cpu import block_kernel
+
+        return "auto" if self.tp_size == 1 or block_kernel.supported() else "none"
 
     def use_decode_graphs(self) -> bool:
         """Whether decodes run padded to batch buckets (captured as CUDA graphs on a CUDA device)."""

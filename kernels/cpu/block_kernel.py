@@ -239,13 +239,19 @@ if __name__ == "__main__":  # `make install`: build (or find) the kernel now
         print(f"block_mm kernel: unavailable ({reason}); low-bit linears use torch's int4pack")
 
 
-def block_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qweight, scale, minimum) in the layout block_mm.cpp runs fastest here: interleaved by 16 output features
-    where the kernel was built with AVX-512 VNNI (and the features are a multiple of 16), else by rows."""
+def block_operands(w: GroupQuant, interleaved: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, scale, minimum) in the layout block_mm.cpp runs fastest here (`interleaves`), or the one
+    `interleaved` names (a tensor-parallel shard takes its whole tensor's: the two layouts round differently)."""
+    if interleaved is None:
+        interleaved = interleaves(w)
+    return interleaved_operands(w, interleave()) if interleaved else row_operands(w)
+
+
+def interleaves(w: GroupQuant) -> bool:
+    """Whether `w` runs the interleaved layout: the kernel built with AVX-512 VNNI, the output features a multiple
+    of 16, and scales and minimums exact in fp16; else the rows layout."""
     lanes = interleave()
-    if lanes and w.codes.shape[0] % lanes == 0 and _exact_in_half(w.scale) and _exact_in_half(w.minimum):
-        return interleaved_operands(w, lanes)
-    return row_operands(w)
+    return bool(lanes) and w.codes.shape[0] % lanes == 0 and _exact_in_half(w.scale) and _exact_in_half(w.minimum)
 
 
 def row_operands(w: GroupQuant) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

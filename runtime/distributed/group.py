@@ -63,13 +63,13 @@ class TensorParallel:
         self._joined.alltoall_base(out, t.contiguous(), recv_sizes, send_sizes, dist.AllToAllOptions()).wait()
         return out
 
-    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        """Every rank's `t` (the same shape everywhere), concatenated in rank order along dim 0."""
+    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """Every rank's `t` (the same shape everywhere), concatenated in rank order along `dim`."""
         if self.size == 1:
             return t
-        parts = [torch.empty_like(t) for _ in range(self.size)]
+        parts = [torch.empty_like(t, memory_format=torch.contiguous_format) for _ in range(self.size)]
         self._joined.allgather([parts], [t.contiguous()]).wait()
-        return torch.cat(parts)
+        return torch.cat(parts, dim=dim)
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0's `t` into every rank's `t` (same shape and dtype everywhere)."""

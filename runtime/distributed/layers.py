@@ -44,21 +44,23 @@ def shard_parts(t: torch.Tensor, parts: list[Part], tp: TensorParallel, dim: int
                       for chunk, p in zip(full, parts)], dim=dim)
 
 
-def check_tp_size(num_heads: int, num_kv_heads: int, intermediate_size: int, size: int) -> None:
-    """Refuses a tp size that does not split the model's heads and MLP evenly."""
+def check_tp_size(num_heads: int, num_kv_heads: int, intermediate_size: int, hidden_size: int, size: int) -> None:
+    """Refuses a tp size that does not split the model's heads, MLP and hidden size evenly (the default mode's
+    row-parallel linears split their output features: sharded_blocks.py)."""
     if size < 1:
         raise ValueError(f"tp_size must be >= 1, got {size}")
 
     def fits(n: int) -> bool:
-        return (num_heads % n == 0 and intermediate_size % n == 0
+        return (num_heads % n == 0 and intermediate_size % n == 0 and hidden_size % n == 0
                 and (num_kv_heads % n == 0 or n % num_kv_heads == 0))
 
     if not fits(size):
         ok = [n for n in range(1, num_heads + 1) if fits(n)]
         raise ValueError(
-            f"tp_size {size} does not fit this model: it has {num_heads} query heads, {num_kv_heads} KV heads "
-            f"and intermediate size {intermediate_size}; the query heads and the intermediate size must divide "
-            f"by tp_size, and the KV heads divide by it or it by them. tp_size may be one of {ok}")
+            f"tp_size {size} does not fit this model: it has {num_heads} query heads, {num_kv_heads} KV heads, "
+            f"intermediate size {intermediate_size} and hidden size {hidden_size}; the query heads, the "
+            f"intermediate size and the hidden size must divide by tp_size, and the KV heads divide by it or it "
+            f"by them. tp_size may be one of {ok}")
 
 
 class ColumnParallelLinear(nn.Linear):

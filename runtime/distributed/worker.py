@@ -108,7 +108,8 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL binds each rank to the current device
     tp = TensorParallel(spec.rank, spec.size)
-    model = load_model(cfg.model, device, dtype, tp, ep_size=cfg.ep_size, dp_attention=cfg.enable_dp_attention).model
+    model = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization(), ep_size=cfg.ep_size,
+                       dp_attention=cfg.enable_dp_attention).model
     mcfg = model.config
     attention_ranks = spec.size // cfg.dp_size()  # DP attention: every rank holds all the KV heads
     pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, attention_ranks),

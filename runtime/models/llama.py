@@ -165,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.tp = tp = tp or TensorParallel()
-        check_tp_size(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp.size)
+        check_tp_size(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.hidden_size, tp.size)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

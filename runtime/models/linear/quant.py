@@ -146,9 +146,9 @@ class BlockLinear(nn.Module):
     packed_dense: torch.Tensor | None  # dense, packed for oneDNN (not saved: redone at load)
     dense_min_rows: int  # rows from which forward runs the dense copy (not saved: chosen per machine)
 
-    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None):
+    def __init__(self, weights: GroupQuant, bias: torch.Tensor | None, interleaved: bool | None = None):
         super().__init__()
-        qweight, scale, minimum = block_kernel.block_operands(weights)
+        qweight, scale, minimum = block_kernel.block_operands(weights, interleaved)
         self.in_features, self.bits = weights.codes.shape[1], weights.bits
         self.dense_min_rows = BLOCK_NEVER_DENSE
         self.register_buffer("qweight", qweight)
@@ -235,7 +235,7 @@ def quantize_model(model: nn.Module, mode: str, blocks: dict[str, GroupQuant] | 
     if mode == "none":
         return 0
     replaced, fused = 0, fuse_blocks(blocks or {})
-    for name, linear, weight_name in _linears(model):
+    for name, linear, weight_name in model_linears(model):
         weights = fused.get(weight_name) if mode == "auto" else None
         if mode == "auto" and weights is None or not packable(linear.weight.shape[0], linear.weight.shape[1], mode):
             continue
@@ -245,7 +245,7 @@ def quantize_model(model: nn.Module, mode: str, blocks: dict[str, GroupQuant] | 
     return replaced
 
 
-def _linears(model: nn.Module) -> list[tuple[str, nn.Linear, str]]:
+def model_linears(model: nn.Module) -> list[tuple[str, nn.Linear, str]]:
     """(module name, linear, name of its weight) for every linear, a tied LM head included."""
     found = [(name, m, f"{name}.weight") for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     embed = getattr(model, "embed_tokens", None)

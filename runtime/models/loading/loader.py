@@ -29,6 +29,7 @@ from ..linear.checkpoint_quant import (
 )
 from ..linear.cpu_paths import one_thread
 from ..linear.quant import packed_linear_from_state, packed_linear_record, quantize_model
+from ..linear.sharded_blocks import shard_block_linears
 from ..llama import LlamaConfig, LlamaForCausalLM, packed_parts, packed_target
 from ..moe_config import MIXTRAL, QWEN2_MOE, QWEN3_MOE
 from . import weight_cache
@@ -103,7 +104,10 @@ def load_language_model(path: str | Path | None, device: torch.device, dtype: to
     kernels = checkpoint_kernels(device)
     if quantized and kernels is not None and (tp is None or tp.size == 1):
         pack_checkpoint_linears(model, quantized, kernels)
-    quantize_model(model, quantization, blocks)
+    if quantization == "auto" and tp is not None and tp.size > 1:
+        shard_block_linears(model, tp, blocks)
+    else:
+        quantize_model(model, quantization, blocks)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
 
 

@@ -3,40 +3,62 @@ unsharded model on the same weights. Covers what the engine test's model does no
 linear, a tied head, a vocabulary that does not split evenly, and a replicated KV head."""
 from __future__ import annotations
 
-import datetime
-import threading
-
 import torch
-import torch.distributed as dist
 
 from radixlang.kernels.backend import AttentionBatch
+from radixlang.kernels.cpu.gguf_blocks import GROUP, GroupQuant
 from radixlang.kernels.reference import TorchAttention
 from radixlang.runtime.distributed.group import TensorParallel
 from radixlang.runtime.distributed.layers import kv_heads_per_rank
 from radixlang.runtime.kv.memory import KVPool
+from radixlang.runtime.models.linear.quant import quantize_int4_rtn, quantize_model
+from radixlang.runtime.models.linear.sharded_blocks import shard_block_linears
 from radixlang.runtime.models.llama import ForwardContext
 from radixlang.runtime.models.loading.hf_config import config_from_hf
 from radixlang.runtime.models.loading.loader import build_model
 from radixlang.server.cli import _engine_options, build_parser, main
 from tests.conftest import TINY_CONFIG, tiny_weights
 
+from .thread_ranks import run_ranks
+
 CONFIG = TINY_CONFIG | {"vocab_size": 1001, "num_key_value_heads": 1, "tie_word_embeddings": True,
                         "attention_bias": True, "mlp_bias": True}
 
 
-def _weights() -> dict[str, torch.Tensor]:
+def _weights(config: dict = CONFIG) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    w = {k: v for k, v in tiny_weights(CONFIG).items() if k != "lm_head.weight"}
+    w = {k: v for k, v in tiny_weights(config).items() if k != "lm_head.weight"}
     for name, t in list(w.items()):
         if name.endswith("_proj.weight"):
             w[name.replace(".weight", ".bias")] = torch.randn(t.shape[0], generator=g) * 0.1
     return w
 
 
-def _logits(tp: TensorParallel, ids: torch.Tensor) -> torch.Tensor:
-    """One prefill of `ids` through this rank's shard of the model: [len(ids), vocab] on rank 0."""
-    cfg = config_from_hf(CONFIG)
-    model = build_model(cfg, _weights().items(), torch.device("cpu"), torch.float32, tp)
+def _q8(weight: torch.Tensor) -> GroupQuant:
+    """Q8_0-like blocks: symmetric 8-bit codes, an fp16 scale per 32 weights."""
+    groups = weight.view(weight.shape[0], -1, GROUP)
+    scale = (groups.abs().amax(-1) / 127).half().float()
+    codes = torch.round(groups / scale[..., None]).clamp(-128, 127).view_as(weight).to(torch.int16)
+    return GroupQuant(codes, scale, torch.zeros_like(scale), bits=8)
+
+
+def _blocks(config: dict) -> dict[str, GroupQuant]:
+    """The default mode's weights, as a GGUF's blocks would give them: every linear in 4-bit groups but the MLP's
+    down projections in 8-bit blocks (the kernel's two forms), and the tied head's from the embedding."""
+    return {name: _q8(w) if "down_proj" in name else quantize_int4_rtn(w)
+            for name, w in _weights(config).items() if name.endswith("proj.weight") or "embed_tokens" in name}
+
+
+def _logits(tp: TensorParallel, ids: torch.Tensor, config: dict = CONFIG,
+            blocks: dict[str, GroupQuant] | None = None) -> torch.Tensor:
+    """One prefill of `ids` through this rank's shard of the model: [len(ids), vocab] on rank 0. With `blocks`,
+    in the default mode ("auto": the linears on the block kernel), as the loader packs them at each tp size."""
+    cfg = config_from_hf(config)
+    model = build_model(cfg, _weights(config).items(), torch.device("cpu"), torch.float32, tp)
+    if blocks is not None and tp.size == 1:
+        assert quantize_model(model, "auto", blocks) == 4 * cfg.num_layers + 1  # qkv, o, gate_up, down; the head
+    elif blocks is not None:
+        assert shard_block_linears(model, tp, blocks) == 4 * cfg.num_layers + 1
     pool = KVPool(64, cfg.num_layers, kv_heads_per_rank(cfg.num_kv_heads, tp.size), cfg.head_dim,
                   torch.float32, torch.device("cpu"))
     attn = TorchAttention(pool.k_buffers, pool.v_buffers)
@@ -50,26 +72,24 @@ def _logits(tp: TensorParallel, ids: torch.Tensor) -> torch.Tensor:
 def test_two_ranks_compute_the_logits_of_the_unsharded_model():
     ids = torch.tensor([5, 999, 1000, 17, 500, 3, 42], dtype=torch.int64)  # ids in both vocabulary halves
     want = _logits(TensorParallel(), ids)
-    store, got, errors = dist.HashStore(), {}, []
-
-    def rank(r: int) -> None:
-        try:
-            opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = datetime.timedelta(seconds=60)
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-            got[r] = _logits(TensorParallel(r, 2, dist.ProcessGroupGloo(store, r, 2, opts)), ids)
-        except Exception as e:  # noqa: BLE001 - re-raised by the test
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    got = run_ranks(2, lambda tp: _logits(tp, ids))
     assert got[0].shape == want.shape == (len(ids), 1001)
     assert torch.allclose(got[0], want, atol=1e-4, rtol=1e-4)
     assert torch.equal(got[0].argmax(-1), want.argmax(-1))
+
+
+def test_two_ranks_in_the_default_mode_compute_one_ranks_logits_bit_for_bit():
+    """Block-quantized linears (4- and 8-bit, with biases; the tied head's 504 rows a rank, padded to the kernel's
+    16) and the CPU's attention_rows: the gathered row-parallel linears keep every float sum in one rank's order."""
+    config = CONFIG | {"vocab_size": 1008}  # a multiple of 16: the head is packed, as SmolLM2's
+    ids = torch.tensor([5, 999, 1000, 17, 500, 3, 42], dtype=torch.int64)
+    blocks = _blocks(config)
+    want = _logits(TensorParallel(), ids, config, blocks)
+    got = run_ranks(2, lambda tp: _logits(tp, ids, config, blocks))
+    assert got[0].shape == want.shape == (len(ids), 1008)
+    assert torch.equal(got[0], want)
+    exact = _logits(TensorParallel(), ids, config)  # the blocks' rounding shows: the packed model ran
+    assert not torch.equal(exact, want)
 
 
 def test_tp_flag_and_its_long_spelling_set_tp_size():
