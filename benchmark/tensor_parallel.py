@@ -29,8 +29,10 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quantization", default="auto", help="the engines' mode (auto: the default)")
     args = parser.parse_args()
-    engines = {tp: Engine(model=args.model, device="cpu", kv_cache_tokens=8192, tp_size=tp) for tp in args.tp}
+    engines = {tp: Engine(model=args.model, device="cpu", kv_cache_tokens=8192, tp_size=tp,
+                          quantization=args.quantization) for tp in args.tp}
     try:
         for batch in (1, 16):
             prompts = PROMPTS[:batch]

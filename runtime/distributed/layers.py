@@ -3,7 +3,8 @@ communication), so the model has one code path.
 
 Column-parallel linears (qkv, gate_up) split their output rows, row-parallel ones (o, down) their input
 columns and sum the partial outputs: two all-reduces per decoder layer. The embedding and the LM head
-split the vocabulary. Each layer's `shard(param_name, full_tensor)` picks this rank's slice of a
+split the vocabulary. (The default mode's block-quantized linears replace these at load with shards that
+compute one rank's bits: models/linear/sharded_blocks.py.) Each layer's `shard(param_name, full_tensor)` picks this rank's slice of a
 checkpoint tensor when weights load.
 """
 from __future__ import annotations

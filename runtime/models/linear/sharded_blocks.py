@@ -60,7 +60,7 @@ def shard_block_linears(model: nn.Module, tp: TensorParallel, blocks: dict[str, 
     replaced, fused = 0, fuse_blocks(blocks)
     for name, linear, weight_name in model_linears(model):
         weights = fused.get(weight_name)
-        if weights is None or not packable(*weights.codes.shape, "auto"):
+        if weights is None or not packable(weights.codes.shape[0], weights.codes.shape[1], "auto"):
             continue
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, _sharded(name, linear, weights, tp))
@@ -70,10 +70,11 @@ def shard_block_linears(model: nn.Module, tp: TensorParallel, blocks: dict[str, 
 
 def _sharded(name: str, linear: nn.Linear, weights: GroupQuant, tp: TensorParallel) -> ShardedBlockLinear:
     interleaved = block_kernel.interleaves(weights)
-    bias = linear.bias
+    bias: torch.Tensor | None = linear.bias
     if isinstance(linear, RowParallelLinear):  # this rank's output features, the whole K; the bias is whole here
-        rows = slice(tp.rank * weights.codes.shape[0] // tp.size, (tp.rank + 1) * weights.codes.shape[0] // tp.size)
-        shard, bias, gathered = weights.rows(rows), None if bias is None else bias[rows], True
+        n = weights.codes.shape[0] // tp.size
+        shard, gathered = _map(weights, lambda t: t[tp.rank * n:(tp.rank + 1) * n]), True
+        bias = None if bias is None else bias[tp.rank * n:(tp.rank + 1) * n]
     elif isinstance(linear, ColumnParallelLinear):  # the bias is already this rank's
         shard, gathered = _map(weights, lambda t: linear.shard("weight", t)), False
     else:  # the LM head, tied to the embedding or not (no bias)

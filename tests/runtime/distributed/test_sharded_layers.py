@@ -3,13 +3,14 @@ unsharded model on the same weights. Covers what the engine test's model does no
 linear, a tied head, a vocabulary that does not split evenly, and a replicated KV head."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixlang.kernels.backend import AttentionBatch
 from radixlang.kernels.cpu.gguf_blocks import GROUP, GroupQuant
 from radixlang.kernels.reference import TorchAttention
 from radixlang.runtime.distributed.group import TensorParallel
-from radixlang.runtime.distributed.layers import kv_heads_per_rank
+from radixlang.runtime.distributed.layers import check_tp_size, kv_heads_per_rank
 from radixlang.runtime.kv.memory import KVPool
 from radixlang.runtime.models.linear.quant import quantize_int4_rtn, quantize_model
 from radixlang.runtime.models.linear.sharded_blocks import shard_block_linears
@@ -90,6 +91,13 @@ def test_two_ranks_in_the_default_mode_compute_one_ranks_logits_bit_for_bit():
     assert torch.equal(got[0], want)
     exact = _logits(TensorParallel(), ids, config)  # the blocks' rounding shows: the packed model ran
     assert not torch.equal(exact, want)
+
+
+def test_a_tp_size_that_does_not_split_the_hidden_size_is_refused_naming_the_sizes():
+    check_tp_size(9, 3, 1536, 576, 3)  # SmolLM2 at --tp 3
+    with pytest.raises(ValueError, match=r"tp_size 4 does not fit.*4 query heads, 2 KV heads, intermediate size 128 "
+                                         r"and hidden size 66.*one of \[1, 2\]"):
+        check_tp_size(4, 2, 128, 66, 4)  # the heads split, the row-parallel outputs would not
 
 
 def test_tp_flag_and_its_long_spelling_set_tp_size():
