@@ -1,6 +1,6 @@
 """Decode speed under tensor parallelism: the same model at each --tp size (default 1 and 3: SmolLM2's 9
-query heads split 3 ways), every engine alive at once and the runs interleaved, so machine load hits all
-sizes alike. Prints tok/s per size at batch 1 and batch 16, and the ratio to tp 1.
+query heads split 3 ways) and each --quantization mode, every engine alive at once and the runs interleaved, so
+machine load hits all alike. Prints tok/s per size and mode at batch 1 and batch 16, and the ratio to the first.
 
 On a CPU the ranks share the host's cores (and gloo all-reduces through localhost), so TP there shows
 the mechanism's overhead rather than a speedup; on GPUs each rank has its own device.
@@ -29,23 +29,25 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quantization", default="auto", help="the engines' mode (auto: the default)")
+    parser.add_argument("--quantization", nargs="+", default=["auto"],
+                        help="the engines' modes (auto: the default); an engine per tp size and mode")
     args = parser.parse_args()
-    engines = {tp: Engine(model=args.model, device="cpu", kv_cache_tokens=8192, tp_size=tp,
-                          quantization=args.quantization) for tp in args.tp}
+    engines = {(tp, mode): Engine(model=args.model, device="cpu", kv_cache_tokens=8192, tp_size=tp, quantization=mode)
+               for mode in args.quantization for tp in args.tp}
     try:
         for batch in (1, 16):
             prompts = PROMPTS[:batch]
             for engine in engines.values():  # warm-up
                 timed_run(engine, prompts, 4)
-            best = {tp: 0.0 for tp in engines}
+            best = {key: 0.0 for key in engines}
             for _ in range(args.repeats):
-                for tp, engine in engines.items():
+                for key, engine in engines.items():
                     tokens, seconds = timed_run(engine, prompts, args.new_tokens)
-                    best[tp] = max(best[tp], tokens / seconds)
-            base = best[args.tp[0]]
-            for tp, rate in best.items():
-                print(f"batch {batch:2d}  tp {tp}: {rate:7.1f} tok/s  ({rate / base:.2f}x tp {args.tp[0]})")
+                    best[key] = max(best[key], tokens / seconds)
+            first = next(iter(engines))
+            for (tp, mode), rate in best.items():
+                print(f"batch {batch:2d}  tp {tp} {mode:>4}: {rate:7.1f} tok/s  ({rate / best[first]:.2f}x tp {first[0]} "
+                      f"{first[1]})")
         for engine in engines.values():
             engine.check_invariants()
     finally:
