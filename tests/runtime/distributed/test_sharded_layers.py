@@ -1,24 +1,31 @@
 """The sharded Llama in one process: two ranks as threads over an in-process gloo group, against the
 unsharded model on the same weights. Covers what the engine test's model does not: biases on every
-linear, a tied head, a vocabulary that does not split evenly, and a replicated KV head."""
+linear, a tied head, a vocabulary that does not split evenly, and a replicated KV head. In the default mode
+(block-quantized linears) the oracle is one rank's logits, bit for bit."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from radixlang.kernels.backend import AttentionBatch
+from radixlang.kernels.cpu import block_kernel
 from radixlang.kernels.cpu.gguf_blocks import GROUP, GroupQuant
 from radixlang.kernels.reference import TorchAttention
+from radixlang.runtime.config import EngineConfig
 from radixlang.runtime.distributed.group import TensorParallel
 from radixlang.runtime.distributed.layers import check_tp_size, kv_heads_per_rank
 from radixlang.runtime.kv.memory import KVPool
-from radixlang.runtime.models.linear.quant import quantize_int4_rtn, quantize_model
-from radixlang.runtime.models.linear.sharded_blocks import shard_block_linears
-from radixlang.runtime.models.llama import ForwardContext
+from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models.linear.quant import BlockLinear, quantize_int4_rtn, quantize_model
+from radixlang.runtime.models.linear.sharded_blocks import ShardedBlockLinear, shard_block_linears
+from radixlang.runtime.models.llama import ForwardContext, LlamaForCausalLM
 from radixlang.runtime.models.loading.hf_config import config_from_hf
 from radixlang.runtime.models.loading.loader import build_model
 from radixlang.server.cli import _engine_options, build_parser, main
 from tests.conftest import TINY_CONFIG, tiny_weights
+from tests.runtime.models.gguf_tiny import Q, gguf_tensors, write_gguf
+from tests.runtime.models.hf_tiny import BASE
 
 from .thread_ranks import run_ranks
 
@@ -60,6 +67,11 @@ def _logits(tp: TensorParallel, ids: torch.Tensor, config: dict = CONFIG,
         assert quantize_model(model, "auto", blocks) == 4 * cfg.num_layers + 1  # qkv, o, gate_up, down; the head
     elif blocks is not None:
         assert shard_block_linears(model, tp, blocks) == 4 * cfg.num_layers + 1
+    return _prefill_logits(model, ids)
+
+
+def _prefill_logits(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    cfg, tp = model.config, model.tp
     pool = KVPool(64, cfg.num_layers, kv_heads_per_rank(cfg.num_kv_heads, tp.size), cfg.head_dim,
                   torch.float32, torch.device("cpu"))
     attn = TorchAttention(pool.k_buffers, pool.v_buffers)
@@ -91,6 +103,31 @@ def test_two_ranks_in_the_default_mode_compute_one_ranks_logits_bit_for_bit():
     assert torch.equal(got[0], want)
     exact = _logits(TensorParallel(), ids, config)  # the blocks' rounding shows: the packed model ran
     assert not torch.equal(exact, want)
+
+
+def test_a_gguf_loaded_by_two_ranks_in_the_default_mode_gives_one_ranks_logits_bit_for_bit(tmp_path):
+    """The loader's path: a Q8_0 file's blocks (q / k rows un-permuted, the tied head from the embedding), each
+    rank packing its own shards."""
+    hf = {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True, "rope_theta": 10000.0} | BASE
+    weights = {k: v for k, v in tiny_weights(hf).items() if k != "lm_head.weight"}
+    write_gguf(tmp_path / "m.gguf", hf, gguf_tensors(hf, weights, Q.Q8_0, np.random.default_rng(0))[0])
+    ids = torch.tensor([3, 287, 100, 150, 9], dtype=torch.int64)
+
+    def logits(tp: TensorParallel) -> torch.Tensor:
+        model = load_model(tmp_path / "m.gguf", torch.device("cpu"), torch.float32, tp, quantization="auto").model
+        assert isinstance(model.layers[0].mlp.down_proj, ShardedBlockLinear if tp.size > 1 else BlockLinear)
+        return _prefill_logits(model, ids)
+
+    want = logits(TensorParallel())
+    assert torch.equal(run_ranks(2, logits)[0], want)
+
+
+def test_auto_loads_the_blocks_under_tp_only_where_the_block_kernel_runs(monkeypatch):
+    assert block_kernel.supported()  # this machine builds it (conftest)
+    assert EngineConfig(device="cpu", tp_size=3).load_quantization() == "auto"
+    monkeypatch.setenv("RADIXLANG_BLOCK_KERNEL", "0")  # no kernel: one rank falls back to int4pack, TP to fp32
+    assert EngineConfig(device="cpu", tp_size=3).load_quantization() == "none"
+    assert EngineConfig(device="cpu", tp_size=1).load_quantization() == "auto"
 
 
 def test_a_tp_size_that_does_not_split_the_hidden_size_is_refused_naming_the_sizes():
