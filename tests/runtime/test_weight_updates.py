@@ -1,0 +1,171 @@
+"""Live weight updates (issue 46): after an update the engine computes as the new weights do (transformers on
+them, in the exact mode; a fresh engine on them, in the default low-bit mode), no KV of the old weights is
+reused, a mismatch leaves the old weights serving, and requests in flight finish on the old weights or abort."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from radixlang.runtime.engine import Engine
+
+from .models.gguf_tiny import Q, gguf_tensors, write_gguf
+from .models.hf_tiny import BASE, save_hf_model
+
+PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104]  # "Hello, world! Th"
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Two random checkpoints of one architecture, saved by transformers, and one of another shape."""
+    root = tmp_path_factory.mktemp("weights")
+    config = transformers.LlamaConfig(**BASE)
+    old, new = save_hf_model(root / "a", config, seed=1), save_hf_model(root / "b", config, seed=2)
+    save_hf_model(root / "wide", transformers.LlamaConfig(**(BASE | {"intermediate_size": 256})), seed=3)
+    return root, old, new
+
+
+def hf_greedy(model: torch.nn.Module, n: int = GREEDY["max_new_tokens"]) -> list[int]:
+    out = model.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(PROMPT):].tolist()
+
+
+def greedy(engine: Engine, **params) -> tuple[list[int], int]:
+    done = engine.generate(input_ids=PROMPT, sampling_params=GREEDY | params)
+    return done.output_ids, done.meta.cached_tokens
+
+
+@pytest.fixture
+def engine(checkpoints):
+    engine = Engine(model=str(checkpoints[0] / "a"), device="cpu", kv_cache_tokens=2048, quantization="none",
+                    compile_layers=False)
+    yield engine
+    engine.check_invariants()
+    engine.shutdown()
+
+
+def test_update_from_disk_serves_the_new_weights_and_no_old_kv(engine, checkpoints):
+    root, old, new = checkpoints
+    assert greedy(engine)[0] == hf_greedy(old)
+    assert greedy(engine)[1] > 0  # the prompt is cached
+
+    result = engine.update_weights_from_disk(str(root / "b"), weight_version="step-1")
+
+    assert (result.weight_version, engine.weight_version) == ("step-1", "step-1")
+    assert greedy(engine) == (hf_greedy(new), 0)  # the new weights' tokens, none from the old KV
+    assert engine.model_path == str(root / "b")
+
+
+def test_update_from_tensor_changes_only_the_named_tensors(engine, checkpoints):
+    _, old, new = checkpoints
+    greedy(engine)  # cached before
+    changed = ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight", "lm_head.weight"]
+    given = {name: new.state_dict()[name] for name in changed}
+
+    engine.update_weights_from_tensor(list(given.items()), weight_version="v2")
+
+    mixed = transformers.LlamaForCausalLM(old.config).eval()
+    mixed.load_state_dict(old.state_dict() | given)
+    assert greedy(engine) == (hf_greedy(mixed), 0)
+    assert engine.weight_version == "v2"
+
+
+def test_a_mismatch_is_refused_and_the_old_weights_serve_on(engine, checkpoints):
+    root, old, _ = checkpoints
+    greedy(engine)
+    with pytest.raises(ValueError, match=r"gate_up_proj.*\(512, 64\).*\(256, 64\)"):
+        engine.update_weights_from_disk(str(root / "wide"))
+    with pytest.raises(ValueError, match="does not exist"):
+        engine.update_weights_from_disk(str(root / "missing"))
+    with pytest.raises(ValueError, match=r"k_proj.*\(3, 3\)"):
+        engine.update_weights_from_tensor([("model.layers.0.self_attn.k_proj.weight", torch.zeros(3, 3))])
+    with pytest.raises(ValueError, match="unknown weight"):
+        engine.update_weights_from_tensor([("model.layers.9.mlp.up_proj.weight", torch.zeros(128, 64))])
+    tokens, cached = greedy(engine)
+    assert tokens == hf_greedy(old) and cached > 0  # nothing flushed: the update never began
+    assert engine.weight_version == "default"
+
+
+def stream_during_update(engine: Engine, path: str, abort: bool, n: int) -> list:
+    """A greedy request's chunks, with an update to `path` begun once it runs (with `abort`, under a pause: the
+    request cannot finish before the update begins)."""
+    sub = engine.prepare(input_ids=PROMPT, sampling_params=GREEDY | {"max_new_tokens": n}).requests[0]
+    chunks = engine.chunks(sub)
+    got = [next(chunks)]  # it runs
+    if abort:
+        engine.pause_generation()
+    update = threading.Thread(target=engine.update_weights_from_disk, args=(path,),
+                              kwargs={"abort_all_requests": abort})
+    update.start()
+    if abort:
+        update.join()
+        engine.continue_generation()
+    got += list(chunks)
+    update.join()
+    return got
+
+
+def test_requests_in_flight_finish_on_the_old_weights_or_abort(engine, checkpoints):
+    root, old, _ = checkpoints
+    finished = stream_during_update(engine, str(root / "b"), abort=False, n=48)
+    assert finished[-1].finish_reason == "length"
+    assert [t for c in finished for t in c.token_ids] == hf_greedy(old, 48)  # all on the old weights
+
+    aborted = stream_during_update(engine, str(root / "a"), abort=True, n=200)
+    assert aborted[-1].finish_reason == "abort" and "weights are being updated" in aborted[-1].error
+    assert sum(len(c.token_ids) for c in aborted) < 200
+    engine.check_invariants()
+    assert greedy(engine) == (hf_greedy(old), 0)  # back on the first checkpoint
+
+
+def test_pause_stops_the_steps_and_an_update_while_paused_retracts(engine, checkpoints):
+    root, _, new = checkpoints
+    engine.pause_generation()
+    sub = engine.prepare(input_ids=PROMPT, sampling_params=GREEDY).requests[0]
+    chunks = engine.chunks(sub)
+    done = threading.Event()
+    got: list = []
+
+    def read() -> None:
+        got.extend(chunks)
+        done.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert not done.wait(0.3) and engine.stats()["waiting_requests"] == 1  # queued, not run
+    engine.update_weights_from_disk(str(root / "b"))  # paused: does not wait for the request
+    engine.continue_generation()
+    reader.join(30)
+    assert got[-1].finish_reason == "length"
+    assert greedy(engine)[0] == hf_greedy(new)
+
+
+def test_the_default_low_bit_mode_switches_to_the_new_files_weights(tmp_path, checkpoints):
+    _, old, new = checkpoints
+    hf = json.loads((checkpoints[0] / "a" / "config.json").read_text())
+    files = {}
+    for name, model in (("a", old), ("b", new)):
+        tensors, _ = gguf_tensors(hf, dict(model.state_dict()), Q.Q4_0, np.random.default_rng(0))
+        files[name] = tmp_path / f"{name}.gguf"
+        write_gguf(files[name], hf, tensors)
+    options = {"device": "cpu", "kv_cache_tokens": 2048, "compile_layers": False}
+    with Engine(model=str(files["b"]), **options) as fresh:
+        want = greedy(fresh)[0]
+    with Engine(model=str(files["a"]), **options) as engine:
+        down = engine.runner.model.layers[0].mlp.down_proj
+        assert type(down).__name__ in ("BlockLinear", "Int4Linear")  # the default mode packs the file's blocks
+        before = greedy(engine)[0]
+        assert before != want
+        engine.update_weights_from_disk(str(files["b"]), load_format="gguf")
+        assert greedy(engine) == (want, 0)
+        with pytest.raises(ValueError, match="every part"):  # a packed linear takes its fused parts whole
+            engine.update_weights_from_tensor([("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 64))])
+        files["a"].write_bytes(files["b"].read_bytes())  # the same path, rewritten: its cache entry is stale
+        engine.update_weights_from_disk(str(files["a"]))
+        assert greedy(engine) == (want, 0)
+        engine.check_invariants()
