@@ -3,8 +3,10 @@ them, in the exact mode; a fresh engine on them, in the default low-bit mode), n
 reused, a mismatch leaves the old weights serving, and requests in flight finish on the old weights or abort."""
 from __future__ import annotations
 
+import functools
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,10 +16,11 @@ import transformers
 from radixlang.runtime.engine import Engine
 
 from .models.gguf_tiny import Q, gguf_tensors, write_gguf
-from .models.hf_tiny import BASE, save_hf_model
+from .models.hf_tiny import BASE, one_thread, save_hf_model  # noqa: F401 (a fixture)
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104]  # "Hello, world! Th"
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,7 @@ def checkpoints(tmp_path_factory):
     return root, old, new
 
 
+@functools.cache  # each checkpoint's tokens are asked for by several tests
 def hf_greedy(model: torch.nn.Module, n: int = GREEDY["max_new_tokens"]) -> list[int]:
     out = model.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
     return out[0, len(PROMPT):].tolist()
@@ -91,36 +95,44 @@ def test_a_mismatch_is_refused_and_the_old_weights_serve_on(engine, checkpoints)
     assert engine.weight_version == "default"
 
 
-def stream_during_update(engine: Engine, path: str, abort: bool, n: int) -> list:
-    """A greedy request's chunks, with an update to `path` begun once it runs (with `abort`, under a pause: the
-    request cannot finish before the update begins)."""
-    sub = engine.prepare(input_ids=PROMPT, sampling_params=GREEDY | {"max_new_tokens": n}).requests[0]
+def test_requests_in_flight_finish_on_the_old_weights_and_new_ones_wait(engine, checkpoints):
+    root, old, new = checkpoints
+    sub = engine.prepare(input_ids=PROMPT, sampling_params=GREEDY | {"max_new_tokens": 200}).requests[0]
     chunks = engine.chunks(sub)
     got = [next(chunks)]  # it runs
-    if abort:
-        engine.pause_generation()
-    update = threading.Thread(target=engine.update_weights_from_disk, args=(path,),
-                              kwargs={"abort_all_requests": abort})
+    update = threading.Thread(target=engine.update_weights_from_disk, args=(str(root / "b"),))
     update.start()
-    if abort:
-        update.join()
-        engine.continue_generation()
+    wait_for(lambda: engine.scheduler.hold_new)  # the update waits for the running request
+    later: list = []
+    queued = threading.Thread(target=lambda: later.append(greedy(engine)))
+    queued.start()  # while the update waits: queued until it is done
     got += list(chunks)
     update.join()
-    return got
+    queued.join()
+    assert got[-1].finish_reason == "length"
+    assert [t for c in got for t in c.token_ids] == hf_greedy(old, 200)  # all on the old weights
+    assert later == [(hf_greedy(new), 0)]  # all on the new ones
 
 
-def test_requests_in_flight_finish_on_the_old_weights_or_abort(engine, checkpoints):
-    root, old, _ = checkpoints
-    finished = stream_during_update(engine, str(root / "b"), abort=False, n=48)
-    assert finished[-1].finish_reason == "length"
-    assert [t for c in finished for t in c.token_ids] == hf_greedy(old, 48)  # all on the old weights
+def test_abort_all_requests_aborts_them_and_says_why(engine, checkpoints):
+    root, _, new = checkpoints
+    sub = engine.prepare(input_ids=PROMPT, sampling_params=GREEDY | {"max_new_tokens": 200}).requests[0]
+    chunks = engine.chunks(sub)
+    got = [next(chunks)]
+    engine.pause_generation()  # it cannot finish before the update begins
+    result = engine.update_weights_from_disk(str(root / "b"), abort_all_requests=True)
+    engine.continue_generation()
+    got += list(chunks)
+    assert result.aborted == 1
+    assert got[-1].finish_reason == "abort" and "weights are being updated" in got[-1].error
+    assert greedy(engine) == (hf_greedy(new), 0)
 
-    aborted = stream_during_update(engine, str(root / "a"), abort=True, n=200)
-    assert aborted[-1].finish_reason == "abort" and "weights are being updated" in aborted[-1].error
-    assert sum(len(c.token_ids) for c in aborted) < 200
-    engine.check_invariants()
-    assert greedy(engine) == (hf_greedy(old), 0)  # back on the first checkpoint
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
 
 
 def test_pause_stops_the_steps_and_an_update_while_paused_retracts(engine, checkpoints):
