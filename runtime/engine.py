@@ -8,8 +8,18 @@ import queue
 import random
 import threading
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence,
-                    TypedDict, TypeVar)
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+    TypedDict,
+    TypeVar,
+)
 
 import torch
 

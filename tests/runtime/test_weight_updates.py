@@ -7,6 +7,7 @@ import functools
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,14 +24,19 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """Two random checkpoints of one architecture, saved by transformers, and one of another shape."""
-    root = tmp_path_factory.mktemp("weights")
+def save_checkpoints(root: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Two random checkpoints of one architecture saved by transformers (root/a, root/b; returned), and one of
+    another shape (root/wide)."""
     config = transformers.LlamaConfig(**BASE)
     old, new = save_hf_model(root / "a", config, seed=1), save_hf_model(root / "b", config, seed=2)
     save_hf_model(root / "wide", transformers.LlamaConfig(**(BASE | {"intermediate_size": 256})), seed=3)
-    return root, old, new
+    return old, new
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("weights")
+    return (root, *save_checkpoints(root))
 
 
 @functools.cache  # each checkpoint's tokens are asked for by several tests

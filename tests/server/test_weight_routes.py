@@ -7,26 +7,19 @@ import threading
 import time
 
 import pytest
-import torch
-import transformers
 
-from ..runtime.models.hf_tiny import BASE, one_thread, save_hf_model  # noqa: F401 (a fixture)
+from ..runtime.models.hf_tiny import one_thread  # noqa: F401 (a fixture)
+from ..runtime.test_weight_updates import GREEDY, PROMPT, hf_greedy, save_checkpoints
 from .conftest import serving
 
-PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]
-GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("routes")
-    config = transformers.LlamaConfig(**BASE)
-    save_hf_model(root / "a", config, seed=1)
-    new = save_hf_model(root / "b", config, seed=2)
-    save_hf_model(root / "wide", transformers.LlamaConfig(**(BASE | {"num_hidden_layers": 3})), seed=3)
-    out = new.generate(torch.tensor([PROMPT]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    return root, out[0, len(PROMPT):].tolist()
+    _, new = save_checkpoints(root)
+    return root, hf_greedy(new)
 
 
 def generate(http) -> dict:
@@ -51,7 +44,7 @@ def test_update_weights_from_disk_route(folders):
 
         r = http.post("/update_weights_from_disk", json={"model_path": str(root / "wide")})
         assert r.status_code == 400 and r.json()["success"] is False
-        assert "layers.2" in r.json()["message"]  # the tensors the serving model lacks
+        assert "gate_up_proj" in r.json()["message"]  # the tensor whose shape differs
         assert http.post("/update_weights_from_disk", json={"model_path": str(root / "b"),
                                                             "load_format": "npz"}).status_code == 422
         assert generate(http)["output_ids"] == new_tokens  # the new weights serve on

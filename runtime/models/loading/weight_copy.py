@@ -25,7 +25,7 @@ from ..llama import packed_parts, packed_target
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor the model computes with by name: parameters and buffers, non-persistent ones included (a
     packed linear's oneDNN copy, rotary tables), which a state_dict leaves out."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     tensors |= dict(model.named_buffers(remove_duplicate=False))
     return {name: t for name, t in tensors.items() if t is not None}
 
@@ -99,7 +99,7 @@ def plan_named_tensors(model: nn.Module, named_tensors: Iterable[tuple[str, torc
     tied = tied_head(model)
     given = [(name, t) for name, t in given if not (tied and name == "lm_head.weight")]  # as load_weights skips it
     plain, fused = _group(given)
-    params = dict(model.named_parameters())
+    params: dict[str, torch.Tensor] = dict(model.named_parameters())
     writes: list[tuple[torch.Tensor, torch.Tensor]] = []
     repacks: list[tuple[str, nn.Module]] = []
     with torch.no_grad():
@@ -181,7 +181,8 @@ def _part_rows(model: nn.Module, target: str, order: tuple[str, ...], rows: int)
     """Each part's rows in a fused weight or bias of one rank (the engine refuses updates under TP): q | k | v
     by the attention's sizes, gate | up in halves."""
     block = model.get_submodule(target.rsplit(".", 2)[0])  # the attention or MLP the fused linear is in
-    sizes = [block.q_size, block.kv_size, block.kv_size] if len(order) == 3 else [rows // 2, rows // 2]
+    q, kv = getattr(block, "q_size", 0), getattr(block, "kv_size", 0)
+    sizes = [q, kv, kv] if len(order) == 3 else [rows // 2] * 2
     bounds, start = {}, 0
     for part, size in zip(order, sizes):
         bounds[part] = (start, start + size)
