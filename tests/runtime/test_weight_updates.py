@@ -62,11 +62,14 @@ def engine(checkpoints):
 def test_update_from_disk_serves_the_new_weights_and_no_old_kv(engine, checkpoints):
     root, old, new = checkpoints
     assert greedy(engine)[0] == hf_greedy(old)
+    session = engine.generate(input_ids=PROMPT[:-2], sampling_params=GREEDY, cache_key="session")
     assert greedy(engine)[1] > 0  # the prompt is cached
+    assert session.meta.completion_tokens and engine.stats()["kv_pins"] == 1
 
     result = engine.update_weights_from_disk(str(root / "b"), weight_version="step-1")
 
     assert (result.weight_version, engine.weight_version) == ("step-1", "step-1")
+    assert engine.stats()["kv_pins"] == 0 and engine.stats()["kv_cached_tokens"] == 0
     assert greedy(engine) == (hf_greedy(new), 0)  # the new weights' tokens, none from the old KV
     assert engine.model_path == str(root / "b")
 
@@ -83,6 +86,19 @@ def test_update_from_tensor_changes_only_the_named_tensors(engine, checkpoints):
     mixed.load_state_dict(old.state_dict() | given)
     assert greedy(engine) == (hf_greedy(mixed), 0)
     assert engine.weight_version == "v2"
+
+
+def test_a_low_bit_mode_repacks_the_tensors_it_takes(checkpoints):
+    root, _, new = checkpoints
+    options = {"device": "cpu", "kv_cache_tokens": 2048, "quantization": "int8", "compile_layers": False}
+    with Engine(model=str(root / "b"), **options) as fresh:
+        want = greedy(fresh)[0]
+    with Engine(model=str(root / "a"), **options) as engine:
+        assert type(engine.runner.model.layers[0].self_attn.qkv_proj).__name__ == "Int8Linear"
+        assert greedy(engine)[0] != want
+        engine.update_weights_from_tensor(list(new.state_dict().items()))
+        assert greedy(engine) == (want, 0)  # as a fresh engine on the new weights
+        engine.check_invariants()
 
 
 def test_a_mismatch_is_refused_and_the_old_weights_serve_on(engine, checkpoints):

@@ -109,7 +109,7 @@ def plan_named_tensors(model: nn.Module, named_tensors: Iterable[tuple[str, torc
             writes += _fused_write(model, params, target, parts, mode, repacks)
         head = getattr(model, "lm_head", None)
         if tied and "embed_tokens.weight" in plain and head is not None and packed_linear_record(head):
-            repacks.append(("lm_head", pack_linear(plain["embed_tokens.weight"].float(), None, mode)))
+            repacks.append(("lm_head", pack_linear(_fp32(plain["embed_tokens.weight"]), None, mode)))
     for name, module in repacks:
         check_same_tensors(model_tensors(model.get_submodule(name)), model_tensors(module))
     return TensorUpdate(model, writes, repacks, len(given))
@@ -147,7 +147,7 @@ def _plain_write(model: nn.Module, params: dict[str, torch.Tensor], name: str, t
         if attr != "weight":  # a packed linear's bias comes with its weight
             raise ValueError(f"weight {name!r} is part of a packed linear: send {owner}.weight with it")
         bias = getattr(module, "bias", None)
-        repacks.append((owner, pack_linear(load_shard(model, name, tensor).float(), bias, mode)))
+        repacks.append((owner, pack_linear(_fp32(load_shard(model, name, tensor)), bias, mode)))
         return []
     return [(params[name], _shaped(params[name], load_shard(model, name, tensor), name))]
 
@@ -164,7 +164,7 @@ def _fused_write(model: nn.Module, params: dict[str, torch.Tensor], target: str,
         if missing:
             raise ValueError(f"{target!r} is a packed {mode} linear: its update needs every part {list(order)}, "
                              f"missing {missing}")
-        weight = torch.cat([parts[p][1].float() for p in order])
+        weight = torch.cat([_fp32(parts[p][1]) for p in order])
         repacks.append((owner, pack_linear(load_shard(model, target, weight), getattr(module, "bias", None), mode)))
         return []
     param = params[target]
@@ -188,6 +188,11 @@ def _part_rows(model: nn.Module, target: str, order: tuple[str, ...], rows: int)
         bounds[part] = (start, start + size)
         start += size
     return bounds
+
+
+def _fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """A new weight as a packed linear takes it: fp32, on the CPU (quant.py's packed linears are CPU kernels)."""
+    return tensor.detach().to("cpu", torch.float32)
 
 
 def _submodule(model: nn.Module, owner: str, name: str) -> nn.Module:
