@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import torch
 
@@ -35,6 +35,14 @@ DRAIN_POLL_S = 0.005  # how often an update looks whether the requests in flight
 ABORT_MESSAGE = "aborted: the model's weights are being updated (abort_all_requests)"
 
 
+class AllRequests(Protocol):
+    """What pause asks of the engine's scheduler (one rank's, or DP attention's over every rank)."""
+
+    def abort_all(self, error: str | None = None) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class UpdateResult:
     """SGLang's answer to an update: what changed, and the version now served."""
@@ -47,13 +55,14 @@ class UpdateResult:
 class LiveWeights:
     """The weight updates of one engine: its config, scheduler thread, scheduler and model."""
 
-    def __init__(self, cfg: EngineConfig, thread: SchedulerThread, scheduler: object, model: torch.nn.Module,
+    def __init__(self, cfg: EngineConfig, thread: SchedulerThread, scheduler: AllRequests, model: torch.nn.Module,
                  vision: bool):
         self.cfg, self.thread, self.model = cfg, thread, model
         self.version = cfg.weight_version
         self._lock = threading.Lock()  # one update at a time
         self._refusal = _refusal(cfg, scheduler, vision)
-        self._scheduler = scheduler if isinstance(scheduler, Scheduler) else None
+        self._requests = scheduler  # pause's abort reaches every rank's requests
+        self._scheduler = scheduler if isinstance(scheduler, Scheduler) else None  # None: no updates (_refusal)
 
     # ---- pause -----------------------------------------------------------------------------------
     def pause(self, mode: str = "in_place") -> int:
@@ -148,13 +157,12 @@ class LiveWeights:
 
     def _abort_all(self, error: str) -> int:
         """Aborts every request (on the scheduler thread); how many."""
-        assert self._scheduler is not None
-        count = len(self._scheduler.reqs)
-        self._scheduler.abort_all(error=error)
-        return count
+        stats = self._requests.stats()
+        self._requests.abort_all(error=error)
+        return int(stats["running_requests"] + stats["waiting_requests"])
 
 
-def _refusal(cfg: EngineConfig, scheduler: object, vision: bool) -> str | None:
+def _refusal(cfg: EngineConfig, scheduler: AllRequests, vision: bool) -> str | None:
     """Why this engine cannot update its weights live (None: it can)."""
     if cfg.tp_size > 1 or not isinstance(scheduler, Scheduler):
         return ("live weight updates need tp_size 1: under tensor parallelism the other ranks' weights live in "

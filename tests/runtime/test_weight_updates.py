@@ -150,6 +150,18 @@ def test_abort_all_requests_aborts_them_and_says_why(engine, checkpoints):
     assert greedy(engine) == (hf_greedy(new), 0)
 
 
+def test_pause_in_abort_mode_aborts_what_runs(engine):
+    chunks = engine.chunks(engine.prepare(input_ids=PROMPT, sampling_params=GREEDY | {"max_new_tokens": 200}).requests[0])
+    got = [next(chunks)]
+    assert engine.pause_generation("abort") == 1
+    got += list(chunks)
+    assert got[-1].finish_reason == "abort" and "paused" in got[-1].error
+    with pytest.raises(ValueError, match="mode must be one of"):
+        engine.pause_generation("retract")
+    engine.continue_generation()
+    assert greedy(engine)[0]  # it steps again
+
+
 def wait_for(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
