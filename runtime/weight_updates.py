@@ -91,7 +91,7 @@ class LiveWeights:
                   weight_version: str | None = None) -> UpdateResult:
         """The weights of another checkpoint of the same architecture and shapes (an HF folder or a GGUF
         file), loaded as the engine loaded its own: the same dtype and quantization mode."""
-        self._check_allowed()
+        self._check_allowed(weight_version)
         path = _checked_path(model_path, load_format)
         try:
             loaded = load_model(path, self.cfg.torch_device(), self.cfg.torch_dtype(), TensorParallel(0, 1),
@@ -109,7 +109,7 @@ class LiveWeights:
     def from_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]], abort_all_requests: bool = False,
                      weight_version: str | None = None) -> UpdateResult:
         """HF-named tensors (SGLang's update_weights_from_tensor); only those change."""
-        self._check_allowed()
+        self._check_allowed(weight_version)
         named = list(named_tensors)
         for item in named:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
@@ -118,16 +118,16 @@ class LiveWeights:
         update = plan_named_tensors(self.model, named, self.cfg.load_quantization())
         return self._swap(update.apply, abort_all_requests, weight_version, f"updated {update.count} tensors")
 
-    def _check_allowed(self) -> None:
+    def _check_allowed(self, version: str | None) -> None:
         if self._refusal is not None:
             raise ValueError(self._refusal)
+        if version is not None and not isinstance(version, str):
+            raise TypeError(f"weight_version must be a string, got {version!r}")
 
     def _swap(self, apply: Callable[[], None], abort: bool, version: str | None, message: str) -> UpdateResult:
         """Settles the requests in flight, then applies the weights and flushes the old KV on the scheduler thread."""
         scheduler = self._scheduler
         assert scheduler is not None, "_check_allowed refuses engines without one scheduler"
-        if version is not None and not isinstance(version, str):
-            raise TypeError(f"weight_version must be a string, got {version!r}")
         with self._lock:
             weight_cache.wait_for_write()  # a cache write still reading the old tensors must end before they change
 
