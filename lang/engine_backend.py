@@ -81,7 +81,8 @@ class EngineBackend:
                 raise RuntimeError(f"gen {gen.name!r} was aborted: {chunk.error or 'aborted by request'}")
             meta = meta_info(tok, chunk, finished=True, e2e_latency=time.perf_counter() - started,
                              return_logprob=want_logprobs, with_text=with_text,
-                             input_logprobs=input_logprobs, output_logprobs=logprobs)
+                             input_logprobs=input_logprobs, output_logprobs=logprobs,
+                             weight_version=self.engine.weight_version)
             yield GenDelta(chunk.text, meta, progress)
 
     def select(self, state: StateView, choices: list[str], method: str | ChoiceMethod) -> tuple[int, dict[str, Any]]:

@@ -172,6 +172,10 @@ class EngineConfig:
                                                       "chat_template_kwargs override it")
     default_max_tokens: int = option(4096, "a chat request without max_tokens generates at most this many tokens "
                                      "(and at most to the context); 0: up to the context")
+    # live weight updates (docs/weight_updates.md)
+    weight_version: str = option("default", "the weights' version as the caller names it (SGLang's "
+                                 "--weight-version): reported by /get_model_info and in each response's "
+                                 "meta_info; a weight update sets it")
 
     @classmethod
     def from_options(cls, model: str | None = None,

@@ -8,7 +8,18 @@ import queue
 import random
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence, TypedDict, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+    TypedDict,
+    TypeVar,
+)
 
 import torch
 
@@ -36,6 +47,7 @@ from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer
 from .tool_formats import FORMATS, ToolFormat, detect_format
 from .validation import InputIds, Prompts, RequestValidator, SamplingArg
+from .weight_updates import LiveWeights, UpdateResult
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 
 if TYPE_CHECKING:
@@ -136,6 +148,7 @@ class Engine:
         self.profiler = StepProfiler()  # its state is the scheduler thread's
         self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
         release_openmp_workers()  # this thread's, from loading: the model runs on the scheduler thread's
+        self.weights = LiveWeights(cfg, self._thread, self.scheduler, self.runner.model, self.image_encoder is not None)
         write_when_idle(self._thread)  # a converting start's weight cache write waits out the first requests
         if self.decode_compile is not None:  # once the engine is up, and idle
             self.decode_compile.start(self._thread.idle_seconds)
@@ -317,6 +330,36 @@ class Engine:
     def flush_cache(self) -> bool:
         """Evicts every cached prefix not in use; True when the tree is empty afterwards."""
         return self._thread.call(self.scheduler.flush).result()
+
+    # ---- live weights (runtime/weight_updates.py) -------------------------------------------------
+    @property
+    def weight_version(self) -> str:
+        """The version of the weights served, as the last update (or the weight_version option) named it."""
+        return self.weights.version
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
+                                 abort_all_requests: bool = False, weight_version: str | None = None) -> UpdateResult:
+        """SGLang's: serves the weights of another checkpoint of the same architecture and shapes (ValueError
+        naming the mismatch, the old weights untouched). Requests in flight finish on the old weights first
+        (new ones wait), or are aborted with `abort_all_requests`; every cached KV of the old weights is
+        flushed."""
+        return self.weights.from_disk(model_path, load_format, abort_all_requests, weight_version)
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                   weight_version: str | None = None,
+                                   abort_all_requests: bool = False) -> UpdateResult:
+        """SGLang's: copies HF-named tensors into the model (only those change), as update_weights_from_disk
+        settles the requests in flight and flushes the old KV."""
+        return self.weights.from_tensors(named_tensors, abort_all_requests, weight_version)
+
+    def pause_generation(self, mode: str = "in_place") -> int:
+        """SGLang's: no step runs until continue_generation; requests stay queued or running with their KV
+        ("abort": aborted first). An update while paused retracts the running ones. Returns how many it
+        aborted."""
+        return self.weights.pause(mode)
+
+    def continue_generation(self) -> None:
+        self.weights.resume()
 
     def release_cache_key(self, key: str | Retention) -> int:
         """Drops a session's pin (or a Retention's owner's); how many tokens it pinned (0: none)."""

@@ -45,9 +45,10 @@ def finish_reason(status: RequestStatus) -> dict[str, Any]:
 def meta_info(tokenizer: "Tokenizer", status: RequestStatus, *, finished: bool, e2e_latency: float | None = None,
               return_logprob: bool = False, with_text: bool = False, prompt_ids: Sequence[int] = (),
               logprob_start_len: int = -1, input_logprobs: "list[TokenLogprob] | None" = None,
-              output_logprobs: "list[TokenLogprob] | None" = None) -> dict[str, Any]:
+              output_logprobs: "list[TokenLogprob] | None" = None, weight_version: str | None = None) -> dict[str, Any]:
     """A request's meta_info so far (finish_reason is None until it finishes). With return_logprob, the
-    four logprob lists of [logprob, token_id, text or None] entries (text only with `with_text`)."""
+    four logprob lists of [logprob, token_id, text or None] entries (text only with `with_text`).
+    `weight_version`: the served weights' version (SGLang's field), where the caller knows it."""
     meta: dict[str, Any] = {
         "id": status.rid,
         "finish_reason": finish_reason(status) if finished else None,
@@ -55,6 +56,8 @@ def meta_info(tokenizer: "Tokenizer", status: RequestStatus, *, finished: bool, 
         "cached_tokens": status.cached_tokens,
         "completion_tokens": status.completion_tokens,
     }
+    if weight_version is not None:
+        meta["weight_version"] = weight_version
     if finished and e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency
     if return_logprob:

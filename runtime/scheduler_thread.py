@@ -37,6 +37,7 @@ class SchedulerThread:
         self._inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.closed = False
         self.stopped: str | None = None  # why the loop stopped on its own (a TP worker failure)
+        self.paused = False  # /pause_generation: no step runs, commands still do; written on this thread only
         # whether the loop has requests, and since when it has none: written by the loop, read by any thread
         self.busy = False
         self.idle_since = time.monotonic()
@@ -86,11 +87,13 @@ class SchedulerThread:
         progressed = True
         while True:
             # block when idle; poll when the last step could schedule nothing, so we never spin
-            wait = None if not self.core.has_work else 0.0 if progressed else IDLE_POLL_SECONDS
+            wait = None if self.paused or not self.core.has_work else 0.0 if progressed else IDLE_POLL_SECONDS
             if wait is None:  # idle: torch work elsewhere in the process gets the cores (openmp_workers.py)
                 release_openmp_workers()
             if not self._drain_inbox(wait):
                 break
+            if self.paused:  # requests stay where they are until a command resumes the steps
+                continue
             self._note_work()
             try:
                 progressed = bool(self.core.step())

@@ -38,7 +38,8 @@ OPEN_PATHS = frozenset({"/health", "/health_generate", "/healthz", "/readyz", "/
 # routes that act on the server rather than on one's own requests: the admin key only
 ADMIN_PATHS = frozenset({"/flush_cache", "/start_profile", "/stop_profile", "/v1/loads", "/get_load",
                          "/load_lora_adapter", "/unload_lora_adapter", "/update_weights_from_disk",
-                         "/update_weights_from_tensor", "/update_weights_from_distributed"})
+                         "/update_weights_from_tensor", "/update_weights_from_distributed", "/pause_generation",
+                         "/continue_generation"})
 RETRY_AFTER_S = 1  # a tenant at its cap is told to come back after this many seconds
 # POSTs that end work rather than start it: a tenant at its cap may still send them
 UNCAPPED_PATHS = frozenset({"/abort", "/v1/prompt_cache/release"})

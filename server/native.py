@@ -170,7 +170,8 @@ def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: C
     meta = meta_info(engine.tokenizer, c.meta, finished=finished, e2e_latency=time.perf_counter() - started,
                      return_logprob=body.return_logprob, with_text=body.return_text_in_logprobs,
                      prompt_ids=prompt_ids, logprob_start_len=body.logprob_start_len,
-                     input_logprobs=c.meta.input_logprobs, output_logprobs=c.meta.output_logprobs)
+                     input_logprobs=c.meta.input_logprobs, output_logprobs=c.meta.output_logprobs,
+                     weight_version=engine.weight_version)
     reason = meta["finish_reason"]
     if reason is not None and reason["type"] == "length":
         hint = length_hint(engine, c.meta.prompt_tokens, c.meta.completion_tokens, max_new_tokens)

@@ -185,6 +185,21 @@ class AbortRequest(StrictModel):
         return self
 
 
+class UpdateWeightsFromDiskRequest(StrictModel):
+    """SGLang's /update_weights_from_disk body (its fields radixlang acts on; flush_cache can only be true: KV of
+    the old weights is never reused)."""
+
+    model_path: str
+    load_format: Literal["auto", "safetensors", "gguf"] | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: Literal[True] = True
+
+
+class PauseGenerationRequest(StrictModel):
+    mode: Literal["in_place", "abort"] = "in_place"  # SGLang's modes: requests kept as they are, or aborted
+
+
 # ---- OpenAI ---------------------------------------------------------------------------------------
 class StreamOptions(StrictModel):
     include_usage: bool = False

@@ -44,8 +44,9 @@ async def model_info(request: Request) -> dict[str, Any]:
             "is_generation": True, "has_image_understanding": images is not None,
             "has_audio_understanding": False, "context_length": state.engine.context_length,
             # SGLang's, at the values of a server without those features: no server-side default sampling
-            # params, weights never updated in place, no prefill/decode split
-            "preferred_sampling_params": None, "weight_version": "default", "disaggregation_mode": "null",
+            # params, no prefill/decode split; the weights' version as the last update named it
+            "preferred_sampling_params": None, "weight_version": state.engine.weight_version,
+            "disaggregation_mode": "null",
             "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
             "image_token": images.placeholder if images else None}
 

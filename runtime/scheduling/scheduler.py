@@ -48,6 +48,8 @@ class Scheduler:
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
+    # a weight update is draining: requests never admitted wait, admitted ones (preempted too) run to their end
+    hold_new: bool = False
 
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
@@ -96,7 +98,7 @@ class Scheduler:
             self._finish(f.req, f.reason, f.matched, f.error)
 
     def _schedule(self) -> list[ScheduledItem]:
-        if self.waiting and self.running:
+        if self.waiting and self.running and not self.hold_new:
             self._yield_to_waiting()
         items, budget = self._schedule_running()
         if budget > 0 and self.waiting:  # a pure decode step skips admission's per-step setup
@@ -148,6 +150,8 @@ class Scheduler:
         for req in self._order_waiting():
             if budget <= 0 or self._admission_closed():
                 break
+            if self.hold_new and req.state is ReqState.WAITING:
+                continue
             if self._better_next_step(req, admitted):
                 continue
             item = self._try_admit(req, budget, reserve)
@@ -270,15 +274,18 @@ class Scheduler:
         if not keep:
             req.draft = None
 
-    def _preempt(self, req: Req, pressure: bool = True) -> None:
-        """Back to the queue, its computed KV to the tree (or swapped out). `pressure`: preempted because
-        KV ran out (not for a higher class), so admission is more conservative for a while."""
+    def _preempt(self, req: Req, pressure: bool = True, keep_kv: bool = True) -> None:
+        """Back to the queue, its computed KV to the tree (or swapped out; with keep_kv False, dropped).
+        `pressure`: preempted because KV ran out (not for a higher class), so admission is more conservative
+        for a while."""
         self._drop_draft(req)  # the draft is re-proposed after the request resumes
         if self.drafter is not None:
             self.drafter.forget(req, finished=False)  # draft KV goes to the draft cache, like the target's
         self.running.remove(req)
         self.counters.preemptions += 1
-        if self.cfg.preemption_mode == "swap" and req.kv_len > 0:
+        if not keep_kv:
+            self.kv.release(req, cache_computed=False)
+        elif self.cfg.preemption_mode == "swap" and req.kv_len > 0:
             self.kv.swap_out(req)
         else:
             self.kv.release(req)
@@ -321,6 +328,22 @@ class Scheduler:
 
     def _ttl(self, retain: Retention) -> float:
         return self.cfg.prompt_cache_retention if retain.ttl is None else retain.ttl
+
+    # ---- weight updates -------------------------------------------------------------------------
+    @property
+    def drained(self) -> bool:
+        """No admitted request is left (running, or preempted and waiting to resume): under hold_new, the
+        weights may change without a request seeing both."""
+        return not self.running and all(r.state is ReqState.WAITING for r in self.waiting)
+
+    def retract_all(self) -> None:
+        """Every admitted request back to the queue with its KV dropped, and any swapped-out KV too: after a
+        weight update they recompute their tokens so far on the new weights (SGLang's retract)."""
+        for req in list(self.running):
+            self._preempt(req, pressure=False, keep_kv=False)
+        for req in self.waiting:
+            if req.swapped is not None:
+                req.swapped, req.kv_len = None, 0
 
     # ---- what the engine asks -------------------------------------------------------------------
     def flush(self) -> bool:

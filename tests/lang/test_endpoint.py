@@ -189,7 +189,7 @@ def test_gen_meta_info_is_the_same_in_process_and_through_the_server(backend, en
     remote = prog.run(backend=endpoint).get_meta_info("v")
     sglang_keys = {"id", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "e2e_latency",
                    "input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs",
-                   "output_token_logprobs_length"}
+                   "output_token_logprobs_length", "weight_version"}
     assert set(local) == set(remote) == sglang_keys
     assert local["e2e_latency"] > 0 and remote["e2e_latency"] > 0 and local["id"] and remote["id"]
     got = _leaves({k: v for k, v in remote.items() if k not in ("id", "e2e_latency")})

@@ -325,3 +325,9 @@ def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
         return BlockLinear(weights, bias)
     # the kernel is building in the background (block_kernel.available started it): int4pack in this process
     return Int4Linear(weights, bias, keep_blocks=block_kernel.supported())
+
+
+def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str) -> nn.Module:
+    """A packed linear of `mode` over fp32 `weight`, as quantize_model packs one (a live weight update's re-pack:
+    "auto" has no file blocks then, and rounds to int4 as "int4" does)."""
+    return _packed_linear(weight, bias, mode, None)
