@@ -271,8 +271,8 @@ def main() -> None:
         print(f"compile + first mask on the {len(common)} schemas every system compiled: " + ", ".join(
             f"{name} p50 {percentile(v, 50):.1f} / p90 {percentile(v, 90):.1f} ms" for name, v in shared.items()))
     for name, times in (("cold", total.mask_us), ("warm", total.mask_warm_us)):
-        print(f"per-token mask (mask_words), {name}: {len(times)} masks, p50 {percentile(times, 50):.1f} us, "
-              f"p99 {percentile(times, 99):.1f} us")
+        print(f"per-token mask (mask_words), {name}: {len(times)} masks, mean {statistics.fmean(times or [0]):.1f} us, "
+              f"p50 {percentile(times, 50):.1f} us, p99 {percentile(times, 99):.1f} us")
     print(f"\nwhy schemas were refused (first error each, {sum(errors.values())} schemas):")
     for message, count in errors.most_common(args.errors):
         print(f"{count:5d}  {message}")

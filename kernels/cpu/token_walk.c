@@ -1,0 +1,108 @@
+/* The vocabulary trie walked by a byte DFA: which tokens a DFA state can read (token_walk.py loads this).
+
+The trie is numbered level by level (VocabTrie): a node's children are a contiguous range of node numbers,
+and every child's number is above its parent's. A walk is a depth-first search that descends only below
+live nodes (the DFA is trimmed: live means completable), so it costs the live prefixes, not the vocabulary.
+
+Dense states (inside a string) keep most of the vocabulary alive. Where the start state loops on a byte set
+B (reading any byte of B leaves it where it was), the caller passes B and the bits of the tokens made only of
+B's bytes (every one readable from such a state); the walk then skips, on the path that has stayed in the
+loop, every subtree whose bytes all lie in B: what is left is the few tokens with a quote or a non-ASCII byte.
+*/
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 1024
+
+/* Per node: the bytes on its path from the root (`path`) and the bytes anywhere in its subtree, itself
+   included (`subtree`), as 256-bit sets (4 words each). `parent` is -1 for the root's children. */
+void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, uint64_t *path, uint64_t *subtree) {
+    memset(path, 0, (size_t)n_nodes * 32);
+    memset(subtree, 0, (size_t)n_nodes * 32);
+    for (int64_t n = 0; n < n_nodes; n++) { /* parents come first */
+        uint64_t *p = path + 4 * n;
+        if (parent[n] >= 0) memcpy(p, path + 4 * parent[n], 32);
+        p[byte[n] >> 6] |= 1ull << (byte[n] & 63);
+        subtree[4 * n + (byte[n] >> 6)] |= 1ull << (byte[n] & 63);
+    }
+    for (int64_t n = n_nodes - 1; n >= 0; n--) { /* children come last */
+        if (parent[n] < 0) continue;
+        uint64_t *s = subtree + 4 * parent[n];
+        for (int w = 0; w < 4; w++) s[w] |= subtree[4 * n + w];
+    }
+}
+
+/* Sets the bit of every token whose bytes all lie in `loop` (token rows: their node and their id). */
+void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *ids, const uint64_t *path,
+                      const uint64_t *loop, uint8_t *out_bits) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint64_t *p = path + 4 * token_node[r];
+        if (!(p[0] & ~loop[0]) && !(p[1] & ~loop[1]) && !(p[2] & ~loop[2]) && !(p[3] & ~loop[3]))
+            out_bits[ids[r] >> 3] |= (uint8_t)(1u << (ids[r] & 7));
+    }
+}
+
+typedef struct {
+    int64_t next, end;  /* the children left to visit: [next, end) */
+    int32_t state;      /* the DFA state after the path to these children's parent */
+    int32_t in_loop;    /* the path so far only looped on the start state */
+} Frame;
+
+/* Walks the trie from DFA state `start`; sets the bits (by token id) of the tokens it can read in `out_bits`.
+   With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
+   depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
+   With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
+   `loop` (null: no skipping) is the start state's loop set; `out_bits` then already holds the tokens
+   made only of its bytes. Returns the boundaries found (more than bounds_cap: call again with room),
+   or -1 for a trie deeper than MAX_DEPTH. */
+int64_t rl_walk(int64_t root_children, const int64_t *child_lo, const int64_t *child_hi, const uint8_t *node_byte,
+                const int64_t *end_start, const int64_t *end_ids, const uint64_t *subtree,
+                const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
+                const uint8_t *unbuilt, int32_t start, const uint64_t *loop, uint8_t *out_bits,
+                int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
+                int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
+    Frame stack[MAX_DEPTH + 1];
+    int64_t depth = 0, n_bounds = 0;
+    *n_unbuilt = 0;
+    stack[0] = (Frame){0, root_children, start, 1};
+    while (depth >= 0) {
+        Frame *f = &stack[depth];
+        if (f->next >= f->end) {
+            depth--;
+            continue;
+        }
+        int64_t node = f->next++;
+        if (loop && f->in_loop) {
+            const uint64_t *s = subtree + 4 * node;
+            if (!(s[0] & ~loop[0]) && !(s[1] & ~loop[1]) && !(s[2] & ~loop[2]) && !(s[3] & ~loop[3]))
+                continue; /* all of its tokens are already set */
+        }
+        int32_t nxt = trans[(int64_t)f->state * width + byte_class[node_byte[node]]];
+        if (nxt < 0) {
+            if (bounds_cap >= 0 && depth >= 1 && accept[f->state] >= 0) {
+                if (n_bounds < bounds_cap) {
+                    b_node[n_bounds] = node;
+                    b_pos[n_bounds] = depth;
+                    b_label[n_bounds] = accept[f->state];
+                }
+                n_bounds++;
+            }
+            continue;
+        }
+        if (unbuilt && unbuilt[nxt]) {
+            if (*n_unbuilt < unbuilt_cap) unbuilt_hits[*n_unbuilt] = nxt;
+            (*n_unbuilt)++;
+            continue;
+        }
+        for (int64_t k = end_start[node]; k < end_start[node + 1]; k++)
+            out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
+        if (child_lo[node] < child_hi[node]) {
+            if (depth + 1 > MAX_DEPTH) return -1;
+            int32_t in_loop = f->in_loop && nxt == start && loop &&
+                              (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
+            stack[depth + 1] = (Frame){child_lo[node], child_hi[node], nxt, in_loop};
+            depth++;
+        }
+    }
+    return n_bounds;
+}
