@@ -1,8 +1,8 @@
 /* The vocabulary trie walked by a byte DFA: which tokens a DFA state can read (token_walk.py loads this).
 
-The trie is numbered level by level (VocabTrie): a node's children are a contiguous range of node numbers,
-and every child's number is above its parent's. A walk is a depth-first search that descends only below
-live nodes (the DFA is trimmed: live means completable), so it costs the live prefixes, not the vocabulary.
+The trie's nodes are numbered in depth-first preorder (native_trie.py lays them out), so a node's subtree is
+a run of node numbers and the walk reads its arrays in order. A walk descends only below live nodes (the DFA
+is trimmed: live means completable), so it costs the live prefixes, not the vocabulary.
 
 Dense states (inside a string) keep most of the vocabulary alive. Where the start state loops on a byte set
 B (reading any byte of B leaves it where it was), the caller passes B and the bits of the tokens made only of
@@ -43,39 +43,45 @@ void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *
 }
 
 typedef struct {
-    int64_t next, end;  /* the children left to visit: [next, end) */
-    int32_t state;      /* the DFA state after the path to these children's parent */
-    int32_t in_loop;    /* the path so far only looped on the start state */
+    int64_t end;      /* the node number just past the subtree whose children this frame visits */
+    int32_t state;    /* the DFA state after the path to that subtree's root */
+    int32_t in_loop;  /* the path so far only looped on the start state */
 } Frame;
 
+static inline int within(const uint64_t *set, const uint64_t *of) {
+    return !(set[0] & ~of[0]) && !(set[1] & ~of[1]) && !(set[2] & ~of[2]) && !(set[3] & ~of[3]);
+}
+
 /* Walks the trie from DFA state `start`; sets the bits (by token id) of the tokens it can read in `out_bits`.
+   Nodes are numbered in depth-first preorder: node k's subtree is nodes [k, k + size[k]), and the tokens
+   ending in it are end_ids[end_start[k] .. end_start[k + size[k]]).
+   `loops` (per state, the 256-bit set of bytes that leave it where it is) lets a subtree whose bytes all
+   loop on the state reached be set at once, without walking it.
    With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
    depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
    With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
    `loop` (null: no skipping) is the start state's loop set; `out_bits` then already holds the tokens
-   made only of its bytes. Returns the boundaries found (more than bounds_cap: call again with room),
-   or -1 for a trie deeper than MAX_DEPTH. */
-int64_t rl_walk(int64_t root_children, const int64_t *child_lo, const int64_t *child_hi, const uint8_t *node_byte,
+   made only of its bytes, and the subtrees made only of them on the path that stays in the loop are skipped.
+   Returns the boundaries found (more than bounds_cap: call again with room), or -1 for a trie deeper than
+   MAX_DEPTH. */
+int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
                 const int64_t *end_start, const int64_t *end_ids, const uint64_t *subtree,
                 const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
-                const uint8_t *unbuilt, int32_t start, const uint64_t *loop, uint8_t *out_bits,
-                int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
+                const uint64_t *loops, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
+                uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
                 int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
     Frame stack[MAX_DEPTH + 1];
-    int64_t depth = 0, n_bounds = 0;
+    int64_t depth = 0, n_bounds = 0, node = 0;
     *n_unbuilt = 0;
-    stack[0] = (Frame){0, root_children, start, 1};
-    while (depth >= 0) {
-        Frame *f = &stack[depth];
-        if (f->next >= f->end) {
-            depth--;
+    stack[0] = (Frame){n_nodes, start, 1};
+    while (node < n_nodes) {
+        while (node >= stack[depth].end) depth--;
+        const Frame *f = &stack[depth];
+        const uint64_t *below = subtree + 4 * node;
+        int64_t past = node + size[node];
+        if (loop && f->in_loop && within(below, loop)) {
+            node = past; /* all of its tokens are already set */
             continue;
-        }
-        int64_t node = f->next++;
-        if (loop && f->in_loop) {
-            const uint64_t *s = subtree + 4 * node;
-            if (!(s[0] & ~loop[0]) && !(s[1] & ~loop[1]) && !(s[2] & ~loop[2]) && !(s[3] & ~loop[3]))
-                continue; /* all of its tokens are already set */
         }
         int32_t nxt = trans[(int64_t)f->state * width + byte_class[node_byte[node]]];
         if (nxt < 0) {
@@ -87,22 +93,38 @@ int64_t rl_walk(int64_t root_children, const int64_t *child_lo, const int64_t *c
                 }
                 n_bounds++;
             }
+            node = past;
             continue;
         }
         if (unbuilt && unbuilt[nxt]) {
             if (*n_unbuilt < unbuilt_cap) unbuilt_hits[*n_unbuilt] = nxt;
             (*n_unbuilt)++;
+            node = past;
+            continue;
+        }
+        if (loops && nxt == f->state && within(below, loops + 4 * (int64_t)nxt)) {
+            /* every byte below stays in this live state: all of the subtree's tokens are readable */
+            for (int64_t k = end_start[node]; k < end_start[past]; k++)
+                out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
+            node = past;
             continue;
         }
         for (int64_t k = end_start[node]; k < end_start[node + 1]; k++)
             out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
-        if (child_lo[node] < child_hi[node]) {
+        if (past > node + 1) {
             if (depth + 1 > MAX_DEPTH) return -1;
-            int32_t in_loop = f->in_loop && nxt == start && loop &&
-                              (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
-            stack[depth + 1] = (Frame){child_lo[node], child_hi[node], nxt, in_loop};
+            int32_t in_loop = f->in_loop && loop && nxt == start && (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
+            stack[depth + 1] = (Frame){past, nxt, in_loop};
             depth++;
         }
+        node++;
     }
     return n_bounds;
+}
+
+/* Per state, the 256-bit set of bytes that lead from it back to it (`loops`, [n_states * 4], zeroed). */
+void rl_loops(int64_t n_states, const int32_t *trans, int64_t width, const int32_t *byte_class, uint64_t *loops) {
+    for (int64_t q = 0; q < n_states; q++)
+        for (int b = 0; b < 256; b++)
+            if (trans[q * width + byte_class[b]] == q) loops[4 * q + (b >> 6)] |= 1ull << (b & 63);
 }

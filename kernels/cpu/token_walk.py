@@ -30,11 +30,7 @@ SOURCE = Path(__file__).with_name("token_walk.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 
-_I64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
-_I32 = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
-_U8 = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
-_U64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
-_PTR = ctypes.c_void_p  # an optional array (None: null)
+_PTR = ctypes.c_void_p  # arrays pass as their addresses (numpy's ndpointer checks cost ~10 us per argument)
 _N = ctypes.c_int64
 
 
@@ -65,7 +61,8 @@ def _build(compiler: str) -> Path:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded library, built on first call; None where it cannot be (the numpy walk is used)."""
+    """The loaded library, built on first call; None where it cannot be (the numpy walk is used). Its
+    functions take arrays as addresses (`address`): C-contiguous, of the dtypes token_walk.c names."""
     if os.environ.get("RADIXLANG_NATIVE_MASKS", "1") == "0":
         return None
     compiler = _compiler()
@@ -78,11 +75,21 @@ def library() -> ctypes.CDLL | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             logger.warning("the native token walk did not build (%s): token masks take the numpy walk", e)
             return None
-    lib.rl_trie_bytes.argtypes = [_N, _I64, _U8, _U64, _U64]
+    lib.rl_trie_bytes.argtypes = [_N, _PTR, _PTR, _PTR, _PTR]
     lib.rl_trie_bytes.restype = None
-    lib.rl_tokens_within.argtypes = [_N, _I64, _I64, _U64, _U64, _U8]
+    lib.rl_tokens_within.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_tokens_within.restype = None
-    lib.rl_walk.argtypes = [_N, _I64, _I64, _U8, _I64, _I64, _U64, _I32, _N, _I32, _I32, _PTR, ctypes.c_int32,
-                            _PTR, _U8, _N, _I64, _I64, _I64, _I64, _N, _I64]
+    lib.rl_walk.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, ctypes.c_int32,
+                            _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
     lib.rl_walk.restype = ctypes.c_int64
+    lib.rl_loops.argtypes = [_N, _PTR, _N, _PTR, _PTR]
+    lib.rl_loops.restype = None
     return lib
+
+
+def address(array: np.ndarray | None) -> int | None:
+    """A C-contiguous array's address for the library's functions (None: a null pointer)."""
+    if array is None:
+        return None
+    assert array.flags.c_contiguous, "the native walk reads arrays in C order"
+    return array.ctypes.data

@@ -12,63 +12,74 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ....kernels.cpu.token_walk import library
+from ....kernels.cpu.token_walk import address, library
 from ..regex.automaton import Dfa
-from .vocab_trie import VocabTrie
+from .vocab_trie import VocabTrie, expand_ranges as _expand
 
+LOOPS_MAX_STATES = 1 << 18  # DFAs with more states than this find each start state's loop when walking it
 LOOP_MIN_BYTES = 32  # a start state looping on fewer bytes walks its loop: skipping saves little there
 _WITHIN_CACHE = 64  # loop sets whose tokens are kept (a schema's strings share a few)
 
 
 @dataclass(eq=False)
 class NativeTrie:
+    """The trie's nodes renumbered in depth-first preorder: a node's subtree is a run of numbers, and the
+    tokens ending in it a run of `end_rows` (the walk reads memory in order, and skips a subtree in one step)."""
+
     lib: ctypes.CDLL
     size: int  # mask length in tokens
-    root_children: int
-    child_lo: np.ndarray  # [n] int64: a node's children are node numbers [child_lo, child_hi)
-    child_hi: np.ndarray
+    sizes: np.ndarray  # [n] int64: node k's subtree is nodes [k, k + sizes[k])
     byte: np.ndarray  # [n] uint8
-    end_start: np.ndarray  # [n + 1] int64: the ids of the tokens ending at node k: end_ids[end_start[k]:end_start[k+1]]
-    end_ids: np.ndarray
+    end_start: np.ndarray  # [n + 1] int64: the tokens ending at node k are end_ids[end_start[k]:end_start[k+1]]
+    end_ids: np.ndarray  # token ids
+    end_rows: np.ndarray  # the same tokens as vocabulary rows
     path: np.ndarray  # [n * 4] uint64: the bytes on a node's path, a 256-bit set per node
     subtree: np.ndarray  # [n * 4] uint64: the bytes in a node's subtree
-    row_start: np.ndarray  # [n] int64: a node's subtree as sorted rows (VocabTrie.sorted_rows)
-    row_end: np.ndarray
     token_node: np.ndarray  # [N] by vocabulary row
     ids: np.ndarray  # [N] token id by row
     _within: dict[bytes, np.ndarray] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
 
     @classmethod
     def create(cls, trie: VocabTrie, ids: np.ndarray, size: int) -> "NativeTrie | None":
-        """None where the native library is not available."""
+        """None where the native library is not available. Sorted rows list the tokens in preorder, so
+        nodes sorted by (their subtree's first row, depth) are in preorder."""
         lib = library()
         if lib is None:
             return None
         levels = trie.levels
         n = trie.num_nodes
-        child_lo = np.zeros(n, np.int64)
-        child_hi = np.zeros(n, np.int64)
-        parent = np.full(n, -1, np.int64)
-        for i, level in enumerate(levels):
-            span = slice(level.offset, level.offset + len(level.byte))
-            if i + 1 < len(levels):
-                below = levels[i + 1].offset
-                child_lo[span] = below + level.child_start[:-1]
-                child_hi[span] = below + level.child_start[1:]
-            if i:
-                parent[span] = level.parent + levels[i - 1].offset
-        byte = np.concatenate([level.byte for level in levels]).astype(np.uint8)
-        order = np.argsort(trie.token_node, kind="stable")
-        end_start = np.searchsorted(trie.token_node[order], np.arange(n + 1)).astype(np.int64)
+        depth = np.concatenate([np.full(len(level.byte), d) for d, level in enumerate(levels)])
+        row_start = np.concatenate([level.row_start for level in levels])
+        row_end = np.concatenate([level.row_end for level in levels])
+        parent = np.concatenate([np.full(len(levels[0].byte), -1)]
+                                + [level.parent + above.offset for above, level in zip(levels, levels[1:])])
+        order = np.lexsort((depth, row_start))
+        number = np.empty(n, np.int64)
+        number[order] = np.arange(n)
+        sizes = np.searchsorted(row_start[order], row_end[order], side="left") - np.arange(n)
+        byte = np.concatenate([level.byte for level in levels])[order].astype(np.uint8)
+        parent = np.where(parent[order] >= 0, number[np.maximum(parent[order], 0)], -1).astype(np.int64)
+        token_node = number[trie.token_node]
+        rows = np.argsort(token_node, kind="stable")
+        end_start = np.searchsorted(token_node[rows], np.arange(n + 1)).astype(np.int64)
         path = np.zeros(n * 4, np.uint64)
         subtree = np.zeros(n * 4, np.uint64)
-        lib.rl_trie_bytes(n, parent, byte, path, subtree)
-        return cls(lib, size, trie.root_children, child_lo, child_hi, byte, end_start,
-                   np.ascontiguousarray(ids[order], np.int64), path, subtree,
-                   np.concatenate([level.row_start for level in levels]).astype(np.int64),
-                   np.concatenate([level.row_end for level in levels]).astype(np.int64),
-                   np.ascontiguousarray(trie.token_node, np.int64), np.ascontiguousarray(ids, np.int64))
+        lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree))
+        return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
+                   rows.astype(np.int64), path, subtree, token_node.astype(np.int64),
+                   np.ascontiguousarray(ids, np.int64))
+
+    def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The vocabulary rows of the tokens in each node's subtree, concatenated, and their count per node."""
+        starts = self.end_start[nodes]
+        counts = self.end_start[nodes + self.sizes[nodes]] - starts
+        return self.end_rows[_expand(starts, counts)], counts
+
+    def __post_init__(self) -> None:
+        self.walk_args = (len(self.byte), *(address(a) for a in (
+            self.sizes, self.byte, self.end_start, self.end_ids, self.subtree)))
 
     def within(self, loop: np.ndarray) -> np.ndarray:
         """Packed bits of the tokens made only of the bytes in `loop` (a 256-bit set as 4 uint64); shared."""
@@ -76,7 +87,8 @@ class NativeTrie:
         hit = self._within.get(key)
         if hit is None:
             hit = np.zeros(-(-self.size // 8), np.uint8)
-            self.lib.rl_tokens_within(len(self.ids), self.token_node, self.ids, self.path, loop, hit)
+            self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.ids), address(self.path),
+                                      address(loop), address(hit))
             hit.flags.writeable = False
             with self._lock:
                 if len(self._within) >= _WITHIN_CACHE:
@@ -105,26 +117,36 @@ class NativeWalker:
         self.accept = np.ascontiguousarray(dfa.accept, np.int32)
         self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # a view: marks may clear
         self._bounds = 1024  # boundary room; grows when a walk finds more
+        # per state, the bytes that loop on it (32 bytes a state; a DFA too large to spare that goes without)
+        self.loops = None
+        if len(self.trans) <= LOOPS_MAX_STATES:
+            self.loops = np.zeros(len(self.trans) * 4, np.uint64)
+            trie.lib.rl_loops(len(self.trans), address(self.trans), self.width, address(self.byte_class),
+                              address(self.loops))
+        self._dfa_args = (address(self.trans), self.width, address(self.byte_class), address(self.accept),
+                          address(self.loops), address(self.unbuilt))
 
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
-        loops = self.trans[state][self.byte_class] == state
         loop = None
         bits = np.zeros(-(-t.size // 8), np.uint8)
-        if loops.sum() >= LOOP_MIN_BYTES:
-            loop = np.packbits(loops, bitorder="little").view("<u8").astype(np.uint64)
+        if self.loops is not None:
+            loop = self.loops[4 * state: 4 * state + 4]
+        else:
+            loop = np.packbits(self.trans[state][self.byte_class] == state, bitorder="little").view("<u8")
+        if sum(int(w).bit_count() for w in loop) >= LOOP_MIN_BYTES:
+            loop = np.ascontiguousarray(loop, np.uint64)
             bits[:] = t.within(loop)
+        else:
+            loop = None
         unbuilt_hits = np.zeros(64, np.int64)
         count = np.zeros(1, np.int64)
         while True:
             cap = self._bounds if boundaries else -1
             nodes, pos, labels = (np.zeros(max(cap, 0), np.int64) for _ in range(3))
-            found = t.lib.rl_walk(
-                t.root_children, t.child_lo, t.child_hi, t.byte, t.end_start, t.end_ids, t.subtree,
-                self.trans, self.width, self.byte_class, self.accept,
-                None if self.unbuilt is None else self.unbuilt.ctypes.data, state,
-                None if loop is None else loop.ctypes.data, bits, cap, nodes, pos, labels,
-                unbuilt_hits, len(unbuilt_hits), count)
+            found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), address(bits), cap,
+                                  address(nodes), address(pos), address(labels), address(unbuilt_hits),
+                                  len(unbuilt_hits), address(count))
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
             if found <= max(cap, 0):

@@ -17,6 +17,7 @@ from ..regex.automaton import Dfa
 from .native_trie import NativeWalker
 from .vocab import TokenVocab
 from .vocab_trie import TrieLevel, VocabTrie
+from .vocab_trie import expand_ranges as _expand
 
 
 @dataclass(slots=True)
@@ -110,10 +111,8 @@ class TokenIndex:
         empty = np.zeros(0, np.int64)
         out = (empty, empty, empty)
         if self.with_boundaries and len(walked.bound_nodes):
-            starts, ends = native.row_start[walked.bound_nodes], native.row_end[walked.bound_nodes]
-            counts = ends - starts
-            out = (self.vocab.trie.sorted_rows[_expand(starts, counts)], np.repeat(walked.bound_pos, counts),
-                   np.repeat(walked.bound_labels, counts))
+            rows, counts = native.subtree_rows(walked.bound_nodes)
+            out = (rows, np.repeat(walked.bound_pos, counts), np.repeat(walked.bound_labels, counts))
         return walked.bits, out
 
     def _walk_numpy(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -166,11 +165,6 @@ class TokenIndex:
         """(vocabulary rows, position, accepted label) of tokens that end a complete lexeme part-way."""
         assert self.with_boundaries, "boundaries were not requested for this index"
         return self._entry(state)[1]
-
-
-def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The concatenated ranges [start, start + count)."""
-    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
 
 
 def _ended_rows(trie: VocabTrie, level: TrieLevel, nodes: np.ndarray, labels: np.ndarray,
