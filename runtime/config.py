@@ -172,6 +172,10 @@ class EngineConfig:
                                                       "chat_template_kwargs override it")
     default_max_tokens: int = option(4096, "a chat request without max_tokens generates at most this many tokens "
                                      "(and at most to the context); 0: up to the context")
+    # constrained decoding: compile time (docs/constrained.md)
+    constraint_compile_timeout: float = option(10.0, "seconds a request's constraint (regex, JSON schema, grammar) "
+                                               "may take to compile; past it the request is refused (400); 0: no "
+                                               "limit")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -191,6 +195,9 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if not self.constraint_compile_timeout >= 0:
+            raise ValueError(f"constraint_compile_timeout must be >= 0 seconds (0: no limit), got "
+                             f"{self.constraint_compile_timeout}")
         if not self.prompt_cache_retention >= 0:
             raise ValueError(f"prompt_cache_retention must be >= 0 seconds, got {self.prompt_cache_retention}")
         if self.kv_host_cache_tokens is not None and self.kv_host_cache_tokens < 0:

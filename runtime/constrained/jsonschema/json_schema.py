@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from .. import deadline
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa
 from ..regex.regex_parser import parse_regex
@@ -207,6 +208,7 @@ class _SchemaCompiler:
 
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: object, path: str) -> ra.Node:
+        deadline.check()
         if schema is True:
             return self.any_value()
         if schema is False:
