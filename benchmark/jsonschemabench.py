@@ -145,7 +145,7 @@ def limited(run, limit_s: float, result: SubsetResult):
             return run()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    except (CompileTimeout, ValueError) as e:
+    except (CompileTimeout, ValueError, TypeError) as e:  # numpy reports an alarm inside a comparison as a TypeError
         result.check_errors += 1
         result.too_large += isinstance(e, ConstraintTooLarge)
         return None

@@ -42,6 +42,31 @@ void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *
     }
 }
 
+/* The bytes that lead from state q back to q, as a 256-bit set: computed on first use and kept in `loops`
+   (4 words per state), `known[q]` set once they are there (walks of one DFA may run in several threads:
+   the words are written before the mark is released, and read after it is acquired). */
+static const uint64_t *state_loops(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class,
+                                   uint64_t *loops, uint8_t *known) {
+    uint64_t *out = loops + 4 * (int64_t)q;
+    if (!__atomic_load_n(known + q, __ATOMIC_ACQUIRE)) {
+        uint64_t w[4] = {0, 0, 0, 0};
+        const int32_t *row = trans + (int64_t)q * width;
+        for (int b = 0; b < 256; b++)
+            if (row[byte_class[b]] == q) w[b >> 6] |= 1ull << (b & 63);
+        for (int k = 0; k < 4; k++) __atomic_store_n(out + k, w[k], __ATOMIC_RELAXED);
+        __atomic_store_n(known + q, 1, __ATOMIC_RELEASE);
+    }
+    return out;
+}
+
+/* The start state's loop set (see state_loops), and how many bytes it holds. */
+int64_t rl_start_loops(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, uint64_t *loops,
+                       uint8_t *known) {
+    const uint64_t *w = state_loops(q, trans, width, byte_class, loops, known);
+    return __builtin_popcountll(w[0]) + __builtin_popcountll(w[1]) + __builtin_popcountll(w[2]) +
+           __builtin_popcountll(w[3]);
+}
+
 typedef struct {
     int64_t end;      /* the node number just past the subtree whose children this frame visits */
     int32_t state;    /* the DFA state after the path to that subtree's root */
@@ -55,8 +80,8 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
 /* Walks the trie from DFA state `start`; sets the bits (by token id) of the tokens it can read in `out_bits`.
    Nodes are numbered in depth-first preorder: node k's subtree is nodes [k, k + size[k]), and the tokens
    ending in it are end_ids[end_start[k] .. end_start[k + size[k]]).
-   `loops` (per state, the 256-bit set of bytes that leave it where it is) lets a subtree whose bytes all
-   loop on the state reached be set at once, without walking it.
+   `loops` and `known` (see state_loops) let a subtree whose bytes all loop on the state reached be set at
+   once, without walking it.
    With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
    depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
    With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
@@ -67,7 +92,7 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
 int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
                 const int64_t *end_start, const int64_t *end_ids, const uint64_t *subtree,
                 const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
-                const uint64_t *loops, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
+                uint64_t *loops, uint8_t *known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
                 uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
                 int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
     Frame stack[MAX_DEPTH + 1];
@@ -102,7 +127,7 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
             node = past;
             continue;
         }
-        if (loops && nxt == f->state && within(below, loops + 4 * (int64_t)nxt)) {
+        if (nxt == f->state && within(below, state_loops(nxt, trans, width, byte_class, loops, known))) {
             /* every byte below stays in this live state: all of the subtree's tokens are readable */
             for (int64_t k = end_start[node]; k < end_start[past]; k++)
                 out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
@@ -122,9 +147,3 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
     return n_bounds;
 }
 
-/* Per state, the 256-bit set of bytes that lead from it back to it (`loops`, [n_states * 4], zeroed). */
-void rl_loops(int64_t n_states, const int32_t *trans, int64_t width, const int32_t *byte_class, uint64_t *loops) {
-    for (int64_t q = 0; q < n_states; q++)
-        for (int b = 0; b < 256; b++)
-            if (trans[q * width + byte_class[b]] == q) loops[4 * q + (b >> 6)] |= 1ull << (b & 63);
-}

@@ -16,8 +16,8 @@ from ....kernels.cpu.token_walk import address, library
 from ..regex.automaton import Dfa
 from .vocab_trie import VocabTrie, expand_ranges as _expand
 
-LOOPS_MAX_STATES = 1 << 18  # DFAs with more states than this find each start state's loop when walking it
 LOOP_MIN_BYTES = 32  # a start state looping on fewer bytes walks its loop: skipping saves little there
+_UNBUILT_ROOM = 64  # unbuilt states one walk reports (the caller builds them and walks again)
 _WITHIN_CACHE = 64  # loop sets whose tokens are kept (a schema's strings share a few)
 
 
@@ -107,7 +107,7 @@ class NativeResult:
 
 
 class NativeWalker:
-    """One DFA's tables as token_walk.c reads them."""
+    """One DFA's tables as token_walk.c reads them, and each state's loop set (found on first use)."""
 
     def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None):
         self.trie = trie
@@ -116,41 +116,34 @@ class NativeWalker:
         self.byte_class = np.ascontiguousarray(dfa.byte_class, np.int32)
         self.accept = np.ascontiguousarray(dfa.accept, np.int32)
         self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # a view: marks may clear
+        self.loops = np.zeros(len(self.trans) * 4, np.uint64)
+        self.known = np.zeros(len(self.trans), np.uint8)
         self._bounds = 1024  # boundary room; grows when a walk finds more
-        # per state, the bytes that loop on it (32 bytes a state; a DFA too large to spare that goes without)
-        self.loops = None
-        if len(self.trans) <= LOOPS_MAX_STATES:
-            self.loops = np.zeros(len(self.trans) * 4, np.uint64)
-            trie.lib.rl_loops(len(self.trans), address(self.trans), self.width, address(self.byte_class),
-                              address(self.loops))
-        self._dfa_args = (address(self.trans), self.width, address(self.byte_class), address(self.accept),
-                          address(self.loops), address(self.unbuilt))
+        self._tables = (address(self.trans), self.width, address(self.byte_class))
+        self._loop_sets = (address(self.loops), address(self.known))
+        self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, address(self.unbuilt))
 
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
-        loop = None
         bits = np.zeros(-(-t.size // 8), np.uint8)
-        if self.loops is not None:
+        loop = None
+        if t.lib.rl_start_loops(state, *self._tables, *self._loop_sets) >= LOOP_MIN_BYTES:
             loop = self.loops[4 * state: 4 * state + 4]
-        else:
-            loop = np.packbits(self.trans[state][self.byte_class] == state, bitorder="little").view("<u8")
-        if sum(int(w).bit_count() for w in loop) >= LOOP_MIN_BYTES:
-            loop = np.ascontiguousarray(loop, np.uint64)
             bits[:] = t.within(loop)
-        else:
-            loop = None
-        unbuilt_hits = np.zeros(64, np.int64)
-        count = np.zeros(1, np.int64)
+        bits_at = address(bits)
         while True:
-            cap = self._bounds if boundaries else -1
-            nodes, pos, labels = (np.zeros(max(cap, 0), np.int64) for _ in range(3))
-            found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), address(bits), cap,
-                                  address(nodes), address(pos), address(labels), address(unbuilt_hits),
-                                  len(unbuilt_hits), address(count))
+            cap = self._bounds if boundaries else 0
+            scratch = np.empty(3 * cap + _UNBUILT_ROOM + 1, np.int64)  # boundaries, unbuilt states reached, count
+            at = address(scratch)
+            found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), bits_at,
+                                  cap if boundaries else -1, at, at + 8 * cap, at + 16 * cap, at + 24 * cap,
+                                  _UNBUILT_ROOM, at + 8 * (3 * cap + _UNBUILT_ROOM))
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
-            if found <= max(cap, 0):
+            if found <= cap:
                 break
             self._bounds = int(found)  # again with room for them (the bits come out the same)
-        hits = unbuilt_hits[:min(int(count[0]), len(unbuilt_hits))]
-        return NativeResult(bits, nodes[:found], pos[:found], labels[:found], np.unique(hits))
+        reached = int(scratch[-1])
+        hits = scratch[3 * cap: 3 * cap + min(reached, _UNBUILT_ROOM)]
+        return NativeResult(bits, scratch[:found], scratch[cap:cap + found], scratch[2 * cap:2 * cap + found],
+                            np.unique(hits) if reached else hits)
