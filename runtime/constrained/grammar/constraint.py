@@ -13,7 +13,6 @@ A token's mask bit comes from three places, all vectorised over the vocabulary:
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -167,13 +166,13 @@ class GrammarConstraint:
         vocab = self.vocab
         mask = lex.index.mask(q)
         rows, pos, labels = lex.index.boundaries(q)
-        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for i, key in enumerate(zip(pos.tolist(), labels.tolist())):
-            groups[key].append(i)
-        for (p, label), members in groups.items():
-            after = self._after_lexeme(stack, run, lex.terminals[label])
-            if after is not None:
-                self._allow_suffixes(mask, after, rows[members], p)
+        if len(rows):  # by (position, label): a few groups of many tokens
+            order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
+            cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
+            for members in np.split(order, cuts):
+                after = self._after_lexeme(stack, run, lex.terminals[int(labels[members[0]])])
+                if after is not None:
+                    self._allow_suffixes(mask, after, rows[members], int(pos[members[0]]))
         label = int(lex.dfa.accept[q])
         if label >= 0:
             after = self._after_lexeme(stack, run, lex.terminals[label])
