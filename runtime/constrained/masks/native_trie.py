@@ -14,7 +14,8 @@ import numpy as np
 
 from ....kernels.cpu.token_walk import address, library
 from ..regex.automaton import Dfa
-from .vocab_trie import VocabTrie, expand_ranges as _expand
+from .vocab_trie import VocabTrie
+from .vocab_trie import expand_ranges as _expand
 
 LOOP_MIN_BYTES = 32  # a start state looping on fewer bytes walks its loop: skipping saves little there
 _UNBUILT_ROOM = 64  # unbuilt states one walk reports (the caller builds them and walks again)
@@ -134,7 +135,7 @@ class NativeWalker:
         while True:
             cap = self._bounds if boundaries else 0
             scratch = np.empty(3 * cap + _UNBUILT_ROOM + 1, np.int64)  # boundaries, unbuilt states reached, count
-            at = address(scratch)
+            at = scratch.ctypes.data
             found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), bits_at,
                                   cap if boundaries else -1, at, at + 8 * cap, at + 16 * cap, at + 24 * cap,
                                   _UNBUILT_ROOM, at + 8 * (3 * cap + _UNBUILT_ROOM))
