@@ -93,3 +93,8 @@ def address(array: np.ndarray | None) -> int | None:
         return None
     assert array.flags.c_contiguous, "the native walk reads arrays in C order"
     return array.ctypes.data
+
+
+if __name__ == "__main__":  # `make install`: build (or find) the library now
+    logging.basicConfig(level=logging.INFO)
+    print("token walk: " + ("ready" if library() is not None else "unavailable; token masks take the numpy walk"))
