@@ -118,10 +118,21 @@ class ConstraintCompiler:
 
 
 def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
-    """One DFA when the grammar has no rules, else the LALR engine."""
+    """One DFA when the grammar has no rules, else the LALR engine; either reports the keywords it leaves
+    unenforced (`unenforced`)."""
+    built: RegexConstraint | GrammarConstraint
     if not grammar.rules:
-        return RegexConstraint(compile_dfa([grammar.root]), vocab)
-    return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+        built = RegexConstraint(compile_dfa([grammar.root]), vocab)
+    else:
+        built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+    built.unenforced = grammar.unenforced
+    return built
+
+
+def unenforced(constraint: object) -> tuple[str, ...]:
+    """The relaxed JSON-schema keywords a compiled constraint does not enforce, as "<keyword> at <path>"
+    (the engine's constrained_json_relaxed); () for other constraints."""
+    return getattr(constraint, "unenforced", ())
 
 
 def _cache_text(kind: str, spec: object) -> str:

@@ -50,6 +50,8 @@ class Lexer:
 
 
 class GrammarConstraint:
+    unenforced: tuple[str, ...] = ()  # a JSON schema's relaxed keywords (compiler.unenforced)
+
     def __init__(self, grammar: LalrGrammar, vocab: TokenVocab):
         self.grammar, self.vocab = grammar, vocab
         self.table = grammar.table
