@@ -147,3 +147,29 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
     return n_bounds;
 }
 
+
+/* Walks the bytes of the given vocabulary rows (`matrix` rows of `stride` bytes, `lengths` long) from
+   `offset` on, each from state `start`: the state after the last byte (or -1), and where a walk died, the
+   byte position that killed it and the state before it (numpy's walk_rows, token_index.py, does the same). */
+void rl_walk_rows(int64_t n, const int64_t *rows, const uint8_t *matrix, int64_t stride, const int64_t *lengths,
+                  const int32_t *trans, int64_t width, const int32_t *byte_class, int32_t start, int64_t offset,
+                  int64_t *end_state, int64_t *stop_pos, int64_t *stop_state) {
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *data = matrix + rows[k] * stride;
+        int32_t q = start;
+        int64_t i = offset, len = lengths[rows[k]];
+        end_state[k] = -1;
+        stop_pos[k] = 0;
+        stop_state[k] = start;
+        for (; i < len; i++) {
+            int32_t nxt = trans[(int64_t)q * width + byte_class[data[i]]];
+            if (nxt < 0) {
+                stop_pos[k] = i;
+                stop_state[k] = q;
+                break;
+            }
+            q = nxt;
+        }
+        if (i >= len) end_state[k] = q;
+    }
+}

@@ -84,6 +84,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_walk.restype = ctypes.c_int64
     lib.rl_start_loops.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR]
     lib.rl_start_loops.restype = ctypes.c_int64
+    lib.rl_walk_rows.argtypes = [_N, _PTR, _PTR, _N, _PTR, _PTR, _N, _PTR, ctypes.c_int32, _N, _PTR, _PTR, _PTR]
+    lib.rl_walk_rows.restype = None
     return lib
 
 

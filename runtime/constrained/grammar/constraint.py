@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
-from ..masks.token_index import TokenIndex, walk_rows
+from ..masks.token_index import TokenIndex
 from ..masks.vocab import TokenVocab
 from ..matcher import MaskCache
 from ..regex import regex_ast as ra
@@ -187,8 +187,7 @@ class GrammarConstraint:
     def _allow_suffixes(self, mask: np.ndarray, after: tuple[Stack, int], rows: np.ndarray, p: int) -> None:
         """Marks tokens whose bytes from p on are a valid start of what follows the finished lexeme."""
         lex = self.lexer(*after)
-        vocab = self.vocab
-        walk = walk_rows(lex.dfa, vocab.matrix, vocab.lengths, rows, np.full(len(rows), lex.dfa.start), p)
+        walk = lex.index.walk_rows(rows, lex.dfa.start, p)
         mask[self.vocab.ids[rows[walk.end_state >= 0]]] = True
         nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
         for r in rows[nested].tolist():  # a token spanning three lexemes: rare, walk it byte by byte

@@ -124,6 +124,16 @@ class NativeWalker:
         self._loop_sets = (address(self.loops), address(self.known))
         self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, address(self.unbuilt))
 
+    def walk_rows(self, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray, start: int,
+                  offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(end state or -1, stop position, stop state) of each row's bytes from `offset`, walked from `start`."""
+        rows = np.ascontiguousarray(rows, np.int64)
+        out = np.empty((3, len(rows)), np.int64)
+        at = out.ctypes.data
+        self.trie.lib.rl_walk_rows(len(rows), address(rows), address(matrix), matrix.shape[1], address(lengths),
+                                   *self._tables, start, offset, at, at + 8 * len(rows), at + 16 * len(rows))
+        return out[0], out[1], out[2]
+
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
         bits = np.zeros(-(-t.size // 8), np.uint8)

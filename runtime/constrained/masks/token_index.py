@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..regex.automaton import Dfa
-from .native_trie import NativeWalker
+from .native_trie import NativeTrie, NativeWalker
 from .vocab import TokenVocab
 from .vocab_trie import TrieLevel, VocabTrie
 from .vocab_trie import expand_ranges as _expand
@@ -103,9 +103,7 @@ class TokenIndex:
         native = self.vocab.native_trie
         if native is None:
             return self._walk_numpy(state)
-        if self._native is None:
-            self._native = NativeWalker(native, self.dfa, self.unbuilt)
-        walked = self._native.walk(state, self.with_boundaries)
+        walked = self._walker(native).walk(state, self.with_boundaries)
         if len(walked.unbuilt):
             raise Unbuilt(walked.unbuilt)
         empty = np.zeros(0, np.int64)
@@ -149,6 +147,18 @@ class TokenIndex:
             token_rows, positions, accepted = zip(*bounds)
             out = (np.concatenate(token_rows), np.concatenate(positions), np.concatenate(accepted))
         return np.packbits(mask, bitorder="little"), out
+
+    def walk_rows(self, rows: np.ndarray, start: int, offset: int) -> Walk:
+        """`walk_rows` of vocabulary rows from `offset`, each from DFA state `start` (natively where it can)."""
+        vocab = self.vocab
+        if vocab.native_trie is None:
+            return walk_rows(self.dfa, vocab.matrix, vocab.lengths, rows, np.full(len(rows), start), offset)
+        return Walk(*self._walker(vocab.native_trie).walk_rows(vocab.matrix, vocab.lengths, rows, start, offset))
+
+    def _walker(self, native: NativeTrie) -> NativeWalker:
+        if self._native is None:
+            self._native = NativeWalker(native, self.dfa, self.unbuilt)
+        return self._native
 
     def mask(self, state: int) -> np.ndarray:
         """Bool [vocab.size]: tokens whose bytes all stay inside the DFA from `state`."""

@@ -126,3 +126,23 @@ def test_vocab_trie_nodes_are_exactly_the_tokens_prefixes():
                 assert all(trie.levels[depth].parent[c] == k for c in children)
     flat = [p for level in prefixes for p in level]
     assert [flat[n] for n in trie.token_node.tolist()] == rows_bytes
+
+
+def test_native_row_walks_match_a_byte_by_byte_walk():
+    vocab = small_vocab(1)
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: the numpy walk is the only one")
+    dfa = compile_dfa([parse_regex('"[^"]*"'), parse_regex("[0-9]+")], nonempty=True)
+    rows = np.arange(len(vocab.ids))
+    for start, offset in [(dfa.start, 0), (dfa.start, 1), (dfa.step(dfa.start, ord('"')), 0)]:
+        walk = TokenIndex(dfa, vocab).walk_rows(rows, start, offset)
+        for r in rows.tolist():
+            data, s = vocab.token_bytes[int(vocab.ids[r])][offset:], start
+            for i, b in enumerate(data):
+                nxt = dfa.step(s, b)
+                if nxt < 0:
+                    assert (walk.end_state[r], walk.stop_pos[r], walk.stop_state[r]) == (-1, offset + i, s)
+                    break
+                s = nxt
+            else:
+                assert walk.end_state[r] == s
