@@ -15,8 +15,10 @@ loop, every subtree whose bytes all lie in B: what is left is the few tokens wit
 #define MAX_DEPTH 1024
 
 /* Per node: the bytes on its path from the root (`path`) and the bytes anywhere in its subtree, itself
-   included (`subtree`), as 256-bit sets (4 words each). `parent` is -1 for the root's children. */
-void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, uint64_t *path, uint64_t *subtree) {
+   included (`subtree`), as 256-bit sets (4 words each), and the longest path down from it, itself included
+   (`height`). `parent` is -1 for the root's children. */
+void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, uint64_t *path, uint64_t *subtree,
+                   int32_t *height) {
     memset(path, 0, (size_t)n_nodes * 32);
     memset(subtree, 0, (size_t)n_nodes * 32);
     for (int64_t n = 0; n < n_nodes; n++) { /* parents come first */
@@ -25,10 +27,12 @@ void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, 
         p[byte[n] >> 6] |= 1ull << (byte[n] & 63);
         subtree[4 * n + (byte[n] >> 6)] |= 1ull << (byte[n] & 63);
     }
+    for (int64_t n = 0; n < n_nodes; n++) height[n] = 1;
     for (int64_t n = n_nodes - 1; n >= 0; n--) { /* children come last */
         if (parent[n] < 0) continue;
         uint64_t *s = subtree + 4 * parent[n];
         for (int w = 0; w < 4; w++) s[w] |= subtree[4 * n + w];
+        if (height[n] + 1 > height[parent[n]]) height[parent[n]] = height[n] + 1;
     }
 }
 
@@ -67,6 +71,67 @@ int64_t rl_start_loops(int32_t q, const int32_t *trans, int64_t width, const int
            __builtin_popcountll(w[3]);
 }
 
+#define RUN_CAP 1024 /* longer than any token */
+
+/* A state's run: the bytes that all lead to its most common successor (`set`, 256 bits), and how many
+   such bytes in a row every path reads alive (`len`): the successor's own run has the same bytes, and
+   so on. Inside a string of at most n characters, the state after k of them has a run of its
+   characters n - k long; a loop's run never ends (RUN_CAP). A subtree of those bytes no taller than
+   the run is readable whole. Found on first use, per state, like state_loops. */
+typedef struct {
+    uint64_t *set;    /* [states * 4] */
+    int32_t *len;     /* [states] */
+    int32_t *next;    /* [states]: the most common successor (-1: none) */
+    uint8_t *known;   /* [states]: 1 set and next known, 2 len known too */
+} Runs;
+
+static void run_set(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, Runs *r) {
+    if (__atomic_load_n(r->known + q, __ATOMIC_ACQUIRE)) return;
+    int32_t count[256], target[256];
+    int n_targets = 0, best = -1;
+    const int32_t *row = trans + (int64_t)q * width;
+    for (int b = 0; b < 256; b++) {
+        int32_t t = row[byte_class[b]];
+        if (t < 0) continue;
+        int k = 0;
+        while (k < n_targets && target[k] != t) k++;
+        if (k == n_targets) {
+            target[n_targets] = t;
+            count[n_targets++] = 0;
+        }
+        if (++count[k] > (best < 0 ? 0 : count[best])) best = k;
+    }
+    uint64_t w[4] = {0, 0, 0, 0};
+    int32_t next = best < 0 ? -1 : target[best];
+    for (int b = 0; b < 256 && next >= 0; b++)
+        if (row[byte_class[b]] == next) w[b >> 6] |= 1ull << (b & 63);
+    for (int k = 0; k < 4; k++) __atomic_store_n(r->set + 4 * (int64_t)q + k, w[k], __ATOMIC_RELAXED);
+    __atomic_store_n(r->next + q, next, __ATOMIC_RELAXED);
+    __atomic_store_n(r->known + q, 1, __ATOMIC_RELEASE);
+}
+
+static int32_t run_len(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, Runs *r) {
+    if (__atomic_load_n(r->known + q, __ATOMIC_ACQUIRE) == 2) return r->len[q];
+    run_set(q, trans, width, byte_class, r);
+    const uint64_t *set = r->set + 4 * (int64_t)q;
+    int32_t len = 0, s = q;
+    while (len < RUN_CAP && r->next[s] >= 0) {
+        int32_t t = r->next[s];
+        len++;
+        if (t == s) {
+            len = RUN_CAP;
+            break;
+        }
+        run_set(t, trans, width, byte_class, r);
+        const uint64_t *own = r->set + 4 * (int64_t)t;
+        if (own[0] != set[0] || own[1] != set[1] || own[2] != set[2] || own[3] != set[3]) break;
+        s = t;
+    }
+    __atomic_store_n(r->len + q, len, __ATOMIC_RELAXED);
+    __atomic_store_n(r->known + q, 2, __ATOMIC_RELEASE);
+    return len;
+}
+
 typedef struct {
     int64_t end;      /* the node number just past the subtree whose children this frame visits */
     int32_t state;    /* the DFA state after the path to that subtree's root */
@@ -80,8 +145,8 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
 /* Walks the trie from DFA state `start`; sets the bits (by token id) of the tokens it can read in `out_bits`.
    Nodes are numbered in depth-first preorder: node k's subtree is nodes [k, k + size[k]), and the tokens
    ending in it are end_ids[end_start[k] .. end_start[k + size[k]]).
-   `loops` and `known` (see state_loops) let a subtree whose bytes all loop on the state reached be set at
-   once, without walking it.
+   `loops` and `known` (see state_loops) hold the start state's loop set; `runs` (see Runs; null with
+   `unbuilt`, whose placeholder rows must not be read past) let a subtree readable whole be set at once.
    With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
    depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
    With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
@@ -89,14 +154,17 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
    made only of its bytes, and the subtrees made only of them on the path that stays in the loop are skipped.
    Returns the boundaries found (more than bounds_cap: call again with room), or -1 for a trie deeper than
    MAX_DEPTH. */
-int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
+int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, const int32_t *height,
                 const int64_t *end_start, const int64_t *end_ids, const uint64_t *subtree,
                 const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
-                uint64_t *loops, uint8_t *known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
+                uint64_t *loops, uint8_t *known, uint64_t *run_sets, int32_t *run_lens, int32_t *run_next,
+                uint8_t *run_known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
                 uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
                 int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
     Frame stack[MAX_DEPTH + 1];
     int64_t depth = 0, n_bounds = 0, node = 0;
+    Runs runs = {run_sets, run_lens, run_next, run_known};
+    int use_runs = run_sets && !unbuilt;
     *n_unbuilt = 0;
     stack[0] = (Frame){n_nodes, start, 1};
     while (node < n_nodes) {
@@ -106,6 +174,14 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
         int64_t past = node + size[node];
         if (loop && f->in_loop && within(below, loop)) {
             node = past; /* all of its tokens are already set */
+            continue;
+        }
+        if (use_runs && height[node] <= run_len(f->state, trans, width, byte_class, &runs) &&
+            within(below, runs.set + 4 * (int64_t)f->state)) {
+            /* every path below reads alive: all of the subtree's tokens are readable */
+            for (int64_t k = end_start[node]; k < end_start[past]; k++)
+                out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
+            node = past;
             continue;
         }
         int32_t nxt = trans[(int64_t)f->state * width + byte_class[node_byte[node]]];
@@ -124,13 +200,6 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte,
         if (unbuilt && unbuilt[nxt]) {
             if (*n_unbuilt < unbuilt_cap) unbuilt_hits[*n_unbuilt] = nxt;
             (*n_unbuilt)++;
-            node = past;
-            continue;
-        }
-        if (nxt == f->state && within(below, state_loops(nxt, trans, width, byte_class, loops, known))) {
-            /* every byte below stays in this live state: all of the subtree's tokens are readable */
-            for (int64_t k = end_start[node]; k < end_start[past]; k++)
-                out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
             node = past;
             continue;
         }

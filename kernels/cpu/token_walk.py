@@ -75,12 +75,12 @@ def library() -> ctypes.CDLL | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             logger.warning("the native token walk did not build (%s): token masks take the numpy walk", e)
             return None
-    lib.rl_trie_bytes.argtypes = [_N, _PTR, _PTR, _PTR, _PTR]
+    lib.rl_trie_bytes.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_trie_bytes.restype = None
     lib.rl_tokens_within.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_tokens_within.restype = None
-    lib.rl_walk.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR,
-                            ctypes.c_int32, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
+    lib.rl_walk.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
+                            _PTR, _PTR, _PTR, ctypes.c_int32, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
     lib.rl_walk.restype = ctypes.c_int64
     lib.rl_start_loops.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR]
     lib.rl_start_loops.restype = ctypes.c_int64

@@ -36,6 +36,7 @@ class NativeTrie:
     end_rows: np.ndarray  # the same tokens as vocabulary rows
     path: np.ndarray  # [n * 4] uint64: the bytes on a node's path, a 256-bit set per node
     subtree: np.ndarray  # [n * 4] uint64: the bytes in a node's subtree
+    height: np.ndarray  # [n] int32: the longest path down from a node, itself included
     token_node: np.ndarray  # [N] by vocabulary row
     ids: np.ndarray  # [N] token id by row
     _within: dict[bytes, np.ndarray] = field(default_factory=dict)
@@ -67,9 +68,10 @@ class NativeTrie:
         end_start = np.searchsorted(token_node[rows], np.arange(n + 1)).astype(np.int64)
         path = np.zeros(n * 4, np.uint64)
         subtree = np.zeros(n * 4, np.uint64)
-        lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree))
+        height = np.zeros(n, np.int32)
+        lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree), address(height))
         return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
-                   rows.astype(np.int64), path, subtree, token_node.astype(np.int64),
+                   rows.astype(np.int64), path, subtree, height, token_node.astype(np.int64),
                    np.ascontiguousarray(ids, np.int64))
 
     def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +82,7 @@ class NativeTrie:
 
     def __post_init__(self) -> None:
         self.walk_args = (len(self.byte), *(address(a) for a in (
-            self.sizes, self.byte, self.end_start, self.end_ids, self.subtree)))
+            self.sizes, self.byte, self.height, self.end_start, self.end_ids, self.subtree)))
 
     def within(self, loop: np.ndarray) -> np.ndarray:
         """Packed bits of the tokens made only of the bytes in `loop` (a 256-bit set as 4 uint64); shared."""
@@ -119,10 +121,14 @@ class NativeWalker:
         self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # a view: marks may clear
         self.loops = np.zeros(len(self.trans) * 4, np.uint64)
         self.known = np.zeros(len(self.trans), np.uint8)
+        # each state's run (token_walk.c's Runs): its bytes, length, successor, and whether they are known yet
+        self.runs = (np.zeros(len(self.trans) * 4, np.uint64), np.zeros(len(self.trans), np.int32),
+                     np.zeros(len(self.trans), np.int32), np.zeros(len(self.trans), np.uint8))
         self._bounds = 1024  # boundary room; grows when a walk finds more
         self._tables = (address(self.trans), self.width, address(self.byte_class))
         self._loop_sets = (address(self.loops), address(self.known))
-        self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, address(self.unbuilt))
+        self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, *(address(a) for a in self.runs),
+                          address(self.unbuilt))
 
     def walk_rows(self, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray, start: int,
                   offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
