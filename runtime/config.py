@@ -176,6 +176,10 @@ class EngineConfig:
     weight_version: str = option("default", "the weights' version as the caller names it (SGLang's "
                                  "--weight-version): reported by /get_model_info and in each response's "
                                  "meta_info; a weight update sets it")
+    # constrained decoding: compile time (docs/constrained.md)
+    constraint_compile_timeout: float = option(10.0, "seconds a request's constraint (regex, JSON schema, grammar) "
+                                               "may take to compile; past it the request is refused (400); 0: no "
+                                               "limit")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -195,6 +199,9 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if not self.constraint_compile_timeout >= 0:
+            raise ValueError(f"constraint_compile_timeout must be >= 0 seconds (0: no limit), got "
+                             f"{self.constraint_compile_timeout}")
         if not self.prompt_cache_retention >= 0:
             raise ValueError(f"prompt_cache_retention must be >= 0 seconds, got {self.prompt_cache_retention}")
         if self.kv_host_cache_tokens is not None and self.kv_host_cache_tokens < 0:

@@ -138,7 +138,8 @@ class Engine:
         self.context_length = self.scheduler.context_length
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
                                               cfg.constrained_json_whitespace_pattern,
-                                              json_relaxed=cfg.constrained_json_relaxed)
+                                              json_relaxed=cfg.constrained_json_relaxed,
+                                              compile_timeout=cfg.constraint_compile_timeout)
         self.validator = RequestValidator(self.tokenizer, self.model_name, self.vocab_size, self.context_length,
                                           self.pool_size, self.constraints, self.image_prompts,
                                           share_prefills=not cfg.disable_radix_cache)

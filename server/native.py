@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..runtime.completion import Collector, Completion
+from ..runtime.constrained.compiler import unenforced
 from ..runtime.engine import Engine
 from ..runtime.meta_info import meta_info
 from ..runtime.reasoning_formats import reasoning_format
@@ -59,6 +60,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         batch = await state.offload(build)
     state.limits.check_sequences(len(prompts), batch.n)
     n, max_new_tokens = batch.n, batch.requests[0].params.max_new_tokens
+    relaxed = unenforced(batch.requests[0].constraint)  # one constraint per call
     groups = batch.groups()
     started = time.perf_counter()
     if body.stream:
@@ -66,11 +68,11 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         chunks = engine.async_chunks(batch)
         interval = batch.requests[0].params.stream_interval or 1
         return sse_response(_events(state, body, prompts, n, max_new_tokens, interval, groups, chunks, started,
-                                    tenant.id, split))
+                                    tenant.id, split, relaxed))
     results = await run(state, request, engine.async_run(batch), groups)
 
     def render() -> list[dict[str, Any]]:
-        return [_response(engine, body, prompts[i // n], c, True, started, max_new_tokens, split)
+        return [_response(engine, body, prompts[i // n], c, True, started, max_new_tokens, split, relaxed)
                 for i, c in enumerate(results)]
 
     items = await state.offload(render)  # logprobs of long prompts take many detokenisations
@@ -166,12 +168,16 @@ async def separate_reasoning(body: SeparateReasoningRequest, request: Request) -
 
 
 def _response(engine: Engine, body: GenerateRequest, prompt_ids: list[int], c: Completion,
-              finished: bool, started: float, max_new_tokens: int, split: str | None = None) -> dict[str, Any]:
+              finished: bool, started: float, max_new_tokens: int, split: str | None = None,
+              relaxed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`relaxed`: the JSON-schema keywords the request's constraint leaves unenforced (meta_info reports them)."""
     meta = meta_info(engine.tokenizer, c.meta, finished=finished, e2e_latency=time.perf_counter() - started,
                      return_logprob=body.return_logprob, with_text=body.return_text_in_logprobs,
                      prompt_ids=prompt_ids, logprob_start_len=body.logprob_start_len,
                      input_logprobs=c.meta.input_logprobs, output_logprobs=c.meta.output_logprobs,
                      weight_version=engine.weight_version)
+    if relaxed:
+        meta["unenforced_keywords"] = list(relaxed)
     reason = meta["finish_reason"]
     if reason is not None and reason["type"] == "length":
         hint = length_hint(engine, c.meta.prompt_tokens, c.meta.completion_tokens, max_new_tokens)
@@ -207,7 +213,8 @@ def _since_last(whole: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
 
 def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]], n: int, max_new_tokens: int,
             interval: int, groups: dict[str, list[str]], chunks: AsyncGenerator[tuple[int, StreamChunk], None],
-            started: float, owner: str, split: str | None = None) -> AsyncIterator[str]:
+            started: float, owner: str, split: str | None = None,
+            relaxed: tuple[str, ...] = ()) -> AsyncIterator[str]:
     """Like SGLang: each event carries the text, ids and logprobs so far, plus `index` in the batch; with
     `stream_interval` k, an event comes once k more tokens are out (and at the end). A server started with
     SGLang's incremental_streaming_output sends only what is new instead (`_since_last`)."""
@@ -222,7 +229,8 @@ def _events(state: ServerState, body: GenerateRequest, prompts: list[list[int]],
             return []
         sent[i] = chunk.completion_tokens
         c = collector.result(chunk, body.return_logprob)
-        whole = _response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens, split)
+        whole = _response(state.engine, body, prompts[i // n], c, chunk.finished, started, max_new_tokens, split,
+                          relaxed)
         if state.incremental_streaming_output:
             return [_since_last(whole, shown.setdefault(i, {})) | {"index": i}]
         return [whole | {"index": i}]

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
+from . import deadline
 from .ebnf import parse_ebnf
 from .grammar.constraint import GrammarConstraint
 from .grammar.lalr import build_lark
@@ -34,13 +35,16 @@ class ConstraintCompiler:
     """Compiles regex / JSON schema / Lark / EBNF constraints against one vocabulary; thread-safe."""
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
-                 cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Relaxed = ()):
+                 cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Relaxed = (),
+                 compile_timeout: float | None = None):
+        """`compile_timeout`: seconds one compile (to its first mask) may take (deadline.py); None: no limit."""
         whitespace_node(json_whitespace)  # a bad pattern fails here, when the engine starts
         self.json_relaxed = relaxed_keywords(json_relaxed)
         self._make_vocab = make_vocab
         self._vocab: TokenVocab | None = None
         self.json_whitespace = json_whitespace
         self.cache_size = cache_size
+        self.compile_timeout = compile_timeout
         self._cache: OrderedDict[tuple[str, str], Constraint] = OrderedDict()
         self._dfas = DfaCache()  # sub-languages shared by this engine's compiles (and their lexers)
         self._think_parts: dict[tuple[str, str], ThinkParts] = {}  # per reasoning marker pair (a few)
@@ -62,7 +66,9 @@ class ConstraintCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        with collector_paused(), caching(self._dfas):
+        vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost
+        vocab.native_trie
+        with collector_paused(), caching(self._dfas), deadline.limit(self.compile_timeout, kind):
             constraint = self._build(kind, spec, text)
             start = constraint.initial()
             if not constraint.can_end(start) and not constraint.allowed(start).any():
@@ -112,10 +118,21 @@ class ConstraintCompiler:
 
 
 def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
-    """One DFA when the grammar has no rules, else the LALR engine."""
+    """One DFA when the grammar has no rules, else the LALR engine; either reports the keywords it leaves
+    unenforced (`unenforced`)."""
+    built: RegexConstraint | GrammarConstraint
     if not grammar.rules:
-        return RegexConstraint(compile_dfa([grammar.root]), vocab)
-    return GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+        built = RegexConstraint(compile_dfa([grammar.root]), vocab)
+    else:
+        built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+    built.unenforced = grammar.unenforced
+    return built
+
+
+def unenforced(constraint: object) -> tuple[str, ...]:
+    """The relaxed JSON-schema keywords a compiled constraint does not enforce, as "<keyword> at <path>"
+    (the engine's constrained_json_relaxed); () for other constraints."""
+    return getattr(constraint, "unenforced", ())
 
 
 def _cache_text(kind: str, spec: object) -> str:

@@ -67,6 +67,8 @@ class MaskCache:
 class RegexConstraint:
     """A regex (or a regular JSON schema) as one DFA and its token index."""
 
+    unenforced: tuple[str, ...] = ()  # a JSON schema's relaxed keywords (compiler.unenforced)
+
     def __init__(self, dfa: Dfa, vocab: TokenVocab):
         self.dfa, self.vocab = dfa, vocab
         self.index = TokenIndex(dfa, vocab)

@@ -13,13 +13,12 @@ A token's mask bit comes from three places, all vectorised over the vocabulary:
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES, MAX_NFA_STATES
-from ..masks.token_index import TokenIndex, walk_rows
+from ..masks.token_index import TokenIndex
 from ..masks.vocab import TokenVocab
 from ..matcher import MaskCache
 from ..regex import regex_ast as ra
@@ -51,6 +50,8 @@ class Lexer:
 
 
 class GrammarConstraint:
+    unenforced: tuple[str, ...] = ()  # a JSON schema's relaxed keywords (compiler.unenforced)
+
     def __init__(self, grammar: LalrGrammar, vocab: TokenVocab):
         self.grammar, self.vocab = grammar, vocab
         self.table = grammar.table
@@ -167,13 +168,13 @@ class GrammarConstraint:
         vocab = self.vocab
         mask = lex.index.mask(q)
         rows, pos, labels = lex.index.boundaries(q)
-        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for i, key in enumerate(zip(pos.tolist(), labels.tolist())):
-            groups[key].append(i)
-        for (p, label), members in groups.items():
-            after = self._after_lexeme(stack, run, lex.terminals[label])
-            if after is not None:
-                self._allow_suffixes(mask, after, rows[members], p)
+        if len(rows):  # by (position, label): a few groups of many tokens
+            order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
+            cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
+            for members in np.split(order, cuts):
+                after = self._after_lexeme(stack, run, lex.terminals[int(labels[members[0]])])
+                if after is not None:
+                    self._allow_suffixes(mask, after, rows[members], int(pos[members[0]]))
         label = int(lex.dfa.accept[q])
         if label >= 0:
             after = self._after_lexeme(stack, run, lex.terminals[label])
@@ -186,8 +187,7 @@ class GrammarConstraint:
     def _allow_suffixes(self, mask: np.ndarray, after: tuple[Stack, int], rows: np.ndarray, p: int) -> None:
         """Marks tokens whose bytes from p on are a valid start of what follows the finished lexeme."""
         lex = self.lexer(*after)
-        vocab = self.vocab
-        walk = walk_rows(lex.dfa, vocab.matrix, vocab.lengths, rows, np.full(len(rows), lex.dfa.start), p)
+        walk = lex.index.walk_rows(rows, lex.dfa.start, p)
         mask[self.vocab.ids[rows[walk.end_state >= 0]]] = True
         nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
         for r in rows[nested].tolist():  # a token spanning three lexemes: rare, walk it byte by byte

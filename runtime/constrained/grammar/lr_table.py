@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from .. import deadline
 from .lalr import END, LalrTable
 
 Production = tuple[str, tuple[str, ...]]  # (rule, symbols)
@@ -71,6 +72,8 @@ class _Lr0:
         kernels: list[frozenset[tuple[int, int]]] = [frozenset({(0, 0)})]
         ids = {kernels[0]: 0}
         while len(self.goto) < len(kernels):
+            if not len(self.goto) & 255:
+                deadline.check()
             kernel = kernels[len(self.goto)]
             rules: set[str] = set()
             for p, d in kernel:

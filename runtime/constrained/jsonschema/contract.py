@@ -18,6 +18,7 @@ Maker = Callable[..., ra.Node]
 
 class SchemaCompiler(Protocol):
     relaxed: frozenset[str]  # keywords left unenforced where they cannot be enforced (opt-in)
+    unenforced: list[str]  # ... and where they were: "<keyword> at <path>", reported with the constraint
     rule_size: int | None  # objects, arrays and strings larger than this become rules (None: never)
     exact_depth: int  # >0 inside oneOf / not / enum, where sub-languages must stay regular
     pending_firsts: dict[str, ra.Ranges | None]  # rules being compiled: first characters by type

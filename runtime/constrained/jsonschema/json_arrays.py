@@ -42,9 +42,10 @@ def array_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     lo, hi = count_keyword(s, "minItems", 0, path), count_keyword(s, "maxItems", None, path)
     if hi is not None and hi < lo:
         raise Unsatisfiable(f"maxItems {hi} is below minItems {lo} at {path}")
-    if s.get("uniqueItems", False) and (hi is None or hi > 1) and \
-            (_finite_values(s.get("items", True)) is not None or "uniqueItems" not in c.relaxed):
-        return _unique_array(c, s, lo, hi, path)
+    if s.get("uniqueItems", False) and (hi is None or hi > 1):
+        if _finite_values(s.get("items", True)) is not None or "uniqueItems" not in c.relaxed:
+            return _unique_array(c, s, lo, hi, path)
+        c.unenforced.append(f"uniqueItems at {path}")
     prefix_schemas = s.get("prefixItems", [])
     if not isinstance(prefix_schemas, list):
         raise ValueError(f"json_schema prefixItems at {path} must be a list")

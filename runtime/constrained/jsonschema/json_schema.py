@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from .. import deadline
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa
 from ..regex.regex_parser import parse_regex
@@ -43,6 +44,7 @@ Relaxed = str | Iterable[str] | None  # keywords left unenforced: names, or one 
 class JsonGrammar:
     root: ra.Node
     rules: dict[str, ra.Node] = field(default_factory=dict)  # empty: `root` is a plain regex
+    unenforced: tuple[str, ...] = ()  # relaxed keywords the schema holds: "<keyword> at <path>"
 
 
 def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
@@ -100,7 +102,7 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
         small = ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
                                                              for r in compiler.rules.values())
         if small and not compiler.rules:
-            return JsonGrammar(node, {})
+            return JsonGrammar(node, {}, tuple(dict.fromkeys(compiler.unenforced)))
         compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE)
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
@@ -109,13 +111,14 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
         raise ValueError("json_schema nests too deeply to compile") from None
     except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
         raise ValueError(f"json_schema is malformed: {e}") from None
-    return JsonGrammar(node, compiler.rules)
+    return JsonGrammar(node, compiler.rules, tuple(dict.fromkeys(compiler.unenforced)))
 
 
 class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
                  rule_size: int | None = None):
         self.relaxed = relaxed
+        self.unenforced: list[str] = []
         self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
@@ -207,6 +210,7 @@ class _SchemaCompiler:
 
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: object, path: str) -> ra.Node:
+        deadline.check()
         if schema is True:
             return self.any_value()
         if schema is False:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..regex.automaton import Dfa
+from .native_trie import NativeTrie, NativeWalker
 from .vocab import TokenVocab
 from .vocab_trie import TrieLevel, VocabTrie
+from .vocab_trie import expand_ranges as _expand
 
 
 @dataclass(slots=True)
@@ -80,6 +82,7 @@ class TokenIndex:
         only = (live @ members == 1) & (dfa.accept < 0)
         self.forced = np.where(only, first_byte[live.argmax(axis=1)], -1)
         self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self._native: NativeWalker | None = None
 
     def grown(self, dfa: Dfa, unbuilt: np.ndarray) -> "TokenIndex":
         """The index of `dfa`, this index's DFA with unbuilt rows filled in and rows added: every mask
@@ -95,8 +98,23 @@ class TokenIndex:
         return hit
 
     def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Bits of the tokens readable from `state`, and its boundary records: the trie's live nodes,
-        a level at a time, expanding only the children of live nodes."""
+        """Bits of the tokens readable from `state`, and its boundary records: natively where the C walk
+        is available (microseconds), else with numpy."""
+        native = self.vocab.native_trie
+        if native is None:
+            return self._walk_numpy(state)
+        walked = self._walker(native).walk(state, self.with_boundaries)
+        if len(walked.unbuilt):
+            raise Unbuilt(walked.unbuilt)
+        empty = np.zeros(0, np.int64)
+        out = (empty, empty, empty)
+        if self.with_boundaries and len(walked.bound_nodes):
+            rows, counts = native.subtree_rows(walked.bound_nodes)
+            out = (rows, np.repeat(walked.bound_pos, counts), np.repeat(walked.bound_labels, counts))
+        return walked.bits, out
+
+    def _walk_numpy(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`_walk` in numpy: the trie's live nodes, a level at a time, expanding only the children of live nodes."""
         trie, vocab, accept = self.vocab.trie, self.vocab, self.dfa.accept
         flat, byte_class, width = self.dfa.trans.ravel(), self.dfa.byte_class, self.dfa.trans.shape[1]
         alive = np.zeros(trie.num_nodes, bool)  # by trie node: the DFA lives through its prefix
@@ -130,6 +148,18 @@ class TokenIndex:
             out = (np.concatenate(token_rows), np.concatenate(positions), np.concatenate(accepted))
         return np.packbits(mask, bitorder="little"), out
 
+    def walk_rows(self, rows: np.ndarray, start: int, offset: int) -> Walk:
+        """`walk_rows` of vocabulary rows from `offset`, each from DFA state `start` (natively where it can)."""
+        vocab = self.vocab
+        if vocab.native_trie is None:
+            return walk_rows(self.dfa, vocab.matrix, vocab.lengths, rows, np.full(len(rows), start), offset)
+        return Walk(*self._walker(vocab.native_trie).walk_rows(vocab.matrix, vocab.lengths, rows, start, offset))
+
+    def _walker(self, native: NativeTrie) -> NativeWalker:
+        if self._native is None:
+            self._native = NativeWalker(native, self.dfa, self.unbuilt)
+        return self._native
+
     def mask(self, state: int) -> np.ndarray:
         """Bool [vocab.size]: tokens whose bytes all stay inside the DFA from `state`."""
         return np.unpackbits(self._entry(state)[0], count=self.vocab.size, bitorder="little").view(bool)
@@ -145,11 +175,6 @@ class TokenIndex:
         """(vocabulary rows, position, accepted label) of tokens that end a complete lexeme part-way."""
         assert self.with_boundaries, "boundaries were not requested for this index"
         return self._entry(state)[1]
-
-
-def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The concatenated ranges [start, start + count)."""
-    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
 
 
 def _ended_rows(trie: VocabTrie, level: TrieLevel, nodes: np.ndarray, labels: np.ndarray,

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .native_trie import NativeTrie
 from .vocab_trie import VocabTrie
 
 
@@ -45,6 +46,11 @@ class TokenVocab:
     def trie(self) -> VocabTrie:
         """The byte trie of the rows (built on first use, then shared by every constraint)."""
         return VocabTrie.create(self.matrix, self.lengths)
+
+    @cached_property
+    def native_trie(self) -> NativeTrie | None:
+        """The trie as the native token walk reads it; None where that walk is not available."""
+        return NativeTrie.create(self.trie, self.ids, self.size)
 
     @property
     def first_bytes(self) -> np.ndarray:

@@ -64,3 +64,8 @@ class VocabTrie:
             above.child_start = np.searchsorted(below.parent, np.arange(len(above.byte) + 1))
         levels[-1].child_start = np.zeros(len(levels[-1].byte) + 1, np.int64)
         return cls(levels, order, len(levels[0].byte), offset, token_node)
+
+
+def expand_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The concatenated ranges [start, start + count)."""
+    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))

@@ -12,6 +12,7 @@ from typing import Hashable, Sequence, TypeVar
 import numpy as np
 
 from ...config import MAX_DFA_STATES, MAX_NFA_STATES
+from .. import deadline
 
 
 class ConstraintTooLarge(ValueError):
@@ -35,6 +36,8 @@ class Nfa:
     def new(self) -> int:
         if len(self.eps) >= MAX_NFA_STATES:
             raise ConstraintTooLarge(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
+        if not len(self.eps) & 1023:
+            deadline.check()
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
@@ -125,6 +128,8 @@ def state_id(ids: dict[K, int], order: list[K], key: K, limit: int | None = None
     if hit is None:
         if len(order) >= (MAX_DFA_STATES if limit is None else limit):
             raise too_large()
+        if not len(order) & 255:
+            deadline.check()
         hit = ids[key] = len(order)
         order.append(key)
     return hit
@@ -234,6 +239,7 @@ def refine(trans: np.ndarray, labels: np.ndarray, rounds: int | None = None) -> 
     pred_ptr, preds = _predecessors(trans)
     moved = np.arange(n)
     for _ in itertools.count() if rounds is None else range(rounds):
+        deadline.check()
         dirty = np.zeros(n, bool)
         dirty[_gather(pred_ptr, preds, moved)] = True
         touched = np.zeros(count, bool)

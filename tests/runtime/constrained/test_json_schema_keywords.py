@@ -445,8 +445,13 @@ def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed()
     schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "uniqueItems": True}
     with pytest.raises(ValueError, match="relax"):
         compile_json_schema(schema)
-    relaxed = compile_json_schema(schema, relaxed=["uniqueItems"]).root
-    assert relaxed == compile_json_schema({**schema, "uniqueItems": False}).root
+    relaxed = compile_json_schema(schema, relaxed=["uniqueItems"])
+    assert relaxed.root == compile_json_schema({**schema, "uniqueItems": False}).root
+    assert relaxed.unenforced == ("uniqueItems at #",)  # reported (a response's meta_info names it)
+    enum_items = {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}
+    assert compile_json_schema({"properties": {"a": enum_items}}, relaxed=["uniqueItems"]).unenforced == ()
+    assert compile_json_schema({"properties": {"a": schema}}, relaxed=["uniqueItems"]).unenforced == \
+        ("uniqueItems at #/properties/a",)
     with pytest.raises(ValueError, match="relaxed keywords"):
         compile_json_schema(schema, relaxed=["pattern"])
 

@@ -1,7 +1,10 @@
-"""The vectorised token index against a byte-by-byte brute force."""
+"""The token index (the native walk, and the numpy one) against a byte-by-byte brute force."""
 from __future__ import annotations
 
+import copy
+import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -19,19 +22,39 @@ def brute_force_allowed(dfa, vocab: TokenVocab, state: int) -> np.ndarray:
     return out
 
 
-def small_vocab(seed: int) -> TokenVocab:
+def numpy_only(vocab: TokenVocab) -> TokenVocab:
+    """`vocab` with the native walk turned off (where no C compiler is found, every vocabulary is so)."""
+    out = copy.copy(vocab)
+    out.native_trie = None  # the cached property, set: TokenIndex then walks with numpy
+    return out
+
+
+WALKS = ["native", "numpy"]
+
+
+def small_vocab(seed: int, walk: str = "native") -> TokenVocab:
     rng = random.Random(seed)
     alphabet = b'ab"{}:,0123456789 \\' + "é😀".encode()
     tokens = [bytes([b]) for b in range(256)]
     tokens += [bytes(rng.choice(alphabet) for _ in range(rng.randint(2, 7))) for _ in range(300)]
     tokens += [b"", b"<special>"]
-    return TokenVocab.create(tokens, special_ids={len(tokens) - 1}, end_ids=[len(tokens) - 1], size=len(tokens) + 3)
+    vocab = TokenVocab.create(tokens, special_ids={len(tokens) - 1}, end_ids=[len(tokens) - 1], size=len(tokens) + 3)
+    return vocab if walk == "native" else numpy_only(vocab)
 
 
-@pytest.mark.parametrize("pattern", [r'\{"a":[0-9]{1,3}(,"b":"[^"]*")?\}', r"(ab|é)*😀?", r"[0-9 ,]+"])
+def test_the_native_walk_is_built_where_a_c_compiler_is():
+    if not (shutil.which("cc") or shutil.which("gcc")) or os.environ.get("RADIXLANG_NATIVE_MASKS") == "0":
+        pytest.skip("no C compiler (or turned off): masks take the numpy walk")
+    assert small_vocab(0).native_trie is not None
+
+
+# dense states: a loop on most bytes (skipped by the native walk), and a bounded string (no loop)
+@pytest.mark.parametrize("pattern", [r'\{"a":[0-9]{1,3}(,"b":"[^"]*")?\}', r"(ab|é)*😀?", r"[0-9 ,]+",
+                                     r'"([^"\\]|\\.)*"(,"[^"]{0,12}")?', r'"[^"]{0,40}"'])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_index_matches_brute_force_on_a_small_vocab(pattern, seed):
-    vocab = small_vocab(seed)
+@pytest.mark.parametrize("walk", WALKS)
+def test_index_matches_brute_force_on_a_small_vocab(pattern, seed, walk):
+    vocab = small_vocab(seed, walk)
     dfa = compile_dfa([parse_regex(pattern)])
     index = TokenIndex(dfa, vocab)
     for state in range(dfa.num_states):
@@ -46,16 +69,18 @@ def test_index_never_allows_special_or_empty_tokens():
     assert not mask[n - 1] and not mask[n - 2] and not mask[n:].any()
 
 
-def test_index_matches_brute_force_on_the_real_vocab(vocab):
+@pytest.mark.parametrize("walk", WALKS)
+def test_index_matches_brute_force_on_the_real_vocab(vocab, walk):
     dfa = compile_dfa([parse_regex(r'\{"name":"[a-zA-Z ]{1,12}","n":-?[0-9]{1,4}\}')])
-    index = TokenIndex(dfa, vocab)
+    index = TokenIndex(dfa, vocab if walk == "native" else numpy_only(vocab))
     for state in random.Random(0).sample(range(dfa.num_states), 6) + [dfa.start]:
         assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state))
 
 
-def test_boundaries_record_tokens_that_end_a_complete_lexeme_part_way():
-    vocab = small_vocab(0)
-    dfa = compile_dfa([parse_regex('"[ab]*"'), parse_regex("[0-9]+")], nonempty=True)
+@pytest.mark.parametrize("walk", WALKS)
+def test_boundaries_record_tokens_that_end_a_complete_lexeme_part_way(walk):
+    vocab = small_vocab(0, walk)
+    dfa = compile_dfa([parse_regex('"[^"]*"'), parse_regex("[0-9]+")], nonempty=True)
     index = TokenIndex(dfa, vocab, boundaries=True)
     for state in range(dfa.num_states):
         rows, pos, labels = index.boundaries(state)
@@ -102,3 +127,23 @@ def test_vocab_trie_nodes_are_exactly_the_tokens_prefixes():
                 assert all(trie.levels[depth].parent[c] == k for c in children)
     flat = [p for level in prefixes for p in level]
     assert [flat[n] for n in trie.token_node.tolist()] == rows_bytes
+
+
+def test_native_row_walks_match_a_byte_by_byte_walk():
+    vocab = small_vocab(1)
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: the numpy walk is the only one")
+    dfa = compile_dfa([parse_regex('"[^"]*"'), parse_regex("[0-9]+")], nonempty=True)
+    rows = np.arange(len(vocab.ids))
+    for start, offset in [(dfa.start, 0), (dfa.start, 1), (dfa.step(dfa.start, ord('"')), 0)]:
+        walk = TokenIndex(dfa, vocab).walk_rows(rows, start, offset)
+        for r in rows.tolist():
+            data, s = vocab.token_bytes[int(vocab.ids[r])][offset:], start
+            for i, b in enumerate(data):
+                nxt = dfa.step(s, b)
+                if nxt < 0:
+                    assert (walk.end_state[r], walk.stop_pos[r], walk.stop_state[r]) == (-1, offset + i, s)
+                    break
+                s = nxt
+            else:
+                assert walk.end_state[r] == s

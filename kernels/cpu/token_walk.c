@@ -1,0 +1,244 @@
+/* The vocabulary trie walked by a byte DFA: which tokens a DFA state can read (token_walk.py loads this).
+
+The trie's nodes are numbered in depth-first preorder (native_trie.py lays them out), so a node's subtree is
+a run of node numbers and the walk reads its arrays in order. A walk descends only below live nodes (the DFA
+is trimmed: live means completable), so it costs the live prefixes, not the vocabulary.
+
+Dense states (inside a string) keep most of the vocabulary alive. Where the start state loops on a byte set
+B (reading any byte of B leaves it where it was), the caller passes B and the bits of the tokens made only of
+B's bytes (every one readable from such a state); the walk then skips, on the path that has stayed in the
+loop, every subtree whose bytes all lie in B: what is left is the few tokens with a quote or a non-ASCII byte.
+*/
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 1024
+
+/* Per node: the bytes on its path from the root (`path`) and the bytes anywhere in its subtree, itself
+   included (`subtree`), as 256-bit sets (4 words each), and the longest path down from it, itself included
+   (`height`). `parent` is -1 for the root's children. */
+void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, uint64_t *path, uint64_t *subtree,
+                   int32_t *height) {
+    memset(path, 0, (size_t)n_nodes * 32);
+    memset(subtree, 0, (size_t)n_nodes * 32);
+    for (int64_t n = 0; n < n_nodes; n++) { /* parents come first */
+        uint64_t *p = path + 4 * n;
+        if (parent[n] >= 0) memcpy(p, path + 4 * parent[n], 32);
+        p[byte[n] >> 6] |= 1ull << (byte[n] & 63);
+        subtree[4 * n + (byte[n] >> 6)] |= 1ull << (byte[n] & 63);
+    }
+    for (int64_t n = 0; n < n_nodes; n++) height[n] = 1;
+    for (int64_t n = n_nodes - 1; n >= 0; n--) { /* children come last */
+        if (parent[n] < 0) continue;
+        uint64_t *s = subtree + 4 * parent[n];
+        for (int w = 0; w < 4; w++) s[w] |= subtree[4 * n + w];
+        if (height[n] + 1 > height[parent[n]]) height[parent[n]] = height[n] + 1;
+    }
+}
+
+/* Sets the bit of every token whose bytes all lie in `loop` (token rows: their node and their id). */
+void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *ids, const uint64_t *path,
+                      const uint64_t *loop, uint8_t *out_bits) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint64_t *p = path + 4 * token_node[r];
+        if (!(p[0] & ~loop[0]) && !(p[1] & ~loop[1]) && !(p[2] & ~loop[2]) && !(p[3] & ~loop[3]))
+            out_bits[ids[r] >> 3] |= (uint8_t)(1u << (ids[r] & 7));
+    }
+}
+
+/* The bytes that lead from state q back to q, as a 256-bit set: computed on first use and kept in `loops`
+   (4 words per state), `known[q]` set once they are there (walks of one DFA may run in several threads:
+   the words are written before the mark is released, and read after it is acquired). */
+static const uint64_t *state_loops(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class,
+                                   uint64_t *loops, uint8_t *known) {
+    uint64_t *out = loops + 4 * (int64_t)q;
+    if (!__atomic_load_n(known + q, __ATOMIC_ACQUIRE)) {
+        uint64_t w[4] = {0, 0, 0, 0};
+        const int32_t *row = trans + (int64_t)q * width;
+        for (int b = 0; b < 256; b++)
+            if (row[byte_class[b]] == q) w[b >> 6] |= 1ull << (b & 63);
+        for (int k = 0; k < 4; k++) __atomic_store_n(out + k, w[k], __ATOMIC_RELAXED);
+        __atomic_store_n(known + q, 1, __ATOMIC_RELEASE);
+    }
+    return out;
+}
+
+/* The start state's loop set (see state_loops), and how many bytes it holds. */
+int64_t rl_start_loops(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, uint64_t *loops,
+                       uint8_t *known) {
+    const uint64_t *w = state_loops(q, trans, width, byte_class, loops, known);
+    return __builtin_popcountll(w[0]) + __builtin_popcountll(w[1]) + __builtin_popcountll(w[2]) +
+           __builtin_popcountll(w[3]);
+}
+
+#define RUN_CAP 1024 /* longer than any token */
+
+/* A state's run: the bytes that all lead to its most common successor (`set`, 256 bits), and how many
+   such bytes in a row every path reads alive (`len`): the successor's own run has the same bytes, and
+   so on. Inside a string of at most n characters, the state after k of them has a run of its
+   characters n - k long; a loop's run never ends (RUN_CAP). A subtree of those bytes no taller than
+   the run is readable whole. Found on first use, per state, like state_loops. */
+typedef struct {
+    uint64_t *set;    /* [states * 4] */
+    int32_t *len;     /* [states] */
+    int32_t *next;    /* [states]: the most common successor (-1: none) */
+    uint8_t *known;   /* [states]: 1 set and next known, 2 len known too */
+} Runs;
+
+static void run_set(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, Runs *r) {
+    if (__atomic_load_n(r->known + q, __ATOMIC_ACQUIRE)) return;
+    int32_t count[256], target[256];
+    int n_targets = 0, best = -1;
+    const int32_t *row = trans + (int64_t)q * width;
+    for (int b = 0; b < 256; b++) {
+        int32_t t = row[byte_class[b]];
+        if (t < 0) continue;
+        int k = 0;
+        while (k < n_targets && target[k] != t) k++;
+        if (k == n_targets) {
+            target[n_targets] = t;
+            count[n_targets++] = 0;
+        }
+        if (++count[k] > (best < 0 ? 0 : count[best])) best = k;
+    }
+    uint64_t w[4] = {0, 0, 0, 0};
+    int32_t next = best < 0 ? -1 : target[best];
+    for (int b = 0; b < 256 && next >= 0; b++)
+        if (row[byte_class[b]] == next) w[b >> 6] |= 1ull << (b & 63);
+    for (int k = 0; k < 4; k++) __atomic_store_n(r->set + 4 * (int64_t)q + k, w[k], __ATOMIC_RELAXED);
+    __atomic_store_n(r->next + q, next, __ATOMIC_RELAXED);
+    __atomic_store_n(r->known + q, 1, __ATOMIC_RELEASE);
+}
+
+static int32_t run_len(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, Runs *r) {
+    if (__atomic_load_n(r->known + q, __ATOMIC_ACQUIRE) == 2) return r->len[q];
+    run_set(q, trans, width, byte_class, r);
+    const uint64_t *set = r->set + 4 * (int64_t)q;
+    int32_t len = 0, s = q;
+    while (len < RUN_CAP && r->next[s] >= 0) {
+        int32_t t = r->next[s];
+        len++;
+        if (t == s) {
+            len = RUN_CAP;
+            break;
+        }
+        run_set(t, trans, width, byte_class, r);
+        const uint64_t *own = r->set + 4 * (int64_t)t;
+        if (own[0] != set[0] || own[1] != set[1] || own[2] != set[2] || own[3] != set[3]) break;
+        s = t;
+    }
+    __atomic_store_n(r->len + q, len, __ATOMIC_RELAXED);
+    __atomic_store_n(r->known + q, 2, __ATOMIC_RELEASE);
+    return len;
+}
+
+typedef struct {
+    int64_t end;      /* the node number just past the subtree whose children this frame visits */
+    int32_t state;    /* the DFA state after the path to that subtree's root */
+    int32_t in_loop;  /* the path so far only looped on the start state */
+} Frame;
+
+static inline int within(const uint64_t *set, const uint64_t *of) {
+    return !(set[0] & ~of[0]) && !(set[1] & ~of[1]) && !(set[2] & ~of[2]) && !(set[3] & ~of[3]);
+}
+
+/* Walks the trie from DFA state `start`; sets the bits (by token id) of the tokens it can read in `out_bits`.
+   Nodes are numbered in depth-first preorder: node k's subtree is nodes [k, k + size[k]), and the tokens
+   ending in it are end_ids[end_start[k] .. end_start[k + size[k]]).
+   `loops` and `known` (see state_loops) hold the start state's loop set; `runs` (see Runs; null with
+   `unbuilt`, whose placeholder rows must not be read past) let a subtree readable whole be set at once.
+   With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
+   depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
+   With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
+   `loop` (null: no skipping) is the start state's loop set; `out_bits` then already holds the tokens
+   made only of its bytes, and the subtrees made only of them on the path that stays in the loop are skipped.
+   Returns the boundaries found (more than bounds_cap: call again with room), or -1 for a trie deeper than
+   MAX_DEPTH. */
+int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, const int32_t *height,
+                const int64_t *end_start, const int64_t *end_ids, const uint64_t *subtree,
+                const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
+                uint64_t *loops, uint8_t *known, uint64_t *run_sets, int32_t *run_lens, int32_t *run_next,
+                uint8_t *run_known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
+                uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
+                int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
+    Frame stack[MAX_DEPTH + 1];
+    int64_t depth = 0, n_bounds = 0, node = 0;
+    Runs runs = {run_sets, run_lens, run_next, run_known};
+    int use_runs = run_sets && !unbuilt;
+    *n_unbuilt = 0;
+    stack[0] = (Frame){n_nodes, start, 1};
+    while (node < n_nodes) {
+        while (node >= stack[depth].end) depth--;
+        const Frame *f = &stack[depth];
+        const uint64_t *below = subtree + 4 * node;
+        int64_t past = node + size[node];
+        if (loop && f->in_loop && within(below, loop)) {
+            node = past; /* all of its tokens are already set */
+            continue;
+        }
+        if (use_runs && height[node] <= run_len(f->state, trans, width, byte_class, &runs) &&
+            within(below, runs.set + 4 * (int64_t)f->state)) {
+            /* every path below reads alive: all of the subtree's tokens are readable */
+            for (int64_t k = end_start[node]; k < end_start[past]; k++)
+                out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
+            node = past;
+            continue;
+        }
+        int32_t nxt = trans[(int64_t)f->state * width + byte_class[node_byte[node]]];
+        if (nxt < 0) {
+            if (bounds_cap >= 0 && depth >= 1 && accept[f->state] >= 0) {
+                if (n_bounds < bounds_cap) {
+                    b_node[n_bounds] = node;
+                    b_pos[n_bounds] = depth;
+                    b_label[n_bounds] = accept[f->state];
+                }
+                n_bounds++;
+            }
+            node = past;
+            continue;
+        }
+        if (unbuilt && unbuilt[nxt]) {
+            if (*n_unbuilt < unbuilt_cap) unbuilt_hits[*n_unbuilt] = nxt;
+            (*n_unbuilt)++;
+            node = past;
+            continue;
+        }
+        for (int64_t k = end_start[node]; k < end_start[node + 1]; k++)
+            out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
+        if (past > node + 1) {
+            if (depth + 1 > MAX_DEPTH) return -1;
+            int32_t in_loop = f->in_loop && loop && nxt == start && (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
+            stack[depth + 1] = (Frame){past, nxt, in_loop};
+            depth++;
+        }
+        node++;
+    }
+    return n_bounds;
+}
+
+
+/* Walks the bytes of the given vocabulary rows (`matrix` rows of `stride` bytes, `lengths` long) from
+   `offset` on, each from state `start`: the state after the last byte (or -1), and where a walk died, the
+   byte position that killed it and the state before it (numpy's walk_rows, token_index.py, does the same). */
+void rl_walk_rows(int64_t n, const int64_t *rows, const uint8_t *matrix, int64_t stride, const int64_t *lengths,
+                  const int32_t *trans, int64_t width, const int32_t *byte_class, int32_t start, int64_t offset,
+                  int64_t *end_state, int64_t *stop_pos, int64_t *stop_state) {
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *data = matrix + rows[k] * stride;
+        int32_t q = start;
+        int64_t i = offset, len = lengths[rows[k]];
+        end_state[k] = -1;
+        stop_pos[k] = 0;
+        stop_state[k] = start;
+        for (; i < len; i++) {
+            int32_t nxt = trans[(int64_t)q * width + byte_class[data[i]]];
+            if (nxt < 0) {
+                stop_pos[k] = i;
+                stop_state[k] = q;
+                break;
+            }
+            q = nxt;
+        }
+        if (i >= len) end_state[k] = q;
+    }
+}

@@ -1,0 +1,166 @@
+"""The vocabulary trie as flat arrays by node number, walked by the native token walk (kernels/cpu/token_walk.c).
+
+Built once per vocabulary (beside VocabTrie, which it flattens). Per DFA, `NativeWalker` holds the automaton's
+tables as the C code reads them and walks one state at a time; the masks equal the numpy walk's
+(token_index.TokenIndex), which stays the path where no C compiler is found.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ....kernels.cpu.token_walk import address, library
+from ..regex.automaton import Dfa
+from .vocab_trie import VocabTrie
+from .vocab_trie import expand_ranges as _expand
+
+LOOP_MIN_BYTES = 32  # a start state looping on fewer bytes walks its loop: skipping saves little there
+_UNBUILT_ROOM = 64  # unbuilt states one walk reports (the caller builds them and walks again)
+_WITHIN_CACHE = 64  # loop sets whose tokens are kept (a schema's strings share a few)
+
+
+@dataclass(eq=False)
+class NativeTrie:
+    """The trie's nodes renumbered in depth-first preorder: a node's subtree is a run of numbers, and the
+    tokens ending in it a run of `end_rows` (the walk reads memory in order, and skips a subtree in one step)."""
+
+    lib: ctypes.CDLL
+    size: int  # mask length in tokens
+    sizes: np.ndarray  # [n] int64: node k's subtree is nodes [k, k + sizes[k])
+    byte: np.ndarray  # [n] uint8
+    end_start: np.ndarray  # [n + 1] int64: the tokens ending at node k are end_ids[end_start[k]:end_start[k+1]]
+    end_ids: np.ndarray  # token ids
+    end_rows: np.ndarray  # the same tokens as vocabulary rows
+    path: np.ndarray  # [n * 4] uint64: the bytes on a node's path, a 256-bit set per node
+    subtree: np.ndarray  # [n * 4] uint64: the bytes in a node's subtree
+    height: np.ndarray  # [n] int32: the longest path down from a node, itself included
+    token_node: np.ndarray  # [N] by vocabulary row
+    ids: np.ndarray  # [N] token id by row
+    _within: dict[bytes, np.ndarray] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
+
+    @classmethod
+    def create(cls, trie: VocabTrie, ids: np.ndarray, size: int) -> "NativeTrie | None":
+        """None where the native library is not available. Sorted rows list the tokens in preorder, so
+        nodes sorted by (their subtree's first row, depth) are in preorder."""
+        lib = library()
+        if lib is None:
+            return None
+        levels = trie.levels
+        n = trie.num_nodes
+        depth = np.concatenate([np.full(len(level.byte), d) for d, level in enumerate(levels)])
+        row_start = np.concatenate([level.row_start for level in levels])
+        row_end = np.concatenate([level.row_end for level in levels])
+        parent = np.concatenate([np.full(len(levels[0].byte), -1)]
+                                + [level.parent + above.offset for above, level in zip(levels, levels[1:])])
+        order = np.lexsort((depth, row_start))
+        number = np.empty(n, np.int64)
+        number[order] = np.arange(n)
+        sizes = np.searchsorted(row_start[order], row_end[order], side="left") - np.arange(n)
+        byte = np.concatenate([level.byte for level in levels])[order].astype(np.uint8)
+        parent = np.where(parent[order] >= 0, number[np.maximum(parent[order], 0)], -1).astype(np.int64)
+        token_node = number[trie.token_node]
+        rows = np.argsort(token_node, kind="stable")
+        end_start = np.searchsorted(token_node[rows], np.arange(n + 1)).astype(np.int64)
+        path = np.zeros(n * 4, np.uint64)
+        subtree = np.zeros(n * 4, np.uint64)
+        height = np.zeros(n, np.int32)
+        lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree), address(height))
+        return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
+                   rows.astype(np.int64), path, subtree, height, token_node.astype(np.int64),
+                   np.ascontiguousarray(ids, np.int64))
+
+    def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The vocabulary rows of the tokens in each node's subtree, concatenated, and their count per node."""
+        starts = self.end_start[nodes]
+        counts = self.end_start[nodes + self.sizes[nodes]] - starts
+        return self.end_rows[_expand(starts, counts)], counts
+
+    def __post_init__(self) -> None:
+        self.walk_args = (len(self.byte), *(address(a) for a in (
+            self.sizes, self.byte, self.height, self.end_start, self.end_ids, self.subtree)))
+
+    def within(self, loop: np.ndarray) -> np.ndarray:
+        """Packed bits of the tokens made only of the bytes in `loop` (a 256-bit set as 4 uint64); shared."""
+        key = loop.tobytes()
+        hit = self._within.get(key)
+        if hit is None:
+            hit = np.zeros(-(-self.size // 8), np.uint8)
+            self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.ids), address(self.path),
+                                      address(loop), address(hit))
+            hit.flags.writeable = False
+            with self._lock:
+                if len(self._within) >= _WITHIN_CACHE:
+                    self._within.pop(next(iter(self._within)))
+                self._within[key] = hit
+        return hit
+
+
+@dataclass(slots=True)
+class NativeResult:
+    bits: np.ndarray  # packed little-endian mask bits
+    bound_nodes: np.ndarray  # trie nodes that died after a complete lexeme (with boundaries)
+    bound_pos: np.ndarray
+    bound_labels: np.ndarray
+    unbuilt: np.ndarray  # unbuilt states reached (the walk is then void)
+
+
+class NativeWalker:
+    """One DFA's tables as token_walk.c reads them, and each state's loop set (found on first use)."""
+
+    def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None):
+        self.trie = trie
+        self.trans = np.ascontiguousarray(dfa.trans, np.int32)
+        self.width = int(dfa.trans.shape[1])
+        self.byte_class = np.ascontiguousarray(dfa.byte_class, np.int32)
+        self.accept = np.ascontiguousarray(dfa.accept, np.int32)
+        self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # a view: marks may clear
+        self.loops = np.zeros(len(self.trans) * 4, np.uint64)
+        self.known = np.zeros(len(self.trans), np.uint8)
+        # each state's run (token_walk.c's Runs): its bytes, length, successor, and whether they are known yet
+        self.runs = (np.zeros(len(self.trans) * 4, np.uint64), np.zeros(len(self.trans), np.int32),
+                     np.zeros(len(self.trans), np.int32), np.zeros(len(self.trans), np.uint8))
+        self._bounds = 1024  # boundary room; grows when a walk finds more
+        self._tables = (address(self.trans), self.width, address(self.byte_class))
+        self._loop_sets = (address(self.loops), address(self.known))
+        self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, *(address(a) for a in self.runs),
+                          address(self.unbuilt))
+
+    def walk_rows(self, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray, start: int,
+                  offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(end state or -1, stop position, stop state) of each row's bytes from `offset`, walked from `start`."""
+        rows = np.ascontiguousarray(rows, np.int64)
+        out = np.empty((3, len(rows)), np.int64)
+        at = out.ctypes.data
+        self.trie.lib.rl_walk_rows(len(rows), address(rows), address(matrix), matrix.shape[1], address(lengths),
+                                   *self._tables, start, offset, at, at + 8 * len(rows), at + 16 * len(rows))
+        return out[0], out[1], out[2]
+
+    def walk(self, state: int, boundaries: bool) -> NativeResult:
+        t = self.trie
+        bits = np.zeros(-(-t.size // 8), np.uint8)
+        loop = None
+        if t.lib.rl_start_loops(state, *self._tables, *self._loop_sets) >= LOOP_MIN_BYTES:
+            loop = self.loops[4 * state: 4 * state + 4]
+            bits[:] = t.within(loop)
+        bits_at = address(bits)
+        while True:
+            cap = self._bounds if boundaries else 0
+            scratch = np.empty(3 * cap + _UNBUILT_ROOM + 1, np.int64)  # boundaries, unbuilt states reached, count
+            at = scratch.ctypes.data
+            found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), bits_at,
+                                  cap if boundaries else -1, at, at + 8 * cap, at + 16 * cap, at + 24 * cap,
+                                  _UNBUILT_ROOM, at + 8 * (3 * cap + _UNBUILT_ROOM))
+            if found < 0:
+                raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
+            if found <= cap:
+                break
+            self._bounds = int(found)  # again with room for them (the bits come out the same)
+        reached = int(scratch[-1])
+        hits = scratch[3 * cap: 3 * cap + min(reached, _UNBUILT_ROOM)]
+        return NativeResult(bits, scratch[:found], scratch[cap:cap + found], scratch[2 * cap:2 * cap + found],
+                            np.unique(hits) if reached else hits)
