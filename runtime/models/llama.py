@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.cpu import dense_linear
 from ..distributed.group import TensorParallel
 from ..distributed.layers import (
     ColumnParallelLinear,
@@ -161,6 +162,8 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """`tp`: this rank's place in a tensor-parallel group (default: one process, no communication)."""
 
+    fixed_order_head = False  # a tied LM head's fp32 matmul in one order (distributed/layers.py: use_fixed_order)
+
     def __init__(self, cfg: LlamaConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.config = cfg
@@ -187,7 +190,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32 logits (under tensor parallelism: on rank 0; other ranks get their shard)."""
         if self.lm_head is None:  # tied to the embedding
-            logits = F.linear(hidden, self.embed_tokens.weight).float()
+            logits = dense_linear.linear(hidden, self.embed_tokens.weight, None, self.fixed_order_head).float()
         else:
             logits = self.lm_head(hidden).float()
         return self.tp.gather_vocab(logits, self.config.vocab_size)
