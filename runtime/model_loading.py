@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .distributed.group import TensorParallel
-from .distributed.layers import use_fixed_order
+from .models.llama import use_fixed_order
 from .models.loading.loader import LoadedModel, default_model_path, is_moe_gguf, load_language_model, read_hf_config
 from .models.loading.sparse_models import SPARSE_ARCHS, load_moe_gguf, load_sparse_model
 from .multimodal.loader import VISION_ARCHS, load_vision_language

@@ -64,28 +64,12 @@ def check_tp_size(num_heads: int, num_kv_heads: int, intermediate_size: int, siz
 
 class FixedOrderLinear(nn.Linear):
     """A linear whose fp32 CPU matmul may run in one reduction order per output, whatever the row count
-    (kernels/cpu/dense_linear.py): `fixed_order` is set once, at load, by use_fixed_order."""
+    (kernels/cpu/dense_linear.py): `fixed_order` is set once, at load (models/llama.py: use_fixed_order)."""
 
     fixed_order = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense_linear.linear(x, self.weight, self.bias, self.fixed_order)
-
-
-def use_fixed_order(model: nn.Module) -> int:
-    """Turns on the fixed-order matmul of every FixedOrderLinear (and a model's tied LM head: its
-    `fixed_order_head`) whose weight can run it; returns how many. Called once, as the model loads."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, FixedOrderLinear) and dense_linear.available_for(module.weight):
-            module.fixed_order = True
-            count += 1
-        embed = getattr(module, "embed_tokens", None)
-        if (hasattr(module, "fixed_order_head") and isinstance(embed, nn.Embedding)
-                and dense_linear.available_for(embed.weight)):
-            module.fixed_order_head = True
-            count += 1
-    return count
 
 
 class ColumnParallelLinear(FixedOrderLinear):

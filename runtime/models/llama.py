@@ -12,6 +12,7 @@ from ...kernels.cpu import dense_linear
 from ..distributed.group import TensorParallel
 from ..distributed.layers import (
     ColumnParallelLinear,
+    FixedOrderLinear,
     ParallelLMHead,
     Part,
     RowParallelLinear,
@@ -269,3 +270,17 @@ def _assign(model: nn.Module, name: str, param: torch.Tensor, tensor: torch.Tens
     value = tensor.to(tensor.device if tensor.is_meta else param.device, dtype or param.dtype).contiguous()
     owner, _, attr = name.rpartition(".")
     setattr(model.get_submodule(owner), attr, nn.Parameter(value, requires_grad=False))
+
+
+def use_fixed_order(model: nn.Module) -> int:
+    """Turns on the fixed-order fp32 matmul (kernels/cpu/dense_linear.py) of every FixedOrderLinear, and of a tied
+    LM head, whose weight can run it; returns how many. Called once, as the model loads."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, FixedOrderLinear) and dense_linear.available_for(module.weight):
+            module.fixed_order = True
+            count += 1
+        elif isinstance(module, LlamaForCausalLM) and dense_linear.available_for(module.embed_tokens.weight):
+            module.fixed_order_head = True
+            count += 1
+    return count
