@@ -100,7 +100,8 @@ def library_path() -> Path:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    key = hashlib.sha256("\n".join([*(source.read_text() for source in SOURCES), " ".join(COMPILE_FLAGS), torch.__version__,
+    sources = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\n".join([*sources, " ".join(COMPILE_FLAGS), torch.__version__,
                                     str(torch._C._GLIBCXX_USE_CXX11_ABI), compiler, version, _cpu_flags(),
                                     sys.version]).encode()).hexdigest()[:16]
     return folder / f"block_mm-{key}.so"
