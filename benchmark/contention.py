@@ -5,7 +5,7 @@ variant is a fresh process (libgomp reads its settings once); it times the gener
 competitors are busy loops, one process per CPU of the affinity mask. The machine's 1-minute load average before
 each run is printed: on a shared machine "no competitor" is not idle.
 
-    python benchmark/contention.py [--tokens 48] [--rounds 1]
+    python benchmark/contention.py [--tokens 48] [--rounds 1] [--variants default passive spin]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ with Engine(compile_layers=False) as engine:
         engine.generate(p, {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
     print(json.dumps({"s": time.perf_counter() - t0, "policy": rt.OPENMP_POLICY and rt.OPENMP_POLICY.reason}))
 """
-VARIANTS = {"default": {}, "passive": {"OMP_WAIT_POLICY": "passive"}, "spin (policy off)": {"RADIXLANG_OPENMP_POLICY": "off"}}
+VARIANTS = {"default": {}, "passive": {"OMP_WAIT_POLICY": "passive"}, "spin": {"RADIXLANG_OPENMP_POLICY": "off"}}
 
 
 def spin() -> None:
@@ -49,6 +49,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                    help="spin: the policy off (libgomp's spinning, the defaults before issue 43)")
     args = ap.parse_args()
     cpus = len(os.sched_getaffinity(0))
     print(f"{cpus} CPUs; 2 chat answers of {args.tokens} greedy tokens, SmolLM2 default mode, eager decode")
@@ -59,10 +61,11 @@ def main() -> None:
         time.sleep(2 if competitor else 0)
         try:
             for _ in range(args.rounds):
-                for name, extra in VARIANTS.items():
+                for name in args.variants:
+                    extra = VARIANTS[name]
                     load = os.getloadavg()[0]
                     result = run(args.tokens, extra)
-                    print(f"competitor {'yes' if competitor else 'no ':>3}  {name:>18}: {result['s']:7.2f} s  "
+                    print(f"competitor {'yes' if competitor else 'no ':>3}  {name:>8}: {result['s']:7.2f} s  "
                           f"(load before {load:.1f}; policy: {result['policy']})", flush=True)
         finally:
             for p in procs:
