@@ -4,7 +4,10 @@ measures every precision mode is judged by (used by cpu_decode.py too).
 Needs `transformers` and `accelerate`: pip install -e ".[test,bench]"
 Runs both on 20 prompts x 64 new tokens and prints how many token sequences match exactly, and the
 largest first-step log-prob difference; with --quantization, radixlang runs in that mode, and the
-perplexity of a fixed text is printed for it and for fp32.
+perplexity of a fixed text is printed for it and for fp32. With --invariance, the mode's invariances (issue 43):
+for 6 prompts (one of ~600 tokens), how many give bitwise the same greedy tokens and logprobs as the prompt run
+cold and alone when its prompt is cached, when it shares its steps with 7 long neighbours, and when its prefill is
+chunked (max_prefill_tokens=7).
 """
 from __future__ import annotations
 
@@ -136,6 +139,33 @@ def perplexity(engine: Engine, text: str = FIXED_TEXT) -> float:
     return math.exp(-sum(scores) / len(scores))
 
 
+def invariance(mode: str, new_tokens: int = 16) -> str:
+    """Per scenario, how many prompts answer bitwise as they do cold, alone and in one prefill chunk."""
+    prompts = [c["input_ids"] for c in PROMPTS[:5]]
+    neighbours = [c["input_ids"] * 4 for c in PROMPTS[5:12]]
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+
+    def answers(engine: Engine, inputs: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        outs = engine.generate(input_ids=inputs, sampling_params=params, return_logprob=True)
+        return [(o.output_ids, [lp.logprob for lp in o.meta.output_logprobs]) for o in outs]
+
+    with Engine(device="cpu", kv_cache_tokens=16384, quantization=mode, compile_layers=False) as engine:
+        prompts.append(engine.tokenizer.encode(LONG_TEXT)[:600])
+        alone = []
+        for p in prompts:  # each cold (the chat prompts share their system turn): the cache emptied first
+            engine.flush_cache()
+            alone.append(answers(engine, [p])[0])
+        cached = [answers(engine, [p])[0] for p in prompts]  # the last prompt's tokens cached, the others' prefixes
+        batched = answers(engine, [*neighbours[:4], *prompts, *neighbours[4:]])[4:4 + len(prompts)]
+        engine.check_invariants()
+    with Engine(device="cpu", kv_cache_tokens=16384, quantization=mode, compile_layers=False,
+                max_prefill_tokens=7) as engine:
+        chunked = [answers(engine, [p])[0] for p in prompts]
+    same = {name: sum(a == b for a, b in zip(alone, runs))
+            for name, runs in (("cached", cached), ("batched", batched), ("chunked", chunked))}
+    return ", ".join(f"{name} {n}/{len(prompts)}" for name, n in same.items())
+
+
 def transformers_greedy(model_path: Path, inputs: list[list[int]], new_tokens: int):
     model = load_causal_lm(model_path)
     outs, firsts = [], []
@@ -152,6 +182,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--quantization", default="none", help="radixlang's mode: none | auto | int8 | int4")
+    parser.add_argument("--invariance", action="store_true", help="also the mode's invariances (issue 43)")
     args = parser.parse_args()
     path = default_model_path()
     inputs = [c["input_ids"] for c in PROMPTS]
@@ -177,6 +208,8 @@ def main() -> None:
     print(f"max |first-step top-5 logprob diff|: {max_diff:.2e}   perplexity of the fixed text: {ppl:.3f}")
     print(f"transformers (one prompt at a time): {t_ref:.1f}s   radixlang (batched): {t_ours:.1f}s   "
           f"speed ratio: {t_ref / t_ours:.2f}x")
+    if args.invariance:
+        print(f"identical to cold and alone: {invariance(args.quantization)}")
 
 
 if __name__ == "__main__":

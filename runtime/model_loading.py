@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .distributed.group import TensorParallel
+from .models.llama import use_fixed_order
 from .models.loading.loader import LoadedModel, default_model_path, is_moe_gguf, load_language_model, read_hf_config
 from .models.loading.sparse_models import SPARSE_ARCHS, load_moe_gguf, load_sparse_model
 from .multimodal.loader import VISION_ARCHS, load_vision_language
@@ -21,7 +22,15 @@ def load_model(path: str | Path | None, device: torch.device, dtype: torch.dtype
     config.QUANTIZATIONS, applied to language models (vision and MoE / MLA models load as stored). `ep_size`:
     MoE experts over the `tp` ranks (EngineConfig.ep_size). `dp_attention` (EngineConfig.enable_dp_attention):
     a MoE model with attention whole on every rank; any other model is refused."""
-    path = Path(path) if path is not None else default_model_path()
+    loaded = _load(Path(path) if path is not None else default_model_path(), device, dtype, tp, keep_blocks,
+                   quantization, ep_size, dp_attention)
+    # fp32 CPU linears in one reduction order whatever the batch (issue 43), decided here once for the engine's life
+    use_fixed_order(loaded.model)
+    return loaded
+
+
+def _load(path: Path, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None, keep_blocks: bool,
+          quantization: str, ep_size: int | None, dp_attention: bool) -> LoadedModel:
     if path.is_dir() and is_vision_folder(path):
         _refuse_dp_attention(dp_attention, path)
         return load_vision_language(path, device, dtype, tp)

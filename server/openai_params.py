@@ -90,6 +90,10 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], context_lengt
         if m.name is not None:
             check_unicode(m.name, f"messages[{i}].name")
             message["name"] = m.name
+        for key in ("reasoning_content", "reasoning"):
+            if (thinking := getattr(m, key)) is not None:
+                check_unicode(thinking, f"messages[{i}].{key}")
+                message[key] = thinking
         rendered.append(message)
     images = prepare_images(image_prompts, model, sources, params)
     rendered, extra = template_messages(messages, rendered, tools)

@@ -301,6 +301,10 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (checked by server/tool_calls)
     tool_call_id: str | None = None  # a tool result: the call it answers
+    # an assistant turn's thinking, as SGLang's and vLLM's chat routes take it back in the history: the chat
+    # template renders it (Qwen3's reads reasoning_content; runtime/tokenizer.py also gives it the other names)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields, SGLangChatExtras):

@@ -48,6 +48,8 @@ from .gguf_blocks import GROUP, GroupQuant
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("block_mm.cpp")
+# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order (dense_mm.cpp)
+SOURCES = (SOURCE, Path(__file__).with_name("dense_mm.cpp"))
 OP_NAMESPACE = "radixlang_cpu"
 _lock = threading.Lock()
 _state: dict[str, object] = {"loaded": False, "failed": None, "thread": None}
@@ -98,7 +100,8 @@ def library_path() -> Path:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(COMPILE_FLAGS), torch.__version__,
+    sources = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\n".join([*sources, " ".join(COMPILE_FLAGS), torch.__version__,
                                     str(torch._C._GLIBCXX_USE_CXX11_ABI), compiler, version, _cpu_flags(),
                                     sys.version]).encode()).hexdigest()[:16]
     return folder / f"block_mm-{key}.so"
@@ -117,7 +120,7 @@ def build(path: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     cmd = [compiler, *COMPILE_FLAGS,
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *includes, str(SOURCE),
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *includes, *map(str, SOURCES),
            f"-L{lib}", "-ltorch_cpu", "-ltorch", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(tmp)]
     t0 = time.perf_counter()
     try:
@@ -139,6 +142,7 @@ def load(path: Path | None = None) -> None:
         torch.ops.load_library(str(path or library_path()))
         torch.library.register_fake(f"{OP_NAMESPACE}::block_mm")(_fake_block_mm)
         torch.library.register_fake(f"{OP_NAMESPACE}::attention_rows")(_fake_attention_rows)
+        torch.library.register_fake(f"{OP_NAMESPACE}::dense_mm")(_fake_dense_mm)
         _state["loaded"] = True
 
 
@@ -151,6 +155,10 @@ def _fake_block_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, 
 def _fake_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                          row_offset: torch.Tensor, row_len: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def _fake_dense_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 def interleave() -> int:

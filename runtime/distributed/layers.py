@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.cpu import dense_linear
 from .group import TensorParallel
 
 
@@ -64,7 +65,17 @@ def check_tp_size(num_heads: int, num_kv_heads: int, intermediate_size: int, hid
             f"by them. tp_size may be one of {ok}")
 
 
-class ColumnParallelLinear(nn.Linear):
+class FixedOrderLinear(nn.Linear):
+    """A linear whose fp32 CPU matmul may run in one reduction order per output, whatever the row count
+    (kernels/cpu/dense_linear.py): `fixed_order` is set once, at load (models/llama.py: use_fixed_order)."""
+
+    fixed_order = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense_linear.linear(x, self.weight, self.bias, self.fixed_order)
+
+
+class ColumnParallelLinear(FixedOrderLinear):
     """Output rows split across ranks, each packed part (q | k | v, gate | up) on its own; no
     communication: each rank goes on with its own heads or channels."""
 
@@ -76,7 +87,7 @@ class ColumnParallelLinear(nn.Linear):
         return shard_parts(t, self.parts, self.tp, dim=0)
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(FixedOrderLinear):
     """Input columns split across ranks; the partial products are summed (one all-reduce), and the bias
     is added once, by rank 0."""
 
@@ -88,7 +99,8 @@ class RowParallelLinear(nn.Linear):
         return t if param == "bias" else shard_parts(t, [self.part], self.tp, dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None))
+        bias = self.bias if self.tp.rank == 0 else None
+        return self.tp.all_reduce(dense_linear.linear(x, self.weight, bias, self.fixed_order))
 
 
 def vocab_shard_size(vocab_size: int, size: int) -> int:
@@ -124,7 +136,7 @@ class VocabParallelEmbedding(nn.Embedding):
         return self.tp.all_reduce(out.masked_fill(outside.unsqueeze(-1), 0.0))
 
 
-class ParallelLMHead(nn.Linear):
+class ParallelLMHead(FixedOrderLinear):
     """The LM head's rows for this rank's vocabulary slice; the model gathers the logits on rank 0."""
 
     def __init__(self, hidden_size: int, vocab_size: int, tp: TensorParallel):

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.cpu import dense_linear
 from ..distributed.group import TensorParallel
 from ..distributed.layers import (
     ColumnParallelLinear,
+    FixedOrderLinear,
     ParallelLMHead,
     Part,
     RowParallelLinear,
@@ -161,6 +163,8 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """`tp`: this rank's place in a tensor-parallel group (default: one process, no communication)."""
 
+    fixed_order_head = False  # a tied LM head's fp32 matmul in one order (distributed/layers.py: use_fixed_order)
+
     def __init__(self, cfg: LlamaConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.config = cfg
@@ -187,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32 logits (under tensor parallelism: on rank 0; other ranks get their shard)."""
         if self.lm_head is None:  # tied to the embedding
-            logits = F.linear(hidden, self.embed_tokens.weight).float()
+            logits = dense_linear.linear(hidden, self.embed_tokens.weight, None, self.fixed_order_head).float()
         else:
             logits = self.lm_head(hidden).float()
         return self.tp.gather_vocab(logits, self.config.vocab_size)
@@ -266,3 +270,17 @@ def _assign(model: nn.Module, name: str, param: torch.Tensor, tensor: torch.Tens
     value = tensor.to(tensor.device if tensor.is_meta else param.device, dtype or param.dtype).contiguous()
     owner, _, attr = name.rpartition(".")
     setattr(model.get_submodule(owner), attr, nn.Parameter(value, requires_grad=False))
+
+
+def use_fixed_order(model: nn.Module) -> int:
+    """Turns on the fixed-order fp32 matmul (kernels/cpu/dense_linear.py) of every FixedOrderLinear, and of a tied
+    LM head, whose weight can run it; returns how many. Called once, as the model loads."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, FixedOrderLinear) and dense_linear.available_for(module.weight):
+            module.fixed_order = True
+            count += 1
+        elif isinstance(module, LlamaForCausalLM) and dense_linear.available_for(module.embed_tokens.weight):
+            module.fixed_order_head = True
+            count += 1
+    return count

@@ -4,8 +4,9 @@ engine, in one prefill chunk: its greedy tokens and each token's logprob must co
 is the logits' difference from their logsumexp, so any change in a row's logits shows in it).
 
 "int4" runs every linear on the block kernel (BlockLinear), the path of the default mode's GGUF weights; "none" is
-the exact fp32 path. Before the fix "int4" switched to a dense copy from ~20 rows on, so a cold prefill and an
-extend over a cached prefix computed the prompt's last row on different paths."""
+the exact fp32 path, its linears on radixlang_cpu::dense_mm (one reduction order per output). Before the fixes "int4"
+switched to a dense copy from ~20 rows on, so a cold prefill and an extend over a cached prefix computed the prompt's
+last row on different paths, and "none" ran torch's matmul, whose kernel and blocking change with the row count."""
 from __future__ import annotations
 
 import pytest
@@ -17,12 +18,9 @@ PROMPT = "Paris is a city on the Seine, with old bridges, wide avenues and many 
 NEIGHBOURS = [f"Neighbour {i}: " + "a long story about the sea and the ships, " * (8 + 3 * i) for i in range(6)]
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
-# the exact mode's fp32 linears run torch's matmul (MKL), whose kernel and blocking change with the row count
-# (1 row: a matrix-vector product; 2-15 and 16+ rows: other tilings), so its last bits still depend on the batch
-EXACT_NOT_YET = pytest.mark.xfail(strict=True, reason="fp32 linears on torch's matmul: M-dependent (issue 43)")
-MODES = [pytest.param("none", marks=EXACT_NOT_YET),
-         pytest.param("int4", marks=pytest.mark.skipif(not block_kernel.available(wait=True),
-                                                        reason="no block kernel (AVX2 and g++)"))]
+# both modes' invariant ops (block_mm, dense_mm, attention_rows) are built into the block kernel's library
+NEEDS_KERNEL = pytest.mark.skipif(not block_kernel.available(wait=True), reason="no block kernel (AVX2 and g++)")
+MODES = [pytest.param("none", marks=NEEDS_KERNEL), pytest.param("int4", marks=NEEDS_KERNEL)]
 
 
 def answer(engine, prompt: str = PROMPT) -> tuple[list[int], list[float]]:
