@@ -1,16 +1,16 @@
 """Quantization methods on SmolLM2-135M, one run: perplexity (the engine's input logprobs) of held-out
 texts, greedy agreement with fp32 on fidelity.py's 20 prompts, the time each folder took to quantize, then
 (with --speed) decode tok/s (batch 1, 16 x 64) and prefill tok/s, for: fp32, RTN int4 g128, GPTQ int4
-g128 and g32 (the defaults: act-order, dampening picked per linear), AWQ int4 g128, naive W8A8 (RTN),
+g128 and g32 (the defaults: act-order, percdamp 0.1, clip search), AWQ int4 g128, naive W8A8 (RTN),
 SmoothQuant W8A8 (alpha searched per layer; a global sweep with --alphas), and the GGUF's own Q4_1 / Q8_0
 blocks (`auto`).
 
 Held-out text: fidelity.py's LONG_TEXT (~1.2k tokens of encyclopedic prose) and STORY_TEXT (~900 tokens:
 a story with dialogue, a letter, a notice), both written for the benchmark and unlike the calibration
-sources (tests/runtime/quantize/test_corpus.py checks they share no 8-word run with the default corpus).
+sources (tests/runtime/quantize/test_corpus.py checks they share no 8-word run with any corpus).
 
 Every quantized model is made here by `radixlang quantize`'s code from the same fp32 weights (the GGUF
-dequantized), calibrated on the default corpus (`mixed`, runtime/quantize/corpus.py), and loaded from the
+dequantized), calibrated on the default text (`builtin`, runtime/quantize/corpus.py), and loaded from the
 HF folder it writes, as a user would. --reuse DIR keeps the folders there and skips those already written
 (then no quantization time is printed for them).
 

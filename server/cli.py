@@ -224,6 +224,10 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _percdamp(value: str) -> float | None:
+    return None if value == "auto" else float(value)
+
+
 def _add_quantize_command(sub) -> None:
     q = sub.add_parser("quantize", help="quantize MODEL (GGUF or HF folder) into an HF folder OUT, on CPU")
     q.add_argument("model", help="GGUF file or HF folder ('default': SmolLM2-135M-Instruct)")
@@ -240,15 +244,15 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--sym", action="store_true", help="symmetric weight codes (default: asymmetric)")
     q.add_argument("--clip-search", action=argparse.BooleanOptionalAction, default=True,
                    help="GPTQ / AWQ: shrink each group's range to the one with the least output error (default: on)")
-    q.add_argument("--percdamp", type=float, default=None,
-                   help="GPTQ dampening, fraction of mean diag(H) (default: picked per linear from 0.01, 0.1, 1 "
-                        "on held-out calibration samples)")
+    q.add_argument("--percdamp", type=_percdamp, default=0.1,
+                   help="GPTQ dampening, fraction of mean diag(H) (default 0.1), or 'auto': picked per linear "
+                        "from 0.01, 0.1, 1 on held-out calibration samples")
     q.add_argument("--alpha", type=float, default=None,
                    help="SmoothQuant migration strength for every layer (default: searched per layer)")
-    q.add_argument("--calibration", "--calib", dest="calibration", default="mixed",
-                   help="calibration text: 'mixed' (default: radixlang's shipped text plus Python's documentation, "
-                        "docstrings, and the READMEs and licences of the installed packages), 'builtin' (the shipped "
-                        "text alone), 'python', or a file of your own (plain text, or .jsonl with a \"text\" field)")
+    q.add_argument("--calibration", "--calib", dest="calibration", default="builtin",
+                   help="calibration text: 'builtin' (default: the text shipped with radixlang, ~2k tokens), 'mixed' "
+                        "(it plus Python's documentation and docstrings and the READMEs and licences of the installed "
+                        "packages), 'python', or a file of your own (plain text, or .jsonl with a \"text\" field)")
     q.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens at most (default 16384)")
     q.add_argument("--threads", type=int, default=1,
                    help="torch threads for the calibration passes (default 1: fastest on a busy machine)")

@@ -22,8 +22,8 @@ SOURCES = ("mixed", "builtin", "python")  # the named corpora (corpus.py); anyth
 
 
 def calibration_documents(source: str) -> Iterator[Document]:
-    """`mixed` (the default: the shipped text, then Python's documentation, docstrings, package READMEs
-    and licences in turn), `builtin` (the shipped text alone), `python` (it and Python's own documentation),
+    """`builtin` (the default: the shipped text), `mixed` (it, then Python's documentation, docstrings,
+    package READMEs and licences in turn), `python` (it and Python's own documentation),
     or a file of the user's: plain text (one document), or JSON Lines with a "text" field per line (one
     document each; a line with "prompt" too is a chat exchange)."""
     if source == "mixed":

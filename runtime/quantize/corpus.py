@@ -1,4 +1,4 @@
-"""Calibration corpora, nothing downloaded: `mixed` (the default), `builtin` and `python`.
+"""Calibration corpora, nothing downloaded: `builtin` (the default), `mixed` and `python`.
 
 `builtin` is the text shipped with radixlang (calibration.txt, ~2k tokens written for it: prose on many
 subjects, instructions, code, a story, chat exchanges), the mix of registers users send. Its chat exchanges
@@ -12,10 +12,10 @@ disk (read, never imported, and never redistributed: each stays under its own li
   PSF, MPL, ISC...; GPL-family ones left out): prose, lists, tables, shell sessions, code, numbers;
 - the licence texts those packages carry, each licence once (legal English).
 With radixlang's dependencies that is over a megabyte of text (~400k tokens); a token budget takes the
-shipped text first, then the four sources in equal turns. GPTQ with 2k tokens fits the directions its
-calibration text spans and rounds the rest worse than round-to-nearest on other text (down_proj's 1536
-inputs above all: docs/changelog-2.md); tens of thousands of tokens of varied registers pin H down
-(the measured effect: docs/models.md).
+shipped text first, then the four sources in equal turns. It is not the default: on SmolLM2-135M, GPTQ
+on 16k of its tokens rounded held-out prose worse than on the shipped 2k (docs/models.md), the way 6k
+tokens of Python's documentation alone did in an earlier session (docs/changelog-2.md): technical text
+moves H away from the prose the model reads. For a model that will read code and documentation.
 
 `python` is the shipped text plus the first two sources (for a model that will mostly read code).
 

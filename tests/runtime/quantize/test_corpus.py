@@ -1,5 +1,5 @@
-"""The calibration corpora (`mixed`, the default: the shipped text, Python's own documentation, the installed
-packages' READMEs and licences; `python`: the first two): deterministic, tens of thousands of tokens of every
+"""The calibration corpora (`mixed`: the shipped text, Python's own documentation, the installed packages'
+READMEs and licences; `python`: the first two; `builtin`, the default, the first alone): deterministic, tens of thousands of tokens of every
 source, chat exchanges in the model's chat template, no overlap with the text the benchmark evaluates
 quantized models on, and users' own files (plain text, JSON Lines)."""
 from __future__ import annotations
