@@ -31,6 +31,8 @@ def fp32_model(folder, outliers: bool = False, weight_outliers: bool = False):
     its activations 30x smaller instead). The fp function is unchanged by either."""
     model = load_model(folder, torch.device("cpu"), torch.float32).model
     with torch.no_grad():
+        for param in model.parameters():  # own copies: the loaded tensors map the file (edits would persist)
+            param.data = param.data.clone()
         for i, layer in enumerate(model.layers if outliers else []):
             for norm, linear in ((layer.input_layernorm, layer.self_attn.qkv_proj),
                                  (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
