@@ -1,13 +1,18 @@
-"""Quantization methods on SmolLM2-135M, one run: perplexity of fidelity.py's fixed and long texts, greedy
-agreement with fp32 on its 20 prompts, then decode tok/s (batch 1, 16 x 64) and prefill tok/s, for:
-fp32, RTN int4 g128, GPTQ int4 g128 (with and without act-order), naive W8A8 (RTN), SmoothQuant W8A8
-(alpha 0.5, and a sweep with --alphas), and the GGUF's own Q4_1 / Q8_0 blocks (`auto`).
+"""Quantization methods on SmolLM2-135M, one run: perplexity (the engine's input logprobs) of held-out
+texts, greedy agreement with fp32 on fidelity.py's 20 prompts, the time each folder took to quantize, then
+(with --speed) decode tok/s (batch 1, 16 x 64) and prefill tok/s, for: fp32, RTN int4 g128, GPTQ int4
+g128 and g32 (the defaults: act-order, percdamp 0.1, clip search), AWQ int4 g128, naive W8A8 (RTN),
+SmoothQuant W8A8 (alpha searched per layer; a global sweep with --alphas), and the GGUF's own Q4_1 / Q8_0
+blocks (`auto`).
+
+Held-out text: fidelity.py's LONG_TEXT (~1.2k tokens of encyclopedic prose) and STORY_TEXT (~900 tokens:
+a story with dialogue, a letter, a notice), both written for the benchmark and unlike the calibration
+sources (tests/runtime/quantize/test_corpus.py checks they share no 8-word run with any corpus).
 
 Every quantized model is made here by `radixlang quantize`'s code from the same fp32 weights (the GGUF
-dequantized), calibrated on the builtin text (runtime/quantize/calibration.txt; tests/runtime/quantize/
-test_corpus.py checks it shares no 8-word run with the evaluation text), and loaded from the HF folder it
-writes, as a user would. --reuse DIR keeps the folders there and
-skips those already written (then no quantization time is printed for them).
+dequantized), calibrated on the default text (`builtin`, runtime/quantize/corpus.py), and loaded from the
+HF folder it writes, as a user would. --reuse DIR keeps the folders there and skips those already written
+(then no quantization time is printed for them).
 
 Speed: the engines run the same workloads interleaved round by round, the best round counts (machine
 load hits them alike); ratios are against fp32 and against `auto`.
@@ -15,6 +20,7 @@ load hits them alike); ratios are against fp32 and against `auto`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -26,17 +32,21 @@ from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_decode import engine_runner  # noqa: E402
-from fidelity import FIXED_TEXT, LONG_TEXT, agreement, perplexity, reference_run  # noqa: E402
+from fidelity import FIXED_TEXT, LONG_TEXT, STORY_TEXT, agreement, perplexity, reference_run  # noqa: E402
 from radix_cache import DECODE_PROMPTS  # noqa: E402
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 FOLDERS = {  # name: the quantize options that make it
     "RTN int4 g128": QuantizeOptions(method="rtn", bits=4, group_size=128),
-    "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=False),
-    "GPTQ int4 g128 act-order": QuantizeOptions(method="gptq", bits=4, group_size=128, act_order=True),
+    "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128),
+    "GPTQ int4 g32": QuantizeOptions(method="gptq", bits=4, group_size=32),
+    "AWQ int4 g128": QuantizeOptions(method="awq", bits=4, group_size=128),
     "RTN W8A8": QuantizeOptions(method="smoothquant", smooth=False),
     "SmoothQuant W8A8": QuantizeOptions(method="smoothquant"),
 }
+BASELINES = {"GPTQ int4 g128": "RTN int4 g128", "GPTQ int4 g32": "RTN int4 g128", "AWQ int4 g128": "RTN int4 g128",
+             "SmoothQuant W8A8": "RTN W8A8"}  # the gap each method is judged to close
+TEXTS = {"long text": LONG_TEXT, "story text": STORY_TEXT}
 PREFILL_PROMPTS = [f"{FIXED_TEXT} ({i})" for i in range(8)]  # ~250 tokens each, distinct (no cache hits)
 Runner = Callable[[], tuple[float, int]]  # -> (seconds, tokens)
 
@@ -48,7 +58,8 @@ def make_folders(root: Path, names: list[str]) -> dict[str, Path]:
         if not (path / "config.json").exists():
             t0 = time.perf_counter()
             quantize(None, path, FOLDERS[name])
-            print(f"{name}: quantized in {time.perf_counter() - t0:.0f} s")
+            print(f"{name}: quantized in {time.perf_counter() - t0:.0f} s wall (load average after: "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
         folders[name] = path
     return folders
 
@@ -85,19 +96,17 @@ def measure(engines: dict[str, Engine], repeats: int) -> dict[str, dict[str, flo
 
 def report_fidelity(engines: dict[str, Engine]) -> None:
     fp32_run = reference_run(engines["fp32"])
-    texts = {"fixed text": FIXED_TEXT, "long text": LONG_TEXT}
-    ppl = {text: {name: perplexity(e, body) for name, e in engines.items()} for text, body in texts.items()}
-    print("\nfidelity: perplexity of fidelity.py's fixed text (206 tokens) and long text (~1.2k tokens; delta to"
-          " fp32), greedy agreement with fp32")
+    ppl = {text: {name: perplexity(e, body) for name, e in engines.items()} for text, body in TEXTS.items()}
+    print("\nfidelity: perplexity of held-out text (fidelity.py's LONG_TEXT, ~1.2k tokens, and STORY_TEXT,"
+          " ~900 tokens; change from fp32), greedy agreement with fp32")
     for name, engine in engines.items():
         vs = "" if name == "fp32" else "; " + agreement(reference_run(engine), fp32_run)
-        scores = "  ".join(f"{ppl[t][name]:.3f} ({ppl[t][name] - ppl[t]['fp32']:+.3f})" for t in texts)
+        scores = "  ".join(f"{ppl[t][name]:.3f} ({100 * (ppl[t][name] / ppl[t]['fp32'] - 1):+.1f}%)" for t in TEXTS)
         print(f"  {name:26} ppl {scores}{vs}", flush=True)
-    for a, b in (("GPTQ int4 g128", "RTN int4 g128"), ("GPTQ int4 g128 act-order", "RTN int4 g128"),
-                 ("SmoothQuant W8A8", "RTN W8A8")):
+    for a, b in BASELINES.items():
         if a in engines and b in engines:
             closed = [100 * (1 - (p[a] - p["fp32"]) / (p[b] - p["fp32"])) for p in ppl.values()]
-            print(f"  {a} closes {closed[0]:.0f}% (fixed text) / {closed[1]:.0f}% (long text) of {b}'s gap to fp32")
+            print(f"  {a} closes {closed[0]:.0f}% (long text) / {closed[1]:.0f}% (story text) of {b}'s gap to fp32")
 
 
 def report_speed(speed: dict[str, dict[str, float]]) -> None:
@@ -109,15 +118,16 @@ def report_speed(speed: dict[str, dict[str, float]]) -> None:
 
 
 def sweep_alpha(root: Path, alphas: list[float]) -> None:
-    print("\nSmoothQuant alpha sweep (perplexity of the fixed text)")
+    print("\nSmoothQuant alpha sweep, one alpha for every layer")
     for alpha in alphas:
         path = quantize(None, root / f"sq_alpha_{alpha}", QuantizeOptions(method="smoothquant", alpha=alpha))
         with Engine(str(path), device="cpu", kv_cache_tokens=4096) as engine:
-            print(f"  alpha {alpha}: ppl {perplexity(engine):.3f}")
+            print(f"  alpha {alpha}: ppl {perplexity(engine, LONG_TEXT):.3f} (long text)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--speed", action="store_true", help="also measure decode and prefill speed")
     parser.add_argument("--repeats", type=int, default=1, help="speed rounds; each engine's best counts")
     parser.add_argument("--reuse", default=None, help="folder to keep the quantized models in (and reuse)")
     parser.add_argument("--only", default=",".join(FOLDERS), help="quantized models to run, comma-separated")
@@ -133,7 +143,8 @@ def main() -> None:
         for engine in engines.values():
             engine.generate(DECODE_PROMPTS[:2], {**GREEDY, "max_new_tokens": 4})  # warm-up
         report_fidelity(engines)
-        report_speed(measure(engines, args.repeats))
+        if args.speed:
+            report_speed(measure(engines, args.repeats))
         for engine in engines.values():
             engine.check_invariants()
     finally:

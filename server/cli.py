@@ -212,41 +212,50 @@ def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
 def _quantize(args: argparse.Namespace) -> int:
     from ..runtime.quantize.driver import QuantizeOptions, quantize
 
-    tuned = {name: getattr(args, name) for name in ("act_order", "percdamp", "calib_tokens")
+    tuned = {name: getattr(args, name) for name in ("act_order", "calib_tokens")
              if getattr(args, name) is not None}  # unset: QuantizeOptions' default
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                            static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
-                           alpha=args.alpha, calib=args.calib, threads=args.threads, **tuned)
+                           percdamp=args.percdamp, alpha=args.alpha, calib=args.calibration, threads=args.threads,
+                           **tuned)
     model = None if args.model == "default" else args.model
     _check_model(model)
     quantize(model, args.out, opts)
     return 0
 
 
+def _percdamp(value: str) -> float | None:
+    return None if value == "auto" else float(value)
+
+
 def _add_quantize_command(sub) -> None:
     q = sub.add_parser("quantize", help="quantize MODEL (GGUF or HF folder) into an HF folder OUT, on CPU")
     q.add_argument("model", help="GGUF file or HF folder ('default': SmolLM2-135M-Instruct)")
     q.add_argument("out", help="folder to write (config.json with quantization_config, safetensors, tokenizer)")
-    q.add_argument("--method", default="gptq", choices=["gptq", "rtn", "smoothquant"],
-                   help="gptq / rtn: weight-only int4 or int8, GPTQ format; smoothquant: W8A8 int8")
+    q.add_argument("--method", default="gptq", choices=["gptq", "awq", "rtn", "smoothquant"],
+                   help="gptq / rtn: weight-only int4 or int8, GPTQ format; awq: int4, AWQ format; "
+                        "smoothquant: W8A8 int8")
     q.add_argument("--bits", type=int, default=4, choices=[4, 8], help="bits per weight (default: 4)")
     q.add_argument("--group-size", type=int, default=128, help="-1, 32, 64 or 128 (default: 128)")
-    q.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
-                   help="GPTQ: round columns by descending Hessian diagonal (default: on)")
+    q.add_argument("--act-order", "--desc-act", dest="act_order", action=argparse.BooleanOptionalAction,
+                   default=None, help="GPTQ: round columns by descending Hessian diagonal (default: on)")
     q.add_argument("--static-groups", action="store_true",
                    help="GPTQ with --act-order: groups of consecutive inputs (no input permutation at load)")
     q.add_argument("--sym", action="store_true", help="symmetric weight codes (default: asymmetric)")
     q.add_argument("--clip-search", action=argparse.BooleanOptionalAction, default=True,
-                   help="GPTQ: shrink each group's range to the one with the least output error (default: on)")
-    q.add_argument("--percdamp", type=float, default=None,
-                   help="GPTQ dampening, fraction of mean diag(H) (default 0.1)")
-    q.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
-    q.add_argument("--calib", default="builtin",
-                   help="calibration text: 'builtin' (shipped with radixlang), 'python' (plus Python's own "
-                        "documentation, ~100k tokens: for code models) or a text file")
-    q.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens at most (default 32768)")
+                   help="GPTQ / AWQ: shrink each group's range to the one with the least output error (default: on)")
+    q.add_argument("--percdamp", type=_percdamp, default=0.1,
+                   help="GPTQ dampening, fraction of mean diag(H) (default 0.1), or 'auto': picked per linear "
+                        "from 0.01, 0.1, 1 on held-out calibration samples")
+    q.add_argument("--alpha", type=float, default=None,
+                   help="SmoothQuant migration strength for every layer (default: searched per layer)")
+    q.add_argument("--calibration", "--calib", dest="calibration", default="builtin",
+                   help="calibration text: 'builtin' (default: the text shipped with radixlang, ~2k tokens), 'mixed' "
+                        "(it plus Python's documentation and docstrings and the READMEs and licences of the installed "
+                        "packages), 'python', or a file of your own (plain text, or .jsonl with a \"text\" field)")
+    q.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens at most (default 16384)")
     q.add_argument("--threads", type=int, default=1,
-                   help="torch threads while quantizing (default 1: fastest on a busy machine)")
+                   help="torch threads for the calibration passes (default 1: fastest on a busy machine)")
     q.set_defaults(func=_quantize)
 
 

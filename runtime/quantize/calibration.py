@@ -1,4 +1,4 @@
-"""Calibration samples: token windows of a corpus of corpus.py (`builtin`, `python`) or of a user's text file.
+"""Calibration samples: token windows of a corpus of corpus.py (`mixed`, `builtin`, `python`) or of a user's file.
 
 Plain text is packed into windows of `seq_len` tokens, documents separated by a blank line; a chat exchange
 is one sample, rendered with the model's chat template (how a chat model sees what users send), or as
@@ -6,31 +6,52 @@ is one sample, rendered with the model's chat template (how a chat model sees wh
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 
 from ..tokenizer import Tokenizer
-from .corpus import Document, python_documents, shipped_documents
+from .corpus import Document, mixed_documents, python_documents, shipped_documents
 
 MIN_TOKENS = 32  # a trailing window shorter than this is dropped
 
 
+SOURCES = ("mixed", "builtin", "python")  # the named corpora (corpus.py); anything else is a file
+
+
 def calibration_documents(source: str) -> Iterator[Document]:
-    """`builtin` (the shipped text), `python` (it and Python's own documentation), or the text of the file
-    `source` as one document."""
+    """`builtin` (the default: the shipped text), `mixed` (it, then Python's documentation, docstrings,
+    package READMEs and licences in turn), `python` (it and Python's own documentation),
+    or a file of the user's: plain text (one document), or JSON Lines with a "text" field per line (one
+    document each; a line with "prompt" too is a chat exchange)."""
+    if source == "mixed":
+        return mixed_documents()
     if source == "builtin":
         return iter(shipped_documents())
     if source == "python":
         return python_documents()
     path = Path(source)
     if not path.is_file():
-        raise ValueError(f"--calib must be 'builtin', 'python' or a text file, got {source!r}")
+        raise ValueError(f"--calibration must be one of {SOURCES} or a text / .jsonl file, got {source!r}")
     text = path.read_text()
     if not text.strip():
-        raise ValueError(f"--calib file {source!r} is empty")
-    return iter([Document(text)])
+        raise ValueError(f"--calibration file {source!r} is empty")
+    return iter(_jsonl_documents(path, text) if path.suffix == ".jsonl" else [Document(text)])
+
+
+def _jsonl_documents(path: Path, text: str) -> list[Document]:
+    docs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            docs.append(Document(str(row["text"]), prompt=None if row.get("prompt") is None else str(row["prompt"])))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"--calibration {path}:{number}: each line must be a JSON object with a \"text\" field") from e
+    return docs
 
 
 def calibration_samples(tokenizer: Tokenizer, documents: Iterable[Document], seq_len: int,

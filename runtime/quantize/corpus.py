@@ -1,32 +1,38 @@
-"""Calibration corpora, nothing downloaded: `builtin` (the default) and `python` (`--calib python`).
+"""Calibration corpora, nothing downloaded: `builtin` (the default), `mixed` and `python`.
 
 `builtin` is the text shipped with radixlang (calibration.txt, ~2k tokens written for it: prose on many
 subjects, instructions, code, a story, chat exchanges), the mix of registers users send. Its chat exchanges
 are rendered with the model's chat template (calibration.py), since that is how a chat model sees them.
 
-`python` adds tens of thousands of tokens that every Python install carries, PSF-licensed, on the user's
-own disk:
-- the reference prose of Python's documentation, `pydoc_data.topics` (what `help("if")` prints);
-- the docstrings of the standard library's modules, read from its source files with `ast` (never imported).
-It is not the default: it is narrow (technical English with code) and slow to calibrate on. Measured on
-SmolLM2-135M (fidelity.py's fixed / long text; RTN 12.09 / 17.73): through `radixlang quantize` with
-act-order and percdamp 0.01, 16k tokens of it gave 10.32 / 15.76 against 10.45 / 16.10 for the shipped
-text alone, but with the default percdamp 0.1 10.69 / 15.92 against 10.07 / 15.75, and it takes 240 s
-of CPU against 60 s; in memory, without act-order, a prototype with 6k of its tokens was worse than the
-shipped text (11.78 / 16.75 against 10.59 / 16.09). Use it (or a file of your own text) for a model that
-will mostly read code.
+`mixed` adds, in turn, pieces of four sources that every install of radixlang carries on the user's own
+disk (read, never imported, and never redistributed: each stays under its own licence):
+- the reference prose of Python's documentation, `pydoc_data.topics` (what `help("if")` prints; PSF);
+- the docstrings of the standard library's modules, read from its source files with `ast` (PSF);
+- the long descriptions (READMEs) of the installed packages under a permissive licence (MIT, BSD, Apache,
+  PSF, MPL, ISC...; GPL-family ones left out): prose, lists, tables, shell sessions, code, numbers;
+- the licence texts those packages carry, each licence once (legal English).
+With radixlang's dependencies that is over a megabyte of text (~400k tokens); a token budget takes the
+shipped text first, then the four sources in equal turns. It is not the default: on SmolLM2-135M, GPTQ
+on 16k of its tokens rounded held-out prose worse than on the shipped 2k (docs/models.md), the way 6k
+tokens of Python's documentation alone did in an earlier session (docs/changelog-2.md): technical text
+moves H away from the prose the model reads. For a model that will read code and documentation.
 
-Neither overlaps the benchmark's evaluation text (benchmark/fidelity.py; tests/runtime/quantize/
-test_corpus.py checks for any shared run of 8 words). Deterministic for a given Python install: documents in
-sorted order, shuffled with a fixed seed.
+`python` is the shipped text plus the first two sources (for a model that will mostly read code).
+
+None overlaps the benchmark's evaluation text (benchmark/fidelity.py; tests/runtime/quantize/
+test_corpus.py checks for any shared run of 8 words). Deterministic for a given set of installed
+packages: documents in sorted order, shuffled with a fixed seed.
 """
 from __future__ import annotations
 
 import ast
 import pydoc_data.topics
 import random
+import re
 import sysconfig
 from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +41,8 @@ SHIPPED = Path(__file__).with_name("calibration.txt")
 _SKIPPED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "idlelib", "tkinter", "turtledemo",
                            "lib2to3", "encodings", "__pycache__", "ensurepip"})
 MIN_DOCSTRING_CHARS = 200  # shorter ones are one-line summaries: mostly a signature's words again
+_PERMISSIVE = re.compile(r"\b(MIT|BSD|Apache|ISC|PSF|Python Software Foundation|MPL|Mozilla|Unlicense|zlib|0BSD|HPND)", re.I)
+_COPYLEFT = re.compile(r"\b(GPL|LGPL|AGPL|General Public)", re.I)
 CHUNK_CHARS = 1500  # a reference topic is cut into pieces of about this many characters (~350 tokens)
 
 
@@ -57,21 +65,12 @@ def shipped_documents(path: Path = SHIPPED) -> list[Document]:
     return docs
 
 
-def reference_documents() -> list[Document]:
+@cache
+def reference_documents() -> tuple[Document, ...]:
     """Python's reference documentation (pydoc_data.topics), each topic cut at paragraph ends into
     pieces of about CHUNK_CHARS, so a budget takes many topics rather than the first few whole."""
     topics = pydoc_data.topics.topics
-    docs = []
-    for key in sorted(topics):
-        piece = ""
-        for para in topics[key].split("\n\n"):
-            piece += para + "\n\n"
-            if len(piece) >= CHUNK_CHARS:
-                docs.append(Document(piece.strip()))
-                piece = ""
-        if piece.strip():
-            docs.append(Document(piece.strip()))
-    return docs
+    return tuple(Document(piece) for key in sorted(topics) for piece in chunks(topics[key]))
 
 
 def docstring_documents(root: Path | None = None, seed: int = 0) -> Iterator[Document]:
@@ -93,13 +92,96 @@ def docstring_documents(root: Path | None = None, seed: int = 0) -> Iterator[Doc
                     yield Document(text)
 
 
+def chunks(text: str, size: int = CHUNK_CHARS) -> list[str]:
+    """`text` cut at paragraph ends into pieces of about `size` characters."""
+    pieces, piece = [], ""
+    for para in text.split("\n\n"):
+        piece += para + "\n\n"
+        if len(piece) >= size:
+            pieces.append(piece.strip())
+            piece = ""
+    return pieces + [piece.strip()] * bool(piece.strip())
+
+
+def _permissive(dist: metadata.Distribution) -> bool:
+    m = dist.metadata
+    words = " ".join([m["License-Expression"] or "", (m["License"] or "")[:200],
+                      *(c for c in m.get_all("Classifier") or [] if c.startswith("License"))])
+    return bool(_PERMISSIVE.search(words)) and not _COPYLEFT.search(words)
+
+
+def _distributions() -> list[metadata.Distribution]:
+    """The installed distributions under a permissive licence, by name (one copy of each), radixlang's own
+    left out (its text is the repository's)."""
+    by_name = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name and name != "radixlang" and name not in by_name and _permissive(dist):
+            by_name[name] = dist
+    return [by_name[n] for n in sorted(by_name)]
+
+
+@cache
+def readme_documents() -> tuple[Document, ...]:
+    """The long descriptions (READMEs: prose, lists, tables, code, numbers) of the installed packages under a
+    permissive licence, each cut into pieces of about CHUNK_CHARS."""
+    docs = []
+    for dist in _distributions():
+        text = dist.metadata.get_payload() or dist.metadata["Description"] or ""  # type: ignore[attr-defined]
+        docs += [Document(piece) for piece in chunks(text.replace("\r\n", "\n")) if len(piece) >= MIN_DOCSTRING_CHARS]
+    return tuple(docs)
+
+
+@cache
+def licence_documents() -> tuple[Document, ...]:
+    """The licence texts the installed permissive packages carry (legal English), each kind once: a text
+    half of whose runs of 8 words an earlier one had (the same licence, another holder) is left out."""
+    docs: list[Document] = []
+    seen: set[tuple[str, ...]] = set()
+    for dist in _distributions():
+        for file in sorted(dist.files or [], key=str):
+            if not file.name.upper().startswith(("LICENSE", "LICENCE", "COPYING")):
+                continue
+            try:
+                text = file.read_text() or ""
+            except (OSError, UnicodeDecodeError):
+                continue
+            words = re.findall(r"[a-z]+", text.lower())
+            runs = {tuple(words[i:i + 8]) for i in range(len(words) - 7)}
+            if len(text) >= MIN_DOCSTRING_CHARS and len(runs & seen) < len(runs) / 2:
+                seen |= runs
+                docs += [Document(piece) for piece in chunks(text)]
+    return tuple(docs)
+
+
+def mixed_documents(seed: int = 0) -> Iterator[Document]:
+    """The default corpus: every shipped document, then one piece of each installed source in turn (Python's
+    reference, a standard-library docstring, a package README, a licence), each source in an order shuffled
+    by `seed`, so any token budget takes all of them in the same proportions; a source that runs out
+    drops out of the turn."""
+    yield from shipped_documents()
+    sources: list[Iterator[Document]] = [iter(_shuffled(reference_documents(), seed)), docstring_documents(seed=seed),
+                                         iter(_shuffled(readme_documents(), seed)), iter(_shuffled(licence_documents(), seed))]
+    while sources:
+        for source in list(sources):
+            doc = next(source, None)
+            if doc is None:
+                sources.remove(source)
+            else:
+                yield doc
+
+
+def _shuffled(docs: tuple[Document, ...], seed: int) -> list[Document]:
+    shuffled = list(docs)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled
+
+
 def python_documents(seed: int = 0) -> Iterator[Document]:
     """Every shipped document first (they set the mix of registers), then a reference piece and a
     docstring in turn (pieces in an order shuffled by `seed`); a token budget (calibration.py) takes
     them from the front."""
     yield from shipped_documents()
-    reference = reference_documents()
-    random.Random(seed).shuffle(reference)
-    for piece, docstring in zip(reference, docstring_documents(seed=seed)):
+    for piece, docstring in zip(_shuffled(reference_documents(), seed), docstring_documents(seed=seed)):
         yield piece
         yield docstring

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -13,28 +13,34 @@ from .gptq import GPTQSpec, gptq_quantize, rtn_quantize
 from .hf_writer import Packed, write_folder
 from .layerwise import LINEARS, linear_weight, record_inputs, run_layerwise
 
-METHODS = ("gptq", "rtn", "smoothquant")
+METHODS = ("gptq", "awq", "rtn", "smoothquant")
+DAMPS = (0.01, 0.1, 1.0)  # the dampenings GPTQ picks from per linear (percdamp None): 0.01 is the paper's
+VALIDATION_EVERY = 4  # every 4th calibration sample is held out to pick it
 
 
 @dataclass(frozen=True, slots=True)
 class QuantizeOptions:
     method: str = "gptq"
-    bits: int = 4  # weight-only methods; SmoothQuant is always W8A8
+    bits: int = 4  # weight-only methods (AWQ: 4 only, its format's); SmoothQuant is always W8A8
     group_size: int = 128
-    act_order: bool = True  # GPTQ: closed 66% of RTN's perplexity gap on SmolLM2, in order 38% (docs/changelog-2.md)
+    act_order: bool = True  # GPTQ (desc_act): closed 66% of RTN's perplexity gap on SmolLM2, in order 38% (docs/changelog-2.md)
     static_groups: bool = False  # with act_order: groups of consecutive inputs, no permutation at load
     sym: bool = False
-    percdamp: float = 0.1  # GPTQ: 0.1 beat the paper's 0.01 on SmolLM2 (docs/changelog-2.md)
-    clip_search: bool = True  # GPTQ: each group's range shrunk to the output-error-optimal one
-    alpha: float = 0.5  # SmoothQuant migration strength
+    # GPTQ dampening; None: picked per linear on held-out calibration samples (gptq_layers). 0.1 beat the
+    # paper's 0.01 and the per-linear pick on held-out text (docs/models.md)
+    percdamp: float | None = 0.1
+    clip_search: bool = True  # GPTQ / AWQ: each group's range shrunk to the output-error-optimal one
+    alpha: float | None = None  # SmoothQuant migration strength; None: searched per layer
     smooth: bool = True  # SmoothQuant without smoothing: plain (naive) W8A8
+    # calibration.py's SOURCES or a file: the shipped text (2k tokens) rounded held-out prose better than
+    # 16k tokens of `mixed` (docs/models.md)
     calib: str = "builtin"
     seq_len: int = 256
-    # calibration tokens at most (`builtin` has ~2k; `python` and a file may have many more): more tokens
-    # determine H better if they resemble the text the model will read (see corpus.py)
-    calib_tokens: int = 32768
-    # torch threads while quantizing: on the shared 2-core machine GPTQ took 4.5 s per SmolLM2 layer on
-    # one thread and 17.6 s on two (each of thousands of small ops waited for a descheduled thread)
+    # calibration tokens at most: more tokens determine H better if they resemble the text the model will
+    # read (corpus.py); the time to quantize grows with them (layer passes)
+    calib_tokens: int = 16384
+    # torch threads while quantizing: GPTQ's per-column steps run on one thread whatever this says
+    # (gptq.one_thread); the layer passes, most of the time on a large calibration set, use these
     threads: int = 1
 
     def validate(self) -> None:
@@ -42,11 +48,13 @@ class QuantizeOptions:
             raise ValueError(f"--method must be one of {METHODS}, got {self.method!r}")
         if self.bits not in (4, 8):
             raise ValueError(f"--bits must be 4 or 8, got {self.bits}")
+        if self.method == "awq" and self.bits != 4:
+            raise ValueError("--method awq writes AWQ's format, 4 bits only: --bits 4")
         if self.group_size not in (-1, 32, 64, 128):
             raise ValueError(f"--group-size must be one of -1, 32, 64, 128, got {self.group_size}")
-        if not 0 < self.percdamp < 1:
+        if self.percdamp is not None and not 0 < self.percdamp < 1:
             raise ValueError(f"--percdamp must be in (0, 1), got {self.percdamp}")
-        if not 0 <= self.alpha <= 1:
+        if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
         if self.calib_tokens < MIN_TOKENS:
             raise ValueError(f"--calib-tokens must be >= {MIN_TOKENS}, got {self.calib_tokens}")
@@ -54,7 +62,8 @@ class QuantizeOptions:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
 
     def spec(self) -> GPTQSpec:
-        return GPTQSpec(self.bits, self.group_size, self.sym, self.act_order, self.percdamp,
+        return GPTQSpec(self.bits, self.group_size, self.sym, self.act_order and self.method == "gptq",
+                        self.percdamp if self.percdamp is not None else DAMPS[1],
                         clip_search=self.clip_search, static_groups=self.static_groups)
 
 
@@ -71,10 +80,11 @@ def quantize(model_path: str | Path | None, out: str | Path, opts: QuantizeOptio
 
 def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -> Path:
     from ..models.loading.loader import default_model_path
+    from .awq import awq_layers
     from .smoothquant import smooth_and_quantize
 
     model_path = Path(model_path) if model_path is not None else default_model_path()
-    calibrated = opts.method == "gptq" or opts.method == "smoothquant" and opts.smooth
+    calibrated = opts.method in ("gptq", "awq") or opts.method == "smoothquant" and opts.smooth
     documents = calibration_documents(opts.calib) if calibrated else iter([])
     start = time.perf_counter()
     loaded = load_model(model_path, torch.device("cpu"), torch.float32)
@@ -82,9 +92,12 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
     if opts.method == "rtn":
         packed: dict[str, Packed] = rtn_layers(loaded.model, opts.spec())
     elif opts.method == "gptq":
-        packed = gptq_layers(loaded.model, samples, opts.spec())
+        packed = gptq_layers(loaded.model, samples, opts.spec(), opts.percdamp)
+    elif opts.method == "awq":
+        packed = dict(awq_layers(loaded.model, samples, opts.spec()))
     else:
-        packed = smooth_and_quantize(loaded.model, samples, opts.alpha if opts.smooth else None)
+        packed = smooth_and_quantize(loaded.model, samples, ("search" if opts.alpha is None else opts.alpha)
+                                     if opts.smooth else None)
     path = write_folder(out, model_path, loaded, packed, quantization_config(opts))
     tokens = sum(len(s) for s in samples)
     print(f"quantized {model_path.name} with {opts.method} on {tokens} calibration tokens in "
@@ -94,11 +107,16 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
 
 def quantization_config(opts: QuantizeOptions) -> dict:
     if opts.method == "smoothquant":
-        return {"quant_method": "w8a8_int8", "smoothquant_alpha": opts.alpha if opts.smooth else None}
+        alpha = ("per layer" if opts.alpha is None else opts.alpha) if opts.smooth else None
+        return {"quant_method": "w8a8_int8", "smoothquant_alpha": alpha}
+    if opts.method == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": opts.group_size, "version": "gemm",
+                "zero_point": True, "quantizer": "radixlang awq"}
     act_order = opts.act_order and opts.method == "gptq"  # RTN rounds in input order
     return {"quant_method": "gptq", "bits": opts.bits, "group_size": opts.group_size, "desc_act": act_order,
-            "sym": opts.sym, "damp_percent": opts.percdamp, "true_sequential": True,
-            "static_groups": opts.static_groups and act_order,
+            "sym": opts.sym, "damp_percent": opts.spec().percdamp,
+            "damp_per_layer": opts.percdamp is None and opts.method == "gptq",
+            "true_sequential": True, "static_groups": opts.static_groups and act_order,
             "checkpoint_format": "gptq", "lm_head": False, "quantizer": "radixlang " + opts.method}
 
 
@@ -107,10 +125,16 @@ def rtn_layers(model, spec: GPTQSpec) -> dict[str, Packed]:
             for i, layer in enumerate(model.layers) for name in LINEARS}
 
 
-def gptq_layers(model, samples: list[torch.Tensor], spec: GPTQSpec) -> dict[str, Packed]:
+def gptq_layers(model, samples: list[torch.Tensor], spec: GPTQSpec, percdamp: float | None = None) -> dict[str, Packed]:
     """GPTQ of every decoder linear, true-sequential: in forward order, each linear's Hessian comes from
     inputs computed with every linear before it (in this layer and the ones below) already quantized,
     so each compensates the error of those before it. One pass per linear, stopped at its input.
+
+    Dampening per linear (`percdamp` None): GPTQ fits the directions of H the calibration text spans, and
+    too little dampening overfits them (a linear with many inputs, down_proj, did worse than
+    round-to-nearest on other text). So every VALIDATION_EVERY-th sample is held out: for each of DAMPS,
+    GPTQ on the other samples' H, scored by the output error on the held-out ones', tr(dW H_val dW^T);
+    the best dampening then quantizes the linear on every sample's H.
 
     SINK: in H = 2 sum_t c_t x_t x_t^T, a sample's first token has c_0 = sqrt(T) (T: the sample's tokens),
     the others c_t = 1. It is the attention sink: every later token reads its keys and values,
@@ -120,28 +144,45 @@ def gptq_layers(model, samples: list[torch.Tensor], spec: GPTQSpec) -> dict[str,
     percdamp 0.01, perplexity of fidelity.py's fixed / long text: c_0 = 1 11.41 / 17.00, sqrt(T) 10.59 /
     16.09, T 12.03 / 17.86; RTN 12.10 / 17.72)."""
     packed: dict[str, Packed] = {}
+    validated = percdamp is None and len(samples) >= VALIDATION_EVERY
 
     def on_layer(index: int, layer, run) -> None:
         for name in LINEARS:
             weight = linear_weight(layer, name)
-            hessian = torch.zeros(weight.shape[1], weight.shape[1])
-            rows = 0
+            k = weight.shape[1]
+            hessians, rows = [torch.zeros(k, k), torch.zeros(k, k)], [0, 0]  # fitted on, held out
+            seen = 0
 
             def observe(_: str, x: torch.Tensor) -> None:  # x: one sample's tokens, in order
-                nonlocal rows
+                nonlocal seen
+                part = int(validated and seen % VALIDATION_EVERY == VALIDATION_EVERY - 1)
                 x = x.float()
-                hessian.addmm_(x.T, x).addr_(x[0], x[0], alpha=len(x) ** 0.5 - 1)  # row 0 counted sqrt(T) times
-                rows += len(x)
+                hessians[part].addmm_(x.T, x).addr_(x[0], x[0], alpha=len(x) ** 0.5 - 1)  # row 0 counted sqrt(T) times
+                rows[part] += len(x)
+                seen += 1
 
             handles = record_inputs(layer, observe, names=(name,))
             run(name)
             for h in handles:
                 h.remove()
-            q = gptq_quantize(weight.detach().float(), hessian.mul_(2 / rows), spec)
+            w = weight.detach().float()
+            damp = pick_damp(w, hessians[0] * (2 / rows[0]), hessians[1] * (2 / rows[1]), spec) if validated else (
+                percdamp if percdamp is not None else DAMPS[1])
+            q = gptq_quantize(w, (hessians[0] + hessians[1]).mul_(2 / sum(rows)), replace(spec, percdamp=damp))
             weight.copy_(q.dequantize())  # what the later linears calibrate on
             packed[f"layers.{index}.{name}"] = q
 
     if not samples:
-        raise ValueError("GPTQ needs calibration text (--calib)")
+        raise ValueError("GPTQ needs calibration text (--calibration)")
     run_layerwise(model, samples, on_layer, desc="GPTQ")
     return packed
+
+
+def pick_damp(weight: torch.Tensor, fit: torch.Tensor, held_out: torch.Tensor, spec: GPTQSpec) -> float:
+    """The dampening of DAMPS whose GPTQ on `fit` has the least output error on `held_out` inputs (clip
+    search off in these trials: it is the slow part, and moves every candidate alike)."""
+    errors = {}
+    for damp in DAMPS:
+        diff = weight - gptq_quantize(weight, fit, replace(spec, percdamp=damp, clip_search=False)).dequantize()
+        errors[damp] = float(((diff @ held_out) * diff).sum())
+    return min(errors, key=errors.__getitem__)

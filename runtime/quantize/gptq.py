@@ -110,6 +110,18 @@ def dampened_hessian(hessian: torch.Tensor, weight: torch.Tensor, percdamp: floa
     return h, w
 
 
+def inverse_factor(h: torch.Tensor, percdamp: float) -> torch.Tensor:
+    """The upper Cholesky factor of h^-1. Where h (dampened by `percdamp`) is numerically singular for its
+    dtype, the dampening is raised tenfold until it factors, as AutoGPTQ's users do by hand."""
+    extra = percdamp * h.diagonal().mean()
+    while True:
+        try:
+            return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+        except torch.linalg.LinAlgError:
+            h = h + 9 * extra * torch.eye(len(h), dtype=h.dtype)
+            extra = 10 * extra
+
+
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWeight:
     """weight [N, K], hessian [K, K] (computed in their dtype: fp32, or fp64 for a reference)."""
     with one_thread():  # thousands of tiny per-column ops
@@ -123,8 +135,7 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, spec: GPTQSpec) -> IntWei
         raise ValueError(f"group_size {gs} and block_size {spec.block_size}: one must divide the other")
     h, w = dampened_hessian(hessian, weight, spec.percdamp)
     order = torch.argsort(h.diagonal(), descending=True) if spec.act_order else torch.arange(k)
-    h = h[order][:, order]
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    u = inverse_factor(h[order][:, order], spec.percdamp)
     # W transposed: column q of W is row q here, contiguous, so the per-column steps touch dense memory
     wt = w[:, order].T.contiguous()
     codes, errors = torch.empty_like(wt), torch.empty_like(wt)

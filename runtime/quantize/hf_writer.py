@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..models.linear.quant_formats import IntWeight, write_gptq
+from ..models.linear.quant_formats import IntWeight, write_awq, write_gptq
 from ..models.llama import LlamaForCausalLM
 from ..models.loading.loader import LoadedModel, source_hf_config
 from .layerwise import linear_weight
@@ -28,12 +28,14 @@ def write_folder(out: Path, model_path: Path, loaded: LoadedModel, packed: dict[
     out.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in source_hf_config(model_path).items() if k != "quantization_config"}
     (out / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}, indent=2))
-    save_file(hf_tensors(loaded.model, packed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    awq = quantization_config["quant_method"] == "awq"
+    save_file(hf_tensors(loaded.model, packed, awq), str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_tokenizer(out, model_path, loaded)
     return out
 
 
-def hf_tensors(model: LlamaForCausalLM, packed: dict[str, Packed]) -> dict[str, torch.Tensor]:
+def hf_tensors(model: LlamaForCausalLM, packed: dict[str, Packed], awq: bool = False) -> dict[str, torch.Tensor]:
+    """`awq`: the codes in AWQ's layout (GEMM packing, zeros as they are), else GPTQ's v1."""
     tensors: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         module, _, kind = name.rpartition(".")
@@ -41,7 +43,7 @@ def hf_tensors(model: LlamaForCausalLM, packed: dict[str, Packed]) -> dict[str, 
             continue
         tensors |= {hf_name: part.contiguous() for hf_name, part in _split(name, param.detach(), model)}
     for module, weights in packed.items():
-        for hf_module, part in _split_packed(module, weights, model):
+        for hf_module, part in _split_packed(module, weights, model, awq):
             tensors |= {f"model.{hf_module}.{k}": v.contiguous() for k, v in part.items()}
     return tensors
 
@@ -56,14 +58,15 @@ def _split(name: str, t: torch.Tensor, model: LlamaForCausalLM) -> list[tuple[st
     return [(f"model.layers.{layer}.{hf}.{kind}", p) for hf, p in zip(_SPLITS[rest], parts)]
 
 
-def _split_packed(module: str, weights: Packed, model: LlamaForCausalLM) -> list[tuple[str, dict[str, torch.Tensor]]]:
+def _split_packed(module: str, weights: Packed, model: LlamaForCausalLM,
+                  awq: bool) -> list[tuple[str, dict[str, torch.Tensor]]]:
     layer, _, rest = module.partition(".")[2].partition(".")
     sizes = _part_rows(model, rest)
     names = [f"layers.{layer}.{hf}" for hf in _SPLITS.get(rest, (rest,))]
     if isinstance(weights, IntWeight):
         parts = [IntWeight(c, z, s, weights.g_idx, weights.bits) for c, z, s in
                  zip(weights.codes.split(sizes), weights.zeros.split(sizes), weights.scales.split(sizes))]
-        return [(n, write_gptq(p, zero_offset=1)) for n, p in zip(names, parts)]
+        return [(n, write_awq(p) if awq else write_gptq(p, zero_offset=1)) for n, p in zip(names, parts)]
     codes, scales = weights
     return [(n, {"weight": c.to(torch.int8), "weight_scale": s.float()})
             for n, c, s in zip(names, codes.split(sizes), scales.split(sizes))]

@@ -53,16 +53,25 @@ class _InputSeen(Exception):
 
 @torch.no_grad()
 def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
-                  on_layer: Callable[[int, DecoderLayer, Callable[[str | None], None]], None], desc: str) -> None:
-    """For each layer: on_layer(index, layer, run), where run(stop_at) passes every sample through the
-    layer as it is at that moment (hook its linears to see their inputs), up to linear `stop_at`'s input
-    when given (what comes after it is not computed); then the samples move on through the layer as
-    on_layer left it."""
+                  on_layer: Callable[[int, DecoderLayer, Callable[..., list[torch.Tensor]]], None], desc: str,
+                  same_function: bool = False) -> None:
+    """For each layer: on_layer(index, layer, run), where run(stop_at, samples=None) passes every sample
+    (or the first `samples`) through the layer as it is at that moment (hook its linears to see their
+    inputs), up to linear `stop_at`'s input when given (what comes after it is not computed), and returns
+    the layer's outputs (none when stopped); then the samples move on through the layer as on_layer left
+    it. With `same_function` on_layer only reparametrises the layer (folds scales: AWQ, SmoothQuant), so
+    the outputs of its last whole pass (run(None)) move on and the layer is not run again.
+
+    A pass stopped in the MLP starts from x + attention(x) saved by the first such pass, and the samples
+    move on from it too, so on_layer must be done with the attention linears when it first stops in the
+    MLP (GPTQ's forward order is). That halves the layer passes of true-sequential GPTQ."""
     ctx = ForwardContext(attn=CausalAttention())
     hidden = [model.embed_tokens(ids) for ids in samples]
     ropes = [model.rotary.table(torch.arange(len(ids))) for ids in samples]
+    whole: list[torch.Tensor] = []  # the last whole pass's outputs, over every sample
+    mid: list[torch.Tensor] = []  # x + attention(x) per sample, once a pass stops in the MLP
 
-    def run(stop_at: str | None) -> None:
+    def run(stop_at: str | None, samples: int | None = None) -> list[torch.Tensor]:
         handle = None
         if stop_at is not None:
             def stop(module: torch.nn.Module, args: tuple) -> None:
@@ -70,16 +79,38 @@ def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
 
             # registered last: the caller's hook on the same linear sees the input first
             handle = layer.get_submodule(stop_at).register_forward_pre_hook(stop)
+        outputs = []
         try:
-            for x, rope in zip(hidden, ropes):
+            for i, (x, rope) in enumerate(zip(hidden[:samples], ropes)):
                 try:
-                    layer(x, rope, ctx)
+                    outputs.append(half(stop_at, i, x, rope))
                 except _InputSeen:
                     pass
         finally:
             if handle is not None:
                 handle.remove()
+        if samples is None and len(outputs) == len(hidden):
+            whole[:] = outputs
+        return outputs
+
+    def half(stop_at: str | None, i: int, x: torch.Tensor, rope) -> torch.Tensor:
+        """DecoderLayer.forward in its two halves: a pass that stops in the MLP starts from the attention
+        half's output, computed once (by then the callback has finished with the attention linears)."""
+        if stop_at is None:
+            return layer(x, rope, ctx)
+        if stop_at.startswith("self_attn."):
+            return layer.self_attn(layer.input_layernorm(x), rope, ctx)
+        if len(mid) == i:
+            mid.append(x + layer.self_attn(layer.input_layernorm(x), rope, ctx))
+        return layer.mlp(layer.post_attention_layernorm(mid[i]))
 
     for index, layer in enumerate(tqdm(model.layers, desc=desc, unit="layer")):
+        whole.clear()
+        mid.clear()
         on_layer(index, layer, run)
-        hidden = [layer(x, rope, ctx) for x, rope in zip(hidden, ropes)]
+        if same_function and whole:
+            hidden = whole[:]
+        elif len(mid) == len(hidden):  # the MLP half on the attention half's saved output
+            hidden = [h + layer.mlp(layer.post_attention_layernorm(h)) for h in mid]
+        else:
+            hidden = [layer(x, rope, ctx) for x, rope in zip(hidden, ropes)]

@@ -1,14 +1,16 @@
 """SmoothQuant (Xiao et al., 2023): divide each input channel j of a linear by s_j and multiply the
 weights' column j by it, with s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), so activation outliers move
-into the weights, where per-channel int8 absorbs them; then W8A8 (w8a8.W8A8Linear).
+into the weights, where per-channel int8 absorbs them; then W8A8 (w8a8.W8A8Linear: per-output-channel
+int8 weights, per-token dynamic int8 activations). The scales fold into the layer (scales.py).
 
-The division is folded into whatever produces X, so the smoothed fp model computes the same function:
-- q/k/v and gate/up: into the RMSNorm weight before them;
-- o_proj: into v's rows (attention mixes v linearly over tokens); with GQA each v channel feeds a group of
-  o's channels, which then share one s (the max over the group);
-- down_proj: into up's rows (silu(gate) * up is linear in up).
+alpha is searched per layer: for each alpha of ALPHAS the layer is smoothed, its W8A8 simulated (weights
+rounded per channel, every linear's input rounded per token as the engine does), and run on the first
+calibration samples (at most SEARCH_TOKENS tokens); the alpha whose outputs are nearest the fp layer's
+(mean squared error) is kept. One alpha for the whole model fits no model well: the layers' outliers differ.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -16,8 +18,11 @@ from ..models.linear.w8a8 import quantize_rows_int8
 from ..models.llama import DecoderLayer, LlamaForCausalLM
 from .hf_writer import Packed
 from .layerwise import LINEARS, linear_weight, record_inputs, run_layerwise
+from .scales import fold, v_channels
 
 _MIN = 1e-5
+ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # the paper's useful range (0.5 for most models, up to 0.8-0.85)
+SEARCH_TOKENS = 4096  # calibration tokens each alpha's trial runs on
 
 
 def smoothing_scales(act_max: torch.Tensor, weight_max: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -25,19 +30,25 @@ def smoothing_scales(act_max: torch.Tensor, weight_max: torch.Tensor, alpha: flo
     return s.clamp(min=_MIN)
 
 
-def smooth_and_quantize(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: float | None) -> dict[str, Packed]:
-    """Smooths the model in place (alpha None: not at all, plain W8A8), then per-output-channel int8 of
-    every decoder linear: {module name: (int8 weights, scales [N, 1])}."""
+def smooth_and_quantize(model: LlamaForCausalLM, samples: list[torch.Tensor],
+                        alpha: float | None | str) -> dict[str, Packed]:
+    """Smooths the model in place (alpha: one for every layer; "search": each layer's own; None: no
+    smoothing, plain W8A8), then per-output-channel int8 of every decoder linear: {module name: (int8
+    weights, scales [N, 1])}."""
     if alpha is not None:
         if not samples:
-            raise ValueError("SmoothQuant needs calibration text (--calib)")
+            raise ValueError("SmoothQuant needs calibration text (--calibration)")
         smooth_model(model, samples, alpha)
     return {f"layers.{i}.{name}": quantize_rows_int8(linear_weight(layer, name).detach())
             for i, layer in enumerate(model.layers) for name in LINEARS}
 
 
 @torch.no_grad()
-def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: float) -> None:
+def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: float | str) -> list[float]:
+    """Smooths every layer with `alpha`, or ("search") with the best of ALPHAS for it; returns the alphas."""
+    chosen: list[float] = []
+    trial = _search_prefix(samples)
+
     def on_layer(index: int, layer: DecoderLayer, run) -> None:
         act_max: dict[str, torch.Tensor] = {}
 
@@ -46,46 +57,58 @@ def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: fl
             act_max[name] = torch.maximum(act_max[name], m) if name in act_max else m
 
         handles = record_inputs(layer, observe)
-        run(None)
+        fp_outputs = run(None)
         for h in handles:
             h.remove()
-        smooth_layer(layer, act_max, alpha)
+        if alpha == "search":
+            errors = {a: _w8a8_error(layer, act_max, a, run, fp_outputs[:trial]) for a in ALPHAS}
+            chosen.append(min(errors, key=errors.__getitem__))
+        else:
+            chosen.append(float(alpha))
+        smooth_layer(layer, act_max, chosen[-1])
 
-    run_layerwise(model, samples, on_layer, desc="SmoothQuant")
+    run_layerwise(model, samples, on_layer, desc="SmoothQuant", same_function=True)
+    return chosen
+
+
+def _search_prefix(samples: list[torch.Tensor]) -> int:
+    """How many leading samples the alpha trials run on (at least one)."""
+    total = 0
+    for n, s in enumerate(samples):
+        total += len(s)
+        if total >= SEARCH_TOKENS:
+            return n + 1
+    return len(samples)
+
+
+def _w8a8_error(layer: DecoderLayer, act_max: dict[str, torch.Tensor], alpha: float,
+                run: Callable[..., list[torch.Tensor]], reference: list[torch.Tensor]) -> float:
+    """Mean squared error of the layer's outputs, smoothed with `alpha` and run in simulated W8A8, against
+    `reference` (the fp layer's outputs of the first samples); the layer is left as it was."""
+    saved = {k: v.clone() for k, v in layer.state_dict().items()}
+    smooth_layer(layer, act_max, alpha)
+    for name in LINEARS:
+        weight = linear_weight(layer, name)
+        codes, scale = quantize_rows_int8(weight)
+        weight.copy_(codes.float() * scale)
+    handles = [layer.get_submodule(name).register_forward_pre_hook(_round_input_rows) for name in LINEARS]
+    try:
+        outputs = run(None, len(reference))
+    finally:
+        for h in handles:
+            h.remove()
+        layer.load_state_dict(saved)
+    return sum(float((o - r).square().sum()) for o, r in zip(outputs, reference)) / sum(r.numel() for r in reference)
+
+
+def _round_input_rows(module: torch.nn.Module, args: tuple) -> tuple:
+    codes, scale = quantize_rows_int8(args[0])
+    return (codes.float() * scale,)
 
 
 def smooth_layer(layer: DecoderLayer, act_max: dict[str, torch.Tensor], alpha: float) -> None:
-    attn, mlp = layer.self_attn, layer.mlp
-    for norm, linear, name in ((layer.input_layernorm, attn.qkv_proj, "self_attn.qkv_proj"),
-                               (layer.post_attention_layernorm, mlp.gate_up_proj, "mlp.gate_up_proj")):
-        s = smoothing_scales(act_max[name], linear.weight.abs().amax(dim=0), alpha)
-        norm.weight.div_(s)
-        linear.weight.mul_(s)
-    _smooth_v_into_o(layer, act_max["self_attn.o_proj"], alpha)
-    _smooth_up_into_down(layer, act_max["mlp.down_proj"], alpha)
-
-
-def _smooth_v_into_o(layer: DecoderLayer, act_max: torch.Tensor, alpha: float) -> None:
-    attn = layer.self_attn
-    groups, d = attn.num_heads // attn.num_kv_heads, attn.head_dim
-
-    def per_v_channel(t: torch.Tensor) -> torch.Tensor:  # [heads * d] -> [kv_heads * d], max over the group
-        return t.view(attn.num_kv_heads, groups, d).amax(dim=1).reshape(-1)
-
-    w_max = attn.o_proj.weight.abs().amax(dim=0)
-    s = smoothing_scales(per_v_channel(act_max), per_v_channel(w_max), alpha)
-    v_rows = slice(attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size)
-    attn.qkv_proj.weight[v_rows] /= s[:, None]
-    if attn.qkv_proj.bias is not None:
-        attn.qkv_proj.bias[v_rows] /= s
-    attn.o_proj.weight.mul_(s.view(attn.num_kv_heads, 1, d).expand(-1, groups, -1).reshape(-1))
-
-
-def _smooth_up_into_down(layer: DecoderLayer, act_max: torch.Tensor, alpha: float) -> None:
-    mlp = layer.mlp
-    s = smoothing_scales(act_max, mlp.down_proj.weight.abs().amax(dim=0), alpha)
-    up_rows = slice(len(s), 2 * len(s))
-    mlp.gate_up_proj.weight[up_rows] /= s[:, None]
-    if mlp.gate_up_proj.bias is not None:
-        mlp.gate_up_proj.bias[up_rows] /= s
-    mlp.down_proj.weight.mul_(s)
+    for name in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        fold(layer, name, smoothing_scales(act_max[name], linear_weight(layer, name).abs().amax(dim=0), alpha))
+    o_max = linear_weight(layer, "self_attn.o_proj").abs().amax(dim=0)
+    fold(layer, "self_attn.o_proj",
+         smoothing_scales(v_channels(layer, act_max["self_attn.o_proj"]), v_channels(layer, o_max), alpha))

@@ -1,18 +1,28 @@
-"""The calibration corpora (`builtin`: the shipped text, `python`: it and Python's own documentation):
-deterministic, tens of thousands of tokens, chat exchanges in the model's
-chat template, and no overlap with the text the benchmark evaluates quantized models on."""
+"""The calibration corpora (`mixed`: the shipped text, Python's own documentation, the installed packages'
+READMEs and licences; `python`: the first two; `builtin`, the default, the first alone): deterministic, tens of thousands of tokens of every
+source, chat exchanges in the model's chat template, no overlap with the text the benchmark evaluates
+quantized models on, and users' own files (plain text, JSON Lines)."""
 from __future__ import annotations
 
 import re
 from itertools import islice
 
+import pytest
 import torch
 
-from radixlang.benchmark.fidelity import FIXED_TEXT, LONG_TEXT
-from radixlang.runtime.quantize.calibration import calibration_samples
-from radixlang.runtime.quantize.corpus import Document, python_documents, shipped_documents
+from radixlang.benchmark.fidelity import FIXED_TEXT, LONG_TEXT, STORY_TEXT
+from radixlang.runtime.quantize.calibration import calibration_documents, calibration_samples
+from radixlang.runtime.quantize.corpus import (
+    Document,
+    licence_documents,
+    mixed_documents,
+    python_documents,
+    readme_documents,
+    reference_documents,
+    shipped_documents,
+)
 
-BUDGET_CHARS = 400_000  # well above what the default budget (32k tokens, ~4 characters each) takes
+BUDGET_CHARS = 400_000  # well above what the default budget (16k tokens, ~4 characters each) takes
 NGRAM = 8  # words: a shared run this long is copied text, not a common phrase
 
 
@@ -29,12 +39,12 @@ class ByteTokenizer:
 
 def corpus_prefix(chars: int) -> list[Document]:
     docs, total = [], 0
-    for doc in python_documents():
+    for doc in mixed_documents():
         docs.append(doc)
         total += len(doc.text)
         if total >= chars:
             return docs
-    raise AssertionError(f"the python corpus holds only {total} characters")
+    raise AssertionError(f"the mixed corpus holds only {total} characters")
 
 
 def ngrams(text: str) -> set[tuple[str, ...]]:
@@ -44,9 +54,13 @@ def ngrams(text: str) -> set[tuple[str, ...]]:
 
 def test_corpus_is_large_deterministic_and_disjoint_from_the_evaluation_text():
     docs = corpus_prefix(BUDGET_CHARS)  # raises if the corpus is smaller
-    assert docs == list(islice(python_documents(), len(docs)))
-    shared = set().union(*(ngrams(d.text + " " + (d.prompt or "")) for d in docs)) & ngrams(FIXED_TEXT + " " + LONG_TEXT)
+    assert docs == list(islice(mixed_documents(), len(docs)))
+    held_out = ngrams(FIXED_TEXT + " " + LONG_TEXT + " " + STORY_TEXT)
+    shared = set().union(*(ngrams(d.text + " " + (d.prompt or "")) for d in docs)) & held_out
     assert not shared, f"calibration text copies the evaluation text: {sorted(shared)[:3]}"
+    text = {d.text for d in docs}  # every source is in the budget, in its share
+    for source in (reference_documents(), readme_documents(), licence_documents()):
+        assert 20 <= len(text.intersection(d.text for d in source)) < len(docs) / 2
 
 
 def test_samples_fill_the_budget_and_chat_exchanges_use_the_chat_template():
@@ -60,3 +74,13 @@ def test_samples_fill_the_budget_and_chat_exchanges_use_the_chat_template():
     assert max(len(s) for s in samples) == 256
     texts = [bytes(s.tolist()).decode(errors="replace") for s in samples]
     assert sum(t.startswith(f"<|user|>{c.prompt}<|assistant|>") for c in chats for t in texts) == len(chats)
+
+
+def test_a_users_jsonl_file_is_one_document_per_line_and_bad_lines_are_refused(tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text('{"text": "First document."}\n\n{"text": "A reply.", "prompt": "A question?"}\n')
+    assert list(calibration_documents(str(good))) == [Document("First document."), Document("A reply.", "A question?")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n["no", "object"]\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        calibration_documents(str(bad))

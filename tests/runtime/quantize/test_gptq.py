@@ -6,7 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang.runtime.quantize.gptq import GPTQSpec, dampened_hessian, gptq_quantize, group_params, rtn_quantize
+from radixlang.runtime.models.linear.quant_formats import write_gptq
+from radixlang.runtime.quantize.driver import DAMPS, pick_damp
+from radixlang.runtime.quantize.gptq import (
+    GPTQSpec,
+    dampened_hessian,
+    gptq_quantize,
+    group_params,
+    inverse_factor,
+    rtn_quantize,
+)
+
+from ..models.quant_folders import gptq_reference_dequant, rtn_groups
 
 
 def correlated_inputs(rows: int, k: int, seed: int) -> torch.Tensor:
@@ -63,7 +74,9 @@ def test_gptq_output_error_is_below_round_to_nearest_on_held_out_inputs(bits, ac
     spec = GPTQSpec(bits=bits, group_size=128, act_order=act_order)
     want = held_out @ w.T
     gptq_err = (held_out @ gptq_quantize(w, hessian(calib), spec).dequantize().T - want).pow(2).mean()
-    rtn_err = (held_out @ rtn_quantize(w, spec).dequantize().T - want).pow(2).mean()
+    codes, zeros, scales = rtn_groups(w, bits, 128, torch.arange(k) // 128)  # the test suite's own RTN
+    rtn = scales.float().repeat_interleave(128, dim=1) * (codes - zeros.repeat_interleave(128, dim=1))
+    rtn_err = (held_out @ rtn.T - want).pow(2).mean()
     print(f"bits {bits} act_order {act_order}: mse gptq {gptq_err:.3e} rtn {rtn_err:.3e}")
     assert gptq_err < 0.7 * rtn_err
 
@@ -101,3 +114,47 @@ def test_static_groups_keep_input_order_groups_and_stay_below_round_to_nearest(c
     want = held_out @ w.T
     err = (held_out @ q.dequantize().T - want).pow(2).mean()
     assert err < 0.7 * (held_out @ rtn_quantize(w, GPTQSpec()).dequantize().T - want).pow(2).mean()
+
+
+def test_act_order_codes_round_trip_through_the_gptq_format_and_its_permutation():
+    """An act-order checkpoint's g_idx records each input's group: AutoGPTQ's formula reads back exactly our
+    weights, and the loader's sort by group (inputs gathered in that order) computes the same product."""
+    k = 256
+    x = correlated_inputs(512, k, seed=1)
+    w = torch.randn(32, k, generator=torch.Generator().manual_seed(2))
+    q = gptq_quantize(w, hessian(x), GPTQSpec(group_size=32, act_order=True))
+    assert not torch.equal(q.g_idx, torch.arange(k) // 32)  # permuted: the groups are not input runs
+    assert q.g_idx.bincount().tolist() == [32] * (k // 32)
+    assert torch.equal(gptq_reference_dequant(write_gptq(q, zero_offset=1), 4, torch.float32), q.dequantize())
+    ordered, order = q.sorted_by_group()
+    assert torch.equal(ordered.g_idx, torch.arange(k) // 32)
+    assert torch.allclose(x[:, order] @ ordered.dequantize().T, x @ q.dequantize().T, atol=1e-4)
+
+
+def test_a_singular_hessian_is_dampened_until_it_factors():
+    """A rank-1 H (one calibration direction) in fp32 with a negligible dampening: Cholesky fails, and the
+    dampening is raised until it succeeds; the result is H^-1's upper factor of the dampened H."""
+    v = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 1e3
+    h = torch.outer(v, v)
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.cholesky(h + 1e-9 * h.diagonal().mean() * torch.eye(64))
+    u = inverse_factor(h + 1e-9 * h.diagonal().mean() * torch.eye(64), 1e-9)
+    assert torch.isfinite(u).all() and torch.equal(u, u.triu())
+
+
+def test_held_out_samples_pick_a_dampening_that_generalises():
+    """Too few calibration rows (48 for 128 inputs) leave H singular but for the dampening: the paper's
+    small one fits those rows and rounds every other direction badly. Held-out rows of the same
+    distribution catch it, and the dampening they pick does better on new inputs."""
+    k = 128
+    fit, held_out, new = correlated_inputs(48, k, seed=5), correlated_inputs(256, k, seed=6), correlated_inputs(256, k, seed=9)
+    w = torch.randn(32, k, generator=torch.Generator().manual_seed(7)) / k**0.5
+    damp = pick_damp(w, hessian(fit), hessian(held_out), GPTQSpec(group_size=32, act_order=True))
+
+    def new_error(d: float) -> float:
+        q = gptq_quantize(w, hessian(fit), GPTQSpec(group_size=32, act_order=True, percdamp=d))
+        return (new @ (q.dequantize() - w).T).pow(2).mean().item()
+
+    errors = {d: new_error(d) for d in DAMPS}
+    print(f"picked {damp}; error on new inputs by dampening {errors}")
+    assert damp > DAMPS[0] and errors[damp] < errors[DAMPS[0]]

@@ -27,7 +27,7 @@ from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 from radixlang.server.cli import main
 
 from ..models.hf_tiny import BASE, save_hf_model
-from ..models.quant_folders import gptq_reference_dequant
+from ..models.quant_folders import awq_reference_dequant, gptq_reference_dequant
 
 IDS = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(7)).tolist()
 
@@ -48,13 +48,14 @@ def prompt_logprobs(path) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("args, kind", [
-    (["--method", "gptq", "--group-size", "32", "--act-order"], (Int4Linear, PermutedInput, ConcatOutputs)),
+    (["--method", "gptq", "--group-size", "32", "--desc-act"], (Int4Linear, PermutedInput, ConcatOutputs)),
     (["--method", "gptq", "--bits", "8", "--group-size", "-1"], (Int4Linear,)),
+    (["--method", "awq", "--group-size", "32"], (Int4Linear,)),
     (["--method", "smoothquant"], (W8A8Linear,)),
 ])
 def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_path, args, kind):
     out = tmp_path / "q"
-    assert main(["quantize", str(folder), str(out), *args]) == 0
+    assert main(["quantize", str(folder), str(out), *args, "--calib-tokens", "1024"]) == 0
     model = load_model(out, torch.device("cpu"), torch.float32).model
     assert all(isinstance(layer.mlp.down_proj, kind) for layer in model.layers)
     fp32, quantized = prompt_logprobs(folder), prompt_logprobs(out)
@@ -70,6 +71,15 @@ def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_pa
         for prefix in prefixes:
             t = {s: state[f"{prefix}.{s}"] for s in ("qweight", "qzeros", "scales", "g_idx")}
             assert torch.equal(ours[f"{prefix}.weight"], gptq_reference_dequant(t, qc.bits, torch.float32))
+    if args[1] == "awq":  # AWQ's format (GEMM packing), as AutoAWQ's formula reads it
+        state = load_file(str(out / "model.safetensors"))
+        assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "awq"
+        assert {k.rpartition(".")[2] for k in state if ".mlp." in k} == {"qweight", "qzeros", "scales"}
+        qc = parse_quant_config(json.loads((out / "config.json").read_text()))
+        ours = dict(dequantized_weights(iter(state.items()), qc, None))
+        for prefix in [k.removesuffix(".qweight") for k in state if k.endswith(".qweight")]:
+            t = {s: state[f"{prefix}.{s}"] for s in ("qweight", "qzeros", "scales")}
+            assert torch.equal(ours[f"{prefix}.weight"], awq_reference_dequant(t, 32, torch.float32))
 
 
 def test_a_w8a8_folders_tied_head_runs_w8a8_over_an_int8_copy_of_the_embedding(tmp_path):
@@ -105,7 +115,8 @@ def test_w8a8_folders_run_the_triton_int8_gemm_on_gpu_and_score_as_on_cpu(folder
 
 @pytest.mark.parametrize("args, field", [
     (["--method", "gptq", "--group-size", "100"], "--group-size"),
-    (["--method", "gptq", "--calib", "/no/such/file.txt"], "--calib"),
+    (["--method", "gptq", "--calibration", "/no/such/file.txt"], "--calibration"),
+    (["--method", "awq", "--bits", "8"], "--bits"),
     (["--method", "smoothquant", "--alpha", "1.5"], "--alpha"),
 ])
 def test_bad_quantize_options_fail_naming_the_option(folder, tmp_path, capsys, args, field):

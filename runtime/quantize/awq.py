@@ -1,0 +1,92 @@
+"""AWQ (Lin et al., 2024): activation-aware weight quantization. The few weights that read large
+activations matter most; scaling input channel j of a linear up by s_j before rounding (and its input down
+by s_j where it is produced, scales.py) rounds those weights with a relatively finer grid.
+
+Per linear, s = mean|x|^a / sqrt(max * min) (normalised so the scales straddle 1) for a in ALPHA_GRID,
+and the a kept is the one whose rounded weights give the least output error on the calibration inputs,
+||X (W - Q(W s) / s)^T||^2 = sum((W - Q(W s) / s) H * (W - Q(W s) / s)) with H = X^T X: exact over every
+calibration token at the cost of one [N, K] x [K, K] product per trial. a = 0 (s = 1) is plain
+round-to-nearest, so the search never does worse than it on the calibration text. Then each scaled
+linear is rounded (GPTQ's quantizer, without error feedback) with its groups' ranges clipped to the
+least input-weighted error, as AWQ's own clip search does.
+
+As in AWQ, the statistics of every layer come from the fp model (scaling keeps each layer's function, so
+one pass per layer calibrates it and gives the next its inputs); o_proj's scales are one per v channel
+(the GQA group of o's channels that reads it shares it).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.linear.quant_formats import IntWeight
+from ..models.llama import DecoderLayer, LlamaForCausalLM
+from .gptq import GPTQSpec, rtn_quantize
+from .layerwise import LINEARS, linear_weight, record_inputs, run_layerwise
+from .scales import expand_v, fold, v_channels
+
+ALPHA_GRID = tuple(i / 20 for i in range(20))  # 0, 0.05, ..., 0.95, as AWQ's grid of 20
+
+
+def search_scales(weight: torch.Tensor, hessian: torch.Tensor, act_mean: torch.Tensor, spec: GPTQSpec,
+                  expand=lambda s: s) -> tuple[torch.Tensor, float]:
+    """(s, alpha): the per-channel scales of ALPHA_GRID with the least output error of `weight` [N, K]
+    rounded (spec, no clip search) on inputs of second moment `hessian` = X^T X [K, K] and mean |x|
+    `act_mean` (one per scale; `expand` maps the scales onto the K input channels)."""
+    plain = GPTQSpec(spec.bits, spec.group_size, spec.sym)
+    best: tuple[float, torch.Tensor, float] | None = None
+    for alpha in ALPHA_GRID:
+        s = act_mean.clamp(min=1e-4).pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        cols = expand(s)
+        err = weight - rtn_quantize(weight * cols, plain).dequantize() / cols
+        loss = float(((err @ hessian) * err).sum())
+        if best is None or loss < best[0]:
+            best = (loss, s, alpha)
+    assert best is not None
+    return best[1], best[2]
+
+
+def awq_layers(model: LlamaForCausalLM, samples: list[torch.Tensor], spec: GPTQSpec) -> dict[str, IntWeight]:
+    """Scales folded into the model in place, then every decoder linear rounded: {module name: codes}."""
+    if not samples:
+        raise ValueError("AWQ needs calibration text (--calibration)")
+    packed: dict[str, IntWeight] = {}
+
+    def on_layer(index: int, layer: DecoderLayer, run) -> None:
+        hessians: dict[str, torch.Tensor] = {}
+        sums: dict[str, torch.Tensor] = {}
+        rows = 0
+
+        def observe(name: str, x: torch.Tensor) -> None:
+            nonlocal rows
+            x = x.float()
+            if name not in hessians:
+                hessians[name], sums[name] = x.T @ x, x.abs().sum(dim=0)
+            else:
+                hessians[name].addmm_(x.T, x)
+                sums[name] += x.abs().sum(dim=0)
+            rows += len(x) * (name == LINEARS[0])
+
+        handles = record_inputs(layer, observe)
+        run(None)
+        for h in handles:
+            h.remove()
+        scales = {}
+        for name in LINEARS:  # every search on the layer as its input statistics saw it, then the folds
+            weight = linear_weight(layer, name).detach()
+            mean = sums[name] / rows
+            if name == "self_attn.o_proj":
+                s, _ = search_scales(weight, hessians[name], v_channels(layer, mean, "mean"), spec,
+                                     expand=lambda v: expand_v(layer, v))
+                scales[name] = (s, expand_v(layer, s))
+            else:
+                s, _ = search_scales(weight, hessians[name], mean, spec)
+                scales[name] = (s, s)
+        for name, (s, _) in scales.items():
+            fold(layer, name, s)
+        for name, (_, cols) in scales.items():  # the inputs are now x / s: their mean squares too
+            importance = hessians[name].diagonal() / rows / cols.square()
+            packed[f"layers.{index}.{name}"] = rtn_quantize(linear_weight(layer, name).detach(), spec, importance)
+
+    run_layerwise(model, samples, on_layer, desc="AWQ", same_function=True)
+    return packed

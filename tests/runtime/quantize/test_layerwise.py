@@ -1,0 +1,61 @@
+"""Layer-wise calibration passes see exactly what the model's own forward gives each linear: whether a pass
+stops at a linear's input, starts from the saved attention half, or (same_function) hands its outputs on."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from radixlang.runtime.model_loading import load_model
+from radixlang.runtime.models.llama import ForwardContext
+from radixlang.runtime.quantize.layerwise import LINEARS, CausalAttention, record_inputs, run_layerwise
+
+from ..models.hf_tiny import BASE, save_hf_model
+
+SAMPLES = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)) for n in (20, 33)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lw") / "llama"
+    save_hf_model(path, transformers.LlamaConfig(**BASE), seed=8)
+    return load_model(path, torch.device("cpu"), torch.float32).model
+
+
+@torch.no_grad()
+def forward_inputs(model) -> dict[tuple[int, str], list[torch.Tensor]]:
+    """Each linear's input per sample, from the model's own forward (the oracle)."""
+    seen: dict[tuple[int, str], list[torch.Tensor]] = {}
+    handles = [h for i, layer in enumerate(model.layers)
+               for h in record_inputs(layer, lambda name, x, i=i: seen.setdefault((i, name), []).append(x.clone()))]
+    for ids in SAMPLES:
+        model(ids, torch.arange(len(ids)), ForwardContext(attn=CausalAttention()))
+    for h in handles:
+        h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("same_function", [False, True])
+def test_every_pass_sees_the_inputs_of_the_models_own_forward(model, same_function):
+    want = forward_inputs(model)
+    got: dict[tuple[int, str], list[torch.Tensor]] = {}
+
+    def on_layer(index, layer, run) -> None:
+        if same_function:  # one whole pass, its outputs handed on
+            handles = record_inputs(layer, lambda name, x: got.setdefault((index, name), []).append(x.clone()))
+            run(None)
+        else:  # one pass per linear, stopped at its input, in forward order
+            for name in LINEARS:
+                handles = record_inputs(layer, lambda _, x, name=name: got.setdefault((index, name), []).append(x.clone()),
+                                        names=(name,))
+                run(name)
+                for h in handles:
+                    h.remove()
+            handles = []
+        for h in handles:
+            h.remove()
+
+    run_layerwise(model, SAMPLES, on_layer, desc="test", same_function=same_function)
+    assert got.keys() == want.keys()
+    for key, xs in want.items():
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got[key], xs, strict=True)), key
