@@ -38,7 +38,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
-from .kv_quant import SCALE_DTYPE, STORAGE as KV_CODES, KVScales
+from .kv_quant import SCALE_DTYPE, KVScales
+from .kv_quant import STORAGE as KV_CODES
 from .triton.backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton.decode import MAX_SPLITS, num_splits
 from .triton.dequant_gemm import dequant_gemm

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
 from .cpu import block_kernel
-from .kv_quant import KVScales, read_kv, write_kv
+from .kv_quant import KVScales, read_kv, rotate, write_kv
 from .mla import absorb_output, absorb_query, latent_decode, latent_extend, split_up_proj
 
 
@@ -130,7 +130,9 @@ class TorchAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        k_scale, v_scale = (None, None) if self.scales is None else (self.scales.k[layer], self.scales.v[layer])
+        k_scale, v_scale = None, None
+        if self.scales is not None:  # codes of H k: queries turn by H too (kernels/kv_quant.rotate)
+            k_scale, v_scale, q, k = self.scales.k[layer], self.scales.v[layer], rotate(q), rotate(k)
         write_kv(k_cache, k_scale, self._out_cache_loc, k)
         write_kv(v_cache, v_scale, self._out_cache_loc, v)
         if self._rows is not None and q.dtype == torch.float32:

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ..backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups, tree_visibility
-from ..kv_quant import KVScales, write_kv
+from ..kv_quant import KVScales, rotate, write_kv
 from ..mla import absorb_output, absorb_query, split_up_proj
 from ..reference import extend_latents, plan_extends
 from .decode import MAX_SPLITS, decode_attention, decode_parts, merge_states, num_splits
@@ -147,7 +147,9 @@ class TritonAttention:
         kv_indices = self._kv_indices
         assert kv_indices is not None, "plan() sets it with the cache locations"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        scales = None if self.scales is None else (self.scales.k[layer], self.scales.v[layer])
+        scales = None
+        if self.scales is not None:  # codes of H k: queries turn by H too (kernels/kv_quant.rotate)
+            scales, q, k = (self.scales.k[layer], self.scales.v[layer]), rotate(q), rotate(k)
         write_kv(k_cache, None if scales is None else scales[0], self._out_cache_loc, k)
         write_kv(v_cache, None if scales is None else scales[1], self._out_cache_loc, v)
         out = torch.empty_like(q)

@@ -10,10 +10,10 @@ import torch
 
 from radixlang.kernels import reference
 from radixlang.kernels.cpu import block_kernel
-from radixlang.kernels.kv_quant import KVScales, dequantize, quantize, storage_dtype
+from radixlang.kernels.kv_quant import KVScales, dequantize, quantize, rotate, storage_dtype
 from radixlang.kernels.registry import ATTENTION_BACKENDS, create_backend
 
-from .test_attention import D, KV_HEADS, LAYERS, chain, naive, scenario, tree
+from .test_attention import LAYERS, D, chain, naive, scenario, tree
 
 FORMATS = [torch.int8, torch.float8_e4m3fn]
 
@@ -54,18 +54,33 @@ def test_e4m3_rows_keep_three_mantissa_bits():
     assert float(scaled.abs().max()) <= 448 * (1 + 2.0 ** -10)
 
 
+@pytest.mark.parametrize("d", [64, 128, 96])  # 96: three blocks of 32
+def test_rotate_is_the_orthonormal_walsh_hadamard_matrix_and_its_own_inverse(d):
+    block = d & -d
+    sylvester = torch.ones(1, 1, dtype=torch.float64)
+    while sylvester.shape[0] < block:  # H_2n = [[H, H], [H, -H]]
+        sylvester = torch.cat((torch.cat((sylvester, sylvester), 1), torch.cat((sylvester, -sylvester), 1)))
+    h = torch.block_diag(*[sylvester / math.sqrt(block)] * (d // block))
+    x = rows(2)[..., :1].expand(-1, -1, d) * torch.randn(d, dtype=torch.float32)
+    assert torch.allclose(rotate(x).double(), x.double() @ h.T, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(rotate(rotate(x)), x, rtol=1e-5, atol=1e-4)
+    assert torch.equal(rotate(x[:3]), rotate(x)[:3])  # a row's bits are its own, whatever the batch
+
+
 def test_unknown_kv_cache_dtype_names_the_choices():
     with pytest.raises(ValueError, match="kv_cache_dtype.*'fp4'"):
         storage_dtype("fp4", torch.float32)
 
 
 def quantized_scenario(kv_lens, extend_lens, parents, fmt, seed=0):
-    """test_attention's scenario with its caches quantized: (codes, scales, the dequantized caches as the oracle's)."""
+    """test_attention's scenario with its caches quantized as a pool holds them (K rotated): (codes, scales, the
+    unquantized caches)."""
     k_bufs, v_bufs, slots, batch, q, k, v = scenario(kv_lens, extend_lens, parents, seed)
     codes, scales, plain = ([], []), KVScales([], []), ([], [])
-    for bufs, c, s, p in ((k_bufs, codes[0], scales.k, plain[0]), (v_bufs, codes[1], scales.v, plain[1])):
+    for bufs, c, s, p, turn in ((k_bufs, codes[0], scales.k, plain[0], rotate),
+                                (v_bufs, codes[1], scales.v, plain[1], lambda x: x)):
         for buf in bufs:
-            qc, qs = quantize(buf, fmt)
+            qc, qs = quantize(turn(buf), fmt)
             c.append(qc)
             s.append(qs)
             p.append(buf)
@@ -94,11 +109,13 @@ def test_attention_over_quantized_kv_matches_the_definition(name, fmt):
     for layer in range(LAYERS):
         out = backend.forward(q, k, v, layer, 1 / math.sqrt(D))
         # the new rows were quantized on write, like every other row
-        codes, s = quantize(k, fmt)
+        codes, s = quantize(rotate(k), fmt)
         assert torch.equal(k_codes[layer][new_slots].view(torch.uint8), codes.view(torch.uint8))
         assert torch.equal(scales.k[layer][new_slots], s)
-        exact = naive(q, dequantized(k_codes[layer], scales.k[layer]), dequantized(v_codes[layer], scales.v[layer]),
-                      seqs)
+        assert torch.equal(v_codes[layer][new_slots].view(torch.uint8), quantize(v, fmt)[0].view(torch.uint8))
+        # the keys the codes stand for: H (H k) = k, up to the rounding
+        keys = rotate(dequantized(k_codes[layer], scales.k[layer]))
+        exact = naive(q, keys, dequantized(v_codes[layer], scales.v[layer]), seqs)
         assert torch.allclose(out, exact, atol=2e-5)
         k_plain[layer][new_slots], v_plain[layer][new_slots] = k, v
         unquantized = naive(q, k_plain[layer], v_plain[layer], seqs)
