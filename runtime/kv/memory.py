@@ -155,7 +155,10 @@ class KVPool:
         """Every per-layer buffer indexed by slot, in groups of one shape and dtype: K, V (not for a latent
         pool), then K and V scales (a quantized pool). What the host tier and swapping copy."""
         groups = [self.k_buffers] if self.shared_kv else [self.k_buffers, self.v_buffers]
-        return groups if self.scales is None else [*groups, self.scales.k, self.scales.v]
+        if self.scales is None:
+            return groups
+        # codes as their bytes: copies need no indexing kernel for float8 (not every device has one)
+        return [*([buf.view(torch.uint8) for buf in group] for group in groups), self.scales.k, self.scales.v]
 
     def swap_out(self, slots: torch.Tensor) -> SwappedKV:
         return SwappedKV([torch.stack([buf[slots] for buf in group]).to("cpu") for group in self.groups()])
