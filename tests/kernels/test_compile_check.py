@@ -1,7 +1,6 @@
 """The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the engine launches (over
-plain and int8 / e4m3 KV caches),
-without register spills, within its shared memory, and bf16 on tensor cores; and the check catches what the
-interpreter lets pass.
+plain and int8 / e4m3 KV caches), without register spills, within its shared memory, and bf16 on tensor cores; and
+the check catches what the interpreter lets pass.
 
 The compiles run in subprocesses: this process runs Triton under TRITON_INTERPRET=1 (tests/conftest.py),
 which compiles nothing."""
