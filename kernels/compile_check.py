@@ -1,4 +1,4 @@
-"""Compiles the Triton kernels (attention, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM, the W8A8 int8 GEMM and
+"""Compiles the Triton kernels (attention over plain and quantized KV, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM, the W8A8 int8 GEMM and
 its row quantiser) for a CUDA GPU on a
 machine without one, and reports each variant's registers, local memory (spills), shared memory and
 tensor-core instructions.
@@ -38,6 +38,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
+from .kv_quant import SCALE_DTYPE, KVScales
+from .kv_quant import STORAGE as KV_CODES
 from .triton.backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton.decode import MAX_SPLITS, num_splits
 from .triton.dequant_gemm import dequant_gemm
@@ -137,7 +139,10 @@ def drive_every_step_kind(heads: int, kv_heads: int, d: int, dtype: torch.dtype)
     group = heads // kv_heads
     longest = PREFIX_CHUNK * MAX_SPLITS * 2  # long enough for the most splits of either pass
     reqs = 2 * MAX_SPLITS + 2
-    table = torch.arange(reqs * longest, dtype=torch.int32).view(reqs, longest)  # row i: its own slots
+    # row i: its own slots, wide enough for the longest decode below (its columns past `longest` wrap around the
+    # pool: only the launches matter here), so every step writes its new tokens' K/V somewhere
+    width = 64 << 7
+    table = (torch.arange(reqs * width, dtype=torch.int32) % (reqs * longest)).view(reqs, width)
     k_cache = torch.zeros(reqs * longest + 1, kv_heads, d, dtype=dtype)
     attn = TritonAttention([k_cache], [k_cache.clone()])
 
@@ -175,6 +180,40 @@ def drive_every_step_kind(heads: int, kv_heads: int, d: int, dtype: torch.dtype)
     layout = DecodeGroups(torch.arange(b), torch.tensor([0, 2]), torch.tensor([2, 2]), torch.tensor([64, 64]))
     attn.plan_decode(DecodeBatch(table, rows, kv_lens, loc, longest, layout))
     run(b)
+
+
+def drive_quantized_kv(codes: torch.dtype, dtype: torch.dtype) -> None:
+    """The attention kernels over a quantized KV cache (kernels/kv_quant.py: int8 or e4m3 codes, fp16 scales) at
+    SmolLM2's shape: an extend at the largest row block, a token tree, decodes of one and of the most splits, a
+    cascade (its prefix pass writes the LSE) and a CUDA graph's decode; QUANT changes only how K and V load."""
+    heads, kv_heads, d = HEAD_SHAPES[0]
+    longest = PREFIX_CHUNK * MAX_SPLITS * 2
+    reqs = 4
+    table = torch.arange(reqs * longest, dtype=torch.int32).view(reqs, longest)
+    slots = reqs * longest + 1
+    scales = KVScales([torch.zeros(slots, kv_heads, dtype=SCALE_DTYPE)], [torch.zeros(slots, kv_heads, dtype=SCALE_DTYPE)])
+    attn = TritonAttention([torch.zeros(slots, kv_heads, d, dtype=codes)], [torch.zeros(slots, kv_heads, d, dtype=codes)],
+                           scales)
+
+    def run(tokens: int) -> None:
+        q = torch.zeros(tokens, heads, d, dtype=dtype)
+        kv = torch.zeros(tokens, kv_heads, d, dtype=dtype)
+        attn.forward(q, kv, kv, 0, d ** -0.5)
+
+    n = 64
+    attn.plan(_chain_batch(table, [n + 7], [n]))
+    run(n)
+    attn.plan(_chain_batch(table, [n + 7], [n], parents=[[j - 1 for j in range(n)]]))
+    run(n)
+    for length in (64, longest):
+        attn.plan(_chain_batch(table, [length], [1]))
+        run(1)
+    lens = [2 * PREFIX_CHUNK + 1 + i for i in range(reqs)]
+    attn.plan(_chain_batch(table, lens, [1] * reqs, groups=[(list(range(reqs)), 2 * PREFIX_CHUNK)]))
+    run(reqs)
+    attn.plan_decode(DecodeBatch(table, torch.arange(reqs), torch.full((reqs,), longest // 2), torch.arange(reqs),
+                                 longest))
+    run(reqs)
 
 
 def drive_mla_and_moe(dtype: torch.dtype) -> None:
@@ -217,6 +256,8 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     variants = []
     shapes: list[tuple[str, Callable[[torch.dtype], None]]] = [
         (f"{h}/{kv}/{d}", functools.partial(drive_every_step_kind, h, kv, d)) for h, kv, d in HEAD_SHAPES]
+    shapes += [(f"{HEAD_SHAPES[0][0]}/{HEAD_SHAPES[0][1]}/{HEAD_SHAPES[0][2]} kv {name}",
+                functools.partial(drive_quantized_kv, codes)) for name, codes in KV_CODES.items()]
     shapes.append(("mla {}/{}+{}, moe".format(*MLA_SHAPE), drive_mla_and_moe))
     shapes.append((DEQUANT_GEMM_LABEL, drive_dequant_gemm))
     shapes.append((W8A8_LABEL, drive_w8a8))

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from .backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, tree_visibility
 from .cpu import block_kernel
+from .kv_quant import KVScales, read_kv, rotate, write_kv
 from .mla import absorb_output, absorb_query, latent_decode, latent_extend, split_up_proj
 
 
@@ -21,10 +22,10 @@ class _Decodes:
     mask: torch.Tensor | None  # [b, 1, 1, max_len] bool: True where a key is real; None: no padding
     every_row: bool  # the step is these decodes alone, rows 0..b-1 in order: no scatter into the output
 
-    def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """[b, kv_heads, max_len, d]: one flat index_select (advanced indexing costs several times more)."""
-        b, length = self.slots.shape
-        return cache.index_select(0, self.slots.view(-1)).view(b, length, *cache.shape[1:]).transpose(1, 2).to(dtype)
+    def gather(self, cache: torch.Tensor, dtype: torch.dtype, scales: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, kv_heads, max_len, d]: one flat index_select (advanced indexing costs several times more),
+        dequantized where `scales` is given."""
+        return read_kv(cache, scales, self.slots, dtype).transpose(1, 2)
 
 
 @dataclass(slots=True)
@@ -65,8 +66,9 @@ class TorchAttention:
 
     supports_cascade = False
 
-    def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
+    def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], scales: KVScales | None = None):
         self.k_buffers, self.v_buffers = k_buffers, v_buffers
+        self.scales = scales  # a quantized pool's (kernels/kv_quant.py): codes in the buffers, dequantized on read
         self._out_cache_loc: torch.Tensor | None = None
         self._decodes: _Decodes | None = None
         self._extends: list[_Extend] = []
@@ -74,11 +76,12 @@ class TorchAttention:
         # decided once: a kernel whose build lands later (block_kernel's background build) must not switch a
         # running engine's numbers mid-request
         k = k_buffers[0] if k_buffers else None
-        self._use_rows = (k is not None and k.device.type == "cpu" and k.dtype == torch.float32 and k.dim() == 3
-                          and block_kernel.available() and rows_op() is not None)
+        self._use_rows = (k is not None and k.device.type == "cpu" and (k.dtype == torch.float32 or scales is not None)
+                          and k.dim() == 3 and block_kernel.available() and rows_op() is not None)
 
     def _invariant(self) -> bool:
-        """Whether steps run radixlang_cpu::attention_rows: fp32 caches on the CPU, with the op loaded."""
+        """Whether steps run radixlang_cpu::attention_rows: fp32 or quantized caches on the CPU, with the op
+        loaded."""
         return self._use_rows
 
     @property
@@ -127,22 +130,25 @@ class TorchAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
         assert self._out_cache_loc is not None, "plan() runs before forward()"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        k_cache.index_copy_(0, self._out_cache_loc, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, self._out_cache_loc, v.to(v_cache.dtype))
+        k_scale, v_scale = None, None
+        if self.scales is not None:  # codes of H k: queries turn by H too (kernels/kv_quant.rotate)
+            k_scale, v_scale, q, k = self.scales.k[layer], self.scales.v[layer], rotate(q), rotate(k)
+        write_kv(k_cache, k_scale, self._out_cache_loc, k)
+        write_kv(v_cache, v_scale, self._out_cache_loc, v)
         if self._rows is not None and q.dtype == torch.float32:
             op = rows_op()
             assert op is not None
             r = self._rows
-            return op(q, k_cache, v_cache, r.slots, r.offset, r.length, scale)
+            return op(q, k_cache, v_cache, r.slots, r.offset, r.length, scale, k_scale, v_scale)
         d = self._decodes
         if d is not None and d.every_row:
-            return self._decode(q, k_cache, v_cache, d, scale)
+            return self._decode(q, k_cache, v_cache, d, scale, k_scale, v_scale)
         out = torch.empty_like(q)
         if d is not None:
-            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, scale)
+            out[d.rows] = self._decode(q[d.rows], k_cache, v_cache, d, scale, k_scale, v_scale)
         for e in self._extends:
-            keys = k_cache.index_select(0, e.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, kv_heads, L, d]
-            values = v_cache.index_select(0, e.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+            keys = read_kv(k_cache, k_scale, e.slots, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, L, d]
+            values = read_kv(v_cache, v_scale, e.slots, q.dtype).transpose(0, 1).unsqueeze(0)
             qh = q[e.start:e.end].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
             o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=e.mask, scale=scale, enable_gqa=True)
             out[e.start:e.end] = o[0].transpose(0, 1)
@@ -166,10 +172,10 @@ class TorchAttention:
         return out
 
     @staticmethod
-    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes,
-                scale: float) -> torch.Tensor:
+    def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes, scale: float,
+                k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> torch.Tensor:
         """q: [b, heads, d], one query per sequence -> [b, heads, d]."""
-        keys, values = d.gather(k_cache, q.dtype), d.gather(v_cache, q.dtype)
+        keys, values = d.gather(k_cache, q.dtype, k_scale), d.gather(v_cache, q.dtype, v_scale)
         o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=d.mask, scale=scale,
                                            enable_gqa=True)
         return o.squeeze(2)

@@ -7,16 +7,18 @@ from typing import Callable
 import torch
 
 from .backend import AttentionBackend
+from .kv_quant import KVScales
 from .reference import TorchAttention
 
-BackendFactory = Callable[[list[torch.Tensor], list[torch.Tensor]], AttentionBackend]
+BackendFactory = Callable[[list[torch.Tensor], list[torch.Tensor], KVScales | None], AttentionBackend]
 
 
 
-def _triton(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> AttentionBackend:
+def _triton(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor],
+            scales: KVScales | None = None) -> AttentionBackend:
     from .triton.backend import TritonAttention
 
-    return TritonAttention(k_buffers, v_buffers)
+    return TritonAttention(k_buffers, v_buffers, scales)
 
 
 ATTENTION_BACKENDS: dict[str, BackendFactory] = {"torch": TorchAttention}
@@ -35,5 +37,7 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def create_backend(name: str, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> AttentionBackend:
-    return ATTENTION_BACKENDS[resolve_backend(name, k_buffers[0].device)](k_buffers, v_buffers)
+def create_backend(name: str, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor],
+                   scales: KVScales | None = None) -> AttentionBackend:
+    """`scales`: a quantized pool's (kernels/kv_quant.py), whose buffers hold codes."""
+    return ATTENTION_BACKENDS[resolve_backend(name, k_buffers[0].device)](k_buffers, v_buffers, scales)

@@ -24,6 +24,7 @@ SCHEDULE_POLICIES = ("least-prefill", "lpm", "fcfs", "dfs-weight")
 PREEMPTION_MODES = ("recompute", "swap")
 QUANTIZATIONS = ("none", "auto", "int8", "int4")  # runtime/models/linear/quant.py implements them
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")  # kernels/kv_quant.py implements them
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # kernels.registry resolves them (triton: where it is installed)
 COMPILE_CHOICES = ("auto", "true", "false")  # also True / False from Python
 HOST_TIER_POOLS = 2  # the default host KV tier holds this many device pools (an agent's history outlives a pool)...
@@ -180,6 +181,9 @@ class EngineConfig:
     constraint_compile_timeout: float = option(10.0, "seconds a request's constraint (regex, JSON schema, grammar) "
                                                "may take to compile; past it the request is refused (400); 0: no "
                                                "limit")
+    kv_cache_dtype: str = option("auto", "KV cache storage: auto (the compute dtype), or int8 / fp8_e4m3 codes with "
+                                 "one fp16 scale per token and KV head (about half a 16-bit pool's bytes a token: "
+                                 "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -222,6 +226,8 @@ class EngineConfig:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         from ..kernels.registry import resolve_backend
 
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.quantization == "int4" and self.torch_device().type != "cpu":

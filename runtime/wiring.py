@@ -62,9 +62,10 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     latent = getattr(mcfg, "latent_kv", False)  # MLA: one latent row per token, K and V one buffer
     # under DP attention each rank holds its share of the whole capacity
     pool_size = max(2, kv_pool_size(cfg, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, context_length, latent) // dp)
-    pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device, shared_kv=latent)
+    pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device, shared_kv=latent,
+                  kv_cache_dtype=cfg.kv_cache_dtype)
     kv = kv_owner(cfg, pool, context_length, device, kv_host_tier_size(cfg, pool))
-    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers, pool.scales)
     decode_compile = start_background_compile(cfg, loaded.model, pool)
     graphs = None
     if cfg.use_decode_graphs() and tp.size == 1:  # under TP every step must reach the workers: eager
@@ -127,7 +128,7 @@ def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: K
     if not cfg.compiles_decode(marker.exists()):
         return None
     make_backend = functools.partial(create_backend, cfg.attention_backend)
-    return BackgroundCompile(model, make_backend, pool.k_buffers, pool.v_buffers, marker)
+    return BackgroundCompile(model, make_backend, pool.k_buffers, pool.v_buffers, marker, pool.scales)
 
 
 def kv_host_tier_size(cfg: EngineConfig, pool: KVPool) -> int:
@@ -145,6 +146,6 @@ def kv_pool_size(cfg: EngineConfig, layers: int, kv_heads: int, head_dim: int, d
                  context_length: int, shared_kv: bool = False) -> int:
     if cfg.kv_cache_tokens is not None:
         return cfg.kv_cache_tokens
-    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype, shared_kv)
+    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype, shared_kv, cfg.kv_cache_dtype)
     tokens = int(cfg.mem_fraction * available_memory_bytes(cfg.torch_device()) / per_token)
     return max(2, min(tokens, cfg.max_running_requests * context_length))

@@ -153,7 +153,8 @@ def _fake_block_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, 
 
 
 def _fake_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                         row_offset: torch.Tensor, row_len: torch.Tensor, scale: float) -> torch.Tensor:
+                         row_offset: torch.Tensor, row_len: torch.Tensor, scale: float,
+                         k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

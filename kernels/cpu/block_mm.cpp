@@ -24,12 +24,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -412,35 +415,72 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-void attend_row(const float* q, const float* k_cache, const float* v_cache, int64_t slot_stride, int64_t kv_head,
-                int64_t d, const int64_t* slots, int64_t len, float scale, float* scores, float* out) {
-  const int64_t vecs = d / 8;
+// The caches' rows as fp32 lanes: fp32 as stored, or a quantized KV cache's codes (kernels/kv_quant.py) widened
+// exactly (int8 -> int32 -> fp32; e4m3 through a 256-entry table of its values). A quantized row's scale then
+// multiplies the row's dot product (K) or its softmax weight (V): code * scale summed is the dequantized row's
+// sum up to the fp32 rounding, the same for every row whatever its batch.
+struct Fp32Rows {
+  using Code = float;
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+};
+
+struct Int8Rows {
+  using Code = int8_t;
+  static __m256 load8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+};
+
+struct E4m3Rows {
+  using Code = uint8_t;
+  static const float* table() {
+    static const std::vector<float> values = [] {
+      std::vector<float> t(256);
+      for (int b = 0; b < 256; ++b) t[b] = static_cast<float>(c10::Float8_e4m3fn(b, c10::Float8_e4m3fn::from_bits()));
+      return t;
+    }();
+    return values.data();
+  }
+  static __m256 load8(const uint8_t* p) {
+    const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_i32gather_ps(table(), index, 4);
+  }
+};
+
+// k_scale, v_scale: [S, KH] fp16 scales of a quantized cache, or nullptr (fp32 rows: the factor is 1, exact)
+template <typename Rows>
+void attend_row(const float* q, const typename Rows::Code* k_cache, const typename Rows::Code* v_cache,
+                const at::Half* k_scale, const at::Half* v_scale, int64_t kv_heads, int64_t kv_head, int64_t d,
+                const int64_t* slots, int64_t len, float scale, float* scores, float* out) {
+  const int64_t vecs = d / 8, slot_stride = kv_heads * d;
   const float* qh = q;
+  auto row = [&](const typename Rows::Code* cache, int64_t j) { return cache + slots[j] * slot_stride + kv_head * d; };
+  auto factor = [&](const at::Half* scales, int64_t j) {
+    return scales == nullptr ? 1.0f : static_cast<float>(scales[slots[j] * kv_heads + kv_head]);
+  };
   // scores, 4 keys at a time for independent FMA chains (each key's own order is the same)
   int64_t j = 0;
   for (; j + 4 <= len; j += 4) {
-    const float* k0 = k_cache + slots[j] * slot_stride + kv_head * d;
-    const float* k1 = k_cache + slots[j + 1] * slot_stride + kv_head * d;
-    const float* k2 = k_cache + slots[j + 2] * slot_stride + kv_head * d;
-    const float* k3 = k_cache + slots[j + 3] * slot_stride + kv_head * d;
+    const typename Rows::Code *k0 = row(k_cache, j), *k1 = row(k_cache, j + 1), *k2 = row(k_cache, j + 2),
+                              *k3 = row(k_cache, j + 3);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     for (int64_t t = 0; t < vecs; ++t) {
       const __m256 qv = _mm256_loadu_ps(qh + 8 * t);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 8 * t), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + 8 * t), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + 8 * t), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + 8 * t), a3);
+      a0 = _mm256_fmadd_ps(qv, Rows::load8(k0 + 8 * t), a0);
+      a1 = _mm256_fmadd_ps(qv, Rows::load8(k1 + 8 * t), a1);
+      a2 = _mm256_fmadd_ps(qv, Rows::load8(k2 + 8 * t), a2);
+      a3 = _mm256_fmadd_ps(qv, Rows::load8(k3 + 8 * t), a3);
     }
-    scores[j] = hsum8(a0) * scale;
-    scores[j + 1] = hsum8(a1) * scale;
-    scores[j + 2] = hsum8(a2) * scale;
-    scores[j + 3] = hsum8(a3) * scale;
+    scores[j] = hsum8(a0) * factor(k_scale, j) * scale;
+    scores[j + 1] = hsum8(a1) * factor(k_scale, j + 1) * scale;
+    scores[j + 2] = hsum8(a2) * factor(k_scale, j + 2) * scale;
+    scores[j + 3] = hsum8(a3) * factor(k_scale, j + 3) * scale;
   }
   for (; j < len; ++j) {
-    const float* k0 = k_cache + slots[j] * slot_stride + kv_head * d;
+    const typename Rows::Code* k0 = row(k_cache, j);
     __m256 a0 = _mm256_setzero_ps();
-    for (int64_t t = 0; t < vecs; ++t) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), _mm256_loadu_ps(k0 + 8 * t), a0);
-    scores[j] = hsum8(a0) * scale;
+    for (int64_t t = 0; t < vecs; ++t) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), Rows::load8(k0 + 8 * t), a0);
+    scores[j] = hsum8(a0) * factor(k_scale, j) * scale;
   }
   float top = scores[0];
   for (int64_t i = 1; i < len; ++i) top = std::max(top, scores[i]);
@@ -468,25 +508,59 @@ void attend_row(const float* q, const float* k_cache, const float* v_cache, int6
   __m256 acc[32];
   for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t jj = 0; jj < len; ++jj) {
-    const float* v0 = v_cache + slots[jj] * slot_stride + kv_head * d;
-    const __m256 p = _mm256_set1_ps(scores[jj]);
-    for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v0 + 8 * t), acc[t]);
+    const typename Rows::Code* v0 = row(v_cache, jj);
+    const __m256 p = _mm256_set1_ps(scores[jj] * factor(v_scale, jj));
+    for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_fmadd_ps(p, Rows::load8(v0 + 8 * t), acc[t]);
   }
   const __m256 invv = _mm256_set1_ps(inv);
   for (int64_t t = 0; t < vecs; ++t) _mm256_storeu_ps(out + 8 * t, _mm256_mul_ps(acc[t], invv));
 }
 
-// q [n, H, d]; k_cache, v_cache [S, KH, d]; row r attends over slots[row_offset[r] : row_offset[r] + row_len[r]]
+template <typename Rows>
+void attend_rows(const at::Tensor& qc, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Half* ks,
+                 const at::Half* vs, const at::Tensor& slots, const int64_t* off, const int64_t* lens, int64_t longest,
+                 float scale, at::Tensor& out) {
+  const int64_t n = qc.size(0), heads = qc.size(1), d = qc.size(2), kv_heads = k_cache.size(1);
+  const int64_t groups = heads / kv_heads;
+  const float* qp = qc.data_ptr<float>();
+  const auto* kp = static_cast<const typename Rows::Code*>(k_cache.data_ptr());
+  const auto* vp = static_cast<const typename Rows::Code*>(v_cache.data_ptr());
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n * heads, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores(longest + 8);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t r = u / heads, h = u % heads;
+      attend_row<Rows>(qp + u * d, kp, vp, ks, vs, kv_heads, h / groups, d, sp + off[r], lens[r], scale, scores.data(),
+                       op + u * d);
+    }
+  });
+}
+
+// q [n, H, d]; k_cache, v_cache [S, KH, d]; row r attends over slots[row_offset[r] : row_offset[r] + row_len[r]].
+// The caches are fp32, or (with k_scale, v_scale: fp16 [S, KH]) int8 / float8_e4m3fn codes
 at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& slots, const at::Tensor& row_offset, const at::Tensor& row_len,
-                          double scale) {
+                          double scale, const std::optional<at::Tensor>& k_scale,
+                          const std::optional<at::Tensor>& v_scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "attention_rows: q must be a float32 [n, heads, d] tensor");
-  TORCH_CHECK(k_cache.dim() == 3 && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
-              "attention_rows: the caches must be contiguous float32 [slots, kv_heads, d] tensors of one shape");
+  const bool quantized = k_scale.has_value();
+  const auto codes = k_cache.scalar_type();
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == codes && v_cache.is_contiguous(),
+              "attention_rows: the caches must be contiguous [slots, kv_heads, d] tensors of one shape and dtype");
+  TORCH_CHECK(quantized ? (codes == at::kChar || codes == at::kFloat8_e4m3fn) : codes == at::kFloat,
+              "attention_rows: the caches must be float32, or int8 / float8_e4m3fn with their scales");
+  TORCH_CHECK(quantized == v_scale.has_value(), "attention_rows: k_scale and v_scale come together");
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(1);
   TORCH_CHECK(k_cache.size(2) == d && d % 8 == 0 && d <= 256, "attention_rows: head dim must match, a multiple of 8, <= 256");
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention_rows: heads must be a multiple of kv_heads");
+  if (quantized) {
+    for (const at::Tensor* s : {&*k_scale, &*v_scale})
+      TORCH_CHECK(s->scalar_type() == at::kHalf && s->is_contiguous() && s->dim() == 2 &&
+                      s->size(0) == k_cache.size(0) && s->size(1) == kv_heads,
+                  "attention_rows: the scales must be contiguous float16 [slots, kv_heads] tensors");
+  }
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && row_offset.scalar_type() == at::kLong &&
                   row_len.scalar_type() == at::kLong && row_offset.numel() == n && row_len.numel() == n &&
                   row_offset.is_contiguous() && row_len.is_contiguous(),
@@ -496,26 +570,22 @@ at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& k_cache, const 
   if (n == 0) return out;
   const int64_t* off = row_offset.data_ptr<int64_t>();
   const int64_t* lens = row_len.data_ptr<int64_t>();
-  const int64_t total = slots.numel(), groups = heads / kv_heads, slot_stride = kv_heads * d;
+  const int64_t total = slots.numel();
   int64_t longest = 0;
   for (int64_t r = 0; r < n; ++r) {
     TORCH_CHECK(lens[r] > 0 && off[r] >= 0 && off[r] + lens[r] <= total, "attention_rows: row ", r,
                 " reaches past its slots");
     longest = std::max(longest, lens[r]);
   }
-  const float* qp = qc.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, n * heads, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> scores(longest + 8);
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t r = u / heads, h = u % heads;
-      attend_row(qp + u * d, kp, vp, slot_stride, h / groups, d, sp + off[r], lens[r], sc, scores.data(), op + u * d);
-    }
-  });
+  const at::Half* ks = quantized ? k_scale->data_ptr<at::Half>() : nullptr;
+  const at::Half* vs = quantized ? v_scale->data_ptr<at::Half>() : nullptr;
+  if (codes == at::kFloat)
+    attend_rows<Fp32Rows>(qc, k_cache, v_cache, nullptr, nullptr, slots, off, lens, longest, sc, out);
+  else if (codes == at::kChar)
+    attend_rows<Int8Rows>(qc, k_cache, v_cache, ks, vs, slots, off, lens, longest, sc, out);
+  else
+    attend_rows<E4m3Rows>(qc, k_cache, v_cache, ks, vs, slots, off, lens, longest, sc, out);
   return out;
 }
 
@@ -528,7 +598,7 @@ TORCH_LIBRARY(radixlang_cpu, m) {
   m.def("block_mm(Tensor x, Tensor qweight, Tensor scale, Tensor minimum, int bits) -> Tensor");
   m.def("block_mm_interleave() -> int", &block_mm_interleave);
   m.def("attention_rows(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor row_offset, Tensor row_len, "
-        "float scale) -> Tensor");
+        "float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) {

@@ -10,6 +10,7 @@ import torch
 import triton
 
 from ..backend import AttentionBatch, AttentionPlan, DecodeBatch, build_plan, offsets, pack_groups, tree_visibility
+from ..kv_quant import KVScales, rotate, write_kv
 from ..mla import absorb_output, absorb_query, split_up_proj
 from ..reference import extend_latents, plan_extends
 from .decode import MAX_SPLITS, decode_attention, decode_parts, merge_states, num_splits
@@ -77,8 +78,9 @@ def build_cascade(q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.
 class TritonAttention:
     supports_cascade = True
 
-    def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
+    def __init__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], scales: KVScales | None = None):
         self.k_buffers, self.v_buffers = k_buffers, v_buffers
+        self.scales = scales  # a quantized pool's (kernels/kv_quant.py): the kernels dequantize as they load
         self.device = k_buffers[0].device
         # a latent pool (MLA: K and V one buffer) runs forward_latent: extends up-projected in torch, decodes
         # in the latent kernel; no cascade (the latent kernel has no shared-prefix variant)
@@ -145,17 +147,20 @@ class TritonAttention:
         kv_indices = self._kv_indices
         assert kv_indices is not None, "plan() sets it with the cache locations"
         k_cache, v_cache = self.k_buffers[layer], self.v_buffers[layer]
-        k_cache[self._out_cache_loc] = k.to(k_cache.dtype)
-        v_cache[self._out_cache_loc] = v.to(v_cache.dtype)
+        scales = None
+        if self.scales is not None:  # codes of H k: queries turn by H too (kernels/kv_quant.rotate)
+            scales, q, k = (self.scales.k[layer], self.scales.v[layer]), rotate(q), rotate(k)
+        write_kv(k_cache, None if scales is None else scales[0], self._out_cache_loc, k)
+        write_kv(v_cache, None if scales is None else scales[1], self._out_cache_loc, v)
         out = torch.empty_like(q)
         if self._extend is not None:
-            extend_attention(q, k_cache, v_cache, kv_indices, self._extend, scale, out=out)
+            extend_attention(q, k_cache, v_cache, kv_indices, self._extend, scale, out=out, scales=scales)
         d = self._decode
         if d is not None:
             decode_attention(q, k_cache, v_cache, kv_indices, d.q_rows, d.kv_starts, d.kv_lens, d.max_kv_len,
-                             scale, out, d.q_rows)
+                             scale, out, d.q_rows, scales=scales)
         if self._cascade is not None:
-            self._run_cascade(q, k_cache, v_cache, kv_indices, scale, out)
+            self._run_cascade(q, k_cache, v_cache, kv_indices, scale, out, scales)
         return out
 
     def forward_latent(self, q_nope: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, layer: int,
@@ -176,7 +181,8 @@ class TritonAttention:
         extend_latents(out, q_nope, q_rope, cache, self._latent_extends, w_kv_b, scale)
         return out
 
-    def _run_cascade(self, q, k_cache, v_cache, kv_indices, scale: float, out: torch.Tensor) -> None:
+    def _run_cascade(self, q, k_cache, v_cache, kv_indices, scale: float, out: torch.Tensor,
+                     scales: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         c = self._cascade
         assert c is not None, "forward() runs the cascade only when plan() built one"
         s = c.suffix
@@ -188,7 +194,7 @@ class TritonAttention:
         lse_parts = torch.full((prefix + suffix, n, heads), float("-inf"), dtype=torch.float32, device=q.device)
         extend_attention(q[c.split_rows], k_cache, v_cache, kv_indices, c.prefix, scale,
                          out=o_parts[:prefix].view(prefix * n, heads, d),
-                         lse=lse_parts[:prefix].view(prefix * n, heads))
+                         lse=lse_parts[:prefix].view(prefix * n, heads), scales=scales)
         decode_parts(q, k_cache, v_cache, kv_indices, s.q_rows, s.kv_starts, s.kv_lens, scale,
-                     o_parts[prefix:].permute(1, 2, 0, 3), lse_parts[prefix:].permute(1, 2, 0))
+                     o_parts[prefix:].permute(1, 2, 0, 3), lse_parts[prefix:].permute(1, 2, 0), scales)
         merge_states(o_parts.permute(1, 2, 0, 3), lse_parts.permute(1, 2, 0), out, c.q_rows)

@@ -12,17 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .extend import INTERPRETING, NEG, block_d, dot_precision, softmax_update
+from .extend import INTERPRETING, NEG, block_d, dot_precision, load_kv_rows, softmax_update
 
 TARGET_PROGRAMS = 1024  # enough (sequence, head, split) programs to fill a large GPU
 MAX_SPLITS = 16
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, O_part, LSE_part, kv_indices, kv_starts, kv_lens, q_rows, sm_scale,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
-                   stride_ls, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                   BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _decode_kernel(Q, K, V, KS, VS, O_part, LSE_part, kv_indices, kv_starts, kv_lens, q_rows, sm_scale,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_st, stride_pn, stride_ph, stride_ps, stride_ln,
+                   stride_lh, stride_ls, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr, QUANT: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -49,9 +50,9 @@ def _decode_kernel(Q, K, V, O_part, LSE_part, kv_indices, kv_starts, kv_lens, q_
         col_ok = offs_n < hi
         slots = tl.load(kv_indices + kv_start + offs_n, mask=col_ok, other=0).to(tl.int64)
         kv_off = slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
-        k = tl.load(K + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
-        v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+        k = load_kv_rows(K, KS, slots, kv_off, kv_head, stride_st, col_ok, d_ok, q.dtype, QUANT)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * sm_scale
+        v = load_kv_rows(V, VS, slots, kv_off, kv_head, stride_st, col_ok, d_ok, q.dtype, QUANT)
         m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, col_ok[None, :], v, PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o_part = O_part + seq * stride_pn + heads * stride_ph + split * stride_ps
@@ -94,20 +95,23 @@ def num_splits(num_seqs: int, kv_heads: int, max_kv_len: int) -> int:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indices: torch.Tensor,
                      q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
-                     scale: float, out: torch.Tensor, out_rows: torch.Tensor, lse: torch.Tensor | None = None) -> None:
+                     scale: float, out: torch.Tensor, out_rows: torch.Tensor, lse: torch.Tensor | None = None,
+                     scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Sequence i's query q[q_rows[i]] over KV entries [kv_starts[i], kv_starts[i] + kv_lens[i]) of
-    kv_indices -> out[out_rows[i]] (and lse[out_rows[i]] when given)."""
+    kv_indices -> out[out_rows[i]] (and lse[out_rows[i]] when given). `scales`: (K, V) [slots, kv_heads]
+    scales of a quantized cache."""
     seqs, heads, d = q_rows.numel(), q.shape[1], q.shape[2]
     splits = num_splits(seqs, k_cache.shape[1], max_kv_len)
     o_part = torch.empty(seqs, heads, splits, d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(seqs, heads, splits, dtype=torch.float32, device=q.device)
-    decode_parts(q, k_cache, v_cache, kv_indices, q_rows, kv_starts, kv_lens, scale, o_part, lse_part)
+    decode_parts(q, k_cache, v_cache, kv_indices, q_rows, kv_starts, kv_lens, scale, o_part, lse_part, scales)
     merge_states(o_part, lse_part, out, out_rows, lse)
 
 
 def decode_parts(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indices: torch.Tensor,
                  q_rows: torch.Tensor, kv_starts: torch.Tensor, kv_lens: torch.Tensor, scale: float,
-                 o_parts: torch.Tensor, lse_parts: torch.Tensor) -> None:
+                 o_parts: torch.Tensor, lse_parts: torch.Tensor,
+                 scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Stage 1 alone: sequence i's KV split S ways -> o_parts[i, :, s] [heads, d] float32 (any strides, d
     contiguous) and lse_parts[i, :, s], for `merge_states` (a split that saw no key gets lse -inf)."""
     heads, d = q.shape[1], q.shape[2]
@@ -115,11 +119,13 @@ def decode_parts(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     group = heads // kv_heads
     assert o_parts.shape == (seqs, heads, splits, d) and o_parts.stride(3) == 1
     assert lse_parts.shape == (seqs, heads, splits)
+    k_scale, v_scale = scales if scales is not None else (k_cache, v_cache)  # unread without QUANT
     _decode_kernel[(seqs, kv_heads, splits)](
-        q, k_cache, v_cache, o_parts, lse_parts, kv_indices, kv_starts, kv_lens, q_rows, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), *o_parts.stride()[:3], *lse_parts.stride(),
-        GROUP=group, D=d, BLOCK_D=block_d(d), BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=32,
-        NUM_SPLITS=splits, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING)
+        q, k_cache, v_cache, k_scale, v_scale, o_parts, lse_parts, kv_indices, kv_starts, kv_lens, q_rows, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), *o_parts.stride()[:3],
+        *lse_parts.stride(), GROUP=group, D=d, BLOCK_D=block_d(d), BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=32, NUM_SPLITS=splits, PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING,
+        QUANT=scales is not None)
 
 
 def merge_states(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor,

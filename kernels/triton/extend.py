@@ -52,10 +52,22 @@ def softmax_update(m_i, l_i, acc, s, visible, v, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_lens, mask_kind, tree_mask,
-                   tree_starts, sm_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+def load_kv_rows(Cache, Scales, slots, kv_off, kv_head, stride_st, col_ok, d_ok, dtype, QUANT: tl.constexpr):
+    """A block of K or V rows gathered through `slots` as `dtype`: a quantized cache's codes (int8 or e4m3) times
+    each row's (slot, KV head) scale, in fp32 (kernels/kv_quant.py)."""
+    rows = tl.load(Cache + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    if QUANT:
+        scale = tl.load(Scales + slots * stride_st + kv_head, mask=col_ok, other=0.0).to(tl.float32)
+        rows = rows.to(tl.float32) * scale[:, None]
+    return rows.to(dtype)
+
+
+@triton.jit
+def _extend_kernel(Q, K, V, KS, VS, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_lens, mask_kind, tree_mask,
+                   tree_starts, sm_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_st, stride_ot, stride_oh,
                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-                   BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                   QUANT: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     block = tl.program_id(2)
@@ -89,8 +101,8 @@ def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_
             col_ok = offs_n < kv_len
             slots = tl.load(kv_indices + kv_start + offs_n, mask=col_ok, other=0).to(tl.int64)
             kv_off = slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
-            k = tl.load(K + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION).to(tl.float32) * sm_scale
+            k = load_kv_rows(K, KS, slots, kv_off, kv_head, stride_st, col_ok, d_ok, q.dtype, QUANT)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * sm_scale
             new = offs_n - prefix  # index of the key among the new tokens (negative: the prefix)
             visible = row_ok[:, None] & col_ok[None, :]
             if kind == 0:
@@ -99,7 +111,7 @@ def _extend_kernel(Q, K, V, O, LSE, kv_indices, q_starts, q_lens, kv_starts, kv_
                 in_tree = (new[None, :] >= 0) & visible
                 bit = tl.load(tree_mask + tree_start + offs_m[:, None] * q_len + new[None, :], mask=in_tree, other=0)
                 visible = visible & ((new[None, :] < 0) | (bit != 0))
-            v = tl.load(V + kv_off, mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+            v = load_kv_rows(V, VS, slots, kv_off, kv_head, stride_st, col_ok, d_ok, q.dtype, QUANT)
             m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, visible, v, PRECISION)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_safe[:, None]
@@ -123,7 +135,8 @@ def extend_grid(num_seqs: int, max_q_len: int, heads: int, kv_heads: int) -> tup
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indices: torch.Tensor,
                      seqs: "ExtendSeqs", scale: float, out: torch.Tensor | None = None,
-                     lse: torch.Tensor | None = None) -> torch.Tensor:
+                     lse: torch.Tensor | None = None, scales: tuple[torch.Tensor, torch.Tensor] | None = None
+                     ) -> torch.Tensor:
     """q [tokens, heads, d] -> o [tokens, heads, d] (into `out` when given: any float dtype).
 
     Sequence i's queries are rows [q_starts[i], q_starts[i] + q_lens[i]) of q; its KV is entries
@@ -131,19 +144,22 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (MASK_CAUSAL, MASK_TREE) unless MASK_NONE (every query sees every key). Every length is read on the
     device: the grid depends only on the number of sequences and `max_q_len`, a bound (an empty sequence's
     programs exit at once). With `lse` ([tokens, heads] float32, contiguous) each row's natural-log LSE is
-    written there too (-inf for a row that saw no key). Rows outside every sequence are left unwritten."""
+    written there too (-inf for a row that saw no key). Rows outside every sequence are left unwritten.
+    `scales`: (K, V) [slots, kv_heads] scales of a quantized cache, whose codes are dequantized as they load."""
     tokens, heads, d = q.shape
     kv_heads = k_cache.shape[1]
     o = torch.empty_like(q) if out is None else out
     assert lse is None or (lse.is_contiguous() and lse.shape == (tokens, heads)), "lse is [tokens, heads]"
     group = heads // kv_heads
     rows = block_rows(seqs.max_q_len, group)
+    k_scale, v_scale = scales if scales is not None else (k_cache, v_cache)  # unread without QUANT
     _extend_kernel[extend_grid(seqs.q_starts.numel(), seqs.max_q_len, heads, kv_heads)](
-        q, k_cache, v_cache, o, o if lse is None else lse, kv_indices, seqs.q_starts, seqs.q_lens, seqs.kv_starts,
-        seqs.kv_lens, seqs.mask_kind, seqs.tree_mask, seqs.tree_starts, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), o.stride(0), o.stride(1),
+        q, k_cache, v_cache, k_scale, v_scale, o, o if lse is None else lse, kv_indices, seqs.q_starts, seqs.q_lens,
+        seqs.kv_starts, seqs.kv_lens, seqs.mask_kind, seqs.tree_mask, seqs.tree_starts, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), o.stride(0), o.stride(1),
         GROUP=group, D=d, BLOCK_D=block_d(d), BLOCK_R=rows, BLOCK_N=BLOCK_N, WRITE_LSE=lse is not None,
-        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING, num_warps=8 if rows * block_d(d) >= 128 * 128 else 4)
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETING, QUANT=scales is not None,
+        num_warps=8 if rows * block_d(d) >= 128 * 128 else 4)
     return o
 
 

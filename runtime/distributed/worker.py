@@ -113,8 +113,9 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     mcfg = model.config
     attention_ranks = spec.size // cfg.dp_size()  # DP attention: every rank holds all the KV heads
     pool = KVPool(spec.pool_size, mcfg.num_layers, kv_heads_per_rank(mcfg.num_kv_heads, attention_ranks),
-                  mcfg.head_dim, dtype, device, shared_kv=getattr(mcfg, "latent_kv", False))
-    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers)
+                  mcfg.head_dim, dtype, device, shared_kv=getattr(mcfg, "latent_kv", False),
+                  kv_cache_dtype=cfg.kv_cache_dtype)
+    attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers, pool.scales)
     return tp, ModelRunner(model, None, attn, device)
 
 

@@ -75,19 +75,21 @@ class AsyncDeviceToHost:
 
 
 class HostTier:
-    def __init__(self, num_slots: int, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
+    """Host copies of a device pool's per-layer buffers, by group of one shape and dtype (`KVPool.groups`: K,
+    V, and a quantized pool's scales), under a radix tree of their own."""
+
+    def __init__(self, num_slots: int, groups: list[list[torch.Tensor]]):
         cpu = torch.device("cpu")
-        cuda = k_buffers[0].is_cuda
+        cuda = groups[0][0].is_cuda
 
         def like(buf: torch.Tensor) -> torch.Tensor:
             # empty: a slot is read only after it was parked, and untouched pages of a big tier cost no RAM
             return torch.empty((num_slots, *buf.shape[1:]), dtype=buf.dtype, device=cpu, pin_memory=cuda)
 
         self.num_slots = num_slots
-        self.k = [like(b) for b in k_buffers]
-        self.v = self.k if v_buffers is k_buffers else [like(b) for b in v_buffers]  # MLA: one latent buffer
+        self.groups = [[like(b) for b in group] for group in groups]
         # on CUDA copies out are asynchronous (pinned memory, a side stream); on the CPU a copy is a gather
-        self.to_host = AsyncDeviceToHost(k_buffers[0].device) if cuda else None
+        self.to_host = AsyncDeviceToHost(groups[0][0].device) if cuda else None
         self.allocator = SlotAllocator(num_slots, cpu)
         self.cache = RadixCache(self.allocator.free)
         self.parked_tokens = 0  # copied device -> host
@@ -96,14 +98,10 @@ class HostTier:
     def match(self, key: list[int], namespace: Namespace = DEFAULT_NAMESPACE) -> PrefixMatch:
         return self.cache.match_prefix(key, namespace)
 
-    def _pairs(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]):
-        """(host buffers, device buffers) to copy between: K and V, or MLA's one latent buffer."""
-        return ((self.k, k_buffers),) if self.v is self.k else ((self.k, k_buffers), (self.v, v_buffers))
-
-    def park(self, path: list[int], namespace: Namespace, device_slots: torch.Tensor, k_buffers: list[torch.Tensor],
-             v_buffers: list[torch.Tensor]) -> None:
-        """Copies the KV of `path` (at `device_slots`) that the host tier lacks in `namespace`; LRU host
-        entries make room."""
+    def park(self, path: list[int], namespace: Namespace, device_slots: torch.Tensor,
+             groups: list[list[torch.Tensor]]) -> None:
+        """Copies the KV of `path` (at `device_slots` of the device buffer `groups`) that the host tier lacks in
+        `namespace`; LRU host entries make room."""
         have = self.cache.match_prefix(path, namespace)
         need = len(path) - have.length
         if need <= 0 or need > self.num_slots:
@@ -117,7 +115,7 @@ class HostTier:
         if slots is None:  # the rest of the host tier is locked: skip this one
             return
         src = device_slots[have.length:]
-        for host, device in self._pairs(k_buffers, v_buffers):
+        for host, device in zip(self.groups, groups, strict=True):
             if self.to_host is not None:
                 self.to_host.copy(host, slots, device, src)
             else:
@@ -127,11 +125,10 @@ class HostTier:
         assert present == have.length, "the host prefix just matched must still be there"
         self.parked_tokens += need
 
-    def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor, k_buffers: list[torch.Tensor],
-                v_buffers: list[torch.Tensor]) -> None:
+    def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor, groups: list[list[torch.Tensor]]) -> None:
         """Copies host KV at `host_slots` into device `device_slots` (on CUDA: one asynchronous copy per
-        buffer list from pinned staging, ordered before the step that reads it on the compute stream)."""
-        for host, device in self._pairs(k_buffers, v_buffers):
+        buffer group from pinned staging, ordered before the step that reads it on the compute stream)."""
+        for host, device in zip(self.groups, groups, strict=True):
             if self.to_host is not None:
                 self.to_host.settle()
                 staged = torch.stack([src[host_slots] for src in host]).pin_memory()

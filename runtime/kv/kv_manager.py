@@ -37,7 +37,7 @@ class KVManager:
                  max_pinned_fraction: float = 0.5, host_tokens: int = 0, min_restore: int = MIN_RESTORE):
         self.pool, self.allocator, self.req_to_token, self.cache = pool, allocator, req_to_token, cache
         self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction))
-        self.host = HostTier(host_tokens, pool.k_buffers, pool.v_buffers) if host_tokens else None
+        self.host = HostTier(host_tokens, pool.groups()) if host_tokens else None
         self.evicted = EvictedPrefixes(min(HISTORY_POOLS * pool.num_slots, HISTORY_MAX_TOKENS) + host_tokens)
         self.min_restore = min_restore
         cache.on_evict = self._on_evict
@@ -172,7 +172,7 @@ class KVManager:
         end = match.length + size
         slots = self.allocator.alloc(size)
         assert slots is not None, "`fits` said the free slots suffice"
-        self.host.restore(hosted.slots[match.length:end], slots, self.pool.k_buffers, self.pool.v_buffers)
+        self.host.restore(hosted.slots[match.length:end], slots, self.pool.groups())
         present = self.cache.insert(key[:end], torch.cat((match.slots, slots)), namespace)
         assert present == match.length, "the locked device prefix must still be there"
 
@@ -181,7 +181,7 @@ class KVManager:
         path, namespace = self.cache.path_key(leaf), self.cache.namespace_of(leaf)
         self.evicted.record(path, namespace)
         if self.host is not None:
-            self.host.park(path, namespace, self.cache.path_slots(leaf), self.pool.k_buffers, self.pool.v_buffers)
+            self.host.park(path, namespace, self.cache.path_slots(leaf), self.pool.groups())
 
     def swap_in(self, req: KVSeq, fits: Callable[[int], bool]) -> bool:
         """Brings a swapped-out request's KV back into fresh slots, if `fits(those + its pending)`."""

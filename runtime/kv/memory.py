@@ -9,6 +9,7 @@ from itertools import pairwise
 import torch
 
 from ...kernels.backend import flat_runs, offsets
+from ...kernels.kv_quant import SCALE_DTYPE, KVScales, is_quantized, storage_dtype
 
 FEW_WRITES = 32  # up to this many runs, a slice assignment each costs less than one vectorized scatter
 
@@ -90,10 +91,10 @@ class ReqToToken:
 
 @dataclass(slots=True)
 class SwappedKV:
-    """A request's K/V copied to host memory while it is preempted."""
+    """A request's K/V copied to host memory while it is preempted: one tensor per buffer group of the pool
+    (`KVPool.groups`), stacked over layers: [layers, tokens, ...]."""
 
-    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim]
-    v: torch.Tensor
+    groups: list[torch.Tensor]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -110,16 +111,25 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 class KVPool:
     """Per-layer K and V buffers of shape [num_slots + 1, num_kv_heads, head_dim]: slot `pad_slot` (the
     last) belongs to no request; the padding rows of a fixed-size decode batch (CUDA graphs) write there.
-    `shared_kv` (MLA's latent pool): V is the K buffer itself, one latent row per token and layer."""
+    `shared_kv` (MLA's latent pool): V is the K buffer itself, one latent row per token and layer.
+    A quantized pool (`kv_cache_dtype` int8 / fp8_e4m3, kernels/kv_quant.py) holds codes in those buffers and
+    one scale per (slot, KV head) in `scales`."""
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, shared_kv: bool = False):
+                 dtype: torch.dtype, device: torch.device, shared_kv: bool = False, kv_cache_dtype: str = "auto"):
         self.num_slots = num_slots
         self.pad_slot = num_slots
         self.shared_kv = shared_kv
+        storage = storage_dtype(kv_cache_dtype, dtype)
+        if shared_kv and is_quantized(storage):
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported for MLA's latent KV; use 'auto'")
         shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.k_buffers = [_zeros(shape, dtype, device) for _ in range(num_layers)]
-        self.v_buffers = self.k_buffers if shared_kv else [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.k_buffers = [_zeros(shape, storage, device) for _ in range(num_layers)]
+        self.v_buffers = self.k_buffers if shared_kv else [_zeros(shape, storage, device) for _ in range(num_layers)]
+        self.scales: KVScales | None = None
+        if is_quantized(storage):
+            self.scales = KVScales(*([_zeros(shape[:2], SCALE_DTYPE, device) for _ in range(num_layers)]
+                                     for _ in range(2)))
 
     @classmethod
     def elsewhere(cls, num_slots: int) -> KVPool:
@@ -129,23 +139,31 @@ class KVPool:
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                        shared_kv: bool = False) -> int:
-        per_buffer = num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+                        shared_kv: bool = False, kv_cache_dtype: str = "auto") -> int:
+        """Bytes of KV one token takes in a pool of compute dtype `dtype` (codes and scales when quantized)."""
+        storage = storage_dtype(kv_cache_dtype, dtype)
+        per_row = head_dim * storage.itemsize + (SCALE_DTYPE.itemsize if is_quantized(storage) else 0)
+        per_buffer = num_layers * num_kv_heads * per_row
         return per_buffer if shared_kv else 2 * per_buffer
 
     @property
     def token_bytes(self) -> int:
         """Bytes of KV one token holds here."""
-        first = self.k_buffers[0]
-        return self.bytes_per_token(len(self.k_buffers), first.shape[1], first.shape[2], first.dtype, self.shared_kv)
+        return sum(buf[0].nbytes for group in self.groups() for buf in group)
+
+    def groups(self) -> list[list[torch.Tensor]]:
+        """Every per-layer buffer indexed by slot, in groups of one shape and dtype: K, V (not for a latent
+        pool), then K and V scales (a quantized pool). What the host tier and swapping copy."""
+        groups = [self.k_buffers] if self.shared_kv else [self.k_buffers, self.v_buffers]
+        if self.scales is None:
+            return groups
+        # codes as their bytes: copies need no indexing kernel for float8 (not every device has one)
+        return [*([buf.view(torch.uint8) for buf in group] for group in groups), self.scales.k, self.scales.v]
 
     def swap_out(self, slots: torch.Tensor) -> SwappedKV:
-        k = torch.stack([buf[slots] for buf in self.k_buffers]).to("cpu")
-        v = k if self.shared_kv else torch.stack([buf[slots] for buf in self.v_buffers]).to("cpu")
-        return SwappedKV(k, v)
+        return SwappedKV([torch.stack([buf[slots] for buf in group]).to("cpu") for group in self.groups()])
 
     def swap_in(self, slots: torch.Tensor, saved: SwappedKV) -> None:
-        for layer, (kb, vb) in enumerate(zip(self.k_buffers, self.v_buffers)):
-            kb[slots] = saved.k[layer].to(kb.device)
-            if not self.shared_kv:
-                vb[slots] = saved.v[layer].to(vb.device)
+        for group, stacked in zip(self.groups(), saved.groups, strict=True):
+            for buf, layer in zip(group, stacked):
+                buf[slots] = layer.to(buf.device)

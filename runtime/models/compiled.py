@@ -41,6 +41,7 @@ import torch
 
 from ...cache_dir import cache_dir
 from ...kernels.backend import AttentionBackend, AttentionBatch
+from ...kernels.kv_quant import KVScales
 from .llama import ForwardContext, LlamaForCausalLM
 from .moe_llama import moe_blocks
 
@@ -102,8 +103,9 @@ class BackgroundCompile:
     until then (and for every other step, and for good after a failed or cancelled compile) the eager
     forward runs."""
 
-    def __init__(self, model: LlamaForCausalLM, make_backend: Callable[[list, list], AttentionBackend],
-                 k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], marker: Path | None = None):
+    def __init__(self, model: LlamaForCausalLM, make_backend: Callable[..., AttentionBackend],
+                 k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], marker: Path | None = None,
+                 scales: KVScales | None = None):
         self.eager = model.forward
         self.compiled: Callable | None = None  # made in the thread: importing the compiler takes seconds
         self.ready = False  # the compiled forward serves decode-only steps
@@ -116,7 +118,7 @@ class BackgroundCompile:
         self.marker = marker
         self._steps = warmup_steps(model)
         self._scratch_rows = max(batch for batch, _ in self._steps)
-        self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers, self._scratch_rows)
+        self._scratch = _scratch_backend(make_backend, k_buffers, v_buffers, self._scratch_rows, scales)
         self._vocab = model.config.vocab_size
         self._module_guards_droppable = not moe_blocks(model)
         model.forward = self.forward  # type: ignore[method-assign]  # every caller of the model gets the dispatch
@@ -326,13 +328,15 @@ def warmup_steps(model: torch.nn.Module) -> tuple[tuple[int, tuple[int, ...]], .
     return tuple(steps)
 
 
-def _scratch_backend(make_backend: Callable[[list, list], AttentionBackend], k_buffers: list[torch.Tensor],
-                     v_buffers: list[torch.Tensor], rows: int) -> AttentionBackend:
-    """An attention backend of the live one's kind over a few KV slots per row of the live buffers' layout."""
+def _scratch_backend(make_backend: Callable[..., AttentionBackend], k_buffers: list[torch.Tensor],
+                     v_buffers: list[torch.Tensor], rows: int, scales: KVScales | None = None) -> AttentionBackend:
+    """An attention backend of the live one's kind over a few KV slots per row of the live buffers' layout
+    (and, for a quantized pool, scales of the live ones' layout)."""
     slots = SCRATCH_CONTEXT * rows + 1
     def scratch(t: torch.Tensor) -> torch.Tensor:
         return torch.zeros(slots, *t.shape[1:], dtype=t.dtype, device=t.device)
-    return make_backend([scratch(k) for k in k_buffers], [scratch(v) for v in v_buffers])
+    scratch_scales = None if scales is None else KVScales([scratch(s) for s in scales.k], [scratch(s) for s in scales.v])
+    return make_backend([scratch(k) for k in k_buffers], [scratch(v) for v in v_buffers], scratch_scales)
 
 
 def _scratch_batch(batch: int, kv_lens: tuple[int, ...], rows: int) -> AttentionBatch:

@@ -1,6 +1,6 @@
-"""The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the engine launches,
-without register spills, within its shared memory, and bf16 on tensor cores; and the check catches what the
-interpreter lets pass.
+"""The Triton kernels compile for an H200 (sm_90) on this GPU-less machine, every variant the engine launches (over
+plain and int8 / e4m3 KV caches), without register spills, within its shared memory, and bf16 on tensor cores; and
+the check catches what the interpreter lets pass.
 
 The compiles run in subprocesses: this process runs Triton under TRITON_INTERPRET=1 (tests/conftest.py),
 which compiles nothing."""
@@ -72,6 +72,13 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
             == [(16, True, False), (16, True, True), (64, False, False), (64, True, False), (64, True, True)]
         assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in w8a8)
         assert all(v["dots"] == 1 and v["tensor_core_ops"] > 0 for v in gemms)  # int8 on tensor cores, any out dtype
+        for codes in ("int8", "fp8_e4m3"):  # attention over a quantized KV cache: codes dequantized as they load
+            quant = [v for v in lines if v["heads"] == f"9/3/64 kv {codes}" and v["kernel"] != "_merge_splits_kernel"]
+            assert {v["kernel"] for v in quant} == {"_decode_kernel", "_extend_kernel"}
+            assert all(v["constants"]["QUANT"] is True and v["dots"] == 2 for v in quant)
+            assert {v["constants"]["NUM_SPLITS"] for v in quant if v["kernel"] == "_decode_kernel"} == {1, 16}
+            assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in quant)
+            assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in quant)
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""

@@ -64,7 +64,7 @@ def check_kv_contents(kv: KVManager) -> None:
     """Every cached slot, in either tier, holds the KV of its token."""
     tiers = [(kv.cache, kv.pool.k_buffers[0], kv.pool.v_buffers[0])]
     if kv.host is not None:
-        tiers.append((kv.host.cache, kv.host.k[0], kv.host.v[0]))
+        tiers.append((kv.host.cache, kv.host.groups[0][0], kv.host.groups[1][0]))
     for cache, k, v in tiers:
         for node in cache.nodes():
             want = torch.tensor(node.key, dtype=torch.float32)
