@@ -103,7 +103,8 @@ def kv_owner(cfg: EngineConfig, pool: KVPool, context_length: int, device: torch
     allocator = SlotAllocator(pool.num_slots, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
-    return KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, host_tokens)
+    return KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, host_tokens,
+                     max_pinned_tokens_per_tenant=cfg.max_pinned_tokens_per_tenant)
 
 
 def create_dp_core(cfg: EngineConfig, model: LlamaForCausalLM, first: KVManager, attn: AttentionBackend,

@@ -34,9 +34,10 @@ MIN_RESTORE = 16  # fewer host-tier tokens than this are recomputed: a copy's fi
 
 class KVManager:
     def __init__(self, pool: KVPool, allocator: SlotAllocator, req_to_token: ReqToToken, cache: RadixCache,
-                 max_pinned_fraction: float = 0.5, host_tokens: int = 0, min_restore: int = MIN_RESTORE):
+                 max_pinned_fraction: float = 0.5, host_tokens: int = 0, min_restore: int = MIN_RESTORE,
+                 max_pinned_tokens_per_tenant: int = 0):
         self.pool, self.allocator, self.req_to_token, self.cache = pool, allocator, req_to_token, cache
-        self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction))
+        self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction), max_pinned_tokens_per_tenant)
         self.host = HostTier(host_tokens, pool.k_buffers, pool.v_buffers) if host_tokens else None
         self.evicted = EvictedPrefixes(min(HISTORY_POOLS * pool.num_slots, HISTORY_MAX_TOKENS) + host_tokens)
         self.min_restore = min_restore
@@ -292,7 +293,8 @@ class KVManager:
         if not self.cache_enabled:
             return 0
         match = self.cache.match_prefix(tokens, namespace)
-        return match.length if self.pins.pin(owner, match.node, match.length, ttl, group) else 0
+        pinned = self.pins.pin(owner, match.node, match.length, ttl, group, namespace.tenant)
+        return match.length if pinned else 0
 
     def flush(self) -> bool:
         """Releases every pin and evicts every cached prefix not in use; True when the tree is empty."""

@@ -1,7 +1,7 @@
 """Fairness across tenants: admission goes to the tenant that has received the least service.
 
 The virtual token counter (VTC) of Sheng et al., "Fairness in Serving Large Language Models" (OSDI 2024):
-each tenant (a request's cache namespace, outermost part: `account`) has a counter of the service it has
+each tenant (its cache namespace's `tenant`: an adapter's namespace in it counts as it) has a counter of the service it has
 received, in weighted tokens: every token a step computes for it adds `prompt_weight` (a prompt token
 prefilled) or `output_weight` (a generated one, dearer: decoding is memory-bound). Admission considers
 the waiting requests tenant by tenant, least-served first: a tenant that sends one request now and then
@@ -24,21 +24,20 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..batch import ScheduledItem
+from ..namespace import Namespace
 from ..request import Req
 
-Account = tuple[tuple[str, str], ...]  # the outermost part of a namespace: a tenant (an adapter in it shares)
 
-
-def account(req: Req) -> Account:
-    """Whose service `req` counts as: its namespace's outermost part (its tenant; () without keys)."""
-    return req.namespace.parts[:1]
+def account(req: Req) -> Namespace:
+    """Whose service `req` counts as: its tenant (the default namespace on a server without keys)."""
+    return req.namespace.tenant
 
 
 @dataclass
 class FairShare:
     prompt_weight: float = 1.0
     output_weight: float = 2.0
-    counters: dict[Account, float] = field(default_factory=dict)  # service received, in weighted tokens
+    counters: dict[Namespace, float] = field(default_factory=dict)  # service received, in weighted tokens
 
     def join(self, req: Req, live: Iterable[Req]) -> None:
         """`req` arrives; `live` are the scheduler's other live requests. A tenant with none of them is
@@ -63,7 +62,7 @@ class FairShare:
         """`ordered` (the policy's order) interleaved across tenants: each next request is the head of the
         least-served tenant's queue, counting what admitting the ones before it would charge (their
         tokens left to compute, at prompt_weight). Ties keep the policy's order."""
-        queues: dict[Account, list[Req]] = {}
+        queues: dict[Namespace, list[Req]] = {}
         for req in ordered:
             queues.setdefault(account(req), []).append(req)
         if len(queues) < 2:

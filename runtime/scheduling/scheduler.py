@@ -19,8 +19,9 @@ from ..draft_tree import item_parents
 from ..emit import emit_final
 from ..kv.kv_manager import KVManager
 from ..kv.radix_cache import RadixCache
+from ..namespace import Namespace
 from ..request import Req, ReqState
-from .fair_share import Account, FairShare, account
+from .fair_share import FairShare, account
 from .schedule_policy import order_waiting, rank
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
         self.fair = FairShare(output_weight=self.cfg.fair_share_output_weight) if self.cfg.tenant_fairness else None
-        self._shares: dict[Account, int] | None = None  # this step's prefill tokens left per tenant (fair only)
+        self._shares: dict[Namespace, int] | None = None  # this step's prefill tokens left per tenant (fair only)
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -176,7 +177,7 @@ class Scheduler:
         ordered = order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
         return ordered if self.fair is None else self.fair.order(ordered)
 
-    def _prefill_shares(self) -> dict[Account, int] | None:
+    def _prefill_shares(self) -> dict[Namespace, int] | None:
         """With k tenants live, each tenant's prefill chunks take at most 1/k of a step's prefill budget:
         a step's length (what a newly arrived request of another tenant waits for, then shares its own step
         with) is not one tenant's to fill. None with one tenant: the whole budget, as without fairness."""
