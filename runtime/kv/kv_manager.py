@@ -26,6 +26,7 @@ from .host_tier import EvictedPrefixes, HostTier
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .pins import PinTable
 from .radix_cache import RadixCache, TreeNode
+from .shared_prefix import SharedPrefixes
 
 HISTORY_POOLS = 4  # evicted token paths remembered (no KV), in pool sizes: "recomputed, was cached" counts these
 HISTORY_MAX_TOKENS = 1 << 21  # ... and at most this many (a token of a remembered path costs ~40 host bytes)
@@ -286,6 +287,16 @@ class KVManager:
         req.swapped, req.kv_len = saved, kv_len
 
     # ---- pins -----------------------------------------------------------------------------------
+    def share_prefix(self, tokens: Sequence[int]) -> None:
+        """Declares `tokens` a public prefix: its KV is shared across namespaces (runtime/kv/shared_prefix.py),
+        in each of this owner's trees."""
+        if self.cache.shared is None:
+            self.cache.shared = SharedPrefixes()
+            self.evicted.tree.shared = self.cache.shared
+            if self.host is not None:
+                self.host.cache.shared = self.cache.shared
+        self.cache.shared.add(tokens)
+
     def pin(self, owner: str, tokens: list[int], ttl: float | None, group: str | None = None,
             namespace: Namespace = DEFAULT_NAMESPACE) -> int:
         """Pins the cached prefix of `tokens` in `namespace` for `owner` (see runtime/kv/pins.py); how many

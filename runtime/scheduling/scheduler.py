@@ -156,6 +156,7 @@ class Scheduler:
         items: list[ScheduledItem] = []
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
+        admitted.shared = self.kv.cache.shared
         for req in self._order_waiting():
             if budget <= 0 or self._admission_closed():
                 break
