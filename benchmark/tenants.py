@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures show as they come
     options: dict[str, Any] = {"device": args.device} if args.device else {}
     if args.no_tenant_fairness:
-        options["tenant_fairness"] = False
+        options["disable_tenant_fairness"] = True
     with Engine(model=args.model, **options) as engine:
         with background_server(engine, auth=AuthConfig(dict(KEYS))) as server:
             if not args.skip_leak:

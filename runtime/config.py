@@ -173,9 +173,10 @@ class EngineConfig:
     default_max_tokens: int = option(4096, "a chat request without max_tokens generates at most this many tokens "
                                      "(and at most to the context); 0: up to the context")
     # tenants (docs/security.md): a tenant is a request's cache namespace (an API key's, on the server)
-    tenant_fairness: bool = option(True, "admit waiting requests tenant by tenant, least-served first (virtual "
-                                   "token counters), and split a step's prefill budget among the tenants with "
-                                   "live requests; one tenant (no API keys): no effect")
+    disable_tenant_fairness: bool = option(False, "turn off fairness across tenants: by default waiting requests "
+                                           "are admitted least-served tenant first (virtual token counters) and a "
+                                           "step's prefill budget is split among the tenants with live requests "
+                                           "(one tenant, no API keys: no effect)")
     fair_share_output_weight: float = option(2.0, "tenant fairness: a generated token's weight in the service "
                                              "counters (a prompt token's is 1)")
     max_pinned_tokens_per_tenant: int = option(0, "pinned KV (prompt_cache_key sessions, programs) one tenant may "

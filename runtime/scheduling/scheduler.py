@@ -54,7 +54,8 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
-        self.fair = FairShare(output_weight=self.cfg.fair_share_output_weight) if self.cfg.tenant_fairness else None
+        fair = not self.cfg.disable_tenant_fairness
+        self.fair = FairShare(output_weight=self.cfg.fair_share_output_weight) if fair else None
         self._shares: dict[Namespace, int] | None = None  # this step's prefill tokens left per tenant (fair only)
 
     # ---- intake -------------------------------------------------------------------------------

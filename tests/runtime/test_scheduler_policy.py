@@ -300,7 +300,7 @@ def service(reqs: list[Req]) -> int:
 @pytest.mark.parametrize("fair", [True, False])
 def test_two_backlogged_tenants_receive_equal_service_within_one_request(make, fair):
     scheduler, req, _ = make
-    sched = scheduler(pool=512, max_running_requests=2, tenant_fairness=fair)
+    sched = scheduler(pool=512, max_running_requests=2, disable_tenant_fairness=not fair)
     # the flooder queues 12 requests first; the light tenant's 6 arrive after them
     flood = [tenant_req(req, f"f{i}", "flood", range(1000 + 100 * i, 1016 + 100 * i)) for i in range(12)]
     light = [tenant_req(req, f"l{i}", "light", range(5000 + 100 * i, 5016 + 100 * i)) for i in range(6)]
