@@ -136,11 +136,14 @@ class PinTable:
         """Releases the oldest pins until the budget holds; a pin whose path other pins extend (a forked
         session's parent under its sub-agents' pins) frees nothing, so it is kept while another would."""
         while self.cache.pinned_size > self.budget:
-            freeing = [p for p in self.pins.values() if p.node.pin_ref == 1] or list(self.pins.values())
-            oldest = min(freeing, key=lambda p: p.touched)
-            self.unpin(oldest.owner)
-            self.cache.touch(oldest.node)  # held until now: the LRU ranks it as used now, after one-shot prompts
-            self.stats.released_under_pressure += 1
+            self._release_oldest(list(self.pins.values()))
+
+    def _release_oldest(self, pins: list[Pin]) -> None:
+        """Releases the oldest of `pins` for a budget's sake, one that frees something first."""
+        oldest = min([p for p in pins if p.node.pin_ref == 1] or pins, key=lambda p: p.touched)
+        self.unpin(oldest.owner)
+        self.cache.touch(oldest.node)  # held until now: the LRU ranks it as used now, after one-shot prompts
+        self.stats.released_under_pressure += 1
 
     def account_size(self, account: Namespace) -> int:
         """Distinct tokens under `account`'s pins (paths its pins share, a forked session's, count once)."""
@@ -160,11 +163,7 @@ class PinTable:
         """Releases `account`'s own oldest pins until its share holds, those that free something first (as
         `_enforce_budget`); other accounts' pins are never touched."""
         while self.tenant_budget and self.account_size(account) > self.tenant_budget:
-            mine = [p for p in self.pins.values() if p.account == account]
-            oldest = min([p for p in mine if p.node.pin_ref == 1] or mine, key=lambda p: p.touched)
-            self.unpin(oldest.owner)
-            self.cache.touch(oldest.node)
-            self.stats.released_under_pressure += 1
+            self._release_oldest([p for p in self.pins.values() if p.account == account])
 
     def _drop(self, pin: Pin) -> None:
         self.cache.dec_lock_ref(pin.node, pin=True)
