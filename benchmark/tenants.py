@@ -111,7 +111,7 @@ def percentile(xs: list[float], q: float) -> float:
 async def fairness(url: str, requests: int, concurrency: int, seed: int) -> tuple[list[float], list[float], int]:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
         alone = await light_ttfts(http, requests, rng)
         stop = asyncio.Event()
         flooders = [asyncio.create_task(flood(http, stop, random.Random(seed + i))) for i in range(concurrency)]
