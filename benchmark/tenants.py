@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cap", type=int, default=2, help="the flooder's --max-requests-per-tenant in the last run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--max-prefill-tokens", type=int, default=None,
+                        help="the engine's prefill budget per step (a step's length bounds a request's wait)")
     parser.add_argument("--skip-fairness", action="store_true")
     parser.add_argument("--skip-leak", action="store_true")
     parser.add_argument("--skip-cap", action="store_true", help="skip the run with the flooder capped")
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures show as they come
     options: dict[str, Any] = {"device": args.device} if args.device else {}
+    if args.max_prefill_tokens:
+        options["max_prefill_tokens"] = args.max_prefill_tokens
     if args.no_tenant_fairness:
         options["disable_tenant_fairness"] = True
     with Engine(model=args.model, **options) as engine:
