@@ -9,7 +9,8 @@ median of --rounds rounds, each with new prompts.
 Fairness: a light tenant sends one short request at a time (--light-requests), alone, then while a
 flooding tenant keeps --flood-concurrency long requests in flight; then again with the flooder capped by
 --max-requests-per-tenant (--cap). Prints the light tenant's p50 / p99 TTFT in each case and the ratio to
-running alone (the issue's goal: within 2x).
+running alone (the issue's goal: within 2x). The scheduler's fairness across tenants (runtime/scheduling/
+fair_share.py) is on by default; --no-tenant-fairness gives the baseline it is measured against.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def percentile(xs: list[float], q: float) -> float:
 async def fairness(url: str, requests: int, concurrency: int, seed: int) -> tuple[list[float], list[float], int]:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
         alone = await light_ttfts(http, requests, rng)
         stop = asyncio.Event()
         flooders = [asyncio.create_task(flood(http, stop, random.Random(seed + i))) for i in range(concurrency)]
@@ -138,13 +139,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cap", type=int, default=2, help="the flooder's --max-requests-per-tenant in the last run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--max-prefill-tokens", type=int, default=None,
+                        help="the engine's prefill budget per step (a step's length bounds a request's wait)")
     parser.add_argument("--skip-fairness", action="store_true")
+    parser.add_argument("--skip-leak", action="store_true")
+    parser.add_argument("--skip-cap", action="store_true", help="skip the run with the flooder capped")
+    parser.add_argument("--no-tenant-fairness", action="store_true",
+                        help="the scheduler's fairness across tenants off (the baseline it is measured against)")
     args = parser.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures show as they come
-    options = {"device": args.device} if args.device else {}
+    options: dict[str, Any] = {"device": args.device} if args.device else {}
+    if args.max_prefill_tokens:
+        options["max_prefill_tokens"] = args.max_prefill_tokens
+    if args.no_tenant_fairness:
+        options["disable_tenant_fairness"] = True
     with Engine(model=args.model, **options) as engine:
         with background_server(engine, auth=AuthConfig(dict(KEYS))) as server:
-            asyncio.run(leak(server.url, args.rounds, args.prompt_tokens, args.seed))
+            if not args.skip_leak:
+                asyncio.run(leak(server.url, args.rounds, args.prompt_tokens, args.seed))
             if args.skip_fairness:
                 return
             print(f"\nfairness: the light tenant's TTFT over {args.light_requests} short requests, one at a time, "
@@ -152,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
             report("flood, no cap", *asyncio.run(fairness(server.url, args.light_requests, args.flood_concurrency,
                                                           args.seed + 1)))
         engine.check_invariants()
+        if args.skip_cap:
+            return
         capped = AuthConfig(dict(KEYS), max_requests_per_tenant=args.cap)
         with background_server(engine, auth=capped) as server:
             report(f"flood capped at {args.cap} in flight", *asyncio.run(

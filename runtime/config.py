@@ -184,6 +184,19 @@ class EngineConfig:
     kv_cache_dtype: str = option("auto", "KV cache storage: auto (the compute dtype), or int8 / fp8_e4m3 codes with "
                                  "one fp16 scale per token and KV head (about half a 16-bit pool's bytes a token: "
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)
+    # tenants (docs/security.md): a tenant is a request's cache namespace (an API key's, on the server)
+    disable_tenant_fairness: bool = option(False, "turn off fairness across tenants: by default waiting requests "
+                                           "are admitted least-served tenant first (virtual token counters) and a "
+                                           "step's prefill budget is split among the tenants with live requests "
+                                           "(one tenant, no API keys: no effect)")
+    fair_share_output_weight: float = option(2.0, "tenant fairness: a generated token's weight in the service "
+                                             "counters (a prompt token's is 1)")
+    max_pinned_tokens_per_tenant: int = option(0, "pinned KV (prompt_cache_key sessions, programs) one tenant may "
+                                               "hold; past it that tenant's own oldest pin is released; 0: no "
+                                               "cap but the pool's max_pinned_fraction")
+    shared_prefix_file: str | None = option(None, "a text file whose tokens begin prompts of many tenants (a public "
+                                            "system prompt): its KV is shared across cache namespaces, what "
+                                            "follows it is not; off by default")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -201,6 +214,10 @@ class EngineConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.fair_share_output_weight < 0:
+            raise ValueError(f"fair_share_output_weight must be >= 0, got {self.fair_share_output_weight}")
+        if self.max_pinned_tokens_per_tenant < 0:
+            raise ValueError(f"max_pinned_tokens_per_tenant must be >= 0, got {self.max_pinned_tokens_per_tenant}")
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if not self.constraint_compile_timeout >= 0:

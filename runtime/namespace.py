@@ -22,6 +22,12 @@ class Namespace:
         return Namespace((*self.parts, (kind, value)))
 
     @property
+    def tenant(self) -> Namespace:
+        """The outermost namespace: whose share (fair scheduling, pinned KV) this one counts against; an
+        adapter's namespace nested in a tenant's counts as the tenant's."""
+        return Namespace(self.parts[:1])
+
+    @property
     def is_default(self) -> bool:
         return not self.parts
 

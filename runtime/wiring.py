@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -65,6 +66,9 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     pool = KVPool(pool_size, mcfg.num_layers, kv_heads, mcfg.head_dim, dtype, device, shared_kv=latent,
                   kv_cache_dtype=cfg.kv_cache_dtype)
     kv = kv_owner(cfg, pool, context_length, device, kv_host_tier_size(cfg, pool))
+    shared_prefix = [] if cfg.shared_prefix_file is None else shared_prefix_ids(cfg.shared_prefix_file, loaded.tokenizer)
+    if shared_prefix:
+        kv.share_prefix(shared_prefix)
     attn = create_backend(cfg.attention_backend, pool.k_buffers, pool.v_buffers, pool.scales)
     decode_compile = start_background_compile(cfg, loaded.model, pool)
     graphs = None
@@ -85,7 +89,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     core: EngineCore | DPEngineCore
     if workers is not None and dp > 1:
-        core = create_dp_core(cfg, loaded.model, kv, attn, workers, jump)
+        core = create_dp_core(cfg, loaded.model, kv, attn, workers, jump, shared_prefix)
     else:
         if workers is None:
             runner = ModelRunner(loaded.model, kv.req_to_token, attn, device, graphs, encoder, image_token_id)
@@ -104,22 +108,34 @@ def kv_owner(cfg: EngineConfig, pool: KVPool, context_length: int, device: torch
     allocator = SlotAllocator(pool.num_slots, device)
     cache = RadixCache(allocator.free, disable=cfg.disable_radix_cache, device=device)
     req_to_token = ReqToToken(cfg.max_running_requests, context_length, device)
-    return KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, host_tokens)
+    return KVManager(pool, allocator, req_to_token, cache, cfg.max_pinned_fraction, host_tokens,
+                     max_pinned_tokens_per_tenant=cfg.max_pinned_tokens_per_tenant)
 
 
 def create_dp_core(cfg: EngineConfig, model: LlamaForCausalLM, first: KVManager, attn: AttentionBackend,
-                   workers: TPWorkers, jump: JumpForwarder | None) -> DPEngineCore:
+                   workers: TPWorkers, jump: JumpForwarder | None, shared_prefix: list[int]) -> DPEngineCore:
     """DP attention: rank 0's KV owner (`first`, over its pool here) and one per worker rank, over the slots
     of that rank's pool there; a scheduler and an output processor on each."""
     context_length = first.req_to_token.table.shape[1]
     owners = [first] + [kv_owner(cfg, KVPool.elsewhere(first.num_slots), context_length, workers.device)
                         for _ in range(1, cfg.dp_size())]
+    for kv in owners[1:] if shared_prefix else ():
+        kv.share_prefix(shared_prefix)
     runner = DPRunner(model, [kv.req_to_token for kv in owners], attn, workers.device, workers)
     ranks = []
     for kv in owners:
         scheduler = Scheduler(cfg, kv, context_length)
         ranks.append(EngineCore(scheduler, runner, OutputProcessor(kv, context_length, scheduler.counters, jump)))
     return DPEngineCore(ranks, runner)
+
+
+def shared_prefix_ids(path: str, tokenizer: Tokenizer) -> list[int]:
+    """The token ids of the shared prefix file: its text as it begins prompts (a chat template's rendering of
+    a system message, special tokens written out), tokenized as a prompt is."""
+    ids = tokenizer.encode(Path(path).read_text(encoding="utf-8"))
+    if not ids:
+        raise ValueError(f"shared_prefix_file {path} holds no text")
+    return ids
 
 
 def start_background_compile(cfg: EngineConfig, model: LlamaForCausalLM, pool: KVPool) -> BackgroundCompile | None:

@@ -39,7 +39,9 @@ class EvictedPrefixes:
         return self.tree.match_prefix(key, namespace).length
 
     def clear(self) -> None:
+        shared = self.tree.shared
         self.tree = RadixCache(lambda slots: None)
+        self.tree.shared = shared
 
 
 class AsyncDeviceToHost:

@@ -26,6 +26,7 @@ from .host_tier import EvictedPrefixes, HostTier
 from .memory import KVPool, ReqToToken, SlotAllocator
 from .pins import PinTable
 from .radix_cache import RadixCache, TreeNode
+from .shared_prefix import SharedPrefixes
 
 HISTORY_POOLS = 4  # evicted token paths remembered (no KV), in pool sizes: "recomputed, was cached" counts these
 HISTORY_MAX_TOKENS = 1 << 21  # ... and at most this many (a token of a remembered path costs ~40 host bytes)
@@ -34,9 +35,10 @@ MIN_RESTORE = 16  # fewer host-tier tokens than this are recomputed: a copy's fi
 
 class KVManager:
     def __init__(self, pool: KVPool, allocator: SlotAllocator, req_to_token: ReqToToken, cache: RadixCache,
-                 max_pinned_fraction: float = 0.5, host_tokens: int = 0, min_restore: int = MIN_RESTORE):
+                 max_pinned_fraction: float = 0.5, host_tokens: int = 0, min_restore: int = MIN_RESTORE,
+                 max_pinned_tokens_per_tenant: int = 0):
         self.pool, self.allocator, self.req_to_token, self.cache = pool, allocator, req_to_token, cache
-        self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction))
+        self.pins = PinTable(cache, int(pool.num_slots * max_pinned_fraction), max_pinned_tokens_per_tenant)
         self.host = HostTier(host_tokens, pool.groups()) if host_tokens else None
         self.evicted = EvictedPrefixes(min(HISTORY_POOLS * pool.num_slots, HISTORY_MAX_TOKENS) + host_tokens)
         self.min_restore = min_restore
@@ -285,6 +287,16 @@ class KVManager:
         req.swapped, req.kv_len = saved, kv_len
 
     # ---- pins -----------------------------------------------------------------------------------
+    def share_prefix(self, tokens: Sequence[int]) -> None:
+        """Declares `tokens` a public prefix: its KV is shared across namespaces (runtime/kv/shared_prefix.py),
+        in each of this owner's trees."""
+        if self.cache.shared is None:
+            self.cache.shared = SharedPrefixes()
+            self.evicted.tree.shared = self.cache.shared
+            if self.host is not None:
+                self.host.cache.shared = self.cache.shared
+        self.cache.shared.add(tokens)
+
     def pin(self, owner: str, tokens: list[int], ttl: float | None, group: str | None = None,
             namespace: Namespace = DEFAULT_NAMESPACE) -> int:
         """Pins the cached prefix of `tokens` in `namespace` for `owner` (see runtime/kv/pins.py); how many
@@ -292,7 +304,8 @@ class KVManager:
         if not self.cache_enabled:
             return 0
         match = self.cache.match_prefix(tokens, namespace)
-        return match.length if self.pins.pin(owner, match.node, match.length, ttl, group) else 0
+        pinned = self.pins.pin(owner, match.node, match.length, ttl, group, namespace.tenant)
+        return match.length if pinned else 0
 
     def flush(self) -> bool:
         """Releases every pin and evicts every cached prefix not in use; True when the tree is empty."""

@@ -5,6 +5,11 @@ A pin is a lock (`RadixCache.inc_lock_ref(node, pin=True)`) with an owner, an ag
 bounded and never block admission:
   - the tokens under pins stay within `budget` (max_pinned_fraction of the pool); past it the oldest pin
     that frees tokens is released first, to the young end of the LRU (its owner is likely back soon);
+  - with `tenant_budget` (max_pinned_tokens_per_tenant), the tokens under one tenant's pins (its
+    `account`: its cache namespace's `tenant`) stay within it too; past it that
+    tenant's own oldest pin goes, so one tenant's sessions never release another tenant's pins for the
+    shared budget's sake. A pin is never refused with an error: like OpenAI's prompt caching, a
+    prompt_cache_key is a hint, and a tenant over its share gets fewer cached tokens, not a 429;
   - under memory pressure the KV owner evicts unpinned LRU leaves first, then releases expired pins,
     then idle pins (no live request runs through them) oldest first; a pin a live request also locks
     frees nothing, so it is kept; what a queued request will hit (pinned or not) goes last;
@@ -17,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..namespace import DEFAULT_NAMESPACE, Namespace
 from .radix_cache import RadixCache, TreeNode
 
 
@@ -28,6 +34,7 @@ class Pin:
     tokens: int  # the path's length
     touched: float  # when last pinned or refreshed: the age the oldest-first order reads
     expires: float  # monotonic time; math.inf: until released
+    account: Namespace = DEFAULT_NAMESPACE  # the tenant (Namespace.tenant) whose share of the pinned budget it counts against
 
 
 @dataclass(slots=True)
@@ -40,17 +47,21 @@ class PinStats:
 class PinTable:
     cache: RadixCache
     budget: int  # most tokens under pins at once
+    tenant_budget: int = 0  # most tokens under one account's pins at once; 0: no cap but `budget`
     clock: Callable[[], float] = time.monotonic
     pins: dict[str, Pin] = field(default_factory=dict)
     stats: PinStats = field(default_factory=PinStats)
     _next_expiry: float = math.inf
 
-    def pin(self, owner: str, node: TreeNode, tokens: int, ttl: float | None, group: str | None = None) -> bool:
+    def pin(self, owner: str, node: TreeNode, tokens: int, ttl: float | None, group: str | None = None,
+            account: Namespace = DEFAULT_NAMESPACE) -> bool:
         """Pins the path ending at `node` for `owner` (replacing its previous pin) for `ttl` seconds
-        (None: until released). Returns False when the pin alone exceeds the budget (nothing pinned)."""
+        (None: until released), counted against `account`'s share. Returns False when the pin alone exceeds
+        the budget or the account's share (nothing pinned)."""
         now = self.clock()
         old = self.pins.pop(owner, None)
-        if tokens <= 0 or tokens > self.budget or node.parent is None:  # a root: nothing to pin
+        over_share = 0 < self.tenant_budget < tokens
+        if tokens <= 0 or tokens > self.budget or over_share or node.parent is None:  # a root: nothing to pin
             if old is not None:
                 self._drop(old)
             return False
@@ -58,8 +69,9 @@ class PinTable:
         if old is not None:
             self._drop(old)
         expires = math.inf if ttl is None else now + ttl
-        self.pins[owner] = Pin(owner, group or owner, node, tokens, now, expires)
+        self.pins[owner] = Pin(owner, group or owner, node, tokens, now, expires, account)
         self._next_expiry = min(self._next_expiry, expires)
+        self._enforce_tenant_budget(account)
         self._enforce_budget()
         return owner in self.pins
 
@@ -124,11 +136,34 @@ class PinTable:
         """Releases the oldest pins until the budget holds; a pin whose path other pins extend (a forked
         session's parent under its sub-agents' pins) frees nothing, so it is kept while another would."""
         while self.cache.pinned_size > self.budget:
-            freeing = [p for p in self.pins.values() if p.node.pin_ref == 1] or list(self.pins.values())
-            oldest = min(freeing, key=lambda p: p.touched)
-            self.unpin(oldest.owner)
-            self.cache.touch(oldest.node)  # held until now: the LRU ranks it as used now, after one-shot prompts
-            self.stats.released_under_pressure += 1
+            self._release_oldest(list(self.pins.values()))
+
+    def _release_oldest(self, pins: list[Pin]) -> None:
+        """Releases the oldest of `pins` for a budget's sake, one that frees something first."""
+        oldest = min([p for p in pins if p.node.pin_ref == 1] or pins, key=lambda p: p.touched)
+        self.unpin(oldest.owner)
+        self.cache.touch(oldest.node)  # held until now: the LRU ranks it as used now, after one-shot prompts
+        self.stats.released_under_pressure += 1
+
+    def account_size(self, account: Namespace) -> int:
+        """Distinct tokens under `account`'s pins (paths its pins share, a forked session's, count once)."""
+        seen: set[int] = set()
+        size = 0
+        for pin in self.pins.values():
+            if pin.account != account:
+                continue
+            node = pin.node
+            while node.parent is not None and id(node) not in seen:
+                seen.add(id(node))
+                size += len(node.key)
+                node = node.parent
+        return size
+
+    def _enforce_tenant_budget(self, account: Namespace) -> None:
+        """Releases `account`'s own oldest pins until its share holds, those that free something first (as
+        `_enforce_budget`); other accounts' pins are never touched."""
+        while self.tenant_budget and self.account_size(account) > self.tenant_budget:
+            self._release_oldest([p for p in self.pins.values() if p.account == account])
 
     def _drop(self, pin: Pin) -> None:
         self.cache.dec_lock_ref(pin.node, pin=True)
@@ -138,3 +173,6 @@ class PinTable:
         for pin in self.pins.values():
             assert self.cache.contains(pin.node), f"pin {pin.owner!r} lost its path"
         assert self.cache.pinned_size <= self.budget, "pinned tokens exceed the budget"
+        if self.tenant_budget:
+            for account in {p.account for p in self.pins.values()}:
+                assert self.account_size(account) <= self.tenant_budget, f"{account} exceeds its pinned share"

@@ -11,7 +11,9 @@ through it: not a lock (admission may still evict it), an order: `evict` spares 
 Namespaces (runtime/namespace.py): the tree has one root per namespace, made on the first insert into it and
 dropped once its last path is evicted; a match, an insert and a pin are keyed by (namespace, tokens), so a
 prefix is reused only within its namespace. A root is the one kind of node without a parent: walks up stop
-at the first node whose parent is None. `root` is the default namespace's, which always exists.
+at the first node whose parent is None. `root` is the default namespace's, which always exists. With
+`shared` (runtime/kv/shared_prefix.py), a match or an insert first locates its key: the public prefix's
+tokens of every namespace share one path.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..namespace import DEFAULT_NAMESPACE, Namespace
+from .shared_prefix import SharedPrefixes
 
 _clock = itertools.count()
 
@@ -79,6 +82,7 @@ class RadixCache:
         self.on_evict: Callable[[TreeNode], None] | None = None  # sees each leaf before its slots are freed
         self.disable = disable
         self.device = torch.device(device)
+        self.shared: SharedPrefixes | None = None  # public prefixes every namespace shares
         self.reset()
 
     def reset(self) -> None:
@@ -123,6 +127,8 @@ class RadixCache:
         """Longest cached prefix of `key` in `namespace`; splits an edge so the match ends exactly at a node."""
         if self.disable:
             return PrefixMatch(self._empty(), self.root)
+        if self.shared is not None:
+            key, namespace = self.shared.locate(key, namespace)
         root = self.root_of(namespace)
         if not key or not root.children:
             return PrefixMatch(self._empty(), root)
@@ -138,6 +144,8 @@ class RadixCache:
         if self.disable or not key:
             return 0
         assert len(key) == slots.numel(), "key and slots differ in length"
+        if self.shared is not None:
+            key, namespace = self.shared.locate(key, namespace)
         root = self.roots.get(namespace)
         if root is None:
             root = self.roots[namespace] = self._new_root(namespace)

@@ -19,7 +19,9 @@ from ..draft_tree import item_parents
 from ..emit import emit_final
 from ..kv.kv_manager import KVManager
 from ..kv.radix_cache import RadixCache
+from ..namespace import Namespace
 from ..request import Req, ReqState
+from .fair_share import FairShare, account
 from .schedule_policy import order_waiting, rank
 
 if TYPE_CHECKING:
@@ -54,6 +56,9 @@ class Scheduler:
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
         self.new_token_ratio = self.cfg.init_new_token_ratio
+        fair = not self.cfg.disable_tenant_fairness
+        self.fair = FairShare(output_weight=self.cfg.fair_share_output_weight) if fair else None
+        self._shares: dict[Namespace, int] | None = None  # this step's prefill tokens left per tenant (fair only)
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -61,6 +66,8 @@ class Scheduler:
             emit_final(req, "abort", error=f"request id {req.rid!r} is already in use")
             return
         self.reqs[req.rid] = req
+        if self.fair is not None:
+            self.fair.join(req, self.reqs.values())
         req.queued_step = self.counters.steps
         self.waiting.append(req)
         self.kv.want(req)
@@ -100,9 +107,12 @@ class Scheduler:
     def _schedule(self) -> list[ScheduledItem]:
         if self.waiting and self.running and not self.hold_new:
             self._yield_to_waiting()
+        self._shares = self._prefill_shares()
         items, budget = self._schedule_running()
         if budget > 0 and self.waiting:  # a pure decode step skips admission's per-step setup
             items += self._admit(budget)
+        if self.fair is not None:
+            self.fair.charge(items)
         if items and all(item.length == 1 for item in items):
             self.new_token_ratio = max(self.cfg.min_new_token_ratio,
                                        self.new_token_ratio - self.cfg.new_token_ratio_decay)
@@ -114,12 +124,14 @@ class Scheduler:
         plan: list[tuple[Req, int]] = []
         for req in self.running:
             n = req.pending
-            if req.draft is not None and n > max(budget, 1):  # a draft is checked in one item
-                self._drop_draft(req, keep=max(budget - 1, 0))
+            limit = min(budget, self._share_left(req))
+            if req.draft is not None and n > max(limit, 1):  # a draft is checked in one item
+                self._drop_draft(req, keep=max(limit - 1, 0))
                 n = req.pending
             if n > 1:
-                n = min(n, budget)
+                n = min(n, limit)
                 budget -= n
+                self._take_share(req, n)
             if n > 0:
                 plan.append((req, n))
         while plan and not self.kv.ensure_free(sum(n for _, n in plan)):
@@ -147,25 +159,48 @@ class Scheduler:
         items: list[ScheduledItem] = []
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
+        admitted.shared = self.kv.cache.shared
         for req in self._order_waiting():
             if budget <= 0 or self._admission_closed():
                 break
             if self.hold_new and req.state is ReqState.WAITING:
                 continue
-            if self._better_next_step(req, admitted):
-                continue
-            item = self._try_admit(req, budget, reserve)
+            share = self._share_left(req)
+            if share <= 0 or self._better_next_step(req, admitted):
+                continue  # its tenant had its share of this step's prefill: other tenants' requests may go
+            item = self._try_admit(req, min(budget, share), reserve)
             if item is None:
                 req.blocked = True  # it keeps its place: what live requests free next goes to it
                 break
             items.append(item)
             budget -= item.length
+            self._take_share(req, item.length)
             reserve += self._future_tokens(req)
             admitted.insert(req.prompt_ids, torch.zeros(len(req.prompt_ids), dtype=torch.int64), req.namespace)
         return items
 
     def _order_waiting(self) -> list[Req]:
-        return order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
+        ordered = order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
+        return ordered if self.fair is None else self.fair.order(ordered)
+
+    def _prefill_shares(self) -> dict[Namespace, int] | None:
+        """With k tenants live, each tenant's prefill chunks take at most 1/k of a step's prefill budget:
+        a step's length (what a newly arrived request of another tenant waits for, then shares its own step
+        with) is not one tenant's to fill. None with one tenant: the whole budget, as without fairness."""
+        if self.fair is None:
+            return None
+        live = {account(r) for r in self.reqs.values()}
+        if len(live) < 2:
+            return None
+        share = max(1, self.cfg.max_prefill_tokens // len(live))
+        return dict.fromkeys(live, share)
+
+    def _share_left(self, req: Req) -> int:
+        return self.cfg.max_prefill_tokens if self._shares is None else self._shares.get(account(req), 0)
+
+    def _take_share(self, req: Req, n: int) -> None:
+        if self._shares is not None:
+            self._shares[account(req)] -= n
 
     def _better_next_step(self, req: Req, admitted: RadixCache) -> bool:
         """Defer a request whose prompt shares a long uncached prefix with one admitted this step:
@@ -213,7 +248,9 @@ class Scheduler:
         if max(rank(r) for r in self.waiting) <= low:
             return
         head = self._order_waiting()[0]
-        victims = [r for r in self.running if rank(r) < rank(head) and not r.yielded]
+        # with fairness a request outranks only its own tenant's: priority orders a tenant's own requests
+        victims = [r for r in self.running if rank(r) < rank(head) and not r.yielded
+                   and (self.fair is None or account(r) == account(head))]
         if not victims:
             return
         need = self._admission_need(head)

@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixlang.runtime.kv.kv_manager import KVManager
 from radixlang.runtime.kv.memory import KVPool, ReqToToken, SlotAllocator
 from radixlang.runtime.kv.radix_cache import RadixCache
+from radixlang.runtime.namespace import DEFAULT_NAMESPACE
 from radixlang.runtime.request import KVFields
 
 POOL = 48
@@ -358,3 +359,27 @@ def test_a_host_restore_that_does_not_fit_whole_copies_back_the_first_chunk():
     assert kv.host is not None and kv.host.restored_tokens == 16 and back.cached_len == 16
     check_kv_contents(kv)  # the copied chunk holds its tokens' KV
     kv.check([live, back], [])
+
+
+def test_a_tenants_pins_past_its_share_release_its_own_oldest_never_another_tenants():
+    alice, bob = DEFAULT_NAMESPACE.child("tenant", "alice"), DEFAULT_NAMESPACE.child("tenant", "bob")
+    for share, kept in ((0, ["a1", "a2", "a3"]), (16, ["a2", "a3", "bob"])):
+        kv = make_kv(fraction=0.5)  # 24 tokens under pins at most
+        kv.pins.tenant_budget = share
+        now = [0.0]
+        kv.pins.clock = lambda: now[0]
+        for owner, ns, token in (("bob", bob, 9), ("a1", alice, 1), ("a2", alice, 2), ("a3", alice, 3)):
+            ids = [token] * 8
+            req = FakeReq(rid=owner, ids=ids, namespace=ns)
+            n = kv.admit(req, 8, 8, lambda n: kv.can_fit(n, 0, True))
+            assert n == 8
+            kv.extend(req, n)
+            kv.computed(req, req.slot_len)
+            kv.release(req)
+            kv.pin(owner, ids, None, namespace=ns)
+            now[0] += 1
+        # oracle: without a share, alice's third session needs 32 > 24 pinned tokens and the oldest pin,
+        # bob's, goes; with a 16-token share alice's own oldest (a1) goes and bob's pin stays
+        assert sorted(kv.pins.pins) == kept
+        assert kv.pins.account_size(alice) <= (share or 24)
+        kv.check([], [])

@@ -146,3 +146,22 @@ def test_namespaces_share_no_prefix_and_evict_by_one_lru():
     assert cache.evict(100) == 6 and sorted(freed) == [0, 1, 2, 3, 4, 5]
     assert cache.namespaces == [DEFAULT_NAMESPACE]
     cache.check()
+
+
+def test_a_shared_prefix_is_one_path_and_what_follows_it_stays_each_namespaces_own():
+    from radixlang.runtime.kv.shared_prefix import SharedPrefixes
+
+    a, b = DEFAULT_NAMESPACE.child("tenant", "a"), DEFAULT_NAMESPACE.child("tenant", "b")
+    cache = RadixCache(lambda slots: None)
+    cache.shared = SharedPrefixes()
+    cache.shared.add([1, 2, 3, 4])
+    secret = [1, 2, 3, 4, 9, 9]
+    assert cache.insert(secret, torch.arange(6), a) == 0
+    # oracle: b shares exactly the public run (4 tokens), never a's tokens after it, equal as they are
+    assert cache.match_prefix(secret, b).length == 4 and cache.match_prefix(secret, a).length == 6
+    assert cache.insert(secret, torch.arange(10, 16), b) == 4
+    assert cache.match_prefix(secret, b).slots.tolist() == [0, 1, 2, 3, 14, 15]
+    assert cache.match_prefix([1, 2, 7], b).length == 2  # left the public text early: its first 2 tokens
+    assert cache.insert([5, 6], torch.arange(20, 22), a) == 0  # no public part: a's own tree, as without sharing
+    assert cache.match_prefix([5, 6], b).length == 0 and cache.match_prefix([5, 6], a).length == 2
+    cache.check()

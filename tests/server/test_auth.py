@@ -137,6 +137,38 @@ def test_a_tenant_reuses_only_its_own_prefixes(srv):
     assert cached(A) == 0
 
 
+def test_a_shared_public_prefix_is_reused_across_tenants_and_nothing_after_it(tiny_model_dir, tmp_path):
+    """--shared-prefix-file: B reuses the public system prompt A computed, and not one token of A's private
+    text after it (cached_tokens is the public prefix's length); each tenant's own repeat is fully cached; the
+    answers are the same tokens whichever copy of the KV computed them."""
+    from tests.server.conftest import serving
+
+    public = tmp_path / "system.txt"
+    public.write_text("<|im_start|>system\nYou are a careful assistant. Answer briefly.<|im_end|>\n")
+    auth = AuthConfig({A: "alice", B: "bob"})
+    with serving(tiny_model_dir, auth=auth, shared_prefix_file=str(public)) as live:
+        prefix = live.engine.tokenizer.encode(public.read_text())
+        assert prefix[0] == live.engine.tokenizer.encode("<|im_start|>")[0]  # special tokens written out
+        ids = prefix + prompt(11, 120)
+
+        def send(key: str, tokens: list[int]) -> dict:
+            with live.client() as http:
+                r = http.post("/generate", json={"input_ids": tokens, "sampling_params": GREEDY}, headers=bearer(key))
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        first = send(A, ids)
+        assert first["meta_info"]["cached_tokens"] == 0
+        b_first = send(B, ids)
+        assert b_first["meta_info"]["cached_tokens"] == len(prefix)  # the public part, none of A's text
+        assert b_first["text"] == first["text"]
+        assert send(A, ids)["meta_info"]["cached_tokens"] == len(ids) - 1
+        assert send(B, ids)["meta_info"]["cached_tokens"] == len(ids) - 1  # B's own copy of the private part
+        # a prompt that leaves the public text early shares only what it has of it
+        assert send(B, prefix[:3] + prompt(12, 40))["meta_info"]["cached_tokens"] == 3
+        live.wait_idle()
+
+
 def test_a_prompt_cache_key_is_the_tenants_own(srv):
     ids = prompt(2, 200)
     with srv.client() as http:
