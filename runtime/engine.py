@@ -33,6 +33,7 @@ from .reasoning_formats import resolve_reasoning_parser
 from .request import Req, StreamChunk
 from .sampling_params import SamplingParams
 from .scheduler_thread import SchedulerThread
+from .scheduling.scheduler import Scheduler
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer
 from .tool_formats import FORMATS, ToolFormat, detect_format
@@ -40,8 +41,9 @@ from .validation import InputIds, Prompts, RequestValidator, SamplingArg
 from .wiring import EngineParts, create_scheduler, kv_pool_size
 
 if TYPE_CHECKING:
-    from .lora.pool import LoraPool
     from typing_extensions import Unpack  # typing's from Python 3.11
+
+    from .lora.pool import LoraPool
 
 # re-exported: callers imported these from here before the engine was split
 __all__ = ["Collector", "Completion", "CompletionMeta", "Engine", "EngineParts", "collecting_sink",
@@ -63,7 +65,7 @@ class PrepareOptions(TypedDict, total=False):
     cache_key: str | Retention | None
     priority: int
     namespace: Namespace
-    lora: str | None
+    lora: str | Sequence[str | None] | None
 
 
 def _resolve(future: asyncio.Future[T], value: T) -> None:
@@ -150,7 +152,8 @@ class Engine:
                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
                 rid: str | Sequence[str] | None = None, image_data: object = None,
                 cache_key: str | Retention | None = None, priority: int = 0,
-                namespace: Namespace = DEFAULT_NAMESPACE, lora: str | None = None) -> SubmissionBatch:
+                namespace: Namespace = DEFAULT_NAMESPACE,
+                lora: str | Sequence[str | None] | None = None) -> SubmissionBatch:
         """Validates one call (ValueError / TypeError naming the field) into its Submissions: one per
         prompt and sample, prompt-major. `image_data`: a vision model's images (paths, bytes, data URLs,
         PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt.
@@ -158,7 +161,8 @@ class Engine:
         pinned for prompt_cache_retention seconds, and the key's next request refreshes it. `priority`:
         SGLang's; a larger one is admitted first and may preempt running requests of a lower one.
         `namespace`: the requests reuse cached KV only from requests of the same namespace (a tenant).
-        `lora`: a loaded LoRA adapter's name (runtime/lora.UnknownAdapter if it is not loaded); None: the base."""
+        `lora`: a loaded LoRA adapter's name, or one (None: the base model) per prompt (runtime/lora.UnknownAdapter
+        if one is not loaded)."""
         return self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
                                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                     rid=rid, image_data=image_data, retain=cache_key, priority=priority,
@@ -347,7 +351,9 @@ class Engine:
         """Stops serving `name` (UnknownAdapter if not loaded): new requests are refused at once; the adapter's
         weights and cached KV go when its last running request ends."""
         self._require_lora()
-        self._thread.query(lambda: self.scheduler.unload_adapter(name))
+        scheduler = self.scheduler
+        assert isinstance(scheduler, Scheduler), "adapters are served without DP attention (one scheduler)"
+        self._thread.query(lambda: scheduler.unload_adapter(name))
 
     def lora_adapters(self) -> dict[str, str]:
         """The adapters served: name -> the folder it was loaded from."""

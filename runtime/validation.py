@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # types only: checking a request needs no torch (lang checks 
     from .constrained.compiler import ConstraintCompiler
     from .constrained.matcher import Constraint
     from .image_span import ImageSpan
+    from .lora.adapter import LoraAdapter
     from .lora.pool import LoraPool
     from .multimodal.prompt import ImagePrompts
     from .tokenizer import Tokenizer
@@ -52,13 +53,14 @@ class RequestValidator:
               rid: str | Sequence[str] | None = None, retain: Retention | str | None = None,
               priority: int = 0, names: Mapping[str, str] | None = None,
               image_data: object = None, namespace: Namespace = DEFAULT_NAMESPACE,
-              lora: str | None = None) -> SubmissionBatch:
+              lora: str | Sequence[str | None] | None = None) -> SubmissionBatch:
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
         sequence pinned (a str: a session key, OpenAI's prompt_cache_key). `priority`: SGLang's (larger
         first; see runtime/scheduling/schedule_policy.py). `namespace`: the requests reuse KV only within it
-        (runtime/namespace.py). `lora`: a loaded adapter's name (UnknownAdapter if none is). Errors name a sampling field
+        (runtime/namespace.py). `lora`: a loaded LoRA adapter's name, or one (or None) per prompt (UnknownAdapter
+        for one not loaded). Errors name a sampling field
         as `names` spells it. The sampling params are checked first, then compiled (a constraint)."""
         params = parse_params(sampling_params)
         check_params(params, self.vocab_size, self.context_length, names)
@@ -77,23 +79,31 @@ class RequestValidator:
             retain = Retention.session(retain)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        adapter = None
-        if lora is not None:
-            if not isinstance(lora, str):
-                raise ValueError(f"lora must be an adapter's name (a string), got {lora!r}")
-            if self.adapters is None:
-                raise UnknownAdapter(lora, [])
-            adapter = self.adapters.lookup(lora)
-            namespace = namespace.child("adapter", adapter.key)  # its KV is never another adapter's or the base's
+        adapters = self._adapters(lora, len(prompts))
         prompt_rids = self._rids(rid, len(prompts))
         rids = sample_rids(prompt_rids, params.n)
         subs = []
         for i, ids in enumerate(prompts):
+            adapter = adapters[i]
+            # an adapter's KV is never another adapter's or the base's: a namespace per adapter (and per load)
+            space = namespace if adapter is None else namespace.child("adapter", adapter.key)
             for j in range(params.n):
                 subs.append(Submission(rids[i * params.n + j], ids, _sample_params(params, j), return_logprob,
                                        starts[i], top_logprobs_num, constraints[i], images[i], retain,
-                                       priority, namespace, adapter))
+                                       priority, space, adapter))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
+
+    def _adapters(self, lora: str | Sequence[str | None] | None, num_prompts: int) -> list[LoraAdapter | None]:
+        """Each prompt's LoRA adapter (None: the base model)."""
+        names = [lora] * num_prompts if lora is None or isinstance(lora, str) else list(lora)
+        if len(names) != num_prompts or not all(n is None or isinstance(n, str) for n in names):
+            raise ValueError(f"lora must be an adapter's name, or one name (or null) per prompt ({num_prompts})")
+        out: list[LoraAdapter | None] = []
+        for name in names:
+            if name is not None and self.adapters is None:
+                raise UnknownAdapter(name, [])
+            out.append(None if name is None or self.adapters is None else self.adapters.lookup(name))
+        return out
 
     def _thinking_first(self, params: SamplingParams, constraint: Constraint | None, prompts: list[list[int]],
                         names: Mapping[str, str]) -> list[Constraint | None]:
