@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..lora import TILE, LoraPlan
-from .extend import dot_precision
+from .extend import INTERPRETING, dot_precision
 
 BLOCK_K = 64
 BLOCK_N = 64
@@ -24,7 +24,7 @@ BLOCK_N = 64
 def _lora_delta_kernel(X, A, B, Y, ROWS, VALID, SLOTS, K, N, R,
                        stride_x, stride_as, stride_ar, stride_bs, stride_bn, stride_y,
                        TILE_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
     offs_t = tl.arange(0, TILE_M)
@@ -38,15 +38,22 @@ def _lora_delta_kernel(X, A, B, Y, ROWS, VALID, SLOTS, K, N, R,
         x = tl.load(X + rows[:, None] * stride_x + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
         a = tl.load(A + slot * stride_as + offs_r[None, :] * stride_ar + offs_k[:, None],
                     mask=(offs_k[:, None] < K) & (offs_r[None, :] < R), other=0.0)  # [BLOCK_K, BLOCK_R]
-        h += tl.dot(x.to(a.dtype), a, input_precision=PRECISION)
+        x = x.to(a.dtype)
+        if UPCAST:  # the interpreter's 16-bit dot is wrong (extend.py): fp32 on both sides there
+            x, a = x.to(tl.float32), a.to(tl.float32)
+        h += tl.dot(x, a, input_precision=PRECISION)
     offs_n = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     b = tl.load(B + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
                 mask=(offs_n[None, :] < N) & (offs_r[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
-    delta = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
+    hb = h.to(b.dtype)  # the rank activations rounded as the torch path's bmm rounds them
+    if UPCAST:
+        hb, b = hb.to(tl.float32), b.to(tl.float32)
+    delta = tl.dot(hb, b, input_precision=PRECISION)
     out = Y + rows[:, None] * stride_y + offs_n[None, :]
     keep = (valid[:, None] != 0) & (offs_n[None, :] < N)
     y = tl.load(out, mask=keep, other=0.0)
-    tl.store(out, y + delta.to(y.dtype), mask=keep)
+    # the delta rounded to y's dtype, then added in fp32 and rounded once: torch's 16-bit add
+    tl.store(out, (y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)).to(y.dtype), mask=keep)
 
 
 def lora_delta_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
@@ -58,5 +65,5 @@ def lora_delta_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torc
         x, a, b, y, plan.rows, plan.valid, plan.tile_slots, k, n, r,
         x.stride(0), a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0),
         TILE_M=TILE, BLOCK_K=BLOCK_K, BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=BLOCK_N,
-        PRECISION=dot_precision(a.dtype))
+        PRECISION=dot_precision(a.dtype), UPCAST=INTERPRETING)
     return y

@@ -72,6 +72,10 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
             == [(16, True, False), (16, True, True), (64, False, False), (64, True, False), (64, True, True)]
         assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in w8a8)
         assert all(v["dots"] == 1 and v["tensor_core_ops"] > 0 for v in gemms)  # int8 on tensor cores, any out dtype
+        lora = [v for v in lines if v["heads"] == "lora delta"]  # the gathered LoRA delta: shrink, then expand
+        assert sorted(v["constants"]["BLOCK_R"] for v in lora) == [32, 256]
+        assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 and v["dots"] == 2 for v in lora)
+        assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in lora)
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""
