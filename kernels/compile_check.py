@@ -221,7 +221,7 @@ def drive_lora(dtype: torch.dtype) -> None:
     plan = plan_rows([1, 2, 0, 1], torch.device("cpu"))
     assert plan is not None
     for rank in (8, 64):
-        a, b = torch.zeros(3, 3 * rank, k, dtype=dtype), torch.zeros(3, n, 3 * rank, dtype=dtype)
+        a, b = torch.zeros(3, 3 * rank, k, dtype=dtype), torch.zeros(3, 3 * rank, n, dtype=dtype)
         lora_delta_triton(torch.zeros(4, n, dtype=dtype), torch.zeros(4, k, dtype=dtype), a, b, plan)
 
 

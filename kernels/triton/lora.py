@@ -21,8 +21,8 @@ BLOCK_N = 64
 
 
 @triton.jit
-def _lora_delta_kernel(X, A, B, Y, ROWS, VALID, SLOTS, K, N, R,
-                       stride_x, stride_as, stride_ar, stride_bs, stride_bn, stride_y,
+def _lora_delta_kernel(X, A, BT, Y, ROWS, VALID, SLOTS, K, N, R,
+                       stride_x, stride_as, stride_ar, stride_bs, stride_br, stride_y,
                        TILE_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     tile = tl.program_id(0)
@@ -43,7 +43,7 @@ def _lora_delta_kernel(X, A, B, Y, ROWS, VALID, SLOTS, K, N, R,
             x, a = x.to(tl.float32), a.to(tl.float32)
         h += tl.dot(x, a, input_precision=PRECISION)
     offs_n = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    b = tl.load(B + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
+    b = tl.load(BT + slot * stride_bs + offs_r[:, None] * stride_br + offs_n[None, :],
                 mask=(offs_n[None, :] < N) & (offs_r[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
     hb = h.to(b.dtype)  # the rank activations rounded as the torch path's bmm rounds them
     if UPCAST:
@@ -56,14 +56,14 @@ def _lora_delta_kernel(X, A, B, Y, ROWS, VALID, SLOTS, K, N, R,
     tl.store(out, (y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)).to(y.dtype), mask=keep)
 
 
-def lora_delta_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
-    """kernels/lora.py's lora_delta_torch, in place on y (returned). x [T, K], a [slots, R, K], b [slots, N, R]."""
-    assert x.stride(1) == 1 and y.stride(1) == 1 and a.stride(2) == 1 and b.stride(2) == 1, "rows must be contiguous"
+def lora_delta_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
+    """kernels/lora.py's lora_delta_torch, in place on y (returned). x [T, K], a [slots, R, K], bt [slots, R, N]."""
+    assert x.stride(1) == 1 and y.stride(1) == 1 and a.stride(2) == 1 and bt.stride(2) == 1, "rows must be contiguous"
     k, n, r = x.shape[1], y.shape[1], a.shape[1]
     grid = (plan.num_tiles, triton.cdiv(n, BLOCK_N))
     _lora_delta_kernel[grid](
-        x, a, b, y, plan.rows, plan.valid, plan.tile_slots, k, n, r,
-        x.stride(0), a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0),
+        x, a, bt, y, plan.rows, plan.valid, plan.tile_slots, k, n, r,
+        x.stride(0), a.stride(0), a.stride(1), bt.stride(0), bt.stride(1), y.stride(0),
         TILE_M=TILE, BLOCK_K=BLOCK_K, BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=BLOCK_N,
         PRECISION=dot_precision(a.dtype), UPCAST=INTERPRETING)
     return y

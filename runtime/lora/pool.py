@@ -6,8 +6,8 @@ Every loaded adapter keeps its weights on the CPU; a step's adapters are copied 
 adapters into the running set, so one step never needs more.
 
 Per layer the slots stack the fused linears' LoRA weights the way the model fuses the linears: q | k | v share
-one input (A of rank 3R: q's rows, then k's, then v's; B block-diagonal), gate | up likewise (2R), o and down
-alone. R is max_lora_rank (default: the largest rank of the adapters given at start, else of the first one
+one input (A of rank 3R: q's rows, then k's, then v's; B block-diagonal, stored transposed [3R, out] as the
+kernels take it), gate | up likewise (2R), o and down alone. R is max_lora_rank (default: the largest rank of the adapters given at start, else of the first one
 loaded); smaller ranks are zero-padded, which adds exact zeros.
 
 Everything here runs on the scheduler thread but `lookup` (a dict read, from the request's validation).
@@ -40,7 +40,7 @@ class LoraBatch:
     """One step's adapter rows (ForwardContext.lora): adds each row's delta to a fused linear's output."""
 
     plan: LoraPlan
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, group) -> (A, B) stacked by slot
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, group) -> (A, B^T) stacked by slot
 
     def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         a, b = self.weights[(layer, group)]
@@ -151,7 +151,7 @@ class LoraPool:
                 rank = self.max_rank * len(outs)
                 self.weights[(layer, group)] = (
                     torch.zeros(n, rank, fan_in, dtype=self.dtype, device=self.device),
-                    torch.zeros(n, sum(outs), rank, dtype=self.dtype, device=self.device))
+                    torch.zeros(n, rank, sum(outs), dtype=self.dtype, device=self.device))  # B^T: bmm's operand
 
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         r_max = self.max_rank
@@ -168,5 +168,5 @@ class LoraPool:
                     if ab is not None:
                         a, b = ab
                         a_all[slot, j * r_max:j * r_max + adapter.rank] = a.to(self.device, self.dtype)
-                        b_all[slot, row:row + out, j * r_max:j * r_max + adapter.rank] = b.to(self.device, self.dtype)
+                        b_all[slot, j * r_max:j * r_max + adapter.rank, row:row + out] = b.T.to(self.device, self.dtype)
                     row += out

@@ -14,10 +14,11 @@ K, N, R, SLOTS = 40, 24, 12, 4  # odd sizes: partial blocks in the Triton kernel
 
 
 def weights(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [slots, R, K] and B^T [slots, R, N], as the pool stacks them."""
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(SLOTS, R, K, generator=g), torch.randn(SLOTS, N, R, generator=g)
-    a[0], b[0] = 0, 0  # slot 0: the base model
-    return a.to(dtype), b.to(dtype)
+    a, bt = torch.randn(SLOTS, R, K, generator=g), torch.randn(SLOTS, R, N, generator=g)
+    a[0], bt[0] = 0, 0  # slot 0: the base model
+    return a.to(dtype), bt.to(dtype)
 
 
 def run(x: torch.Tensor, slots: list[int], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -31,7 +32,7 @@ def test_each_row_gets_its_own_adapters_delta():
     slots = [1, 0, 2, 1, 3, 0] + [2] * (TILE + 3)  # a slot with more rows than one tile
     x = torch.randn(len(slots), K, generator=torch.Generator().manual_seed(1))
     got = run(x, slots, a, b)
-    want = torch.stack([b[s].double() @ (a[s].double() @ row.double()) for s, row in zip(slots, x)])
+    want = torch.stack([b[s].double().T @ (a[s].double() @ row.double()) for s, row in zip(slots, x)])
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     assert not got[[1, 5]].any()  # base rows: no delta
     assert plan_rows([0, 0], CPU) is None

@@ -87,10 +87,10 @@ def test_kv_is_reused_within_an_adapter_only_and_unloading_frees_it(tiny_engine_
 
 def test_an_adapter_in_use_unloads_when_its_request_ends(tiny_engine_factory, lora_adapters):
     engine = tiny_engine_factory(quantization="none", lora_paths=lora_paths(lora_adapters))
-    want = engine.generate(input_ids=PROMPTS[0], sampling_params={"temperature": 0, "max_new_tokens": 40},
+    want = engine.generate(input_ids=PROMPTS[0], sampling_params={"temperature": 0, "max_new_tokens": 24},
                            lora="a2").output_ids
     engine.flush_cache()
-    stream = engine.stream(input_ids=PROMPTS[0], sampling_params={"temperature": 0, "max_new_tokens": 40,
+    stream = engine.stream(input_ids=PROMPTS[0], sampling_params={"temperature": 0, "max_new_tokens": 24,
                                                                   "ignore_eos": True}, lora="a2")
     ids = list(next(stream).token_ids)
     adapter = engine.lora.adapters["a2"]
