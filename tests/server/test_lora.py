@@ -1,11 +1,14 @@
 """LoRA adapters over HTTP, driven by the `openai` SDK and SGLang's native routes; PEFT + transformers is the oracle
 of the tokens (tests/lora_peft.py): `model="NAME"` (vLLM's convention) and `"BASE:NAME"` (SGLang's) on
 /v1/completions, /generate's `lora_path` (one per prompt too), /v1/models listing the adapters with their parent,
-/load_lora_adapter and /unload_lora_adapter, a 404 naming an unknown adapter, and no KV shared across adapters."""
+/load_lora_adapter and /unload_lora_adapter, a 404 naming an unknown adapter, no KV shared across adapters; and
+programs naming adapters in gen(lora=) and run(lora=), in process, over HTTP and shipped as IR (remote=True)."""
 from __future__ import annotations
 
 import openai
 import pytest
+
+import radixlang as rl
 
 from tests.lora_peft import peft_greedy
 from tests.server.conftest import serving
@@ -97,4 +100,31 @@ def test_kv_is_never_shared_across_adapters(server, client):
     server.engine.flush_cache()
     complete(client, server.engine.model_name)
     assert complete(client, "a0")[1].cached_tokens == 0  # an adapter never reads the base's KV
+    server.wait_idle()
+
+
+@rl.function
+def tip(s):
+    s += "Here is a tip:"
+    s += rl.gen("a", max_tokens=NEW, temperature=0, ignore_eos=True, lora="a0")  # this gen runs the adapter
+    s += rl.gen("b", max_tokens=NEW, temperature=0, ignore_eos=True)  # this one the run's default
+
+
+def test_programs_name_adapters_in_gen_and_run_in_process_over_http_and_remote(server):
+    engine = server.engine
+
+    def engine_text(prefix: str, lora: str | None) -> str:
+        out = engine.generate(prefix, {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}, lora=lora)
+        return out.text
+
+    a = engine_text("Here is a tip:", "a0")
+    want = {None: (a, engine_text("Here is a tip:" + a, None)), "a0": (a, engine_text("Here is a tip:" + a, "a0"))}
+    assert want[None][1] != want["a0"][1]  # the run's adapter changes the second gen
+    for backend, remote in ((rl.EngineBackend(engine), False), (rl.Endpoint(server.url), False),
+                            (rl.Endpoint(server.url), True)):  # remote: the IR carries lora to the server
+        for lora in (None, "a0"):
+            state = tip.run(backend=backend, remote=remote, lora=lora)
+            assert state.error() is None and (state["a"], state["b"]) == want[lora], (backend, remote, lora)
+    unknown = tip.run(backend=rl.EngineBackend(engine), lora="nope")
+    assert "'nope' is not loaded" in str(unknown.error())
     server.wait_idle()
