@@ -38,14 +38,14 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
+from .lora import plan_rows
 from .triton.backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton.decode import MAX_SPLITS, num_splits
 from .triton.dequant_gemm import dequant_gemm
 from .triton.extend import block_rows
+from .triton.lora import lora_delta_triton
 from .triton.mla import mla_decode
 from .triton.moe import fused_moe
-from .lora import plan_rows
-from .triton.lora import lora_delta_triton
 from .triton.w8a8 import QUANT_BLOCK, int8_matmul, w8a8_linear
 
 SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 89: 99 * 1024}  # opt-in dynamic shared memory per block

@@ -9,7 +9,6 @@ import openai
 import pytest
 
 import radixlang as rl
-
 from tests.lora_peft import peft_greedy
 from tests.server.conftest import serving
 
