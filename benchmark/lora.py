@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
                 order = [(None, "base"), (names, "mixed")][::1 if r % 2 == 0 else -1]
                 for loras, label in order:
                     tok_s = throughput(engine, prompts, [None] * args.batch if loras is None else loras, args.new)
+                    print(f"round {r}: {label} {tok_s:.1f} tok/s", file=sys.stderr, flush=True)
                     if label == "base":
                         base = max(base, tok_s)
                     else:

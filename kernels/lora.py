@@ -72,11 +72,3 @@ def lora_delta_torch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torc
     # one add per row (the targets are distinct); index_add_ took ~100 ms a call on the CPU
     return y.index_copy_(0, plan.targets, y.index_select(0, plan.targets) + delta)
 
-
-def lora_delta(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
-    """The delta added to y in place, on y's device: the Triton kernel on CUDA, torch elsewhere."""
-    if y.is_cuda:
-        from .triton.lora import lora_delta_triton
-
-        return lora_delta_triton(y, x, a, bt, plan)
-    return lora_delta_torch(y, x, a, bt, plan)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from ...kernels.lora import LoraPlan, lora_delta, plan_rows
+from ...kernels.lora import LoraPlan, lora_delta_torch, plan_rows
 from ..models.llama import LlamaConfig
 from . import UnknownAdapter
 from .adapter import LoraAdapter
@@ -41,10 +42,11 @@ class LoraBatch:
 
     plan: LoraPlan
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, group) -> (A, B^T) stacked by slot
+    delta: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LoraPlan], torch.Tensor]
 
     def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        a, b = self.weights[(layer, group)]
-        return lora_delta(y, x, a, b, self.plan)
+        a, bt = self.weights[(layer, group)]
+        return self.delta(y, x, a, bt, self.plan)
 
 
 class LoraPool:
@@ -58,6 +60,11 @@ class LoraPool:
         self.weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}  # allocated at the first load
         self._uids = itertools.count(1)
         self._steps = 0
+        self._delta = lora_delta_torch  # the Triton kernel on CUDA (the same plan and result, in place)
+        if device.type == "cuda":
+            from ...kernels.triton.lora import lora_delta_triton
+
+            self._delta = lora_delta_triton
 
     # ---- the adapters ---------------------------------------------------------------------------
     def lookup(self, name: str) -> LoraAdapter:
@@ -127,7 +134,7 @@ class LoraPool:
         slots = [0 if a is None else a.slot for a in adapters]
         plan = plan_rows([s for s, n in zip(slots, lengths) for _ in range(n)], self.device)
         assert plan is not None
-        return LoraBatch(plan, self.weights)
+        return LoraBatch(plan, self.weights, self._delta)
 
     def _place(self, adapter: LoraAdapter, present: dict[int, LoraAdapter]) -> None:
         free = [i for i in range(1, len(self.slots)) if self.slots[i] is None]
