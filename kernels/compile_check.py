@@ -38,7 +38,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
-from .lora import plan_rows
+from .lora import TILE, plan_rows
 from .triton.backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton.decode import MAX_SPLITS, num_splits
 from .triton.dequant_gemm import dequant_gemm
@@ -218,7 +218,7 @@ def drive_lora(dtype: torch.dtype) -> None:
     """The gathered LoRA delta (kernels/triton/lora.py) on SmolLM2's fused q|k|v (576 -> 960), three adapters
     stacked per slot at ranks 8 and 64: BLOCK_R 32 and 256 (compile-only)."""
     k, n = 576, 960
-    plan = plan_rows([1, 2, 0, 1], torch.device("cpu"))
+    plan = plan_rows([1, 2, 0, 1], torch.device("cpu"), TILE)
     assert plan is not None
     for rank in (8, 64):
         a, b = torch.zeros(3, 3 * rank, k, dtype=dtype), torch.zeros(3, 3 * rank, n, dtype=dtype)

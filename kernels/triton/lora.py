@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..lora import TILE, LoraPlan
+from ..lora import LoraPlan
 from .extend import INTERPRETING, dot_precision
 
 BLOCK_K = 64
@@ -64,6 +64,6 @@ def lora_delta_triton(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: tor
     _lora_delta_kernel[grid](
         x, a, bt, y, plan.rows, plan.valid, plan.tile_slots, k, n, r,
         x.stride(0), a.stride(0), a.stride(1), bt.stride(0), bt.stride(1), y.stride(0),
-        TILE_M=TILE, BLOCK_K=BLOCK_K, BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=BLOCK_N,
+        TILE_M=plan.tile, BLOCK_K=BLOCK_K, BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=BLOCK_N,
         PRECISION=dot_precision(a.dtype), UPCAST=INTERPRETING)
     return y

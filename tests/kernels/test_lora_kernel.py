@@ -1,6 +1,6 @@
 """The gathered LoRA delta (kernels/lora.py): each row gets B[s] A[s] x of its own slot (an fp64 per-row oracle),
 base rows nothing; a row's delta is the same bits alone and in any batch (more rows of its adapter than one tile,
-other adapters, base rows beside it); the Triton kernel (under TRITON_INTERPRET=1 on a CPU) equals the torch path."""
+other adapters, base rows beside it), for the CPU's tiles and CUDA's; the Triton kernel (under TRITON_INTERPRET=1 on a CPU) equals the torch path."""
 from __future__ import annotations
 
 import pytest
@@ -21,9 +21,9 @@ def weights(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Ten
     return a.to(dtype), bt.to(dtype)
 
 
-def run(x: torch.Tensor, slots: list[int], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def run(x: torch.Tensor, slots: list[int], a: torch.Tensor, b: torch.Tensor, tile: int | None = None) -> torch.Tensor:
     y = torch.zeros(len(slots), N, dtype=x.dtype)
-    plan = plan_rows(slots, CPU)
+    plan = plan_rows(slots, CPU, tile)
     return y if plan is None else lora_delta_torch(y, x, a, b, plan)
 
 
@@ -38,14 +38,15 @@ def test_each_row_gets_its_own_adapters_delta():
     assert plan_rows([0, 0], CPU) is None
 
 
-def test_a_rows_delta_is_the_same_bits_alone_and_in_any_batch():
+@pytest.mark.parametrize("tile", [None, TILE])
+def test_a_rows_delta_is_the_same_bits_alone_and_in_any_batch(tile):
     a, b = weights()
     g = torch.Generator().manual_seed(2)
     row = torch.randn(1, K, generator=g)
-    alone = run(row, [2], a, b)[0]
+    alone = run(row, [2], a, b, tile)[0]
     for others in ([1, 0, 3], [2] * (2 * TILE), [0] * 5 + [2] * 7, [3] * TILE):
         x = torch.cat([torch.randn(len(others), K, generator=g), row])
-        mixed = run(x, others + [2], a, b)[-1]
+        mixed = run(x, others + [2], a, b, tile)[-1]
         assert torch.equal(mixed, alone), others
 
 
@@ -58,7 +59,7 @@ def test_the_triton_kernel_equals_the_torch_path(dtype):
     slots = [1, 0, 2, 2, 3] + [1] * (TILE + 1)
     x = torch.randn(len(slots), K, generator=torch.Generator().manual_seed(3)).to(dtype)
     y = torch.randn(len(slots), N, generator=torch.Generator().manual_seed(4)).to(dtype)
-    plan = plan_rows(slots, CPU)
+    plan = plan_rows(slots, CPU, TILE)  # the CUDA tiles
     assert plan is not None
     want = lora_delta_torch(y.clone(), x, a, b, plan)
     got = lora_delta_triton(y.clone(), x, a, b, plan)
