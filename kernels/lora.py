@@ -59,10 +59,10 @@ def plan_rows(slots: list[int], device: torch.device, tile: int | None = None) -
     for slot, members in sorted(by_slot.items()):
         runs.append((slot, len(tile_slots), -(-len(members) // size)))
         for start in range(0, len(members), size):
-            tile = members[start:start + size]
-            pad = size - len(tile)
-            rows += tile + [tile[0]] * pad
-            valid += [True] * len(tile) + [False] * pad
+            chunk = members[start:start + size]
+            pad = size - len(chunk)
+            rows += chunk + [chunk[0]] * pad
+            valid += [True] * len(chunk) + [False] * pad
             tile_slots.append(slot)
     rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
     valid_t = torch.tensor(valid, dtype=torch.int8, device=device)
