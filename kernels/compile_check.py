@@ -1,5 +1,5 @@
-"""Compiles the Triton kernels (attention over plain and quantized KV, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM, the W8A8 int8 GEMM and
-its row quantiser) for a CUDA GPU on a
+"""Compiles the Triton kernels (attention over plain and quantized KV, MLA, fused MoE, the GPTQ / AWQ dequant-GEMM,
+the W8A8 int8 GEMM and its row quantiser, the gathered LoRA delta) for a CUDA GPU on a
 machine without one, and reports each variant's registers, local memory (spills), shared memory and
 tensor-core instructions.
 
@@ -40,10 +40,12 @@ from triton.runtime.jit import JITFunction
 from .backend import AttentionBatch, DecodeBatch, DecodeGroups
 from .kv_quant import SCALE_DTYPE, KVScales
 from .kv_quant import STORAGE as KV_CODES
+from .lora import TILE, plan_rows
 from .triton.backend import PREFIX_CHUNK, TritonAttention, prefix_splits
 from .triton.decode import MAX_SPLITS, num_splits
 from .triton.dequant_gemm import dequant_gemm
 from .triton.extend import block_rows
+from .triton.lora import lora_delta_triton
 from .triton.mla import mla_decode
 from .triton.moe import fused_moe
 from .triton.w8a8 import QUANT_BLOCK, int8_matmul, w8a8_linear
@@ -55,6 +57,7 @@ MLA_SHAPE = (16, 512, 64)  # DeepSeek-V3's latent decode: (query heads on a rank
 MOE_SHAPE = (256, 128, 8, 2)  # (hidden, expert intermediate, experts, top-k): sizes are runtime arguments
 DEQUANT_GEMM_LABEL = "dequant gemm"  # GPTQ / AWQ linears: 4- and 8-bit codes, decode and prefill row blocks
 W8A8_LABEL = "w8a8 gemm"  # W8A8 int8 linears: the row quantiser, the int8 GEMM at both row blocks, scaled or not
+LORA_LABEL = "lora delta"  # multi-LoRA: the gathered delta at SmolLM2's q|k|v shape, ranks 8 and 64 (x3 stacked)
 
 
 @dataclass(slots=True)
@@ -250,6 +253,17 @@ def drive_w8a8(dtype: torch.dtype) -> None:
     int8_matmul(torch.zeros(64, k, dtype=torch.int8), weight)
 
 
+def drive_lora(dtype: torch.dtype) -> None:
+    """The gathered LoRA delta (kernels/triton/lora.py) on SmolLM2's fused q|k|v (576 -> 960), three adapters
+    stacked per slot at ranks 8 and 64: BLOCK_R 32 and 256 (compile-only)."""
+    k, n = 576, 960
+    plan = plan_rows([1, 2, 0, 1], torch.device("cpu"), TILE)
+    assert plan is not None
+    for rank in (8, 64):
+        a, b = torch.zeros(3, 3 * rank, k, dtype=dtype), torch.zeros(3, 3 * rank, n, dtype=dtype)
+        lora_delta_triton(torch.zeros(4, n, dtype=dtype), torch.zeros(4, k, dtype=dtype), a, b, plan)
+
+
 def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_check compiles kernels: run it without TRITON_INTERPRET=1")
@@ -261,6 +275,7 @@ def check(dtypes: list[torch.dtype], arch: int) -> list[Variant]:
     shapes.append(("mla {}/{}+{}, moe".format(*MLA_SHAPE), drive_mla_and_moe))
     shapes.append((DEQUANT_GEMM_LABEL, drive_dequant_gemm))
     shapes.append((W8A8_LABEL, drive_w8a8))
+    shapes.append((LORA_LABEL, drive_lora))
     for dtype in dtypes:
         for label, drive in shapes:
             with compile_only(arch) as compiled:

@@ -39,7 +39,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         json_schema: str | dict | type | None = None, *, grammar: str | None = None,
         structural_tag: str | dict | None = None, tools: list | None = None, tool_choice: str = "auto",
         parallel_tool_calls: bool = True, thinking_token_budget: int | None = None,
-        reasoning_parser: str | None = None) -> Gen | Select:
+        reasoning_parser: str | None = None, lora: str | None = None) -> Gen | Select:
     """Generate text into variable `name`. Unset fields inherit the run's defaults. The positional order is
     SGLang's (`gen("tip", 64, stop="\\n")` sets max_tokens); `grammar` (Lark), `structural_tag` and the tool
     fields are radixlang's, keyword-only.
@@ -53,6 +53,9 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     Reasoning models (docs/reasoning.md): `reasoning_parser` (SGLang's parser names; the server's
     --reasoning-parser by default) makes the thinking block come first and the constraint apply to the answer;
     `thinking_token_budget` (vLLM's name) closes the block after that many tokens.
+
+    `lora`: the LoRA adapter (a name the backend serves, docs/lora.md) that generates; run(lora=...) sets it for
+    every gen of a run.
     """
     fields = {k: v for k, v in locals().items() if k in GEN_FIELDS}  # first line: locals() are the arguments
     for field, value in fields.items():

@@ -140,6 +140,8 @@ class Endpoint:
             raise ValueError(f"gen {gen.name!r} has no text before it to condition on")
         p = gen.params
         payload: dict[str, Any] = {"text": text, **images, "sampling_params": p.sampling_params()}
+        if p.lora is not None:
+            payload["lora_path"] = p.lora  # SGLang's field: the adapter's name
         if payload["sampling_params"].get("grammar") is not None and self.behind_router():
             raise ValueError(f"gen {gen.name!r} has a grammar, which SGLang's router drops on the way to a worker "
                              "(it would run unconstrained): run it against a worker's URL")

@@ -67,7 +67,7 @@ class EngineBackend:
         for chunk in self.engine.stream(text, p.sampling_params(), return_logprob=want_logprobs,
                                         logprob_start_len=_start(p.logprob_start_len, want_logprobs),
                                         top_logprobs_num=p.top_logprobs_num or 0, image_data=images,
-                                        cache_key=_retention(state), namespace=self.namespace):
+                                        cache_key=_retention(state), namespace=self.namespace, lora=p.lora):
             logprobs.extend(chunk.logprobs)
             input_logprobs = chunk.input_logprobs if chunk.input_logprobs is not None else input_logprobs
             progress = meta_info(tok, chunk, finished=chunk.finished, return_logprob=want_logprobs,

@@ -22,7 +22,8 @@ NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", 
 # gen()'s own fields: what to report (log-probabilities) and dtype, a constraint the language names
 LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "logprob_start_len": int, "top_logprobs_num": int,
                                "return_text_in_logprobs": bool, "dtype": str,
-                               "tool_calls": bool}  # tool_calls: the variable holds parsed calls
+                               "tool_calls": bool,  # tool_calls: the variable holds parsed calls
+                               "lora": str}  # the LoRA adapter that generates (a name the backend serves)
 IR_TYPES = {"json_schema": str}  # the IR keeps a schema as JSON text
 GEN_CONSTRAINTS = ("dtype", *(name for name in CONSTRAINT_FIELDS if name not in NOT_IN_GEN))
 _RUNTIME_NAMES = {lang: runtime for runtime, lang in GEN_NAMES.items()}
@@ -67,6 +68,7 @@ class GenParams:
     return_text_in_logprobs: bool | None = None
     dtype: str | None = None
     tool_calls: bool | None = None
+    lora: str | None = None
 
     def merged(self, defaults: GenParams) -> GenParams:
         """These params, with unset fields taken from `defaults`."""
@@ -99,6 +101,8 @@ class GenParams:
         if len(constraints) > 1:
             raise ValueError(f"gen takes at most one of dtype, regex, json_schema and grammar, got {constraints}")
         self._validate_constraint()
+        if self.lora is not None and (not isinstance(self.lora, str) or not self.lora):
+            raise ValueError(f"lora must be a LoRA adapter's name, got {self.lora!r}")
         for name in ("return_logprob", "return_text_in_logprobs"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")

@@ -197,6 +197,14 @@ class EngineConfig:
     shared_prefix_file: str | None = option(None, "a text file whose tokens begin prompts of many tenants (a public "
                                             "system prompt): its KV is shared across cache namespaces, what "
                                             "follows it is not; off by default")
+    # multi-LoRA serving (docs/lora.md)
+    lora_paths: list[str] | None = option(None, "LoRA adapters served from the start, each NAME=DIR (a PEFT "
+                                          "folder: adapter_config.json + adapter_model.safetensors) or DIR (named "
+                                          "after its folder); more load at run time (/load_lora_adapter)")
+    max_loras_per_batch: int = option(8, "distinct LoRA adapters one batch runs at most: the device slots their "
+                                      "weights take (others wait their turn)")
+    max_lora_rank: int | None = option(None, "largest LoRA rank served (smaller ranks are zero-padded); default: "
+                                       "the largest of lora_paths, else the first adapter loaded")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -251,6 +259,7 @@ class EngineConfig:
             raise ValueError(f"quantization {self.quantization!r} runs on torch's CPU int4 kernels: use device='cpu'")
 
         self._validate_tp()
+        self._validate_lora()
         resolve_backend(self.attention_backend, self.torch_device())
         self.torch_dtype()
 
@@ -273,6 +282,30 @@ class EngineConfig:
         if self.tp_size > 1 and self.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' is not supported with tp_size > 1 (each rank holds its own "
                              "KV heads); use preemption_mode='recompute'")
+
+    def _validate_lora(self) -> None:
+        if self.max_loras_per_batch < 1:
+            raise ValueError(f"max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.lora_paths and self.tp_size > 1:
+            raise ValueError("lora_paths is not supported with tp_size > 1 (the adapters' weights are not sharded)")
+        self.lora_adapters()  # the NAME=DIR forms
+
+    def lora_adapters(self) -> list[tuple[str, str]]:
+        """lora_paths as (name, folder): NAME=DIR, or DIR named after its folder."""
+        out = []
+        for spec in self.lora_paths or ():
+            name, sep, path = spec.partition("=")
+            if not sep:
+                name, path = Path(spec).name, spec
+            if not name or not path:
+                raise ValueError(f"lora_paths entries are NAME=DIR or DIR, got {spec!r}")
+            out.append((name, path))
+        names = [n for n, _ in out]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_paths names an adapter twice: {sorted(names)}")
+        return out
 
     def _validate_dp_attention(self) -> None:
         if self.tp_size < 2:

@@ -31,6 +31,7 @@ from .constrained.matcher import Constraint, Matcher
 from .detokenizer import IncrementalDetokenizer
 from .execution.sampler import SamplingState
 from .image_span import ImageSpan
+from .lora.adapter import load_peft_adapter
 from .models.eplb import Placement, plan_rebalance
 from .models.loading.loader import default_model_path
 from .models.loading.weight_cache import write_when_idle
@@ -43,6 +44,7 @@ from .reasoning_formats import resolve_reasoning_parser
 from .request import Req, StreamChunk
 from .sampling_params import SamplingParams
 from .scheduler_thread import SchedulerThread
+from .scheduling.scheduler import Scheduler
 from .submission import Retention, Submission, SubmissionBatch, sample_rids
 from .tokenizer import Tokenizer
 from .tool_formats import FORMATS, ToolFormat, detect_format
@@ -52,6 +54,8 @@ from .wiring import EngineParts, create_scheduler, kv_pool_size
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
+
+    from .lora.pool import LoraPool
 
 # re-exported: callers imported these from here before the engine was split
 __all__ = ["Collector", "Completion", "CompletionMeta", "Engine", "EngineParts", "collecting_sink",
@@ -73,6 +77,7 @@ class PrepareOptions(TypedDict, total=False):
     cache_key: str | Retention | None
     priority: int
     namespace: Namespace
+    lora: str | Sequence[str | None] | None
 
 
 def _resolve(future: asyncio.Future[T], value: T) -> None:
@@ -140,9 +145,11 @@ class Engine:
                                               cfg.constrained_json_whitespace_pattern,
                                               json_relaxed=cfg.constrained_json_relaxed,
                                               compile_timeout=cfg.constraint_compile_timeout)
+        self.lora = parts.lora
         self.validator = RequestValidator(self.tokenizer, self.model_name, self.vocab_size, self.context_length,
                                           self.pool_size, self.constraints, self.image_prompts,
-                                          share_prefills=not cfg.disable_radix_cache)
+                                          share_prefills=not cfg.disable_radix_cache, adapters=self.lora)
+        self._load_start_adapters(cfg)
         self._set_up_chat(cfg)
         self._seeds = random.Random(cfg.seed)
         self._seed_lock = threading.Lock()
@@ -159,18 +166,21 @@ class Engine:
                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
                 rid: str | Sequence[str] | None = None, image_data: object = None,
                 cache_key: str | Retention | None = None, priority: int = 0,
-                namespace: Namespace = DEFAULT_NAMESPACE) -> SubmissionBatch:
+                namespace: Namespace = DEFAULT_NAMESPACE,
+                lora: str | Sequence[str | None] | None = None) -> SubmissionBatch:
         """Validates one call (ValueError / TypeError naming the field) into its Submissions: one per
         prompt and sample, prompt-major. `image_data`: a vision model's images (paths, bytes, data URLs,
         PIL images), one per placeholder (`image_prompts.placeholder`); for a batch, one list per prompt.
         `cache_key`: a session key (OpenAI's prompt_cache_key): once finished, the whole sequence stays
         pinned for prompt_cache_retention seconds, and the key's next request refreshes it. `priority`:
         SGLang's; a larger one is admitted first and may preempt running requests of a lower one.
-        `namespace`: the requests reuse cached KV only from requests of the same namespace (a tenant)."""
+        `namespace`: the requests reuse cached KV only from requests of the same namespace (a tenant).
+        `lora`: a loaded LoRA adapter's name, or one (None: the base model) per prompt (runtime/lora.UnknownAdapter
+        if one is not loaded)."""
         return self.validator.build(prompt, sampling_params, input_ids=input_ids, return_logprob=return_logprob,
                                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                     rid=rid, image_data=image_data, retain=cache_key, priority=priority,
-                                    namespace=namespace)
+                                    namespace=namespace, lora=lora)
 
     def submit(self, sub: Submission, sink: Sink) -> None:
         """Queues a validated request; `sink` gets its chunks on the scheduler thread, the last one
@@ -198,7 +208,7 @@ class Engine:
                          context_length=self.context_length, seed=seed, device=self.device,
                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
                          top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
-        req.retain, req.priority, req.namespace = sub.retain, sub.priority, sub.namespace
+        req.retain, req.priority, req.namespace, req.lora = sub.retain, sub.priority, sub.namespace, sub.lora
         return req
 
     # ---- running prepared batches -----------------------------------------------------------------
@@ -371,6 +381,44 @@ class Engine:
         """Drops every pin of `group` (a program's states); returns at once."""
         if not self._thread.closed:
             self._thread.call(lambda: self.scheduler.unpin_group(group))
+
+    # ---- LoRA adapters (runtime/lora, docs/lora.md) ---------------------------------------------------
+    def load_lora_adapter(self, name: str, path: str | Path) -> None:
+        """Serves the PEFT adapter folder `path` as `name` (ValueError naming what does not fit)."""
+        if not isinstance(name, str) or not name or "=" in name:
+            raise ValueError(f"lora_name must be a non-empty string without '=', got {name!r}")
+        pool = self._require_lora()
+        adapter = load_peft_adapter(name, path)  # read here, off the scheduler thread
+        self._thread.query(lambda: pool.add(adapter))
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stops serving `name` (UnknownAdapter if not loaded): new requests are refused at once; the adapter's
+        weights and cached KV go when its last running request ends."""
+        self._require_lora()
+        scheduler = self.scheduler
+        assert isinstance(scheduler, Scheduler), "adapters are served without DP attention (one scheduler)"
+        self._thread.query(lambda: scheduler.unload_adapter(name))
+
+    def lora_adapters(self) -> dict[str, str]:
+        """The adapters served: name -> the folder it was loaded from."""
+        return {} if self.lora is None else {a.name: a.path for a in list(self.lora.adapters.values())}
+
+    def _require_lora(self) -> LoraPool:
+        if self.lora is None:
+            raise ValueError("LoRA adapters are served on dense Llama-family models with tp_size 1 and no DP "
+                             "attention; this engine serves none")
+        return self.lora
+
+    def _load_start_adapters(self, cfg: EngineConfig) -> None:
+        specs = cfg.lora_adapters()
+        if not specs:
+            return
+        pool = self._require_lora()
+        adapters = [load_peft_adapter(name, path) for name, path in specs]
+        if pool.max_rank is None:  # sized for the largest given now
+            pool.max_rank = max(a.rank for a in adapters)
+        for adapter in adapters:  # before the scheduler thread starts: nothing else reads the pool yet
+            pool.add(adapter)
 
     def start_profile(self, spec: ProfileSpec | None = None) -> Path:
         """Starts torch.profiler over the scheduler's steps (ValueError if one runs); the trace's future path."""

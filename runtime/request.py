@@ -34,6 +34,7 @@ from .namespace import DEFAULT_NAMESPACE, Namespace
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from .lora.adapter import LoraAdapter
     from .submission import Retention
 
 
@@ -150,6 +151,7 @@ class Req(KVFields):
     images: list[ImageSpan] = field(default_factory=list)  # image spans of prompt_ids (radix keys, not ids)
     retain: Retention | None = None  # pin the sequence once finished (runtime/kv/pins.py)
     priority: int = 0  # SGLang's request priority: larger is admitted first (runtime/scheduling/schedule_policy.py)
+    lora: LoraAdapter | None = None  # the LoRA adapter it runs (runtime/lora); None: the base model
     yielded: bool = False  # preempted once for a higher class: never again (so it is delayed, not starved)
     blocked: bool = False  # admission found no KV room for it: later arrivals of its class wait behind it
 

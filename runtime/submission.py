@@ -15,6 +15,7 @@ from .sampling_params import SamplingParams
 if TYPE_CHECKING:
     from .constrained.matcher import Constraint
     from .image_span import ImageSpan
+    from .lora.adapter import LoraAdapter
 
 
 SESSION = "session:"  # owner prefix of a prompt_cache_key session (programs use "program:")
@@ -48,6 +49,7 @@ class Submission:
     retain: Retention | None = None  # keep the finished sequence pinned (a session / program state)
     priority: int = 0  # SGLang's request priority: larger is admitted first, and may preempt (schedule_policy.py)
     namespace: Namespace = DEFAULT_NAMESPACE  # KV is reused only within it: a tenant, an adapter (namespace.py)
+    lora: LoraAdapter | None = None  # the LoRA adapter it runs (its namespace is already the adapter's); None: base
 
 
 @dataclass(frozen=True, slots=True)

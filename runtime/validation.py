@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeGuard
 
 from .config import MAX_STOP_REGEX_LEN
+from .lora import UnknownAdapter
 from .namespace import DEFAULT_NAMESPACE, Namespace
 from .reasoning_formats import PROMPT_TAIL_TOKENS, prompt_phase, reasoning_format
 from .sampling_params import ALIASES, CONSTRAINT_FIELDS, RULES, UNSUPPORTED, Rule, SamplingParams
@@ -21,6 +22,8 @@ if TYPE_CHECKING:  # types only: checking a request needs no torch (lang checks 
     from .constrained.compiler import ConstraintCompiler
     from .constrained.matcher import Constraint
     from .image_span import ImageSpan
+    from .lora.adapter import LoraAdapter
+    from .lora.pool import LoraPool
     from .multimodal.prompt import ImagePrompts
     from .tokenizer import Tokenizer
 
@@ -43,18 +46,21 @@ class RequestValidator:
     image_prompts: ImagePrompts | None = None  # None: a text-only model
     share_prefills: bool = True  # False without a radix cache: samples cannot share a prompt's KV
     reasoning_parser: str | None = None  # the model's (engine option): a thinking_token_budget alone uses it
+    adapters: LoraPool | None = None  # the LoRA adapters requests may name; None: the model serves none
 
     def build(self, prompt: Prompts = None, sampling_params: SamplingArg = None, *, input_ids: InputIds = None,
               return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
               rid: str | Sequence[str] | None = None, retain: Retention | str | None = None,
               priority: int = 0, names: Mapping[str, str] | None = None,
-              image_data: object = None, namespace: Namespace = DEFAULT_NAMESPACE) -> SubmissionBatch:
+              image_data: object = None, namespace: Namespace = DEFAULT_NAMESPACE,
+              lora: str | Sequence[str | None] | None = None) -> SubmissionBatch:
         """The requests of one call: one per prompt and sample, prompt-major. `image_data`: a vision
         model's images (paths, bytes, data URLs, PIL images), one per placeholder
         (`image_prompts.placeholder`); for a batch, one list per prompt. `retain`: keep each finished
         sequence pinned (a str: a session key, OpenAI's prompt_cache_key). `priority`: SGLang's (larger
         first; see runtime/scheduling/schedule_policy.py). `namespace`: the requests reuse KV only within it
-        (runtime/namespace.py). Errors name a sampling field
+        (runtime/namespace.py). `lora`: a loaded LoRA adapter's name, or one (or None) per prompt (UnknownAdapter
+        for one not loaded). Errors name a sampling field
         as `names` spells it. The sampling params are checked first, then compiled (a constraint)."""
         params = parse_params(sampling_params)
         check_params(params, self.vocab_size, self.context_length, names)
@@ -73,15 +79,31 @@ class RequestValidator:
             retain = Retention.session(retain)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
+        adapters = self._adapters(lora, len(prompts))
         prompt_rids = self._rids(rid, len(prompts))
         rids = sample_rids(prompt_rids, params.n)
         subs = []
         for i, ids in enumerate(prompts):
+            adapter = adapters[i]
+            # an adapter's KV is never another adapter's or the base's: a namespace per adapter (and per load)
+            space = namespace if adapter is None else namespace.child("adapter", adapter.key)
             for j in range(params.n):
                 subs.append(Submission(rids[i * params.n + j], ids, _sample_params(params, j), return_logprob,
                                        starts[i], top_logprobs_num, constraints[i], images[i], retain,
-                                       priority, namespace))
+                                       priority, space, adapter))
         return SubmissionBatch(subs, prompt_rids, single, params.n, self._shared_prefills(subs))
+
+    def _adapters(self, lora: str | Sequence[str | None] | None, num_prompts: int) -> list[LoraAdapter | None]:
+        """Each prompt's LoRA adapter (None: the base model)."""
+        names = [lora] * num_prompts if lora is None or isinstance(lora, str) else list(lora)
+        if len(names) != num_prompts or not all(n is None or isinstance(n, str) for n in names):
+            raise ValueError(f"lora must be an adapter's name, or one name (or null) per prompt ({num_prompts})")
+        out: list[LoraAdapter | None] = []
+        for name in names:
+            if name is not None and self.adapters is None:
+                raise UnknownAdapter(name, [])
+            out.append(None if name is None or self.adapters is None else self.adapters.lookup(name))
+        return out
 
     def _thinking_first(self, params: SamplingParams, constraint: Constraint | None, prompts: list[list[int]],
                         names: Mapping[str, str]) -> list[Constraint | None]:
@@ -185,7 +207,7 @@ class RequestValidator:
         if len(seen) == len(subs):
             return []
         return [Submission(uuid.uuid4().hex, s.prompt_ids, SamplingParams(max_new_tokens=0), images=s.images,
-                           priority=s.priority, namespace=s.namespace)
+                           priority=s.priority, namespace=s.namespace, lora=s.lora)
                 for s in seen.values()]
 
 

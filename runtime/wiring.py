@@ -25,6 +25,7 @@ from .execution.output_processor import OutputProcessor
 from .kv.kv_manager import KVManager
 from .kv.memory import KVPool, ReqToToken, SlotAllocator
 from .kv.radix_cache import RadixCache
+from .lora.pool import LoraPool
 from .model_loading import load_model
 from .models.compiled import BackgroundCompile, warm_marker
 from .models.llama import LlamaForCausalLM
@@ -45,6 +46,7 @@ class EngineParts:
     image_prompts: ImagePrompts | None = None  # None: a text-only model
     image_encoder: ImageEncoder | None = None
     decode_compile: BackgroundCompile | None = None  # None: decode stays eager
+    lora: LoraPool | None = None  # the LoRA adapters served; None: this model and setup serve none
 
 
 def create_scheduler(cfg: EngineConfig) -> EngineParts:
@@ -88,18 +90,21 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     image_token_id = 0 if vision is None else vision.image_token_id
     jump = None if cfg.disable_jump_forward else JumpForwarder(loaded.tokenizer)
     core: EngineCore | DPEngineCore
+    lora = None
+    if workers is None and type(loaded.model) is LlamaForCausalLM:  # dense Llama family, one rank
+        lora = LoraPool(mcfg, cfg.max_loras_per_batch, cfg.max_lora_rank, device, dtype)
     if workers is not None and dp > 1:
         core = create_dp_core(cfg, loaded.model, kv, attn, workers, jump, shared_prefix)
     else:
         if workers is None:
-            runner = ModelRunner(loaded.model, kv.req_to_token, attn, device, graphs, encoder, image_token_id)
+            runner = ModelRunner(loaded.model, kv.req_to_token, attn, device, graphs, encoder, image_token_id, lora)
         else:
             runner = TPRunner(loaded.model, kv.req_to_token, attn, device, workers, encoder, image_token_id)
         drafter = create_drafter(cfg, loaded, pool_size, context_length)
-        scheduler = Scheduler(cfg, kv, context_length, drafter=drafter)
+        scheduler = Scheduler(cfg, kv, context_length, drafter=drafter, lora=lora)
         core = EngineCore(scheduler, runner, OutputProcessor(kv, context_length, scheduler.counters, jump, drafter))
     return EngineParts(core, loaded.tokenizer, loaded.name, mcfg.vocab_size, pool_size,
-                       None if vision is None else ImagePrompts(vision), encoder, decode_compile)
+                       None if vision is None else ImagePrompts(vision), encoder, decode_compile, lora)
 
 
 def kv_owner(cfg: EngineConfig, pool: KVPool, context_length: int, device: torch.device,

@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..runtime.engine import Engine
-from . import messages_api, native, openai_api, programs, responses_api, sglang_api, weights_api, worker_api
+from . import lora_api, messages_api, native, openai_api, programs, responses_api, sglang_api, weights_api, worker_api
 from .auth import AuthConfig, Authentication, require_admin, tenant_of
 from .body_limit import BodySizeLimit
 from .config import HEALTH_TIMEOUT_S
@@ -45,6 +45,7 @@ def create_app(engine: Engine, served_model_name: str | None = None,
     app.include_router(messages_api.router)
     app.include_router(programs.router)
     app.include_router(sglang_api.router)
+    app.include_router(lora_api.router)
     app.include_router(worker_api.router)
     app.include_router(weights_api.router)
     _admin_routes(app)

@@ -55,6 +55,8 @@ def _add_field(group: argparse._ArgumentGroup, f: dataclasses.Field, default: ob
     choices = f.metadata.get("choices") or None
     if base == "bool":
         group.add_argument(*field_flags(f), action="store_true", default=default, help=field_help(f))
+    elif base == "list[str]":  # --lora-paths a=DIR b=DIR
+        group.add_argument(*field_flags(f), nargs="+", type=str, default=default, help=field_help(f))
     else:
         group.add_argument(*field_flags(f), type=_ARG_TYPES[base], default=default, choices=choices,
                            help=field_help(f))

@@ -10,6 +10,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Iterator, Mapping
 
+from ..runtime.lora import UnknownAdapter
 from ..runtime.validation import FieldError
 
 if TYPE_CHECKING:  # imported where used: the CLI's `generate` imports this module (limits.py) without a server
@@ -64,9 +65,12 @@ def _shaped_body(path: str, status: int, message: str, param: str | None = None,
 def user_errors(fields: Mapping[str, str]) -> Iterator[None]:
     """Turns the engine's ValueError/TypeError (a bad request) into a 400. A FieldError already names
     the field as the client spelled it; otherwise, when the message starts with a field name in
-    `fields` (engine name -> the name the client used), the message and `param` use the client's name."""
+    `fields` (engine name -> the name the client used), the message and `param` use the client's name.
+    A LoRA adapter that is not loaded is a 404."""
     try:
         yield
+    except UnknownAdapter as e:
+        raise APIError(404, str(e), fields.get("lora", "lora"), kind="not_found_error") from e
     except FieldError as e:
         raise APIError(400, str(e), e.field) from e
     except (ValueError, TypeError) as e:

@@ -49,7 +49,7 @@ MAX_CACHE_BREAKPOINTS = 4  # Anthropic's limit per request
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
-    check_model(body.model, state.model_name)
+    check_model(body.model, state.model_name, state.engine.lora_adapters())
     fields = _chat_fields(body, state.engine.tokenizer.chat_template) | {
         "stream": body.stream, "max_completion_tokens": body.max_tokens, "stop": body.stop_sequences,
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
@@ -64,7 +64,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     """The prompt's tokens as the chat template renders it (an image counts as its placeholder)."""
     state = server_state(request)
     state.ensure_open()
-    check_model(body.model, state.model_name)
+    check_model(body.model, state.model_name, state.engine.lora_adapters())
     engine = state.engine
     fields = _chat_fields(body, engine.tokenizer.chat_template)
     chat = chat_request({k: v for k, v in fields.items() if v is not None}, _PARAMS)

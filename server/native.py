@@ -33,7 +33,7 @@ router = APIRouter()
 # engine field names as a native client spells them (for error messages)
 FIELDS = {name: f"sampling_params.{name}" for name in [f.name for f in dataclasses.fields(SamplingParams)]
           + list(ALIASES)} | {name: name for name in ("input_ids", "rid", "top_logprobs_num", "logprob_start_len")} | {
-    "cache_key": "session"}
+    "cache_key": "session", "lora": "lora_path"}
 
 
 @router.post("/generate", responses=streaming_responses(400, 413, 422, 503))
@@ -55,7 +55,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
         top_logprobs_num=body.top_logprobs_num, rid=body.rid, image_data=images,
         retain=body.cache_key and tenant.scoped(body.cache_key), priority=body.priority or 0, names=FIELDS,
-        namespace=tenant.namespace)
+        namespace=tenant.namespace, lora=body.lora_path)
     with user_errors(FIELDS):
         batch = await state.offload(build)
     state.limits.check_sequences(len(prompts), batch.n)

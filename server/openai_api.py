@@ -52,9 +52,12 @@ router = APIRouter()
 @router.get("/v1/models", responses=error_responses(503))
 async def models(request: Request) -> dict[str, Any]:
     state = server_state(request)
-    return {"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": state.created, "owned_by": "radixlang",
-        "max_model_len": state.engine.context_length}]}
+    base = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "radixlang",
+            "max_model_len": state.engine.context_length}
+    # each LoRA adapter as a model of its own, its parent the base (vLLM's listing); `root` its folder
+    adapters = [base | {"id": name, "parent": state.model_name, "root": path}
+                for name, path in sorted(state.engine.lora_adapters().items())]
+    return {"object": "list", "data": [base | {"parent": None, "root": state.engine.model_path}, *adapters]}
 
 
 # ---- sampling params: the route's fields in the engine's names (validated once, in _respond) -------
@@ -168,7 +171,7 @@ async def _respond(request: Request, view: _View, params: dict[str, Any], fields
         state.engine.validator.build, input_ids=job.prompts, sampling_params=params, return_logprob=job.return_logprob,
         logprob_start_len=job.logprob_start_len, top_logprobs_num=job.top_logprobs_num, rid=job.rids,
         image_data=job.image_data, retain=job.cache_key and tenant.scoped(job.cache_key), priority=job.priority,
-        names=fields, namespace=tenant.namespace)
+        names=fields | {"lora": "model"}, namespace=tenant.namespace, lora=job.lora)
     with user_errors(fields):
         batch = await state.offload(build)
     state.limits.check_sequences(len(job.prompts), batch.n)
@@ -188,7 +191,7 @@ async def _respond(request: Request, view: _View, params: dict[str, Any], fields
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
-    check_model(body.model, state.model_name)
+    lora = check_model(body.model, state.model_name, state.engine.lora_adapters(), body.lora_path)
     check_completion_extras(body)
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, "best_of is not supported; use n for several samples", "best_of")
@@ -204,7 +207,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     want_logprobs = body.logprobs is not None
     job = Job(new_id("cmpl"), prompts, return_logprob=want_logprobs, top_logprobs_num=body.logprobs or 0,
               logprob_start_len=0 if body.echo and want_logprobs else -1,  # echo scores the prompt too
-              cache_key=body.prompt_cache_key, priority=body.priority or 0)
+              cache_key=body.prompt_cache_key, priority=body.priority or 0, lora=lora)
     return await _respond(request, _CompletionView(state, body, job, texts), params, fields)
 
 
@@ -267,7 +270,7 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
     """Runs a chat request; `adapt` wraps its view to answer in another protocol's shape (server/agent_views.py)."""
     state = server_state(request)
     state.ensure_open()
-    check_model(body.model, state.model_name)
+    lora = check_model(body.model, state.model_name, state.engine.lora_adapters(), body.lora_path)
     check_chat_extras(body)
     check_top_logprobs(body.top_logprobs, "top_logprobs")
     if body.top_logprobs and not body.logprobs:
@@ -290,7 +293,7 @@ async def chat_response(body: ChatCompletionRequest, request: Request,
                                          engine.image_prompts, state.model_name, plan, extra)
     job = Job(new_id("chatcmpl"), [prompt], return_logprob=body.logprobs,
               top_logprobs_num=body.top_logprobs or 0, image_data=images or None, cache_key=body.prompt_cache_key,
-              priority=body.priority or 0)
+              priority=body.priority or 0, lora=lora)
     split = reply_format(parser, engine.tokenizer, prompt) if body.separate_reasoning else None
     view = _ChatView(state, body, job, plan, split)
     return await _respond(request, adapt(view) if adapt is not None else view, params, fields)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 from ..runtime.multimodal.prompt import ImagePrompts
 from ..runtime.sampling_params import RULES
@@ -32,6 +32,7 @@ class Job:
     image_data: list[Any] | None = None  # the prompt's images (decoded), one per placeholder
     cache_key: str | None = None  # prompt_cache_key: the finished sequence stays cached for the session
     priority: int = 0  # SGLang's field: larger is admitted first (runtime/scheduling/schedule_policy.py)
+    lora: str | None = None  # the LoRA adapter the request's model names (None: the base model)
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1  # samples per prompt: set once the request is validated
 
@@ -46,10 +47,33 @@ def new_id(prefix: str, sep: str = "-") -> str:
     return f"{prefix}{sep}{uuid.uuid4().hex}"
 
 
-def check_model(model: str, served: str) -> None:
-    if model not in (served, "default"):
-        raise APIError(404, f"model {model!r} is not served here; use {served!r} (or 'default')", "model",
-                       kind="not_found_error")
+def check_model(model: str, served: str, adapters: Collection[str] = (), lora_path: str | None = None) -> str | None:
+    """The LoRA adapter a request runs (None: the base model): `model` names the base (its name or 'default'),
+    an adapter (vLLM's convention) or BASE:ADAPTER (SGLang's); SGLang's `lora_path` names one too. A 404 names
+    a model or adapter that is not served."""
+    adapter = _model_adapter(model, served, adapters)
+    if lora_path is not None:
+        if adapter is not None and adapter != lora_path:
+            raise APIError(400, f"model names adapter {adapter!r} but lora_path {lora_path!r}; name one", "lora_path")
+        return lora_path  # checked where the request is built (a 404 if not loaded)
+    return adapter
+
+
+def _model_adapter(model: str, served: str, adapters: Collection[str]) -> str | None:
+    if model in (served, "default"):
+        return None
+    if model in adapters:
+        return model
+    for base in (served, "default"):
+        if model.startswith(base + ":") and len(model) > len(base) + 1:
+            name = model[len(base) + 1:]
+            if name in adapters:
+                return name
+            raise APIError(404, f"LoRA adapter {name!r} is not loaded; loaded: {', '.join(sorted(adapters)) or 'none'}",
+                           "model", kind="not_found_error")
+    names = "".join(f", {a!r}" for a in sorted(adapters))
+    raise APIError(404, f"model {model!r} is not served here; use {served!r} (or 'default'){names}", "model",
+                   kind="not_found_error")
 
 
 def check_top_logprobs(value: int | None, param: str) -> None:

@@ -46,7 +46,7 @@ class SGLangGenerateExtras(StrictModel):
     video_data: Any = None
     audio_data: Any = None
     session_params: dict[str, Any] | None = None
-    lora_path: Any = None
+    lora_path: str | list[str | None] | None = None  # a loaded adapter's name (SGLang's), or one per prompt
     lora_id: Any = None
     custom_logit_processor: Any = None
     bootstrap_host: Any = None
@@ -73,7 +73,7 @@ class SGLangChatExtras(StrictModel):
     return_audio: bool | None = None
     priority: int | None = None
     rid: str | None = None
-    lora_path: Any = None
+    lora_path: str | None = None  # a loaded adapter's name (SGLang's); `model` may name it too
     session_params: dict[str, Any] | None = None
     bootstrap_host: Any = None
     bootstrap_port: Any = None
@@ -85,7 +85,7 @@ class SGLangCompletionExtras(StrictModel):
 
     return_hidden_states: bool = False
     priority: int | None = None
-    lora_path: Any = None
+    lora_path: str | None = None  # a loaded adapter's name (SGLang's); `model` may name it too
     session_params: dict[str, Any] | None = None
 
 
@@ -131,6 +131,18 @@ class SeparateReasoningRequest(StrictModel):  # SGLang's /separate_reasoning
 class ConcatenateRequest(StrictModel):  # SGLang's /concate_and_append_request (a fork join)
     src_rids: list[str]
     dst_rid: str
+
+
+class LoadLoraRequest(StrictModel):
+    """SGLang's /load_lora_adapter body: serve the PEFT folder `lora_path` (on the server's disk) as `lora_name`."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1)
+    pinned: bool = False  # SGLang's: keep the adapter in a device slot; every slot here is reloaded when needed
+
+
+class UnloadLoraRequest(StrictModel):
+    lora_name: str = Field(min_length=1, max_length=256)
 
 
 class ProfileRequest(StrictModel):

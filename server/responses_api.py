@@ -59,7 +59,7 @@ def response_store(request: Request) -> TenantResponses:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state = server_state(request)
     state.ensure_open()
-    check_model(body.model, state.model_name)
+    check_model(body.model, state.model_name, state.engine.lora_adapters())
     store = response_store(request)
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:

@@ -20,8 +20,7 @@ _GENERATE_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "video_data": (None, "video input"),
     "audio_data": (None, "audio input"),
     "session_params": (None, "sessions"),
-    "lora_path": (None, "LoRA adapters"),
-    "lora_id": (None, "LoRA adapters"),
+    "lora_id": (None, "LoRA adapter ids (name the adapter in lora_path)"),
     "custom_logit_processor": (None, "custom logit processors"),
     "bootstrap_host": (None, "prefill/decode disaggregation"),
     "bootstrap_port": (None, "prefill/decode disaggregation"),
@@ -32,7 +31,6 @@ _CHAT_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "continue_final_message": (False, "continuing the last assistant message"),
     "return_hidden_states": (False, "hidden states"),
     "return_audio": (None, "audio output"),
-    "lora_path": (None, "LoRA adapters"),
     "session_params": (None, "sessions"),
     "bootstrap_host": (None, "prefill/decode disaggregation"),
     "bootstrap_port": (None, "prefill/decode disaggregation"),
@@ -46,8 +44,7 @@ _PROFILE_UNSUPPORTED: dict[str, tuple[bool | None, str]] = {
     "detailed_annotations": (False, "per-step KV annotations"),
 }
 
-_COMPLETION_UNSUPPORTED = {name: _CHAT_UNSUPPORTED[name] for name in ("return_hidden_states", "lora_path",
-                                                                      "session_params")}
+_COMPLETION_UNSUPPORTED = {name: _CHAT_UNSUPPORTED[name] for name in ("return_hidden_states", "session_params")}
 
 
 def check_generate_extras(body: SGLangGenerateExtras) -> None:

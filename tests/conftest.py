@@ -146,6 +146,14 @@ FakeTensorMode.__torch_dispatch__ = _stalling_dispatch
 
 
 @pytest.fixture(scope="session")
+def lora_adapters(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """Three random PEFT LoRA adapters of the tiny model, every target module (tests/lora_peft.py)."""
+    from tests.lora_peft import write_adapters
+
+    return write_adapters(tiny_model_dir, tmp_path_factory.mktemp("lora"))
+
+
+@pytest.fixture(scope="session")
 def long_tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     """The tiny model with a context long enough for a request of OUTLASTS_GRACE_TOKENS."""
     path = tmp_path_factory.mktemp("tiny-llama-long")

@@ -9,8 +9,9 @@ from ...kernels.backend import AttentionBackend, AttentionBatch
 from ..batch import StepBatch, prefix_groups
 from ..config import CASCADE_MIN_PREFIX
 from ..kv.memory import ReqToToken
+from ..lora.pool import LoraPool
 from ..models.eplb import Placement, apply_placements, expert_load
-from ..models.llama import ForwardContext, LlamaForCausalLM
+from ..models.llama import ForwardContext, LlamaForCausalLM, LoraDelta
 from ..models.moe_llama import moe_blocks
 from ..multimodal.encoder import ImageEncoder
 from ..multimodal.prompt import ImagePart, step_images
@@ -26,6 +27,7 @@ class StepInputs:
     hidden_rows: list[int]  # for each logits row, its token's index in the step
     embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (token rows, image embeddings) replacing them
     images: tuple[ImagePart, ...] = ()  # where `embeds` came from: what a worker rank resolves them from
+    lora: LoraDelta | None = None  # the step's adapter rows (runtime/lora; one rank only: never sent to workers)
 
 
 class ModelRunner:
@@ -33,8 +35,9 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, req_to_token: ReqToToken | None, attn: AttentionBackend,
                  device: torch.device, graphs: DecodeGraphs | None = None,
-                 images: ImageEncoder | None = None, image_token_id: int = 0):
+                 images: ImageEncoder | None = None, image_token_id: int = 0, lora: LoraPool | None = None):
         self.model = model
+        self.lora = lora  # None: the model serves no adapters
         self.req_to_token = req_to_token
         self.attn = attn
         self.device = device
@@ -45,24 +48,28 @@ class ModelRunner:
     def forward(self, batch: StepBatch) -> torch.Tensor | None:
         """[len(batch.hidden_rows), vocab] float32 logits, or None when no row is wanted."""
         groups = [] if self.cascade_min is None else prefix_groups(batch.items, self.cascade_min)
+        lora = None if self.lora is None else self.lora.step([item.req.lora for item in batch.items],
+                                                             [item.length for item in batch.items])
         # decodes sharing a long prefix read it once, in the graphs' cascade variant; decode steps never
-        # carry image positions (images sit in prompts), so graphs serve VLMs too
-        if self.graphs is not None and self.graphs.fits(batch):
+        # carry image positions (images sit in prompts), so graphs serve VLMs too; adapter rows run eagerly
+        if lora is None and self.graphs is not None and self.graphs.fits(batch):
             return self.graphs.forward(batch, groups)
-        return self.run(self.step_inputs(batch, groups))
+        return self.run(self.step_inputs(batch, groups, lora))
 
-    def step_inputs(self, batch: StepBatch, groups: list[tuple[list[int], int]]) -> StepInputs:
+    def step_inputs(self, batch: StepBatch, groups: list[tuple[list[int], int]],
+                    lora: LoraDelta | None = None) -> StepInputs:
         assert self.req_to_token is not None, "worker ranks receive their StepInputs, never build them"
         attention = batch.attention_batch(self.req_to_token.table, groups)
         if self.images is None:
-            return StepInputs(batch.input_ids(), attention, batch.hidden_rows)
+            return StepInputs(batch.input_ids(), attention, batch.hidden_rows, lora=lora)
         images = step_images(batch, self.image_token_id)
-        return StepInputs(images.input_ids, attention, batch.hidden_rows, self.images.embed_step(images), images.parts)
+        return StepInputs(images.input_ids, attention, batch.hidden_rows, self.images.embed_step(images), images.parts,
+                          lora)
 
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         plan = self.attn.plan(inputs.attention)
         input_ids = torch.tensor(inputs.input_ids, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn), inputs.embeds)
+        hidden = self.model(input_ids, plan.positions, ForwardContext(self.attn, inputs.lora), inputs.embeds)
         rows = inputs.hidden_rows
         if not rows:
             return None

@@ -318,6 +318,20 @@ class KVManager:
             self.host.flush()
         return self.cache.total_size == 0
 
+    def drop_namespaces(self, kind: str, value: str) -> int:
+        """Frees the cached KV of every namespace holding part (kind, value) (an unloaded LoRA adapter's, under
+        any tenant): its pins are released and its unlocked paths evicted, not parked in the host tier (nothing
+        will match them again). Returns the tokens freed."""
+        def inside(namespace: Namespace) -> bool:
+            return (kind, value) in namespace.parts
+
+        self.pins.unpin_where(lambda pin: not inside(self.cache.namespace_of(pin.node)))
+        self.cache.on_evict = None
+        try:
+            return self.cache.evict(self.cache.evictable_size, where=inside)
+        finally:
+            self.cache.on_evict = self._on_evict
+
     def _relock(self, req: KVSeq, node: TreeNode, cached_len: int) -> None:
         self.cache.inc_lock_ref(node)
         assert req.last_node is not None, "a request holding a row locks its cached prefix"

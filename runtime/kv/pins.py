@@ -100,6 +100,11 @@ class PinTable:
             self.unpin(owner)
         return len(owners)
 
+    def unpin_where(self, keep: Callable[[Pin], bool]) -> None:
+        """Releases every pin `keep` refuses."""
+        for pin in [p for p in self.pins.values() if not keep(p)]:
+            self.unpin(pin.owner)
+
     def unpin_all(self) -> None:
         for owner in list(self.pins):
             self.unpin(owner)

@@ -229,12 +229,13 @@ class RadixCache:
             node = node.parent
 
     # ---- eviction ---------------------------------------------------------------------------
-    def evict(self, num_tokens: int, wanted: bool = True) -> int:
+    def evict(self, num_tokens: int, wanted: bool = True, where: Callable[[Namespace], bool] | None = None) -> int:
         """Free least-recently-used unlocked leaves until `num_tokens` slots are freed (or none left);
-        `wanted=False` spares the leaves a queued request will hit."""
+        `wanted=False` spares the leaves a queued request will hit; `where`: only in the namespaces it accepts."""
         if self.disable or num_tokens <= 0:
             return 0
-        heap = [n for n in self.nodes() if not n.children and n.lock_ref == 0 and (wanted or not n.want_ref)]
+        heap = [n for n in self.nodes() if not n.children and n.lock_ref == 0 and (wanted or not n.want_ref)
+                and (where is None or where(self.namespace_of(n)))]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:

@@ -57,12 +57,21 @@ class LayerAttention(Protocol):
                        scale: float, w_kv_b: torch.Tensor, /) -> torch.Tensor: ...
 
 
+class LoraDelta(Protocol):
+    """The step's LoRA adapters (runtime/lora/pool.py's LoraBatch): adds each row's low-rank delta to the output
+    `y` of a fused linear ("qkv", "o", "gate_up", "down") of layer `layer`, whose input was `x`."""
+
+    def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor, /) -> torch.Tensor: ...
+
+
 @dataclass(slots=True)
 class ForwardContext:
     """What one forward pass needs besides token ids and positions: the attention backend, already
-    planned for this step (it holds the step's KV index tensors and the per-layer KV buffers)."""
+    planned for this step (it holds the step's KV index tensors and the per-layer KV buffers), and the
+    step's LoRA adapters (None: every row runs the base model)."""
 
     attn: LayerAttention
+    lora: LoraDelta | None = None
 
 
 class RMSNorm(nn.Module):
@@ -125,26 +134,35 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext):
         qkv = self.qkv_proj(x)
+        if ctx.lora is not None:
+            qkv = ctx.lora.add(self.layer_id, "qkv", x, qkv)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # q heads, then k heads
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:  # both or neither (cfg.qk_norm)
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
         q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
-        o = ctx.attn.forward(q, k, v, self.layer_id, self.scale)
-        return self.o_proj(o.flatten(1))  # [T, heads * head_dim], T = 0 included (an idle DP-attention rank)
+        o = ctx.attn.forward(q, k, v, self.layer_id, self.scale).flatten(1)  # [T, heads * head_dim]
+        out = self.o_proj(o)  # T = 0 included (an idle DP-attention rank)
+        return out if ctx.lora is None else ctx.lora.add(self.layer_id, "o", o, out)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig, tp: TensorParallel):
+    def __init__(self, cfg: LlamaConfig, tp: TensorParallel, layer_id: int = 0):
         super().__init__()
         channels = Part(cfg.intermediate_size)
+        self.layer_id = layer_id
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [channels, channels], cfg.mlp_bias, tp)
         self.down_proj = RowParallelLinear(channels, cfg.hidden_size, cfg.mlp_bias, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if lora is not None:
+            gate_up = lora.add(self.layer_id, "gate_up", x, gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        out = self.down_proj(h)
+        return out if lora is None else lora.add(self.layer_id, "down", h, out)
 
 
 class DecoderLayer(nn.Module):
@@ -153,11 +171,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = MLP(cfg, tp, layer_id)
 
     def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        # adapters serve dense Llama-family models only (runtime/lora): a MoE block is never given one
+        return x + (self.mlp(h) if ctx.lora is None else self.mlp(h, ctx.lora))
 
 
 class LlamaForCausalLM(nn.Module):

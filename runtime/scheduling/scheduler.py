@@ -25,6 +25,7 @@ from .fair_share import FairShare, account
 from .schedule_policy import order_waiting, rank
 
 if TYPE_CHECKING:
+    from ..lora.pool import LoraPool
     from ..submission import Retention
 
 RESERVE_CLIP = 4096  # cap on one request's reserved future tokens
@@ -47,6 +48,7 @@ class Scheduler:
     kv: KVManager
     context_length: int
     drafter: DraftState | None = None  # None: no speculative decoding
+    lora: LoraPool | None = None  # the LoRA adapters served (None: none): at most its num_slots run at once
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)  # admitted, in admission order
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
@@ -65,6 +67,11 @@ class Scheduler:
         if req.rid in self.reqs:
             emit_final(req, "abort", error=f"request id {req.rid!r} is already in use")
             return
+        if req.lora is not None:
+            if req.lora.retired:  # unloaded between the request's validation and now
+                emit_final(req, "abort", error=f"LoRA adapter {req.lora.name!r} was unloaded")
+                return
+            req.lora.users += 1
         self.reqs[req.rid] = req
         if self.fair is not None:
             self.fair.join(req, self.reqs.values())
@@ -160,10 +167,11 @@ class Scheduler:
         reserve = sum(self._future_tokens(r) for r in self.running)
         admitted = RadixCache(lambda slots: None)  # this step's prompts, to spot in-batch sharing
         admitted.shared = self.kv.cache.shared
+        adapters = {id(r.lora) for r in self.running if r.lora is not None}
         for req in self._order_waiting():
             if budget <= 0 or self._admission_closed():
                 break
-            if self.hold_new and req.state is ReqState.WAITING:
+            if self.hold_new and req.state is ReqState.WAITING or not self._adapter_fits(req, adapters):
                 continue
             share = self._share_left(req)
             if share <= 0 or self._better_next_step(req, admitted):
@@ -177,7 +185,15 @@ class Scheduler:
             self._take_share(req, item.length)
             reserve += self._future_tokens(req)
             admitted.insert(req.prompt_ids, torch.zeros(len(req.prompt_ids), dtype=torch.int64), req.namespace)
+            if req.lora is not None:
+                adapters.add(id(req.lora))
         return items
+
+    def _adapter_fits(self, req: Req, running: set[int]) -> bool:
+        """Whether req's adapter can run beside the running set's: each step's adapters fit the device's slots."""
+        if req.lora is None or self.lora is None or id(req.lora) in running:
+            return True
+        return len(running) < self.lora.num_slots
 
     def _order_waiting(self) -> list[Req]:
         ordered = order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
@@ -347,6 +363,8 @@ class Scheduler:
             self._retain(req, req.retain, computed, reason)
         if self.drafter is not None:
             self.drafter.forget(req, finished=reason != "abort")
+        if req.lora is not None and self.lora is not None and self.lora.release(req.lora):
+            self.kv.drop_namespaces("adapter", req.lora.key)  # an unloaded adapter's last request: its KV goes
         req.state = ReqState.ABORTED if reason == "abort" else ReqState.FINISHED
         self.reqs.pop(req.rid, None)
         if reason == "abort":
@@ -427,6 +445,13 @@ class Scheduler:
         })
 
     # ---- pins, by owner ---------------------------------------------------------------------------
+    def unload_adapter(self, name: str) -> None:
+        """Stops serving adapter `name`; it and its cached KV go now if no request runs it, else when the last ends."""
+        assert self.lora is not None, "the engine checks that the model serves adapters"
+        adapter = self.lora.remove(name)
+        if adapter.users == 0:
+            self.kv.drop_namespaces("adapter", adapter.key)
+
     def unpin(self, owner: str) -> int:
         """Drops `owner`'s pin; how many tokens it pinned (0: none)."""
         return self.kv.pins.unpin(owner)

@@ -79,6 +79,10 @@ def test_every_variant_the_backend_launches_compiles_for_sm90_without_spills():
             assert {v["constants"]["NUM_SPLITS"] for v in quant if v["kernel"] == "_decode_kernel"} == {1, 16}
             assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 for v in quant)
             assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in quant)
+        lora = [v for v in lines if v["heads"] == "lora delta"]  # the gathered LoRA delta: shrink, then expand
+        assert sorted(v["constants"]["BLOCK_R"] for v in lora) == [32, 256]
+        assert all(0 < v["registers"] <= 255 and v["local_bytes"] == 0 and v["dots"] == 2 for v in lora)
+        assert all((v["tensor_core_ops"] > 0) == (dtype == "bfloat16") for v in lora)
 
 
 KERNEL_WITH_A_PLAIN_GLOBAL = textwrap.dedent("""

@@ -30,9 +30,9 @@ def test_gens_signature_is_sglangs_and_every_keyword_is_a_derived_field():
     tool_keywords = ["tools", "tool_choice", "parallel_tool_calls"]  # ours: they become a structural_tag
     reasoning = ["thinking_token_budget", "reasoning_parser"]  # reasoning models (docs/reasoning.md)
     assert [p.name for p in params if p.kind is p.KEYWORD_ONLY] == ["grammar", "structural_tag", *tool_keywords,
-                                                                     *reasoning]
-    assert set(GEN_FIELDS) == (set(SGLANG_GEN_PARAMETERS + ["grammar", "structural_tag", "tool_calls", *reasoning])
-                               - {"name", "n", "choices", "choices_method"})
+                                                                     *reasoning, "lora"]  # lora: docs/lora.md
+    assert set(GEN_FIELDS) == (set(SGLANG_GEN_PARAMETERS + ["grammar", "structural_tag", "tool_calls", *reasoning,
+                                                            "lora"]) - {"name", "n", "choices", "choices_method"})
     for fn in (rl.gen_int, rl.gen_string):
         assert list(inspect.signature(fn).parameters) == SGLANG_GEN_INT_PARAMETERS
 
@@ -74,6 +74,6 @@ def test_run_takes_every_gen_field_but_the_constraints_under_the_runtimes_names(
     assert set(RUN_FIELDS) == {"max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
                                "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
                                "return_logprob", "top_logprobs_num", "return_text_in_logprobs", "stop_regex",
-                               "logprob_start_len", "thinking_token_budget", "reasoning_parser"}
+                               "logprob_start_len", "thinking_token_budget", "reasoning_parser", "lora"}
     params = sampling_defaults({"max_new_tokens": 7, "min_new_tokens": 2, "stop": "\n"})
     assert (params.max_tokens, params.min_tokens, params.stop) == (7, 2, ["\n"])

@@ -37,7 +37,7 @@ def test_generate_accepts_the_fields_the_router_adds(server):
         assert r.json()["meta_info"]["completion_tokens"] == 3
 
 
-@pytest.mark.parametrize("field,value", [("return_hidden_states", True), ("lora_path", "adapter"),
+@pytest.mark.parametrize("field,value", [("return_hidden_states", True), ("lora_id", "adapter"),
                                          ("data_parallel_rank", 1), ("bootstrap_room", 7)])
 def test_generate_refuses_an_sglang_feature_it_lacks_naming_the_field(server, field, value):
     with server.client() as c:

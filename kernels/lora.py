@@ -1,0 +1,86 @@
+"""The gathered LoRA delta of a step whose rows use different adapters (S-LoRA / Punica's batched LoRA).
+
+The base linear runs once over every row; then each row that has an adapter adds its low-rank delta
+y[t] += B[s] (A[s] x[t]), with s its adapter's slot in the stacked weights A [slots, R, K] and B^T [slots, R, N]
+(the adapter's scaling already folded into B, ranks zero-padded to R). Rows of the base model (no adapter) cost
+nothing.
+
+Batch invariance: a row's delta must be the same bits whatever rows run beside it. The rows of each slot are
+gathered into tiles of exactly `tile` rows (the last one padded by repeating a row) and every tile runs the same
+fixed-shape product [tile, K] x [K, R] then [tile, R] x [R, N], so each row's sums run in one order, set by
+the shapes alone and never by the batch (a plain matmul over a variable row count switches kernels and
+blocking with it). The Triton kernel (kernels/triton/lora.py) takes the same plan, with tiles of 16 rows
+(tl.dot's smallest); the CPU's are 4 rows, as a decode has a few rows per adapter and padding is paid in full.
+
+On the CPU each slot's run of tiles is one batched matmul against the slot's weights broadcast (no copy): a
+decode of 16 rows over 8 adapters reads each adapter's weights once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TILE = 16  # rows per tile on CUDA: tl.dot's smallest row block
+CPU_TILE = 4  # rows per tile on the CPU (measured at SmolLM2's shapes, rank 16: 16 rows took 2.5x a decode's time)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraPlan:
+    """Where one step's adapter rows sit: a tile's rows all use one slot."""
+
+    tile: int  # rows per tile
+    rows: torch.Tensor  # [tiles * tile] int64: the token row at each tile position (padding repeats a real row)
+    valid: torch.Tensor  # [tiles * tile] int8: 1 where the position is a real row (not padding)
+    tile_slots: torch.Tensor  # [tiles] int64: each tile's slot in the stacked weights
+    targets: torch.Tensor  # the real rows, in tile order (rows[valid])
+    positions: torch.Tensor  # their positions in `rows` (nonzero of valid)
+    runs: list[tuple[int, int, int]]  # (slot, first tile, tiles): each slot's tiles, consecutive
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_slots.numel()
+
+
+def plan_rows(slots: list[int], device: torch.device, tile: int | None = None) -> LoraPlan | None:
+    """The tiles of a step whose token t uses slot slots[t] (0: the base model, no delta); None: no adapter.
+    Tiles are `tile` rows: by default TILE on CUDA (the Triton kernel's), CPU_TILE elsewhere."""
+    size = tile or (TILE if device.type == "cuda" else CPU_TILE)
+    by_slot: dict[int, list[int]] = {}
+    for row, slot in enumerate(slots):
+        if slot:
+            by_slot.setdefault(slot, []).append(row)
+    if not by_slot:
+        return None
+    rows: list[int] = []
+    valid: list[bool] = []
+    tile_slots: list[int] = []
+    runs = []
+    for slot, members in sorted(by_slot.items()):
+        runs.append((slot, len(tile_slots), -(-len(members) // size)))
+        for start in range(0, len(members), size):
+            chunk = members[start:start + size]
+            pad = size - len(chunk)
+            rows += chunk + [chunk[0]] * pad
+            valid += [True] * len(chunk) + [False] * pad
+            tile_slots.append(slot)
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+    valid_t = torch.tensor(valid, dtype=torch.int8, device=device)
+    positions = torch.tensor([i for i, v in enumerate(valid) if v], dtype=torch.int64, device=device)
+    return LoraPlan(size, rows_t, valid_t, torch.tensor(tile_slots, dtype=torch.int64, device=device),
+                    rows_t[positions], positions, runs)
+
+
+def lora_delta_torch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
+    """Adds each planned row's delta to y [T, N] in place (returned), in torch: the CPU path, and the Triton
+    kernel's oracle. x [T, K]; a [slots, R, K]; bt [slots, R, N] (B transposed: a plain bmm operand); computed
+    in a's dtype (the activations')."""
+    xt = x.index_select(0, plan.rows).to(a.dtype).view(plan.num_tiles, plan.tile, x.shape[1])
+    parts = []
+    for slot, first, n in plan.runs:  # each tile one [tile, K] x [K, R] product, the slot's weights broadcast
+        h = torch.bmm(xt[first:first + n], a[slot].T.expand(n, -1, -1))  # [n, tile, R]
+        parts.append(torch.bmm(h, bt[slot].expand(n, -1, -1)))  # [n, tile, N]
+    delta = torch.cat(parts).view(plan.num_tiles * plan.tile, -1).index_select(0, plan.positions).to(y.dtype)
+    # one add per row (the targets are distinct); index_add_ took ~100 ms a call on the CPU
+    return y.index_copy_(0, plan.targets, y.index_select(0, plan.targets) + delta)
+

@@ -1,0 +1,179 @@
+"""The adapters an engine serves, and the device slots the running ones occupy (S-LoRA's unified pool, simply).
+
+Every loaded adapter keeps its weights on the CPU; a step's adapters are copied into `num_slots` device slots
+(max_loras_per_batch), the least recently used one giving way, and the step's rows gather them by slot
+(kernels/lora.py). Slot 0 is the base model: no delta. The scheduler admits at most `num_slots` distinct
+adapters into the running set, so one step never needs more.
+
+Per layer the slots stack the fused linears' LoRA weights the way the model fuses the linears: q | k | v share
+one input (A of rank 3R: q's rows, then k's, then v's; B block-diagonal, stored transposed [3R, out] as the
+kernels take it), gate | up likewise (2R), o and down alone. R is max_lora_rank (default: the largest rank of the adapters given at start, else of the first one
+loaded); smaller ranks are zero-padded, which adds exact zeros.
+
+Everything here runs on the scheduler thread but `lookup` (a dict read, from the request's validation).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ...kernels.lora import LoraPlan, lora_delta_torch, plan_rows
+from ..models.llama import LlamaConfig
+from . import UnknownAdapter
+from .adapter import LoraAdapter
+
+# the model's fused linears and the PEFT targets each stacks, in its row order
+GROUPS: dict[str, tuple[str, ...]] = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
+                                     "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+
+
+def _shapes(cfg: LlamaConfig) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Each group's (input features, output rows per target)."""
+    q, kv, h, i = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+    return {"qkv": (h, (q, kv, kv)), "o": (q, (h,)), "gate_up": (h, (i, i)), "down": (i, (h,))}
+
+
+@dataclass(slots=True)
+class LoraBatch:
+    """One step's adapter rows (ForwardContext.lora): adds each row's delta to a fused linear's output."""
+
+    plan: LoraPlan
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, group) -> (A, B^T) stacked by slot
+    delta: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LoraPlan], torch.Tensor]
+
+    def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a, bt = self.weights[(layer, group)]
+        return self.delta(y, x, a, bt, self.plan)
+
+
+class LoraPool:
+    def __init__(self, cfg: LlamaConfig, num_slots: int, max_rank: int | None, device: torch.device,
+                 dtype: torch.dtype):
+        self.cfg, self.num_slots, self.max_rank = cfg, num_slots, max_rank
+        self.device, self.dtype = device, dtype
+        self.shapes = _shapes(cfg)
+        self.adapters: dict[str, LoraAdapter] = {}  # by name: what requests may name
+        self.slots: list[LoraAdapter | None] = [None] * (num_slots + 1)  # [0]: the base model
+        self.weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}  # allocated at the first load
+        self._uids = itertools.count(1)
+        self._steps = 0
+        self._delta = lora_delta_torch  # the Triton kernel on CUDA (the same plan and result, in place)
+        if device.type == "cuda":
+            from ...kernels.triton.lora import lora_delta_triton
+
+            self._delta = lora_delta_triton
+
+    # ---- the adapters ---------------------------------------------------------------------------
+    def lookup(self, name: str) -> LoraAdapter:
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise UnknownAdapter(name, list(self.adapters))
+        return adapter
+
+    def add(self, adapter: LoraAdapter) -> None:
+        """Serves `adapter` under its name; ValueError if the name is taken or it does not fit the model."""
+        if adapter.name in self.adapters:
+            raise ValueError(f"LoRA adapter {adapter.name!r} is already loaded; unload it first")
+        self._check_shapes(adapter)
+        if self.max_rank is None:
+            self.max_rank = adapter.rank
+        if adapter.rank > self.max_rank:
+            raise ValueError(f"LoRA adapter {adapter.name!r} has rank {adapter.rank}, above max_lora_rank "
+                             f"{self.max_rank}; start the engine with max_lora_rank >= {adapter.rank}")
+        adapter.uid = next(self._uids)
+        self.adapters[adapter.name] = adapter
+
+    def remove(self, name: str) -> LoraAdapter:
+        """Stops serving `name` to new requests; it frees now if no request runs it, else at its last `release`."""
+        adapter = self.lookup(name)
+        del self.adapters[name]
+        adapter.retired = True
+        self._free_if_idle(adapter)
+        return adapter
+
+    def release(self, adapter: LoraAdapter) -> bool:
+        """A request of `adapter` ended; True when that freed a retired adapter (its slot is free again)."""
+        adapter.users -= 1
+        return self._free_if_idle(adapter)
+
+    def _free_if_idle(self, adapter: LoraAdapter) -> bool:
+        if not adapter.retired or adapter.users > 0:
+            return False
+        if adapter.slot and self.slots[adapter.slot] is adapter:
+            self.slots[adapter.slot] = None
+        adapter.slot = 0
+        return True
+
+    def _check_shapes(self, adapter: LoraAdapter) -> None:
+        for (layer, target), (a, b) in adapter.weights.items():
+            if layer >= self.cfg.num_layers:
+                raise ValueError(f"LoRA adapter {adapter.name!r} has layer {layer}; the model has "
+                                 f"{self.cfg.num_layers}")
+            group = next(g for g, targets in GROUPS.items() if target in targets)
+            fan_in, outs = self.shapes[group]
+            fan_out = outs[GROUPS[group].index(target)]
+            if a.shape[1] != fan_in or b.shape[0] != fan_out:
+                raise ValueError(f"LoRA adapter {adapter.name!r}: layer {layer} {target} maps {a.shape[1]} -> "
+                                 f"{b.shape[0]}, the model's {fan_in} -> {fan_out} (another base model?)")
+
+    # ---- one step -------------------------------------------------------------------------------
+    def step(self, adapters: list[LoraAdapter | None], lengths: list[int]) -> LoraBatch | None:
+        """The step's LoraBatch: item i runs adapters[i] (None: the base) over lengths[i] tokens; None when
+        no item has an adapter. Places the step's adapters in slots first."""
+        present = {id(a): a for a in adapters if a is not None}
+        if not present:
+            return None
+        self._steps += 1
+        for adapter in present.values():
+            if not adapter.slot or self.slots[adapter.slot] is not adapter:
+                self._place(adapter, present)
+            adapter.last_used = self._steps
+        slots = [0 if a is None else a.slot for a in adapters]
+        plan = plan_rows([s for s, n in zip(slots, lengths) for _ in range(n)], self.device)
+        assert plan is not None
+        return LoraBatch(plan, self.weights, self._delta)
+
+    def _place(self, adapter: LoraAdapter, present: dict[int, LoraAdapter]) -> None:
+        free = [i for i in range(1, len(self.slots)) if self.slots[i] is None]
+        if free:
+            slot = free[0]
+        else:  # the least recently used adapter not in this step gives its slot way
+            candidates = [i for i in range(1, len(self.slots)) if id(self.slots[i]) not in present]
+            assert candidates, "the scheduler admits at most max_loras_per_batch adapters"
+            slot = min(candidates, key=lambda i: self.slots[i].last_used)  # type: ignore[union-attr]
+            self.slots[slot].slot = 0  # type: ignore[union-attr]
+        if not self.weights:
+            self._allocate()
+        self._write(slot, adapter)
+        self.slots[slot], adapter.slot = adapter, slot
+
+    def _allocate(self) -> None:
+        assert self.max_rank is not None
+        n = self.num_slots + 1
+        for layer in range(self.cfg.num_layers):
+            for group, (fan_in, outs) in self.shapes.items():
+                rank = self.max_rank * len(outs)
+                self.weights[(layer, group)] = (
+                    torch.zeros(n, rank, fan_in, dtype=self.dtype, device=self.device),
+                    torch.zeros(n, rank, sum(outs), dtype=self.dtype, device=self.device))  # B^T: bmm's operand
+
+    def _write(self, slot: int, adapter: LoraAdapter) -> None:
+        r_max = self.max_rank
+        assert r_max is not None
+        for layer in range(self.cfg.num_layers):
+            for group, targets in GROUPS.items():
+                a_all, b_all = self.weights[(layer, group)]
+                a_all[slot].zero_()
+                b_all[slot].zero_()
+                row = 0
+                for j, target in enumerate(targets):
+                    out = self.shapes[group][1][j]
+                    ab = adapter.weights.get((layer, target))
+                    if ab is not None:
+                        a, b = ab
+                        a_all[slot, j * r_max:j * r_max + adapter.rank] = a.to(self.device, self.dtype)
+                        b_all[slot, j * r_max:j * r_max + adapter.rank, row:row + out] = b.T.to(self.device, self.dtype)
+                    row += out

@@ -1,0 +1,68 @@
+"""The gathered LoRA delta (kernels/lora.py): each row gets B[s] A[s] x of its own slot (an fp64 per-row oracle),
+base rows nothing; a row's delta is the same bits alone and in any batch (more rows of its adapter than one tile,
+other adapters, base rows beside it), for the CPU's tiles and CUDA's; the Triton kernel (under TRITON_INTERPRET=1 on a CPU) equals the torch path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlang.kernels.lora import TILE, lora_delta_torch, plan_rows
+from radixlang.kernels.registry import ATTENTION_BACKENDS
+
+CPU = torch.device("cpu")
+K, N, R, SLOTS = 40, 24, 12, 4  # odd sizes: partial blocks in the Triton kernel
+
+
+def weights(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [slots, R, K] and B^T [slots, R, N], as the pool stacks them."""
+    g = torch.Generator().manual_seed(0)
+    a, bt = torch.randn(SLOTS, R, K, generator=g), torch.randn(SLOTS, R, N, generator=g)
+    a[0], bt[0] = 0, 0  # slot 0: the base model
+    return a.to(dtype), bt.to(dtype)
+
+
+def run(x: torch.Tensor, slots: list[int], a: torch.Tensor, b: torch.Tensor, tile: int | None = None) -> torch.Tensor:
+    y = torch.zeros(len(slots), N, dtype=x.dtype)
+    plan = plan_rows(slots, CPU, tile)
+    return y if plan is None else lora_delta_torch(y, x, a, b, plan)
+
+
+def test_each_row_gets_its_own_adapters_delta():
+    a, b = weights()
+    slots = [1, 0, 2, 1, 3, 0] + [2] * (TILE + 3)  # a slot with more rows than one tile
+    x = torch.randn(len(slots), K, generator=torch.Generator().manual_seed(1))
+    got = run(x, slots, a, b)
+    want = torch.stack([b[s].double().T @ (a[s].double() @ row.double()) for s, row in zip(slots, x)])
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert not got[[1, 5]].any()  # base rows: no delta
+    assert plan_rows([0, 0], CPU) is None
+
+
+@pytest.mark.parametrize("tile", [None, TILE])
+def test_a_rows_delta_is_the_same_bits_alone_and_in_any_batch(tile):
+    a, b = weights()
+    g = torch.Generator().manual_seed(2)
+    row = torch.randn(1, K, generator=g)
+    alone = run(row, [2], a, b, tile)[0]
+    for others in ([1, 0, 3], [2] * (2 * TILE), [0] * 5 + [2] * 7, [3] * TILE):
+        x = torch.cat([torch.randn(len(others), K, generator=g), row])
+        mixed = run(x, others + [2], a, b, tile)[-1]
+        assert torch.equal(mixed, alone), others
+
+
+@pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_kernel_equals_the_torch_path(dtype):
+    from radixlang.kernels.triton.lora import lora_delta_triton
+
+    a, b = weights(dtype)
+    slots = [1, 0, 2, 2, 3] + [1] * (TILE + 1)
+    x = torch.randn(len(slots), K, generator=torch.Generator().manual_seed(3)).to(dtype)
+    y = torch.randn(len(slots), N, generator=torch.Generator().manual_seed(4)).to(dtype)
+    plan = plan_rows(slots, CPU, TILE)  # the CUDA tiles
+    assert plan is not None
+    want = lora_delta_torch(y.clone(), x, a, b, plan)
+    got = lora_delta_triton(y.clone(), x, a, b, plan)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * 10)
+    assert torch.equal(got[1], y[1])  # a base row is left as it was
