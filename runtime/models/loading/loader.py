@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,20 +193,51 @@ def weight_cache_tag(quantization: str) -> str:
     return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-dense_{dense}{blocks}"
 
 
+_INIT_NAMES = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_")
+_TORCH_INIT = {name: getattr(nn.init, name) for name in _INIT_NAMES}
+_building = threading.local()  # how deep this thread is in _skip_init
+_skips_lock = threading.Lock()
+_skips = 0  # _skip_init contexts open in any thread: torch's init functions are wrapped while there are any
+
+
+def _skipped_unless_building(name: str) -> Callable[..., torch.Tensor]:
+    """torch's init function `name`, a no-op in a thread that is building a model to load weights into."""
+    torch_init = _TORCH_INIT[name]
+
+    def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:  # noqa: ANN401 - torch's own
+        return tensor if getattr(_building, "depth", 0) else torch_init(tensor, *args, **kwargs)
+
+    return init
+
+
+_SKIPPED_INIT = {name: _skipped_unless_building(name) for name in _INIT_NAMES}
+
+
 @contextlib.contextmanager
 def _skip_init(device: torch.device) -> Iterator[None]:
     """Modules are built on `device` without their random init: loaded weights replace it. (Not on the meta
-    device: there torch's init and arange ops import the compiler stack, ~2-3 s.)"""
-    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_")
-    saved = {n: getattr(nn.init, n) for n in names}
-    for name in names:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    device: there torch's init and arange ops import the compiler stack, ~2-3 s.) Thread-safe: torch's init
+    functions are swapped once for wrappers that skip only in threads inside this context, and put back by the
+    last context to close. (Saving and restoring them per context let two threads loading at once -- tensor
+    parallel ranks as threads, two engines -- leave the no-ops in place for good: every later nn.Linear, PEFT's
+    adapters too, then kept uninitialised memory.)"""
+    global _skips
+    with _skips_lock:
+        if _skips == 0:
+            for name, init in _SKIPPED_INIT.items():
+                setattr(nn.init, name, init)
+        _skips += 1
+    _building.depth = getattr(_building, "depth", 0) + 1
     try:
         with device:
             yield
     finally:
-        for name, fn in saved.items():
-            setattr(nn.init, name, fn)
+        _building.depth -= 1
+        with _skips_lock:
+            _skips -= 1
+            if _skips == 0:
+                for name, init in _TORCH_INIT.items():
+                    setattr(nn.init, name, init)
 
 
 def build_model(cfg: LlamaConfig, weights, device: torch.device, dtype: torch.dtype,
