@@ -117,11 +117,15 @@ def test_a_mismatch_is_refused_and_the_old_weights_serve_on(engine, checkpoints)
     assert engine.weight_version == "default"
 
 
-def test_requests_in_flight_finish_on_the_old_weights_and_new_ones_wait(engine, checkpoints):
+def test_requests_in_flight_finish_on_the_old_weights_and_new_ones_wait(engine, checkpoints, monkeypatch):
     root, old, new = checkpoints
     sub = engine.prepare(input_ids=PROMPT, sampling_params=GREEDY | {"max_new_tokens": 200}).requests[0]
     chunks = engine.chunks(sub)
     got = [next(chunks)]  # it runs
+    # no step until the update holds new requests: else the 200 tokens may end while it still loads the checkpoint
+    core, scheduler = engine._thread.core, engine.scheduler
+    real_step = core.step
+    monkeypatch.setattr(core, "step", lambda: real_step() if scheduler.hold_new else 0)
     update = threading.Thread(target=engine.update_weights_from_disk, args=(str(root / "b"),))
     update.start()
     wait_for(lambda: engine.scheduler.hold_new)  # the update waits for the running request
@@ -130,6 +134,7 @@ def test_requests_in_flight_finish_on_the_old_weights_and_new_ones_wait(engine, 
     queued.start()  # while the update waits: queued until it is done
     got += list(chunks)
     update.join()
+    monkeypatch.setattr(core, "step", real_step)
     queued.join()
     assert got[-1].finish_reason == "length"
     assert [t for c in got for t in c.token_ids] == hf_greedy(old, 200)  # all on the old weights
