@@ -147,17 +147,20 @@ class ReasoningStream:
             text = text[len(start):]
         return start.startswith(text)
 
+    @property
+    def _end_markers(self) -> list[str]:
+        """What ends the reasoning: the end marker, or a tool call."""
+        return [self.fmt.end] + ([self.fmt.tool_start] if self.fmt.tool_start else [])
+
     def _block_ended(self, text: str) -> bool:
-        """The end marker (or a tool call, which ends the reasoning too) has arrived."""
-        return self.fmt.end in text or bool(self.fmt.tool_start and self.fmt.tool_start in text)
+        return any(m in text for m in self._end_markers)
 
     def _holding_back(self, text: str, reasoning: str, content: str) -> tuple[str, str]:
         """Cuts a trailing partial marker (end, or a tool call that would end the reasoning)."""
         if content or not (self.fmt.forced or self.fmt.start in text):
             return reasoning, content
-        markers = [self.fmt.end] + ([self.fmt.tool_start] if self.fmt.tool_start else [])
         keep = 0
-        for m in markers:
+        for m in self._end_markers:
             for n in range(min(len(m) - 1, len(reasoning)), 0, -1):
                 if m.startswith(reasoning[-n:]):
                     keep = max(keep, n)
