@@ -1,5 +1,5 @@
 """Every chat route renders the prompt the model's own chat template renders (issue 43): transformers'
-apply_chat_template on folders its tokenizer saved (chat_template.jinja) is the oracle. Through the openai SDK, a
+apply_chat_template on folders its tokenizer saved (chat_template.jinja) is the oracle. Through the openai SDK (and the anthropic SDK for /v1/messages), a
 chat request must report as many prompt tokens as transformers' ids hold and answer what /generate answers on those
 ids (greedy: the tiny random model's tokens change with any change of the prompt). The chat route with images is
 tests/runtime/multimodal/test_processor_folder.py's (against LlavaProcessor)."""
@@ -83,3 +83,43 @@ def test_chat_with_reasoning_renders_as_transformers(tmp_path):
                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert chat.usage.prompt_tokens == len(want)
     assert chat.choices[0].message.content == native["text"]
+
+
+def test_responses_and_messages_with_tools_render_as_transformers(tmp_path):
+    """/v1/responses (function_call items) and /v1/messages (tool_use / tool_result blocks) carry the same
+    tool history to the template as the chat route: transformers' ids, through each protocol's own SDK."""
+    anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is the peer client of /v1/messages")
+    tokenizer = folder(tmp_path / "qwen25", QWEN25)
+    hf_messages = copy.deepcopy(TOOL_HISTORY)
+    hf_messages[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    want = hf_ids(tokenizer, hf_messages, tools=[WEATHER_TOOL])
+    function = WEATHER_TOOL["function"]
+    with serving(tmp_path / "qwen25") as live:
+        with openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as client:
+            response = client.responses.create(
+                model="default", instructions="You check the weather.", max_output_tokens=6, temperature=0,
+                tools=[{"type": "function", **function}], tool_choice="none", store=False,
+                input=[{"role": "user", "content": "Weather in Paris?"},
+                       {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                        "arguments": json.dumps({"city": "Paris"})},
+                       {"type": "function_call_output", "call_id": "call_1", "output": "{\"temp\": 21}"}])
+        with anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0) as client:
+            message = client.messages.create(
+                model="default", system="You check the weather.", max_tokens=6, extra_body={"temperature": 0},
+                tools=[{"name": function["name"], "description": function["description"],
+                        "input_schema": function["parameters"]}], tool_choice={"type": "none"},
+                messages=[{"role": "user", "content": "Weather in Paris?"},
+                          {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                                             "input": {"city": "Paris"}}]},
+                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                                        "content": "{\"temp\": 21}"}]}])
+        with live.client() as http:
+            native = http.post("/generate", json={"input_ids": want, "sampling_params": {
+                "max_new_tokens": 6, "temperature": 0}}).json()
+        live.wait_idle()
+    assert response.usage.input_tokens == len(want)
+    assert response.output_text == native["text"]
+    usage = message.usage  # Anthropic's input_tokens leave out what the cache read (the responses call's prefix)
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0) \
+        == len(want)
+    assert "".join(block.text for block in message.content if block.type == "text") == native["text"]
