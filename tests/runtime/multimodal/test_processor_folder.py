@@ -1,6 +1,7 @@
 """A LLaVA folder as transformers 5 saves it with its processor (no preprocessor_config.json: the image
 processor sits in processor_config.json, the chat template in chat_template.jinja, a list-content template
-as llava-hf's), served over the OpenAI API and driven with the openai SDK, against transformers."""
+as llava-hf's), served over the OpenAI API (chat and responses) and Anthropic's messages API, driven with
+their SDKs, against transformers."""
 from __future__ import annotations
 
 import base64
@@ -17,6 +18,7 @@ from .llava_tiny import IMAGE_SIZE, IMAGE_TOKEN, noise_image, save_llava
 
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai", reason="the openai SDK is the peer client of this test")
+anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is the peer client of /v1/messages")
 
 # content parts in order, each image where it stands (as llava-hf's interleaved templates render them)
 PARTS_TEMPLATE = ("{% for m in messages %}{{ m['role'].upper() }}: {% for c in m['content'] %}"
@@ -64,6 +66,11 @@ def data_url(image) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
+def image_block(image) -> dict:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": data_url(image).split(",", 1)[1]}}
+
+
 def transformers_run(model, processor, messages: list[dict], images) -> tuple[list[int], list[int]]:
     """(the expanded prompt's ids, greedy tokens) as transformers' processor and model give them."""
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
@@ -88,6 +95,20 @@ def test_openai_chat_with_image_parts_equals_generate_and_transformers(processor
         chats = [client.chat.completions.create(model=live.engine.model_name, max_tokens=6, temperature=0,
                                                 messages=[{"role": "user", "content": sdk_content}])
                  for _ in range(2)]
+        # the agent protocols' image parts: an input_image (Responses) and a base64 image block (Messages)
+        response = client.responses.create(model=live.engine.model_name, max_output_tokens=6, temperature=0,
+                                           store=False, input=[{"role": "user", "content": [
+                                               {"type": "input_text", "text": "compare "},
+                                               {"type": "input_image", "image_url": data_url(A)},
+                                               {"type": "input_text", "text": " with "},
+                                               {"type": "input_image", "image_url": data_url(B)},
+                                               {"type": "input_text", "text": "?"}]}])
+        blocks = [{"type": "text", "text": "compare "}, image_block(A), {"type": "text", "text": " with "},
+                  image_block(B), {"type": "text", "text": "?"}]
+        with anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0) as claude:
+            message = claude.messages.create(model=live.engine.model_name, max_tokens=6,
+                                             extra_body={"temperature": 0},
+                                             messages=[{"role": "user", "content": blocks}])
         text = processor.apply_chat_template(hf_messages, add_generation_prompt=True)
         with live.client() as http:
             native = http.post("/generate", json={"text": text, "image_data": [data_url(A), data_url(B)],
@@ -103,3 +124,9 @@ def test_openai_chat_with_image_parts_equals_generate_and_transformers(processor
         cached = chat.usage.prompt_tokens_details.cached_tokens if chat.usage.prompt_tokens_details else 0
         assert 0 <= (cached or 0) <= chat.usage.prompt_tokens
     assert chats[1].usage.prompt_tokens_details.cached_tokens == len(want_prompt) - 1
+    assert response.usage.input_tokens == len(want_prompt)
+    assert response.output_text == tokenizer.decode(want_tokens, skip_special_tokens=True)
+    usage = message.usage  # Anthropic's input_tokens leave out what the cache read
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == len(want_prompt)
+    assert "".join(b.text for b in message.content if b.type == "text") == \
+        tokenizer.decode(want_tokens, skip_special_tokens=True)
