@@ -67,6 +67,9 @@ TAG_ROOT_CACHE_SIZE = 1024  # structural tags' schema regex trees kept by schema
 # attention
 CASCADE_MIN_PREFIX = 256  # decodes sharing a radix prefix this long read it once per group (cascade)
 
+# grammar_backend: ours, or a peer library installed with the `grammar` extra (runtime/constrained/backends.py)
+GRAMMAR_BACKENDS = ("radixlang", "xgrammar", "llguidance")
+
 # speculative decoding (runtime/speculative)
 # speculative_algorithm: one of these, or None (off). NGRAM: n-gram tries; STANDALONE (SGLang's name): a
 # second model file, speculative_draft_model; SELF: the target's own first speculative_draft_layers layers
@@ -205,6 +208,11 @@ class EngineConfig:
                                       "weights take (others wait their turn)")
     max_lora_rank: int | None = option(None, "largest LoRA rank served (smaller ranks are zero-padded); default: "
                                        "the largest of lora_paths, else the first adapter loaded")
+    # structured output (docs/constrained.md)
+    grammar_backend: str = option("radixlang", "what compiles and walks constraints (JSON schema, regex, EBNF, "
+                                  "structural tags): radixlang (ours: jump-forward, no false accepts), or the "
+                                  "optional peers xgrammar / llguidance (pip install 'radixlang[grammar]'); "
+                                  "engine-wide", GRAMMAR_BACKENDS)
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -228,6 +236,8 @@ class EngineConfig:
             raise ValueError(f"max_pinned_tokens_per_tenant must be >= 0, got {self.max_pinned_tokens_per_tenant}")
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         if not self.constraint_compile_timeout >= 0:
             raise ValueError(f"constraint_compile_timeout must be >= 0 seconds (0: no limit), got "
                              f"{self.constraint_compile_timeout}")

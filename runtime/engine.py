@@ -144,7 +144,9 @@ class Engine:
         self.constraints = ConstraintCompiler(lambda: TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size),
                                               cfg.constrained_json_whitespace_pattern,
                                               json_relaxed=cfg.constrained_json_relaxed,
-                                              compile_timeout=cfg.constraint_compile_timeout)
+                                              compile_timeout=cfg.constraint_compile_timeout,
+                                              backend=cfg.grammar_backend,
+                                              encode=lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self.lora = parts.lora
         self.validator = RequestValidator(self.tokenizer, self.model_name, self.vocab_size, self.context_length,
                                           self.pool_size, self.constraints, self.image_prompts,

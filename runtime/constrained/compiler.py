@@ -8,6 +8,7 @@ from typing import Callable
 
 from ..config import CONSTRAINT_CACHE_SIZE
 from . import deadline
+from .backends import Encode, PeerCompiler, check_installed, peer_compiler
 from .ebnf import parse_ebnf
 from .grammar.constraint import GrammarConstraint
 from .grammar.lalr import build_lark
@@ -36,9 +37,16 @@ class ConstraintCompiler:
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
                  cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Relaxed = (),
-                 compile_timeout: float | None = None):
-        """`compile_timeout`: seconds one compile (to its first mask) may take (deadline.py); None: no limit."""
+                 compile_timeout: float | None = None, backend: str = "radixlang", encode: Encode | None = None):
+        """`compile_timeout`: seconds one compile (to its first mask) may take (deadline.py); None: no limit.
+        `backend`: radixlang (ours), or a peer library that compiles every constraint (backends.py), which
+        may ask the tokenizer (`encode`) how text is split."""
         whitespace_node(json_whitespace)  # a bad pattern fails here, when the engine starts
+        if backend != "radixlang":
+            check_installed(backend)  # a missing package fails here too, naming the extra
+        self.backend = backend
+        self._peer: PeerCompiler | None = None  # built with the vocabulary, on first use
+        self._encode = encode
         self.json_relaxed = relaxed_keywords(json_relaxed)
         self._make_vocab = make_vocab
         self._vocab: TokenVocab | None = None
@@ -67,7 +75,10 @@ class ConstraintCompiler:
                 self._cache.move_to_end(key)
                 return hit
         vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost
-        vocab.native_trie
+        if self.backend == "radixlang":
+            vocab.native_trie
+        else:
+            self._peer_compiler()
         with collector_paused(), caching(self._dfas), deadline.limit(self.compile_timeout, kind):
             constraint = self._build(kind, spec, text)
             start = constraint.initial()
@@ -98,6 +109,8 @@ class ConstraintCompiler:
     def _build(self, kind: str, spec: object, text: str) -> Constraint:
         """`text`: the spec's cache text, which for a regex or grammar is the spec itself."""
         vocab = self.vocab
+        if self.backend != "radixlang":
+            return self._peer_compiler().compile(kind, spec, text)
         if kind == "regex":
             return RegexConstraint(compile_dfa([parse_regex(text)]), vocab)
         if kind == "grammar":
@@ -115,6 +128,13 @@ class ConstraintCompiler:
             return with_marker_tokens(glued, tag)
         assert kind == "json_schema", f"unknown constraint kind {kind}"
         return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+
+    def _peer_compiler(self) -> PeerCompiler:
+        with self._lock:
+            if self._peer is None:
+                assert self._vocab is not None, "compile() builds the vocabulary first"
+                self._peer = peer_compiler(self.backend, self._vocab, self.json_whitespace, self._encode)
+            return self._peer
 
 
 def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
