@@ -12,9 +12,11 @@ Per subset (the file-name prefix before `---`) it reports:
 - the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
   each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 
-Where xgrammar or outlines-core is installed (`pip install --no-deps xgrammar apache-tvm-ffi
-outlines-core`: neither may pull another torch), it compiles the same schemas with it side by side
-(same vocabulary, compact JSON, one thread, compile + first mask); a missing peer prints a skip.
+Where xgrammar and llguidance are installed (the `grammar` extra: `pip install --no-deps xgrammar
+apache-tvm-ffi llguidance`), each runs the same schemas through the same code, as `--grammar-backend`
+runs them (runtime/constrained/backends.py: same vocabulary, compact JSON, one thread, cold compiles):
+every column above, side by side, so the comparison table comes from one run. outlines-core, where
+installed, is timed on compile + first mask only. A missing peer prints a skip.
 
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
         [--relax uniqueItems] [--no-peers]
@@ -33,9 +35,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
+from radixlang.runtime.constrained.backends import LlguidanceCompiler, PeerCompiler, XgrammarCompiler
 from radixlang.runtime.constrained.compiler import ConstraintCompiler, unenforced
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
-from radixlang.runtime.constrained.matcher import Matcher
+from radixlang.runtime.constrained.matcher import Constraint, Matcher
 from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
 from radixlang.runtime.models.loading.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
@@ -87,22 +90,32 @@ def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]
     return {s: sorted(rng.sample(files, min(per_subset, len(files)))) for s, files in by_subset.items()}
 
 
-def make_peers(tokenizer: Tokenizer, vocab: TokenVocab) -> dict[str, Callable[[dict], None]]:
-    """Compile + first mask with each installed peer, on the same vocabulary; a missing one is skipped."""
+Compile = Callable[[dict], Constraint]  # a schema -> its constraint, cold (no cache hit)
+
+
+def make_engines(tokenizer: Tokenizer, vocab: TokenVocab, relaxed: tuple[str, ...],
+                 peers: bool) -> dict[str, Compile]:
+    """radixlang, then each installed grammar_backend peer, on the same vocabulary; a missing one is skipped."""
+    def ours(schema: dict) -> Constraint:  # a fresh compiler: every schema compiles from scratch
+        return ConstraintCompiler(lambda: vocab, json_relaxed=relaxed).compile("json_schema", schema)
+
+    engines: dict[str, Compile] = {"radixlang": ours}
+    makers: dict[str, Callable[[], PeerCompiler]] = {
+        "xgrammar": lambda: XgrammarCompiler(vocab, None, threads=1),
+        "llguidance": lambda: LlguidanceCompiler(vocab, None, lambda t: tokenizer.encode(t, add_special_tokens=False))}
+    for name, make in makers.items() if peers else ():
+        try:
+            peer = make()  # its tokenizer tables: once per vocabulary, as an engine builds them, not a schema's cost
+        except ImportError as e:
+            print(f"skipping peer {name}: not installed ({e})")
+            continue
+        engines[name] = lambda schema, peer=peer: peer.compile("json_schema", schema, json.dumps(schema))
+    return engines
+
+
+def make_timed_peers(vocab: TokenVocab) -> dict[str, Callable[[dict], None]]:
+    """Peers timed on compile + first mask only (no constraint interface of ours)."""
     peers: dict[str, Callable[[dict], None]] = {}
-    try:
-        import xgrammar as xgr
-
-        encoded = [vocab.bytes_of(i) for i in range(vocab.size)]
-        info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=list(vocab.end_ids))
-
-        def xgrammar_compile(schema: dict) -> None:
-            compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_json_schema(
-                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True)
-            xgr.GrammarMatcher(compiled).fill_next_token_bitmask(xgr.allocate_token_bitmask(1, vocab.size))
-        peers["xgrammar"] = xgrammar_compile
-    except ImportError as e:
-        print(f"skipping peer xgrammar: not installed ({e})")
     try:
         import outlines_core as oc
 
@@ -177,25 +190,28 @@ def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) ->
             return
 
 
-def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult,
-               errors: Counter, relaxed: tuple[str, ...] = (), failures: list[str] | None = None) -> None:
+def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: float, result: SubsetResult,
+               errors: Counter, failures: list[str] | None = None) -> None:
+    """One schema through one engine: compile + first mask, then its test instances and mask times. A
+    peer's native code runs to completion under the alarm: past the limit it counts as a timeout."""
     case = json.loads(path.read_text())
     result.schemas += 1
-    compiler = ConstraintCompiler(lambda: vocab, json_relaxed=relaxed)  # fresh: every schema compiles from scratch
     start = time.perf_counter()
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, limit_s)
-            constraint = compiler.compile("json_schema", case["schema"])
+            constraint = compile_one(case["schema"])
             constraint.allowed(constraint.initial())
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)  # the alarm may still fire in here: caught below
+        if time.perf_counter() - start > limit_s:
+            raise CompileTimeout()
     except CompileTimeout:
         errors[f"timeout (> {limit_s:g} s)"] += 1
         if failures is not None:
             failures.append(f"{path.name}: timeout")
         return
-    except (ValueError, RecursionError) as e:
+    except (ValueError, RecursionError, RuntimeError) as e:  # RuntimeError: a peer library's own refusal
         errors[bucket(str(e))] += 1
         if failures is not None:
             failures.append(f"{path.name}: {e}")
@@ -232,7 +248,7 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=10.0, help="compile + first mask time limit per schema")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--errors", type=int, default=25, help="failure buckets to print")
-    parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / outlines-core even if installed")
+    parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / llguidance / outlines-core even if installed")
     parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
     parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
     parser.add_argument("--relax", nargs="*", default=[], help="keywords left unenforced where they cannot be "
@@ -242,51 +258,62 @@ def main() -> None:
         raise SystemExit(f"{args.data} is not a folder: pass the benchmark's maskbench/data folder")
     tokenizer, vocab = load_vocab()
     signal.signal(signal.SIGALRM, _on_alarm)
-    results: dict[str, SubsetResult] = {}
-    errors: Counter = Counter()
+    engines = make_engines(tokenizer, vocab, tuple(args.relax), not args.no_peers)
+    timed = {} if args.no_peers else make_timed_peers(vocab)
+    totals = {name: SubsetResult() for name in (*engines, *timed)}
+    errors: dict[str, Counter] = {name: Counter() for name in engines}
     failures: list[str] = []
-    peers = {} if args.no_peers else make_peers(tokenizer, vocab)
-    peer_results: dict[str, SubsetResult] = {name: SubsetResult() for name in peers}
-    schema_ms: dict[str, dict[Path, float]] = {name: {} for name in ("radixlang", *peers)}  # compiled schemas
+    schema_ms: dict[str, dict[Path, float]] = {name: {} for name in totals}  # compiled schemas, per engine
     for subset, files in sample_files(args.data, args.per_subset, args.seed).items():
         if subset not in args.subsets:
             continue
-        result = results[subset] = SubsetResult()
-        per_peer = {name: SubsetResult() for name in peers}
-        for path in files:
-            before = len(result.times_ms)
-            run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
-            if len(result.times_ms) > before:
-                schema_ms["radixlang"][path] = result.times_ms[-1]
-            for name, compile_one in peers.items():
-                before = len(per_peer[name].times_ms)
-                run_peer(compile_one, json.loads(path.read_text())["schema"], args.limit_s, per_peer[name])
-                if len(per_peer[name].times_ms) > before:
-                    schema_ms[name][path] = per_peer[name].times_ms[-1]
-        print_row(subset, result, flush=True)
-        for name, r in per_peer.items():
-            print_row(f"  {name}", r, flush=True, peer=True)
-            merge(peer_results[name], r)
-    total = SubsetResult()
-    for r in results.values():
-        merge(total, r)
-    print_row("all", total)
-    for name, r in peer_results.items():
-        print_row(f"  {name}", r, peer=True)
+        per = {name: SubsetResult() for name in totals}
+        for path in files:  # each schema through every engine in turn: the same window for all of them
+            for name, compile_one in engines.items():
+                before = len(per[name].times_ms)
+                run_schema(tokenizer, compile_one, path, args.limit_s, per[name], errors[name],
+                           failures if name == "radixlang" else None)
+                if len(per[name].times_ms) > before:
+                    schema_ms[name][path] = per[name].times_ms[-1]
+            for name, compile_only in timed.items():
+                before = len(per[name].times_ms)
+                run_peer(compile_only, json.loads(path.read_text())["schema"], args.limit_s, per[name])
+                if len(per[name].times_ms) > before:
+                    schema_ms[name][path] = per[name].times_ms[-1]
+        for i, (name, r) in enumerate(per.items()):
+            print_row(subset if i == 0 else f"  {name}", r, flush=True, peer=name in timed)
+            merge(totals[name], r)
+    for i, (name, r) in enumerate(totals.items()):
+        print_row("all" if i == 0 else f"  {name}", r, peer=name in timed)
     common = set.intersection(*(set(t) for t in schema_ms.values()))
-    if peers and common:
+    if len(schema_ms) > 1 and common:
         shared = {name: [t[p] for p in common] for name, t in schema_ms.items()}
         print(f"compile + first mask on the {len(common)} schemas every system compiled: " + ", ".join(
             f"{name} p50 {percentile(v, 50):.1f} / p90 {percentile(v, 90):.1f} ms" for name, v in shared.items()))
-    for name, times in (("cold", total.mask_us), ("warm", total.mask_warm_us)):
-        print(f"per-token mask (mask_words), {name}: {len(times)} masks, mean {statistics.fmean(times or [0]):.1f} us, "
-              f"p50 {percentile(times, 50):.1f} us, p99 {percentile(times, 99):.1f} us")
-    print(f"\nwhy schemas were refused (first error each, {sum(errors.values())} schemas):")
-    for message, count in errors.most_common(args.errors):
-        print(f"{count:5d}  {message}")
+    for name in engines:
+        for kind, times in (("cold", totals[name].mask_us), ("warm", totals[name].mask_warm_us)):
+            print(f"{name} per-token mask (mask_words), {kind}: {len(times)} masks, mean "
+                  f"{statistics.fmean(times or [0]):.1f} us, p50 {percentile(times, 50):.1f} us, "
+                  f"p99 {percentile(times, 99):.1f} us")
+    print_table({name: totals[name] for name in engines})
+    for name, counter in errors.items():
+        print(f"\n{name}: why schemas were refused (first error each, {sum(counter.values())} schemas):")
+        for message, count in counter.most_common(args.errors if name == "radixlang" else 5):
+            print(f"{count:5d}  {message}")
     if args.failures:
         print("\nrefused schemas (and those compiled with a keyword left unenforced):")
         print("\n".join(failures))
+
+
+def print_table(totals: dict[str, SubsetResult]) -> None:
+    """The comparison as one markdown table (the engines of this run, same schemas, same window)."""
+    print("\n| engine | compiled | false accepts | false rejects | compile + first mask p50 / p90 | "
+          "mask per token (mean, cold) |\n|---|---|---|---|---|---|")
+    for name, r in totals.items():
+        print(f"| {name} | {100 * r.compiled / max(r.schemas, 1):.1f}% | {r.false_accepts}/{r.invalid} | "
+              f"{r.false_rejects}/{r.valid} ({100 * r.false_rejects / max(r.valid, 1):.1f}%) | "
+              f"{percentile(r.times_ms, 50):.1f} ms / {percentile(r.times_ms, 90):.1f} ms | "
+              f"{statistics.fmean(r.mask_us or [0]):.0f} us |")
 
 
 def merge(total: SubsetResult, r: SubsetResult) -> None:

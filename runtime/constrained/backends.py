@@ -239,7 +239,8 @@ class XgrammarConstraint(PeerConstraint):
 class XgrammarCompiler(PeerCompiler):
     name = "xgrammar"
 
-    def __init__(self, vocab: TokenVocab, json_whitespace: str | None):
+    def __init__(self, vocab: TokenVocab, json_whitespace: str | None, threads: int | None = None):
+        """`threads`: xgrammar's compile threads (its default: 8)."""
         _compact_json(json_whitespace, self.name)
         import xgrammar as xgr
 
@@ -247,7 +248,8 @@ class XgrammarCompiler(PeerCompiler):
         rows = set(vocab.ids.tolist())
         encoded = [vocab.bytes_of(i) if i in rows else b"" for i in range(vocab.size)]  # b"": special, never allowed
         info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=list(vocab.end_ids))
-        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # ours caches compiled constraints
+        options: dict[str, Any] = {} if threads is None else {"max_threads": threads}
+        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False, **options)  # ours caches compiled constraints
 
     def compile(self, kind: str, spec: object, text: str) -> Constraint:
         c = self._compiler
