@@ -12,10 +12,13 @@ Drafters: `ngram` (NGRAM), `self-k` (SELF: the target's first k layers, --draft-
 
 Workloads (tests/data/speculative_prompts.json, shared with the end-to-end test):
 - extractive: code edits that repeat the code, and summaries that quote their input;
-- free: open-ended generation.
+- free: open-ended generation;
+- json-extract: records extracted from a source text under a JSON schema (EXTRACT_SCHEMA) whose fields are
+  copied from it: constrained decoding (with jump-forward, the default) against the same plus speculation,
+  whose draft trees the constraint prunes at every node before verification.
 
-    .venv/bin/python benchmark/speculative.py [--workloads extractive free] [--batch-sizes 1 8]
-        [--max-new-tokens 128] [--repeats 2]
+    .venv/bin/python benchmark/speculative.py [--workloads extractive free json-extract] [--batch-sizes 1 8]
+        [--max-new-tokens 128] [--repeats 2] [--drafters ngram]
 """
 from __future__ import annotations
 
@@ -31,6 +34,33 @@ from radixlang.runtime.engine import Engine
 
 PROMPTS = json.loads((Path(__file__).parents[1] / "tests" / "data" / "speculative_prompts.json").read_text())
 WORKLOADS = {"extractive": PROMPTS["extractive"], "free": PROMPTS["free"]}
+EXTRACT_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "role": {"type": "string"}, "company": {"type": "string"},
+    "city": {"type": "string"}, "email": {"type": "string"}, "quote": {"type": "string"}},
+    "required": ["name", "role", "company", "city", "email", "quote"], "additionalProperties": False}
+_PEOPLE = [("Maria Lindqvist", "head of logistics", "Nordhavn Freight", "Gothenburg"),
+           ("Tomasz Wieczorek", "senior data engineer", "Vistula Analytics", "Krakow"),
+           ("Aiko Tanabe", "product manager", "Kumo Robotics", "Osaka"),
+           ("Daniel Okafor", "chief financial officer", "Lagoon Energy", "Lagos"),
+           ("Sofia Marquez", "lead architect", "Ciudad Studio", "Valencia"),
+           ("Henrik Baumann", "research scientist", "Alpine Materials", "Zurich"),
+           ("Priya Raman", "head of security", "Monsoon Cloud", "Bangalore"),
+           ("Liam O'Connell", "operations director", "Harbour Foods", "Cork")]
+_QUOTES = ["We cut delivery times by a third once every depot shared the same schedule.",
+           "Our pipelines now rebuild the whole warehouse overnight without anyone watching.",
+           "The robots learned to sort parcels faster than we could label them.",
+           "Solar mini-grids paid for themselves in under four years across the region.",
+           "Good buildings start with listening to the people who will live in them.",
+           "The new alloy survives twice as many freeze cycles as the one it replaces.",
+           "Every login now asks for a hardware key, and phishing losses fell to zero.",
+           "We source ninety percent of our produce within fifty kilometres of the plant."]
+WORKLOADS["json-extract"] = [
+    f"Read the article and extract the person as JSON with the fields name, role, company, city, email and "
+    f"quote, copied exactly from the text.\n\nArticle: {name}, {role} at {company} in {city}, spoke at this "
+    f"year's industry summit. \"{quote}\" {name.split()[0]} can be reached at "
+    f"{name.split()[-1].lower().replace(chr(39), '')}@{company.split()[0].lower()}.example.com for questions."
+    for (name, role, company, city), quote in zip(_PEOPLE, _QUOTES)]
+CONSTRAINED = {"json-extract": {"json_schema": json.dumps(EXTRACT_SCHEMA)}}  # a workload's extra sampling params
 
 
 @dataclass(slots=True)
@@ -55,10 +85,11 @@ def drafters(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
-def measure(args: argparse.Namespace, prompts: list[str], batch: int, options: dict[str, Any]) -> Run:
+def measure(args: argparse.Namespace, prompts: list[str], batch: int, options: dict[str, Any],
+            extra: dict[str, Any]) -> Run:
     with Engine(device=args.device, kv_cache_tokens=32768, **options) as engine:
         chats = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
-        params = {"temperature": 0, "max_new_tokens": args.max_new_tokens}
+        params = {"temperature": 0, "max_new_tokens": args.max_new_tokens, **extra}
         engine.generate("Warm up.", {"temperature": 0, "max_new_tokens": 4})
         drafted = [0.0]
         drafter = engine.scheduler.drafter
@@ -98,8 +129,9 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=4, help="SELF: the target's first this many layers draft")
     ap.add_argument("--draft-model", default=None, help="STANDALONE: a draft model file sharing the tokenizer")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--drafters", nargs="*", default=None, help="drafters to run (default: all; e.g. ngram)")
     args = ap.parse_args()
-    configs = drafters(args)
+    configs = {k: v for k, v in drafters(args).items() if args.drafters is None or k in args.drafters}
     print("load average (1, 5, 15 min): %.2f %.2f %.2f" % os.getloadavg())
     print(f"{'workload':<11}{'batch':>6}{'drafter':>12}{'plain tok/s':>13}{'spec tok/s':>12}{'speed-up':>10}"
           f"{'accept len':>12}{'tok/step':>10}{'draft time':>12}{'identical':>11}")
@@ -110,7 +142,7 @@ def main() -> None:
             best: dict[str, Run] = {}
             for _ in range(args.repeats):  # interleaved: every configuration sees the same load
                 for label, options in {"plain": {}, **configs}.items():
-                    run = measure(args, chosen, batch, options)
+                    run = measure(args, chosen, batch, options, CONSTRAINED.get(name, {}))
                     if label not in best or run.tok_s > best[label].tok_s:
                         best[label] = run
             plain = best["plain"]

@@ -68,6 +68,7 @@ class Cursor:
     """One request's library matcher and the node it stands at; the last mask it filled."""
 
     matcher: Any
+    words: np.ndarray  # the library fills its bitmask here: uint8, V/32 int32 words' bytes
     at: Node | None = None
     bits_at: Node | None = None
     bits: np.ndarray | None = None
@@ -81,6 +82,7 @@ class PeerConstraint(ABC):
     def __init__(self, vocab: TokenVocab):
         self.vocab = vocab
         self._nbytes = -(-vocab.size // 8)
+        self._tail = np.uint8((1 << (vocab.size % 8)) - 1 if vocab.size % 8 else 0xFF)  # the last byte's real bits
         self._refused = frozenset(vocab.special_ids) | frozenset(vocab.end_ids)  # Matcher adds EOS itself
         self._end_bits = [(t >> 3, np.uint8(~(1 << (t & 7)) & 0xFF)) for t in vocab.end_ids]
 
@@ -98,7 +100,7 @@ class PeerConstraint(ABC):
     def _rollback(self, m: Any, steps: int) -> None: ...  # noqa: ANN401
 
     @abstractmethod
-    def _fill_words(self, m: Any) -> np.ndarray: ...  # noqa: ANN401 - uint8 little-endian bits, >= V/8 bytes
+    def _fill_words(self, m: Any, words: np.ndarray) -> None: ...  # noqa: ANN401 - little-endian bits
 
     @abstractmethod
     def _can_end(self, m: Any) -> bool: ...  # noqa: ANN401
@@ -108,7 +110,7 @@ class PeerConstraint(ABC):
 
     # ---- the Constraint protocol -------------------------------------------------------------------
     def initial(self) -> Node:
-        root = Node(Cursor(self._new_matcher()))
+        root = Node(Cursor(self._new_matcher(), np.zeros(-(-self.vocab.size // 32) * 4, np.uint8)))
         root.cursor.at = root
         return root
 
@@ -132,7 +134,9 @@ class PeerConstraint(ABC):
     def allowed_bits(self, state: Node) -> np.ndarray:
         cursor = state.cursor
         if cursor.bits_at is not state:  # one mask kept: a step asks for it, then for is_complete
-            bits = self._fill_words(self._goto(state))[:self._nbytes].copy()
+            self._fill_words(self._goto(state), cursor.words)
+            bits = cursor.words[:self._nbytes].copy()
+            bits[-1] &= self._tail
             for byte, keep in self._end_bits:
                 bits[byte] &= keep
             cursor.bits_at, cursor.bits = state, bits
@@ -211,10 +215,9 @@ class XgrammarConstraint(PeerConstraint):
 
         self._xgr = xgr
         self.compiled = compiled
-        self._words = xgr.allocate_token_bitmask(1, vocab.size)  # shared: filled and copied at once
 
     def _new_matcher(self) -> Any:  # noqa: ANN401
-        return self._xgr.GrammarMatcher(self.compiled, terminate_without_stop_token=True)
+        return self._xgr.GrammarMatcher(self.compiled)
 
     def _accept_token(self, m: Any, token: int) -> bool:  # noqa: ANN401
         return bool(m.accept_token(token))
@@ -225,9 +228,8 @@ class XgrammarConstraint(PeerConstraint):
     def _rollback(self, m: Any, steps: int) -> None:  # noqa: ANN401
         m.rollback(steps)
 
-    def _fill_words(self, m: Any) -> np.ndarray:  # noqa: ANN401
-        m.fill_next_token_bitmask(self._words)
-        return self._words.numpy().view(np.uint8).reshape(-1)
+    def _fill_words(self, m: Any, words: np.ndarray) -> None:  # noqa: ANN401
+        m.fill_next_token_bitmask(words.view(np.int32).reshape(1, -1))
 
     def _can_end(self, m: Any) -> bool:  # noqa: ANN401
         return bool(m.is_completed())
@@ -286,7 +288,6 @@ class LlguidanceConstraint(PeerConstraint):
     def __init__(self, prototype: Any, tokenizer: Any, vocab: TokenVocab):  # noqa: ANN401 - LLMatcher, LLTokenizer
         super().__init__(vocab)
         self._prototype, self._tokenizer = prototype, tokenizer
-        self._words = np.zeros(-(-vocab.size // 32) * 4, np.uint8)
 
     def _new_matcher(self) -> Any:  # noqa: ANN401
         return self._prototype.deep_copy()  # the grammar is built once, at compile
@@ -306,9 +307,8 @@ class LlguidanceConstraint(PeerConstraint):
     def _rollback(self, m: Any, steps: int) -> None:  # noqa: ANN401
         m.rollback(steps)
 
-    def _fill_words(self, m: Any) -> np.ndarray:  # noqa: ANN401
-        m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
-        return self._words
+    def _fill_words(self, m: Any, words: np.ndarray) -> None:  # noqa: ANN401
+        m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
 
     def _can_end(self, m: Any) -> bool:  # noqa: ANN401
         return bool(m.is_accepting())

@@ -173,3 +173,16 @@ def test_a_missing_package_names_the_extra(monkeypatch, vocab):
     monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"needs the llguidance package.*radixlang\[grammar\]"):
         ConstraintCompiler(lambda: vocab, backend="llguidance")
+
+
+def test_structural_tags_on_xgrammar(engine, backend):
+    if backend != "xgrammar":
+        pytest.skip("llguidance takes triggered tags only: the refusal of the rest is tested above")
+    schema = {"enum": ["Oslo", "Rome"]}  # (xgrammar's tags allow any whitespace inside an object)
+    tag = {"type": "structural_tag", "format": {"type": "tags_with_separator", "separator": "\n", "at_least_one": True,
+                                                "stop_after_first": True, "tags": [
+        {"type": "tag", "begin": "<call>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</call>"}]}}
+    out = engine.generate("Call:", {"temperature": 0, "max_new_tokens": 24, "structural_tag": json.dumps(tag)})
+    assert out.text.startswith("<call>") and out.text.endswith("</call>")
+    jsonschema.validate(json.loads(out.text[len("<call>"):-len("</call>")]), schema)
+    assert out.meta.finish_reason == "stop"

@@ -139,6 +139,32 @@ def test_draft_nodes_outside_the_constraint_are_pruned_before_verification(tiny_
     assert all(re.fullmatch(regex, o.text) for o in spec)
 
 
+LIST_SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 24},
+    "steps": {"type": "array", "items": {"enum": ["mix the flour", "add water", "bake"]}, "maxItems": 4},
+    "codes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 16,
+              "maxItems": 24}},  # numbers that repeat: what the n-gram drafts from the output so far
+    "required": ["title", "steps", "codes"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED[0]], ids=["greedy", "sampled"])
+def test_json_schema_with_ngram_drafts_equals_constrained_decoding_without(tiny_engine_factory, params):
+    """Speculation and constraints together: draft trees are pruned by the constraint at every node and
+    verified against masked rows, with jump-forward drafts in between (enum items and keys are forced)."""
+    import json
+
+    import jsonschema
+
+    params = {**params, "max_new_tokens": 160, "json_schema": json.dumps(LIST_SCHEMA)}
+    params.pop("ignore_eos")
+    plain, spec, stats = run_pair(tiny_engine_factory, PROMPTS, params)
+    assert_same(plain, spec)
+    assert stats["spec_accepted_tokens_total"] > 0 and stats["jump_forward_tokens_total"] > 0
+    for out in spec:
+        assert out.meta.finish_reason == "stop"
+        jsonschema.validate(json.loads(out.text), LIST_SCHEMA)
+
+
 def cached_kv(engine, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     kv = engine.scheduler.kv
     match = kv.cache.match_prefix(tokens)
