@@ -4,8 +4,10 @@ Runs on the real SmolLM2-135M (CPU by default), greedy, with a fresh engine per 
 cache or shared trie carries over from one to the next); plain and speculative runs alternate, and each
 keeps its best of `--repeats` (a shared CPU is noisy). For each workload, batch size and drafter it
 reports tok/s without and with speculation and their ratio, the mean accepted draft length per verify
-step, output tokens per decode step, the drafter's own time as a share of the wall time (draft overhead:
-for a draft model, its forwards), and whether the outputs are identical (they must be).
+step, output tokens per decode step (with speculation, and without: jump-forward makes it > 1 under a
+constraint), a speculative step's wall time over a plain step's ("step cost"), the drafter's own time
+as a share of the wall time (draft overhead: for a draft model, its forwards), and whether the outputs
+are identical (they must be).
 
 Drafters: `ngram` (NGRAM), `self-k` (SELF: the target's first k layers, --draft-layers), and
 `standalone` (STANDALONE) when --draft-model names a second model file with SmolLM2's tokenizer.
@@ -71,6 +73,7 @@ class Run:
     accept_length: float = 0.0
     tokens_per_step: float = 0.0
     draft_share: float = 0.0
+    steps: int = 0
 
     @property
     def tok_s(self) -> float:
@@ -116,7 +119,8 @@ def measure(args: argparse.Namespace, prompts: list[str], batch: int, options: d
     verifies = diff["spec_verify_steps_total"]
     return Run(seconds, tokens, [o.output_ids for o in outputs],
                accept_length=diff["spec_accepted_tokens_total"] / verifies if verifies else 0.0,
-               tokens_per_step=tokens / max(1, diff["steps_total"]), draft_share=drafted[0] / seconds)
+               tokens_per_step=tokens / max(1, diff["steps_total"]), draft_share=drafted[0] / seconds,
+               steps=int(diff["steps_total"]))
 
 
 def main() -> None:
@@ -134,7 +138,7 @@ def main() -> None:
     configs = {k: v for k, v in drafters(args).items() if args.drafters is None or k in args.drafters}
     print("load average (1, 5, 15 min): %.2f %.2f %.2f" % os.getloadavg())
     print(f"{'workload':<11}{'batch':>6}{'drafter':>12}{'plain tok/s':>13}{'spec tok/s':>12}{'speed-up':>10}"
-          f"{'accept len':>12}{'tok/step':>10}{'draft time':>12}{'identical':>11}")
+          f"{'accept len':>12}{'tok/step':>10}{'plain t/s':>10}{'step cost':>10}{'draft time':>12}{'identical':>11}")
     for name in args.workloads:
         prompts = WORKLOADS[name]
         for batch in args.batch_sizes:
@@ -150,6 +154,7 @@ def main() -> None:
                 spec = best[label]
                 print(f"{name:<11}{batch:>6}{label:>12}{plain.tok_s:>13.1f}{spec.tok_s:>12.1f}"
                       f"{spec.tok_s / plain.tok_s:>9.2f}x{spec.accept_length:>12.2f}{spec.tokens_per_step:>10.2f}"
+                      f"{plain.tokens_per_step:>10.2f}{spec.seconds / spec.steps / (plain.seconds / plain.steps):>9.2f}x"
                       f"{spec.draft_share:>11.1%}{str(plain.outputs == spec.outputs):>11}", flush=True)
     print("load average (1, 5, 15 min): %.2f %.2f %.2f" % os.getloadavg())
 
