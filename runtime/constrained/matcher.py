@@ -12,7 +12,8 @@ from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
 import numpy as np
 
-from ..config import JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from ..config import CLOSE_HORIZON, JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from .closing import close_tokens, dfa_close
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
@@ -94,6 +95,13 @@ class RegexConstraint:
     def can_end(self, state: int) -> bool:
         return bool(self.dfa.accept[state] >= 0)
 
+    def closing_bytes(self, state: int, limit: int) -> bytes | None:
+        """The shortest completion from `state` (closing.py)."""
+        return dfa_close(state, self._row, lambda s: bool(self.dfa.accept[s] >= 0), limit)
+
+    def _row(self, state: int) -> np.ndarray:
+        return self.dfa.row(state)
+
     def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
         out = bytearray()
         while len(out) < limit and self.index.forced[state] >= 0:
@@ -104,29 +112,59 @@ class RegexConstraint:
 
 
 class Matcher(Generic[S]):
-    """One request's position in a constraint (a state per consumed token)."""
+    """One request's position in a constraint (a state per consumed token).
 
-    def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...]):
+    `budget` (the request's max_new_tokens; None: none): the output is closed within it (closing.py).
+    From the last CLOSE_HORIZON tokens on, a state whose shortest completion takes exactly the tokens
+    left forces that completion: the mask at each of its (state, tokens produced) is its next token."""
+
+    def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...], budget: int | None = None):
         self.constraint = constraint
         self.end_ids = end_ids
+        self.budget = budget
         self.states: list[S] = [constraint.initial()]
         self._complete: dict[Hashable, bool] = {}  # is_complete per state: it needs the whole mask
+        self._closes: dict[Hashable, tuple[int, ...] | None] = {}  # per state: its completion's tokens
+        self._forced: dict[tuple[Hashable, int], int] = {}  # (state, tokens produced) -> the closing token
 
     @property
     def state(self) -> S:
         return self.states[-1]
 
-    def mask_words(self, state: S) -> np.ndarray:
+    def mask_words(self, state: S, produced: int | None = None) -> np.ndarray:
         """Which tokens may come next (EOS only where the output may end), as one row of the step's
         bitmask: int32 words, bit i of word w allowing token 32w + i. Built from the stored bits
-        (little-endian bytes are those words' bytes), never unpacked."""
-        bits = self.constraint.allowed_bits(state)
+        (little-endian bytes are those words' bytes), never unpacked. `produced`: output tokens before
+        this one (the budget's close applies only where it is given)."""
         words = np.zeros(-(-self.constraint.vocab.size // 32) * 4, np.uint8)
+        closing = self.closing_token(state, produced) if produced is not None else None
+        if closing is not None:
+            words[closing >> 3] = 1 << (closing & 7)
+            return words.view("<i4")
+        bits = self.constraint.allowed_bits(state)
         words[:len(bits)] = bits
         if self.end_ids and self.constraint.can_end(state):
             for t in self.end_ids:
                 words[t >> 3] |= 1 << (t & 7)
         return words.view("<i4")
+
+    def closing_token(self, state: S, produced: int) -> int | None:
+        """The token the budget's close forces at `state` after `produced` output tokens, if any."""
+        if self.budget is None:
+            return None
+        hit = self._forced.get((state, produced))
+        left = self.budget - produced
+        if hit is not None or left <= 0 or left > CLOSE_HORIZON or self.constraint.can_end(state):
+            return hit
+        if state not in self._closes:
+            self._closes[state] = close_tokens(self.constraint, state)
+        close = self._closes[state]
+        if close is None or len(close) != left:  # fewer: not yet; more: too late, the output is cut
+            return None
+        for i, t in enumerate(close):
+            self._forced[(state, produced + i)] = t
+            state = self.constraint.advance(state, t)  # type: ignore[assignment]  # close_tokens checked them
+        return close[0]
 
     def is_complete(self, state: S | None = None) -> bool:
         """The output may end here and no token but EOS may follow."""

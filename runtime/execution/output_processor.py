@@ -157,7 +157,7 @@ class OutputProcessor:
             block_stop = counter < req.params.min_new_tokens
             mask = None
             if m is not None:
-                mask = m.mask_words(states[j])
+                mask = m.mask_words(states[j], counter)  # counter: the budget's close (closing.py)
                 block_stop = block_stop and not m.is_complete(states[j])  # the constraint may only end
             rows.append(SampleRow(req.sampling, counter, block_stop, path, mask, top))
         return rows

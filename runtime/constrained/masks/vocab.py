@@ -52,6 +52,19 @@ class TokenVocab:
         """The trie as the native token walk reads it; None where that walk is not available."""
         return NativeTrie.create(self.trie, self.ids, self.size)
 
+    @cached_property
+    def by_bytes(self) -> dict[bytes, int]:
+        """The rows' tokens by their bytes (the lowest id where two spell the same)."""
+        out: dict[bytes, int] = {}
+        for i in self.ids.tolist():
+            out.setdefault(self.token_bytes[i], i)
+        return out
+
+    @property
+    def longest(self) -> int:
+        """The most bytes one token spells."""
+        return int(self.matrix.shape[1])
+
     @property
     def first_bytes(self) -> np.ndarray:
         return self.matrix[:, 0]
