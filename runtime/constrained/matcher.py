@@ -12,7 +12,7 @@ from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
 import numpy as np
 
-from ..config import CLOSE_HORIZON, JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from ..config import CLOSE_HORIZON, CLOSE_SLACK, JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
 from .closing import close_tokens, dfa_close
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
@@ -115,8 +115,9 @@ class Matcher(Generic[S]):
     """One request's position in a constraint (a state per consumed token).
 
     `budget` (the request's max_new_tokens; None: none): the output is closed within it (closing.py).
-    From the last CLOSE_HORIZON tokens on, a state whose shortest completion takes exactly the tokens
-    left forces that completion: the mask at each of its (state, tokens produced) is its next token."""
+    From the last CLOSE_HORIZON tokens on, a state whose shortest completion takes the tokens left (or up to
+    CLOSE_SLACK fewer: one token may lengthen it that much) forces that completion: the mask at each of its
+    (state, tokens produced) is its next token, and the output ends where it ends (`closed`)."""
 
     def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...], budget: int | None = None):
         self.constraint = constraint
@@ -126,6 +127,7 @@ class Matcher(Generic[S]):
         self._complete: dict[Hashable, bool] = {}  # is_complete per state: it needs the whole mask
         self._closes: dict[Hashable, tuple[int, ...] | None] = {}  # per state: its completion's tokens
         self._forced: dict[tuple[Hashable, int], int] = {}  # (state, tokens produced) -> the closing token
+        self._closed: set[tuple[Hashable, int]] = set()  # where a close ends
 
     @property
     def state(self) -> S:
@@ -159,12 +161,18 @@ class Matcher(Generic[S]):
         if state not in self._closes:
             self._closes[state] = close_tokens(self.constraint, state)
         close = self._closes[state]
-        if close is None or len(close) != left:  # fewer: not yet; more: too late, the output is cut
+        # more than left: too late, the output is cut; fewer by over CLOSE_SLACK: not yet
+        if close is None or not left - CLOSE_SLACK <= len(close) <= left:
             return None
         for i, t in enumerate(close):
             self._forced[(state, produced + i)] = t
             state = self.constraint.advance(state, t)  # type: ignore[assignment]  # close_tokens checked them
+        self._closed.add((state, produced + len(close)))
         return close[0]
+
+    def closed(self, state: S, produced: int) -> bool:
+        """Whether the budget's close ended the output at `state` after `produced` tokens (it was cut)."""
+        return (state, produced) in self._closed
 
     def is_complete(self, state: S | None = None) -> bool:
         """The output may end here and no token but EOS may follow."""

@@ -226,9 +226,10 @@ class OutputProcessor:
         result = req.detok.add([token], check_stop=n_out >= req.params.min_new_tokens)
         if result.stop is not None:
             return "stop", result.stop, result.delta
-        if n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
-            return "length", None, result.delta
         m = req.constraint
+        if n_out >= req.max_new_tokens or req.fill_len >= self.context_length or (
+                m is not None and m.closed(m.state, n_out)):  # closed for max_tokens: cut all the same
+            return "length", None, result.delta
         if m is not None and not m.end_ids and m.is_complete():
             return "stop", None, result.delta  # complete, and no EOS to sample (ignore_eos)
         return None, None, result.delta
