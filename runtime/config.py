@@ -209,7 +209,7 @@ class EngineConfig:
                                       "weights take (others wait their turn)")
     max_lora_rank: int | None = option(None, "largest LoRA rank served (smaller ranks are zero-padded); default: "
                                        "the largest of lora_paths, else the first adapter loaded")
-    # constrained outputs that end within max_tokens (docs/tool_calling.md)
+    # constrained outputs that end within max_tokens (docs/reasoning.md, "Closed within max_tokens")
     disable_constrained_close: bool = option(False, "turn off closing constrained outputs within max_tokens: by "
                                              "default, when the tokens left only just suffice for the shortest "
                                              "completion of a JSON schema / tool call / grammar constraint, the "
