@@ -18,7 +18,7 @@ The shortest completion, in bytes:
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Protocol
+from typing import Callable, Hashable, Protocol, TypeVar
 
 import numpy as np
 
@@ -31,25 +31,28 @@ CLOSE_ORDER = np.array(list(_FIRST) + [b for b in range(32, 127) if b not in _FI
 CLOSE_MAX_BYTES = 1024  # longest completion looked for (a longer one does not fit the horizon anyway)
 
 
-class Closable(Protocol):
+S = TypeVar("S", bound=Hashable)
+
+
+class Closable(Protocol[S]):
     """What the walk reads of a constraint (matcher.Constraint's members)."""
 
     vocab: TokenVocab
 
-    def advance(self, state: Hashable, token_id: int) -> Hashable | None: ...
-    def advance_bytes(self, state: Hashable, data: bytes) -> Hashable | None: ...
-    def can_end(self, state: Hashable) -> bool: ...
-    def forced_bytes(self, state: Hashable, limit: int) -> bytes: ...
+    def advance(self, state: S, token_id: int) -> S | None: ...
+    def advance_bytes(self, state: S, data: bytes) -> S | None: ...
+    def can_end(self, state: S) -> bool: ...
+    def forced_bytes(self, state: S, limit: int) -> bytes: ...
 
 
-def shortest_close(constraint: Closable, state: Hashable, limit: int = CLOSE_MAX_BYTES) -> bytes | None:
+def shortest_close(constraint: Closable[S], state: S, limit: int = CLOSE_MAX_BYTES) -> bytes | None:
     """The bytes that complete the output from `state` (b"" where it may end), or None if none was found
     within `limit` bytes."""
-    own: Callable[[Hashable, int], bytes | None] | None = getattr(constraint, "closing_bytes", None)
+    own: Callable[[S, int], bytes | None] | None = getattr(constraint, "closing_bytes", None)
     return own(state, limit) if own is not None else greedy_close(constraint, state, limit)
 
 
-def close_tokens(constraint: Closable, state: Hashable, limit: int = CLOSE_MAX_BYTES) -> tuple[int, ...] | None:
+def close_tokens(constraint: Closable[S], state: S, limit: int = CLOSE_MAX_BYTES) -> tuple[int, ...] | None:
     """The shortest completion from `state` as the fewest tokens that spell it, each checked against the
     constraint (None: no completion found, or the tokens do not follow the constraint)."""
     data = shortest_close(constraint, state, limit)
@@ -124,7 +127,7 @@ def _path(parent: dict[int, tuple[int, int]], end: int) -> bytes:
     return bytes(reversed(out))
 
 
-def greedy_close(constraint: Closable, state: Hashable, limit: int) -> bytes | None:
+def greedy_close(constraint: Closable[S], state: S, limit: int) -> bytes | None:
     """A short completion: forced bytes, else the first byte of CLOSE_ORDER leading to an unseen state."""
     out = bytearray()
     seen = {state}
