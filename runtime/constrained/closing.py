@@ -45,17 +45,22 @@ class Closable(Protocol[S]):
     def forced_bytes(self, state: S, limit: int) -> bytes: ...
 
 
-def shortest_close(constraint: Closable[S], state: S, limit: int = CLOSE_MAX_BYTES) -> bytes | None:
-    """The bytes that complete the output from `state` (b"" where it may end), or None if none was found
-    within `limit` bytes."""
-    own: Callable[[S, int], bytes | None] | None = getattr(constraint, "closing_bytes", None)
-    return own(state, limit) if own is not None else greedy_close(constraint, state, limit)
+def shortest_close(constraint: Closable[S], state: S, limit: int = CLOSE_MAX_BYTES,
+                   nonempty: bool = False) -> bytes | None:
+    """The bytes that complete the output from `state` (b"" where it may end; `nonempty`: at least one
+    byte, the shortest continuation of an output that may end), or None if none was found within `limit`
+    bytes (a nonempty one: or not looked for, off the DFA path)."""
+    own: Callable[[S, int, bool], bytes | None] | None = getattr(constraint, "closing_bytes", None)
+    if own is not None:
+        return own(state, limit, nonempty)
+    return None if nonempty else greedy_close(constraint, state, limit)
 
 
-def close_tokens(constraint: Closable[S], state: S, limit: int = CLOSE_MAX_BYTES) -> tuple[int, ...] | None:
+def close_tokens(constraint: Closable[S], state: S, limit: int = CLOSE_MAX_BYTES,
+                 nonempty: bool = False) -> tuple[int, ...] | None:
     """The shortest completion from `state` as the fewest tokens that spell it, each checked against the
     constraint (None: no completion found, or the tokens do not follow the constraint)."""
-    data = shortest_close(constraint, state, limit)
+    data = shortest_close(constraint, state, limit, nonempty)
     if data is None:
         return None
     tokens = fewest_tokens(data, constraint.vocab)
@@ -94,13 +99,14 @@ def fewest_tokens(data: bytes, vocab: TokenVocab) -> tuple[int, ...] | None:
 
 
 def dfa_close(start: int, row: Callable[[int], np.ndarray], accepting: Callable[[int], bool],
-              limit: int) -> bytes | None:
-    """Breadth-first from `start` to the nearest accepting state; `row(s)` is the [256] next states of s."""
-    if accepting(start):
+              limit: int, nonempty: bool = False) -> bytes | None:
+    """Breadth-first from `start` to the nearest accepting state (`nonempty`: at least one byte away);
+    `row(s)` is the [256] next states of s."""
+    if accepting(start) and not nonempty:
         return b""
-    parent: dict[int, tuple[int, int]] = {start: (-1, -1)}
+    parent: dict[int, tuple[int, int]] = {} if nonempty else {start: (_ROOT, -1)}
     frontier = [start]
-    for _ in range(limit):
+    for depth in range(limit):
         reached = []
         for s in frontier:
             targets = row(s)[CLOSE_ORDER]
@@ -109,7 +115,7 @@ def dfa_close(start: int, row: Callable[[int], np.ndarray], accepting: Callable[
                 t = int(targets[i])
                 if t < 0 or t in parent:
                     continue
-                parent[t] = (s, int(CLOSE_ORDER[i]))
+                parent[t] = (_ROOT if nonempty and depth == 0 else s, int(CLOSE_ORDER[i]))
                 if accepting(t):
                     return _path(parent, t)
                 reached.append(t)
@@ -119,11 +125,15 @@ def dfa_close(start: int, row: Callable[[int], np.ndarray], accepting: Callable[
     return None
 
 
+_ROOT = -1  # the parent of the walk's start
+
+
 def _path(parent: dict[int, tuple[int, int]], end: int) -> bytes:
     out = bytearray()
-    while parent[end][0] >= 0:
+    while end != _ROOT:
         end, b = parent[end]
-        out.append(b)
+        if b >= 0:
+            out.append(b)
     return bytes(reversed(out))
 
 

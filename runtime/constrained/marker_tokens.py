@@ -66,8 +66,8 @@ class MarkerTokens:
     def forced_bytes(self, state: Hashable, limit: int) -> bytes:
         return self.inner.forced_bytes(state, limit)
 
-    def closing_bytes(self, state: Hashable, limit: int) -> bytes | None:
-        return shortest_close(self.inner, state, limit)
+    def closing_bytes(self, state: Hashable, limit: int, nonempty: bool = False) -> bytes | None:
+        return shortest_close(self.inner, state, limit, nonempty)
 
     def _mask(self, state: Hashable) -> np.ndarray:
         mask = self.inner.allowed(state)

@@ -95,9 +95,9 @@ class RegexConstraint:
     def can_end(self, state: int) -> bool:
         return bool(self.dfa.accept[state] >= 0)
 
-    def closing_bytes(self, state: int, limit: int) -> bytes | None:
+    def closing_bytes(self, state: int, limit: int, nonempty: bool = False) -> bytes | None:
         """The shortest completion from `state` (closing.py)."""
-        return dfa_close(state, self._row, lambda s: bool(self.dfa.accept[s] >= 0), limit)
+        return dfa_close(state, self._row, lambda s: bool(self.dfa.accept[s] >= 0), limit, nonempty)
 
     def _row(self, state: int) -> np.ndarray:
         return self.dfa.row(state)
@@ -128,6 +128,7 @@ class Matcher(Generic[S]):
         self._closes: dict[Hashable, tuple[int, ...] | None] = {}  # per state: its completion's tokens
         self._forced: dict[tuple[Hashable, int], int] = {}  # (state, tokens produced) -> the closing token
         self._closed: set[tuple[Hashable, int]] = set()  # where a close ends
+        self._continues: dict[Hashable, tuple[int, ...] | None] = {}  # per state that may end: its shortest continuation
 
     @property
     def state(self) -> S:
@@ -173,6 +174,18 @@ class Matcher(Generic[S]):
     def closed(self, state: S, produced: int) -> bool:
         """Whether the budget's close ended the output at `state` after `produced` tokens (it was cut)."""
         return (state, produced) in self._closed
+
+    def no_room(self, state: S, produced: int) -> bool:
+        """Whether the output may end at `state` after `produced` tokens, but no continuation fits in the
+        tokens left (a parallel call list: another call): a token other than EOS sampled there is a cut,
+        and the output ends before it, valid."""
+        left = self.budget - produced if self.budget is not None else 0
+        if left <= 0 or left > CLOSE_HORIZON or not self.constraint.can_end(state):
+            return False
+        if state not in self._continues:
+            self._continues[state] = close_tokens(self.constraint, state, nonempty=True)
+        more = self._continues[state]
+        return more is not None and len(more) > left
 
     def is_complete(self, state: S | None = None) -> bool:
         """The output may end here and no token but EOS may follow."""

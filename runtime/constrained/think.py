@@ -140,7 +140,7 @@ class ThinkThen:
             out, state = out + more, nxt
         return out
 
-    def closing_bytes(self, state: State, limit: int) -> bytes | None:
+    def closing_bytes(self, state: State, limit: int, nonempty: bool = False) -> bytes | None:
         """The shortest completion (closing.py): the rest of the block's markers, then the answer's; None
         with a free answer (nothing to keep valid: a cut stays a cut)."""
         if self.inner is None:
@@ -159,7 +159,7 @@ class ThinkThen:
         answer = self._walk(state, head, count=False) if head else state
         if answer is None or answer[0] != ANSWER:
             return None
-        rest = shortest_close(self.inner, answer[1], limit - len(head))
+        rest = shortest_close(self.inner, answer[1], limit - len(head), nonempty and not head)
         return None if rest is None else head + rest
 
     # ---- walking ------------------------------------------------------------------------------------

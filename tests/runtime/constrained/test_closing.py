@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from radixlang.runtime.config import CLOSE_SLACK
+from radixlang.runtime.constrained.closing import close_tokens
 from radixlang.runtime.constrained.matcher import Matcher
 from radixlang.runtime.constrained.structural_tag import parse_structural_tag, split_tagged
 from radixlang.runtime.tool_formats import HERMES, tool_call_structural_tag
@@ -24,14 +25,21 @@ TOOLS = [{"name": "note", "parameters": NOTE}, {"name": "tree", "parameters": TR
 
 def runaway(matcher: Matcher, budget: int, letter: int, nest: int) -> list[int]:
     """Up to `budget` tokens: `letter` where allowed, else `nest` (opens structure), else the lowest allowed."""
+    return write(matcher, budget, lambda state, allowed: letter if letter in allowed else nest if nest in allowed
+                 else int(allowed[0]))
+
+
+def write(matcher: Matcher, budget: int, pick) -> list[int]:
+    """Up to `budget` tokens, each `pick(state, allowed)` (EOS never), until the close ends the output or,
+    where it may end, no more fits (the engine's output processor does the same)."""
     out: list[int] = []
     while len(out) < budget and not matcher.closed(matcher.state, len(out)):
         words = matcher.mask_words(matcher.state, len(out))
         allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
         allowed = allowed[~np.isin(allowed, matcher.end_ids)]
-        if not allowed.size:
+        if not allowed.size or matcher.no_room(matcher.state, len(out)):
             break
-        token = letter if letter in allowed else nest if nest in allowed else int(allowed[0])
+        token = pick(matcher.state, allowed)
         assert matcher.advance(token)
         out.append(token)
     return out
@@ -54,8 +62,12 @@ def test_a_runaway_json_answer_ends_valid_at_the_budget(compiler, tokenizer, sch
         json.loads(text_of(constraint.vocab, cut))
 
 
+PING = [{"name": "ping", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}]
+
+
 @pytest.mark.parametrize("think", [False, True])
-def test_a_runaway_tool_call_list_ends_with_every_call_valid(compiler, tokenizer, think):
+def test_a_tool_call_list_cut_by_the_budget_ends_with_every_call_whole_and_valid(compiler, tokenizer, think):
+    """A string that never ends: the close ends the call within the budget."""
     tag = tool_call_structural_tag(HERMES, TOOLS, "required", parallel=True)
     constraint = compiler.compile("structural_tag", tag)
     if think:  # still thinking when the budget nears: the block closes, then the call
@@ -70,8 +82,23 @@ def test_a_runaway_tool_call_list_ends_with_every_call_valid(compiler, tokenizer
         assert "x" in thought
     else:
         assert "x" in text  # the string ran before the close
+    assert_whole_valid_calls(text, tag, TOOLS)
+
+
+def test_a_call_list_that_goes_on_ends_before_a_call_that_cannot_fit(compiler):
+    """Calls end at once but the list goes on: after two, the 10 tokens left cannot hold a third."""
+    tag = tool_call_structural_tag(HERMES, PING, "required", parallel=True)
+    constraint = compiler.compile("structural_tag", tag)
+    call = close_tokens(constraint, constraint.initial())
+    budget = 2 * len(call) + 10
+    tokens = write(Matcher(constraint, constraint.vocab.end_ids, budget), budget,  # a call, fast, again and again
+                   lambda state, allowed: close_tokens(constraint, state, nonempty=constraint.can_end(state))[0])
+    assert tokens == 2 * list(call)
+    assert_whole_valid_calls(text_of(constraint.vocab, tokens), tag, PING)
+
+
+def assert_whole_valid_calls(text: str, tag: dict, tools: list[dict]) -> None:
     parts = split_tagged(text, parse_structural_tag(tag))
-    calls = [(i, body) for i, body in parts if i is not None]
-    assert calls and all(i is not None for i, _ in parts)
-    for i, body in calls:
-        jsonschema.validate(json.loads(body), TOOLS[i]["parameters"])
+    assert parts and all(i is not None for i, _ in parts)
+    for i, body in parts:
+        jsonschema.validate(json.loads(body), tools[i]["parameters"])
