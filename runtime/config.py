@@ -63,8 +63,8 @@ LARK_MAX_IGNORED_BYTES = 64  # longest %ignore lexeme (e.g. whitespace) a Lark g
 LARK_MAX_CONSECUTIVE_IGNORED = 2  # %ignore lexemes in a row; together they bound whitespace runs
 JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
 CLOSE_HORIZON = 64  # a constrained output's close is checked in its last this many tokens (constrained/closing.py)
-# ... and forced once it takes the tokens left or up to this many fewer: inside a string, one token may end
-# part-way through a UTF-8 character (up to 3 bytes more to close) or on a backslash
+# ... and forced once it takes the tokens left; this many fewer or less, tokens that end inside a UTF-8 character
+# or on a backslash are masked out (the rest of the character or escape would lengthen the close by up to 3)
 CLOSE_SLACK = 3
 TAG_ROOT_CACHE_SIZE = 1024  # structural tags' schema regex trees kept by schema text (process-wide LRU)
 

@@ -115,9 +115,11 @@ class Matcher(Generic[S]):
     """One request's position in a constraint (a state per consumed token).
 
     `budget` (the request's max_new_tokens; None: none): the output is closed within it (closing.py).
-    From the last CLOSE_HORIZON tokens on, a state whose shortest completion takes the tokens left (or up to
-    CLOSE_SLACK fewer: one token may lengthen it that much) forces that completion: the mask at each of its
-    (state, tokens produced) is its next token, and the output ends where it ends (`closed`)."""
+    From the last CLOSE_HORIZON tokens on, a state whose shortest completion takes the tokens left forces
+    that completion: the mask at each of its (state, tokens produced) is its next token, and the output
+    ends where it ends (`closed`). Where the completion takes CLOSE_SLACK or fewer tokens less than are
+    left, tokens that stop inside a UTF-8 character or on a backslash are masked out: the rest of the
+    character (or the escape) would lengthen the close past the tokens left in one step."""
 
     def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...], budget: int | None = None):
         self.constraint = constraint
@@ -140,36 +142,41 @@ class Matcher(Generic[S]):
         (little-endian bytes are those words' bytes), never unpacked. `produced`: output tokens before
         this one (the budget's close applies only where it is given)."""
         words = np.zeros(-(-self.constraint.vocab.size // 32) * 4, np.uint8)
-        closing = self.closing_token(state, produced) if produced is not None else None
+        closing, near = self.closing_token(state, produced) if produced is not None else (None, False)
         if closing is not None:
             words[closing >> 3] = 1 << (closing & 7)
             return words.view("<i4")
         bits = self.constraint.allowed_bits(state)
         words[:len(bits)] = bits
+        if near:  # a token that stops inside a character or an escape would lengthen the close past the budget
+            whole = self.constraint.vocab.whole_bits
+            words[:len(whole)] &= whole
         if self.end_ids and self.constraint.can_end(state):
             for t in self.end_ids:
                 words[t >> 3] |= 1 << (t & 7)
         return words.view("<i4")
 
-    def closing_token(self, state: S, produced: int) -> int | None:
-        """The token the budget's close forces at `state` after `produced` output tokens, if any."""
+    def closing_token(self, state: S, produced: int) -> tuple[int | None, bool]:
+        """The token the budget's close forces at `state` after `produced` output tokens, if any, and
+        whether the close nears (it takes the tokens left but CLOSE_SLACK or fewer)."""
         if self.budget is None:
-            return None
+            return None, False
         hit = self._forced.get((state, produced))
         left = self.budget - produced
         if hit is not None or left <= 0 or left > CLOSE_HORIZON or self.constraint.can_end(state):
-            return hit
+            return hit, False
         if state not in self._closes:
             self._closes[state] = close_tokens(self.constraint, state)
         close = self._closes[state]
-        # more than left: too late, the output is cut; fewer by over CLOSE_SLACK: not yet
-        if close is None or not left - CLOSE_SLACK <= len(close) <= left:
-            return None
+        if close is None or len(close) > left:  # too late: the output is cut
+            return None, False
+        if len(close) < left:
+            return None, len(close) >= left - CLOSE_SLACK
         for i, t in enumerate(close):
             self._forced[(state, produced + i)] = t
             state = self.constraint.advance(state, t)  # type: ignore[assignment]  # close_tokens checked them
         self._closed.add((state, produced + len(close)))
-        return close[0]
+        return close[0], False
 
     def closed(self, state: S, produced: int) -> bool:
         """Whether the budget's close ended the output at `state` after `produced` tokens (it was cut)."""
