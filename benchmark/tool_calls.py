@@ -31,7 +31,7 @@ false), so the default model thinks in free text until the budget closes the blo
 
     .venv/bin/python benchmark/tool_calls.py [--per-category 10] [--max-tokens 128] [--concurrency 8]
         [--model M --thinking-token-budget 64] [--open-thinking --thinking-token-budget 32]
-        [--categories simple_python,multiple] [--calls-only]
+        [--categories simple_python,multiple] [--question-ids multiple_9] [--calls-only]
 """
 from __future__ import annotations
 
@@ -57,9 +57,11 @@ def data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def load(category: str, limit: int) -> list[tuple[dict, list]]:
+def load(category: str, limit: int, ids: frozenset[str] = frozenset()) -> list[tuple[dict, list]]:
+    """The category's first `limit` questions (`ids`: those questions only) and their possible answers."""
     root = data_dir()
-    questions = [json.loads(line) for line in (root / f"BFCL_v4_{category}.json").read_text().splitlines()[:limit]]
+    questions = [json.loads(line) for line in (root / f"BFCL_v4_{category}.json").read_text().splitlines()]
+    questions = [q for q in questions if q["id"] in ids] if ids else questions[:limit]
     answers = {a["id"]: a["ground_truth"] for a in map(json.loads,
                (root / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines())}
     return [(q, answers[q["id"]]) for q in questions]
@@ -259,8 +261,9 @@ def valid(calls: list[dict] | None, functions: dict[str, dict]) -> bool:
 
 
 def run_category(client, category: str, limit: int, constrained: bool, max_tokens: int,
-                 concurrency: int, budget: int | None = None, no_think: bool = False) -> dict[str, float]:
-    items = load(category, limit)
+                 concurrency: int, budget: int | None = None, no_think: bool = False,
+                 ids: frozenset[str] = frozenset()) -> dict[str, float]:
+    items = load(category, limit, ids)
     parallel = category.startswith("parallel")  # the category's own premise, the same for both ways
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -374,6 +377,8 @@ def main() -> None:
     ap.add_argument("--thinking-token-budget", type=int, default=None,
                     help="also run the constrained way after at most this many thinking tokens")
     ap.add_argument("--categories", default=",".join(CATEGORIES), help="comma-separated BFCL categories")
+    ap.add_argument("--question-ids", default="",
+                    help="comma-separated BFCL ids (e.g. multiple_9): only those, in the categories they belong to")
     ap.add_argument("--calls-only", action="store_true",
                     help="only the calls: no compile timings, no decode ratio, no unconstrained way")
     ap.add_argument("--open-thinking", action="store_true",
@@ -394,6 +399,9 @@ def main() -> None:
     # (constrained, budget): the think way beside the constrained one without thinking
     ways = [(True, None)] + ([] if args.calls_only else [(False, None)]) + ([(True, budget)] if budget is not None else [])
     categories = args.categories.split(",")
+    ids = frozenset(filter(None, args.question_ids.split(",")))
+    if ids:  # the categories the ids name (an id is the category, "_", a number)
+        categories = [c for c in CATEGORIES if any(i.rsplit("_", 1)[0] == c for i in ids)]
     if unknown := set(categories) - set(CATEGORIES):
         raise SystemExit(f"unknown categories {sorted(unknown)}; known: {', '.join(CATEGORIES)}")
     try:
@@ -412,7 +420,7 @@ def main() -> None:
             for category in categories:
                 for constrained, think in ways:
                     r = run_category(client, category, args.per_category, constrained, args.max_tokens,
-                                     args.concurrency, think, no_think=budget is not None and think is None)
+                                     args.concurrency, think, no_think=budget is not None and think is None, ids=ids)
                     ast[(constrained, think)].append(r["ast"])
                     way = f"think {think}" if think is not None else "constrained" if constrained else "unconstrained"
                     print(f"{category:<18} {way:<14} {r['n']:>3} {r['valid']:>8.1f} {r['valid_uncut']:>8.1f} {r['ast']:>7.1f} "

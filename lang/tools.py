@@ -121,7 +121,8 @@ def parsed_calls(text: str, meta: dict[str, Any] | None = None, name: str | None
 
     A call cut off by max_tokens (the meta's finish_reason says "length") is never passed off as the
     model's answer: with no complete call before it, it is an error (state.error()); after complete calls,
-    the variable holds those and the meta says `tool_call_cut_off: True`."""
+    the variable holds those and the meta says `tool_call_cut_off: True`. So it does when the engine closed
+    the last call for max_tokens (runtime/constrained/closing.py): whole, but maybe shortened."""
     parsed = parse_tool_calls(FALLBACK, text)
     reason = (meta or {}).get("finish_reason")
     cut = isinstance(reason, dict) and reason.get("type") == "length"
@@ -131,7 +132,7 @@ def parsed_calls(text: str, meta: dict[str, Any] | None = None, name: str | None
         why = "max_tokens cut it off (finish_reason 'length')" if cut else "it does not parse"
         raise ValueError(f"gen {name!r}: a tool call is incomplete: {why}; raise max_tokens. Text: {text!r}")
     if meta is not None and parsed.calls:
-        meta["tool_call_cut_off"] = bool(incomplete)
+        meta["tool_call_cut_off"] = bool(incomplete or cut)
     return [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
 
 

@@ -62,6 +62,10 @@ JSON_MAX_EXPONENT_DIGITS = 3
 LARK_MAX_IGNORED_BYTES = 64  # longest %ignore lexeme (e.g. whitespace) a Lark grammar may emit
 LARK_MAX_CONSECUTIVE_IGNORED = 2  # %ignore lexemes in a row; together they bound whitespace runs
 JUMP_FORWARD_MAX_BYTES = 256  # longest forced string drafted in one jump
+CLOSE_HORIZON = 64  # a constrained output's close is checked in its last this many tokens (constrained/closing.py)
+# ... and forced once it takes the tokens left; this many fewer or less, tokens that end inside a UTF-8 character
+# or on a backslash are masked out (the rest of the character or escape would lengthen the close by up to 3)
+CLOSE_SLACK = 3
 TAG_ROOT_CACHE_SIZE = 1024  # structural tags' schema regex trees kept by schema text (process-wide LRU)
 
 # attention
@@ -213,6 +217,12 @@ class EngineConfig:
                                   "structural tags): radixlang (ours: jump-forward, no false accepts), or the "
                                   "optional peers xgrammar / llguidance (pip install 'radixlang[grammar]'); "
                                   "engine-wide", GRAMMAR_BACKENDS)
+    # constrained outputs that end within max_tokens (docs/reasoning.md, "Closed within max_tokens")
+    disable_constrained_close: bool = option(False, "turn off closing constrained outputs within max_tokens: by "
+                                             "default, when the tokens left only just suffice for the shortest "
+                                             "completion of a JSON schema / tool call / grammar constraint, the "
+                                             "engine writes it (the output ends valid, finish_reason 'length'); "
+                                             "off: the output is cut wherever max_tokens falls")
 
     @classmethod
     def from_options(cls, model: str | None = None,

@@ -100,15 +100,18 @@ def _unwrap(batch: SubmissionBatch, results: list[Completion]) -> Completion | l
 def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer,
                sink: Callable[[StreamChunk], None], *, context_length: int, seed: int, device: torch.device,
                return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-               constraint: Constraint | None = None, images: list[ImageSpan] | None = None) -> Req:
-    """A request with its sampler, constraint and detokenizer state; `params` must be validated."""
+               constraint: Constraint | None = None, images: list[ImageSpan] | None = None,
+               close_within_max_tokens: bool = True) -> Req:
+    """A request with its sampler, constraint and detokenizer state; `params` must be validated.
+    `close_within_max_tokens`: a constrained output is closed within max_new_tokens (constrained/closing.py)."""
     token_ids = text_ids(prompt_ids) if images else prompt_ids
     sampling = SamplingState.create(params, token_ids, tokenizer.eos_token_ids,
                                     tokenizer.vocab_size, device, seed)
+    max_new_tokens = min(params.max_new_tokens, context_length - len(prompt_ids))
     matcher = None
     if constraint is not None:  # EOS ends a constrained output unless the caller ignores EOS
         end_ids = tuple(i for i in constraint.vocab.end_ids if i in sampling.stop_ids)
-        matcher = Matcher(constraint, end_ids)
+        matcher = Matcher(constraint, end_ids, max_new_tokens if close_within_max_tokens else None)
     return Req(
         rid=rid,
         prompt_ids=prompt_ids,
@@ -121,7 +124,7 @@ def create_req(rid: str, prompt_ids: list[int], params: SamplingParams, tokenize
                                      trim_stop=not params.no_stop_trim, context_ids=token_ids,
                                      stop_regex=params.stop_regex),
         sink=sink,
-        max_new_tokens=min(params.max_new_tokens, context_length - len(prompt_ids)),
+        max_new_tokens=max_new_tokens,
         return_logprob=return_logprob,
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,
@@ -209,7 +212,8 @@ class Engine:
         req = create_req(sub.rid, sub.prompt_ids, sub.params, self.tokenizer, sink,
                          context_length=self.context_length, seed=seed, device=self.device,
                          return_logprob=sub.return_logprob, logprob_start_len=sub.logprob_start_len,
-                         top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images)
+                         top_logprobs_num=sub.top_logprobs_num, constraint=sub.constraint, images=sub.images,
+                         close_within_max_tokens=not self.config.disable_constrained_close)
         req.retain, req.priority, req.namespace, req.lora = sub.retain, sub.priority, sub.namespace, sub.lora
         return req
 

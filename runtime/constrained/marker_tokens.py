@@ -14,6 +14,7 @@ from typing import Hashable
 
 import numpy as np
 
+from .closing import shortest_close
 from .masks.vocab import TokenVocab
 from .matcher import Constraint, MaskCache
 from .structural_tag import StructuralTag
@@ -64,6 +65,9 @@ class MarkerTokens:
 
     def forced_bytes(self, state: Hashable, limit: int) -> bytes:
         return self.inner.forced_bytes(state, limit)
+
+    def closing_bytes(self, state: Hashable, limit: int, nonempty: bool = False) -> bytes | None:
+        return shortest_close(self.inner, state, limit, nonempty)
 
     def _mask(self, state: Hashable) -> np.ndarray:
         mask = self.inner.allowed(state)

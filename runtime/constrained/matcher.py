@@ -12,7 +12,8 @@ from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
 import numpy as np
 
-from ..config import JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from ..config import CLOSE_HORIZON, CLOSE_SLACK, JUMP_FORWARD_MAX_BYTES, MASK_CACHE_SIZE
+from .closing import close_tokens, dfa_close
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
@@ -94,6 +95,13 @@ class RegexConstraint:
     def can_end(self, state: int) -> bool:
         return bool(self.dfa.accept[state] >= 0)
 
+    def closing_bytes(self, state: int, limit: int, nonempty: bool = False) -> bytes | None:
+        """The shortest completion from `state` (closing.py)."""
+        return dfa_close(state, self._row, lambda s: bool(self.dfa.accept[s] >= 0), limit, nonempty)
+
+    def _row(self, state: int) -> np.ndarray:
+        return self.dfa.row(state)
+
     def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
         out = bytearray()
         while len(out) < limit and self.index.forced[state] >= 0:
@@ -104,29 +112,87 @@ class RegexConstraint:
 
 
 class Matcher(Generic[S]):
-    """One request's position in a constraint (a state per consumed token)."""
+    """One request's position in a constraint (a state per consumed token).
 
-    def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...]):
+    `budget` (the request's max_new_tokens; None: none): the output is closed within it (closing.py).
+    From the last CLOSE_HORIZON tokens on, a state whose shortest completion takes the tokens left forces
+    that completion: the mask at each of its (state, tokens produced) is its next token, and the output
+    ends where it ends (`closed`). Where the completion takes CLOSE_SLACK or fewer tokens less than are
+    left, tokens that stop inside a UTF-8 character or on a backslash are masked out: the rest of the
+    character (or the escape) would lengthen the close past the tokens left in one step."""
+
+    def __init__(self, constraint: Constraint[S], end_ids: tuple[int, ...], budget: int | None = None):
         self.constraint = constraint
         self.end_ids = end_ids
+        self.budget = budget
         self.states: list[S] = [constraint.initial()]
         self._complete: dict[Hashable, bool] = {}  # is_complete per state: it needs the whole mask
+        self._closes: dict[Hashable, tuple[int, ...] | None] = {}  # per state: its completion's tokens
+        self._forced: dict[tuple[Hashable, int], int] = {}  # (state, tokens produced) -> the closing token
+        self._closed: set[tuple[Hashable, int]] = set()  # where a close ends
+        self._continues: dict[Hashable, tuple[int, ...] | None] = {}  # per state that may end: its shortest continuation
 
     @property
     def state(self) -> S:
         return self.states[-1]
 
-    def mask_words(self, state: S) -> np.ndarray:
+    def mask_words(self, state: S, produced: int | None = None) -> np.ndarray:
         """Which tokens may come next (EOS only where the output may end), as one row of the step's
         bitmask: int32 words, bit i of word w allowing token 32w + i. Built from the stored bits
-        (little-endian bytes are those words' bytes), never unpacked."""
-        bits = self.constraint.allowed_bits(state)
+        (little-endian bytes are those words' bytes), never unpacked. `produced`: output tokens before
+        this one (the budget's close applies only where it is given)."""
         words = np.zeros(-(-self.constraint.vocab.size // 32) * 4, np.uint8)
+        closing, near = self.closing_token(state, produced) if produced is not None else (None, False)
+        if closing is not None:
+            words[closing >> 3] = 1 << (closing & 7)
+            return words.view("<i4")
+        bits = self.constraint.allowed_bits(state)
         words[:len(bits)] = bits
+        if near:  # a token that stops inside a character or an escape would lengthen the close past the budget
+            whole = self.constraint.vocab.whole_bits
+            words[:len(whole)] &= whole
         if self.end_ids and self.constraint.can_end(state):
             for t in self.end_ids:
                 words[t >> 3] |= 1 << (t & 7)
         return words.view("<i4")
+
+    def closing_token(self, state: S, produced: int) -> tuple[int | None, bool]:
+        """The token the budget's close forces at `state` after `produced` output tokens, if any, and
+        whether the close nears (it takes the tokens left but CLOSE_SLACK or fewer)."""
+        if self.budget is None:
+            return None, False
+        hit = self._forced.get((state, produced))
+        left = self.budget - produced
+        if hit is not None or left <= 0 or left > CLOSE_HORIZON or self.constraint.can_end(state):
+            return hit, False
+        if state not in self._closes:
+            self._closes[state] = close_tokens(self.constraint, state)
+        close = self._closes[state]
+        if close is None or len(close) > left:  # too late: the output is cut
+            return None, False
+        if len(close) < left:
+            return None, len(close) >= left - CLOSE_SLACK
+        for i, t in enumerate(close):
+            self._forced[(state, produced + i)] = t
+            state = self.constraint.advance(state, t)  # type: ignore[assignment]  # close_tokens checked them
+        self._closed.add((state, produced + len(close)))
+        return close[0], False
+
+    def closed(self, state: S, produced: int) -> bool:
+        """Whether the budget's close ended the output at `state` after `produced` tokens (it was cut)."""
+        return (state, produced) in self._closed
+
+    def no_room(self, state: S, produced: int) -> bool:
+        """Whether the output may end at `state` after `produced` tokens, but no continuation fits in the
+        tokens left (a parallel call list: another call): a token other than EOS sampled there is a cut,
+        and the output ends before it, valid."""
+        left = self.budget - produced if self.budget is not None else 0
+        if left <= 0 or left > CLOSE_HORIZON or not self.constraint.can_end(state):
+            return False
+        if state not in self._continues:
+            self._continues[state] = close_tokens(self.constraint, state, nonempty=True)
+        more = self._continues[state]
+        return more is not None and len(more) > left
 
     def is_complete(self, state: S | None = None) -> bool:
         """The output may end here and no token but EOS may follow."""

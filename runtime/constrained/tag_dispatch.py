@@ -268,6 +268,10 @@ class TagDispatch(RegexConstraint):
     def allowed_bits(self, state: int) -> np.ndarray:
         return self._packed(state)
 
+    def _row(self, state: int) -> np.ndarray:
+        self._built(state)  # the closing walk may reach a tag not built yet
+        return self.dfa.row(state)
+
     def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
         out = b""
         while more := super().forced_bytes(self._built(state), limit - len(out)):  # stops at a leaf

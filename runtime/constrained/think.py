@@ -24,6 +24,7 @@ from typing import Hashable
 import numpy as np
 
 from ..config import JUMP_FORWARD_MAX_BYTES
+from .closing import shortest_close
 from .masks.vocab import TokenVocab
 from .matcher import Constraint, MaskCache, RegexConstraint
 from .regex import regex_ast as ra
@@ -138,6 +139,28 @@ class ThinkThen:
             assert nxt is not None, "forced bytes are allowed bytes"
             out, state = out + more, nxt
         return out
+
+    def closing_bytes(self, state: State, limit: int, nonempty: bool = False) -> bytes | None:
+        """The shortest completion (closing.py): the rest of the block's markers, then the answer's; None
+        with a free answer (nothing to keep valid: a cut stays a cut)."""
+        if self.inner is None:
+            return None
+        phase, sub, _ = state
+        head = b""
+        if phase == THINK:
+            k = self.parts.depth.get(int(sub))  # type: ignore[call-overload]
+            if k is None:  # inside a UTF-8 character: the next token completes it first
+                return None
+            head = self.parts.end_rests[k].text
+        elif phase != ANSWER:
+            head = self._literal(phase, sub).constraint.forced_bytes(self._literal_state(sub), limit)
+            if phase == OPEN:
+                head += self.parts.end_rests[0].text
+        answer = self._walk(state, head, count=False) if head else state
+        if answer is None or answer[0] != ANSWER:
+            return None
+        rest = shortest_close(self.inner, answer[1], limit - len(head), nonempty and not head)
+        return None if rest is None else head + rest
 
     # ---- walking ------------------------------------------------------------------------------------
     def _walk(self, state: State, data: bytes, count: bool) -> State | None:

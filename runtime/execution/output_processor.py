@@ -157,7 +157,7 @@ class OutputProcessor:
             block_stop = counter < req.params.min_new_tokens
             mask = None
             if m is not None:
-                mask = m.mask_words(states[j])
+                mask = m.mask_words(states[j], counter)  # counter: the budget's close (closing.py)
                 block_stop = block_stop and not m.is_complete(states[j])  # the constraint may only end
             rows.append(SampleRow(req.sampling, counter, block_stop, path, mask, top))
         return rows
@@ -197,6 +197,9 @@ class OutputProcessor:
         appended, text = 0, ""
         reason, matched, error = None, None, None
         for token in tokens:
+            if m is not None and token not in sampling.stop_ids and m.no_room(m.state, len(output_ids)):
+                reason = "length"  # the output could end here and nothing more fits: cut before the token
+                break
             if m is not None and (error := _advance(m, token)) is not None:
                 reason = "abort"
                 break
@@ -226,9 +229,10 @@ class OutputProcessor:
         result = req.detok.add([token], check_stop=n_out >= req.params.min_new_tokens)
         if result.stop is not None:
             return "stop", result.stop, result.delta
-        if n_out >= req.max_new_tokens or req.fill_len >= self.context_length:
-            return "length", None, result.delta
         m = req.constraint
+        if n_out >= req.max_new_tokens or req.fill_len >= self.context_length or (
+                m is not None and m.closed(m.state, n_out)):  # closed for max_tokens: cut all the same
+            return "length", None, result.delta
         if m is not None and not m.end_ids and m.is_complete():
             return "stop", None, result.delta  # complete, and no EOS to sample (ignore_eos)
         return None, None, result.delta

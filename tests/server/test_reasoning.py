@@ -105,13 +105,16 @@ def test_stream_joins_to_the_whole_reply(client, stream_reasoning):
     assert len(reasoning) == 1 if not stream_reasoning else len(reasoning) > 1
 
 
-def test_without_a_budget_the_thinking_runs_to_max_tokens(client):
-    """No budget, a constraint: the answer waits for the model to close the block (random weights never do)."""
-    reply = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=12, seed=3,
+def test_without_a_budget_the_thinking_runs_until_max_tokens_closes_it(client):
+    """No budget, a constraint: the answer waits for the model to close the block (random weights never do),
+    until only the block's end marker and the answer's shortest completion fit (closing.py): the reply is
+    cut ("length"), its answer valid."""
+    reply = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=24, seed=3,
                                            response_format=_json_format())
     choice = reply.choices[0]
-    assert choice.finish_reason == "length" and choice.message.content == ""
+    assert choice.finish_reason == "length" and reply.usage.completion_tokens == 24
     assert choice.message.model_extra["reasoning_content"]
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
 
 
 def test_budget_needs_a_reasoning_model(server):

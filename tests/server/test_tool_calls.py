@@ -67,6 +67,21 @@ def test_parallel_required_calls_are_all_valid_however_many(server, client):
         assert_valid_calls(c.message.tool_calls)
 
 
+def test_required_calls_cut_by_max_tokens_end_valid_and_say_length(server, client):
+    """A random model never ends a string: the engine closes the call within max_tokens (closing.py)."""
+    note = {"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    replies = client.chat.completions.create(model="default", messages=MESSAGES, tools=[note], tool_choice="required",
+                                             parallel_tool_calls=False, max_tokens=40, temperature=1.0, n=3, seed=5)
+    assert any(c.finish_reason == "length" for c in replies.choices)
+    for c in replies.choices:
+        assert c.finish_reason in ("tool_calls", "length")
+        assert c.message.tool_calls, c.message.content
+        (call,) = c.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), note["function"]["parameters"])
+    assert replies.usage.completion_tokens <= 3 * 40
+
+
 def test_auto_text_is_content_and_any_call_is_valid(server, client):
     replies = chat(client, tool_choice="auto", temperature=1.0, n=3, max_tokens=40)
     for c in replies.choices:

@@ -52,9 +52,40 @@ class TokenVocab:
         """The trie as the native token walk reads it; None where that walk is not available."""
         return NativeTrie.create(self.trie, self.ids, self.size)
 
+    @cached_property
+    def by_bytes(self) -> dict[bytes, int]:
+        """The rows' tokens by their bytes (the lowest id where two spell the same)."""
+        out: dict[bytes, int] = {}
+        for i in self.ids.tolist():
+            out.setdefault(self.token_bytes[i], i)
+        return out
+
+    @cached_property
+    def whole_bits(self) -> np.ndarray:
+        """Packed little-endian bits over the mask: tokens that end on a character boundary and not on a
+        backslash (a constraint's close near max_tokens allows only these: closing.py)."""
+        mask = np.array([bool(b) and not b.endswith(b"\\") and _ends_whole(b) for b in self.token_bytes[:self.size]]
+                        + [False] * max(0, self.size - len(self.token_bytes)))
+        return np.packbits(mask, bitorder="little")
+
+    @property
+    def longest(self) -> int:
+        """The most bytes one token spells."""
+        return int(self.matrix.shape[1])
+
     @property
     def first_bytes(self) -> np.ndarray:
         return self.matrix[:, 0]
 
     def bytes_of(self, token_id: int) -> bytes:
         return self.token_bytes[token_id] if token_id < len(self.token_bytes) else b""
+
+
+def _ends_whole(data: bytes) -> bool:
+    """Whether `data` does not stop inside a UTF-8 character (continuation bytes alone: assumed whole)."""
+    for k in range(1, min(4, len(data)) + 1):
+        b = data[-k]
+        if b & 0xC0 != 0x80:  # ASCII or a lead byte
+            width = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4
+            return width <= k
+    return True
