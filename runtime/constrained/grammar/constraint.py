@@ -157,43 +157,51 @@ class GrammarConstraint:
         return after is not None and self.table.accepts_end(after[0])
 
     def allowed(self, state: State) -> np.ndarray:
-        return self._masks.get(state, lambda: self._compute_mask(state))
+        return self._masks.get(state, lambda: self._compute_bits(state), self.vocab.size)
 
     def allowed_bits(self, state: State) -> np.ndarray:
-        return self._masks.get_bits(state, lambda: self._compute_mask(state))
+        return self._masks.get_bits(state, lambda: self._compute_bits(state), self.vocab.size)
 
-    def _compute_mask(self, state: State) -> np.ndarray:
+    def _compute_bits(self, state: State) -> np.ndarray:
+        """The mask as packed bits: the lexer state's own tokens, then the tokens that finish the lexeme
+        and go on into the next one (bit operations on V/8 bytes, never a pass over V booleans)."""
         stack, run, q = state
         lex = self.lexer(stack, run)
         vocab = self.vocab
-        mask = lex.index.mask(q)
+        bits = lex.index.packed(q).copy()
         rows, pos, labels = lex.index.boundaries(q)
         if len(rows):  # by (position, label): a few groups of many tokens
             order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
             cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
+            allowed = []
             for members in np.split(order, cuts):
                 after = self._after_lexeme(stack, run, lex.terminals[int(labels[members[0]])])
                 if after is not None:
-                    self._allow_suffixes(mask, after, rows[members], int(pos[members[0]]))
+                    allowed.append(self._suffix_rows(after, rows[members], int(pos[members[0]])))
+            if allowed:
+                ids = vocab.ids[np.concatenate(allowed)]
+                np.bitwise_or.at(bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
         label = int(lex.dfa.accept[q])
         if label >= 0:
             after = self._after_lexeme(stack, run, lex.terminals[label])
-            if after is not None:
-                nxt = self.allowed((*after, self.lexer(*after).dfa.start))
-                fresh = (lex.dfa.row(q)[vocab.first_bytes] < 0) & nxt[vocab.ids]
-                mask[vocab.ids[fresh]] = True
-        return mask
+            if after is not None:  # tokens that cannot extend the lexeme but start the next one
+                nxt = self.allowed_bits((*after, self.lexer(*after).dfa.start))
+                bits |= nxt & vocab.starting_with(lex.dfa.row(q) < 0)
+        return bits
 
-    def _allow_suffixes(self, mask: np.ndarray, after: tuple[Stack, int], rows: np.ndarray, p: int) -> None:
-        """Marks tokens whose bytes from p on are a valid start of what follows the finished lexeme."""
+    def _suffix_rows(self, after: tuple[Stack, int], rows: np.ndarray, p: int) -> np.ndarray:
+        """Of `rows` (tokens that finish a lexeme after p bytes), those whose bytes from p on are a valid
+        start of what follows it."""
         lex = self.lexer(*after)
         walk = lex.index.walk_rows(rows, lex.dfa.start, p)
-        mask[self.vocab.ids[rows[walk.end_state >= 0]]] = True
+        out = rows[walk.end_state >= 0]
         nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
-        for r in rows[nested].tolist():  # a token spanning three lexemes: rare, walk it byte by byte
-            data = bytes(self.vocab.matrix[r, p:self.vocab.lengths[r]])
-            if self.advance_bytes((*after, lex.dfa.start), data) is not None:
-                mask[self.vocab.ids[r]] = True
+        if not nested.any():
+            return out
+        spanning = [r for r in rows[nested].tolist()  # a token spanning three lexemes: rare, walk it byte by byte
+                    if self.advance_bytes((*after, lex.dfa.start),
+                                          bytes(self.vocab.matrix[r, p:self.vocab.lengths[r]])) is not None]
+        return np.concatenate([out, np.array(spanning, np.int64)])
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
         out = bytearray()
