@@ -189,19 +189,22 @@ class GrammarConstraint:
                 bits |= nxt & vocab.starting_with(lex.dfa.row(q) < 0)
         return bits
 
-    def _suffix_rows(self, after: tuple[Stack, int], rows: np.ndarray, p: int) -> np.ndarray:
+    def _suffix_rows(self, after: tuple[Stack, int], rows: np.ndarray, p: int | np.ndarray) -> np.ndarray:
         """Of `rows` (tokens that finish a lexeme after p bytes), those whose bytes from p on are a valid
-        start of what follows it."""
+        start of what follows it. Tokens that finish the next lexeme too go on into the one after, grouped
+        by where and how it ended (each level reads at least a byte, so this ends)."""
         lex = self.lexer(*after)
         walk = lex.index.walk_rows(rows, lex.dfa.start, p)
-        out = rows[walk.end_state >= 0]
-        nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
-        if not nested.any():
-            return out
-        spanning = [r for r in rows[nested].tolist()  # a token spanning three lexemes: rare, walk it byte by byte
-                    if self.advance_bytes((*after, lex.dfa.start),
-                                          bytes(self.vocab.matrix[r, p:self.vocab.lengths[r]])) is not None]
-        return np.concatenate([out, np.array(spanning, np.int64)])
+        out = [rows[walk.end_state >= 0]]
+        labels = np.where(walk.end_state < 0, lex.dfa.accept[walk.stop_state], -1)
+        nested = np.flatnonzero(labels >= 0)
+        if len(nested):
+            for label in np.unique(labels[nested]).tolist():
+                nxt = self._after_lexeme(*after, lex.terminals[label])
+                if nxt is not None:
+                    members = nested[labels[nested] == label]
+                    out.append(self._suffix_rows(nxt, rows[members], walk.stop_pos[members]))
+        return np.concatenate(out) if len(out) > 1 else out[0]
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
         out = bytearray()
