@@ -259,3 +259,55 @@ void rl_walk_rows(int64_t n, const int64_t *rows, const uint8_t *matrix, int64_t
         if (i >= len) end_state[k] = q;
     }
 }
+
+/* The walk's fixed arguments in one block (set once per DFA by native_trie.py, so a call converts a few
+   arguments, not thirty): the trie's arrays, then the DFA's tables and its loop and run caches. */
+typedef struct {
+    int64_t n_nodes;
+    const int64_t *size;
+    const uint8_t *node_byte;
+    const int32_t *height;
+    const int64_t *end_start;
+    const int64_t *end_ids;
+    const uint64_t *subtree;
+    const int32_t *trans;
+    int64_t width;
+    const int32_t *byte_class;
+    const int32_t *accept;
+    uint64_t *loops;
+    uint8_t *known;
+    uint64_t *run_sets;
+    int32_t *run_lens;
+    int32_t *run_next;
+    uint8_t *run_known;
+    const uint8_t *unbuilt;
+} WalkArgs;
+
+/* The skip set of state q (see rl_walk's `loop`): its loop set if it holds at least `min_bytes` bytes, else
+   (where runs may be read: no unbuilt rows) its run if it holds that many and is at least `min_len` long.
+   Writes the set's 4 words and its length (`max_len` for a loop) to `out`; returns 0 where there is none. */
+int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min_len, int64_t max_len, uint64_t *out) {
+    int64_t n = rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known);
+    if (n >= min_bytes) {
+        for (int k = 0; k < 4; k++) out[k] = a->loops[4 * (int64_t)q + k];
+        out[4] = (uint64_t)max_len;
+        return 1;
+    }
+    if (a->unbuilt || !a->run_sets) return 0;
+    int64_t len;
+    n = rl_start_run(q, a->trans, a->width, a->byte_class, a->run_sets, a->run_lens, a->run_next, a->run_known, out,
+                     &len);
+    out[4] = (uint64_t)(len < max_len ? len : max_len);
+    return n >= min_bytes && len >= min_len;
+}
+
+/* rl_walk with its fixed arguments in `a`; `scratch` holds the boundaries (3 runs of bounds_cap), then
+   unbuilt_cap unbuilt states reached, then their count. */
+int64_t rl_walk_args(const WalkArgs *a, int32_t start, const uint64_t *loop, int64_t loop_len, uint8_t *out_bits,
+                     int64_t bounds_cap, int64_t *scratch, int64_t unbuilt_cap) {
+    int64_t cap = bounds_cap < 0 ? 0 : bounds_cap;
+    return rl_walk(a->n_nodes, a->size, a->node_byte, a->height, a->end_start, a->end_ids, a->subtree, a->trans,
+                   a->width, a->byte_class, a->accept, a->loops, a->known, a->run_sets, a->run_lens, a->run_next,
+                   a->run_known, a->unbuilt, start, loop, loop_len, out_bits, bounds_cap, scratch, scratch + cap,
+                   scratch + 2 * cap, scratch + 3 * cap, unbuilt_cap, scratch + 3 * cap + unbuilt_cap);
+}

@@ -132,8 +132,10 @@ class NativeWalker:
         self._bounds = 1024  # boundary room; grows when a walk finds more
         self._tables = (address(self.trans), self.width, address(self.byte_class))
         self._loop_sets = (address(self.loops), address(self.known))
-        self._run_args = tuple(address(a) for a in self.runs)
-        self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, *self._run_args, address(self.unbuilt))
+        # rl_walk_args's fixed arguments (token_walk.c's WalkArgs), addresses as int64 (null: 0)
+        self._args = np.array([a or 0 for a in (*trie.walk_args, *self._tables, address(self.accept), *self._loop_sets,
+                                                *(address(a) for a in self.runs), address(self.unbuilt))], np.int64)
+        self._args_at = address(self._args)
 
     def walk_rows(self, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray, start: int,
                   offset: int | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -152,15 +154,10 @@ class NativeWalker:
         enough for skipping to pay: its loop (a string's body), else its run (a bounded string's; not in a lazily
         built DFA, whose unbuilt rows must not be read)."""
         t = self.trie
-        if t.lib.rl_start_loops(state, *self._tables, *self._loop_sets) >= LOOP_MIN_BYTES:
-            return self.loops[4 * state: 4 * state + 4], t.max_len
-        if self.unbuilt is not None:
+        out = np.empty(5, np.uint64)  # the set's 4 words, then its length (walks may run in several threads)
+        if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, address(out)):
             return None, 0
-        out = np.zeros(5, np.uint64)  # the set's 4 words, then its length
-        if t.lib.rl_start_run(state, *self._tables, *self._run_args, address(out), address(out[4:])) < LOOP_MIN_BYTES:
-            return None, 0
-        length = int(out[4])
-        return (out[:4], length) if length >= RUN_MIN_LENGTH else (None, 0)
+        return out[:4], int(out[4])
 
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
@@ -168,14 +165,12 @@ class NativeWalker:
         loop, loop_len = self._skip_set(state)
         if loop is not None:
             bits[:] = t.within(loop, loop_len)
-        bits_at = address(bits)
+        bits_at, loop_at = address(bits), address(loop)
         while True:
             cap = self._bounds if boundaries else 0
             scratch = np.empty(3 * cap + _UNBUILT_ROOM + 1, np.int64)  # boundaries, unbuilt states reached, count
-            at = scratch.ctypes.data
-            found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), loop_len, bits_at,
-                                  cap if boundaries else -1, at, at + 8 * cap, at + 16 * cap, at + 24 * cap,
-                                  _UNBUILT_ROOM, at + 8 * (3 * cap + _UNBUILT_ROOM))
+            found = t.lib.rl_walk_args(self._args_at, state, loop_at, loop_len, bits_at, cap if boundaries else -1,
+                                       scratch.ctypes.data, _UNBUILT_ROOM)
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
             if found <= cap:
