@@ -11,9 +11,12 @@ Runs on the real SmolLM2-135M (CPU by default). Everything compared is measured 
   (regex path) and a Lark JSON grammar;
 - share of output tokens that jump-forward appended instead of decoding;
 - end-to-end time of a JSON extraction workload with jump-forward vs the same constraint without it,
-  the greedy-output agreement between the two, and the share of outputs that validate.
+  the greedy-output agreement between the two, and the share of outputs that validate;
+- what a batch of constrained requests adds to a decode step (`--batch 64`): the same prompts, the same
+  number of decode steps (ignore_eos, a constraint that never completes), with and without a constraint,
+  alternated and the best of each kept (masks warm: the constraint's states are visited in the first round).
 
-    .venv/bin/python benchmark/constrained_decoding.py [--prompts 12] [--device cpu]
+    .venv/bin/python benchmark/constrained_decoding.py [--prompts 12] [--device cpu] [--batch 64] [--only-batch]
 """
 from __future__ import annotations
 
@@ -29,10 +32,11 @@ from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.grammar.constraint import JSON_GRAMMAR, GrammarConstraint
 from radixlang.runtime.constrained.jump_forward import JumpForwarder
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
-from radixlang.runtime.constrained.matcher import RegexConstraint
+from radixlang.runtime.constrained.matcher import Matcher, RegexConstraint
 from radixlang.runtime.constrained.regex.automaton import compile_dfa
 from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.execution import sampler
 
 COMPACT_SCHEMA = {  # unbounded strings: the usual JSON-object regex
     "type": "object",
@@ -192,12 +196,77 @@ def run(engine: Engine, batch: list[str], params: dict, jump: bool) -> tuple[flo
     return elapsed, outs, {k: after[k] - before[k] for k in keys}
 
 
+STEP_REGEX = r"[a-zA-Z0-9 ,.'-]*"  # never complete: every request decodes max_new_tokens tokens
+STEP_JSON_REGEX = r'\{"items":\["[a-zA-Z ]{0,12}"(,"[a-zA-Z ]{0,12}")*'  # an open list of short strings
+
+
+class StepMaskTimer:
+    """Times, inside the decode steps, what constraints add: each request's mask row (`Matcher.mask_words`)
+    and the step's one bitmask applied to the logits (`sampler.apply_bitmask`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._orig = (Matcher.mask_words, sampler.apply_bitmask)
+
+    def __enter__(self) -> "StepMaskTimer":
+        def timed(orig):  # noqa: ANN001, ANN202
+            def call(*args):  # noqa: ANN002, ANN202
+                t = time.perf_counter()
+                out = orig(*args)
+                self.seconds += time.perf_counter() - t
+                return out
+            return call
+
+        Matcher.mask_words, sampler.apply_bitmask = (timed(f) for f in self._orig)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Matcher.mask_words, sampler.apply_bitmask = self._orig  # type: ignore[method-assign]
+
+
+def batch_step_overhead(engine: Engine, n: int, steps: int = 24, rounds: int = 3) -> None:
+    """Prints the mean decode step of `n` requests with and without a constraint (the same prompts and
+    step count), the share the constraint adds, and the part of it timed inside the step (the masks'
+    rows and the one bitmask applied per step: a loaded machine's noise does not reach it)."""
+    batch = prompts(engine, n)
+    base = {"max_new_tokens": steps, "temperature": 0, "ignore_eos": True}
+    kinds = {"unconstrained": base, "regex": {**base, "regex": STEP_REGEX},
+             "JSON-like regex": {**base, "regex": STEP_JSON_REGEX}}
+    best = {name: float("inf") for name in kinds}
+    inside = {name: float("inf") for name in kinds}
+    engine.generate(batch, {**kinds["regex"], "max_new_tokens": 2})  # warm the model and the masks' vocabulary
+    for _ in range(rounds):
+        for name, params in kinds.items():
+            with StepMaskTimer() as timer:
+                elapsed, outs, _ = run(engine, batch, params, jump=False)
+            assert all(len(c.output_ids) == steps for c in outs), "every request decodes the same steps"
+            best[name] = min(best[name], elapsed / steps)
+            inside[name] = min(inside[name], timer.seconds / steps)
+    plain = best["unconstrained"]
+    print(f"decode step, batch {n}, {steps} steps (prefill included, best of {rounds}): unconstrained "
+          f"{plain * 1e3:.1f} ms" + "".join(
+              f"; {name} {t * 1e3:.1f} ms ({(t - plain) / plain:+.1%}; masks and bitmask inside the step "
+              f"{inside[name] * 1e3:.1f} ms = {inside[name] / plain:.1%})" for name, t in best.items() if name != "unconstrained"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-running", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=64, help="constrained requests in the decode-step measurement")
+    ap.add_argument("--only-batch", action="store_true", help="run only the decode-step measurement")
     args = ap.parse_args()
+    if not args.only_batch:
+        extraction(args)
+    engine = Engine(device=args.device, kv_cache_tokens=32768, max_running_requests=args.batch)
+    batch_step_overhead(engine, args.batch)
+    engine.check_invariants()
+    engine.shutdown()
+
+
+def extraction(args: argparse.Namespace) -> None:
+    """Compile and mask times, and the JSON extraction workload with and without jump-forward."""
     engine = Engine(device=args.device, kv_cache_tokens=32768, max_running_requests=args.max_running)
     print(f"model {engine.model_name} on {engine.device}, vocabulary {engine.vocab_size}")
     template_times(engine)

