@@ -6,11 +6,14 @@ fresh 600-token prompt (the cold reference). B must report 0 cached tokens and a
 the cold prompt's, while A's repeat is fully cached (all but the last token) and fast. Timings are the
 median of --rounds rounds, each with new prompts.
 
-Fairness: a light tenant sends one short request at a time (--light-requests), alone, then while a
-flooding tenant keeps --flood-concurrency long requests in flight; then again with the flooder capped by
---max-requests-per-tenant (--cap). Prints the light tenant's p50 / p99 TTFT in each case and the ratio to
-running alone (the issue's goal: within 2x). The scheduler's fairness across tenants (runtime/scheduling/
-fair_share.py) is on by default; --no-tenant-fairness gives the baseline it is measured against.
+Fairness: the flooding tenant alone first (--flood-seconds: its generated tokens/s with no other tenant
+active, what the fairness rules must not slow); then a light tenant sends one short request at a time
+(--light-requests), alone, then while the flooder keeps --flood-concurrency long requests in flight; then
+again with the flooder capped by --max-requests-per-tenant (--cap). Prints the light tenant's p50 / p99
+TTFT in each case and the ratio to running alone, measured in the same run (the issue's goal: p99 within
+2x; with 100 requests the p99 is the second worst), and the flooder's tokens/s meanwhile. The scheduler's
+fairness across tenants (runtime/scheduling/fair_share.py, scheduler.py's step bounds) is on by default;
+--no-tenant-fairness gives the baseline it is measured against, --tenant-prefill-chunk another step bound.
 """
 from __future__ import annotations
 
@@ -89,18 +92,40 @@ async def light_ttfts(http: httpx.AsyncClient, n: int, rng: random.Random) -> li
     return out
 
 
-async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random) -> int:
-    """One of the flooder's request loops: long prompts, long answers, until `stop`; how many were refused."""
-    refused = 0
+FLOOD_NEW_TOKENS = 64
+
+
+async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random) -> tuple[int, int]:
+    """One of the flooder's request loops: long prompts, long answers, until `stop`; (requests refused,
+    requests completed before `stop`)."""
+    refused = completed = 0
     while not stop.is_set():
-        body = {"input_ids": random_ids(rng, 256), "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+        body = {"input_ids": random_ids(rng, 256),
+                "sampling_params": {"max_new_tokens": FLOOD_NEW_TOKENS, "ignore_eos": True}}
         r = await http.post("/generate", json=body, headers={"Authorization": f"Bearer {FLOOD}"})
         if r.status_code == 429:
             refused += 1
             await asyncio.sleep(float(r.headers.get("retry-after", "1")))
         else:
             r.raise_for_status()
-    return refused
+            completed += not stop.is_set()
+    return refused, completed
+
+
+class Flood:
+    """The flooder's --flood-concurrency request loops, and its generated tokens/s while they ran."""
+
+    def __init__(self, http: httpx.AsyncClient, concurrency: int, seed: int) -> None:
+        self.stop = asyncio.Event()
+        self.started = time.perf_counter()
+        self.tasks = [asyncio.create_task(flood(http, self.stop, random.Random(seed + i))) for i in range(concurrency)]
+
+    async def end(self) -> tuple[int, float]:
+        """Stops the loops (their requests in flight finish); (requests refused, tokens/s until the stop)."""
+        self.stop.set()
+        seconds = time.perf_counter() - self.started
+        counts = await asyncio.gather(*self.tasks)
+        return sum(r for r, _ in counts), sum(c for _, c in counts) * FLOOD_NEW_TOKENS / seconds
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -108,25 +133,33 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-async def fairness(url: str, requests: int, concurrency: int, seed: int) -> tuple[list[float], list[float], int]:
+async def flood_alone(url: str, concurrency: int, seconds: float, seed: int) -> float:
+    """The flooder's generated tokens/s with no other tenant active."""
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=httpx.Limits(max_connections=concurrency)) as http:
+        f = Flood(http, concurrency, seed)
+        await asyncio.sleep(seconds)
+        return (await f.end())[1]
+
+
+async def fairness(url: str, requests: int, concurrency: int, seed: int) -> tuple[list[float], list[float], int,
+                                                                                   float]:
+    """The light tenant's TTFTs alone, then beside the flood; the flood's refusals and tokens/s meanwhile."""
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
         alone = await light_ttfts(http, requests, rng)
-        stop = asyncio.Event()
-        flooders = [asyncio.create_task(flood(http, stop, random.Random(seed + i))) for i in range(concurrency)]
+        f = Flood(http, concurrency, seed)
         await asyncio.sleep(1.0)  # the flood is under way
         loaded = await light_ttfts(http, requests, rng)
-        stop.set()
-        refused = sum(await asyncio.gather(*flooders))
-    return alone, loaded, refused
+        refused, tokens_per_s = await f.end()
+    return alone, loaded, refused, tokens_per_s
 
 
-def report(label: str, alone: list[float], loaded: list[float], refused: int) -> None:
+def report(label: str, alone: list[float], loaded: list[float], refused: int, tokens_per_s: float) -> None:
     p99a, p99l = percentile(alone, 0.99), percentile(loaded, 0.99)
     print(f"  {label:<26} p50 {statistics.median(loaded) * 1000:7.1f} ms  p99 {p99l * 1000:7.1f} ms  "
           f"(alone: p50 {statistics.median(alone) * 1000:.1f}, p99 {p99a * 1000:.1f})  p99 ratio {p99l / p99a:.2f}x"
-          f"  flood requests refused (429): {refused}")
+          f"  flood {tokens_per_s:.1f} tokens/s, requests refused (429): {refused}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--light-requests", type=int, default=20)
+    parser.add_argument("--light-requests", type=int, default=100, help="per case (the p99 needs ~100)")
+    parser.add_argument("--flood-seconds", type=float, default=30.0, help="the flooder alone (0: skip)")
     parser.add_argument("--flood-concurrency", type=int, default=8)
     parser.add_argument("--cap", type=int, default=2, help="the flooder's --max-requests-per-tenant in the last run")
     parser.add_argument("--seed", type=int, default=0)
@@ -144,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-fairness", action="store_true")
     parser.add_argument("--skip-leak", action="store_true")
     parser.add_argument("--skip-cap", action="store_true", help="skip the run with the flooder capped")
+    parser.add_argument("--tenant-prefill-chunk", type=int, default=None,
+                        help="the engine's tenant_prefill_chunk (default: the engine's default)")
     parser.add_argument("--no-tenant-fairness", action="store_true",
                         help="the scheduler's fairness across tenants off (the baseline it is measured against)")
     args = parser.parse_args(argv)
@@ -153,12 +189,19 @@ def main(argv: list[str] | None = None) -> None:
         options["max_prefill_tokens"] = args.max_prefill_tokens
     if args.no_tenant_fairness:
         options["disable_tenant_fairness"] = True
+    if args.tenant_prefill_chunk is not None:
+        options["tenant_prefill_chunk"] = args.tenant_prefill_chunk
     with Engine(model=args.model, **options) as engine:
         with background_server(engine, auth=AuthConfig(dict(KEYS))) as server:
             if not args.skip_leak:
                 asyncio.run(leak(server.url, args.rounds, args.prompt_tokens, args.seed))
             if args.skip_fairness:
                 return
+            if args.flood_seconds:
+                time.sleep(engine.config.tenant_active_seconds)  # the leak's tenants are no longer active
+                rate = asyncio.run(flood_alone(server.url, args.flood_concurrency, args.flood_seconds, args.seed))
+                print(f"\nthe flooder alone ({args.flood_concurrency} in flight, {args.flood_seconds:.0f} s): "
+                      f"{rate:.1f} generated tokens/s")
             print(f"\nfairness: the light tenant's TTFT over {args.light_requests} short requests, one at a time, "
                   f"while a flooder keeps {args.flood_concurrency} long ones in flight")
             report("flood, no cap", *asyncio.run(fairness(server.url, args.light_requests, args.flood_concurrency,

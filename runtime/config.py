@@ -205,6 +205,15 @@ class EngineConfig:
                                       "weights take (others wait their turn)")
     max_lora_rank: int | None = option(None, "largest LoRA rank served (smaller ranks are zero-padded); default: "
                                        "the largest of lora_paths, else the first adapter loaded")
+    # tenant fairness, latency (docs/security.md): how long one step may be while other tenants are active
+    tenant_prefill_chunk: int = option(32, "tenant fairness: while two or more tenants are active, one tenant's "
+                                       "prefill chunks take at most this many tokens of a step (a newly arrived "
+                                       "request of another tenant waits at most one such step; the step that "
+                                       "prefills it carries no other tenant's prefill); 0: only the split of "
+                                       "max_prefill_tokens among tenants")
+    tenant_active_seconds: float = option(5.0, "tenant fairness: a tenant stays active this long after its last "
+                                          "request ended (a client sending one request after another is not "
+                                          "gone between them)")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -245,6 +254,9 @@ class EngineConfig:
         self.compile_layers = _compile_choice(self.compile_layers)
         if self.image_cache_mb < 0:
             raise ValueError(f"image_cache_mb must be >= 0, got {self.image_cache_mb}")
+        if self.tenant_prefill_chunk < 0 or self.tenant_active_seconds < 0:
+            raise ValueError(f"tenant_prefill_chunk and tenant_active_seconds must be >= 0, got "
+                             f"{self.tenant_prefill_chunk} and {self.tenant_active_seconds}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
             raise ValueError(f"kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.context_length is not None and self.context_length < 2:

@@ -38,6 +38,17 @@ class FairShare:
     prompt_weight: float = 1.0
     output_weight: float = 2.0
     counters: dict[Namespace, float] = field(default_factory=dict)  # service received, in weighted tokens
+    last_live: dict[Namespace, float] = field(default_factory=dict)  # when each tenant last had a live request
+
+    def active(self, live: set[Namespace], now: float, window: float) -> set[Namespace]:
+        """The tenants with a live request now, or with one within the last `window` seconds: a client that
+        sends its next request once the last one ends is not gone in between (the step bounds of
+        Scheduler._prefill_shares hold for it)."""
+        for a in live:
+            self.last_live[a] = now
+        for a in [a for a, t in self.last_live.items() if now - t > window]:
+            del self.last_live[a]
+        return set(self.last_live)
 
     def join(self, req: Req, live: Iterable[Req]) -> None:
         """`req` arrives; `live` are the scheduler's other live requests. A tenant with none of them is
