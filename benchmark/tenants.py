@@ -24,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -83,22 +84,22 @@ async def leak(url: str, rounds: int, prompt_tokens: int, seed: int) -> dict[str
     return out
 
 
+LIGHT_NEW_TOKENS = 4
+FLOOD_NEW_TOKENS = 64
+
+
 async def light_ttfts(http: httpx.AsyncClient, n: int, rng: random.Random) -> list[float]:
     out = []
     for _ in range(n):
-        t, _ = await ttft(http, LIGHT, {"input_ids": random_ids(rng, 64),
-                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        t, _ = await ttft(http, LIGHT, {"input_ids": random_ids(rng, 64), "sampling_params": {
+            "max_new_tokens": LIGHT_NEW_TOKENS, "temperature": 0, "ignore_eos": True}})
         out.append(t)
     return out
 
 
-FLOOD_NEW_TOKENS = 64
-
-
-async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random) -> tuple[int, int]:
-    """One of the flooder's request loops: long prompts, long answers, until `stop`; (requests refused,
-    requests completed before `stop`)."""
-    refused = completed = 0
+async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random) -> int:
+    """One of the flooder's request loops: long prompts, long answers, until `stop`; how many were refused."""
+    refused = 0
     while not stop.is_set():
         body = {"input_ids": random_ids(rng, 256),
                 "sampling_params": {"max_new_tokens": FLOOD_NEW_TOKENS, "ignore_eos": True}}
@@ -108,24 +109,36 @@ async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random
             await asyncio.sleep(float(r.headers.get("retry-after", "1")))
         else:
             r.raise_for_status()
-            completed += not stop.is_set()
-    return refused, completed
+    return refused
 
 
 class Flood:
-    """The flooder's --flood-concurrency request loops, and its generated tokens/s while they ran."""
+    """The flooder's request loops while a block runs, and the tokens generated meanwhile (the engine's
+    count: the flooder's and the light tenant's `light` tokens, which `end` takes off)."""
 
-    def __init__(self, http: httpx.AsyncClient, concurrency: int, seed: int) -> None:
+    def __init__(self, http: httpx.AsyncClient, engine: Engine, concurrency: int, seed: int) -> None:
+        self.http, self.engine, self.concurrency, self.seed = http, engine, concurrency, seed
+
+    async def __aenter__(self) -> "Flood":
         self.stop = asyncio.Event()
-        self.started = time.perf_counter()
-        self.tasks = [asyncio.create_task(flood(http, self.stop, random.Random(seed + i))) for i in range(concurrency)]
+        self.tasks = [asyncio.create_task(flood(self.http, self.stop, random.Random(self.seed + i)))
+                      for i in range(self.concurrency)]
+        self.generated, self.started = await self._generated(), time.perf_counter()
+        return self
 
-    async def end(self) -> tuple[int, float]:
-        """Stops the loops (their requests in flight finish); (requests refused, tokens/s until the stop)."""
-        self.stop.set()
+    async def _generated(self) -> float:
+        return (await asyncio.to_thread(self.engine.stats))["generated_tokens_total"]
+
+    async def end(self, light: int = 0) -> tuple[int, float]:
+        """Stops the loops (their requests in flight finish); (requests refused, the flooder's tokens/s)."""
         seconds = time.perf_counter() - self.started
-        counts = await asyncio.gather(*self.tasks)
-        return sum(r for r, _ in counts), sum(c for _, c in counts) * FLOOD_NEW_TOKENS / seconds
+        tokens = await self._generated() - self.generated - light
+        self.stop.set()
+        return sum(await asyncio.gather(*self.tasks)), tokens / seconds
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        await asyncio.gather(*self.tasks)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -133,33 +146,47 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-async def flood_alone(url: str, concurrency: int, seconds: float, seed: int) -> float:
+async def flood_alone(url: str, engine: Engine, concurrency: int, seconds: float, seed: int) -> float:
     """The flooder's generated tokens/s with no other tenant active."""
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=httpx.Limits(max_connections=concurrency)) as http:
-        f = Flood(http, concurrency, seed)
-        await asyncio.sleep(seconds)
-        return (await f.end())[1]
+        async with Flood(http, engine, concurrency, seed) as f:
+            await asyncio.sleep(seconds)
+            return (await f.end())[1]
 
 
-async def fairness(url: str, requests: int, concurrency: int, seed: int) -> tuple[list[float], list[float], int,
-                                                                                   float]:
-    """The light tenant's TTFTs alone, then beside the flood; the flood's refusals and tokens/s meanwhile."""
+@dataclass
+class Fairness:
+    alone: list[float] = field(default_factory=list)  # the light tenant's TTFTs, seconds
+    loaded: list[float] = field(default_factory=list)
+    refused: int = 0  # the flooder's requests answered 429
+    flood_rates: list[float] = field(default_factory=list)  # the flooder's tokens/s in each loaded block
+
+
+async def fairness(url: str, engine: Engine, requests: int, blocks: int, concurrency: int, seed: int) -> Fairness:
+    """The light tenant's TTFTs alone and beside the flood, in alternating blocks: the machine's load
+    changes over a run (a shared CPU's by several times), and both sides of the ratio see the same."""
     rng = random.Random(seed)
+    out = Fairness()
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
-        alone = await light_ttfts(http, requests, rng)
-        f = Flood(http, concurrency, seed)
-        await asyncio.sleep(1.0)  # the flood is under way
-        loaded = await light_ttfts(http, requests, rng)
-        refused, tokens_per_s = await f.end()
-    return alone, loaded, refused, tokens_per_s
+        for b in range(blocks):
+            n = requests // blocks + (b < requests % blocks)
+            out.alone += await light_ttfts(http, n, rng)
+            async with Flood(http, engine, concurrency, seed + 100 * b) as f:
+                await asyncio.sleep(1.0)  # the flood is under way
+                out.loaded += await light_ttfts(http, n, rng)
+                refused, rate = await f.end(light=n * LIGHT_NEW_TOKENS)
+            out.refused += refused
+            out.flood_rates.append(rate)
+    return out
 
 
-def report(label: str, alone: list[float], loaded: list[float], refused: int, tokens_per_s: float) -> None:
-    p99a, p99l = percentile(alone, 0.99), percentile(loaded, 0.99)
-    print(f"  {label:<26} p50 {statistics.median(loaded) * 1000:7.1f} ms  p99 {p99l * 1000:7.1f} ms  "
-          f"(alone: p50 {statistics.median(alone) * 1000:.1f}, p99 {p99a * 1000:.1f})  p99 ratio {p99l / p99a:.2f}x"
-          f"  flood {tokens_per_s:.1f} tokens/s, requests refused (429): {refused}")
+def report(label: str, f: Fairness) -> None:
+    p99a, p99l = percentile(f.alone, 0.99), percentile(f.loaded, 0.99)
+    p50a, p50l = statistics.median(f.alone), statistics.median(f.loaded)
+    print(f"  {label:<26} p50 {p50l * 1000:7.1f} ms  p99 {p99l * 1000:7.1f} ms  (alone: p50 {p50a * 1000:.1f}, "
+          f"p99 {p99a * 1000:.1f})  p50 ratio {p50l / p50a:.2f}x  p99 ratio {p99l / p99a:.2f}x  "
+          f"flood {statistics.mean(f.flood_rates):.1f} tokens/s, requests refused (429): {f.refused}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--light-requests", type=int, default=100, help="per case (the p99 needs ~100)")
     parser.add_argument("--flood-seconds", type=float, default=30.0, help="the flooder alone (0: skip)")
+    parser.add_argument("--blocks", type=int, default=5,
+                        help="alone and loaded requests alternate in this many blocks")
     parser.add_argument("--flood-concurrency", type=int, default=8)
     parser.add_argument("--cap", type=int, default=2, help="the flooder's --max-requests-per-tenant in the last run")
     parser.add_argument("--seed", type=int, default=0)
@@ -199,20 +228,22 @@ def main(argv: list[str] | None = None) -> None:
                 return
             if args.flood_seconds:
                 time.sleep(engine.config.tenant_active_seconds)  # the leak's tenants are no longer active
-                rate = asyncio.run(flood_alone(server.url, args.flood_concurrency, args.flood_seconds, args.seed))
+                rate = asyncio.run(flood_alone(server.url, engine, args.flood_concurrency, args.flood_seconds,
+                                               args.seed))
                 print(f"\nthe flooder alone ({args.flood_concurrency} in flight, {args.flood_seconds:.0f} s): "
                       f"{rate:.1f} generated tokens/s")
             print(f"\nfairness: the light tenant's TTFT over {args.light_requests} short requests, one at a time, "
-                  f"while a flooder keeps {args.flood_concurrency} long ones in flight")
-            report("flood, no cap", *asyncio.run(fairness(server.url, args.light_requests, args.flood_concurrency,
-                                                          args.seed + 1)))
+                  f"alone and while a flooder keeps {args.flood_concurrency} long ones in flight, in "
+                  f"{args.blocks} alternating blocks")
+            report("flood, no cap", asyncio.run(fairness(server.url, engine, args.light_requests, args.blocks,
+                                                         args.flood_concurrency, args.seed + 1)))
         engine.check_invariants()
         if args.skip_cap:
             return
         capped = AuthConfig(dict(KEYS), max_requests_per_tenant=args.cap)
         with background_server(engine, auth=capped) as server:
-            report(f"flood capped at {args.cap} in flight", *asyncio.run(
-                fairness(server.url, args.light_requests, args.flood_concurrency, args.seed + 2)))
+            report(f"flood capped at {args.cap} in flight", asyncio.run(
+                fairness(server.url, engine, args.light_requests, args.blocks, args.flood_concurrency, args.seed + 2)))
         engine.check_invariants()
 
 
