@@ -186,9 +186,10 @@ class EngineConfig:
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)
     # tenants (docs/security.md): a tenant is a request's cache namespace (an API key's, on the server)
     disable_tenant_fairness: bool = option(False, "turn off fairness across tenants: by default waiting requests "
-                                           "are admitted least-served tenant first (virtual token counters) and a "
-                                           "step's prefill budget is split among the tenants with live requests "
-                                           "(one tenant, no API keys: no effect)")
+                                           "are admitted least-served tenant first (virtual token counters), and "
+                                           "while several tenants are active steps stay short "
+                                           "(tenant_prefill_chunk) and a light tenant's new request is prefilled "
+                                           "in the next step (one tenant, no API keys: no effect)")
     fair_share_output_weight: float = option(2.0, "tenant fairness: a generated token's weight in the service "
                                              "counters (a prompt token's is 1)")
     max_pinned_tokens_per_tenant: int = option(0, "pinned KV (prompt_cache_key sessions, programs) one tenant may "

@@ -16,7 +16,11 @@ priority, sessions before one-shot requests, preempted and blocked requests firs
 policy. So `priority` orders a tenant's own requests and does not let one tenant jump over another. With
 one tenant (a server without API keys) the order is exactly the policy's.
 
-Batch invariance is untouched: fairness decides only when a request is admitted, never what it computes.
+How long a step may be while several tenants are active, and the step kept for a light tenant's new
+request, are the scheduler's (Scheduler._prefill_shares); `active` says which tenants count.
+
+Batch invariance is untouched: fairness decides only when a request is admitted and how its prompt is
+chunked, never what it computes.
 """
 from __future__ import annotations
 
