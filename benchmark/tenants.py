@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--light-requests", type=int, default=100, help="per case (the p99 needs ~100)")
-    parser.add_argument("--flood-seconds", type=float, default=30.0, help="the flooder alone (0: skip)")
+    parser.add_argument("--flood-seconds", type=float, default=60.0,
+                        help="the flooder alone (0: skip); a few of its prefill + decode cycles")
     parser.add_argument("--blocks", type=int, default=5,
                         help="alone and loaded requests alternate in this many blocks")
     parser.add_argument("--flood-concurrency", type=int, default=8)
