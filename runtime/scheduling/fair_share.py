@@ -43,15 +43,17 @@ class FairShare:
     output_weight: float = 2.0
     counters: dict[Namespace, float] = field(default_factory=dict)  # service received, in weighted tokens
     last_live: dict[Namespace, float] = field(default_factory=dict)  # when each tenant last had a live request
+    peak: dict[Namespace, int] = field(default_factory=dict)  # most requests each had live at once while active
 
-    def active(self, live: set[Namespace], now: float, window: float) -> set[Namespace]:
-        """The tenants with a live request now, or with one within the last `window` seconds: a client that
-        sends its next request once the last one ends is not gone in between (the step bounds of
-        Scheduler._prefill_shares hold for it)."""
-        for a in live:
+    def active(self, live: dict[Namespace, int], now: float, window: float) -> set[Namespace]:
+        """The tenants with a live request now (`live`: how many each), or with one within the last `window`
+        seconds: a client that sends its next request once the last one ends is not gone in between (the
+        step bounds of Scheduler._prefill_shares hold for it)."""
+        for a, n in live.items():
             self.last_live[a] = now
+            self.peak[a] = max(self.peak.get(a, 0), n)
         for a in [a for a, t in self.last_live.items() if now - t > window]:
-            del self.last_live[a]
+            del self.last_live[a], self.peak[a]
         return set(self.last_live)
 
     def join(self, req: Req, live: Iterable[Req]) -> None:

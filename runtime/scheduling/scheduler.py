@@ -8,6 +8,7 @@ processor between the two. Every state change of a request happens on the engine
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
@@ -217,16 +218,16 @@ class Scheduler:
         With k tenants active (a live request, or one within tenant_active_seconds), a tenant's prefill
         chunks take at most 1/k of the step's prefill budget and at most tenant_prefill_chunk tokens: a
         step's length is what a newly arrived request of another tenant waits for, so no tenant may make
-        it long. And when a tenant with nothing admitted (a light tenant: its one request just arrived)
-        has a request waiting, that tenant's prefill gets room for its oldest request's prompt (within the
-        budget) and the other tenants' none: the request is prefilled whole in the very next step, beside
-        the running decodes only. A flooder whose requests all ended at once is such a tenant for one
-        request, not for its whole queue (its next requests find it admitted). Neither
-        changes what a step computes for a request, only how much of its prompt and when (chunking never
-        changes tokens)."""
+        it long. And when a light tenant (one request at a time while active) has its request waiting, not
+        yet admitted, that tenant's prefill gets room for the whole prompt (within the budget) and the other
+        tenants' none: the request is prefilled whole in the very next step, beside the running decodes
+        only. (A flooder whose requests all ended at once has nothing admitted either, but it had many
+        live: its next prompts go in chunks, or every cycle of its requests would make one long step.)
+        Neither changes what a step
+        computes for a request, only how much of its prompt and when (chunking never changes tokens)."""
         if self.fair is None:
             return None, False
-        live = {account(r) for r in self.reqs.values()}
+        live = Counter(account(r) for r in self.reqs.values())
         active = self.fair.active(live, self.clock(), self.cfg.tenant_active_seconds)
         if len(active) < 2:
             return None, False
@@ -240,16 +241,14 @@ class Scheduler:
         return dict.fromkeys(active, share), False
 
     def _first_token_tenants(self) -> dict[Namespace, int]:
-        """Tenants with no request admitted (running or preempted) and one waiting that admission has not
-        found blocked: each with the prompt length of its oldest such request."""
-        if self.hold_new:
+        """Light tenants (at most one request live at once while active: FairShare.peak) whose request waits,
+        not admitted and not found blocked: each with that request's prompt length. None while no request
+        can be admitted: the other tenants' chunks would wait for nothing."""
+        assert self.fair is not None
+        if self.hold_new or self._admission_closed():
             return {}
-        admitted = {account(r) for r in self.reqs.values() if r.state is not ReqState.WAITING}
-        fresh: dict[Namespace, int] = {}
-        for r in self.waiting:  # arrival order (preempted requests, inserted first, are admitted ones)
-            if not r.blocked and account(r) not in admitted:
-                fresh.setdefault(account(r), r.pending)
-        return fresh
+        return {account(r): r.pending for r in self.waiting
+                if r.state is ReqState.WAITING and not r.blocked and self.fair.peak.get(account(r), 0) <= 1}
 
     def _share_left(self, req: Req) -> int:
         return self.cfg.max_prefill_tokens if self._shares is None else self._shares.get(account(req), 0)
