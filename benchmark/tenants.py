@@ -1,5 +1,6 @@
 """Two tenants on one `radixlang serve` with API keys (docs/security.md): what one learns of the other, and
-how much one slows the other. Both parts run over HTTP against an in-process server on SmolLM2-135M.
+how much one slows the other. Both parts run over HTTP against an in-process server on SmolLM2-135M, the
+clients in a process of their own (as a server's clients are: in its process they would slow its steps).
 
 Leak: tenant A sends a 600-token prompt, then again; tenant B then sends A's exact prompt; and B sends a
 fresh 600-token prompt (the cold reference). B must report 0 cached tokens and a time to first token like
@@ -20,12 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
 
@@ -33,6 +36,7 @@ from radixlang.runtime.engine import Engine
 from radixlang.server.auth import AuthConfig
 from radixlang.server.launch import background_server
 
+T = TypeVar("T")
 A, B, LIGHT, FLOOD = "tenant-a-key", "tenant-b-key", "light-key", "flood-key"
 KEYS = {A: "a", B: "b", LIGHT: "light", FLOOD: "flood"}
 
@@ -114,10 +118,10 @@ async def flood(http: httpx.AsyncClient, stop: asyncio.Event, rng: random.Random
 
 class Flood:
     """The flooder's request loops while a block runs, and the tokens generated meanwhile (the engine's
-    count: the flooder's and the light tenant's `light` tokens, which `end` takes off)."""
+    count from /metrics: the flooder's and the light tenant's `light` tokens, which `end` takes off)."""
 
-    def __init__(self, http: httpx.AsyncClient, engine: Engine, concurrency: int, seed: int) -> None:
-        self.http, self.engine, self.concurrency, self.seed = http, engine, concurrency, seed
+    def __init__(self, http: httpx.AsyncClient, concurrency: int, seed: int) -> None:
+        self.http, self.concurrency, self.seed = http, concurrency, seed
 
     async def __aenter__(self) -> "Flood":
         self.stop = asyncio.Event()
@@ -127,7 +131,10 @@ class Flood:
         return self
 
     async def _generated(self) -> float:
-        return (await asyncio.to_thread(self.engine.stats))["generated_tokens_total"]
+        r = await self.http.get("/metrics", headers={"Authorization": f"Bearer {FLOOD}"})
+        r.raise_for_status()
+        [line] = [x for x in r.text.splitlines() if x.startswith("radixlang_generation_tokens_total{")]
+        return float(line.rsplit(" ", 1)[1])
 
     async def end(self, light: int = 0) -> tuple[int, float]:
         """Stops the loops (their requests in flight finish); (requests refused, the flooder's tokens/s)."""
@@ -146,10 +153,11 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-async def flood_alone(url: str, engine: Engine, concurrency: int, seconds: float, seed: int) -> float:
+async def flood_alone(url: str, concurrency: int, seconds: float, seed: int) -> float:
     """The flooder's generated tokens/s with no other tenant active."""
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=httpx.Limits(max_connections=concurrency)) as http:
-        async with Flood(http, engine, concurrency, seed) as f:
+    limits = httpx.Limits(max_connections=concurrency + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
+        async with Flood(http, concurrency, seed) as f:
             await asyncio.sleep(seconds)
             return (await f.end())[1]
 
@@ -162,7 +170,7 @@ class Fairness:
     flood_rates: list[float] = field(default_factory=list)  # the flooder's tokens/s in each loaded block
 
 
-async def fairness(url: str, engine: Engine, requests: int, blocks: int, concurrency: int, seed: int) -> Fairness:
+async def fairness(url: str, requests: int, blocks: int, concurrency: int, seed: int) -> Fairness:
     """The light tenant's TTFTs alone and beside the flood, in alternating blocks: the machine's load
     changes over a run (a shared CPU's by several times), and both sides of the ratio see the same."""
     rng = random.Random(seed)
@@ -172,7 +180,7 @@ async def fairness(url: str, engine: Engine, requests: int, blocks: int, concurr
         for b in range(blocks):
             n = requests // blocks + (b < requests % blocks)
             out.alone += await light_ttfts(http, n, rng)
-            async with Flood(http, engine, concurrency, seed + 100 * b) as f:
+            async with Flood(http, concurrency, seed + 100 * b) as f:
                 await asyncio.sleep(1.0)  # the flood is under way
                 out.loaded += await light_ttfts(http, n, rng)
                 refused, rate = await f.end(light=n * LIGHT_NEW_TOKENS)
@@ -187,6 +195,18 @@ def report(label: str, f: Fairness) -> None:
     print(f"  {label:<26} p50 {p50l * 1000:7.1f} ms  p99 {p99l * 1000:7.1f} ms  (alone: p50 {p50a * 1000:.1f}, "
           f"p99 {p99a * 1000:.1f})  p50 ratio {p50l / p50a:.2f}x  p99 ratio {p99l / p99a:.2f}x  "
           f"flood {statistics.mean(f.flood_rates):.1f} tokens/s, requests refused (429): {f.refused}")
+
+
+def _run(coroutine: Callable[..., Awaitable[T]], *args: Any) -> T:  # noqa: ANN401 - the coroutine's own
+    return asyncio.run(coroutine(*args))
+
+
+def in_client_process(coroutine: Callable[..., Awaitable[T]], *args: Any) -> T:  # noqa: ANN401 - as above
+    """Runs the clients in a process of their own, as a server's clients are: in the server's process their
+    Python work would take the GIL from the engine's thread and slow its steps, the flood's more than the
+    light tenant's alone."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_run, coroutine, *args).result()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,27 +244,27 @@ def main(argv: list[str] | None = None) -> None:
     with Engine(model=args.model, **options) as engine:
         with background_server(engine, auth=AuthConfig(dict(KEYS))) as server:
             if not args.skip_leak:
-                asyncio.run(leak(server.url, args.rounds, args.prompt_tokens, args.seed))
+                in_client_process(leak, server.url, args.rounds, args.prompt_tokens, args.seed)
             if args.skip_fairness:
                 return
             if args.flood_seconds:
                 time.sleep(engine.config.tenant_active_seconds)  # the leak's tenants are no longer active
-                rate = asyncio.run(flood_alone(server.url, engine, args.flood_concurrency, args.flood_seconds,
-                                               args.seed))
+                rate = in_client_process(flood_alone, server.url, args.flood_concurrency, args.flood_seconds,
+                                         args.seed)
                 print(f"\nthe flooder alone ({args.flood_concurrency} in flight, {args.flood_seconds:.0f} s): "
                       f"{rate:.1f} generated tokens/s")
             print(f"\nfairness: the light tenant's TTFT over {args.light_requests} short requests, one at a time, "
                   f"alone and while a flooder keeps {args.flood_concurrency} long ones in flight, in "
                   f"{args.blocks} alternating blocks")
-            report("flood, no cap", asyncio.run(fairness(server.url, engine, args.light_requests, args.blocks,
-                                                         args.flood_concurrency, args.seed + 1)))
+            report("flood, no cap", in_client_process(fairness, server.url, args.light_requests, args.blocks,
+                                                      args.flood_concurrency, args.seed + 1))
         engine.check_invariants()
         if args.skip_cap:
             return
         capped = AuthConfig(dict(KEYS), max_requests_per_tenant=args.cap)
         with background_server(engine, auth=capped) as server:
-            report(f"flood capped at {args.cap} in flight", asyncio.run(
-                fairness(server.url, engine, args.light_requests, args.blocks, args.flood_concurrency, args.seed + 2)))
+            report(f"flood capped at {args.cap} in flight", in_client_process(
+                fairness, server.url, args.light_requests, args.blocks, args.flood_concurrency, args.seed + 2))
         engine.check_invariants()
 
 
