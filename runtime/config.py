@@ -193,9 +193,10 @@ class EngineConfig:
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)
     # tenants (docs/security.md): a tenant is a request's cache namespace (an API key's, on the server)
     disable_tenant_fairness: bool = option(False, "turn off fairness across tenants: by default waiting requests "
-                                           "are admitted least-served tenant first (virtual token counters) and a "
-                                           "step's prefill budget is split among the tenants with live requests "
-                                           "(one tenant, no API keys: no effect)")
+                                           "are admitted least-served tenant first (virtual token counters), and "
+                                           "while several tenants are active steps stay short "
+                                           "(tenant_prefill_chunk) and a light tenant's new request is prefilled "
+                                           "in the next step (one tenant, no API keys: no effect)")
     fair_share_output_weight: float = option(2.0, "tenant fairness: a generated token's weight in the service "
                                              "counters (a prompt token's is 1)")
     max_pinned_tokens_per_tenant: int = option(0, "pinned KV (prompt_cache_key sessions, programs) one tenant may "
@@ -223,6 +224,15 @@ class EngineConfig:
                                              "completion of a JSON schema / tool call / grammar constraint, the "
                                              "engine writes it (the output ends valid, finish_reason 'length'); "
                                              "off: the output is cut wherever max_tokens falls")
+    # tenant fairness, latency (docs/security.md): how long one step may be while other tenants are active
+    tenant_prefill_chunk: int = option(32, "tenant fairness: while two or more tenants are active, one tenant's "
+                                       "prefill chunks take at most this many tokens of a step (a newly arrived "
+                                       "request of another tenant waits at most one such step; the step that "
+                                       "prefills it carries no other tenant's prefill); 0: only the split of "
+                                       "max_prefill_tokens among tenants")
+    tenant_active_seconds: float = option(5.0, "tenant fairness: a tenant stays active this long after its last "
+                                          "request ended (a client sending one request after another is not "
+                                          "gone between them)")
 
     @classmethod
     def from_options(cls, model: str | None = None,
@@ -265,6 +275,9 @@ class EngineConfig:
         self.compile_layers = _compile_choice(self.compile_layers)
         if self.image_cache_mb < 0:
             raise ValueError(f"image_cache_mb must be >= 0, got {self.image_cache_mb}")
+        if self.tenant_prefill_chunk < 0 or self.tenant_active_seconds < 0:
+            raise ValueError(f"tenant_prefill_chunk and tenant_active_seconds must be >= 0, got "
+                             f"{self.tenant_prefill_chunk} and {self.tenant_active_seconds}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
             raise ValueError(f"kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.context_length is not None and self.context_length < 2:

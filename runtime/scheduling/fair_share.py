@@ -16,7 +16,11 @@ priority, sessions before one-shot requests, preempted and blocked requests firs
 policy. So `priority` orders a tenant's own requests and does not let one tenant jump over another. With
 one tenant (a server without API keys) the order is exactly the policy's.
 
-Batch invariance is untouched: fairness decides only when a request is admitted, never what it computes.
+How long a step may be while several tenants are active, and the step kept for a light tenant's new
+request, are the scheduler's (Scheduler._prefill_shares); `active` says which tenants count.
+
+Batch invariance is untouched: fairness decides only when a request is admitted and how its prompt is
+chunked, never what it computes.
 """
 from __future__ import annotations
 
@@ -38,6 +42,19 @@ class FairShare:
     prompt_weight: float = 1.0
     output_weight: float = 2.0
     counters: dict[Namespace, float] = field(default_factory=dict)  # service received, in weighted tokens
+    last_live: dict[Namespace, float] = field(default_factory=dict)  # when each tenant last had a live request
+    peak: dict[Namespace, int] = field(default_factory=dict)  # most requests each had live at once while active
+
+    def active(self, live: dict[Namespace, int], now: float, window: float) -> set[Namespace]:
+        """The tenants with a live request now (`live`: how many each), or with one within the last `window`
+        seconds: a client that sends its next request once the last one ends is not gone in between (the
+        step bounds of Scheduler._prefill_shares hold for it)."""
+        for a, n in live.items():
+            self.last_live[a] = now
+            self.peak[a] = max(self.peak.get(a, 0), n)
+        for a in [a for a, t in self.last_live.items() if now - t > window]:
+            del self.last_live[a], self.peak[a]
+        return set(self.last_live)
 
     def join(self, req: Req, live: Iterable[Req]) -> None:
         """`req` arrives; `live` are the scheduler's other live requests. A tenant with none of them is

@@ -7,8 +7,10 @@ processor between the two. Every state change of a request happens on the engine
 """
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 import torch
 
@@ -54,6 +56,7 @@ class Scheduler:
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
     # a weight update is draining: requests never admitted wait, admitted ones (preempted too) run to their end
     hold_new: bool = False
+    clock: Callable[[], float] = time.monotonic  # when tenants were last active (tenant_active_seconds)
 
     def __post_init__(self) -> None:
         self.reqs: dict[str, Req] = {}
@@ -114,15 +117,24 @@ class Scheduler:
     def _schedule(self) -> list[ScheduledItem]:
         if self.waiting and self.running and not self.hold_new:
             self._yield_to_waiting()
-        self._shares = self._prefill_shares()
-        items, budget = self._schedule_running()
-        if budget > 0 and self.waiting:  # a pure decode step skips admission's per-step setup
-            items += self._admit(budget)
+        self._shares, first_token = self._prefill_shares()
+        items = self._fill_step()
+        if not items and first_token:
+            # the request the step was kept for could not be admitted (no KV room yet): rather than an
+            # empty step, the other tenants' chunks run (nothing was extended, so nothing is undone)
+            self._shares, _ = self._prefill_shares(first_token=False)
+            items = self._fill_step()
         if self.fair is not None:
             self.fair.charge(items)
         if items and all(item.length == 1 for item in items):
             self.new_token_ratio = max(self.cfg.min_new_token_ratio,
                                        self.new_token_ratio - self.cfg.new_token_ratio_decay)
+        return items
+
+    def _fill_step(self) -> list[ScheduledItem]:
+        items, budget = self._schedule_running()
+        if budget > 0 and self.waiting:  # a pure decode step skips admission's per-step setup
+            items += self._admit(budget)
         return items
 
     def _schedule_running(self) -> tuple[list[ScheduledItem], int]:
@@ -199,17 +211,44 @@ class Scheduler:
         ordered = order_waiting(self.waiting, self.cfg.schedule_policy, self.kv.cache, self.counters.steps)
         return ordered if self.fair is None else self.fair.order(ordered)
 
-    def _prefill_shares(self) -> dict[Namespace, int] | None:
-        """With k tenants live, each tenant's prefill chunks take at most 1/k of a step's prefill budget:
-        a step's length (what a newly arrived request of another tenant waits for, then shares its own step
-        with) is not one tenant's to fill. None with one tenant: the whole budget, as without fairness."""
+    def _prefill_shares(self, first_token: bool = True) -> tuple[dict[Namespace, int] | None, bool]:
+        """Each tenant's prefill tokens this step (None: the whole budget, as with one tenant), and whether
+        the step is kept for requests waiting for their first token.
+
+        With k tenants active (a live request, or one within tenant_active_seconds), a tenant's prefill
+        chunks take at most 1/k of the step's prefill budget and at most tenant_prefill_chunk tokens: a
+        step's length is what a newly arrived request of another tenant waits for, so no tenant may make
+        it long. And when a light tenant (one request at a time while active) has its request waiting, not
+        yet admitted, that tenant's prefill gets room for the whole prompt (within the budget) and the other
+        tenants' none: the request is prefilled whole in the very next step, beside the running decodes
+        only. (A flooder whose requests all ended at once has nothing admitted either, but it had many
+        live: its next prompts go in chunks, or every cycle of its requests would make one long step.)
+        Neither changes what a step
+        computes for a request, only how much of its prompt and when (chunking never changes tokens)."""
         if self.fair is None:
-            return None
-        live = {account(r) for r in self.reqs.values()}
-        if len(live) < 2:
-            return None
-        share = max(1, self.cfg.max_prefill_tokens // len(live))
-        return dict.fromkeys(live, share)
+            return None, False
+        live = Counter(account(r) for r in self.reqs.values())
+        active = self.fair.active(live, self.clock(), self.cfg.tenant_active_seconds)
+        if len(active) < 2:
+            return None, False
+        budget = self.cfg.max_prefill_tokens
+        share = max(1, budget // len(active))
+        if self.cfg.tenant_prefill_chunk:
+            share = min(share, self.cfg.tenant_prefill_chunk)
+        fresh = self._first_token_tenants() if first_token else {}
+        if fresh:
+            return {a: min(budget, max(share, fresh[a])) if a in fresh else 0 for a in active}, True
+        return dict.fromkeys(active, share), False
+
+    def _first_token_tenants(self) -> dict[Namespace, int]:
+        """Light tenants (at most one request live at once while active: FairShare.peak) whose request waits,
+        not admitted and not found blocked: each with that request's prompt length. None while no request
+        can be admitted: the other tenants' chunks would wait for nothing."""
+        assert self.fair is not None
+        if self.hold_new or self._admission_closed():
+            return {}
+        return {account(r): r.pending for r in self.waiting
+                if r.state is ReqState.WAITING and not r.blocked and self.fair.peak.get(account(r), 0) <= 1}
 
     def _share_left(self, req: Req) -> int:
         return self.cfg.max_prefill_tokens if self._shares is None else self._shares.get(account(req), 0)

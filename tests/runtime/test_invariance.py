@@ -61,3 +61,24 @@ def test_prefill_chunking_changes_nothing(tiny_engine_factory, alone, mode):
     engine = tiny_engine_factory(quantization=mode, compile_layers=False, max_prefill_tokens=5)
     assert answer(engine) == alone(mode)
     engine.check_invariants()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tenant_step_bounds_change_nothing(tiny_engine_factory, alone, mode):
+    """Two tenants at once (runtime/scheduling/scheduler.py's step bounds): the light tenant's first request goes
+    whole ahead of the flood's prefill, which runs tenant_prefill_chunk tokens a step; the flood's prompt (second
+    of its requests, so chunked) must still answer as alone."""
+    from radixlang.runtime.namespace import DEFAULT_NAMESPACE
+    from radixlang.runtime.submission import SubmissionBatch
+
+    engine = tiny_engine_factory(quantization=mode, compile_layers=False, tenant_prefill_chunk=3)
+    flood = engine.prepare([NEIGHBOURS[0], PROMPT], GREEDY, return_logprob=True,
+                           namespace=DEFAULT_NAMESPACE.child("tenant", "flood"))
+    light = engine.prepare(NEIGHBOURS[1:3], GREEDY, return_logprob=True,
+                           namespace=DEFAULT_NAMESPACE.child("tenant", "light"))
+    outs = engine.run(SubmissionBatch(flood.requests + light.requests, flood.prompt_rids + light.prompt_rids, False))
+    mine = outs[1]
+    assert (mine.output_ids, [lp.logprob for lp in mine.meta.output_logprobs]) == alone(mode)
+    prompt_tokens = len(flood.requests[1].prompt_ids)
+    assert engine.stats()["steps_total"] >= prompt_tokens // 3  # its prompt was chunked 3 tokens a step
+    engine.check_invariants()

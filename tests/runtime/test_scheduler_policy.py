@@ -322,17 +322,73 @@ def test_two_backlogged_tenants_receive_equal_service_within_one_request(make, f
     sched.check_invariants()
 
 
-def test_a_step_splits_its_prefill_budget_among_live_tenants(make):
+def prefills(batch) -> list[tuple[str, int]]:
+    """(rid, tokens) of the batch's prefill chunks (items computing more than one position)."""
+    return sorted((i.req.rid, i.length) for i in batch.items if i.length > 1)
+
+
+def test_a_light_tenants_request_is_prefilled_whole_in_the_next_step_and_steps_stay_short(make):
+    """A flooder's long prompts queue; another tenant's short request arrives: its whole prompt runs in the very
+    next step with no flood prefill beside it, and while both tenants are active no step carries more than
+    tenant_prefill_chunk tokens of the flood's prefill; once the light tenant is gone tenant_active_seconds,
+    the flood has the whole budget back. (Before: the light request shared its step with half the budget of
+    flood prefill, and the flood's steps stayed max_prefill_tokens long.)"""
     scheduler, req, _ = make
-    sched = scheduler(pool=512, max_prefill_tokens=16)
-    big = tenant_req(req, "big", "flood", range(100, 160))
-    sched.add(big)
+    sched = scheduler(pool=1024, max_prefill_tokens=48, tenant_prefill_chunk=8, tenant_active_seconds=10.0)
+    now = [0.0]
+    sched.clock = lambda: now[0]
+    flood = [tenant_req(req, f"f{i}", "flood", range(1000 + 100 * i, 1040 + 100 * i), max_new_tokens=8)
+             for i in range(4)]
+    for r in flood:
+        sched.add(r)
+    first = sched.schedule()
+    assert sum(n for _, n in prefills(first)) == 48  # one tenant: the whole budget
+    decode(sched, first)
+    light = tenant_req(req, "light", "light", range(5000, 5020), max_new_tokens=3)
+    sched.add(light)
     batch = sched.schedule()
-    assert [i.length for i in batch.items] == [16]  # alone: the whole budget
-    forward(sched, batch)
-    sched.add(tenant_req(req, "short", "light", range(500, 520)))
-    # oracle: two live tenants, 16 // 2 = 8 prefill tokens each this step
-    assert sorted((i.req.rid, i.length) for i in sched.schedule().items) == [("big", 8), ("short", 8)]
+    assert prefills(batch) == [("light", 20)]  # whole, and alone among the prefills; the flood's decodes run
+    assert all(i.length == 1 for i in batch.items if i.req is not light)
+    decode(sched, batch)
+    while not light.done:
+        batch = sched.schedule()
+        assert sum(n for rid, n in prefills(batch) if rid != "light") <= 8
+        decode(sched, batch)
+    now[0] = 9.0  # gone, but within tenant_active_seconds: it may be back any moment
+    batch = sched.schedule()
+    assert 0 < sum(n for _, n in prefills(batch)) <= 8
+    decode(sched, batch)
+    now[0] = 20.0  # gone for good: one tenant, the whole budget
+    assert sum(n for _, n in prefills(sched.schedule())) == 48
+    sched.check_invariants()
+
+
+def test_a_step_kept_for_a_request_that_finds_no_room_runs_the_other_tenants_chunks(make):
+    """The step kept for a light tenant's first request would be empty when that request finds no KV room:
+    the flood's chunk runs instead (and the request, now known blocked, no longer holds steps back)."""
+    scheduler, req, _ = make
+    sched = scheduler(pool=48, max_prefill_tokens=32, tenant_prefill_chunk=32)
+    big = tenant_req(req, "big", "flood", range(100, 140), max_new_tokens=1)
+    sched.add(big)
+    forward(sched, sched.schedule())  # 32 of its 40 tokens; 16 slots left
+    sched.add(tenant_req(req, "light", "light", range(500, 530), max_new_tokens=1))  # needs 30
+    batch = sched.schedule()
+    assert batch is not None and [(i.req.rid, i.start, i.length) for i in batch.items] == [("big", 32, 8)]
+    sched.check_invariants()
+
+
+def test_a_flooder_whose_requests_all_ended_gets_chunks_not_its_prompts_whole(make):
+    """A flooder's requests ended in one step and its next ones arrive together: it has nothing admitted, like
+    a light tenant's new request, but it has many requests live: its prompts go in chunk-sized shares (else
+    each cycle of its requests would make one long step for the others to wait on)."""
+    scheduler, req, _ = make
+    sched = scheduler(pool=1024, max_prefill_tokens=64, tenant_prefill_chunk=4)
+    light = tenant_req(req, "light", "light", range(5000, 5010), max_new_tokens=20)
+    sched.add(light)
+    decode(sched, sched.schedule())  # the light tenant decodes
+    for i in range(3):
+        sched.add(tenant_req(req, f"f{i}", "flood", range(1000 + 100 * i, 1020 + 100 * i)))
+    assert prefills(sched.schedule()) == [("f0", 4)]
 
 
 def test_priority_orders_a_tenants_own_requests_not_other_tenants(make):
