@@ -210,9 +210,10 @@ void lora_delta(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const a
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t rank = gr / groups;
-  // an item per thread wake where it holds enough work (the split changes no bits)
-  const int64_t work = kChunk * gr * (k + n / groups);
-  const int64_t grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(1, work));
+  // threads only where each gets enough work to pay its wake-up (~100 us: a prefill, not a decode's few rows per
+  // adapter, whose weights' reads are most of its cost); the split changes no bits
+  const int64_t cost = (static_cast<int64_t>(rows / items.size()) + 4) * gr * (k + n / groups);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, cost));
   at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       if (a.scalar_type() == at::kFloat) {

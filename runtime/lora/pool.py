@@ -14,13 +14,14 @@ Everything here runs on the scheduler thread but `lookup` (a dict read, from the
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from ...kernels.lora import LoraPlan, lora_delta_torch, plan_rows
+from ...kernels.lora import lora_delta_cpu, lora_delta_torch, native_available, plan_rows
 from ..models.llama import LlamaConfig
 from . import UnknownAdapter
 from .adapter import LoraAdapter
@@ -36,25 +37,45 @@ def _shapes(cfg: LlamaConfig) -> dict[str, tuple[int, tuple[int, ...]]]:
     return {"qkv": (h, (q, kv, kv)), "o": (q, (h,)), "gate_up": (h, (i, i)), "down": (i, (h,))}
 
 
+# (y, x, A, B^T, the group's target column bounds) -> y plus each row's delta: one step's rows bound in
+Delta = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]], torch.Tensor]
+
+
 @dataclass(slots=True)
 class LoraBatch:
     """One step's adapter rows (ForwardContext.lora): adds each row's delta to a fused linear's output."""
 
-    plan: LoraPlan
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, group) -> (A, B^T) stacked by slot
-    delta: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LoraPlan], torch.Tensor]
+    columns: dict[str, list[int]]  # each group's target column bounds
+    delta: Delta
 
     def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         a, bt = self.weights[(layer, group)]
-        return self.delta(y, x, a, bt, self.plan)
+        return self.delta(y, x, a, bt, self.columns[group])
+
+
+def _tiled(delta: Callable, plan, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+           columns: list[int]) -> torch.Tensor:
+    return delta(y, x, a, bt, plan)  # the tiled paths run the whole block-diagonal B
+
+
+def _native(slots: torch.Tensor, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+            columns: list[int]) -> torch.Tensor:
+    return lora_delta_cpu(y, x, a, bt, slots, columns)
 
 
 class LoraPool:
     def __init__(self, cfg: LlamaConfig, num_slots: int, max_rank: int | None, device: torch.device,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, exact: bool = False):
         self.cfg, self.num_slots, self.max_rank = cfg, num_slots, max_rank
-        self.device, self.dtype = device, dtype
+        self.device = device
+        # the CPU's native delta, decided once (a build landing later changes no running engine's numbers); its
+        # default mode keeps the adapters in bf16, half the bytes a decode step reads, while the exact mode keeps
+        # fp32 (PEFT's). Elsewhere the weights are in the activation dtype.
+        self.native = device.type == "cpu" and dtype == torch.float32 and native_available()
+        self.dtype = torch.bfloat16 if self.native and not exact else dtype
         self.shapes = _shapes(cfg)
+        self.columns = {group: [sum(outs[:j]) for j in range(len(outs) + 1)] for group, (_, outs) in self.shapes.items()}
         self.adapters: dict[str, LoraAdapter] = {}  # by name: what requests may name
         self.slots: list[LoraAdapter | None] = [None] * (num_slots + 1)  # [0]: the base model
         self.weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}  # allocated at the first load
@@ -132,9 +153,12 @@ class LoraPool:
                 self._place(adapter, present)
             adapter.last_used = self._steps
         slots = [0 if a is None else a.slot for a in adapters]
-        plan = plan_rows([s for s, n in zip(slots, lengths) for _ in range(n)], self.device)
+        rows = [s for s, n in zip(slots, lengths) for _ in range(n)]
+        if self.native:
+            return LoraBatch(self.weights, self.columns, functools.partial(_native, torch.tensor(rows)))
+        plan = plan_rows(rows, self.device)
         assert plan is not None
-        return LoraBatch(plan, self.weights, self._delta)
+        return LoraBatch(self.weights, self.columns, functools.partial(_tiled, self._delta, plan))
 
     def _place(self, adapter: LoraAdapter, present: dict[int, LoraAdapter]) -> None:
         free = [i for i in range(1, len(self.slots)) if self.slots[i] is None]
