@@ -82,13 +82,24 @@ def native_available() -> bool:
 
 
 def lora_delta_cpu(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, slots: torch.Tensor,
-                   columns: list[int]) -> torch.Tensor:
+                   columns: list[int], scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Adds each row's delta to y [T, N] in place (returned) on the native kernel: slots [T] int64 (0: none);
-    a [slots, G R, K] and bt [slots, G R, N] in fp32 or bf16; target g's rank rows [g R, g R + R) feed only the
-    columns [columns[g], columns[g + 1]) (the fused q|k|v B's zero blocks are skipped)."""
+    a [slots, G R, K] and bt [slots, G R, N] in fp32, bf16, or int8 with `scales` (fp32 [slots, G R] per rank
+    row of each, quantize_rows'); target g's rank rows [g R, g R + R) feed only the columns
+    [columns[g], columns[g + 1]) (the fused q|k|v B's zero blocks are skipped)."""
     out = y if y.is_contiguous() else y.contiguous()
-    torch.ops.radixlang_cpu.lora_delta(out, x, a, bt, slots, columns)
+    a_scale, bt_scale = scales if scales is not None else (None, None)
+    torch.ops.radixlang_cpu.lora_delta(out, x, a, bt, slots, columns, a_scale, bt_scale)
     return out
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes, fp32 scale per row) of w [..., rows, features]: round to nearest of w / (absmax / 127);
+    an all-zero row (rank padding) has scale 0 and codes 0."""
+    w = w.float()
+    scale = w.abs().amax(-1) / 127
+    codes = torch.where(scale[..., None] > 0, w / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None], 0)
+    return codes.round().clamp(-127, 127).to(torch.int8), scale
 
 
 def lora_delta_torch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:

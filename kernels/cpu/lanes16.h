@@ -20,6 +20,9 @@ struct Lanes16 {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
   }
+  static Lanes16 load(const int8_t* p) {  // int8 -> fp32, exact
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
   static Lanes16 load_part(const float* p, int64_t n) {
     return {_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p)};
   }
@@ -40,6 +43,11 @@ struct Lanes16 {
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+  }
+  static Lanes16 load(const int8_t* p) {
+    const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
   }
   static Lanes16 load_part(const float* p, int64_t n) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -3,8 +3,9 @@
 // delta). Built into the block kernel's library (block_kernel.py compiles and loads it); kernels/lora.py calls it.
 //
 // Operands as runtime/lora/pool.py stacks them: A [S, G R, K] (the G targets sharing the input, R rank rows
-// each), B^T [S, G R, N], fp32 or bf16 (the default mode's adapters: half the bytes, which a decode step reads
-// whole), x and y fp32. `columns` (G + 1 bounds) says which output columns each target owns: target g's rank rows
+// each), B^T [S, G R, N], x and y fp32. The weights are fp32 (the exact mode), or int8 with an fp32 scale per
+// rank row of A and of B^T (the default mode: a quarter of the bytes, which a decode step reads whole: at 8
+// adapters of rank 16 they outweigh the base model's 4-bit blocks). `columns` (G + 1 bounds) says which output columns each target owns: target g's rank rows
 // [g R, g R + R) feed only columns [columns[g], columns[g + 1]), so the zero blocks of a fused q|k|v B are never
 // read (a third of its bytes) nor multiplied.
 //
@@ -13,8 +14,10 @@
 // weights once for all its rows. Each output's sums run in one fixed order, so a row's delta is the same bits
 // whatever rows, adapters or threads share the call (the determinism rule):
 //   shrink h[t, j]: lane l (of 16) accumulates x[t, k] * A[s, j, k] over k = 16 i + l with one fused multiply-add
-//     each (the last vector zero-padded), then the 16 lanes fold as dense_mm.cpp's (lanes16.h);
-//   expand y[t, n]: d = 0, then d = fma(h[t, g R + r], B^T[s, g R + r, n], d) for r = 0 .. R - 1, then y += d.
+//     each (the last vector zero-padded), then the 16 lanes fold as dense_mm.cpp's (lanes16.h); int8: times
+//     A's row scale;
+//   expand y[t, n]: d = 0, then d = fma(h[t, g R + r], B^T[s, g R + r, n], d) for r = 0 .. R - 1 (int8: h times
+//     B^T's row scale first), then y += d.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -23,6 +26,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -142,9 +147,14 @@ struct Item {  // one work item: up to kChunk rows of one slot
   int64_t slot, first, count;  // rows order[first, first + count)
 };
 
+struct Scales {  // int8 weights' fp32 scale per rank row, [S, G R] each; null for fp32 weights
+  const float* a;
+  const float* bt;
+};
+
 template <typename W>
 void run_item(const Item& item, const int64_t* order, const float* x, int64_t k, const W* a, const W* bt,
-              int64_t gr, int64_t rank, const std::vector<int64_t>& columns, float* y, int64_t n) {
+              Scales scales, int64_t gr, int64_t rank, const std::vector<int64_t>& columns, float* y, int64_t n) {
   const float* xs[kChunk];
   float* ys[kChunk];
   const float* hs[kChunk];
@@ -158,6 +168,12 @@ void run_item(const Item& item, const int64_t* order, const float* x, int64_t k,
   int64_t j = 0;
   for (; j + F <= gr; j += F) shrink_rows<W, F>(xs, item.count, as + j * k, k, h + j, gr);
   for (; j < gr; ++j) shrink_rows<W, 1>(xs, item.count, as + j * k, k, h + j, gr);
+  if constexpr (std::is_same_v<W, int8_t>) {  // h = (x . q_A) s_A, then h s_B: what the expand multiplies
+    const float* sa = scales.a + item.slot * gr;
+    const float* sb = scales.bt + item.slot * gr;
+    for (int64_t i = 0; i < item.count; ++i)
+      for (int64_t r = 0; r < gr; ++r) h[i * gr + r] = h[i * gr + r] * sa[r] * sb[r];
+  }
   const W* bs = bt + item.slot * gr * n;
   constexpr int64_t block = 16 * kExpandVectors;
   for (size_t g = 0; g + 1 < columns.size(); ++g) {
@@ -171,15 +187,25 @@ void run_item(const Item& item, const int64_t* order, const float* x, int64_t k,
 }
 
 void lora_delta(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at::Tensor& bt,
-                const at::Tensor& slots, at::IntArrayRef columns) {
+                const at::Tensor& slots, at::IntArrayRef columns, const std::optional<at::Tensor>& a_scale,
+                const std::optional<at::Tensor>& bt_scale) {
   TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kFloat && y.is_contiguous(), "lora_delta: y must be a "
               "contiguous 2-D float32 tensor");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(0) == y.size(0), "lora_delta: x must be a "
               "2-D float32 tensor of y's rows");
   TORCH_CHECK(a.dim() == 3 && bt.dim() == 3 && a.is_contiguous() && bt.is_contiguous(), "lora_delta: A and B^T "
               "must be contiguous [slots, ranks, features]");
-  TORCH_CHECK(a.scalar_type() == bt.scalar_type() && (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16),
-              "lora_delta: A and B^T must both be float32 or both bfloat16");
+  const auto wtype = a.scalar_type();
+  TORCH_CHECK(bt.scalar_type() == wtype && (wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kChar),
+              "lora_delta: A and B^T must both be float32, bfloat16 or int8");
+  const bool quantized = wtype == at::kChar;
+  TORCH_CHECK(quantized == (a_scale.has_value() && bt_scale.has_value()), "lora_delta: int8 weights take "
+              "a_scale and bt_scale (and only they do)");
+  if (quantized) {
+    for (const at::Tensor& sc : {*a_scale, *bt_scale})
+      TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.is_contiguous() && sc.dim() == 2 && sc.size(0) == a.size(0) &&
+                  sc.size(1) == a.size(1), "lora_delta: scales must be contiguous float32 [S, G R]");
+  }
   TORCH_CHECK(a.size(0) == bt.size(0) && a.size(1) == bt.size(1) && a.size(2) == x.size(1) && bt.size(2) == y.size(1),
               "lora_delta: A [S, GR, K] and B^T [S, GR, N] do not fit x [T, K] and y [T, N]");
   TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && slots.size(0) == y.size(0),
@@ -214,14 +240,18 @@ void lora_delta(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const a
   // adapter, whose weights' reads are most of its cost); the split changes no bits
   const int64_t cost = (static_cast<int64_t>(rows / items.size()) + 4) * gr * (k + n / groups);
   const int64_t grain = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, cost));
+  const Scales scales{quantized ? a_scale->data_ptr<float>() : nullptr, quantized ? bt_scale->data_ptr<float>() : nullptr};
   at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      if (a.scalar_type() == at::kFloat) {
-        run_item<float>(items[i], order.data(), xp, k, a.data_ptr<float>(), bt.data_ptr<float>(), gr, rank, bounds,
-                        yp, n);
+      if (wtype == at::kFloat) {
+        run_item<float>(items[i], order.data(), xp, k, a.data_ptr<float>(), bt.data_ptr<float>(), scales, gr, rank,
+                        bounds, yp, n);
+      } else if (wtype == at::kChar) {
+        run_item<int8_t>(items[i], order.data(), xp, k, a.data_ptr<int8_t>(), bt.data_ptr<int8_t>(), scales, gr,
+                         rank, bounds, yp, n);
       } else {
         run_item<uint16_t>(items[i], order.data(), xp, k, reinterpret_cast<const uint16_t*>(a.data_ptr()),
-                           reinterpret_cast<const uint16_t*>(bt.data_ptr()), gr, rank, bounds, yp, n);
+                           reinterpret_cast<const uint16_t*>(bt.data_ptr()), scales, gr, rank, bounds, yp, n);
       }
     }
   });
@@ -230,7 +260,8 @@ void lora_delta(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const a
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlang_cpu, m) {
-  m.def("lora_delta(Tensor(a!) y, Tensor x, Tensor a, Tensor bt, Tensor slots, int[] columns) -> ()");
+  m.def("lora_delta(Tensor(a!) y, Tensor x, Tensor a, Tensor bt, Tensor slots, int[] columns, Tensor? a_scale=None, "
+        "Tensor? bt_scale=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) { m.impl("lora_delta", &lora_delta); }
