@@ -143,6 +143,15 @@ void expand_rows(const float* const* h, int64_t m, const W* b, int64_t rank, int
   }
 }
 
+// the lines of `cols` columns of `rows` rows, n apart, into L1
+template <typename W>
+inline void prefetch_block(const W* b, int64_t rows, int64_t n, int64_t cols) {
+  const char* p = reinterpret_cast<const char*>(b);
+  const int64_t stride = n * static_cast<int64_t>(sizeof(W)), bytes = cols * static_cast<int64_t>(sizeof(W));
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + j * stride + off, _MM_HINT_T0);
+}
+
 struct Item {  // one work item: up to kChunk rows of one slot
   int64_t slot, first, count;  // rows order[first, first + count)
 };
@@ -164,6 +173,15 @@ void run_item(const Item& item, const int64_t* order, const float* x, int64_t k,
     ys[i] = y + order[item.first + i] * n;
   }
   const W* as = a + item.slot * gr * k;
+  const W* bs = bt + item.slot * gr * n;
+  constexpr int64_t block = 16 * kExpandVectors;
+  {  // all of the slot's A at once, and each target's first block of B^T: many lines in flight, where the
+     // shrink's few row streams would wait on each in turn
+    const char* p = reinterpret_cast<const char*>(as);
+    for (int64_t off = 0; off < gr * k * static_cast<int64_t>(sizeof(W)); off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+    for (size_t g = 0; g + 1 < columns.size(); ++g)
+      prefetch_block(bs + g * rank * n + columns[g], rank, n, std::min(block, columns[g + 1] - columns[g]));
+  }
   constexpr int F = kShrinkRanks;
   int64_t j = 0;
   for (; j + F <= gr; j += F) shrink_rows<W, F>(xs, item.count, as + j * k, k, h + j, gr);
@@ -174,11 +192,13 @@ void run_item(const Item& item, const int64_t* order, const float* x, int64_t k,
     for (int64_t i = 0; i < item.count; ++i)
       for (int64_t r = 0; r < gr; ++r) h[i * gr + r] = h[i * gr + r] * sa[r] * sb[r];
   }
-  const W* bs = bt + item.slot * gr * n;
-  constexpr int64_t block = 16 * kExpandVectors;
   for (size_t g = 0; g + 1 < columns.size(); ++g) {
     for (int64_t i = 0; i < item.count; ++i) hs[i] = h + i * gr + g * rank;
     for (int64_t c = columns[g]; c < columns[g + 1]; c += block) {
+      // the next block's B^T lines, one per rank row, N apart: too many strided streams for the hardware's
+      // prefetcher, and a decode reads each from memory once
+      if (c + block < columns[g + 1])
+        prefetch_block(bs + g * rank * n + c + block, rank, n, std::min(block, columns[g + 1] - c - block));
       float* yc[kChunk];
       for (int64_t i = 0; i < item.count; ++i) yc[i] = ys[i] + c;
       expand_rows<W>(hs, item.count, bs + g * rank * n + c, rank, n, yc, std::min(block, columns[g + 1] - c));
