@@ -13,11 +13,10 @@ import binascii
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
-
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
 
 from .errors import error_body
 from .openapi import error_responses
