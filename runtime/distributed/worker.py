@@ -160,6 +160,8 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
                 send(conn, UPDATE, None)
             except (ValueError, TypeError) as e:  # a mismatch: rank 0 drops the update on every rank
                 send(conn, UPDATE, str(e))
+            except Exception as e:  # noqa: BLE001 - any failure to prepare drops the update, the worker serves on
+                send(conn, UPDATE, f"{type(e).__name__}: {e}")
         elif kind == COMMIT:
             if body and pending is not None:
                 pending()
