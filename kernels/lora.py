@@ -13,7 +13,9 @@ blocking with it). The Triton kernel (kernels/triton/lora.py) takes the same pla
 (tl.dot's smallest); the CPU's are 4 rows, as a decode has a few rows per adapter and padding is paid in full.
 
 On the CPU each slot's run of tiles is one batched matmul against the slot's weights broadcast (no copy): a
-decode of 16 rows over 8 adapters reads each adapter's weights once.
+decode of 16 rows over 8 adapters reads each adapter's weights once. Where the block kernel's library is loaded the
+CPU runs `lora_delta_cpu` instead: the native kernel (kernels/cpu/lora_mm.cpp) takes each row's slot, needs no
+plan, and does a fused linear's whole delta in one call, every row's sums in an order fixed per row.
 """
 from __future__ import annotations
 
@@ -69,6 +71,35 @@ def plan_rows(slots: list[int], device: torch.device, tile: int | None = None) -
     positions = torch.tensor([i for i, v in enumerate(valid) if v], dtype=torch.int64, device=device)
     return LoraPlan(size, rows_t, valid_t, torch.tensor(tile_slots, dtype=torch.int64, device=device),
                     rows_t[positions], positions, runs)
+
+
+def native_available() -> bool:
+    """Whether the CPU's native delta is loaded (the block kernel's library; a missing build starts in the
+    background and this process keeps the torch path)."""
+    from .cpu import block_kernel
+
+    return block_kernel.available()
+
+
+def lora_delta_cpu(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, slots: torch.Tensor,
+                   columns: list[int], scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Adds each row's delta to y [T, N] in place (returned) on the native kernel: slots [T] int64 (0: none);
+    a [slots, G R, K] and bt [slots, G R, N] in fp32, bf16, or int8 with `scales` (fp32 [slots, G R] per rank
+    row of each, quantize_rows'); target g's rank rows [g R, g R + R) feed only the columns
+    [columns[g], columns[g + 1]) (the fused q|k|v B's zero blocks are skipped)."""
+    out = y if y.is_contiguous() else y.contiguous()
+    a_scale, bt_scale = scales if scales is not None else (None, None)
+    torch.ops.radixlang_cpu.lora_delta(out, x, a, bt, slots, columns, a_scale, bt_scale)
+    return out
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes, fp32 scale per row) of w [..., rows, features]: round to nearest of w / (absmax / 127);
+    an all-zero row (rank padding) has scale 0 and codes 0."""
+    w = w.float()
+    scale = w.abs().amax(-1) / 127
+    codes = torch.where(scale[..., None] > 0, w / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None], 0)
+    return codes.round().clamp(-127, 127).to(torch.int8), scale
 
 
 def lora_delta_torch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:

@@ -161,7 +161,8 @@ class Engine:
         self.profiler = StepProfiler()  # its state is the scheduler thread's
         self._thread = SchedulerThread(self.core, after_step=self.profiler.after_step)
         release_openmp_workers()  # this thread's, from loading: the model runs on the scheduler thread's
-        self.weights = LiveWeights(cfg, self._thread, self.scheduler, self.runner.model, self.image_encoder is not None)
+        self.weights = LiveWeights(cfg, self._thread, self.scheduler, self.runner.model, self.image_encoder is not None,
+                                   getattr(self.runner, "workers", None))  # TPRunner's worker ranks
         write_when_idle(self._thread)  # a converting start's weight cache write waits out the first requests
         if self.decode_compile is not None:  # once the engine is up, and idle
             self.decode_compile.start(self._thread.idle_seconds)

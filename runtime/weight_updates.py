@@ -9,6 +9,11 @@ retracted instead (their KV dropped: they recompute their tokens so far on the n
 continues). Last, on the scheduler thread between two steps, the weights are copied in place
 (models/loading/weight_copy.py) and every cache of KV computed by the old weights is flushed: the radix tree,
 pins, the host tier and the drafter's cache. No request ever sees KV of two weight versions.
+
+Under tensor parallelism every rank takes the update on its own shard (weight_sources.py): rank 0 prepares its
+own off the scheduler thread; then, between two steps, each worker prepares its (a checkpoint's shard, or its
+rows of the named tensors, sent whole), and only when every rank has succeeded do they all apply it; a mismatch on
+any rank drops it everywhere.
 """
 from __future__ import annotations
 
@@ -22,12 +27,12 @@ import torch
 
 from .config import EngineConfig
 from .distributed.group import TensorParallel
-from .model_loading import load_model
+from .distributed.workers import TPWorkers
 from .models.loading import weight_cache
 from .models.loading.loader import missing_model_message
-from .models.loading.weight_copy import check_same_model, copy_model, plan_named_tensors
 from .scheduler_thread import SchedulerThread
 from .scheduling.scheduler import Scheduler
+from .weight_sources import UpdateSource, prepare
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf")  # SGLang's load_format values that name what we load
 PAUSE_MODES = ("in_place", "abort")  # SGLang's pause_generation modes we take
@@ -56,8 +61,8 @@ class LiveWeights:
     """The weight updates of one engine: its config, scheduler thread, scheduler and model."""
 
     def __init__(self, cfg: EngineConfig, thread: SchedulerThread, scheduler: AllRequests, model: torch.nn.Module,
-                 vision: bool):
-        self.cfg, self.thread, self.model = cfg, thread, model
+                 vision: bool, workers: TPWorkers | None = None):
+        self.cfg, self.thread, self.model, self.workers = cfg, thread, model, workers
         self.version = cfg.weight_version
         self._lock = threading.Lock()  # one update at a time
         self._refusal = _refusal(cfg, scheduler, vision)
@@ -93,30 +98,29 @@ class LiveWeights:
         file), loaded as the engine loaded its own: the same dtype and quantization mode."""
         self._check_allowed(weight_version)
         path = _checked_path(model_path, load_format)
-        try:
-            loaded = load_model(path, self.cfg.torch_device(), self.cfg.torch_dtype(), TensorParallel(0, 1),
-                                quantization=self.cfg.load_quantization(), ep_size=self.cfg.ep_size)
-        except (FileNotFoundError, OSError) as e:
-            raise ValueError(f"cannot load model_path {model_path!r}: {e}") from None
-        if loaded.vision is not None:
-            raise ValueError(f"model_path {model_path!r} is a vision-language model; the engine serves a text one")
-        check_same_model(self.model, loaded.model)
-        result = self._swap(lambda: copy_model(self.model, loaded.model), abort_all_requests, weight_version,
-                            f"loaded the weights of {path}")
+        result = self._update(UpdateSource(path=path), abort_all_requests, weight_version)
         self.cfg.model = str(path)  # SGLang's model_path follows the update
         return result
 
     def from_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]], abort_all_requests: bool = False,
                      weight_version: str | None = None) -> UpdateResult:
-        """HF-named tensors (SGLang's update_weights_from_tensor); only those change."""
+        """HF-named tensors (SGLang's update_weights_from_tensor), whole (each rank takes its shard); only those
+        change."""
         self._check_allowed(weight_version)
         named = list(named_tensors)
         for item in named:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                     and isinstance(item[1], torch.Tensor)):
                 raise TypeError(f"named_tensors must be (name, torch.Tensor) pairs, got {item!r:.80}")
-        update = plan_named_tensors(self.model, named, self.cfg.load_quantization())
-        return self._swap(update.apply, abort_all_requests, weight_version, f"updated {update.count} tensors")
+        if self.workers is not None:  # they travel to the workers pickled: on the host
+            named = [(name, t.detach().cpu()) for name, t in named]
+        return self._update(UpdateSource(named_tensors=named), abort_all_requests, weight_version)
+
+    def _update(self, source: UpdateSource, abort: bool, version: str | None) -> UpdateResult:
+        """Rank 0's update prepared here (ValueError: nothing changed), then applied on every rank by _swap."""
+        apply, message = prepare(self.model, source, self.cfg, TensorParallel(0, self.cfg.tp_size),
+                                 self.cfg.torch_device())
+        return self._swap(apply, source, abort, version, message)
 
     def _check_allowed(self, version: str | None) -> None:
         if self._refusal is not None:
@@ -124,8 +128,10 @@ class LiveWeights:
         if version is not None and not isinstance(version, str):
             raise TypeError(f"weight_version must be a string, got {version!r}")
 
-    def _swap(self, apply: Callable[[], None], abort: bool, version: str | None, message: str) -> UpdateResult:
-        """Settles the requests in flight, then applies the weights and flushes the old KV on the scheduler thread."""
+    def _swap(self, apply: Callable[[], None], source: UpdateSource, abort: bool, version: str | None,
+              message: str) -> UpdateResult:
+        """Settles the requests in flight, then applies the weights (the workers' too) and flushes the old KV on
+        the scheduler thread."""
         scheduler = self._scheduler
         assert scheduler is not None, "_check_allowed refuses engines without one scheduler"
         with self._lock:
@@ -136,9 +142,12 @@ class LiveWeights:
                 return self._abort_all(ABORT_MESSAGE) if abort else 0
 
             def apply_now() -> None:
+                self._prepare_workers(source)
                 if not scheduler.drained:  # paused with requests admitted: they recompute on the new weights
                     scheduler.retract_all()
                 apply()
+                if self.workers is not None:
+                    self.workers.commit_update(True)
                 scheduler.flush()
                 if version is not None:
                     self.version = version
@@ -155,6 +164,17 @@ class LiveWeights:
                 self.thread.call(end).result()
         return UpdateResult(message, self.version, aborted)
 
+    def _prepare_workers(self, source: UpdateSource) -> None:
+        """Each worker's shard of the update, prepared (scheduler thread, no step running); ValueError naming the
+        first rank's mismatch, the update dropped on every rank."""
+        if self.workers is None:
+            return
+        errors = self.workers.prepare_update(source)
+        failed = [(rank, e) for rank, e in enumerate(errors, start=1) if e is not None]
+        if failed:
+            self.workers.commit_update(False)
+            raise ValueError(f"tensor-parallel rank {failed[0][0]}: {failed[0][1]}")
+
     def _abort_all(self, error: str) -> int:
         """Aborts every request (on the scheduler thread); how many."""
         stats = self._requests.stats()
@@ -164,9 +184,8 @@ class LiveWeights:
 
 def _refusal(cfg: EngineConfig, scheduler: AllRequests, vision: bool) -> str | None:
     """Why this engine cannot update its weights live (None: it can)."""
-    if cfg.tp_size > 1 or not isinstance(scheduler, Scheduler):
-        return ("live weight updates need tp_size 1: under tensor parallelism the other ranks' weights live in "
-                "their worker processes")
+    if not isinstance(scheduler, Scheduler):
+        return "live weight updates are not supported with DP attention (enable_dp_attention)"
     if vision:
         return "live weight updates are not supported for vision-language models"
     return None

@@ -92,7 +92,8 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     core: EngineCore | DPEngineCore
     lora = None
     if workers is None and type(loaded.model) is LlamaForCausalLM:  # dense Llama family, one rank
-        lora = LoraPool(mcfg, cfg.max_loras_per_batch, cfg.max_lora_rank, device, dtype)
+        lora = LoraPool(mcfg, cfg.max_loras_per_batch, cfg.max_lora_rank, device, dtype,
+                        exact=cfg.load_quantization() == "none")
     if workers is not None and dp > 1:
         core = create_dp_core(cfg, loaded.model, kv, attn, workers, jump, shared_prefix)
     else:

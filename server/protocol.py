@@ -208,6 +208,19 @@ class UpdateWeightsFromDiskRequest(StrictModel):
     flush_cache: Literal[True] = True
 
 
+class UpdateWeightsFromTensorRequest(StrictModel):
+    """SGLang's /update_weights_from_tensor body. SGLang's clients send each rank's tensors pickled; radixlang
+    never unpickles what the network sends: each item is a safetensors file, base64 (load_format "safetensors",
+    the default), whole HF tensors (the engine shards them). One item, or one per tensor-parallel rank as
+    SGLang's clients send: then they must be the same."""
+
+    serialized_named_tensors: list[str] = Field(min_length=1)
+    load_format: Literal["safetensors"] | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: Literal[True] = True
+
+
 class PauseGenerationRequest(StrictModel):
     mode: Literal["in_place", "abort"] = "in_place"  # SGLang's modes: requests kept as they are, or aborted
 

@@ -48,8 +48,10 @@ from .gguf_blocks import GROUP, GroupQuant
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("block_mm.cpp")
-# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order (dense_mm.cpp)
-SOURCES = (SOURCE, Path(__file__).with_name("dense_mm.cpp"))
+# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order (dense_mm.cpp),
+# and radixlang_cpu::lora_delta, the gathered LoRA delta (lora_mm.cpp); both include lanes16.h
+SOURCES = (SOURCE, Path(__file__).with_name("dense_mm.cpp"), Path(__file__).with_name("lora_mm.cpp"))
+HEADERS = (Path(__file__).with_name("lanes16.h"),)
 OP_NAMESPACE = "radixlang_cpu"
 _lock = threading.Lock()
 _state: dict[str, object] = {"loaded": False, "failed": None, "thread": None}
@@ -100,7 +102,7 @@ def library_path() -> Path:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    sources = [source.read_text() for source in SOURCES]
+    sources = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*sources, " ".join(COMPILE_FLAGS), torch.__version__,
                                     str(torch._C._GLIBCXX_USE_CXX11_ABI), compiler, version, _cpu_flags(),
                                     sys.version]).encode()).hexdigest()[:16]
@@ -143,6 +145,7 @@ def load(path: Path | None = None) -> None:
         torch.library.register_fake(f"{OP_NAMESPACE}::block_mm")(_fake_block_mm)
         torch.library.register_fake(f"{OP_NAMESPACE}::attention_rows")(_fake_attention_rows)
         torch.library.register_fake(f"{OP_NAMESPACE}::dense_mm")(_fake_dense_mm)
+        torch.library.register_fake(f"{OP_NAMESPACE}::lora_delta")(_fake_lora_delta)
         _state["loaded"] = True
 
 
@@ -160,6 +163,11 @@ def _fake_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 def _fake_dense_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _fake_lora_delta(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, slots: torch.Tensor,
+                     columns: list[int]) -> None:
+    return None
 
 
 def interleave() -> int:

@@ -15,54 +15,21 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
+#include "lanes16.h"
 
 #include <algorithm>
 #include <cstdint>
 
 namespace {
 
+using radixlang_cpu_lanes::fold;
+using radixlang_cpu_lanes::Lanes16;
+
 #if defined(__AVX512F__)
-struct Lanes16 {
-  __m512 v;
-  static Lanes16 zero() { return {_mm512_setzero_ps()}; }
-  static Lanes16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Lanes16 load_part(const float* p, int64_t n) {
-    return {_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p)};
-  }
-  static Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-  __m256 fold8() const {  // lane l + lane l + 8
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  }
-};
 constexpr int kTileRows = 4, kTileFeatures = 6;  // 24 accumulators, 4 rows and 1 weight vector: 29 of 32 registers
 #else
-struct Lanes16 {
-  __m256 lo, hi;
-  static Lanes16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static Lanes16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static Lanes16 load_part(const float* p, int64_t n) {
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx);
-    const __m256i hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n) - 8), idx);
-    return {_mm256_maskload_ps(p, lo), _mm256_maskload_ps(p + 8, hi)};
-  }
-  static Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) {
-    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-  }
-  __m256 fold8() const { return _mm256_add_ps(lo, hi); }
-};
 constexpr int kTileRows = 2, kTileFeatures = 2;  // 8 accumulators, 2 rows and 1 weight vector: 14 of 16 registers
 #endif
-
-// the fold of the 16 lanes to one sum: (l + l + 8), then + 4, + 2, + 1
-inline float fold(Lanes16 a) {
-  const __m256 v = a.fold8();
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // R rows x F features over all of K: each x vector is loaded once for F features, each W vector once for R rows
 template <int R, int F>

@@ -86,6 +86,13 @@ class ColumnParallelLinear(FixedOrderLinear):
     def shard(self, param: str, t: torch.Tensor) -> torch.Tensor:
         return shard_parts(t, self.parts, self.tp, dim=0)
 
+    def shard_part(self, index: int, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of one packed part's full tensor (a q_proj weight of a q | k | v linear)."""
+        part = self.parts[index]
+        if t.dim() == 0 or t.shape[0] != part.units * part.unit_size:
+            raise ValueError(f"has shape {tuple(t.shape)}; the whole part has {part.units * part.unit_size} rows")
+        return shard_parts(t, [part], self.tp, dim=0)
+
 
 class RowParallelLinear(FixedOrderLinear):
     """Input columns split across ranks; the partial products are summed (one all-reduce), and the bias

@@ -23,6 +23,7 @@ from ..execution.model_runner import ModelRunner, StepInputs
 from ..kv.memory import KVPool
 from ..model_loading import load_model
 from ..multimodal.prompt import embed_parts
+from ..weight_sources import prepare
 from .dp_step import run_dp_step
 from .embedding_cache import EmbeddingMirror
 from .group import TensorParallel, connect_store
@@ -35,6 +36,8 @@ EMBEDDING = "embedding"  # body: (key, shape, dtype, evicted keys); the tensor f
 CALL = "call"  # body: a picklable function of the worker's EmbeddingMirror; the worker replies with its result
 PLACE = "place"  # body: list[eplb.Placement], one per MoE layer, applied in step with rank 0
 LOAD = "load"  # no body; the worker replies with its expert load (DP attention: each rank routes its own tokens)
+UPDATE = "update"  # body: weight_sources.UpdateSource; the worker prepares it on its shard, replies None or the error
+COMMIT = "commit"  # body: bool, apply the prepared update (True) or drop it; the worker replies when done
 STOP = "stop"
 # worker -> rank 0
 LOADED = "loaded"
@@ -95,7 +98,7 @@ def main(fd: int) -> None:
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
         send(conn, ERROR, f"{type(e).__name__}: {e}")
         return
-    _serve(conn, tp, runner, EmbeddingMirror())
+    _serve(conn, tp, runner, EmbeddingMirror(), spec.cfg)
     # a worker holds nothing to save, and finalizing an interpreter holding torch, a model and a process
     # group takes seconds (rank 0 waits that long in close): leave at once
     sys.stdout.flush()
@@ -127,7 +130,9 @@ def _on_device(inputs: StepInputs, runner: ModelRunner, mirror: EmbeddingMirror)
 
 
 @torch.inference_mode()
-def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: EmbeddingMirror) -> None:
+def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: EmbeddingMirror,
+           cfg: EngineConfig) -> None:
+    pending = None  # a prepared weight update, applied at COMMIT
     while True:
         try:
             kind, body = receive(conn)
@@ -149,6 +154,19 @@ def _serve(conn: Connection, tp: TensorParallel, runner: ModelRunner, mirror: Em
             runner.place_experts(body)
         elif kind == LOAD:
             send(conn, LOAD, runner.expert_load())
+        elif kind == UPDATE:
+            try:
+                pending = prepare(runner.model, body, cfg, tp, runner.device)[0]
+                send(conn, UPDATE, None)
+            except (ValueError, TypeError) as e:  # a mismatch: rank 0 drops the update on every rank
+                send(conn, UPDATE, str(e))
+            except Exception as e:  # noqa: BLE001 - any failure to prepare drops the update, the worker serves on
+                send(conn, UPDATE, f"{type(e).__name__}: {e}")
+        elif kind == COMMIT:
+            if body and pending is not None:
+                pending()
+            pending = None
+            send(conn, COMMIT, None)
         else:
             raise ValueError(f"unknown message kind {kind!r}")
 

@@ -17,6 +17,7 @@ from .dp_step import DPStep
 from .group import TensorParallel, open_store
 from .worker import (
     CALL,
+    COMMIT,
     DP_STEP,
     EMBEDDING,
     ERROR,
@@ -24,6 +25,7 @@ from .worker import (
     PLACE,
     STEP,
     STOP,
+    UPDATE,
     WorkerSpec,
     host_step,
     rank_threads,
@@ -32,6 +34,7 @@ from .worker import (
 )
 
 if TYPE_CHECKING:
+    from ..weight_sources import UpdateSource
     from .embedding_cache import EmbeddingMirror
 
 T = TypeVar("T")
@@ -119,6 +122,18 @@ class TPWorkers:
         """Each worker's [MoE layers, experts] routing counts, in rank order."""
         self._send_all(LOAD)
         return [receive(conn)[1] for conn in self._conns]
+
+    def prepare_update(self, source: UpdateSource) -> list[str | None]:
+        """Each worker prepares a weight update on its shard (loads, checks); its error or None, in rank order.
+        Nothing changes until `commit_update`."""
+        self._send_all(UPDATE, source)
+        return [receive(conn)[1] for conn in self._conns]
+
+    def commit_update(self, apply: bool) -> None:
+        """Every worker applies its prepared update (or drops it), and has when this returns."""
+        self._send_all(COMMIT, apply)
+        for conn in self._conns:
+            receive(conn)
 
     def call(self, probe: Callable[[EmbeddingMirror], T]) -> list[T]:
         """`probe(mirror)` run on each worker, its results in rank order. `probe` travels pickled, so it

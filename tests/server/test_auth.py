@@ -77,8 +77,8 @@ def test_health_is_open_and_admin_routes_need_the_admin_key(srv):
     with srv.client() as http:
         assert http.get("/health").status_code == 200
         assert http.get("/v1/models").status_code == 401
-        for path in ("/flush_cache", "/start_profile", "/stop_profile", "/update_weights_from_disk", "/pause_generation",
-                     "/continue_generation"):
+        for path in ("/flush_cache", "/start_profile", "/stop_profile", "/update_weights_from_disk",
+                     "/update_weights_from_tensor", "/pause_generation", "/continue_generation"):
             r = http.post(path, headers=bearer(A))
             assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", path
         assert http.get("/v1/loads", headers=bearer(B)).status_code == 403

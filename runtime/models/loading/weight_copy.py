@@ -149,7 +149,12 @@ def _plain_write(model: nn.Module, params: dict[str, torch.Tensor], name: str, t
         bias = getattr(module, "bias", None)
         repacks.append((owner, pack_linear(_fp32(load_shard(model, name, tensor)), bias, mode)))
         return []
-    return [(params[name], _shaped(params[name], load_shard(model, name, tensor), name))]
+    try:
+        shard = load_shard(model, name, tensor)
+    except RuntimeError:  # a tensor-parallel shard of the wrong whole shape
+        raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, which does not shard to the model's "
+                         f"{tuple(params[name].shape)}") from None
+    return [(params[name], _shaped(params[name], shard, name))]
 
 
 def _fused_write(model: nn.Module, params: dict[str, torch.Tensor], target: str, parts: Parts,
@@ -169,17 +174,23 @@ def _fused_write(model: nn.Module, params: dict[str, torch.Tensor], target: str,
         return []
     param = params[target]
     rows = _part_rows(model, target, order, param.shape[0])
+    shard_part = getattr(model.get_submodule(owner), "shard_part", None)  # a tensor-parallel linear's
     writes = []
     for part, (name, tensor) in parts.items():
         start, stop = rows[part]
         dst = param[start:stop]
+        if shard_part is not None:  # the HF tensor is whole: this rank's rows of it
+            try:
+                tensor = shard_part(order.index(part), tensor)
+            except ValueError as e:
+                raise ValueError(f"weight {name!r} {e}") from None
         writes.append((dst, _shaped(dst, tensor, name)))
     return writes
 
 
 def _part_rows(model: nn.Module, target: str, order: tuple[str, ...], rows: int) -> dict[str, tuple[int, int]]:
-    """Each part's rows in a fused weight or bias of one rank (the engine refuses updates under TP): q | k | v
-    by the attention's sizes, gate | up in halves."""
+    """Each part's rows in a fused weight or bias of this rank: q | k | v by the attention's sizes (this rank's
+    heads), gate | up in halves."""
     block = model.get_submodule(target.rsplit(".", 2)[0])  # the attention or MLP the fused linear is in
     q, kv = getattr(block, "q_size", 0), getattr(block, "kv_size", 0)
     sizes = [q, kv, kv] if len(order) == 3 else [rows // 2] * 2

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from radixlang.kernels.lora import native_available
 from radixlang.runtime.lora import UnknownAdapter
 from radixlang.runtime.lora.adapter import load_peft_adapter
 from tests.lora_peft import peft_greedy
@@ -48,6 +49,7 @@ def mixed(engine, names=NAMES) -> dict[str | None, list[list[int]]]:
 def test_a_batch_mixing_three_adapters_and_the_base_equals_peft_in_the_exact_mode(
         tiny_engine_factory, lora_adapters, peft_tokens):
     engine = tiny_engine_factory(quantization="none", lora_paths=lora_paths(lora_adapters))
+    assert engine.lora.dtype == torch.float32  # PEFT's weights, as they are
     assert len({tuple(t[0]) for t in peft_tokens.values()}) == 4  # each adapter changes the answer
     assert mixed(engine) == peft_tokens
     assert engine.lora_adapters() == {name: str(path) for name, path in lora_adapters.items()}
@@ -56,6 +58,8 @@ def test_a_batch_mixing_three_adapters_and_the_base_equals_peft_in_the_exact_mod
 def test_default_mode_each_adapters_tokens_are_the_same_alone_and_mixed_with_fewer_slots(
         tiny_engine_factory, lora_adapters):
     engine = tiny_engine_factory(lora_paths=lora_paths(lora_adapters), max_loras_per_batch=2)
+    if native_available():  # the native CPU kernel, on the default mode's int8 adapter weights
+        assert engine.lora.native and engine.lora.dtype == torch.int8
     alone = {n: [engine.generate(input_ids=p, sampling_params=GREEDY, lora=n).output_ids for p in PROMPTS]
              for n in NAMES}
     engine.flush_cache()
