@@ -31,6 +31,9 @@ from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
 
 
+JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
+
+
 class ConstraintCompiler:
     """Compiles regex / JSON schema / Lark / EBNF constraints against one vocabulary; thread-safe."""
 
@@ -58,7 +61,9 @@ class ConstraintCompiler:
             return self._vocab
 
     def compile(self, kind: str, spec: object) -> Constraint:
-        """`kind` is 'regex', 'json_schema', 'grammar', 'ebnf' or 'structural_tag'. Raises ValueError for a bad spec."""
+        """`kind` is 'regex', 'json_schema', 'json_schema_strict' (OpenAI's strict form: objects in declared
+        order, closed unless the schema opens them), 'grammar', 'ebnf' or 'structural_tag'. Raises
+        ValueError for a bad spec."""
         text = _cache_text(kind, spec)
         key = (kind, text)
         with self._lock:
@@ -113,8 +118,9 @@ class ConstraintCompiler:
             if glued is None:
                 glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
             return with_marker_tokens(glued, tag)
-        assert kind == "json_schema", f"unknown constraint kind {kind}"
-        return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+        assert kind in JSON_SCHEMA_KINDS, f"unknown constraint kind {kind}"
+        return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed,
+                                          strict=kind == "json_schema_strict"), vocab)
 
 
 def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
@@ -136,7 +142,7 @@ def unenforced(constraint: object) -> tuple[str, ...]:
 
 
 def _cache_text(kind: str, spec: object) -> str:
-    if kind == "json_schema":
+    if kind in JSON_SCHEMA_KINDS:
         return json.dumps(schema_to_dict(spec))  # key order is property order: it matters
     if kind == "structural_tag":
         return parse_structural_tag(spec).canonical()

@@ -242,7 +242,8 @@ def _disjoint(c: SchemaCompiler, nodes: list[ra.Node], branches: list[Any], path
         if f is not None and g is not None and not ra.intersect(f, g):
             return True
         return provably_disjoint(
-            branches[i], branches[j], lambda ref: c.refs.resolve(ref, path)[1], KNOWN_FORMATS, infer_type)
+            branches[i], branches[j], lambda ref: c.refs.resolve(ref, path)[1], KNOWN_FORMATS, infer_type,
+            c.strict)
 
     return all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
 
