@@ -7,8 +7,10 @@ Per subset (the file-name prefix before `---`) it reports:
 - p50 / p90 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread);
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;
-- the first error of each refused schema, bucketed by message, over all subsets; with `--relax`, the schemas
-  compiled with a keyword left unenforced (and how many false accepts they account for);
+- the first error of each refused schema, bucketed by message, over all subsets; the schemas compiled
+  with something left unenforced (a `--relax` keyword, declared order kept for a large object, the strict
+  form where the schema's own semantics did not compile), bucketed, and how many false accepts they
+  account for;
 - the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
   each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 
@@ -17,7 +19,11 @@ outlines-core`: neither may pull another torch), it compiles the same schemas wi
 (same vocabulary, compact JSON, one thread, compile + first mask); a missing peer prints a skip.
 
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
-        [--relax uniqueItems] [--no-peers]
+        [--relax uniqueItems] [--strict] [--no-peers]
+
+By default schemas compile with their own semantics (properties in any order, undeclared ones where
+`additionalProperties` allows them), as the engine does; `--strict` compiles OpenAI's strict form
+(declared order, closed objects) instead, and runs xgrammar in its strict mode to match.
 """
 from __future__ import annotations
 
@@ -87,7 +93,7 @@ def sample_files(data: Path, per_subset: int, seed: int) -> dict[str, list[Path]
     return {s: sorted(rng.sample(files, min(per_subset, len(files)))) for s, files in by_subset.items()}
 
 
-def make_peers(tokenizer: Tokenizer, vocab: TokenVocab) -> dict[str, Callable[[dict], None]]:
+def make_peers(tokenizer: Tokenizer, vocab: TokenVocab, strict: bool) -> dict[str, Callable[[dict], None]]:
     """Compile + first mask with each installed peer, on the same vocabulary; a missing one is skipped."""
     peers: dict[str, Callable[[dict], None]] = {}
     try:
@@ -98,7 +104,7 @@ def make_peers(tokenizer: Tokenizer, vocab: TokenVocab) -> dict[str, Callable[[d
 
         def xgrammar_compile(schema: dict) -> None:
             compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_json_schema(
-                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True)
+                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=strict)
             xgr.GrammarMatcher(compiled).fill_next_token_bitmask(xgr.allocate_token_bitmask(1, vocab.size))
         peers["xgrammar"] = xgrammar_compile
     except ImportError as e:
@@ -178,7 +184,8 @@ def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) ->
 
 
 def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: float, result: SubsetResult,
-               errors: Counter, relaxed: tuple[str, ...] = (), failures: list[str] | None = None) -> None:
+               errors: Counter, relaxed: tuple[str, ...] = (), failures: list[str] | None = None,
+               kind: str = "json_schema", reports: Counter | None = None) -> None:
     case = json.loads(path.read_text())
     result.schemas += 1
     compiler = ConstraintCompiler(lambda: vocab, json_relaxed=relaxed)  # fresh: every schema compiles from scratch
@@ -186,7 +193,7 @@ def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: flo
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, limit_s)
-            constraint = compiler.compile("json_schema", case["schema"])
+            constraint = compiler.compile(kind, case["schema"])
             constraint.allowed(constraint.initial())
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)  # the alarm may still fire in here: caught below
@@ -204,6 +211,8 @@ def run_schema(tokenizer: Tokenizer, vocab: TokenVocab, path: Path, limit_s: flo
     result.compiled += 1
     report = unenforced(constraint)
     result.relaxed += bool(report)
+    if reports is not None:
+        reports.update({bucket(r.split(" (")[0]) for r in report})
     if report and failures is not None:
         failures.append(f"{path.name}: compiled, leaving unenforced: {', '.join(report)}")
     for test in case.get("tests", []):
@@ -235,8 +244,11 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / outlines-core even if installed")
     parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
     parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
-    parser.add_argument("--relax", nargs="*", default=[], help="keywords left unenforced where they cannot be "
-                        "enforced (uniqueItems); false accepts then count what they let through")
+    parser.add_argument("--relax", nargs="*", default=["uniqueItems"], help="keywords left unenforced where they "
+                        "cannot be enforced (the engine's default: uniqueItems; none: refused); false accepts then "
+                        "count what they let through")
+    parser.add_argument("--strict", action="store_true", help="OpenAI's strict form (declared order, closed "
+                        "objects) instead of the schema's own semantics; xgrammar in strict mode too")
     args = parser.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"{args.data} is not a folder: pass the benchmark's maskbench/data folder")
@@ -245,7 +257,8 @@ def main() -> None:
     results: dict[str, SubsetResult] = {}
     errors: Counter = Counter()
     failures: list[str] = []
-    peers = {} if args.no_peers else make_peers(tokenizer, vocab)
+    peers = {} if args.no_peers else make_peers(tokenizer, vocab, args.strict)
+    reports: Counter = Counter()
     peer_results: dict[str, SubsetResult] = {name: SubsetResult() for name in peers}
     schema_ms: dict[str, dict[Path, float]] = {name: {} for name in ("radixlang", *peers)}  # compiled schemas
     for subset, files in sample_files(args.data, args.per_subset, args.seed).items():
@@ -255,7 +268,8 @@ def main() -> None:
         per_peer = {name: SubsetResult() for name in peers}
         for path in files:
             before = len(result.times_ms)
-            run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures)
+            run_schema(tokenizer, vocab, path, args.limit_s, result, errors, tuple(args.relax), failures,
+                       "json_schema_strict" if args.strict else "json_schema", reports)
             if len(result.times_ms) > before:
                 schema_ms["radixlang"][path] = result.times_ms[-1]
             for name, compile_one in peers.items():
@@ -283,6 +297,10 @@ def main() -> None:
               f"p50 {percentile(times, 50):.1f} us, p99 {percentile(times, 99):.1f} us")
     print(f"\nwhy schemas were refused (first error each, {sum(errors.values())} schemas):")
     for message, count in errors.most_common(args.errors):
+        print(f"{count:5d}  {message}")
+    print(f"\nleft unenforced in compiled schemas (schemas each, {total.relaxed} schemas, "
+          f"{total.relaxed_false_accepts} false accepts among them):")
+    for message, count in reports.most_common(args.errors):
         print(f"{count:5d}  {message}")
     if args.failures:
         print("\nrefused schemas (and those compiled with a keyword left unenforced):")

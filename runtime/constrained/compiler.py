@@ -119,8 +119,19 @@ class ConstraintCompiler:
                 glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
             return with_marker_tokens(glued, tag)
         assert kind in JSON_SCHEMA_KINDS, f"unknown constraint kind {kind}"
-        return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed,
-                                          strict=kind == "json_schema_strict"), vocab)
+        if kind == "json_schema_strict":
+            return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=True), vocab)
+        try:
+            return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+        except ValueError as e:  # e.g. open objects in a union of recursive ones: an ambiguous grammar
+            if "no value can satisfy" in str(e):
+                raise  # the strict form's values are a subset: none either
+            try:  # the strict form's values are a subset of the schema's: narrower, never wrong
+                built = _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=True), vocab)
+            except ValueError:
+                raise e from None
+            built.unenforced = (f"any property order and undeclared properties (strict form: {e})", *built.unenforced)
+            return built
 
 
 def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
