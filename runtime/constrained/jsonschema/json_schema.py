@@ -110,7 +110,7 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
         small = ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
                                                              for r in compiler.rules.values())
         if small and not compiler.rules:
-            return JsonGrammar(node, {}, tuple(dict.fromkeys(compiler.unenforced)))
+            return JsonGrammar(node, {}, _summary(compiler.unenforced))
         compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, strict=strict,
                                    any_undeclared=bool(compiler.rules))
         node = compiler.compile(root, "#")
@@ -120,7 +120,7 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
         raise ValueError("json_schema nests too deeply to compile") from None
     except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
         raise ValueError(f"json_schema is malformed: {e}") from None
-    return JsonGrammar(node, compiler.rules, tuple(dict.fromkeys(compiler.unenforced)))
+    return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced))
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,11 +139,23 @@ def _bounded_any_value(ws: ra.Node) -> ra.Node:
     return ra.Compiled(_own_chars([value], False))
 
 
+def _summary(reports: list[str], shown: int = 3) -> tuple[str, ...]:
+    """The reports once each; objects that keep their declared order, the first `shown` by place and
+    the rest counted (a large schema has dozens)."""
+    unique = list(dict.fromkeys(reports))
+    order = [r for r in unique if r.startswith("property order at ")]
+    if len(order) <= shown:
+        return tuple(unique)
+    rest = [r for r in unique if r not in order]
+    return (*order[:shown], f"property order at {len(order) - shown} more objects", *rest)
+
+
 class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
                  rule_size: int | None = None, strict: bool = False, any_undeclared: bool = False):
         self.relaxed = relaxed
         self.strict = strict
+        self.strict_root = strict  # the whole schema is strict (else only oneOf branches that overlap are)
         self.any_undeclared = any_undeclared  # undeclared properties' values: any JSON (a rule), else bounded
         self.unenforced: list[str] = []
         self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
@@ -246,7 +258,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
         if self.exact_depth:
             return self._compile(schema, path)
-        key = ("split:" if self._split_all else "") + json.dumps(schema, default=repr)  # in order: property order matters
+        key = ("split:" if self._split_all else "") + ("strict:" if self.strict else "") + json.dumps(schema, default=repr)
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
@@ -345,7 +357,7 @@ class _SchemaCompiler:
     def named(self, key: str, target: object, name: str, path: str) -> ra.Node:
         """`target` compiled once per `key` (and split mode: an inline body remade split must not come
         back unsplit from the memo); met again inside its own compilation, it is the rule `name`."""
-        memo = f"split:{key}" if self._split_all else key
+        memo = ("split:" if self._split_all else "") + ("strict:" if self.strict and not self.strict_root else "") + key
         hit = self._inline.get(memo)
         if hit is None and isinstance(self._inline.get(key), ra.Ref):  # a rule reads alike in either mode
             hit = self._inline[key]
