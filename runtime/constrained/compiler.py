@@ -30,7 +30,6 @@ from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
 
-
 JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
 
 
@@ -120,18 +119,24 @@ class ConstraintCompiler:
             return with_marker_tokens(glued, tag)
         assert kind in JSON_SCHEMA_KINDS, f"unknown constraint kind {kind}"
         if kind == "json_schema_strict":
-            return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=True), vocab)
+            return self._json_schema(spec, strict=True)
         try:
-            return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+            return self._json_schema(spec)
         except ValueError as e:  # e.g. open objects in a union of recursive ones: an ambiguous grammar
-            if "no value can satisfy" in str(e):
-                raise  # the strict form's values are a subset: none either
+            if "no value can satisfy" in str(e) or isinstance(e, deadline.CompileDeadline):
+                raise  # the strict form's values are a subset: none either; or no time is left
             try:  # the strict form's values are a subset of the schema's: narrower, never wrong
-                built = _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=True), vocab)
+                return self._json_schema(spec, strict=True, note=f"any property order and undeclared properties "
+                                                                  f"(strict form: {e})")
             except ValueError:
                 raise e from None
-            built.unenforced = (f"any property order and undeclared properties (strict form: {e})", *built.unenforced)
-            return built
+
+    def _json_schema(self, spec: object, strict: bool = False, note: str | None = None) -> Constraint:
+        """The schema's constraint (`strict`: OpenAI's form), reporting `note` first where given."""
+        grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict)
+        if note is not None:
+            grammar.unenforced = (note, *grammar.unenforced)
+        return _built(grammar, self.vocab)
 
 
 def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:

@@ -29,6 +29,7 @@ SCHEMA = {
         "score": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]},
     },
     "required": ["name", "age", "day", "tags"],
+    "additionalProperties": False,  # open, a random model's sampled undeclared members run past max_new_tokens
 }
 NESTED = {"type": "array", "items": {"$ref": "#/$defs/v"}, "minItems": 1, "maxItems": 3,
           "$defs": {"v": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9},
