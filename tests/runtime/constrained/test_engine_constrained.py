@@ -120,7 +120,6 @@ def test_eos_comes_exactly_when_the_constraint_is_complete(tiny_engine):
     ({"regex": "[a-"}, "invalid regex"),
     ({"regex": 5}, "regex must be a string"),
     ({"json_schema": {"type": "array", "contains": {"type": "null"}}}, "'contains'"),
-    ({"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "uniqueItems"),
     ({"json_schema": "{bad"}, "not valid JSON"),
     ({"grammar": "start: ("}, "malformed"),
     ({"regex": "a", "grammar": 'start: "a"'}, "exclusive"),
