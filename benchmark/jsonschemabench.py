@@ -7,8 +7,10 @@ Per subset (the file-name prefix before `---`) it reports:
 - p50 / p90 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread);
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;
-- the first error of each refused schema, bucketed by message, over all subsets; with `--relax`, the schemas
-  compiled with a keyword left unenforced (and how many false accepts they account for);
+- the first error of each refused schema, bucketed by message, over all subsets; the schemas compiled
+  with something left unenforced (a `--relax` keyword, declared order kept for a large object, the strict
+  form where the schema's own semantics did not compile), bucketed, and how many false accepts they
+  account for;
 - the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
   each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 
@@ -19,7 +21,11 @@ every column above, side by side, so the comparison table comes from one run. ou
 installed, is timed on compile + first mask only. A missing peer prints a skip.
 
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
-        [--relax uniqueItems] [--no-peers]
+        [--relax uniqueItems] [--strict] [--no-peers]
+
+By default schemas compile with their own semantics (properties in any order, undeclared ones where
+`additionalProperties` allows them), as the engine does; `--strict` compiles OpenAI's strict form
+(declared order, closed objects) instead, and runs xgrammar in its strict mode to match.
 """
 from __future__ import annotations
 
@@ -94,10 +100,11 @@ Compile = Callable[[dict], Constraint]  # a schema -> its constraint, cold (no c
 
 
 def make_engines(tokenizer: Tokenizer, vocab: TokenVocab, relaxed: tuple[str, ...],
-                 peers: bool) -> dict[str, Compile]:
-    """radixlang, then each installed grammar_backend peer, on the same vocabulary; a missing one is skipped."""
+                 peers: bool, kind: str = "json_schema") -> dict[str, Compile]:
+    """radixlang, then each installed grammar_backend peer, on the same vocabulary; a missing one is skipped.
+    `kind`: json_schema (the schema's own semantics) or json_schema_strict (OpenAI's strict form)."""
     def ours(schema: dict) -> Constraint:  # a fresh compiler: every schema compiles from scratch
-        return ConstraintCompiler(lambda: vocab, json_relaxed=relaxed).compile("json_schema", schema)
+        return ConstraintCompiler(lambda: vocab, json_relaxed=relaxed).compile(kind, schema)
 
     engines: dict[str, Compile] = {"radixlang": ours}
     makers: dict[str, Callable[[], PeerCompiler]] = {
@@ -109,7 +116,7 @@ def make_engines(tokenizer: Tokenizer, vocab: TokenVocab, relaxed: tuple[str, ..
         except ImportError as e:
             print(f"skipping peer {name}: not installed ({e})")
             continue
-        engines[name] = lambda schema, peer=peer: peer.compile("json_schema", schema, json.dumps(schema))
+        engines[name] = lambda schema, peer=peer: peer.compile(kind, schema, json.dumps(schema))
     return engines
 
 
@@ -191,9 +198,10 @@ def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) ->
 
 
 def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: float, result: SubsetResult,
-               errors: Counter, failures: list[str] | None = None) -> None:
+               errors: Counter, failures: list[str] | None = None, reports: Counter | None = None) -> None:
     """One schema through one engine: compile + first mask, then its test instances and mask times. A
-    peer's native code runs to completion under the alarm: past the limit it counts as a timeout."""
+    peer's native code runs to completion under the alarm: past the limit it counts as a timeout. `reports`
+    gets what a compiled schema leaves unenforced."""
     case = json.loads(path.read_text())
     result.schemas += 1
     start = time.perf_counter()
@@ -220,6 +228,8 @@ def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: 
     result.compiled += 1
     report = unenforced(constraint)
     result.relaxed += bool(report)
+    if reports is not None:
+        reports.update({bucket(r.split(" (")[0]) for r in report})
     if report and failures is not None:
         failures.append(f"{path.name}: compiled, leaving unenforced: {', '.join(report)}")
     for test in case.get("tests", []):
@@ -251,14 +261,19 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / llguidance / outlines-core even if installed")
     parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
     parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
-    parser.add_argument("--relax", nargs="*", default=[], help="keywords left unenforced where they cannot be "
-                        "enforced (uniqueItems); false accepts then count what they let through")
+    parser.add_argument("--relax", nargs="*", default=["uniqueItems"], help="keywords left unenforced where they "
+                        "cannot be enforced (the engine's default: uniqueItems; none: refused); false accepts then "
+                        "count what they let through")
+    parser.add_argument("--strict", action="store_true", help="OpenAI's strict form (declared order, closed "
+                        "objects) instead of the schema's own semantics; xgrammar in strict mode too")
     args = parser.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"{args.data} is not a folder: pass the benchmark's maskbench/data folder")
     tokenizer, vocab = load_vocab()
     signal.signal(signal.SIGALRM, _on_alarm)
-    engines = make_engines(tokenizer, vocab, tuple(args.relax), not args.no_peers)
+    engines = make_engines(tokenizer, vocab, tuple(args.relax), not args.no_peers,
+                           "json_schema_strict" if args.strict else "json_schema")
+    reports: Counter = Counter()
     timed = {} if args.no_peers else make_timed_peers(vocab)
     totals = {name: SubsetResult() for name in (*engines, *timed)}
     errors: dict[str, Counter] = {name: Counter() for name in engines}
@@ -271,8 +286,9 @@ def main() -> None:
         for path in files:  # each schema through every engine in turn: the same window for all of them
             for name, compile_one in engines.items():
                 before = len(per[name].times_ms)
+                ours = name == "radixlang"
                 run_schema(tokenizer, compile_one, path, args.limit_s, per[name], errors[name],
-                           failures if name == "radixlang" else None)
+                           failures if ours else None, reports if ours else None)
                 if len(per[name].times_ms) > before:
                     schema_ms[name][path] = per[name].times_ms[-1]
             for name, compile_only in timed.items():
@@ -300,6 +316,11 @@ def main() -> None:
         print(f"\n{name}: why schemas were refused (first error each, {sum(counter.values())} schemas):")
         for message, count in counter.most_common(args.errors if name == "radixlang" else 5):
             print(f"{count:5d}  {message}")
+    total = totals["radixlang"]
+    print(f"\nradixlang: left unenforced in compiled schemas (schemas each, {total.relaxed} schemas, "
+          f"{total.relaxed_false_accepts} false accepts among them):")
+    for message, count in reports.most_common(args.errors):
+        print(f"{count:5d}  {message}")
     if args.failures:
         print("\nrefused schemas (and those compiled with a keyword left unenforced):")
         print("\n".join(failures))

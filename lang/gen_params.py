@@ -18,7 +18,7 @@ GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 # sampling fields SGLang's gen() does not take
 NOT_IN_GEN = ("repetition_penalty", "skip_special_tokens", "no_stop_trim", "n", "seed", "logit_bias",
               "spaces_between_special_tokens", "stream_interval", "custom_params", "beam_width", "ebnf",
-              "watermark")
+              "watermark", "json_schema_strict")  # json_schema_strict: OpenAI routes set it (response_format)
 # gen()'s own fields: what to report (log-probabilities) and dtype, a constraint the language names
 LANG_FIELDS: dict[str, Any] = {"return_logprob": bool, "logprob_start_len": int, "top_logprobs_num": int,
                                "return_text_in_logprobs": bool, "dtype": str,

@@ -101,13 +101,18 @@ class SamplingParams:
                                           "deepseek-r1, ...); default: the server's --reasoning-parser")
     thinking_token_budget: int | None = _field(None, Rule("optional_int", 0), "thinking tokens at most (vLLM's "
                                                "name): the engine then closes the block and the answer follows")
+    json_schema_strict: bool = _field(False, Rule("bool"), "json_schema in OpenAI's strict form: properties in "
+                                      "declared order, undeclared ones only where the schema allows them "
+                                      "explicitly (default: the schema's own semantics, any order)")
 
     @property
     def constraint(self) -> tuple[str, Any] | None:
-        """('regex' | 'json_schema' | 'grammar' | 'ebnf' | 'structural_tag', spec), or None when unconstrained."""
+        """('regex' | 'json_schema' | 'json_schema_strict' | 'grammar' | 'ebnf' | 'structural_tag', spec), or None
+        when unconstrained."""
         for name in CONSTRAINT_FIELDS:
             if getattr(self, name) is not None:
-                return name, getattr(self, name)
+                strict = name == "json_schema" and self.json_schema_strict
+                return ("json_schema_strict" if strict else name), getattr(self, name)
         return None
 
 

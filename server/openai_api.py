@@ -62,7 +62,7 @@ async def models(request: Request) -> dict[str, Any]:
 
 # ---- sampling params: the route's fields in the engine's names (validated once, in _respond) -------
 # the route's max_tokens field and default (max_completion_tokens on chat), and response_format, set these
-_SET_BY_ROUTE = ("max_new_tokens", "json_schema", "structural_tag")
+_SET_BY_ROUTE = ("max_new_tokens", "json_schema", "json_schema_strict", "structural_tag")
 
 
 def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
@@ -77,6 +77,8 @@ def sampling_params(req: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
         params["structural_tag"] = fmt.model_dump(exclude_none=True, include={"type", "structures", "triggers", "format"})
     elif (schema := _response_format_schema(fmt)) is not None:
         params["json_schema"] = schema
+        if fmt is not None and fmt.json_schema is not None and fmt.json_schema.strict:
+            params["json_schema_strict"] = True  # OpenAI's strict: declared order, closed objects
     constraints = [k for k in CONSTRAINT_FIELDS if k in params]
     if len(constraints) > 1:
         raise APIError(400, "use at most one of response_format (JSON), regex, grammar and ebnf",

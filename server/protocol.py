@@ -270,10 +270,11 @@ class _OpenAIFields(StrictModel):
 
 def _sampling_fields() -> dict[str, Any]:
     """The engine's sampling fields as OpenAI spells them (SGLang's and vLLM's names for extensions),
-    each optional: unset, the engine's default applies. json_schema and structural_tag come as response_format."""
+    each optional: unset, the engine's default applies. json_schema (and its strict flag) and structural_tag
+    come as response_format."""
     hints = typing.get_type_hints(SamplingParams)
     return {OPENAI_NAMES.get(name, name): ((rule.accepts or hints[name]) | None, None)
-            for name, rule in RULES.items() if name not in ("json_schema", "structural_tag")}
+            for name, rule in RULES.items() if name not in ("json_schema", "json_schema_strict", "structural_tag")}
 
 
 if typing.TYPE_CHECKING:

@@ -19,7 +19,7 @@ RUNNABLE = {
     "README.md": 3,
     "docs/language.md": 6,
     "docs/engine.md": 1,
-    "docs/constrained.md": 1,
+    "docs/constrained.md": 2,
     "docs/agents.md": 2,
     "docs/server.md": 2,
 }

@@ -256,8 +256,9 @@ class XgrammarCompiler(PeerCompiler):
     def compile(self, kind: str, spec: object, text: str) -> Constraint:
         c = self._compiler
         try:
-            if kind == "json_schema":
-                compiled = c.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
+            if kind in ("json_schema", "json_schema_strict"):  # the schema's own semantics, or OpenAI's strict form
+                compiled = c.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
+                                                 strict_mode=kind == "json_schema_strict")
             elif kind == "regex":
                 compiled = c.compile_regex(text)
             elif kind == "ebnf":
@@ -372,7 +373,7 @@ class LlguidanceCompiler(PeerCompiler):
 
     def compile(self, kind: str, spec: object, text: str) -> Constraint:
         m = self._llg.LLMatcher
-        if kind == "json_schema":
+        if kind in ("json_schema", "json_schema_strict"):  # no strict form in llguidance: the schema's semantics
             grammar = m.grammar_from_json_schema(text, overrides={"whitespace_flexible": False, "item_separator": ",",
                                                                   "key_separator": ":"})
         elif kind == "regex":

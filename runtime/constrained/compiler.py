@@ -31,6 +31,8 @@ from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
 
+JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
+
 
 class ConstraintCompiler:
     """Compiles regex / JSON schema / Lark / EBNF constraints against one vocabulary; thread-safe."""
@@ -66,7 +68,9 @@ class ConstraintCompiler:
             return self._vocab
 
     def compile(self, kind: str, spec: object) -> Constraint:
-        """`kind` is 'regex', 'json_schema', 'grammar', 'ebnf' or 'structural_tag'. Raises ValueError for a bad spec."""
+        """`kind` is 'regex', 'json_schema', 'json_schema_strict' (OpenAI's strict form: objects in declared
+        order, closed unless the schema opens them), 'grammar', 'ebnf' or 'structural_tag'. Raises
+        ValueError for a bad spec."""
         text = _cache_text(kind, spec)
         key = (kind, text)
         with self._lock:
@@ -126,8 +130,26 @@ class ConstraintCompiler:
             if glued is None:
                 glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
             return with_marker_tokens(glued, tag)
-        assert kind == "json_schema", f"unknown constraint kind {kind}"
-        return _built(compile_json_schema(spec, self.json_whitespace, self.json_relaxed), vocab)
+        assert kind in JSON_SCHEMA_KINDS, f"unknown constraint kind {kind}"
+        if kind == "json_schema_strict":
+            return self._json_schema(spec, strict=True)
+        try:
+            return self._json_schema(spec)
+        except ValueError as e:  # e.g. open objects in a union of recursive ones: an ambiguous grammar
+            if "no value can satisfy" in str(e) or isinstance(e, deadline.CompileDeadline):
+                raise  # the strict form's values are a subset: none either; or no time is left
+            try:  # the strict form's values are a subset of the schema's: narrower, never wrong
+                return self._json_schema(spec, strict=True, note=f"any property order and undeclared properties "
+                                                                  f"(strict form: {e})")
+            except ValueError:
+                raise e from None
+
+    def _json_schema(self, spec: object, strict: bool = False, note: str | None = None) -> Constraint:
+        """The schema's constraint (`strict`: OpenAI's form), reporting `note` first where given."""
+        grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict)
+        if note is not None:
+            grammar.unenforced = (note, *grammar.unenforced)
+        return _built(grammar, self.vocab)
 
     def _peer_compiler(self) -> PeerCompiler:
         with self._lock:
@@ -156,7 +178,7 @@ def unenforced(constraint: object) -> tuple[str, ...]:
 
 
 def _cache_text(kind: str, spec: object) -> str:
-    if kind == "json_schema":
+    if kind in JSON_SCHEMA_KINDS:
         return json.dumps(schema_to_dict(spec))  # key order is property order: it matters
     if kind == "structural_tag":
         return parse_structural_tag(spec).canonical()

@@ -154,7 +154,8 @@ def structural_tag_grammar(tag: StructuralTag, whitespace: str | None = None, re
     bodies = []
     for i, t in enumerate(tag.tags):
         try:
-            grammar = compile_json_schema(t.schema, whitespace, relaxed)
+            # the strict form, as tool calls use it: declared order, so keys are forced (jump-forward)
+            grammar = compile_json_schema(t.schema, whitespace, relaxed, strict=True)
         except ValueError as e:
             raise ValueError(f"{FIELD}: tag {i} ({t.begin!r}): {e}") from None
         prefix = f"tag{i}:"

@@ -76,7 +76,7 @@ def _regular_root(schema_text: str, whitespace: str | None, relaxed: frozenset[s
     """A tag's schema as a regex tree (kept by its text: the same tools come back request after
     request), or None when it needs rules (it recurses) or does not compile."""
     try:
-        grammar = compile_json_schema(json.loads(schema_text), whitespace, relaxed)
+        grammar = compile_json_schema(json.loads(schema_text), whitespace, relaxed, strict=True)  # as structural_tag
     except ValueError:
         return None
     return None if grammar.rules else grammar.root

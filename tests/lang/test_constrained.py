@@ -67,10 +67,10 @@ PREFIXES = {"int": r"[-+]?[0-9]*", "float": r"[-+]?([0-9]+(\.[0-9]*)?([eE][-+]?[
 
 @needs_constraints
 def test_regex_json_schema_and_grammar_outputs_obey_their_constraint(backend):
-    # bounded fields, so even the random tiny model finishes the object within max_tokens
+    # bounded fields and a closed object, so even the random tiny model finishes the object within max_tokens
     schema = {"type": "object", "properties": {"name": {"enum": ["Ann", "Bob"]},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-              "required": ["name", "age"]}
+              "required": ["name", "age"], "additionalProperties": False}
 
     @rl.function
     def constrained(s):

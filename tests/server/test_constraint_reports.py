@@ -8,7 +8,7 @@ import jsonschema
 
 SCHEMA = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 3},
                                                     "uniqueItems": True, "maxItems": 3}},
-          "required": ["tags"]}
+          "required": ["tags"], "additionalProperties": False}  # open, undeclared members may run past max_new_tokens
 
 
 def test_generate_reports_relaxed_keywords_and_refuses_past_the_compile_deadline(server_factory):

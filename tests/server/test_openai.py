@@ -262,6 +262,14 @@ def test_response_format_maps_to_the_json_schema_sampling_param():
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
     assert json.loads(sampling_params(req, 5)["json_schema"]) == schema
+    assert "json_schema_strict" not in sampling_params(req, 5)  # the schema's own semantics
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+    params = sampling_params(req, 5)
+    assert params["json_schema_strict"] is True  # OpenAI's strict: declared order, closed objects
+    assert parse_params(params).constraint == ("json_schema_strict", params["json_schema"])
+    with pytest.raises(ValueError):  # set by response_format only
+        ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, "json_schema_strict": True})
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES,
                                                 "response_format": {"type": "json_object"}})
     assert json.loads(sampling_params(req, 5)["json_schema"]) == {"type": "object"}

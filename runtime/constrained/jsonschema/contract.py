@@ -18,6 +18,8 @@ Maker = Callable[..., ra.Node]
 
 class SchemaCompiler(Protocol):
     relaxed: frozenset[str]  # keywords left unenforced where they cannot be enforced (opt-in)
+    strict: bool  # OpenAI's strict form: declared properties in order, no undeclared ones unless allowed
+    strict_root: bool  # ... for the whole schema (else only where a oneOf's branches may overlap)
     unenforced: list[str]  # ... and where they were: "<keyword> at <path>", reported with the constraint
     rule_size: int | None  # objects, arrays and strings larger than this become rules (None: never)
     exact_depth: int  # >0 inside oneOf / not / enum, where sub-languages must stay regular
@@ -35,6 +37,10 @@ class SchemaCompiler(Protocol):
         ...
 
     def punct(self, c: str) -> ra.Node: ...
+
+    def undeclared_value(self) -> ra.Node:
+        """The value of a property that the schema says nothing about (no `additionalProperties`)."""
+        ...
 
     def bracketed(self, opening: str, body: ra.Node, closing: str) -> ra.Node: ...
 

@@ -212,6 +212,21 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     if _disjoint(c, nodes, kept, path):
         return c.alternatives(nodes, [lambda b=b, i=i: c.compile(b, f"{path}/oneOf/{i}")
                                          for i, b in enumerate(kept)])
+    if not c.strict and not any(ra.refs(n) for n in nodes):
+        # open objects' languages leave out some values (deep undeclared ones, other orders): a value
+        # outside one branch's language may still satisfy it, so "in exactly one" would let it through.
+        # The branches' strict forms write declared properties only, which the disjointness proof and
+        # the product below read exactly as the baseline strict compiler does
+        c.strict = True
+        try:
+            nodes, kept = _branches(c, branches, path)
+            apart = _disjoint(c, nodes, kept, path)
+        finally:
+            c.strict = False
+        c.unenforced.append(f"property order and undeclared properties at {path or '#'} (oneOf branches that "
+                            "may overlap, in the strict form)")
+        if apart:
+            return ra.alt(*nodes)
     if any(ra.refs(n) for n in nodes) and not c.exact_depth:
         # a union of rules would let values matching two branches through: recompile them whole
         nodes, kept = c.exact(lambda: _branches(c, branches, path))
@@ -242,7 +257,8 @@ def _disjoint(c: SchemaCompiler, nodes: list[ra.Node], branches: list[Any], path
         if f is not None and g is not None and not ra.intersect(f, g):
             return True
         return provably_disjoint(
-            branches[i], branches[j], lambda ref: c.refs.resolve(ref, path)[1], KNOWN_FORMATS, infer_type)
+            branches[i], branches[j], lambda ref: c.refs.resolve(ref, path)[1], KNOWN_FORMATS, infer_type,
+            c.strict)
 
     return all(disjoint(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
 

@@ -3,9 +3,9 @@
 discriminator, as in tagged unions) whose const/enum values do not overlap, or one requires a property
 that the other forbids or allows other const/enum values for (by name, or through `additionalProperties`).
 A property every `anyOf`/`oneOf` branch requires is required, with the union of the branches' values.
-Or both accept non-empty arrays only, whose first items' types do not overlap. Or, for the values the compiler emits: each requires a property that the
-other's strict objects never write (they write declared properties only), so no value that one
-branch emits satisfies the other.
+Or both accept non-empty arrays only, whose first items' types do not overlap. Or, in strict mode, for
+the values the compiler emits: each requires a property that the other's strict objects never write
+(they write declared properties only), so no value that one branch emits satisfies the other.
 
 Sound, not complete: every keyword read is a conjunct of the branch (top-level keywords, `allOf`
 members, plain `$ref` targets), so each only narrows what the branch accepts; anything else is
@@ -28,7 +28,7 @@ _ADDS_PROPERTIES = frozenset({"anyOf", "oneOf", "if", "then", "else", "not", "de
 
 
 def provably_disjoint(a: object, b: object, resolve: Callable[[str], Any], formats: frozenset[str],
-                      infer_type: Callable[[dict], str | None]) -> bool:
+                      infer_type: Callable[[dict], str | None], strict: bool = False) -> bool:
     parts_a, parts_b = _conjuncts(a, resolve, formats, 0), _conjuncts(b, resolve, formats, 0)
     item_types_a, item_types_b = _first_item_types(parts_a, formats), _first_item_types(parts_b, formats)
     if item_types_a is not None and item_types_b is not None and not item_types_a & item_types_b:
@@ -38,7 +38,8 @@ def provably_disjoint(a: object, b: object, resolve: Callable[[str], Any], forma
     req_a, req_b = _required(parts_a), _required(parts_b)
     if any(_forbidden(parts_a, name) for name in req_b) or any(_forbidden(parts_b, name) for name in req_a):
         return True
-    if any(_never_written(parts_a, name) for name in req_b) and any(_never_written(parts_b, name) for name in req_a):
+    if strict and any(_never_written(parts_a, name) for name in req_b) \
+            and any(_never_written(parts_b, name) for name in req_a):
         return True
     budget = [_MAX_EXPANSIONS]
     for mine, other in ((parts_a, parts_b), (parts_b, parts_a)):

@@ -1,5 +1,11 @@
-"""JSON objects: declared properties in schema order, then undeclared ones where `patternProperties` or
-an explicit `additionalProperties` allows them, within `minProperties` / `maxProperties`.
+"""JSON objects, within `minProperties` / `maxProperties`, two ways:
+- the schema's own semantics (the default): declared properties in any order, each at most once, and
+  undeclared ones wherever `additionalProperties` allows them (absent: any value, as JSON Schema says).
+  The order is an automaton over the set of properties written so far (2^n states): past
+  ANY_ORDER_MAX_PROPERTIES declared properties the object keeps their declared order instead, and the
+  compiler reports it ("property order at <path>");
+- `strict` (OpenAI's structured outputs, xgrammar's strict mode): declared properties in schema order,
+  then undeclared ones only where `patternProperties` or an explicit `additionalProperties` allows them.
 
 Undeclared keys never spell a declared name (in any escaping), a key that `patternProperties` reads
 is written with raw characters only (so its pattern sees what the parser decodes), and every key
@@ -7,6 +13,7 @@ satisfies `propertyNames`.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..regex import regex_ast as ra
@@ -14,6 +21,13 @@ from ..regex.automaton import compile_dfa, difference, intersection
 from .contract import SchemaCompiler
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
+
+# declared properties an object writes in any order (an automaton over the subsets written: 2^n states,
+# each reading every member not yet written), at most; and the automaton's size (ra.size) at most, as
+# its DFA holds a copy of each member's per state. A larger object keeps the declared order (undeclared
+# members after the declared ones), reported as unenforced ("property order at <path>")
+ANY_ORDER_MAX_PROPERTIES = 6
+ANY_ORDER_MAX_SIZE = 4_000
 
 
 def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
@@ -43,7 +57,16 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     for key, bound in (("minProperties", lo), ("maxProperties", hi)):
         if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
             raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {bound!r}")
-    body = _members(c, items, extra, lo, hi, path)
+    if c.strict or (len(items) < 2 and extra is None):
+        body = _members(c, items, extra, lo, hi, path)
+    elif _any_order_fits(items) or (c.exact_depth and len(items) <= ANY_ORDER_MAX_PROPERTIES):
+        body = _any_order_members(c, items, extra, lo, hi, path)
+    elif c.exact_depth:  # a language subtracted in declared order would let the other orders through
+        raise ValueError(f"json_schema at {path}: an object with more than {ANY_ORDER_MAX_PROPERTIES} properties "
+                         "inside oneOf / not / enum is supported only in strict mode")
+    else:
+        c.unenforced.append(f"property order at {path or '#'}")
+        body = _members(c, items, extra, lo, hi, path)
     return c.bracketed("{", body, "}")
 
 
@@ -78,11 +101,13 @@ def _names_node(c: SchemaCompiler, names: object, path: str) -> ra.Node:
 
 
 def _extra_pair(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> ra.Node | None:
-    """One undeclared `"key":value` member, or None where the schema allows none (the strict default)."""
+    """One undeclared `"key":value` member, or None where the schema allows none (where it says nothing:
+    any value by default, none in strict mode unless it declares nothing at all)."""
     patterns = s.get("patternProperties", {})
     extra = s.get("additionalProperties", s.get("unevaluatedProperties"))
+    unsaid = extra is None and not c.strict  # JSON Schema's default: any value
     if extra is None:
-        extra = True if not declared and not patterns else False
+        extra = True if not c.strict or (not declared and not patterns) else False
     if extra is False and not patterns:
         return None
     taken = [spellings(n) for n in declared]
@@ -91,18 +116,23 @@ def _extra_pair(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> r
     for p, sub in patterns.items():
         others = [b for q, b in pattern_bodies.items() if q != p]  # keys two patterns share are left out
         kinds.append((_key(pattern_bodies[p], taken + others), sub, f"{path}/patternProperties/{p}"))
-    if extra is not False:
+    if extra is not False and unsaid:  # raw characters only: the declared names' raw spellings are all to avoid
+        raw = [ra.literal(json.dumps(n, ensure_ascii=False)[1:-1]) for n in declared]
+        kinds.append((_key(ra.repeat(ra.Chars(STRING_CHARS), 0, None), raw + list(pattern_bodies.values())), extra,
+                      f"{path}/additionalProperties"))
+    elif extra is not False:
         any_key = ra.repeat(ra.Chars(STRING_CHARS), 0, None) if patterns else string_body()
         kinds.append((_key(any_key, taken + list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))
     if "propertyNames" in s and s["propertyNames"] is not True:
         names = _names_node(c, s["propertyNames"], path)
         kinds = [(compiled_or_nothing(intersection([key, names])), sub, p) for key, sub, p in kinds]
     pairs = []
-    for key, sub, where in kinds:
+    for i, (key, sub, where) in enumerate(kinds):
         if key == ra.NOTHING:
             continue
         try:
-            pairs.append(ra.seq(key, c.punct(":"), c.compile(sub, where)))
+            value = c.undeclared_value() if unsaid and i == len(kinds) - 1 else c.compile(sub, where)
+            pairs.append(ra.seq(key, c.punct(":"), value))
         except Unsatisfiable:
             continue
     return ra.alt(*pairs) if pairs else None
@@ -158,3 +188,58 @@ def _members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Nod
     if not finals:
         raise Unsatisfiable(f"no object at {path} has between minProperties and maxProperties members")
     return ra.Graph(len(ids), tuple(edges), tuple(finals))
+
+
+def _any_order_members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
+                       lo: int, hi: int | None, path: str) -> ra.Node:
+    """Comma-separated declared members in any order, each at most once, then any undeclared ones: an
+    automaton over (declared members written, count so far, whether a comma is due), the count
+    saturating at minProperties when there is no maximum. In one regex, undeclared members follow the
+    declared ones (once every required one is written), so their value's automaton is copied once per
+    count, not once per set of declared members written; among grammar rules (where a copy costs
+    nothing, and a shared tail would make LALR conflicts) they may come anywhere. Final where every
+    required member is written and the count is within bounds."""
+    ruled = any(ra.refs(n) for n, _ in items) or (extra is not None and bool(ra.refs(extra)))
+    comma = c.separator(ruled)
+    ruled = ruled or bool(ra.refs(comma))  # members apart (split mode): grammar rules too
+    cap = hi if hi is not None else lo
+    need = sum(1 << i for i, (_, req) in enumerate(items) if req)
+    ids: dict[tuple[int, int, bool], int] = {(0, 0, True): 0}  # written (-1: undeclared ones now), count, first
+    queue = [(0, 0, True)]
+    edges: list[tuple[int, ra.Node, int]] = []
+    finals: list[int] = []
+
+    def target(state: tuple[int, int, bool]) -> int:
+        if state not in ids:
+            ids[state] = len(ids)
+            queue.append(state)
+        return ids[state]
+
+    while queue:
+        written, count, first = state = queue.pop()
+        src = ids[state]
+        done = written < 0 or written & need == need
+        if done and count >= lo:
+            finals.append(src)
+        if hi is not None and count >= hi:
+            continue
+        nxt_count = min(count + 1, cap) if hi is None else count + 1
+        sep = ra.EMPTY if first else comma
+        for i, (node, _) in enumerate(items):
+            if written >= 0 and not written >> i & 1:
+                edges.append((src, ra.seq(sep, node), target((written | 1 << i, nxt_count, False))))
+        if extra is not None and (written < 0 or ruled):
+            edges.append((src, ra.seq(sep, extra), target((written, nxt_count, False))))
+        elif extra is not None and done:
+            edges.append((src, ra.EMPTY, target((-1, count, first))))
+    if not finals:
+        raise Unsatisfiable(f"no object at {path} has between minProperties and maxProperties members")
+    return ra.Graph(len(ids), tuple(edges), tuple(finals))
+
+
+def _any_order_fits(items: list[tuple[ra.Node, bool]]) -> bool:
+    """Whether the any-order automaton stays within ANY_ORDER_MAX_PROPERTIES and ANY_ORDER_MAX_SIZE."""
+    n = len(items)
+    if n > ANY_ORDER_MAX_PROPERTIES:
+        return False
+    return (1 << n) * sum(ra.size(node) for node, _ in items) / 2 <= ANY_ORDER_MAX_SIZE

@@ -1,8 +1,10 @@
 """JSON Schema -> a grammar: a regex tree per rule, with `Ref`s where schemas recurse.
 
-Strict by default, as xgrammar's strict mode: objects emit their declared properties in schema order
-(required ones always, optional ones maybe) and add undeclared ones only where `patternProperties` or
-an explicit `additionalProperties` allows them (or the object declares nothing at all). Numbers and
+The schema's own semantics by default: objects write their properties in any order, and undeclared
+ones wherever `additionalProperties` allows them (absent: allowed). `strict` (OpenAI's structured
+outputs, xgrammar's strict mode) writes declared properties in schema order (required ones always,
+optional ones maybe) and undeclared ones only where `patternProperties` or an explicit
+`additionalProperties` allows them (or the object declares nothing at all); see json_objects. Numbers and
 strings get exact regexes for their bounds, lengths, patterns and formats. Keywords that only annotate
 are ignored, as the specification says; a constraint that cannot be enforced is refused, never dropped.
 A schema without recursion comes out as one regular expression (the fast DFA path); a recursive one
@@ -11,13 +13,14 @@ Whitespace between tokens follows one finite pattern; compact (none) by default.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from .. import deadline
 from ..regex import regex_ast as ra
-from ..regex.automaton import compile_dfa
+from ..regex.automaton import _own_chars, compile_dfa
 from ..regex.regex_parser import parse_regex
 from .json_arrays import array_node
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
@@ -34,6 +37,9 @@ ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
 JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
+# in a schema that is otherwise regular, an undeclared property's value (the default `additionalProperties`)
+# nests at most this deep, so the schema stays one DFA; in one that is a grammar anyway, any value
+UNDECLARED_VALUE_DEPTH = 1
 RELAXABLE = frozenset({"uniqueItems"})  # keywords a caller may leave unenforced where they cannot be enforced
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
@@ -89,21 +95,24 @@ def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
     return out
 
 
-def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = ()) -> JsonGrammar:
+def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = (),
+                        strict: bool = False) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
-    keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused)."""
+    keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused).
+    `strict`: objects in declared order, closed unless the schema opens them (module docstring)."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
     relax = relaxed_keywords(relaxed)
     try:
-        compiler = _SchemaCompiler(root, ws, relax)
+        compiler = _SchemaCompiler(root, ws, relax, strict=strict)
         node = compiler.compile(root, "#")
         small = ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
                                                              for r in compiler.rules.values())
         if small and not compiler.rules:
-            return JsonGrammar(node, {}, tuple(dict.fromkeys(compiler.unenforced)))
-        compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE)
+            return JsonGrammar(node, {}, _summary(compiler.unenforced))
+        compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, strict=strict,
+                                   any_undeclared=bool(compiler.rules))
         node = compiler.compile(root, "#")
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
@@ -111,13 +120,43 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
         raise ValueError("json_schema nests too deeply to compile") from None
     except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
         raise ValueError(f"json_schema is malformed: {e}") from None
-    return JsonGrammar(node, compiler.rules, tuple(dict.fromkeys(compiler.unenforced)))
+    return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced))
+
+
+@functools.lru_cache(maxsize=8)
+def _bounded_any_value(ws: ra.Node) -> ra.Node:
+    """Any JSON value nesting at most UNDECLARED_VALUE_DEPTH deep, as one minimal DFA (built once)."""
+    value = ra.alt(string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"))
+    comma, colon = ra.seq(ws, ra.literal(","), ws), ra.seq(ws, ra.literal(":"), ws)
+    for _ in range(UNDECLARED_VALUE_DEPTH):
+        pair = ra.seq(string_node(), colon, value)
+        value = ra.alt(
+            value,
+            ra.seq(ra.literal("{"), ws, ra.optional(ra.seq(pair, ra.repeat(ra.seq(comma, pair), 0, None))), ws,
+                   ra.literal("}")),
+            ra.seq(ra.literal("["), ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), ws,
+                   ra.literal("]")))
+    return ra.Compiled(_own_chars([value], False))
+
+
+def _summary(reports: list[str], shown: int = 3) -> tuple[str, ...]:
+    """The reports once each; objects that keep their declared order, the first `shown` by place and
+    the rest counted (a large schema has dozens)."""
+    unique = list(dict.fromkeys(reports))
+    order = [r for r in unique if r.startswith("property order at ")]
+    if len(order) <= shown:
+        return tuple(unique)
+    rest = [r for r in unique if r not in order]
+    return (*order[:shown], f"property order at {len(order) - shown} more objects", *rest)
 
 
 class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
-                 rule_size: int | None = None):
+                 rule_size: int | None = None, strict: bool = False, any_undeclared: bool = False):
         self.relaxed = relaxed
+        self.strict = strict
+        self.strict_root = strict  # the whole schema is strict (else only oneOf branches that overlap are)
+        self.any_undeclared = any_undeclared  # undeclared properties' values: any JSON (a rule), else bounded
         self.unenforced: list[str] = []
         self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
@@ -219,7 +258,7 @@ class _SchemaCompiler:
             raise ValueError(f"json_schema at {path} must be an object or a boolean, got {schema!r}")
         if self.exact_depth:
             return self._compile(schema, path)
-        key = ("split:" if self._split_all else "") + json.dumps(schema, default=repr)  # in order: property order matters
+        key = ("split:" if self._split_all else "") + ("strict:" if self.strict else "") + json.dumps(schema, default=repr)
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
@@ -318,7 +357,7 @@ class _SchemaCompiler:
     def named(self, key: str, target: object, name: str, path: str) -> ra.Node:
         """`target` compiled once per `key` (and split mode: an inline body remade split must not come
         back unsplit from the memo); met again inside its own compilation, it is the rule `name`."""
-        memo = f"split:{key}" if self._split_all else key
+        memo = ("split:" if self._split_all else "") + ("strict:" if self.strict and not self.strict_root else "") + key
         hit = self._inline.get(memo)
         if hit is None and isinstance(self._inline.get(key), ra.Ref):  # a rule reads alike in either mode
             hit = self._inline[key]
@@ -352,6 +391,13 @@ class _SchemaCompiler:
         return f"ref_{slug}" if slug else "ref_root"
 
     # ---- any value ----------------------------------------------------------------------------
+    def undeclared_value(self) -> ra.Node:
+        """The value of a property the schema says nothing about: any JSON value where the schema is a
+        grammar anyway, else any value nesting at most UNDECLARED_VALUE_DEPTH deep (one regex)."""
+        if self.any_undeclared:
+            return self.any_value()
+        return _bounded_any_value(self.ws)
+
     def any_value(self) -> ra.Node:
         if ANY_VALUE not in self.rules:
             self.rules[ANY_VALUE] = ra.NOTHING  # placeholder while the rule refers to itself

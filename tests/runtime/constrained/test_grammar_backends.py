@@ -63,7 +63,7 @@ class XgrammarOracle:
         import xgrammar as xgr
 
         info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=size, stop_token_ids=[hf.eos_token_id or 0])
-        self.compiled = xgr.GrammarCompiler(info).compile_json_schema(SCHEMA, any_whitespace=False,
+        self.compiled = xgr.GrammarCompiler(info).compile_json_schema(SCHEMA, any_whitespace=False, strict_mode=False,
                                                                        separators=(",", ":"))
         self.xgr, self.words = xgr, xgr.allocate_token_bitmask(1, size)
 

@@ -14,7 +14,8 @@ FORCED = ['"name":"', ',"age":', "é and more", "00;\n  y", " quick brown fox", 
 SCHEMA = {"type": "object", "properties": {
     "first_name": {"type": "string", "maxLength": 5}, "last_name": {"type": "string", "maxLength": 5},
     "status": {"enum": ["active", "inactive", "banned"]}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
-}, "required": ["first_name", "last_name", "status", "age"]}
+}, "required": ["first_name", "last_name", "status", "age"],
+    "additionalProperties": False}  # open, the tiny random model's sampled undeclared members run past max_new_tokens
 
 
 def spelled(tokenizer, ids) -> bytes:
@@ -143,7 +144,7 @@ def test_jump_forward_with_random_schemas_always_validates(tiny_engine):
             {"type": "boolean"}, {"enum": ["alpha beta", "gamma"]}, {"type": "integer", "minimum": -9, "maximum": 9},
             {"type": "string", "maxLength": 3}, {"type": "array", "items": {"type": "null"}, "maxItems": 2}])
             for i in range(rng.randint(1, 4))}
-        schema = {"type": "object", "properties": props, "required": list(props)}
+        schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
         c = tiny_engine.generate("x", {"json_schema": schema, "max_new_tokens": 100, "temperature": 0.5,
                                        "seed": rng.randint(0, 99)})
         assert c.meta.finish_reason == "stop"

@@ -1,0 +1,96 @@
+"""The schema's own object semantics (the default) against the `jsonschema` library on every object of a
+small universe: declared properties in any order, undeclared ones where `additionalProperties` allows
+them (after the declared ones, nesting one level at most, where the schema is one regex); the
+strict form (OpenAI's) keeps declared order and closed objects; a large object keeps its declared order
+and says so."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import jsonschema
+import pytest
+
+from radixlang.runtime.constrained.jsonschema.json_objects import ANY_ORDER_MAX_PROPERTIES
+from radixlang.runtime.constrained.jsonschema.json_schema import compile_json_schema
+
+from .test_json_schema import complete_outputs
+from .test_json_schema_keywords import accepts
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 1},
+                                           "b": {"enum": ["x", "y"]}, "c": {"type": "boolean"}},
+          "required": ["a", "b"]}
+# members as text, each valid or not for its property; "z" is undeclared, with flat and nested values
+MEMBERS = {"a": ['"a":1', '"a":7'], "b": ['"b":"x"', '"b":"q"'], "c": ['"c":true'],
+           "z": ['"z":null', '"z":[1,"s"]', '"z":{"k":[2]}']}
+
+
+def unique_keys(text: str) -> bool:
+    """Whether no object in `text` holds a key twice."""
+    seen = []
+    json.loads(text, object_pairs_hook=lambda pairs: seen.append(len(pairs) == len(dict(pairs))) or dict(pairs))
+    return all(seen)
+
+
+def universe(names: str) -> list[str]:
+    """Every object holding some of `names` (each at most once), in every order, with every value."""
+    out = []
+    for k in range(len(names) + 1):
+        for keys in itertools.permutations(names, k):
+            for members in itertools.product(*(MEMBERS[n] for n in keys)):
+                out.append("{" + ",".join(members) + "}")
+    return out
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, {**SCHEMA, "additionalProperties": False},
+                                    {**SCHEMA, "additionalProperties": {"type": "null"}}])
+def test_default_semantics_accept_exactly_the_valid_objects(compiler, schema):
+    constraint = compiler.compile("json_schema", schema)
+    for text in universe("abcz"):
+        value = json.loads(text)
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        # in a schema that is one regex, undeclared members follow the declared ones, nesting one level at most
+        keys = list(value)
+        tail = "z" not in keys or keys[-1] == "z"
+        nested = '{"k":[' in text
+        assert accepts(constraint, text) == (valid and tail and not nested), text
+
+
+def test_duplicate_and_escaped_keys_are_refused(compiler):
+    constraint = compiler.compile("json_schema", SCHEMA)
+    assert accepts(constraint, '{"b":"x","a":0,"z":1}')
+    assert not accepts(constraint, '{"a":1,"b":"x","a":0}'), "a declared property twice"
+    assert not accepts(constraint, '{"a":1,"b":"x","\\u0063":5}'), "an escaped declared name is not undeclared"
+
+
+def test_strict_form_keeps_declared_order_and_closed_objects(compiler):
+    constraint = compiler.compile("json_schema_strict", SCHEMA)
+    for text in universe("abcz"):
+        value = json.loads(text)
+        ordered = list(value) == [k for k in SCHEMA["properties"] if k in value]
+        expected = jsonschema.Draft202012Validator({**SCHEMA, "additionalProperties": False}).is_valid(value)
+        assert accepts(constraint, text) == (expected and ordered), text
+
+
+def test_a_large_object_keeps_declared_order_and_reports_it(compiler, walk):
+    n = ANY_ORDER_MAX_PROPERTIES + 1
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer", "minimum": 0, "maximum": 9} for i in range(n)},
+              "required": ["p0"]}
+    grammar = compile_json_schema(schema)
+    assert grammar.unenforced == ("property order at #",)
+    constraint = compiler.compile("json_schema", schema)
+    assert constraint.unenforced == ("property order at #",)
+    assert accepts(constraint, '{"p0":1,"p3":2,"extra":"e"}') and not accepts(constraint, '{"p3":2,"p0":1}')
+    for text in complete_outputs(constraint, walk, seed=1, wanted=6):
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_recursive_open_objects_take_any_order_and_any_undeclared_value(compiler):
+    node = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                             "kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["v"]}
+    constraint = compiler.compile("json_schema", node)
+    texts = ['{"kids":[{"q":{"d":[[[1]]]},"v":2}],"v":1}', '{"x":1,"v":3}', '{"v":1,"kids":[],"x":{}}',
+             '{"v":1,"v":2}', '{"kids":[]}', '{"v":1,"kids":[{"kids":[]}]}', '{"v":10}']
+    for text in texts:
+        valid = jsonschema.Draft202012Validator(node).is_valid(json.loads(text)) and unique_keys(text)
+        assert accepts(constraint, text) == valid, text
