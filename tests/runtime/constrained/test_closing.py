@@ -18,8 +18,9 @@ jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is the oracle 
 
 NOTE = {"type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {
     "type": "string"}}, "n": {"type": "integer"}}, "required": ["title", "tags", "n"], "additionalProperties": False}
+# closed: the LALR path's close is a greedy walk, which an open object's undeclared keys can lead astray (docs/reasoning.md)
 TREE = {"type": "object", "properties": {"name": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
-        "required": ["name"]}
+        "required": ["name"], "additionalProperties": False}
 TOOLS = [{"name": "note", "parameters": NOTE}, {"name": "tree", "parameters": TREE}]
 
 
