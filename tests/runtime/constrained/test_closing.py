@@ -18,9 +18,10 @@ jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is the oracle 
 
 NOTE = {"type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {
     "type": "string"}}, "n": {"type": "integer"}}, "required": ["title", "tags", "n"], "additionalProperties": False}
-# closed: the LALR path's close is a greedy walk, which an open object's undeclared keys can lead astray (docs/reasoning.md)
+# compiled in the strict form (declared order, closed): the LALR path's close is a greedy walk, not the shortest
+# completion, and any-order or open objects lead it astray (it writes an optional key first; docs/reasoning.md)
 TREE = {"type": "object", "properties": {"name": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
-        "required": ["name"], "additionalProperties": False}
+        "required": ["name"]}
 TOOLS = [{"name": "note", "parameters": NOTE}, {"name": "tree", "parameters": TREE}]
 
 
@@ -53,7 +54,7 @@ def text_of(vocab, tokens) -> str:
 @pytest.mark.parametrize("schema", [NOTE, TREE], ids=["dfa", "lalr"])
 @pytest.mark.parametrize("budget", [20, 41])
 def test_a_runaway_json_answer_ends_valid_at_the_budget(compiler, tokenizer, schema, budget):
-    constraint = compiler.compile("json_schema", schema)
+    constraint = compiler.compile("json_schema_strict" if schema is TREE else "json_schema", schema)
     letter, nest = tokenizer.encode("x", add_special_tokens=False)[0], tokenizer.encode("{", add_special_tokens=False)[0]
     tokens = runaway(Matcher(constraint, constraint.vocab.end_ids, budget), budget, letter, nest)
     assert budget - CLOSE_SLACK <= len(tokens) <= budget
