@@ -56,9 +56,10 @@ def main() -> None:
     parser.add_argument("--rows", default="1,16", help="decode batch sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--model", default=None, help="a GGUF file or HF folder (default: SmolLM2-135M)")
     args = parser.parse_args()
     compiled.use_our_inductor_cache()
-    with Engine(device="cpu", kv_cache_tokens=4096, quantization=args.quantization, compile_layers=False) as engine:
+    with Engine(args.model, device="cpu", kv_cache_tokens=4096, quantization=args.quantization, compile_layers=False) as engine:
         model = engine.runner.model
         attn = engine.runner.attn
         for rows in (int(r) for r in args.rows.split(",")):
