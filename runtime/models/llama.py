@@ -74,31 +74,6 @@ class ForwardContext:
     lora: LoraDelta | None = None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, each row reduced in one order (contiguous: the kernel's order does not depend on
-    the strides a caller's view, or a compiled graph's buffer, happens to have)."""
-    x = x.contiguous()
-    if x.dtype == torch.float32 and weight.dtype == torch.float32:  # the same math in one call
-        return F.rms_norm(x, weight.shape, weight, eps)
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
-
-
-@torch.library.custom_op("radixlang::rms_norm", mutates_args=())
-def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm` as one opaque op of a compiled graph. Inductor fused the norm into the residual add before it
-    and reduced in its own order: the compiled decode's logits differed from eager's in the last bits (a request's
-    logprobs changed when the background compile switched over; issue 43). As an op it runs eager's kernel."""
-    return rms_norm(x, weight, eps)
-
-
-@rms_norm_op.register_fake
-def _rms_norm_shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return rms_norm(x, weight, eps)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -106,9 +81,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # the only float reduction of a layer not in a kernel of ours
-            return rms_norm_op(x, self.weight, self.eps)
-        return rms_norm(x, self.weight, self.eps)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # the same math in one call
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
 
 
 RopeTable = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, d/2] each: one step's positions
