@@ -8,8 +8,11 @@ waits for a worker that the kernel has descheduled: the default model's quicksta
 
 So, as radixlang's runtime is first imported (before torch, which reads these variables once, as libgomp loads):
 - the usable CPUs are the affinity mask's, capped by a cgroup's CPU quota (a container's `--cpus`);
-- the machine counts as busy when the 1-minute load average (other processes: this one has not started work
-  yet) reaches half the usable CPUs, or the quota is below the affinity mask;
+- the machine counts as busy when its load (other processes: this one has not started work yet) reaches half the
+  usable CPUs, or the quota is below the affinity mask. The load is the larger of the 1-minute load average and the
+  tasks runnable right now (the least of a few samples of /proc/loadavg's count, less this process): the average
+  rises slowly, so a competitor started seconds before (benchmark/contention.py's busy loops, a build just begun)
+  was not in it yet and the workers spun beside it; the samples' least leaves out a moment's spike;
 - busy: OMP_WAIT_POLICY=passive; and where a quota caps the CPUs, OMP_NUM_THREADS = the quota (torch would start a
   thread per CPU of the mask, more than the quota lets run);
 - idle: nothing changes (spinning workers, torch's thread count).
@@ -22,10 +25,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BUSY_LOAD_PER_CPU = 0.5  # the 1-minute load average per usable CPU from which the machine counts as busy
+BUSY_LOAD_PER_CPU = 0.5  # the load per usable CPU from which the machine counts as busy
+RUNNABLE_SAMPLES = 3  # samples of the runnable count, RUNNABLE_SAMPLE_GAP_S apart (~10 ms at import)
+RUNNABLE_SAMPLE_GAP_S = 0.005
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
@@ -48,6 +54,22 @@ def cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     except (OSError, ValueError):
         return None
     return None if quota == "max" else int(quota) / int(period)
+
+
+def runnable_others(loadavg: Path = Path("/proc/loadavg"), samples: int = RUNNABLE_SAMPLES,
+                    gap_s: float = RUNNABLE_SAMPLE_GAP_S) -> int:
+    """Tasks of other processes runnable now: the least over `samples` reads of /proc/loadavg's "running/total"
+    field, less this process's reading thread (0 where the file cannot be read)."""
+    least: int | None = None
+    for i in range(samples):
+        if i:
+            time.sleep(gap_s)
+        try:
+            running = int(loadavg.read_text().split()[3].split("/")[0])
+        except (OSError, IndexError, ValueError):
+            return 0
+        least = running if least is None else min(least, running)
+    return max(0, (least or 0) - 1)
 
 
 def choose(affinity: int, quota: float | None, load: float, environ: dict[str, str] | os._Environ[str]) -> Policy:
@@ -74,7 +96,7 @@ def apply() -> Policy | None:
         return None
     try:
         affinity = len(os.sched_getaffinity(0))
-        load = os.getloadavg()[0]
+        load = max(os.getloadavg()[0], float(runnable_others()))
     except (AttributeError, OSError):  # not Linux
         return None
     policy = choose(affinity, cgroup_quota(), load, os.environ)

@@ -19,6 +19,9 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: dist.ProcessGroup | None = None  # set by `join` (never at size 1)
+    # row-parallel linears hold whole-K output features and all-gather, instead of summing K-split partial
+    # products: a rank then computes TP 1's bits (distributed/layers.py: RowParallelLinear). The CPU's ranks do
+    gathered_rows: bool = False
 
     @property
     def _joined(self) -> dist.ProcessGroup:

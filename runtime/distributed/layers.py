@@ -2,7 +2,8 @@
 communication), so the model has one code path.
 
 Column-parallel linears (qkv, gate_up) split their output rows, row-parallel ones (o, down) their input
-columns and sum the partial outputs: two all-reduces per decoder layer. The embedding and the LM head
+columns and sum the partial outputs: two all-reduces per decoder layer (on the CPU they split their output
+features and all-gather instead, so that TP N computes TP 1's bits: RowParallelLinear). The embedding and the LM head
 split the vocabulary. (The default mode's block-quantized linears replace these at load with shards that
 compute one rank's bits: models/linear/sharded_blocks.py.) Each layer's `shard(param_name, full_tensor)` picks this rank's slice of a
 checkpoint tensor when weights load.
@@ -96,16 +97,33 @@ class ColumnParallelLinear(FixedOrderLinear):
 
 class RowParallelLinear(FixedOrderLinear):
     """Input columns split across ranks; the partial products are summed (one all-reduce), and the bias
-    is added once, by rank 0."""
+    is added once, by rank 0.
+
+    `gathered` (tp.gathered_rows: the CPU's ranks): each rank holds 1/size of the output features over the whole
+    K instead, all-gathers its input (the ranks hold the part's units in order) and then its outputs. The K-split
+    sum added the ranks' partial products in another order than one rank's matmul: TP N's logprobs differed from
+    TP 1's in the last bits (issue 43). A fixed-order matmul (dense_mm) computes each feature alone, so the
+    gathered layer gives TP 1's bits, at the cost of two all-gathers instead of one all-reduce."""
 
     def __init__(self, part: Part, out_features: int, bias: bool, tp: TensorParallel):
-        super().__init__(part.local_units(tp.size) * part.unit_size, out_features, bias=bias)
-        self.part, self.tp = part, tp
+        gathered = tp.size > 1 and tp.gathered_rows
+        if gathered:
+            assert part.units % tp.size == 0 and out_features % tp.size == 0, "check_tp_size lets no other split in"
+            super().__init__(part.units * part.unit_size, out_features // tp.size, bias=bias)
+        else:
+            super().__init__(part.local_units(tp.size) * part.unit_size, out_features, bias=bias)
+        self.part, self.tp, self.gathered = part, tp, gathered
 
     def shard(self, param: str, t: torch.Tensor) -> torch.Tensor:
+        if self.gathered:  # this rank's output features: weight rows, bias entries
+            n = self.out_features
+            return t[self.tp.rank * n:(self.tp.rank + 1) * n]
         return t if param == "bias" else shard_parts(t, [self.part], self.tp, dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gathered:
+            out = dense_linear.linear(self.tp.all_gather(x, dim=-1), self.weight, self.bias, self.fixed_order)
+            return self.tp.all_gather(out, dim=-1)
         bias = self.bias if self.tp.rank == 0 else None
         return self.tp.all_reduce(dense_linear.linear(x, self.weight, bias, self.fixed_order))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from radixlang.runtime.openmp_policy import cgroup_quota, choose
+from radixlang.runtime.openmp_policy import cgroup_quota, choose, runnable_others
 
 
 def test_an_idle_machine_keeps_spinning_workers():
@@ -38,6 +38,16 @@ def test_cgroup_quota_reads_cpu_max(tmp_path):
     assert cgroup_quota(tmp_path) is None
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert cgroup_quota(tmp_path) == 1.5
+
+
+def test_runnable_tasks_count_the_least_of_the_samples_less_this_process(tmp_path):
+    # a competitor started seconds ago is runnable now, long before the 1-minute load average shows it
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.12 0.05 0.01 3/178 15518\n")
+    assert runnable_others(loadavg, samples=2, gap_s=0) == 2
+    assert runnable_others(tmp_path / "missing") == 0
+    loadavg.write_text("garbage\n")
+    assert runnable_others(loadavg, samples=1) == 0
 
 
 def test_the_runtime_sets_the_policy_before_torch_loads():

@@ -71,10 +71,11 @@ def shard_block_linears(model: nn.Module, tp: TensorParallel, blocks: dict[str, 
 def _sharded(name: str, linear: nn.Linear, weights: GroupQuant, tp: TensorParallel) -> ShardedBlockLinear:
     interleaved = block_kernel.interleaves(weights)
     bias: torch.Tensor | None = linear.bias
-    if isinstance(linear, RowParallelLinear):  # this rank's output features, the whole K; the bias is whole here
+    if isinstance(linear, RowParallelLinear):  # this rank's output features, the whole K
         n = weights.codes.shape[0] // tp.size
         shard, gathered = _map(weights, lambda t: t[tp.rank * n:(tp.rank + 1) * n]), True
-        bias = None if bias is None else bias[tp.rank * n:(tp.rank + 1) * n]
+        if bias is not None and not linear.gathered:  # a gathered linear's bias is already this rank's
+            bias = bias[tp.rank * n:(tp.rank + 1) * n]
     elif isinstance(linear, ColumnParallelLinear):  # the bias is already this rank's
         shard, gathered = _map(weights, lambda t: linear.shard("weight", t)), False
     else:  # the LM head, tied to the embedding or not (no bias)

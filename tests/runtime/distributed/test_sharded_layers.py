@@ -19,7 +19,7 @@ from radixlang.runtime.kv.memory import KVPool
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.linear.quant import BlockLinear, quantize_int4_rtn, quantize_model
 from radixlang.runtime.models.linear.sharded_blocks import ShardedBlockLinear, shard_block_linears
-from radixlang.runtime.models.llama import ForwardContext, LlamaForCausalLM
+from radixlang.runtime.models.llama import ForwardContext, LlamaForCausalLM, use_fixed_order
 from radixlang.runtime.models.loading.hf_config import config_from_hf
 from radixlang.runtime.models.loading.loader import build_model
 from radixlang.server.cli import _engine_options, build_parser, main
@@ -70,6 +70,12 @@ def _logits(tp: TensorParallel, ids: torch.Tensor, config: dict = CONFIG,
     return _prefill_logits(model, ids)
 
 
+def cpu_ranks(tp: TensorParallel) -> TensorParallel:
+    """`tp` as the engine's CPU ranks have it (wiring.py, worker.py): row-parallel linears gathered."""
+    tp.gathered_rows = True
+    return tp
+
+
 def _prefill_logits(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     cfg, tp = model.config, model.tp
     pool = KVPool(64, cfg.num_layers, kv_heads_per_rank(cfg.num_kv_heads, tp.size), cfg.head_dim,
@@ -91,6 +97,25 @@ def test_two_ranks_compute_the_logits_of_the_unsharded_model():
     assert torch.equal(got[0].argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.skipif(not block_kernel.available(wait=True), reason="no dense_mm (built with the block kernel)")
+def test_two_ranks_in_the_exact_mode_compute_one_ranks_logits_bit_for_bit():
+    """fp32 linears on dense_mm (each output feature's sum in one order) and, as the engine's CPU ranks have them,
+    gathered row-parallel linears (whole-K output features, all-gathered): every float sum runs in one rank's
+    order. The K-split all-reduce added partial sums in another order: close logits, not the same bits."""
+    ids = torch.tensor([5, 999, 1000, 17, 500, 3, 42], dtype=torch.int64)
+
+    def logits(tp: TensorParallel) -> torch.Tensor:
+        model = build_model(config_from_hf(CONFIG), _weights().items(), torch.device("cpu"), torch.float32,
+                            cpu_ranks(tp))
+        assert use_fixed_order(model) == 4 * CONFIG["num_hidden_layers"] + 1  # every linear, the tied head
+        return _prefill_logits(model, ids)
+
+    want = logits(TensorParallel())
+    got = run_ranks(2, logits)
+    assert got[0].shape == want.shape == (len(ids), 1001)
+    assert torch.equal(got[0], want)
+
+
 def test_two_ranks_in_the_default_mode_compute_one_ranks_logits_bit_for_bit():
     """Block-quantized linears (4- and 8-bit, with biases; the tied head's 504 rows a rank, padded to the kernel's
     16) and the CPU's attention_rows: the gathered row-parallel linears keep every float sum in one rank's order."""
@@ -98,7 +123,7 @@ def test_two_ranks_in_the_default_mode_compute_one_ranks_logits_bit_for_bit():
     ids = torch.tensor([5, 999, 1000, 17, 500, 3, 42], dtype=torch.int64)
     blocks = _blocks(config)
     want = _logits(TensorParallel(), ids, config, blocks)
-    got = run_ranks(2, lambda tp: _logits(tp, ids, config, blocks))
+    got = run_ranks(2, lambda tp: _logits(cpu_ranks(tp), ids, config, blocks))
     assert got[0].shape == want.shape == (len(ids), 1008)
     assert torch.equal(got[0], want)
     exact = _logits(TensorParallel(), ids, config)  # the blocks' rounding shows: the packed model ran
@@ -114,7 +139,8 @@ def test_a_gguf_loaded_by_two_ranks_in_the_default_mode_gives_one_ranks_logits_b
     ids = torch.tensor([3, 287, 100, 150, 9], dtype=torch.int64)
 
     def logits(tp: TensorParallel) -> torch.Tensor:
-        model = load_model(tmp_path / "m.gguf", torch.device("cpu"), torch.float32, tp, quantization="auto").model
+        model = load_model(tmp_path / "m.gguf", torch.device("cpu"), torch.float32, cpu_ranks(tp),
+                           quantization="auto").model
         assert isinstance(model.layers[0].mlp.down_proj, ShardedBlockLinear if tp.size > 1 else BlockLinear)
         return _prefill_logits(model, ids)
 
