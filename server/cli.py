@@ -219,7 +219,7 @@ def _quantize(args: argparse.Namespace) -> int:
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                            static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
                            percdamp=args.percdamp, alpha=args.alpha, calib=args.calibration, threads=args.threads,
-                           **tuned)
+                           fp_down=args.fp_down, **tuned)
     model = None if args.model == "default" else args.model
     _check_model(model)
     quantize(model, args.out, opts)
@@ -251,6 +251,9 @@ def _add_quantize_command(sub) -> None:
                         "from 0.01, 0.1, 1 on held-out calibration samples")
     q.add_argument("--alpha", type=float, default=None,
                    help="SmoothQuant migration strength for every layer (default: searched per layer)")
+    q.add_argument("--fp-down", type=int, default=0,
+                   help="SmoothQuant: keep the down_proj of this many layers (where its W8A8 error weighs most) "
+                        "in fp (default: 0)")
     q.add_argument("--calibration", "--calib", dest="calibration", default="builtin",
                    help="calibration text: 'builtin' (default: the text shipped with radixlang, ~2k tokens), 'mixed' "
                         "(it plus Python's documentation and docstrings and the READMEs and licences of the installed "

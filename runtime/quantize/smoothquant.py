@@ -31,22 +31,29 @@ def smoothing_scales(act_max: torch.Tensor, weight_max: torch.Tensor, alpha: flo
 
 
 def smooth_and_quantize(model: LlamaForCausalLM, samples: list[torch.Tensor],
-                        alpha: float | None | str) -> dict[str, Packed]:
+                        alpha: float | None | str, keep_fp: int = 0) -> dict[str, Packed]:
     """Smooths the model in place (alpha: one for every layer; "search": each layer's own; None: no
     smoothing, plain W8A8), then per-output-channel int8 of every decoder linear: {module name: (int8
-    weights, scales [N, 1])}."""
+    weights, scales [N, 1])}. The down_proj of the `keep_fp` layers where its W8A8 error weighs most
+    (down_shares) is left out: it stays in the model's dtype."""
+    shares: list[float] = []
     if alpha is not None:
         if not samples:
             raise ValueError("SmoothQuant needs calibration text (--calibration)")
-        smooth_model(model, samples, alpha)
+        shares = smooth_model(model, samples, alpha, measure_down=keep_fp > 0)[1]
+    kept = {f"layers.{i}.mlp.down_proj" for i in sorted(range(len(shares)), key=shares.__getitem__)[len(shares) - keep_fp:]}
     return {f"layers.{i}.{name}": quantize_rows_int8(linear_weight(layer, name).detach())
-            for i, layer in enumerate(model.layers) for name in LINEARS}
+            for i, layer in enumerate(model.layers) for name in LINEARS if f"layers.{i}.{name}" not in kept}
 
 
 @torch.no_grad()
-def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: float | str) -> list[float]:
-    """Smooths every layer with `alpha`, or ("search") with the best of ALPHAS for it; returns the alphas."""
+def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: float | str,
+                 measure_down: bool = False) -> tuple[list[float], list[float]]:
+    """Smooths every layer with `alpha`, or ("search") with the best of ALPHAS for it; returns the alphas
+    and (with `measure_down`) each layer's down share: how much of the layer's simulated W8A8 output
+    error, relative to its output's mean square, goes away with down_proj left in fp."""
     chosen: list[float] = []
+    shares: list[float] = []
     trial = _search_prefix(samples)
 
     def on_layer(index: int, layer: DecoderLayer, run) -> None:
@@ -65,10 +72,15 @@ def smooth_model(model: LlamaForCausalLM, samples: list[torch.Tensor], alpha: fl
             chosen.append(min(errors, key=errors.__getitem__))
         else:
             chosen.append(float(alpha))
+        if measure_down:
+            reference = fp_outputs[:trial]
+            scale = sum(float(r.square().sum()) for r in reference) / sum(r.numel() for r in reference)
+            whole = errors[chosen[-1]] if alpha == "search" else _w8a8_error(layer, act_max, chosen[-1], run, reference)
+            shares.append((whole - _w8a8_error(layer, act_max, chosen[-1], run, reference, LINEARS[:3])) / scale)
         smooth_layer(layer, act_max, chosen[-1])
 
     run_layerwise(model, samples, on_layer, desc="SmoothQuant", same_function=True)
-    return chosen
+    return chosen, shares
 
 
 def _search_prefix(samples: list[torch.Tensor]) -> int:
@@ -82,16 +94,18 @@ def _search_prefix(samples: list[torch.Tensor]) -> int:
 
 
 def _w8a8_error(layer: DecoderLayer, act_max: dict[str, torch.Tensor], alpha: float,
-                run: Callable[..., list[torch.Tensor]], reference: list[torch.Tensor]) -> float:
-    """Mean squared error of the layer's outputs, smoothed with `alpha` and run in simulated W8A8, against
-    `reference` (the fp layer's outputs of the first samples); the layer is left as it was."""
+                run: Callable[..., list[torch.Tensor]], reference: list[torch.Tensor],
+                quantized: tuple[str, ...] = LINEARS) -> float:
+    """Mean squared error of the layer's outputs, smoothed with `alpha` and its linears `quantized` run
+    in simulated W8A8, against `reference` (the fp layer's outputs of the first samples); the layer is
+    left as it was."""
     saved = {k: v.clone() for k, v in layer.state_dict().items()}
     smooth_layer(layer, act_max, alpha)
-    for name in LINEARS:
+    for name in quantized:
         weight = linear_weight(layer, name)
         codes, scale = quantize_rows_int8(weight)
         weight.copy_(codes.float() * scale)
-    handles = [layer.get_submodule(name).register_forward_pre_hook(_round_input_rows) for name in LINEARS]
+    handles = [layer.get_submodule(name).register_forward_pre_hook(_round_input_rows) for name in quantized]
     try:
         outputs = run(None, len(reference))
     finally:

@@ -52,12 +52,16 @@ def prompt_logprobs(path) -> torch.Tensor:
     (["--method", "gptq", "--bits", "8", "--group-size", "-1"], (Int4Linear,)),
     (["--method", "awq", "--group-size", "32"], (Int4Linear,)),
     (["--method", "smoothquant"], (W8A8Linear,)),
+    (["--method", "smoothquant", "--fp-down", "1"], (W8A8Linear,)),
 ])
 def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_path, args, kind):
     out = tmp_path / "q"
     assert main(["quantize", str(folder), str(out), *args, "--calib-tokens", "1024"]) == 0
     model = load_model(out, torch.device("cpu"), torch.float32).model
-    assert all(isinstance(layer.mlp.down_proj, kind) for layer in model.layers)
+    kept = int(args[args.index("--fp-down") + 1]) if "--fp-down" in args else 0  # down_projs left in fp32
+    assert sum(isinstance(layer.mlp.down_proj, kind) for layer in model.layers) == len(model.layers) - kept
+    assert all(layer.mlp.down_proj.weight.dtype == torch.float32 for layer in model.layers
+               if not isinstance(layer.mlp.down_proj, kind))
     fp32, quantized = prompt_logprobs(folder), prompt_logprobs(out)
     err = (quantized - fp32).abs().mean() / fp32.abs().mean()
     print(f"{args}: mean relative |logprob error| {err:.4f}")

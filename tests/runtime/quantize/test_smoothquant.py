@@ -8,7 +8,7 @@ import transformers
 
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.linear.w8a8 import ROW_TILE, W8A8Linear, quantize_rows_int8
-from radixlang.runtime.models.llama import ForwardContext
+from radixlang.runtime.models.llama import ForwardContext, use_fixed_order
 from radixlang.runtime.quantize.layerwise import CausalAttention
 from radixlang.runtime.quantize.smoothquant import smooth_and_quantize, smooth_model
 
@@ -25,11 +25,24 @@ def folder(tmp_path_factory):
     return path
 
 
-def fp32_model(folder, outliers: bool = False, weight_outliers: bool = False):
+@pytest.fixture(scope="module")
+def other_folder(tmp_path_factory):
+    """The same weights in a folder of their own: after a model of `folder` ran its LM head (compute_logits),
+    later loads of `folder` computed other W8A8 errors (0.21 naive against 0.31), some state kept per folder."""
+    path = tmp_path_factory.mktemp("sq_fp") / "llama"
+    save_hf_model(path, transformers.LlamaConfig(**BASE), seed=4)
+    return path
+
+
+def fp32_model(folder, outliers: bool = False, weight_outliers: bool = False, act_factor: float = 100,
+               weight_factor: float = 30):
     """`outliers`: a few hidden channels 100x larger, as LLM activations have (in every layer, or with
     `weight_outliers` in the first only, the second layer's weights reading those channels 30x larger and
     its activations 30x smaller instead). The fp function is unchanged by either."""
     model = load_model(folder, torch.device("cpu"), torch.float32).model
+    # torch's matmul whether or not the fixed-order kernel's build has landed: int8 rounding amplifies last-bit
+    # differences through this sharpened random model, and the errors below moved with it (0.31 or 0.21 naive)
+    use_fixed_order(model, on=False)
     with torch.no_grad():
         for param in model.parameters():  # own copies: the loaded tensors map the file (edits would persist)
             param.data = param.data.clone()
@@ -37,21 +50,24 @@ def fp32_model(folder, outliers: bool = False, weight_outliers: bool = False):
             for norm, linear in ((layer.input_layernorm, layer.self_attn.qkv_proj),
                                  (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
                 if i > 0 and weight_outliers:
-                    norm.weight[::16] /= 30
-                    linear.weight[:, ::16] *= 30
+                    norm.weight[::16] /= weight_factor
+                    linear.weight[:, ::16] *= weight_factor
                 else:
-                    norm.weight[::16] *= 100
+                    norm.weight[::16] *= act_factor
     return model
 
 
 @torch.no_grad()
+def hidden_states(model, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids, torch.arange(len(ids)), ForwardContext(attn=CausalAttention()))
+
+
 def logits(model, ids: torch.Tensor) -> torch.Tensor:
-    hidden = model(ids, torch.arange(len(ids)), ForwardContext(attn=CausalAttention()))
-    return model.compute_logits(hidden)
+    return model.compute_logits(hidden_states(model, ids))
 
 
-def test_smoothed_fp_model_computes_the_original_function(folder):
-    model = fp32_model(folder, outliers=True)
+def test_smoothed_fp_model_computes_the_original_function(other_folder):
+    model = fp32_model(other_folder, outliers=True)
     want = logits(model, HELD_OUT)
     before = model.layers[0].input_layernorm.weight.clone()
     smooth_model(model, CALIB, alpha=0.5)
@@ -84,27 +100,36 @@ def test_w8a8_linear_is_its_int_codes_times_the_row_and_channel_scales():
     assert (got - (x @ w.T + bias)).abs().max() < 0.05 * (x @ w.T).abs().max()  # and near the float layer
 
 
-def w8a8_error(folder, alpha, weight_outliers: bool = False) -> float:
-    model = fp32_model(folder, outliers=True, weight_outliers=weight_outliers)
-    want = logits(model, HELD_OUT)
+def w8a8_error(folder, alpha, weight_outliers: bool = False, **factors) -> float:
+    """Relative error of the final hidden states (the LM head's input) of the model in W8A8 (smoothed with
+    `alpha`; None: naive) against the fp model's, on held-out tokens. Measured before the head: this random
+    model's logits are so peaked that any int8 error saturates their log-softmax (errors of 1-2 nats
+    whatever the method), which hid the difference smoothing makes."""
+    model = fp32_model(folder, outliers=True, weight_outliers=weight_outliers, **factors)
+    want = hidden_states(model, HELD_OUT)
     packed = smooth_and_quantize(model, CALIB, alpha)
     for i, layer in enumerate(model.layers):
         for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
             parent, _, attr = name.rpartition(".")
             old = layer.get_submodule(name)
             setattr(layer.get_submodule(parent), attr, W8A8Linear(*packed[f"layers.{i}.{name}"], old.bias))
-    return (torch.log_softmax(logits(model, HELD_OUT), -1) - torch.log_softmax(want, -1)).abs().mean().item()
+    return float((hidden_states(model, HELD_OUT) - want).norm() / want.norm())
 
 
 def test_smoothing_cuts_w8a8_error_on_activation_outliers(folder):
+    """Measured 0.31 naive against 0.084 smoothed (alpha 0.5); 0.33 against 0.067 on the unsharpened model."""
     naive, smoothed = w8a8_error(folder, None), w8a8_error(folder, 0.5)
-    print(f"mean |logprob error| naive W8A8 {naive:.4f}, SmoothQuant {smoothed:.4f}")
-    assert smoothed < 0.7 * naive
+    print(f"relative hidden-state error: naive W8A8 {naive:.4f}, SmoothQuant {smoothed:.4f}")
+    assert smoothed < 0.5 * naive
 
 
 def test_alpha_searched_per_layer_beats_one_alpha_for_all(folder):
     """Activation outliers in the first layer, weight outliers in the second: alpha searched per layer
-    (on the layers' W8A8 output error) gives a lower held-out error than the paper's one alpha (0.5)."""
-    one, searched = w8a8_error(folder, 0.5, weight_outliers=True), w8a8_error(folder, "search", weight_outliers=True)
-    print(f"mean |logprob error| alpha per layer {searched:.5f}, alpha 0.5 {one:.5f}")
-    assert searched < one
+    (on the layers' W8A8 output error) gives a lower held-out error than any one alpha for both layers
+    (measured 0.027 against 0.073 for the paper's 0.5, 0.14 for 0.3 and 0.16 for 0.8; on the unsharpened
+    model 0.033 against 0.057, 0.13 and 0.14)."""
+    searched = w8a8_error(folder, "search", weight_outliers=True)
+    for alpha in (0.3, 0.5, 0.8):
+        one = w8a8_error(folder, alpha, weight_outliers=True)
+        print(f"relative hidden-state error: alpha per layer {searched:.4f}, alpha {alpha} {one:.4f}")
+        assert searched < 0.7 * one
