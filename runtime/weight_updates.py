@@ -118,7 +118,7 @@ class LiveWeights:
 
     def _update(self, source: UpdateSource, abort: bool, version: str | None) -> UpdateResult:
         """Rank 0's update prepared here (ValueError: nothing changed), then applied on every rank by _swap."""
-        apply, message = prepare(self.model, source, self.cfg, TensorParallel(0, self.cfg.tp_size),
+        apply, message = prepare(self.model, source, self.cfg, TensorParallel.on(0, self.cfg.tp_size, self.cfg.torch_device()),
                                  self.cfg.torch_device())
         return self._swap(apply, source, abort, version, message)
 

@@ -53,7 +53,7 @@ def create_scheduler(cfg: EngineConfig) -> EngineParts:
     """Loads the model and builds the KV memory, cache, attention backend, runner, scheduler and output
     processor (no thread)."""
     device, dtype, dp = cfg.torch_device(), cfg.torch_dtype(), cfg.dp_size()
-    tp = TensorParallel(0, cfg.tp_size, gathered_rows=device.type == "cpu")
+    tp = TensorParallel.on(0, cfg.tp_size, device)
     loaded = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization(), ep_size=cfg.ep_size,
                         dp_attention=cfg.enable_dp_attention)
     mcfg = loaded.model.config

@@ -23,6 +23,13 @@ class TensorParallel:
     # products: a rank then computes TP 1's bits (distributed/layers.py: RowParallelLinear). The CPU's ranks do
     gathered_rows: bool = False
 
+    @classmethod
+    def on(cls, rank: int, size: int, device: torch.device) -> "TensorParallel":
+        """Rank `rank` of `size` as the engine builds it on `device`: gathered row-parallel linears on the CPU.
+        Every place that builds or loads a rank's model (the engine, workers, weight updates) takes it from here,
+        so their shapes agree."""
+        return cls(rank, size, gathered_rows=device.type == "cpu")
+
     @property
     def _joined(self) -> dist.ProcessGroup:
         """The group the collectives run on: only at size > 1, which `join`s first."""

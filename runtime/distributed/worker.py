@@ -110,7 +110,7 @@ def _build(spec: WorkerSpec) -> tuple[TensorParallel, ModelRunner]:
     cfg, device, dtype = spec.cfg, rank_device(spec.cfg, spec.rank), spec.cfg.torch_dtype()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL binds each rank to the current device
-    tp = TensorParallel(spec.rank, spec.size, gathered_rows=device.type == "cpu")
+    tp = TensorParallel.on(spec.rank, spec.size, device)
     model = load_model(cfg.model, device, dtype, tp, quantization=cfg.load_quantization(), ep_size=cfg.ep_size,
                        dp_attention=cfg.enable_dp_attention).model
     mcfg = model.config
