@@ -48,7 +48,8 @@ from .gguf_blocks import GROUP, GroupQuant
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("block_mm.cpp")
-# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order (dense_mm.cpp)
+# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order, and
+# rms_norm / add_rms_norm, the models' norms in one order, eager and compiled alike (dense_mm.cpp)
 SOURCES = (SOURCE, Path(__file__).with_name("dense_mm.cpp"))
 OP_NAMESPACE = "radixlang_cpu"
 _lock = threading.Lock()
@@ -143,6 +144,8 @@ def load(path: Path | None = None) -> None:
         torch.library.register_fake(f"{OP_NAMESPACE}::block_mm")(_fake_block_mm)
         torch.library.register_fake(f"{OP_NAMESPACE}::attention_rows")(_fake_attention_rows)
         torch.library.register_fake(f"{OP_NAMESPACE}::dense_mm")(_fake_dense_mm)
+        torch.library.register_fake(f"{OP_NAMESPACE}::rms_norm")(_fake_rms_norm)
+        torch.library.register_fake(f"{OP_NAMESPACE}::add_rms_norm")(_fake_add_rms_norm)
         _state["loaded"] = True
 
 
@@ -160,6 +163,15 @@ def _fake_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 def _fake_dense_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _fake_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _fake_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 def interleave() -> int:
