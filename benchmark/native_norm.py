@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from radixlang.kernels.cpu import block_kernel
 from radixlang.kernels.registry import create_backend
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models import compiled
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a GGUF file or HF folder (default: SmolLM2-135M)")
     args = parser.parse_args()
     compiled.use_our_inductor_cache()
+    if not block_kernel.available(wait=True):
+        raise SystemExit("no native kernel library here (AVX2 and g++): nothing to compare")
     with Engine(args.model, device="cpu", kv_cache_tokens=4096, quantization=args.quantization,
                 compile_layers=False) as engine:
         model = engine.runner.model

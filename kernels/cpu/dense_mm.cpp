@@ -33,6 +33,9 @@ struct Lanes16 {
     return {_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p)};
   }
   static Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  static Lanes16 add(Lanes16 a, Lanes16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_part(float* p, int64_t n) const { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v); }
   __m256 fold8() const {  // lane l + lane l + 8
     return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   }
@@ -51,6 +54,16 @@ struct Lanes16 {
   }
   static Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
+  static Lanes16 add(Lanes16 a, Lanes16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  void store(float* p) const {
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+  }
+  void store_part(float* p, int64_t n) const {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx), lo);
+    _mm256_maskstore_ps(p + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n) - 8), idx), hi);
   }
   __m256 fold8() const { return _mm256_add_ps(lo, hi); }
 };
@@ -170,6 +183,13 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight) {
 // y[k] = (x[k] * (1 / sqrt(sum / K + eps))) * w[k]. Each row is computed whole by one thread: no bit depends on
 // the rows beside it or the thread count. add_rms_norm first writes s = x + delta (one rounding, as torch's add)
 // and normalizes s: the residual add and the norm in one pass, as the decoder layer uses them.
+// y = x normalized, where x's sum of squares is `acc` (folded here)
+inline void scale_row(const float* __restrict x, Lanes16 acc, const float* __restrict w, int64_t k, float eps,
+                      float* __restrict y) {
+  const float r = 1.0f / std::sqrt(fold(acc) / static_cast<float>(k) + eps);
+  for (int64_t i = 0; i < k; ++i) y[i] = (x[i] * r) * w[i];
+}
+
 inline void norm_row(const float* __restrict x, const float* __restrict w, int64_t k, float eps, float* __restrict y) {
   Lanes16 acc = Lanes16::zero();
   int64_t t = 0;
@@ -181,12 +201,25 @@ inline void norm_row(const float* __restrict x, const float* __restrict w, int64
     const Lanes16 v = Lanes16::load_part(x + t, k - t);
     acc = Lanes16::fma(v, v, acc);
   }
-  const float r = 1.0f / std::sqrt(fold(acc) / static_cast<float>(k) + eps);
-  for (int64_t i = 0; i < k; ++i) y[i] = (x[i] * r) * w[i];
+  scale_row(x, acc, w, k, eps, y);
 }
 
-inline void add_row(const float* __restrict x, const float* __restrict d, int64_t k, float* __restrict s) {
-  for (int64_t i = 0; i < k; ++i) s[i] = x[i] + d[i];
+// s = x + d and its norm y, the sum of squares taken as s is written (the same order as norm_row's on s)
+inline void add_norm_row(const float* __restrict x, const float* __restrict d, const float* __restrict w, int64_t k,
+                         float eps, float* __restrict s, float* __restrict y) {
+  Lanes16 acc = Lanes16::zero();
+  int64_t t = 0;
+  for (; t + 16 <= k; t += 16) {
+    const Lanes16 v = Lanes16::add(Lanes16::load(x + t), Lanes16::load(d + t));
+    v.store(s + t);
+    acc = Lanes16::fma(v, v, acc);
+  }
+  if (t < k) {
+    const Lanes16 v = Lanes16::add(Lanes16::load_part(x + t, k - t), Lanes16::load_part(d + t, k - t));
+    v.store_part(s + t, k - t);
+    acc = Lanes16::fma(v, v, acc);
+  }
+  scale_row(s, acc, w, k, eps, y);
 }
 
 void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* op) {
@@ -231,8 +264,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   float* sp = s.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   over_rows(m, k, [&](int64_t r) {
-    add_row(xp + r * k, dp + r * k, k, sp + r * k);
-    norm_row(sp + r * k, wp, k, static_cast<float>(eps), yp + r * k);
+    add_norm_row(xp + r * k, dp + r * k, wp, k, static_cast<float>(eps), sp + r * k, yp + r * k);
   });
   return {s, y};
 }

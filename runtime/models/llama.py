@@ -230,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
             x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         rope = self.rotary.table(positions)
         delta: torch.Tensor | None = None
-        for layer in cast(Iterable[DecoderLayer], self.layers):
+        for layer in cast("Iterable[DecoderLayer]", self.layers):
             x, delta = layer.residual_step(x, delta, rope, ctx)
         return self.norm(x) if delta is None else self.norm.add(x, delta)[1]
 
