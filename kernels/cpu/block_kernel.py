@@ -48,8 +48,9 @@ from .gguf_blocks import GROUP, GroupQuant
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("block_mm.cpp")
-# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order (dense_mm.cpp),
-# and radixlang_cpu::lora_delta, the gathered LoRA delta (lora_mm.cpp); both include lanes16.h
+# compiled into the same library: radixlang_cpu::dense_mm, the exact mode's fp32 linears in one order, and
+# rms_norm / add_rms_norm, the models' norms in one order, eager and compiled alike (dense_mm.cpp); and
+# radixlang_cpu::lora_delta, the gathered LoRA delta (lora_mm.cpp); both include lanes16.h
 SOURCES = (SOURCE, Path(__file__).with_name("dense_mm.cpp"), Path(__file__).with_name("lora_mm.cpp"))
 HEADERS = (Path(__file__).with_name("lanes16.h"),)
 OP_NAMESPACE = "radixlang_cpu"
@@ -146,6 +147,8 @@ def load(path: Path | None = None) -> None:
         torch.library.register_fake(f"{OP_NAMESPACE}::attention_rows")(_fake_attention_rows)
         torch.library.register_fake(f"{OP_NAMESPACE}::dense_mm")(_fake_dense_mm)
         torch.library.register_fake(f"{OP_NAMESPACE}::lora_delta")(_fake_lora_delta)
+        torch.library.register_fake(f"{OP_NAMESPACE}::rms_norm")(_fake_rms_norm)
+        torch.library.register_fake(f"{OP_NAMESPACE}::add_rms_norm")(_fake_add_rms_norm)
         _state["loaded"] = True
 
 
@@ -168,6 +171,15 @@ def _fake_dense_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _fake_lora_delta(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, slots: torch.Tensor,
                      columns: list[int]) -> None:
     return None
+
+
+def _fake_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _fake_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 def interleave() -> int:

@@ -18,7 +18,9 @@
 #include "lanes16.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <tuple>
 
 namespace {
 
@@ -128,8 +130,109 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight) {
   return y;
 }
 
+// radixlang_cpu::rms_norm and add_rms_norm: RMSNorm over the last dim in the same fixed order, called by the eager
+// forward and, as an opaque op, by the compiled one (torch.compile fused the norm into the residual add before it
+// and summed in its own order: the compiled decode's logprobs differed from eager's; issue 43). Per row: lane l
+// accumulates x[k]^2 over k = 16 t + l with one fused multiply-add each, the lanes fold as dense_mm's do, then
+// y[k] = (x[k] * (1 / sqrt(sum / K + eps))) * w[k]. Each row is computed whole by one thread: no bit depends on
+// the rows beside it or the thread count. add_rms_norm first writes s = x + delta (one rounding, as torch's add)
+// and normalizes s: the residual add and the norm in one pass, as the decoder layer uses them.
+// y = x normalized, where x's sum of squares is `acc` (folded here)
+inline void scale_row(const float* __restrict x, Lanes16 acc, const float* __restrict w, int64_t k, float eps,
+                      float* __restrict y) {
+  const float r = 1.0f / std::sqrt(fold(acc) / static_cast<float>(k) + eps);
+  for (int64_t i = 0; i < k; ++i) y[i] = (x[i] * r) * w[i];
+}
+
+inline void norm_row(const float* __restrict x, const float* __restrict w, int64_t k, float eps, float* __restrict y) {
+  Lanes16 acc = Lanes16::zero();
+  int64_t t = 0;
+  for (; t + 16 <= k; t += 16) {
+    const Lanes16 v = Lanes16::load(x + t);
+    acc = Lanes16::fma(v, v, acc);
+  }
+  if (t < k) {
+    const Lanes16 v = Lanes16::load_part(x + t, k - t);
+    acc = Lanes16::fma(v, v, acc);
+  }
+  scale_row(x, acc, w, k, eps, y);
+}
+
+// s = x + d and its norm y, the sum of squares taken as s is written (the same order as norm_row's on s)
+inline void add_norm_row(const float* __restrict x, const float* __restrict d, const float* __restrict w, int64_t k,
+                         float eps, float* __restrict s, float* __restrict y) {
+  Lanes16 acc = Lanes16::zero();
+  int64_t t = 0;
+  for (; t + 16 <= k; t += 16) {
+    const Lanes16 v = Lanes16::add(Lanes16::load(x + t), Lanes16::load(d + t));
+    v.store(s + t);
+    acc = Lanes16::fma(v, v, acc);
+  }
+  if (t < k) {
+    const Lanes16 v = Lanes16::add(Lanes16::load_part(x + t, k - t), Lanes16::load_part(d + t, k - t));
+    v.store_part(s + t, k - t);
+    acc = Lanes16::fma(v, v, acc);
+  }
+  scale_row(s, acc, w, k, eps, y);
+}
+
+void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1, op, ": x must be a float32 tensor");
+  TORCH_CHECK(weight.dim() == 1 && weight.scalar_type() == at::kFloat && weight.is_contiguous(), op,
+              ": weight must be a contiguous 1-D float32 tensor");
+  TORCH_CHECK(weight.size(0) == x.size(-1), op, ": x has ", x.size(-1), " features, weight ", weight.size(0));
+}
+
+// rows [0, m) of k features, split over threads by rows only when there are enough of them to be worth it
+template <typename RowFn>
+void over_rows(int64_t m, int64_t k, const RowFn& row) {
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, k));
+  at::parallel_for(0, m, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) row(r);
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm(x, weight, "rms_norm");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t k = x.size(-1), m = k == 0 ? 0 : xc.numel() / k;
+  const float* xp = xc.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  over_rows(m, k, [&](int64_t r) { norm_row(xp + r * k, wp, k, static_cast<float>(eps), yp + r * k); });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                                double eps) {
+  check_norm(x, weight, "add_rms_norm");
+  TORCH_CHECK(delta.sizes() == x.sizes() && delta.scalar_type() == at::kFloat,
+              "add_rms_norm: delta must be a float32 tensor of x's shape");
+  const at::Tensor xc = x.contiguous(), dc = delta.contiguous();
+  at::Tensor s = at::empty(x.sizes(), x.options()), y = at::empty(x.sizes(), x.options());
+  const int64_t k = x.size(-1), m = k == 0 ? 0 : xc.numel() / k;
+  const float* xp = xc.data_ptr<float>();
+  const float* dp = dc.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* sp = s.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  over_rows(m, k, [&](int64_t r) {
+    add_norm_row(xp + r * k, dp + r * k, wp, k, static_cast<float>(eps), sp + r * k, yp + r * k);
+  });
+  return {s, y};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(radixlang_cpu, m) { m.def("dense_mm(Tensor x, Tensor weight) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(radixlang_cpu, m) {
+  m.def("dense_mm(Tensor x, Tensor weight) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
+}
 
-TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) { m.impl("dense_mm", &dense_mm); }
+TORCH_LIBRARY_IMPL(radixlang_cpu, CPU, m) {
+  m.impl("dense_mm", &dense_mm);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+}

@@ -1,4 +1,4 @@
-// 16 fp32 lanes, the unit of the fixed-order CPU kernels (dense_mm.cpp, lora_mm.cpp): one 512-bit register with
+// 16 fp32 lanes, the unit of the fixed-order CPU kernels (dense_mm.cpp: matmul and norms, lora_mm.cpp): one 512-bit register with
 // AVX-512, two 256-bit halves with AVX2. Both builds compute each lane with the same fused multiply-adds and fold
 // the 16 lanes in the same order (fold below), so they give the same bits.
 #pragma once
@@ -29,6 +29,7 @@ struct Lanes16 {
   static Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   static Lanes16 add(Lanes16 a, Lanes16 b) { return {_mm512_add_ps(a.v, b.v)}; }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_part(float* p, int64_t n) const { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v); }
   __m256 fold8() const {  // lane l + lane l + 8
     return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   }
@@ -62,6 +63,11 @@ struct Lanes16 {
   void store(float* p) const {
     _mm256_storeu_ps(p, lo);
     _mm256_storeu_ps(p + 8, hi);
+  }
+  void store_part(float* p, int64_t n) const {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx), lo);
+    _mm256_maskstore_ps(p + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n) - 8), idx), hi);
   }
   __m256 fold8() const { return _mm256_add_ps(lo, hi); }
 };

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -75,12 +75,26 @@ class ForwardContext:
 
 
 class RMSNorm(nn.Module):
+    # radixlang_cpu::rms_norm / add_rms_norm (kernels/cpu/dense_mm.cpp): one summation order, in the eager forward
+    # and, as an opaque op, in the compiled one (inductor fused torch's norm into the residual add before it and
+    # summed in its own order: the compiled decode's logprobs differed from eager's). Set once, at load (use_fixed_order).
+    fixed_order = False
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm): a residual add and the norm after it, in one pass of the native op."""
+        if self.fixed_order and x.dtype == torch.float32:
+            return torch.ops.radixlang_cpu.add_rms_norm(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fixed_order and x.dtype == torch.float32:
+            return torch.ops.radixlang_cpu.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # the same math in one call
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
@@ -174,10 +188,21 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, tp, layer_id)
 
     def forward(self, x: torch.Tensor, rope: RopeTable, ctx: ForwardContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
-        h = self.post_attention_layernorm(x)
+        x, delta = self.residual_step(x, None, rope, ctx)
+        return x + delta
+
+    def residual_step(self, x: torch.Tensor, delta: torch.Tensor | None, rope: RopeTable,
+                      ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on the residual x + `delta` (the previous layer's MLP output, not yet added): returns the
+        residual before this layer's MLP output, and that output. Each residual add then runs with the norm after
+        it (RMSNorm.add: one native op per norm)."""
+        if delta is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, rope, ctx))
         # adapters serve dense Llama-family models only (runtime/lora): a MoE block is never given one
-        return x + (self.mlp(h) if ctx.lora is None else self.mlp(h, ctx.lora))
+        return x, (self.mlp(h) if ctx.lora is None else self.mlp(h, ctx.lora))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -204,9 +229,10 @@ class LlamaForCausalLM(nn.Module):
         if embeds is not None:
             x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         rope = self.rotary.table(positions)
-        for layer in self.layers:
-            x = layer(x, rope, ctx)
-        return self.norm(x)
+        delta: torch.Tensor | None = None
+        for layer in cast("Iterable[DecoderLayer]", self.layers):
+            x, delta = layer.residual_step(x, delta, rope, ctx)
+        return self.norm(x) if delta is None else self.norm.add(x, delta)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32 logits (under tensor parallelism: on rank 0; other ranks get their shard)."""
@@ -294,8 +320,9 @@ def _assign(model: nn.Module, name: str, param: torch.Tensor, tensor: torch.Tens
 
 def use_fixed_order(model: nn.Module, on: bool = True) -> int:
     """Turns on (or off) the fixed-order fp32 matmul (kernels/cpu/dense_linear.py) of every FixedOrderLinear, and
-    of a tied LM head, whose weight can run it; returns how many. Called once, as the model loads; off where no
-    engine serves the model (quantize's calibration passes: MKL's GEMM is 1.3-1.6x faster on their many rows)."""
+    of a tied LM head, whose weight can run it, and the native fixed-order norm of every fp32 RMSNorm on the CPU;
+    returns how many. Called once, as the model loads; off where no engine serves the model (quantize's
+    calibration passes: MKL's GEMM is 1.3-1.6x faster on their many rows)."""
     count = 0
     for module in model.modules():
         if isinstance(module, FixedOrderLinear) and dense_linear.available_for(module.weight):
@@ -303,5 +330,8 @@ def use_fixed_order(model: nn.Module, on: bool = True) -> int:
             count += 1
         elif isinstance(module, LlamaForCausalLM) and dense_linear.available_for(module.embed_tokens.weight):
             module.fixed_order_head = on
+            count += 1
+        elif isinstance(module, RMSNorm) and dense_linear.available_for(module.weight):
+            module.fixed_order = on
             count += 1
     return count

@@ -74,24 +74,55 @@ def test_compile_layers_choices_are_checked():
         EngineConfig.from_options(compile_layers="sometimes")
 
 
-def test_outputs_are_equal_before_and_after_the_switch_to_compiled(tiny_model_dir, monkeypatch):
-    # one warm-up graph, the one these prompts' decodes take (3 rows of unequal lengths): CI compiles once
+def answers(engine: Engine) -> list[tuple[list[int], list[float]]]:
+    """Each prompt's greedy tokens and their logprobs (any change in a row's logits shows in its logprobs)."""
+    outs = engine.generate(PROMPTS, GREEDY, return_logprob=True)
+    return [(o.output_ids, [lp.logprob for lp in o.meta.output_logprobs]) for o in outs]
+
+
+def switch_after(compiler: compiled_module.BackgroundCompile, eager_decodes: int) -> None:
+    """Serves the next `eager_decodes` decode steps eagerly, then switches to the compiled forward between two
+    steps, as the background thread's `ready` does when its compile lands in the middle of a request."""
+    eager, seen = compiler.eager, []
+
+    def counting(input_ids, positions, ctx, embeds=None):
+        if getattr(ctx.attn, "decode_only", False):
+            seen.append(1)
+            compiler.ready = len(seen) >= eager_decodes
+        return eager(input_ids, positions, ctx, embeds)
+
+    compiler.ready, compiler.eager = False, counting
+
+
+@pytest.mark.parametrize("mode", ["none", "int4"])  # fp32 on dense_mm (the exact mode), the block kernel (default's)
+def test_compiled_decode_gives_eager_tokens_and_logprobs_bit_for_bit_and_so_does_a_switch_mid_request(
+        tiny_model_dir, monkeypatch, mode):
+    """Inductor fused each RMSNorm into the residual add before it and reduced in its own order: the logprobs moved
+    in the last bits once the background compile switched over, mid-request too (issue 43). The oracle: an engine
+    that never compiles."""
+    # one warm-up graph, the one these prompts' decodes take (3 rows of unequal lengths): CI compiles once per mode
     monkeypatch.setattr(compiled_module, "WARMUP_STEPS", ((3, (3, 5, 4)),))
-    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=False) as eager:
-        want = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
+    options = {"device": "cpu", "kv_cache_tokens": 1024, "quantization": mode}
+    with Engine(str(tiny_model_dir), **options, compile_layers=False) as eager:
+        want = answers(eager)
         eager.check_invariants()
-    with Engine(str(tiny_model_dir), device="cpu", kv_cache_tokens=1024, compile_layers=True) as engine:
-        compiler = engine.runner.model.forward.__self__
-        before = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]  # eager, or compiled if it was quick
+    with Engine(str(tiny_model_dir), **options, compile_layers=True) as engine:
+        compiler = engine.decode_compile
+        before = answers(engine)  # eager, or compiled if it was quick
         assert compiler.finished.wait(timeout=600) and compiler.ready, compiler.error
         compiler.marker.unlink()  # so the session's later engines on the tiny model stay eager under "auto"
         calls = count_compiled_calls(compiler)
         graphs = settled_graph_count()
-        after = [o.output_ids for o in engine.generate(PROMPTS, GREEDY)]
+        after = answers(engine)
+        compiled_steps = len(calls)
+        switch_after(compiler, eager_decodes=3)
+        switched = answers(engine)
         engine.check_invariants()
     assert before == want and after == want
+    assert switched == want
     assert counters["stats"]["unique_graphs"] == graphs  # the live steps took the warm-up's graph: no recompile
-    assert len(calls) >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
+    assert compiled_steps >= GREEDY["max_new_tokens"] - 1  # the decode steps ran the compiled forward
+    assert len(calls) - compiled_steps >= GREEDY["max_new_tokens"] - 1 - 3  # ... and after the switch
 
 
 def test_batches_past_a_layers_dense_switch_take_warmed_up_graphs(tiny_model_dir, monkeypatch):
