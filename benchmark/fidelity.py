@@ -184,7 +184,8 @@ def perplexity(engine: Engine, text: str = FIXED_TEXT) -> float:
 
 
 def invariance(mode: str, new_tokens: int = 16) -> str:
-    """Per scenario, how many prompts answer bitwise as they do cold, alone and in one prefill chunk."""
+    """Per scenario (cached, batched beside long neighbours, chunked, compiled decode), how many prompts answer
+    bitwise (tokens and logprobs) as they do cold, alone, eager and in one prefill chunk."""
     prompts = [c["input_ids"] for c in PROMPTS[:5]]
     neighbours = [c["input_ids"] * 4 for c in PROMPTS[5:12]]
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -205,8 +206,13 @@ def invariance(mode: str, new_tokens: int = 16) -> str:
     with Engine(device="cpu", kv_cache_tokens=16384, quantization=mode, compile_layers=False,
                 max_prefill_tokens=7) as engine:
         chunked = [answers(engine, [p])[0] for p in prompts]
+    with Engine(device="cpu", kv_cache_tokens=16384, quantization=mode, compile_layers=True) as engine:
+        compiled = []
+        for p in prompts:  # the decode forward torch.compile'd (its norms and matmuls the same kernels as eager's)
+            engine.flush_cache()
+            compiled.append(answers(engine, [p])[0])
     same = {name: sum(a == b for a, b in zip(alone, runs))
-            for name, runs in (("cached", cached), ("batched", batched), ("chunked", chunked))}
+            for name, runs in (("cached", cached), ("batched", batched), ("chunked", chunked), ("compiled", compiled))}
     return ", ".join(f"{name} {n}/{len(prompts)}" for name, n in same.items())
 
 
