@@ -145,6 +145,20 @@ def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:
     return compiled_or_nothing(difference(quoted(body), quoted(ra.alt(*excluded))))
 
 
+class _States:
+    """Numbers an automaton's states as they are first reached and queues each to be expanded once."""
+
+    def __init__(self, start: tuple[int, int, bool]):
+        self.ids: dict[tuple[int, int, bool], int] = {start: 0}
+        self.queue = [start]
+
+    def __call__(self, state: tuple[int, int, bool]) -> int:
+        if state not in self.ids:
+            self.ids[state] = len(self.ids)
+            self.queue.append(state)
+        return self.ids[state]
+
+
 def _members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
              lo: int, hi: int | None, path: str) -> ra.Node:
     """Comma-separated members in order (required ones always, optional ones maybe), then any number
@@ -156,22 +170,13 @@ def _members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Nod
     # on greedily into the next member's key and fail where that member is absent
     comma = c.separator(any(ra.refs(n) for n, _ in items) or (extra is not None and bool(ra.refs(extra))))
     cap = hi if hi is not None else lo
-    ids: dict[tuple[int, int, bool], int] = {}
+    target = _States((0, 0, True))  # (next member, count, first)
     edges: list[tuple[int, ra.Node, int]] = []
     finals: list[int] = []
-    queue = [(0, 0, True)]
-    ids[queue[0]] = 0
     n = len(items)
-
-    def target(state: tuple[int, int, bool]) -> int:
-        if state not in ids:
-            ids[state] = len(ids)
-            queue.append(state)
-        return ids[state]
-
-    while queue:
-        i, count, first = state = queue.pop()
-        src = ids[state]
+    while target.queue:
+        i, count, first = state = target.queue.pop()
+        src = target.ids[state]
         nxt_count = min(count + 1, cap) if hi is None else count + 1
         sep = ra.EMPTY if first else comma
         if i < n:
@@ -187,7 +192,7 @@ def _members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Nod
             edges.append((src, ra.seq(sep, extra), target((n, nxt_count, False))))
     if not finals:
         raise Unsatisfiable(f"no object at {path} has between minProperties and maxProperties members")
-    return ra.Graph(len(ids), tuple(edges), tuple(finals))
+    return ra.Graph(len(target.ids), tuple(edges), tuple(finals))
 
 
 def _any_order_members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
@@ -204,20 +209,12 @@ def _any_order_members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], ext
     ruled = ruled or bool(ra.refs(comma))  # members apart (split mode): grammar rules too
     cap = hi if hi is not None else lo
     need = sum(1 << i for i, (_, req) in enumerate(items) if req)
-    ids: dict[tuple[int, int, bool], int] = {(0, 0, True): 0}  # written (-1: undeclared ones now), count, first
-    queue = [(0, 0, True)]
+    target = _States((0, 0, True))  # (declared members written, -1: undeclared ones now; count; first)
     edges: list[tuple[int, ra.Node, int]] = []
     finals: list[int] = []
-
-    def target(state: tuple[int, int, bool]) -> int:
-        if state not in ids:
-            ids[state] = len(ids)
-            queue.append(state)
-        return ids[state]
-
-    while queue:
-        written, count, first = state = queue.pop()
-        src = ids[state]
+    while target.queue:
+        written, count, first = state = target.queue.pop()
+        src = target.ids[state]
         done = written < 0 or written & need == need
         if done and count >= lo:
             finals.append(src)
@@ -234,7 +231,7 @@ def _any_order_members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], ext
             edges.append((src, ra.EMPTY, target((-1, count, first))))
     if not finals:
         raise Unsatisfiable(f"no object at {path} has between minProperties and maxProperties members")
-    return ra.Graph(len(ids), tuple(edges), tuple(finals))
+    return ra.Graph(len(target.ids), tuple(edges), tuple(finals))
 
 
 def _any_order_fits(items: list[tuple[ra.Node, bool]]) -> bool:
