@@ -82,6 +82,14 @@ def test_every_complete_random_walk_output_parses_with_lark(name, compiler, walk
     assert done >= 6
 
 
+def assert_brute_force(constraint, state, mask, vocab, prefix: str) -> None:
+    """`mask` allows exactly the tokens whose bytes the constraint advances on, one token at a time."""
+    brute = np.zeros_like(mask)
+    for tid in vocab.ids.tolist():
+        brute[tid] = constraint.advance_bytes(state, vocab.token_bytes[tid]) is not None
+    assert np.array_equal(mask, brute), (prefix, np.flatnonzero(mask != brute)[:10])
+
+
 @pytest.mark.parametrize("name", ["json", "calc"])
 def test_token_mask_matches_byte_by_byte_advance_on_the_whole_vocab(name, compiler, vocab):
     constraint = compiler.compile("grammar", GRAMMARS[name])
@@ -91,10 +99,7 @@ def test_token_mask_matches_byte_by_byte_advance_on_the_whole_vocab(name, compil
         state = constraint.advance_bytes(constraint.initial(), prefix.encode())
         assert state is not None, prefix
         mask = constraint.allowed(state)
-        brute = np.zeros_like(mask)
-        for tid in vocab.ids.tolist():
-            brute[tid] = constraint.advance_bytes(state, vocab.token_bytes[tid]) is not None
-        assert np.array_equal(mask, brute), (prefix, np.flatnonzero(mask != brute)[:10])
+        assert_brute_force(constraint, state, mask, vocab, prefix)
 
 
 def test_terminals_spanning_token_boundaries_are_handled(compiler, tokenizer):
@@ -214,8 +219,5 @@ def test_a_recursive_json_schemas_masks_match_byte_by_byte_advance_on_the_whole_
         state = constraint.advance_bytes(constraint.initial(), prefix.encode())
         assert state is not None, prefix
         mask = constraint.allowed(state)
-        brute = np.zeros_like(mask)
-        for tid in vocab.ids.tolist():
-            brute[tid] = constraint.advance_bytes(state, vocab.token_bytes[tid]) is not None
-        assert np.array_equal(mask, brute), (prefix, np.flatnonzero(mask != brute)[:10])
+        assert_brute_force(constraint, state, mask, vocab, prefix)
         assert np.array_equal(np.unpackbits(constraint.allowed_bits(state), count=len(mask), bitorder="little"), mask)
