@@ -20,7 +20,7 @@ from typing import Iterable
 
 from .. import deadline
 from ..regex import regex_ast as ra
-from ..regex.automaton import _own_chars, compile_dfa
+from ..regex.automaton import compile_dfa, own_chars
 from ..regex.regex_parser import parse_regex
 from .json_arrays import array_node
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
@@ -136,7 +136,7 @@ def _bounded_any_value(ws: ra.Node) -> ra.Node:
                    ra.literal("}")),
             ra.seq(ra.literal("["), ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), ws,
                    ra.literal("]")))
-    return ra.Compiled(_own_chars([value], False))
+    return ra.Compiled(own_chars([value], False))
 
 
 def _summary(reports: list[str], shown: int = 3) -> tuple[str, ...]:

@@ -93,17 +93,17 @@ def collector_paused() -> Iterator[None]:
 def compile_dfa(patterns: list[ra.Node], nonempty: bool = False) -> Dfa:
     """One DFA for the union of `patterns`; `nonempty` drops the empty match (lexer terminals)."""
     def build() -> Dfa:
-        trans, byte_class, accept = char_to_byte_dfa(_own_chars(patterns, nonempty))
+        trans, byte_class, accept = char_to_byte_dfa(own_chars(patterns, nonempty))
         return Dfa(trans, accept, byte_class)
     return cached(("bytes", tuple(patterns), nonempty), build)
 
 
 def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = False) -> CharDfa:
     """`compile_dfa` over `alphabet`'s classes (which must cover the patterns' character sets)."""
-    return _project(_own_chars(patterns, nonempty), alphabet)
+    return _project(own_chars(patterns, nonempty), alphabet)
 
 
-def _own_chars(patterns: list[ra.Node], nonempty: bool) -> CharDfa:
+def own_chars(patterns: list[ra.Node], nonempty: bool) -> CharDfa:
     """The character DFA over the patterns' own alphabet, built once per content (dfa_cache)."""
     return cached(("chars", tuple(patterns), nonempty),
                   lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty))
