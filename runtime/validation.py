@@ -201,9 +201,10 @@ class RequestValidator:
         """For n > 1, the prompts computed once up front, so the n samples share their KV."""
         if not self.share_prefills:
             return []
-        seen: dict[tuple[int, ...], Submission] = {}
+        # The same ids share KV only within one namespace (a tenant, an adapter) and with the same images.
+        seen: dict[tuple[object, ...], Submission] = {}
         for s in subs:
-            seen.setdefault(tuple(s.prompt_ids), s)
+            seen.setdefault((tuple(s.prompt_ids), s.namespace, tuple(i.key for i in s.images)), s)
         if len(seen) == len(subs):
             return []
         return [Submission(uuid.uuid4().hex, s.prompt_ids, SamplingParams(max_new_tokens=0), images=s.images,

@@ -89,6 +89,32 @@ def test_kv_is_reused_within_an_adapter_only_and_unloading_frees_it(tiny_engine_
     engine.check_invariants()
 
 
+def test_ngram_speculation_keeps_each_adapters_tokens_and_repeated_prompts_prefill_once_per_adapter(
+        tiny_engine_factory, lora_adapters):
+    # Repeating prompts, so the n-gram drafter proposes; each prompt twice under each adapter and the base.
+    prompts = [[1, 504, 2231, 30, 9] * 3, [1, 42, 17, 3003] * 3]
+    names = [n for n in NAMES for _ in prompts]
+    params = {"temperature": 0, "max_new_tokens": 24}
+
+    def run(engine):
+        outs = engine.generate(input_ids=prompts * len(NAMES), sampling_params=params, lora=names)
+        return [o.output_ids for o in outs]
+
+    plain = run(tiny_engine_factory(lora_paths=lora_paths(lora_adapters)))
+    spec_engine = tiny_engine_factory(lora_paths=lora_paths(lora_adapters), speculative_algorithm="NGRAM")
+    speculated = run(spec_engine)
+    assert spec_engine.stats()["spec_draft_tokens_total"] > 0
+    assert speculated == plain
+    assert len({tuple(t) for t in plain[::2]}) == len(NAMES)  # each adapter changes the answer
+    # n=2 per (prompt, adapter): one shared prefill each, never one adapter's prompt standing in for another's
+    two = tiny_engine_factory(lora_paths=lora_paths(lora_adapters))
+    outs = two.generate(input_ids=prompts * len(NAMES), sampling_params={**params, "n": 2}, lora=names)
+    assert [o.output_ids for o in outs[::2]] == plain
+    assert [o.meta.cached_tokens for o in outs] == [len(p) - 1 for p in prompts * len(NAMES) for _ in range(2)]
+    spec_engine.check_invariants()
+    two.check_invariants()
+
+
 def test_an_adapter_in_use_unloads_when_its_request_ends(tiny_engine_factory, lora_adapters):
     engine = tiny_engine_factory(quantization="none", lora_paths=lora_paths(lora_adapters))
     want = engine.generate(input_ids=PROMPTS[0], sampling_params={"temperature": 0, "max_new_tokens": 24},
