@@ -16,6 +16,10 @@ On the CPU each slot's run of tiles is one batched matmul against the slot's wei
 decode of 16 rows over 8 adapters reads each adapter's weights once. Where the block kernel's library is loaded the
 CPU runs `lora_delta_cpu` instead: the native kernel (kernels/cpu/lora_mm.cpp) takes each row's slot, needs no
 plan, and does a fused linear's whole delta in one call, every row's sums in an order fixed per row.
+
+The token embedding's and the LM head's deltas (their A and B are vocabulary-sized, and one step's rows need a
+few of the embedding's columns) run the torch path everywhere: `lora_embedding_torch` gathers each row's rank
+activations by token id, where a linear multiplies.
 """
 from __future__ import annotations
 
@@ -107,11 +111,25 @@ def lora_delta_torch(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torc
     kernel's oracle. x [T, K]; a [slots, R, K]; bt [slots, R, N] (B transposed: a plain bmm operand); computed
     in a's dtype (the activations')."""
     xt = x.index_select(0, plan.rows).to(a.dtype).view(plan.num_tiles, plan.tile, x.shape[1])
-    parts = []
-    for slot, first, n in plan.runs:  # each tile one [tile, K] x [K, R] product, the slot's weights broadcast
-        h = torch.bmm(xt[first:first + n], a[slot].T.expand(n, -1, -1))  # [n, tile, R]
-        parts.append(torch.bmm(h, bt[slot].expand(n, -1, -1)))  # [n, tile, N]
+    # each tile one [tile, K] x [K, R] product, the slot's weights broadcast
+    h = torch.cat([torch.bmm(xt[first:first + n], a[slot].T.expand(n, -1, -1)) for slot, first, n in plan.runs])
+    return _expand(y, h, bt, plan)
+
+
+def lora_embedding_torch(y: torch.Tensor, ids: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+                         plan: LoraPlan) -> torch.Tensor:
+    """Adds each planned row's embedding delta to y [T, N] in place (returned): row t of slot s adds
+    a[s, ids[t]] @ bt[s], with a [slots, vocab, R] (PEFT's lora_embedding_A transposed: a token's rank activations
+    are its row, a gather) and bt [slots, R, N]; the expansion tiled as lora_delta_torch's."""
+    tile_slots = plan.tile_slots.repeat_interleave(plan.tile)
+    h = a[tile_slots, ids.index_select(0, plan.rows)].view(plan.num_tiles, plan.tile, a.shape[2])
+    return _expand(y, h, bt, plan)
+
+
+def _expand(y: torch.Tensor, h: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
+    """y's planned rows plus their rank activations h [tiles, tile, R] expanded by their slot's bt [R, N]."""
+    # each tile one [tile, R] x [R, N] product
+    parts = [torch.bmm(h[first:first + n], bt[slot].expand(n, -1, -1)) for slot, first, n in plan.runs]
     delta = torch.cat(parts).view(plan.num_tiles * plan.tile, -1).index_select(0, plan.positions).to(y.dtype)
     # one add per row (the targets are distinct); index_add_ took ~100 ms a call on the CPU
     return y.index_copy_(0, plan.targets, y.index_select(0, plan.targets) + delta)
-

@@ -163,7 +163,7 @@ def long_tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture
 def tiny_engine_factory(tiny_model_dir):
-    """Builds engines on the tiny model; each is checked for leaked KV and shut down afterwards."""
+    """Builds engines on the tiny model (or `model=`); each is checked for leaked KV and shut down afterwards."""
     from radixlang.runtime.engine import Engine
 
     engines = []
@@ -171,7 +171,7 @@ def tiny_engine_factory(tiny_model_dir):
     def make(**options) -> Engine:
         options.setdefault("kv_cache_tokens", 4096)
         options.setdefault("device", "cpu")
-        engine = Engine(model=str(tiny_model_dir), **options)
+        engine = Engine(**{"model": str(tiny_model_dir)} | options)
         engines.append(engine)
         return engine
 

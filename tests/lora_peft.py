@@ -12,16 +12,17 @@ ADAPTERS = {"a0": {"r": 4, "lora_alpha": 8}, "a1": {"r": 8, "lora_alpha": 4},
             "a2": {"r": 6, "lora_alpha": 12, "use_rslora": True}}
 
 
-def write_adapters(base: Path, root: Path) -> dict[str, Path]:
-    """Random (init_lora_weights=False: B is not zero) PEFT adapters of `base`, one folder each."""
+def write_adapters(base: Path, root: Path, adapters: dict[str, dict] = ADAPTERS) -> dict[str, Path]:
+    """Random (init_lora_weights=False: B is not zero) PEFT adapters of `base`, one folder each: each adapter's
+    LoraConfig options (target_modules: every linear unless given)."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
     out = {}
-    for i, (name, options) in enumerate(ADAPTERS.items()):
+    for i, (name, options) in enumerate(adapters.items()):
         torch.manual_seed(1000 + i)
         model = get_peft_model(LlamaForCausalLM.from_pretrained(str(base), dtype=torch.float32),
-                               LoraConfig(target_modules=TARGETS, init_lora_weights=False, **options))
+                               LoraConfig(init_lora_weights=False, **{"target_modules": TARGETS} | options))
         model.save_pretrained(str(root / name))
         out[name] = root / name
     return out

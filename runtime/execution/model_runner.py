@@ -75,7 +75,8 @@ class ModelRunner:
             return None
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, dtype=torch.int64, device=self.device)]
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        return logits if inputs.lora is None else inputs.lora.logits(rows, hidden, logits)
 
     @property
     def ep_size(self) -> int:

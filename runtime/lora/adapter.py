@@ -2,22 +2,33 @@
 
 PEFT's layer computes y = W x + (alpha / r) B A x (`use_rslora`: alpha / sqrt(r)), with A [r, in] and B [out, r]
 stored as `...layers.{i}.{module}.lora_A.weight` / `lora_B.weight`. The targets served are the Llama family's
-seven linears (q, k, v, o, gate, up, down); anything else an adapter asks for (DoRA, biases, embeddings or the LM
-head, per-module rank patterns, extra trained modules) is refused with a ValueError naming it, rather than served
-wrong.
+seven linears (q, k, v, o, gate, up, down), the token embedding (PEFT's `Embedding` layer: `embed_tokens.
+lora_embedding_A` [r, vocab] and `lora_embedding_B` [hidden, r]; token t adds (alpha / r) B A[:, t]) and the LM
+head (a Linear: `lm_head.lora_A.weight` [r, hidden], `lora_B.weight` [vocab, r]). Anything else an adapter asks
+for (DoRA, biases, per-module rank patterns, extra trained modules or tokens) is refused with a ValueError naming
+it, rather than served wrong.
+
+PEFT saves a copy of the base embedding and LM head beside their LoRA weights (`...embed_tokens.base_layer.weight`,
+`save_embedding_layers`, so that a resized vocabulary survives); the engine serves its own base weights, so a copy
+must have the model's shape and is otherwise not read. A tied model's `ensure_weight_tying` adapter stores the LM
+head's A and B (the embedding's B^T and A^T), which serve as any LM head LoRA.
 """
 from __future__ import annotations
 
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
+_EMBEDDING = re.compile(r"(?:.*\.)?embed_tokens\.lora_embedding_([AB])(?:\.\w+)?$")
+_HEAD = re.compile(r"(?:.*\.)?lm_head\.lora_([AB])(?:\.\w+)?\.weight$")
+_BASE_COPY = re.compile(r"(?:.*\.)?(embed_tokens|lm_head)\.base_layer\.weight$")  # save_embedding_layers' copy
+EMBEDDING, HEAD = "embed_tokens", "lm_head"  # the weights' keys of the two whole-model targets (layer -1)
 # config fields that ask for more than plain LoRA on linears, and what each is
 _UNSUPPORTED = {
     "use_dora": "DoRA (use_dora)",
@@ -44,7 +55,10 @@ class LoraAdapter:
     path: str
     rank: int
     scaling: float
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, target) -> (A [r, in], B*s [out, r])
+    # (layer, target) -> (A [r, in], B*s [out, r]); the embedding and the LM head at (-1, EMBEDDING / HEAD), the
+    # embedding's A [r, vocab] (a column per token) and B*s [hidden, r]
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    base_copies: dict[str, tuple[int, ...]] = field(default_factory=dict)  # PEFT's copies of the base: their shapes
     uid: int = 0  # set by the registry: a reloaded name is a new adapter (its KV namespace differs)
     users: int = 0  # live requests that run it (scheduler thread)
     retired: bool = False  # unloaded: it frees once its last request ends
@@ -69,23 +83,42 @@ def load_peft_adapter(name: str, path: str | Path) -> LoraAdapter:
     scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     tensors = _read_tensors(name, folder)
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    base_copies = {}
     for key, tensor in tensors.items():
-        match = _KEY.match(key)
-        if match is None or match.group(2) not in TARGETS:
+        if copy := _BASE_COPY.match(key):
+            base_copies[copy.group(1)] = tuple(tensor.shape)
+            continue
+        place, part = _place(key)
+        if place is None:
             raise ValueError(f"LoRA adapter {name!r}: weight {key!r} is not on a supported target; radixlang serves "
-                             f"LoRA on {', '.join(TARGETS)} (not embeddings or the LM head)")
-        parts.setdefault((int(match.group(1)), match.group(2)), {})[match.group(3)] = tensor
+                             f"LoRA on {', '.join(TARGETS)}, {EMBEDDING} and {HEAD}")
+        parts.setdefault(place, {})[part] = tensor
     if not parts:
         raise ValueError(f"LoRA adapter {name!r}: {folder} holds no LoRA weights")
     weights = {}
     for (layer, target), ab in sorted(parts.items()):
         if set(ab) != {"A", "B"}:
-            raise ValueError(f"LoRA adapter {name!r}: layer {layer} {target} has lora_{''.join(ab)} only")
+            raise ValueError(f"LoRA adapter {name!r}: {_where(layer, target)} has lora_{''.join(ab)} only")
         a, b = ab["A"].float(), ab["B"].float()
         if a.shape[0] != rank or b.shape[1] != rank:
-            raise ValueError(f"LoRA adapter {name!r}: layer {layer} {target} has rank {a.shape[0]}, config r={rank}")
+            raise ValueError(f"LoRA adapter {name!r}: {_where(layer, target)} has rank {a.shape[0]}, config r={rank}")
         weights[(layer, target)] = (a.contiguous(), (b * scaling).contiguous())
-    return LoraAdapter(name, str(folder), rank, scaling, weights)
+    return LoraAdapter(name, str(folder), rank, scaling, weights, base_copies)
+
+
+def _place(key: str) -> tuple[tuple[int, str] | None, str]:
+    """(layer, target) and "A" / "B" of a LoRA weight's key; (None, "") for a key on no served target."""
+    if (match := _KEY.match(key)) and match.group(2) in TARGETS:
+        return (int(match.group(1)), match.group(2)), match.group(3)
+    if match := _EMBEDDING.match(key):
+        return (-1, EMBEDDING), match.group(1)
+    if match := _HEAD.match(key):
+        return (-1, HEAD), match.group(1)
+    return None, ""
+
+
+def _where(layer: int, target: str) -> str:
+    return target if layer < 0 else f"layer {layer} {target}"
 
 
 def _check_config(name: str, cfg: dict) -> None:

@@ -10,6 +10,12 @@ one input (A of rank 3R: q's rows, then k's, then v's; B block-diagonal, stored 
 kernels take it), gate | up likewise (2R), o and down alone. R is max_lora_rank (default: the largest rank of the adapters given at start, else of the first one
 loaded); smaller ranks are zero-padded, which adds exact zeros.
 
+The token embedding and the LM head (runtime/lora/adapter.py's EMBEDDING / HEAD) have slots of their own, made when
+the first adapter that has one is placed, in the activation dtype (PEFT's fp32 in the exact mode): the embedding's
+A transposed [slots, vocab, R] (a token's rank activations are its row: a gather, no matmul) and B^T [slots, R,
+hidden]; the head's A [slots, R, hidden] and B^T [slots, R, vocab]. Only the rows whose adapter has the target run
+them (kernels/lora.py's torch path, tiled as the linears' for batch invariance).
+
 Everything here runs on the scheduler thread but `lookup` (a dict read, from the request's validation).
 """
 from __future__ import annotations
@@ -21,10 +27,11 @@ from typing import Callable
 
 import torch
 
-from ...kernels.lora import lora_delta_cpu, lora_delta_torch, native_available, plan_rows, quantize_rows
+from ...kernels.lora import (lora_delta_cpu, lora_delta_torch, lora_embedding_torch, native_available, plan_rows,
+                             quantize_rows)
 from ..models.llama import LlamaConfig
 from . import UnknownAdapter
-from .adapter import LoraAdapter
+from .adapter import EMBEDDING, HEAD, LoraAdapter
 
 # the model's fused linears and the PEFT targets each stacks, in its row order
 GROUPS: dict[str, tuple[str, ...]] = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
@@ -57,9 +64,28 @@ class LoraBatch:
     weights: dict[tuple[int, str], SlotWeights]  # by (layer, group)
     columns: dict[str, list[int]]  # each group's target column bounds
     delta: Delta
+    embedding: SlotWeights | None = None  # the embedding's slots (None: no adapter of the step has one)
+    embedding_slots: list[int] | None = None  # each token's slot for the embedding (0: its adapter has none)
+    head: SlotWeights | None = None  # the LM head's, likewise
+    head_slots: list[int] | None = None
 
     def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.delta(y, x, self.weights[(layer, group)], self.columns[group])
+
+    def embed(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden], the step's embeddings, plus each token's embedding delta (its adapter's B A[:, id])."""
+        plan = None if self.embedding_slots is None else plan_rows(self.embedding_slots, x.device)
+        if plan is None or self.embedding is None:
+            return x
+        return lora_embedding_torch(x, input_ids, self.embedding.a, self.embedding.bt, plan)
+
+    def logits(self, rows: list[int], hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """logits [len(rows), vocab] of hidden [len(rows), hidden] (the step's tokens `rows`), plus the LM head's
+        delta of each row whose adapter has one."""
+        plan = None if self.head_slots is None else plan_rows([self.head_slots[r] for r in rows], hidden.device)
+        if plan is None or self.head is None:
+            return logits
+        return lora_delta_torch(logits, hidden, self.head.a, self.head.bt, plan)
 
 
 def _tiled(delta: Callable, plan, y: torch.Tensor, x: torch.Tensor, w: SlotWeights, columns: list[int]) -> torch.Tensor:
@@ -86,6 +112,8 @@ class LoraPool:
         self.adapters: dict[str, LoraAdapter] = {}  # by name: what requests may name
         self.slots: list[LoraAdapter | None] = [None] * (num_slots + 1)  # [0]: the base model
         self.weights: dict[tuple[int, str], SlotWeights] = {}  # allocated at the first load
+        self.float_dtype = dtype  # the embedding's and the LM head's slots (activations')
+        self.whole: dict[str, SlotWeights] = {}  # EMBEDDING / HEAD: allocated when an adapter first has one
         self._uids = itertools.count(1)
         self._steps = 0
         self._delta = lora_delta_torch  # the Triton kernel on CUDA (the same plan and result, in place)
@@ -136,7 +164,18 @@ class LoraPool:
         return True
 
     def _check_shapes(self, adapter: LoraAdapter) -> None:
+        vocab, hidden = self.cfg.vocab_size, self.cfg.hidden_size
+        for target, shape in adapter.base_copies.items():
+            if shape != (vocab, hidden):
+                raise ValueError(f"LoRA adapter {adapter.name!r} holds a {target} of shape {list(shape)}, the model's "
+                                 f"is {[vocab, hidden]} (a resized vocabulary, or another base model)")
         for (layer, target), (a, b) in adapter.weights.items():
+            if layer < 0:  # the embedding's A is [r, vocab], B [hidden, r]; the head's A [r, hidden], B [vocab, r]
+                fan_in, fan_out = (vocab, hidden) if target == EMBEDDING else (hidden, vocab)
+                if a.shape[1] != fan_in or b.shape[0] != fan_out:
+                    raise ValueError(f"LoRA adapter {adapter.name!r}: {target} maps {a.shape[1]} -> {b.shape[0]}, "
+                                     f"the model's {fan_in} -> {fan_out} (another base model?)")
+                continue
             if layer >= self.cfg.num_layers:
                 raise ValueError(f"LoRA adapter {adapter.name!r} has layer {layer}; the model has "
                                  f"{self.cfg.num_layers}")
@@ -162,10 +201,23 @@ class LoraPool:
         slots = [0 if a is None else a.slot for a in adapters]
         rows = [s for s, n in zip(slots, lengths) for _ in range(n)]
         if self.native:
-            return LoraBatch(self.weights, self.columns, functools.partial(_native, torch.tensor(rows)))
-        plan = plan_rows(rows, self.device)
-        assert plan is not None
-        return LoraBatch(self.weights, self.columns, functools.partial(_tiled, self._delta, plan))
+            batch = LoraBatch(self.weights, self.columns, functools.partial(_native, torch.tensor(rows)))
+        else:
+            plan = plan_rows(rows, self.device)
+            assert plan is not None
+            batch = LoraBatch(self.weights, self.columns, functools.partial(_tiled, self._delta, plan))
+        batch.embedding, batch.embedding_slots = self._whole_rows(EMBEDDING, adapters, lengths)
+        batch.head, batch.head_slots = self._whole_rows(HEAD, adapters, lengths)
+        return batch
+
+    def _whole_rows(self, target: str, adapters: list[LoraAdapter | None], lengths: list[int]
+                    ) -> tuple[SlotWeights | None, list[int] | None]:
+        """The embedding's or head's slots and each token's slot in them (0: its adapter has no `target`), or
+        (None, None) when no adapter of the step has one."""
+        slots = [a.slot if a is not None and (-1, target) in a.weights else 0 for a in adapters]
+        if not any(slots):
+            return None, None
+        return self.whole[target], [s for s, n in zip(slots, lengths) for _ in range(n)]
 
     def _place(self, adapter: LoraAdapter, present: dict[int, LoraAdapter]) -> None:
         free = [i for i in range(1, len(self.slots)) if self.slots[i] is None]
@@ -179,6 +231,7 @@ class LoraPool:
         if not self.weights:
             self._allocate()
         self._write(slot, adapter)
+        self._write_whole(slot, adapter)
         self.slots[slot], adapter.slot = adapter, slot
 
     def _allocate(self) -> None:
@@ -212,6 +265,31 @@ class LoraPool:
                         b_slot[j * r_max:j * r_max + adapter.rank, row:row + out] = b.T
                     row += out
                 self._store(w, slot, a_slot, b_slot)
+
+    def _write_whole(self, slot: int, adapter: LoraAdapter) -> None:
+        """The adapter's embedding and head into their slots (zero-padded to max_lora_rank). An adapter without one
+        leaves its slot stale: its rows never read it (LoraBatch's embedding_slots / head_slots say 0)."""
+        assert self.max_rank is not None
+        for target in (EMBEDDING, HEAD):
+            ab = adapter.weights.get((-1, target))
+            if ab is None:
+                continue
+            a, b = ab
+            if target not in self.whole:
+                n = self.num_slots + 1
+                a_shape = (n, a.shape[1], self.max_rank) if target == EMBEDDING else (n, self.max_rank, a.shape[1])
+                self.whole[target] = SlotWeights(torch.zeros(a_shape, dtype=self.float_dtype, device=self.device),
+                                                 torch.zeros(n, self.max_rank, b.shape[0], dtype=self.float_dtype,
+                                                             device=self.device))
+            w = self.whole[target]
+            a_slot = torch.zeros(w.a.shape[1:])
+            if target == EMBEDDING:  # transposed: a token's rank activations are one row
+                a_slot[:, :adapter.rank] = a.T
+            else:
+                a_slot[:adapter.rank] = a
+            bt_slot = torch.zeros(w.bt.shape[1:])
+            bt_slot[:adapter.rank] = b.T
+            w.a[slot], w.bt[slot] = a_slot.to(self.device, self.float_dtype), bt_slot.to(self.device, self.float_dtype)
 
     def _store(self, w: SlotWeights, slot: int, a: torch.Tensor, bt: torch.Tensor) -> None:
         if w.scales is None:

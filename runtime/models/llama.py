@@ -59,9 +59,15 @@ class LayerAttention(Protocol):
 
 class LoraDelta(Protocol):
     """The step's LoRA adapters (runtime/lora/pool.py's LoraBatch): adds each row's low-rank delta to the output
-    `y` of a fused linear ("qkv", "o", "gate_up", "down") of layer `layer`, whose input was `x`."""
+    `y` of a fused linear ("qkv", "o", "gate_up", "down") of layer `layer`, whose input was `x`; `embed` adds the
+    token embedding's delta of each token `input_ids` (the step's) to their embeddings `x`, and `logits` the LM
+    head's to the logits of `hidden` (the step's tokens `rows`)."""
 
     def add(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor, /) -> torch.Tensor: ...
+
+    def embed(self, input_ids: torch.Tensor, x: torch.Tensor, /) -> torch.Tensor: ...
+
+    def logits(self, rows: list[int], hidden: torch.Tensor, logits: torch.Tensor, /) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -226,6 +232,8 @@ class LlamaForCausalLM(nn.Module):
         """Returns the final hidden states [num_tokens, hidden]; `compute_logits` picks rows.
         `embeds` = (rows, values): those tokens take these input embeddings (an image's span)."""
         x = self.embed_tokens(input_ids)
+        if ctx.lora is not None:
+            x = ctx.lora.embed(input_ids, x)
         if embeds is not None:
             x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         rope = self.rotary.table(positions)

@@ -151,7 +151,9 @@ def test_unsupported_adapters_are_refused_naming_what(tmp_path, tiny_engine_fact
         load_peft_adapter("d", variant("dora", {"use_dora": True}))
     with pytest.raises(ValueError, match="modules_to_save"):
         load_peft_adapter("m", variant("save", {"modules_to_save": ["lm_head"]}))
-    with pytest.raises(ValueError, match="lm_head.lora_A.weight.*not on a supported target"):
+    with pytest.raises(ValueError, match="norm.lora_A.weight.*not on a supported target"):
+        load_peft_adapter("n", variant("norm", extra={"base_model.model.model.norm.lora_A.weight": torch.zeros(4, 64)}))
+    with pytest.raises(ValueError, match="lm_head has lora_A only"):
         load_peft_adapter("h", variant("head", extra={"base_model.model.lm_head.lora_A.weight": torch.zeros(4, 64)}))
     with pytest.raises(ValueError, match="no adapter_config.json"):
         load_peft_adapter("x", tmp_path)
