@@ -18,8 +18,9 @@ CPU runs `lora_delta_cpu` instead: the native kernel (kernels/cpu/lora_mm.cpp) t
 plan, and does a fused linear's whole delta in one call, every row's sums in an order fixed per row.
 
 The token embedding's and the LM head's deltas (their A and B are vocabulary-sized, and one step's rows need a
-few of the embedding's columns) run the torch path everywhere: `lora_embedding_torch` gathers each row's rank
-activations by token id, where a linear multiplies.
+few of the embedding's columns): the head is a linear of the step's logits rows (the paths above); the
+embedding's delta runs in torch on every device, `lora_embedding_torch`, which gathers each row's rank activations
+by token id where a linear multiplies.
 """
 from __future__ import annotations
 
@@ -120,16 +121,30 @@ def lora_embedding_torch(y: torch.Tensor, ids: torch.Tensor, a: torch.Tensor, bt
                          plan: LoraPlan) -> torch.Tensor:
     """Adds each planned row's embedding delta to y [T, N] in place (returned): row t of slot s adds
     a[s, ids[t]] @ bt[s], with a [slots, vocab, R] (PEFT's lora_embedding_A transposed: a token's rank activations
-    are its row, a gather) and bt [slots, R, N]; the expansion tiled as lora_delta_torch's."""
+    are its row, a gather) and bt [slots, R, N]. The expansion sums the R terms one at a time in fp32 (R
+    elementwise ops per slot, no matmul whose blocking could follow the row count), so a row's delta is the same
+    bits on any device whatever rows run beside it."""
     tile_slots = plan.tile_slots.repeat_interleave(plan.tile)
-    h = a[tile_slots, ids.index_select(0, plan.rows)].view(plan.num_tiles, plan.tile, a.shape[2])
-    return _expand(y, h, bt, plan)
+    h = a[tile_slots, ids.index_select(0, plan.rows)].float()  # [positions, R]
+    parts = []
+    for slot, first, n in plan.runs:
+        rows, b = h[first * plan.tile:(first + n) * plan.tile], bt[slot].float()
+        part = rows[:, :1] * b[0]
+        for r in range(1, b.shape[0]):
+            part = part + rows[:, r:r + 1] * b[r]
+        parts.append(part)
+    return _add_rows(y, torch.cat(parts), plan)
 
 
 def _expand(y: torch.Tensor, h: torch.Tensor, bt: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
     """y's planned rows plus their rank activations h [tiles, tile, R] expanded by their slot's bt [R, N]."""
     # each tile one [tile, R] x [R, N] product
     parts = [torch.bmm(h[first:first + n], bt[slot].expand(n, -1, -1)) for slot, first, n in plan.runs]
-    delta = torch.cat(parts).view(plan.num_tiles * plan.tile, -1).index_select(0, plan.positions).to(y.dtype)
+    return _add_rows(y, torch.cat(parts).view(plan.num_tiles * plan.tile, -1), plan)
+
+
+def _add_rows(y: torch.Tensor, delta: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
+    """y plus delta [tiles * tile, N] (a row per plan position) at the plan's real rows, in place."""
+    delta = delta.index_select(0, plan.positions).to(y.dtype)
     # one add per row (the targets are distinct); index_add_ took ~100 ms a call on the CPU
     return y.index_copy_(0, plan.targets, y.index_select(0, plan.targets) + delta)

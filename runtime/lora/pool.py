@@ -14,7 +14,8 @@ The token embedding and the LM head (runtime/lora/adapter.py's EMBEDDING / HEAD)
 the first adapter that has one is placed, in the activation dtype (PEFT's fp32 in the exact mode): the embedding's
 A transposed [slots, vocab, R] (a token's rank activations are its row: a gather, no matmul) and B^T [slots, R,
 hidden]; the head's A [slots, R, hidden] and B^T [slots, R, vocab]. Only the rows whose adapter has the target run
-them (kernels/lora.py's torch path, tiled as the linears' for batch invariance).
+them: the head as a linear of the logits rows (the Triton kernel on CUDA, the torch path's fixed tiles elsewhere),
+the embedding in kernels/lora.py's lora_embedding_torch.
 
 Everything here runs on the scheduler thread but `lookup` (a dict read, from the request's validation).
 """
@@ -27,8 +28,14 @@ from typing import Callable
 
 import torch
 
-from ...kernels.lora import (lora_delta_cpu, lora_delta_torch, lora_embedding_torch, native_available, plan_rows,
-                             quantize_rows)
+from ...kernels.lora import (
+    lora_delta_cpu,
+    lora_delta_torch,
+    lora_embedding_torch,
+    native_available,
+    plan_rows,
+    quantize_rows,
+)
 from ..models.llama import LlamaConfig
 from . import UnknownAdapter
 from .adapter import EMBEDDING, HEAD, LoraAdapter
@@ -64,6 +71,7 @@ class LoraBatch:
     weights: dict[tuple[int, str], SlotWeights]  # by (layer, group)
     columns: dict[str, list[int]]  # each group's target column bounds
     delta: Delta
+    head_delta: Callable[..., torch.Tensor] = lora_delta_torch  # the head's: the linears' tiled path
     embedding: SlotWeights | None = None  # the embedding's slots (None: no adapter of the step has one)
     embedding_slots: list[int] | None = None  # each token's slot for the embedding (0: its adapter has none)
     head: SlotWeights | None = None  # the LM head's, likewise
@@ -85,7 +93,7 @@ class LoraBatch:
         plan = None if self.head_slots is None else plan_rows([self.head_slots[r] for r in rows], hidden.device)
         if plan is None or self.head is None:
             return logits
-        return lora_delta_torch(logits, hidden, self.head.a, self.head.bt, plan)
+        return self.head_delta(logits, hidden, self.head.a, self.head.bt, plan)
 
 
 def _tiled(delta: Callable, plan, y: torch.Tensor, x: torch.Tensor, w: SlotWeights, columns: list[int]) -> torch.Tensor:
@@ -208,6 +216,7 @@ class LoraPool:
             batch = LoraBatch(self.weights, self.columns, functools.partial(_tiled, self._delta, plan))
         batch.embedding, batch.embedding_slots = self._whole_rows(EMBEDDING, adapters, lengths)
         batch.head, batch.head_slots = self._whole_rows(HEAD, adapters, lengths)
+        batch.head_delta = self._delta
         return batch
 
     def _whole_rows(self, target: str, adapters: list[LoraAdapter | None], lengths: list[int]

@@ -3,7 +3,8 @@ base rows nothing; a row's delta is the same bits alone and in any batch (more r
 other adapters, base rows beside it), for the CPU's tiles and CUDA's; the Triton kernel (under TRITON_INTERPRET=1 on a CPU) equals the torch path.
 The native CPU kernel (kernels/cpu/lora_mm.cpp) against the same fp64 oracle, in fp32, bf16 and int8 weights (the
 oracle on the dequantized codes), with fused targets (their column bounds), and its per-row bits alone and in any
-batch."""
+batch. The embedding's delta (a row's rank activations gathered by token id) against the same oracle, and its
+per-row bits alone and in any batch."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,15 @@ import functools
 import pytest
 import torch
 
-from radixlang.kernels.lora import TILE, lora_delta_cpu, lora_delta_torch, native_available, plan_rows, quantize_rows
+from radixlang.kernels.lora import (
+    TILE,
+    lora_delta_cpu,
+    lora_delta_torch,
+    lora_embedding_torch,
+    native_available,
+    plan_rows,
+    quantize_rows,
+)
 from radixlang.kernels.registry import ATTENTION_BACKENDS
 
 CPU = torch.device("cpu")
@@ -55,15 +64,39 @@ def test_a_rows_delta_is_the_same_bits_alone_and_in_any_batch(tile):
         assert torch.equal(mixed, alone), others
 
 
+@pytest.mark.parametrize("tile", [None, TILE])
+def test_the_embedding_delta_gathers_each_rows_token_column(tile):
+    vocab = 50
+    g = torch.Generator().manual_seed(5)
+    a_t, bt = torch.randn(SLOTS, vocab, R, generator=g), torch.randn(SLOTS, R, N, generator=g)  # A^T: a row per token
+
+    def embed(ids: list[int], slots: list[int]) -> torch.Tensor:
+        y = torch.ones(len(ids), N)
+        plan = plan_rows(slots, CPU, tile)
+        assert plan is not None
+        return lora_embedding_torch(y, torch.tensor(ids), a_t, bt, plan)
+
+    ids, slots = [3, 7, 3, 49, 0] + [11] * (TILE + 2), [1, 2, 0, 2, 3] + [1] * (TILE + 2)
+    got = embed(ids, slots)
+    want = torch.stack([1 + (bt[s].double().T @ a_t[s, t].double() if s else torch.zeros(N, dtype=torch.float64))
+                        for t, s in zip(ids, slots)])
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[2], torch.ones(N))  # a base row is left as it was
+    alone = embed([49], [2])[0]
+    for others in ([1, 0, 3], [2] * (2 * TILE), [0] * 5 + [2] * 7):
+        assert torch.equal(embed([5] * len(others) + [49], others + [2])[-1], alone), others
+
+
 @pytest.mark.skipif("triton" not in ATTENTION_BACKENDS, reason="triton is not installed")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_triton_kernel_equals_the_torch_path(dtype):
+@pytest.mark.parametrize(("dtype", "y_dtype"), [(torch.float32, None), (torch.bfloat16, None),
+                                              (torch.bfloat16, torch.float32)])  # the last: the LM head's logits
+def test_the_triton_kernel_equals_the_torch_path(dtype, y_dtype):
     from radixlang.kernels.triton.lora import lora_delta_triton
 
     a, b = weights(dtype)
     slots = [1, 0, 2, 2, 3] + [1] * (TILE + 1)
     x = torch.randn(len(slots), K, generator=torch.Generator().manual_seed(3)).to(dtype)
-    y = torch.randn(len(slots), N, generator=torch.Generator().manual_seed(4)).to(dtype)
+    y = torch.randn(len(slots), N, generator=torch.Generator().manual_seed(4)).to(y_dtype or dtype)
     plan = plan_rows(slots, CPU, TILE)  # the CUDA tiles
     assert plan is not None
     want = lora_delta_torch(y.clone(), x, a, b, plan)
