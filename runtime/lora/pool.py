@@ -11,11 +11,11 @@ kernels take it), gate | up likewise (2R), o and down alone. R is max_lora_rank 
 loaded); smaller ranks are zero-padded, which adds exact zeros.
 
 The token embedding and the LM head (runtime/lora/adapter.py's EMBEDDING / HEAD) have slots of their own, made when
-the first adapter that has one is placed, in the activation dtype (PEFT's fp32 in the exact mode): the embedding's
-A transposed [slots, vocab, R] (a token's rank activations are its row: a gather, no matmul) and B^T [slots, R,
-hidden]; the head's A [slots, R, hidden] and B^T [slots, R, vocab]. Only the rows whose adapter has the target run
-them: the head as a linear of the logits rows (the Triton kernel on CUDA, the torch path's fixed tiles elsewhere),
-the embedding in kernels/lora.py's lora_embedding_torch.
+the first adapter that has one is placed. The embedding's, in the activation dtype (PEFT's fp32 in the exact
+mode): A transposed [slots, vocab, R] (a token's rank activations are its row: a gather, no matmul) and B^T [slots,
+R, hidden], run by kernels/lora.py's lora_embedding_torch. The head's, as a linear's of the logits rows (A [slots,
+R, hidden], B^T [slots, R, vocab], in the linears' dtype and path: int8 on the native CPU kernel in the default
+mode, the Triton kernel on CUDA). Only the rows whose adapter has the target run them.
 
 Everything here runs on the scheduler thread but `lookup` (a dict read, from the request's validation).
 """
@@ -62,6 +62,8 @@ class SlotWeights:
 
 # (y, x, the weights, the group's target column bounds) -> y plus each row's delta: one step's rows bound in
 Delta = Callable[[torch.Tensor, torch.Tensor, SlotWeights, list[int]], torch.Tensor]
+# (logits, hidden, the head's weights, each row's slot) -> logits plus each row's delta
+HeadDelta = Callable[[torch.Tensor, torch.Tensor, SlotWeights, list[int]], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -71,7 +73,7 @@ class LoraBatch:
     weights: dict[tuple[int, str], SlotWeights]  # by (layer, group)
     columns: dict[str, list[int]]  # each group's target column bounds
     delta: Delta
-    head_delta: Callable[..., torch.Tensor] = lora_delta_torch  # the head's: the linears' tiled path
+    head_delta: HeadDelta | None = None  # the head's path: the linears' (native, or tiled)
     embedding: SlotWeights | None = None  # the embedding's slots (None: no adapter of the step has one)
     embedding_slots: list[int] | None = None  # each token's slot for the embedding (0: its adapter has none)
     head: SlotWeights | None = None  # the LM head's, likewise
@@ -90,10 +92,10 @@ class LoraBatch:
     def logits(self, rows: list[int], hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """logits [len(rows), vocab] of hidden [len(rows), hidden] (the step's tokens `rows`), plus the LM head's
         delta of each row whose adapter has one."""
-        plan = None if self.head_slots is None else plan_rows([self.head_slots[r] for r in rows], hidden.device)
-        if plan is None or self.head is None:
+        slots = [] if self.head_slots is None else [self.head_slots[r] for r in rows]
+        if not any(slots) or self.head is None or self.head_delta is None:
             return logits
-        return self.head_delta(logits, hidden, self.head.a, self.head.bt, plan)
+        return self.head_delta(logits, hidden, self.head, slots)
 
 
 def _tiled(delta: Callable, plan, y: torch.Tensor, x: torch.Tensor, w: SlotWeights, columns: list[int]) -> torch.Tensor:
@@ -102,6 +104,16 @@ def _tiled(delta: Callable, plan, y: torch.Tensor, x: torch.Tensor, w: SlotWeigh
 
 def _native(slots: torch.Tensor, y: torch.Tensor, x: torch.Tensor, w: SlotWeights, columns: list[int]) -> torch.Tensor:
     return lora_delta_cpu(y, x, w.a, w.bt, slots, columns, w.scales)
+
+
+def _head_native(y: torch.Tensor, x: torch.Tensor, w: SlotWeights, slots: list[int]) -> torch.Tensor:
+    return lora_delta_cpu(y, x, w.a, w.bt, torch.tensor(slots), [0, y.shape[1]], w.scales)
+
+
+def _head_tiled(delta: Callable, y: torch.Tensor, x: torch.Tensor, w: SlotWeights, slots: list[int]) -> torch.Tensor:
+    plan = plan_rows(slots, x.device)
+    assert plan is not None
+    return delta(y, x, w.a, w.bt, plan)
 
 
 class LoraPool:
@@ -120,7 +132,7 @@ class LoraPool:
         self.adapters: dict[str, LoraAdapter] = {}  # by name: what requests may name
         self.slots: list[LoraAdapter | None] = [None] * (num_slots + 1)  # [0]: the base model
         self.weights: dict[tuple[int, str], SlotWeights] = {}  # allocated at the first load
-        self.float_dtype = dtype  # the embedding's and the LM head's slots (activations')
+        self.float_dtype = dtype  # the embedding's slots (activations'); the LM head's are the linears'
         self.whole: dict[str, SlotWeights] = {}  # EMBEDDING / HEAD: allocated when an adapter first has one
         self._uids = itertools.count(1)
         self._steps = 0
@@ -216,7 +228,7 @@ class LoraPool:
             batch = LoraBatch(self.weights, self.columns, functools.partial(_tiled, self._delta, plan))
         batch.embedding, batch.embedding_slots = self._whole_rows(EMBEDDING, adapters, lengths)
         batch.head, batch.head_slots = self._whole_rows(HEAD, adapters, lengths)
-        batch.head_delta = self._delta
+        batch.head_delta = _head_native if self.native else functools.partial(_head_tiled, self._delta)
         return batch
 
     def _whole_rows(self, target: str, adapters: list[LoraAdapter | None], lengths: list[int]
@@ -285,11 +297,7 @@ class LoraPool:
                 continue
             a, b = ab
             if target not in self.whole:
-                n = self.num_slots + 1
-                a_shape = (n, a.shape[1], self.max_rank) if target == EMBEDDING else (n, self.max_rank, a.shape[1])
-                self.whole[target] = SlotWeights(torch.zeros(a_shape, dtype=self.float_dtype, device=self.device),
-                                                 torch.zeros(n, self.max_rank, b.shape[0], dtype=self.float_dtype,
-                                                             device=self.device))
+                self.whole[target] = self._allocate_whole(target, a.shape[1], b.shape[0])
             w = self.whole[target]
             a_slot = torch.zeros(w.a.shape[1:])
             if target == EMBEDDING:  # transposed: a token's rank activations are one row
@@ -298,7 +306,24 @@ class LoraPool:
                 a_slot[:adapter.rank] = a
             bt_slot = torch.zeros(w.bt.shape[1:])
             bt_slot[:adapter.rank] = b.T
-            w.a[slot], w.bt[slot] = a_slot.to(self.device, self.float_dtype), bt_slot.to(self.device, self.float_dtype)
+            if target == EMBEDDING:
+                w.a[slot], w.bt[slot] = a_slot.to(self.device, w.a.dtype), bt_slot.to(self.device, w.bt.dtype)
+            else:
+                self._store(w, slot, a_slot, bt_slot)
+
+    def _allocate_whole(self, target: str, fan_in: int, fan_out: int) -> SlotWeights:
+        """The embedding's slots in the activation dtype; the head's as a linear's (int8 with scales on the native
+        CPU kernel in the default mode)."""
+        n, rank = self.num_slots + 1, self.max_rank
+        assert rank is not None
+        if target == EMBEDDING:
+            return SlotWeights(torch.zeros(n, fan_in, rank, dtype=self.float_dtype, device=self.device),
+                               torch.zeros(n, rank, fan_out, dtype=self.float_dtype, device=self.device))
+        scales = None
+        if self.dtype == torch.int8:
+            scales = (torch.zeros(n, rank, device=self.device), torch.zeros(n, rank, device=self.device))
+        return SlotWeights(torch.zeros(n, rank, fan_in, dtype=self.dtype, device=self.device),
+                           torch.zeros(n, rank, fan_out, dtype=self.dtype, device=self.device), scales)
 
     def _store(self, w: SlotWeights, slot: int, a: torch.Tensor, bt: torch.Tensor) -> None:
         if w.scales is None:
