@@ -81,13 +81,9 @@ def load_peft_adapter(name: str, path: str | Path) -> LoraAdapter:
     _check_config(name, cfg)
     rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
     scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-    tensors = _read_tensors(name, folder)
+    tensors, base_copies = _read_tensors(name, folder)
     parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    base_copies = {}
     for key, tensor in tensors.items():
-        if copy := _BASE_COPY.match(key):
-            base_copies[copy.group(1)] = tuple(tensor.shape)
-            continue
         place, part = _place(key)
         if place is None:
             raise ValueError(f"LoRA adapter {name!r}: weight {key!r} is not on a supported target; radixlang serves "
@@ -133,12 +129,27 @@ def _check_config(name: str, cfg: dict) -> None:
             raise ValueError(f"LoRA adapter {name!r}: {what} is not supported")
 
 
-def _read_tensors(name: str, folder: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(name: str, folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
+    """The LoRA weights, and the shapes of PEFT's copies of the base embedding / LM head by target (never read from
+    a safetensors file: a large model's are gigabytes)."""
     st, pt = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
+    tensors: dict[str, torch.Tensor] = {}
+    copies: dict[str, tuple[int, ...]] = {}
     if st.is_file():
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        return load_file(str(st))
+        with safe_open(str(st), framework="pt") as f:
+            for key in f.keys():
+                if copy := _BASE_COPY.match(key):
+                    copies[copy.group(1)] = tuple(f.get_slice(key).get_shape())
+                else:
+                    tensors[key] = f.get_tensor(key)
+        return tensors, copies
     if pt.is_file():
-        return torch.load(str(pt), map_location="cpu", weights_only=True)
+        for key, tensor in torch.load(str(pt), map_location="cpu", weights_only=True).items():
+            if copy := _BASE_COPY.match(key):
+                copies[copy.group(1)] = tuple(tensor.shape)
+            else:
+                tensors[key] = tensor
+        return tensors, copies
     raise ValueError(f"LoRA adapter {name!r}: {folder} has no adapter_model.safetensors")
