@@ -41,6 +41,7 @@ pair : ESCAPED_STRING ":" value
 %ignore WS
 """
 SUFFIX_CACHE_SIZE = 8192  # suffix walks kept per grammar (a few hundred row ids each); past it they start over
+STATE_KEY_CACHE_SIZE = 16384  # states whose mask key (or lexer-state bits, shared) is kept; past it they start over
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
 
 
@@ -60,7 +61,8 @@ class GrammarConstraint:
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._lexer_at: dict[tuple[Stack, bool], Lexer] = {}  # by (stack, may an ignored lexeme come)
-        self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
+        self._state_keys: dict[State, Hashable] = {}  # allowed_bits': a state's mask key, or its bits where no key
+        self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
         self._suffixes: dict[tuple[Lexer, Hashable], tuple] = {}  # _suffix_walk's
         self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
@@ -171,11 +173,16 @@ class GrammarConstraint:
     def allowed_bits(self, state: State) -> np.ndarray:
         """The mask as shared packed bits, kept by what it reads of the parser (`_mask_key`), not by the whole
         stack: parser states alike where the mask looks share it, and most need no parser work at all."""
-        key = self._mask_key(state)
-        if key is None:
-            stack, run, q = state
-            return self.lexer(stack, run).index.packed(q)
-        return self._masks.get_bits(key, lambda: self._compute_bits(state), self.vocab.size)
+        hit = self._state_keys.get(state)
+        if hit is None:
+            key = self._mask_key(state)
+            hit = self.lexer(*state[:2]).index.packed(state[2]) if key is None else key
+            if len(self._state_keys) >= STATE_KEY_CACHE_SIZE:
+                self._state_keys.clear()
+            self._state_keys[state] = hit
+        if isinstance(hit, np.ndarray):
+            return hit
+        return self._masks.get_bits(hit, lambda: self._compute_bits(state), self.vocab.size)
 
     def _mask_key(self, state: State) -> Hashable | None:
         """What `_compute_bits(state)` reads beside its lexer state (lexer, q): for each boundary group, the
