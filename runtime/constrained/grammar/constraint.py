@@ -61,7 +61,7 @@ class GrammarConstraint:
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._lexer_at: dict[tuple[Stack, bool], Lexer] = {}  # by (stack, may an ignored lexeme come)
-        self._state_keys: dict[State, Hashable] = {}  # allowed_bits': a state's mask key, or its bits where no key
+        self._state_keys: dict[State, Hashable | np.ndarray] = {}  # allowed_bits': a state's mask key, or its bits where no key
         self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
         self._suffixes: dict[tuple[Lexer, Hashable], tuple] = {}  # _suffix_walk's
