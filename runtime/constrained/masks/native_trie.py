@@ -199,8 +199,8 @@ class _Scratch(threading.local):
     def get(self, name: str, size: int, dtype: type) -> tuple[np.ndarray, int]:
         hit = self.arrays.get(name)
         if hit is None or len(hit[0]) < size:
-            array = np.zeros(size, dtype)
-            hit = self.arrays[name] = (array, address(array))
+            array: np.ndarray = np.zeros(size, dtype)
+            hit = self.arrays[name] = (array, array.ctypes.data)
         return hit
 
 
