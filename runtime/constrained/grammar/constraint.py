@@ -195,12 +195,8 @@ class GrammarConstraint:
         label = int(lex.dfa.accept[q])
         if not groups and label < 0:
             return None
-        afters: dict[int, tuple[Stack, int] | None] = {}  # by label: groups share a few labels
-        for lab, _, _ in groups:
-            if lab not in afters:
-                afters[lab] = self._after_lexeme(stack, run, lex.terminals[lab])
-        walks = tuple(None if (after := afters[lab]) is None else self._suffix_key(after, rows, p, (lex, q, k))
-                      for k, (lab, p, rows) in enumerate(groups))
+        walks = tuple(None if (after := self._after_lexeme(stack, run, lex.terminals[lab])) is None
+                      else self._suffix_key(after, rows, p, (lex, q, k)) for k, (lab, p, rows) in enumerate(groups))
         complete = None
         if label >= 0 and (after := self._after_lexeme(stack, run, lex.terminals[label])) is not None:
             nxt = self.lexer(*after)
