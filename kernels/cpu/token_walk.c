@@ -186,20 +186,8 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
     while (node < n_nodes) {
         while (node >= stack[depth].end) depth--;
         const Frame *f = &stack[depth];
-        const uint64_t *below = subtree + 4 * node;
         int64_t past = node + size[node];
-        if (loop && f->in_loop && depth + height[node] <= loop_len && within(below, loop)) {
-            node = past; /* all of its tokens are already set */
-            continue;
-        }
-        if (use_runs && height[node] <= run_len(f->state, trans, width, byte_class, &runs) &&
-            within(below, runs.set + 4 * (int64_t)f->state)) {
-            /* every path below reads alive: all of the subtree's tokens are readable */
-            for (int64_t k = end_start[node]; k < end_start[past]; k++)
-                out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
-            node = past;
-            continue;
-        }
+        /* a dead child first (most children are): the skips below hold only subtrees whose bytes read alive */
         int32_t nxt = trans[(int64_t)f->state * width + byte_class[node_byte[node]]];
         if (nxt < 0) {
             if (bounds_cap >= 0 && depth >= 1 && accept[f->state] >= 0) {
@@ -210,6 +198,19 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
                 }
                 n_bounds++;
             }
+            node = past;
+            continue;
+        }
+        const uint64_t *below = subtree + 4 * node;
+        if (loop && f->in_loop && depth + height[node] <= loop_len && within(below, loop)) {
+            node = past; /* all of its tokens are already set */
+            continue;
+        }
+        if (use_runs && height[node] <= run_len(f->state, trans, width, byte_class, &runs) &&
+            within(below, runs.set + 4 * (int64_t)f->state)) {
+            /* every path below reads alive: all of the subtree's tokens are readable */
+            for (int64_t k = end_start[node]; k < end_start[past]; k++)
+                out_bits[end_ids[k] >> 3] |= (uint8_t)(1u << (end_ids[k] & 7));
             node = past;
             continue;
         }

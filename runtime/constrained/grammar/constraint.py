@@ -41,6 +41,7 @@ pair : ESCAPED_STRING ":" value
 %ignore WS
 """
 SUFFIX_CACHE_SIZE = 8192  # suffix walks kept per grammar (a few hundred row ids each); past it they start over
+STATE_KEY_CACHE_SIZE = 16384  # states whose mask key (or lexer-state bits, shared) is kept; past it they start over
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
 
 
@@ -59,7 +60,9 @@ class GrammarConstraint:
         self.table = grammar.table
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
-        self._masks = MaskCache()  # lexers are built on first use: compiling pays only for the first mask's
+        self._lexer_at: dict[tuple[Stack, bool], Lexer] = {}  # by (stack, may an ignored lexeme come)
+        self._state_keys: dict[State, Hashable | np.ndarray] = {}  # allowed_bits': a state's mask key, or its bits where no key
+        self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
         self._suffixes: dict[tuple[Lexer, Hashable], tuple] = {}  # _suffix_walk's
         self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
@@ -91,12 +94,16 @@ class GrammarConstraint:
         return hit
 
     def lexer(self, stack: Stack, run: int) -> Lexer:
-        key = self.acceptable(stack)
-        if run < LARK_MAX_CONSECUTIVE_IGNORED:
-            key = key | self.grammar.ignore
-        lex = self._lexers.get(key)
+        at = (stack, run < LARK_MAX_CONSECUTIVE_IGNORED)
+        lex = self._lexer_at.get(at)
         if lex is None:
-            lex = self._lexers[key] = self._build_lexer(key)
+            key = self.acceptable(stack)
+            if at[1]:
+                key = key | self.grammar.ignore
+            lex = self._lexers.get(key)
+            if lex is None:
+                lex = self._lexers[key] = self._build_lexer(key)
+            self._lexer_at[at] = lex
         return lex
 
     def _build_lexer(self, names: frozenset[str]) -> Lexer:
@@ -161,10 +168,48 @@ class GrammarConstraint:
         return after is not None and self.table.accepts_end(after[0])
 
     def allowed(self, state: State) -> np.ndarray:
-        return self._masks.get(state, lambda: self._compute_bits(state), self.vocab.size)
+        return np.unpackbits(self.allowed_bits(state), count=self.vocab.size, bitorder="little").view(bool)
 
     def allowed_bits(self, state: State) -> np.ndarray:
-        return self._masks.get_bits(state, lambda: self._compute_bits(state), self.vocab.size)
+        """The mask as shared packed bits, kept by what it reads of the parser (`_mask_key`), not by the whole
+        stack: parser states alike where the mask looks share it, and most need no parser work at all."""
+        hit = self._state_keys.get(state)
+        if hit is None:
+            key = self._mask_key(state)
+            hit = self.lexer(*state[:2]).index.packed(state[2]) if key is None else key
+            if len(self._state_keys) >= STATE_KEY_CACHE_SIZE:
+                self._state_keys.clear()
+            self._state_keys[state] = hit
+        if isinstance(hit, np.ndarray):
+            return hit
+        return self._masks.get_bits(hit, lambda: self._compute_bits(state), self.vocab.size)
+
+    def _mask_key(self, state: State) -> Hashable | None:
+        """What `_compute_bits(state)` reads beside its lexer state (lexer, q): for each boundary group, the
+        lexers its suffix walk goes through (None where the lexeme's terminal does not parse there); for a
+        complete lexeme, the next lexeme's lexer and its start's own key. None: neither exists, so the mask is
+        the lexer state's own bits whatever the stack (most states)."""
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        groups = self._boundary_groups(lex, q)
+        label = int(lex.dfa.accept[q])
+        if not groups and label < 0:
+            return None
+        walks = tuple(None if (after := self._after_lexeme(stack, run, lex.terminals[lab])) is None
+                      else self._suffix_key(after, rows, p, (lex, q, k)) for k, (lab, p, rows) in enumerate(groups))
+        complete = None
+        if label >= 0 and (after := self._after_lexeme(stack, run, lex.terminals[label])) is not None:
+            nxt = self.lexer(*after)
+            complete = (nxt, self._mask_key((*after, nxt.dfa.start)))
+        return lex, q, walks, complete
+
+    def _suffix_key(self, after: tuple[Stack, int], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Hashable:
+        """What `_suffix_rows(after, rows, p, key)` reads of the parser: the lexers it walks through, nested."""
+        lex = self.lexer(*after)
+        _, nested = self._suffix_walk(lex, rows, p, key)
+        return lex, tuple(None if (nxt := self._after_lexeme(*after, lex.terminals[label])) is None
+                          else self._suffix_key(nxt, members, stop_pos, (key, lex, label))
+                          for label, members, stop_pos in nested)
 
     def _compute_bits(self, state: State) -> np.ndarray:
         """The mask as packed bits: the lexer state's own tokens, then the tokens that finish the lexeme

@@ -3,12 +3,15 @@
 For Lark grammars Lark builds the table (and resolves `%import common`, templates, priorities); we
 only read it. JSON-schema rules build theirs directly (rule_grammar, lr_table).
 
-A parser stack is a persistent linked tuple `(state, parent)`, so copies are free and stacks can key
-caches.
+A parser stack is a number: the table numbers each (state, parent stack) pair it meets, once, so copies
+are free, equal stacks are equal numbers, and a stack keys a cache in O(1) whatever its depth (a linked
+tuple hashed its whole depth per lookup). Shifts are kept per (stack, terminal): a decode meets the same
+stacks again and again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..regex import regex_ast as ra
@@ -18,7 +21,7 @@ if TYPE_CHECKING:
     from lark.lexer import TerminalDef
     from lark.parsers.lalr_analysis import ParseTableBase
 
-Stack = tuple[int, Any]  # (state, parent stack: a Stack, or None below the start state)
+Stack = int  # a stack's number in its table (LalrTable.top, LalrTable.parent)
 END = "$END"
 
 # Lark's common.ESCAPED_STRING uses a look-behind; this is the same language, written regularly.
@@ -53,36 +56,73 @@ class LalrTable:
         }
         return cls(actions, parse_table.start_states[start], parse_table.end_states[start])
 
+    _nodes: list[tuple[int, int]] = field(default_factory=list)  # by stack: (top state, parent stack; -1: none)
+    _numbers: dict[tuple[int, int], Stack] = field(default_factory=dict)  # _nodes' inverse
+    _feeds: dict[tuple[Stack, str], Stack] = field(default_factory=dict)  # feed's, -1 for an error
+    _ends: dict[Stack, bool] = field(default_factory=dict)  # accepts_end's
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # numbering: constraints are shared by threads
+
     def initial(self) -> Stack:
-        return (self.start, None)
+        return self._push(self.start, -1)
+
+    def top(self, stack: Stack) -> int:
+        return self._nodes[stack][0]
+
+    def parent(self, stack: Stack) -> Stack | None:
+        below = self._nodes[stack][1]
+        return None if below < 0 else below
+
+    def _push(self, state: int, parent: Stack) -> Stack:
+        key = (state, parent)
+        number = self._numbers.get(key)
+        if number is None:
+            with self._lock:
+                number = self._numbers.get(key)
+                if number is None:
+                    number = self._numbers[key] = len(self._nodes)
+                    self._nodes.append(key)
+        return number
 
     def feed(self, stack: Stack, terminal: str) -> Stack | None:
         """The stack after shifting `terminal` (with any reductions first), or None if it is an error."""
+        key = (stack, terminal)
+        nxt = self._feeds.get(key)
+        if nxt is None:
+            nxt = self._feeds[key] = self._feed(stack, terminal)
+        return None if nxt < 0 else nxt
+
+    def _feed(self, stack: Stack, terminal: str) -> Stack:
         while True:
-            act = self.actions[stack[0]].get(terminal)
+            act = self.actions[self._nodes[stack][0]].get(terminal)
             if act is None:
-                return None
+                return -1
             shift, arg = act
             if shift:
-                return (arg, stack)
+                return self._push(arg, stack)
             stack = self._reduce(stack, *arg)
 
     def accepts_end(self, stack: Stack) -> bool:
+        done = self._ends.get(stack)
+        if done is None:
+            done = self._ends[stack] = self._accepts_end(stack)
+        return done
+
+    def _accepts_end(self, stack: Stack) -> bool:
         while True:
-            act = self.actions[stack[0]].get(END)
+            act = self.actions[self._nodes[stack][0]].get(END)
             if act is None or act[0]:
                 return False
             stack = self._reduce(stack, *act[1])
-            if stack[0] == self.end:
+            if self._nodes[stack][0] == self.end:
                 return True
 
     def _reduce(self, stack: Stack, size: int, origin: str) -> Stack:
         for _ in range(size):
-            stack = stack[1]
-        return (self.actions[stack[0]][origin][1], stack)
+            stack = self._nodes[stack][1]
+        return self._push(self.actions[self._nodes[stack][0]][origin][1], stack)
 
     def candidates(self, stack: Stack) -> list[str]:
-        return list(self.actions[stack[0]])
+        return list(self.actions[self._nodes[stack][0]])
 
 
 @dataclass(slots=True)

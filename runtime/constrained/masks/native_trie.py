@@ -152,31 +152,56 @@ class NativeWalker:
     def _skip_set(self, state: int) -> tuple[np.ndarray | None, int]:
         """The bytes (and how many in a row) that read alive from `state` whatever their order, where there are
         enough for skipping to pay: its loop (a string's body), else its run (a bounded string's; not in a lazily
-        built DFA, whose unbuilt rows must not be read)."""
+        built DFA, whose unbuilt rows must not be read). The set is this thread's scratch, valid until its next
+        walk."""
         t = self.trie
-        out = np.empty(5, np.uint64)  # the set's 4 words, then its length (walks may run in several threads)
-        if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, address(out)):
+        out, out_at = _SCRATCH.get("skip", 5, np.uint64)  # the set's 4 words, then its length
+        if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, out_at):
             return None, 0
         return out[:4], int(out[4])
 
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
-        bits = np.zeros(-(-t.size // 8), np.uint8)
+        n_bytes = -(-t.size // 8)
+        work, bits_at = _SCRATCH.get("bits", n_bytes, np.uint8)
+        bits = work[:n_bytes]
         loop, loop_len = self._skip_set(state)
+        loop_at = 0  # null: no skipping
         if loop is not None:
             bits[:] = t.within(loop, loop_len)
-        bits_at, loop_at = address(bits), address(loop)
+            loop_at = _SCRATCH.get("skip", 5, np.uint64)[1]
+        else:
+            bits.fill(0)
         while True:
             cap = self._bounds if boundaries else 0
-            scratch = np.empty(3 * cap + _UNBUILT_ROOM + 1, np.int64)  # boundaries, unbuilt states reached, count
+            # boundaries (3 runs of cap), unbuilt states reached, their count
+            scratch, scratch_at = _SCRATCH.get("walk", 3 * cap + _UNBUILT_ROOM + 1, np.int64)
             found = t.lib.rl_walk_args(self._args_at, state, loop_at, loop_len, bits_at, cap if boundaries else -1,
-                                       scratch.ctypes.data, _UNBUILT_ROOM)
+                                       scratch_at, _UNBUILT_ROOM)
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
             if found <= cap:
                 break
             self._bounds = int(found)  # again with room for them (the bits come out the same)
-        reached = int(scratch[-1])
+        reached = int(scratch[3 * cap + _UNBUILT_ROOM])
         hits = scratch[3 * cap: 3 * cap + min(reached, _UNBUILT_ROOM)]
-        return NativeResult(bits, scratch[:found], scratch[cap:cap + found], scratch[2 * cap:2 * cap + found],
-                            np.unique(hits) if reached else hits)
+        return NativeResult(bits.copy(), scratch[:found].copy(), scratch[cap:cap + found].copy(),
+                            scratch[2 * cap:2 * cap + found].copy(), np.unique(hits) if reached else hits.copy())
+
+
+class _Scratch(threading.local):
+    """Each thread's buffers for the walks to write into, with their addresses found once: an array's address
+    (`.ctypes.data`) costs about as much as a small walk's whole C part. A walk copies out what it keeps."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, tuple[np.ndarray, int]] = {}
+
+    def get(self, name: str, size: int, dtype: type) -> tuple[np.ndarray, int]:
+        hit = self.arrays.get(name)
+        if hit is None or len(hit[0]) < size:
+            array: np.ndarray = np.zeros(size, dtype)
+            hit = self.arrays[name] = (array, array.ctypes.data)
+        return hit
+
+
+_SCRATCH = _Scratch()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from radixlang.runtime.config import LARK_MAX_CONSECUTIVE_IGNORED, LARK_MAX_IGNORED_BYTES
-from radixlang.runtime.constrained.grammar.constraint import JSON_GRAMMAR
+from radixlang.runtime.constrained.grammar.constraint import JSON_GRAMMAR, GrammarConstraint
 
 CALC_GRAMMAR = r"""
 start: stmt+
@@ -221,3 +221,45 @@ def test_a_recursive_json_schemas_masks_match_byte_by_byte_advance_on_the_whole_
         mask = constraint.allowed(state)
         assert_brute_force(constraint, state, mask, vocab, prefix)
         assert np.array_equal(np.unpackbits(constraint.allowed_bits(state), count=len(mask), bitorder="little"), mask)
+
+
+class _Uncached(GrammarConstraint):
+    """Every mask computed from its own state (stack included), recursively, with no mask cache."""
+
+    def allowed_bits(self, state):
+        return self._compute_bits(state)
+
+
+def test_masks_kept_by_what_they_read_of_the_parser_equal_each_states_own_mask(compiler, vocab):
+    """Grammar masks are kept by the lexer state and the lexers its boundary terminals lead to, not by the
+    parser stack. At every byte of nested texts of a recursive schema (stacks of many depths), the kept mask
+    equals the one computed from that state alone with no cache; states with different stacks do share
+    masks (so the check exercises the sharing), and the deepest state's mask is checked token by token."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "kids": {"type": "array", "items": {"$ref": "#"}}},
+              "additionalProperties": {"type": "integer"}}
+    constraint = compiler.compile("json_schema", schema)
+    uncached = _Uncached(constraint.grammar, vocab)  # the same table: the same stack numbers
+    texts = ['{"kids":[{"kids":[{"name":"ab","kids":[{"x":1,"kids":[]}]},{"y":-2}]}],"name":"z"}',
+             '{"name":"q","kids":[{},{"kids":[{"kids":[{"n":30}]}],"name":""}]}']
+    states = []
+    for text in texts:
+        state = constraint.initial()
+        for b in text.encode():
+            state = constraint.advance_bytes(state, bytes([b]))
+            states.append(state)
+    states = list(dict.fromkeys(states))
+    depth = {s: stack_depth(constraint.table, s[0]) for s in states}
+    assert len(set(depth.values())) >= 6, "stacks should vary"
+    for state in states:
+        assert np.array_equal(constraint.allowed_bits(state), uncached.allowed_bits(state)), state
+    assert len({constraint.allowed_bits(s).ctypes.data for s in states}) < 0.6 * len(states)
+    deepest = max(states, key=depth.__getitem__)
+    assert_brute_force(constraint, deepest, constraint.allowed(deepest), vocab, "deepest")
+
+
+def stack_depth(table, stack) -> int:
+    depth = 0
+    while stack is not None:
+        stack, depth = table.parent(stack), depth + 1
+    return depth
