@@ -46,6 +46,10 @@ class QuantizeOptions:
     # SmoothQuant: the down_proj of this many layers (where its W8A8 error weighs most) stays in fp: on
     # SmolLM2 down_proj's per-token int8 inputs were the largest single share of W8A8's perplexity cost
     fp_down: int = 0
+    # SmoothQuant: down_proj's input rotated by a Hadamard matrix at run time (models/linear/hadamard.py):
+    # its W8A8 cost on the development text fell from +1.3% to +0.1% (smoothquant.py); radixlang's loader
+    # applies it, other w8a8_int8 loaders (SGLang) would not
+    rotate_down: bool = True
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -104,7 +108,7 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
         packed = dict(awq_layers(loaded.model, samples, opts.spec()))
     else:
         packed = smooth_and_quantize(loaded.model, samples, ("search" if opts.alpha is None else opts.alpha)
-                                     if opts.smooth else None, keep_fp=opts.fp_down)
+                                     if opts.smooth else None, keep_fp=opts.fp_down, rotate=opts.rotate_down)
     path = write_folder(out, model_path, loaded, packed, quantization_config(opts))
     tokens = sum(len(s) for s in samples)
     print(f"quantized {model_path.name} with {opts.method} on {tokens} calibration tokens in "
@@ -115,7 +119,8 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
 def quantization_config(opts: QuantizeOptions) -> dict:
     if opts.method == "smoothquant":
         alpha = ("per layer" if opts.alpha is None else opts.alpha) if opts.smooth else None
-        return {"quant_method": "w8a8_int8", "smoothquant_alpha": alpha, "fp_down_proj_layers": opts.fp_down}
+        return {"quant_method": "w8a8_int8", "smoothquant_alpha": alpha, "fp_down_proj_layers": opts.fp_down,
+                "down_proj_rotation": "hadamard" if opts.rotate_down else None}
     if opts.method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": opts.group_size, "version": "gemm",
                 "zero_point": True, "quantizer": "radixlang awq"}

@@ -19,6 +19,7 @@ from radixlang.runtime.models.linear.checkpoint_quant import (
     dequantized_weights,
     parse_quant_config,
 )
+from radixlang.runtime.models.linear.hadamard import HadamardInput
 from radixlang.runtime.models.linear.quant import Int4Linear
 from radixlang.runtime.models.linear.triton_quant import TritonW8A8Linear
 from radixlang.runtime.models.linear.w8a8 import W8A8Linear
@@ -53,15 +54,19 @@ def prompt_logprobs(path) -> torch.Tensor:
     (["--method", "awq", "--group-size", "32"], (Int4Linear,)),
     (["--method", "smoothquant"], (W8A8Linear,)),
     (["--method", "smoothquant", "--fp-down", "1"], (W8A8Linear,)),
+    (["--method", "smoothquant", "--no-rotate-down"], (W8A8Linear,)),
 ])
 def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_path, args, kind):
     out = tmp_path / "q"
     assert main(["quantize", str(folder), str(out), *args, "--calib-tokens", "1024"]) == 0
     model = load_model(out, torch.device("cpu"), torch.float32).model
     kept = int(args[args.index("--fp-down") + 1]) if "--fp-down" in args else 0  # down_projs left in fp32
-    assert sum(isinstance(layer.mlp.down_proj, kind) for layer in model.layers) == len(model.layers) - kept
-    assert all(layer.mlp.down_proj.weight.dtype == torch.float32 for layer in model.layers
-               if not isinstance(layer.mlp.down_proj, kind))
+    downs = [layer.mlp.down_proj for layer in model.layers]
+    rotated = "smoothquant" in args and "--no-rotate-down" not in args  # --rotate-down is SmoothQuant's default
+    assert all(isinstance(d, HadamardInput) == rotated for d in downs)
+    downs = [d.inner for d in downs] if rotated else downs
+    assert sum(isinstance(d, kind) for d in downs) == len(model.layers) - kept
+    assert all(d.weight.dtype == torch.float32 for d in downs if not isinstance(d, kind))
     fp32, quantized = prompt_logprobs(folder), prompt_logprobs(out)
     err = (quantized - fp32).abs().mean() / fp32.abs().mean()
     print(f"{args}: mean relative |logprob error| {err:.4f}")
