@@ -126,7 +126,7 @@ def _w8a8_error(layer: DecoderLayer, act_max: dict[str, torch.Tensor], alpha: fl
     handles = []
     for name in quantized:
         weight = linear_weight(layer, name)
-        hook = _round_input_rows
+        hook: Callable[[torch.nn.Module, tuple], tuple] = _round_input_rows
         if rotator is not None and name == "mlp.down_proj":
             weight.copy_(rotator.rotate(weight))
             hook = _rotated_rounder(rotator)

@@ -196,10 +196,11 @@ def rotate_down_inputs(model: nn.Module) -> int:
     """Every decoder layer's down_proj (weights W H^T, as `radixlang quantize` wrote them) runs on H x
     (CheckpointQuant.rotate_down); returns how many."""
     layers, embedding = getattr(model, "layers", None), getattr(model, "embed_tokens", None)
-    if layers is None or embedding is None:
+    cfg: Any = getattr(model, "config", None)
+    if layers is None or embedding is None or cfg is None:
         raise ValueError("quantization_config.down_proj_rotation is for dense decoder models")
     for layer in layers:  # the rotation runs in the activations' dtype, the model's
-        layer.mlp.down_proj = HadamardInput(model.config.intermediate_size, layer.mlp.down_proj,
+        layer.mlp.down_proj = HadamardInput(cfg.intermediate_size, layer.mlp.down_proj,
                                             embedding.weight.dtype, embedding.weight.device)
     return len(layers)
 
