@@ -9,6 +9,7 @@ import torch
 
 from ..model_loading import load_model
 from ..models.llama import use_fixed_order
+from ..models.loading import weight_cache
 from .calibration import MIN_TOKENS, calibration_documents, calibration_samples
 from .gptq import GPTQSpec, gptq_quantize, rtn_quantize
 from .hf_writer import Packed, write_folder
@@ -98,6 +99,10 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
     documents = calibration_documents(opts.calib) if calibrated else iter([])
     start = time.perf_counter()
     loaded = load_model(model_path, torch.device("cpu"), torch.float32)
+    # the loader may be writing these very tensors to the weight cache on a background thread (a GGUF's
+    # conversion, a folder's fused weights); calibration changes them in place, so let it finish first, or
+    # the entry holds half-quantized weights that every later fp32 load of the model reads
+    weight_cache.wait_for_write()
     use_fixed_order(loaded.model, on=False)  # no engine runs it: the calibration passes take MKL's faster GEMM
     samples = calibration_samples(loaded.tokenizer, documents, opts.seq_len, opts.calib_tokens)
     if opts.method == "rtn":

@@ -23,7 +23,7 @@ from radixlang.runtime.models.linear.hadamard import HadamardInput
 from radixlang.runtime.models.linear.quant import Int4Linear
 from radixlang.runtime.models.linear.triton_quant import TritonW8A8Linear
 from radixlang.runtime.models.linear.w8a8 import W8A8Linear
-from radixlang.runtime.models.loading import loader
+from radixlang.runtime.models.loading import loader, weight_cache
 from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 from radixlang.server.cli import main
 
@@ -120,6 +120,22 @@ def test_w8a8_folders_run_the_triton_int8_gemm_on_gpu_and_score_as_on_cpu(folder
     assert len(linears) == 4 * BASE["num_hidden_layers"] and all(type(m) is TritonW8A8Linear for m in linears)
     gpu = prompt_logprobs(out)
     assert (gpu - cpu).abs().max() <= 1e-4 * cpu.abs().max()
+
+
+def test_quantizing_leaves_the_source_folders_cached_weights_as_they_are(tmp_path):
+    """The loader writes a folder's fused weights to the cache on a background thread, from the model's own
+    tensors, and quantize then smooths and rounds those in place: the entry held the smoothed gate/up, and a
+    later load of the source in the same process (the same cache folder) ran a broken model (what made the
+    SmoothQuant cases' scores depend on the tests run before them). Oracle: the checkpoint's own tensors."""
+    source = tmp_path / "source"
+    save_hf_model(source, transformers.LlamaConfig(**BASE), seed=8)
+    quantize(source, tmp_path / "q", QuantizeOptions(method="smoothquant", alpha=0.5, calib_tokens=1024))
+    weight_cache.wait_for_write()
+    state = load_file(str(source / "model.safetensors"))
+    model = load_model(source, torch.device("cpu"), torch.float32).model  # the fused weights from the cache entry
+    for i, layer in enumerate(model.layers):
+        want = torch.cat([state[f"model.layers.{i}.mlp.{p}.weight"] for p in ("gate_proj", "up_proj")])
+        assert torch.equal(layer.mlp.gate_up_proj.weight, want)
 
 
 @pytest.mark.parametrize("args, field", [
