@@ -253,8 +253,8 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--percdamp", type=_percdamp, default=0.1,
                    help="GPTQ dampening, fraction of mean diag(H) (default 0.1), or 'auto': picked per linear "
                         "from 0.01, 0.1, 1 on held-out calibration samples")
-    q.add_argument("--alpha", type=_alpha, default=0.5,
-                   help="SmoothQuant migration strength for every layer (default 0.5), or 'search': each layer's "
+    q.add_argument("--alpha", type=_alpha, default=None,
+                   help="SmoothQuant migration strength for every layer, or 'search' (the default): each layer's "
                         "own, the one with the least simulated W8A8 error of that layer's output")
     q.add_argument("--fp-down", type=int, default=0,
                    help="SmoothQuant: keep the down_proj of this many layers (where its W8A8 error weighs most) "
