@@ -9,17 +9,19 @@ towards its root mean square, and the rounding error with it. The weights W H^T 
 
 H is a Hadamard matrix (entries +-1, H H^T = n I) scaled by 1 / sqrt(n), built as the Kronecker product
 P (x) S of a Paley matrix P of order q + 1 (q a prime = 3 mod 4; 12 for SmolLM2's 1536 = 12 x 128) and a
-Sylvester matrix S of order 2^k (P = [1] when n is a power of two). Applied as P X S^T on x viewed as
-[q + 1, 2^k]: n (q + 1 + 2^k) multiply-adds a row instead of n^2. Both factors run on FixedOrderLinear
-(kernels/cpu/dense_linear.py's fixed-order matmul on the CPU), so a row's rotation does not depend on the
-rows beside it (docs/determinism.md).
+Sylvester matrix S of order 2^k (P = [1] when n is a power of two). S is itself the Kronecker product of
+Sylvester matrices of orders 16 and less (S_2^(a+b) = S_2^a (x) S_2^b), so x, viewed as [q + 1, 16, .., 8],
+is multiplied by each small factor along its own axis: n (q + 1 + 16 + ..) multiply-adds a row, not n^2.
+For SmolLM2's down_proj (2048 rows) that took 15-23 ms against 57-89 ms for P (x) S_128 in two matmuls with
+transposes between (the shared 2-core VM, loaded; the W8A8 down_proj itself: 29-35 ms). Each factor runs as
+a batched matmul of one small problem per row (torch.matmul broadcasting the factor), the same for every
+row whatever the batch, so a row's rotation does not depend on the rows beside it (docs/determinism.md;
+checked in tests/runtime/models/test_hadamard.py).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from ...distributed.layers import FixedOrderLinear
 
 _PALEY_MAX = 128  # the largest Paley factor tried (order q + 1)
 
@@ -65,10 +67,18 @@ def hadamard(n: int) -> torch.Tensor:
     return torch.kron(paley(p) if p > 1 else torch.ones(1, 1, dtype=torch.float64), sylvester(s)) / n ** 0.5
 
 
-def _factor(h: torch.Tensor, dtype: torch.dtype, device: torch.device) -> FixedOrderLinear:
-    linear = FixedOrderLinear(h.shape[0], h.shape[0], bias=False, device=device, dtype=dtype)
-    linear.weight.requires_grad_(False).copy_(h / h.shape[0] ** 0.5)
-    return linear
+SMALL = 16  # the largest Sylvester factor: its [rows, 16, 16] products stay in registers
+
+
+def factor_sizes(n: int) -> list[int]:
+    """The orders of H's Kronecker factors, outermost first: the Paley order (if any), then powers of two of
+    at most SMALL."""
+    p, s = hadamard_factors(n)
+    sizes = [p] if p > 1 else []
+    while s > 1:
+        sizes.append(min(s, SMALL))
+        s //= sizes[-1]
+    return sizes or [1]
 
 
 class HadamardInput(nn.Module):
@@ -77,20 +87,27 @@ class HadamardInput(nn.Module):
     def __init__(self, size: int, inner: nn.Module, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None):
         super().__init__()
-        p, s = hadamard_factors(size)
-        self.size, self.p, self.s = size, p, s
-        self.right = _factor(sylvester(s), dtype, device or torch.device("cpu"))
-        self.left = _factor(paley(p), dtype, device or torch.device("cpu")) if p > 1 else None
+        self.size = size
+        sizes = factor_sizes(size)
+        p = hadamard_factors(size)[0]
+        for i, k in enumerate(sizes):  # orthonormal factors, buffers (they move with the model)
+            h = paley(k) if i == 0 and p > 1 else sylvester(k)
+            self.register_buffer(f"factor{i}", (h / k ** 0.5).to(dtype=dtype, device=device), persistent=False)
+        self.sizes = sizes
         self.inner = inner
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """H x of every row of x [..., size]."""
         rows = x.reshape(-1, self.size)
+        factors = [getattr(self, f"factor{i}") for i in range(len(self.sizes))]
+        last, k = factors[-1], self.sizes[-1]
         m = rows.shape[0]
-        y = self.right(rows.reshape(m * self.p, self.s))  # each row's p blocks times S^T
-        if self.left is not None:  # mixes the blocks: P on the block index
-            y = self.left(y.view(m, self.p, self.s).transpose(1, 2).reshape(m * self.s, self.p))
-            y = y.view(m, self.s, self.p).transpose(1, 2)
+        # the innermost axis: rows [m, size / k, k] times its factor's transpose, one product per row
+        y = torch.bmm(rows.reshape(m, self.size // k, k), last.T.expand(m, k, k))
+        inner = k
+        for factor, k in zip(reversed(factors[:-1]), reversed(self.sizes[:-1])):
+            y = torch.matmul(factor, y.reshape(-1, k, inner))  # this factor's axis, the inner ones after it
+            inner *= k
         return y.reshape(x.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
