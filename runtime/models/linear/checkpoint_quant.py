@@ -6,7 +6,8 @@ with scale s and zero z is W = (code - 8) * s + s * (8 - z) per run of 32, exact
 form; 8-bit codes go through its hi/lo split. Act-order (desc_act) checkpoints list each column's group
 in g_idx: the columns are sorted by group once at load and the input is gathered in that order per call
 (the kernel needs contiguous groups). Fused q/k/v or gate/up whose parts were sorted differently run as
-separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear, and so does their tied LM head (quantize_tied_head).
+separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear, and so does their tied LM head (quantize_tied_head);
+radixlang's SmoothQuant folders (down_proj_rotation: "hadamard") rotate down_proj's input first (hadamard.py).
 
 On a CUDA GPU GPTQ / AWQ run on the Triton dequant-GEMM (triton_quant.TritonIntLinear), from the same
 group-sorted codes and input order, and W8A8 folders on the Triton int8 GEMM (triton_quant.TritonW8A8Linear);
