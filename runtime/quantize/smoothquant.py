@@ -62,7 +62,7 @@ def smooth_and_quantize(model: LlamaForCausalLM, samples: list[torch.Tensor],
 
 
 def down_rotation(model: LlamaForCausalLM) -> HadamardInput:
-    """The rotation of down_proj's input, as the engine applies it (torch's matmul here: no engine runs it)."""
+    """The rotation of down_proj's input, as the engine applies it."""
     return HadamardInput(model.config.intermediate_size, torch.nn.Identity())
 
 
