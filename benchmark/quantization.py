@@ -2,8 +2,9 @@
 texts, greedy agreement with fp32 on fidelity.py's 20 prompts, the time each folder took to quantize, then
 (with --speed) decode tok/s (batch 1, 16 x 64) and prefill tok/s, for: fp32, RTN int4 g128, GPTQ int4
 g128 and g32 (the defaults: act-order, percdamp 0.1, clip search), AWQ int4 g128, naive W8A8 (RTN),
-SmoothQuant W8A8 (alpha searched per layer; a global sweep with --alphas), it with every down_proj
-in fp32 (--fp-down 30), and the GGUF's own Q4_1 / Q8_0 blocks (`auto`).
+SmoothQuant W8A8 (the default: alpha searched per layer, down_proj's input Hadamard-rotated at run time; a
+global alpha sweep with --alphas), it without the rotation (--no-rotate-down) and with alpha 0.5 for every
+layer, and the GGUF's own Q4_1 / Q8_0 blocks (`auto`).
 
 Held-out text: fidelity.py's LONG_TEXT (~1.2k tokens of encyclopedic prose) and STORY_TEXT (~900 tokens:
 a story with dialogue, a letter, a notice), both written for the benchmark and unlike the calibration
@@ -42,12 +43,14 @@ FOLDERS = {  # name: the quantize options that make it
     "GPTQ int4 g128": QuantizeOptions(method="gptq", bits=4, group_size=128),
     "GPTQ int4 g32": QuantizeOptions(method="gptq", bits=4, group_size=32),
     "AWQ int4 g128": QuantizeOptions(method="awq", bits=4, group_size=128),
-    "RTN W8A8": QuantizeOptions(method="smoothquant", smooth=False),
+    "RTN W8A8": QuantizeOptions(method="smoothquant", smooth=False, rotate_down=False),
     "SmoothQuant W8A8": QuantizeOptions(method="smoothquant"),
-    "SmoothQuant W8A8 fp-down 30": QuantizeOptions(method="smoothquant", fp_down=30),
+    "SmoothQuant W8A8 unrotated": QuantizeOptions(method="smoothquant", rotate_down=False),
+    "SmoothQuant W8A8 alpha 0.5": QuantizeOptions(method="smoothquant", alpha=0.5),
 }
 BASELINES = {"GPTQ int4 g128": "RTN int4 g128", "GPTQ int4 g32": "RTN int4 g128", "AWQ int4 g128": "RTN int4 g128",
-             "SmoothQuant W8A8": "RTN W8A8", "SmoothQuant W8A8 fp-down 30": "RTN W8A8"}  # the gap each method is judged to close
+             "SmoothQuant W8A8": "RTN W8A8", "SmoothQuant W8A8 unrotated": "RTN W8A8",
+             "SmoothQuant W8A8 alpha 0.5": "RTN W8A8"}  # the gap each method is judged to close
 TEXTS = {"long text": LONG_TEXT, "story text": STORY_TEXT}
 PREFILL_PROMPTS = [f"{FIXED_TEXT} ({i})" for i in range(8)]  # ~250 tokens each, distinct (no cache hits)
 Runner = Callable[[], tuple[float, int]]  # -> (seconds, tokens)

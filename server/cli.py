@@ -219,7 +219,7 @@ def _quantize(args: argparse.Namespace) -> int:
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                            static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
                            percdamp=args.percdamp, alpha=args.alpha, calib=args.calibration, threads=args.threads,
-                           fp_down=args.fp_down, **tuned)
+                           fp_down=args.fp_down, rotate_down=args.rotate_down, **tuned)
     model = None if args.model == "default" else args.model
     _check_model(model)
     quantize(model, args.out, opts)
@@ -228,6 +228,10 @@ def _quantize(args: argparse.Namespace) -> int:
 
 def _percdamp(value: str) -> float | None:
     return None if value == "auto" else float(value)
+
+
+def _alpha(value: str) -> float | None:
+    return None if value == "search" else float(value)
 
 
 def _add_quantize_command(sub) -> None:
@@ -249,11 +253,15 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--percdamp", type=_percdamp, default=0.1,
                    help="GPTQ dampening, fraction of mean diag(H) (default 0.1), or 'auto': picked per linear "
                         "from 0.01, 0.1, 1 on held-out calibration samples")
-    q.add_argument("--alpha", type=float, default=None,
-                   help="SmoothQuant migration strength for every layer (default: searched per layer)")
+    q.add_argument("--alpha", type=_alpha, default=None,
+                   help="SmoothQuant migration strength for every layer, or 'search' (the default): each layer's "
+                        "own, the one with the least simulated W8A8 error of that layer's output")
     q.add_argument("--fp-down", type=int, default=0,
                    help="SmoothQuant: keep the down_proj of this many layers (where its W8A8 error weighs most) "
                         "in fp (default: 0)")
+    q.add_argument("--rotate-down", action=argparse.BooleanOptionalAction, default=True,
+                   help="SmoothQuant: rotate down_proj's input by a Hadamard matrix at run time, its weights "
+                        "offline (loads in radixlang only; default: on)")
     q.add_argument("--calibration", "--calib", dest="calibration", default="builtin",
                    help="calibration text: 'builtin' (default: the text shipped with radixlang, ~2k tokens), 'mixed' "
                         "(it plus Python's documentation and docstrings and the READMEs and licences of the installed "

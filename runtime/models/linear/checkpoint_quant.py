@@ -6,7 +6,8 @@ with scale s and zero z is W = (code - 8) * s + s * (8 - z) per run of 32, exact
 form; 8-bit codes go through its hi/lo split. Act-order (desc_act) checkpoints list each column's group
 in g_idx: the columns are sorted by group once at load and the input is gathered in that order per call
 (the kernel needs contiguous groups). Fused q/k/v or gate/up whose parts were sorted differently run as
-separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear, and so does their tied LM head (quantize_tied_head).
+separate kernels. W8A8 int8 folders run on w8a8.W8A8Linear, and so does their tied LM head (quantize_tied_head);
+radixlang's SmoothQuant folders (down_proj_rotation: "hadamard") rotate down_proj's input first (hadamard.py).
 
 On a CUDA GPU GPTQ / AWQ run on the Triton dequant-GEMM (triton_quant.TritonIntLinear), from the same
 group-sorted codes and input order, and W8A8 folders on the Triton int8 GEMM (triton_quant.TritonW8A8Linear);
@@ -23,6 +24,7 @@ from torch import nn
 from ....kernels.cpu.gguf_blocks import GROUP, GroupQuant
 from ....kernels.registry import ATTENTION_BACKENDS
 from ..llama import packed_parts, packed_target
+from .hadamard import HadamardInput
 from .quant import Int4Linear, packable
 from .quant_formats import IntWeight, read_awq, read_gptq
 from .triton_quant import TritonIntLinear, TritonW8A8Linear
@@ -43,6 +45,9 @@ class CheckpointQuant:
     group_size: int = -1
     desc_act: bool = False
     zero_offset: int = 0  # GPTQ v1 stores zeros minus one
+    # W8A8 (radixlang's SmoothQuant): down_proj's weights are W H^T and its input is rotated by H at run time
+    # (hadamard.HadamardInput); other loaders of w8a8_int8 (SGLang) do not know the field
+    rotate_down: bool = False
 
 
 def parse_quant_config(hf: dict[str, Any]) -> CheckpointQuant | None:
@@ -56,7 +61,10 @@ def parse_quant_config(hf: dict[str, Any]) -> CheckpointQuant | None:
     if method not in METHODS:
         raise ValueError(f"quantization_config.quant_method {method!r} is not supported (one of {METHODS})")
     if method == "w8a8_int8":
-        return CheckpointQuant(method)
+        rotation = qc.get("down_proj_rotation")
+        if rotation not in (None, "hadamard"):
+            raise ValueError(f"quantization_config.down_proj_rotation must be null or 'hadamard', got {rotation!r}")
+        return CheckpointQuant(method, rotate_down=rotation == "hadamard")
     bits = _choice(qc, "bits", (4, 8) if method == "gptq" else (4,))
     group_size = _choice(qc, "group_size", GROUP_SIZES)
     if method == "awq":
@@ -183,6 +191,19 @@ def pack_checkpoint_linears(model: nn.Module, store: QuantStore, kernels: Kernel
     if kernels == "cpu" and any(isinstance(packed, tuple) for packed in store.values()):
         replaced += quantize_tied_head(model)
     return replaced
+
+
+def rotate_down_inputs(model: nn.Module) -> int:
+    """Every decoder layer's down_proj (weights W H^T, as `radixlang quantize` wrote them) runs on H x
+    (CheckpointQuant.rotate_down); returns how many."""
+    layers, embedding = getattr(model, "layers", None), getattr(model, "embed_tokens", None)
+    cfg: Any = getattr(model, "config", None)
+    if layers is None or embedding is None or cfg is None:
+        raise ValueError("quantization_config.down_proj_rotation is for dense decoder models")
+    for layer in layers:  # the rotation runs in the activations' dtype, the model's
+        layer.mlp.down_proj = HadamardInput(cfg.intermediate_size, layer.mlp.down_proj,
+                                            embedding.weight.dtype, embedding.weight.device)
+    return len(layers)
 
 
 def quantize_tied_head(model: nn.Module) -> int:

@@ -27,6 +27,7 @@ from ..linear.checkpoint_quant import (
     dequantized_weights,
     pack_checkpoint_linears,
     parse_quant_config,
+    rotate_down_inputs,
 )
 from ..linear.cpu_paths import one_thread
 from ..linear.quant import packed_linear_from_state, packed_linear_record, quantize_model
@@ -109,6 +110,12 @@ def load_language_model(path: str | Path | None, device: torch.device, dtype: to
         shard_block_linears(model, tp, blocks)
     else:
         quantize_model(model, quantization, blocks)
+    quant_config = parse_quant_config(read_hf_config(path)) if quantized else None
+    if quant_config is not None and quant_config.rotate_down:  # last: H's factors are no linears to quantize
+        if tp is not None and tp.size > 1:
+            raise ValueError("a W8A8 folder with down_proj_rotation runs on one rank (tp_size 1): H spans "
+                             "down_proj's whole input")
+        rotate_down_inputs(model)
     return LoadedModel(model, tokenizer, path.stem if path.is_file() else path.name, blocks=blocks)
 
 

@@ -173,6 +173,7 @@ def test_gptq_write_then_read_round_trips_every_field():
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "checkpoint_format"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "version"),
     ({"quant_method": "awq", "bits": 8, "group_size": 128}, "bits"),
+    ({"quant_method": "w8a8_int8", "down_proj_rotation": "random"}, "down_proj_rotation"),
 ])
 def test_bad_quantization_config_is_refused_naming_the_field(qc, field):
     with pytest.raises(ValueError, match=f"quantization_config.{field}"):

@@ -19,10 +19,11 @@ from radixlang.runtime.models.linear.checkpoint_quant import (
     dequantized_weights,
     parse_quant_config,
 )
+from radixlang.runtime.models.linear.hadamard import HadamardInput
 from radixlang.runtime.models.linear.quant import Int4Linear
 from radixlang.runtime.models.linear.triton_quant import TritonW8A8Linear
 from radixlang.runtime.models.linear.w8a8 import W8A8Linear
-from radixlang.runtime.models.loading import loader
+from radixlang.runtime.models.loading import loader, weight_cache
 from radixlang.runtime.quantize.driver import QuantizeOptions, quantize
 from radixlang.server.cli import main
 
@@ -53,15 +54,19 @@ def prompt_logprobs(path) -> torch.Tensor:
     (["--method", "awq", "--group-size", "32"], (Int4Linear,)),
     (["--method", "smoothquant"], (W8A8Linear,)),
     (["--method", "smoothquant", "--fp-down", "1"], (W8A8Linear,)),
+    (["--method", "smoothquant", "--no-rotate-down"], (W8A8Linear,)),
 ])
 def test_quantized_folder_loads_natively_and_scores_close_to_fp32(folder, tmp_path, args, kind):
     out = tmp_path / "q"
     assert main(["quantize", str(folder), str(out), *args, "--calib-tokens", "1024"]) == 0
     model = load_model(out, torch.device("cpu"), torch.float32).model
     kept = int(args[args.index("--fp-down") + 1]) if "--fp-down" in args else 0  # down_projs left in fp32
-    assert sum(isinstance(layer.mlp.down_proj, kind) for layer in model.layers) == len(model.layers) - kept
-    assert all(layer.mlp.down_proj.weight.dtype == torch.float32 for layer in model.layers
-               if not isinstance(layer.mlp.down_proj, kind))
+    downs = [layer.mlp.down_proj for layer in model.layers]
+    rotated = "smoothquant" in args and "--no-rotate-down" not in args  # --rotate-down is SmoothQuant's default
+    assert all(isinstance(d, HadamardInput) == rotated for d in downs)
+    downs = [d.inner for d in downs] if rotated else downs
+    assert sum(isinstance(d, kind) for d in downs) == len(model.layers) - kept
+    assert all(d.weight.dtype == torch.float32 for d in downs if not isinstance(d, kind))
     fp32, quantized = prompt_logprobs(folder), prompt_logprobs(out)
     err = (quantized - fp32).abs().mean() / fp32.abs().mean()
     print(f"{args}: mean relative |logprob error| {err:.4f}")
@@ -115,6 +120,22 @@ def test_w8a8_folders_run_the_triton_int8_gemm_on_gpu_and_score_as_on_cpu(folder
     assert len(linears) == 4 * BASE["num_hidden_layers"] and all(type(m) is TritonW8A8Linear for m in linears)
     gpu = prompt_logprobs(out)
     assert (gpu - cpu).abs().max() <= 1e-4 * cpu.abs().max()
+
+
+def test_quantizing_leaves_the_source_folders_cached_weights_as_they_are(tmp_path):
+    """The loader writes a folder's fused weights to the cache on a background thread, from the model's own
+    tensors, and quantize then smooths and rounds those in place: the entry held the smoothed gate/up, and a
+    later load of the source in the same process (the same cache folder) ran a broken model (what made the
+    SmoothQuant cases' scores depend on the tests run before them). Oracle: the checkpoint's own tensors."""
+    source = tmp_path / "source"
+    save_hf_model(source, transformers.LlamaConfig(**BASE), seed=8)
+    quantize(source, tmp_path / "q", QuantizeOptions(method="smoothquant", alpha=0.5, calib_tokens=1024))
+    weight_cache.wait_for_write()
+    state = load_file(str(source / "model.safetensors"))
+    model = load_model(source, torch.device("cpu"), torch.float32).model  # the fused weights from the cache entry
+    for i, layer in enumerate(model.layers):
+        want = torch.cat([state[f"model.layers.{i}.mlp.{p}.weight"] for p in ("gate_proj", "up_proj")])
+        assert torch.equal(layer.mlp.gate_up_proj.weight, want)
 
 
 @pytest.mark.parametrize("args, field", [

@@ -9,6 +9,7 @@ import transformers
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.linear.w8a8 import ROW_TILE, W8A8Linear, quantize_rows_int8
 from radixlang.runtime.models.llama import ForwardContext, use_fixed_order
+from radixlang.runtime.models.loading import weight_cache
 from radixlang.runtime.quantize.layerwise import CausalAttention
 from radixlang.runtime.quantize.smoothquant import smooth_and_quantize, smooth_model
 
@@ -25,21 +26,15 @@ def folder(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def other_folder(tmp_path_factory):
-    """The same weights in a folder of their own: after a model of `folder` ran its LM head (compute_logits),
-    later loads of `folder` computed other W8A8 errors (0.21 naive against 0.31), some state kept per folder."""
-    path = tmp_path_factory.mktemp("sq_fp") / "llama"
-    save_hf_model(path, transformers.LlamaConfig(**BASE), seed=4)
-    return path
-
-
 def fp32_model(folder, outliers: bool = False, weight_outliers: bool = False, act_factor: float = 100,
                weight_factor: float = 30):
     """`outliers`: a few hidden channels 100x larger, as LLM activations have (in every layer, or with
     `weight_outliers` in the first only, the second layer's weights reading those channels 30x larger and
     its activations 30x smaller instead). The fp function is unchanged by either."""
     model = load_model(folder, torch.device("cpu"), torch.float32).model
+    # the loader writes the folder's fused weights to the cache on a background thread, from these very
+    # tensors: done before they change below (else later loads of `folder` read the edited ones)
+    weight_cache.wait_for_write()
     # torch's matmul whether or not the fixed-order kernel's build has landed: int8 rounding amplifies last-bit
     # differences through this sharpened random model, and the errors below moved with it (0.31 or 0.21 naive)
     use_fixed_order(model, on=False)
@@ -66,8 +61,8 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model.compute_logits(hidden_states(model, ids))
 
 
-def test_smoothed_fp_model_computes_the_original_function(other_folder):
-    model = fp32_model(other_folder, outliers=True)
+def test_smoothed_fp_model_computes_the_original_function(folder):
+    model = fp32_model(folder, outliers=True)
     want = logits(model, HELD_OUT)
     before = model.layers[0].input_layernorm.weight.clone()
     smooth_model(model, CALIB, alpha=0.5)
