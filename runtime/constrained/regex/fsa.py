@@ -91,7 +91,8 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
     moves_of: dict[int, list[tuple[int, Sequence[int], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
     layouts: dict[tuple[int, ...], _Layout] = {}  # by the groups' symbol tuples (ids), in order
     first = closure(start)
-    ids, order, rows, done = {first: 0}, [first], [], 0  # rows: the DFA's rows, flat
+    ids, order, done = {first: 0}, [first], 0
+    rows: list[int] = []  # the DFA's rows, flat
     while done < len(order):
         groups: dict[int, tuple[Sequence[int], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
         for q in order[done]:
@@ -208,7 +209,7 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     table = np.full(n + 1, -1, np.int64)  # read by wide heights; narrow ones' classes wait in `unsynced`
     unsynced: list[int] = []
     count = 0
-    for level in _heights(trans):
+    for level in heights(trans):
         if len(level) >= _WIDE_LEVEL:
             table[unsynced] = [classes[s] for s in unsynced]
             unsynced = []
@@ -233,7 +234,7 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 _WIDE_LEVEL = 32  # states of one height from which one numpy pass beats a Python loop
 
 
-def _heights(trans: np.ndarray) -> list[list[int]]:
+def heights(trans: np.ndarray) -> list[list[int]]:
     """The states that reach no cycle, each after all its successors (Kahn's order from the sinks
     back, a level per length of the longest live path; in Python: chains make levels many and small)."""
     ptr, preds = (a.tolist() for a in _predecessors(trans))
