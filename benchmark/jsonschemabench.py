@@ -320,7 +320,8 @@ def main() -> None:
         slow = sorted(times_of.items(), key=lambda item: -item[1])[:args.slowest]
         print(f"{name}: slowest compile + first mask: " + ", ".join(f"{p.name} {t:.0f} ms" for p, t in slow))
     for name in engines:
-        for kind, times in (("cold", totals[name].mask_us), ("warm", totals[name].mask_warm_us)):
+        for kind, times in (("cold", totals[name].mask_us), ("warm", totals[name].mask_warm_us)) if not \
+                args.compile_only else ():
             print(f"{name} per-token mask (mask_words), {kind}: {len(times)} masks, mean "
                   f"{statistics.fmean(times or [0]):.1f} us, p50 {percentile(times, 50):.1f} us, "
                   f"p99 {percentile(times, 99):.1f} us")
@@ -348,7 +349,7 @@ def print_table(totals: dict[str, SubsetResult]) -> None:
               f"{r.false_rejects}/{r.valid} ({100 * r.false_rejects / max(r.valid, 1):.1f}%) | "
               f"{percentile(r.times_ms, 50):.1f} / {percentile(r.times_ms, 90):.1f} / "
               f"{percentile(r.times_ms, 99):.1f} ms | "
-              f"{statistics.fmean(r.mask_us or [0]):.0f} us |")
+              + (f"{statistics.fmean(r.mask_us):.0f} us |" if r.mask_us else "- |"))
 
 
 def merge(total: SubsetResult, r: SubsetResult) -> None:
