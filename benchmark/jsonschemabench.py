@@ -4,7 +4,8 @@ Reads the public benchmark's `maskbench/data/` folder (github.com/guidance-ai/js
 local path; nothing is downloaded. Each file holds a schema and test instances marked valid or not.
 Per subset (the file-name prefix before `---`) it reports:
 - the share of schemas that compile within the time limit;
-- p50 / p90 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread);
+- p50 / p90 / p99 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread),
+  and the slowest schemas with their times (`--slowest N`);
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;
 - the first error of each refused schema, bucketed by message, over all subsets; the schemas compiled
@@ -21,7 +22,10 @@ every column above, side by side, so the comparison table comes from one run. ou
 installed, is timed on compile + first mask only. A missing peer prints a skip.
 
     .venv/bin/python benchmark/jsonschemabench.py /path/to/maskbench/data [--per-subset 100] [--limit-s 10]
-        [--relax uniqueItems] [--strict] [--no-peers]
+        [--relax uniqueItems] [--strict] [--no-peers] [--compile-only] [--slowest 10]
+
+`--compile-only` times compile + first mask alone (no test instances, no per-token masks): the quick
+loop for compile-time work.
 
 By default schemas compile with their own semantics (properties in any order, undeclared ones where
 `additionalProperties` allows them), as the engine does; `--strict` compiles OpenAI's strict form
@@ -198,7 +202,8 @@ def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) ->
 
 
 def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: float, result: SubsetResult,
-               errors: Counter, failures: list[str] | None = None, reports: Counter | None = None) -> None:
+               errors: Counter, failures: list[str] | None = None, reports: Counter | None = None,
+               instances: bool = True) -> None:
     """One schema through one engine: compile + first mask, then its test instances and mask times. A
     peer's native code runs to completion under the alarm: past the limit it counts as a timeout. `reports`
     gets what a compiled schema leaves unenforced."""
@@ -232,7 +237,7 @@ def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: 
         reports.update({bucket(r.split(" (")[0]) for r in report})
     if report and failures is not None:
         failures.append(f"{path.name}: compiled, leaving unenforced: {', '.join(report)}")
-    for test in case.get("tests", []):
+    for test in case.get("tests", []) if instances else ():
         text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
         ok = bool(limited(lambda: accepts(constraint, text), limit_s, result))
         if ok and test["valid"]:
@@ -264,6 +269,10 @@ def main() -> None:
     parser.add_argument("--relax", nargs="*", default=["uniqueItems"], help="keywords left unenforced where they "
                         "cannot be enforced (the engine's default: uniqueItems; none: refused); false accepts then "
                         "count what they let through")
+    parser.add_argument("--compile-only", action="store_true", help="time compile + first mask only (no test "
+                        "instances, no per-token masks)")
+    parser.add_argument("--slowest", type=int, default=10, help="slowest schemas to list per engine (compile + "
+                        "first mask)")
     parser.add_argument("--strict", action="store_true", help="OpenAI's strict form (declared order, closed "
                         "objects) instead of the schema's own semantics; xgrammar in strict mode too")
     args = parser.parse_args()
@@ -288,7 +297,7 @@ def main() -> None:
                 before = len(per[name].times_ms)
                 ours = name == "radixlang"
                 run_schema(tokenizer, compile_one, path, args.limit_s, per[name], errors[name],
-                           failures if ours else None, reports if ours else None)
+                           failures if ours else None, reports if ours else None, not args.compile_only)
                 if len(per[name].times_ms) > before:
                     schema_ms[name][path] = per[name].times_ms[-1]
             for name, compile_only in timed.items():
@@ -305,9 +314,14 @@ def main() -> None:
     if len(schema_ms) > 1 and common:
         shared = {name: [t[p] for p in common] for name, t in schema_ms.items()}
         print(f"compile + first mask on the {len(common)} schemas every system compiled: " + ", ".join(
-            f"{name} p50 {percentile(v, 50):.1f} / p90 {percentile(v, 90):.1f} ms" for name, v in shared.items()))
+            f"{name} p50 {percentile(v, 50):.1f} / p90 {percentile(v, 90):.1f} / p99 {percentile(v, 99):.1f} ms"
+            for name, v in shared.items()))
+    for name, times_of in schema_ms.items():
+        slow = sorted(times_of.items(), key=lambda item: -item[1])[:args.slowest]
+        print(f"{name}: slowest compile + first mask: " + ", ".join(f"{p.name} {t:.0f} ms" for p, t in slow))
     for name in engines:
-        for kind, times in (("cold", totals[name].mask_us), ("warm", totals[name].mask_warm_us)):
+        for kind, times in (("cold", totals[name].mask_us), ("warm", totals[name].mask_warm_us)) if not \
+                args.compile_only else ():
             print(f"{name} per-token mask (mask_words), {kind}: {len(times)} masks, mean "
                   f"{statistics.fmean(times or [0]):.1f} us, p50 {percentile(times, 50):.1f} us, "
                   f"p99 {percentile(times, 99):.1f} us")
@@ -328,13 +342,14 @@ def main() -> None:
 
 def print_table(totals: dict[str, SubsetResult]) -> None:
     """The comparison as one markdown table (the engines of this run, same schemas, same window)."""
-    print("\n| engine | compiled | false accepts | false rejects | compile + first mask p50 / p90 | "
+    print("\n| engine | compiled | false accepts | false rejects | compile + first mask p50 / p90 / p99 | "
           "mask per token (mean, cold) |\n|---|---|---|---|---|---|")
     for name, r in totals.items():
         print(f"| {name} | {100 * r.compiled / max(r.schemas, 1):.1f}% | {r.false_accepts}/{r.invalid} | "
               f"{r.false_rejects}/{r.valid} ({100 * r.false_rejects / max(r.valid, 1):.1f}%) | "
-              f"{percentile(r.times_ms, 50):.1f} ms / {percentile(r.times_ms, 90):.1f} ms | "
-              f"{statistics.fmean(r.mask_us or [0]):.0f} us |")
+              f"{percentile(r.times_ms, 50):.1f} / {percentile(r.times_ms, 90):.1f} / "
+              f"{percentile(r.times_ms, 99):.1f} ms | "
+              + (f"{statistics.fmean(r.mask_us):.0f} us |" if r.mask_us else "- |"))
 
 
 def merge(total: SubsetResult, r: SubsetResult) -> None:
@@ -345,7 +360,8 @@ def merge(total: SubsetResult, r: SubsetResult) -> None:
 def print_row(name: str, r: SubsetResult, flush: bool = False, peer: bool = False) -> None:
     rate = 100 * r.compiled / max(r.schemas, 1)
     head = (f"{name:16s} compiled {r.compiled:4d}/{r.schemas:<4d} ({rate:5.1f}%)  "
-            f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms")
+            f"p50 {percentile(r.times_ms, 50):8.1f} ms  p90 {percentile(r.times_ms, 90):8.1f} ms  "
+            f"p99 {percentile(r.times_ms, 99):8.1f} ms")
     if peer:
         print(head, flush=flush)
         return

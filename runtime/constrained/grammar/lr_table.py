@@ -51,14 +51,21 @@ def build_table(productions: list[Production], terminals: set[str], start: str =
 
 
 def _nullable(prods: list[Production]) -> set[str]:
-    out: set[str] = set()
-    grew = True
-    while grew:
-        grew = False
-        for rule, rhs in prods:
-            if rule not in out and all(sym in out for sym in rhs):
-                out.add(rule)
-                grew = True
+    """The rules that derive the empty string: a worklist, linear in the grammar (rounds over every
+    production took one round per link of a chain of nullable rules: member graphs make long ones)."""
+    uses: dict[str, list[int]] = defaultdict(list)  # symbol -> the productions it occurs in, once per occurrence
+    left = [len(rhs) for _, rhs in prods]  # symbols of each production not yet known nullable
+    for i, (_, rhs) in enumerate(prods):
+        for sym in rhs:
+            uses[sym].append(i)
+    out = {rule for rule, rhs in prods if not rhs}
+    queue = list(out)
+    while queue:
+        for i in uses[queue.pop()]:
+            left[i] -= 1
+            if not left[i] and prods[i][0] not in out:
+                out.add(prods[i][0])
+                queue.append(prods[i][0])
     return out
 
 

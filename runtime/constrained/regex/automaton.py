@@ -21,7 +21,7 @@ import numpy as np
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
 from .dfa_cache import cached
-from .fsa import Nfa, determinize, minimize, row_ids, state_id, trim
+from .fsa import Nfa, determinize, heights, minimize, row_ids, state_id, trim
 from .utf8 import char_to_byte_dfa
 
 
@@ -159,6 +159,25 @@ def char_sets(patterns: list[ra.Node]) -> list[ra.Ranges]:
         elif isinstance(node, ra.Graph):
             stack.extend(n for _, n, _ in node.edges)
     return out
+
+
+def length_range(pattern: ra.Node) -> tuple[int, int | None]:
+    """(fewest, most) characters of the pattern's matches (None: unbounded), from its character DFA (built
+    once per content, dfa_cache), whose every transition reads one character. Every state of it is
+    reachable and live, so the most is unbounded exactly where a cycle is, else the start's height."""
+    dfa = own_chars([pattern], False)
+    rows = dfa.trans.tolist()
+    accept = dfa.accept.tolist()
+    seen, level, fewest = {dfa.start}, [dfa.start], 0
+    while level and not any(accept[q] >= 0 for q in level):  # breadth first, to the nearest acceptance
+        nxt = []
+        for t in (t for q in level for t in rows[q]):
+            if t >= 0 and t not in seen:
+                seen.add(t)
+                nxt.append(t)
+        level, fewest = nxt, fewest + 1
+    height = {q: h for h, states in enumerate(heights(dfa.trans)) for q in states}
+    return fewest, height.get(dfa.start)
 
 
 def exactly_one(patterns: list[ra.Node]) -> CharDfa:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Hashable, Sequence, TypeVar
+import operator
+from typing import Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
@@ -64,8 +65,10 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
     Subsets are frozensets of the NFA states that read or accept (the rest only pass on, so subsets
     that differ in those alone are one state); their hashes are cached, and their size tracks the
     subset, not the NFA (a bitset of a 100k-state NFA costs 12 KiB to hash). A state's edges are
-    grouped by symbol set first: where the sets are disjoint (most states: a class set such as
-    `[^"\\]` covers many classes), each set costs one union and one lookup, not one per symbol."""
+    grouped by symbol set first, and the sets refined into the disjoint parts that read alike (`_Layout`,
+    built once per list of symbol sets, as many states read alike): each part costs one union and one
+    lookup, not one per symbol (a class set such as `[^"\\]` covers many classes, and where sets
+    overlap, `\\w+` beside `\\d{4}`, Unicode classes have hundreds), and the row is one gather."""
     important = {q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts)
     important.add(start)  # keeps the start apart from any subset that reads the same way (see above)
     closures: dict[int, frozenset[int]] = {}
@@ -86,8 +89,10 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
         return hit
 
     moves_of: dict[int, list[tuple[int, Sequence[int], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
+    layouts: dict[tuple[int, ...], _Layout] = {}  # by the groups' symbol tuples (ids), in order
     first = closure(start)
-    ids, order, rows, done = {first: 0}, [first], [], 0  # rows: the DFA's rows, flat
+    ids, order, done = {first: 0}, [first], 0
+    rows: list[int] = []  # the DFA's rows, flat
     while done < len(order):
         groups: dict[int, tuple[Sequence[int], frozenset[int]]] = {}  # by symbol tuple (shared per class set)
         for q in order[done]:
@@ -97,28 +102,50 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
             for key, symbols, target in moves:
                 held = groups.get(key)
                 groups[key] = (symbols, target) if held is None else (symbols, held[1] | target)
-        row = [-1] * num_symbols
-        parts = groups.values()
-        if len(parts) == 1 or sum(len(s) for s, _ in parts) == len(set().union(*(s for s, _ in parts))):
-            for symbols, targets in parts:  # disjoint symbol sets: one subset per set
-                q = state_id(ids, order, targets, limit)
-                for c in symbols:
-                    row[c] = q
-        else:
-            for c, targets in _by_symbol(parts).items():
-                row[c] = state_id(ids, order, targets, limit)
-        rows.extend(row)
+        layout = layouts.get(keys := tuple(groups))
+        if layout is None:
+            layout = layouts[keys] = _Layout([symbols for symbols, _ in groups.values()], num_symbols)
+        targets = [t for _, t in groups.values()]
+        states = [state_id(ids, order, targets[which[0]] if len(which) == 1
+                           else targets[which[0]].union(*[targets[i] for i in which[1:]]), limit)
+                  for which in layout.parts]
+        states.append(-1)  # the part of the symbols no group reads: dead
+        rows.extend(layout.pick(states))
         done += 1
     return np.array(rows, np.int64).reshape(len(order), num_symbols), order
 
 
-def _by_symbol(groups) -> dict[int, frozenset[int]]:  # noqa: ANN001 - (symbols, targets) pairs
-    out: dict[int, frozenset[int]] = {}
-    for symbols, targets in groups:
-        for c in symbols:
-            held = out.get(c)
-            out[c] = targets if held is None else held | targets
-    return out
+class _Layout:
+    """How a DFA state's row is made from its groups of moves (one per symbol tuple, in order): the groups'
+    symbol sets refined into disjoint parts (a part's symbols are read by the same groups, so go to the
+    union of their targets), and each symbol's part. States whose groups read the same symbol tuples
+    share one (it is built once per such list, not per state)."""
+
+    def __init__(self, symbol_sets: list[Sequence[int]], num_symbols: int):
+        parts: list[tuple[frozenset[int], tuple[int, ...]]] = []  # (symbols, the groups reading them)
+        for g, symbols in enumerate(symbol_sets):
+            rest = frozenset(symbols)
+            refined = []
+            for part, which in parts:
+                both = part & rest
+                if not both:
+                    refined.append((part, which))
+                    continue
+                refined.append((both, (*which, g)))
+                if len(both) < len(part):
+                    refined.append((part - both, which))
+                rest -= both
+            if rest:
+                refined.append((rest, (g,)))
+            parts = refined
+        self.parts = [which for _, which in parts]
+        part_of = [-1] * num_symbols  # -1: the last state given to pick, dead
+        for p, (symbols_of_part, _) in enumerate(parts):
+            for c in symbols_of_part:
+                part_of[c] = p
+        # the row from the parts' states, in C (itemgetter of one index returns an item, not a tuple)
+        self.pick: Callable[[list[int]], Sequence[int]] = (
+            operator.itemgetter(*part_of) if num_symbols > 1 else lambda states: [states[i] for i in part_of])
 
 
 def state_id(ids: dict[K, int], order: list[K], key: K, limit: int | None = None) -> int:
@@ -182,7 +209,7 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     table = np.full(n + 1, -1, np.int64)  # read by wide heights; narrow ones' classes wait in `unsynced`
     unsynced: list[int] = []
     count = 0
-    for level in _heights(trans):
+    for level in heights(trans):
         if len(level) >= _WIDE_LEVEL:
             table[unsynced] = [classes[s] for s in unsynced]
             unsynced = []
@@ -207,7 +234,7 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 _WIDE_LEVEL = 32  # states of one height from which one numpy pass beats a Python loop
 
 
-def _heights(trans: np.ndarray) -> list[list[int]]:
+def heights(trans: np.ndarray) -> list[list[int]]:
     """The states that reach no cycle, each after all its successors (Kahn's order from the sinks
     back, a level per length of the longest live path; in Python: chains make levels many and small)."""
     ptr, preds = (a.tolist() for a in _predecessors(trans))

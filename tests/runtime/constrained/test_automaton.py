@@ -267,3 +267,17 @@ def test_ignorecase_matches_what_re_matches_over_every_cased_character(pattern):
     for cp in CASED + [0x30, 0x20, 0x4E2D, 0x1F600]:
         text = chr(cp)
         assert accepts(dfa, text) == bool(re.fullmatch(pattern, text)), (pattern, hex(cp))
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    (r"[a-c]+x?", (1, None)), (r"(ab|cd){1,3}e?", (2, 7)), (r"a|", (0, 1)), (r"[\u0100-\uffff]{1,2}|[😀-😂]", (1, 2)),
+    (r"\d{2}-\w{0,4}", (3, 7)), (r"x(y|zz)w", (3, 4))])
+def test_length_range_is_the_fewest_and_most_characters_of_a_match(pattern, expected):
+    """Against brute force: the shortest and longest matches among strings over the pattern's letters."""
+    from radixlang.runtime.constrained.regex.automaton import length_range
+    assert length_range(parse_regex(pattern)) == expected
+    if expected[1] is not None and expected[1] <= 4:  # every string up to one character past the most
+        letters = "abcxyzw-0\u0101😀"
+        lengths = [n for n in range(expected[1] + 2) for s in itertools.product(letters, repeat=n)
+                   if re.fullmatch(pattern, "".join(s))]
+        assert (min(lengths), max(lengths)) == expected

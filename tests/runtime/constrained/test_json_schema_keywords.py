@@ -553,3 +553,19 @@ def test_long_strings_are_read_in_chunks_and_keep_their_exact_length(compiler):
             assert accepts(constraint, json.dumps(value, ensure_ascii=False, separators=(",", ":"))) == \
                 validator(schema).is_valid(value), (a, b, char)
     assert accepts(constraint, '{"a":null}')
+
+
+@pytest.mark.parametrize("body, lo, hi", [("email", 0, 1024), ("email", 7, 20), ("date", 10, 10),
+                                          ("uuid", 30, None), (r"x(y|zz)w", 4, 4), (r"x(y|zz)w", 3, 9)])
+def test_a_length_bound_a_pattern_implies_leaves_its_language_unchanged(body, lo, hi):
+    """constrained_string leaves out a bound the body's own lengths imply: the language equals the body
+    intersected with every bound (both differences are empty)."""
+    from radixlang.runtime.constrained.jsonschema.json_scalars import FORMATS, constrained_string, quoted
+    from radixlang.runtime.constrained.regex import regex_ast as ra
+    from radixlang.runtime.constrained.regex.automaton import difference, intersection
+    from radixlang.runtime.constrained.regex.regex_parser import parse_regex
+    node = FORMATS.get(body) or parse_regex(body)
+    every = quoted(ra.Compiled(intersection([node, ra.repeat(ra.Chars(((0, ra.MAX_CODE_POINT),)), lo, hi)])))
+    built = constrained_string([node], lo, hi)
+    for a, b in ((built, every), (every, built)):
+        assert difference(a, b).accept.max() < 0
