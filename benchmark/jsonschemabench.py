@@ -179,6 +179,17 @@ def accepts(constraint, text: str) -> bool:
     return state is not None and constraint.can_end(state)
 
 
+def refused_at(constraint, text: str, context: int = 40) -> str:
+    """Where a refused instance stops: the text read, then the first byte refused (or "[end]")."""
+    data, state = text.encode(), constraint.initial()
+    for i in range(len(data)):
+        nxt = constraint.advance_bytes(state, data[i:i + 1])
+        if nxt is None:
+            return f"...{data[max(0, i - context):i].decode(errors='replace')}[refused]{data[i:i + 10].decode(errors='replace')}"
+        state = nxt
+    return f"...{data[-context:].decode(errors='replace')}[end]"
+
+
 def bucket(message: str) -> str:
     """An error message without its schema paths and values, so alike failures count together."""
     text = re.sub(r" at [#/]\S*", "", message)
@@ -241,6 +252,8 @@ def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: 
         if test["valid"]:
             result.valid += 1
             result.false_rejects += not ok
+            if not ok and failures is not None:
+                failures.append(f"{path.name}: false reject: {refused_at(constraint, text)}")
         else:
             result.invalid += 1
             result.false_accepts += ok
@@ -259,7 +272,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--errors", type=int, default=25, help="failure buckets to print")
     parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / llguidance / outlines-core even if installed")
-    parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
+    parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error, "
+                        "and where each false reject stops")
     parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
     parser.add_argument("--relax", nargs="*", default=["uniqueItems"], help="keywords left unenforced where they "
                         "cannot be enforced (the engine's default: uniqueItems; none: refused); false accepts then "
@@ -322,7 +336,7 @@ def main() -> None:
     for message, count in reports.most_common(args.errors):
         print(f"{count:5d}  {message}")
     if args.failures:
-        print("\nrefused schemas (and those compiled with a keyword left unenforced):")
+        print("\nrefused schemas, those compiled with a keyword left unenforced, and false rejects:")
         print("\n".join(failures))
 
 
