@@ -10,7 +10,7 @@ Per subset (the file-name prefix before `---`) it reports:
 - the first error of each refused schema, bucketed by message, over all subsets; the schemas compiled
   with something left unenforced (a `--relax` keyword, declared order kept for a large object, the strict
   form where the schema's own semantics did not compile), bucketed, and how many false accepts they
-  account for;
+  account for; with --failures, each such schema, and where each false reject stops reading;
 - the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
   each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 

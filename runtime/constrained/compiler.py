@@ -148,18 +148,18 @@ class ConstraintCompiler:
     def _json_schema(self, spec: object, strict: bool = False, note: str | None = None) -> Constraint:
         """The schema's constraint (`strict`: OpenAI's form), reporting `note` first where given. Its large
         objects take any order, built lazily (object_dispatch), where they start apart from all else."""
-        lazy = not strict
+        not_lazy: frozenset[str] = frozenset()
         while True:
             grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict,
-                                          lazy_objects=lazy)
+                                          lazy_objects=not strict, not_lazy=not_lazy)
             if note is not None:
                 grammar.unenforced = (note, *grammar.unenforced)
             if not grammar.lazy:
                 return _built(grammar, self.vocab)
             try:
                 built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
-            except NotLazy:
-                lazy = False
+            except NotLazy as e:  # those objects keep declared order; each round takes one or two out
+                not_lazy |= e.paths
                 continue
             built.unenforced = grammar.unenforced
             return built

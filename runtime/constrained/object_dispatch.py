@@ -6,8 +6,9 @@ Past that, json_objects leaves the object in the schema's regex as a marker char
 character: JSON never writes one raw) and describes it (LazyObject). Here the schema's DFA is laid out
 over all 256 bytes, and a state that reads a marker reads the object instead:
 - a *hub* (the set W of members written, whether the brace is still to open) is a small DFA over the
-  keys not yet written, the undeclared keys and, once every required member is written, the closing
-  brace; the brace's final state leads where the marker led;
+  keys not yet written and, once every required member is written, the undeclared keys and the closing
+  brace (after an undeclared member, only undeclared ones follow, as in one regex: json_objects); the
+  brace's final state leads where the marker led;
 - a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
   member, up front), whose final states lead on into the hub of W plus that member.
 Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
@@ -30,13 +31,19 @@ from .regex import regex_ast as ra
 from .regex.automaton import Dfa, compile_dfa
 from .regex.fsa import trim
 
+_UNDECLARED_NOW = -1  # a hub's members written, once an undeclared one is: only undeclared ones follow
 # bytes a hub may start with after a member: whitespace, the comma, the closing brace
 _AFTER_MEMBER = np.array([ord(c) for c in " \t\n\r,}"])
 
 
 class NotLazy(ValueError):
     """Where a lazy object starts, the schema's DFA reads something the object could start with too (an
-    anyOf of two objects, say): the schema compiles without lazy objects."""
+    anyOf of two objects, say), or a member's value reads on where the next member starts: the schema
+    compiles again with those objects (`paths`) in declared order."""
+
+    def __init__(self, why: str, paths: set[str]):
+        super().__init__(f"{why} at {sorted(paths)}")
+        self.paths = frozenset(paths)
 
 
 @dataclass(slots=True)
@@ -57,7 +64,8 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
         trans[:, ord(obj.marker)] = -1
         for s in np.flatnonzero(column >= 0).tolist():
             if s in markers or trans[s, ord("{")] >= 0:
-                raise NotLazy("two objects start at one place")
+                others = {objects[markers[s][0]].path} if s in markers else set()
+                raise NotLazy("objects start at one place", {obj.path} | others)
             markers[s] = (k, int(column[s]))
     return _Part(trans, dfa.accept, dfa.start, markers)
 
@@ -70,12 +78,13 @@ class ObjectDispatch(GrowingDfa):
         self._lock = threading.Lock()
         # each member's value DFA, up front: a schema they do not fit is refused (or recompiled) now
         self._values = [[_part([v], objects) for v in (*o.values, *o.extra_values)] for o in objects]
-        for parts in self._values:
+        for obj, parts in zip(objects, self._values):
             for part in parts:
                 finals = part.accept >= 0
                 if (part.trans[finals][:, _AFTER_MEMBER] >= 0).any() or any(finals[s] for s in part.markers):
-                    raise NotLazy("a member's value reads on where the next member starts")
-        self._hub_parts: dict[tuple[int, int, bool], _Part] = {}
+                    raise NotLazy("a member's value reads on where the next member starts", {obj.path})
+        self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
+        self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
         self._value_starts: dict[tuple[int, int, int, int], int] = {}  # (object, member, written, exit) -> start
         # an unbuilt state's own row and accept, the state whose row it takes in, and whether its accept too
@@ -129,22 +138,27 @@ class ObjectDispatch(GrowingDfa):
                     target = functools.partial(int, exit)
                 else:  # a key: into its member's value
                     member = label - 1
-                    now = written | 1 << member if member < declared else written
+                    now = written | 1 << member if member < declared else _UNDECLARED_NOW
                     target = functools.partial(self._value, k, member, now, exit)
                 self._defer(offset + s, target, take_accept=True)
             self._hubs[key] = start
         return self._hubs[key]
 
     def _hub_part(self, k: int, written: int, opening: bool) -> _Part:
-        """The hub's DFA: the keys DFA without the keys written (nor the brace, while a required member
-        is missing), trimmed so that every state left can still end a key."""
+        """The hub's DFA: the keys DFA without the keys written, nor the brace and undeclared keys while
+        a required member is missing, nor declared keys once an undeclared one is written (as in one
+        regex: json_objects), trimmed so that every state left can still end a key."""
         key = (k, written, opening)
         if key not in self._hub_parts:
             obj, keys = self.objects[k], self._keys_part(k, opening)
             member = keys.accept - 1  # -1: the closing brace, -2: not final
-            cut = (member >= 0) & (member < len(obj.keys)) & (written >> np.maximum(member, 0) & 1 == 1)
-            if written & obj.required != obj.required:
-                cut |= member == -1
+            declared = (member >= 0) & (member < len(obj.keys))
+            if written == _UNDECLARED_NOW:
+                cut = declared
+            else:
+                cut = declared & np.array([m >= 0 and written >> m & 1 == 1 for m in member.tolist()], bool)
+                if written & obj.required != obj.required:
+                    cut |= (member == -1) | (member >= len(obj.keys))
             trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept))
             self._hub_parts[key] = _Part(trans, accept, 0, {})
         return self._hub_parts[key]
@@ -152,16 +166,16 @@ class ObjectDispatch(GrowingDfa):
     def _keys_part(self, k: int, opening: bool) -> _Part:
         """Every hub's DFA: pattern 0 the closing brace, 1 + i member i's key (declared, then undeclared);
         built once per object and brace."""
-        key = (k, -1, opening)
-        if key not in self._hub_parts:
+        key = (k, opening)
+        if key not in self._keys_parts:
             obj = self.objects[k]
             ws = obj.ws
             head = ra.seq(ra.literal("{"), ws) if opening else ra.seq(ws, ra.literal(","), ws)
             close = ra.seq(ra.literal("{"), ws, ws, ra.literal("}")) if opening else ra.seq(ws, ra.literal("}"))
             part = _part([close, *(ra.seq(head, key) for key in (*obj.keys, *obj.extra_keys))], ())
             assert part.start == 0, "a trimmed hub keeps its start as state 0"
-            self._hub_parts[key] = part
-        return self._hub_parts[key]
+            self._keys_parts[key] = part
+        return self._keys_parts[key]
 
     def _value(self, k: int, member: int, written: int, exit: int) -> int:
         key = (k, member, written, exit)

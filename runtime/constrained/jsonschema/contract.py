@@ -31,6 +31,7 @@ class SchemaCompiler(Protocol):
     rules: dict[str, ra.Node]
     merged_names: dict[str, str]  # rules for merged allOfs that recurse, by content
     lazy: "list[LazyObject] | None"  # objects built as decoding reaches them (None: none, e.g. in a grammar)
+    not_lazy: frozenset[str]  # ... but not these (paths): they keep declared order
     ws: ra.Node  # whitespace between tokens
 
     def compile(self, schema: object, path: str) -> ra.Node:

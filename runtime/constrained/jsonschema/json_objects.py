@@ -45,6 +45,7 @@ class LazyObject:
     extra_keys: tuple[ra.Node, ...]  # undeclared members' kinds (patternProperties, additionalProperties)
     extra_values: tuple[ra.Node, ...]
     ws: ra.Node  # whitespace between tokens
+    path: str  # where the schema declares it
 
 
 def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
@@ -84,9 +85,9 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     elif c.exact_depth:  # a language subtracted in declared order would let the other orders through
         raise ValueError(f"json_schema at {path}: an object with more than {ANY_ORDER_MAX_PROPERTIES} properties "
                          "inside oneOf / not / enum is supported only in strict mode")
-    elif c.lazy is not None and not lo and hi is None and len(c.lazy) < len(LAZY_MARKERS) and not any(
+    elif c.lazy is not None and path not in c.not_lazy and not lo and hi is None and len(c.lazy) < len(LAZY_MARKERS) and not any(
             ra.refs(n) for _, n, _ in members) and not any(ra.refs(n) for _, n in extra_pairs):
-        return _lazy_object(c, members, extra_pairs)
+        return _lazy_object(c, members, extra_pairs, path)
     else:
         c.unenforced.append(f"property order at {path or '#'}")
         body = _members(c, items, extra, lo, hi, path)
@@ -124,7 +125,7 @@ def _names_node(c: SchemaCompiler, names: object, path: str) -> ra.Node:
 
 
 def _lazy_object(c: SchemaCompiler, members: list[tuple[ra.Node, ra.Node, bool]],
-                 extra_pairs: list[tuple[ra.Node, ra.Node]]) -> ra.Node:
+                 extra_pairs: list[tuple[ra.Node, ra.Node]], path: str) -> ra.Node:
     """The object as a marker character that object_dispatch replaces, as decoding reaches it, by an
     automaton over the members written so far (any order, each at most once, every required one)."""
     marker = chr(LAZY_MARKERS[len(c.lazy)])
@@ -133,7 +134,7 @@ def _lazy_object(c: SchemaCompiler, members: list[tuple[ra.Node, ra.Node, bool]]
                              tuple(ra.seq(colon, value) for _, value, _ in members),
                              sum(1 << i for i, (_, _, req) in enumerate(members) if req),
                              tuple(key for key, _ in extra_pairs), tuple(ra.seq(colon, value) for _, value in extra_pairs),
-                             c.ws))
+                             c.ws, path))
     return ra.literal(marker)
 
 
@@ -164,11 +165,11 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         names = _names_node(c, s["propertyNames"], path)
         kinds = [(compiled_or_nothing(intersection([key, names])), sub, p) for key, sub, p in kinds]
     pairs = []
-    for i, (key, sub, where) in enumerate(kinds):
+    for key, sub, where in kinds:
         if key == ra.NOTHING:
             continue
-        try:
-            pairs.append((key, c.undeclared_value() if unsaid and i == len(kinds) - 1 else c.compile(sub, where)))
+        try:  # any value, said or not (`true`, `{}`): as the compiler bounds it where the schema is one regex
+            pairs.append((key, c.undeclared_value() if sub is True or sub == {} else c.compile(sub, where)))
         except Unsatisfiable:
             continue
     return pairs

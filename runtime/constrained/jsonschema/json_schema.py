@@ -99,19 +99,22 @@ def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
 
 
 def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = (),
-                        strict: bool = False, lazy_objects: bool = False) -> JsonGrammar:
+                        strict: bool = False, lazy_objects: bool = False,
+                        not_lazy: frozenset[str] = frozenset()) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
     keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused).
     `strict`: objects in declared order, closed unless the schema opens them (module docstring).
     `lazy_objects`: in one regex, an object too large for its members to take any order eagerly is a
-    marker (JsonGrammar.lazy) for object_dispatch to build lazily, not kept in declared order."""
+    marker (JsonGrammar.lazy) for object_dispatch to build lazily, not kept in declared order (except
+    those at the paths `not_lazy`)."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
     relax = relaxed_keywords(relaxed)
     try:
         with _compile_errors():
             compiler = _SchemaCompiler(root, ws, relax, strict=strict, lazy=lazy_objects and not strict)
+            compiler.not_lazy = not_lazy
             node = compiler.compile(root, "#")
             lazy = compiler.lazy or []
             small = all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
@@ -194,6 +197,7 @@ class _SchemaCompiler:
         self.any_undeclared = any_undeclared  # undeclared properties' values: any JSON (a rule), else bounded
         self.unenforced: list[str] = []
         self.lazy: list[LazyObject] | None = [] if lazy else None  # objects left as markers (json_objects)
+        self.not_lazy: frozenset[str] = frozenset()  # ... but not these (paths)
         self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
