@@ -128,6 +128,7 @@ def _lazy_object(c: SchemaCompiler, members: list[tuple[ra.Node, ra.Node, bool]]
                  extra_pairs: list[tuple[ra.Node, ra.Node]], path: str) -> ra.Node:
     """The object as a marker character that object_dispatch replaces, as decoding reaches it, by an
     automaton over the members written so far (any order, each at most once, every required one)."""
+    assert c.lazy is not None, "object_node makes lazy objects only where the compiler collects them"
     marker = chr(LAZY_MARKERS[len(c.lazy)])
     colon = c.punct(":")
     c.lazy.append(LazyObject(marker, tuple(key for key, _, _ in members),

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, cast
 
 from .. import deadline
 from ..regex import regex_ast as ra
@@ -157,7 +157,7 @@ def _holds_marker(out: object) -> bool:
     if not isinstance(out, ra.Node):  # type: ignore[arg-type]  # Node is a union of node classes
         return False
     lo, hi = min(LAZY_MARKERS), max(LAZY_MARKERS)
-    return any(a <= hi and b >= lo for ranges in char_sets([out]) for a, b in ranges)
+    return any(a <= hi and b >= lo for ranges in char_sets([cast(ra.Node, out)]) for a, b in ranges)
 
 
 @functools.lru_cache(maxsize=8)
