@@ -179,14 +179,23 @@ def accepts(constraint, text: str) -> bool:
     return state is not None and constraint.can_end(state)
 
 
-def refused_at(constraint, text: str, context: int = 40) -> str:
-    """Where a refused instance stops: the text read, then the first byte refused (or "[end]")."""
+def refused_at(constraint, text: str, limit_s: float, context: int = 40) -> str:
+    """Where a refused instance stops: the text read, then the first byte refused (or "[end]"); or why
+    the check failed (a lexer too large or too slow to build)."""
     data, state = text.encode(), constraint.initial()
-    for i in range(len(data)):
-        nxt = constraint.advance_bytes(state, data[i:i + 1])
-        if nxt is None:
-            return f"...{data[max(0, i - context):i].decode(errors='replace')}[refused]{data[i:i + 10].decode(errors='replace')}"
-        state = nxt
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            for i in range(len(data)):
+                nxt = constraint.advance_bytes(state, data[i:i + 1])
+                if nxt is None:
+                    return (f"...{data[max(0, i - context):i].decode(errors='replace')}[refused]"
+                            f"{data[i:i + 10].decode(errors='replace')}")
+                state = nxt
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except (CompileTimeout, ValueError, TypeError) as e:
+        return f"the check failed: {type(e).__name__}"
     return f"...{data[-context:].decode(errors='replace')}[end]"
 
 
@@ -253,7 +262,7 @@ def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: 
             result.valid += 1
             result.false_rejects += not ok
             if not ok and failures is not None:
-                failures.append(f"{path.name}: false reject: {refused_at(constraint, text)}")
+                failures.append(f"{path.name}: false reject: {refused_at(constraint, text, limit_s)}")
         else:
             result.invalid += 1
             result.false_accepts += ok
