@@ -166,11 +166,14 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         names = _names_node(c, s["propertyNames"], path)
         kinds = [(compiled_or_nothing(intersection([key, names])), sub, p) for key, sub, p in kinds]
     pairs = []
-    for key, sub, where in kinds:
+    for i, (key, sub, where) in enumerate(kinds):
         if key == ra.NOTHING:
             continue
-        try:  # any value, said or not (`true`, `{}`): as the compiler bounds it where the schema is one regex
-            pairs.append((key, c.undeclared_value() if sub is True or sub == {} else c.compile(sub, where)))
+        # any value beside declared members, said (`true`, `{}`) or not: bounded as the compiler bounds it
+        # where the schema is one regex; a map of any values (nothing declared) holds any JSON
+        bounded = (unsaid and i == len(kinds) - 1) or (bool(declared) and (sub is True or sub == {}))
+        try:
+            pairs.append((key, c.undeclared_value() if bounded else c.compile(sub, where)))
         except Unsatisfiable:
             continue
     return pairs

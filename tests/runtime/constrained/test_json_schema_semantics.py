@@ -95,3 +95,14 @@ def test_recursive_open_objects_take_any_order_and_any_undeclared_value(compiler
     for text in texts:
         valid = jsonschema.Draft202012Validator(node).is_valid(json.loads(text)) and unique_keys(text)
         assert accepts(constraint, text) == valid, text
+
+
+def test_any_value_maps_nest_freely_and_extras_beside_declared_members_nest_two_levels(compiler):
+    """`additionalProperties: true` beside declared members is bounded as the unsaid default (one regex);
+    a map of any values (nothing declared) holds any JSON (a grammar)."""
+    open_map = {"type": "object", "additionalProperties": True}
+    beside = {"type": "object", "properties": {"p": {"type": "integer"}}, "additionalProperties": True}
+    for schema, text, nests in ((open_map, '{"a":{"b":[[{"c":[1]}]]}}', True),
+                                (beside, '{"p":1,"z":{"k":[1]}}', True), (beside, '{"p":1,"z":{"k":[[1]]}}', False)):
+        assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        assert accepts(compiler.compile("json_schema", schema), text) == nests, text
