@@ -11,7 +11,7 @@ Per subset (the file-name prefix before `---`) it reports:
 - the first error of each refused schema, bucketed by message, over all subsets; the schemas compiled
   with something left unenforced (a `--relax` keyword, declared order kept for a large object, the strict
   form where the schema's own semantics did not compile), bucketed, and how many false accepts they
-  account for;
+  account for; with --failures, each such schema, and where each false reject stops reading;
 - the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
   each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
 
@@ -183,6 +183,26 @@ def accepts(constraint, text: str) -> bool:
     return state is not None and constraint.can_end(state)
 
 
+def refused_at(constraint, text: str, limit_s: float, context: int = 40) -> str:
+    """Where a refused instance stops: the text read, then the first byte refused (or "[end]"); or why
+    the check failed (a lexer too large or too slow to build)."""
+    data, state = text.encode(), constraint.initial()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            for i in range(len(data)):
+                nxt = constraint.advance_bytes(state, data[i:i + 1])
+                if nxt is None:
+                    return (f"...{data[max(0, i - context):i].decode(errors='replace')}[refused]"
+                            f"{data[i:i + 10].decode(errors='replace')}")
+                state = nxt
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except (CompileTimeout, ValueError, TypeError) as e:
+        return f"the check failed: {type(e).__name__}"
+    return f"...{data[-context:].decode(errors='replace')}[end]"
+
+
 def bucket(message: str) -> str:
     """An error message without its schema paths and values, so alike failures count together."""
     text = re.sub(r" at [#/]\S*", "", message)
@@ -246,6 +266,8 @@ def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: 
         if test["valid"]:
             result.valid += 1
             result.false_rejects += not ok
+            if not ok and failures is not None:
+                failures.append(f"{path.name}: false reject: {refused_at(constraint, text, limit_s)}")
         else:
             result.invalid += 1
             result.false_accepts += ok
@@ -264,7 +286,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--errors", type=int, default=25, help="failure buckets to print")
     parser.add_argument("--no-peers", action="store_true", help="skip xgrammar / llguidance / outlines-core even if installed")
-    parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error")
+    parser.add_argument("--failures", action="store_true", help="list each refused schema with its first error, "
+                        "and where each false reject stops")
     parser.add_argument("--subsets", nargs="*", default=list(SUBSETS), help="subsets to run (default: all)")
     parser.add_argument("--relax", nargs="*", default=["uniqueItems"], help="keywords left unenforced where they "
                         "cannot be enforced (the engine's default: uniqueItems; none: refused); false accepts then "
@@ -336,7 +359,7 @@ def main() -> None:
     for message, count in reports.most_common(args.errors):
         print(f"{count:5d}  {message}")
     if args.failures:
-        print("\nrefused schemas (and those compiled with a keyword left unenforced):")
+        print("\nrefused schemas, those compiled with a keyword left unenforced, and false rejects:")
         print("\n".join(failures))
 
 

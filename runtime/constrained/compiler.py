@@ -24,6 +24,7 @@ from .jsonschema.json_schema import (
 from .marker_tokens import with_marker_tokens
 from .masks.vocab import TokenVocab
 from .matcher import Constraint, RegexConstraint
+from .object_dispatch import NotLazy, ObjectDispatch
 from .regex.automaton import collector_paused, compile_dfa
 from .regex.dfa_cache import DfaCache, caching
 from .regex.regex_parser import parse_regex
@@ -145,11 +146,23 @@ class ConstraintCompiler:
                 raise e from None
 
     def _json_schema(self, spec: object, strict: bool = False, note: str | None = None) -> Constraint:
-        """The schema's constraint (`strict`: OpenAI's form), reporting `note` first where given."""
-        grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict)
-        if note is not None:
-            grammar.unenforced = (note, *grammar.unenforced)
-        return _built(grammar, self.vocab)
+        """The schema's constraint (`strict`: OpenAI's form), reporting `note` first where given. Its large
+        objects take any order, built lazily (object_dispatch), where they start apart from all else."""
+        not_lazy: frozenset[str] = frozenset()
+        while True:
+            grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict,
+                                          lazy_objects=not strict, not_lazy=not_lazy)
+            if note is not None:
+                grammar.unenforced = (note, *grammar.unenforced)
+            if not grammar.lazy:
+                return _built(grammar, self.vocab)
+            try:
+                built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
+            except NotLazy as e:  # those objects keep declared order; each round takes one or two out
+                not_lazy |= e.paths
+                continue
+            built.unenforced = grammar.unenforced
+            return built
 
     def _peer_compiler(self) -> PeerCompiler:
         with self._lock:

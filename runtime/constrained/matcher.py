@@ -106,7 +106,7 @@ class RegexConstraint:
 
     def closing_bytes(self, state: int, limit: int, nonempty: bool = False) -> bytes | None:
         """The shortest completion from `state` (closing.py)."""
-        return dfa_close(state, self._row, lambda s: bool(self.dfa.accept[s] >= 0), limit, nonempty)
+        return dfa_close(state, self._row, self.can_end, limit, nonempty)
 
     def _row(self, state: int) -> np.ndarray:
         return self.dfa.row(state)

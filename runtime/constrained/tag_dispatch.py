@@ -22,11 +22,11 @@ import threading
 
 import numpy as np
 
-from ..config import JUMP_FORWARD_MAX_BYTES, TAG_ROOT_CACHE_SIZE
+from ..config import TAG_ROOT_CACHE_SIZE
+from .growing_dfa import GrowingDfa
 from .jsonschema.json_schema import compile_json_schema
-from .masks.token_index import TokenIndex, Unbuilt
+from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
-from .matcher import RegexConstraint
 from .regex import regex_ast as ra
 from .regex.automaton import Dfa, compile_dfa
 from .regex.dfa_cache import cached
@@ -132,7 +132,7 @@ def _open_after_trigger(dfa: Dfa) -> Dfa:
     return Dfa(trans, np.append(dfa.accept, 1).astype(dfa.accept.dtype), dfa.byte_class, dfa.start)
 
 
-class TagDispatch(RegexConstraint):
+class TagDispatch(GrowingDfa):
     """The glued DFA over all 256 bytes (no byte classes: it grows), built tag by tag on first reach."""
 
     def __init__(self, tag: StructuralTag, free: FreeText | None, rests: list[bytes], roots: list[ra.Node],
@@ -231,52 +231,9 @@ class TagDispatch(RegexConstraint):
             self.dfa = dfa
             self.index = self.index.grown(dfa, unbuilt)
 
-    def _built(self, state: int) -> int:
-        if self.unbuilt[state]:
-            self._build(state)
-        return state
-
     def _packed(self, state: int) -> np.ndarray:
         if self.free is not None and state < self.free.dfa.num_states:
             shared = self.free.mask(state)
             if shared is not None:
                 return shared
-        while True:
-            try:
-                return self.index.packed(self._built(state))
-            except Unbuilt as e:
-                self._build(e.states)
-
-    # ---- the Constraint protocol ------------------------------------------------------------------
-    def advance(self, state: int, token_id: int) -> int | None:
-        bits = self._packed(state)  # and every row a token from here reaches is built
-        if not bits[token_id >> 3] >> (token_id & 7) & 1:
-            return None
-        return self.advance_bytes(state, self.vocab.bytes_of(token_id))
-
-    def advance_bytes(self, state: int, data: bytes) -> int | None:
-        for b in data:
-            self._built(state)  # before reading self.dfa: building replaces it
-            state = self.dfa.step(state, b)
-            if state < 0:
-                return None
-        return state
-
-    def allowed(self, state: int) -> np.ndarray:
-        return np.unpackbits(self._packed(state), count=self.vocab.size, bitorder="little").view(bool)
-
-    def allowed_bits(self, state: int) -> np.ndarray:
-        return self._packed(state)
-
-    def _row(self, state: int) -> np.ndarray:
-        self._built(state)  # the closing walk may reach a tag not built yet
-        return self.dfa.row(state)
-
-    def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
-        out = b""
-        while more := super().forced_bytes(self._built(state), limit - len(out)):  # stops at a leaf
-            out += more
-            nxt = self.advance_bytes(state, more)
-            assert nxt is not None, "forced bytes are allowed bytes"
-            state = nxt
-        return out
+        return super()._packed(state)

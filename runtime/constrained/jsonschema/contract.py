@@ -5,10 +5,13 @@ builders, and the state they share (rules, `$ref`s, exact mode).
 A leaf: the keyword modules import this instead of json_schema, which imports them, so no cycle."""
 from __future__ import annotations
 
-from typing import Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 from ..regex import regex_ast as ra
 from .json_refs import RefResolver
+
+if TYPE_CHECKING:
+    from .json_objects import LazyObject
 
 T = TypeVar("T")
 # compiles one alternative on demand (it may raise Unsatisfiable); called with no arguments: `...` as the
@@ -27,6 +30,9 @@ class SchemaCompiler(Protocol):
     refs: RefResolver
     rules: dict[str, ra.Node]
     merged_names: dict[str, str]  # rules for merged allOfs that recurse, by content
+    lazy: "list[LazyObject] | None"  # objects built as decoding reaches them (None: none, e.g. in a grammar)
+    not_lazy: frozenset[str]  # ... but not these (paths): they keep declared order
+    ws: ra.Node  # whitespace between tokens
 
     def compile(self, schema: object, path: str) -> ra.Node:
         """A subschema's language; `path` (a JSON pointer) names it in errors."""

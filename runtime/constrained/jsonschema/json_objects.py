@@ -14,6 +14,7 @@ satisfies `propertyNames`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ..regex import regex_ast as ra
@@ -28,6 +29,23 @@ from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 # members after the declared ones), reported as unenforced ("property order at <path>")
 ANY_ORDER_MAX_PROPERTIES = 6
 ANY_ORDER_MAX_SIZE = 4_000
+# past those, where the schema is one regex, the object is a marker character that object_dispatch
+# replaces lazily: control characters, which JSON never writes raw (nor as whitespace), one per object
+LAZY_MARKERS = tuple(b for b in range(1, 0x20) if chr(b) not in " \t\n\r")
+
+
+@dataclass(frozen=True, slots=True)
+class LazyObject:
+    """An object whose declared members take any order, each at most once, built as decoding reaches it
+    (object_dispatch): an automaton over the set of members written, of which a decode visits a few."""
+    marker: str  # the character that stands for the object in the schema's regex
+    keys: tuple[ra.Node, ...]  # declared members' quoted keys
+    values: tuple[ra.Node, ...]  # ... and what follows each key: the colon and the value
+    required: int  # bit i: declared member i is required
+    extra_keys: tuple[ra.Node, ...]  # undeclared members' kinds (patternProperties, additionalProperties)
+    extra_values: tuple[ra.Node, ...]
+    ws: ra.Node  # whitespace between tokens
+    path: str  # where the schema declares it
 
 
 def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
@@ -38,6 +56,7 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
         raise ValueError(f"json_schema at {path}: properties and patternProperties must be objects, required a list")
     names_ok = _name_filter(c, s, path)
     items: list[tuple[ra.Node, bool]] = []
+    members: list[tuple[ra.Node, ra.Node, bool]] = []  # (key, value, required) of the same members
     for name in dict.fromkeys([*props, *required]):
         sub = _declared_schema(s, name)
         req = name in required
@@ -52,7 +71,9 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
                 raise
             continue
         items.append((ra.seq(ra.literal(const_text(name)), c.punct(":"), value), req))
-    extra = _extra_pair(c, s, path, [n for n in dict.fromkeys([*props, *required])])
+        members.append((ra.literal(const_text(name)), value, req))
+    extra_pairs = _extra_pairs(c, s, path, [n for n in dict.fromkeys([*props, *required])])
+    extra = ra.alt(*(ra.seq(key, c.punct(":"), value) for key, value in extra_pairs)) if extra_pairs else None
     lo, hi = s.get("minProperties", 0), s.get("maxProperties")
     for key, bound in (("minProperties", lo), ("maxProperties", hi)):
         if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
@@ -64,6 +85,9 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     elif c.exact_depth:  # a language subtracted in declared order would let the other orders through
         raise ValueError(f"json_schema at {path}: an object with more than {ANY_ORDER_MAX_PROPERTIES} properties "
                          "inside oneOf / not / enum is supported only in strict mode")
+    elif c.lazy is not None and path not in c.not_lazy and not lo and hi is None and len(c.lazy) < len(LAZY_MARKERS) and not any(
+            ra.refs(n) for _, n, _ in members) and not any(ra.refs(n) for _, n in extra_pairs):
+        return _lazy_object(c, members, extra_pairs, path)
     else:
         c.unenforced.append(f"property order at {path or '#'}")
         body = _members(c, items, extra, lo, hi, path)
@@ -100,16 +124,31 @@ def _names_node(c: SchemaCompiler, names: object, path: str) -> ra.Node:
     return node
 
 
-def _extra_pair(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> ra.Node | None:
-    """One undeclared `"key":value` member, or None where the schema allows none (where it says nothing:
-    any value by default, none in strict mode unless it declares nothing at all)."""
+def _lazy_object(c: SchemaCompiler, members: list[tuple[ra.Node, ra.Node, bool]],
+                 extra_pairs: list[tuple[ra.Node, ra.Node]], path: str) -> ra.Node:
+    """The object as a marker character that object_dispatch replaces, as decoding reaches it, by an
+    automaton over the members written so far (any order, each at most once, every required one)."""
+    assert c.lazy is not None, "object_node makes lazy objects only where the compiler collects them"
+    marker = chr(LAZY_MARKERS[len(c.lazy)])
+    colon = c.punct(":")
+    c.lazy.append(LazyObject(marker, tuple(key for key, _, _ in members),
+                             tuple(ra.seq(colon, value) for _, value, _ in members),
+                             sum(1 << i for i, (_, _, req) in enumerate(members) if req),
+                             tuple(key for key, _ in extra_pairs), tuple(ra.seq(colon, value) for _, value in extra_pairs),
+                             c.ws, path))
+    return ra.literal(marker)
+
+
+def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> list[tuple[ra.Node, ra.Node]]:
+    """The undeclared members' (key, value) kinds, none where the schema allows none (where it says
+    nothing: any value by default, none in strict mode unless it declares nothing at all)."""
     patterns = s.get("patternProperties", {})
     extra = s.get("additionalProperties", s.get("unevaluatedProperties"))
     unsaid = extra is None and not c.strict  # JSON Schema's default: any value
     if extra is None:
         extra = True if not c.strict or (not declared and not patterns) else False
     if extra is False and not patterns:
-        return None
+        return []
     taken = [spellings(n) for n in declared]
     pattern_bodies = {p: pattern_body(p, f"{path}/patternProperties") for p in patterns}
     kinds: list[tuple[ra.Node, Any, str]] = []
@@ -130,12 +169,14 @@ def _extra_pair(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> r
     for i, (key, sub, where) in enumerate(kinds):
         if key == ra.NOTHING:
             continue
+        # any value beside declared members, said (`true`, `{}`) or not: bounded as the compiler bounds it
+        # where the schema is one regex; a map of any values (nothing declared) holds any JSON
+        bounded = (unsaid and i == len(kinds) - 1) or (bool(declared) and (sub is True or sub == {}))
         try:
-            value = c.undeclared_value() if unsaid and i == len(kinds) - 1 else c.compile(sub, where)
-            pairs.append(ra.seq(key, c.punct(":"), value))
+            pairs.append((key, c.undeclared_value() if bounded else c.compile(sub, where)))
         except Unsatisfiable:
             continue
-    return ra.alt(*pairs) if pairs else None
+    return pairs
 
 
 def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:

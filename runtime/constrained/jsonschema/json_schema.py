@@ -13,19 +13,20 @@ Whitespace between tokens follows one finite pattern; compact (none) by default.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator, cast
 
 from .. import deadline
 from ..regex import regex_ast as ra
-from ..regex.automaton import compile_dfa, own_chars
+from ..regex.automaton import char_sets, compile_dfa, own_chars
 from ..regex.regex_parser import parse_regex
 from .json_arrays import array_node
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
-from .json_objects import object_node
+from .json_objects import LAZY_MARKERS, LazyObject, object_node
 from .json_refs import RefResolver
 from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
@@ -38,8 +39,9 @@ LEXEME_BOUNDARY = "lexeme_boundary"
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
 JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
 # in a schema that is otherwise regular, an undeclared property's value (the default `additionalProperties`)
-# nests at most this deep, so the schema stays one DFA; in one that is a grammar anyway, any value
-UNDECLARED_VALUE_DEPTH = 1
+# nests at most this deep (two: an object of arrays, as real configuration values are), so the schema stays
+# one DFA; in one that is a grammar anyway, any value
+UNDECLARED_VALUE_DEPTH = 2
 RELAXABLE = frozenset({"uniqueItems"})  # keywords a caller may leave unenforced where they cannot be enforced
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
@@ -51,6 +53,7 @@ class JsonGrammar:
     root: ra.Node
     rules: dict[str, ra.Node] = field(default_factory=dict)  # empty: `root` is a plain regex
     unenforced: tuple[str, ...] = ()  # relaxed keywords the schema holds: "<keyword> at <path>"
+    lazy: tuple[LazyObject, ...] = ()  # objects `root` holds as markers, built lazily (object_dispatch)
 
 
 def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
@@ -96,31 +99,65 @@ def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
 
 
 def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = (),
-                        strict: bool = False) -> JsonGrammar:
+                        strict: bool = False, lazy_objects: bool = False,
+                        not_lazy: frozenset[str] = frozenset()) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
     keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused).
-    `strict`: objects in declared order, closed unless the schema opens them (module docstring)."""
+    `strict`: objects in declared order, closed unless the schema opens them (module docstring).
+    `lazy_objects`: in one regex, an object too large for its members to take any order eagerly is a
+    marker (JsonGrammar.lazy) for object_dispatch to build lazily, not kept in declared order (except
+    those at the paths `not_lazy`)."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
     relax = relaxed_keywords(relaxed)
     try:
-        compiler = _SchemaCompiler(root, ws, relax, strict=strict)
-        node = compiler.compile(root, "#")
-        small = ra.size(node) <= JSON_REGEX_MAX_SIZE and all(ra.size(r) <= JSON_REGEX_MAX_SIZE
-                                                             for r in compiler.rules.values())
-        if small and not compiler.rules:
-            return JsonGrammar(node, {}, _summary(compiler.unenforced))
+        with _compile_errors():
+            compiler = _SchemaCompiler(root, ws, relax, strict=strict, lazy=lazy_objects and not strict)
+            compiler.not_lazy = not_lazy
+            node = compiler.compile(root, "#")
+            lazy = compiler.lazy or []
+            small = all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
+                node, *compiler.rules.values(), *(v for o in lazy for v in (*o.values, *o.extra_values))))
+            if small and not compiler.rules:
+                return JsonGrammar(node, {}, _summary(compiler.unenforced), tuple(lazy))
+            if lazy:  # a grammar, whose objects are never lazy: sized as they would be without
+                raise _LazyInExact()
+    except _LazyInExact:  # or its intersection or difference would not see the lazy object's members
+        return compile_json_schema(schema, whitespace, relaxed, strict)
+    with _compile_errors():
         compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, strict=strict,
                                    any_undeclared=bool(compiler.rules))
         node = compiler.compile(root, "#")
+    return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced))
+
+
+@contextlib.contextmanager
+def _compile_errors() -> Iterator[None]:
+    """A schema's errors as ValueErrors that say what is wrong with it."""
+    try:
+        yield
     except Unsatisfiable as e:
         raise ValueError(f"json_schema: no value can satisfy it ({e})") from None
     except RecursionError:
         raise ValueError("json_schema nests too deeply to compile") from None
     except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
         raise ValueError(f"json_schema is malformed: {e}") from None
-    return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced))
+
+
+class _LazyInExact(Exception):
+    """A lazy object's marker met an intersection or difference, or the schema is a grammar: it compiles
+    without lazy objects."""
+
+
+def _holds_marker(out: object) -> bool:
+    """Whether a node (or nodes, nested in lists and tuples) reads a lazy object's marker character."""
+    if isinstance(out, list | tuple):
+        return any(_holds_marker(x) for x in out)
+    if not isinstance(out, ra.Node):  # type: ignore[arg-type]  # Node is a union of node classes
+        return False
+    lo, hi = min(LAZY_MARKERS), max(LAZY_MARKERS)
+    return any(a <= hi and b >= lo for ranges in char_sets([cast(ra.Node, out)]) for a, b in ranges)
 
 
 @functools.lru_cache(maxsize=8)
@@ -152,12 +189,15 @@ def _summary(reports: list[str], shown: int = 3) -> tuple[str, ...]:
 
 class _SchemaCompiler:
     def __init__(self, root: dict | bool, ws: ra.Node, relaxed: frozenset[str] = frozenset(),
-                 rule_size: int | None = None, strict: bool = False, any_undeclared: bool = False):
+                 rule_size: int | None = None, strict: bool = False, any_undeclared: bool = False,
+                 lazy: bool = False):
         self.relaxed = relaxed
         self.strict = strict
         self.strict_root = strict  # the whole schema is strict (else only oneOf branches that overlap are)
         self.any_undeclared = any_undeclared  # undeclared properties' values: any JSON (a rule), else bounded
         self.unenforced: list[str] = []
+        self.lazy: list[LazyObject] | None = [] if lazy else None  # objects left as markers (json_objects)
+        self.not_lazy: frozenset[str] = frozenset()  # ... but not these (paths)
         self._split_all = 0  # >0: every bracket and member is a lexeme of its own (see split_alike)
         self.rule_size = rule_size  # objects, arrays and strings larger than this become rules (None: never)
         self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
@@ -181,9 +221,12 @@ class _SchemaCompiler:
         """`make()` with no subschema turned into a rule (its language is intersected or subtracted)."""
         self.exact_depth += 1
         try:
-            return make()
+            out = make()
         finally:
             self.exact_depth -= 1
+        if self.lazy and _holds_marker(out):  # a $ref compiled before, holding a lazy object
+            raise _LazyInExact()
+        return out
 
     def boundary(self) -> ra.Node:
         """An empty rule: a place where the grammar's lexer must end one lexeme and start the next."""

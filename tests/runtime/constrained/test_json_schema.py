@@ -36,6 +36,7 @@ PERSON = {
                  "items": False},
     },
     "required": ["name", "age", "id"],
+    "additionalProperties": False,  # open, random walks write undeclared keys first: random strings rarely close
 }
 TREE = {
     "$defs": {"node": {"type": "object", "properties": {

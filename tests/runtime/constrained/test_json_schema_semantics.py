@@ -1,8 +1,8 @@
 """The schema's own object semantics (the default) against the `jsonschema` library on every object of a
 small universe: declared properties in any order, undeclared ones where `additionalProperties` allows
-them (after the declared ones, nesting one level at most, where the schema is one regex); the
-strict form (OpenAI's) keeps declared order and closed objects; a large object keeps its declared order
-and says so."""
+them (after the declared ones, nesting two levels at most, where the schema is one regex); the
+strict form (OpenAI's) keeps declared order and closed objects; a large object with a maxProperties
+keeps its declared order and says so (one without takes any order: test_object_dispatch)."""
 from __future__ import annotations
 
 import itertools
@@ -22,7 +22,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0
           "required": ["a", "b"]}
 # members as text, each valid or not for its property; "z" is undeclared, with flat and nested values
 MEMBERS = {"a": ['"a":1', '"a":7'], "b": ['"b":"x"', '"b":"q"'], "c": ['"c":true'],
-           "z": ['"z":null', '"z":[1,"s"]', '"z":{"k":[2]}']}
+           "z": ['"z":null', '"z":[1,"s"]', '"z":{"k":[2]}', '"z":{"k":[[2]]}']}
 
 
 def unique_keys(text: str) -> bool:
@@ -49,10 +49,10 @@ def test_default_semantics_accept_exactly_the_valid_objects(compiler, schema):
     for text in universe("abcz"):
         value = json.loads(text)
         valid = jsonschema.Draft202012Validator(schema).is_valid(value)
-        # in a schema that is one regex, undeclared members follow the declared ones, nesting one level at most
+        # in a schema that is one regex, undeclared members follow the declared ones, nesting two levels at most
         keys = list(value)
         tail = "z" not in keys or keys[-1] == "z"
-        nested = '{"k":[' in text
+        nested = '{"k":[[' in text
         assert accepts(constraint, text) == (valid and tail and not nested), text
 
 
@@ -72,10 +72,11 @@ def test_strict_form_keeps_declared_order_and_closed_objects(compiler):
         assert accepts(constraint, text) == (expected and ordered), text
 
 
-def test_a_large_object_keeps_declared_order_and_reports_it(compiler, walk):
+def test_a_large_counted_object_keeps_declared_order_and_reports_it(compiler, walk):
+    """maxProperties: a large object is not built lazily (object_dispatch counts no members)."""
     n = ANY_ORDER_MAX_PROPERTIES + 1
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer", "minimum": 0, "maximum": 9} for i in range(n)},
-              "required": ["p0"]}
+              "required": ["p0"], "maxProperties": 5}
     grammar = compile_json_schema(schema)
     assert grammar.unenforced == ("property order at #",)
     constraint = compiler.compile("json_schema", schema)
@@ -94,3 +95,14 @@ def test_recursive_open_objects_take_any_order_and_any_undeclared_value(compiler
     for text in texts:
         valid = jsonschema.Draft202012Validator(node).is_valid(json.loads(text)) and unique_keys(text)
         assert accepts(constraint, text) == valid, text
+
+
+def test_any_value_maps_nest_freely_and_extras_beside_declared_members_nest_two_levels(compiler):
+    """`additionalProperties: true` beside declared members is bounded as the unsaid default (one regex);
+    a map of any values (nothing declared) holds any JSON (a grammar)."""
+    open_map = {"type": "object", "additionalProperties": True}
+    beside = {"type": "object", "properties": {"p": {"type": "integer"}}, "additionalProperties": True}
+    for schema, text, nests in ((open_map, '{"a":{"b":[[{"c":[1]}]]}}', True),
+                                (beside, '{"p":1,"z":{"k":[1]}}', True), (beside, '{"p":1,"z":{"k":[[1]]}}', False)):
+        assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        assert accepts(compiler.compile("json_schema", schema), text) == nests, text

@@ -1,0 +1,217 @@
+"""JSON objects whose members take any order, each at most once, built as decoding reaches them.
+
+Exactly, such an object is an automaton over the sets of members written: 2^n states for n members,
+too many to build past a few members (json_objects builds it eagerly up to ANY_ORDER_MAX_PROPERTIES).
+Past that, json_objects leaves the object in the schema's regex as a marker character (a control
+character: JSON never writes one raw) and describes it (LazyObject). Here the schema's DFA is laid out
+over all 256 bytes, and a state that reads a marker reads the object instead:
+- a *hub* (the set W of members written, whether the brace is still to open) is a small DFA over the
+  keys not yet written and, once every required member is written, the undeclared keys and the closing
+  brace (after an undeclared member, only undeclared ones follow, as in one regex: json_objects); the
+  brace's final state leads where the marker led;
+- a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
+  member, up front), whose final states lead on into the hub of W plus that member.
+Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
+builds the n + 1 hubs and n values it visits. A value may hold lazy objects of its own.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .growing_dfa import GrowingDfa
+from .jsonschema.json_objects import LazyObject
+from .masks.token_index import TokenIndex
+from .masks.vocab import TokenVocab
+from .regex import regex_ast as ra
+from .regex.automaton import Dfa, compile_dfa
+from .regex.fsa import trim
+
+_UNDECLARED_NOW = -1  # a hub's members written, once an undeclared one is: only undeclared ones follow
+# bytes a hub may start with after a member: whitespace, the comma, the closing brace
+_AFTER_MEMBER = np.array([ord(c) for c in " \t\n\r,}"])
+
+
+class NotLazy(ValueError):
+    """Where a lazy object starts, the schema's DFA reads something the object could start with too (an
+    anyOf of two objects, say), or a member's value reads on where the next member starts: the schema
+    compiles again with those objects (`paths`) in declared order."""
+
+    def __init__(self, why: str, paths: set[str]):
+        super().__init__(f"{why} at {sorted(paths)}")
+        self.paths = frozenset(paths)
+
+
+@dataclass(slots=True)
+class _Part:
+    """A piece's DFA over all 256 bytes, its marker bytes taken out, and where it read them."""
+    trans: np.ndarray  # [S, 256] int32
+    accept: np.ndarray  # [S] int32: the accepted pattern's index, or -1
+    start: int
+    markers: dict[int, tuple[int, int]]  # state -> (lazy object, state after the object)
+
+
+def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
+    dfa = compile_dfa(patterns)
+    trans = dfa.trans[:, dfa.byte_class].astype(np.int32)
+    markers: dict[int, tuple[int, int]] = {}
+    for k, obj in enumerate(objects):
+        column = trans[:, ord(obj.marker)].copy()
+        trans[:, ord(obj.marker)] = -1
+        for s in np.flatnonzero(column >= 0).tolist():
+            if s in markers or trans[s, ord("{")] >= 0:
+                others = {objects[markers[s][0]].path} if s in markers else set()
+                raise NotLazy("objects start at one place", {obj.path} | others)
+            markers[s] = (k, int(column[s]))
+    return _Part(trans, dfa.accept, dfa.start, markers)
+
+
+class ObjectDispatch(GrowingDfa):
+    """A JSON schema's DFA whose lazy objects (json_objects.LazyObject) are built on first reach."""
+
+    def __init__(self, root: ra.Node, objects: tuple[LazyObject, ...], vocab: TokenVocab):
+        self.objects, self.vocab = objects, vocab
+        self._lock = threading.Lock()
+        # each member's value DFA, up front: a schema they do not fit is refused (or recompiled) now
+        self._values = [[_part([v], objects) for v in (*o.values, *o.extra_values)] for o in objects]
+        for obj, parts in zip(objects, self._values):
+            for part in parts:
+                finals = part.accept >= 0
+                if (part.trans[finals][:, _AFTER_MEMBER] >= 0).any() or any(finals[s] for s in part.markers):
+                    raise NotLazy("a member's value reads on where the next member starts", {obj.path})
+        self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
+        self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
+        self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
+        self._value_starts: dict[tuple[int, int, int, int], int] = {}  # (object, member, written, exit) -> start
+        # an unbuilt state's own row and accept, the state whose row it takes in, and whether its accept too
+        self._pending: dict[int, tuple[np.ndarray, int, Callable[[], int], bool]] = {}
+        self._trans = np.full((1024, 256), -1, np.int32)
+        self._accept = np.full(1024, -1, np.int32)
+        self._unbuilt = np.zeros(1024, bool)
+        self._size = 0
+        start = self._lay(_part([root], objects), keep_accept=True)
+        self.unbuilt = self._unbuilt[:self._size].copy()
+        self.dfa = Dfa(self._trans[:self._size], self._accept[:self._size], start=start)
+        self._index = TokenIndex(self.dfa, vocab, unbuilt=self.unbuilt)
+
+    # ---- laying out pieces ------------------------------------------------------------------------
+    def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Callable[[], int] | None = None) -> int:
+        """Appends `part`'s rows; its markers lead into their objects' opening hubs and (with `finals_to`)
+        its final states into that state's row; returns where its start state went."""
+        offset, count = self._size, len(part.trans)
+        while offset + count > len(self._trans):
+            grow = len(self._trans)
+            self._trans = np.vstack([self._trans, np.full((grow, 256), -1, np.int32)])
+            self._accept = np.concatenate([self._accept, np.full(grow, -1, np.int32)])
+            self._unbuilt = np.concatenate([self._unbuilt, np.zeros(grow, bool)])
+        self._trans[offset:offset + count] = np.where(part.trans >= 0, part.trans + offset, -1)
+        self._accept[offset:offset + count] = np.where(part.accept >= 0, 0, -1) if keep_accept else -1
+        self._size += count
+        for s, (k, after) in part.markers.items():
+            self._defer(offset + s, functools.partial(self._hub, k, 0, True, offset + after), False)
+        if finals_to is not None:
+            for s in np.flatnonzero(part.accept >= 0).tolist():
+                self._defer(offset + s, finals_to, False)
+        return offset + part.start
+
+    def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
+        """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""
+        self._pending[state] = (self._trans[state].copy(), int(self._accept[state]), target, take_accept)
+        self._trans[state] = -1  # unbuilt rows read nothing: a forced-bytes walk stops there
+        self._accept[state] = -1
+        self._unbuilt[state] = True
+
+    def _hub(self, k: int, written: int, opening: bool, exit: int) -> int:
+        key = (k, written, opening, exit)
+        if key not in self._hubs:
+            obj, part = self.objects[k], self._hub_part(k, written, opening)
+            start = self._lay(part)
+            offset = start - part.start
+            declared = len(obj.keys)
+            for s in np.flatnonzero(part.accept >= 0).tolist():
+                label = int(part.accept[s])
+                if label == 0:  # the closing brace: on where the marker led
+                    target = functools.partial(int, exit)
+                else:  # a key: into its member's value
+                    member = label - 1
+                    now = written | 1 << member if member < declared else _UNDECLARED_NOW
+                    target = functools.partial(self._value, k, member, now, exit)
+                self._defer(offset + s, target, take_accept=True)
+            self._hubs[key] = start
+        return self._hubs[key]
+
+    def _hub_part(self, k: int, written: int, opening: bool) -> _Part:
+        """The hub's DFA: the keys DFA without the keys written, nor the brace and undeclared keys while
+        a required member is missing, nor declared keys once an undeclared one is written (as in one
+        regex: json_objects), trimmed so that every state left can still end a key."""
+        key = (k, written, opening)
+        if key not in self._hub_parts:
+            obj, keys = self.objects[k], self._keys_part(k, opening)
+            member = keys.accept - 1  # -1: the closing brace, -2: not final
+            declared = (member >= 0) & (member < len(obj.keys))
+            if written == _UNDECLARED_NOW:
+                cut = declared
+            else:
+                cut = declared & np.array([m >= 0 and written >> m & 1 == 1 for m in member.tolist()], bool)
+                if written & obj.required != obj.required:
+                    cut |= (member == -1) | (member >= len(obj.keys))
+            trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept))
+            self._hub_parts[key] = _Part(trans, accept, 0, {})
+        return self._hub_parts[key]
+
+    def _keys_part(self, k: int, opening: bool) -> _Part:
+        """Every hub's DFA: pattern 0 the closing brace, 1 + i member i's key (declared, then undeclared);
+        built once per object and brace."""
+        key = (k, opening)
+        if key not in self._keys_parts:
+            obj = self.objects[k]
+            ws = obj.ws
+            head = ra.seq(ra.literal("{"), ws) if opening else ra.seq(ws, ra.literal(","), ws)
+            close = ra.seq(ra.literal("{"), ws, ws, ra.literal("}")) if opening else ra.seq(ws, ra.literal("}"))
+            part = _part([close, *(ra.seq(head, key) for key in (*obj.keys, *obj.extra_keys))], ())
+            assert part.start == 0, "a trimmed hub keeps its start as state 0"
+            self._keys_parts[key] = part
+        return self._keys_parts[key]
+
+    def _value(self, k: int, member: int, written: int, exit: int) -> int:
+        key = (k, member, written, exit)
+        if key not in self._value_starts:
+            self._value_starts[key] = self._lay(self._values[k][member],
+                                                finals_to=functools.partial(self._hub, k, written, False, exit))
+        return self._value_starts[key]
+
+    # ---- building on first reach ------------------------------------------------------------------
+    def _build(self, states: int | list[int] | np.ndarray) -> None:
+        with self._lock:
+            for state in np.atleast_1d(states).tolist():
+                self._build_one(int(state))
+            size = self._size
+            # in this order: a reader that sees the new table also sees the new marks; the index follows
+            # on the next mask (a byte walk builds rows without one)
+            self.unbuilt = self._unbuilt[:size].copy()
+            self.dfa = Dfa(self._trans[:size], self._accept[:size], start=self.dfa.start)
+
+    @property
+    def index(self) -> TokenIndex:  # type: ignore[override]  # the table's index, grown as the table grows
+        index = self._index
+        if index.dfa is not self.dfa:
+            dfa, unbuilt = self.dfa, self.unbuilt
+            index = self._index = index.grown(dfa, unbuilt)
+        return index
+
+    def _build_one(self, state: int) -> None:
+        pending = self._pending.pop(state, None)
+        if pending is None:
+            return
+        row, accept, target, take_accept = pending
+        other = target()
+        self._build_one(other)
+        theirs = self._trans[other]
+        assert not ((row >= 0) & (theirs >= 0)).any(), "a lazy object's pieces read apart (checked up front)"
+        self._trans[state] = np.where(row >= 0, row, theirs)
+        self._accept[state] = self._accept[other] if take_accept else accept
+        self._unbuilt[state] = False

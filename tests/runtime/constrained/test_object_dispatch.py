@@ -1,0 +1,95 @@
+"""Objects too large for an eager any-order automaton take any order, built lazily (object_dispatch),
+against the `jsonschema` library: random objects (members in any order, some twice, undeclared ones,
+nested large objects) are accepted exactly when valid with unique keys (and undeclared members last,
+as in one regex), and random walks of the token masks end in valid objects."""
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+
+from radixlang.runtime.constrained.jsonschema.json_objects import ANY_ORDER_MAX_PROPERTIES
+from radixlang.runtime.constrained.object_dispatch import ObjectDispatch
+
+from .test_json_schema import complete_outputs
+from .test_json_schema_keywords import accepts
+from .test_json_schema_semantics import unique_keys
+
+N = ANY_ORDER_MAX_PROPERTIES + 4  # 2^10 sets of members written: a decode builds the few it visits
+DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
+INNER = {"type": "object", "properties": {f"q{i}": DIGIT for i in range(N)}, "required": ["q1"],
+         "additionalProperties": False}
+OUTER = {"type": "object", "properties": {**{f"p{i}": DIGIT for i in range(N - 2)}, "kid": INNER,
+                                          "kids": {"type": "array", "items": INNER}},
+         "required": ["p0", "p5"], "additionalProperties": {"type": "string"}}
+
+
+def random_object(rng: random.Random, schema: dict) -> str:
+    """An object of `schema` in random member order, mostly valid: now and then a required member is
+    missing, one is written twice, or a value has the wrong type."""
+    props, required = schema["properties"], schema["required"]
+    keys = required + rng.sample([k for k in props if k not in required], rng.randint(0, 5))
+    keys += ["x"] if rng.random() < 0.4 else []
+    rng.shuffle(keys)
+    if rng.random() < 0.1:
+        keys.remove(rng.choice(keys))
+    if rng.random() < 0.1:
+        keys.insert(rng.randrange(len(keys) + 1), rng.choice(keys))
+    return "{" + ",".join(f'"{k}":' + random_value(rng, props.get(k)) for k in keys) + "}"
+
+
+def random_value(rng: random.Random, schema: dict | None) -> str:
+    if rng.random() < 0.05:
+        return '"wrong"' if schema == DIGIT else "7"
+    if schema is None:  # undeclared: a string
+        return '"s"'
+    if schema == DIGIT:
+        return str(rng.randrange(10))
+    if schema == INNER:
+        return random_object(rng, INNER)
+    return "[" + ",".join(random_object(rng, INNER) for _ in range(rng.randint(0, 2))) + "]"
+
+
+def undeclared_last(text: str) -> bool:
+    """Whether the outer object's undeclared members follow the declared ones, as one regex has them."""
+    keys = [k for k, _ in json.loads(text, object_pairs_hook=lambda pairs: pairs)]
+    first = next((i for i, k in enumerate(keys) if k not in OUTER["properties"]), len(keys))
+    return all(k not in OUTER["properties"] for k in keys[first:])
+
+
+def test_large_objects_take_any_order_exactly_as_jsonschema_says(compiler):
+    constraint = compiler.compile("json_schema", OUTER)
+    assert isinstance(constraint, ObjectDispatch) and constraint.unenforced == ()
+    validator = jsonschema.Draft202012Validator(OUTER)
+    rng, valid_seen = random.Random(0), 0
+    for _ in range(150):
+        text = random_object(rng, OUTER)
+        valid = unique_keys(text) and validator.is_valid(json.loads(text)) and undeclared_last(text)
+        valid_seen += valid
+        assert accepts(constraint, text) == valid, text
+    assert 25 < valid_seen < 125, "the sample should hold valid and invalid objects"
+    # required members last, nested objects out of declared order
+    assert accepts(constraint, '{"kid":{"q9":1,"q1":2},"kids":[{"q1":0},{"q3":1,"q1":1}],"p5":1,"p0":2,"x":"s"}')
+
+
+def test_random_walks_of_the_masks_end_in_valid_objects(compiler, walk):
+    """Closed objects (an undeclared key's random string would rarely close), one inside the other."""
+    schema = {"type": "object", "properties": {**{f"p{i}": DIGIT for i in range(N - 1)}, "kid": INNER},
+              "required": ["kid"], "additionalProperties": False}
+    constraint = compiler.compile("json_schema", schema)
+    assert isinstance(constraint, ObjectDispatch)
+    for text in complete_outputs(constraint, walk, seed=3, wanted=6, max_tokens=400):
+        jsonschema.validate(json.loads(text), schema)
+        assert unique_keys(text), text
+
+
+def test_an_object_that_starts_like_another_is_not_lazy(compiler):
+    """anyOf of a large object and another object: both start with a brace where the marker is read; the
+    schema compiles without lazy objects (declared order, reported)."""
+    schema = {"anyOf": [INNER, {"type": "object", "properties": {"z": DIGIT}, "required": ["z"],
+                                "additionalProperties": False}]}
+    constraint = compiler.compile("json_schema", schema)
+    assert not isinstance(constraint, ObjectDispatch)
+    assert any(r.startswith("property order") for r in constraint.unenforced)
+    assert accepts(constraint, '{"z":1}') and accepts(constraint, '{"q1":1,"q2":2}')
