@@ -11,6 +11,7 @@ from . import deadline
 from .backends import Encode, PeerCompiler, check_installed, peer_compiler
 from .ebnf import parse_ebnf
 from .grammar.constraint import GrammarConstraint
+from .growing_dfa import GrowingDfa
 from .grammar.lalr import build_lark
 from .grammar.rule_grammar import rules_grammar
 from .jsonschema.json_schema import (
@@ -76,7 +77,7 @@ class ConstraintCompiler:
         key = (kind, text)
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None:
+            if hit is not None and not (isinstance(hit, GrowingDfa) and hit.outgrown):
                 self._cache.move_to_end(key)
                 return hit
         vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost

@@ -15,6 +15,12 @@ from .masks.token_index import Unbuilt
 from .matcher import RegexConstraint
 
 
+# Rows a cached constraint may grow to (256 int32 columns each: 64 MB at 65,536) before the compiler stops
+# handing it out and compiles a fresh one: requests over time visit ever more of the exact automaton
+# (2^n member sets), and a long-lived server must not keep all of it. Requests holding the old one finish on it.
+MAX_GROWN_STATES = 65_536
+
+
 class GrowingDfa(RegexConstraint):
     """`self.dfa` (256 columns), `self.unbuilt` (bool per state) and `self.index` are set by the
     subclass, which builds unbuilt rows in `_build` (replacing all three, in that order: unbuilt
@@ -24,6 +30,11 @@ class GrowingDfa(RegexConstraint):
 
     def _build(self, states: int | list[int] | np.ndarray) -> None:
         raise NotImplementedError
+
+    @property
+    def outgrown(self) -> bool:
+        """Whether the table passed MAX_GROWN_STATES rows: the compiler's cache then builds a fresh one."""
+        return len(self.unbuilt) > MAX_GROWN_STATES
 
     def _built(self, state: int) -> int:
         if self.unbuilt[state]:

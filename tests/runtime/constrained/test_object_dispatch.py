@@ -93,3 +93,20 @@ def test_an_object_that_starts_like_another_is_not_lazy(compiler):
     assert not isinstance(constraint, ObjectDispatch)
     assert any(r.startswith("property order") for r in constraint.unenforced)
     assert accepts(constraint, '{"z":1}') and accepts(constraint, '{"q1":1,"q2":2}')
+
+
+def test_a_cached_constraint_grown_past_its_bound_is_compiled_afresh(compiler, monkeypatch):
+    """Each decode builds the member sets it visits; the cache hands out a grown table only up to a bound,
+    so a long-lived server does not keep the whole exact automaton."""
+    import radixlang.runtime.constrained.growing_dfa as growing_dfa
+
+    schema = {**OUTER, "required": ["p0", "p6"]}  # not cached by the tests above
+    first = compiler.compile("json_schema", schema)
+    assert compiler.compile("json_schema", schema) is first
+    size = len(first.unbuilt)
+    assert accepts(first, '{"p6":1,"p0":2,"kid":{"q1":2}}') and len(first.unbuilt) > size  # it grew
+    monkeypatch.setattr(growing_dfa, "MAX_GROWN_STATES", size)
+    fresh = compiler.compile("json_schema", schema)
+    assert fresh is not first and len(fresh.unbuilt) == size
+    assert compiler.compile("json_schema", schema) is fresh
+    assert accepts(first, '{"p0":2,"p6":1}') and accepts(fresh, '{"p0":2,"p6":1}')  # the old one still works
