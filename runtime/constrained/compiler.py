@@ -11,9 +11,9 @@ from . import deadline
 from .backends import Encode, PeerCompiler, check_installed, peer_compiler
 from .ebnf import parse_ebnf
 from .grammar.constraint import GrammarConstraint
-from .growing_dfa import GrowingDfa
 from .grammar.lalr import build_lark
 from .grammar.rule_grammar import rules_grammar
+from .growing_dfa import GrowingDfa
 from .jsonschema.json_schema import (
     JsonGrammar,
     Relaxed,

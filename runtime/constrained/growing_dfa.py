@@ -14,7 +14,6 @@ from ..config import JUMP_FORWARD_MAX_BYTES
 from .masks.token_index import Unbuilt
 from .matcher import RegexConstraint
 
-
 # Rows a cached constraint may grow to (256 int32 columns each: 64 MB at 65,536) before the compiler stops
 # handing it out and compiles a fresh one: requests over time visit ever more of the exact automaton
 # (2^n member sets), and a long-lived server must not keep all of it. Requests holding the old one finish on it.
