@@ -569,3 +569,15 @@ def test_a_length_bound_a_pattern_implies_leaves_its_language_unchanged(body, lo
     built = constrained_string([node], lo, hi)
     for a, b in ((built, every), (every, built)):
         assert difference(a, b).accept.max() < 0
+
+
+def test_date_formats_accept_exactly_the_dates_jsonschema_checks(compiler):
+    """Years 0000-1000 at each digit, month and day edges; the oracle is jsonschema's own format checker
+    (Python's date.fromisoformat: no year 0; RFC 3339 has one, so the constraint leaves it out)."""
+    checker = jsonschema.FormatChecker()
+    dates = [f"{y}-{md}" for y in ("0000", "0001", "0010", "0100", "1000", "2024", "9999")
+             for md in ("01-01", "02-28", "04-30", "04-31", "12-31", "13-01", "00-10", "06-00")]
+    for fmt, texts in (("date", dates), ("date-time", [d + "T12:00:00Z" for d in dates])):
+        constraint = compiler.compile("json_schema", {"type": "string", "format": fmt})
+        for text in texts:
+            assert accepts(constraint, json.dumps(text)) == checker.conforms(text, fmt), (fmt, text)
