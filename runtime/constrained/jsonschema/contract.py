@@ -5,18 +5,30 @@ builders, and the state they share (rules, `$ref`s, exact mode).
 A leaf: the keyword modules import this instead of json_schema, which imports them, so no cycle."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Protocol, TypeVar
 
 from ..regex import regex_ast as ra
 from .json_refs import RefResolver
-
-if TYPE_CHECKING:
-    from .json_objects import LazyObject
 
 T = TypeVar("T")
 # compiles one alternative on demand (it may raise Unsatisfiable); called with no arguments: `...` as the
 # makers are lambdas that bind their loop values as default arguments
 Maker = Callable[..., ra.Node]
+
+
+@dataclass(frozen=True, slots=True)
+class LazyObject:
+    """An object whose declared members take any order, each at most once, built as decoding reaches it
+    (object_dispatch): an automaton over the set of members written, of which a decode visits a few."""
+    marker: str  # the character that stands for the object in the schema's regex
+    keys: tuple[ra.Node, ...]  # declared members' quoted keys
+    values: tuple[ra.Node, ...]  # ... and what follows each key: the colon and the value
+    required: int  # bit i: declared member i is required
+    extra_keys: tuple[ra.Node, ...]  # undeclared members' kinds (patternProperties, additionalProperties)
+    extra_values: tuple[ra.Node, ...]
+    ws: ra.Node  # whitespace between tokens
+    path: str  # where the schema declares it
 
 
 class SchemaCompiler(Protocol):
@@ -30,7 +42,7 @@ class SchemaCompiler(Protocol):
     refs: RefResolver
     rules: dict[str, ra.Node]
     merged_names: dict[str, str]  # rules for merged allOfs that recurse, by content
-    lazy: "list[LazyObject] | None"  # objects built as decoding reaches them (None: none, e.g. in a grammar)
+    lazy: list[LazyObject] | None  # objects built as decoding reaches them (None: none, e.g. in a grammar)
     not_lazy: frozenset[str]  # ... but not these (paths): they keep declared order
     ws: ra.Node  # whitespace between tokens
 

@@ -14,12 +14,11 @@ satisfies `propertyNames`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa, difference, intersection
-from .contract import SchemaCompiler
+from .contract import LazyObject, SchemaCompiler
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 
@@ -32,20 +31,6 @@ ANY_ORDER_MAX_SIZE = 4_000
 # past those, where the schema is one regex, the object is a marker character that object_dispatch
 # replaces lazily: control characters, which JSON never writes raw (nor as whitespace), one per object
 LAZY_MARKERS = tuple(b for b in range(1, 0x20) if chr(b) not in " \t\n\r")
-
-
-@dataclass(frozen=True, slots=True)
-class LazyObject:
-    """An object whose declared members take any order, each at most once, built as decoding reaches it
-    (object_dispatch): an automaton over the set of members written, of which a decode visits a few."""
-    marker: str  # the character that stands for the object in the schema's regex
-    keys: tuple[ra.Node, ...]  # declared members' quoted keys
-    values: tuple[ra.Node, ...]  # ... and what follows each key: the colon and the value
-    required: int  # bit i: declared member i is required
-    extra_keys: tuple[ra.Node, ...]  # undeclared members' kinds (patternProperties, additionalProperties)
-    extra_values: tuple[ra.Node, ...]
-    ws: ra.Node  # whitespace between tokens
-    path: str  # where the schema declares it
 
 
 def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
