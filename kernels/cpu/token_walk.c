@@ -167,7 +167,8 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
    `loop` (null: no skipping) is a skip set: every string of its bytes no longer than `loop_len` reads alive
    from `start` (the start state's loop set, or its run: see Runs), and `out_bits` already holds the tokens
    made only of its bytes, no longer than `loop_len`; the subtrees made only of them, on a path made only of
-   them, whose tokens are no longer than `loop_len`, are skipped.
+   them, whose tokens are no longer than `loop_len`, are skipped. With `entry` (null: none) the skip starts
+   one byte in: a first byte of `entry` leads to where `loop` holds (a region's first member, see rl_region).
    Returns the boundaries found (more than bounds_cap: call again with room), or -1 for a trie deeper than
    MAX_DEPTH. */
 int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, const int32_t *height,
@@ -175,7 +176,8 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
                 const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
                 uint64_t *loops, uint8_t *known, uint64_t *run_sets, int32_t *run_lens, int32_t *run_next,
                 uint8_t *run_known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
-                int64_t loop_len, uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node, int64_t *b_pos, int64_t *b_label,
+                const uint64_t *entry, int64_t loop_len, uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node,
+                int64_t *b_pos, int64_t *b_label,
                 int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
     Frame stack[MAX_DEPTH + 1];
     int64_t depth = 0, n_bounds = 0, node = 0;
@@ -202,7 +204,7 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
             continue;
         }
         const uint64_t *below = subtree + 4 * node;
-        if (loop && f->in_loop && depth + height[node] <= loop_len && within(below, loop)) {
+        if (loop && f->in_loop && (depth || !entry) && depth + height[node] <= loop_len && within(below, loop)) {
             node = past; /* all of its tokens are already set */
             continue;
         }
@@ -225,7 +227,8 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
         if (past > node + 1) {
             if (depth + 1 > MAX_DEPTH) return -1;
             /* a byte of the set keeps the path on the loop (or the run): the set is the same there */
-            int32_t in_loop = f->in_loop && loop && (loop[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
+            const uint64_t *set = depth || !entry ? loop : entry;
+            int32_t in_loop = f->in_loop && loop && (set[node_byte[node] >> 6] >> (node_byte[node] & 63) & 1);
             stack[depth + 1] = (Frame){past, nxt, in_loop};
             depth++;
         }
@@ -304,11 +307,136 @@ int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min
 
 /* rl_walk with its fixed arguments in `a`; `scratch` holds the boundaries (3 runs of bounds_cap), then
    unbuilt_cap unbuilt states reached, then their count. */
-int64_t rl_walk_args(const WalkArgs *a, int32_t start, const uint64_t *loop, int64_t loop_len, uint8_t *out_bits,
-                     int64_t bounds_cap, int64_t *scratch, int64_t unbuilt_cap) {
+int64_t rl_walk_args(const WalkArgs *a, int32_t start, const uint64_t *loop, const uint64_t *entry, int64_t loop_len,
+                     uint8_t *out_bits, int64_t bounds_cap, int64_t *scratch, int64_t unbuilt_cap) {
     int64_t cap = bounds_cap < 0 ? 0 : bounds_cap;
     return rl_walk(a->n_nodes, a->size, a->node_byte, a->height, a->end_start, a->end_ids, a->subtree, a->trans,
                    a->width, a->byte_class, a->accept, a->loops, a->known, a->run_sets, a->run_lens, a->run_next,
-                   a->run_known, a->unbuilt, start, loop, loop_len, out_bits, bounds_cap, scratch, scratch + cap,
+                   a->run_known, a->unbuilt, start, loop, entry, loop_len, out_bits, bounds_cap, scratch, scratch + cap,
                    scratch + 2 * cap, scratch + 3 * cap, unbuilt_cap, scratch + 3 * cap + unbuilt_cap);
+}
+
+/* A region around state q, for the walk's skip with `loop` set to the bytes that never leave it (native_trie.py's
+   regions): the states a breadth-first search from q finds (at most `max_states`) that lead back to q among those
+   found, unbuilt ones left out (their rows must not be read). Inside a string that is its body: the state before
+   each UTF-8 continuation or escape byte. A path from q that reads no exit byte (one that leads from some member
+   to a live state outside) stays in the region or dies, so which tokens it reads depends on the region alone:
+   the caller finds those once per region's shape (`table`) and the walk skips the subtrees made of such bytes.
+   Tried only where q loops on at least `min_bytes` bytes (a dense state). Writes, in breadth-first order from q
+   (bytes in order: regions alike are numbered alike), each member's row as region numbers (`table`, 256 int16
+   per member, -1: dead or leaving) and the exit bytes (`exits`, 4 words); returns how many members, or 0 where
+   there is no region worth it (q loops on fewer bytes, or q accepts and `no_accept`). With `no_accept` (a walk
+   recording boundaries must see every death after a complete lexeme) accepting states are left out.
+   Where q itself does not loop but most of its bytes (`entry`, 4 words, then 1) lead to one state that does
+   (a key's first character, where a declared key's letters lead elsewhere), the region is that state's. */
+#define REGION_MAX 64
+#define SLOTS 256 /* a small open-addressing map from state to its number among those found */
+
+typedef struct {
+    int32_t key[SLOTS];
+    int8_t at[SLOTS];
+} Slots;
+
+static inline int slot_of(const Slots *h, int32_t t) {
+    uint32_t k = ((uint32_t)t * 2654435761u) >> 24;
+    while (h->key[k] != -1 && h->key[k] != t) k = (k + 1) & (SLOTS - 1);
+    return (int)k;
+}
+
+static inline int found_at(const Slots *h, int32_t t) { /* t's number among those found, or -1 */
+    int k = slot_of(h, t);
+    return h->key[k] == t ? h->at[k] : -1;
+}
+
+int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_states, int64_t no_accept,
+                  int16_t *table, uint64_t *exits, uint64_t *entry) {
+    memset(entry, 0, 40);
+    if (rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known) < min_bytes) {
+        /* no loop here: a region one byte in, where most bytes lead (a key's first character, then its body) */
+        if (!a->run_sets || (a->unbuilt && a->unbuilt[q])) return 0;
+        Runs runs = {a->run_sets, a->run_lens, a->run_next, a->run_known};
+        run_set(q, a->trans, a->width, a->byte_class, &runs);
+        const uint64_t *w = a->run_sets + 4 * (int64_t)q;
+        int32_t next = a->run_next[q];
+        if (next < 0 || next == q || (a->unbuilt && a->unbuilt[next]) ||
+            __builtin_popcountll(w[0]) + __builtin_popcountll(w[1]) + __builtin_popcountll(w[2]) +
+            __builtin_popcountll(w[3]) < min_bytes)
+            return 0;
+        for (int k = 0; k < 4; k++) entry[k] = w[k];
+        entry[4] = 1;
+        q = next;
+        if (rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known) < min_bytes) return 0;
+    }
+    if (no_accept && a->accept[q] >= 0) return 0;
+    if (max_states > REGION_MAX) max_states = REGION_MAX;
+    const uint64_t *loop = a->loops + 4 * (int64_t)q;
+    int32_t found[REGION_MAX];
+    uint64_t succ[REGION_MAX], loop_succ[REGION_MAX]; /* by number: the found states one byte leads to (on q's loop) */
+    uint8_t loop_out[REGION_MAX];                      /* ... and whether a byte of q's loop leads past them */
+    uint8_t col_loop[256];
+    Slots h;
+    memset(h.key, -1, sizeof h.key);
+    for (int64_t c = 0; c < a->width; c++) col_loop[c] = 0;
+    for (int b = 0; b < 256; b++) /* bytes of one column lead alike: a column is in q's loop whole or not at all */
+        if (loop[b >> 6] >> (b & 63) & 1) col_loop[a->byte_class[b]] = 1;
+    int64_t n = 1;
+    found[0] = q;
+    h.key[slot_of(&h, q)] = q, h.at[slot_of(&h, q)] = 0;
+    for (int64_t i = 0; i < n; i++) { /* breadth-first, bounded; unbuilt rows are not read */
+        succ[i] = loop_succ[i] = 0;
+        loop_out[i] = 0;
+        if (a->unbuilt && a->unbuilt[found[i]]) continue;
+        const int32_t *row = a->trans + (int64_t)found[i] * a->width;
+        for (int64_t c = 0; c < a->width; c++) {
+            int32_t t = row[c];
+            if (t < 0) continue;
+            int k = slot_of(&h, t);
+            if (h.key[k] != t && n < max_states) h.key[k] = t, h.at[k] = (int8_t)n, found[n++] = t;
+            int j = h.key[k] == t ? h.at[k] : -1;
+            if (j >= 0) succ[i] |= 1ull << j;
+            if (col_loop[c]) {
+                if (j >= 0) loop_succ[i] |= 1ull << j;
+                else loop_out[i] = 1;
+            }
+        }
+    }
+    uint64_t back = 1; /* which lead back to q among those found */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (!(back >> i & 1) && (succ[i] & back) && !(a->unbuilt && a->unbuilt[found[i]]))
+                back |= 1ull << i, changed = 1;
+    }
+    /* members that would leave on a byte q loops on go (else that byte ends the skip everywhere: a closed
+       string's next byte), and so do accepting ones where boundaries are recorded; then what led only to them */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int64_t i = 1; i < n; i++)
+            if ((back >> i & 1) && (loop_out[i] || (loop_succ[i] & ~back) || (no_accept && a->accept[found[i]] >= 0)))
+                back &= ~(1ull << i), changed = 1;
+    }
+    int32_t member[REGION_MAX];
+    int8_t number[REGION_MAX]; /* by found number: the member number, -1 if not (yet) one */
+    memset(number, -1, sizeof number);
+    int64_t m = 1;
+    member[0] = q, number[0] = 0;
+    memset(exits, 0, 32);
+    for (int64_t i = 0; i < m; i++) { /* the members in breadth-first order from q, over members only */
+        const int32_t *row = a->trans + (int64_t)member[i] * a->width;
+        for (int b = 0; b < 256; b++) {
+            int32_t t = row[a->byte_class[b]];
+            int16_t at = -1;
+            if (t >= 0) {
+                int j = found_at(&h, t);
+                if (j >= 0 && (back >> j & 1)) {
+                    if (number[j] < 0) number[j] = (int8_t)m, member[m++] = t;
+                    at = number[j];
+                } else {
+                    exits[b >> 6] |= 1ull << (b & 63);
+                }
+            }
+            table[i * 256 + b] = at;
+        }
+    }
+    return m;
 }

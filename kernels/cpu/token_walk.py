@@ -80,7 +80,7 @@ def library() -> ctypes.CDLL | None:
     lib.rl_tokens_within.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
     lib.rl_tokens_within.restype = None
     lib.rl_walk.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
-                            _PTR, _PTR, _PTR, ctypes.c_int32, _PTR, _N, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
+                            _PTR, _PTR, _PTR, ctypes.c_int32, _PTR, _PTR, _N, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
     lib.rl_walk.restype = ctypes.c_int64
     lib.rl_start_loops.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR]
     lib.rl_start_loops.restype = ctypes.c_int64
@@ -88,10 +88,12 @@ def library() -> ctypes.CDLL | None:
     lib.rl_start_run.restype = ctypes.c_int64
     lib.rl_skip_set.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _PTR]
     lib.rl_skip_set.restype = ctypes.c_int64
-    lib.rl_walk_args.argtypes = [_PTR, ctypes.c_int32, _PTR, _N, _PTR, _N, _PTR, _N]
+    lib.rl_walk_args.argtypes = [_PTR, ctypes.c_int32, _PTR, _PTR, _N, _PTR, _N, _PTR, _N]
     lib.rl_walk_args.restype = ctypes.c_int64
     lib.rl_walk_rows.argtypes = [_N, _PTR, _PTR, _N, _PTR, _PTR, _N, _PTR, ctypes.c_int32, _PTR, _PTR, _PTR, _PTR]
     lib.rl_walk_rows.restype = None
+    lib.rl_region.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _PTR, _PTR, _PTR]
+    lib.rl_region.restype = ctypes.c_int64
     return lib
 
 

@@ -21,6 +21,9 @@ LOOP_MIN_BYTES = 32  # a start state looping on fewer bytes walks its loop: skip
 RUN_MIN_LENGTH = 8  # ... and one whose run (token_walk.c's Runs) is shorter walks it
 _UNBUILT_ROOM = 64  # unbuilt states one walk reports (the caller builds them and walks again)
 _WITHIN_CACHE = 256  # skip sets (and lengths) whose tokens are kept: a schema's strings share a few, 6 KB each
+REGION_MAX_STATES = 48  # a dense state's region (token_walk.c's rl_region): a string's body, with its UTF-8 and escapes
+_REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every schema's strings share a few shapes
+_EVERY_BYTE = np.full(4, ~np.uint64(0))
 
 
 @dataclass(eq=False)
@@ -41,7 +44,9 @@ class NativeTrie:
     token_node: np.ndarray  # [N] by vocabulary row
     ids: np.ndarray  # [N] token id by row
     row_len: np.ndarray  # [N] token length in bytes by row
+    first_byte: np.ndarray  # [N] a token's first byte by row
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
+    _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _lock: threading.Lock = field(default_factory=threading.Lock)
     walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
     max_len: int = 0  # the longest token's bytes, set once
@@ -73,9 +78,11 @@ class NativeTrie:
         subtree = np.zeros(n * 4, np.uint64)
         height = np.zeros(n, np.int32)
         lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree), address(height))
+        roots = np.sort(number[:len(levels[0].byte)])  # the root's children: a token's first byte is its root's
+        first = byte[roots[np.searchsorted(roots, token_node, side="right") - 1]]
         return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
                    rows.astype(np.int64), path, subtree, height, token_node.astype(np.int64),
-                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64))
+                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64), first)
 
     def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vocabulary rows of the tokens in each node's subtree, concatenated, and their count per node."""
@@ -104,6 +111,41 @@ class NativeTrie:
                 self._within[key] = hit
         return hit
 
+    def region_bits(self, table: np.ndarray, entry: np.ndarray | None = None) -> np.ndarray:
+        """Packed bits of the tokens read from a region's first member without leaving it (`table`: token_walk.c's
+        rl_region rows, 256 region numbers per member, -1: dead or leaving); shared. Kept by the table, so every DFA
+        with a region of that shape (a JSON string's body, in any schema) walks it once per vocabulary. With
+        `entry` (a 256-bit set as 4 uint64): the tokens whose first byte is in it and whose other bytes are read
+        from the first member without leaving."""
+        key = table.tobytes() if entry is None else table.tobytes() + entry.tobytes()
+        hit = self._regions.get(key)
+        if hit is None:
+            if entry is _EVERY_BYTE:
+                rows = table.reshape(-1, 256)
+                shifted = np.where(rows >= 0, rows + 1, -1)
+                hit = self._region_walk(np.concatenate([np.ones((1, 256), rows.dtype), shifted]))
+            elif entry is None:
+                hit = self._region_walk(table.reshape(-1, 256))
+            else:  # a first state whose every byte leads to the first member: its tokens, then those of `entry`
+                hit = self.region_bits(table, _EVERY_BYTE) & self.starting_with(entry)
+            hit.flags.writeable = False
+            with self._lock:
+                if len(self._regions) >= _REGION_CACHE:
+                    self._regions.pop(next(iter(self._regions)))
+                self._regions[key] = hit
+        return hit
+
+    def _region_walk(self, rows: np.ndarray) -> np.ndarray:
+        trans = rows.astype(np.int32)
+        walker = NativeWalker(self, Dfa(trans, np.full(len(trans), -1, np.int32)), None, regions=False)
+        return walker.walk(0, False).bits
+
+    def starting_with(self, first: np.ndarray) -> np.ndarray:
+        """Packed bits of the tokens whose first byte is in `first` (a 256-bit set as 4 uint64)."""
+        allowed = np.unpackbits(first.view(np.uint8), bitorder="little").astype(bool)
+        mask = np.zeros(8 * -(-self.size // 8), bool)
+        mask[self.ids] = allowed[self.first_byte]
+        return np.packbits(mask, bitorder="little")
 
 @dataclass(slots=True)
 class NativeResult:
@@ -117,8 +159,9 @@ class NativeResult:
 class NativeWalker:
     """One DFA's tables as token_walk.c reads them, and each state's loop set (found on first use)."""
 
-    def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None):
-        self.trie = trie
+    def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None, regions: bool = True):
+        """`regions`: whether dense states' walks use their region's kept tokens (`_region`)."""
+        self.trie, self.regions = trie, regions
         self.trans = np.ascontiguousarray(dfa.trans, np.int32)
         self.width = int(dfa.trans.shape[1])
         self.byte_class = np.ascontiguousarray(dfa.byte_class, np.int32)
@@ -160,14 +203,32 @@ class NativeWalker:
             return None, 0
         return out[:4], int(out[4])
 
+    def _region(self, state: int, boundaries: bool) -> tuple[np.ndarray, int, int] | None:
+        """For a dense state: the tokens read without leaving its region (token_walk.c's rl_region: a string's
+        body), found once per region's shape and vocabulary, and the address of the bytes that never leave it
+        (this thread's scratch, valid until its next walk), for the walk to skip the subtrees made of them."""
+        table, table_at = _SCRATCH.get("region", REGION_MAX_STATES * 256, np.int16)
+        stay, stay_at = _SCRATCH.get("stay", 9, np.uint64)  # exit bytes, then the entry bytes and whether there are
+        n = self.trie.lib.rl_region(self._args_at, state, LOOP_MIN_BYTES, REGION_MAX_STATES, boundaries, table_at,
+                                    stay_at, stay_at + 32)
+        if not n:
+            return None
+        bits = self.trie.region_bits(table[:n * 256], stay[4:8] if stay[8] else None)
+        np.invert(stay[:4], out=stay[:4])  # the exit bytes, as the bytes that stay
+        return bits, stay_at, stay_at + 32 if stay[8] else 0
+
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
         n_bytes = -(-t.size // 8)
+        region = self._region(state, boundaries) if self.regions else None  # before the scratch bits: it may walk
         work, bits_at = _SCRATCH.get("bits", n_bytes, np.uint8)
         bits = work[:n_bytes]
-        loop, loop_len = self._skip_set(state)
-        loop_at = 0  # null: no skipping
-        if loop is not None:
+        loop, loop_len = (None, 0) if region else self._skip_set(state)
+        loop_at = entry_at = 0  # null: no skipping
+        if region is not None:
+            bits[:] = region[0]
+            loop_at, entry_at, loop_len = region[1], region[2], t.max_len
+        elif loop is not None:
             bits[:] = t.within(loop, loop_len)
             loop_at = _SCRATCH.get("skip", 5, np.uint64)[1]
         else:
@@ -176,8 +237,8 @@ class NativeWalker:
             cap = self._bounds if boundaries else 0
             # boundaries (3 runs of cap), unbuilt states reached, their count
             scratch, scratch_at = _SCRATCH.get("walk", 3 * cap + _UNBUILT_ROOM + 1, np.int64)
-            found = t.lib.rl_walk_args(self._args_at, state, loop_at, loop_len, bits_at, cap if boundaries else -1,
-                                       scratch_at, _UNBUILT_ROOM)
+            found = t.lib.rl_walk_args(self._args_at, state, loop_at, entry_at, loop_len, bits_at,
+                                       cap if boundaries else -1, scratch_at, _UNBUILT_ROOM)
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
             if found <= cap:
