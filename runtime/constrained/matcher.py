@@ -113,8 +113,7 @@ class RegexConstraint:
 
     def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
         out = bytearray()
-        while len(out) < limit and self.index.forced[state] >= 0:
-            b = int(self.index.forced[state])
+        while len(out) < limit and (b := self.index.forced_byte(state)) >= 0:
             out.append(b)
             state = self.dfa.step(state, b)
         return bytes(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class NativeTrie:
     token_node: np.ndarray  # [N] by vocabulary row
     ids: np.ndarray  # [N] token id by row
     row_len: np.ndarray  # [N] token length in bytes by row
-    first_byte: np.ndarray  # [N] a token's first byte by row
+    starting_with: Callable[[np.ndarray], np.ndarray]  # TokenVocab.starting_with: bits of a first-byte set's tokens
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -52,7 +53,8 @@ class NativeTrie:
     max_len: int = 0  # the longest token's bytes, set once
 
     @classmethod
-    def create(cls, trie: VocabTrie, ids: np.ndarray, size: int) -> "NativeTrie | None":
+    def create(cls, trie: VocabTrie, ids: np.ndarray, size: int,
+               starting_with: Callable[[np.ndarray], np.ndarray]) -> "NativeTrie | None":
         """None where the native library is not available. Sorted rows list the tokens in preorder, so
         nodes sorted by (their subtree's first row, depth) are in preorder."""
         lib = library()
@@ -78,11 +80,9 @@ class NativeTrie:
         subtree = np.zeros(n * 4, np.uint64)
         height = np.zeros(n, np.int32)
         lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree), address(height))
-        roots = np.sort(number[:len(levels[0].byte)])  # the root's children: a token's first byte is its root's
-        first = byte[roots[np.searchsorted(roots, token_node, side="right") - 1]]
         return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
                    rows.astype(np.int64), path, subtree, height, token_node.astype(np.int64),
-                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64), first)
+                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64), starting_with)
 
     def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vocabulary rows of the tokens in each node's subtree, concatenated, and their count per node."""
@@ -127,7 +127,8 @@ class NativeTrie:
             elif entry is None:
                 hit = self._region_walk(table.reshape(-1, 256))
             else:  # a first state whose every byte leads to the first member: its tokens, then those of `entry`
-                hit = self.region_bits(table, _EVERY_BYTE) & self.starting_with(entry)
+                first = np.unpackbits(entry.view(np.uint8), bitorder="little").view(bool)
+                hit = self.region_bits(table, _EVERY_BYTE) & self.starting_with(first)
             hit.flags.writeable = False
             with self._lock:
                 if len(self._regions) >= _REGION_CACHE:
@@ -140,12 +141,6 @@ class NativeTrie:
         walker = NativeWalker(self, Dfa(trans, np.full(len(trans), -1, np.int32)), None, regions=False)
         return walker.walk(0, False).bits
 
-    def starting_with(self, first: np.ndarray) -> np.ndarray:
-        """Packed bits of the tokens whose first byte is in `first` (a 256-bit set as 4 uint64)."""
-        allowed = np.unpackbits(first.view(np.uint8), bitorder="little").astype(bool)
-        mask = np.zeros(8 * -(-self.size // 8), bool)
-        mask[self.ids] = allowed[self.first_byte]
-        return np.packbits(mask, bitorder="little")
 
 @dataclass(slots=True)
 class NativeResult:

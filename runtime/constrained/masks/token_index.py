@@ -73,27 +73,30 @@ class TokenIndex:
     rows a lazily built DFA has not filled in: a walk that reaches one raises `Unbuilt` and keeps nothing.
     """
 
-    def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False, unbuilt: np.ndarray | None = None,
-                 forced: np.ndarray | None = None):
-        """`forced`: the forced bytes, where known (a grown index keeps its built rows')."""
+    def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False, unbuilt: np.ndarray | None = None):
         self.dfa, self.vocab, self.with_boundaries, self.unbuilt = dfa, vocab, boundaries, unbuilt
-        self.forced = _forced_bytes(dfa, np.arange(dfa.num_states)) if forced is None else forced
         self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self._forced: dict[int, int] = {}  # forced_byte's, for built rows
         self._native: NativeWalker | None = None
 
     def grown(self, dfa: Dfa, unbuilt: np.ndarray) -> "TokenIndex":
         """The index of `dfa`, this index's DFA with unbuilt rows filled in and rows added: every mask
         kept so far stays true (its walk reached no unbuilt row, and built rows never change), and so
-        do the forced bytes of rows built before (only new and newly built rows are looked at)."""
-        known = len(self.forced)
-        fresh = np.arange(known, dfa.num_states)
-        if self.unbuilt is not None:
-            fresh = np.concatenate([np.flatnonzero(self.unbuilt[:known] & ~unbuilt[:known]), fresh])
-        forced = np.concatenate([self.forced, np.full(dfa.num_states - known, -1, self.forced.dtype)])
-        forced[fresh] = _forced_bytes(dfa, fresh)
-        out = TokenIndex(dfa, self.vocab, self.with_boundaries, unbuilt, forced)
-        out._states = self._states
+        do the forced bytes found so far (of built rows only)."""
+        out = TokenIndex(dfa, self.vocab, self.with_boundaries, unbuilt)
+        out._states, out._forced = self._states, self._forced
         return out
+
+    def forced_byte(self, state: int) -> int:
+        """The only byte that may follow `state` (never an accepting one), else -1 (and -1 for an unbuilt row,
+        which reads nothing yet); found on first ask: jump-forward asks about few states."""
+        hit = self._forced.get(state)
+        if hit is None:
+            if self.unbuilt is not None and self.unbuilt[state]:
+                return -1
+            live = np.flatnonzero(self.dfa.row(state) >= 0)
+            hit = self._forced[state] = int(live[0]) if len(live) == 1 and self.dfa.accept[state] < 0 else -1
+        return hit
 
     def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         hit = self._states.get(state)
@@ -180,15 +183,6 @@ class TokenIndex:
         """(vocabulary rows, position, accepted label) of tokens that end a complete lexeme part-way."""
         assert self.with_boundaries, "boundaries were not requested for this index"
         return self._entry(state)[1]
-
-
-def _forced_bytes(dfa: Dfa, states: np.ndarray) -> np.ndarray:
-    """Per state of `states`: the only byte that may follow (never in accepting states), else -1."""
-    live = dfa.trans[states] >= 0
-    members = np.bincount(dfa.byte_class, minlength=dfa.trans.shape[1])  # bytes per column
-    first_byte = np.unique(dfa.byte_class, return_index=True)[1]
-    only = (live @ members == 1) & (dfa.accept[states] < 0)
-    return np.where(only, first_byte[live.argmax(axis=1)], -1)
 
 
 def _ended_rows(trie: VocabTrie, level: TrieLevel, nodes: np.ndarray, labels: np.ndarray,

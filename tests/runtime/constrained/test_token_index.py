@@ -102,8 +102,8 @@ def test_forced_bytes_follow_single_exits():
     dfa = compile_dfa([parse_regex(r'\{"key":(1|22)\}')])
     index = TokenIndex(dfa, vocab)
     state, forced = dfa.start, bytearray()
-    while index.forced[state] >= 0:
-        forced.append(int(index.forced[state]))
+    while index.forced_byte(state) >= 0:
+        forced.append(index.forced_byte(state))
         state = dfa.step(state, forced[-1])
     assert bytes(forced) == b'{"key":'
 
