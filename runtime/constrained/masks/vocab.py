@@ -89,14 +89,21 @@ class TokenVocab:
         np.bitwise_or.at(out, (self.first_bytes, self.ids >> 3), (1 << (self.ids & 7)).astype(np.uint8))
         return out
 
+    @cached_property
+    def _any_first(self) -> np.ndarray:
+        return np.bitwise_or.reduce(self._by_first_byte, axis=0)
+
     def starting_with(self, first: np.ndarray) -> np.ndarray:
         """Packed bits of the tokens whose first byte is one of `first` (bool [256]); shared, read-only.
         Kept per byte set: a grammar's lexer states end their lexemes on a few sets."""
         key = np.packbits(first).tobytes()
         hit = self._first_sets.get(key)
         if hit is None:
-            hit = np.bitwise_or.reduce(self._by_first_byte[first], axis=0) if first.any() \
-                else np.zeros(self._by_first_byte.shape[1], np.uint8)
+            rows = self._by_first_byte
+            if first.sum() > 128:  # most bytes (a string's characters): all tokens but those of the few others
+                hit = self._any_first & ~np.bitwise_or.reduce(rows[~first], axis=0)
+            else:
+                hit = np.bitwise_or.reduce(rows[first], axis=0) if first.any() else np.zeros(rows.shape[1], np.uint8)
             hit.flags.writeable = False
             with _lock:
                 if len(self._first_sets) >= _FIRST_SETS:
