@@ -77,7 +77,7 @@ class ConstraintCompiler:
         key = (kind, text)
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None and not (isinstance(hit, GrowingDfa) and hit.outgrown):
+            if hit is not None and not (isinstance(hit, (GrowingDfa, GrammarConstraint)) and hit.outgrown):
                 self._cache.move_to_end(key)
                 return hit
         vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost

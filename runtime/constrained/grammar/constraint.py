@@ -43,6 +43,10 @@ pair : ESCAPED_STRING ":" value
 SUFFIX_CACHE_SIZE = 8192  # suffix walks kept per grammar (a few hundred row ids each); past it they start over
 STATE_KEY_CACHE_SIZE = 16384  # states whose mask key (or lexer-state bits, shared) is kept; past it they start over
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
+# Parser stacks a cached constraint may number (each keeps its shifts, acceptable terminals and lexer: ~1 KB)
+# before the compiler stops handing it out and compiles a fresh one: a recursive grammar meets new stacks with
+# every new nesting, and a long-lived server must not keep them all (growing_dfa.MAX_GROWN_STATES' rule).
+MAX_GRAMMAR_STACKS = 65_536
 
 
 @dataclass(eq=False)
@@ -82,6 +86,12 @@ class GrammarConstraint:
                 names = sorted(sym for sym in row if sym in size)
                 raise ConstraintTooLarge(f"constraint is too large: the lexer for terminals {names[:8]} would "
                                          f"exceed {MAX_NFA_STATES} NFA states (about {total})")
+
+    @property
+    def outgrown(self) -> bool:
+        """Whether its table numbered more than MAX_GRAMMAR_STACKS stacks: the compiler's cache then compiles a
+        fresh one (requests holding this one finish on it)."""
+        return self.table.size > MAX_GRAMMAR_STACKS
 
     # ---- parser side ----------------------------------------------------------------------
     def acceptable(self, stack: Stack) -> frozenset[str]:

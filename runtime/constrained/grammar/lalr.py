@@ -65,6 +65,11 @@ class LalrTable:
     def initial(self) -> Stack:
         return self._push(self.start, -1)
 
+    @property
+    def size(self) -> int:
+        """The stacks numbered so far (what every per-stack cache of a constraint grows with)."""
+        return len(self._nodes)
+
     def top(self, stack: Stack) -> int:
         return self._nodes[stack][0]
 

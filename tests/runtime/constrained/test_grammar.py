@@ -263,3 +263,22 @@ def stack_depth(table, stack) -> int:
     while stack is not None:
         stack, depth = table.parent(stack), depth + 1
     return depth
+
+
+def test_a_cached_grammar_past_its_stack_bound_is_compiled_afresh(compiler, monkeypatch):
+    """A recursive grammar numbers a new parser stack at every new nesting, and keeps shifts, acceptable
+    terminals and a lexer per stack; the cache hands a constraint out only up to a bound of stacks, so a
+    long-lived server does not keep them all. Requests holding the old one go on with it."""
+    import radixlang.runtime.constrained.grammar.constraint as grammar_constraint
+
+    schema = {"type": "object", "properties": {"deep": {"type": "array", "items": {"$ref": "#"}}},
+              "additionalProperties": False}  # not cached by the tests above
+    first = compiler.compile("json_schema", schema)
+    assert isinstance(first, GrammarConstraint) and compiler.compile("json_schema", schema) is first
+    size = first.table.size
+    assert engine_accepts(first, '{"deep":[{"deep":[{"deep":[]}]}]}') and first.table.size > size  # it grew
+    monkeypatch.setattr(grammar_constraint, "MAX_GRAMMAR_STACKS", size)
+    fresh = compiler.compile("json_schema", schema)
+    assert fresh is not first and fresh.table.size <= size
+    assert compiler.compile("json_schema", schema) is fresh
+    assert engine_accepts(first, '{"deep":[{}]}') and engine_accepts(fresh, '{"deep":[{}]}')
