@@ -180,3 +180,49 @@ def test_a_run_presets_only_tokens_no_longer_than_it_and_walks_the_longer_ones(v
     brute = brute_force_allowed(dfa, vocab, dfa.start)
     assert any(len(vocab.token_bytes[t]) >= 10 for t in np.flatnonzero(brute).tolist()), "the case is tested"
     assert np.array_equal(index.mask(dfa.start), brute)
+
+
+def test_region_masks_kept_per_vocabulary_equal_the_plain_walk_over_varied_states(compiler, vocab, walk):
+    """A dense state's tokens inside its region (a string's body with its UTF-8 and escapes) come from a walk
+    kept per region shape and vocabulary, and the walk skips the subtrees without an exit byte. Over random
+    walks of schemas with free keys (a key's first byte leads apart from the declared keys' letters: the region
+    one byte in), string values, a lazily built table and a grammar's lexers (which record boundaries), every
+    state's mask equals the walk without regions; an array's strings reuse the object's string shape; a dense
+    state's mask is checked token by token."""
+    from radixlang.runtime.constrained.masks.native_trie import NativeWalker
+
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: masks take the numpy walk")
+    text = {"type": "string"}
+    schemas = [{"type": "object", "properties": {"name": text, "note": {"type": "string", "pattern": "^[a-zé]*$"}},
+                "additionalProperties": {"type": "integer"}},
+               {"type": "array", "items": text},
+               {"type": "object", "properties": {f"k{i}": text for i in range(12)}},
+               {"type": "object", "properties": {"kid": {"$ref": "#"}, "s": text}}]
+    regions = vocab.native_trie._regions
+    kinds, new_shapes, region_states = set(), [], []
+    for i, schema in enumerate(schemas):
+        constraint = compiler.compile("json_schema", schema)
+        kinds.add(type(constraint).__name__)
+        before, count = set(regions), 0
+        rng = random.Random(i)
+        for _ in range(8):
+            walk(constraint, rng, max_tokens=40)
+        indexes = ([lex.index for lex in constraint._lexers.values()] if hasattr(constraint, "_lexers")
+                   else [constraint.index])
+        for index in indexes:
+            plain = NativeWalker(vocab.native_trie, index.dfa, index.unbuilt, regions=False)
+            walker = index._walker(vocab.native_trie)
+            for state, (bits, _) in list(index._states.items()):
+                if index.unbuilt is not None and index.unbuilt[state]:
+                    continue
+                assert np.array_equal(bits, plain.walk(state, index.with_boundaries).bits), (i, state)
+                count += walker._region(state, index.with_boundaries) is not None
+        new_shapes.append(set(regions) - before)
+        region_states.append(count)
+    assert kinds == {"RegexConstraint", "ObjectDispatch", "GrammarConstraint"}
+    assert all(region_states), region_states
+    assert region_states[1] and not new_shapes[1], "an array's strings reuse the shape kept for the object's"
+    dfa = compile_dfa([parse_regex(r'"([^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')])
+    inside = dfa.walk(dfa.start, b'"')
+    assert np.array_equal(TokenIndex(dfa, vocab).mask(inside), brute_force_allowed(dfa, vocab, inside))
