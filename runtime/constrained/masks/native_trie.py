@@ -154,19 +154,32 @@ class NativeResult:
 class NativeWalker:
     """One DFA's tables as token_walk.c reads them, and each state's loop set (found on first use)."""
 
-    def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None, regions: bool = True):
-        """`regions`: whether dense states' walks use their region's kept tokens (`_region`)."""
+    def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None, regions: bool = True,
+                 grown_from: "NativeWalker | None" = None):
+        """`regions`: whether dense states' walks use their region's kept tokens (`_region`). `grown_from`: the
+        walker of this DFA before it grew (rows added, unbuilt ones built): its loops and runs, found on built
+        rows only, stay true and are kept (a lazily built table grows often; new zeroed arrays cost more than
+        the walks between)."""
         self.trie, self.regions = trie, regions
         self.trans = np.ascontiguousarray(dfa.trans, np.int32)
         self.width = int(dfa.trans.shape[1])
         self.byte_class = np.ascontiguousarray(dfa.byte_class, np.int32)
         self.accept = np.ascontiguousarray(dfa.accept, np.int32)
-        self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # a view: marks may clear
-        self.loops = np.zeros(len(self.trans) * 4, np.uint64)
-        self.known = np.zeros(len(self.trans), np.uint8)
-        # each state's run (token_walk.c's Runs): its bytes, length, successor, and whether they are known yet
-        self.runs = (np.zeros(len(self.trans) * 4, np.uint64), np.zeros(len(self.trans), np.int32),
-                     np.zeros(len(self.trans), np.int32), np.zeros(len(self.trans), np.uint8))
+        self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # marks may clear
+        n = len(self.trans)
+        old = grown_from.caches if grown_from is not None else None
+        if old is None or len(old[1]) < n:
+            room = 2 * n if unbuilt is not None else n  # a lazily built table grows: room to keep its caches
+            # each state's loop set and whether it is known, then its run (token_walk.c's Runs): its bytes,
+            # length, successor, and whether they are known yet
+            caches = (np.zeros(room * 4, np.uint64), np.zeros(room, np.uint8), np.zeros(room * 4, np.uint64),
+                      np.zeros(room, np.int32), np.zeros(room, np.int32), np.zeros(room, np.uint8))
+            for k in (1, 5, 0, 2, 3, 4) if old else ():  # the known marks first: a walk in another thread
+                caches[k][:len(old[k])] = old[k]  # may add one, whose words are written before its mark
+            old = caches
+        self.caches = old
+        self.loops, self.known = old[0], old[1]
+        self.runs = old[2:]
         self._bounds = 1024  # boundary room; grows when a walk finds more
         self._tables = (address(self.trans), self.width, address(self.byte_class))
         self._loop_sets = (address(self.loops), address(self.known))

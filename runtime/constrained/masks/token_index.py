@@ -85,6 +85,8 @@ class TokenIndex:
         do the forced bytes found so far (of built rows only)."""
         out = TokenIndex(dfa, self.vocab, self.with_boundaries, unbuilt)
         out._states, out._forced = self._states, self._forced
+        if self._native is not None:
+            out._native = NativeWalker(self._native.trie, dfa, unbuilt, grown_from=self._native)
         return out
 
     def forced_byte(self, state: int) -> int:
