@@ -167,17 +167,18 @@ class NativeWalker:
         self.accept = np.ascontiguousarray(dfa.accept, np.int32)
         self.unbuilt = None if unbuilt is None else np.ascontiguousarray(unbuilt).view(np.uint8)  # marks may clear
         n = len(self.trans)
-        old = grown_from.caches if grown_from is not None else None
+        old: tuple[np.ndarray, ...] | None = grown_from.caches if grown_from is not None else None
         if old is None or len(old[1]) < n:
             room = 2 * n if unbuilt is not None else n  # a lazily built table grows: room to keep its caches
             # each state's loop set and whether it is known, then its run (token_walk.c's Runs): its bytes,
             # length, successor, and whether they are known yet
             caches = (np.zeros(room * 4, np.uint64), np.zeros(room, np.uint8), np.zeros(room * 4, np.uint64),
                       np.zeros(room, np.int32), np.zeros(room, np.int32), np.zeros(room, np.uint8))
-            for k in (1, 5, 0, 2, 3, 4) if old else ():  # the known marks first: a walk in another thread
-                caches[k][:len(old[k])] = old[k]  # may add one, whose words are written before its mark
+            if old is not None:
+                for k in (1, 5, 0, 2, 3, 4):  # the known marks first: a walk in another thread may add one,
+                    caches[k][:len(old[k])] = old[k]  # whose words are written before its mark
             old = caches
-        self.caches = old
+        self.caches: tuple[np.ndarray, ...] = old
         self.loops, self.known = old[0], old[1]
         self.runs = old[2:]
         self._bounds = 1024  # boundary room; grows when a walk finds more
