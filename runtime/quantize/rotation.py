@@ -22,7 +22,7 @@ Llama checkpoint that any loader reads.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, cast
 
 import torch
 
@@ -57,40 +57,29 @@ def check_rotatable(model: torch.nn.Module) -> None:
                          "is not one: quantize it with --no-rotate")
 
 
-def residual_rotation(n: int, keep: Sequence[int] = (), seed: int = SEED) -> torch.Tensor:
-    """Q [n, n]: the identity on the channels `keep`, a random orthogonal matrix on the others."""
-    rest = torch.tensor([c for c in range(n) if c not in set(keep)])
-    q = torch.eye(n, dtype=torch.float64)
-    q[rest[:, None], rest[None, :]] = random_orthogonal(len(rest), seed)
-    return q
-
-
 @torch.no_grad()
-def rotate_model(model: LlamaForCausalLM, heads: bool = True, seed: int = SEED, keep: Sequence[int] = ()) -> None:
+def rotate_model(model: LlamaForCausalLM, heads: bool = True, seed: int = SEED) -> None:
     """R1 (and with `heads` R2) applied to `model` in place; its function (logits) stays the same up to
-    rounding. A tied LM head is untied (config.tie_word_embeddings becomes False). The residual channels
-    `keep` are not rotated, and their norm weights stay in the norms."""
+    rounding. A tied LM head is untied (config.tie_word_embeddings becomes False)."""
     check_rotatable(model)
     cfg = model.config
-    q = residual_rotation(cfg.hidden_size, keep, seed)
-    kept = torch.zeros(cfg.hidden_size, dtype=torch.bool)
-    kept[list(keep)] = True
+    q = random_orthogonal(cfg.hidden_size, seed)
     head_r = random_orthogonal(cfg.head_dim, seed + 1) if heads else None
     embed = model.embed_tokens.weight
     head_weight = (embed if model.lm_head is None else model.lm_head.weight).detach().double()
     if model.lm_head is None:
         model.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, model.tp).to(embed.device, embed.dtype)
         cfg.tie_word_embeddings = False
-    _set(model.lm_head.weight, head_weight * _fold(model.norm, kept) @ q)
+    _set(model.lm_head.weight, head_weight * _fold(model.norm) @ q)
     _set(embed, embed.double() @ q)
-    for layer in model.layers:
+    for layer in cast("Iterable[DecoderLayer]", model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        for norm, linear in ((layer.input_layernorm, attn.qkv_proj), (layer.post_attention_layernorm, mlp.gate_up_proj)):
-            _set(linear.weight, linear.weight.double() * _fold(norm, kept) @ q)
-        for linear in (attn.o_proj, mlp.down_proj):
-            _set(linear.weight, q.T @ linear.weight.double())
-            if linear.bias is not None:
-                _set(linear.bias, q.T @ linear.bias.double())
+        for norm, reads in ((layer.input_layernorm, attn.qkv_proj), (layer.post_attention_layernorm, mlp.gate_up_proj)):
+            _set(reads.weight, reads.weight.double() * _fold(norm) @ q)
+        for writes in (attn.o_proj, mlp.down_proj):
+            _set(writes.weight, q.T @ writes.weight.double())
+            if writes.bias is not None:
+                _set(writes.bias, q.T @ writes.bias.double())
         if head_r is not None:
             _rotate_heads(layer, head_r)
 
@@ -109,13 +98,11 @@ def _rotate_heads(layer: DecoderLayer, r: torch.Tensor) -> None:
     _set(o.weight, (w_o @ r).reshape(o.weight.shape))
 
 
-def _fold(norm: RMSNorm, kept: torch.Tensor) -> torch.Tensor:
-    """The norm's weights of the rotated channels (1 on the kept ones), to fold into the linears reading it;
-    the norm keeps the others (1 on the rotated ones)."""
-    g = norm.weight.double()
-    folded = torch.where(kept, torch.ones_like(g), g)
-    norm.weight.copy_(torch.where(kept, g, torch.ones_like(g)).to(norm.weight.dtype))
-    return folded
+def _fold(norm: RMSNorm) -> torch.Tensor:
+    """The norm's weights, to fold into the linears that read it; the norm's become 1."""
+    g = norm.weight.double().clone()  # a copy whatever the model's dtype: the norm's are overwritten
+    norm.weight.fill_(1)
+    return g
 
 
 def _set(param: torch.Tensor, value: torch.Tensor) -> None:
