@@ -19,6 +19,10 @@ columns of each head take it back (W_o <- W_o diag(R, .., R)).
 Q and R are randomized Hadamard matrices, H diag(+-1) / sqrt(n) (hadamard.py; 576 = 72 x 8), or a seeded
 random orthogonal matrix where n has no Hadamard construction. Both are offline: the rotated model is a plain
 Llama checkpoint that any loader reads.
+
+`radixlang quantize --rotate` applies them; off by default, because on SmolLM2 they made RTN, GPTQ and AWQ
+round worse (docs/models.md): its few huge residual channels, damped by the norms' weights, meet every
+rotated weight once those weights are folded in.
 """
 from __future__ import annotations
 
