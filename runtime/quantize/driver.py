@@ -79,12 +79,10 @@ class QuantizeOptions:
             raise ValueError(f"--calib-tokens must be >= {MIN_TOKENS}, got {self.calib_tokens}")
         if self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.rotate and self.method not in ("gptq", "awq"):
+            raise ValueError(f"--rotate is for --method gptq / awq (RTN is the plain baseline), got {self.method!r}")
         if self.fp_down < 0 or self.fp_down and not (self.method == "smoothquant" and self.smooth):
             raise ValueError(f"--fp-down must be >= 0, and is for --method smoothquant only, got {self.fp_down}")
-
-    def rotated(self) -> bool:
-        """Whether the model is rotated before rounding (`rotate`: GPTQ and AWQ only)."""
-        return self.rotate and self.method in ("gptq", "awq")
 
     def spec(self) -> GPTQSpec:
         return GPTQSpec(self.bits, self.group_size, self.sym, self.act_order and self.method == "gptq",
@@ -120,7 +118,7 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
     weight_cache.wait_for_write()
     use_fixed_order(loaded.model, on=False)  # no engine runs it: the calibration passes take MKL's faster GEMM
     samples = calibration_samples(loaded.tokenizer, documents, opts.seq_len, opts.calib_tokens)
-    if opts.rotated():
+    if opts.rotate:
         rotate_model(loaded.model)
     if opts.method == "rtn":
         packed: dict[str, Packed] = rtn_layers(loaded.model, opts.spec())
@@ -141,7 +139,7 @@ def _quantize(model_path: str | Path | None, out: Path, opts: QuantizeOptions) -
 def quantization_config(opts: QuantizeOptions) -> dict:
     # informative only (the rotation is in the weights): what was rotated, so a reader knows why the
     # norms' weights are 1 and the LM head is untied
-    rotation = {"rotation": ROTATION} if opts.rotated() else {}
+    rotation = {"rotation": ROTATION} if opts.rotate else {}
     if opts.method == "smoothquant":
         alpha = ("per layer" if opts.alpha is None else opts.alpha) if opts.smooth else None
         return {"quant_method": "w8a8_int8", "smoothquant_alpha": alpha, "fp_down_proj_layers": opts.fp_down,
