@@ -219,7 +219,7 @@ def _quantize(args: argparse.Namespace) -> int:
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                            static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
                            percdamp=args.percdamp, alpha=args.alpha, calib=args.calibration, threads=args.threads,
-                           fp_down=args.fp_down, rotate_down=args.rotate_down, **tuned)
+                           fp_down=args.fp_down, rotate_down=args.rotate_down, rotate=args.rotate, **tuned)
     model = None if args.model == "default" else args.model
     _check_model(model)
     quantize(model, args.out, opts)
@@ -262,6 +262,9 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--rotate-down", action=argparse.BooleanOptionalAction, default=True,
                    help="SmoothQuant: rotate down_proj's input by a Hadamard matrix at run time, its weights "
                         "offline (loads in radixlang only; default: on)")
+    q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=False,
+                   help="GPTQ / AWQ: rotate the model by randomized Hadamard matrices before rounding (offline, the "
+                        "same function; the LM head is untied from the embedding; default: off, worse on SmolLM2)")
     q.add_argument("--calibration", "--calib", dest="calibration", default="builtin",
                    help="calibration text: 'builtin' (default: the text shipped with radixlang, ~2k tokens), 'mixed' "
                         "(it plus Python's documentation and docstrings and the READMEs and licences of the installed "

@@ -27,6 +27,8 @@ def write_folder(out: Path, model_path: Path, loaded: LoadedModel, packed: dict[
     """`packed`: the model's fused linears by module name (layers.3.self_attn.qkv_proj)."""
     out.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in source_hf_config(model_path).items() if k != "quantization_config"}
+    if getattr(loaded.model, "lm_head", None) is not None:  # its own head (rotation.py unties a tied one)
+        config["tie_word_embeddings"] = False
     (out / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}, indent=2))
     awq = quantization_config["quant_method"] == "awq"
     save_file(hf_tensors(loaded.model, packed, awq), str(out / "model.safetensors"), metadata={"format": "pt"})

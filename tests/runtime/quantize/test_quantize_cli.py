@@ -143,6 +143,7 @@ def test_quantizing_leaves_the_source_folders_cached_weights_as_they_are(tmp_pat
     (["--method", "gptq", "--calibration", "/no/such/file.txt"], "--calibration"),
     (["--method", "awq", "--bits", "8"], "--bits"),
     (["--method", "smoothquant", "--alpha", "1.5"], "--alpha"),
+    (["--method", "rtn", "--rotate"], "--rotate"),
 ])
 def test_bad_quantize_options_fail_naming_the_option(folder, tmp_path, capsys, args, field):
     assert main(["quantize", str(folder), str(tmp_path / "q"), *args]) == 2
