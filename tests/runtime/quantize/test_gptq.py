@@ -9,6 +9,7 @@ import torch
 from radixlang.runtime.models.linear.quant_formats import write_gptq
 from radixlang.runtime.quantize.driver import DAMPS, pick_damp
 from radixlang.runtime.quantize.gptq import (
+    CLIP_SHRINKS,
     GPTQSpec,
     dampened_hessian,
     gptq_quantize,
@@ -101,6 +102,29 @@ def test_clip_search_lowers_output_error_below_round_to_nearest():
     assert rtn_clip < 0.95 * rtn and gptq_clip < 0.95 * gptq < rtn
     full_range = group_params(w[:, :128], 4, False)[0]
     assert (group_params(w[:, :128], 4, False, h.diagonal()[:128])[0] < full_range).float().mean() > 0.5
+
+
+def test_clip_search_picks_the_range_with_the_least_exact_output_error():
+    """Brute force over the shrink grid, each rounding's output error ||X (w - q)^T||^2 computed from the
+    inputs X themselves: the range the search picks from H = X^T X (off-diagonal terms included) has
+    each row's least error."""
+    x = correlated_inputs(512, 32, seed=3).double()
+    w = torch.distributions.StudentT(3.0).sample((64, 32)).double()
+    lo, hi = w.amin(dim=1).clamp(max=0), w.amax(dim=1).clamp(min=0)
+
+    def rounded(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        scale, zero = scale[:, None], zero[:, None]
+        return scale * ((w / scale).round() + zero).clamp(0, 15).sub(zero)
+
+    def exact_error(q: torch.Tensor) -> torch.Tensor:
+        return (x @ (w - q).T).square().sum(dim=0)
+
+    grid = []
+    for shrink in CLIP_SHRINKS.tolist():  # min-max over the shrunk range, fp16 scales, zeros in [1, 15]
+        scale = ((hi - lo) * shrink / 15).half().double()
+        grid.append(exact_error(rounded(scale, (-lo * shrink / scale).round().clamp(1, 15))))
+    best = torch.stack(grid).min(dim=0).values
+    assert torch.allclose(exact_error(rounded(*group_params(w, 4, False, x.T @ x))), best, rtol=1e-9)
 
 
 @pytest.mark.parametrize("clip_search", [False, True])
