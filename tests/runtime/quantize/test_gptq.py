@@ -9,11 +9,14 @@ import torch
 from radixlang.runtime.models.linear.quant_formats import write_gptq
 from radixlang.runtime.quantize.driver import DAMPS, pick_damp
 from radixlang.runtime.quantize.gptq import (
+    CLIP_SHRINKS,
     GPTQSpec,
     dampened_hessian,
     gptq_quantize,
     group_params,
     inverse_factor,
+    refit_params,
+    round_column,
     rtn_quantize,
 )
 
@@ -101,6 +104,60 @@ def test_clip_search_lowers_output_error_below_round_to_nearest():
     assert rtn_clip < 0.95 * rtn and gptq_clip < 0.95 * gptq < rtn
     full_range = group_params(w[:, :128], 4, False)[0]
     assert (group_params(w[:, :128], 4, False, h.diagonal()[:128])[0] < full_range).float().mean() > 0.5
+
+
+def test_clip_search_picks_the_range_with_the_least_exact_output_error():
+    """Brute force over the shrink grid, each rounding's output error ||X (w - q)^T||^2 computed from the
+    inputs X themselves: the range the search picks from H = X^T X (off-diagonal terms included) has
+    each row's least error."""
+    x = correlated_inputs(512, 32, seed=3).double()
+    w = torch.distributions.StudentT(3.0).sample((64, 32)).double()
+    lo, hi = w.amin(dim=1).clamp(max=0), w.amax(dim=1).clamp(min=0)
+
+    def rounded(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        scale, zero = scale[:, None], zero[:, None]
+        return scale * ((w / scale).round() + zero).clamp(0, 15).sub(zero)
+
+    def exact_error(q: torch.Tensor) -> torch.Tensor:
+        return (x @ (w - q).T).square().sum(dim=0)
+
+    grid = []
+    for shrink in CLIP_SHRINKS.tolist():  # min-max over the shrunk range, fp16 scales, zeros in [1, 15]
+        scale = ((hi - lo) * shrink / 15).half().double()
+        grid.append(exact_error(rounded(scale, (-lo * shrink / scale).round().clamp(1, 15))))
+    best = torch.stack(grid).min(dim=0).values
+    assert torch.allclose(exact_error(rounded(*group_params(w, 4, False, x.T @ x))), best, rtol=1e-9)
+
+
+def test_refit_is_the_least_squares_fit_of_scale_and_zero_to_the_codes_from_the_inputs(monkeypatch):
+    """One refit step against least squares solved on the inputs X themselves (torch.linalg.lstsq of
+    X w ~ a X c + b X 1 per row): the scale a in fp16, the zero -b / a rounded, kept where the exact
+    output error falls; and it falls in all."""
+    monkeypatch.setattr("radixlang.runtime.quantize.gptq.REFIT_STEPS", 1)
+    x = correlated_inputs(512, 32, seed=4).double()
+    w = torch.distributions.StudentT(3.0).sample((64, 32)).double()
+    h = x.T @ x
+    scale, zero = group_params(w, 4, False, h)
+    got = refit_params(w, scale, zero, h, 4)
+
+    def exact_error(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return (x @ (w - s[:, None] * (round_column(w, s[:, None], z[:, None], 4) - z[:, None])).T).square().sum(dim=0)
+
+    want_s, want_z = scale.clone(), zero.clone()
+    before = exact_error(scale, zero)
+    for row in range(len(w)):
+        codes = round_column(w[row:row + 1], scale[row], zero[row], 4)[0]
+        basis = torch.stack([x @ codes, x.sum(dim=1)], dim=1)
+        a, b = torch.linalg.lstsq(basis, (x @ w[row])[:, None]).solution[:, 0].tolist()
+        s = torch.tensor([a]).half().double()
+        z = (-b / s).round().clamp(1, 15)
+        w_row = w[row:row + 1]
+        new = (x @ (w_row - s * (round_column(w_row, s, z, 4) - z)).T).square().sum()
+        if new < before[row]:
+            want_s[row], want_z[row] = s, z
+    assert torch.equal(got[0], want_s) and torch.equal(got[1], want_z)
+    after = exact_error(*got)
+    assert (after <= before).all() and after.sum() < 0.98 * before.sum()
 
 
 @pytest.mark.parametrize("clip_search", [False, True])
