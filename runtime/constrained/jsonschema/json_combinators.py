@@ -227,6 +227,11 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
                             "may overlap, in the strict form)")
         if apart:
             return ra.alt(*nodes)
+    if any(ra.refs(n) for n in nodes) and "oneOf" in c.relaxed:
+        # recursive branches have no product automaton: their union, reported (values matching two
+        # branches get through)
+        c.unenforced.append(f"oneOf at {path or '#'} (recursive branches that may overlap, as anyOf)")
+        return c.union([lambda i=i, b=b: c.compile(b, f"{path}/oneOf/{i}") for i, b in enumerate(branches)], path)
     if any(ra.refs(n) for n in nodes) and not c.exact_depth:
         # a union of rules would let values matching two branches through: recompile them whole
         nodes, kept = c.exact(lambda: _branches(c, branches, path))

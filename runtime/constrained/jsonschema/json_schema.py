@@ -42,7 +42,7 @@ JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than th
 # nests at most this deep (two: an object of arrays, as real configuration values are), so the schema stays
 # one DFA; in one that is a grammar anyway, any value
 UNDECLARED_VALUE_DEPTH = 2
-RELAXABLE = frozenset({"uniqueItems"})  # keywords a caller may leave unenforced where they cannot be enforced
+RELAXABLE = frozenset({"uniqueItems", "oneOf"})  # keywords a caller may leave unenforced where they cannot be enforced
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
 Relaxed = str | Iterable[str] | None  # keywords left unenforced: names, or one comma-separated string
