@@ -88,7 +88,7 @@ def whitespace_node(pattern: str | None) -> ra.Node:
 
 
 def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
-    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`),
+    """The keywords a caller lets go unenforced where they cannot be enforced (`uniqueItems`, `oneOf`),
     as names or one comma-separated string."""
     if isinstance(relaxed, str):
         relaxed = [k.strip() for k in relaxed.split(",") if k.strip()]
