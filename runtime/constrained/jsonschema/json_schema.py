@@ -376,6 +376,8 @@ class _SchemaCompiler:
 
     def alternatives(self, nodes: list[ra.Node], makers: list) -> ra.Node:
         """Alternatives that each match values apart, or where two match a value, either may."""
+        if ra.Ref(ANY_VALUE) in nodes:  # one holds every JSON value: the others add nothing (and would
+            return ra.Ref(ANY_VALUE)  # be a second parse of their values)
         nodes = self.split_alike(nodes, lambda i: makers[i]())
         return ra.alt(*self.merge_containers(nodes))
 
