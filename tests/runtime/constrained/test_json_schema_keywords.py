@@ -531,6 +531,17 @@ def test_recursive_one_of_relaxed_is_their_union_and_reported(vocab):
     assert not validator(node).is_valid({"k": "b"}) and accepts(constraint, '{"k":"b"}'), "the leak reported"
 
 
+def test_an_any_of_with_a_free_branch_holds_every_value_and_parses_once(compiler):
+    """A branch that is `{}` through a `$ref` makes the anyOf hold for every value; an object branch
+    beside it would be a second parse of the same text (an LALR conflict where values recurse)."""
+    schema = {"$defs": {"free": {"description": "anything"}, "obj": {"type": "object", "properties": {
+        "o": {"anyOf": [{"$ref": "#/$defs/free"}, {"type": "object", "properties": {"k": {"$ref": "#/$defs/obj"}}}]}}}},
+        "$ref": "#/$defs/obj"}
+    constraint = compiler.compile("json_schema", schema)
+    for value in ({"o": 1}, {"o": {"k": {"o": [[]]}}}, {"o": {"k": 3}}, {"o": "s", "z": {}}, [], {"o": None}):
+        assert accepts(constraint, json.dumps(value, separators=(",", ":"))) == validator(schema).is_valid(value), value
+
+
 def test_overlapping_required_choices_over_a_recursive_value_compile_to_a_grammar():
     """anyOf over `required` lists overlaps (an object with both names matches twice): as LALR rules
     that would be a conflict, so the branches are rewritten to exclude each other."""
