@@ -63,18 +63,15 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     for key, bound in (("minProperties", lo), ("maxProperties", hi)):
         if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
             raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {bound!r}")
-    lazy = (c.lazy is not None and path not in c.not_lazy and not lo and hi is None and len(c.lazy) < len(LAZY_MARKERS)
-            and not any(ra.refs(n) for _, n, _ in members) and not any(ra.refs(n) for _, n in extra_pairs))
     if c.strict or (len(items) < 2 and extra is None):
         body = _members(c, items, extra, lo, hi, path)
-    elif lazy and not c.exact_depth and _any_order_fits(items) and not _any_order_fits(items, extra):
-        return _lazy_object(c, members, extra_pairs, path)  # undeclared members anywhere, which eagerly would not fit
     elif _any_order_fits(items) or (c.exact_depth and len(items) <= ANY_ORDER_MAX_PROPERTIES):
         body = _any_order_members(c, items, extra, lo, hi, path)
     elif c.exact_depth:  # a language subtracted in declared order would let the other orders through
         raise ValueError(f"json_schema at {path}: an object with more than {ANY_ORDER_MAX_PROPERTIES} properties "
                          "inside oneOf / not / enum is supported only in strict mode")
-    elif lazy:
+    elif c.lazy is not None and path not in c.not_lazy and not lo and hi is None and len(c.lazy) < len(LAZY_MARKERS) and not any(
+            ra.refs(n) for _, n, _ in members) and not any(ra.refs(n) for _, n in extra_pairs):
         return _lazy_object(c, members, extra_pairs, path)
     else:
         c.unenforced.append(f"property order at {path or '#'}")
@@ -271,4 +268,6 @@ def _any_order_fits(items: list[tuple[ra.Node, bool]], extra: ra.Node | None = N
     n = len(items)
     if n > ANY_ORDER_MAX_PROPERTIES:
         return False
-    return (1 << n) * (sum(ra.size(node) for node, _ in items) + (ra.size(extra) if extra else 0)) / 2 <= ANY_ORDER_MAX_SIZE
+    if extra is not None:  # a copy of the undeclared value per set written: kept to ~1,000 states
+        return (1 << n) * (sum(ra.size(node) for node, _ in items) + ra.size(extra)) / 2 <= ANY_ORDER_MAX_SIZE / 4
+    return (1 << n) * sum(ra.size(node) for node, _ in items) / 2 <= ANY_ORDER_MAX_SIZE

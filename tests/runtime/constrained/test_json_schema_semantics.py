@@ -1,6 +1,6 @@
 """The schema's own object semantics (the default) against the `jsonschema` library on every object of a
 small universe: declared properties in any order, undeclared ones where `additionalProperties` allows
-them (anywhere among the declared ones, nesting two levels at most where the schema is one regex); the
+them (anywhere, but after the declared ones in a small object of one regex, nesting two levels at most); the
 strict form (OpenAI's) keeps declared order and closed objects; a large object with a maxProperties
 keeps its declared order and says so (one without takes any order: test_object_dispatch)."""
 from __future__ import annotations
@@ -49,9 +49,12 @@ def test_default_semantics_accept_exactly_the_valid_objects(compiler, schema):
     for text in universe("abcz"):
         value = json.loads(text)
         valid = jsonschema.Draft202012Validator(schema).is_valid(value)
-        # in a schema that is one regex, undeclared values nest two levels at most
+        # a small object built up front in one regex: undeclared members of any value follow the declared
+        # ones (a copy of their value per set written would not fit), nesting two levels at most
+        keys = list(value)
+        tail = "z" not in keys or keys[-1] == "z" or "additionalProperties" in schema  # null: small, anywhere
         nested = '{"k":[[' in text
-        assert accepts(constraint, text) == (valid and not nested), text
+        assert accepts(constraint, text) == (valid and tail and not nested), text
 
 
 def test_duplicate_and_escaped_keys_are_refused(compiler):
