@@ -6,9 +6,9 @@ Past that, json_objects leaves the object in the schema's regex as a marker char
 character: JSON never writes one raw) and describes it (LazyObject). Here the schema's DFA is laid out
 over all 256 bytes, and a state that reads a marker reads the object instead:
 - a *hub* (the set W of members written, whether the brace is still to open) is a small DFA over the
-  keys not yet written and, once every required member is written, the undeclared keys and the closing
-  brace (after an undeclared member, only undeclared ones follow, as in one regex: json_objects); the
-  brace's final state leads where the marker led;
+  keys not yet written, the undeclared keys (anywhere: an undeclared member leads back to the hub of W)
+  and, once every required member is written, the closing brace; the brace's final state leads where
+  the marker led;
 - a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
   member, up front), whose final states lead on into the hub of W plus that member.
 Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
@@ -31,7 +31,6 @@ from .regex import regex_ast as ra
 from .regex.automaton import Dfa, compile_dfa
 from .regex.fsa import trim
 
-_UNDECLARED_NOW = -1  # a hub's members written, once an undeclared one is: only undeclared ones follow
 # bytes a hub may start with after a member: whitespace, the comma, the closing brace
 _AFTER_MEMBER = np.array([ord(c) for c in " \t\n\r,}"])
 
@@ -138,27 +137,23 @@ class ObjectDispatch(GrowingDfa):
                     target = functools.partial(int, exit)
                 else:  # a key: into its member's value
                     member = label - 1
-                    now = written | 1 << member if member < declared else _UNDECLARED_NOW
+                    now = written | 1 << member if member < declared else written
                     target = functools.partial(self._value, k, member, now, exit)
                 self._defer(offset + s, target, take_accept=True)
             self._hubs[key] = start
         return self._hubs[key]
 
     def _hub_part(self, k: int, written: int, opening: bool) -> _Part:
-        """The hub's DFA: the keys DFA without the keys written, nor the brace and undeclared keys while
-        a required member is missing, nor declared keys once an undeclared one is written (as in one
-        regex: json_objects), trimmed so that every state left can still end a key."""
+        """The hub's DFA: the keys DFA without the keys written, nor the brace while a required member is
+        missing, trimmed so that every state left can still end a key."""
         key = (k, written, opening)
         if key not in self._hub_parts:
             obj, keys = self.objects[k], self._keys_part(k, opening)
             member = keys.accept - 1  # -1: the closing brace, -2: not final
             declared = (member >= 0) & (member < len(obj.keys))
-            if written == _UNDECLARED_NOW:
-                cut = declared
-            else:
-                cut = declared & np.array([m >= 0 and written >> m & 1 == 1 for m in member.tolist()], bool)
-                if written & obj.required != obj.required:
-                    cut |= (member == -1) | (member >= len(obj.keys))
+            cut = declared & np.array([m >= 0 and written >> m & 1 == 1 for m in member.tolist()], bool)
+            if written & obj.required != obj.required:
+                cut |= member == -1
             trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept))
             self._hub_parts[key] = _Part(trans, accept, 0, {})
         return self._hub_parts[key]

@@ -43,7 +43,8 @@ def array_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     if hi is not None and hi < lo:
         raise Unsatisfiable(f"maxItems {hi} is below minItems {lo} at {path}")
     if s.get("uniqueItems", False) and (hi is None or hi > 1):
-        if _finite_values(s.get("items", True)) is not None or "uniqueItems" not in c.relaxed:
+        values = _finite_values(s.get("items", True))
+        if (values is not None and len(values) <= MAX_UNIQUE_VALUES) or "uniqueItems" not in c.relaxed:
             return _unique_array(c, s, lo, hi, path)
         c.unenforced.append(f"uniqueItems at {path}")
     prefix_schemas = s.get("prefixItems", [])

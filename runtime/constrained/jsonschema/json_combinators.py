@@ -197,7 +197,9 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     if not isinstance(subs, list) or not subs:
         raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
     rest = {k: v for k, v in s.items() if k != key}
-    free = [i for i, sub in enumerate(subs) if sub is True or isinstance(sub, dict) and not normalize(sub, KNOWN_FORMATS)]
+    free = [i for i, sub in enumerate(subs) if _matches_every_value(c, sub, path)]
+    if key == "anyOf" and free:  # a branch every value matches: the anyOf holds for every value
+        return c.compile(rest or True, path)
     if key == "oneOf" and free and "not" not in rest:  # a branch every value matches: exactly one means no other
         if len(free) > 1:
             raise Unsatisfiable(f"two oneOf branches at {path} match every value")
@@ -227,10 +229,29 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
                             "may overlap, in the strict form)")
         if apart:
             return ra.alt(*nodes)
+    if any(ra.refs(n) for n in nodes) and "oneOf" in c.relaxed:
+        # recursive branches have no product automaton: their union, reported (values matching two
+        # branches get through)
+        c.unenforced.append(f"oneOf at {path or '#'} (recursive branches that may overlap, as anyOf)")
+        return c.union([lambda i=i, b=b: c.compile(b, f"{path}/oneOf/{i}") for i, b in enumerate(branches)], path)
     if any(ra.refs(n) for n in nodes) and not c.exact_depth:
         # a union of rules would let values matching two branches through: recompile them whole
         nodes, kept = c.exact(lambda: _branches(c, branches, path))
     return exactly_one_of(c, nodes, path)
+
+
+def _matches_every_value(c: SchemaCompiler, sub: object, path: str) -> bool:
+    """Whether a branch is `true`, `{}` (annotations aside), or a chain of plain `$ref`s to one."""
+    for _ in range(8):
+        if sub is True:
+            return True
+        if not isinstance(sub, dict):
+            return False
+        s = normalize(sub, KNOWN_FORMATS)
+        if set(s) != {"$ref"}:
+            return not s
+        sub = c.refs.resolve(s["$ref"], path)[1]
+    return False
 
 
 def _branches(c: SchemaCompiler, branches: list[Any], path: str) -> tuple[list[ra.Node], list[Any]]:

@@ -174,11 +174,11 @@ def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:
 class _States:
     """Numbers an automaton's states as they are first reached and queues each to be expanded once."""
 
-    def __init__(self, start: tuple[int, int, bool]):
-        self.ids: dict[tuple[int, int, bool], int] = {start: 0}
+    def __init__(self, start: tuple):
+        self.ids: dict[tuple, int] = {start: 0}
         self.queue = [start]
 
-    def __call__(self, state: tuple[int, int, bool]) -> int:
+    def __call__(self, state: tuple) -> int:
         if state not in self.ids:
             self.ids[state] = len(self.ids)
             self.queue.append(state)
@@ -187,35 +187,37 @@ class _States:
 
 def _members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], extra: ra.Node | None,
              lo: int, hi: int | None, path: str) -> ra.Node:
-    """Comma-separated members in order (required ones always, optional ones maybe), then any number
-    of undeclared ones, counted: an automaton over (next member, count so far, whether a comma is
-    due), the count saturating at minProperties when there is no maximum. Each member appears at most
-    twice (with and without its comma), so the size stays linear in the members however many are
-    optional. With recursive members it becomes right-linear grammar rules (rule_grammar)."""
+    """Comma-separated members in declared order (required ones always, optional ones maybe), with any
+    number of undeclared ones anywhere among them (in the strict form, after them), counted: an automaton over (next member, count so far,
+    whether a comma is due, whether the last step wrote a member), the count saturating at minProperties
+    when there is no maximum. Undeclared members are read only where the last step wrote one (or at the
+    start), never after skipping an optional member, so each text has one path (a grammar made of the
+    automaton stays unambiguous). Each member appears at most twice (with and without its comma), so the
+    size stays linear in the members however many are optional. With recursive members it becomes
+    right-linear grammar rules (rule_grammar)."""
     # a recursive object is lexed member by member: one lexeme spanning an optional member would read
     # on greedily into the next member's key and fail where that member is absent
     comma = c.separator(any(ra.refs(n) for n, _ in items) or (extra is not None and bool(ra.refs(extra))))
     cap = hi if hi is not None else lo
-    target = _States((0, 0, True))  # (next member, count, first)
+    target = _States((0, 0, True, True))  # (next member, count, first, wrote)
     edges: list[tuple[int, ra.Node, int]] = []
     finals: list[int] = []
     n = len(items)
     while target.queue:
-        i, count, first = state = target.queue.pop()
+        i, count, first, wrote = state = target.queue.pop()
         src = target.ids[state]
         nxt_count = min(count + 1, cap) if hi is None else count + 1
         sep = ra.EMPTY if first else comma
+        if extra is not None and (i == n if c.strict else wrote) and (hi is None or count < hi):
+            edges.append((src, ra.seq(sep, extra), target((i, nxt_count, False, True))))
         if i < n:
             node, req = items[i]
             if hi is None or count < hi:
-                edges.append((src, ra.seq(sep, node), target((i + 1, nxt_count, False))))
+                edges.append((src, ra.seq(sep, node), target((i + 1, nxt_count, False, True))))
             if not req:
-                edges.append((src, ra.EMPTY, target((i + 1, count, first))))
-            continue
-        if count >= lo:
+                edges.append((src, ra.EMPTY, target((i + 1, count, first, False))))
+        elif count >= lo:
             finals.append(src)
-        if extra is not None and (hi is None or count < hi):
-            edges.append((src, ra.seq(sep, extra), target((n, nxt_count, False))))
     if not finals:
         raise Unsatisfiable(f"no object at {path} has between minProperties and maxProperties members")
     return ra.Graph(len(target.ids), tuple(edges), tuple(finals))
@@ -225,14 +227,14 @@ def _any_order_members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], ext
                        lo: int, hi: int | None, path: str) -> ra.Node:
     """Comma-separated declared members in any order, each at most once, then any undeclared ones: an
     automaton over (declared members written, count so far, whether a comma is due), the count
-    saturating at minProperties when there is no maximum. In one regex, undeclared members follow the
-    declared ones (once every required one is written), so their value's automaton is copied once per
-    count, not once per set of declared members written; among grammar rules (where a copy costs
-    nothing, and a shared tail would make LALR conflicts) they may come anywhere. Final where every
-    required member is written and the count is within bounds."""
+    saturating at minProperties when there is no maximum. Undeclared members come anywhere where their
+    value's automaton, copied once per set of declared members written, fits (`_any_order_fits`), and
+    among grammar rules (where a copy costs nothing, and a shared tail would make LALR conflicts); else
+    they follow the declared ones (once every required one is written), copied once per count. Final
+    where every required member is written and the count is within bounds."""
     ruled = any(ra.refs(n) for n, _ in items) or (extra is not None and bool(ra.refs(extra)))
     comma = c.separator(ruled)
-    ruled = ruled or bool(ra.refs(comma))  # members apart (split mode): grammar rules too
+    ruled = ruled or bool(ra.refs(comma)) or _any_order_fits(items, extra)  # members apart (split mode): rules too
     cap = hi if hi is not None else lo
     need = sum(1 << i for i, (_, req) in enumerate(items) if req)
     target = _States((0, 0, True))  # (declared members written, -1: undeclared ones now; count; first)
@@ -260,9 +262,12 @@ def _any_order_members(c: SchemaCompiler, items: list[tuple[ra.Node, bool]], ext
     return ra.Graph(len(target.ids), tuple(edges), tuple(finals))
 
 
-def _any_order_fits(items: list[tuple[ra.Node, bool]]) -> bool:
-    """Whether the any-order automaton stays within ANY_ORDER_MAX_PROPERTIES and ANY_ORDER_MAX_SIZE."""
+def _any_order_fits(items: list[tuple[ra.Node, bool]], extra: ra.Node | None = None) -> bool:
+    """Whether the any-order automaton stays within ANY_ORDER_MAX_PROPERTIES and ANY_ORDER_MAX_SIZE (with
+    `extra`: undeclared members between any two declared ones, a copy of theirs per set written)."""
     n = len(items)
     if n > ANY_ORDER_MAX_PROPERTIES:
         return False
+    if extra is not None:  # a copy of the undeclared value per set written: kept to ~1,000 states
+        return (1 << n) * (sum(ra.size(node) for node, _ in items) + ra.size(extra)) / 2 <= ANY_ORDER_MAX_SIZE / 4
     return (1 << n) * sum(ra.size(node) for node, _ in items) / 2 <= ANY_ORDER_MAX_SIZE

@@ -42,7 +42,7 @@ JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than th
 # nests at most this deep (two: an object of arrays, as real configuration values are), so the schema stays
 # one DFA; in one that is a grammar anyway, any value
 UNDECLARED_VALUE_DEPTH = 2
-RELAXABLE = frozenset({"uniqueItems"})  # keywords a caller may leave unenforced where they cannot be enforced
+RELAXABLE = frozenset({"uniqueItems", "oneOf"})  # keywords a caller may leave unenforced where they cannot be enforced
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
 JSON_WHITESPACE = frozenset(b" \t\n\r")
 Relaxed = str | Iterable[str] | None  # keywords left unenforced: names, or one comma-separated string
@@ -88,7 +88,7 @@ def whitespace_node(pattern: str | None) -> ra.Node:
 
 
 def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
-    """The keywords a caller lets go unenforced where they cannot be enforced (only `uniqueItems`),
+    """The keywords a caller lets go unenforced where they cannot be enforced (`uniqueItems`, `oneOf`),
     as names or one comma-separated string."""
     if isinstance(relaxed, str):
         relaxed = [k.strip() for k in relaxed.split(",") if k.strip()]
@@ -376,6 +376,8 @@ class _SchemaCompiler:
 
     def alternatives(self, nodes: list[ra.Node], makers: list) -> ra.Node:
         """Alternatives that each match values apart, or where two match a value, either may."""
+        if ra.Ref(ANY_VALUE) in nodes:  # one holds every JSON value: the others add nothing (and would
+            return ra.Ref(ANY_VALUE)  # be a second parse of their values)
         nodes = self.split_alike(nodes, lambda i: makers[i]())
         return ra.alt(*self.merge_containers(nodes))
 

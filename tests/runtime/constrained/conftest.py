@@ -35,12 +35,20 @@ def random_walk(constraint, rng, max_tokens: int = 200) -> tuple[bytes, bool]:
 
     state, out = constraint.initial(), bytearray()
     single = constraint.vocab.lengths == 1
+    # from a random step on, the shortest completion byte by byte (where the constraint knows it): an open
+    # object's undeclared keys, allowed anywhere, would else crowd out its required members
+    closing = getattr(constraint, "closing_bytes", None)
+    closing_now = False
     for _ in range(max_tokens):
         allowed = constraint.allowed(state)
         if constraint.can_end(state) and (rng.random() < 0.4 or not allowed.any()):
             return bytes(out), True
         ids = constraint.vocab.ids[allowed[constraint.vocab.ids] & single]
-        if rng.random() < 0.3 or not ids.size:
+        closing_now = closing_now or rng.random() < 0.03
+        rest = closing(state, 256, nonempty=True) if closing is not None and closing_now else None
+        if rest and rest[:1] in constraint.vocab.by_bytes and allowed[constraint.vocab.by_bytes[rest[:1]]]:
+            ids = np.array([constraint.vocab.by_bytes[rest[:1]]])
+        elif rng.random() < 0.3 or not ids.size:
             ids = np.flatnonzero(allowed)
         token = int(ids[rng.randrange(ids.size)])
         nxt = constraint.advance(state, token)

@@ -144,11 +144,13 @@ def test_number_bounds_accept_only_numbers_inside(lo, hi):
 
 
 def test_pydantic_model_class_is_accepted(compiler, walk):
-    class Pet(pydantic.BaseModel):
+    class Pet(pydantic.BaseModel):  # closed: random undeclared keys, allowed anywhere, would rarely close
+        model_config = pydantic.ConfigDict(extra="forbid")
         kind: Literal["cat", "dog"]
         age: int = pydantic.Field(ge=0, le=30)
 
     class Owner(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
         name: str = pydantic.Field(max_length=8)
         pets: list[Pet] = pydantic.Field(max_length=2)
         nick: Optional[str] = pydantic.Field(default=None, max_length=4)

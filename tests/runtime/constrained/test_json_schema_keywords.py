@@ -11,6 +11,7 @@ from decimal import Decimal
 import jsonschema
 import pytest
 
+from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.jsonschema.json_scalars import number_node
 from radixlang.runtime.constrained.jsonschema.json_schema import compile_json_schema
 from radixlang.runtime.constrained.regex.automaton import compile_dfa
@@ -452,6 +453,8 @@ def test_unique_items_over_open_item_sets_is_refused_unless_explicitly_relaxed()
     assert relaxed.unenforced == ("uniqueItems at #",)  # reported (a response's meta_info names it)
     enum_items = {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}
     assert compile_json_schema({"properties": {"a": enum_items}}, relaxed=["uniqueItems"]).unenforced == ()
+    many = {**enum_items, "items": {"enum": list(range(9))}}  # past the automaton over sets of values used
+    assert compile_json_schema(many, relaxed=["uniqueItems"]).unenforced == ("uniqueItems at #",)
     assert compile_json_schema({"properties": {"a": schema}}, relaxed=["uniqueItems"]).unenforced == \
         ("uniqueItems at #/properties/a",)
     with pytest.raises(ValueError, match="relaxed keywords"):
@@ -509,6 +512,34 @@ def test_recursive_one_of_branches_without_a_disjoint_discriminator_are_refused(
                       {"type": "object", "properties": {"k": {"enum": ["b", "c"]}}, "required": ["k"]}]}
     with pytest.raises(ValueError, match="recursive branches that may match the same value"):
         compiler.compile("json_schema", node)
+
+
+def test_recursive_one_of_relaxed_is_their_union_and_reported(vocab):
+    """Relaxed (the engine's default): every valid value passes, and what passes that is invalid matches
+    two branches (the anyOf of them), as the report says."""
+    node = {"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"$ref": "#"}},
+                       "required": ["k"], "additionalProperties": False},
+                      {"type": "object", "properties": {"k": {"enum": ["b", "c"]}}, "required": ["k"],
+                       "additionalProperties": False}]}
+    constraint = ConstraintCompiler(lambda: vocab, json_relaxed="oneOf").compile("json_schema", node)
+    assert constraint.unenforced == ("oneOf at # (recursive branches that may overlap, as anyOf)",)
+    union = {"anyOf": node["oneOf"]}
+    for k, n in itertools.product("abcd", [None, {"k": "a"}, {"k": "b"}, {"k": "c"}]):
+        value = {"k": k, **({} if n is None else {"n": n})}
+        ok = accepts(constraint, json.dumps(value, separators=(",", ":")))
+        assert ok == validator(union).is_valid(value), value  # so every valid value passes
+    assert not validator(node).is_valid({"k": "b"}) and accepts(constraint, '{"k":"b"}'), "the leak reported"
+
+
+def test_an_any_of_with_a_free_branch_holds_every_value_and_parses_once(compiler):
+    """A branch that is `{}` through a `$ref` makes the anyOf hold for every value; an object branch
+    beside it would be a second parse of the same text (an LALR conflict where values recurse)."""
+    schema = {"$defs": {"free": {"description": "anything"}, "obj": {"type": "object", "properties": {
+        "o": {"anyOf": [{"$ref": "#/$defs/free"}, {"type": "object", "properties": {"k": {"$ref": "#/$defs/obj"}}}]}}}},
+        "$ref": "#/$defs/obj"}
+    constraint = compiler.compile("json_schema", schema)
+    for value in ({"o": 1}, {"o": {"k": {"o": [[]]}}}, {"o": {"k": 3}}, {"o": "s", "z": {}}, [], {"o": None}):
+        assert accepts(constraint, json.dumps(value, separators=(",", ":"))) == validator(schema).is_valid(value), value
 
 
 def test_overlapping_required_choices_over_a_recursive_value_compile_to_a_grammar():

@@ -1,7 +1,7 @@
 """Objects too large for an eager any-order automaton take any order, built lazily (object_dispatch),
 against the `jsonschema` library: random objects (members in any order, some twice, undeclared ones,
-nested large objects) are accepted exactly when valid with unique keys (and undeclared members last,
-as in one regex), and random walks of the token masks end in valid objects."""
+nested large objects) are accepted exactly when valid with unique keys (undeclared members anywhere),
+and random walks of the token masks end in valid objects."""
 from __future__ import annotations
 
 import json
@@ -51,13 +51,6 @@ def random_value(rng: random.Random, schema: dict | None) -> str:
     return "[" + ",".join(random_object(rng, INNER) for _ in range(rng.randint(0, 2))) + "]"
 
 
-def undeclared_last(text: str) -> bool:
-    """Whether the outer object's undeclared members follow the declared ones, as one regex has them."""
-    keys = [k for k, _ in json.loads(text, object_pairs_hook=lambda pairs: pairs)]
-    first = next((i for i, k in enumerate(keys) if k not in OUTER["properties"]), len(keys))
-    return all(k not in OUTER["properties"] for k in keys[first:])
-
-
 def test_large_objects_take_any_order_exactly_as_jsonschema_says(compiler):
     constraint = compiler.compile("json_schema", OUTER)
     assert isinstance(constraint, ObjectDispatch) and constraint.unenforced == ()
@@ -65,7 +58,7 @@ def test_large_objects_take_any_order_exactly_as_jsonschema_says(compiler):
     rng, valid_seen = random.Random(0), 0
     for _ in range(150):
         text = random_object(rng, OUTER)
-        valid = unique_keys(text) and validator.is_valid(json.loads(text)) and undeclared_last(text)
+        valid = unique_keys(text) and validator.is_valid(json.loads(text))
         valid_seen += valid
         assert accepts(constraint, text) == valid, text
     assert 25 < valid_seen < 125, "the sample should hold valid and invalid objects"
