@@ -184,12 +184,11 @@ def seq(*items: Node) -> Node:
 
 
 def alt(*items: Node) -> Node:
-    flat: list[Node] = []
+    flat: dict[Node, None] = {}  # first occurrences, in order: a dict, as a list's `in` made an enum of n values n^2
     for item in items:
         for x in item.items if isinstance(item, Alt) else (item,):
-            if x not in flat:
-                flat.append(x)
-    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+            flat.setdefault(x)
+    return next(iter(flat)) if len(flat) == 1 else Alt(tuple(flat))
 
 
 def repeat(item: Node, lo: int, hi: int | None) -> Node:
