@@ -55,17 +55,22 @@ class _Part:
 
 
 def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
+    """Raises NotLazy naming every object that starts where another or a `{` does (all of them at
+    once: each round of NotLazy recompiles the schema)."""
     dfa = compile_dfa(patterns)
     trans = dfa.trans[:, dfa.byte_class].astype(np.int32)
     markers: dict[int, tuple[int, int]] = {}
+    clashes: set[str] = set()
     for k, obj in enumerate(objects):
         column = trans[:, ord(obj.marker)].copy()
         trans[:, ord(obj.marker)] = -1
         for s in np.flatnonzero(column >= 0).tolist():
             if s in markers or trans[s, ord("{")] >= 0:
-                others = {objects[markers[s][0]].path} if s in markers else set()
-                raise NotLazy("objects start at one place", {obj.path} | others)
-            markers[s] = (k, int(column[s]))
+                clashes |= {obj.path} | ({objects[markers[s][0]].path} if s in markers else set())
+            else:
+                markers[s] = (k, int(column[s]))
+    if clashes:
+        raise NotLazy("objects start at one place", clashes)
     return _Part(trans, dfa.accept, dfa.start, markers)
 
 
@@ -75,13 +80,28 @@ class ObjectDispatch(GrowingDfa):
     def __init__(self, root: ra.Node, objects: tuple[LazyObject, ...], vocab: TokenVocab):
         self.objects, self.vocab = objects, vocab
         self._lock = threading.Lock()
-        # each member's value DFA, up front: a schema they do not fit is refused (or recompiled) now
-        self._values = [[_part([v], objects) for v in (*o.values, *o.extra_values)] for o in objects]
-        for obj, parts in zip(objects, self._values):
-            for part in parts:
+        # each member's value DFA, up front: a schema they do not fit is refused (or recompiled) now, naming
+        # every object that does not fit, the root's too, in one NotLazy (a round recompiles the schema)
+        clashes: set[str] = set()
+
+        def checked(patterns: list[ra.Node]) -> _Part | None:
+            try:
+                return _part(patterns, objects)
+            except NotLazy as e:
+                clashes.update(e.paths)
+                return None
+
+        values = [[checked([v]) for v in (*o.values, *o.extra_values)] for o in objects]
+        for obj, parts in zip(objects, values):
+            for part in filter(None, parts):
                 finals = part.accept >= 0
                 if (part.trans[finals][:, _AFTER_MEMBER] >= 0).any() or any(finals[s] for s in part.markers):
-                    raise NotLazy("a member's value reads on where the next member starts", {obj.path})
+                    clashes.add(obj.path)  # a member's value reads on where the next member starts
+        root_part = checked([root])
+        if clashes or root_part is None:
+            raise NotLazy("objects start where others do, or a member's value reads on where the next "
+                          "member starts", clashes)
+        self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
         self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
@@ -92,7 +112,7 @@ class ObjectDispatch(GrowingDfa):
         self._accept = np.full(1024, -1, np.int32)
         self._unbuilt = np.zeros(1024, bool)
         self._size = 0
-        start = self._lay(_part([root], objects), keep_accept=True)
+        start = self._lay(root_part, keep_accept=True)
         self.unbuilt = self._unbuilt[:self._size].copy()
         self.dfa = Dfa(self._trans[:self._size], self._accept[:self._size], start=start)
         self._index = TokenIndex(self.dfa, vocab, unbuilt=self.unbuilt)

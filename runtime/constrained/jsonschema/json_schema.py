@@ -293,6 +293,8 @@ class _SchemaCompiler:
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: object, path: str) -> ra.Node:
         deadline.check()
+        if self.lazy and self.rules:  # lazy objects in a grammar: it compiles again without them, so stop now
+            raise _LazyInExact()
         if schema is True:
             return self.any_value()
         if schema is False:

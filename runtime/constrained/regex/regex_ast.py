@@ -165,7 +165,10 @@ def char_class(spec: str) -> Node:
     return chars(ranges)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def literal(text: str) -> Node:
+    """One node per text (nodes are immutable): schemas spell the same keys and enum values again and
+    again, and the identity memos below (refs, size) then hit."""
     return seq(*(_char(c) for c in text))
 
 
@@ -176,20 +179,22 @@ def _char(c: str) -> Chars:
 
 def seq(*items: Node) -> Node:
     flat: list[Node] = []
-    for item in items:
-        if _is_nothing(item):
+    for item in items:  # type() rather than isinstance: the schema compiler calls this ~10^5 times
+        if type(item) is Seq:
+            flat.extend(item.items)
+        elif type(item) is Alt and not item.items:  # NOTHING
             return NOTHING
-        flat.extend(item.items if isinstance(item, Seq) else (item,))
+        else:
+            flat.append(item)
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 
 def alt(*items: Node) -> Node:
-    flat: list[Node] = []
+    flat: dict[Node, None] = {}  # first occurrences, in order: a dict, as a list's `in` made an enum of n values n^2
     for item in items:
         for x in item.items if isinstance(item, Alt) else (item,):
-            if x not in flat:
-                flat.append(x)
-    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+            flat.setdefault(x)
+    return next(iter(flat)) if len(flat) == 1 else Alt(tuple(flat))
 
 
 def repeat(item: Node, lo: int, hi: int | None) -> Node:
@@ -255,6 +260,8 @@ def _remember(memo: dict, node: Node, value: Any) -> None:  # noqa: ANN401 - the
 def refs(node: Node) -> frozenset[str]:
     """The rule names `node` refers to. Memoized by identity: schemas share subtrees, and the grammar
     writer asks again at every level of a tree."""
+    if type(node) is Chars:  # most calls: a leaf, answered before the isinstance checks
+        return _NO_REFS
     if isinstance(node, Ref):
         return frozenset((node.name,))
     if isinstance(node, Chars | Compiled):
@@ -275,6 +282,8 @@ def refs(node: Node) -> frozenset[str]:
 def size(node: Node) -> int:
     """About how many NFA states `node` builds into (repeats and shared subtrees are copies). Memoized
     by identity, as `refs` is: the schema compiler asks at every level of a tree."""
+    if type(node) is Chars:  # most calls: a leaf, answered before the isinstance checks
+        return 1
     if isinstance(node, Chars | Ref):
         return 1
     if isinstance(node, Compiled):

@@ -281,3 +281,18 @@ def test_length_range_is_the_fewest_and_most_characters_of_a_match(pattern, expe
         lengths = [n for n in range(expected[1] + 2) for s in itertools.product(letters, repeat=n)
                    if re.fullmatch(pattern, "".join(s))]
         assert (min(lengths), max(lengths)) == expected
+
+
+def test_alt_keeps_the_first_of_equal_alternatives_in_order():
+    """`ra.alt` flattens nested alternatives and drops repeats (by equality, as a list's `in` does)."""
+    rng = random.Random(0)
+    leaves = [ra.literal(w) for w in ("a", "b", "ab", "ba")] + [ra.repeat(ra.literal("a"), 0, None)]
+    for _ in range(50):
+        items = [rng.choice(leaves) if rng.random() < 0.7 else ra.Alt(tuple(rng.sample(leaves, 2)))
+                 for _ in range(rng.randint(1, 8))]
+        expected: list = []
+        for item in items:
+            for x in item.items if isinstance(item, ra.Alt) else (item,):
+                if x not in expected:
+                    expected.append(x)
+        assert ra.alt(*items) == (expected[0] if len(expected) == 1 else ra.Alt(tuple(expected)))

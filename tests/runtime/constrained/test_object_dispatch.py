@@ -103,3 +103,45 @@ def test_a_cached_constraint_grown_past_its_bound_is_compiled_afresh(compiler, m
     assert fresh is not first and len(fresh.unbuilt) == size
     assert compiler.compile("json_schema", schema) is fresh
     assert accepts(first, '{"p0":2,"p6":1}') and accepts(fresh, '{"p0":2,"p6":1}')  # the old one still works
+
+
+def test_every_object_that_cannot_be_lazy_is_named_in_one_round(compiler, monkeypatch):
+    """Two members each an anyOf of a large object and a small one (both start with a brace): one NotLazy
+    names both large objects, so the schema compiles twice (the lazy try, then once more), not once per
+    object; the third large object stays lazy. The language against jsonschema: the anyOf objects in
+    declared order (reported), the lazy one in any order."""
+    import radixlang.runtime.constrained.compiler as compiler_module
+
+    calls = []
+    real = compiler_module.compile_json_schema
+    monkeypatch.setattr(compiler_module, "compile_json_schema", lambda *a, **k: calls.append(1) or real(*a, **k))
+    small = {"type": "object", "properties": {"z": DIGIT}, "required": ["z"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {
+        "a": {"anyOf": [{**INNER, "required": ["q2"]}, small]}, "b": {"anyOf": [{**INNER, "required": ["q3"]}, small]},
+        "c": INNER}, "required": ["a", "b", "c"], "additionalProperties": False}
+    constraint = compiler.compile("json_schema", schema)
+    assert isinstance(constraint, ObjectDispatch) and len(calls) == 2
+    assert sorted(r for r in constraint.unenforced if r.startswith("property order")) == [
+        "property order at #/properties/a/anyOf/0", "property order at #/properties/b/anyOf/0"]
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ('{"a":{"q2":1,"q4":2},"b":{"z":1},"c":{"q9":0,"q1":1}}',  # c out of order: accepted
+                 '{"c":{"q1":1},"b":{"q3":1},"a":{"z":2}}',
+                 '{"a":{"q4":2,"q2":1},"b":{"z":1},"c":{"q1":1}}',  # a out of declared order: refused
+                 '{"a":{"q2":1},"b":{"q2":1},"c":{"q1":1}}'):  # b lacks q3: invalid
+        in_order = '"q4":2,"q2"' not in text
+        assert accepts(constraint, text) == (validator.is_valid(json.loads(text)) and in_order), text
+
+
+def test_a_lazy_try_that_meets_a_rule_compiles_as_a_grammar(compiler):
+    """A recursive schema (a grammar) holding a large object: the lazy try stops at the first rule and the
+    schema compiles without lazy objects (the large one in declared order, reported), against jsonschema."""
+    schema = {"type": "object", "properties": {"big": INNER, "kids": {"type": "array", "items": {"$ref": "#"}}},
+              "additionalProperties": False}
+    constraint = compiler.compile("json_schema", schema)
+    assert not isinstance(constraint, ObjectDispatch)
+    assert constraint.unenforced == ("property order at #/properties/big",)
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ('{"big":{"q1":1,"q4":2},"kids":[{"kids":[{"big":{"q1":0}}]}]}', '{"kids":[{},{"big":{"q1":3}}]}',
+                 '{"kids":[{"big":{"q4":2,"q1":1}}]}', '{"kids":[{"big":{"q4":2}}]}', '{"kids":[{"x":1}]}'):
+        in_order = '"q4":2,"q1"' not in text
+        assert accepts(constraint, text) == (validator.is_valid(json.loads(text)) and in_order), text
