@@ -104,11 +104,7 @@ class NativeTrie:
             hit = np.zeros(-(-self.size // 8), np.uint8)
             self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.row_len), address(self.ids),
                                       address(self.path), address(loop), key[1], address(hit))
-            hit.flags.writeable = False
-            with self._lock:
-                if len(self._within) >= _WITHIN_CACHE:
-                    self._within.pop(next(iter(self._within)))
-                self._within[key] = hit
+            self._keep(self._within, key, hit, _WITHIN_CACHE)
         return hit
 
     def region_bits(self, table: np.ndarray, entry: np.ndarray | None = None) -> np.ndarray:
@@ -129,12 +125,16 @@ class NativeTrie:
             else:  # a first state whose every byte leads to the first member: its tokens, then those of `entry`
                 first = np.unpackbits(entry.view(np.uint8), bitorder="little").view(bool)
                 hit = self.region_bits(table, _EVERY_BYTE) & self.starting_with(first)
-            hit.flags.writeable = False
-            with self._lock:
-                if len(self._regions) >= _REGION_CACHE:
-                    self._regions.pop(next(iter(self._regions)))
-                self._regions[key] = hit
+            self._keep(self._regions, key, hit, _REGION_CACHE)
         return hit
+
+    def _keep(self, cache: dict, key: bytes | tuple, bits: np.ndarray, limit: int) -> None:
+        """`bits` kept read-only in `cache` under `key`, the oldest entry dropped past `limit`."""
+        bits.flags.writeable = False
+        with self._lock:
+            if len(cache) >= limit:
+                cache.pop(next(iter(cache)))
+            cache[key] = bits
 
     def _region_walk(self, rows: np.ndarray) -> np.ndarray:
         trans = rows.astype(np.int32)
