@@ -1,17 +1,24 @@
 """Rules of regex trees with `Ref`s (recursive JSON schemas) -> BNF productions -> an LALR(1) table.
 
 Every maximal Ref-free piece becomes one terminal, so lexemes stay large (few parser steps) and the
-terminal's exact language is handed to the engine directly. Helper rules (optionals, repeats,
+terminal's exact language is handed to the engine directly. The exception is a piece holding a bounded
+repeat of more than SPLIT_REPEAT copies of a structured item (an array's `maxItems: 100` of objects): as one
+lexeme its DFA holds a copy of the item per count (hundreds of thousands of states, past the lexer's bound),
+so the repeat's counting goes to the grammar (one helper rule per copy) and the item stays one terminal. Helper rules (optionals, repeats,
 alternatives) are shared by content, and unbounded repeats are left-recursive, so that a parse of a
 long array returns to the same stack after each item (masks are cached by parser state).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from ..regex import regex_ast as ra
 from .lalr import LalrGrammar, Terminal
 from .lr_table import Production, build_table
 
 Symbols = tuple[str, ...]
+
+SPLIT_REPEAT = 16  # a bounded repeat of more copies than this of a non-character item: counted by rules
 
 
 def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_schema") -> LalrGrammar:
@@ -34,6 +41,7 @@ class _Writer:
         self.productions: list[Production] = []
         self._helpers: dict[tuple, str] = {}  # helper rules by kind and content: ("alts" | "star" | "graph", ...)
         self._expanded: dict[ra.Node, Symbols] = {}
+        self._counts: dict[ra.Node, bool] = {}  # Ref-free nodes: whether one holds a repeat to split
 
     def define(self, name: str, body: ra.Node) -> None:
         for alt in body.items if isinstance(body, ra.Alt) and ra.refs(body) else (body,):
@@ -62,8 +70,24 @@ class _Writer:
             hit = self._expanded[node] = self._expand(node)
         return hit
 
+    def counts_items(self, node: ra.Node) -> bool:
+        """Whether a Ref-free node holds a bounded repeat to split (see the module's docstring)."""
+        hit = self._counts.get(node)
+        if hit is None:
+            if isinstance(node, ra.Repeat):
+                hit = (node.max is not None and node.max > SPLIT_REPEAT and not isinstance(node.item, ra.Chars)) \
+                    or self.counts_items(node.item)
+            elif isinstance(node, ra.Seq | ra.Alt):
+                hit = any(self.counts_items(x) for x in node.items)
+            elif isinstance(node, ra.Graph):
+                hit = any(self.counts_items(x) for _, x, _ in node.edges)
+            else:
+                hit = False
+            self._counts[node] = hit
+        return hit
+
     def _expand(self, node: ra.Node) -> Symbols:
-        if not ra.refs(node):
+        if not ra.refs(node) and not self.counts_items(node):
             if node == ra.EMPTY:
                 return ()
             name = self.terminal(node)  # the engine builds terminals without their empty match
@@ -73,7 +97,8 @@ class _Writer:
         if isinstance(node, ra.Graph):
             return (self.graph(node),)
         if isinstance(node, ra.Seq):
-            return tuple(sym for group in ref_free_runs(node.items) for sym in self.expand(group))
+            runs = ref_free_runs(node.items, self.counts_items)
+            return tuple(sym for group in runs for sym in self.expand(group))
         if isinstance(node, ra.Alt):
             return (self.helper(tuple(dict.fromkeys(self.expand(x) for x in node.items))),)
         assert isinstance(node, ra.Repeat), f"unexpected node {node!r} around a rule reference"
@@ -119,12 +144,12 @@ class _Writer:
         return f"{prefix}0"
 
 
-def ref_free_runs(items: tuple[ra.Node, ...]) -> list[ra.Node]:
-    """Consecutive Ref-free items merged into one piece (one terminal)."""
+def ref_free_runs(items: tuple[ra.Node, ...], split: Callable[[ra.Node], bool] = lambda _: False) -> list[ra.Node]:
+    """Consecutive Ref-free items merged into one piece (one terminal), except those `split` keeps apart."""
     out: list[ra.Node] = []
     run: list[ra.Node] = []
     for item in items:
-        if ra.refs(item):
+        if ra.refs(item) or split(item):
             if run:
                 out.append(ra.seq(*run))
                 run = []

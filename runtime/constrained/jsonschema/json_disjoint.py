@@ -7,6 +7,8 @@ Or both accept non-empty arrays only, whose first items' types do not overlap. O
 the values the compiler emits: each requires a property that the other's strict objects never write
 (they write declared properties only), so no value that one branch emits satisfies the other.
 
+Or each branch lists its values (const/enum) and no value is in both lists.
+
 Sound, not complete: every keyword read is a conjunct of the branch (top-level keywords, `allOf`
 members, plain `$ref` targets), so each only narrows what the branch accepts; anything else is
 ignored, which can only make the proof fail.
@@ -30,6 +32,9 @@ _ADDS_PROPERTIES = frozenset({"anyOf", "oneOf", "if", "then", "else", "not", "de
 def provably_disjoint(a: object, b: object, resolve: Callable[[str], Any], formats: frozenset[str],
                       infer_type: Callable[[dict], str | None], strict: bool = False) -> bool:
     parts_a, parts_b = _conjuncts(a, resolve, formats, 0), _conjuncts(b, resolve, formats, 0)
+    values_a, values_b = _own_values(parts_a), _own_values(parts_b)
+    if values_a is not None and values_b is not None and not values_a & values_b:
+        return True
     item_types_a, item_types_b = _first_item_types(parts_a, formats), _first_item_types(parts_b, formats)
     if item_types_a is not None and item_types_b is not None and not item_types_a & item_types_b:
         return True
@@ -82,6 +87,17 @@ def _conjuncts(schema: object, resolve: Callable[[str], Any], formats: frozenset
     for sub in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
         out += _conjuncts(sub, resolve, formats, depth + 1)
     return out
+
+
+def _own_values(parts: list[dict]) -> set[str] | None:
+    """The branch's possible values (canonical JSON texts) where some conjunct's const/enum lists them;
+    else None. Two enums of strings with no value in common (a common oneOf) share no value."""
+    for p in parts:
+        if "const" in p:
+            return {_canonical_text(p["const"])}
+        if isinstance(p.get("enum"), list):
+            return {_canonical_text(v) for v in p["enum"]}
+    return None
 
 
 def _objects_only(parts: list[dict], infer_type: Callable[[dict], str | None]) -> bool:

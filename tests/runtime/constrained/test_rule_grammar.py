@@ -27,3 +27,32 @@ def test_a_long_recursive_array_returns_to_the_same_parser_state_after_each_item
     done = constraint.advance_bytes(state, b"]")
     assert constraint.can_end(done)
     jsonschema.validate(json.loads("[[]" + ",[]" * 40 + "]"), schema)
+
+
+
+def test_a_long_bounded_array_is_counted_by_rules_not_copied_into_one_lexeme(compiler):
+    # the shape of JSONSchemaBench's Github_medium o9958: a closed object on the rules' path, whose `ids` (up to
+    # 1,000 strings of 24 characters, `\d` being every Unicode digit as in Python's `re`) was one lexeme of
+    # 1,000 copies: a DFA past the lexer's bound, met mid-decode. The grammar now counts the copies, and the
+    # item is one lexeme
+    word = {"type": "string", "pattern": "^[0-9a-zA-Z_-]{1,255}$"}
+    tag = {"type": "object", "additionalProperties": False,
+           "properties": {"key": word, "value": {"type": "string", "minLength": 1, "maxLength": 255}}}
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        **{name: {"type": "number"} for name in ("start", "end", "duration", "resolution")},
+        "mode": {"oneOf": [{"type": "string", "enum": ["FIRST", "LAST", "MEAN"]}, {"type": "string", "enum": ["NONE"]}]},
+        "names": {"type": "array", "items": word},
+        "tags": {"type": "array", "items": tag, "maxItems": 100},
+        "ids": {"type": "array", "items": {"type": "string", "pattern": "^[A-Fa-f\\d]{24}$"}, "maxItems": 1000},
+        "limit": {"type": "number"}, "order": {"type": "string", "enum": ["asc", "desc"]}}}
+    constraint = compiler.compile("json_schema", schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for count in (0, 1, 100, 101):
+        tags = [{"key": f"k{i}", "value": "v" * (1 + i % 7)} for i in range(count)]
+        full = {"start": 1, "end": 2, "duration": 1, "resolution": 60, "mode": "MEAN", "names": ["a", "b"], "tags": tags,
+                "ids": ["a" * 24, "b" * 24], "limit": 9, "order": "asc"}
+        for doc in (full,
+                    {"tags": tags, "ids": ["a" * 23]}, {"tags": tags[:1], "limit": 5}):
+            text = json.dumps(doc, separators=(",", ":")).encode()
+            state = constraint.advance_bytes(constraint.initial(), text)
+            assert (state is not None and constraint.can_end(state)) == validator.is_valid(doc), (count, doc)
