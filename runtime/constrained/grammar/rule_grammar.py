@@ -18,7 +18,9 @@ from .lr_table import Production, build_table
 
 Symbols = tuple[str, ...]
 
-SPLIT_REPEAT = 16  # a bounded repeat of more copies than this of a non-character item: counted by rules
+# a bounded repeat of more copies than this, of an item of 2 characters or more (an array's `,item`, not a
+# string's character, raw or escaped: a string's length stays in its lexeme), is counted by rules
+SPLIT_REPEAT = 16
 
 
 def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_schema") -> LalrGrammar:
@@ -75,7 +77,7 @@ class _Writer:
         hit = self._counts.get(node)
         if hit is None:
             if isinstance(node, ra.Repeat):
-                hit = (node.max is not None and node.max > SPLIT_REPEAT and not isinstance(node.item, ra.Chars)) \
+                hit = (node.max is not None and node.max > SPLIT_REPEAT and _min_chars(node.item) >= 2) \
                     or self.counts_items(node.item)
             elif isinstance(node, ra.Seq | ra.Alt):
                 hit = any(self.counts_items(x) for x in node.items)
@@ -142,6 +144,19 @@ class _Writer:
             if state in graph.finals:
                 self.productions.append((f"{prefix}{state}", ()))
         return f"{prefix}0"
+
+
+def _min_chars(node: ra.Node) -> int:
+    """A lower bound on the characters of every match of a Ref-free node, capped at 2."""
+    if isinstance(node, ra.Chars):
+        return 1
+    if isinstance(node, ra.Seq):
+        return min(2, sum(_min_chars(x) for x in node.items))
+    if isinstance(node, ra.Alt):
+        return min((_min_chars(x) for x in node.items), default=2)
+    if isinstance(node, ra.Repeat):
+        return min(2, node.min * _min_chars(node.item))
+    return 0 if ra.nullable(node) else 1  # a compiled language, a graph: at least one character where not empty
 
 
 def ref_free_runs(items: tuple[ra.Node, ...], split: Callable[[ra.Node], bool] = lambda _: False) -> list[ra.Node]:
