@@ -51,7 +51,8 @@ MAX_GRAMMAR_STACKS = 65_536
 
 @dataclass(eq=False)
 class Lexer:
-    terminals: tuple[str, ...]  # by preference; the DFA's accept labels index this
+    terminals: tuple[tuple[str, ...], ...]  # by accept label: the terminal it reads (by preference), or, in a
+    # grammar that reads every way (rule grammars), each terminal the lexeme matches: the parse follows each
     dfa: Dfa
     index: TokenIndex
 
@@ -120,14 +121,18 @@ class GrammarConstraint:
         terms = sorted((self.grammar.terminals[n] for n in names), key=lambda t: t.rank)
         nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
                  for t in terms]
+        readings = self.grammar.readings
         with collector_paused(), caching(self._dfas):  # built mid-decode too (lexers are built on first use)
-            dfa = compile_dfa(nodes, nonempty=True)
-        return Lexer(tuple(t.name for t in terms), dfa, TokenIndex(dfa, self.vocab, boundaries=True))
+            dfa = compile_dfa(nodes, nonempty=True, readings=readings)
+        order = [t.name for t in terms]
+        labels = tuple(tuple(order[i] for i in r) for r in dfa.readings) if readings else tuple((n,) for n in order)
+        return Lexer(labels, dfa, TokenIndex(dfa, self.vocab, boundaries=True))
 
-    def _after_lexeme(self, stack: Stack, run: int, terminal: str) -> tuple[Stack, int] | None:
-        if terminal in self.grammar.ignore:
+    def _after_lexeme(self, stack: Stack, run: int, terminals: tuple[str, ...]) -> tuple[Stack, int] | None:
+        """After a lexeme that reads as `terminals` (Lexer.terminals' entry): each that parses, a fork if several."""
+        if terminals[0] in self.grammar.ignore:
             return stack, run + 1
-        nxt = self.table.feed(stack, terminal)
+        nxt = self.table.feed_each(stack, terminals)
         return None if nxt is None else (nxt, 0)
 
     # ---- the Constraint protocol ------------------------------------------------------------

@@ -7,6 +7,14 @@ A parser stack is a number: the table numbers each (state, parent stack) pair it
 are free, equal stacks are equal numbers, and a stack keys a cache in O(1) whatever its depth (a linked
 tuple hashed its whole depth per lookup). Shifts are kept per (stack, terminal): a decode meets the same
 stacks again and again.
+
+A table built with `forks` (JSON-schema and EBNF rules) keeps both reductions where two rules reduce on one
+lookahead (an `anyOf` of two objects that both read `{}`; a text that only a later lexeme tells apart), as a
+GLR parser does: the feed that meets one goes on with each, and the live stacks it leaves are numbered
+together as one stack, a fork, whose feed is its members' (dead ones dropped, equal ones merged, so a fork
+ends where the readings meet again). Its acceptable terminals are its members' together, so one lexer reads
+for all; at most MAX_FORK_STACKS members are kept, the first in reading order (never more accepted, and the
+same whatever the table met before).
 """
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ if TYPE_CHECKING:
 
 Stack = int  # a stack's number in its table (LalrTable.top, LalrTable.parent)
 END = "$END"
+FORK = None  # an action's kind beside shift (True) and reduce (False): reductions (size, rule) to follow each
+MAX_FORK_STACKS = 32  # live readings a fork keeps (a truly ambiguous union nested d deep has 2^d)
 
 # Lark's common.ESCAPED_STRING uses a look-behind; this is the same language, written regularly.
 _LARK_ESCAPED_STRING = r'".*?(?<!\\)(\\\\)*?"'
@@ -39,9 +49,10 @@ class Terminal:
 @dataclass(slots=True)
 class LalrTable:
     """Shift/reduce actions by state and symbol: (True, next state) shifts a terminal or is a rule's
-    goto; (False, (size, rule)) reduces. Built by Lark for Lark grammars, by `lr_table` for rules."""
+    goto; (False, (size, rule)) reduces; (FORK, ((size, rule), ...)) reduces each way (a reduce/reduce
+    conflict kept). Built by Lark for Lark grammars, by `lr_table` for rules."""
 
-    actions: dict[int, dict[str, tuple[bool, Any]]]
+    actions: dict[int, dict[str, tuple[bool | None, Any]]]  # the kind: True, False or FORK (None)
     start: int
     end: int  # the state after the whole input has reduced to the start rule
 
@@ -49,7 +60,7 @@ class LalrTable:
     def from_lark(cls, parse_table: ParseTableBase[int], start: str = "start") -> "LalrTable":
         from lark.parsers.lalr_analysis import Shift
 
-        actions = {
+        actions: dict[int, dict[str, tuple[bool | None, Any]]] = {
             state: {sym: (True, arg) if action is Shift else (False, (len(arg.expansion), arg.origin.name))
                     for sym, (action, arg) in row.items()}
             for state, row in parse_table.states.items()
@@ -57,8 +68,9 @@ class LalrTable:
         return cls(actions, parse_table.start_states[start], parse_table.end_states[start])
 
     _nodes: list[tuple[int, int]] = field(default_factory=list)  # by stack: (top state, parent stack; -1: none)
-    _numbers: dict[tuple[int, int], Stack] = field(default_factory=dict)  # _nodes' inverse
-    _feeds: dict[tuple[Stack, str], Stack] = field(default_factory=dict)  # feed's, -1 for an error
+    _numbers: dict[tuple, Stack] = field(default_factory=dict)  # _nodes' inverse, and forks' by members
+    _members: dict[Stack, tuple[Stack, ...]] = field(default_factory=dict)  # a fork's stacks, in reading order
+    _feeds: dict[tuple[Stack, str | tuple[str, ...]], Stack] = field(default_factory=dict)  # feed('s_each), -1: error
     _ends: dict[Stack, bool] = field(default_factory=dict)  # accepts_end's
     _lock: threading.Lock = field(default_factory=threading.Lock)  # numbering: constraints are shared by threads
 
@@ -77,6 +89,10 @@ class LalrTable:
         below = self._nodes[stack][1]
         return None if below < 0 else below
 
+    def members(self, stack: Stack) -> tuple[Stack, ...]:
+        """The plain stacks a stack stands for: a fork's, or itself."""
+        return self._members.get(stack, (stack,))
+
     def _push(self, state: int, parent: Stack) -> Stack:
         key = (state, parent)
         number = self._numbers.get(key)
@@ -90,21 +106,62 @@ class LalrTable:
 
     def feed(self, stack: Stack, terminal: str) -> Stack | None:
         """The stack after shifting `terminal` (with any reductions first), or None if it is an error."""
+        nxt = self._fed(stack, terminal)
+        return None if nxt < 0 else nxt
+
+    def feed_each(self, stack: Stack, terminals: tuple[str, ...]) -> Stack | None:
+        """`feed` of a lexeme that reads as each of `terminals` (two terminals of a grammar that match one text):
+        the stacks of those that parse, as one (a fork where several do)."""
+        if len(terminals) == 1:
+            return self.feed(stack, terminals[0])
+        key = (stack, terminals)
+        nxt = self._feeds.get(key)
+        if nxt is None:
+            nxt = self._feeds[key] = self._fork([self._fed(stack, t) for t in terminals])
+        return None if nxt < 0 else nxt
+
+    def _fed(self, stack: Stack, terminal: str) -> Stack:
         key = (stack, terminal)
         nxt = self._feeds.get(key)
         if nxt is None:
             nxt = self._feeds[key] = self._feed(stack, terminal)
-        return None if nxt < 0 else nxt
+        return nxt
 
-    def _feed(self, stack: Stack, terminal: str) -> Stack:
+    def _feed(self, stack: Stack, terminal: str, seen: tuple[Stack, ...] = ()) -> Stack:
+        """`seen`: the stacks a fork's reductions went through on the way here (a cycle of reductions back to one
+        of them adds no reading)."""
+        members = self._members.get(stack)
+        if members is not None:
+            return self._fork([self._fed(m, terminal) for m in members])
         while True:
             act = self.actions[self._nodes[stack][0]].get(terminal)
             if act is None:
                 return -1
-            shift, arg = act
-            if shift:
+            kind, arg = act
+            if kind:
                 return self._push(arg, stack)
+            if kind is FORK:
+                seen = (*seen, stack)
+                return self._fork([self._feed(nxt, terminal, seen) for r in arg
+                                   if (nxt := self._reduce(stack, *r)) not in seen])
             stack = self._reduce(stack, *arg)
+
+    def _fork(self, stacks: list[Stack]) -> Stack:
+        """One stack for the live ones (-1: none): members flattened, in order, equal ones once."""
+        live = (m for s in stacks if s >= 0 for m in self.members(s))
+        members = tuple(dict.fromkeys(live))[:MAX_FORK_STACKS]
+        if len(members) <= 1:
+            return members[0] if members else -1
+        key = ("fork", members)
+        number = self._numbers.get(key)
+        if number is None:
+            with self._lock:
+                number = self._numbers.get(key)
+                if number is None:
+                    number = self._numbers[key] = len(self._nodes)
+                    self._nodes.append((-1, -1))
+                    self._members[number] = members
+        return number
 
     def accepts_end(self, stack: Stack) -> bool:
         done = self._ends.get(stack)
@@ -112,11 +169,18 @@ class LalrTable:
             done = self._ends[stack] = self._accepts_end(stack)
         return done
 
-    def _accepts_end(self, stack: Stack) -> bool:
+    def _accepts_end(self, stack: Stack, seen: tuple[Stack, ...] = ()) -> bool:
+        members = self._members.get(stack)
+        if members is not None:
+            return any(self.accepts_end(m) for m in members)
         while True:
             act = self.actions[self._nodes[stack][0]].get(END)
             if act is None or act[0]:
                 return False
+            if act[0] is FORK:
+                seen = (*seen, stack)
+                return any(self._nodes[nxt][0] == self.end or self._accepts_end(nxt, seen) for r in act[1]
+                           if (nxt := self._reduce(stack, *r)) not in seen)
             stack = self._reduce(stack, *act[1])
             if self._nodes[stack][0] == self.end:
                 return True
@@ -127,6 +191,9 @@ class LalrTable:
         return self._push(self.actions[self._nodes[stack][0]][origin][1], stack)
 
     def candidates(self, stack: Stack) -> list[str]:
+        members = self._members.get(stack)
+        if members is not None:
+            return list(dict.fromkeys(sym for m in members for sym in self.actions[self._nodes[m][0]]))
         return list(self.actions[self._nodes[stack][0]])
 
 
@@ -135,6 +202,7 @@ class LalrGrammar:
     table: LalrTable
     terminals: dict[str, Terminal]
     ignore: frozenset[str]
+    readings: bool = False  # a lexeme every terminal matches is read as each (rules); else the preferred (Lark's)
 
 
 def build_lark(text: str) -> LalrGrammar:

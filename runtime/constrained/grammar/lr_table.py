@@ -2,7 +2,8 @@
 
 JSON-schema grammars come as rules of regex trees; writing them out as Lark text and having Lark parse
 it back cost more than the table itself. Sets of terminals are Python ints (a bit per terminal).
-Conflicts resolve as Lark resolves them: shift over reduce; two reductions on one terminal are an error.
+Conflicts resolve as Lark resolves them: shift over reduce; two reductions on one terminal are an error,
+or, with `forks`, both kept (lalr.FORK: the parser follows each, as GLR does).
 """
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from collections import defaultdict
 from typing import Any
 
 from .. import deadline
-from .lalr import END, LalrTable
+from .lalr import END, FORK, LalrTable
 
 Production = tuple[str, tuple[str, ...]]  # (rule, symbols)
 _ROOT = "$root"
 
 
-def build_table(productions: list[Production], terminals: set[str], start: str = "start") -> LalrTable:
+def build_table(productions: list[Production], terminals: set[str], start: str = "start",
+                forks: bool = False) -> LalrTable:
     """The LALR(1) table of `productions` (symbols not in `terminals` are rules). Raises ValueError on a
-    reduce/reduce conflict or a rule that is used but never defined."""
+    rule that is used but never defined, and on a reduce/reduce conflict unless `forks` keeps it."""
     prods = [(_ROOT, (start, END)), *productions]
     by_rule: dict[str, list[int]] = defaultdict(list)
     for i, (rule, _) in enumerate(prods):
@@ -30,9 +32,9 @@ def build_table(productions: list[Production], terminals: set[str], start: str =
     states = _Lr0(prods, by_rule)
     names = [END, *sorted(terminals)]
     lookahead = _lookaheads(prods, by_rule, states, _nullable(prods), {t: 1 << i for i, t in enumerate(names)})
-    actions: dict[int, dict[str, tuple[bool, Any]]] = {}  # (True, state) or (False, (size, rule))
+    actions: dict[int, dict[str, tuple[bool | None, Any]]] = {}  # (True, state), (False, (size, rule)), FORK
     for s, row_goto in enumerate(states.goto):
-        row: dict[str, tuple[bool, Any]] = {sym: (True, t) for sym, t in row_goto.items() if sym != END}
+        row: dict[str, tuple[bool | None, Any]] = {sym: (True, t) for sym, t in row_goto.items() if sym != END}
         for p in states.completed[s]:
             la = lookahead.get((s, p), 0)
             rule, rhs = prods[p]
@@ -43,9 +45,16 @@ def build_table(productions: list[Production], terminals: set[str], start: str =
                 held = row.get(term)
                 if held is not None and held[0]:
                     continue  # shift wins
-                if held is not None and held[1] != (len(rhs), rule):
-                    raise ValueError(f"reduce/reduce conflict on {term} between rules {held[1][1]} and {rule}")
-                row[term] = (False, (len(rhs), rule))
+                reduce = (len(rhs), rule)
+                if held is None:
+                    row[term] = (False, reduce)
+                    continue
+                ways = (held[1],) if held[0] is False else held[1]
+                if reduce in ways:
+                    continue  # the same reduction
+                if not forks:
+                    raise ValueError(f"reduce/reduce conflict on {term} between rules {ways[0][1]} and {rule}")
+                row[term] = (FORK, (*ways, reduce))
         actions[s] = row
     return LalrTable(actions, 0, states.goto[0][start])
 

@@ -24,17 +24,17 @@ SPLIT_REPEAT = 16
 
 
 def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_schema") -> LalrGrammar:
-    """`field` names the request field the rules came from, in the error for a grammar that is not LALR(1)."""
+    """`field` names the request field the rules came from, in the error for a malformed grammar."""
     writer = _Writer()
     writer.define("start", root)
     for name, body in rules.items():
         writer.define(name, body)
     terminals = {name: Terminal(name, node, (i,)) for i, (node, name) in enumerate(writer.terminals.items())}
-    try:
-        table = build_table(writer.productions, set(terminals))
+    try:  # ambiguous or not LALR(1) where a union's alternatives read alike: the parser forks there
+        table = build_table(writer.productions, set(terminals), forks=True)
     except ValueError as e:
-        raise ValueError(f"{field}: its recursive part has no unambiguous LALR(1) grammar ({e})") from None
-    return LalrGrammar(table, terminals, frozenset())
+        raise ValueError(f"{field}: {e}") from None
+    return LalrGrammar(table, terminals, frozenset(), readings=True)
 
 
 class _Writer:

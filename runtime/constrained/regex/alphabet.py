@@ -32,6 +32,7 @@ class CharDfa:
     accept: np.ndarray  # [S]
     alphabet: Alphabet
     start: int = field(default=0, init=False)
+    readings: tuple[tuple[int, ...], ...] = ()  # where built with readings: by label, every pattern it accepts
 
 
 def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:

@@ -35,6 +35,7 @@ class Dfa:
     accept: np.ndarray  # [S] int32, -1 = not accepting, else the accepted pattern's index
     byte_class: np.ndarray = field(default_factory=_every_byte)  # [256] intp: each byte's column
     start: int = 0
+    readings: tuple[tuple[int, ...], ...] = ()  # compile_dfa(readings=True)'s: by label, every pattern it accepts
 
     @property
     def num_states(self) -> int:
@@ -90,12 +91,16 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def compile_dfa(patterns: list[ra.Node], nonempty: bool = False) -> Dfa:
-    """One DFA for the union of `patterns`; `nonempty` drops the empty match (lexer terminals)."""
+def compile_dfa(patterns: list[ra.Node], nonempty: bool = False, readings: bool = False) -> Dfa:
+    """One DFA for the union of `patterns`; `nonempty` drops the empty match (lexer terminals). A state
+    accepting several patterns is labelled by the first, or with `readings`, by the tuple of all of them
+    (`Dfa.readings[label]`)."""
     def build() -> Dfa:
-        trans, byte_class, accept = char_to_byte_dfa(own_chars(patterns, nonempty))
-        return Dfa(trans, accept, byte_class)
-    return cached(("bytes", tuple(patterns), nonempty), build)
+        chars = own_chars(patterns, nonempty, readings)
+        trans, byte_class, accept = char_to_byte_dfa(chars)
+        return Dfa(trans, accept, byte_class, readings=chars.readings)
+    return cached(("bytes", tuple(patterns), nonempty, readings) if readings else ("bytes", tuple(patterns), nonempty),
+                  build)
 
 
 def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = False) -> CharDfa:
@@ -103,13 +108,13 @@ def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = 
     return _project(own_chars(patterns, nonempty), alphabet)
 
 
-def own_chars(patterns: list[ra.Node], nonempty: bool) -> CharDfa:
+def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False) -> CharDfa:
     """The character DFA over the patterns' own alphabet, built once per content (dfa_cache)."""
-    return cached(("chars", tuple(patterns), nonempty),
-                  lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty))
+    key = ("chars", tuple(patterns), nonempty, readings) if readings else ("chars", tuple(patterns), nonempty)
+    return cached(key, lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty, readings))
 
 
-def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool) -> CharDfa:
+def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False) -> CharDfa:
     builder = _Builder(alphabet)
     nfa = builder.nfa
     start = nfa.new()
@@ -121,8 +126,9 @@ def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool) ->
         s = nfa.new()
         nfa.eps[body].append(s)
         nfa.accepts[builder.build(pattern, s)] = label
-    trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty)
-    return CharDfa(trans, accept, alphabet)
+    sets: list[tuple[int, ...]] | None = [] if readings else None
+    trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty, readings=sets)
+    return CharDfa(trans, accept, alphabet, readings=tuple(sets or ()))
 
 
 def _project(dfa: CharDfa, alphabet: Alphabet) -> CharDfa:

@@ -44,14 +44,22 @@ class Nfa:
         return len(self.eps) - 1
 
 
-def determinize(nfa: Nfa, start: int, num_symbols: int,
-                drop_start_accept: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def determinize(nfa: Nfa, start: int, num_symbols: int, drop_start_accept: bool = False,
+                readings: list[tuple[int, ...]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Subset construction, then trimming and minimization. A state accepting several labels keeps
-    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it)."""
+    the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
+    Given `readings` (an empty list), a state's label instead numbers the tuple of all the labels it
+    accepts, appended there (a grammar's lexer that reads each terminal a lexeme matches)."""
     trans, order = subsets(nfa, start, num_symbols)
     accepts = nfa.accepts
     accepting = frozenset(accepts)
-    accept = np.array([min([accepts[q] for q in hits]) if (hits := d & accepting) else -1 for d in order])
+    if readings is None:
+        accept = np.array([min([accepts[q] for q in hits]) if (hits := d & accepting) else -1 for d in order])
+    else:
+        ids: dict[tuple[int, ...], int] = {}
+        accept = np.array([ids.setdefault(tuple(sorted({accepts[q] for q in hits})), len(ids))
+                           if (hits := d & accepting) else -1 for d in order])
+        readings.extend(ids)
     if drop_start_accept:
         accept[0] = -1
     return minimize(*trim(trans, accept))

@@ -6,6 +6,7 @@ import itertools
 import lark
 import pytest
 
+from radixlang.runtime.constrained.grammar import lalr
 from radixlang.runtime.constrained.grammar.lr_table import build_table
 
 # (productions, terminals); every terminal is one character, so Earley parses the same strings.
@@ -66,6 +67,56 @@ def test_reduce_reduce_conflict_is_a_value_error():
     productions = [("start", ("a",)), ("start", ("b",)), ("a", ("x",)), ("b", ("x",))]
     with pytest.raises(ValueError, match="reduce/reduce conflict"):
         build_table(productions, {"x"})
+
+
+# Grammars with reduce/reduce conflicts: LALR(1) alone keeps one reading (or none); a forking table follows each.
+AMBIGUOUS = {
+    "nested ambiguity": ([("start", ("a",)), ("start", ("b",)), ("a", ("(", "a", ")")), ("a", ("x",)),
+                          ("b", ("(", "b", ")")), ("b", ("x",)), ("b", ("y",))], {"(", ")", "x", "y"}),
+    "empty alike": ([("start", ("{", "o", "}")), ("start", ("{", "p", "}")), ("start", ("[", "start", "]")),
+                     ("o", ()), ("o", ("k", "o")), ("p", ()), ("p", ("q",))], {"{", "}", "[", "]", "k", "q"}),
+    "lookahead two": ([("start", ("a", "x", "y")), ("start", ("b", "x", "z")), ("a", ("p",)), ("b", ("p",)),
+                       ("start", ("(", "start", ")"))], {"x", "y", "z", "p", "(", ")"}),
+    "unit cycle": ([("start", ("a",)), ("a", ("b",)), ("a", ("x",)), ("b", ("a",)), ("b", ("y",)),
+                    ("b", ("(", "a", ")"))], {"x", "y", "(", ")"}),
+}
+
+
+@pytest.mark.parametrize("name", AMBIGUOUS)
+def test_a_forking_table_accepts_exactly_what_a_general_parser_accepts(name):
+    productions, terminals = AMBIGUOUS[name]
+    with pytest.raises(ValueError, match="reduce/reduce conflict"):
+        build_table(productions, terminals)
+    table = build_table(productions, terminals, forks=True)
+    parser = earley(productions, terminals)
+    assert any(kind is lalr.FORK for row in table.actions.values() for kind, _ in row.values())
+    accepted = 0
+    for n in range(7):
+        for symbols in itertools.product(sorted(terminals), repeat=n):
+            assert table_accepts(table, symbols) == lark_accepts(parser, symbols), symbols
+            accepted += lark_accepts(parser, symbols)
+    assert accepted >= 3  # the enumeration reaches real sentences
+
+
+def test_a_fork_past_its_bound_keeps_its_first_readings_and_never_accepts_more(monkeypatch):
+    """`start: r0 "e" "u" | r1 "e" "v" | ...`, each `r_i: "x"`: five readings live after "x" "e"; past
+    MAX_FORK_STACKS the later ones are dropped (a text only they read is refused), the earlier ones still read."""
+    monkeypatch.setattr(lalr, "MAX_FORK_STACKS", 3)
+    ends = "uvwyz"
+    productions = [("start", (f"r{i}", "e", end)) for i, end in enumerate(ends)]
+    productions += [(f"r{i}", ("x",)) for i in range(len(ends))]
+    table = build_table(productions, {"x", "e", *ends}, forks=True)
+    fork = table.feed(table.feed(table.initial(), "x"), "e")
+    assert len(table.members(fork)) == 3
+    assert [table_accepts(table, ("x", "e", end)) for end in ends] == [True, True, True, False, False]
+
+
+def lark_accepts(parser: lark.Lark, symbols: tuple[str, ...]) -> bool:
+    try:
+        parser.parse("".join(symbols))
+        return True
+    except lark.exceptions.LarkError:
+        return False
 
 
 def test_undefined_rule_is_a_value_error():

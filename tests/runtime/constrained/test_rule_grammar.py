@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import jsonschema
+import pytest
+
+from .test_grammar import assert_brute_force
 
 
 def stack_depth(table, state) -> int:
@@ -27,7 +31,6 @@ def test_a_long_recursive_array_returns_to_the_same_parser_state_after_each_item
     done = constraint.advance_bytes(state, b"]")
     assert constraint.can_end(done)
     jsonschema.validate(json.loads("[[]" + ",[]" * 40 + "]"), schema)
-
 
 
 def test_a_long_bounded_array_is_counted_by_rules_not_copied_into_one_lexeme(compiler):
@@ -56,3 +59,63 @@ def test_a_long_bounded_array_is_counted_by_rules_not_copied_into_one_lexeme(com
             text = json.dumps(doc, separators=(",", ":")).encode()
             state = constraint.advance_bytes(constraint.initial(), text)
             assert (state is not None and constraint.can_end(state)) == validator.is_valid(doc), (count, doc)
+
+
+NODE = {"$ref": "#/$defs/node"}
+# Unions whose alternatives end alike: LALR(1) has two rules to reduce on one lookahead (a refusal before).
+CONFLICTS = {
+    # a recursive object and an open map of booleans both read `{}` (o42127's kind: `}` reduces either)
+    "both read {}": {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {
+        "anyOf": [NODE, {"type": "object", "additionalProperties": {"type": "boolean"}}]}}}}}, "$ref": "#/$defs/node"},
+    # two object rules at one place, both reading `{}` and an optional "f" (o48404's kind)
+    "objects alike through refs": {"$defs": {
+        "a": {"type": "object", "properties": {"f": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}}},
+        "b": {"type": "object", "properties": {"f": {"type": "integer"}, "n": {"$ref": "#/$defs/b"}},
+              "additionalProperties": False}},
+        "type": "object", "properties": {"v": {"anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}, {"type": "null"}]}}},
+}
+INSTANCES = {
+    "both read {}": [{}, {"kids": []}, {"kids": [{}]}, {"kids": [{"x": True}, {"kids": [{}]}]}, {"kids": [{"kids": 1}]},
+                     {"kids": [{"x": 1}]}, {"kids": [{"kids": [], "x": True}]},
+                     {"kids": [[]]}, {"kids": {}}],
+    "objects alike through refs": [{}, {"v": {}}, {"v": {"f": 1}}, {"v": {"f": 1, "n": {}}}, {"v": {"n": {"f": 2}}},
+                                   {"v": {"kids": [{"v": {"f": 3}}]}}, {"v": {"f": 1, "kids": [{}]}}, {"v": None},
+                                   {"v": {"n": {"kids": []}}}, {"v": {"n": {"z": 1}}}, {"v": {"f": "x"}}, {"v": 3}],
+}
+
+
+@pytest.mark.parametrize("name", CONFLICTS)
+def test_unions_that_end_alike_parse_every_way_against_jsonschema(name, compiler, vocab, walk):
+    """The parser forks where two rules reduce on one lookahead (lalr.FORK), and a lexeme two terminals match
+    (`"n":` as a's free key and b's declared one) is read as each: the schema compiles in its own form, accepts
+    exactly what jsonschema accepts, its outputs validate, and the mask where the parse has forked equals
+    advancing each token of the vocabulary."""
+    schema = CONFLICTS[name]
+    constraint = compiler.compile("json_schema", schema)
+    assert not any("strict form" in note for note in constraint.unenforced), constraint.unenforced
+    valid = 0
+    for value in INSTANCES[name]:
+        expected = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert accepts(constraint, json.dumps(value, separators=(",", ":"))) == expected, value
+        valid += expected
+    assert 3 <= valid < len(INSTANCES[name])
+    rng = random.Random(0)
+    for _ in range(15):
+        data, done = walk(constraint, rng, 80)
+        if done:
+            jsonschema.validate(json.loads(data), schema)
+    forks = []
+    for value in INSTANCES[name]:
+        state = constraint.initial()
+        for b in json.dumps(value, separators=(",", ":")).encode():
+            state = state and constraint.advance_bytes(state, bytes([b]))
+            if state and len(constraint.table.members(state[0])) > 1:
+                forks.append(state)
+    assert forks, "no parse forked"
+    for state in forks[:2]:
+        assert_brute_force(constraint, state, constraint.allowed(state), vocab, name)
+
+
+def accepts(constraint, text: str) -> bool:
+    state = constraint.advance_bytes(constraint.initial(), text.encode())
+    return state is not None and constraint.can_end(state)
