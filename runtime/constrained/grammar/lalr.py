@@ -157,10 +157,11 @@ class LalrTable:
         if number is None:
             with self._lock:
                 number = self._numbers.get(key)
-                if number is None:
-                    number = self._numbers[key] = len(self._nodes)
-                    self._nodes.append((-1, -1))
+                if number is None:  # its members first: a thread reading the number unlocked finds them
+                    number = len(self._nodes)
                     self._members[number] = members
+                    self._nodes.append((-1, -1))
+                    self._numbers[key] = number
         return number
 
     def accepts_end(self, stack: Stack) -> bool:
