@@ -152,11 +152,12 @@ def _lookaheads(prods: list[Production], by_rule: dict[str, list[int]], states: 
                 direct[i] |= bit_of[sym]
     includes: list[list[int]] = [[] for _ in trans]
     lookback: dict[tuple[int, int], list[int]] = defaultdict(list)
+    tail = [_nullable_tail(rhs, nullable) for _, rhs in prods]  # per production, not per transition using it
     for i, (start, rule) in enumerate(trans):
         for p in by_rule[rule]:
-            rhs, state = prods[p][1], start
+            rhs, state, last = prods[p][1], start, tail[p] - 1
             for k, sym in enumerate(rhs):
-                if sym in by_rule and all(x in nullable for x in rhs[k + 1:]):
+                if k >= last and sym in by_rule:
                     includes[index[(state, sym)]].append(i)
                 state = states.goto[state][sym]
             lookback[(state, p)].append(i)
@@ -168,6 +169,15 @@ def _lookaheads(prods: list[Production], by_rule: dict[str, list[int]], states: 
             bits |= follow[i]
         out[key] = bits
     return out
+
+
+def _nullable_tail(rhs: tuple[str, ...], nullable: set[str]) -> int:
+    """Where the production's nullable suffix starts: a symbol at k is followed by nullable ones alone iff
+    k + 1 >= this."""
+    k = len(rhs)
+    while k and rhs[k - 1] in nullable:
+        k -= 1
+    return k
 
 
 def _digraph(edges: list[list[int]], base: list[int]) -> list[int]:
