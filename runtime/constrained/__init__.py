@@ -7,8 +7,8 @@ Four sub-packages, lowest first, then the constraint API at this level (each fil
   dfa_cache (automata kept by exact content per engine, so a repeated language is determinized once).
 - masks/: vocab, vocab_trie, token_index: the vocabulary as bytes and as a byte trie (once per
   vocabulary); per DFA state, the tokens it can read (one vectorised trie walk).
-- grammar/: lalr (LALR tables: Lark's for Lark grammars, + terminal trees), lr_table (an LALR(1) table
-  built directly from BNF), rule_grammar (rules of regex trees -> BNF), constraint (the incremental
+- grammar/: lalr (LALR tables: Lark's for Lark grammars, + terminal trees; forks where a rule grammar's
+  table keeps two reductions), lr_table (an LALR(1) table built directly from BNF), rule_grammar (rules of regex trees -> BNF), constraint (the incremental
   parser + lexer constraint).
 - jsonschema/: json_schema (JSON schema -> one regex, or (when recursive or large) rules for grammar/);
   schema_merge (keywords, drafts, allOf merging), json_refs ($ref targets), json_objects, json_arrays,
