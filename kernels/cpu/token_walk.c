@@ -85,6 +85,7 @@ typedef struct {
     int32_t *len;     /* [states] */
     int32_t *next;    /* [states]: the most common successor (-1: none) */
     uint8_t *known;   /* [states]: 1 set and next known, 2 len known too */
+    const uint8_t *unbuilt; /* a lazily built table's unbuilt rows (null: none): a run ends before one */
 } Runs;
 
 static void run_set(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, Runs *r) {
@@ -117,8 +118,13 @@ static int32_t run_len(int32_t q, const int32_t *trans, int64_t width, const int
     run_set(q, trans, width, byte_class, r);
     const uint64_t *set = r->set + 4 * (int64_t)q;
     int32_t len = 0, s = q;
+    int cut = 0;
     while (len < RUN_CAP && r->next[s] >= 0) {
         int32_t t = r->next[s];
+        if (r->unbuilt && r->unbuilt[t]) { /* its row is a placeholder: the run is cut short (still true), and */
+            cut = 1;                       /* not kept: once the row is built it goes on */
+            break;
+        }
         len++;
         if (t == s) {
             len = RUN_CAP;
@@ -129,6 +135,7 @@ static int32_t run_len(int32_t q, const int32_t *trans, int64_t width, const int
         if (own[0] != set[0] || own[1] != set[1] || own[2] != set[2] || own[3] != set[3]) break;
         s = t;
     }
+    if (cut) return len;
     __atomic_store_n(r->len + q, len, __ATOMIC_RELAXED);
     __atomic_store_n(r->known + q, 2, __ATOMIC_RELEASE);
     return len;
@@ -137,8 +144,9 @@ static int32_t run_len(int32_t q, const int32_t *trans, int64_t width, const int
 /* The start state's run (see Runs): its bytes in `out_set` (4 words), its length in `*out_len`; returns
    how many bytes the set holds. */
 int64_t rl_start_run(int32_t q, const int32_t *trans, int64_t width, const int32_t *byte_class, uint64_t *run_sets,
-                     int32_t *run_lens, int32_t *run_next, uint8_t *run_known, uint64_t *out_set, int64_t *out_len) {
-    Runs runs = {run_sets, run_lens, run_next, run_known};
+                     int32_t *run_lens, int32_t *run_next, uint8_t *run_known, const uint8_t *unbuilt, uint64_t *out_set,
+                     int64_t *out_len) {
+    Runs runs = {run_sets, run_lens, run_next, run_known, unbuilt};
     *out_len = run_len(q, trans, width, byte_class, &runs);
     const uint64_t *w = run_sets + 4 * (int64_t)q;
     for (int k = 0; k < 4; k++) out_set[k] = w[k];
@@ -159,8 +167,8 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
 /* Walks the trie from DFA state `start`; sets the bits (by token id) of the tokens it can read in `out_bits`.
    Nodes are numbered in depth-first preorder: node k's subtree is nodes [k, k + size[k]), and the tokens
    ending in it are end_ids[end_start[k] .. end_start[k + size[k]]).
-   `loops` and `known` (see state_loops) hold the start state's loop set; `runs` (see Runs; null with
-   `unbuilt`, whose placeholder rows must not be read past) let a subtree readable whole be set at once.
+   `loops` and `known` (see state_loops) hold the start state's loop set; `runs` (see Runs; with `unbuilt`
+   they end before an unbuilt row, whose placeholder must not be read) let a subtree readable whole be set at once.
    With `bounds_cap` >= 0, records boundaries: each child that dies right after an accepting state, at
    depth >= 2, as (node, bytes read before it, the accepted label); the caller expands a node to its tokens.
    With `unbuilt` non-null, reaching a state marked there is recorded (not descended) in `unbuilt_hits`.
@@ -181,8 +189,8 @@ int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, 
                 int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
     Frame stack[MAX_DEPTH + 1];
     int64_t depth = 0, n_bounds = 0, node = 0;
-    Runs runs = {run_sets, run_lens, run_next, run_known};
-    int use_runs = run_sets && !unbuilt;
+    Runs runs = {run_sets, run_lens, run_next, run_known, unbuilt};
+    int use_runs = run_sets != 0;
     *n_unbuilt = 0;
     stack[0] = (Frame){n_nodes, start, 1};
     while (node < n_nodes) {
@@ -288,7 +296,7 @@ typedef struct {
 } WalkArgs;
 
 /* The skip set of state q (see rl_walk's `loop`): its loop set if it holds at least `min_bytes` bytes, else
-   (where runs may be read: no unbuilt rows) its run if it holds that many and is at least `min_len` long.
+   its run (cut short before an unbuilt row) if it holds that many and is at least `min_len` long.
    Writes the set's 4 words and its length (`max_len` for a loop) to `out`; returns 0 where there is none. */
 int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min_len, int64_t max_len, uint64_t *out) {
     int64_t n = rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known);
@@ -297,10 +305,10 @@ int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min
         out[4] = (uint64_t)max_len;
         return 1;
     }
-    if (a->unbuilt || !a->run_sets) return 0;
+    if (!a->run_sets) return 0;
     int64_t len;
-    n = rl_start_run(q, a->trans, a->width, a->byte_class, a->run_sets, a->run_lens, a->run_next, a->run_known, out,
-                     &len);
+    n = rl_start_run(q, a->trans, a->width, a->byte_class, a->run_sets, a->run_lens, a->run_next, a->run_known,
+                     a->unbuilt, out, &len);
     out[4] = (uint64_t)(len < max_len ? len : max_len);
     return n >= min_bytes && len >= min_len;
 }
@@ -354,7 +362,7 @@ int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_s
     if (rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known) < min_bytes) {
         /* no loop here: a region one byte in, where most bytes lead (a key's first character, then its body) */
         if (!a->run_sets || (a->unbuilt && a->unbuilt[q])) return 0;
-        Runs runs = {a->run_sets, a->run_lens, a->run_next, a->run_known};
+        Runs runs = {a->run_sets, a->run_lens, a->run_next, a->run_known, a->unbuilt};
         run_set(q, a->trans, a->width, a->byte_class, &runs);
         const uint64_t *w = a->run_sets + 4 * (int64_t)q;
         int32_t next = a->run_next[q];

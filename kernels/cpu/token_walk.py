@@ -84,7 +84,7 @@ def library() -> ctypes.CDLL | None:
     lib.rl_walk.restype = ctypes.c_int64
     lib.rl_start_loops.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR]
     lib.rl_start_loops.restype = ctypes.c_int64
-    lib.rl_start_run.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]
+    lib.rl_start_run.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_start_run.restype = ctypes.c_int64
     lib.rl_skip_set.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _PTR]
     lib.rl_skip_set.restype = ctypes.c_int64

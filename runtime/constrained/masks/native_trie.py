@@ -48,9 +48,11 @@ class NativeTrie:
     starting_with: Callable[[np.ndarray], np.ndarray]  # TokenVocab.starting_with: bits of a first-byte set's tokens
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
+    _longest: dict[bytes, int] = field(default_factory=dict)  # within's: the longest token of a byte set
     _lock: threading.Lock = field(default_factory=threading.Lock)
     walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
     max_len: int = 0  # the longest token's bytes, set once
+    len_by_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # token bytes by id, set once
 
     @classmethod
     def create(cls, trie: VocabTrie, ids: np.ndarray, size: int,
@@ -92,18 +94,34 @@ class NativeTrie:
 
     def __post_init__(self) -> None:
         self.max_len = int(self.row_len.max(initial=0))
+        self.len_by_id = np.zeros(self.size, np.int64)
+        self.len_by_id[self.ids] = self.row_len
         self.walk_args = (len(self.byte), *(address(a) for a in (
             self.sizes, self.byte, self.height, self.end_start, self.end_ids, self.subtree)))
 
     def within(self, loop: np.ndarray, max_len: int) -> np.ndarray:
         """Packed bits of the tokens no longer than `max_len` made only of the bytes in `loop` (a 256-bit set as
-        4 uint64); shared."""
-        key = (loop.tobytes(), min(max_len, self.max_len))
+        4 uint64); shared. A length past the longest such token is that token's: a bounded string's states, each
+        with its own run length, share one entry until the last few characters."""
+        set_key = loop.tobytes()
+        longest = self._longest.get(set_key)
+        if longest is None:
+            every = self._within_walk(loop, self.max_len, (set_key, self.max_len))
+            ids = np.flatnonzero(np.unpackbits(every, count=self.size, bitorder="little"))
+            longest = int(self.len_by_id[ids].max(initial=0))
+            with self._lock:
+                if len(self._longest) >= _WITHIN_CACHE:
+                    self._longest.clear()
+                self._longest[set_key] = longest
+        n = min(max_len, longest)
+        return self._within_walk(loop, n, (set_key, self.max_len if n == longest else n))
+
+    def _within_walk(self, loop: np.ndarray, max_len: int, key: tuple[bytes, int]) -> np.ndarray:
         hit = self._within.get(key)
         if hit is None:
             hit = np.zeros(-(-self.size // 8), np.uint8)
             self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.row_len), address(self.ids),
-                                      address(self.path), address(loop), key[1], address(hit))
+                                      address(self.path), address(loop), max_len, address(hit))
             self._keep(self._within, key, hit, _WITHIN_CACHE)
         return hit
 
@@ -203,9 +221,9 @@ class NativeWalker:
 
     def _skip_set(self, state: int) -> tuple[np.ndarray | None, int]:
         """The bytes (and how many in a row) that read alive from `state` whatever their order, where there are
-        enough for skipping to pay: its loop (a string's body), else its run (a bounded string's; not in a lazily
-        built DFA, whose unbuilt rows must not be read). The set is this thread's scratch, valid until its next
-        walk."""
+        enough for skipping to pay: its loop (a string's body), else its run (a bounded string's; in a lazily
+        built DFA it ends before an unbuilt row, which must not be read). The set is this thread's scratch, valid
+        until its next walk."""
         t = self.trie
         out, out_at = _SCRATCH.get("skip", 5, np.uint64)  # the set's 4 words, then its length
         if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, out_at):

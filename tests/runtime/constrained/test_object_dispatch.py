@@ -8,6 +8,7 @@ import json
 import random
 
 import jsonschema
+import numpy as np
 
 from radixlang.runtime.constrained.jsonschema.json_objects import ANY_ORDER_MAX_PROPERTIES
 from radixlang.runtime.constrained.object_dispatch import ObjectDispatch
@@ -145,3 +146,34 @@ def test_a_lazy_try_that_meets_a_rule_compiles_as_a_grammar(compiler):
                  '{"kids":[{"big":{"q4":2,"q1":1}}]}', '{"kids":[{"big":{"q4":2}}]}', '{"kids":[{"x":1}]}'):
         in_order = '"q4":2,"q1"' not in text
         assert accepts(constraint, text) == (validator.is_valid(json.loads(text)) and in_order), text
+
+
+def test_masks_in_bounded_strings_of_a_lazily_built_table_match_brute_force(compiler):
+    """A lazily built table's bounded strings skip their run (the bytes that all lead on, for as many bytes as
+    the bound leaves: the walk stops it before an unbuilt row, whose placeholder must not be read), with the
+    run's tokens kept per byte set up to its longest token: the mask at states far from the bound, near it and
+    around the members (hubs built as reached), equals each token's bytes fed one at a time."""
+    bounded = {"type": "string", "maxLength": 24}
+    schema = {"type": "object", "properties": {**{f"p{i}": DIGIT for i in range(N - 2)}, "a": bounded,
+                                               "b": {"type": "string", "maxLength": 12}},
+              "required": ["a"], "additionalProperties": False}
+    constraint = compiler.compile("json_schema", schema)
+    assert isinstance(constraint, ObjectDispatch)
+    vocab = constraint.vocab
+    tokens = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
+    text = '{"p3":1,"a":"abcdefghijklmnopqrstuvwx","b":"hello world!"}'
+    checked, runs = 0, []
+    state = constraint.initial()
+    for i, b in enumerate(text.encode()):
+        if i in (9, 13, 14, 20, 30, 34, 36, 37, 41, 46, 52):
+            mask = constraint.allowed(state)
+            expected = np.zeros(vocab.size, bool)
+            expected[vocab.ids] = [constraint.advance_bytes(state, data) is not None for data in tokens]
+            assert np.array_equal(mask, expected), (text[:i], np.flatnonzero(mask != expected)[:5])
+            if vocab.native_trie is not None:
+                runs.append(constraint.index._walker(vocab.native_trie)._skip_set(state)[1])
+            checked += 1
+        state = constraint.advance_bytes(state, bytes([b]))
+        assert state is not None, text[:i + 1]
+    assert constraint.can_end(state) and checked == 11
+    assert vocab.native_trie is None or max(runs) >= 16, ("the strings' runs are skipped", runs)
