@@ -234,7 +234,8 @@ class UniqueWalk:
         keys: list[str | _Sample] = [*names, _Sample(None), *sorted(
             {_Sample(p) for s in self.schemas if isinstance(s.get("patternProperties"), dict)
              for p in s["patternProperties"]}, key=lambda x: x.pattern or "")]
-        enforced, loose = set(), set()
+        enforced: set[int] = set()
+        loose: set[int] = set()
         seen, todo = {self.root}, [self.root]
         while todo:
             if len(seen) > EXPLORE_LOCS:
