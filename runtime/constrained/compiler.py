@@ -131,9 +131,10 @@ class ConstraintCompiler:
             return GrammarConstraint(rules_grammar(ebnf.root, ebnf.rules, "ebnf"), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
-            glued: Constraint | None = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
+            relaxed = self.json_relaxed | {"uniqueItems"}  # no scan reads a tag's JSON: left unenforced there, as before
+            glued: Constraint | None = dispatch_constraint(tag, self.json_whitespace, relaxed, vocab)
             if glued is None:
-                glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
+                glued = _built(structural_tag_grammar(tag, self.json_whitespace, relaxed), vocab)
             return with_marker_tokens(glued, tag)
         assert kind in JSON_SCHEMA_KINDS, f"unknown constraint kind {kind}"
         if kind == "json_schema_strict":

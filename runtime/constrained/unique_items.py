@@ -12,7 +12,7 @@ Masks: the inner mask, less the tokens the scanner refuses. Only tokens that may
 inside a string; a closer, a blank or a later quote outside) are read through the scanner, and tokens
 that would leave an item able to complete only as a repeat (an enum's last spellings) are refused too
 (`_live`): no mask leads to a state with no way to finish. The state is (inner state, scanner state),
-both hashable; masks of watched states are cached by it.
+both hashable; the tokens a watched state refuses are kept by it.
 """
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ import numpy as np
 from .closing import CLOSE_ORDER, greedy_close
 from .jsonschema.unique_walk import TOP, UniqueWalk
 from .masks.vocab import TokenVocab
-from .matcher import Constraint, MaskCache
+from .matcher import Constraint
 
 _BLANK = frozenset(b" \t\n\r")
 _SCALAR_END = frozenset(b" \t\n\r,]}")
 LIVE_BUDGET = 256  # states the dead-end search visits before it assumes a way out
+MAX_VETO_STATES = 65_536  # watched states whose refused tokens are kept (a few ids each); past it they start over
 _OBJ, _ARR = 0, 1
 _OUT, _SCALAR, _STR, _ESC = 0, 1, 2, 3  # lexical modes: between tokens, in a number/literal, in a string, after '\'
 
@@ -114,7 +115,7 @@ class UniqueItems:
         self.inner, self.walk, self.vocab = inner, walk, inner.vocab
         self.unenforced = unenforced
         self._classes = _vocab_classes(self.vocab)
-        self._masks = MaskCache()
+        self._vetoes: dict[State, tuple[int, ...]] = {}  # per watched state: the tokens it refuses (few)
         self._live_memo: dict[State, bool] = {}
         self._initial: State = (inner.initial(), ((), _OUT, None))
 
@@ -317,13 +318,27 @@ class UniqueItems:
                 return bits
         else:
             return bits
-        return self._masks.get_bits(state, lambda: self._vetoed(state, bits, cls), self.vocab.size)
+        vetoes = self._vetoes.get(state)
+        if vetoes is None:
+            if len(self._vetoes) >= MAX_VETO_STATES:
+                self._vetoes.clear()
+            vetoes = self._vetoes[state] = self._vetoed(state, bits, cls)
+        if not vetoes:
+            return bits
+        out = bits.copy()
+        for t in vetoes:
+            out[t >> 3] &= ~(1 << (t & 7)) & 0xFF
+        return out
 
-    def _vetoed(self, state: State, bits: np.ndarray, cls: np.ndarray) -> np.ndarray:
-        """`bits` less the tokens the scanner refuses, among those that may complete an item or begin an
+    def _vetoed(self, state: State, bits: np.ndarray, cls: np.ndarray) -> tuple[int, ...]:
+        """The tokens of `bits` the scanner refuses, among those that may complete an item or begin an
         earlier item's text."""
         n = len(bits)
-        check = set(np.flatnonzero(np.unpackbits(bits & cls[:n], bitorder="little")).tolist())
+        both = bits & cls[:n]
+        check = set()
+        for i in np.flatnonzero(both).tolist():
+            byte = int(both[i])
+            check.update(8 * i + k for k in range(8) if byte >> k & 1)
         opened = self._open_item(state[1])
         if opened is not None:
             text, earlier = opened
@@ -333,11 +348,7 @@ class UniqueItems:
                     for k in range(1, min(len(rest), self.vocab.longest) + 1):
                         check.update(t for t in self._classes.by_bytes.get(rest[:k], ())
                                      if t >> 3 < n and bits[t >> 3] >> (t & 7) & 1)
-        out = bits.copy()
-        for t in check:
-            if self.advance(state, t) is None:
-                out[t >> 3] &= ~(1 << (t & 7)) & 0xFF
-        return out
+        return tuple(sorted(t for t in check if self.advance(state, t) is None))
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
         forced = self.inner.forced_bytes(state[0], limit)
