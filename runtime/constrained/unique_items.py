@@ -335,7 +335,7 @@ class UniqueItems:
         earlier item's text."""
         n = len(bits)
         both = bits & cls[:n]
-        check = set()
+        check: set[int] = set()
         for i in np.flatnonzero(both).tolist():
             byte = int(both[i])
             check.update(8 * i + k for k in range(8) if byte >> k & 1)
