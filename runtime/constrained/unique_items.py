@@ -20,7 +20,7 @@ import json
 import weakref
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Hashable
 
 import numpy as np
@@ -49,7 +49,16 @@ class _VocabClasses:
     outside: np.ndarray  # holds a closer, a blank, or a quote after its first byte
     opens_two: np.ndarray  # holds '[' and later ',' (opens an array and starts its second item)
     single: np.ndarray  # [256] the token spelling each byte alone (-1: none)
-    by_bytes: dict[bytes, list[int]]
+    token_bytes: list[bytes]
+    ids: np.ndarray
+
+    @cached_property
+    def by_bytes(self) -> dict[bytes, list[int]]:
+        """Every token by its bytes (a few spell the same bytes), built when an item first repeats a prefix."""
+        out: dict[bytes, list[int]] = {}
+        for t in self.ids.tolist():
+            out.setdefault(self.token_bytes[t], []).append(t)
+        return out
 
 
 _classes: weakref.WeakKeyDictionary[TokenVocab, _VocabClasses] = weakref.WeakKeyDictionary()
@@ -67,20 +76,18 @@ def _vocab_classes(vocab: TokenVocab) -> _VocabClasses:
             return np.packbits(mask, bitorder="little")
 
         quote = (m == ord('"')) & valid
-        closer = np.isin(m, list(b",]} \t\n\r")) & valid
+        closers = np.zeros(256, bool)
+        closers[list(b",]} \t\n\r")] = True
+        closer = closers[m] & valid
         later_quote = quote.copy()
         later_quote[:, 0] = False
         opening = np.cumsum((m == ord("[")) & valid, axis=1) > 0
         single = np.full(256, -1, np.int64)
-        by_bytes: dict[bytes, list[int]] = {}
-        for t in ids.tolist():
-            data = vocab.token_bytes[t]
-            by_bytes.setdefault(data, []).append(t)
-            if len(data) == 1 and single[data[0]] < 0:
-                single[data[0]] = t
+        ones = np.flatnonzero(vocab.lengths == 1)[::-1]  # the lowest id last: it is kept
+        single[m[ones, 0]] = ids[ones]
         hit = _classes[vocab] = _VocabClasses(
             bits(quote.any(axis=1)), bits((closer | later_quote).any(axis=1)),
-            bits((opening & (m == ord(",")) & valid).any(axis=1)), single, by_bytes)
+            bits((opening & (m == ord(",")) & valid).any(axis=1)), single, vocab.token_bytes, ids)
     return hit
 
 
