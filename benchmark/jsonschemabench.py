@@ -50,6 +50,7 @@ from radixlang.runtime.constrained.compiler import ConstraintCompiler, unenforce
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
 from radixlang.runtime.constrained.matcher import Constraint, Matcher
 from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
+from radixlang.runtime.constrained.unique_items import vocab_classes
 from radixlang.runtime.models.loading.loader import default_model_path, gguf_metadata
 from radixlang.runtime.tokenizer import Tokenizer
 
@@ -87,6 +88,7 @@ def load_vocab() -> tuple[Tokenizer, TokenVocab]:
     tokenizer = Tokenizer.from_gguf_metadata(gguf_metadata(default_model_path()))
     vocab = TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size)
     vocab.trie  # built once per vocabulary, as an engine does at its first constraint: not a schema's cost
+    vocab_classes(vocab)  # likewise, the uniqueItems scan's token classes
     return tokenizer, vocab
 
 

@@ -33,7 +33,7 @@ from .regex.regex_parser import parse_regex
 from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
-from .unique_items import UniqueItems
+from .unique_items import UniqueItems, vocab_classes
 
 JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
 
@@ -86,6 +86,8 @@ class ConstraintCompiler:
         vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost
         if self.backend == "radixlang":
             vocab.native_trie
+            if kind in JSON_SCHEMA_KINDS:
+                vocab_classes(vocab)  # what the uniqueItems scan reads of the vocabulary
         else:
             self._peer_compiler()
         with collector_paused(), caching(self._dfas), deadline.limit(self.compile_timeout, kind):

@@ -54,7 +54,7 @@ class _VocabClasses:
 
     @cached_property
     def by_bytes(self) -> dict[bytes, list[int]]:
-        """Every token by its bytes (a few spell the same bytes), built when an item first repeats a prefix."""
+        """Every token by its bytes (a few spell the same bytes)."""
         out: dict[bytes, list[int]] = {}
         for t in self.ids.tolist():
             out.setdefault(self.token_bytes[t], []).append(t)
@@ -64,7 +64,8 @@ class _VocabClasses:
 _classes: weakref.WeakKeyDictionary[TokenVocab, _VocabClasses] = weakref.WeakKeyDictionary()
 
 
-def _vocab_classes(vocab: TokenVocab) -> _VocabClasses:
+def vocab_classes(vocab: TokenVocab) -> _VocabClasses:
+    """The vocabulary's token classes (built once per vocabulary, as its trie: not a schema's cost)."""
     hit = _classes.get(vocab)
     if hit is None:
         m, ids = vocab.matrix, vocab.ids
@@ -88,6 +89,7 @@ def _vocab_classes(vocab: TokenVocab) -> _VocabClasses:
         hit = _classes[vocab] = _VocabClasses(
             bits(quote.any(axis=1)), bits((closer | later_quote).any(axis=1)),
             bits((opening & (m == ord(",")) & valid).any(axis=1)), single, vocab.token_bytes, ids)
+        hit.by_bytes  # noqa: B018 - built now, with the rest
     return hit
 
 
@@ -121,8 +123,9 @@ class UniqueItems:
     def __init__(self, inner: Constraint, walk: UniqueWalk, unenforced: tuple[str, ...]):
         self.inner, self.walk, self.vocab = inner, walk, inner.vocab
         self.unenforced = unenforced
-        self._classes = _vocab_classes(self.vocab)
+        self._classes = vocab_classes(self.vocab)
         self._vetoes: dict[State, tuple[int, ...]] = {}  # per watched state: the tokens it refuses (few)
+        self._opens: dict[Hashable, bool] = {}  # per inner state outside such arrays: may a token open one and repeat
         self._live_memo: dict[State, bool] = {}
         self._initial: State = (inner.initial(), ((), _OUT, None))
 
@@ -321,7 +324,12 @@ class UniqueItems:
             cls = self._classes.in_string if mode in (_STR, _ESC) else self._classes.outside
         elif self.walk.root != TOP:
             cls = self._classes.opens_two
-            if not (bits & cls).any():
+            opens = self._opens.get(state[0])
+            if opens is None:
+                if len(self._opens) >= MAX_VETO_STATES:
+                    self._opens.clear()
+                opens = self._opens[state[0]] = bool((bits & cls[:len(bits)]).any())
+            if not opens:
                 return bits
         else:
             return bits
