@@ -129,10 +129,10 @@ class EngineConfig:
                                         "of jumping over it")
     constrained_json_whitespace_pattern: str | None = option(None, "regex of the whitespace JSON-schema output may "
                                                              "hold between tokens; default: compact JSON")
-    constrained_json_relaxed: str | None = option("uniqueItems,oneOf", "JSON-schema keywords left unenforced where "
-                                                  "they cannot be enforced (each reported in meta_info."
-                                                  "unenforced_keywords), comma-separated: uniqueItems, oneOf; '' "
-                                                  "refuses such schemas")
+    constrained_json_relaxed: str | None = option("oneOf", "JSON-schema keywords left unenforced where they cannot "
+                                                  "be enforced (each reported in meta_info.unenforced_keywords), "
+                                                  "comma-separated: oneOf, uniqueItems (else checked as items are "
+                                                  "read); '' refuses such schemas")
     attention_backend: str = option("auto", "attention kernels: 'auto' picks triton on CUDA, torch on CPU",
                                     ATTENTION_BACKENDS)
     # False on the CPU runs the same padded decode path eagerly, as the tests do

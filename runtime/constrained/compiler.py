@@ -22,6 +22,7 @@ from .jsonschema.json_schema import (
     schema_to_dict,
     whitespace_node,
 )
+from .jsonschema.unique_walk import UniqueWalk
 from .marker_tokens import with_marker_tokens
 from .masks.vocab import TokenVocab
 from .matcher import Constraint, RegexConstraint
@@ -32,6 +33,7 @@ from .regex.regex_parser import parse_regex
 from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
+from .unique_items import UniqueItems, vocab_classes
 
 JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
 
@@ -77,12 +79,15 @@ class ConstraintCompiler:
         key = (kind, text)
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None and not (isinstance(hit, (GrowingDfa, GrammarConstraint)) and hit.outgrown):
+            inner = hit.inner if isinstance(hit, UniqueItems) else hit
+            if hit is not None and not (isinstance(inner, (GrowingDfa, GrammarConstraint)) and inner.outgrown):
                 self._cache.move_to_end(key)
                 return hit
         vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost
         if self.backend == "radixlang":
             vocab.native_trie
+            if kind in JSON_SCHEMA_KINDS:
+                vocab_classes(vocab)  # what the uniqueItems scan reads of the vocabulary
         else:
             self._peer_compiler()
         with collector_paused(), caching(self._dfas), deadline.limit(self.compile_timeout, kind):
@@ -128,9 +133,10 @@ class ConstraintCompiler:
             return GrammarConstraint(rules_grammar(ebnf.root, ebnf.rules, "ebnf"), vocab)
         if kind == "structural_tag":
             tag = parse_structural_tag(spec)
-            glued: Constraint | None = dispatch_constraint(tag, self.json_whitespace, self.json_relaxed, vocab)
+            relaxed = self.json_relaxed | {"uniqueItems"}  # no scan reads a tag's JSON: left unenforced there, as before
+            glued: Constraint | None = dispatch_constraint(tag, self.json_whitespace, relaxed, vocab)
             if glued is None:
-                glued = _built(structural_tag_grammar(tag, self.json_whitespace, self.json_relaxed), vocab)
+                glued = _built(structural_tag_grammar(tag, self.json_whitespace, relaxed), vocab)
             return with_marker_tokens(glued, tag)
         assert kind in JSON_SCHEMA_KINDS, f"unknown constraint kind {kind}"
         if kind == "json_schema_strict":
@@ -150,20 +156,27 @@ class ConstraintCompiler:
         """The schema's constraint (`strict`: OpenAI's form), reporting `note` first where given. Its large
         objects take any order, built lazily (object_dispatch), where they start apart from all else."""
         not_lazy: frozenset[str] = frozenset()
+        unique = "uniqueItems" not in self.json_relaxed  # enforced around the grammar (unique_items.py)
+        relaxed = self.json_relaxed | {"uniqueItems"} if unique else self.json_relaxed
         while True:
-            grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict,
+            grammar = compile_json_schema(spec, self.json_whitespace, relaxed, strict=strict,
                                           lazy_objects=not strict, not_lazy=not_lazy)
+            if unique:  # the grammar's reports of it are replaced by the scan's own
+                grammar.unenforced = tuple(r for r in grammar.unenforced if not r.startswith("uniqueItems at "))
             if note is not None:
                 grammar.unenforced = (note, *grammar.unenforced)
+            built: Constraint
             if not grammar.lazy:
-                return _built(grammar, self.vocab)
+                built = _built(grammar, self.vocab)
+                break
             try:
                 built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
             except NotLazy as e:  # those objects keep declared order; each round takes one or two out
                 not_lazy |= e.paths
                 continue
             built.unenforced = grammar.unenforced
-            return built
+            break
+        return _with_unique_items(built, schema_to_dict(spec)) if unique else built
 
     def _peer_compiler(self) -> PeerCompiler:
         with self._lock:
@@ -183,6 +196,19 @@ def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
         built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
     built.unenforced = grammar.unenforced
     return built
+
+
+def _with_unique_items(built: Constraint, schema: dict | bool) -> Constraint:
+    """`built` held to `uniqueItems` where the schema asks it (unique_items.py); the arrays left open by a
+    union whose other branches allow repeats are reported."""
+    walk = UniqueWalk(schema)
+    if not walk.unique:
+        return built
+    report = walk.report()
+    if not walk.enforces:
+        built.unenforced = (*unenforced(built), *report)  # type: ignore[attr-defined]
+        return built
+    return UniqueItems(built, walk, (*unenforced(built), *report))
 
 
 def unenforced(constraint: object) -> tuple[str, ...]:

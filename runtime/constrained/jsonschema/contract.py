@@ -38,6 +38,7 @@ class SchemaCompiler(Protocol):
     unenforced: list[str]  # ... and where they were: "<keyword> at <path>", reported with the constraint
     rule_size: int | None  # objects, arrays and strings larger than this become rules (None: never)
     exact_depth: int  # >0 inside oneOf / not / enum, where sub-languages must stay regular
+    bounded_any: int  # >0: any value nests at most a few levels deep (a regex: an under-approximation)
     pending_firsts: dict[str, ra.Ranges | None]  # rules being compiled: first characters by type
     refs: RefResolver
     rules: dict[str, ra.Node]
@@ -58,6 +59,10 @@ class SchemaCompiler(Protocol):
 
     def undeclared_value(self) -> ra.Node:
         """The value of a property that the schema says nothing about (no `additionalProperties`)."""
+        ...
+
+    def bounded_value(self) -> ra.Node:
+        """Any JSON value nesting at most a few levels deep, as one regex (json_schema.UNDECLARED_VALUE_DEPTH)."""
         ...
 
     def bracketed(self, opening: str, body: ra.Node, closing: str) -> ra.Node: ...

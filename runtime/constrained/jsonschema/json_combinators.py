@@ -197,7 +197,7 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     if not isinstance(subs, list) or not subs:
         raise ValueError(f"json_schema {key} at {path} must be a non-empty list")
     rest = {k: v for k, v in s.items() if k != key}
-    free = [i for i, sub in enumerate(subs) if _matches_every_value(c, sub, path)]
+    free = [i for i, sub in enumerate(subs) if matches_every_value(c, sub, path)]
     if key == "anyOf" and free:  # a branch every value matches: the anyOf holds for every value
         return c.compile(rest or True, path)
     if key == "oneOf" and free and "not" not in rest:  # a branch every value matches: exactly one means no other
@@ -240,7 +240,7 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     return exactly_one_of(c, nodes, path)
 
 
-def _matches_every_value(c: SchemaCompiler, sub: object, path: str) -> bool:
+def matches_every_value(c: SchemaCompiler, sub: object, path: str) -> bool:
     """Whether a branch is `true`, `{}` (annotations aside), or a chain of plain `$ref`s to one."""
     for _ in range(8):
         if sub is True:

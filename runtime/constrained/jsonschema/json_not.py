@@ -7,7 +7,7 @@ from typing import Iterable
 from ..regex import regex_ast as ra
 from ..regex.automaton import difference, intersection
 from .contract import SchemaCompiler
-from .json_combinators import merged_all_of
+from .json_combinators import matches_every_value, merged_all_of
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings
 from .json_types import KNOWN_FORMATS, as_types, json_type
 from .schema_merge import JSON_TYPES, Unsatisfiable, conjoin_sub, normalize
@@ -65,8 +65,66 @@ def negated(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
                      for p, sub in n.get("properties", {}).items()]
         return c.union([lambda b=b: c.compile(b, path) for b in branches if b.get("type", True) != []],
                           path)
-    raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, or required/properties "
-                     f"is supported, got keywords {sorted(keys)}")
+    if keys == {"oneOf"} and isinstance(n["oneOf"], list):  # one branch every value matches: none of the others
+        free = [i for i, b in enumerate(n["oneOf"]) if matches_every_value(c, b, path)]
+        if len(free) == 1:
+            others = [b for i, b in enumerate(n["oneOf"]) if i != free[0]]
+            return c.compile(conjoin_sub(rest, {"anyOf": others}) if rest else {"anyOf": others}, path)
+    if keys <= _ARRAY_NOT and as_types(n.get("type", "array")) == {"array"} and not isinstance(n.get("items"), list):
+        return _not_array(c, rest, n, types, path)
+    raise ValueError(f"json_schema not at {path}: only `not` with a type, enum/const, required/properties, or "
+                     f"items/minItems/maxItems is supported, got keywords {sorted(keys)}")
+
+
+_ARRAY_NOT = frozenset({"type", "items", "minItems", "maxItems"})
+# what an array must say nothing of for "some item fails `items`" to be its items around one such item
+_ARRAY_WORDS = frozenset({"prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "additionalItems",
+                          "unevaluatedItems", "minContains", "maxContains"})
+
+
+def _not_array(c: SchemaCompiler, rest: dict, n: dict, types: set[str], path: str) -> ra.Node:
+    """`rest` and not the array schema `n`: the other types where `n` names its type, arrays shorter than its
+    minItems or longer than its maxItems, and arrays holding an item its `items` refuses."""
+    makers = []
+    if "type" in n and [t for t in types if t != "array"]:
+        makers.append(lambda: c.compile({**rest, "type": [t for t in types if t != "array"]}, path))
+    arr = conjoin_sub(rest, {"type": "array"})
+    lo, hi = n.get("minItems", 0), n.get("maxItems")
+    if isinstance(lo, int) and lo > 0:
+        makers.append(lambda: _bounded(c, conjoin_sub(arr, {"maxItems": lo - 1}), path))
+    if isinstance(hi, int):
+        makers.append(lambda: _bounded(c, conjoin_sub(arr, {"minItems": hi + 1}), path))
+    if n.get("items", True) is not True:
+        makers.append(lambda: _array_holding(c, arr, {"not": n["items"]}, path))
+    return c.union(makers, path)
+
+
+def _bounded(c: SchemaCompiler, schema: object, path: str) -> ra.Node:
+    """`schema`'s values whose unconstrained parts nest a few levels deep at most, as one regex: the array
+    branches of a `not` stay regular, apart from rules (a union of array containers holding rules would
+    merge their bodies)."""
+    c.bounded_any += 1
+    try:
+        return c.exact(lambda: c.compile(schema, path))
+    finally:
+        c.bounded_any -= 1
+
+
+def _array_holding(c: SchemaCompiler, arr: object, bad: dict, path: str) -> ra.Node:
+    """The arrays of `arr` with at least one item matching `bad` (and its items): `[` items `,` the bad one
+    `,` items `]`, a regular language where the items are; any value there nests at most a few levels
+    deep (the undeclared values' bound): arrays holding deeper ones are left out, never let in."""
+    if not isinstance(arr, dict) or _ARRAY_WORDS & arr.keys() or isinstance(arr.get("items"), list):
+        raise ValueError(f"json_schema not at {path}: excluding arrays whose items fail a schema is supported only "
+                         "for arrays the rest of the schema says nothing else of")
+    items = arr.get("items", True)
+    item = _bounded(c, items, path)
+    odd = _bounded(c, bad if items is True else {"allOf": [items, bad]}, path)
+    if ra.refs(item) or ra.refs(odd):
+        raise ValueError(f"json_schema not at {path}: excluding arrays of recursive items is not supported")
+    comma = c.separator(False)
+    return c.bracketed("[", ra.seq(ra.repeat(ra.seq(item, comma), 0, None), odd,
+                                   ra.repeat(ra.seq(comma, item), 0, None)), "]")
 
 
 def _excluded_types(type_value: str | Iterable[str]) -> set[str]:

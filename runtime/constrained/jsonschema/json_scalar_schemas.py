@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+from ...config import MAX_DFA_TRANSITIONS
 from ..regex import regex_ast as ra
-from ..regex.automaton import intersection
+from ..regex.automaton import compile_dfa, intersection
 from ..regex.regex_parser import parse_regex
 from .contract import SchemaCompiler
 from .json_scalars import (
@@ -26,6 +27,7 @@ from .json_types import count_keyword
 from .schema_merge import Unsatisfiable
 
 STRING_CHUNK = 512  # in grammar mode, a string longer than twice this many characters is read in chunks of it
+LONG_PATTERNED = 256  # a string with a pattern or format and a maxLength above this is sized before it is built
 
 
 def _bound(schema: dict, key: str, exclusive_key: str, path: str) -> tuple[Decimal, bool] | None:
@@ -57,6 +59,9 @@ def string_schema(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     bodies = [FORMATS[s["format"]]] if "format" in s else []
     patterns = s.get("pattern", ())
     bodies += [pattern_body(p, path) for p in (patterns if isinstance(patterns, tuple) else (patterns,))]
+    if bodies and hi is not None and hi > LONG_PATTERNED and _too_large(bodies, hi):
+        c.unenforced.append(f"maxLength at {path} (with its pattern, too large an automaton: not enforced)")
+        hi = None
     if not bodies:
         return long_string(c, lo, hi) if c.rule_size is not None and hi is not None and hi > 2 * STRING_CHUNK \
             else string_node(lo, hi)
@@ -64,6 +69,15 @@ def string_schema(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     if node == ra.NOTHING or node == quoted(ra.NOTHING):
         raise Unsatisfiable(f"no string at {path} satisfies its pattern, format and length together")
     return node
+
+
+def _too_large(bodies: list[ra.Node], hi: int) -> bool:
+    """Whether strings of at most `hi` characters matching `bodies` make a byte DFA past half the bound: its
+    states grow linearly with the length (a count per place in the pattern, times the UTF-8 steps of its
+    classes), so two small lengths foretell it (a Unicode \\w over 1,024 characters: ~320,000 states)."""
+    small, large = (compile_dfa([constrained_string(bodies, 0, n)]) for n in (8, 16))
+    per_char = (large.trans.shape[0] - small.trans.shape[0]) / 8
+    return (large.trans.shape[0] + per_char * (hi - 16)) * large.trans.shape[1] > MAX_DFA_TRANSITIONS / 2
 
 
 def long_string(c: SchemaCompiler, lo: int, hi: int) -> ra.Node:

@@ -203,6 +203,7 @@ class _SchemaCompiler:
         self._pieces: dict[str, ra.Node] = {}  # compiled subschemas (rules among them), by schema text
         self._piece_count = 0
         self.exact_depth = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
+        self.bounded_any = 0  # >0: any value nests at most UNDECLARED_VALUE_DEPTH deep (one regex, fewer values)
         self.pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
         self.refs = RefResolver(root)
         self.ws = ws
@@ -404,7 +405,8 @@ class _SchemaCompiler:
     def named(self, key: str, target: object, name: str, path: str) -> ra.Node:
         """`target` compiled once per `key` (and split mode: an inline body remade split must not come
         back unsplit from the memo); met again inside its own compilation, it is the rule `name`."""
-        memo = ("split:" if self._split_all else "") + ("strict:" if self.strict and not self.strict_root else "") + key
+        memo = ("split:" if self._split_all else "") + ("strict:" if self.strict and not self.strict_root else "") \
+            + ("bounded:" if self.bounded_any else "") + key
         hit = self._inline.get(memo)
         if hit is None and isinstance(self._inline.get(key), ra.Ref):  # a rule reads alike in either mode
             hit = self._inline[key]
@@ -443,9 +445,14 @@ class _SchemaCompiler:
         grammar anyway, else any value nesting at most UNDECLARED_VALUE_DEPTH deep (one regex)."""
         if self.any_undeclared:
             return self.any_value()
+        return self.bounded_value()
+
+    def bounded_value(self) -> ra.Node:
         return _bounded_any_value(self.ws)
 
     def any_value(self) -> ra.Node:
+        if self.bounded_any:
+            return self.bounded_value()
         if ANY_VALUE not in self.rules:
             self.rules[ANY_VALUE] = ra.NOTHING  # placeholder while the rule refers to itself
             value = ra.Ref(ANY_VALUE)

@@ -168,17 +168,19 @@ def test_abort_mid_constrained_stream_frees_everything(tiny_engine):
     tiny_engine.check_invariants()
 
 
-def test_engine_relaxes_unique_items_by_default_and_refuses_it_when_asked(tiny_engine_factory):
-    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True,
-              "maxItems": 3}
+def test_engine_enforces_unique_items_by_default_and_relaxes_it_when_asked(tiny_engine_factory):
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 30}, "uniqueItems": True,
+              "maxItems": 6}
     with pytest.raises(ValueError, match="relaxed keywords"):
         tiny_engine_factory(constrained_json_relaxed="uniqueItems,pattern")
-    with pytest.raises(ValueError, match="uniqueItems"):
-        tiny_engine_factory(constrained_json_relaxed="").generate(PROMPTS, {"json_schema": schema})
     engine = tiny_engine_factory()
     for c in engine.generate(PROMPTS, {"json_schema": schema, "max_new_tokens": 20, "temperature": 1.0, "seed": 1}):
-        check_json(c, {**schema, "uniqueItems": False})  # generated without the relaxed keyword
+        check_json(c, schema)  # distinct items (unique_items.py)
     engine.check_invariants()
+    relaxed = tiny_engine_factory(constrained_json_relaxed="uniqueItems")
+    for c in relaxed.generate(PROMPTS, {"json_schema": schema, "max_new_tokens": 20, "temperature": 1.0, "seed": 1}):
+        check_json(c, {**schema, "uniqueItems": False})  # generated without the relaxed keyword
+    relaxed.check_invariants()
 
 
 def test_a_lexer_outgrowing_its_bound_mid_decode_ends_only_its_request(tiny_engine, monkeypatch):

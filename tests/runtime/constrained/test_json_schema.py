@@ -182,7 +182,6 @@ def test_unbounded_or_non_blank_whitespace_patterns_are_rejected(pattern):
     ({"type": "array", "contains": {"type": "integer"}}, "contains"),
     ({"type": "number", "multipleOf": 0.3}, "multipleOf"),
     ({"not": {"type": "string", "minLength": 2}}, "not"),  # `not` with a pattern is supported: see not_pattern
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     ({"$ref": "http://example.com/x.json"}, "no document is fetched"),
     ({"$ref": "#/$defs/missing"}, "does not resolve"),
     ({"type": "strin"}, "type"),
