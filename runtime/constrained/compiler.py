@@ -156,6 +156,16 @@ class ConstraintCompiler:
             if note is not None:
                 grammar.unenforced = (note, *grammar.unenforced)
             if not grammar.lazy:
+                try:
+                    return _built(grammar, self.vocab)
+                except ValueError:
+                    if not grammar.checks:
+                        raise
+                # checked objects made an LALR conflict (or a lexer too large): declared order for them
+                grammar = compile_json_schema(spec, self.json_whitespace, self.json_relaxed, strict=strict,
+                                              checked_objects=False)
+                if note is not None:
+                    grammar.unenforced = (note, *grammar.unenforced)
                 return _built(grammar, self.vocab)
             try:
                 built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
@@ -180,7 +190,7 @@ def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
     if not grammar.rules:
         built = RegexConstraint(compile_dfa([grammar.root]), vocab)
     else:
-        built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+        built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules, checks=grammar.checks), vocab)
     built.unenforced = grammar.unenforced
     return built
 

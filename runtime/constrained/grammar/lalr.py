@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..regex import regex_ast as ra
 from ..regex.regex_parser import parse_regex
@@ -56,6 +56,10 @@ class LalrTable:
         }
         return cls(actions, parse_table.start_states[start], parse_table.end_states[start])
 
+    symbols: list[str] = field(default_factory=list)  # by state: the symbol read to reach it (lr_table's)
+    # by rule: a check of the stack before it reduces (the stack, the production's size); False vetoes the
+    # terminal that made it reduce (member_check: a JSON key written twice, an object closed too early)
+    guards: dict[str, Callable[["LalrTable", int, int], bool]] = field(default_factory=dict)
     _nodes: list[tuple[int, int]] = field(default_factory=list)  # by stack: (top state, parent stack; -1: none)
     _numbers: dict[tuple[int, int], Stack] = field(default_factory=dict)  # _nodes' inverse
     _feeds: dict[tuple[Stack, str], Stack] = field(default_factory=dict)  # feed's, -1 for an error
@@ -104,6 +108,8 @@ class LalrTable:
             shift, arg = act
             if shift:
                 return self._push(arg, stack)
+            if not self._guarded(stack, *arg):
+                return -1
             stack = self._reduce(stack, *arg)
 
     def accepts_end(self, stack: Stack) -> bool:
@@ -115,11 +121,15 @@ class LalrTable:
     def _accepts_end(self, stack: Stack) -> bool:
         while True:
             act = self.actions[self._nodes[stack][0]].get(END)
-            if act is None or act[0]:
+            if act is None or act[0] or not self._guarded(stack, *act[1]):
                 return False
             stack = self._reduce(stack, *act[1])
             if self._nodes[stack][0] == self.end:
                 return True
+
+    def _guarded(self, stack: Stack, size: int, origin: str) -> bool:
+        guard = self.guards.get(origin)
+        return guard is None or guard(self, stack, size)
 
     def _reduce(self, stack: Stack, size: int, origin: str) -> Stack:
         for _ in range(size):

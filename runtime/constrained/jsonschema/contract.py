@@ -6,8 +6,9 @@ A leaf: the keyword modules import this instead of json_schema, which imports th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
+from ..grammar.member_check import MemberCheck
 from ..regex import regex_ast as ra
 from .json_refs import RefResolver
 
@@ -45,6 +46,11 @@ class SchemaCompiler(Protocol):
     lazy: list[LazyObject] | None  # objects built as decoding reaches them (None: none, e.g. in a grammar)
     not_lazy: frozenset[str]  # ... but not these (paths): they keep declared order
     ws: ra.Node  # whitespace between tokens
+    any_undeclared: bool  # undeclared properties' values: any JSON (a rule), else bounded
+    checked: bool  # objects past the eager any-order automaton are checked by the grammar (json_checked)
+    member_checks: list[MemberCheck]  # ... those made so far
+    shapes: dict[ra.Node, Any]  # objects' json_checked.ObjectShape, by their node (unions unite them)
+    fallbacks: dict[ra.Node, Callable[[], ra.Node]]  # checked objects' declared-order form, by their node
 
     def compile(self, schema: object, path: str) -> ra.Node:
         """A subschema's language; `path` (a JSON pointer) names it in errors."""
