@@ -25,9 +25,9 @@ from ..regex import regex_ast as ra
 from ..regex.automaton import char_sets, compile_dfa, own_chars
 from ..regex.regex_parser import parse_regex
 from .json_arrays import array_node
+from .json_checked import checked_object
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
-from .json_checked import checked_object
 from .json_objects import LAZY_MARKERS, LazyObject, object_node
 from .json_refs import RefResolver
 from .json_scalar_schemas import number_schema, string_schema
