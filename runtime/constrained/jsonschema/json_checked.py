@@ -4,7 +4,8 @@ unions of such objects as one checked object whose branches the members written 
 
 A union's members are its branches' distinct (key, value) pairs; a pair belongs to the branches that
 declare it, and to those whose undeclared members take any value (the schema's default) where they do
-not declare its key. Its undeclared members are one kind, keyed apart from every declared name. Where two
+not declare its key. Undeclared members of any value are one kind, keyed apart from every declared name;
+others (a schema, patternProperties) stay their branch's. Where two
 members would start with the same terminal (one key, two values that begin with a rule), the LALR table
 could not tell them apart: no checked form then (the caller keeps the declared order).
 """
@@ -32,10 +33,8 @@ class ObjectShape:
 
 def checked_object(c: SchemaCompiler, shapes: list[ObjectShape]) -> ra.Node | None:
     """The object (or union of objects) as a checked grammar object, registered in `c.member_checks`;
-    None where members would start alike (or a union's undeclared members are not all of any value)."""
+    None where members would start alike."""
     union = len(shapes) > 1
-    if union and any(s.extra and not s.open_any for s in shapes):
-        return None
     owners: dict[ra.Node, list] = {}  # member node -> [key name, branches bits]
     for b, shape in enumerate(shapes):
         for name, node, _ in shape.members:
@@ -43,7 +42,10 @@ def checked_object(c: SchemaCompiler, shapes: list[ObjectShape]) -> ra.Node | No
     if union and c.any_undeclared:  # a branch open to any value takes other branches' keys it does not declare
         for entry in owners.values():
             entry[1] |= sum(1 << b for b, s in enumerate(shapes) if s.open_any and entry[0] not in s.declared)
-    extras: list[tuple[ra.Node, int]] = [(node, 1) for node in shapes[0].extra] if not union else []
+    # undeclared members of their own kind (a schema, patternProperties): their branch's alone, read apart
+    # where their keys meet another branch's (the lexer takes one reading: a valid text may be refused, never
+    # an invalid one accepted)
+    extras = [(node, 1 << b) for b, s in enumerate(shapes) if not (union and s.open_any) for node in s.extra]
     if union and any(s.open_any for s in shapes):
         names = sorted(set().union(*(s.declared for s in shapes)))
         raw = [ra.literal(json.dumps(n, ensure_ascii=False)[1:-1]) for n in names]

@@ -20,6 +20,9 @@ UNION = {"definitions": {"node": {"anyOf": [
      "required": ["type", "p0"], "additionalProperties": False},
     {"type": "object", "properties": {"type": {"const": "b"}, "name": {"type": "string"}, "p0": {"type": "integer"}},
      "required": ["type", "name"]}]}}, "$ref": "#/definitions/node"}
+# a closed branch beside one whose undeclared members have a schema of their own
+MAPPED = {"anyOf": [{"type": "object", "properties": {**MANY, "sub": {"$ref": "#"}}, "additionalProperties": False},
+                    {"type": "object", "properties": {"$schema": {"type": "string"}}, "additionalProperties": {"type": "string"}}]}
 
 CASES = [
     (RECURSIVE, '{"p5":1,"p3":2}'),
@@ -34,6 +37,10 @@ CASES = [
     (UNION, '{"p0":1,"type":"a","name":"x"}'),  # name only in "b"
     (UNION, '{"p0":1,"p1":2}'),  # no branch's required members all written
     (UNION, '{"type":"b","kids":[]}'),  # "b" takes undeclared kids, but lacks its required name
+    (MAPPED, '{"p7":1,"sub":{"x":"y"},"p0":2}'),
+    (MAPPED, '{"foo":"bar","$schema":"x"}'),
+    (MAPPED, '{"foo":1}'),  # an undeclared value of the wrong type
+    (MAPPED, '{"p7":1,"foo":"x"}'),  # a member of each branch
 ]
 
 
