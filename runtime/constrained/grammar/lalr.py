@@ -60,8 +60,10 @@ class LalrTable:
     # by rule: a check of the stack before it reduces (the stack, the production's size); False vetoes the
     # terminal that made it reduce (member_check: a JSON key written twice, an object closed too early)
     guards: dict[str, Callable[["LalrTable", int, int], bool]] = field(default_factory=dict)
-    _nodes: list[tuple[int, int]] = field(default_factory=list)  # by stack: (top state, parent stack; -1: none)
-    _numbers: dict[tuple[int, int], Stack] = field(default_factory=dict)  # _nodes' inverse
+    # by rule: a number its reduced node carries (0 unless asked), read by guards below it (member_check)
+    annotators: dict[str, Callable[["LalrTable", int, int], int]] = field(default_factory=dict)
+    _nodes: list[tuple[int, int, int]] = field(default_factory=list)  # by stack: (top state, parent stack; -1: none, tag)
+    _numbers: dict[tuple[int, int, int], Stack] = field(default_factory=dict)  # _nodes' inverse
     _feeds: dict[tuple[Stack, str], Stack] = field(default_factory=dict)  # feed's, -1 for an error
     _ends: dict[Stack, bool] = field(default_factory=dict)  # accepts_end's
     _lock: threading.Lock = field(default_factory=threading.Lock)  # numbering: constraints are shared by threads
@@ -81,8 +83,11 @@ class LalrTable:
         below = self._nodes[stack][1]
         return None if below < 0 else below
 
-    def _push(self, state: int, parent: Stack) -> Stack:
-        key = (state, parent)
+    def tag(self, stack: Stack) -> int:
+        return self._nodes[stack][2]
+
+    def _push(self, state: int, parent: Stack, tag: int = 0) -> Stack:
+        key = (state, parent, tag)
         number = self._numbers.get(key)
         if number is None:
             with self._lock:
@@ -132,9 +137,11 @@ class LalrTable:
         return guard is None or guard(self, stack, size)
 
     def _reduce(self, stack: Stack, size: int, origin: str) -> Stack:
+        annotate = self.annotators.get(origin)
+        tag = annotate(self, stack, size) if annotate is not None else 0
         for _ in range(size):
             stack = self._nodes[stack][1]
-        return self._push(self.actions[self._nodes[stack][0]][origin][1], stack)
+        return self._push(self.actions[self._nodes[stack][0]][origin][1], stack, tag)
 
     def candidates(self, stack: Stack) -> list[str]:
         return list(self.actions[self._nodes[stack][0]])

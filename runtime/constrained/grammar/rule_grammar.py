@@ -37,7 +37,7 @@ def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_s
         table = build_table(writer.productions, set(terminals))
     except ValueError as e:
         raise ValueError(f"{field}: its recursive part has no unambiguous LALR(1) grammar ({e})") from None
-    table.guards = guards(checks)
+    table.guards, table.annotators = guards(checks)
     return LalrGrammar(table, terminals, frozenset())
 
 

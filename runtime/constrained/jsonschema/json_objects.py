@@ -74,7 +74,7 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     shape = None
     if c.checked and not c.exact_depth and not lo and hi is None:
         said = s.get("additionalProperties", s.get("unevaluatedProperties"))
-        shape = ObjectShape(tuple((name, node, req) for name, (node, req) in zip(names, items)),
+        shape = ObjectShape(tuple((name, node, req, value) for name, (node, req), (_, value, _) in zip(names, items, members)),
                             frozenset([*props, *required]), tuple(ra.seq(k, c.punct(":"), v) for k, v in extra_pairs),
                             not patterns and s.get("propertyNames", True) is True and (said is None or said in (True, {})))
     if c.strict or (len(items) < 2 and extra is None):

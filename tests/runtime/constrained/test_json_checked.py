@@ -23,6 +23,12 @@ UNION = {"definitions": {"node": {"anyOf": [
 # a closed branch beside one whose undeclared members have a schema of their own
 MAPPED = {"anyOf": [{"type": "object", "properties": {**MANY, "sub": {"$ref": "#"}}, "additionalProperties": False},
                     {"type": "object", "properties": {"$schema": {"type": "string"}}, "additionalProperties": {"type": "string"}}]}
+# one key whose value is a different object per branch (starting alike): one member, its value a union
+NESTED = {"oneOf": [
+    {"type": "object", "properties": {**MANY, "status": {"const": "error"}, "details": {"type": "object"}, "more": {"$ref": "#"}},
+     "required": ["status", "details"], "additionalProperties": False},
+    {"type": "object", "properties": {"status": {"const": "ok"}, "details": {"type": "object", "properties": {"n": {"type": "integer"}},
+     "required": ["n"], "additionalProperties": False}}, "required": ["status", "details"], "additionalProperties": False}]}
 
 CASES = [
     (RECURSIVE, '{"p5":1,"p3":2}'),
@@ -41,6 +47,13 @@ CASES = [
     (MAPPED, '{"foo":"bar","$schema":"x"}'),
     (MAPPED, '{"foo":1}'),  # an undeclared value of the wrong type
     (MAPPED, '{"p7":1,"foo":"x"}'),  # a member of each branch
+    (NESTED, '{"details":{"n":1},"status":"ok"}'),
+    (NESTED, '{"details":{"x":[1]},"p1":2,"status":"error"}'),
+    (NESTED, '{"details":{},"status":"error"}'),
+    (NESTED, '{"details":{"x":1},"status":"ok"}'),  # the error branch's details with the ok status
+    (NESTED, '{"status":"ok","details":{"m":1}}'),
+    (NESTED, '{"status":"ok","details":{}}'),  # ok's details require n
+    (NESTED, '{"details":{"n":1},"status":"ok","p1":1}'),  # p1 only in the error branch
 ]
 
 
@@ -60,7 +73,7 @@ def test_members_in_any_order_against_jsonschema(compiler, schema, text):
     assert (state is not None and constraint.can_end(state)) == _valid(schema, text)
 
 
-@pytest.mark.parametrize("schema", [RECURSIVE, UNION])
+@pytest.mark.parametrize("schema", [RECURSIVE, UNION, NESTED])
 def test_random_walks_of_the_masks_end_in_valid_objects(compiler, walk, schema):
     constraint, rng = compiler.compile("json_schema", schema), random.Random(7)
     for _ in range(8):  # recursive members often nest on past the walk's end: those are checked token by token
