@@ -151,7 +151,7 @@ def _member_note(nested: Nested) -> Annotator:
     inner = nested.inner
 
     def note(table: LalrTable, stack: Stack, size: int) -> int:
-        kept, node = 0, stack
+        kept, node = 0, stack  # type: int, Stack | None
         for _ in range(size):
             if node is None:
                 break

@@ -62,6 +62,10 @@ class SchemaCompiler(Protocol):
 
     def punct(self, c: str) -> ra.Node: ...
 
+    def boundary(self) -> ra.Node:
+        """An empty rule: a place where the grammar's lexer must end one lexeme and start the next."""
+        ...
+
     def undeclared_value(self) -> ra.Node:
         """The value of a property that the schema says nothing about (no `additionalProperties`)."""
         ...

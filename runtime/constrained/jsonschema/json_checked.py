@@ -58,7 +58,11 @@ def checked_object(c: SchemaCompiler, shapes: list[ObjectShape]) -> ra.Node | No
             if member is None:
                 return None
             members.append(member)
-        else:
+        elif len(values) == 1:  # the key a terminal of its own: the lexer after `{` or a comma reads keys only
+            (value, (_, bits)), = values.items()
+            node = ra.seq(ra.literal(const_text(name)), c.punct(":"), c.boundary(), value)
+            members.append(_Member(name, node, bits | open_bits))
+        else:  # values told apart by their first terminal (a discriminating const): each in its key's terminal
             members += [_Member(name, node, bits | open_bits) for node, bits in values.values()]
     # undeclared members of their own kind (a schema, patternProperties): their branch's alone, read apart
     # where their keys meet another branch's (the lexer takes one reading: a valid text may be refused, never
