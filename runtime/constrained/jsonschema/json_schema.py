@@ -280,7 +280,8 @@ class _SchemaCompiler:
         where their shapes allow, else each checked one in declared order (its fallback)."""
         boxes = [self.rules.get(n.name, n) if isinstance(n, ra.Ref) else n for n in nodes]
         objects = [i for i, box in enumerate(boxes) if (c := self._containers.get(box)) and c.opening == "{"]
-        if len(objects) < 2 or not any(boxes[i] in self.fallbacks for i in objects):
+        if len(objects) < 2 or not any(boxes[i] in self.fallbacks or ra.refs(self._containers[boxes[i]].body)
+                                       for i in objects):  # objects of one regex: the lexer's DFA reads their union
             return nodes
         shapes = [self.shapes.get(boxes[i]) for i in objects]
         united = checked_object(self, shapes) if all(shapes) else None  # type: ignore[arg-type]

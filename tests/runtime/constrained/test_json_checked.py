@@ -29,6 +29,9 @@ NESTED = {"oneOf": [
      "required": ["status", "details"], "additionalProperties": False},
     {"type": "object", "properties": {"status": {"const": "ok"}, "details": {"type": "object", "properties": {"n": {"type": "integer"}},
      "required": ["n"], "additionalProperties": False}}, "required": ["status", "details"], "additionalProperties": False}]}
+# small open objects told apart by a const (a grammar through the recursive member): one checked union
+SMALL = {"anyOf": [{"type": "object", "properties": {"type": {"const": "a"}, "a": {"$ref": "#"}}, "required": ["type", "a"]},
+                   {"type": "object", "properties": {"type": {"const": "b"}, "b": {"type": "string"}}, "required": ["type", "b"]}]}
 
 CASES = [
     (RECURSIVE, '{"p5":1,"p3":2}'),
@@ -54,6 +57,9 @@ CASES = [
     (NESTED, '{"status":"ok","details":{"m":1}}'),
     (NESTED, '{"status":"ok","details":{}}'),  # ok's details require n
     (NESTED, '{"details":{"n":1},"status":"ok","p1":1}'),  # p1 only in the error branch
+    (SMALL, '{"a":{"b":"x","type":"b"},"type":"a","z":[]}'),
+    (SMALL, '{"type":"a","b":"x"}'),  # a's undeclared b, but a missing
+    (SMALL, '{"b":1,"type":"b"}'),
 ]
 
 
