@@ -6,7 +6,7 @@ A leaf: the keyword modules import this instead of json_schema, which imports th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from ..grammar.member_check import MemberCheck
 from ..regex import regex_ast as ra
@@ -49,7 +49,8 @@ class SchemaCompiler(Protocol):
     any_undeclared: bool  # undeclared properties' values: any JSON (a rule), else bounded
     checked: bool  # objects past the eager any-order automaton are checked by the grammar (json_checked)
     member_checks: list[MemberCheck]  # ... those made so far
-    shapes: dict[ra.Node, Any]  # objects' json_checked.ObjectShape, by their node (unions unite them)
+    checked_objects: dict[tuple, tuple[ra.Node, MemberCheck]]  # ... by their members and required keys
+    shapes: dict[ra.Node, tuple]  # objects' json_checked.ObjectShapes (a checked union's: its branches'), by node
     fallbacks: dict[ra.Node, Callable[[], ra.Node]]  # checked objects' declared-order form, by their node
 
     def compile(self, schema: object, path: str) -> ra.Node:

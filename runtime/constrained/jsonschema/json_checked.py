@@ -43,6 +43,11 @@ class _Member:
 def checked_object(c: SchemaCompiler, shapes: list[ObjectShape]) -> ra.Node | None:
     """The object (or union of objects) as a checked grammar object, registered in `c.member_checks`;
     None where members would start alike."""
+    made = _checked(c, shapes)
+    return None if made is None else made[0]
+
+
+def _checked(c: SchemaCompiler, shapes: list[ObjectShape]) -> tuple[ra.Node, MemberCheck] | None:
     union = len(shapes) > 1
     by_name: dict[str, dict[ra.Node, list]] = {}  # name -> value -> [member node, branches bits]
     for b, shape in enumerate(shapes):
@@ -79,11 +84,14 @@ def checked_object(c: SchemaCompiler, shapes: list[ObjectShape]) -> ra.Node | No
     if len(set(firsts)) < len(firsts):
         return None
     key_ids = {name: i for i, name in enumerate(by_name)}
+    required = tuple(sum(1 << key_ids[name] for name, _, req, _ in s.members if req) for s in shapes)
+    same = (tuple((m.name, m.node, m.branches) for m in members), required)
+    if same in c.checked_objects:  # one object met twice (a union remade split, a $ref inlined twice): one
+        return c.checked_objects[same]  # set of rules, else two alike would reduce on one key (LALR conflict)
     prefix = f"members{len(c.member_checks)}_"
     c.rules[f"{prefix}more"] = ra.EMPTY
     c.rules[f"{prefix}sep"] = ra.seq(ra.Ref(f"{prefix}more"), c.punct(","))
-    check = MemberCheck(f"{prefix}list", f"{prefix}sep", f"{prefix}body", f"{prefix}more", {}, {},
-                        tuple(sum(1 << key_ids[name] for name, _, req, _ in s.members if req) for s in shapes))
+    check = MemberCheck(f"{prefix}list", f"{prefix}sep", f"{prefix}body", f"{prefix}more", {}, {}, required)
     alts = []
     for i, m in enumerate(members):
         tag, rule = f"{prefix}tag{i}", f"{prefix}m{i}"
@@ -98,21 +106,23 @@ def checked_object(c: SchemaCompiler, shapes: list[ObjectShape]) -> ra.Node | No
     c.member_checks.append(check)
     body: ra.Node = ra.Ref(check.list_rule)
     c.rules[check.body_rule] = body if all(check.required) else ra.alt(ra.EMPTY, body)
-    return c.bracketed("{", ra.Ref(check.body_rule), "}")
+    made = c.checked_objects[same] = (c.bracketed("{", ra.Ref(check.body_rule), "}"), check)
+    c.shapes[made[0]] = tuple(shapes)  # a union of unions unites their branches
+    return made
 
 
 def _nested(c: SchemaCompiler, name: str, values: dict[ra.Node, list], open_bits: int) -> _Member | None:
     """One member for `name` whose value is the union of the branches' objects (member_check.Nested); None
     where a value is not an object of a known shape."""
-    shapes = [c.shapes.get(c.rules.get(v.name, v) if isinstance(v, ra.Ref) else v) for v in values]
-    if not all(shapes):
+    groups = [c.shapes.get(c.rules.get(v.name, v) if isinstance(v, ra.Ref) else v) for v in values]
+    if not all(groups):
         return None
-    inner = checked_object(c, shapes)  # type: ignore[arg-type]  # all shapes, checked just above
-    if inner is None:
+    made = _checked(c, [s for group in groups for s in group])  # type: ignore[union-attr]  # all found
+    if made is None:
         return None
-    node = ra.seq(ra.literal(const_text(name)), c.punct(":"), inner)
-    to_outer = tuple(bits for _, bits in values.values())
-    return _Member(name, node, sum(to_outer) | open_bits, (c.member_checks[-1], to_outer, open_bits))
+    node = ra.seq(ra.literal(const_text(name)), c.punct(":"), made[0])
+    to_outer = tuple(bits for group, (_, bits) in zip(groups, values.values()) for _ in group)  # type: ignore[union-attr]
+    return _Member(name, node, sum(to_outer) | open_bits, (made[1], to_outer, open_bits))
 
 
 def _first_run(node: ra.Node) -> ra.Node:

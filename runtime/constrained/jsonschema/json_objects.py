@@ -91,14 +91,14 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
         def declared_order() -> ra.Node:  # where a union cannot take it checked
             c.unenforced.append(f"property order at {path or '#'}")
             return c.bracketed("{", _members(c, items, extra, lo, hi, path), "}")
-        c.shapes[checked], c.fallbacks[checked] = shape, declared_order
+        c.shapes[checked], c.fallbacks[checked] = (shape,), declared_order
         return checked
     else:
         c.unenforced.append(f"property order at {path or '#'}")
         body = _members(c, items, extra, lo, hi, path)
     node = c.bracketed("{", body, "}")
     if shape is not None:
-        c.shapes[node] = shape
+        c.shapes[node] = (shape,)
     return node
 
 

@@ -219,7 +219,8 @@ class _SchemaCompiler:
         self._containers: dict[ra.Node, Container] = {}  # each bracketed node, by itself: unions merge them
         self.checked = False  # objects past the eager any-order automaton checked by the grammar (json_checked)
         self.member_checks: list[MemberCheck] = []
-        self.shapes: dict[ra.Node, object] = {}  # objects' json_checked.ObjectShape, by node
+        self.checked_objects: dict[tuple, tuple[ra.Node, MemberCheck]] = {}  # by members and required keys
+        self.shapes: dict[ra.Node, tuple] = {}  # objects' (and checked unions') json_checked.ObjectShapes, by node
         self.fallbacks: dict[ra.Node, Callable[[], ra.Node]] = {}  # checked objects' declared-order form
 
     # ---- tokens -------------------------------------------------------------------------------
@@ -283,8 +284,8 @@ class _SchemaCompiler:
         if len(objects) < 2 or not any(boxes[i] in self.fallbacks or ra.refs(self._containers[boxes[i]].body)
                                        for i in objects):  # objects of one regex: the lexer's DFA reads their union
             return nodes
-        shapes = [self.shapes.get(boxes[i]) for i in objects]
-        united = checked_object(self, shapes) if all(shapes) else None  # type: ignore[arg-type]
+        shapes = [self.shapes.get(boxes[i]) for i in objects]  # a checked union's: its branches'
+        united = checked_object(self, [s for group in shapes for s in group]) if all(shapes) else None  # type: ignore[union-attr]
         if united is not None:
             return [united, *(n for i, n in enumerate(nodes) if i not in objects)]
         return [self.fallbacks[boxes[i]]() if i in objects and boxes[i] in self.fallbacks else n
