@@ -158,16 +158,28 @@ class ConstraintCompiler:
         not_lazy: frozenset[str] = frozenset()
         unique = "uniqueItems" not in self.json_relaxed  # enforced around the grammar (unique_items.py)
         relaxed = self.json_relaxed | {"uniqueItems"} if unique else self.json_relaxed
-        while True:
-            grammar = compile_json_schema(spec, self.json_whitespace, relaxed, strict=strict,
-                                          lazy_objects=not strict, not_lazy=not_lazy)
+
+        def compiled(lazy_objects: bool = False, not_lazy: frozenset[str] = frozenset(),
+                     checked_objects: bool = True) -> JsonGrammar:
+            grammar = compile_json_schema(spec, self.json_whitespace, relaxed, strict=strict, lazy_objects=lazy_objects,
+                                          not_lazy=not_lazy, checked_objects=checked_objects)
             if unique:  # the grammar's reports of it are replaced by the scan's own
                 grammar.unenforced = tuple(r for r in grammar.unenforced if not r.startswith("uniqueItems at "))
             if note is not None:
                 grammar.unenforced = (note, *grammar.unenforced)
+            return grammar
+
+        while True:
+            grammar = compiled(lazy_objects=not strict, not_lazy=not_lazy)
             built: Constraint
             if not grammar.lazy:
-                built = _built(grammar, self.vocab)
+                try:
+                    built = _built(grammar, self.vocab)
+                except ValueError:
+                    if not grammar.checks:
+                        raise
+                    # checked objects made the grammar fail (a lexer too large): declared order for them
+                    built = _built(compiled(checked_objects=False), self.vocab)
                 break
             try:
                 built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
@@ -193,7 +205,7 @@ def _built(grammar: JsonGrammar, vocab: TokenVocab) -> Constraint:
     if not grammar.rules:
         built = RegexConstraint(compile_dfa([grammar.root]), vocab)
     else:
-        built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules), vocab)
+        built = GrammarConstraint(rules_grammar(grammar.root, grammar.rules, checks=grammar.checks), vocab)
     built.unenforced = grammar.unenforced
     return built
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..regex import regex_ast as ra
 from ..regex.regex_parser import parse_regex
@@ -67,7 +67,14 @@ class LalrTable:
         }
         return cls(actions, parse_table.start_states[start], parse_table.end_states[start])
 
-    _nodes: list[tuple[int, int]] = field(default_factory=list)  # by stack: (top state, parent stack; -1: none)
+    symbols: list[str] = field(default_factory=list)  # by state: the symbol read to reach it (lr_table's)
+    # by rule: a check of the stack before it reduces (the stack, the production's size); False vetoes the
+    # terminal that made it reduce (member_check: a JSON key written twice, an object closed too early)
+    guards: dict[str, Callable[["LalrTable", int, int], bool]] = field(default_factory=dict)
+    # by rule: a number its reduced node carries (0 unless asked), read by guards below it (member_check)
+    annotators: dict[str, Callable[["LalrTable", int, int], int]] = field(default_factory=dict)
+    # by stack: (top state, parent stack; -1: none, tag); a fork's is (-1, -1, 0)
+    _nodes: list[tuple[int, int, int]] = field(default_factory=list)
     _numbers: dict[tuple, Stack] = field(default_factory=dict)  # _nodes' inverse, and forks' by members
     _members: dict[Stack, tuple[Stack, ...]] = field(default_factory=dict)  # a fork's stacks, in reading order
     _feeds: dict[tuple[Stack, str | tuple[str, ...]], Stack] = field(default_factory=dict)  # feed('s_each), -1: error
@@ -93,8 +100,11 @@ class LalrTable:
         """The plain stacks a stack stands for: a fork's, or itself."""
         return self._members.get(stack, (stack,))
 
-    def _push(self, state: int, parent: Stack) -> Stack:
-        key = (state, parent)
+    def tag(self, stack: Stack) -> int:
+        return self._nodes[stack][2]
+
+    def _push(self, state: int, parent: Stack, tag: int = 0) -> Stack:
+        key = (state, parent, tag)
         number = self._numbers.get(key)
         if number is None:
             with self._lock:
@@ -140,10 +150,12 @@ class LalrTable:
             kind, arg = act
             if kind:
                 return self._push(arg, stack)
-            if kind is FORK:
+            if kind is FORK:  # each reduction its guard allows
                 seen = (*seen, stack)
                 return self._fork([self._feed(nxt, terminal, seen) for r in arg
-                                   if (nxt := self._reduce(stack, *r)) not in seen])
+                                   if self._guarded(stack, *r) and (nxt := self._reduce(stack, *r)) not in seen])
+            if not self._guarded(stack, *arg):
+                return -1
             stack = self._reduce(stack, *arg)
 
     def _fork(self, stacks: list[Stack]) -> Stack:
@@ -160,7 +172,7 @@ class LalrTable:
                 if number is None:  # its members first: a thread reading the number unlocked finds them
                     number = len(self._nodes)
                     self._members[number] = members
-                    self._nodes.append((-1, -1))
+                    self._nodes.append((-1, -1, 0))
                     self._numbers[key] = number
         return number
 
@@ -181,15 +193,23 @@ class LalrTable:
             if act[0] is FORK:
                 seen = (*seen, stack)
                 return any(self._nodes[nxt][0] == self.end or self._accepts_end(nxt, seen) for r in act[1]
-                           if (nxt := self._reduce(stack, *r)) not in seen)
+                           if self._guarded(stack, *r) and (nxt := self._reduce(stack, *r)) not in seen)
+            if not self._guarded(stack, *act[1]):
+                return False
             stack = self._reduce(stack, *act[1])
             if self._nodes[stack][0] == self.end:
                 return True
 
+    def _guarded(self, stack: Stack, size: int, origin: str) -> bool:
+        guard = self.guards.get(origin)
+        return guard is None or guard(self, stack, size)
+
     def _reduce(self, stack: Stack, size: int, origin: str) -> Stack:
+        annotate = self.annotators.get(origin)
+        tag = annotate(self, stack, size) if annotate is not None else 0
         for _ in range(size):
             stack = self._nodes[stack][1]
-        return self._push(self.actions[self._nodes[stack][0]][origin][1], stack)
+        return self._push(self.actions[self._nodes[stack][0]][origin][1], stack, tag)
 
     def candidates(self, stack: Stack) -> list[str]:
         members = self._members.get(stack)

@@ -56,7 +56,11 @@ def build_table(productions: list[Production], terminals: set[str], start: str =
                     raise ValueError(f"reduce/reduce conflict on {term} between rules {ways[0][1]} and {rule}")
                 row[term] = (FORK, (*ways, reduce))
         actions[s] = row
-    return LalrTable(actions, 0, states.goto[0][start])
+    symbols = [""] * len(states.goto)  # each LR(0) state's accessing symbol: what a stack node above it read
+    for row_goto in states.goto:
+        for sym, t in row_goto.items():
+            symbols[t] = sym
+    return LalrTable(actions, 0, states.goto[0][start], symbols=symbols)
 
 
 def _nullable(prods: list[Production]) -> set[str]:

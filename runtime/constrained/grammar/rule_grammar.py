@@ -15,6 +15,7 @@ from typing import Callable
 from ..regex import regex_ast as ra
 from .lalr import LalrGrammar, Terminal
 from .lr_table import Production, build_table
+from .member_check import MemberCheck, guards
 
 Symbols = tuple[str, ...]
 
@@ -23,8 +24,10 @@ Symbols = tuple[str, ...]
 SPLIT_REPEAT = 16
 
 
-def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_schema") -> LalrGrammar:
-    """`field` names the request field the rules came from, in the error for a malformed grammar."""
+def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_schema",
+                  checks: tuple[MemberCheck, ...] = ()) -> LalrGrammar:
+    """`field` names the request field the rules came from, in the error for a malformed grammar;
+    `checks`: objects whose members the table checks as it reduces (member_check)."""
     writer = _Writer()
     writer.define("start", root)
     for name, body in rules.items():
@@ -34,6 +37,7 @@ def rules_grammar(root: ra.Node, rules: dict[str, ra.Node], field: str = "json_s
         table = build_table(writer.productions, set(terminals), forks=True)
     except ValueError as e:
         raise ValueError(f"{field}: {e}") from None
+    table.guards, table.annotators = guards(checks)
     return LalrGrammar(table, terminals, frozenset(), readings=True)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
+from ..grammar.member_check import MemberCheck
 from ..regex import regex_ast as ra
 from .json_refs import RefResolver
 
@@ -46,6 +47,12 @@ class SchemaCompiler(Protocol):
     lazy: list[LazyObject] | None  # objects built as decoding reaches them (None: none, e.g. in a grammar)
     not_lazy: frozenset[str]  # ... but not these (paths): they keep declared order
     ws: ra.Node  # whitespace between tokens
+    any_undeclared: bool  # undeclared properties' values: any JSON (a rule), else bounded
+    checked: bool  # objects past the eager any-order automaton are checked by the grammar (json_checked)
+    member_checks: list[MemberCheck]  # ... those made so far
+    checked_objects: dict[tuple, tuple[ra.Node, MemberCheck]]  # ... by their members and required keys
+    shapes: dict[ra.Node, tuple]  # objects' json_checked.ObjectShapes (a checked union's: its branches'), by node
+    fallbacks: dict[ra.Node, Callable[[], ra.Node]]  # checked objects' declared-order form, by their node
 
     def compile(self, schema: object, path: str) -> ra.Node:
         """A subschema's language; `path` (a JSON pointer) names it in errors."""
@@ -56,6 +63,10 @@ class SchemaCompiler(Protocol):
         ...
 
     def punct(self, c: str) -> ra.Node: ...
+
+    def boundary(self) -> ra.Node:
+        """An empty rule: a place where the grammar's lexer must end one lexeme and start the next."""
+        ...
 
     def undeclared_value(self) -> ra.Node:
         """The value of a property that the schema says nothing about (no `additionalProperties`)."""

@@ -19,6 +19,7 @@ from typing import Any
 from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa, difference, intersection
 from .contract import LazyObject, SchemaCompiler
+from .json_checked import ObjectShape, checked_object
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 
@@ -47,6 +48,7 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     names_ok = _name_filter(c, s, path)
     items: list[tuple[ra.Node, bool]] = []
     members: list[tuple[ra.Node, ra.Node, bool]] = []  # (key, value, required) of the same members
+    names: list[str] = []  # ... and their names
     for name in dict.fromkeys([*props, *required]):
         sub = _declared_schema(s, name)
         req = name in required
@@ -62,12 +64,19 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
             continue
         items.append((ra.seq(ra.literal(const_text(name)), c.punct(":"), value), req))
         members.append((ra.literal(const_text(name)), value, req))
+        names.append(name)
     extra_pairs = _extra_pairs(c, s, path, [n for n in dict.fromkeys([*props, *required])])
     extra = ra.alt(*(ra.seq(key, c.punct(":"), value) for key, value in extra_pairs)) if extra_pairs else None
     lo, hi = s.get("minProperties", 0), s.get("maxProperties")
     for key, bound in (("minProperties", lo), ("maxProperties", hi)):
         if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
             raise ValueError(f"json_schema {key} at {path} must be a non-negative integer, got {bound!r}")
+    shape = None
+    if c.checked and not c.exact_depth and not lo and hi is None:
+        said = s.get("additionalProperties", s.get("unevaluatedProperties"))
+        shape = ObjectShape(tuple((name, node, req, value) for name, (node, req), (_, value, _) in zip(names, items, members)),
+                            frozenset([*props, *required]), tuple(ra.seq(k, c.punct(":"), v) for k, v in extra_pairs),
+                            not patterns and s.get("propertyNames", True) is True and (said is None or said in (True, {})))
     if c.strict or (len(items) < 2 and extra is None):
         body = _members(c, items, extra, lo, hi, path)
     elif _any_order_fits(items) or (c.exact_depth and len(items) <= ANY_ORDER_MAX_PROPERTIES):
@@ -78,10 +87,19 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
     elif c.lazy is not None and path not in c.not_lazy and not lo and hi is None and len(c.lazy) < len(LAZY_MARKERS) and not any(
             ra.refs(n) for _, n, _ in members) and not any(ra.refs(n) for _, n in extra_pairs):
         return _lazy_object(c, members, extra_pairs, path)
+    elif shape is not None and (checked := checked_object(c, [shape])) is not None:
+        def declared_order() -> ra.Node:  # where a union cannot take it checked
+            c.unenforced.append(f"property order at {path or '#'}")
+            return c.bracketed("{", _members(c, items, extra, lo, hi, path), "}")
+        c.shapes[checked], c.fallbacks[checked] = (shape,), declared_order
+        return checked
     else:
         c.unenforced.append(f"property order at {path or '#'}")
         body = _members(c, items, extra, lo, hi, path)
-    return c.bracketed("{", body, "}")
+    node = c.bracketed("{", body, "}")
+    if shape is not None:
+        c.shapes[node] = (shape,)
+    return node
 
 
 def _declared_schema(s: dict, name: str) -> object:

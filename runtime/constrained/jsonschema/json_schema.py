@@ -17,13 +17,15 @@ import contextlib
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, cast
+from typing import Callable, Iterable, Iterator, cast
 
 from .. import deadline
+from ..grammar.member_check import MemberCheck
 from ..regex import regex_ast as ra
 from ..regex.automaton import char_sets, compile_dfa, own_chars
 from ..regex.regex_parser import parse_regex
 from .json_arrays import array_node
+from .json_checked import checked_object
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
 from .json_objects import LAZY_MARKERS, LazyObject, object_node
@@ -54,6 +56,7 @@ class JsonGrammar:
     rules: dict[str, ra.Node] = field(default_factory=dict)  # empty: `root` is a plain regex
     unenforced: tuple[str, ...] = ()  # relaxed keywords the schema holds: "<keyword> at <path>"
     lazy: tuple[LazyObject, ...] = ()  # objects `root` holds as markers, built lazily (object_dispatch)
+    checks: tuple[MemberCheck, ...] = ()  # objects `rules` reads in any order, checked (grammar/member_check)
 
 
 def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
@@ -100,14 +103,15 @@ def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
 
 def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = (),
                         strict: bool = False, lazy_objects: bool = False,
-                        not_lazy: frozenset[str] = frozenset()) -> JsonGrammar:
+                        not_lazy: frozenset[str] = frozenset(), checked_objects: bool = True) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
     keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused).
     `strict`: objects in declared order, closed unless the schema opens them (module docstring).
     `lazy_objects`: in one regex, an object too large for its members to take any order eagerly is a
     marker (JsonGrammar.lazy) for object_dispatch to build lazily, not kept in declared order (except
-    those at the paths `not_lazy`)."""
+    those at the paths `not_lazy`). `checked_objects`: in a grammar, such objects (and unions of objects) read
+    their members in any order, checked by the parser (json_checked), not in declared order."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
     relax = relaxed_keywords(relaxed)
@@ -128,8 +132,9 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
     with _compile_errors():
         compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, strict=strict,
                                    any_undeclared=bool(compiler.rules))
+        compiler.checked = checked_objects and not strict
         node = compiler.compile(root, "#")
-    return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced))
+    return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced), checks=tuple(compiler.member_checks))
 
 
 @contextlib.contextmanager
@@ -213,6 +218,11 @@ class _SchemaCompiler:
         self._recursive: set[str] = set()
         self.merged_names: dict[str, str] = {}  # rules for merged allOfs that recurse, by content
         self._containers: dict[ra.Node, Container] = {}  # each bracketed node, by itself: unions merge them
+        self.checked = False  # objects past the eager any-order automaton checked by the grammar (json_checked)
+        self.member_checks: list[MemberCheck] = []
+        self.checked_objects: dict[tuple, tuple[ra.Node, MemberCheck]] = {}  # by members and required keys
+        self.shapes: dict[ra.Node, tuple] = {}  # objects' (and checked unions') json_checked.ObjectShapes, by node
+        self.fallbacks: dict[ra.Node, Callable[[], ra.Node]] = {}  # checked objects' declared-order form
 
     # ---- tokens -------------------------------------------------------------------------------
     def punct(self, c: str) -> ra.Node:
@@ -247,6 +257,7 @@ class _SchemaCompiler:
         reads the union of theirs (json_unions): an LALR parser cannot carry two readings of one text."""
         if self.exact_depth:
             return nodes
+        nodes = self._checked_union(nodes)
         opened = [self._containers.get(self.rules.get(n.name, n) if isinstance(n, ra.Ref) else n) for n in nodes]
         out, merged = [], set()
         for i, node in enumerate(nodes):
@@ -265,6 +276,21 @@ class _SchemaCompiler:
             assert box is not None, "a merged body comes from a group of containers like this one"
             out.append(self.bracketed(box.opening, body, box.closing))
         return out
+
+    def _checked_union(self, nodes: list[ra.Node]) -> list[ra.Node]:
+        """Alternatives among which an object is checked (json_checked): the objects as one checked object
+        where their shapes allow, else each checked one in declared order (its fallback)."""
+        boxes = [self.rules.get(n.name, n) if isinstance(n, ra.Ref) else n for n in nodes]
+        objects = [i for i, box in enumerate(boxes) if (c := self._containers.get(box)) and c.opening == "{"]
+        if len(objects) < 2 or not any(boxes[i] in self.fallbacks or ra.refs(self._containers[boxes[i]].body)
+                                       for i in objects):  # objects of one regex: the lexer's DFA reads their union
+            return nodes
+        shapes = [self.shapes.get(boxes[i]) for i in objects]  # a checked union's: its branches'
+        united = checked_object(self, [s for group in shapes for s in group]) if all(shapes) else None  # type: ignore[union-attr]
+        if united is not None:
+            return [united, *(n for i, n in enumerate(nodes) if i not in objects)]
+        return [self.fallbacks[boxes[i]]() if i in objects and boxes[i] in self.fallbacks else n
+                for i, n in enumerate(nodes)]
 
     def separator(self, members_apart: bool) -> ra.Node:
         """The comma between members or items; where they hold rules (or where asked), a lexeme starts
