@@ -7,18 +7,19 @@ is one sample, rendered with the model's chat template (how a chat model sees wh
 from __future__ import annotations
 
 import json
+from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 
 from ..tokenizer import Tokenizer
-from .corpus import Document, mixed_documents, python_documents, shipped_documents
+from .corpus import Document, mixed_documents, prose_documents, python_documents, shipped_documents
 
 MIN_TOKENS = 32  # a trailing window shorter than this is dropped
 
 
-SOURCES = ("mixed", "builtin", "python")  # the named corpora (corpus.py); anything else is a file
+SOURCES = ("mixed", "builtin", "python", "prose", "prose+builtin")  # the named corpora (corpus.py); anything else is a file
 
 
 def calibration_documents(source: str) -> Iterator[Document]:
@@ -32,6 +33,10 @@ def calibration_documents(source: str) -> Iterator[Document]:
         return iter(shipped_documents())
     if source == "python":
         return python_documents()
+    if source == "prose":
+        return prose_documents()
+    if source == "prose+builtin":
+        return chain(shipped_documents(), prose_documents())
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"--calibration must be one of {SOURCES} or a text / .jsonl file, got {source!r}")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 SHIPPED = Path(__file__).with_name("calibration.txt")
+PROSE = Path(__file__).with_name("prose")  # one file per register, documents separated by a "---" line
 # standard-library packages whose docstrings are not prose a user writes (tests, generated tables, GUIs)
 _SKIPPED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "idlelib", "tkinter", "turtledemo",
                            "lib2to3", "encodings", "__pycache__", "ensurepip"})
@@ -62,6 +63,34 @@ def shipped_documents(path: Path = SHIPPED) -> list[Document]:
             docs.append(Document(reply, prompt=user.removeprefix("User: ")))
         elif para:
             docs.append(Document(para))
+    return docs
+
+
+def prose_documents(folder: Path = PROSE) -> Iterator[Document]:
+    """The shipped prose (~16k tokens written for radixlang: fiction with dialogue, letters and emails, news
+    and opinion, encyclopedic prose, instructions and recipes, chat exchanges, reviews, lists and tables),
+    one document of each register's file in turn, so any token budget takes every register."""
+    sources = [iter(file_documents(path)) for path in sorted(folder.glob("*.txt"))]
+    while sources:
+        for source in list(sources):
+            doc = next(source, None)
+            if doc is None:
+                sources.remove(source)
+            else:
+                yield doc
+
+
+def file_documents(path: Path) -> list[Document]:
+    """A prose file's documents, separated by a "---" line; one that starts "User: " and has an
+    "Assistant: " line is a chat exchange (the reply may run over several paragraphs)."""
+    docs = []
+    for text in re.split(r"\n---\n", path.read_text()):
+        text = text.strip()
+        user, sep, reply = text.partition("\nAssistant: ")
+        if text.startswith("User: ") and sep:
+            docs.append(Document(reply.strip(), prompt=user.removeprefix("User: ").strip()))
+        elif text:
+            docs.append(Document(text))
     return docs
 
 
