@@ -1,5 +1,6 @@
 """The calibration corpora (`mixed`: the shipped text, Python's own documentation, the installed packages'
-READMEs and licences; `python`: the first two; `builtin`, the default, the first alone): deterministic, tens of thousands of tokens of every
+READMEs and licences; `python`: the first two; `builtin`, the default, the first alone; `prose`, the shipped
+prose of eight registers): deterministic, tens of thousands of tokens of every
 source, chat exchanges in the model's chat template, no overlap with the text the benchmark evaluates
 quantized models on, and users' own files (plain text, JSON Lines)."""
 from __future__ import annotations
@@ -14,9 +15,10 @@ import torch
 from radixlang.benchmark.fidelity import FIXED_TEXT, LONG_TEXT, STORY_TEXT
 from radixlang.runtime.quantize.calibration import calibration_documents, calibration_samples
 from radixlang.runtime.quantize.corpus import (
+    PROSE,
     Document,
-    licence_documents,
     file_documents,
+    licence_documents,
     mixed_documents,
     prose_documents,
     python_documents,
@@ -74,7 +76,7 @@ def test_the_shipped_prose_is_large_varied_and_disjoint_from_the_evaluation_and_
     held_out = ngrams(FIXED_TEXT + " " + LONG_TEXT + " " + STORY_TEXT + " " + DEV_TEXT)
     shared = set().union(*(ngrams(d.text + " " + (d.prompt or "")) for d in docs)) & held_out
     assert not shared, f"calibration text copies the evaluation text: {sorted(shared)[:3]}"
-    files = sorted(Path(prose_documents.__defaults__[0]).glob("*.txt"))  # type: ignore[index]
+    files = sorted(PROSE.glob("*.txt"))
     assert len(files) >= 8
     first_round = docs[:len(files)]  # any budget takes one document of every register first
     assert first_round == [file_documents(f)[0] for f in files]
