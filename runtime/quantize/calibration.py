@@ -22,7 +22,8 @@ SOURCES = ("mixed", "builtin", "python", "prose")  # the named corpora (corpus.p
 
 
 def calibration_documents(source: str) -> Iterator[Document]:
-    """`builtin` (the default: the shipped text), `prose` (the shipped prose of eight registers), `mixed` (it, then Python's documentation, docstrings,
+    """`prose` (GPTQ's default: the shipped prose of many registers), `builtin` (the other methods': the
+    shipped 2k tokens), `mixed` (it, then Python's documentation, docstrings,
     package READMEs and licences in turn), `python` (it and Python's own documentation),
     or a file of the user's: plain text (one document), or JSON Lines with a "text" field per line (one
     document each; a line with "prompt" too is a chat exchange)."""

@@ -1,13 +1,15 @@
-"""Calibration corpora, nothing downloaded: `builtin` (the default), `prose`, `mixed` and `python`.
+"""Calibration corpora, nothing downloaded: `prose` (GPTQ's default), `builtin` (the other methods'),
+`mixed` and `python`.
 
-`builtin` is the text shipped with radixlang (calibration.txt, ~2k tokens written for it: prose on many
-subjects, instructions, code, a story, chat exchanges), the mix of registers users send. Its chat exchanges
-are rendered with the model's chat template (calibration.py), since that is how a chat model sees them.
+`prose` is text shipped with radixlang (prose/*.txt, ~21k tokens written for it under its licence), one
+file per everyday register: fiction with dialogue, short stories, letters and emails, news and opinion,
+encyclopedic prose, how-to and recipes, chat exchanges, forum posts, interviews and conversations, reviews,
+lists / tables / a little code; one document of each file in turn (prose_documents). On SmolLM2-135M GPTQ
+on all of it rounded the development text better than on `builtin`, AWQ worse (docs/models.md).
 
-`prose` is a larger shipped text (prose/*.txt, ~16.6k tokens written for radixlang under its licence), one
-file per register: fiction with dialogue, letters and emails, news and opinion, encyclopedic prose, how-to
-and recipes, chat exchanges, reviews, lists / tables / a little code. Not the default either: on
-SmolLM2-135M, GPTQ and AWQ on it rounded the development text worse than on the shipped 2k (docs/models.md).
+`builtin` is the earlier shipped text (calibration.txt, ~2k tokens written for it: prose on many
+subjects, instructions, code, a story, chat exchanges). Chat exchanges, in either, are rendered with the
+model's chat template (calibration.py), since that is how a chat model sees them.
 
 `mixed` adds, in turn, pieces of four sources that every install of radixlang carries on the user's own
 disk (read, never imported, and never redistributed: each stays under its own licence):

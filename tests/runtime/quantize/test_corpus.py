@@ -1,6 +1,6 @@
 """The calibration corpora (`mixed`: the shipped text, Python's own documentation, the installed packages'
-READMEs and licences; `python`: the first two; `builtin`, the default, the first alone; `prose`, the shipped
-prose of eight registers): deterministic, tens of thousands of tokens of every
+READMEs and licences; `python`: the first two; `builtin` the first alone; `prose`, GPTQ's default, the
+shipped prose of many registers): deterministic, tens of thousands of tokens of every
 source, chat exchanges in the model's chat template, no overlap with the text the benchmark evaluates
 quantized models on, and users' own files (plain text, JSON Lines)."""
 from __future__ import annotations
@@ -26,8 +26,9 @@ from radixlang.runtime.quantize.corpus import (
     reference_documents,
     shipped_documents,
 )
+from radixlang.runtime.quantize.driver import QuantizeOptions
 
-BUDGET_CHARS = 400_000  # well above what the default budget (16k tokens, ~4 characters each) takes
+BUDGET_CHARS = 400_000  # well above what the default budget (32k tokens, ~4 characters each) takes
 NGRAM = 8  # words: a shared run this long is copied text, not a common phrase
 DEV_TEXT = (Path(__file__).parents[3] / "benchmark" / "quantization_dev.txt").read_text()  # where choices are made
 
@@ -83,6 +84,13 @@ def test_the_shipped_prose_is_large_varied_and_disjoint_from_the_evaluation_and_
     chats = [d for d in docs if d.prompt is not None]
     assert len(chats) >= 15 and all(not d.text.startswith("Assistant:") and "\nAssistant: " not in d.prompt for d in chats)
     assert not any(d.text.startswith("User: ") or d.text.strip() == "---" for d in docs)
+
+
+def test_gptq_calibrates_on_all_of_the_shipped_prose_by_default_and_the_others_on_builtin():
+    assert [QuantizeOptions(method=m).calibration() for m in ("gptq", "awq", "smoothquant")] == ["prose", "builtin", "builtin"]
+    assert QuantizeOptions(method="gptq", calib="mixed").calibration() == "mixed"
+    chars = sum(len(d.text) + len(d.prompt or "") for d in prose_documents())
+    assert QuantizeOptions().calib_tokens > chars / 3.5  # the default budget holds all of it (~4 characters a token)
 
 
 def test_samples_fill_the_budget_and_chat_exchanges_use_the_chat_template():
