@@ -12,8 +12,8 @@ sources (tests/runtime/quantize/test_corpus.py checks they share no 8-word run w
 (defaults, options) are made on a third text, quantization_dev.txt, never on these two.
 
 Every quantized model is made here by `radixlang quantize`'s code from the same fp32 weights (the GGUF
-dequantized), calibrated on the default text (`builtin`, runtime/quantize/corpus.py), and loaded from the
-HF folder it writes, as a user would. --reuse DIR keeps the folders there and skips those already written
+dequantized), calibrated on the default text (GPTQ: `prose`, the others: `builtin`; runtime/quantize/
+corpus.py), and loaded from the HF folder it writes, as a user would. --reuse DIR keeps the folders there and skips those already written
 (then no quantization time is printed for them).
 
 Speed: the engines run the same workloads interleaved round by round, the best round counts (machine

@@ -265,11 +265,14 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=False,
                    help="GPTQ / AWQ: rotate the model by randomized Hadamard matrices before rounding (offline, the "
                         "same function; the LM head is untied from the embedding; default: off, worse on SmolLM2)")
-    q.add_argument("--calibration", "--calib", dest="calibration", default="builtin",
-                   help="calibration text: 'builtin' (default: the text shipped with radixlang, ~2k tokens), 'mixed' "
-                        "(it plus Python's documentation and docstrings and the READMEs and licences of the installed "
-                        "packages), 'python', or a file of your own (plain text, or .jsonl with a \"text\" field)")
-    q.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens at most (default 16384)")
+    q.add_argument("--calibration", "--calib", dest="calibration", default=None,
+                   help="calibration text: 'prose' (GPTQ's default: ~21k tokens shipped with radixlang: fiction, "
+                        "letters, news, how-to, chat, dialogue, reviews, tables), 'builtin' (the other methods' "
+                        "default: ~2k tokens shipped), 'mixed' "
+                        "(builtin plus Python's documentation and docstrings and the READMEs and licences of the "
+                        "installed packages), 'python', or a file of your own (plain text, or .jsonl with a \"text\" "
+                        "field)")
+    q.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens at most (default 32768)")
     q.add_argument("--threads", type=int, default=1,
                    help="torch threads for the calibration passes (default 1: fastest on a busy machine)")
     q.set_defaults(func=_quantize)

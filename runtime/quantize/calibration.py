@@ -1,4 +1,4 @@
-"""Calibration samples: token windows of a corpus of corpus.py (`mixed`, `builtin`, `python`) or of a user's file.
+"""Calibration samples: token windows of a corpus of corpus.py (`builtin`, `prose`, `mixed`, `python`) or of a user's file.
 
 Plain text is packed into windows of `seq_len` tokens, documents separated by a blank line; a chat exchange
 is one sample, rendered with the model's chat template (how a chat model sees what users send), or as
@@ -13,16 +13,17 @@ from typing import Iterable, Iterator
 import torch
 
 from ..tokenizer import Tokenizer
-from .corpus import Document, mixed_documents, python_documents, shipped_documents
+from .corpus import Document, mixed_documents, prose_documents, python_documents, shipped_documents
 
 MIN_TOKENS = 32  # a trailing window shorter than this is dropped
 
 
-SOURCES = ("mixed", "builtin", "python")  # the named corpora (corpus.py); anything else is a file
+SOURCES = ("mixed", "builtin", "python", "prose")  # the named corpora (corpus.py); anything else is a file
 
 
 def calibration_documents(source: str) -> Iterator[Document]:
-    """`builtin` (the default: the shipped text), `mixed` (it, then Python's documentation, docstrings,
+    """`prose` (GPTQ's default: the shipped prose of many registers), `builtin` (the other methods': the
+    shipped 2k tokens), `mixed` (it, then Python's documentation, docstrings,
     package READMEs and licences in turn), `python` (it and Python's own documentation),
     or a file of the user's: plain text (one document), or JSON Lines with a "text" field per line (one
     document each; a line with "prompt" too is a chat exchange)."""
@@ -32,6 +33,8 @@ def calibration_documents(source: str) -> Iterator[Document]:
         return iter(shipped_documents())
     if source == "python":
         return python_documents()
+    if source == "prose":
+        return prose_documents()
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"--calibration must be one of {SOURCES} or a text / .jsonl file, got {source!r}")

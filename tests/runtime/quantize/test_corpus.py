@@ -1,11 +1,13 @@
 """The calibration corpora (`mixed`: the shipped text, Python's own documentation, the installed packages'
-READMEs and licences; `python`: the first two; `builtin`, the default, the first alone): deterministic, tens of thousands of tokens of every
+READMEs and licences; `python`: the first two; `builtin` the first alone; `prose`, GPTQ's default, the
+shipped prose of many registers): deterministic, tens of thousands of tokens of every
 source, chat exchanges in the model's chat template, no overlap with the text the benchmark evaluates
 quantized models on, and users' own files (plain text, JSON Lines)."""
 from __future__ import annotations
 
 import re
 from itertools import islice
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,17 +15,22 @@ import torch
 from radixlang.benchmark.fidelity import FIXED_TEXT, LONG_TEXT, STORY_TEXT
 from radixlang.runtime.quantize.calibration import calibration_documents, calibration_samples
 from radixlang.runtime.quantize.corpus import (
+    PROSE,
     Document,
+    file_documents,
     licence_documents,
     mixed_documents,
+    prose_documents,
     python_documents,
     readme_documents,
     reference_documents,
     shipped_documents,
 )
+from radixlang.runtime.quantize.driver import QuantizeOptions
 
-BUDGET_CHARS = 400_000  # well above what the default budget (16k tokens, ~4 characters each) takes
+BUDGET_CHARS = 400_000  # well above what the default budget (32k tokens, ~4 characters each) takes
 NGRAM = 8  # words: a shared run this long is copied text, not a common phrase
+DEV_TEXT = (Path(__file__).parents[3] / "benchmark" / "quantization_dev.txt").read_text()  # where choices are made
 
 
 class ByteTokenizer:
@@ -61,6 +68,29 @@ def test_corpus_is_large_deterministic_and_disjoint_from_the_evaluation_text():
     text = {d.text for d in docs}  # every source is in the budget, in its share
     for source in (reference_documents(), readme_documents(), licence_documents()):
         assert 20 <= len(text.intersection(d.text for d in source)) < len(docs) / 2
+
+
+def test_the_shipped_prose_is_large_varied_and_disjoint_from_the_evaluation_and_development_text():
+    docs = list(prose_documents())
+    assert docs == list(prose_documents())
+    assert sum(len(d.text) + len(d.prompt or "") for d in docs) > 60_000  # ~15k tokens at ~4 characters each
+    held_out = ngrams(FIXED_TEXT + " " + LONG_TEXT + " " + STORY_TEXT + " " + DEV_TEXT)
+    shared = set().union(*(ngrams(d.text + " " + (d.prompt or "")) for d in docs)) & held_out
+    assert not shared, f"calibration text copies the evaluation text: {sorted(shared)[:3]}"
+    files = sorted(PROSE.glob("*.txt"))
+    assert len(files) >= 8
+    first_round = docs[:len(files)]  # any budget takes one document of every register first
+    assert first_round == [file_documents(f)[0] for f in files]
+    chats = [d for d in docs if d.prompt is not None]
+    assert len(chats) >= 15 and all(not d.text.startswith("Assistant:") and "\nAssistant: " not in d.prompt for d in chats)
+    assert not any(d.text.startswith("User: ") or d.text.strip() == "---" for d in docs)
+
+
+def test_gptq_calibrates_on_all_of_the_shipped_prose_by_default_and_the_others_on_builtin():
+    assert [QuantizeOptions(method=m).calibration() for m in ("gptq", "awq", "smoothquant")] == ["prose", "builtin", "builtin"]
+    assert QuantizeOptions(method="gptq", calib="mixed").calibration() == "mixed"
+    chars = sum(len(d.text) + len(d.prompt or "") for d in prose_documents())
+    assert QuantizeOptions().calib_tokens > chars / 3.5  # the default budget holds all of it (~4 characters a token)
 
 
 def test_samples_fill_the_budget_and_chat_exchanges_use_the_chat_template():

@@ -51,7 +51,7 @@ def prompt_logprobs(path) -> torch.Tensor:
 @pytest.mark.parametrize("args, kind", [
     (["--method", "gptq", "--group-size", "32", "--desc-act"], (Int4Linear, PermutedInput, ConcatOutputs)),
     (["--method", "gptq", "--bits", "8", "--group-size", "-1"], (Int4Linear,)),
-    (["--method", "awq", "--group-size", "32"], (Int4Linear,)),
+    (["--method", "awq", "--group-size", "32", "--calibration", "prose"], (Int4Linear,)),
     (["--method", "smoothquant"], (W8A8Linear,)),
     (["--method", "smoothquant", "--fp-down", "1"], (W8A8Linear,)),
     (["--method", "smoothquant", "--no-rotate-down"], (W8A8Linear,)),
