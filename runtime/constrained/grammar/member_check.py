@@ -1,7 +1,8 @@
 """JSON objects (or unions of them) whose members a grammar reads in any order, checked on the parser's stack.
 
-The grammar reads such an object as `{` list `}` with `list: M_i | M_i sep list` (right-recursive, so every
-member written stays on the stack) and `M_i: tag_i <key i> : <value i>`, one M_i per distinct member (a
+The grammar reads such an object as `{` list `}` with `list: M_i | M_i tail`, `tail: sep list` (right-recursive,
+so every member written stays on the stack; `tail` makes the state after each separator one for every M_i,
+where `M_i sep list` made one per member written last, each with a goto on every M_j: n^2 per object) and `M_i: tag_i <key i> : <value i>`, one M_i per distinct member (a
 key and its value's schema), `tag_i` an empty rule. The LALR table reduces `tag_i` when the lexer hands it
 member i's first terminal, before shifting it: there a guard walks the stack down through the members
 written so far (their M_j nodes and separators) and vetoes a key written twice, or a member no branch of
@@ -30,6 +31,7 @@ class MemberCheck:
     sep_rule: str
     body_rule: str  # what the braces hold: the list, or nothing where a branch requires nothing
     more_rule: str  # an empty rule before each comma: reduced there, it vetoes a comma no member can follow
+    tail_rule: str  # `tail: sep list`
     members: dict[str, tuple[int, int]]  # member rule -> (key id, -1 for an undeclared key; branches allowing it)
     tags: dict[str, str]  # tag rule -> its member rule
     required: tuple[int, ...]  # per branch: the key ids it requires, as bits
@@ -62,6 +64,7 @@ def guards(checks: tuple[MemberCheck, ...]) -> tuple[dict[str, Guard], dict[str,
         out[check.body_rule] = _empty_guard(check)
         out[check.more_rule] = _more_guard(check)
         notes[check.list_rule] = _list_note(check)
+        notes[check.tail_rule] = _passed_on
         notes[check.body_rule] = _body_note(check)
         for member, nested in check.nested.items():
             notes[member] = _member_note(nested)
@@ -113,7 +116,7 @@ def _tag_guard(check: MemberCheck, key: int, allowed: int) -> Guard:
 
 def _end_guard(check: MemberCheck) -> Guard:
     def guard(table: LalrTable, stack: Stack, size: int) -> bool:
-        if size != 1:  # `list: M sep list`: the last member's `list: M` checked already
+        if size != 1:  # `list: M tail`: the last member's `list: M` checked already
             return True
         return bool(_satisfied(check, *_written(check, table, stack)))
     return guard
@@ -139,8 +142,13 @@ def _body_note(check: MemberCheck) -> Annotator:
     return note
 
 
+def _passed_on(table: LalrTable, stack: Stack, size: int) -> int:
+    """`tail: sep list` carries its list's branches on."""
+    return table.tag(stack)
+
+
 def _list_note(check: MemberCheck) -> Annotator:
-    """A list's node carries the branches it satisfies (`list: M sep list` passes its inner list's on)."""
+    """A list's node carries the branches it satisfies (`list: M tail` passes its tail's on)."""
     def note(table: LalrTable, stack: Stack, size: int) -> int:
         return _satisfied(check, *_written(check, table, stack)) if size == 1 else table.tag(stack)
     return note

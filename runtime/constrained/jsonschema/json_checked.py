@@ -91,7 +91,9 @@ def _checked(c: SchemaCompiler, shapes: list[ObjectShape]) -> tuple[ra.Node, Mem
     prefix = f"members{len(c.member_checks)}_"
     c.rules[f"{prefix}more"] = ra.EMPTY
     c.rules[f"{prefix}sep"] = ra.seq(ra.Ref(f"{prefix}more"), c.punct(","))
-    check = MemberCheck(f"{prefix}list", f"{prefix}sep", f"{prefix}body", f"{prefix}more", {}, {}, required)
+    c.rules[f"{prefix}tail"] = ra.seq(ra.Ref(f"{prefix}sep"), ra.Ref(f"{prefix}list"))
+    check = MemberCheck(f"{prefix}list", f"{prefix}sep", f"{prefix}body", f"{prefix}more", f"{prefix}tail", {}, {},
+                        required)
     alts = []
     for i, m in enumerate(members):
         tag, rule = f"{prefix}tag{i}", f"{prefix}m{i}"
@@ -101,7 +103,7 @@ def _checked(c: SchemaCompiler, shapes: list[ObjectShape]) -> tuple[ra.Node, Mem
         if m.nested is not None:
             inner, to_outer, open_bits = m.nested
             check.nested[rule] = inner.outer = Nested(inner, check, tag, to_outer, open_bits)
-        alts += [ra.Ref(rule), ra.seq(ra.Ref(rule), ra.Ref(check.sep_rule), ra.Ref(check.list_rule))]
+        alts += [ra.Ref(rule), ra.seq(ra.Ref(rule), ra.Ref(check.tail_rule))]
     c.rules[check.list_rule] = ra.alt(*alts)
     c.member_checks.append(check)
     body: ra.Node = ra.Ref(check.list_rule)
