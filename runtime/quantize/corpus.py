@@ -74,17 +74,11 @@ def shipped_documents(path: Path = SHIPPED) -> list[Document]:
 
 
 def prose_documents(folder: Path = PROSE) -> Iterator[Document]:
-    """The shipped prose (~16k tokens written for radixlang: fiction with dialogue, letters and emails, news
-    and opinion, encyclopedic prose, instructions and recipes, chat exchanges, reviews, lists and tables),
-    one document of each register's file in turn, so any token budget takes every register."""
-    sources = [iter(file_documents(path)) for path in sorted(folder.glob("*.txt"))]
-    while sources:
-        for source in list(sources):
-            doc = next(source, None)
-            if doc is None:
-                sources.remove(source)
-            else:
-                yield doc
+    """The shipped prose (~21k tokens written for radixlang, one file per register: fiction with dialogue,
+    short stories, letters and emails, news and opinion, encyclopedic prose, instructions and recipes, chat
+    exchanges, forum posts, interviews, reviews, lists and tables), one document of each file in turn, so any
+    token budget takes every register."""
+    yield from _in_turn([iter(file_documents(path)) for path in sorted(folder.glob("*.txt"))])
 
 
 def file_documents(path: Path) -> list[Document]:
@@ -191,13 +185,17 @@ def licence_documents() -> tuple[Document, ...]:
 
 
 def mixed_documents(seed: int = 0) -> Iterator[Document]:
-    """The default corpus: every shipped document, then one piece of each installed source in turn (Python's
+    """`--calibration mixed`: every shipped document, then one piece of each installed source in turn (Python's
     reference, a standard-library docstring, a package README, a licence), each source in an order shuffled
     by `seed`, so any token budget takes all of them in the same proportions; a source that runs out
     drops out of the turn."""
     yield from shipped_documents()
-    sources: list[Iterator[Document]] = [iter(_shuffled(reference_documents(), seed)), docstring_documents(seed=seed),
-                                         iter(_shuffled(readme_documents(), seed)), iter(_shuffled(licence_documents(), seed))]
+    yield from _in_turn([iter(_shuffled(reference_documents(), seed)), docstring_documents(seed=seed),
+                         iter(_shuffled(readme_documents(), seed)), iter(_shuffled(licence_documents(), seed))])
+
+
+def _in_turn(sources: list[Iterator[Document]]) -> Iterator[Document]:
+    """One document of each source in turn; a source that runs out drops out of the turn."""
     while sources:
         for source in list(sources):
             doc = next(source, None)
