@@ -79,8 +79,7 @@ class ConstraintCompiler:
         key = (kind, text)
         with self._lock:
             hit = self._cache.get(key)
-            inner = hit.inner if isinstance(hit, UniqueItems) else hit
-            if hit is not None and not (isinstance(inner, (GrowingDfa, GrammarConstraint)) and inner.outgrown):
+            if hit is not None and not (isinstance(hit, (GrowingDfa, GrammarConstraint, UniqueItems)) and hit.outgrown):
                 self._cache.move_to_end(key)
                 return hit
         vocab = self.vocab  # outside the deadline: built once per engine, not a request's cost
