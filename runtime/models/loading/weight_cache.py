@@ -69,12 +69,15 @@ def load_entry(key: str, identity: dict[str, Any]) -> tuple[dict[str, torch.Tens
         return None
     if index.get("identity") != identity or index.get("version") != FORMAT_VERSION or not data_path.exists():
         return None
-    size = data_path.stat().st_size
-    if size != index["bytes"]:
+    try:  # another process's LRU bound may remove the entry at any moment: then it is missing, as above
+        size = data_path.stat().st_size
+        if size != index["bytes"]:
+            return None
+        with contextlib.suppress(OSError):  # its last use, which the cache's LRU bound reads (a read-only cache: none)
+            os.utime(index_path)
+        raw = torch.from_file(str(data_path), shared=False, size=size, dtype=torch.uint8) if size else torch.empty(0)
+    except (OSError, RuntimeError):  # torch reports a vanished file as a RuntimeError
         return None
-    with contextlib.suppress(OSError):  # its last use, which the cache's LRU bound reads (a read-only cache: none)
-        os.utime(index_path)
-    raw = torch.from_file(str(data_path), shared=False, size=size, dtype=torch.uint8) if size else torch.empty(0)
     tensors = {}
     for name, (dtype, shape, offset) in index["tensors"].items():
         dt = _DTYPES[dtype]
