@@ -33,7 +33,7 @@ from .json_refs import RefResolver
 from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
 from .json_types import KNOWN_FORMATS, first_chars, infer_type, lexes_alone, type_first_chars
-from .json_unions import Container, merged_body
+from .json_unions import Container, LinkedBody, merged_body
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
@@ -218,6 +218,7 @@ class _SchemaCompiler:
         self._recursive: set[str] = set()
         self.merged_names: dict[str, str] = {}  # rules for merged allOfs that recurse, by content
         self._containers: dict[ra.Node, Container] = {}  # each bracketed node, by itself: unions merge them
+        self._linked: dict[ra.Node, LinkedBody] = {}  # container bodies' NFAs, kept across merged_body's tries
         self.checked = False  # objects past the eager any-order automaton checked by the grammar (json_checked)
         self.member_checks: list[MemberCheck] = []
         self.checked_objects: dict[tuple, tuple[ra.Node, MemberCheck]] = {}  # by members and required keys
@@ -268,7 +269,7 @@ class _SchemaCompiler:
             body = None
             bodies = [member.body for j in group if (member := opened[j]) is not None]  # all are containers
             if len(group) > 1 and any(ra.refs(b) for b in bodies):
-                body = merged_body(bodies)
+                body = merged_body(bodies, self._linked)
             if body is None:
                 out.append(node)
                 continue

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...config import MAX_NFA_STATES
+from .. import deadline
 from ..grammar.rule_grammar import ref_free_runs
 from ..regex import regex_ast as ra
 from ..regex.fsa import ConstraintTooLarge, Nfa, subsets
@@ -28,10 +30,11 @@ class Container:
     closing: str
 
 
-def merged_body(bodies: list[ra.Node]) -> ra.Graph | None:
+def merged_body(bodies: list[ra.Node], linked: dict[ra.Node, LinkedBody] | None = None) -> ra.Graph | None:
     """One deterministic graph (over member letters) reading the union of `bodies`; None where no
     sequence of letters ends two of them (their rules then never reduce on one text: nothing to merge),
-    or where the graph would be too large."""
+    or where the graph would be too large. `linked` keeps each body's NFA across calls (a union that
+    does not merge is tried again without its first member, so n members link n^2 / 2 bodies)."""
     letters = _Letters()
     nfa = letters.nfa
     start = nfa.new()
@@ -40,7 +43,13 @@ def merged_body(bodies: list[ra.Node]) -> ra.Graph | None:
             entry, end = nfa.new(), nfa.new()
             nfa.eps[start].append(entry)
             nfa.accepts[end] = member
-            letters.link(body, entry, end)
+            if linked is None:
+                letters.link(body, entry, end)
+                continue
+            held = linked.get(body)
+            if held is None:
+                held = linked[body] = LinkedBody.of(body)
+            letters.paste(held, entry)
         trans, states = subsets(nfa, start, len(letters.symbols), limit=MAX_MERGED_STATES)
     except ConstraintTooLarge:
         return None
@@ -52,6 +61,23 @@ def merged_body(bodies: list[ra.Node]) -> ra.Graph | None:
     return ra.Graph(len(states), edges, tuple(q for q, members in enumerate(ended) if members))
 
 
+@dataclass(frozen=True, slots=True)
+class LinkedBody:
+    """One body's edges as `_Letters.link` writes them, its entry state 0 and its end 1, the others
+    following: pasted at an entry (the end next to it), the NFA is the one `link` would write there,
+    numbered, ordered and lettered alike (its letters numbered in the order `link` first reads them)."""
+    eps: list[list[int]]
+    edges: list[list[tuple[int, int]]]  # (index into letters, target)
+    letters: list[ra.Node]
+
+    @staticmethod
+    def of(body: ra.Node) -> LinkedBody:
+        own = _Letters()
+        entry, end = own.nfa.new(), own.nfa.new()
+        own.link(body, entry, end)
+        return LinkedBody(own.nfa.eps, [[(symbol[0], t) for symbol, t in row] for row in own.nfa.edges], own.symbols)
+
+
 class _Letters:
     """Members' bodies as an NFA (fsa) whose symbols are letters: sub-languages, each read as a whole."""
 
@@ -60,12 +86,29 @@ class _Letters:
         self.symbols: list[ra.Node] = []  # by symbol id
         self._ids: dict[ra.Node, tuple[int]] = {}  # one tuple per letter: the subset construction groups by it
 
-    def read(self, src: int, node: ra.Node, dst: int) -> None:
+    def letter(self, node: ra.Node) -> tuple[int]:
         symbol = self._ids.get(node)
         if symbol is None:
             symbol = self._ids[node] = (len(self.symbols),)
             self.symbols.append(node)
-        self.nfa.edges[src].append((symbol, dst))
+        return symbol
+
+    def read(self, src: int, node: ra.Node, dst: int) -> None:
+        self.nfa.edges[src].append((self.letter(node), dst))
+
+    def paste(self, body: LinkedBody, entry: int) -> None:
+        """`body`'s NFA from `entry` to `entry + 1` (both new and bare), as `link` would write it."""
+        nfa = self.nfa
+        if entry + len(body.eps) > MAX_NFA_STATES:
+            raise ConstraintTooLarge(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
+        deadline.check()
+        symbols = [self.letter(node) for node in body.letters]
+        eps = [[entry + t for t in row] for row in body.eps]
+        edges = [[(symbols[c], entry + t) for c, t in row] for row in body.edges]
+        nfa.eps[entry], nfa.eps[entry + 1] = eps[0], eps[1]
+        nfa.edges[entry], nfa.edges[entry + 1] = edges[0], edges[1]
+        nfa.eps.extend(eps[2:])
+        nfa.edges.extend(edges[2:])
 
     def link(self, node: ra.Node, src: int, dst: int) -> None:
         """Edges from `src` to `dst` reading `node`; only parts that hold rules, or that may read nothing,
