@@ -20,6 +20,7 @@ from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa, difference, intersection
 from .contract import LazyObject, SchemaCompiler
 from .json_checked import ObjectShape, checked_object
+from .json_keys import raw_keys_except
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 
@@ -164,9 +165,13 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         others = [b for q, b in pattern_bodies.items() if q != p]  # keys two patterns share are left out
         kinds.append((_key(pattern_bodies[p], taken + others), sub, f"{path}/patternProperties/{p}"))
     if extra is not False and unsaid:  # raw characters only: the declared names' raw spellings are all to avoid
-        raw = [ra.literal(json.dumps(n, ensure_ascii=False)[1:-1]) for n in declared]
-        kinds.append((_key(ra.repeat(ra.Chars(STRING_CHARS), 0, None), raw + list(pattern_bodies.values())), extra,
-                      f"{path}/additionalProperties"))
+        raw_names = [json.dumps(n, ensure_ascii=False)[1:-1] for n in declared]
+        if pattern_bodies or not raw_names:
+            raw = [ra.literal(n) for n in raw_names]
+            key = _key(ra.repeat(ra.Chars(STRING_CHARS), 0, None), raw + list(pattern_bodies.values()))
+        else:  # the common case, straight from the names' trie (json_keys)
+            key = compiled_or_nothing(raw_keys_except(raw_names))
+        kinds.append((key, extra, f"{path}/additionalProperties"))
     elif extra is not False:
         any_key = ra.repeat(ra.Chars(STRING_CHARS), 0, None) if patterns else string_body()
         kinds.append((_key(any_key, taken + list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))
