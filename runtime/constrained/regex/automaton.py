@@ -91,12 +91,14 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def compile_dfa(patterns: list[ra.Node], nonempty: bool = False, readings: bool = False) -> Dfa:
+def compile_dfa(patterns: list[ra.Node], nonempty: bool = False, readings: bool = False,
+                max_states: int | None = None) -> Dfa:
     """One DFA for the union of `patterns`; `nonempty` drops the empty match (lexer terminals). A state
     accepting several patterns is labelled by the first, or with `readings`, by the tuple of all of them
-    (`Dfa.readings[label]`)."""
+    (`Dfa.readings[label]`). `max_states` bounds the subset construction below MAX_DFA_STATES (where the
+    caller has a cheaper form to fall back on: ConstraintTooLarge past it)."""
     def build() -> Dfa:
-        chars = own_chars(patterns, nonempty, readings)
+        chars = own_chars(patterns, nonempty, readings, max_states)
         trans, byte_class, accept = char_to_byte_dfa(chars)
         return Dfa(trans, accept, byte_class, readings=chars.readings)
     return cached(("bytes", tuple(patterns), nonempty, readings) if readings else ("bytes", tuple(patterns), nonempty),
@@ -108,13 +110,17 @@ def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = 
     return _project(own_chars(patterns, nonempty), alphabet)
 
 
-def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False) -> CharDfa:
-    """The character DFA over the patterns' own alphabet, built once per content (dfa_cache)."""
+def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False,
+              max_states: int | None = None) -> CharDfa:
+    """The character DFA over the patterns' own alphabet, built once per content (dfa_cache; a bound
+    is not in the key: what it lets through is the same DFA)."""
     key = ("chars", tuple(patterns), nonempty, readings) if readings else ("chars", tuple(patterns), nonempty)
-    return cached(key, lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty, readings))
+    return cached(key, lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty, readings,
+                                            max_states))
 
 
-def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False) -> CharDfa:
+def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False,
+                 max_states: int | None = None) -> CharDfa:
     builder = _Builder(alphabet)
     nfa = builder.nfa
     start = nfa.new()
@@ -127,7 +133,8 @@ def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, re
         nfa.eps[body].append(s)
         nfa.accepts[builder.build(pattern, s)] = label
     sets: list[tuple[int, ...]] | None = [] if readings else None
-    trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty, readings=sets)
+    trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty, readings=sets,
+                                limit=max_states)
     return CharDfa(trans, accept, alphabet, readings=tuple(sets or ()))
 
 

@@ -24,8 +24,8 @@ class ConstraintTooLarge(ValueError):
 K = TypeVar("K", bound=Hashable)
 
 
-def too_large() -> ConstraintTooLarge:
-    return ConstraintTooLarge(f"constraint is too large: its DFA exceeds {MAX_DFA_STATES} states")
+def too_large(limit: int) -> ConstraintTooLarge:
+    return ConstraintTooLarge(f"constraint is too large: its DFA exceeds {limit} states")
 
 
 class Nfa:
@@ -45,12 +45,14 @@ class Nfa:
 
 
 def determinize(nfa: Nfa, start: int, num_symbols: int, drop_start_accept: bool = False,
-                readings: list[tuple[int, ...]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                readings: list[tuple[int, ...]] | None = None,
+                limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Subset construction, then trimming and minimization. A state accepting several labels keeps
     the lowest; `drop_start_accept` makes the start state non-accepting (nothing may lead back to it).
     Given `readings` (an empty list), a state's label instead numbers the tuple of all the labels it
-    accepts, appended there (a grammar's lexer that reads each terminal a lexeme matches)."""
-    trans, order = subsets(nfa, start, num_symbols)
+    accepts, appended there (a grammar's lexer that reads each terminal a lexeme matches). Over `limit`
+    states (MAX_DFA_STATES if None) it raises ConstraintTooLarge."""
+    trans, order = subsets(nfa, start, num_symbols, limit)
     accepts = nfa.accepts
     accepting = frozenset(accepts)
     if readings is None:
@@ -162,7 +164,7 @@ def state_id(ids: dict[K, int], order: list[K], key: K, limit: int | None = None
     hit = ids.get(key)
     if hit is None:
         if len(order) >= (MAX_DFA_STATES if limit is None else limit):
-            raise too_large()
+            raise too_large(MAX_DFA_STATES if limit is None else limit)
         if not len(order) & 255:
             deadline.check()
         hit = ids[key] = len(order)
