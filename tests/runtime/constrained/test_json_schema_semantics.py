@@ -109,3 +109,21 @@ def test_any_value_maps_nest_freely_and_extras_beside_declared_members_nest_two_
                                 (beside, '{"p":1,"z":{"k":[1]}}', True), (beside, '{"p":1,"z":{"k":[[1]]}}', False)):
         assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
         assert accepts(compiler.compile("json_schema", schema), text) == nests, text
+
+
+def test_a_schema_whose_one_dfa_passes_its_bound_compiles_in_the_strict_form_and_says_so(compiler, monkeypatch):
+    """Past JSON_REGEX_MAX_STATES the schema's DFA is not finished (it would take seconds): the strict form
+    compiles instead, reported; within the bound the same schema keeps its own semantics."""
+    from radixlang.runtime.constrained import compiler as compiler_module
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+
+    schema = {**SCHEMA, "properties": {**SCHEMA["properties"], "d": {"type": "string", "pattern": "^[a-f]{2,9}$"}}}
+    out_of_order = '{"b":"x","a":1}'
+    assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(out_of_order))
+    own = ConstraintCompiler(lambda: compiler.vocab).compile("json_schema", schema)
+    assert accepts(own, out_of_order) and not own.unenforced
+    monkeypatch.setattr(compiler_module, "JSON_REGEX_MAX_STATES", 50)
+    bounded = ConstraintCompiler(lambda: compiler.vocab).compile("json_schema", schema)
+    assert bounded.unenforced[0].startswith("any property order and undeclared properties (strict form: ")
+    assert "exceeds 50 states" in bounded.unenforced[0]
+    assert accepts(bounded, '{"a":1,"b":"x"}') and not accepts(bounded, out_of_order)

@@ -71,3 +71,19 @@ def test_a_merge_over_its_state_bound_is_left_as_separate_alternatives(monkeypat
     assert merged_body(bodies) is not None
     monkeypatch.setattr(json_unions, "MAX_MERGED_STATES", states - 1)
     assert merged_body(bodies) is None
+
+
+def test_bodies_linked_once_and_pasted_make_the_graphs_linking_them_each_time_makes():
+    """The schema compiler keeps each body's NFA (LinkedBody) across merged_body's tries (a union that does
+    not merge is tried again without its first member): the graphs equal those built from scratch."""
+    shared = ra.seq(A, ra.repeat(ra.seq(B, ra.optional(C)), 0, 3))
+    bodies = [ra.seq(A, ra.optional(B)), shared, ra.alt(ra.EMPTY, ra.seq(A, C)), ra.repeat(ra.seq(A, B), 0, 2),
+              ra.seq(shared, ra.optional(A))]
+    linked: dict = {}
+    for start in range(len(bodies) - 1):
+        for group in (bodies[start:], bodies[start:][::-1]):
+            fresh = merged_body(group)
+            assert merged_body(group, linked) == fresh
+            if fresh is not None:
+                assert graph_words(fresh) == set().union(*map(words, group))
+    assert set(linked) == set(bodies)
