@@ -5,7 +5,7 @@ names, builds the product and minimizes it: ~1 ms per object, thousands of objec
 Here the minimal DFA comes straight from the names' trie: from a trie node, the keys that follow are
 every string but the names' suffixes below it, so two nodes are one state exactly where those
 suffixes are equal (hashed bottom-up, as a DAWG is), and a node with none below it is the state that
-reads any key to its end. Same language, same alphabet as the difference; states numbered breadth first.
+reads any key to its end. Same language, same alphabet as the difference.
 """
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def _build(names: list[str]) -> CharDfa:
     alphabet = alphabet_of(char_sets([quoted(ra.repeat(ra.Chars(STRING_CHARS), 0, None)), quoted(ra.alt(*literals))]))
     string_cols = alphabet.members[STRING_CHARS]
     quote = alphabet.members[((_QUOTE, _QUOTE),)][0]
-    col_of = {ranges[0][0]: k for k, ranges in enumerate(alphabet.classes) if len(ranges) == 1
-              and ranges[0][0] == ranges[0][1] and k in set(string_cols)}  # a name's character in STRING_CHARS
+    in_string = set(string_cols)
+    col_of = {ranges[0][0]: k for k, ranges in enumerate(alphabet.classes)  # a name's character in STRING_CHARS
+              if len(ranges) == 1 and ranges[0][0] == ranges[0][1] and k in in_string}
     # the trie: per node, whether a name ends there, and its children by column
     ends: list[bool] = [False]
     children: list[dict[int, int]] = [{}]
@@ -60,33 +61,24 @@ def _build(names: list[str]) -> CharDfa:
         sig = (ends[node], tuple(sorted((c, cls[t]) for c, t in children[node].items() if cls[t])))
         cls[node] = sigs.setdefault(sig, len(sigs))
     by_class = {c: sig for sig, c in sigs.items()}
-    # states: start (before the opening quote), the classes, the end; numbered breadth first from start
-    width = len(alphabet.classes)
-    end_state = ("end",)
-    order: list[object] = [("start",)]
-    ids: dict[object, int] = {order[0]: 0}
-    rows: list[list[int]] = []
-
-    def state(key: object) -> int:
-        if key not in ids:
-            ids[key] = len(order)
-            order.append(key)
-        return ids[key]
-
-    while len(rows) < len(order):
-        key = order[len(rows)]
-        row = [-1] * width
-        if key == ("start",):
-            row[quote] = state(cls[0])
-        elif key != end_state:
-            is_name, kids = by_class[key]  # type: ignore[index]
-            for c in string_cols:
-                row[c] = state(0)
-            for c, target in kids:
-                row[c] = state(target)
-            if not is_name:
-                row[quote] = state(end_state)
-        rows.append(row)
-    accept = np.full(len(order), -1, np.int64)
-    accept[ids[end_state]] = 0
-    return CharDfa(np.array(rows, np.int64).reshape(len(order), width), accept, alphabet)
+    # states: the start (before the opening quote), the classes breadth first from the root's, the end
+    number = {cls[0]: 1}
+    queue = [cls[0]]
+    for c in queue:
+        for nxt in (0, *(t for _, t in by_class[c][1])):
+            if nxt not in number:
+                number[nxt] = len(number) + 1
+                queue.append(nxt)
+    end = len(number) + 1
+    trans = np.full((end + 1, len(alphabet.classes)), -1, np.int64)
+    trans[0, quote] = number[cls[0]]
+    trans[np.ix_(list(number.values()), list(string_cols))] = number[0]  # any other character: free
+    for c, s in number.items():
+        is_name, kids = by_class[c]
+        for col, t in kids:
+            trans[s, col] = number[t]
+        if not is_name:
+            trans[s, quote] = end
+    accept = np.full(end + 1, -1, np.int64)
+    accept[end] = 0
+    return CharDfa(trans, accept, alphabet)
