@@ -11,6 +11,7 @@ one letter (each run of rule-free pieces is one letter, as each is one terminal 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -102,7 +103,7 @@ class _Letters:
         if entry + len(body.eps) > MAX_NFA_STATES:
             raise ConstraintTooLarge(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
         deadline.check()
-        symbols = [self.letter(node) for node in body.letters]
+        symbols: list[Sequence[int]] = [self.letter(node) for node in body.letters]
         eps = [[entry + t for t in row] for row in body.eps]
         edges = [[(symbols[c], entry + t) for c, t in row] for row in body.edges]
         nfa.eps[entry], nfa.eps[entry + 1] = eps[0], eps[1]
