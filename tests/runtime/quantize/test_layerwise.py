@@ -1,6 +1,9 @@
 """Layer-wise calibration passes see exactly what the model's own forward gives each linear: whether a pass
-stops at a linear's input, starts from the saved attention half, or (same_function) hands its outputs on."""
+stops at a linear's input, starts from the saved attention half or a linear's saved inputs, or
+(same_function) hands its outputs on; also when each linear changes after its own pass, as GPTQ's do."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -8,7 +11,7 @@ import transformers
 
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.quantize.layerwise import LINEARS, CausalAttention, record_inputs, run_layerwise
+from radixlang.runtime.quantize.layerwise import LINEARS, CausalAttention, linear_weight, record_inputs, run_layerwise
 
 from ..models.hf_tiny import BASE, save_hf_model
 
@@ -56,6 +59,41 @@ def test_every_pass_sees_the_inputs_of_the_models_own_forward(model, same_functi
             h.remove()
 
     run_layerwise(model, SAMPLES, on_layer, desc="test", same_function=same_function)
+    assert got.keys() == want.keys()
+    for key, xs in want.items():
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got[key], xs, strict=True)), key
+
+
+def nudge(layer, name: str, index: int) -> None:
+    """A fixed change of a linear's weights (what GPTQ's rounding does after the linear's pass)."""
+    weight = linear_weight(layer, name)
+    noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(index * 10 + LINEARS.index(name)))
+    with torch.no_grad():
+        weight.add_(0.05 * noise)
+
+
+def test_linears_changed_after_their_own_pass_give_the_later_ones_the_changed_models_inputs(model):
+    """GPTQ's true-sequential order: each linear changes after its pass, so every later linear (in this layer
+    and the next ones) must see the inputs of the model with the earlier ones changed: the oracle is the own
+    forward of a copy whose every linear was changed first. The passes that start from saved inputs (o_proj's,
+    down_proj's) must not hand on stale ones."""
+    changed, oracle = copy.deepcopy(model), copy.deepcopy(model)
+    for index, layer in enumerate(oracle.layers):
+        for name in LINEARS:
+            nudge(layer, name, index)
+    want = forward_inputs(oracle)
+    got: dict[tuple[int, str], list[torch.Tensor]] = {}
+
+    def on_layer(index, layer, run) -> None:
+        for name in LINEARS:
+            handles = record_inputs(layer, lambda _, x, name=name: got.setdefault((index, name), []).append(x.clone()),
+                                    names=(name,))
+            run(name)
+            for h in handles:
+                h.remove()
+            nudge(layer, name, index)
+
+    run_layerwise(changed, SAMPLES, on_layer, desc="test")
     assert got.keys() == want.keys()
     for key, xs in want.items():
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got[key], xs, strict=True)), key
