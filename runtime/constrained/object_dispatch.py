@@ -111,8 +111,12 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
 
 
 def _reserved(rows: int) -> np.ndarray:
-    """[rows, 256] int32 in an anonymous map: zero, and backed only where written."""
-    return np.frombuffer(mmap.mmap(-1, rows * 256 * 4), np.int32).reshape(rows, 256)
+    """[rows, 256] int32 in an anonymous map: zero, and backed only where written (no swap reserved for the
+    rest, where the platform says so)."""
+    size = rows * 256 * 4
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", 0)
+    buffer = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    return np.frombuffer(buffer, np.int32).reshape(rows, 256)
 
 
 def _doubled(rows: np.ndarray, used: int) -> np.ndarray:
