@@ -155,7 +155,8 @@ class ObjectDispatch(GrowingDfa):
         if clashes or root_part is None:
             raise NotLazy("objects start where others do, or a member's value reads on where the next "
                           "member starts", clashes)
-        self._values = [[_split(p) for p in parts if p is not None] for parts in values]  # every part built: none dropped
+        self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
+        self._split: dict[tuple[int, int], _Part] = {}  # (object, member) -> its value split (_split), on first copy
         # value copies whose rest is not laid yet: their offsets (sorted, as laid) and (part, where its finals lead)
         self._rest_offsets: list[int] = []
         self._rests: dict[int, tuple[_Part, Callable[[], int]]] = {}
@@ -281,7 +282,9 @@ class ObjectDispatch(GrowingDfa):
     def _value(self, k: int, member: int, written: int, exit: int) -> int:
         key = (k, member, written, exit)
         if key not in self._value_starts:
-            self._value_starts[key] = self._lay(self._values[k][member],
+            if (k, member) not in self._split:
+                self._split[k, member] = _split(self._values[k][member])
+            self._value_starts[key] = self._lay(self._split[k, member],
                                                 finals_to=functools.partial(self._hub, k, written, False, exit))
         return self._value_starts[key]
 
