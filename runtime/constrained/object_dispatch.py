@@ -12,18 +12,22 @@ over all 256 bytes, and a state that reads a marker reads the object instead:
 - a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
   member, up front), whose final states lead on into the hub of W plus that member.
 Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
-builds the n + 1 hubs and n values it visits. A value may hold lazy objects of its own.
+builds the n + 1 hubs and n values it visits; a value's states past its first few bytes are laid when a walk
+first reaches one (a mask walk from a key reads a few bytes into many values it never enters). A value may
+hold lazy objects of its own.
 """
 from __future__ import annotations
 
+import bisect
 import functools
+import mmap
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .growing_dfa import GrowingDfa
+from .growing_dfa import MAX_GROWN_STATES, GrowingDfa
 from .jsonschema.json_objects import LazyObject
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
@@ -33,6 +37,16 @@ from .regex.fsa import trim
 
 # bytes a hub may start with after a member: whitespace, the comma, the closing brace
 _AFTER_MEMBER = np.array([ord(c) for c in " \t\n\r,}"])
+# rows reserved per table (1 KB each, 256 MB in all): an anonymous map, so the OS commits a 4 KB page only when
+# a row is laid there (no huge pages: a value copy's rows not laid yet stay unbacked), and the table grows
+# without copying up to this; past it (a cached table past MAX_GROWN_STATES still serving its requests) it
+# doubles, copying. Growing by copies (and -1 fills) from 1,024 rows took most of a lazily built object's cold
+# mask time on JSONSchemaBench (project-1.0.0-rc2's table numbers 168k rows)
+_RESERVED_ROWS = 4 * MAX_GROWN_STATES
+# a value's copy lays the states within this many bytes of its start at once, and the rest when a walk first
+# reaches one of them: a mask walk from a hub reaches every key spelt whole by one token (`id":`, `type":`) and a
+# few bytes into its value (`":{"`), so most copies of a large value (a nested object) are only ever read there
+VALUE_HEAD_BYTES = 6
 
 
 class NotLazy(ValueError):
@@ -52,6 +66,30 @@ class _Part:
     accept: np.ndarray  # [S] int32: the accepted pattern's index, or -1
     start: int
     markers: dict[int, tuple[int, int]]  # state -> (lazy object, state after the object)
+    head: int = 0  # a value's (_split): its first `head` states, those within VALUE_HEAD_BYTES of the start, are
+    # laid first, the others on first reach (0, or all of them: laid whole)
+
+
+def _split(part: _Part) -> _Part:
+    """`part` renumbered with its head first (the states a breadth-first search from the start meets within
+    VALUE_HEAD_BYTES bytes), then the rest: each is one run of rows."""
+    seen = np.zeros(len(part.trans), bool)
+    seen[part.start] = True
+    frontier = np.array([part.start])
+    for _ in range(VALUE_HEAD_BYTES):
+        nxt = np.unique(part.trans[frontier])
+        frontier = nxt[nxt >= 0][~seen[nxt[nxt >= 0]]]
+        if not len(frontier):
+            break
+        seen[frontier] = True
+    order = np.concatenate([np.flatnonzero(seen), np.flatnonzero(~seen)])
+    number = np.empty(len(order), np.int32)
+    number[order] = np.arange(len(order), dtype=np.int32)
+    old = part.trans[order]
+    trans = np.where(old >= 0, number[np.maximum(old, 0)], -1).astype(np.int32)
+    markers = {int(number[q]): (k, int(number[after])) for q, (k, after) in part.markers.items()}
+    head = int(seen.sum())
+    return _Part(trans, part.accept[order], int(number[part.start]), markers, head)
 
 
 def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
@@ -72,6 +110,22 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
     if clashes:
         raise NotLazy("objects start at one place", clashes)
     return _Part(trans, dfa.accept, dfa.start, markers)
+
+
+def _reserved(rows: int) -> np.ndarray:
+    """[rows, 256] int32 in an anonymous map: zero, and backed only where written (no swap reserved for the
+    rest, where the platform says so)."""
+    size = rows * 256 * 4
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", 0)
+    buffer = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    return np.frombuffer(buffer, np.int32).reshape(rows, 256)
+
+
+def _doubled(rows: np.ndarray, used: int) -> np.ndarray:
+    """`rows` in a buffer twice as long, its first `used` rows copied (the rest are never read before laid)."""
+    out = _reserved(2 * len(rows)) if rows.ndim == 2 else np.zeros(2 * len(rows), rows.dtype)
+    out[:used] = rows[:used]
+    return out
 
 
 class ObjectDispatch(GrowingDfa):
@@ -102,15 +156,19 @@ class ObjectDispatch(GrowingDfa):
             raise NotLazy("objects start where others do, or a member's value reads on where the next "
                           "member starts", clashes)
         self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
+        self._split: dict[tuple[int, int], _Part] = {}  # (object, member) -> its value split (_split), on first copy
+        # value copies whose rest is not laid yet: their offsets (sorted, as laid) and (part, where its finals lead)
+        self._rest_offsets: list[int] = []
+        self._rests: dict[int, tuple[_Part, Callable[[], int]]] = {}
         self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
         self._value_starts: dict[tuple[int, int, int, int], int] = {}  # (object, member, written, exit) -> start
         # an unbuilt state's own row and accept, the state whose row it takes in, and whether its accept too
         self._pending: dict[int, tuple[np.ndarray, int, Callable[[], int], bool]] = {}
-        self._trans = np.full((1024, 256), -1, np.int32)
-        self._accept = np.full(1024, -1, np.int32)
-        self._unbuilt = np.zeros(1024, bool)
+        self._trans = _reserved(_RESERVED_ROWS)  # rows past _size are never read
+        self._accept = np.empty(_RESERVED_ROWS, np.int32)
+        self._unbuilt = np.zeros(_RESERVED_ROWS, bool)
         self._size = 0
         start = self._lay(root_part, keep_accept=True)
         self.unbuilt = self._unbuilt[:self._size].copy()
@@ -120,22 +178,51 @@ class ObjectDispatch(GrowingDfa):
     # ---- laying out pieces ------------------------------------------------------------------------
     def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Callable[[], int] | None = None) -> int:
         """Appends `part`'s rows; its markers lead into their objects' opening hubs and (with `finals_to`)
-        its final states into that state's row; returns where its start state went."""
+        its final states into that state's row; returns where its start state went. A value's rows past its
+        head are numbered now but laid (`_lay_rows`) when a walk first reaches one: unbuilt till then."""
         offset, count = self._size, len(part.trans)
         while offset + count > len(self._trans):
-            grow = len(self._trans)
-            self._trans = np.vstack([self._trans, np.full((grow, 256), -1, np.int32)])
-            self._accept = np.concatenate([self._accept, np.full(grow, -1, np.int32)])
-            self._unbuilt = np.concatenate([self._unbuilt, np.zeros(grow, bool)])
-        self._trans[offset:offset + count] = np.where(part.trans >= 0, part.trans + offset, -1)
+            self._trans, self._accept, self._unbuilt = (_doubled(a, offset) for a in (self._trans, self._accept,
+                                                                                      self._unbuilt))
         self._accept[offset:offset + count] = np.where(part.accept >= 0, 0, -1) if keep_accept else -1
         self._size += count
-        for s, (k, after) in part.markers.items():
-            self._defer(offset + s, functools.partial(self._hub, k, 0, True, offset + after), False)
-        if finals_to is not None:
-            for s in np.flatnonzero(part.accept >= 0).tolist():
-                self._defer(offset + s, finals_to, False)
+        if 0 < part.head < count and finals_to is not None:
+            self._lay_rows(part, offset, 0, part.head, finals_to)
+            self._unbuilt[offset + part.head:offset + count] = True  # unread: a walk stops before an unbuilt row
+            self._rest_offsets.append(offset)
+            self._rests[offset] = (part, finals_to)
+        else:
+            self._lay_rows(part, offset, 0, count, finals_to)
         return offset + part.start
+
+    def _lay_rows(self, part: _Part, offset: int, lo: int, hi: int, finals_to: Callable[[], int] | None) -> None:
+        """Writes `part`'s rows lo:hi at `offset` + lo, their markers and finals deferred."""
+        rows, own = self._trans[offset + lo:offset + hi], part.trans[lo:hi]
+        np.add(own, offset, out=rows)
+        rows[own < 0] = -1
+        self._unbuilt[offset + lo:offset + hi] = False
+        for s, (k, after) in part.markers.items():
+            if lo <= s < hi:
+                self._defer(offset + s, functools.partial(self._hub, k, 0, True, offset + after), False)
+        if finals_to is not None:
+            for s in np.flatnonzero(part.accept[lo:hi] >= 0).tolist():
+                self._defer(offset + lo + s, finals_to, False)
+
+    def _lay_rest(self, state: int) -> None:
+        """Lays the rest of the value copy holding `state`, if `state` is in a rest not laid yet (unbuilt, and
+        not waiting on another row)."""
+        if not self._rests or not self._unbuilt[state] or state in self._pending:
+            return
+        at = bisect.bisect_right(self._rest_offsets, state) - 1
+        if at < 0:
+            return
+        offset = self._rest_offsets[at]
+        hit = self._rests.get(offset)
+        if hit is None or state >= offset + len(hit[0].trans):
+            return
+        part, finals_to = hit
+        del self._rests[offset]  # the offset stays listed: a later lookup finds it laid
+        self._lay_rows(part, offset, part.head, len(part.trans), finals_to)
 
     def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
         """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""
@@ -195,7 +282,9 @@ class ObjectDispatch(GrowingDfa):
     def _value(self, k: int, member: int, written: int, exit: int) -> int:
         key = (k, member, written, exit)
         if key not in self._value_starts:
-            self._value_starts[key] = self._lay(self._values[k][member],
+            if (k, member) not in self._split:
+                self._split[k, member] = _split(self._values[k][member])
+            self._value_starts[key] = self._lay(self._split[k, member],
                                                 finals_to=functools.partial(self._hub, k, written, False, exit))
         return self._value_starts[key]
 
@@ -219,6 +308,7 @@ class ObjectDispatch(GrowingDfa):
         return index
 
     def _build_one(self, state: int) -> None:
+        self._lay_rest(state)
         pending = self._pending.pop(state, None)
         if pending is None:
             return

@@ -177,3 +177,41 @@ def test_masks_in_bounded_strings_of_a_lazily_built_table_match_brute_force(comp
         assert state is not None, text[:i + 1]
     assert constraint.can_end(state) and checked == 11
     assert vocab.native_trie is None or max(runs) >= 16, ("the strings' runs are skipped", runs)
+
+
+def test_values_laid_in_two_runs_give_the_masks_of_values_laid_whole(vocab, monkeypatch):
+    """A value's copy lays its first VALUE_HEAD_BYTES bytes' states, and the rest when a walk first reaches
+    one (most copies, reached by a mask walk a few bytes past a key, stay partly unlaid): along a walk through
+    long values (enums, a small object in any order, a bounded string) the masks equal those of the same
+    table laid whole, and each token's bytes fed one at a time at a few states; the table left rests unlaid."""
+    import radixlang.runtime.constrained.object_dispatch as object_dispatch
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+
+    person = {"type": "object", "properties": {"first_name": {"type": "string"}, "last_name": {"type": "string"},
+                                               "age": DIGIT}, "additionalProperties": False}
+    schema = {"type": "object", "properties": {
+        **{f"p{i}": DIGIT for i in range(N - 3)}, "order": {"enum": ["alphabetical", "chronological", "numerical"]},
+        "who": person, "note": {"type": "string", "maxLength": 20}}, "required": ["who"],
+        "additionalProperties": {"enum": ["alphabetical", "chronological"]}}  # an undeclared key's `":` leads into it
+    split = ConstraintCompiler(lambda: vocab).compile("json_schema", schema)
+    whole = ConstraintCompiler(lambda: vocab).compile("json_schema", schema)
+    assert isinstance(split, ObjectDispatch) and isinstance(whole, ObjectDispatch)
+    tokens = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
+    text = ('{"p2":3,"order":"chronological","who":{"last_name":"Lovelace","age":5,"first_name":"Ada"},'
+            '"note":"first computer","x":"alphabetical","p0":1}')
+    masks, state = [], split.initial()
+    for i, byte in enumerate(text.encode()):
+        masks.append(split.allowed(state))
+        if i in (8, 17, 40, 101, 116):  # a key's start, in the enum, in the nested object, in the note, the undeclared key
+            expected = np.zeros(vocab.size, bool)
+            expected[vocab.ids] = [split.advance_bytes(state, data) is not None for data in tokens]
+            assert np.array_equal(masks[-1], expected), text[:i]
+        state = split.advance_bytes(state, bytes([byte]))
+        assert state is not None, text[:i + 1]
+    assert split.can_end(state)
+    monkeypatch.setattr(object_dispatch, "VALUE_HEAD_BYTES", 10_000)  # values split from here on: laid whole
+    state = whole.initial()
+    for i, byte in enumerate(text.encode()):
+        assert np.array_equal(masks[i], whole.allowed(state)), (text[:i], np.flatnonzero(masks[i] != whole.allowed(state))[:5])
+        state = whole.advance_bytes(state, bytes([byte]))
+    assert split._rests and not whole._rests, "copies reached only by mask walks keep their rest unlaid"
