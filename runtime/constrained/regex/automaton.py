@@ -114,7 +114,9 @@ def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False) -
     return cached(key, lambda: _determinize(patterns, alphabet_of(char_sets(patterns)), nonempty, readings))
 
 
-def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False) -> CharDfa:
+def thompson(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool) -> tuple[Nfa, int]:
+    """The NFA (and its start) that `compile_dfa` determinizes: pattern i's end accepts label i; with
+    `nonempty` the start is a state of its own that nothing leads back into."""
     builder = _Builder(alphabet)
     nfa = builder.nfa
     start = nfa.new()
@@ -126,6 +128,11 @@ def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, re
         s = nfa.new()
         nfa.eps[body].append(s)
         nfa.accepts[builder.build(pattern, s)] = label
+    return nfa, start
+
+
+def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False) -> CharDfa:
+    nfa, start = thompson(patterns, alphabet, nonempty)
     sets: list[tuple[int, ...]] | None = [] if readings else None
     trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty, readings=sets)
     return CharDfa(trans, accept, alphabet, readings=tuple(sets or ()))
