@@ -23,7 +23,7 @@ from ..masks.token_index import TokenIndex
 from ..masks.vocab import TokenVocab
 from ..matcher import MaskCache
 from ..regex import regex_ast as ra
-from ..regex.automaton import Dfa, collector_paused, compile_dfa
+from ..regex.automaton import Dfa, collector_paused, compile_dfa, compiled_before
 from ..regex.dfa_cache import caching, current
 from ..regex.fsa import ConstraintTooLarge
 from .lalr import LalrGrammar, Stack
@@ -300,11 +300,17 @@ class GrammarConstraint:
         hit = self._suffixes.get((names, key))
         if hit is None:
             lex = self._lexers.get(names)
+            if lex is None and self._dfa_kept(names):  # its automaton built before (while compiling): build it
+                lex = self._lexers[names] = self._build_lexer(names)
             hit = self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
             if len(self._suffixes) >= SUFFIX_CACHE_SIZE:
                 self._suffixes.clear()
             self._suffixes[(names, key)] = hit
         return hit
+
+    def _dfa_kept(self, names: frozenset[str]) -> bool:
+        with caching(self._dfas):
+            return compiled_before(self._lexer_nodes(names)[1], nonempty=True, readings=self.grammar.readings)
 
     def _probe(self, names: frozenset[str]) -> LexerProbe:
         probe = self._probes.get(names)

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
-from .dfa_cache import cached
+from .dfa_cache import cached, current
 from .fsa import Nfa, determinize, heights, minimize, row_ids, state_id, trim
 from .utf8 import char_to_byte_dfa
 
@@ -99,8 +99,17 @@ def compile_dfa(patterns: list[ra.Node], nonempty: bool = False, readings: bool 
         chars = own_chars(patterns, nonempty, readings)
         trans, byte_class, accept = char_to_byte_dfa(chars)
         return Dfa(trans, accept, byte_class, readings=chars.readings)
-    return cached(("bytes", tuple(patterns), nonempty, readings) if readings else ("bytes", tuple(patterns), nonempty),
-                  build)
+    return cached(_dfa_key(patterns, nonempty, readings), build)
+
+
+def _dfa_key(patterns: list[ra.Node], nonempty: bool, readings: bool) -> tuple:
+    return ("bytes", tuple(patterns), nonempty, readings) if readings else ("bytes", tuple(patterns), nonempty)
+
+
+def compiled_before(patterns: list[ra.Node], nonempty: bool = False, readings: bool = False) -> bool:
+    """Whether `compile_dfa(patterns, ...)` would find its DFA in the installed cache (so costs no construction)."""
+    cache = current()
+    return cache is not None and _dfa_key(patterns, nonempty, readings) in cache
 
 
 def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = False) -> CharDfa:
