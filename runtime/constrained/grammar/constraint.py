@@ -300,7 +300,7 @@ class GrammarConstraint:
         hit = self._suffixes.get((names, key))
         if hit is None:
             lex = self._lexers.get(names)
-            if lex is None and self._dfa_kept(names):  # its automaton built before (while compiling): build it
+            if lex is None and names not in self._probes and self._dfa_kept(names):  # its automaton is cached
                 lex = self._lexers[names] = self._build_lexer(names)
             hit = self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
             if len(self._suffixes) >= SUFFIX_CACHE_SIZE:
@@ -309,6 +309,7 @@ class GrammarConstraint:
         return hit
 
     def _dfa_kept(self, names: frozenset[str]) -> bool:
+        """Whether the lexer's automaton is in the compiler's cache (built while compiling): building it is cheap."""
         with caching(self._dfas):
             return compiled_before(self._lexer_nodes(names)[1], nonempty=True, readings=self.grammar.readings)
 
