@@ -42,6 +42,9 @@ pair : ESCAPED_STRING ":" value
 %ignore WS
 """
 SUFFIX_CACHE_SIZE = 8192  # suffix walks kept per grammar (a few hundred row ids each); past it they start over
+# rows a lexer's probe walks (in Python, a byte at a time) before the lexer is built and walked natively
+# instead: a probe pays where a few tokens' few bytes are read (a build costs 2-40 ms)
+PROBE_MAX_ROWS = 2048
 STATE_KEY_CACHE_SIZE = 16384  # states whose mask key (or lexer-state bits, shared) is kept; past it they start over
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
 # Parser stacks a cached constraint may number (each keeps its shifts, acceptable terminals and lexer: ~1 KB)
@@ -300,7 +303,10 @@ class GrammarConstraint:
         hit = self._suffixes.get((names, key))
         if hit is None:
             lex = self._lexers.get(names)
-            if lex is None and names not in self._probes and self._dfa_kept(names):  # its automaton is cached
+            probe = self._probes.get(names)
+            # built instead where its automaton is cached, or where the probe's Python walks would cost more
+            if lex is None and (probe.walked + len(rows) > PROBE_MAX_ROWS if probe is not None
+                                else len(rows) > PROBE_MAX_ROWS or self._dfa_kept(names)):
                 lex = self._lexers[names] = self._build_lexer(names)
             hit = self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
             if len(self._suffixes) >= SUFFIX_CACHE_SIZE:

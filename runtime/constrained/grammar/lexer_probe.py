@@ -34,6 +34,7 @@ class LexerProbe:
         alphabet = alphabet_of(char_sets(nodes))
         nfa, start = thompson(nodes, alphabet, nonempty=True)
         self._names, self._readings, self._accepts = names, readings, nfa.accepts
+        self.walked = 0  # rows walked so far
         self._keep = _coreachable(nfa) & ({q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts))
         self._eps, self._edges = nfa.eps, nfa.edges
         self._reading: dict[int, list[tuple[frozenset[int], int]]] = {}  # by state met: its moves, as sets
@@ -58,6 +59,7 @@ class LexerProbe:
         """`rows` (vocabulary rows) walked from the lexer's start from byte p (one for all, or per row): those
         alive at their end, and those that end a lexeme part-way, by the terminals it reads as (sorted), with
         where; the rest die."""
+        self.walked += len(rows)
         starts = np.broadcast_to(np.asarray(p, np.int64), rows.shape).tolist()
         ok: list[int] = []
         ended: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
