@@ -23,10 +23,11 @@ from ..masks.token_index import TokenIndex
 from ..masks.vocab import TokenVocab
 from ..matcher import MaskCache
 from ..regex import regex_ast as ra
-from ..regex.automaton import Dfa, collector_paused, compile_dfa
+from ..regex.automaton import Dfa, collector_paused, compile_dfa, compiled_before
 from ..regex.dfa_cache import caching, current
 from ..regex.fsa import ConstraintTooLarge
 from .lalr import LalrGrammar, Stack
+from .lexer_probe import LexerProbe, Suffixes
 
 # Any JSON value, with whitespace allowed between tokens (Lark's JSON example grammar).
 JSON_GRAMMAR = r"""
@@ -41,6 +42,9 @@ pair : ESCAPED_STRING ":" value
 %ignore WS
 """
 SUFFIX_CACHE_SIZE = 8192  # suffix walks kept per grammar (a few hundred row ids each); past it they start over
+# rows a lexer's probe walks (in Python, a byte at a time) before the lexer is built and walked natively
+# instead: a probe pays where a few tokens' few bytes are read (a build costs 2-40 ms)
+PROBE_MAX_ROWS = 2048
 STATE_KEY_CACHE_SIZE = 16384  # states whose mask key (or lexer-state bits, shared) is kept; past it they start over
 State = tuple[Stack, int, int]  # (parser stack, ignored lexemes in a row, lexer DFA state)
 # Parser stacks a cached constraint may number (each keeps its shifts, acceptable terminals and lexer: ~1 KB)
@@ -66,10 +70,12 @@ class GrammarConstraint:
         self._lexers: dict[frozenset[str], Lexer] = {}
         self._acceptable: dict[Stack, frozenset[str]] = {}
         self._lexer_at: dict[tuple[Stack, bool], Lexer] = {}  # by (stack, may an ignored lexeme come)
+        self._key_at: dict[tuple[Stack, bool], frozenset[str]] = {}  # the terminals its lexer reads, by the same
+        self._probes: dict[frozenset[str], LexerProbe] = {}  # lexers suffix walks read before any decode built them
         self._state_keys: dict[State, Hashable | np.ndarray] = {}  # allowed_bits': a state's mask key, or its bits where no key
         self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
-        self._suffixes: dict[tuple[Lexer, Hashable], tuple] = {}  # _suffix_walk's
+        self._suffixes: dict[tuple[frozenset[str], Hashable], Suffixes] = {}  # _suffix_walk's
         self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
         self._check_lexer_sizes()
         stack = self.table.initial()
@@ -108,23 +114,35 @@ class GrammarConstraint:
         at = (stack, run < LARK_MAX_CONSECUTIVE_IGNORED)
         lex = self._lexer_at.get(at)
         if lex is None:
-            key = self.acceptable(stack)
-            if at[1]:
-                key = key | self.grammar.ignore
+            key = self.lexer_key(stack, run)
             lex = self._lexers.get(key)
             if lex is None:
                 lex = self._lexers[key] = self._build_lexer(key)
             self._lexer_at[at] = lex
         return lex
 
-    def _build_lexer(self, names: frozenset[str]) -> Lexer:
+    def lexer_key(self, stack: Stack, run: int) -> frozenset[str]:
+        """The terminals `lexer(stack, run)` reads (it names the lexer without building it)."""
+        at = (stack, run < LARK_MAX_CONSECUTIVE_IGNORED)
+        key = self._key_at.get(at)
+        if key is None:
+            key = self.acceptable(stack)
+            if at[1]:
+                key = key | self.grammar.ignore
+            self._key_at[at] = key
+        return key
+
+    def _lexer_nodes(self, names: frozenset[str]) -> tuple[list[str], list[ra.Node]]:
+        """The terminals of a lexer in preference order, and their trees (ignored ones bounded)."""
         terms = sorted((self.grammar.terminals[n] for n in names), key=lambda t: t.rank)
-        nodes = [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore else t.node
-                 for t in terms]
+        return [t.name for t in terms], [ra.Bounded(t.node, LARK_MAX_IGNORED_BYTES) if t.name in self.grammar.ignore
+                                         else t.node for t in terms]
+
+    def _build_lexer(self, names: frozenset[str]) -> Lexer:
+        order, nodes = self._lexer_nodes(names)
         readings = self.grammar.readings
         with collector_paused(), caching(self._dfas):  # built mid-decode too (lexers are built on first use)
             dfa = compile_dfa(nodes, nonempty=True, readings=readings)
-        order = [t.name for t in terms]
         labels = tuple(tuple(order[i] for i in r) for r in dfa.readings) if readings else tuple((n,) for n in order)
         return Lexer(labels, dfa, TokenIndex(dfa, self.vocab, boundaries=True))
 
@@ -220,11 +238,11 @@ class GrammarConstraint:
 
     def _suffix_key(self, after: tuple[Stack, int], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Hashable:
         """What `_suffix_rows(after, rows, p, key)` reads of the parser: the lexers it walks through, nested."""
-        lex = self.lexer(*after)
-        _, nested = self._suffix_walk(lex, rows, p, key)
-        return lex, tuple(None if (nxt := self._after_lexeme(*after, lex.terminals[label])) is None
-                          else self._suffix_key(nxt, members, stop_pos, (key, lex, label))
-                          for label, members, stop_pos in nested)
+        names = self.lexer_key(*after)
+        _, nested = self._suffix_walk(names, rows, p, key)
+        return names, tuple(None if (nxt := self._after_lexeme(*after, terminals)) is None
+                            else self._suffix_key(nxt, members, stop_pos, (key, names, terminals))
+                            for terminals, members, stop_pos in nested)
 
     def _compute_bits(self, state: State) -> np.ndarray:
         """The mask as packed bits: the lexer state's own tokens, then the tokens that finish the lexeme
@@ -267,31 +285,45 @@ class GrammarConstraint:
         """Of `rows` (tokens that finish a lexeme after p bytes; `key` names them), those whose bytes from p
         on are a valid start of what follows it. Tokens that finish the next lexeme too go on into the one
         after, grouped by how it ended (each level reads at least a byte, so this ends)."""
-        lex = self.lexer(*after)
-        ok, nested = self._suffix_walk(lex, rows, p, key)
+        names = self.lexer_key(*after)
+        ok, nested = self._suffix_walk(names, rows, p, key)
         out = [ok]
-        for label, members, stop_pos in nested:
-            nxt = self._after_lexeme(*after, lex.terminals[label])
+        for terminals, members, stop_pos in nested:
+            nxt = self._after_lexeme(*after, terminals)
             if nxt is not None:
-                out.append(self._suffix_rows(nxt, members, stop_pos, (key, lex, label)))
+                out.append(self._suffix_rows(nxt, members, stop_pos, (key, names, terminals)))
         return np.concatenate(out) if len(out) > 1 else ok
 
-    def _suffix_walk(self, lex: Lexer, rows: np.ndarray, p: int | np.ndarray,
-                     key: Hashable) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]]:
-        """`rows` walked from `lex`'s start from p: those that stay alive, and those that end one of its
-        lexemes part-way, by label (with where). Kept by (lexer, key): many parser states share a lexer."""
-        hit = self._suffixes.get((lex, key))
+    def _suffix_walk(self, names: frozenset[str], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Suffixes:
+        """`rows` walked from the start of the lexer reading `names` from p: those that stay alive, and those
+        that end one of its lexemes part-way, by the terminals it reads as (sorted; with where). Kept by (lexer,
+        key): many parser states share a lexer. A lexer no decode has built yet is probed instead (lexer_probe:
+        its NFA walked, the same answers): such walks read few tokens' few bytes, and most such lexers are never
+        reached (the comma after an object's last member)."""
+        hit = self._suffixes.get((names, key))
         if hit is None:
-            walk = lex.index.walk_rows(rows, lex.dfa.start, p)
-            labels = np.where(walk.end_state < 0, lex.dfa.accept[walk.stop_state], -1)
-            nested = np.flatnonzero(labels >= 0)
-            hit = (rows[walk.end_state >= 0], [(label, rows[m], walk.stop_pos[m]) for label in
-                                               np.unique(labels[nested]).tolist()
-                                               for m in [nested[labels[nested] == label]]])
+            lex = self._lexers.get(names)
+            probe = self._probes.get(names)
+            # built instead where its automaton is cached, or where the probe's Python walks would cost more
+            if lex is None and (probe.walked + len(rows) > PROBE_MAX_ROWS if probe is not None
+                                else len(rows) > PROBE_MAX_ROWS or self._dfa_kept(names)):
+                lex = self._lexers[names] = self._build_lexer(names)
+            hit = self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
             if len(self._suffixes) >= SUFFIX_CACHE_SIZE:
                 self._suffixes.clear()
-            self._suffixes[(lex, key)] = hit
+            self._suffixes[(names, key)] = hit
         return hit
+
+    def _dfa_kept(self, names: frozenset[str]) -> bool:
+        """Whether the lexer's automaton is in the compiler's cache (built while compiling): building it is cheap."""
+        with caching(self._dfas):
+            return compiled_before(self._lexer_nodes(names)[1], nonempty=True, readings=self.grammar.readings)
+
+    def _probe(self, names: frozenset[str]) -> LexerProbe:
+        probe = self._probes.get(names)
+        if probe is None:
+            probe = self._probes[names] = LexerProbe(*self._lexer_nodes(names)[::-1], self.grammar.readings)
+        return probe
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
         out = bytearray()
@@ -317,4 +349,13 @@ class GrammarConstraint:
                 live = live | (lex2.dfa.row(lex2.dfa.start) >= 0)
         candidates = np.flatnonzero(live)
         return int(candidates[0]) if len(candidates) == 1 else None
+
+
+def _walked(lex: Lexer, rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
+    """`GrammarConstraint._suffix_walk` through a built lexer (natively)."""
+    walk = lex.index.walk_rows(rows, lex.dfa.start, p)
+    labels = np.where(walk.end_state < 0, lex.dfa.accept[walk.stop_state], -1)
+    nested = np.flatnonzero(labels >= 0)
+    ended = sorted((lex.terminals[label], nested[labels[nested] == label]) for label in np.unique(labels[nested]).tolist())
+    return rows[walk.end_state >= 0], [(terminals, rows[m], walk.stop_pos[m]) for terminals, m in ended]
 

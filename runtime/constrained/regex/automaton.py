@@ -20,7 +20,7 @@ import numpy as np
 
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
-from .dfa_cache import cached
+from .dfa_cache import cached, current
 from .fsa import Nfa, determinize, heights, minimize, row_ids, state_id, trim
 from .utf8 import char_to_byte_dfa
 
@@ -101,8 +101,17 @@ def compile_dfa(patterns: list[ra.Node], nonempty: bool = False, readings: bool 
         chars = own_chars(patterns, nonempty, readings, max_states)
         trans, byte_class, accept = char_to_byte_dfa(chars)
         return Dfa(trans, accept, byte_class, readings=chars.readings)
-    return cached(("bytes", tuple(patterns), nonempty, readings) if readings else ("bytes", tuple(patterns), nonempty),
-                  build)
+    return cached(_dfa_key(patterns, nonempty, readings), build)
+
+
+def _dfa_key(patterns: list[ra.Node], nonempty: bool, readings: bool) -> tuple:
+    return ("bytes", tuple(patterns), nonempty, readings) if readings else ("bytes", tuple(patterns), nonempty)
+
+
+def compiled_before(patterns: list[ra.Node], nonempty: bool = False, readings: bool = False) -> bool:
+    """Whether `compile_dfa(patterns, ...)` would find its DFA in the installed cache (so costs no construction)."""
+    cache = current()
+    return cache is not None and _dfa_key(patterns, nonempty, readings) in cache
 
 
 def compile_chars(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool = False) -> CharDfa:
@@ -119,8 +128,9 @@ def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False,
                                             max_states))
 
 
-def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False,
-                 max_states: int | None = None) -> CharDfa:
+def thompson(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool) -> tuple[Nfa, int]:
+    """The NFA (and its start) that `compile_dfa` determinizes: pattern i's end accepts label i; with
+    `nonempty` the start is a state of its own that nothing leads back into."""
     builder = _Builder(alphabet)
     nfa = builder.nfa
     start = nfa.new()
@@ -132,6 +142,12 @@ def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, re
         s = nfa.new()
         nfa.eps[body].append(s)
         nfa.accepts[builder.build(pattern, s)] = label
+    return nfa, start
+
+
+def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False,
+                 max_states: int | None = None) -> CharDfa:
+    nfa, start = thompson(patterns, alphabet, nonempty)
     sets: list[tuple[int, ...]] | None = [] if readings else None
     trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty, readings=sets,
                                 limit=max_states)

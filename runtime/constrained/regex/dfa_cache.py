@@ -47,6 +47,10 @@ class DfaCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         with self._lock:
             hit = self._items.get(key)

@@ -1,0 +1,186 @@
+"""Suffix walks through lexers no decode has reached yet, read from their NFA instead of built.
+
+A grammar state's mask asks what follows each token that ends a lexeme part-way: the token's remaining
+bytes are walked through the next lexer (constraint._suffix_walk). Where that lexer is one the decode has not
+reached (the comma after an object's last member, then the keys still allowed after it), building it (subset
+construction, minimization, UTF-8 expansion: 2-40 ms) to read a handful of tokens' few bytes was most of such
+a mask's cost. A probe builds the lexer's Thompson NFA only and follows the rows' bytes through it, keeping the
+subsets it meets (a lazy DFA). Its answers are the built lexer's: a subset is alive exactly when one of its
+states can still reach acceptance (the built DFA is trimmed), its label is its accepting states' (the lowest,
+or all of them with readings), and a character of several bytes lives as long as some well-formed completion
+of its bytes so far lies in a class the subset reads (the built DFA's UTF-8 decoders read exactly those).
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from ..masks.vocab import TokenVocab
+from ..regex import regex_ast as ra
+from ..regex.alphabet import alphabet_of
+from ..regex.automaton import char_sets, thompson
+from ..regex.fsa import Nfa
+
+Subset = frozenset[int]
+Suffixes = tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray, np.ndarray]]]  # constraint._suffix_walk's
+_VALID = {2: ((0x80, 0x7FF),), 3: ((0x800, 0xD7FF), (0xE000, 0xFFFF)), 4: ((0x10000, ra.MAX_CODE_POINT),)}
+
+
+class LexerProbe:
+    """The lexer of `nodes` (named `names`, in preference order) as an NFA walked a byte at a time."""
+
+    def __init__(self, nodes: list[ra.Node], names: list[str], readings: bool):
+        alphabet = alphabet_of(char_sets(nodes))
+        nfa, start = thompson(nodes, alphabet, nonempty=True)
+        self._names, self._readings, self._accepts = names, readings, nfa.accepts
+        self.walked = 0  # rows walked so far
+        self._keep = _coreachable(nfa) & ({q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts))
+        self._eps, self._edges = nfa.eps, nfa.edges
+        self._reading: dict[int, list[tuple[frozenset[int], int]]] = {}  # by state met: its moves, as sets
+        self._closures: dict[int, Subset] = {}
+        self._steps: dict[tuple[Subset, int], Subset] = {}
+        self._live: dict[Subset, list[tuple[int, int]]] = {}  # a subset's multi-byte code points it reads
+        self._ascii = [-1] * 128  # by ASCII byte: its class
+        intervals = []
+        for c, ranges in enumerate(alphabet.classes):
+            for lo, hi in ranges:
+                intervals.append((lo, hi, c))
+                for b in range(lo, min(hi, 127) + 1):
+                    self._ascii[b] = c
+        intervals.sort()
+        self._los = [lo for lo, _, _ in intervals]
+        self._intervals = intervals
+        self._wide = [c for c in range(len(alphabet.classes)) if alphabet.widths[c] > 1]
+        self._classes = alphabet.classes
+        self._start = self._closure(start)
+
+    def suffixes(self, vocab: TokenVocab, rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
+        """`rows` (vocabulary rows) walked from the lexer's start from byte p (one for all, or per row): those
+        alive at their end, and those that end a lexeme part-way, by the terminals it reads as (sorted), with
+        where; the rest die."""
+        self.walked += len(rows)
+        starts = np.broadcast_to(np.asarray(p, np.int64), rows.shape).tolist()
+        ok: list[int] = []
+        ended: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        for r, at in zip(rows.tolist(), starts):
+            data = vocab.matrix[r, :vocab.lengths[r]].tobytes()
+            stop, names = self._walk(data, at)
+            if stop < 0:
+                ok.append(r)
+            elif names is not None:
+                ended.setdefault(names, ([], []))
+                ended[names][0].append(r)
+                ended[names][1].append(stop)
+        return (np.array(ok, np.int64), [(names, np.array(rs, np.int64), np.array(pos, np.int64))
+                                         for names, (rs, pos) in sorted(ended.items())])
+
+    def _walk(self, data: bytes, i: int) -> tuple[int, tuple[str, ...] | None]:
+        """(-1, None) if `data[i:]` reads alive; else where it dies and the terminals the lexeme before reads as
+        (None: incomplete there, or died inside a character)."""
+        state, first, n = self._start, i, len(data)
+        while i < n:
+            b = data[i]
+            if b < 0x80:
+                c = self._ascii[b]
+                nxt = self._step(state, c) if c >= 0 else frozenset()
+                if not nxt:
+                    return i, self._label(state) if i > first else None
+                state, i = nxt, i + 1
+                continue
+            width = 2 if 0xC2 <= b <= 0xDF else 3 if 0xE0 <= b <= 0xEF else 4 if 0xF0 <= b <= 0xF4 else 0
+            code = b & (0x3F >> (width - 1)) if width else 0
+            k = 0
+            while True:  # bytes of the character read so far: i .. i + k
+                if not width or not self._reads(state, code, width, width - 1 - k):
+                    return (i + k, None) if k else (i, self._label(state) if i > first else None)
+                k += 1
+                if k == width:
+                    break
+                if i + k >= n:
+                    return -1, None  # the token ends inside a character that can still complete
+                cont = data[i + k]
+                if cont & 0xC0 != 0x80:
+                    return i + k, None
+                code = code << 6 | cont & 0x3F
+            state = self._step(state, self._class_of(code))
+            i += width
+        return -1, None
+
+    def _reads(self, state: Subset, code: int, width: int, left: int) -> bool:
+        """Whether some well-formed code point of `width` bytes starting with `code`'s bits (`left` continuation
+        bytes still to come) lies in a class `state` reads."""
+        lo, hi = code << 6 * left, ((code + 1) << 6 * left) - 1
+        for x, y in _VALID[width]:
+            x, y = max(x, lo), min(y, hi)
+            if x <= y and any(a <= y and x <= b for a, b in self._live_ranges(state)):
+                return True
+        return False
+
+    def _live_ranges(self, state: Subset) -> list[tuple[int, int]]:
+        hit = self._live.get(state)
+        if hit is None:
+            hit = self._live[state] = [r for c in self._wide if self._step(state, c) for r in self._classes[c]]
+        return hit
+
+    def _class_of(self, code: int) -> int:
+        k = bisect.bisect_right(self._los, code) - 1
+        lo, hi, c = self._intervals[k]
+        assert lo <= code <= hi, "a character the state reads lies in one of its classes"
+        return c
+
+    def _label(self, state: Subset) -> tuple[str, ...] | None:
+        labels = [self._accepts[q] for q in state if q in self._accepts]
+        if not labels:
+            return None
+        if self._readings:
+            return tuple(self._names[k] for k in sorted(set(labels)))
+        return (self._names[min(labels)],)
+
+    def _step(self, state: Subset, c: int) -> Subset:
+        key = (state, c)
+        hit = self._steps.get(key)
+        if hit is None:
+            out: set[int] = set()
+            for q in state:
+                moves = self._reading.get(q)
+                if moves is None:
+                    moves = self._reading[q] = [(frozenset(symbols), t) for symbols, t in self._edges[q]]
+                for symbols, t in moves:
+                    if c in symbols:
+                        out |= self._closure(t)
+            hit = self._steps[key] = frozenset(out)
+        return hit
+
+    def _closure(self, q: int) -> Subset:
+        """The states that read or accept (and can still reach acceptance) that q reaches without reading."""
+        hit = self._closures.get(q)
+        if hit is None:
+            seen, stack = {q}, [q]
+            while stack:
+                for t in self._eps[stack.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        stack.append(t)
+            hit = self._closures[q] = frozenset(seen & self._keep)
+        return hit
+
+
+def _coreachable(nfa: Nfa) -> set[int]:
+    """The states from which an accepting one can be reached (over moves that read something, or none)."""
+    back: list[list[int]] = [[] for _ in nfa.eps]
+    for q, targets in enumerate(nfa.eps):
+        for t in targets:
+            back[t].append(q)
+    for q, edges in enumerate(nfa.edges):
+        for symbols, t in edges:
+            if len(symbols):
+                back[t].append(q)
+    seen = set(nfa.accepts)
+    stack = list(seen)
+    while stack:
+        for q in back[stack.pop()]:
+            if q not in seen:
+                seen.add(q)
+                stack.append(q)
+    return seen

@@ -1,0 +1,109 @@
+"""Lexer probes (suffix walks through lexers no decode has built) against the built lexers' native walks."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+
+from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint, _walked
+from radixlang.runtime.constrained.grammar.lexer_probe import LexerProbe
+
+# named keys beside free ones, a non-ASCII key and a Unicode-class pattern (multi-byte characters, UTF-8 cut
+# inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left)
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "é": {"type": "string", "pattern": "^[α-ω]{1,4}$"},
+    "kids": {"type": "array", "items": {"$ref": "#"}}},
+    "additionalProperties": {"type": "integer"}}
+TEXTS = ['{"kids":[{"kids":[{"name":"ab","é":"αβ","kids":[{"x":1}]},{"y":-2}]}],"name":"z"}',
+         '{"é":"ω","name":"q","kids":[{},{"kids":[{"kids":[{"n":30,"é":"γ"}]}],"name":""}]}']
+CALC = r"""
+start: stmt+
+stmt: "let" NAME "=" expr ";" | "print" expr ";"
+?expr: term (("+" | "-") term)*
+?term: INT | NAME | "set" | "(" expr ")"
+NAME: /[a-zé_][a-z0-9_]*/
+%import common.INT
+%import common.WS_INLINE
+%ignore WS_INLINE
+"""
+
+
+def _walked_states(constraint, texts: list[str]) -> list:
+    states = []
+    for text in texts:
+        state = constraint.initial()
+        for b in text.encode():
+            state = constraint.advance_bytes(state, bytes([b]))
+            assert state is not None, text
+            states.append(state)
+    return list(dict.fromkeys(states))
+
+
+def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
+    """For every lexer a JSON schema's grammar (terminals read every way they match) and a Lark grammar (the
+    preferred terminal where two match: `set` as a keyword, not a name; ignored whitespace) build along texts,
+    its probe (NFA walked lazily) gives the built DFA's native walk's answers exactly: rows alive at their end,
+    and rows ending a lexeme part-way by the terminals it reads as and where; over random rows from random
+    offsets, and rows holding multi-byte characters (cut at the token's end, or in a class not read)."""
+    rng = np.random.default_rng(0)
+    wide = np.flatnonzero((vocab.matrix >= 0x80).any(axis=1))
+    # "set" is two terminals, and `setText` ends it part-way
+    kw = np.flatnonzero((vocab.matrix[:, :3] == np.frombuffer(b"set", np.uint8)).all(axis=1) & (vocab.lengths > 3))
+    rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw,
+                                     rng.choice(wide, min(3000, len(wide)), replace=False)]))
+    offsets = (rng.random(len(rows)) * vocab.lengths[rows]).astype(np.int64)
+    checked = 0
+    for kind, spec, texts in [("json_schema", SCHEMA, TEXTS), ("grammar", CALC, ["let é = (x1+ 2);print  é+set;"])]:
+        constraint = compiler.compile(kind, spec)
+        assert isinstance(constraint, GrammarConstraint)
+        _walked_states(constraint, texts)
+        for names, lex in list(constraint._lexers.items()):
+            probe = LexerProbe(*constraint._lexer_nodes(names)[::-1], constraint.grammar.readings)
+            for p in (0, offsets):
+                ok, nested = probe.suffixes(vocab, rows, p)
+                want_ok, want_nested = _walked(lex, rows, p)
+                assert np.array_equal(np.sort(ok), np.sort(want_ok)), (sorted(names), p)
+                assert [n for n, _, _ in nested] == [n for n, _, _ in want_nested], sorted(names)
+                for (_, got_rows, got_pos), (_, want_rows, want_pos) in zip(nested, want_nested):
+                    order, want = np.argsort(got_rows), np.argsort(want_rows)
+                    assert np.array_equal(got_rows[order], want_rows[want]), sorted(names)
+                    assert np.array_equal(got_pos[order], want_pos[want]), sorted(names)
+                checked += len(nested) + bool(len(ok))
+    assert checked > 20, "the rows should exercise lexemes ending part-way"
+
+
+class _Built(GrammarConstraint):
+    """Every suffix walk through a built lexer (no probes)."""
+
+    def _probe(self, names):
+        lex = self._lexers.get(names) or self._lexers.setdefault(names, self._build_lexer(names))
+        return SimpleNamespace(suffixes=lambda vocab, rows, p: _walked(lex, rows, p))
+
+
+def test_masks_with_probed_lexers_equal_masks_with_built_ones(compiler, vocab, walk):
+    """Along texts and random walks of a recursive schema (where the comma after an object's last member,
+    and the keys left after it, are lexers no decode reaches), the masks computed through probes equal
+    those of the same grammar whose suffix walks build every lexer; probes are met (the check exercises
+    them), and the deepest state's mask equals advancing each token."""
+    probed = GrammarConstraint(compiler.compile("json_schema", SCHEMA).grammar, vocab)
+    built = _Built(probed.grammar, vocab)
+    states = _walked_states(probed, TEXTS)
+    rng = random.Random(0)
+    for _ in range(4):
+        state = probed.initial()
+        for _ in range(40):
+            allowed = np.flatnonzero(probed.allowed(state))
+            if not len(allowed):
+                break
+            state = probed.advance(state, int(allowed[rng.randrange(len(allowed))]))
+            states.append(state)
+    for state in states:
+        assert np.array_equal(probed.allowed_bits(state), built.allowed_bits(state)), state
+    assert probed._probes, "some suffix walk should read a lexer no decode built"
+    deepest = states[-1]
+    brute = np.zeros(vocab.size, bool)
+    for tid in vocab.ids.tolist():
+        brute[tid] = probed.advance_bytes(deepest, vocab.token_bytes[tid]) is not None
+    assert np.array_equal(probed.allowed(deepest), brute)
