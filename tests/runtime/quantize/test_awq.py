@@ -8,7 +8,7 @@ import transformers
 
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.quantize import awq
-from radixlang.runtime.quantize.awq import search_scales
+from radixlang.runtime.quantize.awq import ALPHA_GRID, ALPHA_TOLERANCE, search_scales
 from radixlang.runtime.quantize.gptq import GPTQSpec
 
 from ..models.hf_tiny import BASE, save_hf_model
@@ -40,6 +40,26 @@ def test_awq_scales_lower_the_output_error_of_round_to_nearest_on_held_out_input
     plain, scaled = error(rtn(w)), error(rtn(w * s) / s)  # the scaled rounding, undone at the input
     print(f"alpha {alpha}: held-out output mse rtn {plain:.4e}, awq {scaled:.4e}")
     assert scaled < 0.8 * plain
+
+
+def test_the_search_keeps_the_largest_alpha_within_the_tolerance_of_the_least_error():
+    """Brute force over the grid, each alpha's output error ||X (W - Q(W s) / s)^T||^2 computed from the
+    inputs X themselves with the suite's own round-to-nearest: the search keeps the largest alpha whose
+    error is within ALPHA_TOLERANCE of the least (and its scales)."""
+    x = inputs(512, seed=7).double()  # seeds where the least error and the alpha kept differ
+    w = (torch.randn(48, K, generator=torch.Generator().manual_seed(8)) / K**0.5).double()
+    mean = x.abs().mean(dim=0)
+    errors = {}
+    for alpha in ALPHA_GRID:
+        s = mean.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        errors[alpha] = (x @ (rtn(w * s) / s - w).T).square().sum().item()
+    want = max(a for a, e in errors.items() if e <= (1 + ALPHA_TOLERANCE) * min(errors.values()))
+    s, alpha = search_scales(w, x.T @ x, mean, GPTQSpec(group_size=GROUP))
+    least = min(errors, key=errors.__getitem__)
+    print(f"least error at alpha {least}, kept {alpha}")
+    assert alpha == want > least
+    torch.testing.assert_close(s, mean.pow(want) / (mean.pow(want).max() * mean.pow(want).min()).sqrt())
 
 
 def test_the_scales_statistic_is_each_input_channels_mean_magnitude_over_the_calibration_tokens(tmp_path, monkeypatch):
