@@ -3,10 +3,14 @@ activations matter most; scaling input channel j of a linear up by s_j before ro
 by s_j where it is produced, scales.py) rounds those weights with a relatively finer grid.
 
 Per linear, s = mean|x|^a / sqrt(max * min) (normalised so the scales straddle 1) for a in ALPHA_GRID,
-and the a kept is the one whose rounded weights give the least output error on the calibration inputs,
+and the a kept is the largest one whose rounded weights give an output error on the calibration inputs
+within ALPHA_TOLERANCE of the least,
 ||X (W - Q(W s) / s)^T||^2 = sum((W - Q(W s) / s) H * (W - Q(W s) / s)) with H = X^T X: exact over every
 calibration token at the cost of one [N, K] x [K, K] product per trial. a = 0 (s = 1) is plain
-round-to-nearest, so the search never does worse than it on the calibration text. Then each scaled
+round-to-nearest. The error is flat near its least, and among near-ties the stronger scaling
+generalised better (it protects the salient channels on inputs the calibration did not see: dev
+perplexity 28.060 -> 27.506, held-out long / story 15.611 / 30.812 -> 15.599 / 30.101, mean KL from fp32
+lower on all three; docs/models.md). Then each scaled
 linear is rounded (GPTQ's quantizer, without error feedback) with each group's range clipped to the least
 output error over the calibration tokens, as AWQ's own clip search measures it: ||X_g (W_g - Q(W_g))^T||^2
 through the group's whole block of H, its inputs' correlations included, and each row's (scale, zero) then
@@ -30,25 +34,26 @@ from .layerwise import LINEARS, linear_weight, record_inputs, run_layerwise
 from .scales import expand_v, fold, v_channels
 
 ALPHA_GRID = tuple(i / 20 for i in range(20))  # 0, 0.05, ..., 0.95, as AWQ's grid of 20
+ALPHA_TOLERANCE = 0.02  # the largest a whose calibration output error is within 2% of the least is kept
 
 
 def search_scales(weight: torch.Tensor, hessian: torch.Tensor, act_mean: torch.Tensor, spec: GPTQSpec,
                   expand=lambda s: s) -> tuple[torch.Tensor, float]:
-    """(s, alpha): the per-channel scales of ALPHA_GRID with the least output error of `weight` [N, K]
-    rounded (spec, no clip search) on inputs of second moment `hessian` = X^T X [K, K] and mean |x|
-    `act_mean` (one per scale; `expand` maps the scales onto the K input channels)."""
+    """(s, alpha): the per-channel scales of ALPHA_GRID, the largest alpha whose output error of `weight`
+    [N, K] rounded (spec, no clip search) is within ALPHA_TOLERANCE of the least, on inputs of second
+    moment `hessian` = X^T X [K, K] and mean |x| `act_mean` (one per scale; `expand` maps the scales onto
+    the K input channels)."""
     plain = GPTQSpec(spec.bits, spec.group_size, spec.sym)
-    best: tuple[float, torch.Tensor, float] | None = None
+    tried: list[tuple[float, float, torch.Tensor]] = []
     for alpha in ALPHA_GRID:
         s = act_mean.clamp(min=1e-4).pow(alpha)
         s = s / (s.max() * s.min()).sqrt()
         cols = expand(s)
         err = weight - rtn_quantize(weight * cols, plain).dequantize() / cols
-        loss = float(((err @ hessian) * err).sum())
-        if best is None or loss < best[0]:
-            best = (loss, s, alpha)
-    assert best is not None
-    return best[1], best[2]
+        tried.append((float(((err @ hessian) * err).sum()), alpha, s))
+    least = min(loss for loss, _, _ in tried)
+    _, alpha, s = max((t for t in tried if t[0] <= (1 + ALPHA_TOLERANCE) * least), key=lambda t: t[1])
+    return s, alpha
 
 
 def awq_layers(model: LlamaForCausalLM, samples: list[torch.Tensor], spec: GPTQSpec) -> dict[str, IntWeight]:
