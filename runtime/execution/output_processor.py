@@ -197,6 +197,9 @@ class OutputProcessor:
         appended, text = 0, ""
         reason, matched, error = None, None, None
         for token in tokens:
+            if m is not None and not m.end_ids and m.is_complete():
+                reason = "stop"  # complete before this token (an empty grammar) and no EOS (ignore_eos): its mask was empty
+                break
             if m is not None and token not in sampling.stop_ids and m.no_room(m.state, len(output_ids)):
                 reason = "length"  # the output could end here and nothing more fits: cut before the token
                 break

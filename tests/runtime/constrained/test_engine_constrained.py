@@ -110,6 +110,9 @@ def test_eos_comes_exactly_when_the_constraint_is_complete(tiny_engine):
     assert c.text == "abab" and c.output_ids[-1] == eos and c.meta.matched_stop == eos
     c = tiny_engine.generate("q", {"regex": "(ab){2}", "max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
     assert c.text == "abab" and eos not in c.output_ids and c.meta.finish_reason == "stop"
+    for constraint in ({"grammar": "start: "}, {"regex": ""}):  # complete before any token, no EOS: nothing drawn
+        c = tiny_engine.generate("q", constraint | {"max_new_tokens": 4, "ignore_eos": True})
+        assert (c.text, c.output_ids, c.meta.finish_reason, c.meta.error) == ("", [], "stop", None), c.meta
     c = tiny_engine.generate("q", {"regex": "(ab){2}", "max_new_tokens": 10, "temperature": 0, "min_new_tokens": 8})
     assert c.text == "abab" and c.meta.finish_reason == "stop"
     tiny_engine.check_invariants()
