@@ -43,22 +43,32 @@ def test_every_pass_sees_the_inputs_of_the_models_own_forward(model, same_functi
     want = forward_inputs(model)
     got: dict[tuple[int, str], list[torch.Tensor]] = {}
 
-    def on_layer(index, layer, run) -> None:
-        if same_function:  # one whole pass, its outputs handed on
-            handles = record_inputs(layer, lambda name, x: got.setdefault((index, name), []).append(x.clone()))
-            run(None)
-        else:  # one pass per linear, stopped at its input, in forward order
-            for name in LINEARS:
-                handles = record_inputs(layer, lambda _, x, name=name: got.setdefault((index, name), []).append(x.clone()),
-                                        names=(name,))
-                run(name)
-                for h in handles:
-                    h.remove()
-            handles = []
+    def whole_pass(index, layer, run) -> None:  # one whole pass, its outputs handed on
+        handles = record_inputs(layer, lambda name, x: got.setdefault((index, name), []).append(x.clone()))
+        run(None)
         for h in handles:
             h.remove()
 
-    run_layerwise(model, SAMPLES, on_layer, desc="test", same_function=same_function)
+    run_layerwise(model, SAMPLES, whole_pass if same_function else per_linear_passes(got), desc="test",
+                  same_function=same_function)
+    assert_same_inputs(got, want)
+
+
+def per_linear_passes(got: dict, after=lambda layer, name, index: None):
+    """on_layer: one pass per linear, stopped at its input, in forward order, its inputs recorded in `got`;
+    then `after(layer, name, index)`."""
+    def on_layer(index, layer, run) -> None:
+        for name in LINEARS:
+            handles = record_inputs(layer, lambda _, x, name=name: got.setdefault((index, name), []).append(x.clone()),
+                                    names=(name,))
+            run(name)
+            for h in handles:
+                h.remove()
+            after(layer, name, index)
+    return on_layer
+
+
+def assert_same_inputs(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for key, xs in want.items():
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got[key], xs, strict=True)), key
@@ -83,17 +93,5 @@ def test_linears_changed_after_their_own_pass_give_the_later_ones_the_changed_mo
             nudge(layer, name, index)
     want = forward_inputs(oracle)
     got: dict[tuple[int, str], list[torch.Tensor]] = {}
-
-    def on_layer(index, layer, run) -> None:
-        for name in LINEARS:
-            handles = record_inputs(layer, lambda _, x, name=name: got.setdefault((index, name), []).append(x.clone()),
-                                    names=(name,))
-            run(name)
-            for h in handles:
-                h.remove()
-            nudge(layer, name, index)
-
-    run_layerwise(changed, SAMPLES, on_layer, desc="test")
-    assert got.keys() == want.keys()
-    for key, xs in want.items():
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got[key], xs, strict=True)), key
+    run_layerwise(changed, SAMPLES, per_linear_passes(got, after=nudge), desc="test")
+    assert_same_inputs(got, want)
