@@ -20,7 +20,7 @@ from ..masks.vocab import TokenVocab
 from ..regex import regex_ast as ra
 from ..regex.alphabet import alphabet_of
 from ..regex.automaton import char_sets, thompson
-from ..regex.fsa import Nfa
+from ..regex.fsa import Nfa, eps_reach
 
 Subset = frozenset[int]
 Suffixes = tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray, np.ndarray]]]  # constraint._suffix_walk's
@@ -156,13 +156,7 @@ class LexerProbe:
         """The states that read or accept (and can still reach acceptance) that q reaches without reading."""
         hit = self._closures.get(q)
         if hit is None:
-            seen, stack = {q}, [q]
-            while stack:
-                for t in self._eps[stack.pop()]:
-                    if t not in seen:
-                        seen.add(t)
-                        stack.append(t)
-            hit = self._closures[q] = frozenset(seen & self._keep)
+            hit = self._closures[q] = frozenset(eps_reach(self._eps, q) & self._keep)
         return hit
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import Callable, Hashable, Sequence, TypeVar
+from typing import Callable, Hashable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,17 @@ class Nfa:
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
+
+
+def eps_reach(eps: Sequence[Iterable[int]], q: int) -> set[int]:
+    """The states q reaches over empty moves alone (q included)."""
+    seen, stack = {q}, [q]
+    while stack:
+        for t in eps[stack.pop()]:
+            if t not in seen:
+                seen.add(t)
+                stack.append(t)
+    return seen
 
 
 def determinize(nfa: Nfa, start: int, num_symbols: int, drop_start_accept: bool = False,
@@ -89,13 +100,7 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
             if not nfa.eps[q]:  # most targets (a chain of reads): no walk, no intersection
                 hit = closures[q] = frozenset((q,)) if q in important else frozenset()
                 return hit
-            seen, stack = {q}, [q]
-            while stack:
-                for t in nfa.eps[stack.pop()]:
-                    if t not in seen:
-                        seen.add(t)
-                        stack.append(t)
-            hit = closures[q] = frozenset(seen & important)
+            hit = closures[q] = frozenset(eps_reach(nfa.eps, q) & important)
         return hit
 
     moves_of: dict[int, list[tuple[int, Sequence[int], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
