@@ -18,6 +18,7 @@ from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
 
+WORD_ROWS_KEPT = 512  # EOS rows (WordRows) kept: a schema's states that may end are few
 S = TypeVar("S", bound=Hashable)  # a constraint's state: each kind of constraint has its own
 
 
@@ -68,10 +69,41 @@ class MaskCache:
             entry = (np.packbits(mask, bitorder="little"), len(mask))
         else:
             entry = (mask, size or 8 * len(mask))
+        entry[0].flags.writeable = False  # shared: callers' rows (`WordRows`) rely on it
         self._items[key] = entry
         if len(self._items) > self.size:
             self._items.popitem(last=False)
         return entry
+
+
+class WordRows:
+    """Bitmask rows (`Matcher.mask_words`) of read-only stored bits, shared: the bits themselves where they fill
+    the row and no EOS is added (most masks), else a row kept per (bits, EOS ids), the bits held so that their
+    identity stays theirs. At most `size` kept rows (V/8 bytes each), the oldest dropped."""
+
+    def __init__(self, size: int = WORD_ROWS_KEPT):
+        self.size = size
+        self._rows: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+
+    def row(self, bits: np.ndarray, ends: tuple[int, ...], size: int) -> np.ndarray:
+        """The row of `bits` (read-only, never changed) with the tokens `ends` allowed, `size` bytes long."""
+        if not ends and len(bits) == size:
+            return bits.view("<i4")
+        key = (id(bits), ends)
+        hit = self._rows.get(key)
+        if hit is None:
+            words = np.zeros(size, np.uint8)
+            words[:len(bits)] = bits
+            for t in ends:
+                words[t >> 3] |= 1 << (t & 7)
+            words.flags.writeable = False
+            if len(self._rows) >= self.size:
+                self._rows.pop(next(iter(self._rows)), None)
+            hit = self._rows[key] = (bits, words.view("<i4"))
+        return hit[1]
+
+
+WORD_ROWS = WordRows()
 
 
 class RegexConstraint:
@@ -146,22 +178,27 @@ class Matcher(Generic[S]):
 
     def mask_words(self, state: S, produced: int | None = None) -> np.ndarray:
         """Which tokens may come next (EOS only where the output may end), as one row of the step's
-        bitmask: int32 words, bit i of word w allowing token 32w + i. Built from the stored bits
-        (little-endian bytes are those words' bytes), never unpacked. `produced`: output tokens before
-        this one (the budget's close applies only where it is given)."""
-        words = np.zeros(-(-self.constraint.vocab.size // 32) * 4, np.uint8)
+        bitmask: int32 words, bit i of word w allowing token 32w + i; read-only (shared where the stored
+        bits are: `WordRows`). Built from the stored bits (little-endian bytes are those words' bytes),
+        never unpacked. `produced`: output tokens before this one (the budget's close applies only where
+        it is given)."""
         closing, near = self.closing_token(state, produced) if produced is not None else (None, False)
+        size = -(-self.constraint.vocab.size // 32) * 4
         if closing is not None:
+            words = np.zeros(size, np.uint8)
             words[closing >> 3] = 1 << (closing & 7)
             return words.view("<i4")
         bits = self.constraint.allowed_bits(state)
+        ends = self.end_ids if self.end_ids and self.constraint.can_end(state) else ()
+        if not near and not bits.flags.writeable:
+            return WORD_ROWS.row(bits, ends, size)
+        words = np.zeros(size, np.uint8)
         words[:len(bits)] = bits
         if near:  # a token that stops inside a character or an escape would lengthen the close past the budget
             whole = self.constraint.vocab.whole_bits
             words[:len(whole)] &= whole
-        if self.end_ids and self.constraint.can_end(state):
-            for t in self.end_ids:
-                words[t >> 3] |= 1 << (t & 7)
+        for t in ends:
+            words[t >> 3] |= 1 << (t & 7)
         return words.view("<i4")
 
     def closing_token(self, state: S, produced: int) -> tuple[int | None, bool]:

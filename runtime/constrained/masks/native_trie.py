@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,6 +25,9 @@ _WITHIN_CACHE = 256  # skip sets (and lengths) whose tokens are kept: a schema's
 REGION_MAX_STATES = 48  # a dense state's region (token_walk.c's rl_region): a string's body, with its UTF-8 and escapes
 _REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every schema's strings share a few shapes
 _EVERY_BYTE = np.full(4, ~np.uint64(0))
+SHARED_MAX_STATES = 64  # a state reaching at most this many shares its walk with every state that reads alike
+SHARED_WALK_BYTES = 32 << 20  # the shared walks' memory (keys and results) per vocabulary, the oldest dropped past it
+_SIGNATURE_ROOM = 8 + 256 + 2 * 256 * 128 + 4 * 128 + 4  # token_walk.c's rl_signature: its most bytes (SIG_MAX)
 
 
 @dataclass(eq=False)
@@ -49,6 +52,8 @@ class NativeTrie:
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _longest: dict[bytes, int] = field(default_factory=dict)  # within's: the longest token of a byte set
+    _walks: dict[bytes, tuple[Any, int]] = field(default_factory=dict)  # shared walks by signature, and their bytes
+    _walks_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
     max_len: int = 0  # the longest token's bytes, set once
@@ -146,6 +151,25 @@ class NativeTrie:
             self._keep(self._regions, key, hit, _REGION_CACHE)
         return hit
 
+    def shared_walk(self, signature: bytes) -> Any:
+        """The walk kept under `signature` (NativeWalker.signature), or None."""
+        hit = self._walks.get(signature)
+        return None if hit is None else hit[0]
+
+    def keep_walk(self, signature: bytes, walk: Any, size: int) -> None:
+        """Keeps `walk` (read-only arrays, `size` bytes of them) under `signature`; the oldest walks are dropped
+        while the kept ones take more than SHARED_WALK_BYTES."""
+        size += len(signature)
+        if size > SHARED_WALK_BYTES // 16:
+            return
+        with self._lock:
+            if signature in self._walks:
+                return
+            while self._walks and self._walks_bytes + size > SHARED_WALK_BYTES:
+                self._walks_bytes -= self._walks.pop(next(iter(self._walks)))[1]
+            self._walks[signature] = (walk, size)
+            self._walks_bytes += size
+
     def _keep(self, cache: dict, key: bytes | tuple, bits: np.ndarray, limit: int) -> None:
         """`bits` kept read-only in `cache` under `key`, the oldest entry dropped past `limit`."""
         bits.flags.writeable = False
@@ -218,6 +242,14 @@ class NativeWalker:
         self.trie.lib.rl_walk_rows(len(rows), address(rows), address(matrix), matrix.shape[1], address(lengths),
                                    *self._tables, start, address(offsets), at, at + 8 * len(rows), at + 16 * len(rows))
         return out[0], out[1], out[2]
+
+    def signature(self, state: int, labels: bool) -> bytes | None:
+        """What a walk from `state` reads, canonically (token_walk.c's rl_signature; with `labels`, the accepted
+        labels too: a walk recording boundaries reads them): states of any DFA with the same signature walk alike.
+        None where `state` reaches more than SHARED_MAX_STATES states."""
+        _, out_at = _SCRATCH.get("signature", _SIGNATURE_ROOM, np.uint8)
+        n = self.trie.lib.rl_signature(self._args_at, state, SHARED_MAX_STATES, labels, out_at)
+        return ctypes.string_at(out_at, n) if n else None
 
     def _skip_set(self, state: int) -> tuple[np.ndarray | None, int]:
         """The bytes (and how many in a row) that read alive from `state` whatever their order, where there are

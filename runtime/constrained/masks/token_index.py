@@ -57,6 +57,11 @@ def walk_rows(dfa: Dfa, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarra
     return Walk(end, stop_pos, stop_state)
 
 
+SHARE_WALKS = True  # states of any DFA that read alike (native_trie's signature) share one walk
+_EMPTY = np.zeros(0, np.int64)
+_EMPTY.flags.writeable = False
+
+
 class Unbuilt(Exception):
     """A walk reached states whose rows are not built yet (a lazily built DFA fills them, then asks again)."""
 
@@ -104,6 +109,7 @@ class TokenIndex:
         hit = self._states.get(state)
         if hit is None:
             hit = self._states[state] = self._walk(state)
+            hit[0].flags.writeable = False  # shared (and read-only rows are Matcher.mask_words' own)
         return hit
 
     def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -112,15 +118,25 @@ class TokenIndex:
         native = self.vocab.native_trie
         if native is None:
             return self._walk_numpy(state)
-        walked = self._walker(native).walk(state, self.with_boundaries)
+        walker = self._walker(native)
+        signature = walker.signature(state, self.with_boundaries) if SHARE_WALKS else None
+        if signature is not None:
+            hit = native.shared_walk(signature)
+            if hit is not None:
+                return hit
+        walked = walker.walk(state, self.with_boundaries)
         if len(walked.unbuilt):
             raise Unbuilt(walked.unbuilt)
-        empty = np.zeros(0, np.int64)
-        out = (empty, empty, empty)
+        out = (_EMPTY, _EMPTY, _EMPTY)
         if self.with_boundaries and len(walked.bound_nodes):
             rows, counts = native.subtree_rows(walked.bound_nodes)
             out = (rows, np.repeat(walked.bound_pos, counts), np.repeat(walked.bound_labels, counts))
-        return walked.bits, out
+        entry = (walked.bits, out)
+        if signature is not None:
+            for a in (walked.bits, *out):
+                a.flags.writeable = False
+            native.keep_walk(signature, entry, walked.bits.nbytes + sum(a.nbytes for a in out))
+        return entry
 
     def _walk_numpy(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """`_walk` in numpy: the trie's live nodes, a level at a time, expanding only the children of live nodes."""

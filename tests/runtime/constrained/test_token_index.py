@@ -226,3 +226,43 @@ def test_region_masks_kept_per_vocabulary_equal_the_plain_walk_over_varied_state
     dfa = compile_dfa([parse_regex(r'"([^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')])
     inside = dfa.walk(dfa.start, b'"')
     assert np.array_equal(TokenIndex(dfa, vocab).mask(inside), brute_force_allowed(dfa, vocab, inside))
+
+
+def test_walks_shared_by_signature_equal_the_unshared_walk_across_dfas(monkeypatch):
+    """States of different DFAs that read alike (other state numbers, other byte classes) share one walk, kept
+    per vocabulary under a signature of what the walk reads (native_trie's `signature`). Over lexers (recording
+    boundaries) whose string and number states read alike, two with their labels swapped (a walk recording
+    boundaries must not take the other's labels), and regexes, every state's bits and boundaries equal the walk
+    without sharing, and many states are served by another DFA's walk."""
+    from radixlang.runtime.constrained.masks import token_index
+
+    vocab = small_vocab(2)
+    native = vocab.native_trie
+    if native is None:
+        pytest.skip("no C compiler: masks take the numpy walk")
+    string, number = r'"([^"\\]|\\["\\n])*"', "-?[0-9]+"
+    cases = [([string, number], True), ([number, string], True), ([string, number, "true|false|null"], True),
+             (["[a-z]+", string], True), ([r'\{"a":' + string + "," + number + r"\}"], False),
+             ([r"\[(" + number + ",)*" + string + r"\]"], False), ([string + "|" + number], False)]
+    served = walked = 0
+    for patterns, boundaries in cases:
+        dfa = compile_dfa([parse_regex(p) for p in patterns], nonempty=boundaries)
+        shared = TokenIndex(dfa, vocab, boundaries)
+        walker = shared._walker(native)
+        for state in range(dfa.num_states):
+            signature = walker.signature(state, boundaries)
+            served += signature is not None and native.shared_walk(signature) is not None
+            walked += 1
+            bits, bounds = shared._entry(state)
+            monkeypatch.setattr(token_index, "SHARE_WALKS", False)
+            plain_bits, plain_bounds = TokenIndex(dfa, vocab, boundaries)._entry(state)
+            monkeypatch.setattr(token_index, "SHARE_WALKS", True)
+            assert np.array_equal(bits, plain_bits), (patterns, state)
+            assert all(np.array_equal(a, b) for a, b in zip(bounds, plain_bounds)), (patterns, state)
+    assert served >= walked // 6, (served, walked)
+    # a string's body in the first two lexers: alike as masks, apart where the accepted labels are read
+    inside = [TokenIndex(compile_dfa([parse_regex(p) for p in pats], nonempty=True), vocab, True)
+              for pats, _ in cases[:2]]
+    sigs = [(ix._walker(native).signature(ix.dfa.step(ix.dfa.start, ord('"')), False),
+             ix._walker(native).signature(ix.dfa.step(ix.dfa.start, ord('"')), True)) for ix in inside]
+    assert sigs[0][0] == sigs[1][0] and sigs[0][1] != sigs[1][1]
