@@ -454,96 +454,82 @@ int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_s
    order, and the byte classes they tell apart, numbered by their first byte. Two states, of one DFA or of two,
    with the same signature read the same tokens (their walks are the same walk under a renumbering of states), and
    with `labels` (accepted labels written too) record the same boundaries. Writes int32 n, int32 k, each byte's
-   class (256 uint8), each class's column (k * n int16: the member one byte of it leads to, -1 dead, -2 for an
+   class (256 uint8), each class's column (k * n uint8: 2 + the member one byte of it leads to, 1 dead, 0 for an
    unbuilt member), then with `labels` each member's label (n int32, -2 unbuilt); returns the bytes written, or 0
-   where q reaches more than `max_states` states (or the DFA has more columns than SIG_WIDTH). */
+   where q reaches more than `max_states` states (or the DFA has more columns than SIG_WIDTH). `big` (a mark per
+   state, kept by the caller) marks the states found to reach more: a search that meets one stops at once. */
 #define SIG_MAX 128
 #define SIG_SLOTS 512
 #define SIG_WIDTH 1024
 
-int64_t rl_signature(const WalkArgs *a, int32_t q, int64_t max_states, int64_t labels, uint8_t *out) {
+int64_t rl_signature(const WalkArgs *a, int32_t q, int64_t max_states, int64_t labels, uint8_t *big, uint8_t *out) {
     if (max_states > SIG_MAX) max_states = SIG_MAX;
-    if (a->width > SIG_WIDTH) return 0;
+    if (a->width > SIG_WIDTH || big[q]) return 0;
+    /* the DFA's columns in the order of their first byte: a search reading them in that order finds states in the
+       order a search reading bytes in order does */
+    int16_t cols[256], colpos[SIG_WIDTH];
+    int64_t n_cols = 0;
+    for (int64_t c = 0; c < a->width; c++) colpos[c] = -1;
+    for (int b = 0; b < 256; b++) {
+        int32_t c = a->byte_class[b];
+        if (colpos[c] < 0) colpos[c] = (int16_t)n_cols, cols[n_cols++] = (int16_t)c;
+    }
     int32_t found[SIG_MAX], key[SIG_SLOTS];
     int16_t at[SIG_SLOTS];
+    uint8_t target[SIG_MAX * 256]; /* by member and column (in cols' order): 2 + the member it leads to, 1 dead */
     memset(key, -1, sizeof key);
     int64_t n = 1;
     found[0] = q;
-    {
-        uint32_t k = ((uint32_t)q * 2654435761u) >> 23;
-        key[k] = q, at[k] = 0;
-    }
-    for (int64_t i = 0; i < n; i++) { /* breadth-first, columns in order; unbuilt rows are not read */
-        if (a->unbuilt && a->unbuilt[found[i]]) continue;
+    key[((uint32_t)q * 2654435761u) >> 23] = q, at[((uint32_t)q * 2654435761u) >> 23] = 0;
+    for (int64_t i = 0; i < n; i++) { /* breadth-first; unbuilt rows are not read */
+        uint8_t *to = target + i * n_cols;
+        if (a->unbuilt && a->unbuilt[found[i]]) {
+            memset(to, 0, (size_t)n_cols);
+            continue;
+        }
         const int32_t *row = a->trans + (int64_t)found[i] * a->width;
-        for (int64_t c = 0; c < a->width; c++) {
-            int32_t t = row[c];
-            if (t < 0) continue;
+        for (int64_t j = 0; j < n_cols; j++) {
+            int32_t t = row[cols[j]];
+            if (t < 0) {
+                to[j] = 1;
+                continue;
+            }
             uint32_t k = ((uint32_t)t * 2654435761u) >> 23;
             while (key[k] != -1 && key[k] != t) k = (k + 1) & (SIG_SLOTS - 1);
-            if (key[k] == t) continue;
-            if (n == max_states) return 0;
-            key[k] = t, at[k] = (int16_t)n, found[n++] = t;
-        }
-    }
-    /* renumbered breadth-first with bytes (not columns) in order, so that the numbering is the DFA's own */
-    int16_t number[SIG_MAX], order[SIG_MAX];
-    for (int64_t i = 0; i < n; i++) number[i] = -1;
-    number[0] = 0, order[0] = 0;
-    int64_t m = 1;
-    for (int64_t i = 0; i < m; i++) {
-        int32_t s = found[order[i]];
-        if (a->unbuilt && a->unbuilt[s]) continue;
-        const int32_t *row = a->trans + (int64_t)s * a->width;
-        for (int b = 0; b < 256; b++) {
-            int32_t t = row[a->byte_class[b]];
-            if (t < 0) continue;
-            uint32_t k = ((uint32_t)t * 2654435761u) >> 23;
-            while (key[k] != t) k = (k + 1) & (SIG_SLOTS - 1);
-            if (number[at[k]] < 0) number[at[k]] = (int16_t)m, order[m++] = at[k];
-        }
-    }
-    n = m; /* a state only a column no byte reads leads to is never walked */
-    int16_t canon[SIG_WIDTH]; /* by DFA column: its class in the signature, -1 not yet seen */
-    for (int64_t c = 0; c < a->width; c++) canon[c] = -1;
-    int32_t *head = (int32_t *)out;
-    uint8_t *classes = out + 8;
-    int16_t *columns = (int16_t *)(out + 8 + 256);
-    int64_t k_cls = 0;
-    for (int b = 0; b < 256; b++) {
-        int32_t c = a->byte_class[b];
-        if (canon[c] < 0) {
-            int16_t *col = columns + k_cls * n;
-            for (int64_t i = 0; i < n; i++) {
-                int32_t s = found[order[i]];
-                int16_t v = -2;
-                if (!(a->unbuilt && a->unbuilt[s])) {
-                    int32_t t = a->trans[(int64_t)s * a->width + c];
-                    v = -1;
-                    if (t >= 0) {
-                        uint32_t k = ((uint32_t)t * 2654435761u) >> 23;
-                        while (key[k] != t) k = (k + 1) & (SIG_SLOTS - 1);
-                        v = number[at[k]];
-                    }
+            if (key[k] != t) {
+                if (n == max_states || big[t]) { /* what t reaches, q reaches */
+                    big[q] = 1;
+                    return 0;
                 }
-                col[i] = v;
+                key[k] = t, at[k] = (int16_t)n, found[n++] = t;
             }
-            int64_t same = -1; /* a class seen before that reads alike: columns of one DFA may */
-            for (int64_t j = 0; j < k_cls && same < 0; j++) /* differ only outside the members */
-                if (!memcmp(columns + j * n, col, (size_t)n * 2)) same = j;
-            canon[c] = (int16_t)(same >= 0 ? same : k_cls++);
+            to[j] = (uint8_t)(2 + at[k]);
         }
-        classes[b] = (uint8_t)canon[c];
     }
+    /* classes: columns that read alike over the members are one (a DFA's columns may differ only elsewhere) */
+    int32_t *head = (int32_t *)out;
+    uint8_t *classes = out + 8, *columns = out + 8 + 256;
+    int16_t canon[256];
+    uint64_t hash[256];
+    int64_t k_cls = 0;
+    for (int64_t j = 0; j < n_cols; j++) {
+        uint8_t *col = columns + k_cls * n;
+        uint64_t h = 1469598103934665603ull;
+        for (int64_t i = 0; i < n; i++) col[i] = target[i * n_cols + j], h = (h ^ col[i]) * 1099511628211ull;
+        int64_t same = -1;
+        for (int64_t c = 0; c < k_cls && same < 0; c++)
+            if (hash[c] == h && !memcmp(columns + c * n, col, (size_t)n)) same = c;
+        if (same < 0) hash[k_cls] = h, same = k_cls++;
+        canon[j] = (int16_t)same;
+    }
+    for (int b = 0; b < 256; b++) classes[b] = (uint8_t)canon[colpos[a->byte_class[b]]];
     head[0] = (int32_t)n, head[1] = (int32_t)k_cls;
-    int64_t size = 8 + 256 + 2 * k_cls * n;
+    int64_t size = 8 + 256 + k_cls * n;
     if (labels) {
         size = (size + 3) & ~3;
         int32_t *lab = (int32_t *)(out + size);
-        for (int64_t i = 0; i < n; i++) {
-            int32_t s = found[order[i]];
-            lab[i] = a->unbuilt && a->unbuilt[s] ? -2 : a->accept[s];
-        }
+        for (int64_t i = 0; i < n; i++)
+            lab[i] = a->unbuilt && a->unbuilt[found[i]] ? -2 : a->accept[found[i]];
         size += 4 * n;
     }
     return size;

@@ -94,7 +94,7 @@ def library() -> ctypes.CDLL | None:
     lib.rl_walk_rows.restype = None
     lib.rl_region.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _PTR, _PTR, _PTR]
     lib.rl_region.restype = ctypes.c_int64
-    lib.rl_signature.argtypes = [_PTR, ctypes.c_int32, _N, _N, _PTR]
+    lib.rl_signature.argtypes = [_PTR, ctypes.c_int32, _N, _N, _PTR, _PTR]
     lib.rl_signature.restype = ctypes.c_int64
     return lib
 

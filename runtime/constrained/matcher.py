@@ -18,6 +18,7 @@ from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
 
+_WORDS = np.dtype("<i4")  # a bitmask row's words (a dtype object: a view by name parses it every time)
 WORD_ROWS_KEPT = 512  # EOS rows (WordRows) kept: a schema's states that may end are few
 S = TypeVar("S", bound=Hashable)  # a constraint's state: each kind of constraint has its own
 
@@ -88,7 +89,7 @@ class WordRows:
     def row(self, bits: np.ndarray, ends: tuple[int, ...], size: int) -> np.ndarray:
         """The row of `bits` (read-only, never changed) with the tokens `ends` allowed, `size` bytes long."""
         if not ends and len(bits) == size:
-            return bits.view("<i4")
+            return bits.view(_WORDS)
         key = (id(bits), ends)
         hit = self._rows.get(key)
         if hit is None:
@@ -99,7 +100,7 @@ class WordRows:
             words.flags.writeable = False
             if len(self._rows) >= self.size:
                 self._rows.pop(next(iter(self._rows)), None)
-            hit = self._rows[key] = (bits, words.view("<i4"))
+            hit = self._rows[key] = (bits, words.view(_WORDS))
         return hit[1]
 
 

@@ -25,9 +25,9 @@ _WITHIN_CACHE = 256  # skip sets (and lengths) whose tokens are kept: a schema's
 REGION_MAX_STATES = 48  # a dense state's region (token_walk.c's rl_region): a string's body, with its UTF-8 and escapes
 _REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every schema's strings share a few shapes
 _EVERY_BYTE = np.full(4, ~np.uint64(0))
-SHARED_MAX_STATES = 64  # a state reaching at most this many shares its walk with every state that reads alike
+SHARED_MAX_STATES = 32  # a state reaching at most this many shares its walk with every state that reads alike
 SHARED_WALK_BYTES = 32 << 20  # the shared walks' memory (keys and results) per vocabulary, the oldest dropped past it
-_SIGNATURE_ROOM = 8 + 256 + 2 * 256 * 128 + 4 * 128 + 4  # token_walk.c's rl_signature: its most bytes (SIG_MAX)
+_SIGNATURE_ROOM = 8 + 256 + 256 * 128 + 4 + 4 * 128  # token_walk.c's rl_signature: its most bytes (SIG_MAX)
 
 
 @dataclass(eq=False)
@@ -224,6 +224,8 @@ class NativeWalker:
         self.loops, self.known = old[0], old[1]
         self.runs = old[2:]
         self._bounds = 1024  # boundary room; grows when a walk finds more
+        self._big: np.ndarray | None = None  # signature's marks (found on first use)
+        self._big_at = 0
         self._tables = (address(self.trans), self.width, address(self.byte_class))
         self._loop_sets = (address(self.loops), address(self.known))
         # rl_walk_args's fixed arguments (token_walk.c's WalkArgs), addresses as int64 (null: 0)
@@ -248,7 +250,10 @@ class NativeWalker:
         labels too: a walk recording boundaries reads them): states of any DFA with the same signature walk alike.
         None where `state` reaches more than SHARED_MAX_STATES states."""
         _, out_at = _SCRATCH.get("signature", _SIGNATURE_ROOM, np.uint8)
-        n = self.trie.lib.rl_signature(self._args_at, state, SHARED_MAX_STATES, labels, out_at)
+        if self._big is None:  # rl_signature's marks of states that reach too many
+            self._big = np.zeros(len(self.trans), np.uint8)
+            self._big_at = address(self._big)
+        n = self.trie.lib.rl_signature(self._args_at, state, SHARED_MAX_STATES, labels, self._big_at, out_at)
         return ctypes.string_at(out_at, n) if n else None
 
     def _skip_set(self, state: int) -> tuple[np.ndarray | None, int]:

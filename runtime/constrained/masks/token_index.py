@@ -119,7 +119,8 @@ class TokenIndex:
         if native is None:
             return self._walk_numpy(state)
         walker = self._walker(native)
-        signature = walker.signature(state, self.with_boundaries) if SHARE_WALKS else None
+        # a lazily built table's states reach most of its (growing) object: they almost never read alike
+        signature = walker.signature(state, self.with_boundaries) if SHARE_WALKS and self.unbuilt is None else None
         if signature is not None:
             hit = native.shared_walk(signature)
             if hit is not None:
