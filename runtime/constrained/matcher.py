@@ -18,6 +18,7 @@ from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
 
+_NO_BITS = np.zeros(0, np.uint8)
 _WORDS = np.dtype("<i4")  # a bitmask row's words (a dtype object: a view by name parses it every time)
 WORD_ROWS_KEPT = 512  # EOS rows (WordRows) kept: a schema's states that may end are few
 S = TypeVar("S", bound=Hashable)  # a constraint's state: each kind of constraint has its own
@@ -93,10 +94,7 @@ class WordRows:
         key = (id(bits), ends)
         hit = self._rows.get(key)
         if hit is None:
-            words = np.zeros(size, np.uint8)
-            words[:len(bits)] = bits
-            for t in ends:
-                words[t >> 3] |= 1 << (t & 7)
+            words = row_bytes(bits, ends, size)
             words.flags.writeable = False
             if len(self._rows) >= self.size:
                 self._rows.pop(next(iter(self._rows)), None)
@@ -105,6 +103,17 @@ class WordRows:
 
 
 WORD_ROWS = WordRows()
+
+
+def row_bytes(bits: np.ndarray, ends: tuple[int, ...], size: int, within: np.ndarray | None = None) -> np.ndarray:
+    """A fresh bitmask row's bytes (`size` of them): `bits`, ANDed with `within` where given, and the tokens `ends`."""
+    words = np.zeros(size, np.uint8)
+    words[:len(bits)] = bits
+    if within is not None:
+        words[:len(within)] &= within
+    for t in ends:
+        words[t >> 3] |= 1 << (t & 7)
+    return words
 
 
 class RegexConstraint:
@@ -179,28 +188,20 @@ class Matcher(Generic[S]):
 
     def mask_words(self, state: S, produced: int | None = None) -> np.ndarray:
         """Which tokens may come next (EOS only where the output may end), as one row of the step's
-        bitmask: int32 words, bit i of word w allowing token 32w + i; read-only (shared where the stored
-        bits are: `WordRows`). Built from the stored bits (little-endian bytes are those words' bytes),
+        bitmask: int32 words, bit i of word w allowing token 32w + i; not to be modified (shared and
+        read-only where the stored bits are: `WordRows`). Built from the stored bits (little-endian bytes are those words' bytes),
         never unpacked. `produced`: output tokens before this one (the budget's close applies only where
         it is given)."""
         closing, near = self.closing_token(state, produced) if produced is not None else (None, False)
         size = -(-self.constraint.vocab.size // 32) * 4
         if closing is not None:
-            words = np.zeros(size, np.uint8)
-            words[closing >> 3] = 1 << (closing & 7)
-            return words.view("<i4")
+            return row_bytes(_NO_BITS, (closing,), size).view(_WORDS)
         bits = self.constraint.allowed_bits(state)
         ends = self.end_ids if self.end_ids and self.constraint.can_end(state) else ()
         if not near and not bits.flags.writeable:
             return WORD_ROWS.row(bits, ends, size)
-        words = np.zeros(size, np.uint8)
-        words[:len(bits)] = bits
-        if near:  # a token that stops inside a character or an escape would lengthen the close past the budget
-            whole = self.constraint.vocab.whole_bits
-            words[:len(whole)] &= whole
-        for t in ends:
-            words[t >> 3] |= 1 << (t & 7)
-        return words.view("<i4")
+        # near the close, a token that stops inside a character or an escape would lengthen it past the budget
+        return row_bytes(bits, ends, size, self.constraint.vocab.whole_bits if near else None).view(_WORDS)
 
     def closing_token(self, state: S, produced: int) -> tuple[int | None, bool]:
         """The token the budget's close forces at `state` after `produced` output tokens, if any, and

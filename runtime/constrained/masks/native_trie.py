@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -27,6 +27,8 @@ _REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every sc
 _EVERY_BYTE = np.full(4, ~np.uint64(0))
 SHARED_MAX_STATES = 32  # a state reaching at most this many shares its walk with every state that reads alike
 SHARED_WALK_BYTES = 32 << 20  # the shared walks' memory (keys and results) per vocabulary, the oldest dropped past it
+# a state's walk as token_index keeps it: its packed bits, and its boundaries' (rows, positions, labels)
+StateWalk = tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]
 _SIGNATURE_ROOM = 8 + 256 + 256 * 128 + 4 + 4 * 128  # token_walk.c's rl_signature: its most bytes (SIG_MAX)
 
 
@@ -52,7 +54,7 @@ class NativeTrie:
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _longest: dict[bytes, int] = field(default_factory=dict)  # within's: the longest token of a byte set
-    _walks: dict[bytes, tuple[Any, int]] = field(default_factory=dict)  # shared walks by signature, and their bytes
+    _walks: dict[bytes, tuple[StateWalk, int]] = field(default_factory=dict)  # shared walks by signature, and their bytes
     _walks_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
@@ -151,12 +153,12 @@ class NativeTrie:
             self._keep(self._regions, key, hit, _REGION_CACHE)
         return hit
 
-    def shared_walk(self, signature: bytes) -> Any:
+    def shared_walk(self, signature: bytes) -> StateWalk | None:
         """The walk kept under `signature` (NativeWalker.signature), or None."""
         hit = self._walks.get(signature)
         return None if hit is None else hit[0]
 
-    def keep_walk(self, signature: bytes, walk: Any, size: int) -> None:
+    def keep_walk(self, signature: bytes, walk: StateWalk, size: int) -> None:
         """Keeps `walk` (read-only arrays, `size` bytes of them) under `signature`; the oldest walks are dropped
         while the kept ones take more than SHARED_WALK_BYTES."""
         size += len(signature)
@@ -252,7 +254,7 @@ class NativeWalker:
         _, out_at = _SCRATCH.get("signature", _SIGNATURE_ROOM, np.uint8)
         if self._big is None:  # rl_signature's marks of states that reach too many
             self._big = np.zeros(len(self.trans), np.uint8)
-            self._big_at = address(self._big)
+            self._big_at = self._big.ctypes.data
         n = self.trie.lib.rl_signature(self._args_at, state, SHARED_MAX_STATES, labels, self._big_at, out_at)
         return ctypes.string_at(out_at, n) if n else None
 
