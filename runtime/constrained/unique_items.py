@@ -271,10 +271,11 @@ class UniqueItems:
                 break
             text, earlier = opened
             follows = {r[len(text)] for r in earlier if len(r) > len(text) and r.startswith(text)}
-            for b in self._next_bytes(st[0]):
-                if b not in follows and b not in _SCALAR_END and b != 0x22:
-                    live = True  # leaves every earlier item's text
-                    break
+            nexts = self._next_bytes(st[0])
+            if any(b not in follows and b not in _SCALAR_END and b != 0x22 for b in nexts):
+                live = True  # a byte leaves every earlier item's text (looked for before stepping any)
+                break
+            for b in nexts:
                 nxt = self.advance_bytes(st, bytes((b,)))
                 if nxt is None or nxt in seen:
                     continue
