@@ -47,6 +47,11 @@ _RESERVED_ROWS = 4 * MAX_GROWN_STATES
 # reaches one of them: a mask walk from a hub reaches every key spelt whole by one token (`id":`, `type":`) and a
 # few bytes into its value (`":{"`), so most copies of a large value (a nested object) are only ever read there
 VALUE_HEAD_BYTES = 6
+# a build for a walk also builds the waiting states this many bytes past the ones it reached: the walk, asked
+# again, would reach them next (a key's value's first byte, the hub after a value); their pieces are mostly laid
+# already, so this lays few more rows and saves a quarter of the walks that stop at an unbuilt row (rc2: 976 ->
+# 729); a further byte laid a few percent more rows for fewer saved walks
+BUILD_AHEAD_BYTES = 1
 
 
 class NotLazy(ValueError):
@@ -301,8 +306,16 @@ class ObjectDispatch(GrowingDfa):
     # ---- building on first reach ------------------------------------------------------------------
     def _build(self, states: int | list[int] | np.ndarray) -> None:
         with self._lock:
-            for state in np.atleast_1d(states).tolist():
-                self._build_one(int(state))
+            frontier = np.atleast_1d(np.asarray(states, np.int64))
+            for state in frontier.tolist():
+                self._build_one(state)
+            for _ in range(BUILD_AHEAD_BYTES):
+                after = np.unique(self._trans[frontier])
+                after = after[after >= 0]
+                for state in after.tolist():
+                    if state in self._pending:
+                        self._build_one(state)
+                frontier = after[~self._unbuilt[after]]
             self._publish(self.dfa.start)
 
     def _publish(self, start: int) -> None:
