@@ -22,8 +22,8 @@ MAX_GROWN_STATES = 65_536
 
 class GrowingDfa(RegexConstraint):
     """`self.dfa` (256 columns), `self.unbuilt` (bool per state) and `self.index` are set by the
-    subclass, which builds unbuilt rows in `_build` (replacing all three, in that order: unbuilt
-    marks, then the table, then its index)."""
+    subclass, which builds unbuilt rows in `_build` (replacing them in that order: unbuilt marks, then
+    the table, then its index, unless the index reads the growing buffers themselves: object_dispatch)."""
 
     unbuilt: np.ndarray
 

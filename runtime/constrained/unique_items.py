@@ -17,6 +17,7 @@ both hashable; the tokens a watched state refuses are kept by it.
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from dataclasses import dataclass
 from decimal import Decimal
@@ -32,6 +33,8 @@ from .matcher import Constraint
 
 _BLANK = frozenset(b" \t\n\r")
 _SCALAR_END = frozenset(b" \t\n\r,]}")
+_STRING_STOP = re.compile(rb'["\\]')  # where a string's run of plain bytes stops
+_SCALAR_STOP = re.compile(rb"[ \t\n\r,\]}]")  # where a number's or literal's does
 LIVE_BUDGET = 256  # states the dead-end search visits before it assumes a way out
 MAX_VETO_STATES = 65_536  # watched states whose refused tokens are kept (a few ids each); past it they start over
 _OBJ, _ARR = 0, 1
@@ -48,6 +51,7 @@ class _VocabClasses:
     in_string: np.ndarray  # holds a quote
     outside: np.ndarray  # holds a closer, a blank, or a quote after its first byte
     opens_two: np.ndarray  # holds '[' and later ',' (opens an array and starts its second item)
+    opens_two_quoted: np.ndarray  # holds a quote, later '[' and later ',' (the same, from inside a string)
     single: np.ndarray  # [256] the token spelling each byte alone (-1: none)
     token_bytes: list[bytes]
     ids: np.ndarray
@@ -82,13 +86,17 @@ def vocab_classes(vocab: TokenVocab) -> _VocabClasses:
         closer = closers[m] & valid
         later_quote = quote.copy()
         later_quote[:, 0] = False
-        opening = np.cumsum((m == ord("[")) & valid, axis=1) > 0
+        bracket = (m == ord("[")) & valid
+        opening = np.cumsum(bracket, axis=1) > 0
+        opening_quoted = np.cumsum(bracket & (np.cumsum(quote, axis=1) > 0), axis=1) > 0
+        comma = (m == ord(",")) & valid
         single = np.full(256, -1, np.int64)
         ones = np.flatnonzero(vocab.lengths == 1)[::-1]  # the lowest id last: it is kept
         single[m[ones, 0]] = ids[ones]
         hit = _classes[vocab] = _VocabClasses(
             bits(quote.any(axis=1)), bits((closer | later_quote).any(axis=1)),
-            bits((opening & (m == ord(",")) & valid).any(axis=1)), single, vocab.token_bytes, ids)
+            bits((opening & comma).any(axis=1)), bits((opening_quoted & comma).any(axis=1)), single,
+            vocab.token_bytes, ids)
         hit.by_bytes  # noqa: B018 - built now, with the rest
     return hit
 
@@ -125,7 +133,8 @@ class UniqueItems:
         self.unenforced = unenforced
         self._classes = vocab_classes(self.vocab)
         self._vetoes: dict[State, tuple[int, ...]] = {}  # per watched state: the tokens it refuses (few)
-        self._opens: dict[Hashable, bool] = {}  # per inner state outside such arrays: may a token open one and repeat
+        # per inner state outside such arrays, and whether in a string: may a token open one and repeat
+        self._opens: dict[tuple[Hashable, bool], bool] = {}
         self._live_memo: dict[State, bool] = {}
         self._initial: State = (inner.initial(), ((), _OUT, None))
 
@@ -139,13 +148,27 @@ class UniqueItems:
         checked the bytes are JSON."""
         frames, mode, key = list(scan[0]), scan[1], scan[2]
         walk = self.walk
-        for b in data:
+        i, n = 0, len(data)
+        while i < n:
+            if mode == _STR or mode == _SCALAR:
+                # a run of a string's plain bytes (or a number's / literal's) changes nothing but the text read:
+                # it joins the key being read and every open item's text at once
+                stop = (_STRING_STOP if mode == _STR else _SCALAR_STOP).search(data, i)
+                j = n if stop is None else stop.start()
+                if j > i:
+                    if key is not None:
+                        key += data[i:j]
+                    _join(frames, data[i:j], len(frames))
+                    i = j
+                    continue
+            b = data[i]
+            i += 1
             skip_top = False  # the byte is the top array's own (opens it, or separates its items)
             complete = False  # the byte completes the item of the array on top (after it is appended)
             if mode == _STR:
                 if b == 0x5C:
                     mode = _ESC
-                elif b == 0x22:
+                else:  # the closing quote (a run stops only there or at a backslash)
                     mode = _OUT
                     if key is not None:
                         top = frames[-1]
@@ -154,21 +177,17 @@ class UniqueItems:
                         key = None
                     else:
                         complete = True
-                elif key is not None:
-                    key += bytes((b,))
             elif mode == _ESC:
                 mode = _STR
                 if key is not None:
                     key += b"\\" + bytes((b,))
             else:
-                if mode == _SCALAR and b in _SCALAR_END:
+                if mode == _SCALAR:  # its end (a run stops only there)
                     mode = _OUT
                     if frames and frames[-1][0] == _ARR and not frames[-1][6]:
                         if not self._complete(frames, len(frames) - 1):
                             return None
-                if mode == _SCALAR:
-                    pass
-                elif b == 0x22:
+                if b == 0x22:
                     mode = _STR
                     if frames and frames[-1][0] == _OBJ and frames[-1][3]:
                         key = b""
@@ -192,10 +211,7 @@ class UniqueItems:
                         skip_top = True
                 elif b not in _BLANK and b != 0x3A:  # a number or literal starts
                     mode = _SCALAR
-            for i in range(len(frames) - 1 if skip_top else len(frames)):  # the byte joins open items' text
-                f = frames[i]
-                if f[0] == _ARR and f[3] and (i < len(frames) - 1 or not f[6]):
-                    frames[i] = (*f[:5], f[5] + bytes((b,)), f[6])
+            _join(frames, bytes((b,)), len(frames) - 1 if skip_top else len(frames))
             if complete and frames and frames[-1][0] == _ARR and not self._complete(frames, len(frames) - 1):
                 return None
         return tuple(frames), mode, key
@@ -255,10 +271,11 @@ class UniqueItems:
                 break
             text, earlier = opened
             follows = {r[len(text)] for r in earlier if len(r) > len(text) and r.startswith(text)}
-            for b in self._next_bytes(st[0]):
-                if b not in follows and b not in _SCALAR_END and b != 0x22:
-                    live = True  # leaves every earlier item's text
-                    break
+            nexts = self._next_bytes(st[0])
+            if any(b not in follows and b not in _SCALAR_END and b != 0x22 for b in nexts):
+                live = True  # a byte leaves every earlier item's text (looked for before stepping any)
+                break
+            for b in nexts:
                 nxt = self.advance_bytes(st, bytes((b,)))
                 if nxt is None or nxt in seen:
                     continue
@@ -323,12 +340,14 @@ class UniqueItems:
         if any(f[0] == _ARR and f[3] for f in frames):
             cls = self._classes.in_string if mode in (_STR, _ESC) else self._classes.outside
         elif self.walk.root != TOP:
-            cls = self._classes.opens_two
-            opens = self._opens.get(state[0])
+            # inside a string, a token opens an array only past a quote (`[:,` in a string is text)
+            quoted = mode in (_STR, _ESC)
+            cls = self._classes.opens_two_quoted if quoted else self._classes.opens_two
+            opens = self._opens.get((state[0], quoted))
             if opens is None:
                 if len(self._opens) >= MAX_VETO_STATES:
                     self._opens.clear()
-                opens = self._opens[state[0]] = bool((bits & cls[:len(bits)]).any())
+                opens = self._opens[state[0], quoted] = bool((bits & cls[:len(bits)]).any())
             if not opens:
                 return bits
         else:
@@ -363,7 +382,18 @@ class UniqueItems:
                     for k in range(1, min(len(rest), self.vocab.longest) + 1):
                         check.update(t for t in self._classes.by_bytes.get(rest[:k], ())
                                      if t >> 3 < n and bits[t >> 3] >> (t & 7) & 1)
-        return tuple(sorted(t for t in check if self.advance(state, t) is None))
+        # as `advance` refuses them, the scanner first: every token here is in the inner mask (the inner state
+        # reads it), and the inner state after it matters only to the dead-end search
+        refused = []
+        for t in sorted(check):
+            scan = self._scan(state[1], self.vocab.bytes_of(t))
+            if scan is None:
+                refused.append(t)
+            elif self._open_item(scan) is not None:
+                inner = self.inner.advance(state[0], t)
+                if inner is None or not self._live((inner, scan)):
+                    refused.append(t)
+        return tuple(refused)
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
         forced = self.inner.forced_bytes(state[0], limit)
@@ -381,6 +411,15 @@ class UniqueItems:
             if data is not None and self._scan(state[1], data) is not None:
                 return data
         return None if nonempty else greedy_close(self, state, limit)
+
+
+def _join(frames: list[tuple], text: bytes, upto: int) -> None:
+    """`text` joins the text of every item being read among frames[:upto] (the top array's only till it is read)."""
+    last = len(frames) - 1
+    for i in range(upto):
+        f = frames[i]
+        if f[0] == _ARR and f[3] and (i < last or not f[6]):
+            frames[i] = (*f[:5], f[5] + text, f[6])
 
 
 def _key_text(raw: bytes) -> str:

@@ -215,3 +215,40 @@ def test_values_laid_in_two_runs_give_the_masks_of_values_laid_whole(vocab, monk
         assert np.array_equal(masks[i], whole.allowed(state)), (text[:i], np.flatnonzero(masks[i] != whole.allowed(state))[:5])
         state = whole.advance_bytes(state, bytes([byte]))
     assert split._rests and not whole._rests, "copies reached only by mask walks keep their rest unlaid"
+
+
+def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(vocab, monkeypatch):
+    """The index reads the table's reserved buffers and moves with them when they double; a build also builds
+    the waiting states a byte past the ones a walk reached. Along a decode through nested lazy objects, a table
+    reserved 16 rows (doubling many times) building ahead gives at every byte the masks of a table reserved in
+    full building nothing ahead, and both equal brute force (every token's bytes fed at the state) at a few."""
+    import radixlang.runtime.constrained.object_dispatch as object_dispatch
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+
+    text = '{"p5":1,"kid":{"q3":4,"q1":2},"p0":7,"x":"hi","kids":[{"q1":0,"q9":5}],"p2":3}'
+    assert jsonschema.Draft202012Validator(OUTER).is_valid(json.loads(text))
+    tokens = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
+
+    def masks_along(constraint: ObjectDispatch, brute_at: tuple[int, ...] = ()) -> list[np.ndarray]:
+        out, state = [], constraint.initial()
+        for i, byte in enumerate(text.encode()):
+            out.append(constraint.allowed(state))
+            if i in brute_at:
+                expected = np.zeros(vocab.size, bool)
+                expected[vocab.ids] = [constraint.advance_bytes(state, data) is not None for data in tokens]
+                assert np.array_equal(out[-1], expected), text[:i]
+            state = constraint.advance_bytes(state, bytes([byte]))
+            assert state is not None, text[:i + 1]
+        assert constraint.can_end(state)
+        return out
+
+    monkeypatch.setattr(object_dispatch, "_RESERVED_ROWS", 16)
+    small = ConstraintCompiler(lambda: vocab).compile("json_schema", OUTER)
+    assert isinstance(small, ObjectDispatch)
+    grown = masks_along(small, brute_at=(1, 15, 35, 59))  # a key's start, the nested object's, after it, in `kids`
+    assert len(small._trans) > 16 and small.index.dfa.trans is small._trans, "the buffers doubled, the index moved"
+    monkeypatch.setattr(object_dispatch, "_RESERVED_ROWS", 4 * object_dispatch.MAX_GROWN_STATES)
+    monkeypatch.setattr(object_dispatch, "BUILD_AHEAD_BYTES", 0)
+    full = ConstraintCompiler(lambda: vocab).compile("json_schema", OUTER)
+    for i, mask in enumerate(masks_along(full)):
+        assert np.array_equal(grown[i], mask), (text[:i], np.flatnonzero(grown[i] != mask)[:5])

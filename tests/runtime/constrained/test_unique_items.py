@@ -101,3 +101,25 @@ def test_random_walks_never_reach_a_dead_end_and_end_valid(unique_compiler, voca
             finished += 1
             assert validator.is_valid(json.loads(out)), out
     assert finished >= 10
+
+
+def test_a_token_leaving_a_string_opens_an_array_of_distinct_items(vocab):
+    """Inside a string outside any array of distinct items, a token that closes it, opens one and repeats an
+    item in it (added to the vocabulary) is refused, and the mask allows exactly what advance accepts there
+    (brute force over the vocabulary): the in-string class of tokens that may open such an array is not empty."""
+    from radixlang.runtime.constrained.masks.vocab import TokenVocab
+
+    extra = [b'",["a","a"', b'",["a","b"', b'",["a"']
+    grown = TokenVocab.create([*vocab.token_bytes, *extra], set(vocab.special_ids), vocab.end_ids,
+                              vocab.size + len(extra))
+    schema = {"type": "array", "items": {"anyOf": [{"type": "string"}, STRINGS]}}
+    constraint = ConstraintCompiler(lambda: grown).compile("json_schema", schema)
+    assert isinstance(constraint, UniqueItems)
+    state = constraint.advance_bytes(constraint.initial(), b'["x')
+    allowed, inner = constraint.allowed(state), constraint.inner.allowed(state[0])
+    ids = np.flatnonzero(inner)
+    advances = np.zeros(grown.size, bool)
+    advances[ids] = [constraint.advance(state, t) is not None for t in ids.tolist()]
+    assert (allowed == advances).all(), np.flatnonzero(allowed != advances)[:5]
+    repeat, distinct = vocab.size, vocab.size + 1
+    assert inner[repeat] and not allowed[repeat] and allowed[distinct]
