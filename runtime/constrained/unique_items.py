@@ -27,6 +27,7 @@ from typing import Hashable
 import numpy as np
 
 from .closing import CLOSE_ORDER, greedy_close
+from .json_equality import json_key
 from .jsonschema.unique_walk import TOP, UniqueWalk
 from .masks.vocab import TokenVocab
 from .matcher import Constraint
@@ -101,21 +102,11 @@ def vocab_classes(vocab: TokenVocab) -> _VocabClasses:
     return hit
 
 
-def _freeze(v: object) -> Hashable:
-    if isinstance(v, bool) or v is None:
-        return ("k", v)  # true is not 1
-    if isinstance(v, dict):
-        return ("o", frozenset((k, _freeze(x)) for k, x in v.items()))
-    if isinstance(v, list):
-        return ("l", tuple(_freeze(x) for x in v))
-    return v  # a str, or a Decimal (1 == 1.0, and their hashes agree)
-
-
 @lru_cache(maxsize=65_536)
 def canonical(text: bytes) -> Hashable:
     """An item's JSON value, hashable, equal exactly where JSON Schema calls two values equal."""
     try:
-        return _freeze(json.loads(text, parse_float=Decimal, parse_int=Decimal))
+        return json_key(json.loads(text, parse_float=Decimal, parse_int=Decimal))
     except ValueError:
         return ("raw", text)  # not a value: equal to no other
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..json_equality import json_key, same_json
 from ..regex import regex_ast as ra
 from ..regex.automaton import exactly_one, intersection
 from .contract import SchemaCompiler
@@ -13,7 +14,7 @@ from .json_disjoint import provably_disjoint
 from .json_required_choice import required_choice
 from .json_scalars import compiled_or_nothing, const_text
 from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type
-from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize, same_json
+from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize
 
 
 def merged_all_of(schema: dict) -> dict | None:
@@ -119,7 +120,7 @@ def _split_conditionals(parts: list[Any]) -> list[Any]:
         conds.append((cond[1], cond[2], part.get("then", True), part.get("else", True)))
     if len(conds) < 2:
         return parts
-    values = list({json.dumps(v, sort_keys=True): v for vals, _, _, _ in conds for v in vals}.values())
+    values = list({json_key(v): v for vals, _, _, _ in conds for v in vals}.values())
     if len(values) + 2 > MAX_BRANCHES or not all(isinstance(v, str) for v in values):  # `not: {enum}` takes strings
         return parts
 

@@ -15,9 +15,9 @@ ignored, which can only make the proof fail.
 """
 from __future__ import annotations
 
-import json
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
+from ..json_equality import json_key
 from .json_types import as_types
 from .schema_merge import normalize
 
@@ -56,10 +56,10 @@ def provably_disjoint(a: object, b: object, resolve: Callable[[str], Any], forma
 
 
 def _required_values(parts: list[dict], resolve: Callable[[str], Any], formats: frozenset[str], depth: int,
-                     budget: list[int]) -> dict[str, set[str] | None]:
+                     budget: list[int]) -> dict[str, set[Hashable] | None]:
     """The properties every value of the branch holds, each with its possible values where known. A
     property that all of a disjunction's branches require is required (the value matches one of them)."""
-    out: dict[str, set[str] | None] = {name: _values(parts, name, formats) for name in _required(parts)}
+    out: dict[str, set[Hashable] | None] = {name: _values(parts, name, formats) for name in _required(parts)}
     for p in parts:
         for key in ("anyOf", "oneOf"):
             branches = p.get(key)
@@ -89,14 +89,14 @@ def _conjuncts(schema: object, resolve: Callable[[str], Any], formats: frozenset
     return out
 
 
-def _own_values(parts: list[dict]) -> set[str] | None:
-    """The branch's possible values (canonical JSON texts) where some conjunct's const/enum lists them;
+def _own_values(parts: list[dict]) -> set[Hashable] | None:
+    """The branch's possible values (json_key: JSON Schema's equality) where some conjunct's const/enum lists them;
     else None. Two enums of strings with no value in common (a common oneOf) share no value."""
     for p in parts:
         if "const" in p:
-            return {_canonical_text(p["const"])}
+            return {json_key(p["const"])}
         if isinstance(p.get("enum"), list):
-            return {_canonical_text(v) for v in p["enum"]}
+            return {json_key(v) for v in p["enum"]}
     return None
 
 
@@ -155,8 +155,8 @@ def _required(parts: list[dict]) -> set[str]:
             if isinstance(name, str)}
 
 
-def _values(parts: list[dict], name: str, formats: frozenset[str]) -> set[str] | None:
-    """The property's possible values (as canonical JSON text) from some conjunct's const/enum, or None.
+def _values(parts: list[dict], name: str, formats: frozenset[str]) -> set[Hashable] | None:
+    """The property's possible values (json_key: JSON Schema's equality) from some conjunct's const/enum, or None.
     A conjunct that does not name the property (nor has patterns) gives its `additionalProperties`."""
     for p in parts:
         props = p.get("properties", {}) if isinstance(p.get("properties"), dict) else {}
@@ -165,14 +165,7 @@ def _values(parts: list[dict], name: str, formats: frozenset[str]) -> set[str] |
             continue
         s = normalize(sub, formats)
         if "const" in s:
-            return {_canonical_text(s["const"])}
+            return {json_key(s["const"])}
         if isinstance(s.get("enum"), list):
-            return {_canonical_text(v) for v in s["enum"]}
+            return {json_key(v) for v in s["enum"]}
     return None
-
-
-def _canonical_text(value: object) -> str:
-    """Equal JSON values, equal texts (1 and 1.0 alike; true and 1 not)."""
-    if isinstance(value, float) and value == int(value):
-        value = int(value)
-    return json.dumps(value, sort_keys=True)

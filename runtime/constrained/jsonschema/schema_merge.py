@@ -6,10 +6,11 @@ vendor x-* keys, ...): the specification tells a validator to ignore it, and so 
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any, Iterable
+
+from ..json_equality import same_json
 
 # Keywords that constrain values, in some draft. Anything else is an annotation.
 VALIDATION = frozenset({
@@ -73,7 +74,7 @@ def conjoin(a: Any, b: Any) -> Any:  # noqa: ANN401 - subschemas (above)
         return False
     out = dict(a)
     for key, value in b.items():
-        if key not in out or out[key] == value:
+        if key not in out or same_json(out[key], value):  # not ==: Python's True == 1
             out[key] = value
         else:
             out[key] = _combine(key, out[key], value, a, b)
@@ -192,10 +193,6 @@ def _search(pattern: str, name: str) -> bool:
 
 def _item(prefix: list, schema: dict, i: int) -> object:
     return prefix[i] if i < len(prefix) else schema.get("items", True)
-
-
-def same_json(x: object, y: object) -> bool:
-    return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True) and type(x) is type(y)
 
 
 def _is_int(x: object) -> bool:
