@@ -10,14 +10,18 @@ from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint, 
 from radixlang.runtime.constrained.grammar.lexer_probe import LexerProbe
 
 # named keys beside free ones, a non-ASCII key and a Unicode-class pattern (multi-byte characters, UTF-8 cut
-# inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left)
+# inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left); a pattern
+# within length bounds and a multipleOf are terminals given as compiled DFAs (probes walk them in place)
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},
+    "code": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "maxLength": 5},
+    "m": {"type": "integer", "multipleOf": 7},
     "é": {"type": "string", "pattern": "^[α-ω]{1,4}$"},
     "kids": {"type": "array", "items": {"$ref": "#"}}},
     "additionalProperties": {"type": "integer"}}
 TEXTS = ['{"kids":[{"kids":[{"name":"ab","é":"αβ","kids":[{"x":1}]},{"y":-2}]}],"name":"z"}',
-         '{"é":"ω","name":"q","kids":[{},{"kids":[{"kids":[{"n":30,"é":"γ"}]}],"name":""}]}']
+         '{"é":"ω","name":"q","kids":[{},{"kids":[{"kids":[{"n":30,"é":"γ","code":"ab1"}]}],"name":""}]}',
+         '{"m":-14,"code":"xyz","kids":[{"m":0,"name":"a"}]}']
 CALC = r"""
 start: stmt+
 stmt: "let" NAME "=" expr ";" | "print" expr ";"
@@ -51,16 +55,19 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
     wide = np.flatnonzero((vocab.matrix >= 0x80).any(axis=1))
     # "set" is two terminals, and `setText` ends it part-way
     kw = np.flatnonzero((vocab.matrix[:, :3] == np.frombuffer(b"set", np.uint8)).all(axis=1) & (vocab.lengths > 3))
-    rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw,
+    # a quote inside: a string's body (a compiled DFA) ends there and the lexeme goes on
+    closing = np.flatnonzero((vocab.matrix[:, 1:] == ord('"')).any(axis=1))
+    rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw, closing,
                                      rng.choice(wide, min(3000, len(wide)), replace=False)]))
     offsets = (rng.random(len(rows)) * vocab.lengths[rows]).astype(np.int64)
-    checked = 0
+    checked = embedded = 0
     for kind, spec, texts in [("json_schema", SCHEMA, TEXTS), ("grammar", CALC, ["let é = (x1+ 2);print  é+set;"])]:
         constraint = compiler.compile(kind, spec)
         assert isinstance(constraint, GrammarConstraint)
         _walked_states(constraint, texts)
         for names, lex in list(constraint._lexers.items()):
             probe = LexerProbe(*constraint._lexer_nodes(names)[::-1], constraint.grammar.readings)
+            embedded += len(probe._moves.parts)
             for p in (0, offsets):
                 ok, nested = probe.suffixes(vocab, rows, p)
                 want_ok, want_nested = _walked(lex, rows, p)
@@ -72,6 +79,7 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
                     assert np.array_equal(got_pos[order], want_pos[want]), sorted(names)
                 checked += len(nested) + bool(len(ok))
     assert checked > 20, "the rows should exercise lexemes ending part-way"
+    assert embedded, "some lexer should read a terminal given as a compiled DFA"
 
 
 class _Built(GrammarConstraint):
