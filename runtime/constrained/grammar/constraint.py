@@ -75,7 +75,8 @@ class GrammarConstraint:
         self._state_keys: dict[State, Hashable | np.ndarray] = {}  # allowed_bits': a state's mask key, or its bits where no key
         self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
-        self._suffixes: dict[tuple[frozenset[str], Hashable], Suffixes] = {}  # _suffix_walk's
+        self._suffixes: dict[tuple[frozenset[str], Hashable], Suffixes] = {}  # _suffix_walk's, by (lexer, key)
+        self._walks: dict[Hashable, Suffixes] = {}  # the same, by what they read (`_walk_key`)
         self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
         self._check_lexer_sizes()
         stack = self.table.initial()
@@ -297,22 +298,37 @@ class GrammarConstraint:
     def _suffix_walk(self, names: frozenset[str], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Suffixes:
         """`rows` walked from the start of the lexer reading `names` from p: those that stay alive, and those
         that end one of its lexemes part-way, by the terminals it reads as (sorted; with where). Kept by (lexer,
-        key): many parser states share a lexer. A lexer no decode has built yet is probed instead (lexer_probe:
-        its NFA walked, the same answers): such walks read few tokens' few bytes, and most such lexers are never
-        reached (the comma after an object's last member)."""
+        key): many parser states share a lexer; and by what it reads (`_walk_key`)."""
         hit = self._suffixes.get((names, key))
         if hit is None:
-            lex = self._lexers.get(names)
-            probe = self._probes.get(names)
-            # built instead where its automaton is cached, or where the probe's Python walks would cost more
-            if lex is None and (probe.walked + len(rows) > PROBE_MAX_ROWS if probe is not None
-                                else len(rows) > PROBE_MAX_ROWS or self._dfa_kept(names)):
-                lex = self._lexers[names] = self._build_lexer(names)
-            hit = self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
+            hit = self._walks.get(same := self._walk_key(names, rows, p))
+            if hit is None:
+                hit = self._walks[same] = self._new_walk(names, rows, p)
             if len(self._suffixes) >= SUFFIX_CACHE_SIZE:
                 self._suffixes.clear()
+                self._walks.clear()
             self._suffixes[(names, key)] = hit
         return hit
+
+    @staticmethod
+    def _walk_key(names: frozenset[str], rows: np.ndarray, p: int | np.ndarray) -> Hashable:
+        """What a suffix walk reads: the lexer, the rows and where they start. Half the walks a cold decode
+        asks for repeat one by these (groups of other lexers' states, or of other parser states' lexers, that
+        end the same tokens at the same bytes) though their (lexer, key) differ."""
+        start = p if isinstance(p, int) else (p.dtype.str, p.tobytes())
+        return names, rows.dtype.str, rows.tobytes(), start
+
+    def _new_walk(self, names: frozenset[str], rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
+        """`_suffix_walk`'s walk. A lexer no decode has built yet is probed instead (lexer_probe: its NFA walked,
+        the same answers): such walks read few tokens' few bytes, and most such lexers are never reached (the
+        comma after an object's last member)."""
+        lex = self._lexers.get(names)
+        probe = self._probes.get(names)
+        # built instead where its automaton is cached, or where the probe's Python walks would cost more
+        if lex is None and (probe.walked + len(rows) > PROBE_MAX_ROWS if probe is not None
+                            else len(rows) > PROBE_MAX_ROWS or self._dfa_kept(names)):
+            lex = self._lexers[names] = self._build_lexer(names)
+        return self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
 
     def _dfa_kept(self, names: frozenset[str]) -> bool:
         """Whether the lexer's automaton is in the compiler's cache (built while compiling): building it is cheap."""

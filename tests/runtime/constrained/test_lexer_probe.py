@@ -83,18 +83,23 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
 
 
 class _Built(GrammarConstraint):
-    """Every suffix walk through a built lexer (no probes)."""
+    """Every suffix walk through a built lexer (no probes), each walked for itself (none shared by what it reads)."""
 
     def _probe(self, names):
         lex = self._lexers.get(names) or self._lexers.setdefault(names, self._build_lexer(names))
         return SimpleNamespace(suffixes=lambda vocab, rows, p: _walked(lex, rows, p))
 
+    @staticmethod
+    def _walk_key(names, rows, p):
+        return object()
+
 
 def test_masks_with_probed_lexers_equal_masks_with_built_ones(compiler, vocab, walk):
     """Along texts and random walks of a recursive schema (where the comma after an object's last member,
-    and the keys left after it, are lexers no decode reaches), the masks computed through probes equal
-    those of the same grammar whose suffix walks build every lexer; probes are met (the check exercises
-    them), and the deepest state's mask equals advancing each token."""
+    and the keys left after it, are lexers no decode reaches), the masks computed through probes, with suffix
+    walks shared by what they read, equal those of the same grammar whose suffix walks build every lexer and
+    are each walked for itself; probes are met and walks are shared (the check exercises both), and the
+    deepest state's mask equals advancing each token."""
     probed = GrammarConstraint(compiler.compile("json_schema", SCHEMA).grammar, vocab)
     built = _Built(probed.grammar, vocab)
     states = _walked_states(probed, TEXTS)
@@ -110,6 +115,7 @@ def test_masks_with_probed_lexers_equal_masks_with_built_ones(compiler, vocab, w
     for state in states:
         assert np.array_equal(probed.allowed_bits(state), built.allowed_bits(state)), state
     assert probed._probes, "some suffix walk should read a lexer no decode built"
+    assert len(probed._walks) < len(probed._suffixes), "some suffix walks should share one walk"
     deepest = states[-1]
     brute = np.zeros(vocab.size, bool)
     for tid in vocab.ids.tolist():
