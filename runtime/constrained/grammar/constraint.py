@@ -274,10 +274,14 @@ class GrammarConstraint:
         if hit is None:
             rows, pos, labels = lex.index.boundaries(q)
             hit = []
-            if len(rows):
-                order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
-                cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
-                hit = [(int(labels[m[0]]), int(pos[m[0]]), rows[m]) for m in np.split(order, cuts)]
+            group = pos * len(lex.terminals) + labels
+            if len(rows) and (group == group[0]).all():  # one group (often): no sort
+                hit = [(int(labels[0]), int(pos[0]), rows)]
+            elif len(rows):
+                order = np.argsort(group, kind="stable")
+                group = group[order]
+                cuts = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), len(order)]
+                hit = [(int(labels[order[a]]), int(pos[order[a]]), rows[order[a:b]]) for a, b in zip(cuts, cuts[1:])]
             self._groups[(lex, q)] = hit
         return hit
 
@@ -372,6 +376,9 @@ def _walked(lex: Lexer, rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
     walk = lex.index.walk_rows(rows, lex.dfa.start, p)
     labels = np.where(walk.end_state < 0, lex.dfa.accept[walk.stop_state], -1)
     nested = np.flatnonzero(labels >= 0)
-    ended = sorted((lex.terminals[label], nested[labels[nested] == label]) for label in np.unique(labels[nested]).tolist())
+    if not len(nested):  # most walks: no row ends a lexeme part-way
+        return rows[walk.end_state >= 0], []
+    found = labels[nested]
+    ended = sorted((lex.terminals[label], nested[found == label]) for label in set(found.tolist()))
     return rows[walk.end_state >= 0], [(terminals, rows[m], walk.stop_pos[m]) for terminals, m in ended]
 
