@@ -207,6 +207,13 @@ class GrammarConstraint:
     def allowed_bits(self, state: State) -> np.ndarray:
         """The mask as shared packed bits, kept by what it reads of the parser (`_mask_key`), not by the whole
         stack: parser states alike where the mask looks share it, and most need no parser work at all."""
+        hit = self._state_key(state)
+        if isinstance(hit, np.ndarray):
+            return hit
+        return self._masks.get_bits(hit, lambda: self._compute_bits(state), self.vocab.size)
+
+    def _state_key(self, state: State) -> Hashable | np.ndarray:
+        """The state's mask key, or its lexer state's bits where it has none; kept by state."""
         hit = self._state_keys.get(state)
         if hit is None:
             key = self._mask_key(state)
@@ -214,9 +221,7 @@ class GrammarConstraint:
             if len(self._state_keys) >= STATE_KEY_CACHE_SIZE:
                 self._state_keys.clear()
             self._state_keys[state] = hit
-        if isinstance(hit, np.ndarray):
-            return hit
-        return self._masks.get_bits(hit, lambda: self._compute_bits(state), self.vocab.size)
+        return hit
 
     def _mask_key(self, state: State) -> Hashable | None:
         """What `_compute_bits(state)` reads beside its lexer state (lexer, q): for each boundary group, the
@@ -234,7 +239,8 @@ class GrammarConstraint:
         complete = None
         if label >= 0 and (after := self._after_lexeme(stack, run, lex.terminals[label])) is not None:
             nxt = self.lexer(*after)
-            complete = (nxt, self._mask_key((*after, nxt.dfa.start)))
+            start = self._state_key((*after, nxt.dfa.start))  # kept: every state completing the lexeme asks
+            complete = (nxt, None if isinstance(start, np.ndarray) else start)
         return lex, q, walks, complete
 
     def _suffix_key(self, after: tuple[Stack, int], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Hashable:
@@ -341,8 +347,9 @@ class GrammarConstraint:
 
     def _probe(self, names: frozenset[str]) -> LexerProbe:
         probe = self._probes.get(names)
-        if probe is None:
-            probe = self._probes[names] = LexerProbe(*self._lexer_nodes(names)[::-1], self.grammar.readings)
+        if probe is None:  # as a lexer is built: the ignored terminals' DFAs (Bounded) are the compile's
+            with collector_paused(), caching(self._dfas):
+                probe = self._probes[names] = LexerProbe(*self._lexer_nodes(names)[::-1], self.grammar.readings)
         return probe
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
