@@ -75,7 +75,8 @@ class GrammarConstraint:
         self._state_keys: dict[State, Hashable | np.ndarray] = {}  # allowed_bits': a state's mask key, or its bits where no key
         self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'
-        self._suffixes: dict[tuple[frozenset[str], Hashable], Suffixes] = {}  # _suffix_walk's
+        self._suffixes: dict[tuple[frozenset[str], Hashable], Suffixes] = {}  # _suffix_walk's, by (lexer, key)
+        self._walks: dict[Hashable, Suffixes] = {}  # the same, by what they read (`_walk_key`)
         self._dfas = current()  # the compiler's automata cache, for lexers built later, mid-decode
         self._check_lexer_sizes()
         stack = self.table.initial()
@@ -206,6 +207,13 @@ class GrammarConstraint:
     def allowed_bits(self, state: State) -> np.ndarray:
         """The mask as shared packed bits, kept by what it reads of the parser (`_mask_key`), not by the whole
         stack: parser states alike where the mask looks share it, and most need no parser work at all."""
+        hit = self._state_key(state)
+        if isinstance(hit, np.ndarray):
+            return hit
+        return self._masks.get_bits(hit, lambda: self._compute_bits(state), self.vocab.size)
+
+    def _state_key(self, state: State) -> Hashable | np.ndarray:
+        """The state's mask key, or its lexer state's bits where it has none; kept by state."""
         hit = self._state_keys.get(state)
         if hit is None:
             key = self._mask_key(state)
@@ -213,9 +221,7 @@ class GrammarConstraint:
             if len(self._state_keys) >= STATE_KEY_CACHE_SIZE:
                 self._state_keys.clear()
             self._state_keys[state] = hit
-        if isinstance(hit, np.ndarray):
-            return hit
-        return self._masks.get_bits(hit, lambda: self._compute_bits(state), self.vocab.size)
+        return hit
 
     def _mask_key(self, state: State) -> Hashable | None:
         """What `_compute_bits(state)` reads beside its lexer state (lexer, q): for each boundary group, the
@@ -233,7 +239,8 @@ class GrammarConstraint:
         complete = None
         if label >= 0 and (after := self._after_lexeme(stack, run, lex.terminals[label])) is not None:
             nxt = self.lexer(*after)
-            complete = (nxt, self._mask_key((*after, nxt.dfa.start)))
+            start = self._state_key((*after, nxt.dfa.start))  # kept: every state completing the lexeme asks
+            complete = (nxt, None if isinstance(start, np.ndarray) else start)
         return lex, q, walks, complete
 
     def _suffix_key(self, after: tuple[Stack, int], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Hashable:
@@ -273,10 +280,14 @@ class GrammarConstraint:
         if hit is None:
             rows, pos, labels = lex.index.boundaries(q)
             hit = []
-            if len(rows):
-                order = np.argsort(pos * len(lex.terminals) + labels, kind="stable")
-                cuts = np.flatnonzero(np.diff(pos[order] * len(lex.terminals) + labels[order])) + 1
-                hit = [(int(labels[m[0]]), int(pos[m[0]]), rows[m]) for m in np.split(order, cuts)]
+            group = pos * len(lex.terminals) + labels
+            if len(rows) and (group == group[0]).all():  # one group (often): no sort
+                hit = [(int(labels[0]), int(pos[0]), rows)]
+            elif len(rows):
+                order = np.argsort(group, kind="stable")
+                group = group[order]
+                cuts = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), len(order)]
+                hit = [(int(labels[order[a]]), int(pos[order[a]]), rows[order[a:b]]) for a, b in zip(cuts, cuts[1:])]
             self._groups[(lex, q)] = hit
         return hit
 
@@ -297,22 +308,37 @@ class GrammarConstraint:
     def _suffix_walk(self, names: frozenset[str], rows: np.ndarray, p: int | np.ndarray, key: Hashable) -> Suffixes:
         """`rows` walked from the start of the lexer reading `names` from p: those that stay alive, and those
         that end one of its lexemes part-way, by the terminals it reads as (sorted; with where). Kept by (lexer,
-        key): many parser states share a lexer. A lexer no decode has built yet is probed instead (lexer_probe:
-        its NFA walked, the same answers): such walks read few tokens' few bytes, and most such lexers are never
-        reached (the comma after an object's last member)."""
+        key): many parser states share a lexer; and by what it reads (`_walk_key`)."""
         hit = self._suffixes.get((names, key))
         if hit is None:
-            lex = self._lexers.get(names)
-            probe = self._probes.get(names)
-            # built instead where its automaton is cached, or where the probe's Python walks would cost more
-            if lex is None and (probe.walked + len(rows) > PROBE_MAX_ROWS if probe is not None
-                                else len(rows) > PROBE_MAX_ROWS or self._dfa_kept(names)):
-                lex = self._lexers[names] = self._build_lexer(names)
-            hit = self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
+            hit = self._walks.get(same := self._walk_key(names, rows, p))
+            if hit is None:
+                hit = self._walks[same] = self._new_walk(names, rows, p)
             if len(self._suffixes) >= SUFFIX_CACHE_SIZE:
                 self._suffixes.clear()
+                self._walks.clear()
             self._suffixes[(names, key)] = hit
         return hit
+
+    @staticmethod
+    def _walk_key(names: frozenset[str], rows: np.ndarray, p: int | np.ndarray) -> Hashable:
+        """What a suffix walk reads: the lexer, the rows and where they start. Half the walks a cold decode
+        asks for repeat one by these (groups of other lexers' states, or of other parser states' lexers, that
+        end the same tokens at the same bytes) though their (lexer, key) differ."""
+        start = p if isinstance(p, int) else (p.dtype.str, p.tobytes())
+        return names, rows.dtype.str, rows.tobytes(), start
+
+    def _new_walk(self, names: frozenset[str], rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
+        """`_suffix_walk`'s walk. A lexer no decode has built yet is probed instead (lexer_probe: its NFA walked,
+        the same answers): such walks read few tokens' few bytes, and most such lexers are never reached (the
+        comma after an object's last member)."""
+        lex = self._lexers.get(names)
+        probe = self._probes.get(names)
+        # built instead where its automaton is cached, or where the probe's Python walks would cost more
+        if lex is None and (probe.walked + len(rows) > PROBE_MAX_ROWS if probe is not None
+                            else len(rows) > PROBE_MAX_ROWS or self._dfa_kept(names)):
+            lex = self._lexers[names] = self._build_lexer(names)
+        return self._probe(names).suffixes(self.vocab, rows, p) if lex is None else _walked(lex, rows, p)
 
     def _dfa_kept(self, names: frozenset[str]) -> bool:
         """Whether the lexer's automaton is in the compiler's cache (built while compiling): building it is cheap."""
@@ -321,8 +347,9 @@ class GrammarConstraint:
 
     def _probe(self, names: frozenset[str]) -> LexerProbe:
         probe = self._probes.get(names)
-        if probe is None:
-            probe = self._probes[names] = LexerProbe(*self._lexer_nodes(names)[::-1], self.grammar.readings)
+        if probe is None:  # as a lexer is built: the ignored terminals' DFAs (Bounded) are the compile's
+            with collector_paused(), caching(self._dfas):
+                probe = self._probes[names] = LexerProbe(*self._lexer_nodes(names)[::-1], self.grammar.readings)
         return probe
 
     def forced_bytes(self, state: State, limit: int) -> bytes:
@@ -356,6 +383,9 @@ def _walked(lex: Lexer, rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
     walk = lex.index.walk_rows(rows, lex.dfa.start, p)
     labels = np.where(walk.end_state < 0, lex.dfa.accept[walk.stop_state], -1)
     nested = np.flatnonzero(labels >= 0)
-    ended = sorted((lex.terminals[label], nested[labels[nested] == label]) for label in np.unique(labels[nested]).tolist())
+    if not len(nested):  # most walks: no row ends a lexeme part-way
+        return rows[walk.end_state >= 0], []
+    found = labels[nested]
+    ended = sorted((lex.terminals[label], nested[found == label]) for label in set(found.tolist()))
     return rows[walk.end_state >= 0], [(terminals, rows[m], walk.stop_pos[m]) for terminals, m in ended]
 

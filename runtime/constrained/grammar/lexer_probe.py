@@ -9,16 +9,20 @@ subsets it meets (a lazy DFA). Its answers are the built lexer's: a subset is al
 states can still reach acceptance (the built DFA is trimmed), its label is its accepting states' (the lowest,
 or all of them with readings), and a character of several bytes lives as long as some well-formed completion
 of its bytes so far lies in a class the subset reads (the built DFA's UTF-8 decoders read exactly those).
+A terminal given as a compiled DFA (`ra.Compiled`: a JSON string's pattern within length bounds, a number's
+multipleOf) is not copied into the NFA (that copy, state by state in Python, was most of a probe's cost): the
+probe walks the DFA in place, its states standing as probe states of their own (`_Embedded`).
 """
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..masks.vocab import TokenVocab
 from ..regex import regex_ast as ra
-from ..regex.alphabet import alphabet_of
+from ..regex.alphabet import CharDfa, alphabet_of
 from ..regex.automaton import char_sets, thompson
 from ..regex.fsa import Nfa, eps_reach
 
@@ -27,16 +31,63 @@ Suffixes = tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray, np.ndarray]
 _VALID = {2: ((0x80, 0x7FF),), 3: ((0x800, 0xD7FF), (0xE000, 0xFFFF)), 4: ((0x10000, ra.MAX_CODE_POINT),)}
 
 
+@dataclass(slots=True)
+class _Embedded:
+    """A compiled DFA the probe walks in place: its state q is probe state base + q; acceptance leads on to the
+    NFA's state `end` (as the copy's accepting states' empty moves did)."""
+
+    base: int
+    end: int
+    trans: np.ndarray  # the DFA's
+    accept: np.ndarray
+    of_class: list[int]  # by probe class: the DFA's class it lies in (-1: none)
+    kept: np.ndarray  # by DFA state: whether the probe keeps it in a subset (it reads, and `end` is coreachable)
+
+
+class _EmptyMoves:
+    """The probe's empty moves, by state: the NFA's, an embedded DFA's entry into its start, and its accepting
+    states' out to its end (indexable as `fsa.eps_reach` reads an NFA's)."""
+
+    def __init__(self, eps: list[list[int]], entries: dict[int, int], parts: list[_Embedded]):
+        self._eps, self._entries, self.parts = eps, entries, parts
+        self._bases = [part.base for part in parts]
+        self._size = len(eps)
+
+    def part(self, q: int) -> _Embedded:
+        return self.parts[bisect.bisect_right(self._bases, q) - 1]
+
+    def __getitem__(self, q: int) -> list[int] | tuple[int, ...]:
+        if q < self._size:
+            entry = self._entries.get(q)
+            return self._eps[q] if entry is None else (entry,)
+        part = self.part(q)
+        return (part.end,) if part.accept[q - part.base] >= 0 else ()
+
+
 class LexerProbe:
     """The lexer of `nodes` (named `names`, in preference order) as an NFA walked a byte at a time."""
 
     def __init__(self, nodes: list[ra.Node], names: list[str], readings: bool):
         alphabet = alphabet_of(char_sets(nodes))
-        nfa, start = thompson(nodes, alphabet, nonempty=True)
+        embedded: list[tuple[int, int, CharDfa]] = []
+        nfa, start = thompson(nodes, alphabet, nonempty=True, embedded=embedded)
         self._names, self._readings, self._accepts = names, readings, nfa.accepts
         self.walked = 0  # rows walked so far
-        self._keep = _coreachable(nfa) & ({q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts))
-        self._eps, self._edges = nfa.eps, nfa.edges
+        coreachable = _coreachable(nfa, embedded)
+        self._size = len(nfa.eps)
+        parts, entries, base = [], {}, self._size
+        for entry, end, dfa in embedded:
+            of_class = [-1] * len(alphabet.classes)
+            for c, ranges in enumerate(dfa.alphabet.classes):
+                for k in alphabet.members[ranges]:
+                    of_class[k] = c
+            kept = np.array((dfa.trans >= 0).any(axis=1) & (end in coreachable), bool)
+            parts.append(_Embedded(base, end, dfa.trans, dfa.accept, of_class, kept))
+            entries[entry] = base + dfa.start
+            base += len(dfa.trans)
+        self._keep = coreachable & ({q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts))
+        self._moves = _EmptyMoves(nfa.eps, entries, parts)
+        self._edges = nfa.edges
         self._reading: dict[int, list[tuple[frozenset[int], int]]] = {}  # by state met: its moves, as sets
         self._closures: dict[int, Subset] = {}
         self._steps: dict[tuple[Subset, int], Subset] = {}
@@ -143,6 +194,13 @@ class LexerProbe:
         if hit is None:
             out: set[int] = set()
             for q in state:
+                if q >= self._size:  # in an embedded DFA
+                    part = self._moves.part(q)
+                    k = part.of_class[c]
+                    t = int(part.trans[q - part.base, k]) if k >= 0 else -1
+                    if t >= 0:
+                        out |= self._closure(part.base + t)
+                    continue
                 moves = self._reading.get(q)
                 if moves is None:
                     moves = self._reading[q] = [(frozenset(symbols), t) for symbols, t in self._edges[q]]
@@ -156,13 +214,23 @@ class LexerProbe:
         """The states that read or accept (and can still reach acceptance) that q reaches without reading."""
         hit = self._closures.get(q)
         if hit is None:
-            hit = self._closures[q] = frozenset(eps_reach(self._eps, q) & self._keep)
+            hit = self._closures[q] = frozenset(q for q in eps_reach(self._moves, q) if self._kept(q))
         return hit
 
+    def _kept(self, q: int) -> bool:
+        if q < self._size:
+            return q in self._keep
+        part = self._moves.part(q)
+        return bool(part.kept[q - part.base])
 
-def _coreachable(nfa: Nfa) -> set[int]:
-    """The states from which an accepting one can be reached (over moves that read something, or none)."""
+
+def _coreachable(nfa: Nfa, embedded: list[tuple[int, int, CharDfa]]) -> set[int]:
+    """The NFA's states from which an accepting one can be reached (over moves that read something, or none,
+    or through an embedded DFA whose language is not empty: trimmed, its start then reads or accepts)."""
     back: list[list[int]] = [[] for _ in nfa.eps]
+    for entry, end, dfa in embedded:
+        if dfa.accept[dfa.start] >= 0 or (dfa.trans[dfa.start] >= 0).any():
+            back[end].append(entry)
     for q, targets in enumerate(nfa.eps):
         for t in targets:
             back[t].append(q)

@@ -128,10 +128,13 @@ def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False,
                                             max_states))
 
 
-def thompson(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool) -> tuple[Nfa, int]:
+def thompson(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool,
+             embedded: list[tuple[int, int, CharDfa]] | None = None) -> tuple[Nfa, int]:
     """The NFA (and its start) that `compile_dfa` determinizes: pattern i's end accepts label i; with
-    `nonempty` the start is a state of its own that nothing leads back into."""
-    builder = _Builder(alphabet)
+    `nonempty` the start is a state of its own that nothing leads back into. Given `embedded` (a list), a
+    compiled DFA (`ra.Compiled`) is not copied in state by state: (entry, exit, dfa) is appended there instead,
+    and the caller walks the DFA itself between the two states (lexer_probe)."""
+    builder = _Builder(alphabet, embedded)
     nfa = builder.nfa
     start = nfa.new()
     body = start
@@ -279,9 +282,10 @@ def _product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> 
 class _Builder:
     """Thompson construction over an alphabet's classes."""
 
-    def __init__(self, alphabet: Alphabet) -> None:
+    def __init__(self, alphabet: Alphabet, embedded: list[tuple[int, int, CharDfa]] | None = None) -> None:
         self.alphabet = alphabet
         self.nfa = Nfa()
+        self.embedded = embedded
 
     def build(self, node: ra.Node, s: int) -> int:
         """Adds `node` starting at state s; returns its end state."""
@@ -341,6 +345,11 @@ class _Builder:
     def _embed(self, dfa: CharDfa, s: int) -> int:
         """Copies a character DFA in, entered from state s (its start may have incoming edges)."""
         nfa = self.nfa
+        if self.embedded is not None:  # left to the caller, between two states of its own
+            entry, end = nfa.new(), nfa.new()
+            nfa.eps[s].append(entry)
+            self.embedded.append((entry, end, dfa))
+            return end
         states = [nfa.new() for _ in range(len(dfa.trans))]
         nfa.eps[s].append(states[dfa.start])
         end = nfa.new()

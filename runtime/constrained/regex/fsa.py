@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import Callable, Hashable, Iterable, Sequence, TypeVar
+from typing import Callable, Hashable, Iterable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -44,7 +44,13 @@ class Nfa:
         return len(self.eps) - 1
 
 
-def eps_reach(eps: Sequence[Iterable[int]], q: int) -> set[int]:
+class EmptyMoves(Protocol):
+    """The targets of each state's empty moves (an NFA's `eps`, or a walker's own view of them)."""
+
+    def __getitem__(self, q: int, /) -> Iterable[int]: ...
+
+
+def eps_reach(eps: EmptyMoves, q: int) -> set[int]:
     """The states q reaches over empty moves alone (q included)."""
     seen, stack = {q}, [q]
     while stack:

@@ -10,14 +10,18 @@ from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint, 
 from radixlang.runtime.constrained.grammar.lexer_probe import LexerProbe
 
 # named keys beside free ones, a non-ASCII key and a Unicode-class pattern (multi-byte characters, UTF-8 cut
-# inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left)
+# inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left); a pattern
+# within length bounds and a multipleOf are terminals given as compiled DFAs (probes walk them in place)
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},
+    "code": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "maxLength": 5},
+    "m": {"type": "integer", "multipleOf": 7},
     "é": {"type": "string", "pattern": "^[α-ω]{1,4}$"},
     "kids": {"type": "array", "items": {"$ref": "#"}}},
     "additionalProperties": {"type": "integer"}}
 TEXTS = ['{"kids":[{"kids":[{"name":"ab","é":"αβ","kids":[{"x":1}]},{"y":-2}]}],"name":"z"}',
-         '{"é":"ω","name":"q","kids":[{},{"kids":[{"kids":[{"n":30,"é":"γ"}]}],"name":""}]}']
+         '{"é":"ω","name":"q","kids":[{},{"kids":[{"kids":[{"n":30,"é":"γ","code":"ab1"}]}],"name":""}]}',
+         '{"m":-14,"code":"xyz","kids":[{"m":0,"name":"a"}]}']
 CALC = r"""
 start: stmt+
 stmt: "let" NAME "=" expr ";" | "print" expr ";"
@@ -51,16 +55,19 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
     wide = np.flatnonzero((vocab.matrix >= 0x80).any(axis=1))
     # "set" is two terminals, and `setText` ends it part-way
     kw = np.flatnonzero((vocab.matrix[:, :3] == np.frombuffer(b"set", np.uint8)).all(axis=1) & (vocab.lengths > 3))
-    rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw,
+    # a quote inside: a string's body (a compiled DFA) ends there and the lexeme goes on
+    closing = np.flatnonzero((vocab.matrix[:, 1:] == ord('"')).any(axis=1))
+    rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw, closing,
                                      rng.choice(wide, min(3000, len(wide)), replace=False)]))
     offsets = (rng.random(len(rows)) * vocab.lengths[rows]).astype(np.int64)
-    checked = 0
+    checked = embedded = 0
     for kind, spec, texts in [("json_schema", SCHEMA, TEXTS), ("grammar", CALC, ["let é = (x1+ 2);print  é+set;"])]:
         constraint = compiler.compile(kind, spec)
         assert isinstance(constraint, GrammarConstraint)
         _walked_states(constraint, texts)
         for names, lex in list(constraint._lexers.items()):
             probe = LexerProbe(*constraint._lexer_nodes(names)[::-1], constraint.grammar.readings)
+            embedded += len(probe._moves.parts)
             for p in (0, offsets):
                 ok, nested = probe.suffixes(vocab, rows, p)
                 want_ok, want_nested = _walked(lex, rows, p)
@@ -72,21 +79,27 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
                     assert np.array_equal(got_pos[order], want_pos[want]), sorted(names)
                 checked += len(nested) + bool(len(ok))
     assert checked > 20, "the rows should exercise lexemes ending part-way"
+    assert embedded, "some lexer should read a terminal given as a compiled DFA"
 
 
 class _Built(GrammarConstraint):
-    """Every suffix walk through a built lexer (no probes)."""
+    """Every suffix walk through a built lexer (no probes), each walked for itself (none shared by what it reads)."""
 
     def _probe(self, names):
         lex = self._lexers.get(names) or self._lexers.setdefault(names, self._build_lexer(names))
         return SimpleNamespace(suffixes=lambda vocab, rows, p: _walked(lex, rows, p))
 
+    @staticmethod
+    def _walk_key(names, rows, p):
+        return object()
+
 
 def test_masks_with_probed_lexers_equal_masks_with_built_ones(compiler, vocab, walk):
     """Along texts and random walks of a recursive schema (where the comma after an object's last member,
-    and the keys left after it, are lexers no decode reaches), the masks computed through probes equal
-    those of the same grammar whose suffix walks build every lexer; probes are met (the check exercises
-    them), and the deepest state's mask equals advancing each token."""
+    and the keys left after it, are lexers no decode reaches), the masks computed through probes, with suffix
+    walks shared by what they read, equal those of the same grammar whose suffix walks build every lexer and
+    are each walked for itself; probes are met and walks are shared (the check exercises both), and the
+    deepest state's mask equals advancing each token."""
     probed = GrammarConstraint(compiler.compile("json_schema", SCHEMA).grammar, vocab)
     built = _Built(probed.grammar, vocab)
     states = _walked_states(probed, TEXTS)
@@ -102,6 +115,7 @@ def test_masks_with_probed_lexers_equal_masks_with_built_ones(compiler, vocab, w
     for state in states:
         assert np.array_equal(probed.allowed_bits(state), built.allowed_bits(state)), state
     assert probed._probes, "some suffix walk should read a lexer no decode built"
+    assert len(probed._walks) < len(probed._suffixes), "some suffix walks should share one walk"
     deepest = states[-1]
     brute = np.zeros(vocab.size, bool)
     for tid in vocab.ids.tolist():
