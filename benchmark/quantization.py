@@ -1,7 +1,7 @@
 """Quantization methods on SmolLM2-135M, one run: perplexity (the engine's input logprobs) of held-out
 texts, greedy agreement with fp32 on fidelity.py's 20 prompts, the time each folder took to quantize, then
 (with --speed) decode tok/s (batch 1, 16 x 64) and prefill tok/s, for: fp32, RTN int4 g128, GPTQ int4
-g128 and g32 (the defaults: act-order, percdamp 0.1, clip search), AWQ int4 g128, naive W8A8 (RTN),
+g128 and g32 (the defaults: asymmetric calibration 0.5, act-order, percdamp 0.1, clip search), AWQ int4 g128, naive W8A8 (RTN),
 SmoothQuant W8A8 (the default: alpha searched per layer, down_proj's input Hadamard-rotated at run time; a
 global alpha sweep with --alphas), it without the rotation (--no-rotate-down) and with alpha 0.5 for every
 layer, and the GGUF's own Q4_1 / Q8_0 blocks (`auto`).

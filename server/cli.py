@@ -214,7 +214,7 @@ def _add_fleet_options(parser: argparse.ArgumentParser) -> None:
 def _quantize(args: argparse.Namespace) -> int:
     from ..runtime.quantize.driver import QuantizeOptions, quantize
 
-    tuned = {name: getattr(args, name) for name in ("act_order", "calib_tokens")
+    tuned = {name: getattr(args, name) for name in ("act_order", "calib_tokens", "asymmetric")
              if getattr(args, name) is not None}  # unset: QuantizeOptions' default
     opts = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                            static_groups=args.static_groups, sym=args.sym, clip_search=args.clip_search,
@@ -265,6 +265,10 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=False,
                    help="GPTQ / AWQ: rotate the model by randomized Hadamard matrices before rounding (offline, the "
                         "same function; the LM head is untied from the embedding; default: off, worse on SmolLM2)")
+    q.add_argument("--asymmetric", type=float, default=None,
+                   help="GPTQ: GPTAQ's asymmetric calibration, the fraction (0-1) of the way from each linear's "
+                        "weights to the fit of the fp model's outputs on the quantized model's inputs "
+                        "(default 0: plain GPTQ)")
     q.add_argument("--calibration", "--calib", dest="calibration", default=None,
                    help="calibration text: 'prose' (GPTQ's default: ~21k tokens shipped with radixlang: fiction, "
                         "letters, news, how-to, chat, dialogue, reviews, tables), 'builtin' (the other methods' "

@@ -133,3 +133,26 @@ def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
             hidden = [h + layer.mlp(layer.post_attention_layernorm(h)) for h in mid]
         else:
             hidden = [layer(x, rope, ctx) for x, rope in zip(hidden, ropes)]
+
+
+class FloatStream:
+    """The samples' hidden states through the model as it was before quantizing (GPTQ's asymmetric
+    calibration: the fp model's outputs on fp inputs are the target). `inputs(layer)`, called with layer i
+    still in fp, gives each linear's per-sample fp inputs and moves the stream on through the layer."""
+
+    def __init__(self, model: LlamaForCausalLM, samples: list[torch.Tensor]):
+        with torch.no_grad():
+            self.hidden = [model.embed_tokens(ids) for ids in samples]
+        self.ropes = [model.rotary.table(torch.arange(len(ids))) for ids in samples]
+        self.ctx = ForwardContext(attn=CausalAttention())
+
+    @torch.no_grad()
+    def inputs(self, layer: DecoderLayer) -> dict[str, list[torch.Tensor]]:
+        seen: dict[str, list[torch.Tensor]] = {name: [] for name in LINEARS}
+        handles = record_inputs(layer, lambda name, x: seen[name].append(x.float()))
+        try:
+            self.hidden = [layer(x, rope, self.ctx) for x, rope in zip(self.hidden, self.ropes)]
+        finally:
+            for h in handles:
+                h.remove()
+        return seen

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixlang.runtime.models.linear.quant_formats import write_gptq
-from radixlang.runtime.quantize.driver import DAMPS, pick_damp
+from radixlang.runtime.quantize.driver import DAMPS, asymmetric_target, pick_damp
 from radixlang.runtime.quantize.gptq import (
     CLIP_SHRINKS,
     GPTQSpec,
@@ -215,3 +215,29 @@ def test_held_out_samples_pick_a_dampening_that_generalises():
     errors = {d: new_error(d) for d in DAMPS}
     print(f"picked {damp}; error on new inputs by dampening {errors}")
     assert damp > DAMPS[0] and errors[damp] < errors[DAMPS[0]]
+
+
+def test_asymmetric_target_is_the_ridge_least_squares_fit_and_lowers_gptqs_error_on_the_fp_outputs():
+    """GPTAQ: the quantized model's inputs X_q drift from the fp model's X_fp. The target W* is the ridge
+    least-squares fit (oracle: lstsq on the stacked system, float64) of the fp outputs X_fp W^T from X_q,
+    and GPTQ of W* has a lower error on the fp outputs than GPTQ of W (the symmetric objective)."""
+    k, n, rows = 128, 32, 512
+    x_fp = correlated_inputs(rows, k, seed=3).double()
+    x_q = x_fp + 0.3 * correlated_inputs(rows, k, seed=4).double()
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(8), dtype=torch.float64) / k**0.5
+    h, cross, percdamp = hessian(x_q), 2 * x_fp.T @ x_q / rows, 0.1
+    d = percdamp * h.diagonal().mean()
+    stacked = torch.cat([(2 / rows) ** 0.5 * x_q, d**0.5 * torch.eye(k, dtype=torch.float64)])
+    goal = torch.cat([(2 / rows) ** 0.5 * x_fp @ w.T, d**0.5 * w.T])
+    fit = torch.linalg.lstsq(stacked, goal).solution.T
+    torch.testing.assert_close(asymmetric_target(w, h, cross, percdamp), fit)
+    torch.testing.assert_close(asymmetric_target(w, h, cross, percdamp, beta=0.5), (w + fit) / 2)
+
+    spec = GPTQSpec(group_size=32, act_order=True, percdamp=percdamp)
+
+    def fp_error(weight: torch.Tensor) -> float:
+        return (x_fp @ w.T - x_q @ gptq_quantize(weight, h, spec).dequantize().double().T).pow(2).mean().item()
+
+    symmetric, asymmetric = fp_error(w), fp_error(asymmetric_target(w, h, cross, percdamp))
+    print(f"error on the fp outputs: symmetric {symmetric:.4g}, asymmetric {asymmetric:.4g}")
+    assert asymmetric < 0.8 * symmetric

@@ -11,7 +11,14 @@ import transformers
 
 from radixlang.runtime.model_loading import load_model
 from radixlang.runtime.models.llama import ForwardContext
-from radixlang.runtime.quantize.layerwise import LINEARS, CausalAttention, linear_weight, record_inputs, run_layerwise
+from radixlang.runtime.quantize.layerwise import (
+    LINEARS,
+    CausalAttention,
+    FloatStream,
+    linear_weight,
+    record_inputs,
+    run_layerwise,
+)
 
 from ..models.hf_tiny import BASE, save_hf_model
 
@@ -94,4 +101,22 @@ def test_linears_changed_after_their_own_pass_give_the_later_ones_the_changed_mo
     want = forward_inputs(oracle)
     got: dict[tuple[int, str], list[torch.Tensor]] = {}
     run_layerwise(changed, SAMPLES, per_linear_passes(got, after=nudge), desc="test")
+    assert_same_inputs(got, want)
+
+
+def test_the_float_stream_gives_the_unchanged_models_inputs_while_the_passes_change_it(model):
+    """GPTAQ's target inputs: FloatStream.inputs(layer), called before on_layer changes the layer, gives
+    each linear the inputs of the unchanged model's own forward (the oracle), however the passes change
+    the weights after."""
+    want, changed = forward_inputs(model), copy.deepcopy(model)
+    stream = FloatStream(changed, SAMPLES)
+    got: dict[tuple[int, str], list[torch.Tensor]] = {}
+    passes = per_linear_passes({}, after=nudge)
+
+    def on_layer(index, layer, run) -> None:
+        for name, xs in stream.inputs(layer).items():
+            got[(index, name)] = xs
+        passes(index, layer, run)
+
+    run_layerwise(changed, SAMPLES, on_layer, desc="test")
     assert_same_inputs(got, want)

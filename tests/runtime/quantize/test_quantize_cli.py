@@ -50,7 +50,7 @@ def prompt_logprobs(path) -> torch.Tensor:
 
 @pytest.mark.parametrize("args, kind", [
     (["--method", "gptq", "--group-size", "32", "--desc-act"], (Int4Linear, PermutedInput, ConcatOutputs)),
-    (["--method", "gptq", "--bits", "8", "--group-size", "-1"], (Int4Linear,)),
+    (["--method", "gptq", "--bits", "8", "--group-size", "-1", "--asymmetric", "0"], (Int4Linear,)),  # plain GPTQ
     (["--method", "awq", "--group-size", "32", "--calibration", "prose"], (Int4Linear,)),
     (["--method", "smoothquant"], (W8A8Linear,)),
     (["--method", "smoothquant", "--fp-down", "1"], (W8A8Linear,)),
@@ -144,6 +144,7 @@ def test_quantizing_leaves_the_source_folders_cached_weights_as_they_are(tmp_pat
     (["--method", "awq", "--bits", "8"], "--bits"),
     (["--method", "smoothquant", "--alpha", "1.5"], "--alpha"),
     (["--method", "rtn", "--rotate"], "--rotate"),
+    (["--method", "gptq", "--asymmetric", "1.5"], "--asymmetric"),
 ])
 def test_bad_quantize_options_fail_naming_the_option(folder, tmp_path, capsys, args, field):
     assert main(["quantize", str(folder), str(tmp_path / "q"), *args]) == 2
