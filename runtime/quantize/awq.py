@@ -96,7 +96,8 @@ def awq_layers(model: LlamaForCausalLM, samples: list[torch.Tensor], spec: GPTQS
             fold(layer, name, s)
         for name, (_, cols) in scales.items():  # the inputs are now x / s: H becomes diag(1/s) H diag(1/s)
             importance = hessians[name] / rows / cols[:, None] / cols[None, :]
-            packed[f"layers.{index}.{name}"] = rtn_quantize(linear_weight(layer, name).detach(), spec, importance)
+            weight = linear_weight(layer, name).detach()
+            packed[f"layers.{index}.{name}"] = rtn_quantize(weight, spec, importance, refit=True)
 
     run_layerwise(model, samples, on_layer, desc="AWQ", same_function=True)
     return packed

@@ -88,10 +88,14 @@ def round_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits:
     return (torch.round(w / scale) + zero).clamp(0, 2**bits - 1)
 
 
-def rtn_quantize(weight: torch.Tensor, spec: GPTQSpec, importance: torch.Tensor | None = None) -> IntWeight:
+def rtn_quantize(weight: torch.Tensor, spec: GPTQSpec, importance: torch.Tensor | None = None,
+                 refit: bool = False) -> IntWeight:
     """Round-to-nearest with GPTQ's groups and parameters: the baseline GPTQ improves on. With
     `spec.clip_search`, `importance` (the inputs' second moments [K, K], or their mean squares [K])
-    weighs the clip search."""
+    weighs the clip search. `refit` (AWQ's; asymmetric codes and a [K, K] `importance`): each group's scale
+    and zero refitted to its codes on that output error (`refit_params`)."""
+    if refit and (importance is None or importance.dim() != 2):
+        raise ValueError("rtn_quantize: refit needs the inputs' second moments [K, K]")
     n, k = weight.shape
     gs = spec.group_size if spec.group_size > 0 else k
     w, groups = weight.float(), -(-k // gs)
@@ -101,7 +105,7 @@ def rtn_quantize(weight: torch.Tensor, spec: GPTQSpec, importance: torch.Tensor 
         cols = slice(g * gs, min((g + 1) * gs, k))
         h = _clip(spec, importance, cols)
         scales[:, g], zeros[:, g] = group_params(w[:, cols], spec.bits, spec.sym, h)
-        if h is not None and h.dim() == 2 and not spec.sym:  # AWQ's: refitted to the codes
+        if refit and h is not None and not spec.sym:
             scales[:, g], zeros[:, g] = refit_params(w[:, cols], scales[:, g], zeros[:, g], h, spec.bits)
         codes[:, cols] = round_column(w[:, cols], scales[:, g:g + 1], zeros[:, g:g + 1], spec.bits).int()
     return IntWeight(codes, zeros.int(), scales.half(), torch.arange(k) // gs, spec.bits)
