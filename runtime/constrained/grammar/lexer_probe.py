@@ -24,7 +24,7 @@ from ..masks.vocab import TokenVocab
 from ..regex import regex_ast as ra
 from ..regex.alphabet import CharDfa, alphabet_of
 from ..regex.automaton import char_sets, thompson
-from ..regex.fsa import Nfa, eps_reach
+from ..regex.fsa import Nfa, reach
 
 Subset = frozenset[int]
 Suffixes = tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray, np.ndarray]]]  # constraint._suffix_walk's
@@ -46,7 +46,7 @@ class _Embedded:
 
 class _EmptyMoves:
     """The probe's empty moves, by state: the NFA's, an embedded DFA's entry into its start, and its accepting
-    states' out to its end (indexable as `fsa.eps_reach` reads an NFA's)."""
+    states' out to its end (indexable as `fsa.reach` reads an NFA's)."""
 
     def __init__(self, eps: list[list[int]], entries: dict[int, int], parts: list[_Embedded]):
         self._eps, self._entries, self.parts = eps, entries, parts
@@ -214,7 +214,7 @@ class LexerProbe:
         """The states that read or accept (and can still reach acceptance) that q reaches without reading."""
         hit = self._closures.get(q)
         if hit is None:
-            hit = self._closures[q] = frozenset(q for q in eps_reach(self._moves, q) if self._kept(q))
+            hit = self._closures[q] = frozenset(q for q in reach(self._moves, (q,)) if self._kept(q))
         return hit
 
     def _kept(self, q: int) -> bool:
@@ -238,11 +238,4 @@ def _coreachable(nfa: Nfa, embedded: list[tuple[int, int, CharDfa]]) -> set[int]
         for symbols, t in edges:
             if len(symbols):
                 back[t].append(q)
-    seen = set(nfa.accepts)
-    stack = list(seen)
-    while stack:
-        for q in back[stack.pop()]:
-            if q not in seen:
-                seen.add(q)
-                stack.append(q)
-    return seen
+    return reach(back, nfa.accepts)

@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from .. import deadline
+from ..regex.fsa import reach
 from .lalr import END, FORK, LalrTable
 
 Production = tuple[str, tuple[str, ...]]  # (rule, symbols)
@@ -127,16 +128,7 @@ def _leftmost_rules(prods: list[Production], by_rule: dict[str, list[int]]) -> d
     for rule, rhs in prods:
         if rhs and rhs[0] in by_rule:
             first[rule].add(rhs[0])
-    out: dict[str, frozenset[str]] = {}
-    for rule in by_rule:
-        seen, stack = {rule}, [rule]
-        while stack:
-            for nxt in first[stack.pop()]:
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-        out[rule] = frozenset(seen)
-    return out
+    return {rule: frozenset(reach(first, (rule,))) for rule in by_rule}
 
 
 def _lookaheads(prods: list[Production], by_rule: dict[str, list[int]], states: _Lr0, nullable: set[str],

@@ -44,17 +44,19 @@ class Nfa:
         return len(self.eps) - 1
 
 
-class EmptyMoves(Protocol):
-    """The targets of each state's empty moves (an NFA's `eps`, or a walker's own view of them)."""
+class Moves(Protocol[K]):
+    """Each node's successors: an NFA's `eps` (its empty moves), a walker's own view of them, a graph's
+    adjacency lists."""
 
-    def __getitem__(self, q: int, /) -> Iterable[int]: ...
+    def __getitem__(self, q: K, /) -> Iterable[K]: ...
 
 
-def eps_reach(eps: EmptyMoves, q: int) -> set[int]:
-    """The states q reaches over empty moves alone (q included)."""
-    seen, stack = {q}, [q]
+def reach(moves: Moves[K], starts: Iterable[K]) -> set[K]:
+    """The nodes `starts` reach over `moves` (the starts included)."""
+    seen = set(starts)
+    stack = list(seen)
     while stack:
-        for t in eps[stack.pop()]:
+        for t in moves[stack.pop()]:
             if t not in seen:
                 seen.add(t)
                 stack.append(t)
@@ -106,7 +108,7 @@ def subsets(nfa: Nfa, start: int, num_symbols: int,
             if not nfa.eps[q]:  # most targets (a chain of reads): no walk, no intersection
                 hit = closures[q] = frozenset((q,)) if q in important else frozenset()
                 return hit
-            hit = closures[q] = frozenset(eps_reach(nfa.eps, q) & important)
+            hit = closures[q] = frozenset(reach(nfa.eps, (q,)) & important)
         return hit
 
     moves_of: dict[int, list[tuple[int, Sequence[int], frozenset[int]]]] = {}  # state -> (key, symbols, closure)
