@@ -13,6 +13,7 @@ import numpy as np
 from radixlang.runtime.constrained.jsonschema.json_objects import ANY_ORDER_MAX_PROPERTIES
 from radixlang.runtime.constrained.object_dispatch import ObjectDispatch
 
+from .test_grammar import assert_brute_force
 from .test_json_schema import complete_outputs
 from .test_json_schema_keywords import accepts
 from .test_json_schema_semantics import unique_keys
@@ -50,6 +51,20 @@ def random_value(rng: random.Random, schema: dict | None) -> str:
     if schema == INNER:
         return random_object(rng, INNER)
     return "[" + ",".join(random_object(rng, INNER) for _ in range(rng.randint(0, 2))) + "]"
+
+
+def masks_along(constraint: ObjectDispatch, vocab, text: str, brute_at: tuple[int, ...] = ()) -> list[np.ndarray]:
+    """The mask at each byte of `text` (which the constraint must accept), checked against brute force at the
+    bytes `brute_at`."""
+    out, state = [], constraint.initial()
+    for i, byte in enumerate(text.encode()):
+        out.append(constraint.allowed(state))
+        if i in brute_at:
+            assert_brute_force(constraint, state, out[-1], vocab, text[:i])
+        state = constraint.advance_bytes(state, bytes([byte]))
+        assert state is not None, text[:i + 1]
+    assert constraint.can_end(state)
+    return out
 
 
 def test_large_objects_take_any_order_exactly_as_jsonschema_says(compiler):
@@ -160,16 +175,12 @@ def test_masks_in_bounded_strings_of_a_lazily_built_table_match_brute_force(comp
     constraint = compiler.compile("json_schema", schema)
     assert isinstance(constraint, ObjectDispatch)
     vocab = constraint.vocab
-    tokens = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
     text = '{"p3":1,"a":"abcdefghijklmnopqrstuvwx","b":"hello world!"}'
     checked, runs = 0, []
     state = constraint.initial()
     for i, b in enumerate(text.encode()):
         if i in (9, 13, 14, 20, 30, 34, 36, 37, 41, 46, 52):
-            mask = constraint.allowed(state)
-            expected = np.zeros(vocab.size, bool)
-            expected[vocab.ids] = [constraint.advance_bytes(state, data) is not None for data in tokens]
-            assert np.array_equal(mask, expected), (text[:i], np.flatnonzero(mask != expected)[:5])
+            assert_brute_force(constraint, state, constraint.allowed(state), vocab, text[:i])
             if vocab.native_trie is not None:
                 runs.append(constraint.index._walker(vocab.native_trie)._skip_set(state)[1])
             checked += 1
@@ -196,24 +207,13 @@ def test_values_laid_in_two_runs_give_the_masks_of_values_laid_whole(vocab, monk
     split = ConstraintCompiler(lambda: vocab).compile("json_schema", schema)
     whole = ConstraintCompiler(lambda: vocab).compile("json_schema", schema)
     assert isinstance(split, ObjectDispatch) and isinstance(whole, ObjectDispatch)
-    tokens = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
     text = ('{"p2":3,"order":"chronological","who":{"last_name":"Lovelace","age":5,"first_name":"Ada"},'
             '"note":"first computer","x":"alphabetical","p0":1}')
-    masks, state = [], split.initial()
-    for i, byte in enumerate(text.encode()):
-        masks.append(split.allowed(state))
-        if i in (8, 17, 40, 101, 116):  # a key's start, in the enum, in the nested object, in the note, the undeclared key
-            expected = np.zeros(vocab.size, bool)
-            expected[vocab.ids] = [split.advance_bytes(state, data) is not None for data in tokens]
-            assert np.array_equal(masks[-1], expected), text[:i]
-        state = split.advance_bytes(state, bytes([byte]))
-        assert state is not None, text[:i + 1]
-    assert split.can_end(state)
+    # a key's start, in the enum, in the nested object, in the note, the undeclared key
+    masks = masks_along(split, vocab, text, brute_at=(8, 17, 40, 101, 116))
     monkeypatch.setattr(object_dispatch, "VALUE_HEAD_BYTES", 10_000)  # values split from here on: laid whole
-    state = whole.initial()
-    for i, byte in enumerate(text.encode()):
-        assert np.array_equal(masks[i], whole.allowed(state)), (text[:i], np.flatnonzero(masks[i] != whole.allowed(state))[:5])
-        state = whole.advance_bytes(state, bytes([byte]))
+    for i, mask in enumerate(masks_along(whole, vocab, text)):
+        assert np.array_equal(masks[i], mask), (text[:i], np.flatnonzero(masks[i] != mask)[:5])
     assert split._rests and not whole._rests, "copies reached only by mask walks keep their rest unlaid"
 
 
@@ -227,28 +227,14 @@ def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(voc
 
     text = '{"p5":1,"kid":{"q3":4,"q1":2},"p0":7,"x":"hi","kids":[{"q1":0,"q9":5}],"p2":3}'
     assert jsonschema.Draft202012Validator(OUTER).is_valid(json.loads(text))
-    tokens = [vocab.token_bytes[t] for t in vocab.ids.tolist()]
-
-    def masks_along(constraint: ObjectDispatch, brute_at: tuple[int, ...] = ()) -> list[np.ndarray]:
-        out, state = [], constraint.initial()
-        for i, byte in enumerate(text.encode()):
-            out.append(constraint.allowed(state))
-            if i in brute_at:
-                expected = np.zeros(vocab.size, bool)
-                expected[vocab.ids] = [constraint.advance_bytes(state, data) is not None for data in tokens]
-                assert np.array_equal(out[-1], expected), text[:i]
-            state = constraint.advance_bytes(state, bytes([byte]))
-            assert state is not None, text[:i + 1]
-        assert constraint.can_end(state)
-        return out
 
     monkeypatch.setattr(object_dispatch, "_RESERVED_ROWS", 16)
     small = ConstraintCompiler(lambda: vocab).compile("json_schema", OUTER)
     assert isinstance(small, ObjectDispatch)
-    grown = masks_along(small, brute_at=(1, 15, 35, 59))  # a key's start, the nested object's, after it, in `kids`
+    grown = masks_along(small, vocab, text, brute_at=(1, 15, 35, 59))  # a key's start, the nested object's, after it, in `kids`
     assert len(small._trans) > 16 and small.index.dfa.trans is small._trans, "the buffers doubled, the index moved"
     monkeypatch.setattr(object_dispatch, "_RESERVED_ROWS", 4 * object_dispatch.MAX_GROWN_STATES)
     monkeypatch.setattr(object_dispatch, "BUILD_AHEAD_BYTES", 0)
     full = ConstraintCompiler(lambda: vocab).compile("json_schema", OUTER)
-    for i, mask in enumerate(masks_along(full)):
+    for i, mask in enumerate(masks_along(full, vocab, text)):
         assert np.array_equal(grown[i], mask), (text[:i], np.flatnonzero(grown[i] != mask)[:5])
