@@ -216,10 +216,9 @@ def gptq_layers(model, samples: list[torch.Tensor], spec: GPTQSpec, percdamp: fl
                 nonlocal seen
                 part = int(validated and seen % VALIDATION_EVERY == VALIDATION_EVERY - 1)
                 x = x.float()
-                hessians[part].addmm_(x.T, x).addr_(x[0], x[0], alpha=len(x) ** 0.5 - 1)  # row 0 counted sqrt(T) times
+                add_sink_weighted(hessians[part], x, x)
                 if name in fp_inputs:
-                    x_fp = fp_inputs[name][seen]
-                    cross.addmm_(x_fp.T, x).addr_(x_fp[0], x[0], alpha=len(x) ** 0.5 - 1)
+                    add_sink_weighted(cross, fp_inputs[name][seen], x)
                 rows[part] += len(x)
                 seen += 1
 
@@ -241,6 +240,11 @@ def gptq_layers(model, samples: list[torch.Tensor], spec: GPTQSpec, percdamp: fl
         raise ValueError("GPTQ needs calibration text (--calibration)")
     run_layerwise(model, samples, on_layer, desc="GPTQ")
     return packed
+
+
+def add_sink_weighted(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a^T b over one sample's tokens, its first token (the attention sink) counted sqrt(T) times."""
+    acc.addmm_(a.T, b).addr_(a[0], b[0], alpha=len(b) ** 0.5 - 1)
 
 
 def asymmetric_target(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor, percdamp: float,

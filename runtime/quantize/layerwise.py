@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..models.llama import DecoderLayer, ForwardContext, LlamaForCausalLM
+from ..models.llama import DecoderLayer, ForwardContext, LlamaForCausalLM, RopeTable
 
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -55,6 +55,13 @@ class _InputSeen(Exception):
 SAVED = ("self_attn.o_proj", "mlp.down_proj")  # linears whose inputs a whole pass stopped there keeps
 
 
+def stream_start(model: LlamaForCausalLM,
+                 samples: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[RopeTable], ForwardContext]:
+    """The samples' hidden states before the first layer, their rotary tables, and the causal context."""
+    return ([model.embed_tokens(ids) for ids in samples], [model.rotary.table(torch.arange(len(ids))) for ids in samples],
+            ForwardContext(attn=CausalAttention()))
+
+
 @torch.no_grad()
 def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
                   on_layer: Callable[[int, DecoderLayer, Callable[..., list[torch.Tensor]]], None], desc: str,
@@ -76,9 +83,7 @@ def run_layerwise(model: LlamaForCausalLM, samples: list[torch.Tensor],
     pass). The same operations on the same values, so the same results (GPTQ's codes bit for bit), with each
     matmul of the layer run once rather than up to five times: the passes took ~30% less CPU time, for
     holding those inputs (tokens x (hidden + intermediate) floats: ~0.4 GB for SmolLM2-135M on 51k tokens)."""
-    ctx = ForwardContext(attn=CausalAttention())
-    hidden = [model.embed_tokens(ids) for ids in samples]
-    ropes = [model.rotary.table(torch.arange(len(ids))) for ids in samples]
+    hidden, ropes, ctx = stream_start(model, samples)
     whole: list[torch.Tensor] = []  # the last whole pass's outputs, over every sample
     mid: list[torch.Tensor] = []  # x + attention(x) per sample, once a pass stops in the MLP
     saved: dict[str, list[torch.Tensor]] = {}  # a SAVED linear's input per sample, from a whole pass stopped at it
@@ -142,9 +147,7 @@ class FloatStream:
 
     def __init__(self, model: LlamaForCausalLM, samples: list[torch.Tensor]):
         with torch.no_grad():
-            self.hidden = [model.embed_tokens(ids) for ids in samples]
-        self.ropes = [model.rotary.table(torch.arange(len(ids))) for ids in samples]
-        self.ctx = ForwardContext(attn=CausalAttention())
+            self.hidden, self.ropes, self.ctx = stream_start(model, samples)
 
     @torch.no_grad()
     def inputs(self, layer: DecoderLayer) -> dict[str, list[torch.Tensor]]:
