@@ -12,8 +12,14 @@ Per subset (the file-name prefix before `---`) it reports:
   with something left unenforced (a `--relax` keyword, declared order kept for a large object, the strict
   form where the schema's own semantics did not compile), bucketed, and how many false accepts they
   account for; with --failures, each such schema, and where each false reject stops reading;
-- the per-token mask time (`Matcher.mask_words`, p50 / p99) while feeding the tokenizer's tokens of
-  each accepted valid instance, as a decode would: cold (first visits build masks) and warm (again).
+- the per-token mask time (`Matcher.mask_words`, mean / p50 / p99) while feeding the tokenizer's tokens of a
+  valid instance, as a decode would, three ways:
+  - **fresh** (the issue's measure, and the table's): per compiled schema, its first valid instance of at most
+    `--fresh-tokens` (48) tokens, right after compile + first mask, before anything else reads the schema: every
+    lexer, lazily built table and walk it needs is built inside the timed masks;
+  - after check: each accepted valid instance, timed after `accepts` has read it (its lexers and tables are built,
+    its masks are not);
+  - warm: the same again (masks cached).
 
 Where xgrammar and llguidance are installed (the `grammar` extra: `pip install --no-deps xgrammar
 apache-tvm-ffi llguidance`), each runs the same schemas through the same code, as `--grammar-backend`
@@ -69,6 +75,7 @@ class SubsetResult:
     false_accepts: int = 0
     check_errors: int = 0  # instances whose check failed (a lexer too large or too slow to build): refused
     too_large: int = 0  # ... of which a lexer built mid-decode was over its size bound (ConstraintTooLarge)
+    mask_fresh_us: list[float] = field(default_factory=list)  # per-token mask times, first instance, nothing built
     mask_us: list[float] = field(default_factory=list)  # per-token mask times, first walk of each instance
     mask_warm_us: list[float] = field(default_factory=list)  # the same walk again (masks cached)
     relaxed: int = 0  # compiled schemas that leave a --relax keyword unenforced (reported, as meta_info does)
@@ -212,20 +219,43 @@ def bucket(message: str) -> str:
     return text[:110]
 
 
-def time_masks(constraint, tokenizer: Tokenizer, text: str, out: list[float]) -> None:
-    """Per-token `mask_words` times along the tokenizer's tokens of `text` (an accepted instance)."""
+def time_masks(constraint, tokens: list[int], out: list[float]) -> bool:
+    """Per-token `mask_words` times along `tokens` (an instance's), appended to `out`; False where the
+    constraint refuses a token (the times up to it are kept)."""
     matcher = Matcher(constraint, constraint.vocab.end_ids)
-    for token in tokenizer.encode(text, add_special_tokens=False):
+    for token in tokens:
         start = time.perf_counter()
         matcher.mask_words(matcher.state)
         out.append((time.perf_counter() - start) * 1e6)
         if not matcher.advance(token):
+            return False
+    return True
+
+
+def time_fresh_masks(constraint, tokenizer: Tokenizer, tests: list[dict], max_tokens: int, limit_s: float,
+                     result: SubsetResult) -> None:
+    """The issue's per-token mask measure on a just-compiled constraint: the first valid instance of at most
+    `max_tokens` tokens that the constraint reads through, nothing of the schema built before it (a refused one
+    is skipped, its times dropped: the next is then timed on what it built, as a decode after a refusal)."""
+    for test in tests:
+        if not test["valid"]:
+            continue
+        tokens = tokenizer.encode(compact(test["data"]), add_special_tokens=False)
+        if len(tokens) > max_tokens:
+            continue
+        times: list[float] = []
+        if limited(lambda: time_masks(constraint, tokens, times), limit_s, SubsetResult()):  # errors: counted by the check
+            result.mask_fresh_us.extend(times)
             return
+
+
+def compact(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: float, result: SubsetResult,
                errors: Counter, failures: list[str] | None = None, reports: Counter | None = None,
-               instances: bool = True) -> None:
+               instances: bool = True, fresh_tokens: int = 48) -> None:
     """One schema through one engine: compile + first mask, then its test instances and mask times. A
     peer's native code runs to completion under the alarm: past the limit it counts as a timeout. `reports`
     gets what a compiled schema leaves unenforced."""
@@ -259,12 +289,15 @@ def run_schema(tokenizer: Tokenizer, compile_one: Compile, path: Path, limit_s: 
         reports.update({bucket(r.split(" (")[0]) for r in report})
     if report and failures is not None:
         failures.append(f"{path.name}: compiled, leaving unenforced: {', '.join(report)}")
+    if instances:
+        time_fresh_masks(constraint, tokenizer, case.get("tests", []), fresh_tokens, limit_s, result)
     for test in case.get("tests", []) if instances else ():
-        text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
+        text = compact(test["data"])
         ok = bool(limited(lambda: accepts(constraint, text), limit_s, result))
         if ok and test["valid"]:
+            tokens = tokenizer.encode(text, add_special_tokens=False)
             for out in (result.mask_us, result.mask_warm_us):
-                limited(lambda: time_masks(constraint, tokenizer, text, out), limit_s, result)
+                limited(lambda: time_masks(constraint, tokens, out), limit_s, result)
         if test["valid"]:
             result.valid += 1
             result.false_rejects += not ok
@@ -296,6 +329,8 @@ def main() -> None:
                         "accepts then count what they let through")
     parser.add_argument("--compile-only", action="store_true", help="time compile + first mask only (no test "
                         "instances, no per-token masks)")
+    parser.add_argument("--fresh-tokens", type=int, default=48, help="the fresh mask measure's instance: the "
+                        "first valid one of at most this many tokens")
     parser.add_argument("--slowest", type=int, default=10, help="slowest schemas to list per engine (compile + "
                         "first mask)")
     parser.add_argument("--strict", action="store_true", help="OpenAI's strict form (declared order, closed "
@@ -322,7 +357,8 @@ def main() -> None:
                 before = len(per[name].times_ms)
                 ours = name == "radixlang"
                 run_schema(tokenizer, compile_one, path, args.limit_s, per[name], errors[name],
-                           failures if ours else None, reports if ours else None, not args.compile_only)
+                           failures if ours else None, reports if ours else None, not args.compile_only,
+                           args.fresh_tokens)
                 if len(per[name].times_ms) > before:
                     schema_ms[name][path] = per[name].times_ms[-1]
             for name, compile_only in timed.items():
@@ -345,8 +381,9 @@ def main() -> None:
         slow = sorted(times_of.items(), key=lambda item: -item[1])[:args.slowest]
         print(f"{name}: slowest compile + first mask: " + ", ".join(f"{p.name} {t:.0f} ms" for p, t in slow))
     for name in engines:
-        for kind, times in (("cold", totals[name].mask_us), ("warm", totals[name].mask_warm_us)) if not \
-                args.compile_only else ():
+        for kind, times in (("fresh (first instance, nothing built)", totals[name].mask_fresh_us),
+                            ("after check", totals[name].mask_us), ("warm", totals[name].mask_warm_us)) \
+                if not args.compile_only else ():
             print(f"{name} per-token mask (mask_words), {kind}: {len(times)} masks, mean "
                   f"{statistics.fmean(times or [0]):.1f} us, p50 {percentile(times, 50):.1f} us, "
                   f"p99 {percentile(times, 99):.1f} us")
@@ -368,13 +405,14 @@ def main() -> None:
 def print_table(totals: dict[str, SubsetResult]) -> None:
     """The comparison as one markdown table (the engines of this run, same schemas, same window)."""
     print("\n| engine | compiled | false accepts | false rejects | compile + first mask p50 / p90 / p99 | "
-          "mask per token (mean, cold) |\n|---|---|---|---|---|---|")
+          "mask per token, mean: fresh / after check / warm |\n|---|---|---|---|---|---|")
     for name, r in totals.items():
         print(f"| {name} | {100 * r.compiled / max(r.schemas, 1):.1f}% | {r.false_accepts}/{r.invalid} | "
               f"{r.false_rejects}/{r.valid} ({100 * r.false_rejects / max(r.valid, 1):.1f}%) | "
               f"{percentile(r.times_ms, 50):.1f} / {percentile(r.times_ms, 90):.1f} / "
               f"{percentile(r.times_ms, 99):.1f} ms | "
-              + (f"{statistics.fmean(r.mask_us):.0f} us |" if r.mask_us else "- |"))
+              + (" / ".join(f"{statistics.fmean(t):.1f}" if t else "-"
+                            for t in (r.mask_fresh_us, r.mask_us, r.mask_warm_us)) + " us |"))
 
 
 def merge(total: SubsetResult, r: SubsetResult) -> None:
