@@ -1,0 +1,77 @@
+"""fsa.subsets in C (kernels/cpu/subsets.c): the NFA laid out as flat arrays, the construction run, its
+rows and subsets copied back. Same DFA, numbered alike, as the Python path (test_fsa checks it).
+
+The layout is a few passes over the NFA's lists at C speed (map, chain, np.fromiter), no Python loop per
+state or edge. Edges read symbol sequences that many edges share (an alphabet's class members): they are
+numbered by object (`id`, as the Python path groups them), so a shared set is laid out once.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ....kernels.cpu import subsets as native
+from ....kernels.cpu.c_library import address
+from .. import deadline
+
+if TYPE_CHECKING:
+    from .fsa import Nfa
+
+
+def available() -> bool:
+    return native.library() is not None
+
+
+def run(nfa: Nfa, start: int, num_symbols: int, limit: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(status, rows [S, num_symbols], ptr [S + 1], members): native.OK, or why it stopped (then the arrays are
+    empty). Each state's subset is members[ptr[s]:ptr[s + 1]], sorted."""
+    lib = native.library()
+    assert lib is not None
+    eps, edges, n = nfa.eps, nfa.edges, len(nfa.eps)
+    eps_ptr = _offsets(eps, n)
+    eps_flat = np.fromiter(itertools.chain.from_iterable(eps), np.int32, int(eps_ptr[-1]))
+    edge_ptr = _offsets(edges, n)
+    num_edges = int(edge_ptr[-1])
+    symbols: tuple = ()
+    targets: tuple = ()
+    if num_edges:
+        symbols, targets = zip(*itertools.chain.from_iterable(edges))
+    keys = np.fromiter(map(id, symbols), np.uint64, num_edges)
+    _, first, edge_set = np.unique(keys, return_index=True, return_inverse=True)
+    sets = [symbols[i] for i in first.tolist()]
+    set_ptr = _offsets(sets, len(sets))
+    set_symbols = np.fromiter(itertools.chain.from_iterable(sets), np.int32, int(set_ptr[-1]))
+    important = (edge_ptr[1:] > edge_ptr[:-1]).astype(np.uint8)
+    important[list(nfa.accepts)] = 1
+    important[start] = 1
+    edge_set = np.ascontiguousarray(edge_set.ravel(), np.int32)
+    edge_target = np.fromiter(targets, np.int32, num_edges)
+    when = deadline.at()
+    handle = lib.rl_subsets(n, address(eps_ptr), address(eps_flat), address(edge_ptr), address(edge_set),
+                            address(edge_target), len(sets), address(set_ptr), address(set_symbols),
+                            address(important), start, num_symbols, limit, 0.0 if when is None else when)
+    if not handle:
+        raise MemoryError("the subset construction could not allocate its tables")
+    try:
+        shape = np.zeros(3, np.int64)
+        lib.rl_subsets_shape(handle, address(shape))
+        status, num_states, num_members = shape.tolist()
+        if status != native.OK:
+            return status, np.zeros((0, num_symbols), np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32)
+        rows = np.empty((num_states, num_symbols), np.int64)
+        ptr = np.empty(num_states + 1, np.int64)
+        members = np.empty(num_members, np.int32)
+        lib.rl_subsets_copy(handle, address(rows), address(ptr), address(members))
+        return status, rows, ptr, members
+    finally:
+        lib.rl_subsets_free(ctypes.c_void_p(handle))
+
+
+def _offsets(lists: list, n: int) -> np.ndarray:
+    """CSR offsets of a list of sequences: entries of lists[i] are at [ptr[i], ptr[i + 1])."""
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, lists), np.int64, n), out=ptr[1:])
+    return ptr
