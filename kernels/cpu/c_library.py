@@ -1,4 +1,4 @@
-"""Plain C libraries of this folder (token_walk.c, subsets.c), compiled at first use and loaded with ctypes.
+"""Plain C libraries of this folder (token_walk.c, fsa.c), compiled at first use and loaded with ctypes.
 
 A library is compiled here with the system C compiler (`cc -O2`, well under a second) at first use, kept in the
 cache folder (RADIXLANG_KERNEL_DIR, else cache_dir()/kernels) under a hash of the source and the compiler's

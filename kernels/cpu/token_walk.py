@@ -53,6 +53,5 @@ def library() -> ctypes.CDLL | None:
 if __name__ == "__main__":  # `make install`: build (or find) the library now
     logging.basicConfig(level=logging.INFO)
     print("token walk: " + ("ready" if library() is not None else "unavailable; token masks take the numpy walk"))
-    from . import subsets
-    print("subset construction: " + ("ready" if subsets.library() is not None
-                                      else "unavailable; regexes determinize in Python"))
+    from . import fsa
+    print("automata loops: " + ("ready" if fsa.library() is not None else "unavailable; regexes determinize in Python"))

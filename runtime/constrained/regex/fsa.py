@@ -15,7 +15,7 @@ import numpy as np
 
 from ...config import MAX_DFA_STATES, MAX_NFA_STATES
 from .. import deadline
-from . import native_subsets
+from . import native_fsa
 
 
 class ConstraintTooLarge(ValueError):
@@ -117,17 +117,17 @@ def subsets(nfa: Nfa, start: int, num_symbols: int, limit: int | None = None) ->
 
     Subsets are sets of the NFA states that read or accept, and the start (the rest only pass on, so
     subsets that differ in those alone are one state). States are numbered as first met: row by row, each
-    row from symbol 0 up, so the native construction (native_subsets, kernels/cpu/subsets.c) numbers them
+    row from symbol 0 up, so the native construction (native_fsa, kernels/cpu/fsa.c) numbers them
     alike; it is taken where it is built, else `_subsets` (the same DFA)."""
     bound = MAX_DFA_STATES if limit is None else limit
-    if native_subsets.available():
-        status, trans, ptr, members = native_subsets.run(nfa, start, num_symbols, bound)
-        if status == native_subsets.native.TOO_LARGE:
+    if native_fsa.available():
+        status, trans, ptr, members = native_fsa.subsets(nfa, start, num_symbols, bound)
+        if status == native_fsa.native.TOO_LARGE:
             raise too_large(bound)
-        if status == native_subsets.native.DEADLINE:
+        if status == native_fsa.native.DEADLINE:
             deadline.check()
             raise deadline.CompileDeadline("the deadline passed")
-        if status != native_subsets.native.OK:
+        if status != native_fsa.native.OK:
             raise MemoryError("the subset construction ran out of memory")
         return trans, Subsets(ptr, members)
     trans, order = _subsets(nfa, start, num_symbols, limit)
@@ -236,6 +236,17 @@ def state_id(ids: dict[K, int], order: list[K], key: K, limit: int | None = None
 
 def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
+    live = native_fsa.live(trans, accept) if native_fsa.available() else None
+    if live is None:
+        live = _live(trans, accept)
+    live[0] = True
+    new_id = np.cumsum(live) - 1
+    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
+    return trans, accept[live]
+
+
+def _live(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """`trim`'s live states in Python: those that reach an accepting state."""
     ptr, preds = (a.tolist() for a in _predecessors(trans))
     stack = np.flatnonzero(accept >= 0).tolist()
     seen = set(stack)
@@ -247,17 +258,16 @@ def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]
                 stack.append(s)
     live = np.zeros(len(trans), bool)
     live[list(seen)] = True
-    live[0] = True
-    new_id = np.cumsum(live) - 1
-    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
-    return trans, accept[live]
+    return live
 
 
 def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The quotient by `refine`; the start state stays 0. `refine` starts from `_finite_classes`:
     Moore's rounds grow with the DFA's depth (thousands on an unrolled length bound), and there
     the finite part is exact in one pass."""
-    labels = _finite_classes(trans, accept)
+    labels = native_fsa.finite_classes(trans, accept) if native_fsa.available() else None
+    if labels is None:
+        labels = _finite_classes(trans, accept)
     _, first, block = np.unique(refine(trans, labels), return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # blocks numbered by first member, so start's block is 0
     part, reps = rank[block.ravel()], np.sort(first)
@@ -271,7 +281,8 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     infinitely many strings that do not lead to the dead state, the others finitely many.
 
     Classed a height (longest live path) at a time, as equivalent states share it: a wide height
-    as rows at once; a narrow one (chains) state by state, by its live transitions only."""
+    as rows at once; a narrow one (chains) state by state, by its live transitions only. (kernels/cpu/fsa.c's
+    rl_finite_classes gives the same partition, numbered otherwise: only the partition matters to `refine`.)"""
     n = len(trans)
     src, col = np.nonzero(trans >= 0)
     ptr = np.searchsorted(src, np.arange(n + 1)).tolist()

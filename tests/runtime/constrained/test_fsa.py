@@ -162,11 +162,12 @@ def nfa_labels(nfa: fsa.Nfa, start: int, word: tuple[int, ...]) -> frozenset[int
 
 
 def python_only(monkeypatch) -> None:
-    monkeypatch.setattr(fsa.native_subsets, "available", lambda: False)
+    """fsa's Python paths, as where the native library is not built."""
+    monkeypatch.setattr(fsa.native_fsa, "available", lambda: False)
 
 
 def test_native_subset_construction_is_the_python_one_bit_for_bit(monkeypatch):
-    if not fsa.native_subsets.available():
+    if not fsa.native_fsa.available():
         pytest.skip("no C compiler: the native subset construction is not built")
     rng = np.random.default_rng(0)
     cases = [random_nfa(rng) for _ in range(300)]
@@ -180,7 +181,7 @@ def test_native_subset_construction_is_the_python_one_bit_for_bit(monkeypatch):
 
 
 def test_native_lexers_are_the_python_ones(monkeypatch):
-    if not fsa.native_subsets.available():
+    if not fsa.native_fsa.available():
         pytest.skip("no C compiler: the native subset construction is not built")
     from radixlang.runtime.constrained.regex import automaton, regex_parser
     patterns = [[r'"([^"\\]|\\.){0,40}"', r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?", "true|false|null"],
@@ -233,3 +234,30 @@ def test_native_subset_construction_stops_at_the_limit_and_the_deadline(monkeypa
             assert len(fsa.subsets(nfa, states[0], 2, limit=600)[0]) == 600
             with deadline.limit(1e-9), pytest.raises(deadline.CompileDeadline):
                 fsa.subsets(nfa, states[0], 2)
+
+
+def test_native_trim_and_minimize_are_the_python_ones(monkeypatch):
+    """Random DFAs, small and dense (cycles everywhere) or layered and wide (acyclic heights of 40 states, a
+    few with a loop back): the native live states and finite classes give the Python path's DFA."""
+    if not fsa.native_fsa.available():
+        pytest.skip("no C compiler: the native loops are not built")
+    rng = np.random.default_rng(2)
+    cases = []
+    for i in range(200):
+        n, k = int(rng.integers(1, 14)), int(rng.integers(1, 4))
+        dead = rng.random() * 0.8
+        trans = np.where(rng.random((n, k)) < dead, -1, rng.integers(0, n, (n, k)))
+        cases.append((trans, np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), -1)))
+    for i in range(6):
+        width, depth = 40, 5
+        layer = np.arange(width * depth) // width
+        nxt = (layer[:, None] + 1) * width + rng.integers(0, 4, (width * depth, 2))
+        trans = np.where((layer[:, None] < depth - 1) & (rng.random((width * depth, 2)) < 0.7), nxt, -1)
+        if i % 2:
+            trans[-1, 0] = 0
+        cases.append((trans, np.where(rng.random(width * depth) < 0.2, rng.integers(0, 2, width * depth), -1)))
+    native = [fsa.minimize(*fsa.trim(trans, labels)) for trans, labels in cases]
+    python_only(monkeypatch)
+    for (trans, labels), got in zip(cases, native):
+        want = fsa.minimize(*fsa.trim(trans, labels))
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))

@@ -1,4 +1,5 @@
-/* The subset construction of runtime/constrained/regex/fsa.py (`subsets`), in C (subsets.py loads this).
+/* runtime/constrained/regex/fsa.py's loops in C (kernels/cpu/fsa.py loads this). First the subset construction
+(`subsets`).
 
 The same DFA, numbered alike: a DFA state is the sorted set of the "important" NFA states it holds (those that
 read or accept, and the start; the rest only pass on, so sets that differ in those alone are one state), the
@@ -397,4 +398,156 @@ void rl_subsets_free(Result *r) {
     free(r->members.at);
     free(r->offset);
     free(r);
+}
+
+/* Minimization's loops over a DFA (trans [n, k], -1: dead; accept [n], -1: none), as fsa.py's trim and
+   _finite_classes compute them. */
+
+/* The distinct successors of each state as predecessor lists: preds[ptr[t]..ptr[t + 1]) are the states
+   with a move into t, each once, ascending; `out_degree` counts each state's distinct successors. */
+static int predecessors(int64_t n, int64_t k, const int64_t *trans, int64_t **ptr_out, int32_t **preds_out,
+                        int32_t *out_degree) {
+    int64_t *ptr = calloc((size_t)n + 1, sizeof(int64_t));
+    int32_t *seen = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    int32_t *preds = NULL;
+    if (!ptr || !seen) goto fail;
+    for (int64_t s = 0; s < n; s++) seen[s] = -1;
+    for (int64_t s = 0; s < n; s++) {
+        int32_t degree = 0;
+        for (int64_t c = 0; c < k; c++) {
+            int64_t t = trans[s * k + c];
+            if (t >= 0 && seen[t] != s) {
+                seen[t] = (int32_t)s;
+                ptr[t + 1]++;
+                degree++;
+            }
+        }
+        if (out_degree) out_degree[s] = degree;
+    }
+    for (int64_t t = 0; t < n; t++) ptr[t + 1] += ptr[t];
+    preds = malloc((size_t)(ptr[n] ? ptr[n] : 1) * sizeof(int32_t));
+    if (!preds) goto fail;
+    for (int64_t s = 0; s < n; s++) seen[s] = -1;
+    int64_t *fill = ptr; /* ptr[t] runs up to ptr[t + 1] as t's list fills, then is restored */
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t c = 0; c < k; c++) {
+            int64_t t = trans[s * k + c];
+            if (t >= 0 && seen[t] != s) {
+                seen[t] = (int32_t)s;
+                preds[fill[t]++] = (int32_t)s;
+            }
+        }
+    for (int64_t t = n; t > 0; t--) ptr[t] = ptr[t - 1];
+    ptr[0] = 0;
+    free(seen);
+    *ptr_out = ptr;
+    *preds_out = preds;
+    return 1;
+fail:
+    free(ptr);
+    free(seen);
+    free(preds);
+    return 0;
+}
+
+/* Marks the states that reach an accepting state (`live`, 1 or 0). Returns 0, or -1 out of memory. */
+int64_t rl_live(int64_t n, int64_t k, const int64_t *trans, const int64_t *accept, uint8_t *live) {
+    int64_t *ptr;
+    int32_t *preds, *stack = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (!stack || !predecessors(n, k, trans, &ptr, &preds, NULL)) {
+        free(stack);
+        return -1;
+    }
+    int64_t top = 0;
+    memset(live, 0, (size_t)n);
+    for (int64_t s = 0; s < n; s++)
+        if (accept[s] >= 0) {
+            live[s] = 1;
+            stack[top++] = (int32_t)s;
+        }
+    while (top) {
+        int32_t t = stack[--top];
+        for (int64_t i = ptr[t]; i < ptr[t + 1]; i++)
+            if (!live[preds[i]]) {
+                live[preds[i]] = 1;
+                stack[top++] = preds[i];
+            }
+    }
+    free(ptr);
+    free(preds);
+    free(stack);
+    return 0;
+}
+
+/* fsa._finite_classes: the states that reach no cycle classed from the sinks back, a height at a time (a
+   class per distinct (label, successors' classes) in that height), the rest `count + 1 + accept` (count: the
+   classes given). Same partition as the Python path (not the same numbers). Returns 0, or -1 out of memory. */
+int64_t rl_finite_classes(int64_t n, int64_t k, const int64_t *trans, const int64_t *accept, int64_t *classes) {
+    int64_t *ptr, *table = NULL;
+    int32_t *preds, *pending = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    int32_t *order = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (!pending || !order || !predecessors(n, k, trans, &ptr, &preds, pending)) {
+        free(pending);
+        free(order);
+        return -1;
+    }
+    int64_t table_cap = 0, count = 0, done = 0, end = 0;
+    for (int64_t s = 0; s < n; s++) {
+        classes[s] = -1;
+        if (!pending[s]) order[end++] = (int32_t)s;
+    }
+    while (done < end) { /* one height: order[done..level_end) */
+        int64_t level_end = end, size = level_end - done, cap = 16;
+        while (cap < 2 * size) cap *= 2;
+        if (cap > table_cap) {
+            free(table);
+            table = malloc((size_t)cap * sizeof(int64_t));
+            if (!table) {
+                count = -1;
+                break;
+            }
+            table_cap = cap;
+        }
+        for (int64_t i = 0; i < cap; i++) table[i] = -1;
+        int64_t fresh = 0;
+        for (int64_t i = done; i < level_end; i++) {
+            int32_t s = order[i];
+            const int64_t *row = trans + s * k;
+            uint64_t h = hash_set(NULL, 0) ^ (uint64_t)accept[s];
+            for (int64_t c = 0; c < k; c++) {
+                h ^= (uint64_t)(row[c] >= 0 ? classes[row[c]] : -1);
+                h *= 0xff51afd7ed558ccdull;
+                h ^= h >> 29;
+            }
+            uint64_t j = h & (uint64_t)(cap - 1);
+            for (; table[j] >= 0; j = (j + 1) & (uint64_t)(cap - 1)) {
+                int64_t o = table[j];
+                const int64_t *other = trans + o * k;
+                if (accept[o] != accept[s]) continue;
+                int64_t c = 0;
+                for (; c < k; c++)
+                    if ((row[c] >= 0 ? classes[row[c]] : -1) != (other[c] >= 0 ? classes[other[c]] : -1)) break;
+                if (c == k) break;
+            }
+            if (table[j] >= 0) {
+                classes[s] = classes[table[j]];
+            } else {
+                table[j] = s;
+                classes[s] = count + fresh++;
+            }
+            for (int64_t p = ptr[s]; p < ptr[s + 1]; p++)
+                if (!--pending[preds[p]]) order[end++] = preds[p];
+        }
+        count += fresh;
+        done = level_end;
+    }
+    if (count >= 0)
+        for (int64_t s = 0; s < n; s++)
+            if (classes[s] < 0) classes[s] = count + 1 + accept[s];
+    free(table);
+    free(ptr);
+    free(preds);
+    free(pending);
+    free(order);
+    return count < 0 ? -1 : 0;
 }

@@ -1,5 +1,6 @@
-"""fsa.subsets in C (kernels/cpu/subsets.c): the NFA laid out as flat arrays, the construction run, its
-rows and subsets copied back. Same DFA, numbered alike, as the Python path (test_fsa checks it).
+"""fsa.py's loops in C (kernels/cpu/fsa.c): the subset construction (the NFA laid out as flat arrays, its
+rows and subsets copied back; the same DFA, numbered alike, as the Python path: test_fsa checks it), trim's
+backward reach and minimization's finite classes.
 
 The layout is a few passes over the NFA's lists at C speed (map, chain, np.fromiter), no Python loop per
 state or edge. Edges read symbol sequences that many edges share (an alphabet's class members): they are
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ....kernels.cpu import subsets as native
+from ....kernels.cpu import fsa as native
 from ....kernels.cpu.c_library import address
 from .. import deadline
 
@@ -25,7 +26,7 @@ def available() -> bool:
     return native.library() is not None
 
 
-def run(nfa: Nfa, start: int, num_symbols: int, limit: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+def subsets(nfa: Nfa, start: int, num_symbols: int, limit: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """(status, rows [S, num_symbols], ptr [S + 1], members): native.OK, or why it stopped (then the arrays are
     empty). Each state's subset is members[ptr[s]:ptr[s + 1]], sorted."""
     lib = native.library()
@@ -75,3 +76,25 @@ def _offsets(lists: list, n: int) -> np.ndarray:
     ptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.fromiter(map(len, lists), np.int64, n), out=ptr[1:])
     return ptr
+
+
+def live(trans: np.ndarray, accept: np.ndarray) -> np.ndarray | None:
+    """The states that reach an accepting one (bool [S]); None out of memory."""
+    lib = native.library()
+    assert lib is not None
+    trans, accept = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(accept, np.int64)
+    out = np.empty(len(trans), np.uint8)
+    if lib.rl_live(len(trans), trans.shape[1], address(trans), address(accept), address(out)):
+        return None
+    return out.view(bool)
+
+
+def finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray | None:
+    """fsa._finite_classes's partition (not its numbers); None out of memory."""
+    lib = native.library()
+    assert lib is not None
+    trans, accept = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(accept, np.int64)
+    out = np.empty(len(trans), np.int64)
+    if lib.rl_finite_classes(len(trans), trans.shape[1], address(trans), address(accept), address(out)):
+        return None
+    return out

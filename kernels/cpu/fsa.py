@@ -1,7 +1,8 @@
-"""The native subset construction (subsets.c), a plain C library loaded with ctypes (built by c_library).
+"""fsa.py's loops in C (fsa.c): the subset construction, trim's backward reach and minimization's finite
+classes; a plain C library loaded with ctypes (built by c_library).
 
-runtime/constrained/regex/native_subsets.py lays an NFA out as the arrays it reads; without the library (no
-compiler, RADIXLANG_NATIVE_MASKS=0) fsa.subsets takes its Python path, to the same DFA.
+runtime/constrained/regex/native_fsa.py lays automata out as the arrays it reads; without the library (no
+compiler, RADIXLANG_NATIVE_MASKS=0) fsa.py takes its Python paths, to the same DFAs.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ OK, TOO_LARGE, DEADLINE, NO_MEMORY = 0, 1, 2, 3
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, built on first call; None where it cannot be. Arrays pass as addresses
-    (c_library.address), C-contiguous, of the dtypes subsets.c names."""
-    lib = load("subsets.c")
+    (c_library.address), C-contiguous, of the dtypes fsa.c names."""
+    lib = load("fsa.c")
     if lib is None:
         return None
     lib.rl_subsets.argtypes = [N, PTR, PTR, PTR, PTR, PTR, N, PTR, PTR, PTR, ctypes.c_int32, N, N, ctypes.c_double]
@@ -29,4 +30,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_subsets_copy.restype = None
     lib.rl_subsets_free.argtypes = [ctypes.c_void_p]
     lib.rl_subsets_free.restype = None
+    lib.rl_live.argtypes = [N, N, PTR, PTR, PTR]
+    lib.rl_live.restype = N
+    lib.rl_finite_classes.argtypes = [N, N, PTR, PTR, PTR]
+    lib.rl_finite_classes.restype = N
     return lib
