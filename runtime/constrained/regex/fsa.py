@@ -107,8 +107,9 @@ class Subsets:
         labels = label_of[self.members]
         states = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
         hit = labels >= 0
-        pairs = np.unique(np.column_stack([states[hit], labels[hit]]), axis=0)
-        return pairs[:, 0], pairs[:, 1]
+        width = int(labels.max()) + 1
+        pairs = np.unique(states[hit] * width + labels[hit])  # by state, then label
+        return pairs // width, pairs % width
 
 
 def subsets(nfa: Nfa, start: int, num_symbols: int, limit: int | None = None) -> tuple[np.ndarray, Subsets]:

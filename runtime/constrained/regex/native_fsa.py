@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,20 +37,17 @@ def subsets(nfa: Nfa, start: int, num_symbols: int, limit: int) -> tuple[int, np
     eps_flat = np.fromiter(itertools.chain.from_iterable(eps), np.int32, int(eps_ptr[-1]))
     edge_ptr = _offsets(edges, n)
     num_edges = int(edge_ptr[-1])
-    symbols: tuple = ()
-    targets: tuple = ()
-    if num_edges:
-        symbols, targets = zip(*itertools.chain.from_iterable(edges))
-    keys = np.fromiter(map(id, symbols), np.uint64, num_edges)
+    flat = list(itertools.chain.from_iterable(edges))  # (symbols, target) pairs, by state
+    keys = np.fromiter(map(id, map(operator.itemgetter(0), flat)), np.uint64, num_edges)
     _, first, edge_set = np.unique(keys, return_index=True, return_inverse=True)
-    sets = [symbols[i] for i in first.tolist()]
+    sets = [flat[i][0] for i in first.tolist()]
     set_ptr = _offsets(sets, len(sets))
     set_symbols = np.fromiter(itertools.chain.from_iterable(sets), np.int32, int(set_ptr[-1]))
     important = (edge_ptr[1:] > edge_ptr[:-1]).astype(np.uint8)
     important[list(nfa.accepts)] = 1
     important[start] = 1
     edge_set = np.ascontiguousarray(edge_set.ravel(), np.int32)
-    edge_target = np.fromiter(targets, np.int32, num_edges)
+    edge_target = np.fromiter(map(operator.itemgetter(1), flat), np.int32, num_edges)
     when = deadline.at()
     handle = lib.rl_subsets(n, address(eps_ptr), address(eps_flat), address(edge_ptr), address(edge_set),
                             address(edge_target), len(sets), address(set_ptr), address(set_symbols),
