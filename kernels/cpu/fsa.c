@@ -551,3 +551,129 @@ int64_t rl_finite_classes(int64_t n, int64_t k, const int64_t *trans, const int6
     free(order);
     return count < 0 ? -1 : 0;
 }
+
+/* fsa.refine to the end (minimize's partition): Hopcroft's algorithm, O(k n log n) where Moore's rounds grow
+   with the DFA's depth. The dead state is state n, a block of its own; two states share a block iff they agree
+   on every string (alive or dead, and the label). Same partition as fsa.refine, numbered otherwise (minimize
+   reads the partition alone). Writes each state's block to `block`; returns the number of blocks, or -1 out of
+   memory. */
+typedef struct {
+    int64_t label;
+    int32_t state;
+} Keyed;
+
+static int cmp_keyed(const void *a, const void *b) {
+    const Keyed *x = a, *y = b;
+    if (x->label != y->label) return (x->label > y->label) - (x->label < y->label);
+    return (x->state > y->state) - (x->state < y->state);
+}
+
+int64_t rl_refine(int64_t n, int64_t k, const int64_t *trans, const int64_t *labels, int64_t *block) {
+    int64_t m = n + 1, count = 0, result = -1; /* states and the dead one */
+    int64_t *inv_ptr = calloc((size_t)(m * k + 1), sizeof(int64_t));
+    int32_t *inv = malloc((size_t)(m * k + 1) * sizeof(int32_t));
+    int32_t *elems = malloc((size_t)m * sizeof(int32_t)), *loc = malloc((size_t)m * sizeof(int32_t));
+    int32_t *block_of = malloc((size_t)m * sizeof(int32_t));
+    int32_t *first = malloc((size_t)m * sizeof(int32_t)), *end = malloc((size_t)m * sizeof(int32_t));
+    int32_t *marked = calloc((size_t)m, sizeof(int32_t)), *touched = malloc((size_t)m * sizeof(int32_t));
+    int32_t *found = malloc((size_t)m * sizeof(int32_t));
+    uint8_t *queued = calloc((size_t)(m * k + 1), 1);
+    int64_t *queue = malloc((size_t)(m * k + 1) * sizeof(int64_t)); /* (block * k + symbol), a stack */
+    Keyed *keyed = malloc((size_t)(n ? n : 1) * sizeof(Keyed));
+    if (!inv_ptr || !inv || !elems || !loc || !block_of || !first || !end || !marked || !touched || !found ||
+        !queued || !queue || !keyed)
+        goto out;
+    /* who moves into t on c: inv[inv_ptr[t * k + c]..inv_ptr[t * k + c + 1]) */
+#define TARGET(s, c) ((s) == n || trans[(s) * k + (c)] < 0 ? n : trans[(s) * k + (c)])
+    for (int64_t s = 0; s < m; s++)
+        for (int64_t c = 0; c < k; c++) inv_ptr[TARGET(s, c) * k + c + 1]++;
+    for (int64_t i = 0; i < m * k; i++) inv_ptr[i + 1] += inv_ptr[i];
+    for (int64_t s = 0; s < m; s++)
+        for (int64_t c = 0; c < k; c++) inv[inv_ptr[TARGET(s, c) * k + c]++] = (int32_t)s;
+    for (int64_t i = m * k; i > 0; i--) inv_ptr[i] = inv_ptr[i - 1];
+    inv_ptr[0] = 0;
+#undef TARGET
+    /* the first blocks: by label, the dead state alone last */
+    for (int64_t s = 0; s < n; s++) keyed[s] = (Keyed){labels[s], (int32_t)s};
+    qsort(keyed, (size_t)n, sizeof(Keyed), cmp_keyed);
+    for (int64_t i = 0; i < n; i++) {
+        if (!i || keyed[i].label != keyed[i - 1].label) {
+            if (i) end[count - 1] = (int32_t)i;
+            first[count++] = (int32_t)i;
+        }
+        elems[i] = keyed[i].state;
+        loc[keyed[i].state] = (int32_t)i;
+        block_of[keyed[i].state] = (int32_t)(count - 1);
+    }
+    if (n) end[count - 1] = (int32_t)n;
+    first[count] = (int32_t)n;
+    end[count] = (int32_t)m;
+    elems[n] = (int32_t)n;
+    loc[n] = (int32_t)n;
+    block_of[n] = (int32_t)count++;
+    int64_t top = 0;
+    for (int64_t b = 0; b < count; b++)
+        for (int64_t c = 0; c < k; c++) {
+            queue[top++] = b * k + c;
+            queued[b * k + c] = 1;
+        }
+    while (top) {
+        int64_t splitter = queue[--top], b = splitter / k, c = splitter % k;
+        queued[splitter] = 0;
+        /* the states moving into b on c, found first (marking reorders blocks, b among them) */
+        int64_t num_found = 0, num_touched = 0;
+        for (int32_t i = first[b]; i < end[b]; i++) {
+            int64_t t = elems[i];
+            for (int64_t p = inv_ptr[t * k + c]; p < inv_ptr[t * k + c + 1]; p++) found[num_found++] = inv[p];
+        }
+        for (int64_t i = 0; i < num_found; i++) { /* marked states move to the front of their block */
+            int32_t s = found[i], y = block_of[s], at = first[y] + marked[y], other = elems[at];
+            if (!marked[y]) touched[num_touched++] = y;
+            elems[loc[s]] = other;
+            loc[other] = loc[s];
+            elems[at] = s;
+            loc[s] = at;
+            marked[y]++;
+        }
+        for (int64_t i = 0; i < num_touched; i++) {
+            int32_t y = touched[i], size = end[y] - first[y], split = marked[y];
+            marked[y] = 0;
+            if (split == size) continue;
+            /* the smaller part becomes the new block z */
+            int32_t z = (int32_t)count++;
+            if (split <= size - split) {
+                first[z] = first[y];
+                end[z] = first[y] + split;
+                first[y] = end[z];
+            } else {
+                first[z] = first[y] + split;
+                end[z] = end[y];
+                end[y] = first[z];
+            }
+            for (int32_t j = first[z]; j < end[z]; j++) block_of[elems[j]] = z;
+            /* where (y, d) waits, it now stands for y's rest and z needs its own; where it does not, the
+               smaller part is enough: z either way */
+            for (int64_t d = 0; d < k; d++) {
+                queued[z * k + d] = 1;
+                queue[top++] = z * k + d;
+            }
+        }
+    }
+    for (int64_t s = 0; s < n; s++) block[s] = block_of[s];
+    result = count;
+out:
+    free(inv_ptr);
+    free(inv);
+    free(elems);
+    free(loc);
+    free(block_of);
+    free(first);
+    free(end);
+    free(marked);
+    free(touched);
+    free(found);
+    free(queued);
+    free(queue);
+    free(keyed);
+    return result;
+}

@@ -1,5 +1,5 @@
-"""fsa.py's loops in C (fsa.c): the subset construction, trim's backward reach and minimization's finite
-classes; a plain C library loaded with ctypes (built by c_library).
+"""fsa.py's loops in C (fsa.c): the subset construction, trim's backward reach, minimization's finite classes
+and its partition refinement (Hopcroft's); a plain C library loaded with ctypes (built by c_library).
 
 runtime/constrained/regex/native_fsa.py lays automata out as the arrays it reads; without the library (no
 compiler, RADIXLANG_NATIVE_MASKS=0) fsa.py takes its Python paths, to the same DFAs.
@@ -34,4 +34,6 @@ def library() -> ctypes.CDLL | None:
     lib.rl_live.restype = N
     lib.rl_finite_classes.argtypes = [N, N, PTR, PTR, PTR]
     lib.rl_finite_classes.restype = N
+    lib.rl_refine.argtypes = [N, N, PTR, PTR, PTR]
+    lib.rl_refine.restype = N
     return lib

@@ -265,11 +265,16 @@ def _live(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The quotient by `refine`; the start state stays 0. `refine` starts from `_finite_classes`:
     Moore's rounds grow with the DFA's depth (thousands on an unrolled length bound), and there
-    the finite part is exact in one pass."""
-    labels = native_fsa.finite_classes(trans, accept) if native_fsa.available() else None
+    the finite part is exact in one pass. Natively (kernels/cpu/fsa.c) both are C, the refinement
+    Hopcroft's: the same partition, so the same DFA."""
+    native = native_fsa.available()
+    labels = native_fsa.finite_classes(trans, accept) if native else None
     if labels is None:
         labels = _finite_classes(trans, accept)
-    _, first, block = np.unique(refine(trans, labels), return_index=True, return_inverse=True)
+    blocks = native_fsa.refine(trans, labels) if native else None
+    if blocks is None:
+        blocks = refine(trans, labels)
+    _, first, block = np.unique(blocks, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # blocks numbered by first member, so start's block is 0
     part, reps = rank[block.ravel()], np.sort(first)
     return np.where(trans[reps] >= 0, part[np.maximum(trans[reps], 0)], -1), accept[reps]

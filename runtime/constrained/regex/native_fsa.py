@@ -1,6 +1,6 @@
 """fsa.py's loops in C (kernels/cpu/fsa.c): the subset construction (the NFA laid out as flat arrays, its
 rows and subsets copied back; the same DFA, numbered alike, as the Python path: test_fsa checks it), trim's
-backward reach and minimization's finite classes.
+backward reach, and minimization's finite classes and partition refinement (each the Python path's partition).
 
 The layout is a few passes over the NFA's lists at C speed (map, chain, np.fromiter), no Python loop per
 state or edge. Edges read symbol sequences that many edges share (an alphabet's class members): they are
@@ -94,5 +94,16 @@ def finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray | None:
     trans, accept = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(accept, np.int64)
     out = np.empty(len(trans), np.int64)
     if lib.rl_finite_classes(len(trans), trans.shape[1], address(trans), address(accept), address(out)):
+        return None
+    return out
+
+
+def refine(trans: np.ndarray, labels: np.ndarray) -> np.ndarray | None:
+    """fsa.refine's partition to the end (not its numbers), by Hopcroft's algorithm; None out of memory."""
+    lib = native.library()
+    assert lib is not None
+    trans, labels = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(labels, np.int64)
+    out = np.empty(len(trans), np.int64)
+    if lib.rl_refine(len(trans), trans.shape[1], address(trans), address(labels), address(out)) < 0:
         return None
     return out
