@@ -1,7 +1,8 @@
-/* runtime/constrained/regex/fsa.py's loops in C (kernels/cpu/fsa.py loads this). First the subset construction
-(`subsets`).
+/* runtime/constrained/regex/fsa.py's loops in C (kernels/cpu/fsa.py loads this): the subset construction
+(`subsets`), then trimming's backward reach and minimization's two partitions (`_finite_classes`, `refine`).
+Each gives what the Python path gives (test_fsa compares them), so a DFA does not depend on which ran.
 
-The same DFA, numbered alike: a DFA state is the sorted set of the "important" NFA states it holds (those that
+The subset construction: the same DFA, numbered alike: a DFA state is the sorted set of the "important" NFA states it holds (those that
 read or accept, and the start; the rest only pass on, so sets that differ in those alone are one state), the
 start's closure is state 0, and states are numbered as first met: row by row, each row from symbol 0 up.
 
@@ -400,8 +401,7 @@ void rl_subsets_free(Result *r) {
     free(r);
 }
 
-/* Minimization's loops over a DFA (trans [n, k], -1: dead; accept [n], -1: none), as fsa.py's trim and
-   _finite_classes compute them. */
+/* Trimming and minimization over a DFA (trans [n, k], -1: dead; accept [n], -1: none). */
 
 /* The distinct successors of each state as predecessor lists: preds[ptr[t]..ptr[t + 1]) are the states
    with a move into t, each once, ascending; `out_degree` counts each state's distinct successors. */
