@@ -48,6 +48,9 @@ def subsets(nfa: Nfa, start: int, num_symbols: int, limit: int) -> tuple[int, np
     important[start] = 1
     edge_set = np.ascontiguousarray(edge_set.ravel(), np.int32)
     edge_target = np.fromiter(map(operator.itemgetter(1), flat), np.int32, num_edges)
+    for values, bound in ((set_symbols, num_symbols), (eps_flat, n), (edge_target, n)):  # C indexes by them
+        if len(values) and not (0 <= int(values.min()) and int(values.max()) < bound):
+            raise IndexError(f"an NFA's symbol or state is out of range (0..{bound - 1})")
     when = deadline.at()
     handle = lib.rl_subsets(n, address(eps_ptr), address(eps_flat), address(edge_ptr), address(edge_set),
                             address(edge_target), len(sets), address(set_ptr), address(set_symbols),
@@ -78,32 +81,28 @@ def _offsets(lists: list, n: int) -> np.ndarray:
 
 def live(trans: np.ndarray, accept: np.ndarray) -> np.ndarray | None:
     """The states that reach an accepting one (bool [S]); None out of memory."""
-    lib = native.library()
-    assert lib is not None
-    trans, accept = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(accept, np.int64)
-    out = np.empty(len(trans), np.uint8)
-    if lib.rl_live(len(trans), trans.shape[1], address(trans), address(accept), address(out)):
-        return None
-    return out.view(bool)
+    out = _over_dfa("rl_live", trans, accept, np.uint8)
+    return None if out is None else out.view(bool)
 
 
 def finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray | None:
     """fsa._finite_classes's partition (not its numbers); None out of memory."""
-    lib = native.library()
-    assert lib is not None
-    trans, accept = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(accept, np.int64)
-    out = np.empty(len(trans), np.int64)
-    if lib.rl_finite_classes(len(trans), trans.shape[1], address(trans), address(accept), address(out)):
-        return None
-    return out
+    return _over_dfa("rl_finite_classes", trans, accept, np.int64)
 
 
 def refine(trans: np.ndarray, labels: np.ndarray) -> np.ndarray | None:
     """fsa.refine's partition to the end (not its numbers), by Hopcroft's algorithm; None out of memory."""
+    return _over_dfa("rl_refine", trans, labels, np.int64)
+
+
+def _over_dfa(name: str, trans: np.ndarray, labels: np.ndarray, dtype: type) -> np.ndarray | None:
+    """One of fsa.c's functions of (n, k, trans, labels, out [n]); None where it ran out of memory."""
     lib = native.library()
     assert lib is not None
     trans, labels = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(labels, np.int64)
-    out = np.empty(len(trans), np.int64)
-    if lib.rl_refine(len(trans), trans.shape[1], address(trans), address(labels), address(out)) < 0:
+    if trans.size and not (-1 <= int(trans.min()) and int(trans.max()) < len(trans)):  # C indexes by them
+        raise IndexError(f"a DFA's move is out of range (-1..{len(trans) - 1})")
+    out = np.empty(len(trans), dtype)
+    if getattr(lib, name)(len(trans), trans.shape[1], address(trans), address(labels), address(out)) < 0:
         return None
     return out
