@@ -102,7 +102,7 @@ def _over_dfa(name: str, trans: np.ndarray, labels: np.ndarray, dtype: type) -> 
     trans, labels = np.ascontiguousarray(trans, np.int64), np.ascontiguousarray(labels, np.int64)
     if trans.size and not (-1 <= int(trans.min()) and int(trans.max()) < len(trans)):  # C indexes by them
         raise IndexError(f"a DFA's move is out of range (-1..{len(trans) - 1})")
-    out = np.empty(len(trans), dtype)
+    out: np.ndarray = np.empty(len(trans), dtype)
     if getattr(lib, name)(len(trans), trans.shape[1], address(trans), address(labels), address(out)) < 0:
         return None
     return out
