@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	# the native AVX2 block kernel for GGUF low-bit weights (kernels/cpu/block_kernel.py), built now so that no
 	# process serves its first minute on the int4pack fallback; without g++ or AVX2 it says so and int4pack stays
 	$(PY) -m radixlang.kernels.cpu.block_kernel
-	$(PY) -m radixlang.kernels.cpu.token_walk
+	$(PY) -m radixlang.kernels.cpu.token_walk  # and fsa.py's loops (kernels/cpu/fsa.c)
 	touch $(STAMP)
 
 install: $(STAMP)

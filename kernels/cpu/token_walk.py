@@ -5,76 +5,27 @@ A cold token mask is one walk of the vocabulary trie from a DFA state. numpy wal
 for a dense one. In C the walk costs its live prefixes (a few microseconds), and a dense state's loop is
 skipped (token_walk.c says how).
 
-The library is compiled here with the system C compiler (`cc -O2`, well under a second) at first use, kept in
-the cache folder (RADIXLANG_KERNEL_DIR, else cache_dir()/kernels) under a hash of the source and the compiler's
-version, built to a temporary name then renamed. No compiler, a failed build, or RADIXLANG_NATIVE_MASKS=0:
-`library()` is None and masks take the numpy walk (same masks, slower).
+The library is built and loaded by c_library (compiled at first use, cached by source hash). No compiler, a failed
+build, or RADIXLANG_NATIVE_MASKS=0: `library()` is None and masks take the numpy walk (same masks, slower).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import threading
-from pathlib import Path
 
-import numpy as np
-
-logger = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("token_walk.c")
-FLAGS = ("-O2", "-shared", "-fPIC", "-std=c11")
-_lock = threading.Lock()
-
-_PTR = ctypes.c_void_p  # arrays pass as their addresses (numpy's ndpointer checks cost ~10 us per argument)
-_N = ctypes.c_int64
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(compiler: str) -> Path:
-    from ...cache_dir import cache_dir
-
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), compiler, version]).encode()).hexdigest()[:16]
-    path = Path(os.environ.get("RADIXLANG_KERNEL_DIR") or cache_dir() / "kernels") / f"token_walk-{key}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed ({done.returncode}): {done.stderr[-2000:]}")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+from .c_library import PTR as _PTR
+from .c_library import N as _N
+from .c_library import load
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, built on first call; None where it cannot be (the numpy walk is used). Its
-    functions take arrays as addresses (`address`): C-contiguous, of the dtypes token_walk.c names."""
-    if os.environ.get("RADIXLANG_NATIVE_MASKS", "1") == "0":
+    functions take arrays as addresses (c_library.address): C-contiguous, of the dtypes token_walk.c names."""
+    lib = load("token_walk.c")
+    if lib is None:
         return None
-    compiler = _compiler()
-    if compiler is None:
-        logger.info("no C compiler: token masks take the numpy walk")
-        return None
-    with _lock:
-        try:
-            lib = ctypes.CDLL(str(_build(compiler)))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            logger.warning("the native token walk did not build (%s): token masks take the numpy walk", e)
-            return None
     lib.rl_trie_bytes.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_trie_bytes.restype = None
     lib.rl_tokens_within.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
@@ -99,14 +50,8 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def address(array: np.ndarray | None) -> int | None:
-    """A C-contiguous array's address for the library's functions (None: a null pointer)."""
-    if array is None:
-        return None
-    assert array.flags.c_contiguous, "the native walk reads arrays in C order"
-    return array.ctypes.data
-
-
 if __name__ == "__main__":  # `make install`: build (or find) the library now
     logging.basicConfig(level=logging.INFO)
     print("token walk: " + ("ready" if library() is not None else "unavailable; token masks take the numpy walk"))
+    from . import fsa
+    print("automata loops: " + ("ready" if fsa.library() is not None else "unavailable; regexes determinize in Python"))

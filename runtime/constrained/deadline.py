@@ -42,3 +42,10 @@ def check() -> None:
     held = _DEADLINE.get()
     if held is not None and time.monotonic() > held[0]:
         raise CompileDeadline("the deadline passed")
+
+
+def at() -> float | None:
+    """The installed deadline as a `time.monotonic()` time (None: none), for native loops that read the clock
+    themselves (fsa's subset construction in C)."""
+    held = _DEADLINE.get()
+    return None if held is None else held[0]

@@ -54,12 +54,14 @@ def merged_body(bodies: list[ra.Node], linked: dict[ra.Node, LinkedBody] | None 
         trans, states = subsets(nfa, start, len(letters.symbols), limit=MAX_MERGED_STATES)
     except ConstraintTooLarge:
         return None
-    ended = [{nfa.accepts[q] for q in subset if q in nfa.accepts} for subset in states]  # members ending there
+    ended: list[set[int]] = [set() for _ in range(len(trans))]  # members ending there
+    for state, member in zip(*(a.tolist() for a in states.accepted(nfa.accepts))):
+        ended[state].add(member)
     if not any(len(members) > 1 for members in ended):
         return None
     src, col = np.nonzero(trans >= 0)
     edges = tuple((s, letters.symbols[c], int(trans[s, c])) for s, c in zip(src.tolist(), col.tolist()))
-    return ra.Graph(len(states), edges, tuple(q for q, members in enumerate(ended) if members))
+    return ra.Graph(len(trans), edges, tuple(q for q, members in enumerate(ended) if members))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from ....kernels.cpu.token_walk import address, library
+from ....kernels.cpu.c_library import address
+from ....kernels.cpu.token_walk import library
 from ..regex.automaton import Dfa
 from .vocab_trie import VocabTrie
 from .vocab_trie import expand_ranges as _expand

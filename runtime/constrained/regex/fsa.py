@@ -8,12 +8,14 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from ...config import MAX_DFA_STATES, MAX_NFA_STATES
 from .. import deadline
+from . import native_fsa
 
 
 class ConstraintTooLarge(ValueError):
@@ -71,28 +73,75 @@ def determinize(nfa: Nfa, start: int, num_symbols: int, drop_start_accept: bool 
     Given `readings` (an empty list), a state's label instead numbers the tuple of all the labels it
     accepts, appended there (a grammar's lexer that reads each terminal a lexeme matches). Over `limit`
     states (MAX_DFA_STATES if None) it raises ConstraintTooLarge."""
-    trans, order = subsets(nfa, start, num_symbols, limit)
-    accepts = nfa.accepts
-    accepting = frozenset(accepts)
+    trans, sets = subsets(nfa, start, num_symbols, limit)
+    states, labels = sets.accepted(nfa.accepts)
+    accept = np.full(len(trans), -1, np.int64)
+    firsts = np.flatnonzero(np.diff(states, prepend=-1))  # each accepting state's lowest label, then the rest
     if readings is None:
-        accept = np.array([min([accepts[q] for q in hits]) if (hits := d & accepting) else -1 for d in order])
+        accept[states[firsts]] = labels[firsts]
     else:
         ids: dict[tuple[int, ...], int] = {}
-        accept = np.array([ids.setdefault(tuple(sorted({accepts[q] for q in hits})), len(ids))
-                           if (hits := d & accepting) else -1 for d in order])
+        bounds = [*firsts.tolist(), len(states)]
+        accept[states[firsts]] = [ids.setdefault(tuple(labels[lo:hi].tolist()), len(ids))
+                                  for lo, hi in itertools.pairwise(bounds)]
         readings.extend(ids)
     if drop_start_accept:
         accept[0] = -1
     return minimize(*trim(trans, accept))
 
 
-def subsets(nfa: Nfa, start: int, num_symbols: int,
-            limit: int | None = None) -> tuple[np.ndarray, list[frozenset[int]]]:
+@dataclass(frozen=True, slots=True)
+class Subsets:
+    """Each DFA state's subset of the subset construction (see `subsets`): members[ptr[s]:ptr[s + 1]], sorted."""
+    ptr: np.ndarray  # [S + 1]
+    members: np.ndarray
+
+    def accepted(self, accepts: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """(states, labels): every label a DFA state accepts (`accepts`: an NFA state's label), each once, by
+        state then label."""
+        if not accepts or not len(self.members):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        keys = np.fromiter(accepts, np.int64, len(accepts))
+        label_of = np.full(max(int(keys.max()), int(self.members.max())) + 1, -1, np.int64)
+        label_of[keys] = np.fromiter(accepts.values(), np.int64, len(accepts))
+        labels = label_of[self.members]
+        states = np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
+        hit = labels >= 0
+        width = int(labels.max()) + 1
+        pairs = np.unique(states[hit] * width + labels[hit])  # by state, then label
+        return pairs // width, pairs % width
+
+
+def subsets(nfa: Nfa, start: int, num_symbols: int, limit: int | None = None) -> tuple[np.ndarray, Subsets]:
     """The subset construction alone: the DFA's rows [S, num_symbols] (-1: dead; state 0 is the start)
     and each state's subset. Over `limit` states (MAX_DFA_STATES if None) it raises ConstraintTooLarge.
 
-    Subsets are frozensets of the NFA states that read or accept (the rest only pass on, so subsets
-    that differ in those alone are one state); their hashes are cached, and their size tracks the
+    Subsets are sets of the NFA states that read or accept, and the start (the rest only pass on, so
+    subsets that differ in those alone are one state). States are numbered as first met: row by row, each
+    row from symbol 0 up, so the native construction (native_fsa, kernels/cpu/fsa.c) numbers them
+    alike; it is taken where it is built, else `_subsets` (the same DFA)."""
+    bound = MAX_DFA_STATES if limit is None else limit
+    if native_fsa.available():
+        status, trans, ptr, members = native_fsa.subsets(nfa, start, num_symbols, bound)
+        if status == native_fsa.native.TOO_LARGE:
+            raise too_large(bound)
+        if status == native_fsa.native.DEADLINE:
+            deadline.check()
+            raise deadline.CompileDeadline("the deadline passed")
+        if status != native_fsa.native.OK:
+            raise MemoryError("the subset construction ran out of memory")
+        return trans, Subsets(ptr, members)
+    trans, order = _subsets(nfa, start, num_symbols, limit)
+    ptr = np.zeros(len(order) + 1, np.int64)
+    np.cumsum([len(d) for d in order], out=ptr[1:])
+    return trans, Subsets(ptr, np.fromiter(itertools.chain.from_iterable(map(sorted, order)), np.int64, int(ptr[-1])))
+
+
+def _subsets(nfa: Nfa, start: int, num_symbols: int,
+             limit: int | None = None) -> tuple[np.ndarray, list[frozenset[int]]]:
+    """`subsets` in Python: the rows and each state's subset.
+
+    Subsets are frozensets; their hashes are cached, and their size tracks the
     subset, not the NFA (a bitset of a 100k-state NFA costs 12 KiB to hash). A state's edges are
     grouped by symbol set first, and the sets refined into the disjoint parts that read alike (`_Layout`,
     built once per list of symbol sets, as many states read alike): each part costs one union and one
@@ -161,6 +210,7 @@ class _Layout:
             if rest:
                 refined.append((rest, (g,)))
             parts = refined
+        parts.sort(key=lambda part: min(part[0]))  # looked up in the order of their first symbols (`subsets`)
         self.parts = [which for _, which in parts]
         part_of = [-1] * num_symbols  # -1: the last state given to pick, dead
         for p, (symbols_of_part, _) in enumerate(parts):
@@ -187,6 +237,17 @@ def state_id(ids: dict[K, int], order: list[K], key: K, limit: int | None = None
 
 def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Removes states that cannot reach acceptance (start is kept as state 0 even if dead)."""
+    live = native_fsa.live(trans, accept) if native_fsa.available() else None
+    if live is None:
+        live = _live(trans, accept)
+    live[0] = True
+    new_id = np.cumsum(live) - 1
+    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
+    return trans, accept[live]
+
+
+def _live(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """`trim`'s live states in Python: those that reach an accepting state."""
     ptr, preds = (a.tolist() for a in _predecessors(trans))
     stack = np.flatnonzero(accept >= 0).tolist()
     seen = set(stack)
@@ -198,18 +259,22 @@ def trim(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]
                 stack.append(s)
     live = np.zeros(len(trans), bool)
     live[list(seen)] = True
-    live[0] = True
-    new_id = np.cumsum(live) - 1
-    trans = np.where((trans >= 0) & live[np.maximum(trans, 0)], new_id[np.maximum(trans, 0)], -1)[live]
-    return trans, accept[live]
+    return live
 
 
 def minimize(trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The quotient by `refine`; the start state stays 0. `refine` starts from `_finite_classes`:
     Moore's rounds grow with the DFA's depth (thousands on an unrolled length bound), and there
-    the finite part is exact in one pass."""
-    labels = _finite_classes(trans, accept)
-    _, first, block = np.unique(refine(trans, labels), return_index=True, return_inverse=True)
+    the finite part is exact in one pass. Natively (kernels/cpu/fsa.c) both are C, the refinement
+    Hopcroft's: the same partition, so the same DFA."""
+    native = native_fsa.available()
+    labels = native_fsa.finite_classes(trans, accept) if native else None
+    if labels is None:
+        labels = _finite_classes(trans, accept)
+    blocks = native_fsa.refine(trans, labels) if native else None
+    if blocks is None:
+        blocks = refine(trans, labels)
+    _, first, block = np.unique(blocks, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # blocks numbered by first member, so start's block is 0
     part, reps = rank[block.ravel()], np.sort(first)
     return np.where(trans[reps] >= 0, part[np.maximum(trans[reps], 0)], -1), accept[reps]
@@ -222,7 +287,8 @@ def _finite_classes(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     infinitely many strings that do not lead to the dead state, the others finitely many.
 
     Classed a height (longest live path) at a time, as equivalent states share it: a wide height
-    as rows at once; a narrow one (chains) state by state, by its live transitions only."""
+    as rows at once; a narrow one (chains) state by state, by its live transitions only. (kernels/cpu/fsa.c's
+    rl_finite_classes gives the same partition, numbered otherwise: only the partition matters to `refine`.)"""
     n = len(trans)
     src, col = np.nonzero(trans >= 0)
     ptr = np.searchsorted(src, np.arange(n + 1)).tolist()
