@@ -90,8 +90,7 @@ def _byte_classes(trans: np.ndarray, ascii_class: np.ndarray,
     reads them alike and, for ASCII, their character classes' columns are equal (or both dead)."""
     ascii_key = np.full(256, -1, np.int64)
     if trans.shape[1]:
-        _, column = np.unique(trans, axis=1, return_inverse=True)
-        column = np.where((trans >= 0).any(axis=0), column.ravel(), -1)
+        column = np.where((trans >= 0).any(axis=0), row_ids(trans.T), -1)  # hashed: a sort of S-wide columns is slow
         ascii_key = np.where(ascii_class >= 0, column[np.maximum(ascii_class, 0)], -1)
     reads = np.column_stack([ascii_key, *(d.rows.T for d in decoders)])
     _, firsts, byte_class = np.unique(reads, axis=0, return_index=True, return_inverse=True)
