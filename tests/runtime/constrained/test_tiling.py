@@ -54,6 +54,7 @@ CASES = {  # name: (patterns, nonempty, readings, tiles)
     "a repeat inside a loop": ([parse_regex("(<(é|[a-z]){1,20}>)*")], False, False, True),
     "overlapping first characters: unrolled": ([parse_regex("(ab|c){5,30}d?"), parse_regex("a{3,20}")],
                                                True, True, False),
+    "two patterns ending at one copy: unrolled": ([string_body(20, 30), string_body(25, 40)], True, True, False),
     "an item that is not prefix-free: unrolled": ([parse_regex("(a|ab){0,20}c")], False, False, False),
 }
 
