@@ -8,8 +8,9 @@ with each such repeat as one symbol of its own (a "tile symbol": the skeleton, s
 skeleton's tile moves s -> t is then replaced by the copies, stamped by numpy:
 
 - copy 0's start is s itself (its row gains x's first moves);
-- copy i's start, once i >= max(m, 1), is also where the repeat may end: it gains t's row and label;
-- the last copy's accepting moves lead to t.
+- copy i's start (0 < i <= n; copy n is its start alone), once i >= max(m, 1), is also where the repeat may
+  end: it gains t's row and label;
+- t itself is kept only where something other than a tile move enters it.
 
 This is exact only where those merged rows read disjoint symbols (then one character decides which of
 the merged threads goes on, and the others die): `expand` checks that and returns None otherwise
