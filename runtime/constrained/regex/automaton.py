@@ -18,10 +18,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ...config import MAX_DFA_STATES
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
 from .dfa_cache import cached, current
-from .fsa import Nfa, determinize, heights, minimize, row_ids, state_id, trim
+from .fsa import Nfa, determinize, heights, minimize, row_ids, state_id, too_large, trim
+from .tiling import Tile, expand, item_rows
 from .utf8 import char_to_byte_dfa
 
 
@@ -129,12 +131,14 @@ def own_chars(patterns: list[ra.Node], nonempty: bool, readings: bool = False,
 
 
 def thompson(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool,
-             embedded: list[tuple[int, int, CharDfa]] | None = None) -> tuple[Nfa, int]:
+             embedded: list[tuple[int, int, CharDfa]] | None = None,
+             tiled: dict[ra.Node, int] | None = None) -> tuple[Nfa, int]:
     """The NFA (and its start) that `compile_dfa` determinizes: pattern i's end accepts label i; with
     `nonempty` the start is a state of its own that nothing leads back into. Given `embedded` (a list), a
     compiled DFA (`ra.Compiled`) is not copied in state by state: (entry, exit, dfa) is appended there instead,
-    and the caller walks the DFA itself between the two states (lexer_probe)."""
-    builder = _Builder(alphabet, embedded)
+    and the caller walks the DFA itself between the two states (lexer_probe). Given `tiled`, each repeat there
+    reads its symbol once (see tiling), or nothing where its min is 0."""
+    builder = _Builder(alphabet, embedded, tiled)
     nfa = builder.nfa
     start = nfa.new()
     body = start
@@ -150,11 +154,53 @@ def thompson(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool,
 
 def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, readings: bool = False,
                  max_states: int | None = None) -> CharDfa:
+    """The patterns' minimal DFA: long repeats tiled (see tiling) where they can be, else all unrolled."""
+    width = len(alphabet.classes)
+    tiles = _tiles(patterns, alphabet)
+    if tiles:
+        sets: list[tuple[int, ...]] = []
+        nfa, start = thompson(patterns, alphabet, nonempty, tiled={node: width + j for j, node in enumerate(tiles)})
+        skeleton = determinize(nfa, start, width + len(tiles), drop_start_accept=nonempty,
+                               readings=sets if readings else None, limit=max_states)
+        built = expand(*skeleton, width, list(tiles.values()))
+        if built is not None:
+            trans, accept = minimize(*built)
+            if len(trans) > (limit := MAX_DFA_STATES if max_states is None else max_states):
+                raise too_large(limit)
+            return CharDfa(trans, accept, alphabet, readings=tuple(sets))
+    sets = []
     nfa, start = thompson(patterns, alphabet, nonempty)
-    sets: list[tuple[int, ...]] | None = [] if readings else None
-    trans, accept = determinize(nfa, start, len(alphabet.classes), drop_start_accept=nonempty, readings=sets,
+    trans, accept = determinize(nfa, start, width, drop_start_accept=nonempty, readings=sets if readings else None,
                                 limit=max_states)
-    return CharDfa(trans, accept, alphabet, readings=tuple(sets or ()))
+    return CharDfa(trans, accept, alphabet, readings=tuple(sets))
+
+
+_TILED_MIN_COPIES = 16  # bounded repeats from this many copies are tiled: shorter ones unroll as cheaply
+
+
+def _tiles(patterns: list[ra.Node], alphabet: Alphabet) -> dict[ra.Node, Tile]:
+    """The patterns' long bounded repeats whose item tiles (tiling.item_rows), outermost first; the insides
+    of the others are searched. Repeats of one item share its rows (tiling.expand chains them together)."""
+    tiles: dict[ra.Node, Tile] = {}
+    rows_of: dict[ra.Node, np.ndarray | None] = {}
+    stack = list(patterns)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ra.Repeat):
+            if node.max is not None and node.max >= _TILED_MIN_COPIES and node not in tiles:
+                if node.item not in rows_of:
+                    item = compile_chars([node.item], alphabet)
+                    rows_of[node.item] = item_rows(item.trans, item.accept, item.start)
+                rows = rows_of[node.item]
+                if rows is not None:
+                    tiles[node] = Tile(rows, max(node.min, 1), node.max)
+                    continue
+            stack.append(node.item)
+        elif isinstance(node, ra.Seq | ra.Alt):
+            stack.extend(node.items)
+        elif isinstance(node, ra.Graph):
+            stack.extend(n for _, n, _ in node.edges)
+    return tiles
 
 
 def _project(dfa: CharDfa, alphabet: Alphabet) -> CharDfa:
@@ -282,10 +328,12 @@ def _product(patterns: list[ra.Node], accepts: Callable[[list[bool]], bool]) -> 
 class _Builder:
     """Thompson construction over an alphabet's classes."""
 
-    def __init__(self, alphabet: Alphabet, embedded: list[tuple[int, int, CharDfa]] | None = None) -> None:
+    def __init__(self, alphabet: Alphabet, embedded: list[tuple[int, int, CharDfa]] | None = None,
+                 tiled: dict[ra.Node, int] | None = None) -> None:
         self.alphabet = alphabet
         self.nfa = Nfa()
         self.embedded = embedded
+        self.tiled = {node: (symbol,) for node, symbol in (tiled or {}).items()}  # one symbol tuple each (subsets)
 
     def build(self, node: ra.Node, s: int) -> int:
         """Adds `node` starting at state s; returns its end state."""
@@ -317,6 +365,13 @@ class _Builder:
 
     def _repeat(self, node: ra.Repeat, s: int) -> int:
         nfa = self.nfa
+        symbol = self.tiled.get(node) if self.tiled else None
+        if symbol is not None:
+            end = nfa.new()
+            nfa.edges[s].append((symbol, end))
+            if node.min == 0:
+                nfa.eps[s].append(end)
+            return end
         for _ in range(node.min):
             s = self.build(node.item, s)
         if node.max is None:

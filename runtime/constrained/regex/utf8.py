@@ -90,8 +90,11 @@ def _byte_classes(trans: np.ndarray, ascii_class: np.ndarray,
     reads them alike and, for ASCII, their character classes' columns are equal (or both dead)."""
     ascii_key = np.full(256, -1, np.int64)
     if trans.shape[1]:
-        _, column = np.unique(trans, axis=1, return_inverse=True)
-        column = np.where((trans >= 0).any(axis=0), column.ravel(), -1)
+        # each column as one opaque value: np.unique(axis=1) views an S-long column as S fields, which was most
+        # of a long chain's byte conversion (row_ids would cache hash weights per S)
+        columns = np.ascontiguousarray(trans.T)
+        keys = columns.view(np.dtype((np.void, columns.shape[1] * columns.itemsize))).ravel()
+        column = np.where((trans >= 0).any(axis=0), np.unique(keys, return_inverse=True)[1].ravel(), -1)
         ascii_key = np.where(ascii_class >= 0, column[np.maximum(ascii_class, 0)], -1)
     reads = np.column_stack([ascii_key, *(d.rows.T for d in decoders)])
     _, firsts, byte_class = np.unique(reads, axis=0, return_index=True, return_inverse=True)
