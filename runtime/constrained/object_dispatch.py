@@ -12,8 +12,9 @@ over all 256 bytes, and a state that reads a marker reads the object instead:
 - a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
   member, up front), whose final states lead on into the hub of W plus that member.
 Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
-builds the n + 1 hubs and n values it visits; a value's states past its first few bytes are laid when a walk
-first reaches one (a mask walk from a key reads a few bytes into many values it never enters). A value may
+builds the n + 1 hubs and n values it visits; a value's states past its first few bytes are laid a stretch at a
+time when a walk first reaches one (a mask walk from a key reads a few bytes into many values it never enters; a
+bounded string's chain is laid as far as a decode reads). A value may
 hold lazy objects of its own.
 """
 from __future__ import annotations
