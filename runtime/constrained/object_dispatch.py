@@ -269,10 +269,11 @@ class ObjectDispatch(GrowingDfa):
         part, finals_to, laid = hit
         layers = part.layers
         assert layers is not None
-        reach = laid + 1  # a walk stops at an unbuilt row: `state` is a byte past those laid (or not reached)
+        reach = laid + 1  # a walk stops at an unbuilt row: `state` is mostly a byte past those laid
         while layers.dist[state - offset] < 0 and not layers.done:
             layers.upto(reach)
             reach *= 2
+        assert layers.dist[state - offset] >= 0, "walks reach only states the value's start reaches"
         reach = int(layers.dist[state - offset]) + self._longest + REST_AHEAD_BYTES
         levels = layers.upto(reach)[laid + 1:]
         if layers.done and len(layers.levels) <= reach + 1:
