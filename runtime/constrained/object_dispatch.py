@@ -12,8 +12,9 @@ over all 256 bytes, and a state that reads a marker reads the object instead:
 - a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
   member, up front), whose final states lead on into the hub of W plus that member.
 Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
-builds the n + 1 hubs and n values it visits; a value's states past its first few bytes are laid when a walk
-first reaches one (a mask walk from a key reads a few bytes into many values it never enters). A value may
+builds the n + 1 hubs and n values it visits; a value's states past its first few bytes are laid a stretch at a
+time when a walk first reaches one (a mask walk from a key reads a few bytes into many values it never enters; a
+bounded string's chain is laid as far as a decode reads). A value may
 hold lazy objects of its own.
 """
 from __future__ import annotations
@@ -47,6 +48,12 @@ _RESERVED_ROWS = 4 * MAX_GROWN_STATES
 # reaches one of them: a mask walk from a hub reaches every key spelt whole by one token (`id":`, `type":`) and a
 # few bytes into its value (`":{"`), so most copies of a large value (a nested object) are only ever read there
 VALUE_HEAD_BYTES = 6
+# ... and the rest a stretch at a time: a state first reached lays the states as far from the start as it, the
+# longest token (a walk from it reads no farther) and this many bytes more (the decode's next few tokens, read
+# without a walk stopping at an unbuilt row again). A bounded string is a chain of maxLength levels (Snowplow's
+# 7,000 states): laid whole for each member set, it took 13-20 ms where a decode wrote ~15 characters (sp_47: 62 of
+# its 92 ms of cold masks)
+REST_AHEAD_BYTES = 16
 # a build for a walk also builds the waiting states this many bytes past the ones it reached: the walk, asked
 # again, would reach them next (a key's value's first byte, the hub after a value); their pieces are mostly laid
 # already, so this lays few more rows and saves a quarter of the walks that stop at an unbuilt row (rc2: 976 ->
@@ -71,26 +78,46 @@ class _Part:
     accept: np.ndarray  # [S] int32: the accepted pattern's index, or -1
     start: int
     markers: dict[int, tuple[int, int]]  # state -> (lazy object, state after the object)
-    head: np.ndarray | None = None  # a value's (_split): its states within VALUE_HEAD_BYTES of the start, laid
-    # first, and the others (`rest`) on first reach (None: laid whole)
-    rest: np.ndarray | None = None
+    classes: np.ndarray | None = None  # [S, K] the DFA over its byte classes, markers read (_part's): for searches
+    layers: _Layers | None = None  # a value's (_split; None: laid whole): its states by distance from the start
+
+
+class _Layers:
+    """A value's states by their distance from its start (breadth-first, in bytes), found as far as asked and
+    shared by its copies: a copy lays those within VALUE_HEAD_BYTES first, the others a stretch at a time on first
+    reach (_lay_rest), and a chain of 7,000 states is searched only as far as decodes go."""
+
+    def __init__(self, classes: np.ndarray, start: int):
+        self.classes = classes  # a marker reads on to the state after its object: a byte farther, for this search
+        self.levels = [np.array([start])]  # the states at each distance, as far as searched
+        self.dist = np.full(len(classes), -1, np.int64)  # -1: farther than searched, or not reached
+        self.dist[start] = 0
+
+    def upto(self, depth: int) -> list[np.ndarray]:
+        """The states at distances 0 to `depth` (fewer levels past the farthest)."""
+        while len(self.levels) <= depth and len(self.levels[-1]):
+            nxt = np.unique(self.classes[self.levels[-1]])
+            nxt = nxt[nxt >= 0]
+            nxt = nxt[self.dist[nxt] < 0]
+            self.dist[nxt] = len(self.levels)
+            self.levels.append(nxt)
+        return self.levels[:depth + 1]
+
+    @property
+    def done(self) -> bool:
+        """Whether the search has met every state the start reaches."""
+        return not len(self.levels[-1])
 
 
 def _split(part: _Part) -> _Part:
-    """`part` with its head (the states a breadth-first search from the start meets within VALUE_HEAD_BYTES
-    bytes) and the rest named, its rows shared (numbered as they are: a copy lays each set where it falls)."""
-    seen = np.zeros(len(part.trans), bool)
-    seen[part.start] = True
-    frontier = np.array([part.start])
-    for _ in range(VALUE_HEAD_BYTES):
-        nxt = np.unique(part.trans[frontier])
-        frontier = nxt[nxt >= 0][~seen[nxt[nxt >= 0]]]
-        if not len(frontier):
-            break
-        seen[frontier] = True
-    if seen.all():
+    """`part` with its layers (laid whole where every state is within VALUE_HEAD_BYTES), its rows shared
+    (numbered as they are: a copy lays each stretch where it falls)."""
+    assert part.classes is not None, "a value's part is _part's"
+    layers = _Layers(part.classes, part.start)
+    layers.upto(VALUE_HEAD_BYTES + 1)
+    if layers.done and (layers.dist >= 0).all():
         return part
-    return _Part(part.trans, part.accept, part.start, part.markers, np.flatnonzero(seen), np.flatnonzero(~seen))
+    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers)
 
 
 def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
@@ -110,7 +137,7 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
                 markers[s] = (k, int(column[s]))
     if clashes:
         raise NotLazy("objects start at one place", clashes)
-    return _Part(trans, dfa.accept, dfa.start, markers)
+    return _Part(trans, dfa.accept, dfa.start, markers, dfa.trans)
 
 
 def _reserved(rows: int) -> np.ndarray:
@@ -134,6 +161,7 @@ class ObjectDispatch(GrowingDfa):
 
     def __init__(self, root: ra.Node, objects: tuple[LazyObject, ...], vocab: TokenVocab):
         self.objects, self.vocab = objects, vocab
+        self._longest = int(vocab.lengths.max(initial=0))  # bytes: how far a walk reads (_lay_rest)
         self._lock = threading.Lock()
         # each member's value DFA, up front: a schema they do not fit is refused (or recompiled) now, naming
         # every object that does not fit, the root's too, in one NotLazy (a round recompiles the schema)
@@ -158,9 +186,10 @@ class ObjectDispatch(GrowingDfa):
                           "member starts", clashes)
         self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
         self._split: dict[tuple[int, int], _Part] = {}  # (object, member) -> its value split (_split), on first copy
-        # value copies whose rest is not laid yet: their offsets (sorted, as laid) and (part, where its finals lead)
+        # value copies whose rest is not all laid yet: their offsets (sorted, as laid) and (part, where its finals
+        # lead, the distance from the start up to which its states are laid)
         self._rest_offsets: list[int] = []
-        self._rests: dict[int, tuple[_Part, Callable[[], int]]] = {}
+        self._rests: dict[int, tuple[_Part, Callable[[], int], int]] = {}
         self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
@@ -182,18 +211,19 @@ class ObjectDispatch(GrowingDfa):
     def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Callable[[], int] | None = None) -> int:
         """Appends `part`'s rows; its markers lead into their objects' opening hubs and (with `finals_to`)
         its final states into that state's row; returns where its start state went. A value's rows past its
-        head are numbered now but laid (`_lay_rows`) when a walk first reaches one: unbuilt till then."""
+        head are numbered now but laid (`_lay_rows`, a stretch at a time) when a walk first reaches one: unbuilt till
+        then."""
         offset, count = self._size, len(part.trans)
         while offset + count > len(self._trans):
             self._trans, self._accept, self._unbuilt = (_doubled(a, offset) for a in (self._trans, self._accept,
                                                                                       self._unbuilt))
         self._accept[offset:offset + count] = np.where(part.accept >= 0, 0, -1) if keep_accept else -1
         self._size += count
-        if part.head is not None and part.rest is not None and finals_to is not None:
-            self._unbuilt[offset + part.rest] = True  # unread: a walk stops before an unbuilt row
-            self._lay_rows(part, offset, part.head, finals_to)
+        if part.layers is not None and finals_to is not None:
+            self._unbuilt[offset:offset + count] = True  # unread: a walk stops before an unbuilt row
+            self._lay_rows(part, offset, np.concatenate(part.layers.upto(VALUE_HEAD_BYTES)), finals_to)
             self._rest_offsets.append(offset)
-            self._rests[offset] = (part, finals_to)
+            self._rests[offset] = (part, finals_to, VALUE_HEAD_BYTES)
         else:
             self._lay_rows(part, offset, None, finals_to)
         return offset + part.start
@@ -224,8 +254,9 @@ class ObjectDispatch(GrowingDfa):
         self._unbuilt[offset:offset + count][built] = False
 
     def _lay_rest(self, state: int) -> None:
-        """Lays the rest of the value copy holding `state`, if `state` is in a rest not laid yet (unbuilt, and
-        not waiting on another row)."""
+        """Lays the next stretch of the value copy holding `state`, if `state` is in a rest not laid yet
+        (unbuilt, and not waiting on another row): the states up to the longest token and REST_AHEAD_BYTES farther
+        from the start than `state`."""
         if not self._rests or not self._unbuilt[state] or state in self._pending:
             return
         at = bisect.bisect_right(self._rest_offsets, state) - 1
@@ -235,9 +266,22 @@ class ObjectDispatch(GrowingDfa):
         hit = self._rests.get(offset)
         if hit is None or state >= offset + len(hit[0].trans):
             return
-        part, finals_to = hit
-        del self._rests[offset]  # the offset stays listed: a later lookup finds it laid
-        self._lay_rows(part, offset, part.rest, finals_to)
+        part, finals_to, laid = hit
+        layers = part.layers
+        assert layers is not None
+        reach = laid + 1  # a walk stops at an unbuilt row: `state` is mostly a byte past those laid
+        while layers.dist[state - offset] < 0 and not layers.done:
+            layers.upto(reach)
+            reach *= 2
+        assert layers.dist[state - offset] >= 0, "walks reach only states the value's start reaches"
+        reach = int(layers.dist[state - offset]) + self._longest + REST_AHEAD_BYTES
+        levels = layers.upto(reach)[laid + 1:]
+        if layers.done and len(layers.levels) <= reach + 1:
+            del self._rests[offset]  # the offset stays listed: a later lookup finds it laid
+        else:
+            self._rests[offset] = (part, finals_to, reach)
+        if levels:
+            self._lay_rows(part, offset, np.concatenate(levels), finals_to)
 
     def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
         """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""

@@ -191,10 +191,12 @@ def test_masks_in_bounded_strings_of_a_lazily_built_table_match_brute_force(comp
 
 
 def test_values_laid_in_two_runs_give_the_masks_of_values_laid_whole(vocab, monkeypatch):
-    """A value's copy lays its first VALUE_HEAD_BYTES bytes' states, and the rest when a walk first reaches
-    one (most copies, reached by a mask walk a few bytes past a key, stay partly unlaid): along a walk through
-    long values (enums, a small object in any order, a bounded string) the masks equal those of the same
-    table laid whole, and each token's bytes fed one at a time at a few states; the table left rests unlaid."""
+    """A value's copy lays its first VALUE_HEAD_BYTES bytes' states, and the rest a stretch at a time when a walk
+    first reaches one (most copies, reached by a mask walk a few bytes past a key, stay partly unlaid; a long
+    bounded string is laid only as far as the decode reads, plus a token): along a walk through long values
+    (enums, a small object in any order, a bounded string read through several stretches) the masks equal those
+    of the same table laid whole, and each token's bytes fed one at a time at a few states; the table left rests
+    unlaid, the bounded string's among them."""
     import radixlang.runtime.constrained.object_dispatch as object_dispatch
     from radixlang.runtime.constrained.compiler import ConstraintCompiler
 
@@ -202,19 +204,22 @@ def test_values_laid_in_two_runs_give_the_masks_of_values_laid_whole(vocab, monk
                                                "age": DIGIT}, "additionalProperties": False}
     schema = {"type": "object", "properties": {
         **{f"p{i}": DIGIT for i in range(N - 3)}, "order": {"enum": ["alphabetical", "chronological", "numerical"]},
-        "who": person, "note": {"type": "string", "maxLength": 20}}, "required": ["who"],
+        "who": person, "note": {"type": "string", "maxLength": 400}}, "required": ["who"],
         "additionalProperties": {"enum": ["alphabetical", "chronological"]}}  # an undeclared key's `":` leads into it
     split = ConstraintCompiler(lambda: vocab).compile("json_schema", schema)
     whole = ConstraintCompiler(lambda: vocab).compile("json_schema", schema)
     assert isinstance(split, ObjectDispatch) and isinstance(whole, ObjectDispatch)
+    note = "first computer, " * 10  # 160 bytes: past the first stretch, short of the bound
     text = ('{"p2":3,"order":"chronological","who":{"last_name":"Lovelace","age":5,"first_name":"Ada"},'
-            '"note":"first computer","x":"alphabetical","p0":1}')
-    # a key's start, in the enum, in the nested object, in the note, the undeclared key
-    masks = masks_along(split, vocab, text, brute_at=(8, 17, 40, 101, 116))
+            f'"note":"{note}","x":"alphabetical","p0":1}}')
+    # a key's start, in the enum, in the nested object, in the note (early, late), the undeclared key
+    masks = masks_along(split, vocab, text, brute_at=(8, 17, 40, 101, 200, 260))
     monkeypatch.setattr(object_dispatch, "VALUE_HEAD_BYTES", 10_000)  # values split from here on: laid whole
     for i, mask in enumerate(masks_along(whole, vocab, text)):
         assert np.array_equal(masks[i], mask), (text[:i], np.flatnonzero(masks[i] != mask)[:5])
     assert split._rests and not whole._rests, "copies reached only by mask walks keep their rest unlaid"
+    laid = [(len(part.trans), upto) for part, _, upto in split._rests.values()]
+    assert any(n > 2000 and len(note) < upto < 400 for n, upto in laid), ("the note is laid as far as read", laid)
 
 
 def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(vocab, monkeypatch):
