@@ -274,7 +274,7 @@ def _add_quantize_command(sub) -> None:
     q.add_argument("--asymmetric", type=float, default=None,
                    help="GPTQ: GPTAQ's asymmetric calibration, the fraction (0-1) of the way from each linear's "
                         "weights to the fit of the fp model's outputs on the quantized model's inputs "
-                        "(default 0: plain GPTQ)")
+                        "(default 0.5; 0: plain GPTQ)")
     q.add_argument("--calibration", "--calib", dest="calibration", default=None,
                    help="calibration text: 'prose' (GPTQ's default: ~21k tokens shipped with radixlang: fiction, "
                         "letters, news, how-to, chat, dialogue, reviews, tables), 'builtin' (the other methods' "
