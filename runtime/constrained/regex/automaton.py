@@ -195,11 +195,8 @@ def _tiles(patterns: list[ra.Node], alphabet: Alphabet) -> dict[ra.Node, Tile]:
                 if rows is not None:
                     tiles[node] = Tile(rows, max(node.min, 1), node.max)
                     continue
-            stack.append(node.item)
-        elif isinstance(node, ra.Seq | ra.Alt):
-            stack.extend(node.items)
-        elif isinstance(node, ra.Graph):
-            stack.extend(n for _, n, _ in node.edges)
+        if not isinstance(node, ra.Bounded):  # its item is compiled on its own (Builder._bounded), never tiled
+            stack.extend(ra.children(node))
     return tiles
 
 
@@ -230,12 +227,8 @@ def char_sets(patterns: list[ra.Node]) -> list[ra.Ranges]:
             out.append(node.ranges)
         elif isinstance(node, ra.Compiled):
             out.extend(node.dfa.alphabet.classes)
-        elif isinstance(node, ra.Seq | ra.Alt):
-            stack.extend(node.items)
-        elif isinstance(node, ra.Repeat | ra.Bounded):
-            stack.append(node.item)
-        elif isinstance(node, ra.Graph):
-            stack.extend(n for _, n, _ in node.edges)
+        else:
+            stack.extend(ra.children(node))
     return out
 
 

@@ -257,6 +257,17 @@ def _remember(memo: dict, node: Node, value: Any) -> None:  # noqa: ANN401 - the
     memo[id(node)] = (node, value)
 
 
+def children(node: Node) -> tuple[Node, ...]:
+    """The nodes `node` is made of (none for a leaf: characters, a compiled DFA, a rule reference)."""
+    if isinstance(node, Seq | Alt):
+        return node.items
+    if isinstance(node, Repeat | Bounded):
+        return (node.item,)
+    if isinstance(node, Graph):
+        return tuple(n for _, n, _ in node.edges)
+    return ()
+
+
 def refs(node: Node) -> frozenset[str]:
     """The rule names `node` refers to. Memoized by identity: schemas share subtrees, and the grammar
     writer asks again at every level of a tree."""
@@ -269,12 +280,8 @@ def refs(node: Node) -> frozenset[str]:
     hit = _REFS_MEMO.get(id(node))
     if hit is not None and hit[0] is node:
         return hit[1]
-    if isinstance(node, Repeat | Bounded):
-        out = refs(node.item)
-    else:
-        children = node.items if isinstance(node, Seq | Alt) else (n for _, n, _ in node.edges)
-        parts = [r for r in map(refs, children) if r]  # most subtrees have none: share the empty set
-        out = parts[0] if len(parts) == 1 else frozenset().union(*parts) if parts else _NO_REFS
+    parts = [r for r in map(refs, children(node)) if r]  # most subtrees have none: share the empty set
+    out = parts[0] if len(parts) == 1 else frozenset().union(*parts) if parts else _NO_REFS
     _remember(_REFS_MEMO, node, out)
     return out
 
