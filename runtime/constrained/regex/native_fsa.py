@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import operator
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -19,8 +19,13 @@ from ....kernels.cpu import fsa as native
 from ....kernels.cpu.c_library import address
 from .. import deadline
 
-if TYPE_CHECKING:
-    from .fsa import Nfa
+
+class Nfa(Protocol):
+    """What the construction reads of fsa.Nfa (named here, not imported: fsa imports this module)."""
+
+    eps: list[list[int]]
+    edges: list[list[tuple[Sequence[int], int]]]
+    accepts: dict[int, int]
 
 
 def available() -> bool:
