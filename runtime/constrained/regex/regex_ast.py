@@ -20,7 +20,7 @@ def _cached_hash(node) -> int:  # noqa: ANN001 - a composite node
     """A composite node's hash, computed once: grammars key dicts by large shared trees."""
     h = node._hash
     if not h:
-        h = hash((type(node).__name__, *(getattr(node, f) for f in node.__dataclass_fields__ if f != "_hash"))) or 1
+        h = hash((type(node).__name__, *(getattr(node, f) for f in node.__dataclass_fields__ if f[0] != "_"))) or 1
         object.__setattr__(node, "_hash", h)
     return h
 
@@ -34,6 +34,8 @@ class Chars:
 class Seq:
     items: tuple["Node", ...]
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _size: int = field(default=-1, init=False, repr=False, compare=False)  # size()'s, once asked
+    _refs: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)  # refs()'s
 
     __hash__ = _cached_hash
 
@@ -42,6 +44,8 @@ class Seq:
 class Alt:
     items: tuple["Node", ...]
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _size: int = field(default=-1, init=False, repr=False, compare=False)  # size()'s, once asked
+    _refs: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)  # refs()'s
 
     __hash__ = _cached_hash
 
@@ -52,6 +56,8 @@ class Repeat:
     min: int
     max: int | None  # None: unbounded
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _size: int = field(default=-1, init=False, repr=False, compare=False)  # size()'s, once asked
+    _refs: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)  # refs()'s
 
     __hash__ = _cached_hash
 
@@ -62,6 +68,8 @@ class Bounded:
 
     item: "Node"
     max_bytes: int
+    _size: int = field(default=-1, init=False, repr=False, compare=False)
+    _refs: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,8 @@ class Graph:
     edges: tuple[tuple[int, "Node", int], ...]
     finals: tuple[int, ...]
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _size: int = field(default=-1, init=False, repr=False, compare=False)  # size()'s, once asked
+    _refs: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)  # refs()'s
 
     __hash__ = _cached_hash
 
@@ -246,15 +256,6 @@ def graph_closure(graph: Graph, state: int) -> set[int]:
 
 
 _NO_REFS: frozenset[str] = frozenset()
-_MEMO_SIZE = 1 << 18  # memos by id (holding the node keeps its id unique)
-_REFS_MEMO: dict[int, tuple[Node, frozenset[str]]] = {}
-_SIZE_MEMO: dict[int, tuple[Node, int]] = {}
-
-
-def _remember(memo: dict, node: Node, value: Any) -> None:  # noqa: ANN401 - the memo's value type
-    if len(memo) >= _MEMO_SIZE:
-        memo.clear()
-    memo[id(node)] = (node, value)
 
 
 def children(node: Node) -> tuple[Node, ...]:
@@ -269,35 +270,35 @@ def children(node: Node) -> tuple[Node, ...]:
 
 
 def refs(node: Node) -> frozenset[str]:
-    """The rule names `node` refers to. Memoized by identity: schemas share subtrees, and the grammar
-    writer asks again at every level of a tree."""
+    """The rule names `node` refers to. Kept on the node (its `_refs`): schemas share subtrees, and the
+    grammar writer asks again at every level of a tree. On the node rather than in a memo by identity, which
+    held every tree it had seen alive: 200k nodes after 300 schemas, and a full pass of the cyclic
+    collector then took ~230 ms, inside whatever step it fell in."""
     if type(node) is Chars:  # most calls: a leaf, answered before the isinstance checks
         return _NO_REFS
     if isinstance(node, Ref):
         return frozenset((node.name,))
     if isinstance(node, Chars | Compiled):
         return _NO_REFS
-    hit = _REFS_MEMO.get(id(node))
-    if hit is not None and hit[0] is node:
-        return hit[1]
+    if node._refs is not None:
+        return node._refs
     parts = [r for r in map(refs, children(node)) if r]  # most subtrees have none: share the empty set
     out = parts[0] if len(parts) == 1 else frozenset().union(*parts) if parts else _NO_REFS
-    _remember(_REFS_MEMO, node, out)
+    object.__setattr__(node, "_refs", out)
     return out
 
 
 def size(node: Node) -> int:
     """About how many NFA states `node` builds into (repeats and shared subtrees are copies). Memoized
-    by identity, as `refs` is: the schema compiler asks at every level of a tree."""
+    on the node, as `refs` is: the schema compiler asks at every level of a tree."""
     if type(node) is Chars:  # most calls: a leaf, answered before the isinstance checks
         return 1
     if isinstance(node, Chars | Ref):
         return 1
     if isinstance(node, Compiled):
         return len(node.dfa.trans)
-    hit = _SIZE_MEMO.get(id(node))
-    if hit is not None and hit[0] is node:
-        return hit[1]
+    if node._size >= 0:
+        return node._size
     if isinstance(node, Seq | Alt):
         out = 1 + sum(map(size, node.items))
     elif isinstance(node, Repeat):
@@ -306,5 +307,5 @@ def size(node: Node) -> int:
         out = size(node.item) * node.max_bytes
     else:
         out = node.num_states + sum(size(n) for _, n, _ in node.edges)
-    _remember(_SIZE_MEMO, node, out)
+    object.__setattr__(node, "_size", out)
     return out
