@@ -300,16 +300,41 @@ class _SchemaCompiler:
         comma = self.punct(",")
         return ra.seq(self.boundary(), comma) if (members_apart or self._split_all) and not self.exact_depth else comma
 
+    def _one_lexeme(self, node: ra.Node) -> bool:
+        """Whether `node` lexes as one lexeme: no rule in it, a large piece's (a rule of one lexeme: `piece`)
+        body read through. A union of large objects is a union of such pieces: taken for rules, the ones of
+        one lexeme were not split like those holding rules, and after `{` the lexer read on into them only
+        (JSONSchemaStore's monika-config-schema: 21 of its 22 notification kinds refused)."""
+        for _ in range(8):  # a piece's body is no bare rule name; the bound only guards a chain of names
+            if not isinstance(node, ra.Ref) or node.name not in self.rules or not node.name.startswith("piece_"):
+                break
+            node = self.rules[node.name]
+        return not ra.refs(node)
+
     def split_alike(self, nodes: list[ra.Node], remake) -> list[ra.Node]:
-        """Alternatives where one holds a rule and another, starting alike, is one lexeme: the lexer
-        reads the longest match and never backs up, so the latter is remade split the same way."""
-        ruled = [first_chars(n, self.rules, set(), self.pending_firsts) for n in nodes if ra.refs(n)]
-        if not ruled or self.exact_depth:
+        """Alternatives that start alike where one holds a rule: the lexer reads the longest match and never
+        backs up, so where one alternative's first lexeme ends (at a rule) and another's reads on, only the
+        longer is followed. Each alternative of one lexeme that starts alike with one holding a rule is remade
+        with every bracket and member a lexeme of its own, and so is each alternative holding a rule that
+        starts alike with a remade one: its first lexeme may run on past its brace too (an object kept in
+        declared order lexes its members up to its first rule with the brace)."""
+        if self.exact_depth:
             return nodes
+        whole = [self._one_lexeme(n) for n in nodes]
+        if all(whole):
+            return nodes
+        firsts = [first_chars(n, self.rules, set(), self.pending_firsts) for n in nodes]
+
+        def alike(i: int, j: int) -> bool:
+            a, b = firsts[i], firsts[j]
+            return a is None or b is None or bool(ra.intersect(a, b))
+
+        ruled = [j for j, w in enumerate(whole) if not w]
+        remade = {i for i, w in enumerate(whole) if w and any(alike(i, j) for j in ruled)}
+        remade |= {j for j in ruled if any(alike(i, j) for i in remade)}
         out = []
         for i, node in enumerate(nodes):
-            first = first_chars(node, self.rules, set(), self.pending_firsts)
-            if not ra.refs(node) and any(f is None or first is None or ra.intersect(f, first) for f in ruled):
+            if i in remade:
                 self._split_all += 1
                 try:
                     node = remake(i)

@@ -127,3 +127,47 @@ def test_a_schema_whose_one_dfa_passes_its_bound_compiles_in_the_strict_form_and
     assert bounded.unenforced[0].startswith("any property order and undeclared properties (strict form: ")
     assert "exceeds 50 states" in bounded.unenforced[0]
     assert accepts(bounded, '{"a":1,"b":"x"}') and not accepts(bounded, out_of_order)
+
+
+def _notification(kind: str, data: dict | None) -> dict:
+    props: dict = {"id": {"type": "string"}, "type": {"const": kind}}
+    if data is not None:
+        props["data"] = data
+    return {"type": "object", "required": list(props), "additionalProperties": False, "properties": props}
+
+
+def test_a_union_of_large_objects_and_objects_holding_rules_reads_every_branch(compiler, monkeypatch):
+    """Alternatives that start alike, some of one lexeme (large pieces: rules of their own) and some holding
+    rules, are all split where they start, so the lexer never reads on into one kind only. Before, a grammar's
+    large pieces were taken for alternatives holding rules and never split: after `{` the lexer read on into
+    the pieces of one lexeme, and every object whose brace is a lexeme of its own was refused (JSONSchemaStore's
+    monika config: 21 of its 22 notification kinds). The bounds are lowered so that this small union compiles
+    as the large one did."""
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+    from radixlang.runtime.constrained.jsonschema import json_schema as json_schema_module
+
+    monkeypatch.setattr(json_schema_module, "JSON_REGEX_MAX_SIZE", 3000)
+    monkeypatch.setattr(json_schema_module, "JSON_RULE_SIZE", 300)
+    text_fields = {"type": "array", "items": {"type": "string"}}
+    schema = {"anyOf": [
+        _notification("desktop", None),
+        _notification("pager", {"type": "array", "items": {
+            "type": "object", "required": ["key", "probe"], "additionalProperties": False,
+            "properties": {"key": {"type": "string"}, "probe": {"type": "string"}}}}),
+        _notification("smtp", {"type": "object", "required": ["to", "host", "port"], "additionalProperties": True,
+                               "properties": {"to": text_fields, "host": {"type": "string"}, "port": {"type": "integer"},
+                                              "user": {"type": "string"}, "password": {"type": "string"}}}),
+        _notification("chat", {"type": "object", "required": ["to", "url", "user", "password"],
+                               "additionalProperties": False,
+                               "properties": {"to": text_fields, "url": {"type": "string", "pattern": "^https?://"},
+                                              "user": {"type": "string"}, "password": {"type": "string"}}})]}
+    valid = ['{"id":"d1","type":"desktop"}',
+             '{"id":"p1","type":"pager","data":[{"key":"k","probe":"p"}]}',
+             '{"id":"s1","type":"smtp","data":{"to":["a@b.c"],"host":"h","port":25}}',
+             '{"id":"c1","type":"chat","data":{"to":["1"],"url":"https://x","user":"u","password":"p"}}']
+    invalid = ['{"id":"d1","type":"pager"}', '{"id":"c1","type":"desktop","data":{"to":[]}}']
+    validator = jsonschema.Draft202012Validator(schema)
+    constraint = ConstraintCompiler(lambda: compiler.vocab).compile("json_schema", schema)
+    assert type(constraint).__name__ == "GrammarConstraint", "the lowered bounds make it a grammar of pieces"
+    for text in valid + invalid:
+        assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text
