@@ -38,6 +38,7 @@ from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
 
 ANY_VALUE = "json_value"  # the rule for an unconstrained JSON value
 LEXEME_BOUNDARY = "lexeme_boundary"
+PIECE = "piece_"  # the names of rules made only for size (`piece`): their bodies may be one lexeme
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
 JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
 # in a schema that is otherwise regular, an undeclared property's value (the default `additionalProperties`)
@@ -306,7 +307,7 @@ class _SchemaCompiler:
         one lexeme were not split like those holding rules, and after `{` the lexer read on into them only
         (JSONSchemaStore's monika-config-schema: 21 of its 22 notification kinds refused)."""
         for _ in range(8):  # a piece's body is no bare rule name; the bound only guards a chain of names
-            if not isinstance(node, ra.Ref) or node.name not in self.rules or not node.name.startswith("piece_"):
+            if not isinstance(node, ra.Ref) or node.name not in self.rules or not node.name.startswith(PIECE):
                 break
             node = self.rules[node.name]
         return not ra.refs(node)
@@ -372,7 +373,7 @@ class _SchemaCompiler:
         large = self.rule_size is not None and ra.size(node) > self.rule_size
         if not (large or (ruled and ra.refs(node) and not isinstance(node, ra.Ref))) or not lexes_alone(node):
             return node
-        name = f"piece_{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
+        name = f"{PIECE}{self._piece_count}"  # not len(_pieces): a recursion may have cached this key
         self._piece_count += 1
         self.rules[name] = node
         return ra.Ref(name)
