@@ -164,9 +164,9 @@ class ConstraintCompiler:
         relaxed = self.json_relaxed | {"uniqueItems"} if unique else self.json_relaxed
 
         def compiled(lazy_objects: bool = False, not_lazy: frozenset[str] = frozenset(),
-                     checked_objects: bool = True) -> JsonGrammar:
+                     checked_objects: bool = True, rules_form: bool = False) -> JsonGrammar:
             grammar = compile_json_schema(spec, self.json_whitespace, relaxed, strict=strict, lazy_objects=lazy_objects,
-                                          not_lazy=not_lazy, checked_objects=checked_objects)
+                                          not_lazy=not_lazy, checked_objects=checked_objects, rules_form=rules_form)
             if unique:  # the grammar's reports of it are replaced by the scan's own
                 grammar.unenforced = tuple(r for r in grammar.unenforced if not r.startswith("uniqueItems at "))
             if note is not None:
@@ -187,12 +187,32 @@ class ConstraintCompiler:
                 break
             try:
                 built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
-            except NotLazy as e:  # those objects keep declared order; each round takes one or two out
+            except NotLazy as e:
+                # objects that cannot be lazy (a union of them, say): as a grammar they take any order, checked by
+                # the parser; where that too would keep some in declared order, they keep it in the one DFA,
+                # each round taking one or two out
+                ruled = self._any_order_grammar(lambda: compiled(rules_form=True))
+                if ruled is not None:
+                    built = ruled
+                    break
                 not_lazy |= e.paths
                 continue
             built.unenforced = grammar.unenforced
             break
         return _with_unique_items(built, schema_to_dict(spec)) if unique else built
+
+    def _any_order_grammar(self, make: Callable[[], JsonGrammar]) -> Constraint | None:
+        """The schema as a grammar whose large objects all take any order (`make`'s, checked by the parser), or
+        None where it cannot be one (it keeps some object in declared order, or fails to build)."""
+        try:
+            grammar = make()
+            if any(r.startswith(("property order", "any property order")) for r in grammar.unenforced):
+                return None
+            return _built(grammar, self.vocab)
+        except deadline.CompileDeadline:
+            raise
+        except ValueError:
+            return None
 
     def _peer_compiler(self) -> PeerCompiler:
         with self._lock:

@@ -104,7 +104,8 @@ def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
 
 def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = (),
                         strict: bool = False, lazy_objects: bool = False,
-                        not_lazy: frozenset[str] = frozenset(), checked_objects: bool = True) -> JsonGrammar:
+                        not_lazy: frozenset[str] = frozenset(), checked_objects: bool = True,
+                        rules_form: bool = False) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
     keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused).
@@ -112,7 +113,10 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
     `lazy_objects`: in one regex, an object too large for its members to take any order eagerly is a
     marker (JsonGrammar.lazy) for object_dispatch to build lazily, not kept in declared order (except
     those at the paths `not_lazy`). `checked_objects`: in a grammar, such objects (and unions of objects) read
-    their members in any order, checked by the parser (json_checked), not in declared order."""
+    their members in any order, checked by the parser (json_checked), not in declared order. `rules_form`: a
+    grammar whose large objects, arrays and strings are rules of their own even where the schema is small and
+    regular (so that its large objects are checked rather than lazy: the caller's way out where lazy objects
+    cannot be, a union of them)."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
     relax = relaxed_keywords(relaxed)
@@ -122,14 +126,14 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
             compiler.not_lazy = not_lazy
             node = compiler.compile(root, "#")
             lazy = compiler.lazy or []
-            small = all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
+            small = not rules_form and all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
                 node, *compiler.rules.values(), *(v for o in lazy for v in (*o.values, *o.extra_values))))
             if small and not compiler.rules:
                 return JsonGrammar(node, {}, _summary(compiler.unenforced), tuple(lazy))
             if lazy:  # a grammar, whose objects are never lazy: sized as they would be without
                 raise _LazyInExact()
     except _LazyInExact:  # or its intersection or difference would not see the lazy object's members
-        return compile_json_schema(schema, whitespace, relaxed, strict)
+        return compile_json_schema(schema, whitespace, relaxed, strict, rules_form=rules_form)
     with _compile_errors():
         compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, strict=strict,
                                    any_undeclared=bool(compiler.rules))
