@@ -173,6 +173,7 @@ class ConstraintCompiler:
                 grammar.unenforced = (note, *grammar.unenforced)
             return grammar
 
+        any_order_tried = False  # the grammar below is the same whatever `not_lazy` says: built once at most
         while True:
             grammar = compiled(lazy_objects=not strict, not_lazy=not_lazy)
             built: Constraint
@@ -191,7 +192,8 @@ class ConstraintCompiler:
                 # objects that cannot be lazy (a union of them, say): as a grammar they take any order, checked by
                 # the parser; where that too would keep some in declared order, they keep it in the one DFA,
                 # each round taking one or two out
-                ruled = self._any_order_grammar(lambda: compiled(rules_form=True))
+                ruled = None if any_order_tried else self._any_order_grammar(lambda: compiled(rules_form=True))
+                any_order_tried = True
                 if ruled is not None:
                     built = ruled
                     break

@@ -310,10 +310,8 @@ class _SchemaCompiler:
         body read through. A union of large objects is a union of such pieces: taken for rules, the ones of
         one lexeme were not split like those holding rules, and after `{` the lexer read on into them only
         (JSONSchemaStore's monika-config-schema: 21 of its 22 notification kinds refused)."""
-        for _ in range(8):  # a piece's body is no bare rule name; the bound only guards a chain of names
-            if not isinstance(node, ra.Ref) or node.name not in self.rules or not node.name.startswith(PIECE):
-                break
-            node = self.rules[node.name]
+        if isinstance(node, ra.Ref) and node.name.startswith(PIECE):  # a piece's body is never a bare rule name
+            node = self.rules.get(node.name, node)
         return not ra.refs(node)
 
     def split_alike(self, nodes: list[ra.Node], remake) -> list[ra.Node]:
