@@ -82,6 +82,12 @@ class _Part:
     layers: _Layers | None = None  # a value's (_split; None: laid whole): its states by distance from the start
 
 
+def _shifted(rows: np.ndarray, out: np.ndarray, offset: int) -> None:
+    """`rows` [n, 256] written to `out` with every live target moved by `offset` (dead, -1, stays dead)."""
+    np.add(rows, offset, out=out)
+    out[rows < 0] = -1
+
+
 class _Layers:
     """A value's states by their distance from its start (breadth-first, in bytes), found as far as asked and
     shared by its copies: a copy lays those within VALUE_HEAD_BYTES first, the others a stretch at a time on first
@@ -96,9 +102,11 @@ class _Layers:
     def upto(self, depth: int) -> list[np.ndarray]:
         """The states at distances 0 to `depth` (fewer levels past the farthest)."""
         while len(self.levels) <= depth and len(self.levels[-1]):
-            nxt = np.unique(self.classes[self.levels[-1]])
+            nxt = self.classes[self.levels[-1]].ravel()
             nxt = nxt[nxt >= 0]
             nxt = nxt[self.dist[nxt] < 0]
+            # a chain's level is a few states: a set beats np.unique's fixed cost there (a search takes ~100 levels)
+            nxt = np.array(sorted(set(nxt.tolist())), np.int64) if len(nxt) <= 256 else np.unique(nxt)
             self.dist[nxt] = len(self.levels)
             self.levels.append(nxt)
         return self.levels[:depth + 1]
@@ -234,13 +242,15 @@ class ObjectDispatch(GrowingDfa):
         unbuilt marks clear last (a walk reading the marks meanwhile sees each row unbuilt or final)."""
         count = len(part.trans)
         if which is None:
-            rows, own = self._trans[offset:offset + count], part.trans
-            np.add(own, offset, out=rows)
-            rows[own < 0] = -1
+            _shifted(part.trans, self._trans[offset:offset + count], offset)
             built = np.ones(count, bool)
         else:
-            own = part.trans[which]
-            self._trans[offset + which] = np.where(own >= 0, own + offset, -1)
+            # a stretch is a few runs of consecutive states (a bounded string's levels): copied run by run as
+            # slices, which costs a fraction of gathering and scattering its rows one by one (256 columns each)
+            which = np.sort(which)
+            cuts = np.flatnonzero(np.diff(which) != 1) + 1
+            for first, last in zip(which[np.r_[0, cuts]].tolist(), which[np.r_[cuts - 1, len(which) - 1]].tolist()):
+                _shifted(part.trans[first:last + 1], self._trans[offset + first:offset + last + 1], offset)
             built = np.zeros(count, bool)
             built[which] = True
         for s, (k, after) in part.markers.items():

@@ -7,6 +7,7 @@ class has one byte width. Code points outside every set belong to no class (they
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -15,6 +16,7 @@ import numpy as np
 from . import regex_ast as ra
 
 _WIDTH_CUTS = (0x80, 0x800, 0x10000)  # first code points of 2-, 3- and 4-byte UTF-8
+_SMALL_CUTS = 256  # inputs with at most this many interval bounds take the plain Python path (_small_alphabet)
 
 
 @dataclass(slots=True)
@@ -36,14 +38,22 @@ class CharDfa:
 
 
 def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
-    """Classes of code points that belong to the same given sets and have the same UTF-8 width.
-    Vectorised over all sets at once (a schema has hundreds: every literal character is one)."""
+    """Classes of code points that belong to the same given sets and have the same UTF-8 width. Small inputs
+    (most calls: a lexer's or a key set's few sets) in plain Python, large ones vectorised over all sets at once
+    (a schema has hundreds: every literal character is one); the same answer either way."""
     sets = list(dict.fromkeys(sets))
     cuts = {0, ra.MAX_CODE_POINT + 1, *_WIDTH_CUTS}
     for ranges in sets:
         for lo, hi in ranges:
             cuts.update((lo, hi + 1))
-    bounds = np.array(sorted(cuts))
+    if len(cuts) <= _SMALL_CUTS:
+        return _small_alphabet(sets, sorted(cuts))
+    return _numpy_alphabet(sets, sorted(cuts))
+
+
+def _numpy_alphabet(sets: list[ra.Ranges], cuts: list[int]) -> Alphabet:
+    """`alphabet_of` vectorised over all sets at once, for large inputs; `cuts`: every range's bounds, sorted."""
+    bounds = np.array(cuts)
     starts = bounds[:-1]
     inside = _membership(sets, bounds)
     used = inside.any(axis=0)
@@ -64,6 +74,34 @@ def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
     per_set = np.split(cols, np.searchsorted(rows, np.arange(1, len(sets))))
     members = {ranges: tuple(part.tolist()) for ranges, part in zip(sets, per_set)}
     return Alphabet(classes, width[used][first], members)
+
+
+def _small_alphabet(sets: list[ra.Ranges], bounds: list[int]) -> Alphabet:
+    """`alphabet_of` in plain Python, the same classes in the same order: most calls (a lexer's or a key set's
+    few sets) are small, where numpy's fixed cost per call was most of the time. An interval's signature is an
+    int whose bits are the sets holding it, set 0 the highest, so sorting (width, signature) orders the classes
+    as numpy's lexicographic unique of the (width, membership row) table does."""
+    index = {b: i for i, b in enumerate(bounds)}
+    count, top = len(bounds) - 1, len(sets) - 1
+    signature = [0] * count
+    for j, ranges in enumerate(sets):
+        bit = 1 << (top - j)
+        for lo, hi in ranges:
+            for i in range(index[lo], index[hi + 1]):
+                signature[i] |= bit
+    width_cut = [bisect.bisect_right(_WIDTH_CUTS, b) + 1 for b in bounds[:-1]]
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i in range(count):
+        if signature[i]:
+            groups.setdefault((width_cut[i], signature[i]), []).append((bounds[i], bounds[i + 1] - 1))
+    if not groups:
+        return Alphabet((), np.zeros(0, np.int64), {})
+    keys = sorted(groups)
+    members: dict[ra.Ranges, tuple[int, ...]] = {}
+    for j, ranges in enumerate(sets):
+        bit = 1 << (top - j)
+        members[ranges] = tuple(c for c, (_, sig) in enumerate(keys) if sig & bit)
+    return Alphabet(tuple(tuple(groups[key]) for key in keys), np.array([w for w, _ in keys], np.int64), members)
 
 
 def _membership(sets: list[ra.Ranges], bounds: np.ndarray) -> np.ndarray:

@@ -398,16 +398,18 @@ class _Builder:
             nfa.eps[s].append(entry)
             self.embedded.append((entry, end, dfa))
             return end
-        states = [nfa.new() for _ in range(len(dfa.trans))]
-        nfa.eps[s].append(states[dfa.start])
+        first = nfa.new_many(len(dfa.trans))  # the DFA's state q is first + q
+        nfa.eps[s].append(first + dfa.start)
         end = nfa.new()
         members = [self.alphabet.members[ranges] for ranges in dfa.alphabet.classes]
-        for q, row in enumerate(dfa.trans.tolist()):
-            if dfa.accept[q] >= 0:
-                nfa.eps[states[q]].append(end)
-            for c, t in enumerate(row):
-                if t >= 0:
-                    nfa.edges[states[q]].append((members[c], states[t]))
+        for q in np.flatnonzero(dfa.accept >= 0).tolist():
+            nfa.eps[first + q].append(end)
+        # the live transitions only, in row order (a DFA's rows are mostly dead)
+        sources, symbols = np.nonzero(dfa.trans >= 0)
+        targets = dfa.trans[sources, symbols] + first
+        edges = nfa.edges
+        for q, c, t in zip((sources + first).tolist(), symbols.tolist(), targets.tolist()):
+            edges[q].append((members[c], t))
         return end
 
     def _bounded(self, node: ra.Bounded, s: int) -> int:

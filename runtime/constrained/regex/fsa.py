@@ -45,6 +45,17 @@ class Nfa:
         self.edges.append([])
         return len(self.eps) - 1
 
+    def new_many(self, count: int) -> int:
+        """`count` new states numbered from the one returned, as `count` calls of `new` number them."""
+        first = len(self.eps)
+        if first + count > MAX_NFA_STATES:
+            raise ConstraintTooLarge(f"constraint is too large: its automaton exceeds {MAX_NFA_STATES} NFA states")
+        if (first - 1) >> 10 != (first + count - 1) >> 10:  # `new` checks at every 1024th state
+            deadline.check()
+        self.eps.extend([] for _ in range(count))
+        self.edges.extend([] for _ in range(count))
+        return first
+
 
 class Moves(Protocol[K]):
     """Each node's successors: an NFA's `eps` (its empty moves), a walker's own view of them, a graph's

@@ -48,24 +48,11 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for c in np.flatnonzero(widths == 1).tolist():
         for lo, hi in classes[c]:
             ascii_class[lo:hi + 1] = c
-    high = np.flatnonzero(widths > 1).tolist()
     split_decoders: dict[tuple[tuple[int, ...], ...], _Decoder] = {}
-    stamps: dict[tuple[tuple[int, ...], ...], tuple[list[int], list[list[int]]]] = {}  # by split: states, targets
-    for state, row in enumerate(dfa.trans[:, high].tolist() if high else ()):
-        groups: dict[int, list[int]] = {}  # target -> multi-byte classes, in class order (a canonical split)
-        for c, t in zip(high, row):
-            if t >= 0:
-                groups.setdefault(t, []).append(c)
-        if not groups:
-            continue
-        split = tuple(map(tuple, groups.values()))
-        decoder = split_decoders.get(split)
-        if decoder is None:
-            merged = (ra.normalize(r for c in cs for r in classes[c]) for cs in split)
-            decoder = split_decoders[split] = _decoder(tuple(merged))
-        states, targets = stamps.setdefault(split, ([], []))
-        states.append(state)
-        targets.append(list(groups))
+    stamps = _splits(dfa.trans, np.flatnonzero(widths > 1))  # by split: its states, and their targets
+    for split in stamps:
+        merged = (ra.normalize(r for c in cs for r in classes[c]) for cs in split)
+        split_decoders[split] = _decoder(tuple(merged))
     byte_class, firsts = _byte_classes(dfa.trans, ascii_class, list(split_decoders.values()))
     width = len(firsts)
     entries = np.full((len(dfa.trans), width), -1, np.int32)
@@ -77,11 +64,46 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise tails.too_large()
     for split, decoder in split_decoders.items():  # every state of one split at once
         states, targets = stamps[split]
-        rows = tails.stamp(decoder.rows[:, firsts], decoder.left, np.array(targets, np.int32))
-        entries[np.array(states)[:, None], high_cols] = rows[:, high_cols]
+        rows = tails.stamp(decoder.rows[:, firsts], decoder.left, targets)
+        entries[states[:, None], high_cols] = rows[:, high_cols]
     trans = np.concatenate([entries, *tails.rows]) if tails.rows else entries
     accept = np.concatenate([dfa.accept, np.full(len(tails.ids), -1)]).astype(np.int32)
     return trans, byte_class, accept
+
+
+_SPLIT_CHUNK = 1 << 22  # (state, class, class) triples compared at once by _splits
+
+
+def _splits(trans: np.ndarray, high: np.ndarray) -> dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, np.ndarray]]:
+    """The character states that read a multi-byte class, by split: the live multi-byte classes (columns `high`)
+    grouped by target, the groups ordered by their first class (a canonical split), the splits in the order of
+    their first state. Each split's states (ascending) and their targets [states, groups], group by group.
+    Vectorised: a state's split is the pattern of its targets' first occurrences along its row."""
+    width = len(high)
+    rows = trans[:, high]
+    states = np.flatnonzero((rows >= 0).any(axis=1)) if width else np.zeros(0, np.int64)
+    rows = rows[states]
+    labels = np.empty(rows.shape, np.int64)  # each class's group in its state's split (-1: dead)
+    firsts = np.empty(rows.shape, bool)  # whether a class is its group's first
+    step = max(1, _SPLIT_CHUNK // max(width * width, 1))
+    for at in range(0, len(rows), step):
+        block = rows[at:at + step]
+        first = (block[:, :, None] == block[:, None, :]).argmax(axis=2)  # where each class's target first occurs
+        is_first = (first == np.arange(width)) & (block >= 0)
+        labels[at:at + step] = np.where(block >= 0, np.take_along_axis(is_first.cumsum(axis=1) - 1, first, axis=1), -1)
+        firsts[at:at + step] = is_first
+    keys = labels.astype(np.int16).tobytes()
+    size = 2 * width
+    order: dict[bytes, int] = {}
+    group = np.array([order.setdefault(keys[i * size:(i + 1) * size], len(order)) for i in range(len(rows))], np.int64)
+    out: dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, np.ndarray]] = {}
+    for g in range(len(order)):
+        members = np.flatnonzero(group == g)
+        label = labels[members[0]]
+        split = tuple(tuple(high[label == k].tolist()) for k in range(int(label.max()) + 1))
+        targets = rows[members][:, np.flatnonzero(firsts[members[0]])].astype(np.int32)
+        out[split] = (states[members], targets)
+    return out
 
 
 def _byte_classes(trans: np.ndarray, ascii_class: np.ndarray,
@@ -96,9 +118,20 @@ def _byte_classes(trans: np.ndarray, ascii_class: np.ndarray,
         keys = columns.view(np.dtype((np.void, columns.shape[1] * columns.itemsize))).ravel()
         column = np.where((trans >= 0).any(axis=0), np.unique(keys, return_inverse=True)[1].ravel(), -1)
         ascii_key = np.where(ascii_class >= 0, column[np.maximum(ascii_class, 0)], -1)
-    reads = np.column_stack([ascii_key, *(d.rows.T for d in decoders)])
-    _, firsts, byte_class = np.unique(reads, axis=0, return_index=True, return_inverse=True)
-    return byte_class.ravel(), firsts
+    return _distinct_rows(np.column_stack([ascii_key, *(d.rows.T for d in decoders)]))
+
+
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's number, each number's first row): `np.unique(rows, axis=0, return_inverse=True,
+    return_index=True)`'s numbering (distinct rows in lexicographic order) by a stable lexsort, at a fraction of
+    its cost (it sorts a structured copy of the rows)."""
+    order = np.lexsort(rows.T[::-1])
+    ordered = rows[order]
+    starts = np.ones(len(order), bool)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    number = np.empty(len(order), np.int64)
+    number[order] = np.cumsum(starts) - 1
+    return number, order[starts]
 
 
 class _Tails:

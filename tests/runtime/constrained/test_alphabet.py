@@ -42,3 +42,18 @@ def test_code_points_in_no_set_belong_to_no_class():
 def test_a_class_never_straddles_a_utf8_width():
     alphabet = alphabet_of([((0x70, 0x900),)])
     assert sorted(alphabet.widths.tolist()) == [1, 2, 3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(sets, min_size=0, max_size=8))
+def test_the_plain_python_path_numbers_the_classes_as_the_vectorised_one(given_sets):
+    """Small inputs take _small_alphabet; the vectorised path (large inputs) is its oracle: the same classes, in
+    the same order (DFA columns and caches depend on it), the same widths and members."""
+    from radixlang.runtime.constrained.regex import alphabet as al
+
+    unique = list(dict.fromkeys(given_sets))
+    cuts = sorted({0, ra.MAX_CODE_POINT + 1, 0x80, 0x800, 0x10000, *(b for s in unique for lo, hi in s for b in (lo, hi + 1))})
+    small, wide = al._small_alphabet(unique, cuts), al._numpy_alphabet(unique, cuts)
+    assert small.classes == wide.classes
+    assert small.widths.tolist() == wide.widths.tolist() and small.widths.dtype == wide.widths.dtype
+    assert small.members == wide.members

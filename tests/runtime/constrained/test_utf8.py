@@ -121,3 +121,38 @@ def test_the_byte_table_bound_counts_states_times_byte_classes(monkeypatch):
     monkeypatch.setattr(utf8, "MAX_DFA_TRANSITIONS", cells - 1)
     with pytest.raises(ConstraintTooLarge, match=f"exceeds {cells - 1} transitions"):
         compile_dfa([pattern])
+
+
+def test_distinct_rows_number_as_numpy_unique_does():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows = rng.integers(-1, 3, (int(rng.integers(1, 300)), int(rng.integers(1, 6))))
+        number, firsts = utf8._distinct_rows(rows)
+        _, want_firsts, want_number = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        assert number.tolist() == want_number.ravel().tolist()
+        assert firsts.tolist() == want_firsts.tolist()
+
+
+def test_splits_group_each_states_multibyte_classes_by_target_as_a_plain_loop_does():
+    """_splits (vectorised) against the definition: per state, its live multi-byte classes grouped by target, the
+    groups in order of their first class; splits in order of their first state."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        states, classes = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+        trans = np.where(rng.random((states, classes)) < 0.5, rng.integers(0, 4, (states, classes)), -1)
+        high = np.flatnonzero(rng.random(classes) < 0.7)
+        want: dict[tuple, tuple[list[int], list[list[int]]]] = {}
+        for state in range(states):
+            groups: dict[int, list[int]] = {}
+            for c in high.tolist():
+                if trans[state, c] >= 0:
+                    groups.setdefault(int(trans[state, c]), []).append(c)
+            if groups:
+                split = tuple(map(tuple, groups.values()))
+                want.setdefault(split, ([], []))[0].append(state)
+                want[split][1].append(list(groups))
+        got = utf8._splits(trans, high)
+        assert list(got) == list(want)
+        for split, (got_states, got_targets) in got.items():
+            assert got_states.tolist() == want[split][0]
+            assert got_targets.tolist() == want[split][1]
