@@ -88,6 +88,15 @@ def _shifted(rows: np.ndarray, out: np.ndarray, offset: int) -> None:
     out[rows < 0] = -1
 
 
+def _runs(states: np.ndarray) -> list[tuple[int, int]]:
+    """The distinct `states` as runs of consecutive numbers, [first, end) each, in order."""
+    states = np.unique(states)
+    if not len(states):
+        return []
+    cuts = np.flatnonzero(np.diff(states) != 1) + 1
+    return list(zip(states[np.r_[0, cuts]].tolist(), (states[np.r_[cuts - 1, len(states) - 1]] + 1).tolist()))
+
+
 class _Layers:
     """A value's states by their distance from its start (breadth-first, in bytes), found as far as asked and
     shared by its copies: a copy lays those within VALUE_HEAD_BYTES first, the others a stretch at a time on first
@@ -247,10 +256,8 @@ class ObjectDispatch(GrowingDfa):
         else:
             # a stretch is a few runs of consecutive states (a bounded string's levels): copied run by run as
             # slices, which costs a fraction of gathering and scattering its rows one by one (256 columns each)
-            which = np.sort(which)
-            cuts = np.flatnonzero(np.diff(which) != 1) + 1
-            for first, last in zip(which[np.r_[0, cuts]].tolist(), which[np.r_[cuts - 1, len(which) - 1]].tolist()):
-                _shifted(part.trans[first:last + 1], self._trans[offset + first:offset + last + 1], offset)
+            for first, end in _runs(which):
+                _shifted(part.trans[first:end], self._trans[offset + first:offset + end], offset)
             built = np.zeros(count, bool)
             built[which] = True
         for s, (k, after) in part.markers.items():

@@ -244,3 +244,26 @@ def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(voc
     full = ConstraintCompiler(lambda: vocab).compile("json_schema", OUTER)
     for i, mask in enumerate(masks_along(full, vocab, text)):
         assert np.array_equal(grown[i], mask), (text[:i], np.flatnonzero(grown[i] != mask)[:5])
+
+
+def test_runs_and_layers_match_their_definitions():
+    """A stretch is laid run by run (_runs) from the value's breadth-first levels (_Layers.upto): both against
+    plain definitions, on random tables (an empty stretch included: a search can end on an empty level)."""
+    from radixlang.runtime.constrained.object_dispatch import _Layers, _runs
+
+    rng = np.random.default_rng(0)
+    assert _runs(np.zeros(0, np.int64)) == []
+    for _ in range(100):
+        states = rng.choice(200, int(rng.integers(1, 60)), replace=True)
+        got = [q for first, end in _runs(states) for q in range(first, end)]
+        assert got == sorted(set(states.tolist()))
+        assert all(b < c for (_, b), (c, _) in zip(_runs(states), _runs(states)[1:]))  # runs are apart
+        size, width = int(rng.integers(1, 400)), int(rng.integers(1, 8))
+        table = np.where(rng.random((size, width)) < 0.3, rng.integers(0, size, (size, width)), -1)
+        seen, level, want = {0}, [0], [[0]]
+        while level:
+            level = sorted({int(t) for q in level for t in table[q] if t >= 0 and t not in seen})
+            seen.update(level)
+            want.append(level)
+        got_levels = _Layers(table, 0).upto(len(want) + 2)
+        assert [lv.tolist() for lv in got_levels] == want
