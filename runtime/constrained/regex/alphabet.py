@@ -46,9 +46,8 @@ def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
     for ranges in sets:
         for lo, hi in ranges:
             cuts.update((lo, hi + 1))
-    if len(cuts) <= _SMALL_CUTS:
-        return _small_alphabet(sets, sorted(cuts))
-    return _numpy_alphabet(sets, sorted(cuts))
+    bounds = sorted(cuts)
+    return _small_alphabet(sets, bounds) if len(bounds) <= _SMALL_CUTS else _numpy_alphabet(sets, bounds)
 
 
 def _numpy_alphabet(sets: list[ra.Ranges], cuts: list[int]) -> Alphabet:
@@ -89,11 +88,11 @@ def _small_alphabet(sets: list[ra.Ranges], bounds: list[int]) -> Alphabet:
         for lo, hi in ranges:
             for i in range(index[lo], index[hi + 1]):
                 signature[i] |= bit
-    width_cut = [bisect.bisect_right(_WIDTH_CUTS, b) + 1 for b in bounds[:-1]]
+    widths = [bisect.bisect_right(_WIDTH_CUTS, b) + 1 for b in bounds[:-1]]  # UTF-8 bytes per interval
     groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for i in range(count):
         if signature[i]:
-            groups.setdefault((width_cut[i], signature[i]), []).append((bounds[i], bounds[i + 1] - 1))
+            groups.setdefault((widths[i], signature[i]), []).append((bounds[i], bounds[i + 1] - 1))
     if not groups:
         return Alphabet((), np.zeros(0, np.int64), {})
     keys = sorted(groups)

@@ -52,7 +52,7 @@ def test_the_plain_python_path_numbers_the_classes_as_the_vectorised_one(given_s
     from radixlang.runtime.constrained.regex import alphabet as al
 
     unique = list(dict.fromkeys(given_sets))
-    cuts = sorted({0, ra.MAX_CODE_POINT + 1, 0x80, 0x800, 0x10000, *(b for s in unique for lo, hi in s for b in (lo, hi + 1))})
+    cuts = sorted({0, ra.MAX_CODE_POINT + 1, *al._WIDTH_CUTS, *(b for s in unique for lo, hi in s for b in (lo, hi + 1))})
     small, wide = al._small_alphabet(unique, cuts), al._numpy_alphabet(unique, cuts)
     assert small.classes == wide.classes
     assert small.widths.tolist() == wide.widths.tolist() and small.widths.dtype == wide.widths.dtype

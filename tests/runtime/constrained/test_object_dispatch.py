@@ -255,9 +255,9 @@ def test_runs_and_layers_match_their_definitions():
     assert _runs(np.zeros(0, np.int64)) == []
     for _ in range(100):
         states = rng.choice(200, int(rng.integers(1, 60)), replace=True)
-        got = [q for first, end in _runs(states) for q in range(first, end)]
-        assert got == sorted(set(states.tolist()))
-        assert all(b < c for (_, b), (c, _) in zip(_runs(states), _runs(states)[1:]))  # runs are apart
+        runs = _runs(states)
+        assert [q for first, end in runs for q in range(first, end)] == sorted(set(states.tolist()))
+        assert all(b < c for (_, b), (c, _) in zip(runs, runs[1:]))  # runs are apart
         size, width = int(rng.integers(1, 400)), int(rng.integers(1, 8))
         table = np.where(rng.random((size, width)) < 0.3, rng.integers(0, size, (size, width)), -1)
         seen, level, want = {0}, [0], [[0]]
