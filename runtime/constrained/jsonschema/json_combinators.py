@@ -13,7 +13,7 @@ from .contract import SchemaCompiler
 from .json_disjoint import provably_disjoint
 from .json_required_choice import required_choice
 from .json_scalars import compiled_or_nothing, const_text
-from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type
+from .json_types import KNOWN_FORMATS, as_types, first_chars, infer_type, json_type, unchecked_format
 from .schema_merge import MAX_BRANCHES, Clash, Unsatisfiable, conjoin_all, conjoin_sub, normalize
 
 
@@ -166,6 +166,8 @@ def _flatten(c: SchemaCompiler, schema: object, path: str, seen: set[str], inlin
     normalized."""
     if not isinstance(schema, dict):
         return [schema]
+    if (report := unchecked_format(schema, path)) is not None:  # merged away below, so reported here
+        c.unenforced.append(report)
     s = normalize(schema, KNOWN_FORMATS)
     out: list[Any] = []
     if "$ref" in s:

@@ -13,6 +13,7 @@ satisfies `propertyNames`.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -38,6 +39,9 @@ ANY_ORDER_EXTRA_MAX_SIZE = 250
 # past those, where the schema is one regex, the object is a marker character that object_dispatch
 # replaces lazily: control characters, which JSON never writes raw (nor as whitespace), one per object
 LAZY_MARKERS = tuple(b for b in range(1, 0x20) if chr(b) not in " \t\n\r")
+# patternProperties of at most this many patterns: a key several match takes all their schemas, each set of them a
+# key kind (2^n - 1 kinds); past it keys two patterns share are refused (schemas hold 1-3 patterns as a rule)
+MAX_OVERLAPPING_PATTERNS = 4
 
 
 def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
@@ -160,10 +164,7 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         return []
     taken = [spellings(n) for n in declared]
     pattern_bodies = {p: pattern_body(p, f"{path}/patternProperties") for p in patterns}
-    kinds: list[tuple[ra.Node, Any, str]] = []
-    for p, sub in patterns.items():
-        others = [b for q, b in pattern_bodies.items() if q != p]  # keys two patterns share are left out
-        kinds.append((_key(pattern_bodies[p], taken + others), sub, f"{path}/patternProperties/{p}"))
+    kinds: list[tuple[ra.Node, Any, str]] = _pattern_kinds(patterns, pattern_bodies, taken, path)
     if extra is not False and unsaid:  # raw characters only: the declared names' raw spellings are all to avoid
         raw_names = [json.dumps(n, ensure_ascii=False)[1:-1] for n in declared]
         if pattern_bodies or not raw_names:
@@ -190,6 +191,32 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         except Unsatisfiable:
             continue
     return pairs
+
+
+def _pattern_kinds(patterns: dict, bodies: dict[str, ra.Node], taken: list[ra.Node],
+                   path: str) -> list[tuple[ra.Node, Any, str]]:
+    """The (key, schema, place) kinds of the members `patterns` read. A key that several patterns match takes
+    all their schemas (JSON Schema's rule), so up to MAX_OVERLAPPING_PATTERNS patterns each set of them is a
+    kind of its own: the keys every one of the set matches and no other does. Past that, keys two patterns
+    share are left out (refused, never let through)."""
+    if len(patterns) > MAX_OVERLAPPING_PATTERNS:
+        return [(_key(bodies[p], taken + [b for q, b in bodies.items() if q != p]), sub,
+                 f"{path}/patternProperties/{p}") for p, sub in patterns.items()]
+    kinds: list[tuple[ra.Node, Any, str]] = []
+    for size in range(1, len(patterns) + 1):
+        for group in itertools.combinations(patterns, size):
+            others = [b for q, b in bodies.items() if q not in group]
+            if size == 1:
+                kinds.append((_key(bodies[group[0]], taken + others), patterns[group[0]],
+                              f"{path}/patternProperties/{group[0]}"))
+                continue
+            shared = intersection([bodies[p] for p in group])
+            if shared.accept.max() < 0:  # no key matches them all
+                continue
+            subs = [patterns[p] for p in group if patterns[p] is not True and patterns[p] != {}]
+            sub = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
+            kinds.append((_key(ra.Compiled(shared), taken + others), sub, f"{path}/patternProperties"))
+    return kinds
 
 
 def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:

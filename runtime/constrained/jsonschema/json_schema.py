@@ -32,7 +32,7 @@ from .json_objects import LAZY_MARKERS, LazyObject, object_node
 from .json_refs import RefResolver
 from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
-from .json_types import KNOWN_FORMATS, first_chars, infer_type, lexes_alone, type_first_chars
+from .json_types import KNOWN_FORMATS, first_chars, infer_type, lexes_alone, type_first_chars, unchecked_format
 from .json_unions import Container, LinkedBody, merged_body
 from .schema_merge import JSON_TYPES, Unsatisfiable, normalize
 
@@ -299,11 +299,14 @@ class _SchemaCompiler:
                 for i, n in enumerate(nodes)]
 
     def separator(self, members_apart: bool) -> ra.Node:
-        """The comma between members or items; where they hold rules (or where asked), a lexeme starts
-        at it: one lexeme spanning an optional member would read on greedily into the next member's
-        key and fail where that member is absent."""
+        """The comma between members or items; where they hold rules (or where asked), it is a lexeme of its
+        own. A lexeme spanning an optional member would read on greedily into the next member's key and fail
+        where that member is absent; and a comma that starts one member's lexeme (`,"a":"..."`, rule-free) where
+        another member's comma stands alone (its value holds a rule) made the lexer read `,"` into the first and
+        refuse the second's key (JSONSchemaBench's strmprivacy DataConnector: a false reject)."""
         comma = self.punct(",")
-        return ra.seq(self.boundary(), comma) if (members_apart or self._split_all) and not self.exact_depth else comma
+        apart = (members_apart or self._split_all) and not self.exact_depth
+        return ra.seq(self.boundary(), comma, self.boundary()) if apart else comma
 
     def _one_lexeme(self, node: ra.Node) -> bool:
         """Whether `node` lexes as one lexeme: no rule in it, a large piece's (a rule of one lexeme: `piece`)
@@ -381,6 +384,8 @@ class _SchemaCompiler:
         return ra.Ref(name)
 
     def _compile(self, schema: dict, path: str) -> ra.Node:
+        if (report := unchecked_format(schema, path)) is not None:
+            self.unenforced.append(report)
         s = normalize(schema, KNOWN_FORMATS)
         for key in _UNSUPPORTED:
             if key in s:

@@ -10,6 +10,20 @@ from .json_scalars import FORMATS
 from .schema_merge import normalize
 
 KNOWN_FORMATS = frozenset(FORMATS)
+# JSON Schema's own formats (2020-12, section 7.3) that no regex here checks: validators that assert formats check
+# them (jsonschema's format checker does), so a schema naming one on a string compiles with the format reported as
+# not enforced. Any other unknown format ("int32", "path") is an annotation and is dropped silently, as the spec says
+UNCHECKED_FORMATS = frozenset({"idn-email", "idn-hostname", "iri", "iri-reference", "json-pointer",
+                               "relative-json-pointer", "regex", "uri-template"})
+
+
+def unchecked_format(schema: dict, path: str) -> str | None:
+    """The report of a format of UNCHECKED_FORMATS that `schema` names for its strings ("format regex at <path>"), if
+    any (a schema whose `type` rules out strings names it for nothing)."""
+    name, types = schema.get("format"), schema.get("type")
+    if name not in UNCHECKED_FORMATS or isinstance(types, (str, list)) and "string" not in as_types(types):
+        return None
+    return f"format {name} at {path or '#'}"
 
 
 _TYPE_HINTS = (

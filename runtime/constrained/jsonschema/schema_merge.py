@@ -137,9 +137,26 @@ def _combine(key: str, x: Any, y: Any, a: dict, b: dict) -> Any:  # noqa: ANN401
         return [conjoin_sub(_item(x, a, i), _item(y, b, i)) for i in range(n)]
     if key in ("anyOf", "oneOf") and isinstance(x, list) and isinstance(y, list):
         if len(x) * len(y) <= MAX_BRANCHES:
-            return [conjoin_sub(p, q) for p in x for q in y]  # exactly one pair holds iff one of each does
-        return [conjoin_sub(p, {key: y}) for p in x]  # too many pairs: the other choice inside each branch
+            pairs = [(p, q) for p in x for q in y]  # exactly one pair holds iff one of each does
+        else:
+            pairs = [(p, {key: y}) for p in x]  # too many pairs: the other choice inside each branch
+        return _satisfiable_branches(pairs)
     raise Clash(key)
+
+
+def _satisfiable_branches(pairs: list[tuple[Any, Any]]) -> list:
+    """The pairs' conjunctions that some value can satisfy: a pair of branches with no common type (a string
+    branch against a null one) holds for no value, so it drops out rather than making the whole conjunction
+    unsatisfiable (`{"oneOf": [string, object]}` and `{"oneOf": [string, null]}` is a string); none left: none."""
+    branches = []
+    for p, q in pairs:
+        try:
+            branches.append(conjoin_sub(p, q))
+        except Unsatisfiable:
+            continue
+    if not branches:
+        raise Unsatisfiable("no branch of one choice satisfies a branch of the other")
+    return branches
 
 
 def _types(x: object, y: object) -> list[str]:

@@ -2,11 +2,12 @@
 instance: the schema walked along the instance path, as the output is read (unique_items.py enforces it).
 
 A place ("loc") is the set of alternatives the schema leaves there, each a conjunction of subschemas:
-`allOf` and `$ref` add conjuncts, `anyOf` / `oneOf` split alternatives, and a member or an item takes,
+`allOf` and `$ref` add conjuncts, `anyOf` / `oneOf` split alternatives (as do `then` / `else` and dependent
+schemas, whose conditions the walk does not judge: _conditional_branches), and a member or an item takes,
 per conjunct, `properties` / `patternProperties` / `additionalProperties` or `prefixItems` / `items` /
 `additionalItems`. An array there must hold distinct items when every alternative that admits an array
-has a conjunct with `uniqueItems: true`. Everything this walk leaves out (`not`, `if`/`then`/`else`,
-dependencies, a `$ref` cycle met without descending, a union past MAX_ALTERNATIVES) only drops
+has a conjunct with `uniqueItems: true`. Everything this walk leaves out (`not`, an `if` condition's own
+keywords, a `$ref` cycle met without descending, a union past MAX_ALTERNATIVES) only drops
 conjuncts or whole places (no alternatives' demands): fewer arrays are held to distinct items, never more,
 so no valid output is refused. Where a union leaves an array's uniqueness open, it is reported.
 """
@@ -55,6 +56,22 @@ def _matches(pattern: str, key: str | _Sample) -> bool | None:
 
 def _product(a: Loc, b: Loc) -> Loc:
     return frozenset(x | y for x in a for y in b)
+
+
+def _conditional_branches(s: dict) -> list[tuple[object, ...]]:
+    """The schemas that apply to an instance of `s` under a condition the walk cannot judge, each as its choice of
+    branches: `then` or `else` (whichever `if` picks; a missing one is true), and each dependent schema or nothing
+    (as its property is present or not). Taken as unions, an array they ask distinct items of is held to it only
+    where every branch asks it, and otherwise reported (a `uniqueItems` under `then` alone was neither)."""
+    out: list[tuple[object, ...]] = []
+    if "if" in s and ("then" in s or "else" in s):
+        out.append((s.get("then", True), s.get("else", True)))
+    for word in ("dependentSchemas", "dependencies"):
+        deps = s.get(word)
+        for dep in deps.values() if isinstance(deps, dict) else ():
+            if isinstance(dep, dict):  # a list is dependentRequired's: names, no schema
+                out.append((dep, True))
+    return out
 
 
 class UniqueWalk:
@@ -128,6 +145,10 @@ class UniqueWalk:
                     alts = _product(alts, frozenset().union(*(self._expand(m) for m in s[word])))
                 if len(alts) > MAX_ALTERNATIVES:
                     break
+            for branches in _conditional_branches(s):  # a choice of demands: held where every branch holds them
+                if len(alts) > MAX_ALTERNATIVES:
+                    break
+                alts = _product(alts, frozenset().union(*(self._expand(b) for b in branches)))
         finally:
             self._expanding.discard(key)
         if len(alts) > MAX_ALTERNATIVES:

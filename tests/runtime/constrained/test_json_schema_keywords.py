@@ -627,3 +627,79 @@ def test_date_formats_accept_exactly_the_dates_jsonschema_checks(compiler):
         constraint = compiler.compile("json_schema", {"type": "string", "format": fmt})
         for text in texts:
             assert accepts(constraint, json.dumps(text)) == checker.conforms(text, fmt), (fmt, text)
+
+
+def test_every_format_jsonschema_checks_is_enforced_or_reported(compiler):
+    """The oracle is jsonschema's 2020-12 format checker: each format it asserts is enforced here, or the schema
+    compiles with it reported as not enforced (a response's meta_info names it; JSONSchemaBench's `"format":
+    "regex"` instances were false accepts nothing reported). Other formats are annotations: no report."""
+    from radixlang.runtime.constrained.jsonschema.json_types import KNOWN_FORMATS
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for fmt in sorted(checker.checkers):
+        schema = {"type": "object", "properties": {"p": {"type": "string", "format": fmt}}}
+        expected = () if fmt in KNOWN_FORMATS else (f"format {fmt} at #/properties/p",)
+        assert compile_json_schema(schema).unenforced == expected, fmt
+    regex = compiler.compile("json_schema", {"type": "string", "format": "regex"})
+    assert not checker.conforms("[", "regex") and accepts(regex, '"["')  # not enforced ...
+    assert unenforced(regex) == ("format regex at #",)  # ... and said so
+    # an allOf part's format is merged away before the string compiles: reported where the part names it
+    assert compile_json_schema({"allOf": [{"type": "string"}, {"format": "uri-template"}]}).unenforced == \
+        ("format uri-template at #/allOf/1",)
+    assert compile_json_schema({"type": ["integer", "null"], "format": "regex"}).unenforced == ()  # no strings
+    assert compile_json_schema({"type": "string", "format": "int32"}).unenforced == ()  # an annotation
+
+
+def test_a_key_several_patterns_match_takes_all_their_schemas(compiler):
+    """JSON Schema applies every patternProperties entry whose pattern matches a key; such keys were refused
+    outright (JSONSchemaBench o82151's `hipchat` beside `.*`: a false reject). jsonschema is the oracle."""
+    strict_hipchat = {"type": "object", "properties": {"enabled": {"type": "boolean"}, "url": {"type": "string"}},
+                      "additionalProperties": False}
+    loose = {"type": "object", "properties": {"enabled": {"type": "boolean"}, "level": {"type": "integer"}}}
+    schemas = [
+        {"type": "object", "patternProperties": {"hipchat": strict_hipchat, ".*": loose}},
+        {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "number", "minimum": 3},
+                                                 "^ab": {"type": "integer", "maximum": 5}}, "additionalProperties": False},
+        {"type": "object", "properties": {"abc": {"type": "integer"}},
+         "patternProperties": {"^a": {"type": "integer"}, "c$": {"type": "number", "maximum": 5}}},
+    ]
+    instances = ['{"hipchat":{"enabled":true,"url":"u"}}', '{"hipchat":{"level":1}}', '{"hipchat":{"url":1}}',
+                 '{"xhipchatx":{}}', '{"x":{"level":2}}', '{"x":{"level":"2"}}', '{"hipchat":1}', '{"ab":4}',
+                 '{"ab":2}', '{"ab":6}', '{"a":1}', '{"b":1}', '{"b":"x"}', '{"a":"x"}', '{"abc":9}', '{"ac":6}',
+                 '{"c":7}', '{"zc":"s"}', '{"a":1,"ab":3,"b":4}']
+    for schema in schemas:
+        constraint = compiler.compile("json_schema", schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in instances:
+            assert accepts(constraint, text) == validator.is_valid(json.loads(text)), (schema, text)
+
+
+def test_an_allof_of_choices_keeps_the_pairs_some_value_satisfies(compiler):
+    """allOf of two oneOf / anyOf whose branches pair up as types that never meet (a string and a null) was refused
+    whole as unsatisfiable (JSON:API's pagination links, JSONSchemaBench o366: a false reject of every `next`); the
+    pairs that hold for no value drop out. jsonschema is the oracle."""
+    link = {"oneOf": [{"type": "string", "maxLength": 4}, {"type": "object", "required": ["href"],
+                                                           "properties": {"href": {"type": "string"}}}]}
+    page = {"oneOf": [{"type": "string"}, {"type": "null"}]}
+    instances = ['"/b"', '"/long"', '"/longer"', "null", '{"href":"/x"}', "1", '{"a":1}']
+    for schema in ({"allOf": [link, page]}, {"allOf": [{"anyOf": link["oneOf"]}, {"anyOf": page["oneOf"]}]},
+                   {"type": "object", "properties": {"next": {"allOf": [link, page]}}}):
+        constraint = compiler.compile("json_schema", schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in instances:
+            doc = text if "properties" not in schema else '{"next":' + text + "}"
+            assert accepts(constraint, doc) == validator.is_valid(json.loads(doc)), (schema, doc)
+    with pytest.raises(ValueError, match="no value"):  # no pair at all: still refused as unsatisfiable
+        compiler.compile("json_schema", {"allOf": [{"oneOf": [{"type": "integer"}, {"type": "boolean"}]}, page]})
+
+
+def test_undeclared_members_of_two_kinds_follow_one_another_in_a_grammar(compiler):
+    """A declared member's comma was one lexeme with it (`,"a":"..."`) where an undeclared member's stood alone
+    (its value a rule): after a comma the lexer read `,"` on into the declared one and refused any other key
+    (JSONSchemaBench's strmprivacy DataConnector). jsonschema is the oracle."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"^b$": {"type": "string"}},
+              "additionalProperties": {"title": "any value"}}
+    constraint = compiler.compile("json_schema", schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ('{"x":1,"y":2}', '{"b":"s","x":[1]}', '{"x":{},"b":"s","a":"t","y":null}', '{"b":1}', '{"a":2,"x":1}',
+                 '{"x":1,"a":"s","y":{"z":[true]}}'):
+        assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text

@@ -28,6 +28,10 @@ CASES = [
     ({"type": "array", "items": {"type": "array"}, "uniqueItems": True}, ['[[],[]]', '[[1,[2]],[1,[2.0]]]', '[[1],[]]']),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}, "uniqueItems": True},
      ['[1,"1"]', '[1,"a","a"]']),
+    # then and else both ask it: held whichever `if` picks
+    ({"type": "object", "if": {"properties": {"k": {"const": "x"}}, "required": ["k"]},
+      "then": {"properties": {"a": STRINGS}}, "else": {"properties": {"a": STRINGS, "b": {"type": "null"}}}},
+     ['{"k":"x","a":["p","p"]}', '{"a":["p","p"]}', '{"a":["p","q"]}', '{"k":"x","a":["p","q"]}']),
 ]
 
 
@@ -57,6 +61,25 @@ def test_a_union_that_leaves_it_open_is_reported_and_relaxing_it_drops_the_scan(
     assert _accepts(constraint, "[1,1]")  # valid: the second branch
     relaxed = ConstraintCompiler(lambda: vocab, json_relaxed="uniqueItems").compile("json_schema", STRINGS)
     assert not isinstance(relaxed, UniqueItems) and unenforced(relaxed) == ("uniqueItems at #",)
+
+
+def test_a_condition_that_leaves_it_open_is_reported(unique_compiler):
+    """`then` alone, or a dependent schema, asks distinct items under a condition the scan does not judge: reported
+    (JSONSchemaBench's anywork-ac-1.1 accepted a repeat with nothing reported), and enforced where it also holds
+    unconditionally."""
+    then_only = {"type": "object", "if": {"properties": {"k": {"const": "x"}}, "required": ["k"]},
+                 "then": {"properties": {"a": STRINGS}}}
+    constraint = unique_compiler.compile("json_schema", then_only)
+    assert unenforced(constraint) == ("uniqueItems at #/then/properties/a",)
+    assert _accepts(constraint, '{"a":["p","p"]}')  # valid: `if` fails, no demand
+    dependent = {"type": "object", "properties": {"k": {"type": "null"}}, "dependentSchemas": {"k": {"properties": {
+        "a": STRINGS}}}}
+    assert unenforced(unique_compiler.compile("json_schema", dependent)) == \
+        ("uniqueItems at #/dependentSchemas/k/properties/a",)
+    both = {**then_only, "properties": {"a": STRINGS}}
+    constraint = unique_compiler.compile("json_schema", both)
+    assert isinstance(constraint, UniqueItems) and unenforced(constraint) == ()
+    assert not _accepts(constraint, '{"a":["p","p"]}') and _accepts(constraint, '{"a":["p","q"]}')
 
 
 def test_masks_agree_with_advance_on_every_token(unique_compiler, vocab):
