@@ -199,20 +199,17 @@ def _pattern_kinds(patterns: dict, bodies: dict[str, ra.Node], taken: list[ra.No
     all their schemas (JSON Schema's rule), so up to MAX_OVERLAPPING_PATTERNS patterns each set of them is a
     kind of its own: the keys every one of the set matches and no other does. Past that, keys two patterns
     share are left out (refused, never let through)."""
+    kinds: list[tuple[ra.Node, Any, str]] = [  # the keys one pattern alone matches
+        (_key(bodies[p], taken + [b for q, b in bodies.items() if q != p]), sub, f"{path}/patternProperties/{p}")
+        for p, sub in patterns.items()]
     if len(patterns) > MAX_OVERLAPPING_PATTERNS:
-        return [(_key(bodies[p], taken + [b for q, b in bodies.items() if q != p]), sub,
-                 f"{path}/patternProperties/{p}") for p, sub in patterns.items()]
-    kinds: list[tuple[ra.Node, Any, str]] = []
-    for size in range(1, len(patterns) + 1):
+        return kinds
+    for size in range(2, len(patterns) + 1):
         for group in itertools.combinations(patterns, size):
-            others = [b for q, b in bodies.items() if q not in group]
-            if size == 1:
-                kinds.append((_key(bodies[group[0]], taken + others), patterns[group[0]],
-                              f"{path}/patternProperties/{group[0]}"))
-                continue
             shared = intersection([bodies[p] for p in group])
             if shared.accept.max() < 0:  # no key matches them all
                 continue
+            others = [b for q, b in bodies.items() if q not in group]
             subs = [patterns[p] for p in group if patterns[p] is not True and patterns[p] != {}]
             sub = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
             kinds.append((_key(ra.Compiled(shared), taken + others), sub, f"{path}/patternProperties"))
