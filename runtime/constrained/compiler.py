@@ -14,6 +14,7 @@ from .grammar.constraint import GrammarConstraint
 from .grammar.lalr import build_lark
 from .grammar.rule_grammar import rules_grammar
 from .growing_dfa import GrowingDfa
+from .jsonschema.json_objects import ANY_MARKER_PATH
 from .jsonschema.json_schema import (
     JsonGrammar,
     Relaxed,
@@ -177,7 +178,7 @@ class ConstraintCompiler:
         while True:
             grammar = compiled(lazy_objects=not strict, not_lazy=not_lazy)
             built: Constraint
-            if not grammar.lazy:
+            if not grammar.lazy and grammar.any_level is None:
                 try:
                     built = _built(grammar, self.vocab, None if strict else JSON_REGEX_MAX_STATES)
                 except ValueError:
@@ -187,8 +188,11 @@ class ConstraintCompiler:
                     built = _built(compiled(checked_objects=False), self.vocab)
                 break
             try:
-                built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab)
+                built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab, grammar.any_level)
             except NotLazy as e:
+                if e.paths == {ANY_MARKER_PATH}:  # only undeclared values clash: they nest a bounded depth instead
+                    not_lazy |= e.paths
+                    continue
                 # objects that cannot be lazy (a union of them, say): as a grammar they take any order, checked by
                 # the parser; where that too would keep some in declared order, they keep it in the one DFA,
                 # each round taking one or two out

@@ -11,6 +11,9 @@ over all 256 bytes, and a state that reads a marker reads the object instead:
   the marker led;
 - a key's final state leads into its member's *value* (the colon and the value: a DFA built once per
   member, up front), whose final states lead on into the hub of W plus that member.
+An undeclared value's containers nested past the inline depth are a marker too (json_objects.ANY_MARKER):
+it reads a *level*, any JSON object or array whose values are scalars or the marker again, whose final
+states lead where the marker led, so such a value nests as deep as a decode writes it.
 Hubs and values are appended to the table the first time a walk reaches them (growing_dfa), so a decode
 builds the n + 1 hubs and n values it visits; a value's states past its first few bytes are laid a stretch at a
 time when a walk first reaches one (a mask walk from a key reads a few bytes into many values it never enters; a
@@ -29,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from .growing_dfa import MAX_GROWN_STATES, GrowingDfa
-from .jsonschema.json_objects import LazyObject
+from .jsonschema.json_objects import ANY_MARKER, ANY_MARKER_PATH, LazyObject
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex import regex_ast as ra
@@ -59,6 +62,7 @@ REST_AHEAD_BYTES = 16
 # already, so this lays few more rows and saves a quarter of the walks that stop at an unbuilt row (rc2: 976 ->
 # 729); a further byte laid a few percent more rows for fewer saved walks
 BUILD_AHEAD_BYTES = 1
+ANY_LEVEL = -1  # a marker's object index for ANY_MARKER: a level of any containers (ObjectDispatch._any)
 
 
 class NotLazy(ValueError):
@@ -77,7 +81,7 @@ class _Part:
     trans: np.ndarray  # [S, 256] int32
     accept: np.ndarray  # [S] int32: the accepted pattern's index, or -1
     start: int
-    markers: dict[int, tuple[int, int]]  # state -> (lazy object, state after the object)
+    markers: dict[int, tuple[int, int]]  # state -> (lazy object, or ANY_LEVEL; the state after it)
     classes: np.ndarray | None = None  # [S, K] the DFA over its byte classes, markers read (_part's): for searches
     layers: _Layers | None = None  # a value's (_split; None: laid whole): its states by distance from the start
 
@@ -144,12 +148,16 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
     trans = dfa.trans[:, dfa.byte_class].astype(np.int32)
     markers: dict[int, tuple[int, int]] = {}
     clashes: set[str] = set()
-    for k, obj in enumerate(objects):
-        column = trans[:, ord(obj.marker)].copy()
-        trans[:, ord(obj.marker)] = -1
+    path = [*(obj.path for obj in objects), ANY_MARKER_PATH]  # by index: ANY_LEVEL is the last
+    for k, marker in [*enumerate(obj.marker for obj in objects), (ANY_LEVEL, ANY_MARKER)]:
+        column = trans[:, ord(marker)].copy()
+        trans[:, ord(marker)] = -1
+        opens = trans[:, ord("{")] >= 0
+        if k == ANY_LEVEL:
+            opens |= trans[:, ord("[")] >= 0
         for s in np.flatnonzero(column >= 0).tolist():
-            if s in markers or trans[s, ord("{")] >= 0:
-                clashes |= {obj.path} | ({objects[markers[s][0]].path} if s in markers else set())
+            if s in markers or opens[s]:
+                clashes |= {path[k]} | ({path[markers[s][0]]} if s in markers else set())
             else:
                 markers[s] = (k, int(column[s]))
     if clashes:
@@ -176,7 +184,8 @@ def _doubled(rows: np.ndarray, used: int) -> np.ndarray:
 class ObjectDispatch(GrowingDfa):
     """A JSON schema's DFA whose lazy objects (json_objects.LazyObject) are built on first reach."""
 
-    def __init__(self, root: ra.Node, objects: tuple[LazyObject, ...], vocab: TokenVocab):
+    def __init__(self, root: ra.Node, objects: tuple[LazyObject, ...], vocab: TokenVocab,
+                 any_level: ra.Node | None = None):
         self.objects, self.vocab = objects, vocab
         self._longest = int(vocab.lengths.max(initial=0))  # bytes: how far a walk reads (_lay_rest)
         self._lock = threading.Lock()
@@ -198,6 +207,9 @@ class ObjectDispatch(GrowingDfa):
                 if (part.trans[finals][:, _AFTER_MEMBER] >= 0).any() or any(finals[s] for s in part.markers):
                     clashes.add(obj.path)  # a member's value reads on where the next member starts
         root_part = checked([root])
+        # ANY_MARKER's level, laid where a decode reaches one (`_any`, one copy per place it leads back to)
+        self._any_part = checked([any_level]) if any_level is not None else None
+        self._any_starts: dict[int, int] = {}
         if clashes or root_part is None:
             raise NotLazy("objects start where others do, or a member's value reads on where the next "
                           "member starts", clashes)
@@ -262,7 +274,9 @@ class ObjectDispatch(GrowingDfa):
             built[which] = True
         for s, (k, after) in part.markers.items():
             if built[s]:
-                self._defer(offset + s, functools.partial(self._hub, k, 0, True, offset + after), False)
+                target = functools.partial(self._any, offset + after) if k == ANY_LEVEL else \
+                    functools.partial(self._hub, k, 0, True, offset + after)
+                self._defer(offset + s, target, False)
                 built[s] = False
         if finals_to is not None:
             for s in np.flatnonzero((part.accept >= 0) & built).tolist():
@@ -325,6 +339,19 @@ class ObjectDispatch(GrowingDfa):
                 self._defer(offset + s, target, take_accept=True)
             self._hubs[key] = start
         return self._hubs[key]
+
+    def _any(self, exit: int) -> int:
+        """A level of any containers whose final states (the closing bracket) lead into `exit`'s row, as the
+        brace of a hub does."""
+        if exit not in self._any_starts:
+            part = self._any_part
+            assert part is not None, "a table reads ANY_MARKER only where the schema gave its level"
+            start = self._lay(part)
+            offset = start - part.start
+            for s in np.flatnonzero(part.accept >= 0).tolist():
+                self._defer(offset + s, functools.partial(int, exit), take_accept=True)
+            self._any_starts[exit] = start
+        return self._any_starts[exit]
 
     def _hub_part(self, k: int, written: int, opening: bool) -> _Part:
         """The hub's DFA: the keys DFA without the keys written, nor the brace while a required member is

@@ -28,7 +28,7 @@ from .json_arrays import array_node
 from .json_checked import checked_object
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
-from .json_objects import LAZY_MARKERS, LazyObject, object_node
+from .json_objects import ANY_MARKER, ANY_MARKER_PATH, LAZY_MARKERS, LazyObject, object_node
 from .json_refs import RefResolver
 from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
@@ -42,8 +42,10 @@ PIECE = "piece_"  # the names of rules made only for size (`piece`): their bodie
 JSON_REGEX_MAX_SIZE = 20_000  # a schema whose regex is larger (in NFA states) compiles as a grammar
 JSON_RULE_SIZE = 2_000  # ... where every object, array or string larger than this is a rule of its own
 # in a schema that is otherwise regular, an undeclared property's value (the default `additionalProperties`)
-# nests at most this deep (two: an object of arrays, as real configuration values are), so the schema stays
-# one DFA; in one that is a grammar anyway, any value
+# nests at most this deep (two: an object of arrays, as most values are), so the schema stays one DFA; where the
+# schema has lazily built objects anyway, deeper containers are a marker (json_objects.ANY_MARKER) that
+# object_dispatch lays a level at a time as a decode reaches it, so the value nests any depth (not inside oneOf /
+# not, whose languages are intersected and subtracted); in a schema that is a grammar, any value
 UNDECLARED_VALUE_DEPTH = 2
 RELAXABLE = frozenset({"uniqueItems", "oneOf"})  # keywords a caller may leave unenforced where they cannot be enforced
 _UNSUPPORTED = ("contains", "$dynamicRef", "$recursiveRef")
@@ -58,6 +60,7 @@ class JsonGrammar:
     unenforced: tuple[str, ...] = ()  # relaxed keywords the schema holds: "<keyword> at <path>"
     lazy: tuple[LazyObject, ...] = ()  # objects `root` holds as markers, built lazily (object_dispatch)
     checks: tuple[MemberCheck, ...] = ()  # objects `rules` reads in any order, checked (grammar/member_check)
+    any_level: ra.Node | None = None  # where `root` reads json_objects.ANY_MARKER: the level of containers it reads
 
 
 def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
@@ -129,8 +132,13 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
             small = not rules_form and all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
                 node, *compiler.rules.values(), *(v for o in lazy for v in (*o.values, *o.extra_values))))
             if small and not compiler.rules:
-                return JsonGrammar(node, {}, _summary(compiler.unenforced), tuple(lazy))
-            if lazy:  # a grammar, whose objects are never lazy: sized as they would be without
+                if compiler.lazy_any and not lazy:  # no lazy object: one plain DFA builds and walks faster than a
+                    # growing table (a fifth off compile p50 on JSONSchemaBench), so its undeclared values are bounded
+                    return compile_json_schema(schema, whitespace, relaxed, strict, lazy_objects,
+                                               not_lazy | {ANY_MARKER_PATH}, checked_objects, rules_form)
+                return JsonGrammar(node, {}, _summary(compiler.unenforced), tuple(lazy),
+                                   any_level=_any_level(ws) if compiler.lazy_any else None)
+            if lazy or compiler.lazy_any:  # a grammar, whose objects are never lazy: sized as they would be without
                 raise _LazyInExact()
     except _LazyInExact:  # or its intersection or difference would not see the lazy object's members
         return compile_json_schema(schema, whitespace, relaxed, strict, rules_form=rules_form)
@@ -166,24 +174,40 @@ def _holds_marker(out: object) -> bool:
         return any(_holds_marker(x) for x in out)
     if not isinstance(out, ra.Node):  # type: ignore[arg-type]  # Node is a union of node classes
         return False
-    lo, hi = min(LAZY_MARKERS), max(LAZY_MARKERS)
+    lo, hi = min(LAZY_MARKERS), max(*LAZY_MARKERS, ord(ANY_MARKER))
     return any(a <= hi and b >= lo for ranges in char_sets([cast(ra.Node, out)]) for a, b in ranges)
 
 
-@functools.lru_cache(maxsize=8)
-def _bounded_any_value(ws: ra.Node) -> ra.Node:
-    """Any JSON value nesting at most UNDECLARED_VALUE_DEPTH deep, as one minimal DFA (built once)."""
-    value = ra.alt(string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"))
+def _containers(ws: ra.Node, value: ra.Node) -> ra.Node:
+    """A JSON object or array whose members' and items' values are `value`."""
     comma, colon = ra.seq(ws, ra.literal(","), ws), ra.seq(ws, ra.literal(":"), ws)
+    pair = ra.seq(string_node(), colon, value)
+    return ra.alt(
+        ra.seq(ra.literal("{"), ws, ra.optional(ra.seq(pair, ra.repeat(ra.seq(comma, pair), 0, None))), ws,
+               ra.literal("}")),
+        ra.seq(ra.literal("["), ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), ws,
+               ra.literal("]")))
+
+
+@functools.lru_cache(maxsize=16)
+def _any_value(ws: ra.Node, lazy: bool) -> ra.Node:
+    """Any JSON value, its containers inline UNDECLARED_VALUE_DEPTH levels deep, as one minimal DFA (built once);
+    past those, with `lazy`, the containers' marker (`_any_level`'s), else none."""
+    scalar = ra.alt(string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"))
+    # a value reads a container inline or (at the last level) the marker, never both: object_dispatch lays the
+    # marker's level beside the state's own moves, which must read apart
+    value = ra.alt(scalar, ra.literal(ANY_MARKER)) if lazy else scalar
     for _ in range(UNDECLARED_VALUE_DEPTH):
-        pair = ra.seq(string_node(), colon, value)
-        value = ra.alt(
-            value,
-            ra.seq(ra.literal("{"), ws, ra.optional(ra.seq(pair, ra.repeat(ra.seq(comma, pair), 0, None))), ws,
-                   ra.literal("}")),
-            ra.seq(ra.literal("["), ws, ra.optional(ra.seq(value, ra.repeat(ra.seq(comma, value), 0, None))), ws,
-                   ra.literal("]")))
+        value = ra.alt(scalar, _containers(ws, value))
     return ra.Compiled(own_chars([value], False))
+
+
+@functools.lru_cache(maxsize=8)
+def _any_level(ws: ra.Node) -> ra.Node:
+    """What ANY_MARKER reads: one level of containers, whose values are scalars or the marker again."""
+    return ra.Compiled(own_chars([_containers(ws, ra.alt(
+        string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"),
+        ra.literal(ANY_MARKER)))], False))
 
 
 def _summary(reports: list[str], shown: int = 3) -> tuple[str, ...]:
@@ -214,6 +238,7 @@ class _SchemaCompiler:
         self._piece_count = 0
         self.exact_depth = 0  # >0 inside oneOf / not / enum, where sub-languages must stay regular
         self.bounded_any = 0  # >0: any value nests at most UNDECLARED_VALUE_DEPTH deep (one regex, fewer values)
+        self.lazy_any = False  # an undeclared value holds ANY_MARKER (lazy mode, outside exact languages)
         self.pending_firsts: dict[str, ra.Ranges | None] = {}  # rules being compiled: first characters by type
         self.refs = RefResolver(root)
         self.ws = ws
@@ -352,7 +377,7 @@ class _SchemaCompiler:
     # ---- dispatch -----------------------------------------------------------------------------
     def compile(self, schema: object, path: str) -> ra.Node:
         deadline.check()
-        if self.lazy and self.rules:  # lazy objects in a grammar: it compiles again without them, so stop now
+        if (self.lazy or self.lazy_any) and self.rules:  # markers in a grammar: it compiles again without, so stop now
             raise _LazyInExact()
         if schema is True:
             return self.any_value()
@@ -465,8 +490,11 @@ class _SchemaCompiler:
     def named(self, key: str, target: object, name: str, path: str) -> ra.Node:
         """`target` compiled once per `key` (and split mode: an inline body remade split must not come
         back unsplit from the memo); met again inside its own compilation, it is the rule `name`."""
+        # inside an exact language an undeclared value is bounded, not the marker: a reference compiled outside reads
+        # differently there
+        bounded = self.bounded_any or (self.exact_depth and self.lazy is not None)
         memo = ("split:" if self._split_all else "") + ("strict:" if self.strict and not self.strict_root else "") \
-            + ("bounded:" if self.bounded_any else "") + key
+            + ("bounded:" if bounded else "") + key
         hit = self._inline.get(memo)
         if hit is None and isinstance(self._inline.get(key), ra.Ref):  # a rule reads alike in either mode
             hit = self._inline[key]
@@ -501,14 +529,19 @@ class _SchemaCompiler:
 
     # ---- any value ----------------------------------------------------------------------------
     def undeclared_value(self) -> ra.Node:
-        """The value of a property the schema says nothing about: any JSON value where the schema is a
-        grammar anyway, else any value nesting at most UNDECLARED_VALUE_DEPTH deep (one regex)."""
+        """The value of a property the schema says nothing about: any JSON value, as a rule where the schema is a
+        grammar anyway, else in the regex with its deeper containers a marker object_dispatch lays (lazy mode);
+        where a marker cannot be, any value nesting at most UNDECLARED_VALUE_DEPTH deep."""
         if self.any_undeclared:
             return self.any_value()
+        if (self.lazy is not None and not self.exact_depth and not self.bounded_any
+                and ANY_MARKER_PATH not in self.not_lazy):
+            self.lazy_any = True
+            return _any_value(self.ws, True)
         return self.bounded_value()
 
     def bounded_value(self) -> ra.Node:
-        return _bounded_any_value(self.ws)
+        return _any_value(self.ws, False)
 
     def any_value(self) -> ra.Node:
         if self.bounded_any:

@@ -4,6 +4,7 @@ nested large objects) are accepted exactly when valid with unique keys (undeclar
 and random walks of the token masks end in valid objects."""
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -267,3 +268,69 @@ def test_runs_and_layers_match_their_definitions():
             want.append(level)
         got_levels = _Layers(table, 0).upto(len(want) + 2)
         assert [lv.tolist() for lv in got_levels] == want
+
+
+def random_json(rng: random.Random, depth: int) -> str:
+    """Any JSON value nesting up to `depth` containers deep."""
+    if depth == 0 or rng.random() < 0.25:
+        return rng.choice(['1', '"s"', 'true', 'null', '-2.5', '""'])
+    items = [random_json(rng, depth - 1) for _ in range(rng.randint(0, 2))]
+    if rng.random() < 0.5:
+        return "[" + ",".join(items) + "]"
+    return "{" + ",".join(f'"k{i}":{v}' for i, v in enumerate(items)) + "}"
+
+
+def test_undeclared_values_in_a_lazily_built_table_nest_any_depth(compiler):
+    """An undeclared member's value (and a free-form object's) is inline two levels deep; deeper containers are a
+    marker the table lays a level at a time as the decode reaches it. Before, such values nested two levels at
+    most and deeper ones were refused (JSONSchemaBench's Kubernetes objects under a `{"type": "object"}`).
+    Random values up to 6 deep, some made malformed (a bracket dropped, a comma before one), accepted exactly
+    when jsonschema says valid; the masks at each byte of a deep value equal each token's bytes fed one at a
+    time, where a level is laid and where it closes."""
+    schema = {"type": "object", "properties": {**{f"p{i}": DIGIT for i in range(N - 2)}, "data": {"type": "object"}},
+              "required": ["p0"]}
+    constraint = compiler.compile("json_schema", schema)
+    assert isinstance(constraint, ObjectDispatch) and constraint.unenforced == ()
+    validator = jsonschema.Draft202012Validator(schema)
+    rng, seen = random.Random(5), {True: 0, False: 0, "deep": 0}
+    for _ in range(120):
+        values = {"data": "{" + f'"a":{random_json(rng, 5)}' + "}", "x": random_json(rng, 6), "p3": "4"}
+        members = ['"p0":1'] + [f'"{k}":{values[k]}' for k in rng.sample(sorted(values), 2)]
+        rng.shuffle(members)
+        text = "{" + ",".join(members) + "}"
+        if rng.random() < 0.2:
+            at = rng.choice([i for i, ch in enumerate(text) if ch in "]}"][:-1] or [len(text) - 1])
+            text = text[:at] + ("," if rng.random() < 0.5 else "") + text[at + 1:]
+        try:
+            valid = validator.is_valid(json.loads(text)) and unique_keys(text)
+        except ValueError:
+            valid = False
+        seen[valid] += 1
+        seen["deep"] += valid and max(itertools.accumulate(1 if ch in "[{" else -1 if ch in "]}" else 0
+                                                           for ch in text)) > 4
+        assert accepts(constraint, text) == valid, text
+    assert seen[True] > 40 and seen[False] > 15 and seen["deep"] > 10, seen
+    deep = '{"x":{"a":[{"b":{"c":[1,{"d":"e"}]}}]},"p0":1}'
+    masks_along(constraint, constraint.vocab, deep, brute_at=(9, 14, 19, 24, 29, 33, 37, 38, 39, 40))
+
+
+def test_undeclared_values_where_another_value_reads_a_brace_nest_a_bounded_depth(compiler):
+    """A large object's member that is an anyOf of two small objects, where `b` is an undeclared value in one and
+    three closed objects deep in the other: after `{"b":{"y":{"w":` one reads the marker (the third level) and the
+    other a brace, so the table cannot lay the marker there; the schema compiles again with undeclared values two
+    levels deep at most (as before), still a lazily built table; its language against jsonschema within that
+    depth."""
+    def closed(properties: dict) -> dict:
+        return {"type": "object", "properties": properties, "additionalProperties": False}
+
+    member = {"anyOf": [{"type": "object", "properties": {"a": DIGIT}},
+                        closed({"a": DIGIT, "b": closed({"y": closed({"w": closed({"z": DIGIT})})})})]}
+    schema = {"type": "object", "properties": {**{f"p{i}": DIGIT for i in range(N - 2)}, "k": member},
+              "required": ["k"], "additionalProperties": False}
+    constraint = compiler.compile("json_schema", schema)
+    assert isinstance(constraint, ObjectDispatch) and constraint.unenforced == ()
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ('{"k":{"b":{"y":{"w":{"z":1}}}}}', '{"k":{"b":{"y":{"w":1}}}}', '{"k":{"b":[1]}}',
+                 '{"k":{"b":{"q":[1]}},"p1":2}', '{"k":{"a":"s"}}', '{"k":{"a":2,"c":[1]}}', '{"k":{"b":{"z":"s"}}}',
+                 '{"p1":1}'):
+        assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text
