@@ -55,8 +55,10 @@ def _checked(c: SchemaCompiler, shapes: list[ObjectShape]) -> tuple[ra.Node, Mem
             by_name.setdefault(name, {}).setdefault(value, [node, 0])[1] |= 1 << b
     members: list[_Member] = []
     for name, values in by_name.items():
-        # a branch open to any value takes other branches' keys it does not declare
-        open_bits = sum(1 << b for b, s in enumerate(shapes) if union and c.any_undeclared and s.open_any
+        # a branch open to any value takes other branches' keys it does not declare, with their values (a subset of
+        # any value: where another branch declares `k` a string, the open one's `"k":1` is refused); before, only in
+        # a grammar whose undeclared values are rules, so a union of large objects lost the open branch at `k`
+        open_bits = sum(1 << b for b, s in enumerate(shapes) if union and s.open_any
                         and name not in s.declared)
         if len({_first_run(node) for node, _ in values.values()}) < len(values):  # values alike at first
             member = _nested(c, name, values, open_bits)

@@ -32,6 +32,10 @@ NESTED = {"oneOf": [
 # small open objects told apart by a const (a grammar through the recursive member): one checked union
 SMALL = {"anyOf": [{"type": "object", "properties": {"type": {"const": "a"}, "a": {"$ref": "#"}}, "required": ["type", "a"]},
                    {"type": "object", "properties": {"type": {"const": "b"}, "b": {"type": "string"}}, "required": ["type", "b"]}]}
+# a union of large objects that is no grammar but for them (their lazy form cannot tell the branches apart): one
+# branch open, the other declaring `k`; the open one takes `k` with the other's value (a subset of any value)
+OPEN = {"anyOf": [{"type": "object", "properties": MANY, "required": ["p1"]},
+                  {"type": "object", "properties": {**MANY, "k": {"type": "string"}}, "required": ["p0"]}]}
 
 CASES = [
     (RECURSIVE, '{"p5":1,"p3":2}'),
@@ -60,6 +64,10 @@ CASES = [
     (SMALL, '{"a":{"b":"x","type":"b"},"type":"a","z":[]}'),
     (SMALL, '{"type":"a","b":"x"}'),  # a's undeclared b, but a missing
     (SMALL, '{"b":1,"type":"b"}'),
+    (OPEN, '{"p1":1,"k":"s"}'),  # the open branch's `k`: refused before (its key kept for the other branch)
+    (OPEN, '{"k":"s","p0":2,"x":[1]}'),
+    (OPEN, '{"p0":1,"k":1}'),  # the other's `k` of the wrong type, p1 missing
+    (OPEN, '{"p2":1,"k":"s"}'),  # neither branch's required member
 ]
 
 
