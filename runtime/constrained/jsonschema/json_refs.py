@@ -9,6 +9,31 @@ from urllib.parse import unquote
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
 
 
+# drafts where a `$ref` replaces the object holding it ("all other properties in a $ref object MUST be ignored",
+# draft-04 to draft-07); from 2019-09 on its siblings apply beside it, as an allOf (the default where `$schema`
+# names no draft)
+_REF_ALONE_DRAFTS = ("draft-03/", "draft-04/", "draft-06/", "draft-07/")
+# ... but a pointer may still lead into these, and they assert nothing
+_KEPT_BESIDE_REF = frozenset({"$ref", "definitions", "$defs", "$id", "id", "$schema"})
+
+
+def ref_siblings_dropped(root: dict | bool) -> dict | bool:
+    """`root` as its draft reads it: under draft-04 to 07 (`$schema`), every `$ref` object without the keywords
+    beside the reference (a validator of that draft ignores them: `{"$ref": ..., "enum": [...]}` is the target
+    alone); other documents as they are."""
+    if not isinstance(root, dict) or not any(d in str(root.get("$schema", "")) for d in _REF_ALONE_DRAFTS):
+        return root
+
+    def read(node: object) -> object:
+        if isinstance(node, list):
+            return [read(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        alone = isinstance(node.get("$ref"), str)  # a properties map may name a member "$ref" (its schema a dict)
+        return {k: v if k in _DATA_KEYWORDS else read(v) for k, v in node.items() if not alone or k in _KEPT_BESIDE_REF}
+    return read(root)  # type: ignore[return-value]  # a dict stays a dict
+
+
 class RefResolver:
     def __init__(self, root: object):
         self.root = root

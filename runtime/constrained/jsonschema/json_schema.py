@@ -29,7 +29,7 @@ from .json_checked import checked_object
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
 from .json_not import negated
 from .json_objects import ANY_MARKER, ANY_MARKER_PATH, LAZY_MARKERS, LazyObject, object_node
-from .json_refs import RefResolver
+from .json_refs import RefResolver, ref_siblings_dropped
 from .json_scalar_schemas import number_schema, string_schema
 from .json_scalars import number_node, string_node
 from .json_types import KNOWN_FORMATS, first_chars, infer_type, lexes_alone, type_first_chars, unchecked_format
@@ -64,8 +64,8 @@ class JsonGrammar:
 
 
 def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
-    """A schema given as a dict, a JSON string, or a pydantic model class, as a plain dict; errors name
-    `field`."""
+    """A schema given as a dict, a JSON string, or a pydantic model class, as a plain dict, read as its draft
+    reads it (json_refs.ref_siblings_dropped); errors name `field`."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
     if isinstance(schema, str):
@@ -76,7 +76,7 @@ def schema_to_dict(schema: object, field: str = "json_schema") -> dict | bool:
     if not isinstance(schema, dict | bool):
         raise ValueError(f"{field} must be a dict, a JSON string, or a pydantic model class, "
                          f"got {type(schema).__name__}")
-    return schema
+    return ref_siblings_dropped(schema)
 
 
 def whitespace_node(pattern: str | None) -> ra.Node:

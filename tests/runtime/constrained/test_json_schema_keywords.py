@@ -703,3 +703,20 @@ def test_undeclared_members_of_two_kinds_follow_one_another_in_a_grammar(compile
     for text in ('{"x":1,"y":2}', '{"b":"s","x":[1]}', '{"x":{},"b":"s","a":"t","y":null}', '{"b":1}', '{"a":2,"x":1}',
                  '{"x":1,"a":"s","y":{"z":[true]}}'):
         assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text
+
+
+@pytest.mark.parametrize("draft", ["http://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-04/schema#",
+                                   "https://json-schema.org/draft/2020-12/schema", None])
+def test_keywords_beside_a_ref_apply_as_the_schemas_draft_says(compiler, draft):
+    """Up to draft-07 a `$ref` replaces its object (its siblings are ignored: JSONSchemaStore's briefcase, whose
+    `{"$ref": <object>, "enum": [strings]}` was refused whole); from 2019-09 on, and with no `$schema`, they apply
+    beside it. Against the library's validator for the schema's own draft."""
+    schema = {"definitions": {"thing": {"type": "object", "properties": {"k": {"type": "string"}}}},
+              "type": "object", "properties": {"a": {"$ref": "#/definitions/thing", "required": ["k"]},
+                                               "b": {"$ref": "#/definitions/thing", "enum": ["x", "y"]}}}
+    if draft is not None:
+        schema["$schema"] = draft
+    constraint = compiler.compile("json_schema", schema)
+    check = validator(schema)
+    for text in ('{"a":{}}', '{"a":{"k":"v"}}', '{"a":{"k":1}}', '{"b":{"k":"v"}}', '{"b":"x"}', '{"b":{}}', "{}"):
+        assert accepts(constraint, text) == check.is_valid(json.loads(text)), (draft, text)
