@@ -9,6 +9,7 @@ from typing import Any
 from ..json_equality import json_key, same_json
 from ..regex import regex_ast as ra
 from ..regex.automaton import exactly_one, intersection
+from ..regex.fsa import ConstraintTooLarge
 from .contract import SchemaCompiler
 from .json_disjoint import provably_disjoint
 from .json_required_choice import required_choice
@@ -195,6 +196,13 @@ def _intersect(c: SchemaCompiler, parts: list[Any], path: str) -> ra.Node:
     return node
 
 
+# the most NFA states (ra.size) a oneOf's overlapping branches may total for their exact product: past it the
+# product would run for seconds and end past MAX_DFA_STATES anyway (JSONSchemaBench's o9804: 25M and 175M, 3 and
+# 7 s, then refused; the largest that built among 1,500 schemas totalled 39k), so it is refused at once, or with
+# oneOf relaxed read as anyOf (reported)
+EXACT_ONE_MAX_SIZE = 1_000_000
+
+
 def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     subs = s[key]
     if not isinstance(subs, list) or not subs:
@@ -240,6 +248,15 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
     if any(ra.refs(n) for n in nodes) and not c.exact_depth:
         # a union of rules would let values matching two branches through: recompile them whole
         nodes, kept = c.exact(lambda: _branches(c, branches, path))
+    size = sum(ra.size(n) for n in nodes)
+    if size > EXACT_ONE_MAX_SIZE:
+        if "oneOf" in c.relaxed and not c.exact_depth:  # inside another exact language a union would read wrong
+            c.unenforced.append(f"oneOf at {path or '#'} (branches too large for an exact product, as anyOf)")
+            return c.union([lambda i=i, b=b: c.compile(b, f"{path}/oneOf/{i}") for i, b in enumerate(branches)],
+                           path)
+        raise ConstraintTooLarge(f"json_schema oneOf at {path or '#'}: its branches may overlap, and they are too "
+                                 f"large (about {size:,} NFA states) for the product that keeps values matching "
+                                 f"exactly one")
     return exactly_one_of(c, nodes, path)
 
 
