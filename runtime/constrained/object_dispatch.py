@@ -151,12 +151,12 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
     markers: dict[int, tuple[int, int]] = {}
     clashes: set[str] = set()
     path = [*(obj.path for obj in objects), ANY_MARKER_PATH]  # by index: ANY_LEVEL is the last
+    opens_object = trans[:, ord("{")] >= 0  # a marker's state must not read what its object or level starts with
+    opens_container = opens_object | (trans[:, ord("[")] >= 0)
     for k, marker in [*enumerate(obj.marker for obj in objects), (ANY_LEVEL, ANY_MARKER)]:
         column = trans[:, ord(marker)].copy()
         trans[:, ord(marker)] = -1
-        opens = trans[:, ord("{")] >= 0
-        if k == ANY_LEVEL:
-            opens |= trans[:, ord("[")] >= 0
+        opens = opens_container if k == ANY_LEVEL else opens_object
         for s in np.flatnonzero(column >= 0).tolist():
             if s in markers or opens[s]:
                 clashes |= {path[k]} | ({path[markers[s][0]]} if s in markers else set())

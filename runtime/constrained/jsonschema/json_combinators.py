@@ -222,6 +222,12 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
         return c.union([lambda i=i, b=b: c.compile(b, f"{path}/anyOf/{i}") for i, b in enumerate(branches)],
                           path)
     nodes, kept = _branches(c, branches, path)
+
+    def as_any_of(why: str) -> ra.Node:
+        """The branches' union, reported: values matching two of them get through."""
+        c.unenforced.append(f"oneOf at {path or '#'} ({why}, as anyOf)")
+        return c.union([lambda i=i, b=b: c.compile(b, f"{path}/oneOf/{i}") for i, b in enumerate(branches)], path)
+
     if _disjoint(c, nodes, kept, path):
         return c.alternatives(nodes, [lambda b=b, i=i: c.compile(b, f"{path}/oneOf/{i}")
                                          for i, b in enumerate(kept)])
@@ -240,20 +246,15 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
                             "may overlap, in the strict form)")
         if apart:
             return ra.alt(*nodes)
-    if any(ra.refs(n) for n in nodes) and "oneOf" in c.relaxed:
-        # recursive branches have no product automaton: their union, reported (values matching two
-        # branches get through)
-        c.unenforced.append(f"oneOf at {path or '#'} (recursive branches that may overlap, as anyOf)")
-        return c.union([lambda i=i, b=b: c.compile(b, f"{path}/oneOf/{i}") for i, b in enumerate(branches)], path)
+    if any(ra.refs(n) for n in nodes) and "oneOf" in c.relaxed:  # recursive branches have no product automaton
+        return as_any_of("recursive branches that may overlap")
     if any(ra.refs(n) for n in nodes) and not c.exact_depth:
         # a union of rules would let values matching two branches through: recompile them whole
         nodes, kept = c.exact(lambda: _branches(c, branches, path))
     size = sum(ra.size(n) for n in nodes)
     if size > EXACT_ONE_MAX_SIZE:
         if "oneOf" in c.relaxed and not c.exact_depth:  # inside another exact language a union would read wrong
-            c.unenforced.append(f"oneOf at {path or '#'} (branches too large for an exact product, as anyOf)")
-            return c.union([lambda i=i, b=b: c.compile(b, f"{path}/oneOf/{i}") for i, b in enumerate(branches)],
-                           path)
+            return as_any_of("branches too large for an exact product")
         raise ConstraintTooLarge(f"json_schema oneOf at {path or '#'}: its branches may overlap, and they are too "
                                  f"large (about {size:,} NFA states) for the product that keeps values matching "
                                  f"exactly one")

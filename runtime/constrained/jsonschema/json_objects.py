@@ -39,7 +39,7 @@ ANY_ORDER_EXTRA_MAX_SIZE = 250
 # past those, where the schema is one regex, the object is a marker character that object_dispatch
 # replaces lazily: control characters, which JSON never writes raw (nor as whitespace), one per object
 LAZY_MARKERS = tuple(b for b in range(1, 0x1F) if chr(b) not in " \t\n\r")
-# ... and one more for an undeclared value's containers nested past the inline depth (json_schema.lazy_any_value):
+# ... and one more for an undeclared value's containers nested past the inline depth (json_schema._any_value):
 # object_dispatch lays a level of any JSON container there as a decode reaches it, so such values nest any depth
 ANY_MARKER = chr(0x1F)
 ANY_MARKER_PATH = "(undeclared values)"  # in `not_lazy`: the schema's undeclared values nest a bounded depth instead

@@ -178,6 +178,11 @@ def _holds_marker(out: object) -> bool:
     return any(a <= hi and b >= lo for ranges in char_sets([cast(ra.Node, out)]) for a, b in ranges)
 
 
+def _scalar() -> ra.Node:
+    """Any JSON string, number, `true`, `false` or `null`."""
+    return ra.alt(string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"))
+
+
 def _containers(ws: ra.Node, value: ra.Node) -> ra.Node:
     """A JSON object or array whose members' and items' values are `value`."""
     comma, colon = ra.seq(ws, ra.literal(","), ws), ra.seq(ws, ra.literal(":"), ws)
@@ -193,7 +198,7 @@ def _containers(ws: ra.Node, value: ra.Node) -> ra.Node:
 def _any_value(ws: ra.Node, lazy: bool) -> ra.Node:
     """Any JSON value, its containers inline UNDECLARED_VALUE_DEPTH levels deep, as one minimal DFA (built once);
     past those, with `lazy`, the containers' marker (`_any_level`'s), else none."""
-    scalar = ra.alt(string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"))
+    scalar = _scalar()
     # a value reads a container inline or (at the last level) the marker, never both: object_dispatch lays the
     # marker's level beside the state's own moves, which must read apart
     value = ra.alt(scalar, ra.literal(ANY_MARKER)) if lazy else scalar
@@ -205,9 +210,7 @@ def _any_value(ws: ra.Node, lazy: bool) -> ra.Node:
 @functools.lru_cache(maxsize=8)
 def _any_level(ws: ra.Node) -> ra.Node:
     """What ANY_MARKER reads: one level of containers, whose values are scalars or the marker again."""
-    return ra.Compiled(own_chars([_containers(ws, ra.alt(
-        string_node(), number_node(None, None), ra.literal("true"), ra.literal("false"), ra.literal("null"),
-        ra.literal(ANY_MARKER)))], False))
+    return ra.Compiled(own_chars([_containers(ws, ra.alt(_scalar(), ra.literal(ANY_MARKER)))], False))
 
 
 def _summary(reports: list[str], shown: int = 3) -> tuple[str, ...]:
