@@ -677,3 +677,32 @@ out:
     free(keyed);
     return result;
 }
+
+/* A lazily built table's rows laid at a new place (runtime/constrained/object_dispatch.py's _shifted): `n` values
+   of `src` (a part's transitions) written to `dst` with every live target moved by `offset` (dead, -1, stays).
+   One pass, where numpy took four over the rows (each a quarter of a value's stretch's cost). */
+void rl_shift_rows(int64_t n, const int32_t *src, int32_t *dst, int32_t offset) {
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] < 0 ? src[i] : src[i] + offset;
+}
+
+/* Breadth-first distances from `start` over a DFA's `n` rows of `k` columns (object_dispatch.py's _Layers): each
+   state's distance in `dist` (-1: not reached), and the states reached in breadth-first order in `order` (by
+   distance, so a distance's states are one slice of it); returns how many were reached. */
+int64_t rl_distances(int64_t n, int64_t k, const int32_t *trans, int32_t start, int64_t *dist, int32_t *order) {
+    for (int64_t s = 0; s < n; s++) dist[s] = -1;
+    int64_t head = 0, tail = 0;
+    dist[start] = 0;
+    order[tail++] = start;
+    while (head < tail) {
+        int32_t q = order[head++];
+        const int32_t *row = trans + (int64_t)q * k;
+        for (int64_t c = 0; c < k; c++) {
+            int32_t t = row[c];
+            if (t >= 0 && dist[t] < 0) {
+                dist[t] = dist[q] + 1;
+                order[tail++] = t;
+            }
+        }
+    }
+    return tail;
+}

@@ -36,4 +36,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_finite_classes.restype = N
     lib.rl_refine.argtypes = [N, N, PTR, PTR, PTR]
     lib.rl_refine.restype = N
+    lib.rl_shift_rows.argtypes = [N, PTR, PTR, ctypes.c_int32]
+    lib.rl_shift_rows.restype = None
+    lib.rl_distances.argtypes = [N, N, PTR, ctypes.c_int32, PTR, PTR]
+    lib.rl_distances.restype = N
     return lib

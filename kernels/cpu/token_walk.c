@@ -36,16 +36,27 @@ void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, 
     }
 }
 
-/* Sets the bit of every token no longer than `max_len` whose bytes all lie in `loop` (token rows: their node,
-   length and id). */
-void rl_tokens_within(int64_t n_rows, const int64_t *token_node, const int64_t *row_len, const int64_t *ids,
-                      const uint64_t *path, const uint64_t *loop, int64_t max_len, uint8_t *out_bits) {
-    for (int64_t r = 0; r < n_rows; r++) {
-        const uint64_t *p = path + 4 * token_node[r];
-        if (row_len[r] > max_len) continue;
-        if (!(p[0] & ~loop[0]) && !(p[1] & ~loop[1]) && !(p[2] & ~loop[2]) && !(p[3] & ~loop[3]))
-            out_bits[ids[r] >> 3] |= (uint8_t)(1u << (ids[r] & 7));
+/* Sets the bit of every token no longer than `max_len` whose bytes all lie in `set`, and returns the longest such
+   token's length (whatever `max_len`). The tokens holding a byte outside the set are marked from the per-byte
+   lists (rl_dense_split's tables, tokens in preorder) in `seen` (zero on entry and on return), then the others
+   are read in one pass. */
+int64_t rl_tokens_within(const int64_t *by_byte_start, const int32_t *by_byte, int64_t n_tokens, const int64_t *rows,
+                         const int64_t *row_len, const int64_t *ids, const uint64_t *set, int64_t max_len,
+                         uint64_t *seen, uint8_t *out_bits) {
+    for (int b = 0; b < 256; b++) {
+        if (set[b >> 6] >> (b & 63) & 1) continue;
+        for (int64_t k = by_byte_start[b]; k < by_byte_start[b + 1]; k++)
+            seen[by_byte[k] >> 6] |= 1ull << (by_byte[k] & 63);
     }
+    int64_t longest = 0;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        if (seen[t >> 6] >> (t & 63) & 1) continue;
+        int64_t r = rows[t], len = row_len[r];
+        if (len > longest) longest = len;
+        if (len <= max_len) out_bits[ids[r] >> 3] |= (uint8_t)(1u << (ids[r] & 7));
+    }
+    memset(seen, 0, (size_t)((n_tokens + 63) / 64) * 8);
+    return longest;
 }
 
 /* The bytes that lead from state q back to q, as a 256-bit set: computed on first use and kept in `loops`
@@ -177,24 +188,35 @@ static inline int within(const uint64_t *set, const uint64_t *of) {
    made only of its bytes, no longer than `loop_len`; the subtrees made only of them, on a path made only of
    them, whose tokens are no longer than `loop_len`, are skipped. With `entry` (null: none) the skip starts
    one byte in: a first byte of `entry` leads to where `loop` holds (a region's first member, see rl_region).
+   `root_child` (null: none) gives the root's child of each byte (-1: none): the walk goes from one live root
+   child straight to the next, where it would read each dead one's node (the root's children lie far apart in
+   the arrays, a cache miss each: most of a sparse state's cold walk).
    Returns the boundaries found (more than bounds_cap: call again with room), or -1 for a trie deeper than
    MAX_DEPTH. */
-int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, const int32_t *height,
+static int64_t rl_walk(int64_t n_nodes, const int64_t *size, const uint8_t *node_byte, const int32_t *height,
                 const int64_t *end_start, const int64_t *end_ids, const uint64_t *subtree,
                 const int32_t *trans, int64_t width, const int32_t *byte_class, const int32_t *accept,
                 uint64_t *loops, uint8_t *known, uint64_t *run_sets, int32_t *run_lens, int32_t *run_next,
                 uint8_t *run_known, const uint8_t *unbuilt, int32_t start, const uint64_t *loop,
                 const uint64_t *entry, int64_t loop_len, uint8_t *out_bits, int64_t bounds_cap, int64_t *b_node,
                 int64_t *b_pos, int64_t *b_label,
-                int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt) {
+                int64_t *unbuilt_hits, int64_t unbuilt_cap, int64_t *n_unbuilt, const int64_t *root_child) {
     Frame stack[MAX_DEPTH + 1];
     int64_t depth = 0, n_bounds = 0, node = 0;
+    int root_byte = 0;
+    const int32_t *start_row = trans + (int64_t)start * width;
     Runs runs = {run_sets, run_lens, run_next, run_known, unbuilt};
     int use_runs = run_sets != 0;
     *n_unbuilt = 0;
     stack[0] = (Frame){n_nodes, start, 1};
     while (node < n_nodes) {
         while (node >= stack[depth].end) depth--;
+        if (depth == 0 && root_child) { /* the next root child whose byte reads alive (they lie in byte order) */
+            while (root_byte < 256 && (root_child[root_byte] < node || start_row[byte_class[root_byte]] < 0))
+                root_byte++;
+            if (root_byte == 256) break;
+            node = root_child[root_byte];
+        }
         const Frame *f = &stack[depth];
         int64_t past = node + size[node];
         /* a dead child first (most children are): the skips below hold only subtrees whose bytes read alive */
@@ -293,6 +315,7 @@ typedef struct {
     int32_t *run_next;
     uint8_t *run_known;
     const uint8_t *unbuilt;
+    const int64_t *root_child;
 } WalkArgs;
 
 /* The skip set of state q (see rl_walk's `loop`): its loop set if it holds at least `min_bytes` bytes, else
@@ -321,7 +344,7 @@ int64_t rl_walk_args(const WalkArgs *a, int32_t start, const uint64_t *loop, con
     return rl_walk(a->n_nodes, a->size, a->node_byte, a->height, a->end_start, a->end_ids, a->subtree, a->trans,
                    a->width, a->byte_class, a->accept, a->loops, a->known, a->run_sets, a->run_lens, a->run_next,
                    a->run_known, a->unbuilt, start, loop, entry, loop_len, out_bits, bounds_cap, scratch, scratch + cap,
-                   scratch + 2 * cap, scratch + 3 * cap, unbuilt_cap, scratch + 3 * cap + unbuilt_cap);
+                   scratch + 2 * cap, scratch + 3 * cap, unbuilt_cap, scratch + 3 * cap + unbuilt_cap, a->root_child);
 }
 
 /* A region around state q, for the walk's skip with `loop` set to the bytes that never leave it (native_trie.py's
@@ -533,4 +556,96 @@ int64_t rl_signature(const WalkArgs *a, int32_t q, int64_t max_states, int64_t l
         size += 4 * n;
     }
     return size;
+}
+
+/* A dense state's split of the vocabulary by its skip set (native_trie.py's DenseSplit): the tokens it settles
+   (every byte in `set`, at most `max_len` bytes) and the others, its candidates, to be walked one by one. Tokens
+   are numbered in the trie's preorder (`rows`: their vocabulary rows; the order rl_walk finds them in, so
+   boundaries come out alike). `by_byte` lists, for each byte b, the tokens holding it
+   (by_byte[by_byte_start[b] .. by_byte_start[b + 1]]); `longest_first` lists them all by length, longest first
+   (`longest_len`: theirs). So the candidates are found from the few tokens holding a byte outside a string's set
+   (a quote, a control or a non-ASCII byte), never by a pass over the vocabulary. `seen` is a bitmap over the
+   tokens, zero on entry and on return. Writes each candidate's row, id and end offset (`out_ends`, into
+   `out_data`, where its bytes go, packed), in preorder, for at most `cap` of them, and `settled`: the bits of
+   `all_bits` (every token) without the candidates'. Returns how many candidates, counted no further than cap + 1
+   (then nothing else is written). */
+int64_t rl_dense_split(const int64_t *by_byte_start, const int32_t *by_byte, const int32_t *longest_first,
+                       const int64_t *longest_len, int64_t n_tokens, const int64_t *rows, const int64_t *row_len,
+                       const uint8_t *matrix, int64_t stride, const int64_t *ids, const uint8_t *all_bits,
+                       int64_t n_bits_bytes, const uint64_t *set, int64_t max_len, int64_t cap, uint64_t *seen,
+                       int64_t *out_rows, int64_t *out_ids, int64_t *out_ends, uint8_t *out_data, uint8_t *settled) {
+    int64_t found = 0;
+    for (int b = 0; b < 256 && found <= cap; b++) {
+        if (set[b >> 6] >> (b & 63) & 1) continue;
+        for (int64_t k = by_byte_start[b]; k < by_byte_start[b + 1] && found <= cap; k++) {
+            int32_t t = by_byte[k];
+            uint64_t bit = 1ull << (t & 63);
+            if (!(seen[t >> 6] & bit)) seen[t >> 6] |= bit, found++;
+        }
+    }
+    for (int64_t k = 0; k < n_tokens && longest_len[k] > max_len && found <= cap; k++) {
+        int32_t t = longest_first[k];
+        uint64_t bit = 1ull << (t & 63);
+        if (!(seen[t >> 6] & bit)) seen[t >> 6] |= bit, found++;
+    }
+    int64_t words = (n_tokens + 63) / 64, n = 0, at = 0;
+    if (found <= cap) memcpy(settled, all_bits, (size_t)n_bits_bytes);
+    for (int64_t w = 0; w < words; w++) {
+        uint64_t bits = seen[w];
+        seen[w] = 0;
+        while (bits && found <= cap) {
+            int64_t t = w * 64 + __builtin_ctzll(bits);
+            bits &= bits - 1;
+            int64_t r = rows[t];
+            out_rows[n] = r;
+            out_ids[n] = ids[r];
+            settled[ids[r] >> 3] &= (uint8_t)~(1u << (ids[r] & 7));
+            memcpy(out_data + at, matrix + r * stride, (size_t)row_len[r]);
+            at += row_len[r];
+            out_ends[n++] = at;
+        }
+    }
+    return found;
+}
+
+/* rl_walk for a dense state, given its candidates (rl_tokens_outside): `out_bits` already holds the tokens its
+   skip set settles, and each candidate's bytes (`data[offsets[k] .. offsets[k + 1]]`: packed together, read in
+   order) are walked from `start` alone. A walk that reaches an unbuilt state records it (not read past, the
+   token not set); one that dies after an accepting state, a byte or more in, is a boundary (the candidate's
+   number k, the bytes read, the label), as rl_walk records them. `scratch` as rl_walk_args's; returns the
+   boundaries found (more than bounds_cap: call again with room). */
+int64_t rl_walk_candidates(const WalkArgs *a, int32_t start, int64_t n, const int64_t *offsets, const uint8_t *data,
+                           const int64_t *ids, uint8_t *out_bits, int64_t bounds_cap, int64_t *scratch,
+                           int64_t unbuilt_cap) {
+    int64_t cap = bounds_cap < 0 ? 0 : bounds_cap;
+    int64_t *b_at = scratch, *b_pos = scratch + cap, *b_label = scratch + 2 * cap;
+    int64_t *unbuilt_hits = scratch + 3 * cap, *n_unbuilt = scratch + 3 * cap + unbuilt_cap;
+    int64_t n_bounds = 0;
+    *n_unbuilt = 0;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t first = offsets[k], i = first, end = offsets[k + 1];
+        int32_t q = start;
+        for (; i < end; i++) {
+            int32_t nxt = a->trans[(int64_t)q * a->width + a->byte_class[data[i]]];
+            if (nxt < 0) {
+                if (bounds_cap >= 0 && i > first && a->accept[q] >= 0) {
+                    if (n_bounds < bounds_cap) {
+                        b_at[n_bounds] = k;
+                        b_pos[n_bounds] = i - first;
+                        b_label[n_bounds] = a->accept[q];
+                    }
+                    n_bounds++;
+                }
+                break;
+            }
+            if (a->unbuilt && a->unbuilt[nxt]) {
+                if (*n_unbuilt < unbuilt_cap) unbuilt_hits[*n_unbuilt] = nxt;
+                (*n_unbuilt)++;
+                break;
+            }
+            q = nxt;
+        }
+        if (i == end) out_bits[ids[k] >> 3] |= (uint8_t)(1u << (ids[k] & 7));
+    }
+    return n_bounds;
 }

@@ -28,11 +28,8 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.rl_trie_bytes.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_trie_bytes.restype = None
-    lib.rl_tokens_within.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
-    lib.rl_tokens_within.restype = None
-    lib.rl_walk.argtypes = [_N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR,
-                            _PTR, _PTR, _PTR, ctypes.c_int32, _PTR, _PTR, _N, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR]
-    lib.rl_walk.restype = ctypes.c_int64
+    lib.rl_tokens_within.argtypes = [_PTR, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR]
+    lib.rl_tokens_within.restype = ctypes.c_int64
     lib.rl_start_loops.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR]
     lib.rl_start_loops.restype = ctypes.c_int64
     lib.rl_start_run.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]
@@ -47,6 +44,11 @@ def library() -> ctypes.CDLL | None:
     lib.rl_region.restype = ctypes.c_int64
     lib.rl_signature.argtypes = [_PTR, ctypes.c_int32, _N, _N, _PTR, _PTR]
     lib.rl_signature.restype = ctypes.c_int64
+    lib.rl_dense_split.argtypes = [_PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _N, _PTR, _N, _N, _PTR,
+                                   _PTR, _PTR, _PTR, _PTR, _PTR]
+    lib.rl_dense_split.restype = ctypes.c_int64
+    lib.rl_walk_candidates.argtypes = [_PTR, ctypes.c_int32, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _N]
+    lib.rl_walk_candidates.restype = ctypes.c_int64
     return lib
 
 

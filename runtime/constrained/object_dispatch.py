@@ -31,6 +31,8 @@ from typing import Callable
 
 import numpy as np
 
+from ...kernels.cpu import fsa as native_fsa
+from ...kernels.cpu.c_library import address
 from .growing_dfa import MAX_GROWN_STATES, GrowingDfa
 from .jsonschema.json_objects import ANY_MARKER, ANY_MARKER_PATH, LazyObject
 from .masks.token_index import TokenIndex
@@ -62,6 +64,10 @@ REST_AHEAD_BYTES = 16
 # already, so this lays few more rows and saves a quarter of the walks that stop at an unbuilt row (rc2: 976 ->
 # 729); a further byte laid a few percent more rows for fewer saved walks
 BUILD_AHEAD_BYTES = 1
+# the objects' keys DFAs built with the table, nearest the root first, up to this many keys in all (the rest on first
+# reach): on JSONSchemaBench's table sample they were a ninth of the fresh masks' time (31 of ~280 ms: 26 builds of
+# 1-2 ms, an object's undeclared keys are a string minus its declared names), for ~1 ms on the compile p50
+EAGER_KEYS_MAX = 256
 ANY_LEVEL = -1  # a marker's object index for ANY_MARKER: a level of any containers (ObjectDispatch._any)
 
 
@@ -88,6 +94,10 @@ class _Part:
 
 def _shifted(rows: np.ndarray, out: np.ndarray, offset: int) -> None:
     """`rows` [n, 256] written to `out` with every live target moved by `offset` (dead, -1, stays dead)."""
+    lib = native_fsa.library()
+    if lib is not None and rows.dtype == out.dtype == np.int32 and rows.flags.c_contiguous and out.flags.c_contiguous:
+        lib.rl_shift_rows(rows.size, address(rows), address(out), offset)  # one pass (numpy's below: 5-7x as long)
+        return
     # offset where live, 0 where dead, plus the row: two passes with no masked store (which took 2-4x as long
     # for a value's stretch of tens of rows)
     np.multiply(rows >= 0, offset, out=out, dtype=np.int32, casting="unsafe")
@@ -95,8 +105,7 @@ def _shifted(rows: np.ndarray, out: np.ndarray, offset: int) -> None:
 
 
 def _runs(states: np.ndarray) -> list[tuple[int, int]]:
-    """The distinct `states` as runs of consecutive numbers, [first, end) each, in order."""
-    states = np.unique(states)
+    """Sorted distinct `states` as runs of consecutive numbers, [first, end) each, in order."""
     if not len(states):
         return []
     cuts = np.flatnonzero(np.diff(states) != 1) + 1
@@ -104,32 +113,43 @@ def _runs(states: np.ndarray) -> list[tuple[int, int]]:
 
 
 class _Layers:
-    """A value's states by their distance from its start (breadth-first, in bytes), found as far as asked and
-    shared by its copies: a copy lays those within VALUE_HEAD_BYTES first, the others a stretch at a time on first
-    reach (_lay_rest), and a chain of 7,000 states is searched only as far as decodes go."""
+    """A value's states by their distance from its start (breadth-first, in bytes), found once and shared by its
+    copies: a copy lays those within VALUE_HEAD_BYTES first, the others a stretch at a time on first reach
+    (_lay_rest)."""
 
     def __init__(self, classes: np.ndarray, start: int):
-        self.classes = classes  # a marker reads on to the state after its object: a byte farther, for this search
-        self.levels = [np.array([start])]  # the states at each distance, as far as searched
-        self.dist = np.full(len(classes), -1, np.int64)  # -1: farther than searched, or not reached
-        self.dist[start] = 0
+        # a marker reads on to the state after its object: a byte farther, for this search
+        self.dist, self.order = _distances(np.ascontiguousarray(classes, np.int32), start)
+        self.farthest = int(self.dist[self.order[-1]])
+        self._cuts = np.searchsorted(self.dist[self.order], np.arange(self.farthest + 2))  # where each distance starts
 
-    def upto(self, depth: int) -> list[np.ndarray]:
-        """The states at distances 0 to `depth` (fewer levels past the farthest)."""
-        while len(self.levels) <= depth and len(self.levels[-1]):
-            nxt = self.classes[self.levels[-1]].ravel()
-            nxt = nxt[nxt >= 0]
-            nxt = nxt[self.dist[nxt] < 0]
-            # a chain's level is a few states: a set beats np.unique's fixed cost there (a search takes ~100 levels)
-            nxt = np.array(sorted(set(nxt.tolist())), np.int64) if len(nxt) <= 256 else np.unique(nxt)
-            self.dist[nxt] = len(self.levels)
-            self.levels.append(nxt)
-        return self.levels[:depth + 1]
+    def within(self, near: int, far: int) -> np.ndarray:
+        """The states at distances `near` to `far`, sorted."""
+        far = min(far, self.farthest)
+        if near > far:
+            return np.zeros(0, np.int64)
+        return np.sort(self.order[self._cuts[near]:self._cuts[far + 1]])
 
-    @property
-    def done(self) -> bool:
-        """Whether the search has met every state the start reaches."""
-        return not len(self.levels[-1])
+
+def _distances(classes: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each state's breadth-first distance from `start` (-1: not reached), and the states reached in that order: in
+    C (fsa.c's rl_distances: a bounded string of 7,000 states in ~0.1 ms), else a level at a time."""
+    n, k = classes.shape
+    lib = native_fsa.library()
+    if lib is not None:
+        dist, order = np.empty(n, np.int64), np.empty(n, np.int32)
+        reached = lib.rl_distances(n, k, address(classes), start, address(dist), address(order))
+        return dist, order[:reached].astype(np.int64)
+    dist = np.full(n, -1, np.int64)
+    dist[start] = 0
+    levels, level = [np.array([start])], np.array([start])
+    while len(level):
+        nxt = classes[level].ravel()
+        nxt = np.unique(nxt[nxt >= 0])
+        level = nxt[dist[nxt] < 0]
+        dist[level] = len(levels)
+        levels.append(level)
+    return dist, np.concatenate(levels)
 
 
 def _split(part: _Part) -> _Part:
@@ -137,8 +157,7 @@ def _split(part: _Part) -> _Part:
     (numbered as they are: a copy lays each stretch where it falls)."""
     assert part.classes is not None, "a value's part is _part's"
     layers = _Layers(part.classes, part.start)
-    layers.upto(VALUE_HEAD_BYTES + 1)
-    if layers.done and (layers.dist >= 0).all():
+    if layers.farthest <= VALUE_HEAD_BYTES and len(layers.order) == len(part.trans):
         return part
     return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers)
 
@@ -147,7 +166,7 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
     """Raises NotLazy naming every object that starts where another or a `{` does (all of them at
     once: each round of NotLazy recompiles the schema)."""
     dfa = compile_dfa(patterns)
-    trans = dfa.trans[:, dfa.byte_class].astype(np.int32)
+    trans = np.ascontiguousarray(dfa.trans[:, dfa.byte_class], np.int32)  # rows laid as slices (_shifted)
     markers: dict[int, tuple[int, int]] = {}
     clashes: set[str] = set()
     path = [*(obj.path for obj in objects), ANY_MARKER_PATH]  # by index: ANY_LEVEL is the last
@@ -237,6 +256,15 @@ class ObjectDispatch(GrowingDfa):
         # from no row, and a row's unbuilt mark clears only once the row is final (_lay_rows, _build_one), so
         # the index (its native walker) stays valid as the table grows; only a doubling moves the buffers
         self._index = TokenIndex(Dfa(self._trans, self._accept, start=start), vocab, unbuilt=self._unbuilt)
+        # the keys DFAs of the objects nearest the root, now: every decode that enters an object reads both (its
+        # first key, then the others), and each took a millisecond or more of a first mask
+        keys = 0
+        for k in sorted(range(len(objects)), key=lambda k: objects[k].path.count("/")):
+            keys += len(objects[k].keys) + len(objects[k].extra_keys)
+            if keys > EAGER_KEYS_MAX:
+                break
+            self._keys_part(k, True)
+            self._keys_part(k, False)
 
     # ---- laying out pieces ------------------------------------------------------------------------
     def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Callable[[], int] | None = None) -> int:
@@ -252,7 +280,7 @@ class ObjectDispatch(GrowingDfa):
         self._size += count
         if part.layers is not None and finals_to is not None:
             self._unbuilt[offset:offset + count] = True  # unread: a walk stops before an unbuilt row
-            self._lay_rows(part, offset, np.concatenate(part.layers.upto(VALUE_HEAD_BYTES)), finals_to)
+            self._lay_rows(part, offset, part.layers.within(0, VALUE_HEAD_BYTES), finals_to)
             self._rest_offsets.append(offset)
             self._rests[offset] = (part, finals_to, VALUE_HEAD_BYTES)
         else:
@@ -302,19 +330,15 @@ class ObjectDispatch(GrowingDfa):
         part, finals_to, laid = hit
         layers = part.layers
         assert layers is not None
-        reach = laid + 1  # a walk stops at an unbuilt row: `state` is mostly a byte past those laid
-        while layers.dist[state - offset] < 0 and not layers.done:
-            layers.upto(reach)
-            reach *= 2
         assert layers.dist[state - offset] >= 0, "walks reach only states the value's start reaches"
         reach = int(layers.dist[state - offset]) + self._longest + REST_AHEAD_BYTES
-        levels = layers.upto(reach)[laid + 1:]
-        if layers.done and len(layers.levels) <= reach + 1:
+        stretch = layers.within(laid + 1, reach)
+        if layers.farthest <= reach:
             del self._rests[offset]  # the offset stays listed: a later lookup finds it laid
         else:
             self._rests[offset] = (part, finals_to, reach)
-        if levels:
-            self._lay_rows(part, offset, np.concatenate(levels), finals_to)
+        if len(stretch):
+            self._lay_rows(part, offset, stretch, finals_to)
 
     def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
         """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""
@@ -367,7 +391,7 @@ class ObjectDispatch(GrowingDfa):
             if written & obj.required != obj.required:
                 cut |= member == -1
             trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept))
-            self._hub_parts[key] = _Part(trans, accept, 0, {})
+            self._hub_parts[key] = _Part(np.ascontiguousarray(trans, np.int32), accept, 0, {})  # laid by _shifted
         return self._hub_parts[key]
 
     def _keys_part(self, k: int, opening: bool) -> _Part:

@@ -7,6 +7,7 @@ tables as the C code reads them and walks one state at a time; the masks equal t
 from __future__ import annotations
 
 import ctypes
+import mmap
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,6 +27,13 @@ _WITHIN_CACHE = 256  # skip sets (and lengths) whose tokens are kept: a schema's
 REGION_MAX_STATES = 48  # a dense state's region (token_walk.c's rl_region): a string's body, with its UTF-8 and escapes
 _REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every schema's strings share a few shapes
 _EVERY_BYTE = np.full(4, ~np.uint64(0))
+_NO_ROWS = np.zeros(0, np.int64)
+_MAPPED_MIN_BYTES = 1 << 20  # _zeroed maps arrays from this size on
+# a dense state whose skip set leaves at most this many tokens unsettled walks each of them alone (rl_walk_candidates)
+# instead of the trie: a string's body leaves the ~1,200 tokens with a quote, a backslash, a control or a non-ASCII
+# byte (SmolLM2), ~10 us of walks, where the trie walk visits every child of each node on their paths (~100-400 us)
+CANDIDATES_MAX = 4096
+_SPLITS_KEPT = 256  # dense splits kept per vocabulary (~20 KB each), by skip set and length
 SHARED_MAX_STATES = 32  # a state reaching at most this many shares its walk with every state that reads alike
 SHARED_WALK_BYTES = 32 << 20  # the shared walks' memory (keys and results) per vocabulary, the oldest dropped past it
 # a state's walk as token_index keeps it: its packed bits, and its boundaries' (rows, positions, labels)
@@ -45,25 +53,33 @@ class NativeTrie:
     end_start: np.ndarray  # [n + 1] int64: the tokens ending at node k are end_ids[end_start[k]:end_start[k+1]]
     end_ids: np.ndarray  # token ids
     end_rows: np.ndarray  # the same tokens as vocabulary rows
-    path: np.ndarray  # [n * 4] uint64: the bytes on a node's path, a 256-bit set per node
     subtree: np.ndarray  # [n * 4] uint64: the bytes in a node's subtree
     height: np.ndarray  # [n] int32: the longest path down from a node, itself included
     token_node: np.ndarray  # [N] by vocabulary row
     ids: np.ndarray  # [N] token id by row
     row_len: np.ndarray  # [N] token length in bytes by row
+    matrix: np.ndarray  # [N, longest] uint8: the tokens' bytes by row (TokenVocab.matrix)
     starting_with: Callable[[np.ndarray], np.ndarray]  # TokenVocab.starting_with: bits of a first-byte set's tokens
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _longest: dict[bytes, int] = field(default_factory=dict)  # within's: the longest token of a byte set
+    _splits: dict[tuple[bytes, int], DenseSplit | None] = field(default_factory=dict)  # dense_split's
     _walks: dict[bytes, tuple[StateWalk, int]] = field(default_factory=dict)  # shared walks by signature, and their bytes
     _walks_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     walk_args: tuple = ()  # rl_walk's first arguments (the trie's arrays), set once
     max_len: int = 0  # the longest token's bytes, set once
+    by_byte: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # dense_split's tables, set once
+    by_byte_start: np.ndarray = field(default_factory=lambda: np.zeros(257, np.int64))
+    longest_first: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    longest_len: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    all_bits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # every token's bit
+    _split_args: tuple = ()
+    root_child: np.ndarray = field(default_factory=lambda: np.full(256, -1, np.int64))  # by byte: the root's child
     len_by_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # token bytes by id, set once
 
     @classmethod
-    def create(cls, trie: VocabTrie, ids: np.ndarray, size: int,
+    def create(cls, trie: VocabTrie, ids: np.ndarray, matrix: np.ndarray, size: int,
                starting_with: Callable[[np.ndarray], np.ndarray]) -> "NativeTrie | None":
         """None where the native library is not available. Sorted rows list the tokens in preorder, so
         nodes sorted by (their subtree's first row, depth) are in preorder."""
@@ -86,13 +102,14 @@ class NativeTrie:
         token_node = number[trie.token_node]
         rows = np.argsort(token_node, kind="stable")
         end_start = np.searchsorted(token_node[rows], np.arange(n + 1)).astype(np.int64)
-        path = np.zeros(n * 4, np.uint64)
+        path = np.zeros(n * 4, np.uint64)  # the bytes on each node's path: not kept (dense_split's lists hold them)
         subtree = np.zeros(n * 4, np.uint64)
         height = np.zeros(n, np.int32)
         lib.rl_trie_bytes(n, address(parent), address(byte), address(path), address(subtree), address(height))
         return cls(lib, size, sizes.astype(np.int64), byte, end_start, np.ascontiguousarray(ids[rows], np.int64),
-                   rows.astype(np.int64), path, subtree, height, token_node.astype(np.int64),
-                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64), starting_with)
+                   rows.astype(np.int64), subtree, height, token_node.astype(np.int64),
+                   np.ascontiguousarray(ids, np.int64), (depth[trie.token_node] + 1).astype(np.int64),
+                   np.ascontiguousarray(matrix, np.uint8), starting_with)
 
     def subtree_rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vocabulary rows of the tokens in each node's subtree, concatenated, and their count per node."""
@@ -104,6 +121,30 @@ class NativeTrie:
         self.max_len = int(self.row_len.max(initial=0))
         self.len_by_id = np.zeros(self.size, np.int64)
         self.len_by_id[self.ids] = self.row_len
+        node = 0  # the root's children: each one's subtree runs to the next
+        while node < len(self.byte):
+            self.root_child[self.byte[node]] = node
+            node += int(self.sizes[node])
+        self._index_bytes()
+
+    def _index_bytes(self) -> None:
+        """dense_split's tables (token_walk.c's rl_dense_split), tokens numbered in preorder: for each byte the
+        tokens holding it, the tokens longest first, and the bits of every token."""
+        n, width = len(self.end_rows), self.matrix.shape[1]
+        lengths = self.row_len[self.end_rows]
+        held = self.matrix[self.end_rows] if n else np.zeros((0, width), np.uint8)
+        inside = np.arange(width) < lengths[:, None]
+        pairs = np.unique(held[inside].astype(np.int64) * max(n, 1) + np.nonzero(inside)[0])  # by byte, then token
+        self.by_byte = np.ascontiguousarray(pairs % max(n, 1), np.int32)
+        self.by_byte_start = np.searchsorted(pairs // max(n, 1), np.arange(257)).astype(np.int64)
+        order = np.argsort(-lengths, kind="stable")
+        self.longest_first, self.longest_len = order.astype(np.int32), np.ascontiguousarray(lengths[order], np.int64)
+        self.all_bits = np.zeros(-(-self.size // 8), np.uint8)
+        np.bitwise_or.at(self.all_bits, self.ids >> 3, (1 << (self.ids & 7)).astype(np.uint8))
+        self._split_args = (address(self.by_byte_start), address(self.by_byte), address(self.longest_first),
+                            address(self.longest_len), n, address(self.end_rows), address(self.row_len),
+                            address(self.matrix), width, address(self.ids), address(self.all_bits),
+                            len(self.all_bits))
         self.walk_args = (len(self.byte), *(address(a) for a in (
             self.sizes, self.byte, self.height, self.end_start, self.end_ids, self.subtree)))
 
@@ -113,25 +154,53 @@ class NativeTrie:
         with its own run length, share one entry until the last few characters."""
         set_key = loop.tobytes()
         longest = self._longest.get(set_key)
-        if longest is None:
-            every = self._within_walk(loop, self.max_len, (set_key, self.max_len))
-            ids = np.flatnonzero(np.unpackbits(every, count=self.size, bitorder="little"))
-            longest = int(self.len_by_id[ids].max(initial=0))
-            with self._lock:
-                if len(self._longest) >= _WITHIN_CACHE:
-                    self._longest.clear()
-                self._longest[set_key] = longest
+        if longest is not None:
+            n = min(max_len, longest)
+            hit = self._within.get((set_key, self.max_len if n == longest else n))
+            if hit is not None:
+                return hit
+        bits = np.zeros(-(-self.size // 8), np.uint8)
+        seen, seen_at = _SCRATCH.get("seen", -(-len(self.end_rows) // 64), np.uint64)
+        longest = self.lib.rl_tokens_within(address(self.by_byte_start), address(self.by_byte), len(self.end_rows),
+                                            address(self.end_rows), address(self.row_len), address(self.ids),
+                                            address(loop), max_len, seen_at, address(bits))
         n = min(max_len, longest)
-        return self._within_walk(loop, n, (set_key, self.max_len if n == longest else n))
+        with self._lock:
+            if len(self._longest) >= _WITHIN_CACHE:
+                self._longest.clear()
+            self._longest[set_key] = longest
+        self._keep(self._within, (set_key, self.max_len if n == longest else n), bits, _WITHIN_CACHE)
+        return bits
 
-    def _within_walk(self, loop: np.ndarray, max_len: int, key: tuple[bytes, int]) -> np.ndarray:
-        hit = self._within.get(key)
-        if hit is None:
-            hit = np.zeros(-(-self.size // 8), np.uint8)
-            self.lib.rl_tokens_within(len(self.ids), address(self.token_node), address(self.row_len), address(self.ids),
-                                      address(self.path), address(loop), max_len, address(hit))
-            self._keep(self._within, key, hit, _WITHIN_CACHE)
-        return hit
+    def dense_split(self, skip: np.ndarray, skip_len: int) -> DenseSplit | None:
+        """A dense state's tokens split by its skip set (`skip`, of `skip_len` bytes; rl_skip_set): those it settles,
+        and the others to walk one by one; None where those are more than CANDIDATES_MAX. Kept by the set and its
+        length; shared, read-only."""
+        n = min(skip_len, self.max_len)
+        key = (skip.tobytes(), n)
+        if key in self._splits:
+            return self._splits[key]
+        size = 3 * CANDIDATES_MAX + 1  # rows, ids, then 0 and the end offsets
+        out, out_at = _SCRATCH.get("candidates", size, np.int64)
+        data, data_at = _SCRATCH.get("candidate_bytes", CANDIDATES_MAX * self.max_len, np.uint8)
+        seen, seen_at = _SCRATCH.get("seen", -(-len(self.end_rows) // 64), np.uint64)
+        settled = np.empty(len(self.all_bits), np.uint8)
+        out[2 * CANDIDATES_MAX] = 0
+        count = self.lib.rl_dense_split(*self._split_args, address(skip), n, CANDIDATES_MAX, seen_at, out_at,
+                                        out_at + 8 * CANDIDATES_MAX, out_at + 8 * (2 * CANDIDATES_MAX + 1), data_at,
+                                        address(settled))
+        found = None
+        if count <= CANDIDATES_MAX:
+            ends = out[2 * CANDIDATES_MAX:2 * CANDIDATES_MAX + count + 1].copy()
+            found = DenseSplit(settled, out[:count].copy(), out[CANDIDATES_MAX:CANDIDATES_MAX + count].copy(), ends,
+                               data[:ends[-1]].copy())
+            for a in (found.settled, found.rows, found.ids, found.offsets, found.data):
+                a.flags.writeable = False
+        with self._lock:
+            if len(self._splits) >= _SPLITS_KEPT:
+                self._splits.pop(next(iter(self._splits)))
+            self._splits[key] = found
+        return found
 
     def region_bits(self, table: np.ndarray, entry: np.ndarray | None = None) -> np.ndarray:
         """Packed bits of the tokens read from a region's first member without leaving it (`table`: token_walk.c's
@@ -187,10 +256,23 @@ class NativeTrie:
         return walker.walk(0, False).bits
 
 
+@dataclass(frozen=True, eq=False)
+class DenseSplit:
+    """A dense state's tokens by its skip set (NativeTrie.dense_split): the bits of those it settles, and the others
+    (its candidates): their rows, ids, and bytes packed together (candidate k's are data[offsets[k]:offsets[k + 1]]),
+    so a walk reads them in order, where the vocabulary's rows lie far apart."""
+
+    settled: np.ndarray
+    rows: np.ndarray
+    ids: np.ndarray
+    offsets: np.ndarray
+    data: np.ndarray
+
+
 @dataclass(slots=True)
 class NativeResult:
     bits: np.ndarray  # packed little-endian mask bits
-    bound_nodes: np.ndarray  # trie nodes that died after a complete lexeme (with boundaries)
+    bound_rows: np.ndarray  # vocabulary rows of the tokens that died after a complete lexeme (with boundaries)
     bound_pos: np.ndarray
     bound_labels: np.ndarray
     unbuilt: np.ndarray  # unbuilt states reached (the walk is then void)
@@ -200,12 +282,13 @@ class NativeWalker:
     """One DFA's tables as token_walk.c reads them, and each state's loop set (found on first use)."""
 
     def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None, regions: bool = True,
-                 grown_from: "NativeWalker | None" = None):
-        """`regions`: whether dense states' walks use their region's kept tokens (`_region`). `grown_from`: the
+                 grown_from: "NativeWalker | None" = None, dense: bool = True):
+        """`regions`: whether dense states' walks use their region's kept tokens (`_region`); `dense`: whether they
+        walk their candidates alone where few (`_walk_candidates`; with neither, a dense state walks the trie). `grown_from`: the
         walker of this DFA before it grew (rows added, unbuilt ones built): its loops and runs, found on built
         rows only, stay true and are kept (a lazily built table grows often; new zeroed arrays cost more than
         the walks between)."""
-        self.trie, self.regions = trie, regions
+        self.trie, self.regions, self.dense = trie, regions, dense
         self.trans = np.ascontiguousarray(dfa.trans, np.int32)
         self.width = int(dfa.trans.shape[1])
         self.byte_class = np.ascontiguousarray(dfa.byte_class, np.int32)
@@ -217,8 +300,8 @@ class NativeWalker:
             room = 2 * n if unbuilt is not None else n  # a lazily built table grows: room to keep its caches
             # each state's loop set and whether it is known, then its run (token_walk.c's Runs): its bytes,
             # length, successor, and whether they are known yet
-            caches = (np.zeros(room * 4, np.uint64), np.zeros(room, np.uint8), np.zeros(room * 4, np.uint64),
-                      np.zeros(room, np.int32), np.zeros(room, np.int32), np.zeros(room, np.uint8))
+            caches = (_zeroed(room * 4, np.uint64), _zeroed(room, np.uint8), _zeroed(room * 4, np.uint64),
+                      _zeroed(room, np.int32), _zeroed(room, np.int32), _zeroed(room, np.uint8))
             if old is not None:
                 for k in (1, 5, 0, 2, 3, 4):  # the known marks first: a walk in another thread may add one,
                     caches[k][:len(old[k])] = old[k]  # whose words are written before its mark
@@ -233,7 +316,8 @@ class NativeWalker:
         self._loop_sets = (address(self.loops), address(self.known))
         # rl_walk_args's fixed arguments (token_walk.c's WalkArgs), addresses as int64 (null: 0)
         self._args = np.array([a or 0 for a in (*trie.walk_args, *self._tables, address(self.accept), *self._loop_sets,
-                                                *(address(a) for a in self.runs), address(self.unbuilt))], np.int64)
+                                                *(address(a) for a in self.runs), address(self.unbuilt),
+                                                address(trie.root_child))], np.int64)
         self._args_at = address(self._args)
 
     def walk_rows(self, matrix: np.ndarray, lengths: np.ndarray, rows: np.ndarray, start: int,
@@ -287,10 +371,16 @@ class NativeWalker:
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
         n_bytes = -(-t.size // 8)
+        loop, loop_len = self._skip_set(state)
+        if loop is not None and self.dense:  # a dense state: its unsettled tokens walked alone, where few
+            split = t.dense_split(loop, loop_len)
+            if split is not None:
+                return self._walk_candidates(state, split, boundaries)
         region = self._region(state, boundaries) if self.regions else None  # before the scratch bits: it may walk
         work, bits_at = _SCRATCH.get("bits", n_bytes, np.uint8)
         bits = work[:n_bytes]
-        loop, loop_len = (None, 0) if region else self._skip_set(state)
+        if region is None and loop is not None:
+            loop, loop_len = self._skip_set(state)  # again: the region's search may have walked (the scratch)
         loop_at = entry_at = 0  # null: no skipping
         if region is not None:
             bits[:] = region[0]
@@ -311,10 +401,47 @@ class NativeWalker:
             if found <= cap:
                 break
             self._bounds = int(found)  # again with room for them (the bits come out the same)
+        rows, counts = t.subtree_rows(scratch[:found]) if found else (_NO_ROWS, _NO_ROWS)
+        return self._result(bits, rows, np.repeat(scratch[cap:cap + found], counts),
+                            np.repeat(scratch[2 * cap:2 * cap + found], counts), scratch, cap)
+
+    def _walk_candidates(self, state: int, todo: DenseSplit, boundaries: bool) -> NativeResult:
+        """`walk` of a dense state: the tokens its skip set settles, and each of the others walked alone
+        (token_walk.c's rl_walk_candidates)."""
+        t = self.trie
+        work, bits_at = _SCRATCH.get("bits", len(todo.settled), np.uint8)
+        bits = work[:len(todo.settled)]
+        bits[:] = todo.settled
+        while True:
+            cap = self._bounds if boundaries else 0
+            scratch, scratch_at = _SCRATCH.get("walk", 3 * cap + _UNBUILT_ROOM + 1, np.int64)
+            found = t.lib.rl_walk_candidates(self._args_at, state, len(todo.rows), address(todo.offsets),
+                                             address(todo.data), address(todo.ids), bits_at,
+                                             cap if boundaries else -1, scratch_at, _UNBUILT_ROOM)
+            if found <= cap:
+                break
+            self._bounds = int(found)
+        return self._result(bits, todo.rows[scratch[:found]], scratch[cap:cap + found].copy(),
+                            scratch[2 * cap:2 * cap + found].copy(), scratch, cap)
+
+    @staticmethod
+    def _result(bits: np.ndarray, rows: np.ndarray, pos: np.ndarray, labels: np.ndarray, scratch: np.ndarray,
+                cap: int) -> NativeResult:
+        """The walk's result, copied out of this thread's scratch (`scratch`'s unbuilt states after 3 runs of `cap`)."""
         reached = int(scratch[3 * cap + _UNBUILT_ROOM])
         hits = scratch[3 * cap: 3 * cap + min(reached, _UNBUILT_ROOM)]
-        return NativeResult(bits.copy(), scratch[:found].copy(), scratch[cap:cap + found].copy(),
-                            scratch[2 * cap:2 * cap + found].copy(), np.unique(hits) if reached else hits.copy())
+        return NativeResult(bits.copy(), rows, pos, labels, np.unique(hits) if reached else hits.copy())
+
+
+def _zeroed(size: int, dtype: type) -> np.ndarray:
+    """np.zeros(size, dtype); a large one from an anonymous map, whose pages come zero when first touched: a lazily
+    built table's walker has room for its whole reserved table (tens of MB of caches, of which a decode touches a
+    few pages), and np.zeros cleared them all, 0.5-8 ms per table."""
+    nbytes = size * np.dtype(dtype).itemsize
+    if nbytes < _MAPPED_MIN_BYTES:
+        return np.zeros(size, dtype)
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", 0)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags) if flags else mmap.mmap(-1, nbytes), dtype)
 
 
 class _Scratch(threading.local):

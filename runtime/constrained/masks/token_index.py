@@ -129,9 +129,8 @@ class TokenIndex:
         if len(walked.unbuilt):
             raise Unbuilt(walked.unbuilt)
         out = (_EMPTY, _EMPTY, _EMPTY)
-        if self.with_boundaries and len(walked.bound_nodes):
-            rows, counts = native.subtree_rows(walked.bound_nodes)
-            out = (rows, np.repeat(walked.bound_pos, counts), np.repeat(walked.bound_labels, counts))
+        if self.with_boundaries and len(walked.bound_rows):
+            out = (walked.bound_rows, walked.bound_pos, walked.bound_labels)
         entry = (walked.bits, out)
         if signature is not None:
             for a in (walked.bits, *out):

@@ -55,7 +55,7 @@ class TokenVocab:
     @cached_property
     def native_trie(self) -> NativeTrie | None:
         """The trie as the native token walk reads it; None where that walk is not available."""
-        return NativeTrie.create(self.trie, self.ids, self.size, self.starting_with)
+        return NativeTrie.create(self.trie, self.ids, self.matrix, self.size, self.starting_with)
 
     @cached_property
     def by_bytes(self) -> dict[bytes, int]:

@@ -247,17 +247,18 @@ def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(voc
         assert np.array_equal(grown[i], mask), (text[:i], np.flatnonzero(grown[i] != mask)[:5])
 
 
-def test_runs_and_layers_match_their_definitions():
-    """A stretch is laid run by run (_runs) from the value's breadth-first levels (_Layers.upto): both against
-    plain definitions, on random tables (an empty stretch included: a search can end on an empty level)."""
+def test_runs_and_layers_match_their_definitions(monkeypatch):
+    """A stretch is laid run by run (_runs) from the value's breadth-first distances (_Layers, in C and in numpy):
+    both against plain definitions, on random tables (states not reached included)."""
+    from radixlang.runtime.constrained import object_dispatch
     from radixlang.runtime.constrained.object_dispatch import _Layers, _runs
 
     rng = np.random.default_rng(0)
     assert _runs(np.zeros(0, np.int64)) == []
     for _ in range(100):
-        states = rng.choice(200, int(rng.integers(1, 60)), replace=True)
+        states = np.unique(rng.choice(200, int(rng.integers(1, 60)), replace=True))
         runs = _runs(states)
-        assert [q for first, end in runs for q in range(first, end)] == sorted(set(states.tolist()))
+        assert [q for first, end in runs for q in range(first, end)] == states.tolist()
         assert all(b < c for (_, b), (c, _) in zip(runs, runs[1:]))  # runs are apart
         size, width = int(rng.integers(1, 400)), int(rng.integers(1, 8))
         table = np.where(rng.random((size, width)) < 0.3, rng.integers(0, size, (size, width)), -1)
@@ -266,8 +267,16 @@ def test_runs_and_layers_match_their_definitions():
             level = sorted({int(t) for q in level for t in table[q] if t >= 0 and t not in seen})
             seen.update(level)
             want.append(level)
-        got_levels = _Layers(table, 0).upto(len(want) + 2)
-        assert [lv.tolist() for lv in got_levels] == want
+        want.pop()  # the search's last level is empty
+        for native in (True, False):
+            if not native:
+                monkeypatch.setattr(object_dispatch.native_fsa, "library", lambda: None)
+            layers = _Layers(table, 0)
+            assert layers.farthest == len(want) - 1
+            assert [layers.within(d, d).tolist() for d in range(len(want) + 2)] == want + [[], []]
+            assert layers.within(1, len(want)).tolist() == sorted(q for lv in want[1:] for q in lv)
+            assert sorted(np.flatnonzero(layers.dist >= 0).tolist()) == sorted(seen)
+            monkeypatch.undo()
 
 
 def random_json(rng: random.Random, depth: int) -> str:

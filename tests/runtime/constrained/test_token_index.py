@@ -211,7 +211,7 @@ def test_region_masks_kept_per_vocabulary_equal_the_plain_walk_over_varied_state
         indexes = ([lex.index for lex in constraint._lexers.values()] if hasattr(constraint, "_lexers")
                    else [constraint.index])
         for index in indexes:
-            plain = NativeWalker(vocab.native_trie, index.dfa, index.unbuilt, regions=False)
+            plain = NativeWalker(vocab.native_trie, index.dfa, index.unbuilt, regions=False, dense=False)
             walker = index._walker(vocab.native_trie)
             for state, (bits, _) in list(index._states.items()):
                 if index.unbuilt is not None and index.unbuilt[state]:
@@ -226,6 +226,86 @@ def test_region_masks_kept_per_vocabulary_equal_the_plain_walk_over_varied_state
     dfa = compile_dfa([parse_regex(r'"([^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')])
     inside = dfa.walk(dfa.start, b'"')
     assert np.array_equal(TokenIndex(dfa, vocab).mask(inside), brute_force_allowed(dfa, vocab, inside))
+
+
+def test_dense_states_walk_their_unsettled_tokens_alone_and_equal_the_trie_walk(compiler, vocab, walk):
+    """A dense state (a string's body: a loop on most bytes; a bounded string: a run) settles every token made of
+    its skip set's bytes at once and walks each other token alone (native_trie's dense_split, token_walk.c's
+    rl_walk_candidates), where the trie walk visits every child on their paths. Over random walks of a regex, a
+    lazily built table (whose walks stop at unbuilt rows) and a grammar's lexers (which record boundaries), each
+    kept state's bits, boundary records (rows, positions, labels, in the same order) and unbuilt states reached
+    equal the plain trie walk's, with no skipping at all; the dense path was taken in each; a dense state's
+    mask equals a byte-by-byte walk of every token."""
+    from radixlang.runtime.constrained.masks.native_trie import NativeWalker
+
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: masks take the numpy walk")
+    text, short = {"type": "string"}, {"type": "string", "maxLength": 30}
+    schemas = [{"type": "object", "properties": {"a": text, "b": short}, "required": ["a"],
+                "additionalProperties": False},
+               {"type": "object", "properties": {f"k{i}": {"type": "string", "maxLength": 500} for i in range(10)}},
+               {"type": "object", "properties": {"kid": {"$ref": "#"}, "s": text, "t": short}}]
+    seen_kinds, dense_states = [], []
+    for i, schema in enumerate(schemas):
+        constraint = compiler.compile("json_schema", schema)
+        seen_kinds.append(type(constraint).__name__)
+        rng = random.Random(i)
+        for _ in range(6):
+            walk(constraint, rng, max_tokens=40)
+        indexes = ([lex.index for lex in constraint._lexers.values()] if hasattr(constraint, "_lexers")
+                   else [constraint.index])
+        dense = 0
+        for index in indexes:
+            plain = NativeWalker(vocab.native_trie, index.dfa, index.unbuilt, regions=False, dense=False)
+            walker = index._walker(vocab.native_trie)
+            for state in list(index._states):
+                if index.unbuilt is not None and index.unbuilt[state]:
+                    continue
+                ours, theirs = walker.walk(state, index.with_boundaries), plain.walk(state, index.with_boundaries)
+                for field in ("bits", "bound_rows", "bound_pos", "bound_labels", "unbuilt"):
+                    assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (i, state, field)
+                loop, length = walker._skip_set(state)
+                if loop is not None and vocab.native_trie.dense_split(loop, length) is not None:
+                    dense += 1
+                    if dense == 1:  # one state per schema, token by token
+                        dfa = index.dfa
+                        brute = np.zeros(vocab.size, bool)
+                        for tid in vocab.ids.tolist():
+                            brute[tid] = dfa.walk(state, vocab.token_bytes[tid]) >= 0
+                        assert np.array_equal(np.unpackbits(ours.bits, count=vocab.size, bitorder="little")
+                                              .view(bool), brute), (i, state)
+        dense_states.append(dense)
+    assert seen_kinds == ["RegexConstraint", "ObjectDispatch", "GrammarConstraint"], seen_kinds
+    assert all(dense_states), dense_states
+    # a lexer's accepting dense state: a token dying after a byte or more is a boundary, one dying at once is not
+    lexeme = compile_dfa([parse_regex(r'[^"\n]*')])
+    index = TokenIndex(lexeme, vocab, boundaries=True)
+    walker = index._walker(vocab.native_trie)
+    ours = walker.walk(lexeme.start, True)
+    theirs = NativeWalker(vocab.native_trie, lexeme, None, regions=False, dense=False).walk(lexeme.start, True)
+    assert len(ours.bound_rows) and (ours.bound_pos >= 1).all()
+    for field in ("bits", "bound_rows", "bound_pos", "bound_labels"):
+        assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
+    # a lazily built table just past a key: the value's rest is unbuilt, and both walks stop at the same rows
+    table = compiler.compile("json_schema", {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "maxLength": 400} for i in range(9)}})
+    state = table.advance_bytes(table.initial(), b'{"p3":"ab')
+    table._packed(state)  # built as far as its walk reads
+    stopped = 0
+    for k in range(1, 200):  # later states, before a walk lays their rows
+        nxt = table.advance_bytes(state, b"a" * k)
+        if nxt is None or table.unbuilt[nxt]:
+            break
+        walker = table.index._walker(vocab.native_trie)
+        ours = walker.walk(nxt, False)
+        theirs = NativeWalker(vocab.native_trie, table.index.dfa, table.index.unbuilt, regions=False,
+                              dense=False).walk(nxt, False)
+        assert np.array_equal(ours.unbuilt, theirs.unbuilt), k
+        if len(ours.unbuilt):
+            stopped += 1
+        else:
+            assert np.array_equal(ours.bits, theirs.bits), k
+    assert stopped, "some walk stopped at unbuilt rows"
 
 
 def test_walks_shared_by_signature_equal_the_unshared_walk_across_dfas(monkeypatch):
