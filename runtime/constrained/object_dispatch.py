@@ -65,9 +65,10 @@ REST_AHEAD_BYTES = 16
 # 729); a further byte laid a few percent more rows for fewer saved walks
 BUILD_AHEAD_BYTES = 1
 # the objects' keys DFAs built with the table, nearest the root first, up to this many keys in all (the rest on first
-# reach): on JSONSchemaBench's table sample they were a ninth of the fresh masks' time (31 of ~280 ms: 26 builds of
-# 1-2 ms, an object's undeclared keys are a string minus its declared names), for ~1 ms on the compile p50
-EAGER_KEYS_MAX = 256
+# reach): each took 1-2 ms of a first mask (an object's undeclared keys are a string minus its declared names). On
+# JSONSchemaBench's table sample, none / 32 / 64 / 256 keys: fresh masks 122 / 115 / 108 / 113 us, compile + first
+# mask p90 195 / 193 / 205 / 223 ms (a schema of many objects builds keys it never reads), p50 ~22 ms throughout
+EAGER_KEYS_MAX = 64
 ANY_LEVEL = -1  # a marker's object index for ANY_MARKER: a level of any containers (ObjectDispatch._any)
 
 

@@ -63,7 +63,7 @@ class NativeTrie:
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _longest: dict[bytes, int] = field(default_factory=dict)  # within's: the longest token of a byte set
-    _splits: dict[tuple[bytes, int], DenseSplit | None] = field(default_factory=dict)  # dense_split's
+    _splits: dict[tuple[bytes, int], tuple[DenseSplit | None]] = field(default_factory=dict)  # dense_split's
     _walks: dict[bytes, tuple[StateWalk, int]] = field(default_factory=dict)  # shared walks by signature, and their bytes
     _walks_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -178,8 +178,9 @@ class NativeTrie:
         length; shared, read-only."""
         n = min(skip_len, self.max_len)
         key = (skip.tobytes(), n)
-        if key in self._splits:
-            return self._splits[key]
+        hit = self._splits.get(key)  # one read: another thread may drop the entry meanwhile
+        if hit is not None:
+            return hit[0]
         size = 3 * CANDIDATES_MAX + 1  # rows, ids, then 0 and the end offsets
         out, out_at = _SCRATCH.get("candidates", size, np.int64)
         data, data_at = _SCRATCH.get("candidate_bytes", CANDIDATES_MAX * self.max_len, np.uint8)
@@ -199,7 +200,7 @@ class NativeTrie:
         with self._lock:
             if len(self._splits) >= _SPLITS_KEPT:
                 self._splits.pop(next(iter(self._splits)))
-            self._splits[key] = found
+            self._splits[key] = (found,)
         return found
 
     def region_bits(self, table: np.ndarray, entry: np.ndarray | None = None) -> np.ndarray:
