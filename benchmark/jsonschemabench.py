@@ -101,6 +101,7 @@ def load_vocab() -> tuple[Tokenizer, TokenVocab]:
     tokenizer = Tokenizer.from_gguf_metadata(gguf_metadata(default_model_path()))
     vocab = TokenVocab.from_tokenizer(tokenizer, tokenizer.vocab_size)
     vocab.trie  # built once per vocabulary, as an engine does at its first constraint: not a schema's cost
+    vocab.native_trie  # likewise (the compiler builds it outside a compile's deadline)
     vocab_classes(vocab)  # likewise, the uniqueItems scan's token classes
     return tokenizer, vocab
 

@@ -134,9 +134,11 @@ class NativeTrie:
         lengths = self.row_len[self.end_rows]
         held = self.matrix[self.end_rows] if n else np.zeros((0, width), np.uint8)
         inside = np.arange(width) < lengths[:, None]
-        pairs = np.unique(held[inside].astype(np.int64) * max(n, 1) + np.nonzero(inside)[0])  # by byte, then token
-        self.by_byte = np.ascontiguousarray(pairs % max(n, 1), np.int32)
-        self.by_byte_start = np.searchsorted(pairs // max(n, 1), np.arange(257)).astype(np.int64)
+        holds = np.zeros((256, n), bool)  # by byte, then token: its nonzero entries come out in that order, once each
+        holds[held[inside], np.nonzero(inside)[0]] = True
+        by, token = np.nonzero(holds)
+        self.by_byte = token.astype(np.int32)
+        self.by_byte_start = np.searchsorted(by, np.arange(257)).astype(np.int64)
         order = np.argsort(-lengths, kind="stable")
         self.longest_first, self.longest_len = order.astype(np.int32), np.ascontiguousarray(lengths[order], np.int64)
         self.all_bits = np.zeros(-(-self.size // 8), np.uint8)
