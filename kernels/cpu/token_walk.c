@@ -608,7 +608,7 @@ int64_t rl_dense_split(const int64_t *by_byte_start, const int32_t *by_byte, con
     return found;
 }
 
-/* rl_walk for a dense state, given its candidates (rl_tokens_outside): `out_bits` already holds the tokens its
+/* rl_walk for a dense state, given its candidates (rl_dense_split): `out_bits` already holds the tokens its
    skip set settles, and each candidate's bytes (`data[offsets[k] .. offsets[k + 1]]`: packed together, read in
    order) are walked from `start` alone. A walk that reaches an unbuilt state records it (not read past, the
    token not set); one that dies after an accepting state, a byte or more in, is a boundary (the candidate's

@@ -30,8 +30,8 @@ _EVERY_BYTE = np.full(4, ~np.uint64(0))
 _NO_ROWS = np.zeros(0, np.int64)
 _MAPPED_MIN_BYTES = 1 << 20  # _zeroed maps arrays from this size on
 # a dense state whose skip set leaves at most this many tokens unsettled walks each of them alone (rl_walk_candidates)
-# instead of the trie: a string's body leaves the ~1,200 tokens with a quote, a backslash, a control or a non-ASCII
-# byte (SmolLM2), ~10 us of walks, where the trie walk visits every child of each node on their paths (~100-400 us)
+# instead of the trie: a string's body leaves the ~1,300 tokens with a quote, a backslash, a control or a non-ASCII
+# byte (SmolLM2), ~20-40 us cold, where the trie walk visits every child of each node on their paths (~100-400 us)
 CANDIDATES_MAX = 4096
 _SPLITS_KEPT = 256  # dense splits kept per vocabulary (~20 KB each), by skip set and length
 SHARED_MAX_STATES = 32  # a state reaching at most this many shares its walk with every state that reads alike
@@ -76,7 +76,6 @@ class NativeTrie:
     all_bits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # every token's bit
     _split_args: tuple = ()
     root_child: np.ndarray = field(default_factory=lambda: np.full(256, -1, np.int64))  # by byte: the root's child
-    len_by_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # token bytes by id, set once
 
     @classmethod
     def create(cls, trie: VocabTrie, ids: np.ndarray, matrix: np.ndarray, size: int,
@@ -119,8 +118,6 @@ class NativeTrie:
 
     def __post_init__(self) -> None:
         self.max_len = int(self.row_len.max(initial=0))
-        self.len_by_id = np.zeros(self.size, np.int64)
-        self.len_by_id[self.ids] = self.row_len
         node = 0  # the root's children: each one's subtree runs to the next
         while node < len(self.byte):
             self.root_child[self.byte[node]] = node
@@ -287,10 +284,10 @@ class NativeWalker:
     def __init__(self, trie: NativeTrie, dfa: Dfa, unbuilt: np.ndarray | None, regions: bool = True,
                  grown_from: "NativeWalker | None" = None, dense: bool = True):
         """`regions`: whether dense states' walks use their region's kept tokens (`_region`); `dense`: whether they
-        walk their candidates alone where few (`_walk_candidates`; with neither, a dense state walks the trie). `grown_from`: the
-        walker of this DFA before it grew (rows added, unbuilt ones built): its loops and runs, found on built
-        rows only, stay true and are kept (a lazily built table grows often; new zeroed arrays cost more than
-        the walks between)."""
+        walk their candidates alone where few (`_walk_candidates`; with neither, a dense state walks the trie).
+        `grown_from`: the walker of this DFA before it grew (rows added, unbuilt ones built): its loops and runs,
+        found on built rows only, stay true and are kept (a lazily built table grows often; new zeroed arrays cost
+        more than the walks between)."""
         self.trie, self.regions, self.dense = trie, regions, dense
         self.trans = np.ascontiguousarray(dfa.trans, np.int32)
         self.width = int(dfa.trans.shape[1])
