@@ -36,6 +36,28 @@ void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, 
     }
 }
 
+/* Marks token t in the bitmap `seen`; returns whether it was not marked before. */
+static inline int mark(uint64_t *seen, int32_t t) {
+    uint64_t bit = 1ull << (t & 63);
+    if (seen[t >> 6] & bit) return 0;
+    seen[t >> 6] |= bit;
+    return 1;
+}
+
+/* Marks in `seen` the tokens holding a byte outside `set`, from the per-byte lists (`by_byte`, tokens in preorder:
+   by_byte[by_byte_start[b] .. by_byte_start[b + 1]] hold byte b), stopping once more than `cap` are marked;
+   returns how many it marked. */
+static int64_t mark_outside(const int64_t *by_byte_start, const int32_t *by_byte, const uint64_t *set, uint64_t *seen,
+                            int64_t cap) {
+    int64_t found = 0;
+    for (int b = 0; b < 256 && found <= cap; b++) {
+        if (set[b >> 6] >> (b & 63) & 1) continue;
+        for (int64_t k = by_byte_start[b]; k < by_byte_start[b + 1] && found <= cap; k++)
+            found += mark(seen, by_byte[k]);
+    }
+    return found;
+}
+
 /* Sets the bit of every token no longer than `max_len` whose bytes all lie in `set`, and returns the longest such
    token's length (whatever `max_len`). The tokens holding a byte outside the set are marked from the per-byte
    lists (rl_dense_split's tables, tokens in preorder) in `seen` (zero on entry and on return), then the others
@@ -43,11 +65,7 @@ void rl_trie_bytes(int64_t n_nodes, const int64_t *parent, const uint8_t *byte, 
 int64_t rl_tokens_within(const int64_t *by_byte_start, const int32_t *by_byte, int64_t n_tokens, const int64_t *rows,
                          const int64_t *row_len, const int64_t *ids, const uint64_t *set, int64_t max_len,
                          uint64_t *seen, uint8_t *out_bits) {
-    for (int b = 0; b < 256; b++) {
-        if (set[b >> 6] >> (b & 63) & 1) continue;
-        for (int64_t k = by_byte_start[b]; k < by_byte_start[b + 1]; k++)
-            seen[by_byte[k] >> 6] |= 1ull << (by_byte[k] & 63);
-    }
+    mark_outside(by_byte_start, by_byte, set, seen, INT64_MAX);
     int64_t longest = 0;
     for (int64_t t = 0; t < n_tokens; t++) {
         if (seen[t >> 6] >> (t & 63) & 1) continue;
@@ -574,20 +592,9 @@ int64_t rl_dense_split(const int64_t *by_byte_start, const int32_t *by_byte, con
                        const uint8_t *matrix, int64_t stride, const int64_t *ids, const uint8_t *all_bits,
                        int64_t n_bits_bytes, const uint64_t *set, int64_t max_len, int64_t cap, uint64_t *seen,
                        int64_t *out_rows, int64_t *out_ids, int64_t *out_ends, uint8_t *out_data, uint8_t *settled) {
-    int64_t found = 0;
-    for (int b = 0; b < 256 && found <= cap; b++) {
-        if (set[b >> 6] >> (b & 63) & 1) continue;
-        for (int64_t k = by_byte_start[b]; k < by_byte_start[b + 1] && found <= cap; k++) {
-            int32_t t = by_byte[k];
-            uint64_t bit = 1ull << (t & 63);
-            if (!(seen[t >> 6] & bit)) seen[t >> 6] |= bit, found++;
-        }
-    }
-    for (int64_t k = 0; k < n_tokens && longest_len[k] > max_len && found <= cap; k++) {
-        int32_t t = longest_first[k];
-        uint64_t bit = 1ull << (t & 63);
-        if (!(seen[t >> 6] & bit)) seen[t >> 6] |= bit, found++;
-    }
+    int64_t found = mark_outside(by_byte_start, by_byte, set, seen, cap);
+    for (int64_t k = 0; k < n_tokens && longest_len[k] > max_len && found <= cap; k++)
+        found += mark(seen, longest_first[k]);
     int64_t words = (n_tokens + 63) / 64, n = 0, at = 0;
     if (found <= cap) memcpy(settled, all_bits, (size_t)n_bits_bytes);
     for (int64_t w = 0; w < words; w++) {

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import mmap
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +34,7 @@ from ...kernels.cpu import fsa as native_fsa
 from ...kernels.cpu.c_library import address
 from .growing_dfa import MAX_GROWN_STATES, GrowingDfa
 from .jsonschema.json_objects import ANY_MARKER, ANY_MARKER_PATH, LazyObject
+from .masks.native_trie import zeroed
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex import regex_ast as ra
@@ -189,12 +189,8 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
 
 
 def _reserved(rows: int) -> np.ndarray:
-    """[rows, 256] int32 in an anonymous map: zero, and backed only where written (no swap reserved for the
-    rest, where the platform says so)."""
-    size = rows * 256 * 4
-    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", 0)
-    buffer = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
-    return np.frombuffer(buffer, np.int32).reshape(rows, 256)
+    """[rows, 256] int32, zero, from an anonymous map where large (native_trie.zeroed): backed only where written."""
+    return zeroed(rows * 256, np.int32).reshape(rows, 256)
 
 
 def _doubled(rows: np.ndarray, used: int) -> np.ndarray:

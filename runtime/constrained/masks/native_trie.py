@@ -28,7 +28,7 @@ REGION_MAX_STATES = 48  # a dense state's region (token_walk.c's rl_region): a s
 _REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every schema's strings share a few shapes
 _EVERY_BYTE = np.full(4, ~np.uint64(0))
 _NO_ROWS = np.zeros(0, np.int64)
-_MAPPED_MIN_BYTES = 1 << 20  # _zeroed maps arrays from this size on
+_MAPPED_MIN_BYTES = 1 << 20  # zeroed maps arrays from this size on
 # a dense state whose skip set leaves at most this many tokens unsettled walks each of them alone (rl_walk_candidates)
 # instead of the trie: a string's body leaves the ~1,300 tokens with a quote, a backslash, a control or a non-ASCII
 # byte (SmolLM2), ~20-40 us cold, where the trie walk visits every child of each node on their paths (~100-400 us)
@@ -300,8 +300,8 @@ class NativeWalker:
             room = 2 * n if unbuilt is not None else n  # a lazily built table grows: room to keep its caches
             # each state's loop set and whether it is known, then its run (token_walk.c's Runs): its bytes,
             # length, successor, and whether they are known yet
-            caches = (_zeroed(room * 4, np.uint64), _zeroed(room, np.uint8), _zeroed(room * 4, np.uint64),
-                      _zeroed(room, np.int32), _zeroed(room, np.int32), _zeroed(room, np.uint8))
+            caches = (zeroed(room * 4, np.uint64), zeroed(room, np.uint8), zeroed(room * 4, np.uint64),
+                      zeroed(room, np.int32), zeroed(room, np.int32), zeroed(room, np.uint8))
             if old is not None:
                 for k in (1, 5, 0, 2, 3, 4):  # the known marks first: a walk in another thread may add one,
                     caches[k][:len(old[k])] = old[k]  # whose words are written before its mark
@@ -372,22 +372,21 @@ class NativeWalker:
         t = self.trie
         n_bytes = -(-t.size // 8)
         loop, loop_len = self._skip_set(state)
-        if loop is not None and self.dense:  # a dense state: its unsettled tokens walked alone, where few
-            split = t.dense_split(loop, loop_len)
-            if split is not None:
+        if loop is not None:
+            split = t.dense_split(loop, loop_len) if self.dense else None
+            if split is not None:  # a dense state: its unsettled tokens walked alone, where few
                 return self._walk_candidates(state, split, boundaries)
+            loop = loop.copy()  # out of this thread's scratch: the region's search below may walk
         region = self._region(state, boundaries) if self.regions else None  # before the scratch bits: it may walk
         work, bits_at = _SCRATCH.get("bits", n_bytes, np.uint8)
         bits = work[:n_bytes]
-        if region is None and loop is not None:
-            loop, loop_len = self._skip_set(state)  # again: the region's search may have walked (the scratch)
         loop_at = entry_at = 0  # null: no skipping
         if region is not None:
             bits[:] = region[0]
             loop_at, entry_at, loop_len = region[1], region[2], t.max_len
         elif loop is not None:
             bits[:] = t.within(loop, loop_len)
-            loop_at = _SCRATCH.get("skip", 5, np.uint64)[1]
+            loop_at = loop.ctypes.data  # the copy: contiguous
         else:
             bits.fill(0)
         while True:
@@ -433,10 +432,11 @@ class NativeWalker:
         return NativeResult(bits.copy(), rows, pos, labels, np.unique(hits) if reached else hits.copy())
 
 
-def _zeroed(size: int, dtype: type) -> np.ndarray:
-    """np.zeros(size, dtype); a large one from an anonymous map, whose pages come zero when first touched: a lazily
-    built table's walker has room for its whole reserved table (tens of MB of caches, of which a decode touches a
-    few pages), and np.zeros cleared them all, 0.5-8 ms per table."""
+def zeroed(size: int, dtype: type) -> np.ndarray:
+    """np.zeros(size, dtype); a large one from an anonymous map, backed only where written (no swap reserved for the
+    rest, where the platform says so), its pages zero when first touched: a lazily built table (object_dispatch) and
+    its walker's caches reserve room for the whole table, of which a decode touches a few pages, and np.zeros
+    cleared them all (0.5-8 ms per table for the caches alone)."""
     nbytes = size * np.dtype(dtype).itemsize
     if nbytes < _MAPPED_MIN_BYTES:
         return np.zeros(size, dtype)
