@@ -5,7 +5,9 @@ local path; nothing is downloaded. Each file holds a schema and test instances m
 Per subset (the file-name prefix before `---`) it reports:
 - the share of schemas that compile within the time limit;
 - p50 / p90 / p99 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread),
-  and the slowest schemas with their times (`--slowest N`);
+  and the slowest schemas with their times (`--slowest N`); radixlang's compile includes, as the engine's does,
+  the masks it computes at compile within `--precompute-ms` (the engine's constraint_precompute_ms, 25 ms by
+  default; 0: none), as xgrammar's includes the masks it precomputes;
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;
 - the first error of each refused schema, bucketed by message, over all subsets; the schemas compiled
@@ -57,6 +59,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
+from radixlang.runtime.config import CONSTRAINT_PRECOMPUTE_MS
 from radixlang.runtime.constrained.backends import LlguidanceCompiler, PeerCompiler, XgrammarCompiler
 from radixlang.runtime.constrained.compiler import ConstraintCompiler, unenforced
 from radixlang.runtime.constrained.masks.vocab import TokenVocab
@@ -128,11 +131,14 @@ Compile = Callable[[dict], Constraint]  # a schema -> its constraint, cold (no c
 
 
 def make_engines(tokenizer: Tokenizer, vocab: TokenVocab, relaxed: tuple[str, ...],
-                 peers: bool, kind: str = "json_schema") -> dict[str, Compile]:
+                 peers: bool, kind: str = "json_schema",
+                 precompute_ms: float = CONSTRAINT_PRECOMPUTE_MS) -> dict[str, Compile]:
     """radixlang, then each installed grammar_backend peer, on the same vocabulary; a missing one is skipped.
-    `kind`: json_schema (the schema's own semantics) or json_schema_strict (OpenAI's strict form)."""
+    `kind`: json_schema (the schema's own semantics) or json_schema_strict (OpenAI's strict form).
+    `precompute_ms`: radixlang's masks computed at compile (the engine's constraint_precompute_ms)."""
     def ours(schema: dict) -> Constraint:  # a fresh compiler: every schema compiles from scratch
-        return ConstraintCompiler(lambda: vocab, json_relaxed=relaxed).compile(kind, schema)
+        return ConstraintCompiler(lambda: vocab, json_relaxed=relaxed, precompute_ms=precompute_ms).compile(kind,
+                                                                                                             schema)
 
     engines: dict[str, Compile] = {"radixlang": ours}
     makers: dict[str, Callable[[], PeerCompiler]] = {
@@ -360,6 +366,8 @@ def main() -> None:
                         "first mask)")
     parser.add_argument("--strict", action="store_true", help="OpenAI's strict form (declared order, closed "
                         "objects) instead of the schema's own semantics; xgrammar in strict mode too")
+    parser.add_argument("--precompute-ms", type=float, default=CONSTRAINT_PRECOMPUTE_MS, help="radixlang's "
+                        "masks computed at compile, as the engine's constraint_precompute_ms (0: none)")
     args = parser.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"{args.data} is not a folder: pass the benchmark's maskbench/data folder")
@@ -368,7 +376,7 @@ def main() -> None:
         freeze_loaded()
     signal.signal(signal.SIGALRM, _on_alarm)
     engines = make_engines(tokenizer, vocab, tuple(args.relax), not args.no_peers,
-                           "json_schema_strict" if args.strict else "json_schema")
+                           "json_schema_strict" if args.strict else "json_schema", args.precompute_ms)
     reports: Counter = Counter()
     timed = {} if args.no_peers else make_timed_peers(vocab)
     totals = {name: SubsetResult() for name in (*engines, *timed)}

@@ -53,6 +53,12 @@ MAX_DFA_STATES = 100_000  # states of a subset construction or product (over cod
 MAX_DFA_TRANSITIONS = 25_600_000
 UTF8_DECODER_CACHE_SIZE = 64  # UTF-8 decoders of code-point splits kept across compiles (LRU; a \w one is ~0.3 MB)
 CONSTRAINT_CACHE_SIZE = 64  # compiled constraints kept per engine (LRU)
+# what a compile spends on the masks of the states nearest its start (constrained/warming.py). On JSONSchemaBench's
+# table sample (2026-12-06, one run each of its first version, the collector off; fresh mask mean / compile + first
+# mask p50 / p90):
+# none 125 us / 23 / 199 ms, 10 ms 61 us / 32 / 207 ms, 25 ms 44 us / 50 / 244 ms, 50 ms 34 us / 74 / 258 ms: 25 ms
+# is the knee, and keeps the median compile at a fifth of xgrammar's
+CONSTRAINT_PRECOMPUTE_MS = 25.0
 DFA_CACHE_BYTES = 64 << 20  # automata of repeated sub-languages kept per engine, by transition-table bytes (LRU)
 DFA_CACHE_ENTRIES = 4096  # ... and by count (their keys hold the regex trees)
 MASK_CACHE_SIZE = 512  # token masks kept per compiled constraint (LRU; bitsets of V/8 bytes)
@@ -190,6 +196,9 @@ class EngineConfig:
     constraint_compile_timeout: float = option(10.0, "seconds a request's constraint (regex, JSON schema, grammar) "
                                                "may take to compile; past it the request is refused (400); 0: no "
                                                "limit")
+    constraint_precompute_ms: float = option(CONSTRAINT_PRECOMPUTE_MS, "milliseconds a constraint's compile then "
+                                             "spends computing the token masks of the states nearest its start, on "
+                                             "the request's thread, so that decode steps find them ready; 0: none")
     kv_cache_dtype: str = option("auto", "KV cache storage: auto (the compute dtype), or int8 / fp8_e4m3 codes with "
                                  "one fp16 scale per token and KV head (about half a 16-bit pool's bytes a token: "
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)
@@ -263,6 +272,9 @@ class EngineConfig:
         if not self.constraint_compile_timeout >= 0:
             raise ValueError(f"constraint_compile_timeout must be >= 0 seconds (0: no limit), got "
                              f"{self.constraint_compile_timeout}")
+        if not self.constraint_precompute_ms >= 0:
+            raise ValueError(f"constraint_precompute_ms must be >= 0 milliseconds (0: none), got "
+                             f"{self.constraint_precompute_ms}")
         if not self.prompt_cache_retention >= 0:
             raise ValueError(f"prompt_cache_retention must be >= 0 seconds, got {self.prompt_cache_retention}")
         if self.kv_host_cache_tokens is not None and self.kv_host_cache_tokens < 0:

@@ -148,6 +148,7 @@ class Engine:
                                               cfg.constrained_json_whitespace_pattern,
                                               json_relaxed=cfg.constrained_json_relaxed,
                                               compile_timeout=cfg.constraint_compile_timeout,
+                                              precompute_ms=cfg.constraint_precompute_ms,
                                               backend=cfg.grammar_backend,
                                               encode=lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self.lora = parts.lora

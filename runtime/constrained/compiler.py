@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from ..config import CONSTRAINT_CACHE_SIZE
+from ..config import CONSTRAINT_CACHE_SIZE, CONSTRAINT_PRECOMPUTE_MS
 from . import deadline
 from .backends import Encode, PeerCompiler, check_installed, peer_compiler
 from .ebnf import parse_ebnf
@@ -35,6 +35,7 @@ from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
 from .unique_items import UniqueItems, vocab_classes
+from .warming import warm
 
 JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
 # states of a JSON schema's one DFA (its own semantics) past which it compiles in the strict form instead: on
@@ -49,8 +50,10 @@ class ConstraintCompiler:
 
     def __init__(self, make_vocab: Callable[[], TokenVocab], json_whitespace: str | None = None,
                  cache_size: int = CONSTRAINT_CACHE_SIZE, json_relaxed: Relaxed = (),
-                 compile_timeout: float | None = None, backend: str = "radixlang", encode: Encode | None = None):
+                 compile_timeout: float | None = None, backend: str = "radixlang", encode: Encode | None = None,
+                 precompute_ms: float = CONSTRAINT_PRECOMPUTE_MS):
         """`compile_timeout`: seconds one compile (to its first mask) may take (deadline.py); None: no limit.
+        `precompute_ms`: what a compile then spends on the masks of the states nearest its start (warming.py).
         `backend`: radixlang (ours), or a peer library that compiles every constraint (backends.py), which
         may ask the tokenizer (`encode`) how text is split."""
         whitespace_node(json_whitespace)  # a bad pattern fails here, when the engine starts
@@ -65,6 +68,7 @@ class ConstraintCompiler:
         self.json_whitespace = json_whitespace
         self.cache_size = cache_size
         self.compile_timeout = compile_timeout
+        self.precompute_s = precompute_ms / 1e3
         self._cache: OrderedDict[tuple[str, str], Constraint] = OrderedDict()
         self._dfas = DfaCache()  # sub-languages shared by this engine's compiles (and their lexers)
         self._think_parts: dict[tuple[str, str], ThinkParts] = {}  # per reasoning marker pair (a few)
@@ -95,11 +99,14 @@ class ConstraintCompiler:
                 vocab_classes(vocab)  # what the uniqueItems scan reads of the vocabulary
         else:
             self._peer_compiler()
-        with collector_paused(), caching(self._dfas), deadline.limit(self.compile_timeout, kind):
-            constraint = self._build(kind, spec, text)
-            start = constraint.initial()
-            if not constraint.can_end(start) and not constraint.allowed(start).any():
-                raise ValueError(f"{kind} matches no text that the vocabulary can spell")
+        with collector_paused(), caching(self._dfas):
+            with deadline.limit(self.compile_timeout, kind):
+                constraint = self._build(kind, spec, text)
+                start = constraint.initial()
+                if not constraint.can_end(start) and not constraint.allowed(start).any():
+                    raise ValueError(f"{kind} matches no text that the vocabulary can spell")
+            # its own budget, past the deadline's reach: it never refuses; a uniqueItems scan's masks are its inner's
+            warm(constraint.inner if isinstance(constraint, UniqueItems) else constraint, self.precompute_s)
         with self._lock:
             self._cache[key] = constraint
             while len(self._cache) > self.cache_size:

@@ -153,6 +153,10 @@ class RegexConstraint:
     def _row(self, state: int) -> np.ndarray:
         return self.dfa.row(state)
 
+    def warm_edges(self, state: int) -> list[tuple[int, int]]:
+        """The states one byte on from `state`, none skipping a member (warming.py's)."""
+        return [(t, 0) for t in np.unique(self._row(state)).tolist() if t >= 0]
+
     def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
         out = bytearray()
         while len(out) < limit and (b := self.index.forced_byte(state)) >= 0:

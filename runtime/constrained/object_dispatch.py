@@ -242,6 +242,9 @@ class ObjectDispatch(GrowingDfa):
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
         self._value_starts: dict[tuple[int, int, int, int], int] = {}  # (object, member, written, exit) -> start
+        # a key's final state -> the members its key skips (declared ones still missing before it; an undeclared
+        # key, all those still missing): warm_edges' order, the schema's
+        self._skips: dict[int, int] = {}
         # an unbuilt state's own row and accept, the state whose row it takes in, and whether its accept too
         self._pending: dict[int, tuple[np.ndarray, int, Callable[[], int], bool]] = {}
         self._trans = _reserved(_RESERVED_ROWS)  # rows past _size are never read
@@ -360,6 +363,9 @@ class ObjectDispatch(GrowingDfa):
                     member = label - 1
                     now = written | 1 << member if member < declared else written
                     target = functools.partial(self._value, k, member, now, exit)
+                    missing = ~written & ((1 << min(member, declared)) - 1)
+                    if missing:
+                        self._skips[offset + s] = missing.bit_count()
                 self._defer(offset + s, target, take_accept=True)
             self._hubs[key] = start
         return self._hubs[key]
@@ -414,6 +420,11 @@ class ObjectDispatch(GrowingDfa):
             self._value_starts[key] = self._lay(self._split[k, member],
                                                 finals_to=functools.partial(self._hub, k, written, False, exit))
         return self._value_starts[key]
+
+    def warm_edges(self, state: int) -> list[tuple[int, int]]:
+        """The states one byte on from `state`, each with the members its key skips (warming.py's order)."""
+        skips = self._skips
+        return [(t, skips.get(t, 0)) for t, _ in super().warm_edges(state)]
 
     # ---- building on first reach ------------------------------------------------------------------
     def _build(self, states: int | list[int] | np.ndarray) -> None:

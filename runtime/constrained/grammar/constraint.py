@@ -63,6 +63,9 @@ class Lexer:
 
 class GrammarConstraint:
     unenforced: tuple[str, ...] = ()  # a JSON schema's relaxed keywords (compiler.unenforced)
+    # warming.py may stop it anywhere (a deadline raised inside a lexer's or a probe's automaton build): each of its
+    # caches takes an entry only once that entry is computed whole, and only those builds read the clock
+    warm_interruptible = True
 
     def __init__(self, grammar: LalrGrammar, vocab: TokenVocab):
         self.grammar, self.vocab = grammar, vocab
@@ -189,6 +192,17 @@ class GrammarConstraint:
         lex2 = self.lexer(*after)
         nxt = lex2.dfa.step(lex2.dfa.start, b)
         return None if nxt < 0 else (*after, nxt)
+
+    def warm_edges(self, state: State) -> list[tuple[State, int]]:
+        """The states one byte on from `state` (warming.py's): its lexer's, and where its lexeme is complete, the
+        next lexer's start (whose mask this one's reads)."""
+        stack, run, q = state
+        lex = self.lexer(stack, run)
+        out: list[tuple[State, int]] = [((stack, run, t), 0) for t in np.unique(lex.dfa.trans[q]).tolist() if t >= 0]
+        label = int(lex.dfa.accept[q])
+        if label >= 0 and (after := self._after_lexeme(stack, run, lex.terminals[label])) is not None:
+            out.append(((*after, self.lexer(*after).dfa.start), 0))
+        return out
 
     def can_end(self, state: State) -> bool:
         stack, run, q = state

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 
 from ..regex.automaton import Dfa
 from .native_trie import NativeTrie, NativeWalker
@@ -81,6 +82,9 @@ class TokenIndex:
     def __init__(self, dfa: Dfa, vocab: TokenVocab, boundaries: bool = False, unbuilt: np.ndarray | None = None):
         self.dfa, self.vocab, self.with_boundaries, self.unbuilt = dfa, vocab, boundaries, unbuilt
         self._states: dict[int, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        # each distinct mask once, by its hash: a schema's states share a tenth as many masks (a key's letters, a
+        # string's inside), and a compile's warming (warming.py) keeps hundreds of states' masks
+        self._distinct: dict[int, np.ndarray] = {}
         self._forced: dict[int, int] = {}  # forced_byte's, for built rows
         self._native: NativeWalker | None = None
 
@@ -89,7 +93,7 @@ class TokenIndex:
         kept so far stays true (its walk reached no unbuilt row, and built rows never change), and so
         do the forced bytes found so far (of built rows only)."""
         out = TokenIndex(dfa, self.vocab, self.with_boundaries, unbuilt)
-        out._states, out._forced = self._states, self._forced
+        out._states, out._distinct, out._forced = self._states, self._distinct, self._forced
         if self._native is not None:
             out._native = NativeWalker(self._native.trie, dfa, unbuilt, grown_from=self._native)
         return out
@@ -108,8 +112,11 @@ class TokenIndex:
     def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         hit = self._states.get(state)
         if hit is None:
-            hit = self._states[state] = self._walk(state)
-            hit[0].flags.writeable = False  # shared (and read-only rows are Matcher.mask_words' own)
+            bits, bounds = self._walk(state)
+            bits.flags.writeable = False  # shared (and read-only rows are Matcher.mask_words' own)
+            key = xxhash.xxh3_64_intdigest(bits.data)
+            same = self._distinct.setdefault(key, bits)
+            hit = self._states[state] = (same if same is bits or np.array_equal(same, bits) else bits, bounds)
         return hit
 
     def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:

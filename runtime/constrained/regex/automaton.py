@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ...config import MAX_DFA_STATES
+from .. import deadline
 from . import regex_ast as ra
 from .alphabet import Alphabet, CharDfa, alphabet_of
 from .dfa_cache import cached, current
@@ -176,6 +177,7 @@ def _determinize(patterns: list[ra.Node], alphabet: Alphabet, nonempty: bool, re
 
 
 _TILED_MIN_COPIES = 16  # bounded repeats from this many copies are tiled: shorter ones unroll as cheaply
+_EMBED_CHUNK = 16_384  # edges an embedded DFA copies between two reads of the deadline clock (~3 ms)
 
 
 def _tiles(patterns: list[ra.Node], alphabet: Alphabet) -> dict[ra.Node, Tile]:
@@ -408,8 +410,11 @@ class _Builder:
         sources, symbols = np.nonzero(dfa.trans >= 0)
         targets = dfa.trans[sources, symbols] + first
         edges = nfa.edges
-        for q, c, t in zip((sources + first).tolist(), symbols.tolist(), targets.tolist()):
-            edges[q].append((members[c], t))
+        for lo in range(0, len(sources), _EMBED_CHUNK):  # a large DFA's copy reads the clock as `new` does
+            deadline.check()
+            part = slice(lo, lo + _EMBED_CHUNK)
+            for q, c, t in zip((sources[part] + first).tolist(), symbols[part].tolist(), targets[part].tolist()):
+                edges[q].append((members[c], t))
         return end
 
     def _bounded(self, node: ra.Bounded, s: int) -> int:

@@ -1,0 +1,68 @@
+"""Masks computed at compile, for the states a decode reaches first.
+
+A mask costs a vocabulary walk the first time a state is reached (tens of microseconds, more where a lazily built
+table or a lexer is built on the way), and a lookup after. The compile runs on the request's own thread, before its
+prefill; a mask runs on the scheduler's, inside a decode step that the whole batch waits for. So a compile spends a
+small budget (EngineConfig.constraint_precompute_ms) walking the states nearest its start, best first, as xgrammar
+precomputes its states' masks at compile: a decode then finds most of its masks ready.
+
+"Nearest" is in bytes from the start, after the members skipped: in a lazily built object (object_dispatch), a state
+reached by writing a member ahead of declared members still missing comes after every state reached in declared
+order (models write members in the schema's order, and every other order is a table of its own; xgrammar and
+llguidance allow only that one). A constraint offers this through `warm_edges`; one without it (a peer's,
+a wrapper's) is not warmed.
+"""
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import time
+from typing import Hashable, Iterable, Protocol
+
+from . import deadline
+from .regex.fsa import ConstraintTooLarge
+
+
+class Warmable(Protocol):
+    def initial(self) -> Hashable: ...
+    def allowed_bits(self, state: Hashable) -> object: ...
+
+    def warm_edges(self, state: Hashable) -> Iterable[tuple[Hashable, int]]:
+        """The states one byte on from `state` (its mask computed), each with the members it skips (0 but where
+        the step writes a member ahead of declared ones still missing)."""
+        ...
+
+
+def warm(constraint: object, seconds: float, max_states: int | None = None) -> int:
+    """Computes the masks of `constraint`'s states nearest its start until `seconds` have passed or `max_states` are
+    done; returns how many. The clock is read between states, and, in a constraint that says it may be stopped
+    anywhere (`warm_interruptible`: a grammar, whose lexers are kept only once built whole), inside the automaton
+    builds too, as a compile's deadline is (one lexer of a large schema took 250 ms). A lazily built table's pieces
+    (a millisecond or two each) are not stopped half built. A state whose lexer would be too large ends the warming,
+    not the compile: a decode may never reach it, and one that does is refused there as before."""
+    edges = getattr(constraint, "warm_edges", None)
+    if edges is None or seconds <= 0:
+        return 0
+    warmable: Warmable = constraint  # type: ignore[assignment]  # it has warm_edges
+    until = time.perf_counter() + seconds
+    start = warmable.initial()
+    order = itertools.count()  # ties by arrival
+    queue: list[tuple[int, int, int, Hashable]] = [(0, 0, next(order), start)]  # (skipped, bytes, order, state)
+    seen = {start}
+    done = 0
+    stops = deadline.limit(seconds) if getattr(constraint, "warm_interruptible", False) else contextlib.nullcontext()
+    try:
+        with stops:
+            while queue and time.perf_counter() < until and (max_states is None or done < max_states) \
+                    and not getattr(constraint, "outgrown", False):  # past its cache's bound: never by warming
+                skipped, depth, _, state = heapq.heappop(queue)
+                warmable.allowed_bits(state)
+                done += 1
+                for nxt, extra in warmable.warm_edges(state):
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        heapq.heappush(queue, (skipped + extra, depth + 1, next(order), nxt))
+    except (ConstraintTooLarge, deadline.CompileDeadline):
+        pass
+    return done

@@ -1,0 +1,157 @@
+"""Masks computed at compile (warming.py): a warmed constraint answers exactly as one that was not (each checked
+against brute force at a few states), a decode in the schema's order finds its masks ready, and a lazily built
+object warms the declared order before any other."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from radixlang.runtime.constrained.compiler import ConstraintCompiler
+from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint
+from radixlang.runtime.constrained.masks.token_index import TokenIndex
+from radixlang.runtime.constrained.matcher import RegexConstraint
+from radixlang.runtime.constrained.object_dispatch import ObjectDispatch
+from radixlang.runtime.constrained.warming import warm
+
+from .conftest import random_walk
+from .test_grammar import assert_brute_force
+from .test_object_dispatch import DIGIT, N
+
+LAZY = {"type": "object", "properties": {f"p{i}": DIGIT for i in range(N)}, "additionalProperties": False}
+RECURSIVE = {"type": "object", "properties": {"name": {"type": "string"},
+                                              "kids": {"type": "array", "items": {"$ref": "#"}}},
+             "required": ["name"], "additionalProperties": False}
+CASES = {
+    "regex": ("regex", r"[a-z]{2,6}-\d{1,3}(,[a-z]{2,6}-\d{1,3}){0,3}", "ab-1,cde-22,f-"[:11]),
+    "lazy object": ("json_schema", LAZY, '{"p0":1,"p1":2,"p2":3,"p3":4}'),
+    "grammar": ("json_schema", RECURSIVE, '{"name":"a","kids":[{"name":"b","kids":[]}]}'),
+}
+KINDS = {"regex": RegexConstraint, "lazy object": ObjectDispatch, "grammar": GrammarConstraint}
+
+
+def compiled(vocab, kind: str, spec, precompute_ms: float = 0):
+    return ConstraintCompiler(lambda: vocab, precompute_ms=precompute_ms).compile(kind, spec)
+
+
+def walks_along(constraint, tokenizer, text: str, monkeypatch) -> int:
+    """How many vocabulary walks a decode of `text` token by token runs (0: every mask was ready)."""
+    count = [0]
+    walk = TokenIndex._walk
+
+    def counted(self, state):
+        count[0] += 1
+        return walk(self, state)
+
+    monkeypatch.setattr(TokenIndex, "_walk", counted)
+    state = constraint.initial()
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        assert constraint.allowed_bits(state)[token >> 3] >> (token & 7) & 1, (text, token)
+        state = constraint.advance(state, token)
+    monkeypatch.undo()
+    return count[0]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_warmed_constraint_answers_as_one_not_warmed_and_a_decode_finds_its_masks_ready(case, vocab, tokenizer,
+                                                                                           monkeypatch):
+    kind, spec, text = CASES[case]
+    warmed, cold = compiled(vocab, kind, spec), compiled(vocab, kind, spec)
+    assert isinstance(warmed, KINDS[case])
+    assert walks_along(warmed, tokenizer, text, monkeypatch) > 0  # not warmed: the decode walks
+    warmed = compiled(vocab, kind, spec)
+    done = warm(warmed, 60.0, max_states=4000)
+    assert 0 < done <= 4000
+    assert walks_along(warmed, tokenizer, text, monkeypatch) == 0, case
+    rng = random.Random(case)
+    for n in range(6):  # random decodes: the warmed masks are the masks
+        state, other = warmed.initial(), cold.initial()
+        for _ in range(40):
+            bits = warmed.allowed_bits(state)
+            assert np.array_equal(bits, cold.allowed_bits(other)), (case, n)
+            ids = np.flatnonzero(warmed.allowed(state))
+            if not len(ids):
+                break
+            token = int(ids[rng.randrange(len(ids))])
+            state, other = warmed.advance(state, token), cold.advance(other, token)
+            assert state is not None and other is not None
+        if n < 2:  # and against brute force, where a random decode stopped
+            assert_brute_force(warmed, state, warmed.allowed(state), vocab, f"{case} {n}")
+
+
+def test_a_grammar_warming_stopped_inside_its_builds_answers_as_one_never_warmed(vocab, monkeypatch):
+    """Warming stops a grammar's lexer or probe build half way at its budget (a deadline raised inside the
+    automaton build): whatever it stopped in, the grammar answers as one never warmed, and warms on later."""
+    from radixlang.runtime.constrained import deadline
+    from radixlang.runtime.constrained.grammar import constraint as grammar_constraint
+
+    calls = [0]
+
+    def stopping(real):
+        def build(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] % 2:  # every other build stops, as a deadline inside it would
+                raise deadline.CompileDeadline("the deadline passed")
+            return real(*args, **kwargs)
+        return build
+
+    stopped = compiled(vocab, "json_schema", RECURSIVE)
+    cold = compiled(vocab, "json_schema", RECURSIVE)
+    monkeypatch.setattr(GrammarConstraint, "_build_lexer", stopping(GrammarConstraint._build_lexer))
+    monkeypatch.setattr(grammar_constraint, "LexerProbe", stopping(grammar_constraint.LexerProbe))
+    for _ in range(12):
+        warm(stopped, 60.0, max_states=500)
+    assert calls[0] >= 12
+    monkeypatch.undo()
+    assert warm(stopped, 60.0, max_states=500) == 500
+    rng = random.Random(1)
+    for n in range(8):
+        state, other = stopped.initial(), cold.initial()
+        for _ in range(40):
+            assert np.array_equal(stopped.allowed_bits(state), cold.allowed_bits(other)), n
+            ids = np.flatnonzero(stopped.allowed(state))
+            if not len(ids):
+                break
+            token = int(ids[rng.randrange(len(ids))])
+            state, other = stopped.advance(state, token), cold.advance(other, token)
+
+
+def test_a_lazily_built_object_warms_the_declared_order_first(vocab, tokenizer, monkeypatch):
+    """Models write members in the schema's order (xgrammar and llguidance allow only that one): with a budget
+    just large enough for a decode in declared order to find all its masks ready, one writing the same members
+    in reverse still walks."""
+    declared = '{"p0":1,"p1":2,"p2":3,"p3":4,"p4":5,"p5":6,"p6":7}'
+    reverse = '{"p6":7,"p5":6,"p4":5,"p3":4,"p2":3,"p1":2,"p0":1}'
+    budget = 16
+    while True:
+        constraint = compiled(vocab, "json_schema", LAZY)
+        warm(constraint, 60.0, max_states=budget)
+        if walks_along(constraint, tokenizer, declared, monkeypatch) == 0:
+            break
+        budget *= 2
+        assert budget < 100_000, "the declared order never warmed"
+    assert walks_along(constraint, tokenizer, reverse, monkeypatch) > 0, budget
+    random_walk(constraint, random.Random(0))  # still a working constraint
+
+
+def test_a_compile_warms_unless_told_not_to_and_keeps_identical_masks_once(vocab):
+    """A compile's budget (the engine's constraint_precompute_ms, on by default) warms a small regex whole; 0
+    warms nothing. States whose masks are the same (SmolLM2 spells digits one at a time: 30 digits on, the two
+    branches differ) share one kept mask."""
+    assert ConstraintCompiler(lambda: vocab).precompute_s > 0
+    spec = r"a[0-9]{30}x|b[0-9]{30}y"
+    warmed = compiled(vocab, "regex", spec, precompute_ms=60_000)  # a budget no machine's load runs past
+    cold = compiled(vocab, "regex", spec)
+    assert len(warmed.index._states) == len(warmed.dfa.trans) and len(cold.index._states) == 1  # the first mask's
+    after_a, after_b = (warmed.dfa.walk(warmed.dfa.start, text) for text in (b"a", b"b"))
+    assert after_a != after_b and warmed.index.packed(after_a) is warmed.index.packed(after_b)
+    assert np.array_equal(cold.allowed_bits(cold.dfa.walk(cold.dfa.start, b"a")), warmed.index.packed(after_a))
+    assert warm(cold, 0.0) == 0
+
+
+def test_a_negative_budget_is_refused():
+    from radixlang.runtime.config import EngineConfig
+
+    with pytest.raises(ValueError, match="constraint_precompute_ms"):
+        EngineConfig.from_options(None, constraint_precompute_ms=-1)
