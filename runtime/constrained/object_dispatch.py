@@ -334,12 +334,12 @@ class ObjectDispatch(GrowingDfa):
         assert layers.dist[state - offset] >= 0, "walks reach only states the value's start reaches"
         reach = int(layers.dist[state - offset]) + self._longest + REST_AHEAD_BYTES
         stretch = layers.within(laid + 1, reach)
-        if layers.farthest <= reach:
+        if len(stretch):
+            self._lay_rows(part, offset, stretch, finals_to)
+        if layers.farthest <= reach:  # marked laid once laid: a build that raised leaves it to lay again
             del self._rests[offset]  # the offset stays listed: a later lookup finds it laid
         else:
             self._rests[offset] = (part, finals_to, reach)
-        if len(stretch):
-            self._lay_rows(part, offset, stretch, finals_to)
 
     def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
         """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""
@@ -430,16 +430,18 @@ class ObjectDispatch(GrowingDfa):
     def _build(self, states: int | list[int] | np.ndarray) -> None:
         with self._lock:
             frontier = np.atleast_1d(np.asarray(states, np.int64))
-            for state in frontier.tolist():
-                self._build_one(state)
-            for _ in range(BUILD_AHEAD_BYTES):
-                after = np.unique(self._trans[frontier])
-                after = after[after >= 0]
-                for state in after.tolist():
-                    if state in self._pending:
-                        self._build_one(state)
-                frontier = after[~self._unbuilt[after]]
-            self._publish(self.dfa.start)
+            try:
+                for state in frontier.tolist():
+                    self._build_one(state)
+                for _ in range(BUILD_AHEAD_BYTES):
+                    after = np.unique(self._trans[frontier])
+                    after = after[after >= 0]
+                    for state in after.tolist():
+                        if state in self._pending:
+                            self._build_one(state)
+                    frontier = after[~self._unbuilt[after]]
+            finally:  # the rows built before a build that raised (a piece too large) are final: published too
+                self._publish(self.dfa.start)
 
     def _publish(self, start: int) -> None:
         """The table's first _size rows as `dfa` and `unbuilt` (views of the reserved buffers), in this order: a
@@ -461,8 +463,12 @@ class ObjectDispatch(GrowingDfa):
         if pending is None:
             return
         row, accept, target, take_accept = pending
-        other = target()
-        self._build_one(other)
+        try:
+            other = target()
+            self._build_one(other)
+        except BaseException:  # a piece too large (ConstraintTooLarge): the state waits as before, not unbuilt for good
+            self._pending[state] = pending
+            raise
         theirs = self._trans[other]
         assert not ((row >= 0) & (theirs >= 0)).any(), "a lazy object's pieces read apart (checked up front)"
         self._trans[state] = np.where(row >= 0, row, theirs)

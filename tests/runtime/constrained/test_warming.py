@@ -117,6 +117,41 @@ def test_a_grammar_warming_stopped_inside_its_builds_answers_as_one_never_warmed
             state, other = stopped.advance(state, token), cold.advance(other, token)
 
 
+def test_a_piece_too_large_met_while_warming_leaves_the_lazily_built_object_whole(vocab, tokenizer, monkeypatch):
+    """A lazily built object's piece that fails to build while warming reaches it (ConstraintTooLarge: a keys DFA
+    past its bound) stops the warming; the state it was for waits to be built as before, so a decode that reaches
+    it builds it, where a row left unbuilt for good would have it ask for the build forever."""
+    from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge
+
+    failed = [0]
+    hub_part, build = ObjectDispatch._hub_part, ObjectDispatch._build
+
+    def failing_once(self, *args):
+        if not failed[0]:
+            failed[0] = 1
+            raise ConstraintTooLarge("constraint is too large: injected")
+        return hub_part(self, *args)
+
+    builds = [0]
+
+    def counted(self, states):
+        builds[0] += 1
+        assert builds[0] < 10_000, "a build that never finishes"
+        return build(self, states)
+
+    constraint, cold = compiled(vocab, "json_schema", LAZY), compiled(vocab, "json_schema", LAZY)
+    monkeypatch.setattr(ObjectDispatch, "_hub_part", failing_once)
+    warm(constraint, 60.0, max_states=2000)
+    assert failed[0]
+    monkeypatch.setattr(ObjectDispatch, "_hub_part", hub_part)
+    monkeypatch.setattr(ObjectDispatch, "_build", counted)
+    state, other = constraint.initial(), cold.initial()
+    for token in tokenizer.encode('{"p0":1,"p1":2,"p3":4}', add_special_tokens=False):
+        assert np.array_equal(constraint.allowed_bits(state), cold.allowed_bits(other))
+        state, other = constraint.advance(state, token), cold.advance(other, token)
+    assert constraint.can_end(state)
+
+
 def test_a_lazily_built_object_warms_the_declared_order_first(vocab, tokenizer, monkeypatch):
     """Models write members in the schema's order (xgrammar and llguidance allow only that one): with a budget
     just large enough for a decode in declared order to find all its masks ready, one writing the same members
