@@ -33,7 +33,12 @@ class GrowingDfa(RegexConstraint):
     @property
     def outgrown(self) -> bool:
         """Whether the table passed MAX_GROWN_STATES rows: the compiler's cache then builds a fresh one."""
-        return len(self.unbuilt) > MAX_GROWN_STATES
+        return self.grown_share > 1
+
+    @property
+    def grown_share(self) -> float:
+        """Its rows as a share of MAX_GROWN_STATES (warming.py stops at a fraction of it)."""
+        return len(self.unbuilt) / MAX_GROWN_STATES
 
     def _built(self, state: int) -> int:
         if self.unbuilt[state]:

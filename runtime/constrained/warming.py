@@ -23,6 +23,12 @@ from typing import Hashable, Iterable, Protocol
 from . import deadline
 from .regex.fsa import ConstraintTooLarge
 
+# warming stops once a constraint that grows (a lazily built table's rows, a grammar's parser stacks) holds this
+# share of its cache bound: each lazily built value copy numbers all its states (a bounded string's thousands), and
+# 25 ms of other member orders numbered 65,868 rows in one of JSONSchemaBench's schemas (Snowplow sp_244), past
+# the bound, so the cache would have compiled it afresh at every request
+WARM_GROWTH_SHARE = 0.125
+
 
 class Warmable(Protocol):
     def initial(self) -> Hashable: ...
@@ -39,7 +45,8 @@ def warm(constraint: object, seconds: float, max_states: int | None = None) -> i
     done; returns how many. The clock is read between states, and, in a constraint that says it may be stopped
     anywhere (`warm_interruptible`: a grammar, whose lexers are kept only once built whole), inside the automaton
     builds too, as a compile's deadline is (one lexer of a large schema took 250 ms). A lazily built table's pieces
-    (a millisecond or two each) are not stopped half built. A state whose lexer would be too large ends the warming,
+    (a millisecond or two each) are not stopped half built. A constraint that grows stops at WARM_GROWTH_SHARE of
+    its cache bound. A state whose lexer would be too large ends the warming,
     not the compile: a decode may never reach it, and one that does is refused there as before."""
     edges = getattr(constraint, "warm_edges", None)
     if edges is None or seconds <= 0:
@@ -55,7 +62,7 @@ def warm(constraint: object, seconds: float, max_states: int | None = None) -> i
     try:
         with stops:
             while queue and time.perf_counter() < until and (max_states is None or done < max_states) \
-                    and not getattr(constraint, "outgrown", False):  # past its cache's bound: never by warming
+                    and getattr(constraint, "grown_share", 0.0) < WARM_GROWTH_SHARE:
                 skipped, depth, _, state = heapq.heappop(queue)
                 warmable.allowed_bits(state)
                 done += 1

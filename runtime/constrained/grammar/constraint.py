@@ -102,7 +102,12 @@ class GrammarConstraint:
     def outgrown(self) -> bool:
         """Whether its table numbered more than MAX_GRAMMAR_STACKS stacks: the compiler's cache then compiles a
         fresh one (requests holding this one finish on it)."""
-        return self.table.size > MAX_GRAMMAR_STACKS
+        return self.grown_share > 1
+
+    @property
+    def grown_share(self) -> float:
+        """Its stacks as a share of MAX_GRAMMAR_STACKS (warming.py stops at a fraction of it)."""
+        return self.table.size / MAX_GRAMMAR_STACKS
 
     # ---- parser side ----------------------------------------------------------------------
     def acceptable(self, stack: Stack) -> frozenset[str]:

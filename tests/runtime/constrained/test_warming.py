@@ -152,6 +152,22 @@ def test_a_piece_too_large_met_while_warming_leaves_the_lazily_built_object_whol
     assert constraint.can_end(state)
 
 
+def test_warming_stops_at_a_share_of_a_growing_constraints_cache_bound(vocab, monkeypatch):
+    """Each lazily built value copy numbers all its states, so warming other member orders could number a table
+    past the bound at which the compiler's cache compiles it afresh (at every request, then): it stops at
+    WARM_GROWTH_SHARE of the bound, here a small one, and the constraint is not outgrown."""
+    import radixlang.runtime.constrained.growing_dfa as growing_dfa
+    import radixlang.runtime.constrained.warming as warming
+
+    constraint = compiled(vocab, "json_schema", LAZY)
+    monkeypatch.setattr(growing_dfa, "MAX_GROWN_STATES", 4096)
+    cap = warming.WARM_GROWTH_SHARE * 4096
+    assert len(constraint.unbuilt) < cap
+    done = warm(constraint, 60.0)
+    assert cap <= len(constraint.unbuilt) < cap + 400 and not constraint.outgrown, (done, len(constraint.unbuilt))
+    assert warm(constraint, 60.0) == 0
+
+
 def test_a_lazily_built_object_warms_the_declared_order_first(vocab, tokenizer, monkeypatch):
     """Models write members in the schema's order (xgrammar and llguidance allow only that one): with a budget
     just large enough for a decode in declared order to find all its masks ready, one writing the same members
