@@ -46,10 +46,9 @@ def warm(constraint: object, seconds: float, max_states: int | None = None) -> i
     anywhere (`warm_interruptible`: a grammar, whose lexers are kept only once built whole), inside the automaton
     builds too, as a compile's deadline is (one lexer of a large schema took 250 ms). A lazily built table's pieces
     (a millisecond or two each) are not stopped half built. A constraint that grows stops at WARM_GROWTH_SHARE of
-    its cache bound. A state whose lexer would be too large ends the warming,
-    not the compile: a decode may never reach it, and one that does is refused there as before."""
-    edges = getattr(constraint, "warm_edges", None)
-    if edges is None or seconds <= 0:
+    its cache bound. A lexer or a lazily built piece too large ends the warming, not the compile: a decode may never
+    reach it, and one that does is refused there as before."""
+    if not hasattr(constraint, "warm_edges") or seconds <= 0:
         return 0
     warmable: Warmable = constraint  # type: ignore[assignment]  # it has warm_edges
     until = time.perf_counter() + seconds
