@@ -337,9 +337,16 @@ typedef struct {
 } WalkArgs;
 
 /* The skip set of state q (see rl_walk's `loop`): its loop set if it holds at least `min_bytes` bytes, else
-   its run (cut short before an unbuilt row) if it holds that many and is at least `min_len` long.
-   Writes the set's 4 words and its length (`max_len` for a loop) to `out`; returns 0 where there is none. */
-int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min_len, int64_t max_len, uint64_t *out) {
+   its run (cut short before an unbuilt row) if it holds that many and is at least `min_len` long, or shorter
+   with a dead tail. Writes the set's 4 words, its length (`max_len` for a loop) and whether its tail is dead to
+   `out` (6 words); returns 0 where there is none. A run shorter than `max_len` has a dead tail where the state
+   after it reads none of its bytes, is built, and (with `boundaries`: a death there would be one) is not
+   accepting: a token made only of the run's bytes, longer than the run, then dies at its end (the end of a
+   bounded string, whose longer tokens are most of the vocabulary), so those tokens are settled as not read
+   (rl_dense_split's `dead_tail`) and only the tokens holding another byte are walked. */
+int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min_len, int64_t max_len,
+                    int64_t boundaries, uint64_t *out) {
+    out[5] = 0;
     int64_t n = rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known);
     if (n >= min_bytes) {
         for (int k = 0; k < 4; k++) out[k] = a->loops[4 * (int64_t)q + k];
@@ -351,7 +358,17 @@ int64_t rl_skip_set(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min
     n = rl_start_run(q, a->trans, a->width, a->byte_class, a->run_sets, a->run_lens, a->run_next, a->run_known,
                      a->unbuilt, out, &len);
     out[4] = (uint64_t)(len < max_len ? len : max_len);
-    return n >= min_bytes && len >= min_len;
+    if (n < min_bytes) return 0;
+    if (len < max_len) {
+        int32_t end = q;  /* the run's states all read its bytes into `next` (run_set), so this is every path's */
+        for (int64_t i = 0; i < len && end >= 0; i++) end = a->run_next[end];
+        int dead = end >= 0 && !(a->unbuilt && a->unbuilt[end]) && !(boundaries && a->accept[end] >= 0);
+        const int32_t *row = a->trans + (int64_t)(dead ? end : 0) * a->width;
+        for (int b = 0; b < 256 && dead; b++)
+            if (out[b >> 6] >> (b & 63) & 1 && row[a->byte_class[b]] >= 0) dead = 0;
+        out[5] = (uint64_t)dead;
+    }
+    return len >= min_len || out[5];
 }
 
 /* rl_walk with its fixed arguments in `a`; `scratch` holds the boundaries (3 runs of bounds_cap), then
@@ -590,13 +607,26 @@ int64_t rl_signature(const WalkArgs *a, int32_t q, int64_t max_states, int64_t l
 int64_t rl_dense_split(const int64_t *by_byte_start, const int32_t *by_byte, const int32_t *longest_first,
                        const int64_t *longest_len, int64_t n_tokens, const int64_t *rows, const int64_t *row_len,
                        const uint8_t *matrix, int64_t stride, const int64_t *ids, const uint8_t *all_bits,
-                       int64_t n_bits_bytes, const uint64_t *set, int64_t max_len, int64_t cap, uint64_t *seen,
-                       int64_t *out_rows, int64_t *out_ids, int64_t *out_ends, uint8_t *out_data, uint8_t *settled) {
+                       int64_t n_bits_bytes, const uint64_t *set, int64_t max_len, int64_t dead_tail, int64_t cap,
+                       uint64_t *seen, int64_t *out_rows, int64_t *out_ids, int64_t *out_ends, uint8_t *out_data,
+                       uint8_t *settled) {
     int64_t found = mark_outside(by_byte_start, by_byte, set, seen, cap);
-    for (int64_t k = 0; k < n_tokens && longest_len[k] > max_len && found <= cap; k++)
-        found += mark(seen, longest_first[k]);
+    if (dead_tail) { /* the tokens longer than max_len made only of the set's bytes die at the run's end */
+        if (found <= cap) {
+            memcpy(settled, all_bits, (size_t)n_bits_bytes);
+            for (int64_t k = 0; k < n_tokens && longest_len[k] > max_len; k++) {
+                int64_t t = longest_first[k];
+                if (seen[t >> 6] >> (t & 63) & 1) continue; /* holds another byte: a candidate */
+                int64_t id = ids[rows[t]];
+                settled[id >> 3] &= (uint8_t)~(1u << (id & 7));
+            }
+        }
+    } else {
+        for (int64_t k = 0; k < n_tokens && longest_len[k] > max_len && found <= cap; k++)
+            found += mark(seen, longest_first[k]);
+        if (found <= cap) memcpy(settled, all_bits, (size_t)n_bits_bytes);
+    }
     int64_t words = (n_tokens + 63) / 64, n = 0, at = 0;
-    if (found <= cap) memcpy(settled, all_bits, (size_t)n_bits_bytes);
     for (int64_t w = 0; w < words; w++) {
         uint64_t bits = seen[w];
         seen[w] = 0;

@@ -34,7 +34,7 @@ def library() -> ctypes.CDLL | None:
     lib.rl_start_loops.restype = ctypes.c_int64
     lib.rl_start_run.argtypes = [ctypes.c_int32, _PTR, _N, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_start_run.restype = ctypes.c_int64
-    lib.rl_skip_set.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _PTR]
+    lib.rl_skip_set.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _N, _PTR]
     lib.rl_skip_set.restype = ctypes.c_int64
     lib.rl_walk_args.argtypes = [_PTR, ctypes.c_int32, _PTR, _PTR, _N, _PTR, _N, _PTR, _N]
     lib.rl_walk_args.restype = ctypes.c_int64
@@ -44,8 +44,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_region.restype = ctypes.c_int64
     lib.rl_signature.argtypes = [_PTR, ctypes.c_int32, _N, _N, _PTR, _PTR]
     lib.rl_signature.restype = ctypes.c_int64
-    lib.rl_dense_split.argtypes = [_PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _N, _PTR, _N, _N, _PTR,
-                                   _PTR, _PTR, _PTR, _PTR, _PTR]
+    lib.rl_dense_split.argtypes = [_PTR, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _PTR, _N, _PTR, _PTR, _N, _PTR, _N, _N, _N,
+                                   _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]
     lib.rl_dense_split.restype = ctypes.c_int64
     lib.rl_walk_candidates.argtypes = [_PTR, ctypes.c_int32, _N, _PTR, _PTR, _PTR, _PTR, _N, _PTR, _N]
     lib.rl_walk_candidates.restype = ctypes.c_int64

@@ -45,10 +45,17 @@ class GrowingDfa(RegexConstraint):
             self._build(state)
         return state
 
+    def _before_walk(self, state: int) -> None:
+        """Builds ahead what a token walk from the built `state` will reach (a subclass that knows it saves the
+        walk that stops at an unbuilt row, voided, and is walked again)."""
+
     def _packed(self, state: int) -> np.ndarray:
+        self._built(state)
+        if not self.index.holds(state):
+            self._before_walk(state)
         while True:
             try:
-                return self.index.packed(self._built(state))
+                return self.index.packed(state)
             except Unbuilt as e:
                 self._build(e.states)
 

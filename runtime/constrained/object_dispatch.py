@@ -91,6 +91,7 @@ class _Part:
     markers: dict[int, tuple[int, int]]  # state -> (lazy object, or ANY_LEVEL; the state after it)
     classes: np.ndarray | None = None  # [S, K] the DFA over its byte classes, markers read (_part's): for searches
     layers: _Layers | None = None  # a value's (_split; None: laid whole): its states by distance from the start
+    finals: np.ndarray | None = None  # a value's (_split): its final states
 
 
 def _shifted(rows: np.ndarray, out: np.ndarray, offset: int) -> None:
@@ -109,8 +110,10 @@ def _runs(states: np.ndarray) -> list[tuple[int, int]]:
     """Sorted distinct `states` as runs of consecutive numbers, [first, end) each, in order."""
     if not len(states):
         return []
-    cuts = np.flatnonzero(np.diff(states) != 1) + 1
-    return list(zip(states[np.r_[0, cuts]].tolist(), (states[np.r_[cuts - 1, len(states) - 1]] + 1).tolist()))
+    last = np.flatnonzero(np.diff(states) != 1)  # each run's last place but the final run's
+    firsts = np.concatenate((states[:1], states[last + 1]))
+    ends = np.concatenate((states[last], states[-1:])) + 1
+    return list(zip(firsts.tolist(), ends.tolist()))
 
 
 class _Layers:
@@ -154,13 +157,14 @@ def _distances(classes: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def _split(part: _Part) -> _Part:
-    """`part` with its layers (laid whole where every state is within VALUE_HEAD_BYTES), its rows shared
+    """`part` with its final states and its layers (laid whole where every state is within VALUE_HEAD_BYTES), its rows shared
     (numbered as they are: a copy lays each stretch where it falls)."""
     assert part.classes is not None, "a value's part is _part's"
     layers = _Layers(part.classes, part.start)
+    finals = np.flatnonzero(part.accept >= 0)
     if layers.farthest <= VALUE_HEAD_BYTES and len(layers.order) == len(part.trans):
-        return part
-    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers)
+        return _Part(part.trans, part.accept, part.start, part.markers, part.classes, None, finals)
+    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers, finals)
 
 
 def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
@@ -234,9 +238,10 @@ class ObjectDispatch(GrowingDfa):
                           "member starts", clashes)
         self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
         self._split: dict[tuple[int, int], _Part] = {}  # (object, member) -> its value split (_split), on first copy
-        # value copies whose rest is not all laid yet: their offsets (sorted, as laid) and (part, where its finals
-        # lead, the distance from the start up to which its states are laid)
-        self._rest_offsets: list[int] = []
+        # every value copy's offset (sorted: laid in order) and part, and those whose rest is not all laid yet: (part,
+        # where its finals lead, the distance from the start up to which its states are laid)
+        self._copy_offsets: list[int] = []
+        self._copies: dict[int, _Part] = {}
         self._rests: dict[int, tuple[_Part, Callable[[], int], int]] = {}
         self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
@@ -279,10 +284,12 @@ class ObjectDispatch(GrowingDfa):
                                                                                       self._unbuilt))
         self._accept[offset:offset + count] = np.where(part.accept >= 0, 0, -1) if keep_accept else -1
         self._size += count
+        if finals_to is not None:
+            self._copy_offsets.append(offset)
+            self._copies[offset] = part
         if part.layers is not None and finals_to is not None:
             self._unbuilt[offset:offset + count] = True  # unread: a walk stops before an unbuilt row
             self._lay_rows(part, offset, part.layers.within(0, VALUE_HEAD_BYTES), finals_to)
-            self._rest_offsets.append(offset)
             self._rests[offset] = (part, finals_to, VALUE_HEAD_BYTES)
         else:
             self._lay_rows(part, offset, None, finals_to)
@@ -315,31 +322,67 @@ class ObjectDispatch(GrowingDfa):
                 built[s] = False
         self._unbuilt[offset:offset + count][built] = False
 
+    def _copy_of(self, state: int) -> int | None:
+        """The offset of the value copy holding `state` (None: none, or `state` waits on another row)."""
+        at = bisect.bisect_right(self._copy_offsets, state) - 1
+        if at < 0 or state in self._pending:
+            return None
+        offset = self._copy_offsets[at]
+        return offset if state < offset + len(self._copies[offset].trans) else None
+
+    def _rest_of(self, state: int) -> tuple[int, _Part, Callable[[], int], int] | None:
+        """The value copy holding `state` whose rest a walk from `state` reads into before it is laid: (its offset,
+        part, where its finals lead, the distance laid to); None where there is none, or the walk reads laid rows
+        only (a state waiting on another row reads its own row, laid already)."""
+        offset = self._copy_of(state) if self._rests else None
+        if offset is None or offset not in self._rests:
+            return None
+        part, finals_to, laid = self._rests[offset]
+        assert part.layers is not None
+        dist = int(part.layers.dist[state - offset])
+        assert dist >= 0, "walks reach only states the value's start reaches"
+        return None if dist + self._longest <= laid else (offset, part, finals_to, laid)
+
     def _lay_rest(self, state: int) -> None:
-        """Lays the next stretch of the value copy holding `state`, if `state` is in a rest not laid yet
-        (unbuilt, and not waiting on another row): the states up to the longest token and REST_AHEAD_BYTES farther
-        from the start than `state`."""
-        if not self._rests or not self._unbuilt[state] or state in self._pending:
+        """Lays the next stretch of the value copy holding `state` if a walk from `state` would read past what is
+        laid: the states up to the longest token and REST_AHEAD_BYTES farther from the start than `state`. A build
+        lays it for an unbuilt state only (a walk from a hub reads a few bytes into many values it never enters,
+        whose heads are laid); a decode's own state, before its walk (_before_walk), when near the stretch's end."""
+        rest = self._rest_of(state)
+        if rest is None:
             return
-        at = bisect.bisect_right(self._rest_offsets, state) - 1
-        if at < 0:
-            return
-        offset = self._rest_offsets[at]
-        hit = self._rests.get(offset)
-        if hit is None or state >= offset + len(hit[0].trans):
-            return
-        part, finals_to, laid = hit
+        offset, part, finals_to, laid = rest
         layers = part.layers
         assert layers is not None
-        assert layers.dist[state - offset] >= 0, "walks reach only states the value's start reaches"
         reach = int(layers.dist[state - offset]) + self._longest + REST_AHEAD_BYTES
         stretch = layers.within(laid + 1, reach)
         if len(stretch):
             self._lay_rows(part, offset, stretch, finals_to)
         if layers.farthest <= reach:  # marked laid once laid: a build that raised leaves it to lay again
-            del self._rests[offset]  # the offset stays listed: a later lookup finds it laid
+            del self._rests[offset]
         else:
             self._rests[offset] = (part, finals_to, reach)
+
+    def _before_walk(self, state: int) -> None:
+        """A decode's state inside a value copy lays the copy's next stretch, and builds the hub after the value (its
+        finals' target, which the decode reaches in the end), before its walk: that walk would otherwise stop at an
+        unbuilt row, voided, and walk again (~1 ms of a bounded string's first mask, whose final is a byte away)."""
+        offset = self._copy_of(state)
+        if offset is None:
+            return
+        finals = self._copies[offset].finals
+        assert finals is not None, "a value's part is _split's"
+        waiting = [final for final in (offset + finals).tolist() if final in self._pending]
+        if not waiting and self._rest_of(state) is None:
+            return
+        with self._lock:
+            try:
+                self._lay_rest(state)
+                for final in waiting:
+                    if final in self._pending:
+                        self._build_one(final)
+            finally:
+                self._publish(self.dfa.start)
 
     def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
         """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""
@@ -394,7 +437,8 @@ class ObjectDispatch(GrowingDfa):
             cut = declared & np.array([m >= 0 and written >> m & 1 == 1 for m in member.tolist()], bool)
             if written & obj.required != obj.required:
                 cut |= member == -1
-            trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept))
+            # no markers read: the DFA over its byte classes is the same automaton, narrower
+            trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept), keys.classes if not keys.markers else None)
             self._hub_parts[key] = _Part(np.ascontiguousarray(trans, np.int32), accept, 0, {})  # laid by _shifted
         return self._hub_parts[key]
 
@@ -458,7 +502,8 @@ class ObjectDispatch(GrowingDfa):
         return index
 
     def _build_one(self, state: int) -> None:
-        self._lay_rest(state)
+        if self._unbuilt[state]:
+            self._lay_rest(state)
         pending = self._pending.pop(state, None)
         if pending is None:
             return

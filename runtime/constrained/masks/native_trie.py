@@ -63,7 +63,7 @@ class NativeTrie:
     _within: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
     _regions: dict[bytes, np.ndarray] = field(default_factory=dict)  # region_bits'
     _longest: dict[bytes, int] = field(default_factory=dict)  # within's: the longest token of a byte set
-    _splits: dict[tuple[bytes, int], tuple[DenseSplit | None]] = field(default_factory=dict)  # dense_split's
+    _splits: dict[tuple[bytes, int, bool], tuple[DenseSplit | None]] = field(default_factory=dict)  # dense_split's
     _walks: dict[bytes, tuple[StateWalk, int]] = field(default_factory=dict)  # shared walks by signature, and their bytes
     _walks_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -171,12 +171,14 @@ class NativeTrie:
         self._keep(self._within, (set_key, self.max_len if n == longest else n), bits, _WITHIN_CACHE)
         return bits
 
-    def dense_split(self, skip: np.ndarray, skip_len: int) -> DenseSplit | None:
+    def dense_split(self, skip: np.ndarray, skip_len: int, dead_tail: bool = False) -> DenseSplit | None:
         """A dense state's tokens split by its skip set (`skip`, of `skip_len` bytes; rl_skip_set): those it settles,
-        and the others to walk one by one; None where those are more than CANDIDATES_MAX. Kept by the set and its
-        length; shared, read-only."""
+        and the others to walk one by one; None where those are more than CANDIDATES_MAX. With `dead_tail` (a run
+        whose end reads none of its bytes) the tokens of its bytes longer than `skip_len` are settled too, as not
+        read: the last characters of a bounded string walk only the tokens holding a quote or an escape. Kept by
+        the set, its length and the tail; shared, read-only."""
         n = min(skip_len, self.max_len)
-        key = (skip.tobytes(), n)
+        key = (skip.tobytes(), n, dead_tail)
         hit = self._splits.get(key)  # one read: another thread may drop the entry meanwhile
         if hit is not None:
             return hit[0]
@@ -186,7 +188,7 @@ class NativeTrie:
         seen, seen_at = _SCRATCH.get("seen", -(-len(self.end_rows) // 64), np.uint64)
         settled = np.empty(len(self.all_bits), np.uint8)
         out[2 * CANDIDATES_MAX] = 0
-        count = self.lib.rl_dense_split(*self._split_args, address(skip), n, CANDIDATES_MAX, seen_at, out_at,
+        count = self.lib.rl_dense_split(*self._split_args, address(skip), n, dead_tail, CANDIDATES_MAX, seen_at, out_at,
                                         out_at + 8 * CANDIDATES_MAX, out_at + 8 * (2 * CANDIDATES_MAX + 1), data_at,
                                         address(settled))
         found = None
@@ -343,16 +345,17 @@ class NativeWalker:
         n = self.trie.lib.rl_signature(self._args_at, state, SHARED_MAX_STATES, labels, self._big_at, out_at)
         return ctypes.string_at(out_at, n) if n else None
 
-    def _skip_set(self, state: int) -> tuple[np.ndarray | None, int]:
+    def _skip_set(self, state: int, boundaries: bool) -> tuple[np.ndarray | None, int, bool]:
         """The bytes (and how many in a row) that read alive from `state` whatever their order, where there are
         enough for skipping to pay: its loop (a string's body), else its run (a bounded string's; in a lazily
-        built DFA it ends before an unbuilt row, which must not be read). The set is this thread's scratch, valid
-        until its next walk."""
+        built DFA it ends before an unbuilt row, which must not be read); and whether the run's tail is dead (the
+        state after it reads none of its bytes: token_walk.c's rl_skip_set). The set is this thread's scratch,
+        valid until its next walk."""
         t = self.trie
-        out, out_at = _SCRATCH.get("skip", 5, np.uint64)  # the set's 4 words, then its length
-        if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, out_at):
-            return None, 0
-        return out[:4], int(out[4])
+        out, out_at = _SCRATCH.get("skip", 6, np.uint64)  # the set's 4 words, its length, whether its tail is dead
+        if not t.lib.rl_skip_set(self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, boundaries, out_at):
+            return None, 0, False
+        return out[:4], int(out[4]), bool(out[5])
 
     def _region(self, state: int, boundaries: bool) -> tuple[np.ndarray, int, int] | None:
         """For a dense state: the tokens read without leaving its region (token_walk.c's rl_region: a string's
@@ -371,9 +374,9 @@ class NativeWalker:
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
         n_bytes = -(-t.size // 8)
-        loop, loop_len = self._skip_set(state)
+        loop, loop_len, dead_tail = self._skip_set(state, boundaries)
         if loop is not None:
-            split = t.dense_split(loop, loop_len) if self.dense else None
+            split = t.dense_split(loop, loop_len, dead_tail) if self.dense else None
             if split is not None:  # a dense state: its unsettled tokens walked alone, where few
                 return self._walk_candidates(state, split, boundaries)
             loop = loop.copy()  # out of this thread's scratch: the region's search below may walk

@@ -109,6 +109,10 @@ class TokenIndex:
             hit = self._forced[state] = int(live[0]) if len(live) == 1 and self.dfa.accept[state] < 0 else -1
         return hit
 
+    def holds(self, state: int) -> bool:
+        """Whether `state`'s walk is kept (its mask costs a lookup)."""
+        return state in self._states
+
     def _entry(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         hit = self._states.get(state)
         if hit is None:

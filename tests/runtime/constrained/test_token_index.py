@@ -152,20 +152,52 @@ def test_native_row_walks_match_a_byte_by_byte_walk():
 def test_a_bounded_strings_run_is_skipped_and_its_masks_match_brute_force_on_the_real_vocab(vocab):
     """States inside a bounded string do not loop; their run (the bytes that all lead on, and for how many
     bytes in a row) presets the tokens of those bytes no longer than it, from a per-vocabulary cache: the
-    masks, near the bound (tokens longer than what is left) and far from it, equal a byte-by-byte walk."""
+    masks, near the bound (tokens longer than what is left) and far from it, equal a byte-by-byte walk. The
+    run's end (the bound) reads none of its bytes, a dead tail: the longer tokens of its bytes are settled as
+    not read, so even the last characters, whose runs are short, skip theirs."""
     if vocab.native_trie is None:
         pytest.skip("no C compiler: the numpy walk is the only one")
     dfa = compile_dfa([parse_regex(r'"([^"\\]|\\["\\n]){0,20}",[0-9]')])
     index = TokenIndex(dfa, vocab)
     walker = index._walker(vocab.native_trie)
     state, runs = dfa.step(dfa.start, ord('"')), []
-    for k in range(16):  # 16 characters into the string: a run of 20 down to 4
-        loop, length = walker._skip_set(state)
+    for k in range(20):  # 20 characters into the string: a run of 20 down to 1
+        loop, length, dead_tail = walker._skip_set(state, False)
         runs.append(length if loop is not None else 0)
-        if k in (0, 5, 12, 13, 15):
+        assert dead_tail, k
+        if k in (0, 5, 12, 13, 15, 19):
             assert np.array_equal(index.mask(state), brute_force_allowed(dfa, vocab, state)), k
         state = dfa.step(state, ord("a"))
-    assert runs[0] == 20 and runs[12] == 8 and runs[13] == 0, runs  # skipped where the run is long enough
+    assert runs == list(range(20, 0, -1)), runs  # skipped however short the run
+
+
+def test_a_short_run_whose_tail_reads_on_is_walked_and_an_accepting_tail_keeps_its_boundaries(vocab):
+    """A dead tail needs the run's end to read none of its bytes: three letters, then letters or digits, read
+    on past the run (its tail is alive: the short run is walked, not skipped). A lexer's bounded word accepts at
+    its end: a token dying there is a boundary, so a walk recording boundaries does not settle those tokens, and
+    its boundaries equal the numpy walk's; without boundaries the tail is dead. Masks equal brute force."""
+    if vocab.native_trie is None:
+        pytest.skip("no C compiler: the numpy walk is the only one")
+    dfa = compile_dfa([parse_regex(r"[a-zA-Z]{3}[a-zA-Z0-9]*,")])
+    index = TokenIndex(dfa, vocab)
+    assert index._walker(vocab.native_trie)._skip_set(dfa.start, False)[0] is None
+    assert np.array_equal(index.mask(dfa.start), brute_force_allowed(dfa, vocab, dfa.start))
+    word = compile_dfa([parse_regex(r"[a-zA-Z]{0,6}")])
+    for boundaries in (False, True):
+        index = TokenIndex(word, vocab, boundaries=boundaries)
+        loop, length, dead_tail = index._walker(vocab.native_trie)._skip_set(word.start, boundaries)
+        # recording boundaries, the run (6 < RUN_MIN_LENGTH) with an accepting tail is walked
+        assert (loop is None) if boundaries else (loop is not None and length == 6 and dead_tail)
+        state = word.start
+        for k in range(6):
+            bits, bounds = index._walk(state)
+            want_bits, want_bounds = index._walk_numpy(state)
+            assert np.array_equal(bits, want_bits), (boundaries, k)
+            got = sorted(zip(*(a.tolist() for a in bounds)))
+            assert got == sorted(zip(*(a.tolist() for a in want_bounds))), (boundaries, k)
+            assert not boundaries or got, "tokens die after a complete word"
+            state = word.step(state, ord("q"))
+    assert np.array_equal(index.mask(word.start), brute_force_allowed(word, vocab, word.start))
 
 
 def test_a_run_presets_only_tokens_no_longer_than_it_and_walks_the_longer_ones(vocab):
@@ -175,7 +207,7 @@ def test_a_run_presets_only_tokens_no_longer_than_it_and_walks_the_longer_ones(v
         pytest.skip("no C compiler: the numpy walk is the only one")
     dfa = compile_dfa([parse_regex(r"[a-zA-Z]{9}[a-zA-Z0-9]*,")])
     index = TokenIndex(dfa, vocab)
-    loop, length = index._walker(vocab.native_trie)._skip_set(dfa.start)
+    loop, length, _ = index._walker(vocab.native_trie)._skip_set(dfa.start, False)
     assert loop is not None and length == 9
     brute = brute_force_allowed(dfa, vocab, dfa.start)
     assert any(len(vocab.token_bytes[t]) >= 10 for t in np.flatnonzero(brute).tolist()), "the case is tested"
@@ -264,8 +296,8 @@ def test_dense_states_walk_their_unsettled_tokens_alone_and_equal_the_trie_walk(
                 ours, theirs = walker.walk(state, index.with_boundaries), plain.walk(state, index.with_boundaries)
                 for field in ("bits", "bound_rows", "bound_pos", "bound_labels", "unbuilt"):
                     assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (i, state, field)
-                loop, length = walker._skip_set(state)
-                if loop is not None and vocab.native_trie.dense_split(loop, length) is not None:
+                loop, length, dead_tail = walker._skip_set(state, index.with_boundaries)
+                if loop is not None and vocab.native_trie.dense_split(loop, length, dead_tail) is not None:
                     dense += 1
                     if dense == 1:  # one state per schema, token by token
                         dfa = index.dfa
