@@ -157,8 +157,8 @@ def _distances(classes: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def _split(part: _Part) -> _Part:
-    """`part` with its final states and its layers (laid whole where every state is within VALUE_HEAD_BYTES), its rows shared
-    (numbered as they are: a copy lays each stretch where it falls)."""
+    """`part` with its final states and its layers (none where every state is within VALUE_HEAD_BYTES: laid
+    whole), its rows shared (numbered as they are: a copy lays each stretch where it falls)."""
     assert part.classes is not None, "a value's part is _part's"
     layers = _Layers(part.classes, part.start)
     finals = np.flatnonzero(part.accept >= 0)
@@ -284,9 +284,9 @@ class ObjectDispatch(GrowingDfa):
                                                                                       self._unbuilt))
         self._accept[offset:offset + count] = np.where(part.accept >= 0, 0, -1) if keep_accept else -1
         self._size += count
-        if finals_to is not None:
-            self._copy_offsets.append(offset)
+        if finals_to is not None:  # its part first: a reader finding the offset finds the part
             self._copies[offset] = part
+            self._copy_offsets.append(offset)
         if part.layers is not None and finals_to is not None:
             self._unbuilt[offset:offset + count] = True  # unread: a walk stops before an unbuilt row
             self._lay_rows(part, offset, part.layers.within(0, VALUE_HEAD_BYTES), finals_to)
@@ -335,9 +335,12 @@ class ObjectDispatch(GrowingDfa):
         part, where its finals lead, the distance laid to); None where there is none, or the walk reads laid rows
         only (a state waiting on another row reads its own row, laid already)."""
         offset = self._copy_of(state) if self._rests else None
-        if offset is None or offset not in self._rests:
+        if offset is None:
             return None
-        part, finals_to, laid = self._rests[offset]
+        hit = self._rests.get(offset)  # one read: a build in another thread may finish laying it meanwhile
+        if hit is None:
+            return None
+        part, finals_to, laid = hit
         assert part.layers is not None
         dist = int(part.layers.dist[state - offset])
         assert dist >= 0, "walks reach only states the value's start reaches"
