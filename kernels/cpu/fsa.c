@@ -685,6 +685,21 @@ void rl_shift_rows(int64_t n, const int32_t *src, int32_t *dst, int32_t offset) 
     for (int64_t i = 0; i < n; i++) dst[i] = src[i] < 0 ? src[i] : src[i] + offset;
 }
 
+/* rl_shift_rows over a table's columns (object_dispatch.py's narrower table): `n` rows of `width` values of `src`
+   (a part's transitions over all 256 bytes), of each only the values at `columns` (`n_columns` of them: each
+   column's first byte), written to `dst` with every live target moved by `offset`. One pass over the rows laid. */
+void rl_shift_columns(int64_t n, const int32_t *src, int64_t width, const int64_t *columns, int64_t n_columns,
+                      int32_t *dst, int32_t offset) {
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t *row = src + i * width;
+        int32_t *out = dst + i * n_columns;
+        for (int64_t k = 0; k < n_columns; k++) {
+            int32_t t = row[columns[k]];
+            out[k] = t < 0 ? t : t + offset;
+        }
+    }
+}
+
 /* Breadth-first distances from `start` over a DFA's `n` rows of `k` columns (object_dispatch.py's _Layers): each
    state's distance in `dist` (-1: not reached), and the states reached in breadth-first order in `order` (by
    distance, so a distance's states are one slice of it); returns how many were reached. */

@@ -38,6 +38,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_refine.restype = N
     lib.rl_shift_rows.argtypes = [N, PTR, PTR, ctypes.c_int32]
     lib.rl_shift_rows.restype = None
+    lib.rl_shift_columns.argtypes = [N, PTR, N, PTR, N, PTR, ctypes.c_int32]
+    lib.rl_shift_columns.restype = None
     lib.rl_distances.argtypes = [N, N, PTR, ctypes.c_int32, PTR, PTR]
     lib.rl_distances.restype = N
     return lib

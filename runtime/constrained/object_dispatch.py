@@ -43,9 +43,9 @@ from .regex.fsa import trim
 
 # bytes a hub may start with after a member: whitespace, the comma, the closing brace
 _AFTER_MEMBER = np.array([ord(c) for c in " \t\n\r,}"])
-# rows reserved per table (1 KB each, 256 MB in all): an anonymous map, so the OS commits a 4 KB page only when
-# a row is laid there (no huge pages: a value copy's rows not laid yet stay unbacked), and the table grows
-# without copying up to this; past it (a cached table past MAX_GROWN_STATES still serving its requests) it
+# rows reserved per table (4 bytes a column, at most 1 KB: 256 MB in all): an anonymous map, so the OS commits a
+# 4 KB page only when a row is laid there (no huge pages: a value copy's rows not laid yet stay unbacked), and the
+# table grows without copying up to this; past it (a cached table past MAX_GROWN_STATES still serving its requests) it
 # doubles, copying. Growing by copies (and -1 fills) from 1,024 rows took most of a lazily built object's cold
 # mask time on JSONSchemaBench (project-1.0.0-rc2's table numbers 168k rows)
 _RESERVED_ROWS = 4 * MAX_GROWN_STATES
@@ -92,14 +92,22 @@ class _Part:
     classes: np.ndarray | None = None  # [S, K] the DFA over its byte classes, markers read (_part's): for searches
     layers: _Layers | None = None  # a value's (_split; None: laid whole): its states by distance from the start
     finals: np.ndarray | None = None  # a value's (_split): its final states
+    byte_class: np.ndarray | None = None  # [256] its DFA's byte classes, each marker byte apart (None: every byte)
 
 
-def _shifted(rows: np.ndarray, out: np.ndarray, offset: int) -> None:
-    """`rows` [n, 256] written to `out` with every live target moved by `offset` (dead, -1, stays dead)."""
+def _shifted(rows: np.ndarray, out: np.ndarray, offset: int, columns: np.ndarray | None = None) -> None:
+    """`rows` [n, 256] (of those, the values at `columns` only: the table's columns) written to `out` with every
+    live target moved by `offset` (dead, -1, stays dead)."""
     lib = native_fsa.library()
     if lib is not None and rows.dtype == out.dtype == np.int32 and rows.flags.c_contiguous and out.flags.c_contiguous:
-        lib.rl_shift_rows(rows.size, address(rows), address(out), offset)  # one pass (numpy's below: 5-7x as long)
+        if columns is None:  # one pass (numpy's below: 5-7x as long)
+            lib.rl_shift_rows(rows.size, address(rows), address(out), offset)
+        else:
+            lib.rl_shift_columns(len(rows), address(rows), rows.shape[1], address(columns), len(columns),
+                                 address(out), offset)
         return
+    if columns is not None:
+        rows = rows[:, columns]
     # offset where live, 0 where dead, plus the row: two passes with no masked store (which took 2-4x as long
     # for a value's stretch of tens of rows)
     np.multiply(rows >= 0, offset, out=out, dtype=np.int32, casting="unsafe")
@@ -163,8 +171,8 @@ def _split(part: _Part) -> _Part:
     layers = _Layers(part.classes, part.start)
     finals = np.flatnonzero(part.accept >= 0)
     if layers.farthest <= VALUE_HEAD_BYTES and len(layers.order) == len(part.trans):
-        return _Part(part.trans, part.accept, part.start, part.markers, part.classes, None, finals)
-    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers, finals)
+        return _Part(part.trans, part.accept, part.start, part.markers, part.classes, None, finals, part.byte_class)
+    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers, finals, part.byte_class)
 
 
 def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
@@ -189,17 +197,34 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
                 markers[s] = (k, int(column[s]))
     if clashes:
         raise NotLazy("objects start at one place", clashes)
-    return _Part(trans, dfa.accept, dfa.start, markers, dfa.trans)
+    marker_bytes = np.zeros(256, np.int32)  # the marker columns were emptied: each marker byte a class apart
+    for k, marker in enumerate([*(obj.marker for obj in objects), ANY_MARKER], 1):
+        marker_bytes[ord(marker)] = k
+    return _Part(trans, dfa.accept, dfa.start, markers, dfa.trans,
+                 byte_class=common_classes(np.asarray(dfa.byte_class), marker_bytes))
 
 
-def _reserved(rows: int) -> np.ndarray:
-    """[rows, 256] int32, zero, from an anonymous map where large (native_trie.zeroed): backed only where written."""
-    return zeroed(rows * 256, np.int32).reshape(rows, 256)
+def common_classes(*classes: np.ndarray) -> np.ndarray:
+    """The coarsest partition of the 256 bytes that refines each of `classes` ([256] class ids each), as [256]
+    int32 class ids numbered by their first byte."""
+    _, first, inverse = np.unique(np.stack(classes, axis=1), axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))  # classes numbered by their first byte: byte 0's class is 0
+    return order[inverse.ravel()].astype(np.int32)
+
+
+def _first_bytes(byte_class: np.ndarray) -> np.ndarray:
+    """The first byte of each class of `byte_class` (classes numbered by their first byte)."""
+    return np.unique(byte_class, return_index=True)[1].astype(np.int64)
+
+
+def _reserved(rows: int, width: int) -> np.ndarray:
+    """[rows, width] int32, zero, from an anonymous map where large (native_trie.zeroed): backed only where written."""
+    return zeroed(rows * width, np.int32).reshape(rows, width)
 
 
 def _doubled(rows: np.ndarray, used: int) -> np.ndarray:
     """`rows` in a buffer twice as long, its first `used` rows copied (the rest are never read before laid)."""
-    out = _reserved(2 * len(rows)) if rows.ndim == 2 else np.zeros(2 * len(rows), rows.dtype)
+    out = _reserved(2 * len(rows), rows.shape[1]) if rows.ndim == 2 else np.zeros(2 * len(rows), rows.dtype)
     out[:used] = rows[:used]
     return out
 
@@ -250,18 +275,9 @@ class ObjectDispatch(GrowingDfa):
         # a key's final state -> the members its key skips (declared ones still missing before it; an undeclared
         # key, all those still missing): warm_edges' order, the schema's
         self._skips: dict[int, int] = {}
-        # an unbuilt state's own row and accept, the state whose row it takes in, and whether its accept too
+        # an unbuilt state's own row (over all 256 bytes) and accept, the state whose row it takes in, and whether
+        # its accept too
         self._pending: dict[int, tuple[np.ndarray, int, Callable[[], int], bool]] = {}
-        self._trans = _reserved(_RESERVED_ROWS)  # rows past _size are never read
-        self._accept = np.empty(_RESERVED_ROWS, np.int32)
-        self._unbuilt = np.zeros(_RESERVED_ROWS, bool)
-        self._size = 0
-        start = self._lay(root_part, keep_accept=True)
-        self._publish(start)
-        # the index reads the reserved buffers themselves, not the published views: rows past _size are reached
-        # from no row, and a row's unbuilt mark clears only once the row is final (_lay_rows, _build_one), so
-        # the index (its native walker) stays valid as the table grows; only a doubling moves the buffers
-        self._index = TokenIndex(Dfa(self._trans, self._accept, start=start), vocab, unbuilt=self._unbuilt)
         # the keys DFAs of the objects nearest the root, now: every decode that enters an object reads both (its
         # first key, then the others), and each took a millisecond or more of a first mask
         keys = 0
@@ -271,6 +287,24 @@ class ObjectDispatch(GrowingDfa):
                 break
             self._keys_part(k, True)
             self._keys_part(k, False)
+        # the table's columns: the bytes every piece known now reads alike (a row is 4 bytes a column: a value's
+        # stretch of a bounded string, 1,300 rows, was 1.3 MB of fresh pages over 256 columns); a piece built later
+        # that tells apart bytes of one column refines them (_admit: rare, the table is copied)
+        known = [root_part, *(p for parts in self._values for p in parts), *self._keys_parts.values(),
+                 *([self._any_part] if self._any_part is not None else [])]
+        self._byte_class = common_classes(*(p.byte_class for p in known if p.byte_class is not None))
+        self._columns = _first_bytes(self._byte_class)  # a byte of each column, read from a piece's 256
+        self._trans = _reserved(_RESERVED_ROWS, len(self._columns))  # rows past _size are never read
+        self._accept = np.empty(_RESERVED_ROWS, np.int32)
+        self._unbuilt = np.zeros(_RESERVED_ROWS, bool)
+        self._size = 0
+        start = self._lay(root_part, keep_accept=True)
+        self._publish(start)
+        # the index reads the reserved buffers themselves, not the published views: rows past _size are reached
+        # from no row, and a row's unbuilt mark clears only once the row is final (_lay_rows, _build_one), so
+        # the index (its native walker) stays valid as the table grows; only a doubling or a refinement of the
+        # columns moves the buffers
+        self._index = TokenIndex(self._table_dfa(start), vocab, unbuilt=self._unbuilt)
 
     # ---- laying out pieces ------------------------------------------------------------------------
     def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Callable[[], int] | None = None) -> int:
@@ -279,6 +313,7 @@ class ObjectDispatch(GrowingDfa):
         head are numbered now but laid (`_lay_rows`, a stretch at a time) when a walk first reaches one: unbuilt till
         then."""
         offset, count = self._size, len(part.trans)
+        self._admit(part)
         while offset + count > len(self._trans):
             self._trans, self._accept, self._unbuilt = (_doubled(a, offset) for a in (self._trans, self._accept,
                                                                                       self._unbuilt))
@@ -295,19 +330,44 @@ class ObjectDispatch(GrowingDfa):
             self._lay_rows(part, offset, None, finals_to)
         return offset + part.start
 
+    def _admit(self, part: _Part) -> None:
+        """Refines the table's columns where `part` tells apart bytes of one column (a keys DFA built after the
+        table, with letters no piece before it read apart): the laid rows are copied over the finer columns, into
+        new buffers that the index moves to, as on a doubling."""
+        piece = part.byte_class
+        if piece is None:
+            return
+        if np.array_equal(piece, piece[self._columns][self._byte_class]):  # each byte reads as its column's first
+            return
+        byte_class = common_classes(self._byte_class, piece)
+        columns = _first_bytes(byte_class)
+        wider = self._byte_class[columns]  # each new column's old one
+        trans = _reserved(len(self._trans), len(columns))
+        trans[:self._size] = self._trans[:self._size][:, wider]  # the waiting rows are kept over all bytes
+        # the marks and accepts copied too, as a doubling does: a walk still reading the old buffers must go on
+        # seeing a waiting row unbuilt once it is built in the new ones
+        self._accept, self._unbuilt = self._accept.copy(), self._unbuilt.copy()
+        self._trans, self._byte_class, self._columns = trans, byte_class, columns
+
+    def _table_dfa(self, start: int, size: int | None = None) -> Dfa:
+        """The table's first `size` rows (None: its whole reserved buffers) as a Dfa over its columns."""
+        trans, accept = (self._trans, self._accept) if size is None else (self._trans[:size], self._accept[:size])
+        return Dfa(trans, accept, self._byte_class, start=start)
+
     def _lay_rows(self, part: _Part, offset: int, which: np.ndarray | None,
                   finals_to: Callable[[], int] | None) -> None:
         """Writes `part`'s rows `which` (None: all) at `offset` on, their markers and finals deferred; the others'
         unbuilt marks clear last (a walk reading the marks meanwhile sees each row unbuilt or final)."""
         count = len(part.trans)
+        columns = self._columns
         if which is None:
-            _shifted(part.trans, self._trans[offset:offset + count], offset)
+            _shifted(part.trans, self._trans[offset:offset + count], offset, columns)
             built = np.ones(count, bool)
         else:
             # a stretch is a few runs of consecutive states (a bounded string's levels): copied run by run as
             # slices, which costs a fraction of gathering and scattering its rows one by one (256 columns each)
             for first, end in _runs(which):
-                _shifted(part.trans[first:end], self._trans[offset + first:offset + end], offset)
+                _shifted(part.trans[first:end], self._trans[offset + first:offset + end], offset, columns)
             built = np.zeros(count, bool)
             built[which] = True
         for s, (k, after) in part.markers.items():
@@ -388,8 +448,9 @@ class ObjectDispatch(GrowingDfa):
                 self._publish(self.dfa.start)
 
     def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
-        """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked)."""
-        self._pending[state] = (self._trans[state].copy(), int(self._accept[state]), target, take_accept)
+        """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked). The row is
+        kept over all 256 bytes: building the target may refine the table's columns (_admit)."""
+        self._pending[state] = (self._trans[state][self._byte_class], int(self._accept[state]), target, take_accept)
         self._trans[state] = -1  # unbuilt rows read nothing: a forced-bytes walk stops there
         self._accept[state] = -1
         self._unbuilt[state] = True
@@ -442,7 +503,8 @@ class ObjectDispatch(GrowingDfa):
                 cut |= member == -1
             # no markers read: the DFA over its byte classes is the same automaton, narrower
             trans, accept = trim(keys.trans, np.where(cut, -1, keys.accept), keys.classes if not keys.markers else None)
-            self._hub_parts[key] = _Part(np.ascontiguousarray(trans, np.int32), accept, 0, {})  # laid by _shifted
+            self._hub_parts[key] = _Part(np.ascontiguousarray(trans, np.int32), accept, 0, {},
+                                         byte_class=keys.byte_class)
         return self._hub_parts[key]
 
     def _keys_part(self, k: int, opening: bool) -> _Part:
@@ -495,13 +557,13 @@ class ObjectDispatch(GrowingDfa):
         reader that sees the new table also sees its marks."""
         size = self._size
         self.unbuilt = self._unbuilt[:size]
-        self.dfa = Dfa(self._trans[:size], self._accept[:size], start=start)
+        self.dfa = self._table_dfa(start, size)
 
     @property
     def index(self) -> TokenIndex:  # type: ignore[override]  # the reserved buffers' index, moved with them
         index = self._index
-        if index.dfa.trans is not self._trans:  # they doubled: the masks kept stay true (built rows never change)
-            index = self._index = index.grown(Dfa(self._trans, self._accept, start=self.dfa.start), self._unbuilt)
+        if index.dfa.trans is not self._trans:  # moved: the masks kept stay true (built rows never change)
+            index = self._index = index.grown(self._table_dfa(self.dfa.start), self._unbuilt)
         return index
 
     def _build_one(self, state: int) -> None:
@@ -510,14 +572,14 @@ class ObjectDispatch(GrowingDfa):
         pending = self._pending.pop(state, None)
         if pending is None:
             return
-        row, accept, target, take_accept = pending
+        every_byte, accept, target, take_accept = pending
         try:
             other = target()
             self._build_one(other)
         except BaseException:  # a piece too large (ConstraintTooLarge): the state waits as before, not unbuilt for good
             self._pending[state] = pending
             raise
-        theirs = self._trans[other]
+        row, theirs = every_byte[self._columns], self._trans[other]
         assert not ((row >= 0) & (theirs >= 0)).any(), "a lazy object's pieces read apart (checked up front)"
         self._trans[state] = np.where(row >= 0, row, theirs)
         self._accept[state] = self._accept[other] if take_accept else accept

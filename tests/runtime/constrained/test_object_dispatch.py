@@ -235,9 +235,9 @@ def test_a_decode_inside_a_value_lays_ahead_and_its_walks_stop_at_no_unbuilt_row
     from radixlang.runtime.constrained.compiler import ConstraintCompiler
     from radixlang.runtime.constrained.masks import token_index
 
-    schema = {"type": "object", "properties": {**{f"p{i}": DIGIT for i in range(N - 2)},
-                                               "note": {"type": "string", "maxLength": 300}, "size": {"type": "number"}},
-              "additionalProperties": False}
+    members = {**{f"p{i}": DIGIT for i in range(N - 2)}, "note": {"type": "string", "maxLength": 300},
+               "size": {"type": "number"}}
+    schema = {"type": "object", "properties": members, "additionalProperties": False}
     # not warmed (warming.py): it walks these states before the decode does
     constraint = ConstraintCompiler(lambda: vocab, precompute_ms=0).compile("json_schema", schema)
     assert isinstance(constraint, ObjectDispatch)
@@ -270,6 +270,38 @@ def test_a_decode_inside_a_value_lays_ahead_and_its_walks_stop_at_no_unbuilt_row
         state = constraint.advance_bytes(state, bytes([byte]))
         assert state is not None, text[:i + 1]
     assert constraint.can_end(state)
+
+
+def test_a_table_over_byte_classes_refined_by_a_later_piece_gives_the_masks_of_one_never_refined(vocab, monkeypatch):
+    """The table's rows are over its columns (the bytes every piece known at its start reads alike), not 256
+    bytes; a keys DFA built later that tells apart bytes of one column refines the columns (_admit: the laid and
+    waiting rows copied over the finer columns, the index moved). With no keys DFA built up front, a decode
+    through nested objects refines the table, and at every byte its masks equal those of a table whose keys DFAs
+    were all built up front (never refined), and brute force at a few bytes; every piece laid reads each
+    column's bytes alike."""
+    import radixlang.runtime.constrained.object_dispatch as object_dispatch
+    from radixlang.runtime.constrained.compiler import ConstraintCompiler
+
+    text = '{"p5":1,"kid":{"q3":4,"q1":2},"p0":7,"xyz":"hi","kids":[{"q1":0,"q9":5}],"p2":3}'
+    monkeypatch.setattr(object_dispatch, "EAGER_KEYS_MAX", 10_000)
+    whole = ConstraintCompiler(lambda: vocab, precompute_ms=0).compile("json_schema", OUTER)
+    assert isinstance(whole, ObjectDispatch)
+    width = whole._trans.shape[1]
+    assert width < 128, width  # the point: rows far narrower than 256 bytes
+    monkeypatch.setattr(object_dispatch, "EAGER_KEYS_MAX", 0)
+    refined = ConstraintCompiler(lambda: vocab, precompute_ms=0).compile("json_schema", OUTER)
+    assert isinstance(refined, ObjectDispatch)
+    narrow = refined._trans.shape[1]
+    assert narrow < width, "no keys DFA known at the start: fewer columns"
+    masks = masks_along(refined, vocab, text, brute_at=(2, 15, 41))  # a key's start, the nested object's, `xyz`
+    assert refined._trans.shape[1] > narrow, "the keys refined the columns"
+    for i, mask in enumerate(masks_along(whole, vocab, text)):
+        assert np.array_equal(masks[i], mask), (text[:i], np.flatnonzero(masks[i] != mask)[:5])
+    table = refined._byte_class
+    pieces = [*refined._keys_parts.values(), *refined._hub_parts.values(), *(p for ps in refined._values for p in ps)]
+    for part in pieces:
+        assert part.byte_class is not None
+        assert np.array_equal(part.byte_class, part.byte_class[refined._columns][table])
 
 
 def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(vocab, monkeypatch):
