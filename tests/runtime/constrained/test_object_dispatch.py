@@ -272,6 +272,21 @@ def test_a_decode_inside_a_value_lays_ahead_and_its_walks_stop_at_no_unbuilt_row
     assert constraint.can_end(state)
 
 
+def test_common_classes_is_the_coarsest_partition_refining_each():
+    """Two bytes share a column exactly where they share a class in every piece (pairs checked one by one),
+    columns numbered by their first byte; repeated pieces change nothing."""
+    from radixlang.runtime.constrained.object_dispatch import common_classes
+
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        pieces = [rng.integers(0, int(rng.integers(1, 40)), 256) for _ in range(int(rng.integers(1, 5)))]
+        out = common_classes(*pieces, *pieces[:1])
+        same = np.all([p[:, None] == p[None, :] for p in pieces], axis=0)
+        assert np.array_equal(out[:, None] == out[None, :], same)
+        firsts = [int(np.flatnonzero(out == k)[0]) for k in range(int(out.max()) + 1)]
+        assert firsts == sorted(firsts) and out[0] == 0
+
+
 def test_a_table_over_byte_classes_refined_by_a_later_piece_gives_the_masks_of_one_never_refined(vocab, monkeypatch):
     """The table's rows are over its columns (the bytes every piece known at its start reads alike), not 256
     bytes; a keys DFA built later that tells apart bytes of one column refines the columns (_admit: the laid and
