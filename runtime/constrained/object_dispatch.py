@@ -39,7 +39,7 @@ from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex import regex_ast as ra
 from .regex.automaton import Dfa, compile_dfa
-from .regex.fsa import trim
+from .regex.fsa import row_ids, trim
 
 # bytes a hub may start with after a member: whitespace, the comma, the closing brace
 _AFTER_MEMBER = np.array([ord(c) for c in " \t\n\r,}"])
@@ -169,10 +169,9 @@ def _split(part: _Part) -> _Part:
     whole), its rows shared (numbered as they are: a copy lays each stretch where it falls)."""
     assert part.classes is not None, "a value's part is _part's"
     layers = _Layers(part.classes, part.start)
-    finals = np.flatnonzero(part.accept >= 0)
-    if layers.farthest <= VALUE_HEAD_BYTES and len(layers.order) == len(part.trans):
-        return _Part(part.trans, part.accept, part.start, part.markers, part.classes, None, finals, part.byte_class)
-    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, layers, finals, part.byte_class)
+    whole = layers.farthest <= VALUE_HEAD_BYTES and len(layers.order) == len(part.trans)
+    return _Part(part.trans, part.accept, part.start, part.markers, part.classes, None if whole else layers,
+                 np.flatnonzero(part.accept >= 0), part.byte_class)
 
 
 def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
@@ -212,13 +211,10 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
 def common_classes(*classes: np.ndarray) -> np.ndarray:
     """The coarsest partition of the 256 bytes that refines each of `classes` ([256] class ids each), as [256]
     int32 class ids numbered by their first byte."""
-    out, seen = np.zeros(256, np.int64), set()
-    for one in classes:  # pairwise, each distinct partition once (a schema's parts share a few: ~8 ms for 500 as one)
-        one = np.asarray(one, np.int64)
-        if (key := one.tobytes()) not in seen:
-            seen.add(key)
-            out = np.unique(out * (int(one.max()) + 1) + one, return_inverse=True)[1].ravel()
-    _, first, inverse = np.unique(out, return_index=True, return_inverse=True)
+    # each distinct partition once (a schema's parts share a few), as the columns of one row per byte
+    distinct = {np.asarray(one, np.int64).tobytes(): one for one in classes}
+    _, first, inverse = np.unique(row_ids(np.stack(list(distinct.values()), axis=1)), return_index=True,
+                                  return_inverse=True)
     order = np.argsort(np.argsort(first))  # classes numbered by their first byte: byte 0's class is 0
     return order[inverse.ravel()].astype(np.int32)
 
