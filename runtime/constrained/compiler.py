@@ -14,6 +14,7 @@ from .grammar.constraint import GrammarConstraint
 from .grammar.lalr import build_lark
 from .grammar.rule_grammar import rules_grammar
 from .growing_dfa import GrowingDfa
+from .jsonschema.contract import KeepsOrder
 from .jsonschema.json_objects import ANY_MARKER_PATH
 from .jsonschema.json_schema import (
     JsonGrammar,
@@ -172,9 +173,10 @@ class ConstraintCompiler:
         relaxed = self.json_relaxed | {"uniqueItems"} if unique else self.json_relaxed
 
         def compiled(lazy_objects: bool = False, not_lazy: frozenset[str] = frozenset(),
-                     checked_objects: bool = True, rules_form: bool = False) -> JsonGrammar:
+                     checked_objects: bool = True, rules_form: bool = False, any_order: bool = False) -> JsonGrammar:
             grammar = compile_json_schema(spec, self.json_whitespace, relaxed, strict=strict, lazy_objects=lazy_objects,
-                                          not_lazy=not_lazy, checked_objects=checked_objects, rules_form=rules_form)
+                                          not_lazy=not_lazy, checked_objects=checked_objects, rules_form=rules_form,
+                                          any_order=any_order)
             if unique:  # the grammar's reports of it are replaced by the scan's own
                 grammar.unenforced = tuple(r for r in grammar.unenforced if not r.startswith("uniqueItems at "))
             if note is not None:
@@ -194,8 +196,8 @@ class ConstraintCompiler:
                     # checked objects made the grammar fail (a lexer too large): declared order for them
                     built = _built(compiled(checked_objects=False), self.vocab)
                 break
-            try:
-                built = ObjectDispatch(grammar.root, grammar.lazy, self.vocab, grammar.any_level)
+            try:  # till the grammar below is tried, its first clash is enough to go to it
+                built = self._object_dispatch(grammar, first_clash=not any_order_tried)
             except NotLazy as e:
                 if e.paths == {ANY_MARKER_PATH}:  # only undeclared values clash: they nest a bounded depth instead
                     not_lazy |= e.paths
@@ -203,28 +205,40 @@ class ConstraintCompiler:
                 # objects that cannot be lazy (a union of them, say): as a grammar they take any order, checked by
                 # the parser; where that too would keep some in declared order, they keep it in the one DFA,
                 # each round taking one or two out
-                ruled = None if any_order_tried else self._any_order_grammar(lambda: compiled(rules_form=True))
+                ruled = None if any_order_tried else self._any_order_grammar(lambda: compiled(rules_form=True,
+                                                                                               any_order=True))
                 any_order_tried = True
                 if ruled is not None:
                     built = ruled
                     break
-                not_lazy |= e.paths
+                not_lazy |= e.paths if e.complete else self._clashes(grammar)
                 continue
             built.unenforced = grammar.unenforced
             break
         return _with_unique_items(built, schema_to_dict(spec)) if unique else built
 
+    def _object_dispatch(self, grammar: JsonGrammar, first_clash: bool = False) -> ObjectDispatch:
+        return ObjectDispatch(grammar.root, grammar.lazy, self.vocab, grammar.any_level, first_clash=first_clash)
+
+    def _clashes(self, grammar: JsonGrammar) -> frozenset[str]:
+        """Every object of `grammar` that cannot be lazy (after a NotLazy that stopped at the first)."""
+        try:
+            self._object_dispatch(grammar)
+        except NotLazy as e:
+            return e.paths
+        raise AssertionError("a grammar that clashed once clashes again")
+
     def _any_order_grammar(self, make: Callable[[], JsonGrammar]) -> Constraint | None:
         """The schema as a grammar whose large objects all take any order (`make`'s, checked by the parser), or
         None where it cannot be one (it keeps some object in declared order, or fails to build)."""
         try:
-            grammar = make()
+            grammar = make()  # it stops at the first object it would keep in declared order (KeepsOrder)
             if any(r.startswith("property order") for r in grammar.unenforced):  # declared order kept somewhere
                 return None
             return _built(grammar, self.vocab)
         except deadline.CompileDeadline:
             raise
-        except ValueError:
+        except (ValueError, KeepsOrder):
             return None
 
     def _peer_compiler(self) -> PeerCompiler:

@@ -26,7 +26,7 @@ import bisect
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -77,9 +77,11 @@ class NotLazy(ValueError):
     anyOf of two objects, say), or a member's value reads on where the next member starts: the schema
     compiles again with those objects (`paths`) in declared order."""
 
-    def __init__(self, why: str, paths: set[str]):
+    def __init__(self, why: str, paths: set[str], complete: bool = True):
+        """`complete`: `paths` names every such object (False: those found before the check stopped)."""
         super().__init__(f"{why} at {sorted(paths)}")
         self.paths = frozenset(paths)
+        self.complete = complete
 
 
 @dataclass(slots=True)
@@ -178,28 +180,33 @@ def _part(patterns: list[ra.Node], objects: tuple[LazyObject, ...]) -> _Part:
     """Raises NotLazy naming every object that starts where another or a `{` does (all of them at
     once: each round of NotLazy recompiles the schema)."""
     dfa = compile_dfa(patterns)
-    # in row order (rows are laid as slices: _shifted), which np.take gives 4x faster than a fancy index (column order)
-    trans = np.take(dfa.trans, dfa.byte_class, axis=1).astype(np.int32, copy=False)
+    classes = np.asarray(dfa.byte_class, np.int64)
+    # the markers' clashes read off the DFA's own columns (one per byte class) before the rows are spread over 256
+    # bytes: a schema's hundreds of parts are checked for all its objects' markers, and a clash ends the part
+    marker_bytes = [ord(marker) for marker in (*(obj.marker for obj in objects), ANY_MARKER)]
+    kinds = [*range(len(objects)), ANY_LEVEL]
+    path = [*(obj.path for obj in objects), ANY_MARKER_PATH]  # by index: ANY_LEVEL is the last
+    leads = dfa.trans[:, classes[marker_bytes]]  # [states, markers]: where each marker leads
+    opens_object = dfa.trans[:, classes[ord("{")]] >= 0  # a marker's state must not read what its object or level starts with
+    opens_container = opens_object | (dfa.trans[:, classes[ord("[")]] >= 0)
     markers: dict[int, tuple[int, int]] = {}
     clashes: set[str] = set()
-    path = [*(obj.path for obj in objects), ANY_MARKER_PATH]  # by index: ANY_LEVEL is the last
-    opens_object = trans[:, ord("{")] >= 0  # a marker's state must not read what its object or level starts with
-    opens_container = opens_object | (trans[:, ord("[")] >= 0)
-    for k, marker in [*enumerate(obj.marker for obj in objects), (ANY_LEVEL, ANY_MARKER)]:
-        column = trans[:, ord(marker)].copy()
-        trans[:, ord(marker)] = -1
+    marker_at, state_at = np.nonzero(leads.T >= 0)  # marker by marker, each one's states in order
+    for i, s in zip(marker_at.tolist(), state_at.tolist()):
+        k = kinds[i]
         opens = opens_container if k == ANY_LEVEL else opens_object
-        for s in np.flatnonzero(column >= 0).tolist():
-            if s in markers or opens[s]:
-                clashes |= {path[k]} | ({path[markers[s][0]]} if s in markers else set())
-            else:
-                markers[s] = (k, int(column[s]))
+        if s in markers or opens[s]:
+            clashes |= {path[i]} | ({path[markers[s][0]]} if s in markers else set())
+        else:
+            markers[s] = (k, int(leads[s, i]))
     if clashes:
         raise NotLazy("objects start at one place", clashes)
+    # in row order (rows are laid as slices: _shifted), which np.take gives 4x faster than a fancy index (column order)
+    trans = np.take(dfa.trans, classes, axis=1).astype(np.int32, copy=False)
+    trans[:, marker_bytes] = -1  # a marker leads into its object's hub (markers), not a row of its own
     # the marker columns were emptied: each marker byte a class apart (most are already: JSON reads no control
     # byte raw; refined only where one is not, since a schema has a part per member and np.unique costs ~0.1 ms)
-    byte_class = np.asarray(dfa.byte_class, np.int32)
-    marker_bytes = [ord(marker) for marker in (*(obj.marker for obj in objects), ANY_MARKER)]
+    byte_class = classes.astype(np.int32)
     sizes = np.bincount(byte_class, minlength=int(byte_class.max()) + 1)
     if (sizes[byte_class[marker_bytes]] > 1).any():
         apart = np.zeros(256, np.int32)
@@ -240,19 +247,29 @@ class ObjectDispatch(GrowingDfa):
     """A JSON schema's DFA whose lazy objects (json_objects.LazyObject) are built on first reach."""
 
     def __init__(self, root: ra.Node, objects: tuple[LazyObject, ...], vocab: TokenVocab,
-                 any_level: ra.Node | None = None):
+                 any_level: ra.Node | None = None, first_clash: bool = False):
+        """`first_clash`: raise NotLazy at the first clash of an object (not of ANY_MARKER's level alone), naming
+        what was found so far (`complete` False), instead of every clash: the compiler, whose first answer to
+        such a clash is a grammar that needs none of the paths, asks this way (two of JSONSchemaBench's
+        slowest compiles spent 350-450 ms building the parts past their first clash)."""
         self.objects, self.vocab = objects, vocab
         self._longest = int(vocab.lengths.max(initial=0))  # bytes: how far a walk reads (_lay_rest)
         self._lock = threading.Lock()
         # each member's value DFA, up front: a schema they do not fit is refused (or recompiled) now, naming
         # every object that does not fit, the root's too, in one NotLazy (a round recompiles the schema)
         clashes: set[str] = set()
+        why = "objects start where others do, or a member's value reads on where the next member starts"
+
+        def clash(paths: Iterable[str]) -> None:
+            clashes.update(paths)
+            if first_clash and clashes - {ANY_MARKER_PATH}:
+                raise NotLazy(why, clashes, complete=False)
 
         def checked(patterns: list[ra.Node]) -> _Part | None:
             try:
                 return _part(patterns, objects)
             except NotLazy as e:
-                clashes.update(e.paths)
+                clash(e.paths)
                 return None
 
         values = [[checked([v]) for v in (*o.values, *o.extra_values)] for o in objects]
@@ -260,14 +277,13 @@ class ObjectDispatch(GrowingDfa):
             for part in filter(None, parts):
                 finals = part.accept >= 0
                 if (part.trans[finals][:, _AFTER_MEMBER] >= 0).any() or any(finals[s] for s in part.markers):
-                    clashes.add(obj.path)  # a member's value reads on where the next member starts
+                    clash({obj.path})  # a member's value reads on where the next member starts
         root_part = checked([root])
         # ANY_MARKER's level, laid where a decode reaches one (`_any`, one copy per place it leads back to)
         self._any_part = checked([any_level]) if any_level is not None else None
         self._any_starts: dict[int, int] = {}
         if clashes or root_part is None:
-            raise NotLazy("objects start where others do, or a member's value reads on where the next "
-                          "member starts", clashes)
+            raise NotLazy(why, clashes)
         self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
         self._split: dict[tuple[int, int], _Part] = {}  # (object, member) -> its value split (_split), on first copy
         # every value copy's offset (sorted: laid in order) and part, and those whose rest is not all laid yet: (part,

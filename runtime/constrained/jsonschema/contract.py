@@ -32,6 +32,11 @@ class LazyObject:
     path: str  # where the schema declares it
 
 
+class KeepsOrder(Exception):
+    """The schema would keep an object in declared order where the caller asked for any order only
+    (compile_json_schema's `any_order`): not a ValueError, so no fallback inside the compile takes it for a refusal."""
+
+
 class SchemaCompiler(Protocol):
     relaxed: frozenset[str]  # keywords left unenforced where they cannot be enforced (opt-in)
     strict: bool  # OpenAI's strict form: declared properties in order, no undeclared ones unless allowed
@@ -56,6 +61,11 @@ class SchemaCompiler(Protocol):
 
     def compile(self, schema: object, path: str) -> ra.Node:
         """A subschema's language; `path` (a JSON pointer) names it in errors."""
+        ...
+
+    def keeps_order(self, report: str) -> None:
+        """Reports an object kept in declared order (`report`, "property order ..."); raises KeepsOrder where the
+        caller asked for any order only."""
         ...
 
     def exact(self, make: Callable[[], T]) -> T:

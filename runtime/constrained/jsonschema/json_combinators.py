@@ -242,8 +242,8 @@ def combinator(c: SchemaCompiler, key: str, s: dict, path: str) -> ra.Node:
             apart = _disjoint(c, nodes, kept, path)
         finally:
             c.strict = False
-        c.unenforced.append(f"property order and undeclared properties at {path or '#'} (oneOf branches that "
-                            "may overlap, in the strict form)")
+        c.keeps_order(f"property order and undeclared properties at {path or '#'} (oneOf branches that "
+                      "may overlap, in the strict form)")
         if apart:
             return ra.alt(*nodes)
     if any(ra.refs(n) for n in nodes) and "oneOf" in c.relaxed:  # recursive branches have no product automaton

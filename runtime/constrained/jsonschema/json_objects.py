@@ -21,7 +21,7 @@ from ..regex import regex_ast as ra
 from ..regex.automaton import compile_dfa, difference, intersection
 from .contract import LazyObject, SchemaCompiler
 from .json_checked import ObjectShape, checked_object
-from .json_keys import raw_keys_except
+from .json_keys import keys_except, raw_keys_except
 from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 
@@ -98,12 +98,12 @@ def object_node(c: SchemaCompiler, s: dict, path: str) -> ra.Node:
         return _lazy_object(c, members, extra_pairs, path)
     elif shape is not None and (checked := checked_object(c, [shape])) is not None:
         def declared_order() -> ra.Node:  # where a union cannot take it checked
-            c.unenforced.append(f"property order at {path or '#'}")
+            c.keeps_order(f"property order at {path or '#'}")
             return c.bracketed("{", _members(c, items, extra, lo, hi, path), "}")
         c.shapes[checked], c.fallbacks[checked] = (shape,), declared_order
         return checked
     else:
-        c.unenforced.append(f"property order at {path or '#'}")
+        c.keeps_order(f"property order at {path or '#'}")
         body = _members(c, items, extra, lo, hi, path)
     node = c.bracketed("{", body, "}")
     if shape is not None:
@@ -177,6 +177,8 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         else:  # the common case, straight from the names' trie (json_keys)
             key = compiled_or_nothing(raw_keys_except(raw_names))
         kinds.append((key, extra, f"{path}/additionalProperties"))
+    elif extra is not False and not patterns and declared:  # straight from the names' trie, escapes too (json_keys)
+        kinds.append((compiled_or_nothing(keys_except(declared)), extra, f"{path}/additionalProperties"))
     elif extra is not False:
         any_key = ra.repeat(ra.Chars(STRING_CHARS), 0, None) if patterns else string_body()
         kinds.append((_key(any_key, taken + list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))

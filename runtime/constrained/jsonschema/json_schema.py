@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, cast
@@ -24,6 +25,7 @@ from ..grammar.member_check import MemberCheck
 from ..regex import regex_ast as ra
 from ..regex.automaton import char_sets, compile_dfa, own_chars
 from ..regex.regex_parser import parse_regex
+from .contract import KeepsOrder
 from .json_arrays import array_node
 from .json_checked import checked_object
 from .json_combinators import all_of, combinator, dependencies_as_all_of, enum
@@ -108,7 +110,7 @@ def relaxed_keywords(relaxed: Relaxed) -> frozenset[str]:
 def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: Relaxed = (),
                         strict: bool = False, lazy_objects: bool = False,
                         not_lazy: frozenset[str] = frozenset(), checked_objects: bool = True,
-                        rules_form: bool = False) -> JsonGrammar:
+                        rules_form: bool = False, any_order: bool = False) -> JsonGrammar:
     """One regex when the schema is small and regular; else a grammar whose large objects and arrays
     are rules of their own, so that each lexer DFA stays the size of one such piece. `relaxed` names
     keywords to leave unenforced where they cannot be enforced (opt-in; by default they are refused).
@@ -119,7 +121,8 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
     their members in any order, checked by the parser (json_checked), not in declared order. `rules_form`: a
     grammar whose large objects, arrays and strings are rules of their own even where the schema is small and
     regular (so that its large objects are checked rather than lazy: the caller's way out where lazy objects
-    cannot be, a union of them)."""
+    cannot be, a union of them). `any_order`: raise KeepsOrder at the first object the schema would keep in declared
+    order (the caller's way out then is another, and the rest of this compile would be wasted)."""
     root = schema_to_dict(schema)
     ws = whitespace_node(whitespace)
     relax = relaxed_keywords(relaxed)
@@ -127,25 +130,35 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
         with _compile_errors():
             compiler = _SchemaCompiler(root, ws, relax, strict=strict, lazy=lazy_objects and not strict)
             compiler.not_lazy = not_lazy
-            node = compiler.compile(root, "#")
+            # this pass decides whether the schema is one regex and, if not, how the grammar below is built: it
+            # stops once its rules decide that (a recursive rule larger than one regex may be, or any rule in the
+            # rules form; JSONSchemaBench's two slowest grammars spent 0.3 and 0.8 s of this pass past that point)
+            compiler.stop_when_grammar = JSON_REGEX_MAX_SIZE if not rules_form else 0
+            try:
+                node = compiler.compile(root, "#")
+                small = not rules_form and all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
+                    node, *compiler.rules.values(), *(v for o in compiler.lazy or [] for v in (*o.values, *o.extra_values))))
+            except _GrammarDecided:
+                small = False
             lazy = compiler.lazy or []
-            small = not rules_form and all(ra.size(r) <= JSON_REGEX_MAX_SIZE for r in (
-                node, *compiler.rules.values(), *(v for o in lazy for v in (*o.values, *o.extra_values))))
             if small and not compiler.rules:
                 if compiler.lazy_any and not lazy:  # no lazy object: one plain DFA builds and walks faster than a
                     # growing table (a fifth off compile p50 on JSONSchemaBench), so its undeclared values are bounded
                     return compile_json_schema(schema, whitespace, relaxed, strict, lazy_objects,
-                                               not_lazy | {ANY_MARKER_PATH}, checked_objects, rules_form)
+                                               not_lazy | {ANY_MARKER_PATH}, checked_objects, rules_form, any_order)
+                if any_order and any(r.startswith("property order") for r in compiler.unenforced):
+                    raise KeepsOrder(next(r for r in compiler.unenforced if r.startswith("property order")))
                 return JsonGrammar(node, {}, _summary(compiler.unenforced), tuple(lazy),
                                    any_level=_any_level(ws) if compiler.lazy_any else None)
             if lazy or compiler.lazy_any:  # a grammar, whose objects are never lazy: sized as they would be without
                 raise _LazyInExact()
     except _LazyInExact:  # or its intersection or difference would not see the lazy object's members
-        return compile_json_schema(schema, whitespace, relaxed, strict, rules_form=rules_form)
+        return compile_json_schema(schema, whitespace, relaxed, strict, rules_form=rules_form, any_order=any_order)
     with _compile_errors():
         compiler = _SchemaCompiler(root, ws, relax, rule_size=None if small else JSON_RULE_SIZE, strict=strict,
                                    any_undeclared=bool(compiler.rules))
         compiler.checked = checked_objects and not strict
+        compiler.any_order_only = any_order
         node = compiler.compile(root, "#")
     return JsonGrammar(node, compiler.rules, _summary(compiler.unenforced), checks=tuple(compiler.member_checks))
 
@@ -161,6 +174,11 @@ def _compile_errors() -> Iterator[None]:
         raise ValueError("json_schema nests too deeply to compile") from None
     except (TypeError, AttributeError) as e:  # a keyword whose value has the wrong JSON type
         raise ValueError(f"json_schema is malformed: {e}") from None
+
+
+class _GrammarDecided(Exception):
+    """The first pass met a rule that makes the schema a grammar, and fixes how it is built (see compile_json_schema):
+    the rest of that pass would change neither."""
 
 
 class _LazyInExact(Exception):
@@ -246,6 +264,10 @@ class _SchemaCompiler:
         self.refs = RefResolver(root)
         self.ws = ws
         self.rules: dict[str, ra.Node] = {}
+        # a rule larger than this (None: never) raises _GrammarDecided at the next schema compiled (0: any rule)
+        self.stop_when_grammar: int | None = None
+        self._rules_sized = 0  # rules already checked against it, in the order they were added
+        self.any_order_only = False  # an object kept in declared order raises KeepsOrder (compile_json_schema)
         self._inline: dict[str, ra.Node] = {}
         self.open_refs: set[str] = set()
         self._recursive: set[str] = set()
@@ -382,6 +404,8 @@ class _SchemaCompiler:
         deadline.check()
         if (self.lazy or self.lazy_any) and self.rules:  # markers in a grammar: it compiles again without, so stop now
             raise _LazyInExact()
+        if self.stop_when_grammar is not None and len(self.rules) > self._rules_sized:
+            self._stop_if_grammar()
         if schema is True:
             return self.any_value()
         if schema is False:
@@ -400,6 +424,21 @@ class _SchemaCompiler:
         node = self.piece(self._compile(schema, path), ruled=True)
         self._pieces[key] = node
         return node
+
+    def keeps_order(self, report: str) -> None:
+        if self.any_order_only:
+            raise KeepsOrder(report)
+        self.unenforced.append(report)
+
+    def _stop_if_grammar(self) -> None:
+        """Raises _GrammarDecided where a rule added since the last call is larger than `stop_when_grammar` (a rule's
+        body only grows once written: placeholders are empty)."""
+        added = itertools.islice(reversed(self.rules.values()), len(self.rules) - self._rules_sized)
+        self._rules_sized = len(self.rules)
+        limit = self.stop_when_grammar
+        assert limit is not None
+        if any(ra.size(body) > limit for body in added):
+            raise _GrammarDecided()
 
     def piece(self, node: ra.Node, ruled: bool = False) -> ra.Node:
         """`node` as a rule of its own where it is large (or, with `ruled`, holds a rule) and lexes alone."""

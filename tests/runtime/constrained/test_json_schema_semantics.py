@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 
 import jsonschema
+import numpy as np
 import pytest
 
 from radixlang.runtime.constrained.jsonschema.json_objects import ANY_ORDER_MAX_PROPERTIES
@@ -171,3 +173,65 @@ def test_a_union_of_large_objects_and_objects_holding_rules_reads_every_branch(c
     assert type(constraint).__name__ == "GrammarConstraint", "the lowered bounds make it a grammar of pieces"
     for text in valid + invalid:
         assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text
+
+
+def _node(width: int) -> dict:
+    """A recursive definition (a rule) with `width` bounded strings: a large rule."""
+    return {"type": "object", "properties": {**{f"f{i}": {"type": "string", "maxLength": 40} for i in range(width)},
+                                             "kids": {"type": "array", "items": {"$ref": f"#/$defs/n{width}"}}}}
+
+
+def written(grammar) -> str:
+    """A grammar's root, rules and reports as text, its compiled automata in full (nodes holding them compare by
+    identity)."""
+    with np.printoptions(threshold=sys.maxsize):
+        return repr((grammar.root, grammar.rules, grammar.unenforced))
+
+
+def test_the_first_pass_stops_once_a_rule_decides_the_grammar_and_builds_the_same_one(monkeypatch):
+    """The pass that decides between one regex and a grammar stops at the first recursive rule larger than one
+    regex may be (any rule, in the rules form): the rest of it changes neither the choice nor how the grammar is
+    built, so the grammar is the one the whole pass gives (the stop turned off), and that pass was cut short."""
+    from radixlang.runtime.constrained.jsonschema import json_schema as json_schema_module
+
+    large = {"type": "object", "properties": {f"m{w}": {"$ref": f"#/$defs/n{w}"} for w in (4, 1, 2, 3)},
+             "$defs": {f"n{w}": _node(w) for w in (1, 2, 3, 4)}}
+    # small rules, none larger than one regex may be: the first pass runs to its end (its object is a piece of its own
+    # only where the grammar is not small)
+    small = {"type": "object", "properties": {"t": {"$ref": "#/$defs/n1"}, "s": {"type": "string", "maxLength": 100}},
+             "$defs": {"n1": _node(1)}}
+    compiled: list[str] = []
+    real = json_schema_module._SchemaCompiler.compile
+    monkeypatch.setattr(json_schema_module._SchemaCompiler, "compile",
+                        lambda self, s, path: compiled.append(path) or real(self, s, path))
+    for schema, rules_form, limit in ((large, False, 3000), (large, True, None), (small, False, None)):
+        if limit is not None:  # a small rule counts as large
+            monkeypatch.setattr(json_schema_module, "JSON_REGEX_MAX_SIZE", limit)
+        compiled.clear()
+        cut = compile_json_schema(schema, rules_form=rules_form)
+        cut_calls = len(compiled)
+        with monkeypatch.context() as m:
+            m.setattr(json_schema_module._SchemaCompiler, "_stop_if_grammar", lambda self: None)
+            compiled.clear()
+            whole = compile_json_schema(schema, rules_form=rules_form)
+        assert whole.rules and written(cut) == written(whole)
+        assert (cut_calls < len(compiled)) == (schema is large), "the first pass stopped early where it could"
+        monkeypatch.undo()
+        monkeypatch.setattr(json_schema_module._SchemaCompiler, "compile",
+                            lambda self, s, path: compiled.append(path) or real(self, s, path))
+
+
+def test_any_order_only_stops_at_the_first_object_kept_in_declared_order():
+    """`any_order`: where the schema would keep an object in declared order (a large one with minProperties, which
+    no checked object reads), the compile raises KeepsOrder, the caller's cue to take another way; elsewhere it
+    returns the grammar it returns without the flag."""
+    from radixlang.runtime.constrained.jsonschema.contract import KeepsOrder
+
+    large = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(ANY_ORDER_MAX_PROPERTIES + 2)}}
+    kept = {"type": "object", "properties": {"a": {**large, "minProperties": 1}, "b": large}}
+    assert any(r.startswith("property order at #/properties/a") for r in compile_json_schema(kept, rules_form=True).unenforced)
+    with pytest.raises(KeepsOrder, match="property order at #/properties/a"):
+        compile_json_schema(kept, rules_form=True, any_order=True)
+    taken = {"type": "object", "properties": {"a": large, "b": large}}
+    plain, only = compile_json_schema(taken, rules_form=True), compile_json_schema(taken, rules_form=True, any_order=True)
+    assert not plain.unenforced and written(plain) == written(only)

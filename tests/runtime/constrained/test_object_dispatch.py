@@ -151,6 +151,43 @@ def test_objects_that_cannot_be_lazy_take_any_order_in_a_grammar_compiled_once_m
         assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text
 
 
+def test_the_first_clash_ends_the_lazy_try_and_a_failed_grammar_still_learns_every_clash(compiler, monkeypatch):
+    """Till the any-order grammar is tried, the lazy try stops at its first clash (`first_clash`: it names what it
+    found, `complete` False); where that grammar fails, the compiler asks for every clash, so the rounds after take
+    them all out at once, as without the early stop: the same compiles, and the language against jsonschema."""
+    import radixlang.runtime.constrained.compiler as compiler_module
+    from radixlang.runtime.constrained.jsonschema.json_schema import compile_json_schema
+    from radixlang.runtime.constrained.object_dispatch import NotLazy
+
+    small = {"type": "object", "properties": {"z": DIGIT}, "required": ["z"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {  # large: a and b clash in parts of their own
+        **{f"p{i}": DIGIT for i in range(N - 2)}, "a": {"anyOf": [{**INNER, "required": ["q4"]}, small]},
+        "b": {"anyOf": [{**INNER, "required": ["q5"]}, small]}, "c": INNER},
+        "required": ["a", "b", "c"], "additionalProperties": False}
+    grammar = compile_json_schema(schema, None, frozenset({"uniqueItems"}), lazy_objects=True)
+    found = {}
+    for first in (True, False):
+        try:
+            ObjectDispatch(grammar.root, grammar.lazy, compiler.vocab, grammar.any_level, first_clash=first)
+        except NotLazy as e:
+            found[first] = e
+    assert not found[True].complete and found[False].complete
+    assert found[True].paths and found[True].paths < found[False].paths  # a and b clash: it stopped at one
+
+    monkeypatch.setattr(compiler_module.ConstraintCompiler, "_any_order_grammar", lambda self, make: None)
+    calls = []
+    real = compiler_module.compile_json_schema
+    monkeypatch.setattr(compiler_module, "compile_json_schema", lambda *a, **k: calls.append(1) or real(*a, **k))
+    constraint = compiler.compile("json_schema", schema)
+    # the lazy try, then one more with a and b in declared order: as many as when every clash was named at once
+    assert isinstance(constraint, ObjectDispatch) and len(calls) == 2
+    assert any(r.startswith("property order") for r in constraint.unenforced)  # a's and b's large objects
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ('{"a":{"q1":2,"q4":1},"b":{"z":1},"c":{"q9":0,"q1":1}}', '{"c":{"q1":1},"b":{"q1":1,"q5":1},"a":{"z":2}}',
+                 '{"a":{"q1":1},"b":{"z":1},"c":{"q1":1}}', '{"a":{"z":1},"b":{"z":1},"c":{"q2":1}}'):
+        assert accepts(constraint, text) == validator.is_valid(json.loads(text)), text
+
+
 def test_a_lazy_try_that_meets_a_rule_compiles_as_a_grammar(compiler):
     """A recursive schema (a grammar) holding a large object: the lazy try stops at the first rule and the
     schema compiles without lazy objects (the large one in any order, checked by the grammar: json_checked),
