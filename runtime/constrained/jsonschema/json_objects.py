@@ -18,11 +18,11 @@ import json
 from typing import Any
 
 from ..regex import regex_ast as ra
-from ..regex.automaton import compile_dfa, difference, intersection
+from ..regex.automaton import compile_dfa, intersection, product
 from .contract import LazyObject, SchemaCompiler
 from .json_checked import ObjectShape, checked_object
 from .json_keys import keys_except, raw_keys_except
-from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, spellings, string_body
+from .json_scalars import STRING_CHARS, compiled_or_nothing, const_text, pattern_body, quoted, string_body
 from .schema_merge import Unsatisfiable, conjoin_sub, property_schema
 
 # declared properties an object writes in any order (an automaton over the subsets written: 2^n states,
@@ -166,22 +166,21 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         extra = True if not c.strict or (not declared and not patterns) else False
     if extra is False and not patterns:
         return []
-    taken = [spellings(n) for n in declared]
     pattern_bodies = {p: pattern_body(p, f"{path}/patternProperties") for p in patterns}
-    kinds: list[tuple[ra.Node, Any, str]] = _pattern_kinds(patterns, pattern_bodies, taken, path)
+    kinds: list[tuple[ra.Node, Any, str]] = _pattern_kinds(patterns, pattern_bodies, declared, path)
+    raw_key = ra.repeat(ra.Chars(STRING_CHARS), 0, None)
     if extra is not False and unsaid:  # raw characters only: the declared names' raw spellings are all to avoid
         raw_names = [json.dumps(n, ensure_ascii=False)[1:-1] for n in declared]
         if pattern_bodies or not raw_names:
-            raw = [ra.literal(n) for n in raw_names]
-            key = _key(ra.repeat(ra.Chars(STRING_CHARS), 0, None), raw + list(pattern_bodies.values()))
+            key = _raw_key(raw_key, declared, list(pattern_bodies.values()))
         else:  # the common case, straight from the names' trie (json_keys)
             key = compiled_or_nothing(raw_keys_except(raw_names))
         kinds.append((key, extra, f"{path}/additionalProperties"))
-    elif extra is not False and not patterns and declared:  # straight from the names' trie, escapes too (json_keys)
-        kinds.append((compiled_or_nothing(keys_except(declared)), extra, f"{path}/additionalProperties"))
-    elif extra is not False:
-        any_key = ra.repeat(ra.Chars(STRING_CHARS), 0, None) if patterns else string_body()
-        kinds.append((_key(any_key, taken + list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))
+    elif extra is not False and patterns:
+        kinds.append((_raw_key(raw_key, declared, list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))
+    elif extra is not False:  # straight from the names' trie, escapes too (json_keys)
+        key = compiled_or_nothing(keys_except(declared)) if declared else quoted(string_body())
+        kinds.append((key, extra, f"{path}/additionalProperties"))
     if "propertyNames" in s and s["propertyNames"] is not True:
         names = _names_node(c, s["propertyNames"], path)
         kinds = [(compiled_or_nothing(intersection([key, names])), sub, p) for key, sub, p in kinds]
@@ -199,14 +198,14 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
     return pairs
 
 
-def _pattern_kinds(patterns: dict, bodies: dict[str, ra.Node], taken: list[ra.Node],
+def _pattern_kinds(patterns: dict, bodies: dict[str, ra.Node], declared: list[str],
                    path: str) -> list[tuple[ra.Node, Any, str]]:
     """The (key, schema, place) kinds of the members `patterns` read. A key that several patterns match takes
     all their schemas (JSON Schema's rule), so up to MAX_OVERLAPPING_PATTERNS patterns each set of them is a
     kind of its own: the keys every one of the set matches and no other does. Past that, keys two patterns
     share are left out (refused, never let through)."""
     kinds: list[tuple[ra.Node, Any, str]] = [  # the keys one pattern alone matches
-        (_key(bodies[p], taken + [b for q, b in bodies.items() if q != p]), sub, f"{path}/patternProperties/{p}")
+        (_raw_key(bodies[p], declared, [b for q, b in bodies.items() if q != p]), sub, f"{path}/patternProperties/{p}")
         for p, sub in patterns.items()]
     if len(patterns) > MAX_OVERLAPPING_PATTERNS:
         return kinds
@@ -218,15 +217,19 @@ def _pattern_kinds(patterns: dict, bodies: dict[str, ra.Node], taken: list[ra.No
             others = [b for q, b in bodies.items() if q not in group]
             subs = [patterns[p] for p in group if patterns[p] is not True and patterns[p] != {}]
             sub = True if not subs else subs[0] if len(subs) == 1 else {"allOf": subs}
-            kinds.append((_key(ra.Compiled(shared), taken + others), sub, f"{path}/patternProperties"))
+            kinds.append((_raw_key(ra.Compiled(shared), declared, others), sub, f"{path}/patternProperties"))
     return kinds
 
 
-def _key(body: ra.Node, excluded: list[ra.Node]) -> ra.Node:
-    """A quoted key whose body matches `body` and none of `excluded`."""
-    if not excluded:
-        return quoted(body)
-    return compiled_or_nothing(difference(quoted(body), quoted(ra.alt(*excluded))))
+def _raw_key(body: ra.Node, names: list[str], others: list[ra.Node]) -> ra.Node:
+    """A quoted key whose body, of raw characters only (a pattern's, STRING_CHARS), matches `body`, is none of `names`
+    and matches none of `others`. A raw key spells a name one way only, so the names come from their trie
+    (json_keys.raw_keys_except), not from a difference with their escaped spellings (most of a pattern-heavy schema's
+    compile: each spelling's automaton is built character by character)."""
+    parts = [quoted(body), *([ra.Compiled(raw_keys_except(names))] if names else [])]
+    if others:
+        return compiled_or_nothing(product("all_but_last", [*parts, quoted(ra.alt(*others))]))
+    return compiled_or_nothing(intersection(parts)) if names else quoted(body)
 
 
 class _States:

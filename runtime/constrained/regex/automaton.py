@@ -272,6 +272,7 @@ _PRODUCT_ACCEPTS: dict[str, Callable[[list[bool]], bool]] = {
     "exactly_one": lambda hits: sum(hits) == 1,
     "all": all,
     "difference": lambda hits: hits[0] and not hits[1],
+    "all_but_last": lambda hits: all(hits[:-1]) and not hits[-1],  # in all of the patterns but the last
 }
 
 

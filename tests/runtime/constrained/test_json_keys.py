@@ -110,3 +110,25 @@ def test_escaped_keys_are_the_json_strings_that_decode_to_no_name():
         assert accepts_chars(dfa, literal) == (json.loads(literal) not in names), literal
     for bad in ('"\\ud800"', '"\\x41"', '"\\u12"', '"a\nb"', '"\\"'):  # a surrogate, bad escapes, a raw control
         assert not accepts_chars(dfa, bad), bad
+
+
+def same_language(a: ra.Node, b: ra.Node) -> bool:
+    return difference(a, b).accept.max() < 0 and difference(b, a).accept.max() < 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_raw_key_from_the_names_trie_is_the_difference_with_their_spellings(seed):
+    """patternProperties' keys (raw characters only) beside declared names and other patterns: built from the names'
+    trie (json_objects._raw_key), the language of the difference with the names' escaped spellings and the other
+    patterns (as it was built before)."""
+    from radixlang.runtime.constrained.jsonschema.json_objects import _raw_key
+    from radixlang.runtime.constrained.jsonschema.json_scalars import pattern_body
+
+    rng = random.Random(seed)
+    pool = ["^a", "b$", "^[ab]+$", "^x_", "é", "^.{2}$", "^\\d+$", "q"]
+    patterns = [pattern_body(p, "#") for p in rng.sample(pool, rng.randint(1, 3))]
+    names = ["".join(rng.choice('ab\u00e9x_1"\\') for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(0, 4))]
+    body, others = patterns[0], patterns[1:]
+    excluded = [*map(spellings, names), *others]
+    before = ra.Compiled(difference(quoted(body), quoted(ra.alt(*excluded)))) if excluded else quoted(body)
+    assert same_language(_raw_key(body, names, others), before)
