@@ -2,6 +2,8 @@
 transformers' greedy tokens, logprobs and router choices."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -97,6 +99,20 @@ def test_moe_engine_matches_transformers(tmp_path, monkeypatch, name):
     got = full_logprobs(scored.meta)
     top = ref.topk(5, dim=-1)
     assert torch.equal(got.nan_to_num(float("-inf")).topk(5, dim=-1).indices.sort(-1)[0], top.indices.sort(-1)[0])
-    diff = (got.gather(1, top.indices) - top.values).abs().max()
+    diff = top5_error(model, batch[0], got, top)
     print(f"{name}: max |top-5 logprob diff| {diff:.2e}")
     assert diff < TOP5_TOLERANCE
+
+
+def top5_error(model, ids: list[int], ours: torch.Tensor, top) -> float:
+    """Our logprobs' largest distance from transformers' at its top 5 tokens: from its fp32, or, where that reference's
+    own rounding is off (its fp32 sits up to ~1e-4 from its float64 here, more on a CPU whose reductions round
+    otherwise: an AVX2-only one read 1.04e-4 for DeepSeek-V2), from its float64, the exact answer: the lower."""
+    fp32 = float((ours.gather(1, top.indices) - top.values).abs().max())
+    if fp32 < TOP5_TOLERANCE:
+        return fp32
+    with torch.no_grad():
+        double = copy.deepcopy(model).double()
+        double.config._experts_implementation = "eager"  # the grouped GEMM reads no float64
+        exact = torch.log_softmax(double(torch.tensor([ids])).logits[0], -1)
+    return min(fp32, float((ours.gather(1, top.indices).double() - exact.gather(1, top.indices)).abs().max()))
