@@ -168,16 +168,12 @@ def _extra_pairs(c: SchemaCompiler, s: dict, path: str, declared: list[str]) -> 
         return []
     pattern_bodies = {p: pattern_body(p, f"{path}/patternProperties") for p in patterns}
     kinds: list[tuple[ra.Node, Any, str]] = _pattern_kinds(patterns, pattern_bodies, declared, path)
-    raw_key = ra.repeat(ra.Chars(STRING_CHARS), 0, None)
-    if extra is not False and unsaid:  # raw characters only: the declared names' raw spellings are all to avoid
-        raw_names = [json.dumps(n, ensure_ascii=False)[1:-1] for n in declared]
-        if pattern_bodies or not raw_names:
-            key = _raw_key(raw_key, declared, list(pattern_bodies.values()))
+    if extra is not False and (unsaid or patterns):  # raw characters only: the declared names' raw spellings to avoid
+        if pattern_bodies or not declared:
+            key = _raw_key(ra.repeat(ra.Chars(STRING_CHARS), 0, None), declared, list(pattern_bodies.values()))
         else:  # the common case, straight from the names' trie (json_keys)
-            key = compiled_or_nothing(raw_keys_except(raw_names))
+            key = compiled_or_nothing(raw_keys_except([json.dumps(n, ensure_ascii=False)[1:-1] for n in declared]))
         kinds.append((key, extra, f"{path}/additionalProperties"))
-    elif extra is not False and patterns:
-        kinds.append((_raw_key(raw_key, declared, list(pattern_bodies.values())), extra, f"{path}/additionalProperties"))
     elif extra is not False:  # straight from the names' trie, escapes too (json_keys)
         key = compiled_or_nothing(keys_except(declared)) if declared else quoted(string_body())
         kinds.append((key, extra, f"{path}/additionalProperties"))

@@ -146,8 +146,9 @@ def compile_json_schema(schema: object, whitespace: str | None = None, relaxed: 
                     # growing table (a fifth off compile p50 on JSONSchemaBench), so its undeclared values are bounded
                     return compile_json_schema(schema, whitespace, relaxed, strict, lazy_objects,
                                                not_lazy | {ANY_MARKER_PATH}, checked_objects, rules_form, any_order)
-                if any_order and any(r.startswith("property order") for r in compiler.unenforced):
-                    raise KeepsOrder(next(r for r in compiler.unenforced if r.startswith("property order")))
+                kept = next((r for r in compiler.unenforced if r.startswith("property order")), None)
+                if any_order and kept is not None:
+                    raise KeepsOrder(kept)
                 return JsonGrammar(node, {}, _summary(compiler.unenforced), tuple(lazy),
                                    any_level=_any_level(ws) if compiler.lazy_any else None)
             if lazy or compiler.lazy_any:  # a grammar, whose objects are never lazy: sized as they would be without
