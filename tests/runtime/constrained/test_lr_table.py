@@ -18,6 +18,9 @@ GRAMMARS = {
                     ("f", ("(", "e", ")")), ("f", ("n",))], {"+", "*", "(", ")", "n"}),
     "nullable rules": ([("start", ("a", "b", "c")), ("a", ()), ("a", ("x",)), ("b", ()), ("b", ("y", "b")),
                         ("c", ("z",)), ("c", ("w", "b", "x"))], {"w", "x", "y", "z"}),
+    # a rule followed by nullable rules alone at a production's end: its lookahead includes the production's
+    "nullable tail": ([("start", ("[", "list", "]")), ("start", ("v",)), ("list", ("start", "rest")),
+                       ("rest", ()), ("rest", (",", "start", "rest"))], {"[", "]", ",", "v"}),
     "object graph": ([("start", ("{", "s0")), ("s0", ("k", "s1")), ("s0", ("}",)), ("s1", (",", "k", "s2")),
                       ("s1", ("}",)), ("s2", ("}",)), ("k", ("q", "start")), ("k", ("q", "n"))],
                      {"{", "}", ",", "q", "n"}),
