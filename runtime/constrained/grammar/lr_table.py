@@ -98,11 +98,12 @@ class _Lr0:
         self.completed: list[list[int]] = []
         first: list[int] = []
         after: list[str | None] = []  # per item: the symbol after its dot, None at the production's end
-        for _, rhs in prods:
+        item_prod: list[int] = []  # per item: its production
+        for p, (_, rhs) in enumerate(prods):
             first.append(len(after))
             after += rhs
             after.append(None)
-        item_prod = [p for p, (_, rhs) in enumerate(prods) for _ in range(len(rhs) + 1)]
+            item_prod += [p] * (len(rhs) + 1)
         leftmost = _leftmost_rules(prods, by_rule)
         closures: dict[frozenset[str], tuple[dict[str, list[int]], list[int]]] = {}
 
@@ -204,13 +205,12 @@ def _lookaheads(prods: list[Production], by_rule: dict[str, list[int]], states: 
         return found
 
     # reads and direct reads: per target state, its terminals and its nullable rules' transitions
-    names = list(sym_id)
     nullable_ids = np.zeros(num_syms, bool)
     nullable_ids[[sym_id[r] for r in nullable if r in sym_id]] = True
     nullable_edges = np.flatnonzero(nullable_ids[edge_syms])
     reads_of_state: dict[int, list[int]] = defaultdict(list)
-    for e in nullable_edges.tolist():
-        reads_of_state[int(keys[e] // num_syms)].append(int(trans_of_edge[e]))
+    for state, t in zip((keys[nullable_edges] // num_syms).tolist(), trans_of_edge[nullable_edges].tolist()):
+        reads_of_state[state].append(t)
     shifted: dict[int, int] = {}
     for r in set(trans_target):
         bits = 0
@@ -221,8 +221,8 @@ def _lookaheads(prods: list[Production], by_rule: dict[str, list[int]], states: 
     direct = [shifted[r] for r in trans_target]
     reads = [reads_of_state.get(r, []) for r in trans_target]
     # includes and lookback: every (transition, production of its rule) walked at once, a symbol at a time
-    includes, ends, walk_prod, walk_trans = _walks(prods, [by_rule[name] for name in names[:num_rules]], sym_id,
-                                                   nullable_ids, edge, targets, trans_of_edge, trans_start, trans_rule)
+    includes, ends, walk_prod, walk_trans = _walks(prods, list(by_rule.values()), sym_id, nullable_ids, edge, targets,
+                                                   trans_of_edge, trans_start, trans_rule)
     follow = _digraph(includes, _digraph(reads, direct))
     out: dict[tuple[int, int], int] = {}
     for key, i in zip(zip(ends.tolist(), walk_prod.tolist()), walk_trans.tolist()):
@@ -239,8 +239,7 @@ def _walks(prods: list[Production], rule_prods: list[list[int]], sym_id: dict[st
     num_rules = len(rule_prods)
     lengths = np.fromiter((len(rhs) for _, rhs in prods), np.int64, len(prods))
     rhs_ids = np.full((len(prods), int(lengths.max()) or 1), -1, np.int64)
-    rhs_ids[np.repeat(np.arange(len(prods)), lengths), np.arange(int(lengths.sum())) - np.repeat(
-        np.cumsum(lengths) - lengths, lengths)] = [sym_id[s] for _, rhs in prods for s in rhs]
+    rhs_ids[np.repeat(np.arange(len(prods)), lengths), _within(lengths)] = [sym_id[s] for _, rhs in prods for s in rhs]
     # a symbol at k >= last is followed by nullable symbols alone: last is where the production's last symbol that
     # is not a nullable rule stands (0 where there is none)
     solid = (rhs_ids >= 0) & ~nullable_ids[rhs_ids]
@@ -250,8 +249,7 @@ def _walks(prods: list[Production], rule_prods: list[list[int]], sym_id: dict[st
     flat_prods = np.fromiter(itertools.chain.from_iterable(rule_prods), np.int64, int(counts.sum()))
     per_trans = counts[trans_rule]
     walk_trans = np.repeat(np.arange(len(trans_rule)), per_trans)
-    within = np.arange(len(walk_trans)) - np.repeat(np.cumsum(per_trans) - per_trans, per_trans)
-    walk_prod = flat_prods[np.repeat(firsts[trans_rule], per_trans) + within]
+    walk_prod = flat_prods[np.repeat(firsts[trans_rule], per_trans) + _within(per_trans)]
     state = trans_start[walk_trans]
     walk_len, walk_last = lengths[walk_prod], last[walk_prod]
     sources, includers = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
@@ -269,6 +267,12 @@ def _walks(prods: list[Production], rule_prods: list[list[int]], sym_id: dict[st
     for x, i in zip(np.concatenate(sources).tolist(), np.concatenate(includers).tolist()):
         includes[x].append(i)
     return includes, state, walk_prod, walk_trans
+
+
+def _within(counts: np.ndarray) -> np.ndarray:
+    """Each entry's place within its group, for groups of `counts` entries laid one after another: for [2, 3],
+    [0, 1, 0, 1, 2]."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _digraph(edges: list[list[int]], base: list[int]) -> list[int]:
