@@ -425,7 +425,7 @@ def row_ids(rows: np.ndarray) -> np.ndarray:
     """Dense ids, equal exactly where the rows are equal: rows hashed to one integer (fast), then
     checked, and sorted whole only on a hash collision."""
     rows = np.ascontiguousarray(rows, np.int64)
-    keys = rows @ _hash_weights(rows.shape[1])  # wraps modulo 2**64
+    keys = rows @ hash_weights(rows.shape[1])  # wraps modulo 2**64
     _, first, ids = np.unique(keys, return_index=True, return_inverse=True)
     ids = ids.ravel()
     if np.array_equal(rows[first[ids]], rows):
@@ -434,5 +434,5 @@ def row_ids(rows: np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def _hash_weights(width: int) -> np.ndarray:
+def hash_weights(width: int) -> np.ndarray:
     return np.random.default_rng(width).integers(1, 2**62, width, dtype=np.int64) * 2 + 1

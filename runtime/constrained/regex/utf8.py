@@ -24,7 +24,7 @@ import numpy as np
 from ...config import MAX_DFA_TRANSITIONS, UTF8_DECODER_CACHE_SIZE
 from . import regex_ast as ra
 from .alphabet import CharDfa
-from .fsa import ConstraintTooLarge, row_ids
+from .fsa import ConstraintTooLarge, hash_weights, row_ids
 
 _CONTINUATION = slice(0x80, 0xC0)  # the only bytes a state mid-character reads
 _WIDTH_FIRST = (0x80, 0x800, 0x10000)  # first code points of 2-, 3- and 4-byte UTF-8
@@ -67,7 +67,7 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rows = tails.stamp(decoder.rows[:, firsts], decoder.left, targets)
         entries[states[:, None], high_cols] = rows[:, high_cols]
     trans = np.concatenate([entries, *tails.rows]) if tails.rows else entries
-    accept = np.concatenate([dfa.accept, np.full(len(tails.ids), -1)]).astype(np.int32)
+    accept = np.concatenate([dfa.accept, np.full(tails.count, -1)]).astype(np.int32)
     return trans, byte_class, accept
 
 
@@ -134,17 +134,29 @@ def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return number, order[starts]
 
 
+# a byte table interns its mid-character rows by dict until it holds this many, then by hash in numpy (_Tails)
+_HASHED_FROM = 2048
+
+
 class _Tails:
     """The mid-character states of the byte DFA, hash-consed: copies of decoder rows that read the same
     continuation bytes into the same states are one state. Interning while stamping (bytes-left order,
     so a row's children are final before it) keeps the state limit on the merged DFA: many character
-    states' decoders share most of their rows."""
+    states' decoders share most of their rows. Rows are looked up in a dict of their bytes while few;
+    past _HASHED_FROM, by a 64-bit hash of each row, in numpy for a whole block at once, each hit checked
+    against the row kept (a long bounded string's chain interns tens of thousands, where the dict's lookup
+    per row was most of its conversion; numpy's fixed cost per block would be most of a small table's)."""
 
     def __init__(self, first_id: int, width: int) -> None:
         self.first_id, self.width = first_id, width
         self.max_states = MAX_DFA_TRANSITIONS // max(width, 1)  # the bound is on the table's size
         self.rows: list[np.ndarray] = []  # the states' rows, in blocks
-        self.ids: dict[bytes, int] = {}
+        self.count = 0  # states interned
+        self._ids: dict[bytes, int] | None = {}  # by a row's bytes, its state (None: hashed from now on)
+        self._weights = hash_weights(width)
+        self._keys = np.zeros(0, np.int64)  # hashed: the interned rows' hashes, sorted
+        self._key_ids = np.zeros(0, np.int64)  # their states, in that order
+        self._kept = np.zeros((0, width), np.int32)  # by state - first_id: its row (room doubled as it fills)
 
     def stamp(self, rows: np.ndarray, left: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """The entry rows [N, K] of N character states whose transitions one decoder (`rows` over the byte
@@ -166,24 +178,73 @@ class _Tails:
         """The state of each row of `block`: an equal row's, or a new one (numbered by first occurrence)."""
         local = row_ids(block)
         firsts = np.sort(np.unique(local, return_index=True)[1])
-        distinct = np.ascontiguousarray(block[firsts])
-        data, size = distinct.tobytes(), distinct.shape[1] * distinct.itemsize
-        state = np.empty(len(firsts), np.int64)
-        fresh = []
-        for j in range(len(firsts)):
-            key = data[j * size:(j + 1) * size]
-            hit = self.ids.get(key)
-            if hit is None:
-                hit = self.ids[key] = self.first_id + len(self.ids)
-                fresh.append(j)
-            state[j] = hit
-        if self.first_id + len(self.ids) > self.max_states:
+        distinct = np.ascontiguousarray(block[firsts], np.int32)
+        if self._ids is not None and self.count + len(firsts) > _HASHED_FROM:
+            self._to_hashed()
+        state = self._by_dict(distinct) if self._ids is not None else self._by_hash(distinct)
+        if self.first_id + self.count > self.max_states:
             raise self.too_large()
-        if fresh:
-            self.rows.append(distinct[fresh])
         by_local = np.empty(len(firsts), np.int64)
         by_local[local[firsts]] = state
         return by_local[local]
+
+    def _by_dict(self, distinct: np.ndarray) -> np.ndarray:
+        assert self._ids is not None
+        data, size = distinct.tobytes(), distinct.shape[1] * distinct.itemsize
+        state = np.empty(len(distinct), np.int64)
+        fresh = []
+        for j in range(len(distinct)):
+            key = data[j * size:(j + 1) * size]
+            hit = self._ids.get(key)
+            if hit is None:
+                hit = self._ids[key] = self.first_id + self.count
+                self.count += 1
+                fresh.append(j)
+            state[j] = hit
+        if fresh:
+            self.rows.append(distinct[fresh])
+        return state
+
+    def _to_hashed(self) -> None:
+        """Moves the interned rows from the dict to the hashed arrays (once a table holds many)."""
+        self._ids = None
+        if self.rows:
+            kept = np.concatenate(self.rows)
+            self._file(kept, self.first_id + np.arange(len(kept)))
+
+    def _by_hash(self, distinct: np.ndarray) -> np.ndarray:
+        keys = distinct.astype(np.int64) @ self._weights  # wraps modulo 2**64, as row_ids' hash
+        state = np.full(len(distinct), -1, np.int64)
+        if len(self._keys):
+            at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+            hit = self._keys[at] == keys
+            state[hit] = self._key_ids[at[hit]]
+            if hit.any():  # a hash is not a row: each hit checked against the row kept
+                wrong = np.flatnonzero(hit)[(self._kept[state[hit] - self.first_id] != distinct[hit]).any(axis=1)]
+                for j in wrong.tolist():  # a collision (about 2**-64 a pair): the kept rows searched whole
+                    same = np.flatnonzero((self._kept[:self.count] == distinct[j]).all(axis=1))
+                    state[j] = self.first_id + same[0] if len(same) else -1
+        fresh = np.flatnonzero(state < 0)
+        if len(fresh):
+            state[fresh] = self.first_id + self.count + np.arange(len(fresh))
+            self.count += len(fresh)
+            self.rows.append(distinct[fresh])
+            self._file(distinct[fresh], state[fresh])
+        return state
+
+    def _file(self, rows: np.ndarray, states: np.ndarray) -> None:
+        """Keeps `rows` (their states `states`: consecutive numbers) for lookups by hash."""
+        start = int(states[0]) - self.first_id
+        end = start + len(rows)
+        if end > len(self._kept):
+            kept = np.empty((max(2 * len(self._kept), end, 256), self.width), np.int32)
+            kept[:start] = self._kept[:start]
+            self._kept = kept
+        self._kept[start:end] = rows
+        keys = rows.astype(np.int64) @ self._weights
+        order = np.argsort(keys, kind="stable")
+        at = np.searchsorted(self._keys, keys[order])  # merged in: the kept keys stay sorted
+        self._keys, self._key_ids = np.insert(self._keys, at, keys[order]), np.insert(self._key_ids, at, states[order])
 
     def too_large(self) -> ConstraintTooLarge:
         return ConstraintTooLarge(f"constraint is too large: its byte DFA exceeds {MAX_DFA_TRANSITIONS} transitions "

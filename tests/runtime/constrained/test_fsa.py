@@ -116,7 +116,7 @@ def test_row_ids_are_equal_exactly_where_rows_are(rows):
 
 
 def test_row_ids_stay_exact_when_every_hash_collides(monkeypatch):
-    monkeypatch.setattr(fsa, "_hash_weights", lambda width: np.zeros(width, np.int64))
+    monkeypatch.setattr(fsa, "hash_weights", lambda width: np.zeros(width, np.int64))
     rows = np.array([[1, 2], [2, 1], [1, 2], [0, 0]])
     assert fsa.row_ids(rows).tolist() == [1, 2, 1, 0]
 

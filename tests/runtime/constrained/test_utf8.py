@@ -13,7 +13,7 @@ import pytest
 from radixlang.runtime.constrained.masks.token_index import walk_rows
 from radixlang.runtime.constrained.regex import regex_ast as ra
 from radixlang.runtime.constrained.regex import utf8
-from radixlang.runtime.constrained.regex.automaton import compile_dfa
+from radixlang.runtime.constrained.regex.automaton import compile_dfa, own_chars
 from radixlang.runtime.constrained.regex.fsa import ConstraintTooLarge, refine
 from radixlang.runtime.constrained.regex.regex_parser import parse_regex
 
@@ -100,6 +100,22 @@ def test_each_character_reaches_the_label_of_its_first_class(every_character):
 def test_the_byte_dfa_is_minimal_even_where_decoders_share_tails(pattern):
     dfa = compile_dfa([parse_regex(pattern)])
     assert len(np.unique(refine(dfa.trans, dfa.accept))) == dfa.num_states
+
+
+@pytest.mark.parametrize("pattern", [r"(é|\w)x|(é|\d)y|中[\w中]", r"[\u0100-\u07ff]é|[\u0800-\uffff]{1,3}|\W\w",
+                                     r"[^\"\\\x00-\x1f]{0,40}"])
+def test_mid_character_states_interned_by_hash_are_those_interned_by_dict(pattern, monkeypatch):
+    """Past a size, mid-character rows are looked up by a hash of each row, checked against the rows kept: from the
+    first row on, and with every hash equal, the byte table is the dict's, state for state."""
+    chars = own_chars([parse_regex(pattern)], False)
+    monkeypatch.setattr(utf8, "_HASHED_FROM", 10**9)
+    want = utf8.char_to_byte_dfa(chars)
+    assert len(want[0]) > len(chars.trans) + 10, "the pattern should have many mid-character states"
+    for hashed_from in (0, 1, 3, 10, 30, 100):  # from the start, or moved from the dict part-way
+        monkeypatch.setattr(utf8, "_HASHED_FROM", hashed_from)
+        assert all(np.array_equal(a, b) for a, b in zip(utf8.char_to_byte_dfa(chars), want)), hashed_from
+    monkeypatch.setattr(utf8, "hash_weights", lambda width: np.zeros(width, np.int64))
+    assert all(np.array_equal(a, b) for a, b in zip(utf8.char_to_byte_dfa(chars), want))
 
 
 @pytest.mark.parametrize("pattern", [r"[a-m]x|[n-z]y|[0-9]+", r"[\w\d\s]{1,16}", r"(é|\w)x|(é|\d)y|中[\w中]",
