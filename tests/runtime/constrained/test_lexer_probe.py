@@ -11,9 +11,11 @@ from radixlang.runtime.constrained.grammar.lexer_probe import LexerProbe
 
 # named keys beside free ones, a non-ASCII key and a Unicode-class pattern (multi-byte characters, UTF-8 cut
 # inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left); a pattern
-# within length bounds and a multipleOf are terminals given as compiled DFAs (probes walk them in place)
+# within length bounds and a multipleOf are terminals given as compiled DFAs, and a long maxLength a repeat that
+# probes embed as its own DFA (probes walk both in place)
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},
+    "note": {"type": "string", "maxLength": 300},
     "code": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "maxLength": 5},
     "m": {"type": "integer", "multipleOf": 7},
     "é": {"type": "string", "pattern": "^[α-ω]{1,4}$"},
@@ -21,7 +23,7 @@ SCHEMA = {"type": "object", "properties": {
     "additionalProperties": {"type": "integer"}}
 TEXTS = ['{"kids":[{"kids":[{"name":"ab","é":"αβ","kids":[{"x":1}]},{"y":-2}]}],"name":"z"}',
          '{"é":"ω","name":"q","kids":[{},{"kids":[{"kids":[{"n":30,"é":"γ","code":"ab1"}]}],"name":""}]}',
-         '{"m":-14,"code":"xyz","kids":[{"m":0,"name":"a"}]}']
+         '{"m":-14,"code":"xyz","kids":[{"m":0,"name":"a","note":"a\\"é\\u00e9"}]}']
 CALC = r"""
 start: stmt+
 stmt: "let" NAME "=" expr ";" | "print" expr ";"
@@ -60,7 +62,7 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
     rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw, closing,
                                      rng.choice(wide, min(3000, len(wide)), replace=False)]))
     offsets = (rng.random(len(rows)) * vocab.lengths[rows]).astype(np.int64)
-    checked = embedded = 0
+    checked = embedded = long_repeats = 0
     for kind, spec, texts in [("json_schema", SCHEMA, TEXTS), ("grammar", CALC, ["let é = (x1+ 2);print  é+set;"])]:
         constraint = compiler.compile(kind, spec)
         assert isinstance(constraint, GrammarConstraint)
@@ -68,6 +70,7 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
         for names, lex in list(constraint._lexers.items()):
             probe = LexerProbe(*constraint._lexer_nodes(names)[::-1], constraint.grammar.readings)
             embedded += len(probe._moves.parts)
+            long_repeats += any(len(part.trans) > 300 for part in probe._moves.parts)  # note's 300 characters
             for p in (0, offsets):
                 ok, nested = probe.suffixes(vocab, rows, p)
                 want_ok, want_nested = _walked(lex, rows, p)
@@ -80,6 +83,7 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
                 checked += len(nested) + bool(len(ok))
     assert checked > 20, "the rows should exercise lexemes ending part-way"
     assert embedded, "some lexer should read a terminal given as a compiled DFA"
+    assert long_repeats, "some probe should embed note's long repeat"
 
 
 class _Built(GrammarConstraint):
