@@ -96,10 +96,15 @@ def _small_alphabet(sets: list[ra.Ranges], bounds: list[int]) -> Alphabet:
     if not groups:
         return Alphabet((), np.zeros(0, np.int64), {})
     keys = sorted(groups)
-    members: dict[ra.Ranges, tuple[int, ...]] = {}
-    for j, ranges in enumerate(sets):
-        bit = 1 << (top - j)
-        members[ranges] = tuple(c for c, (_, sig) in enumerate(keys) if sig & bit)
+    # each class's sets, from its signature's bits (a set per bit): a lexer's sets are mostly single characters in
+    # one class each, where testing every set against every class was most of the call
+    members_of: list[list[int]] = [[] for _ in sets]
+    for c, (_, sig) in enumerate(keys):
+        while sig:
+            low = sig & -sig
+            members_of[top - (low.bit_length() - 1)].append(c)
+            sig ^= low
+    members = {ranges: tuple(found) for ranges, found in zip(sets, members_of)}
     return Alphabet(tuple(tuple(groups[key]) for key in keys), np.array([w for w, _ in keys], np.int64), members)
 
 
