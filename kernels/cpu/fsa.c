@@ -700,6 +700,20 @@ void rl_shift_columns(int64_t n, const int32_t *src, int64_t width, const int64_
     }
 }
 
+/* rl_shift_columns of the rows `which` of `src` alone (`n` of them), each written to its own row of `dst`: a value's
+   stretch (object_dispatch.py's _lay_rows), whose states lie in many short runs, in one call. */
+void rl_shift_rows_at(int64_t n, const int64_t *which, const int32_t *src, int64_t width, const int64_t *columns,
+                      int64_t n_columns, int32_t *dst, int32_t offset) {
+    for (int64_t j = 0; j < n; j++) {
+        const int32_t *row = src + which[j] * width;
+        int32_t *out = dst + which[j] * n_columns;
+        for (int64_t k = 0; k < n_columns; k++) {
+            int32_t t = row[columns[k]];
+            out[k] = t < 0 ? t : t + offset;
+        }
+    }
+}
+
 /* Breadth-first distances from `start` over a DFA's `n` rows of `k` columns (object_dispatch.py's _Layers): each
    state's distance in `dist` (-1: not reached), and the states reached in breadth-first order in `order` (by
    distance, so a distance's states are one slice of it); returns how many were reached. */

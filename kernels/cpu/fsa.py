@@ -40,6 +40,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_shift_rows.restype = None
     lib.rl_shift_columns.argtypes = [N, PTR, N, PTR, N, PTR, ctypes.c_int32]
     lib.rl_shift_columns.restype = None
+    lib.rl_shift_rows_at.argtypes = [N, PTR, PTR, N, PTR, N, PTR, ctypes.c_int32]
+    lib.rl_shift_rows_at.restype = None
     lib.rl_distances.argtypes = [N, N, PTR, ctypes.c_int32, PTR, PTR]
     lib.rl_distances.restype = N
     return lib

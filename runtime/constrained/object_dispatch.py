@@ -116,6 +116,20 @@ def _shifted(rows: np.ndarray, out: np.ndarray, offset: int, columns: np.ndarray
     np.add(out, rows, out=out)
 
 
+def _shifted_at(rows: np.ndarray, which: np.ndarray, out: np.ndarray, offset: int, columns: np.ndarray) -> None:
+    """`_shifted` of `rows[which]` alone (sorted distinct rows), each into its own row of `out`: in one native call
+    (fsa.c's rl_shift_rows_at), else run by run as slices (a bounded string's stretch is a few runs of consecutive
+    states, its levels: a fraction of gathering and scattering its rows one by one, 256 columns each)."""
+    lib = native_fsa.library()
+    if lib is not None and rows.dtype == out.dtype == np.int32 and rows.flags.c_contiguous and out.flags.c_contiguous:
+        which = np.ascontiguousarray(which, np.int64)
+        lib.rl_shift_rows_at(len(which), address(which), address(rows), rows.shape[1], address(columns), len(columns),
+                             address(out), offset)
+        return
+    for first, end in _runs(which):
+        _shifted(rows[first:end], out[first:end], offset, columns)
+
+
 def _runs(states: np.ndarray) -> list[tuple[int, int]]:
     """Sorted distinct `states` as runs of consecutive numbers, [first, end) each, in order."""
     if not len(states):
@@ -272,7 +286,16 @@ class ObjectDispatch(GrowingDfa):
                 clash(e.paths)
                 return None
 
-        values = [[checked([v]) for v in (*o.values, *o.extra_values)] for o in objects]
+        # a value pattern's part once: members share most (a schema's string fields alike: JSONSchemaBench's tables
+        # hold 2,307 values of 770 patterns), and a part is its DFA over all 256 bytes (a bounded string's, megabytes)
+        by_pattern: dict[ra.Node, _Part | None] = {}
+
+        def value_part(pattern: ra.Node) -> _Part | None:
+            if pattern not in by_pattern:
+                by_pattern[pattern] = checked([pattern])
+            return by_pattern[pattern]
+
+        values = [[value_part(v) for v in (*o.values, *o.extra_values)] for o in objects]
         for obj, parts in zip(objects, values):
             for part in filter(None, parts):
                 finals = part.accept >= 0
@@ -285,7 +308,7 @@ class ObjectDispatch(GrowingDfa):
         if clashes or root_part is None:
             raise NotLazy(why, clashes)
         self._values = [list(filter(None, parts)) for parts in values]  # every part built: none dropped
-        self._split: dict[tuple[int, int], _Part] = {}  # (object, member) -> its value split (_split), on first copy
+        self._split: dict[int, _Part] = {}  # a value part's id -> its split (_split), on its first copy (parts are shared)
         # every value copy's offset (sorted: laid in order) and part, and those whose rest is not all laid yet: (part,
         # where its finals lead, the distance from the start up to which its states are laid)
         self._copy_offsets: list[int] = []
@@ -387,10 +410,7 @@ class ObjectDispatch(GrowingDfa):
             _shifted(part.trans, self._trans[offset:offset + count], offset, columns)
             built = np.ones(count, bool)
         else:
-            # a stretch is a few runs of consecutive states (a bounded string's levels): copied run by run as
-            # slices, which costs a fraction of gathering and scattering its rows one by one (256 columns each)
-            for first, end in _runs(which):
-                _shifted(part.trans[first:end], self._trans[offset + first:offset + end], offset, columns)
+            _shifted_at(part.trans, which, self._trans[offset:offset + count], offset, columns)
             built = np.zeros(count, bool)
             built[which] = True
         for s, (k, after) in part.markers.items():
@@ -464,9 +484,7 @@ class ObjectDispatch(GrowingDfa):
         with self._lock:
             try:
                 self._lay_rest(state)
-                for final in waiting:
-                    if final in self._pending:
-                        self._build_one(final)
+                self._build_many(waiting)
             finally:
                 self._publish(self.dfa.start)
 
@@ -547,9 +565,10 @@ class ObjectDispatch(GrowingDfa):
     def _value(self, k: int, member: int, written: int, exit: int) -> int:
         key = (k, member, written, exit)
         if key not in self._value_starts:
-            if (k, member) not in self._split:
-                self._split[k, member] = _split(self._values[k][member])
-            self._value_starts[key] = self._lay(self._split[k, member],
+            part = self._values[k][member]
+            if id(part) not in self._split:
+                self._split[id(part)] = _split(part)
+            self._value_starts[key] = self._lay(self._split[id(part)],
                                                 finals_to=functools.partial(self._hub, k, written, False, exit))
         return self._value_starts[key]
 
@@ -563,14 +582,11 @@ class ObjectDispatch(GrowingDfa):
         with self._lock:
             frontier = np.atleast_1d(np.asarray(states, np.int64))
             try:
-                for state in frontier.tolist():
-                    self._build_one(state)
+                self._build_many(frontier.tolist())
                 for _ in range(BUILD_AHEAD_BYTES):
                     after = np.unique(self._trans[frontier])
                     after = after[after >= 0]
-                    for state in after.tolist():
-                        if state in self._pending:
-                            self._build_one(state)
+                    self._build_many([state for state in after.tolist() if state in self._pending])
                     frontier = after[~self._unbuilt[after]]
             finally:  # the rows built before a build that raised (a piece too large) are final: published too
                 self._publish(self.dfa.start)
@@ -588,6 +604,37 @@ class ObjectDispatch(GrowingDfa):
         if index.dfa.trans is not self._trans:  # moved: the masks kept stay true (built rows never change)
             index = self._index = index.grown(self._table_dfa(self.dfa.start), self._unbuilt)
         return index
+
+    def _build_many(self, states: list[int]) -> None:
+        """`_build_one` of each of `states`; those waiting on one target (a value copy's final states, all leading into
+        the hub after it: a number has a dozen) are built together, their rows merged with the target's at once."""
+        by_target: dict[tuple[int, bool], list[int]] = {}
+        for state in states:
+            if self._unbuilt[state]:
+                self._lay_rest(state)
+            pending = self._pending.get(state)
+            if pending is None:
+                continue
+            by_target.setdefault((id(pending[2]), pending[3]), []).append(state)
+        for group in by_target.values():
+            group = [state for state in group if state in self._pending]  # an earlier group's build may build one
+            if len(group) <= 1:
+                for state in group:
+                    self._build_one(state)
+                continue
+            waits = [self._pending.pop(state) for state in group]
+            try:
+                other = waits[0][2]()
+                self._build_one(other)
+            except BaseException:  # as _build_one: the states wait as before
+                self._pending.update(zip(group, waits))
+                raise
+            rows, theirs = np.stack([every_byte for every_byte, _, _, _ in waits])[:, self._columns], self._trans[other]
+            assert not ((rows >= 0) & (theirs >= 0)).any(), "a lazy object's pieces read apart (checked up front)"
+            at = np.array(group, np.int64)
+            self._trans[at] = np.where(rows >= 0, rows, theirs)
+            self._accept[at] = self._accept[other] if waits[0][3] else [accept for _, accept, _, _ in waits]
+            self._unbuilt[at] = False
 
     def _build_one(self, state: int) -> None:
         if self._unbuilt[state]:

@@ -380,10 +380,11 @@ def test_a_table_whose_buffers_double_gives_the_masks_of_one_that_never_does(voc
 
 
 def test_runs_and_layers_match_their_definitions(monkeypatch):
-    """A stretch is laid run by run (_runs) from the value's breadth-first distances (_Layers, in C and in numpy):
-    both against plain definitions, on random tables (states not reached included)."""
+    """A stretch is laid from the value's breadth-first distances (_Layers), its rows shifted into the table
+    (_shifted_at; without the C library, run by run: _runs), in C and in numpy: each against plain definitions, on
+    random tables (states not reached included)."""
     from radixlang.runtime.constrained import object_dispatch
-    from radixlang.runtime.constrained.object_dispatch import _Layers, _runs
+    from radixlang.runtime.constrained.object_dispatch import _Layers, _runs, _shifted_at
 
     rng = np.random.default_rng(0)
     assert _runs(np.zeros(0, np.int64)) == []
@@ -408,6 +409,15 @@ def test_runs_and_layers_match_their_definitions(monkeypatch):
             assert [layers.within(d, d).tolist() for d in range(len(want) + 2)] == want + [[], []]
             assert layers.within(1, len(want)).tolist() == sorted(q for lv in want[1:] for q in lv)
             assert sorted(np.flatnonzero(layers.dist >= 0).tolist()) == sorted(seen)
+            rows = np.where(rng.random((size, 256)) < 0.5, rng.integers(0, size, (size, 256)), -1).astype(np.int32)
+            which = np.unique(rng.choice(size, int(rng.integers(1, size + 1)), replace=True))
+            columns = np.unique(rng.choice(256, width, replace=False)).astype(np.int64)
+            out = np.full((size, len(columns)), -7, np.int32)
+            _shifted_at(rows, which, out, 1000, columns)
+            want_rows = np.full((size, len(columns)), -7, np.int32)
+            picked = rows[which][:, columns]
+            want_rows[which] = np.where(picked >= 0, picked + 1000, picked)
+            assert np.array_equal(out, want_rows)
             monkeypatch.undo()
 
 
