@@ -339,6 +339,7 @@ class ObjectDispatch(GrowingDfa):
         known = [root_part, *(p for parts in self._values for p in parts), *self._keys_parts.values(),
                  *([self._any_part] if self._any_part is not None else [])]
         self._byte_class = common_classes(*(p.byte_class for p in known if p.byte_class is not None))
+        self._admitted: dict[int, np.ndarray] = {}  # byte classes the columns refine (_admit), by id
         self._columns = _first_bytes(self._byte_class)  # a byte of each column, read from a piece's 256
         self._trans = _reserved(_RESERVED_ROWS, len(self._columns))  # rows past _size are never read
         self._accept = np.empty(_RESERVED_ROWS, np.int32)
@@ -381,9 +382,10 @@ class ObjectDispatch(GrowingDfa):
         table, with letters no piece before it read apart): the laid rows are copied over the finer columns, into
         new buffers that the index moves to, as on a doubling."""
         piece = part.byte_class
-        if piece is None:
+        if piece is None or id(piece) in self._admitted:
             return
         if np.array_equal(piece, piece[self._columns][self._byte_class]):  # each byte reads as its column's first
+            self._admitted[id(piece)] = piece  # for good: columns only grow finer (kept, so its id stays its own)
             return
         byte_class = common_classes(self._byte_class, piece)
         columns = _first_bytes(byte_class)
@@ -413,16 +415,16 @@ class ObjectDispatch(GrowingDfa):
             _shifted_at(part.trans, which, self._trans[offset:offset + count], offset, columns)
             built = np.zeros(count, bool)
             built[which] = True
-        for s, (k, after) in part.markers.items():
-            if built[s]:
-                target = functools.partial(self._any, offset + after) if k == ANY_LEVEL else \
-                    functools.partial(self._hub, k, 0, True, offset + after)
-                self._defer(offset + s, target, False)
-                built[s] = False
+        marked = [(s, k, after) for s, (k, after) in part.markers.items() if built[s]]
+        if marked:
+            self._defer(offset + np.array([s for s, _, _ in marked], np.int64),
+                        [functools.partial(self._any, offset + after) if k == ANY_LEVEL else
+                         functools.partial(self._hub, k, 0, True, offset + after) for _, k, after in marked], False)
+            built[[s for s, _, _ in marked]] = False
         if finals_to is not None:
-            for s in np.flatnonzero((part.accept >= 0) & built).tolist():
-                self._defer(offset + s, finals_to, False)
-                built[s] = False
+            finals = np.flatnonzero((part.accept >= 0) & built)
+            self._defer(offset + finals, finals_to, False)
+            built[finals] = False
         self._unbuilt[offset:offset + count][built] = False
 
     def _copy_of(self, state: int) -> int | None:
@@ -488,13 +490,20 @@ class ObjectDispatch(GrowingDfa):
             finally:
                 self._publish(self.dfa.start)
 
-    def _defer(self, state: int, target: Callable[[], int], take_accept: bool) -> None:
-        """`state` reads its own row and, once built, the row of `target()` (and its accept, if asked). The row is
-        kept over all 256 bytes: building the target may refine the table's columns (_admit)."""
-        self._pending[state] = (self._trans[state][self._byte_class], int(self._accept[state]), target, take_accept)
-        self._trans[state] = -1  # unbuilt rows read nothing: a forced-bytes walk stops there
-        self._accept[state] = -1
-        self._unbuilt[state] = True
+    def _defer(self, states: np.ndarray, targets: Callable[[], int] | list[Callable[[], int]],
+               take_accept: bool) -> None:
+        """Each of `states` reads its own row and, once built, the row of its target's (`targets`: one for all, or one
+        each; and its accept, if asked). The rows are kept over all 256 bytes (building a target may refine the
+        table's columns: _admit), gathered at once (a number's dozen final states, a hub's keys)."""
+        if not len(states):
+            return
+        rows, accepts = self._trans[states][:, self._byte_class], self._accept[states].tolist()
+        each = targets if isinstance(targets, list) else [targets] * len(states)
+        for state, row, accept, target in zip(states.tolist(), rows, accepts, each):
+            self._pending[state] = (row, accept, target, take_accept)
+        self._trans[states] = -1  # unbuilt rows read nothing: a forced-bytes walk stops there
+        self._accept[states] = -1
+        self._unbuilt[states] = True
 
     def _hub(self, k: int, written: int, opening: bool, exit: int) -> int:
         key = (k, written, opening, exit)
@@ -503,18 +512,19 @@ class ObjectDispatch(GrowingDfa):
             start = self._lay(part)
             offset = start - part.start
             declared = len(obj.keys)
-            for s in np.flatnonzero(part.accept >= 0).tolist():
-                label = int(part.accept[s])
+            finals = np.flatnonzero(part.accept >= 0)
+            targets: list[Callable[[], int]] = []
+            for s, label in zip(finals.tolist(), part.accept[finals].tolist()):
                 if label == 0:  # the closing brace: on where the marker led
-                    target = functools.partial(int, exit)
+                    targets.append(functools.partial(int, exit))
                 else:  # a key: into its member's value
                     member = label - 1
                     now = written | 1 << member if member < declared else written
-                    target = functools.partial(self._value, k, member, now, exit)
+                    targets.append(functools.partial(self._value, k, member, now, exit))
                     missing = ~written & ((1 << min(member, declared)) - 1)
                     if missing:
                         self._skips[offset + s] = missing.bit_count()
-                self._defer(offset + s, target, take_accept=True)
+            self._defer(offset + finals, targets, take_accept=True)
             self._hubs[key] = start
         return self._hubs[key]
 
@@ -526,8 +536,7 @@ class ObjectDispatch(GrowingDfa):
             assert part is not None, "a table reads ANY_MARKER only where the schema gave its level"
             start = self._lay(part)
             offset = start - part.start
-            for s in np.flatnonzero(part.accept >= 0).tolist():
-                self._defer(offset + s, functools.partial(int, exit), take_accept=True)
+            self._defer(offset + np.flatnonzero(part.accept >= 0), functools.partial(int, exit), take_accept=True)
             self._any_starts[exit] = start
         return self._any_starts[exit]
 
@@ -539,7 +548,8 @@ class ObjectDispatch(GrowingDfa):
             obj, keys = self.objects[k], self._keys_part(k, opening)
             member = keys.accept - 1  # -1: the closing brace, -2: not final
             declared = (member >= 0) & (member < len(obj.keys))
-            cut = declared & np.array([m >= 0 and written >> m & 1 == 1 for m in member.tolist()], bool)
+            was_written = np.array([written >> m & 1 == 1 for m in range(len(obj.keys))] + [False], bool)
+            cut = declared & was_written[np.where(declared, member, -1)]  # by state: a written key's end
             if written & obj.required != obj.required:
                 cut |= member == -1
             # no markers read: the DFA over its byte classes is the same automaton, narrower
