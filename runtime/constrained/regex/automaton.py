@@ -371,9 +371,11 @@ class _Builder:
             if node.min == 0:
                 nfa.eps[s].append(end)
             return end
-        if self.embedded is not None and node.max is not None and node.max >= EMBEDDED_REPEAT_MIN_COPIES:
-            # a probe's long bounded repeat (a string's maxLength: 4096) is its own DFA, tiled (own_chars), walked
-            # in place: unrolled, its Thompson copies were ~6 us each, 25 ms for Snowplow sp_89's one probe
+        if self.embedded is not None and node.max is not None and node.max >= EMBEDDED_REPEAT_MIN_COPIES \
+                and node in _tiles([node], alphabet_of(char_sets([node]))):
+            # a probe's long bounded repeat of an item that tiles (a string's maxLength: 4096) is its own DFA, tiled
+            # (own_chars), walked in place: unrolled, its Thompson copies were ~6 us each, 25 ms for Snowplow sp_89's
+            # one probe (an item that does not tile would be unrolled through the subset construction: kept here)
             return self._embed(own_chars([node], False), s)
         for _ in range(node.min):
             s = self.build(node.item, s)
