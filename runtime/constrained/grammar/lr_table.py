@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import deadline
+from ..masks.vocab_trie import expand_ranges
 from ..regex.fsa import reach
 from .lalr import END, FORK, LalrTable
 
@@ -239,7 +240,8 @@ def _walks(prods: list[Production], rule_prods: list[list[int]], sym_id: dict[st
     num_rules = len(rule_prods)
     lengths = np.fromiter((len(rhs) for _, rhs in prods), np.int64, len(prods))
     rhs_ids = np.full((len(prods), int(lengths.max()) or 1), -1, np.int64)
-    rhs_ids[np.repeat(np.arange(len(prods)), lengths), _within(lengths)] = [sym_id[s] for _, rhs in prods for s in rhs]
+    rhs_ids[np.repeat(np.arange(len(prods)), lengths), expand_ranges(np.zeros(len(prods), np.int64), lengths)] = [
+        sym_id[s] for _, rhs in prods for s in rhs]
     # a symbol at k >= last is followed by nullable symbols alone: last is where the production's last symbol that
     # is not a nullable rule stands (0 where there is none)
     solid = (rhs_ids >= 0) & ~nullable_ids[rhs_ids]
@@ -249,7 +251,7 @@ def _walks(prods: list[Production], rule_prods: list[list[int]], sym_id: dict[st
     flat_prods = np.fromiter(itertools.chain.from_iterable(rule_prods), np.int64, int(counts.sum()))
     per_trans = counts[trans_rule]
     walk_trans = np.repeat(np.arange(len(trans_rule)), per_trans)
-    walk_prod = flat_prods[np.repeat(firsts[trans_rule], per_trans) + _within(per_trans)]
+    walk_prod = flat_prods[expand_ranges(firsts[trans_rule], per_trans)]
     state = trans_start[walk_trans]
     walk_len, walk_last = lengths[walk_prod], last[walk_prod]
     sources, includers = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
@@ -267,12 +269,6 @@ def _walks(prods: list[Production], rule_prods: list[list[int]], sym_id: dict[st
     for x, i in zip(np.concatenate(sources).tolist(), np.concatenate(includers).tolist()):
         includes[x].append(i)
     return includes, state, walk_prod, walk_trans
-
-
-def _within(counts: np.ndarray) -> np.ndarray:
-    """Each entry's place within its group, for groups of `counts` entries laid one after another: for [2, 3],
-    [0, 1, 0, 1, 2]."""
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _digraph(edges: list[list[int]], base: list[int]) -> list[int]:
