@@ -616,27 +616,25 @@ class ObjectDispatch(GrowingDfa):
         return index
 
     def _build_many(self, states: list[int]) -> None:
-        """`_build_one` of each of `states`; those waiting on one target (a value copy's final states, all leading into
-        the hub after it: a number has a dozen) are built together, their rows merged with the target's at once."""
+        """Builds each of `states` (a waiting row merged with its target's, once the target is built; an unbuilt one
+        laid); those waiting on one target (a value copy's final states, all leading into the hub after it: a number
+        has a dozen) are merged at once."""
         by_target: dict[tuple[int, bool], list[int]] = {}
         for state in states:
             if self._unbuilt[state]:
                 self._lay_rest(state)
             pending = self._pending.get(state)
-            if pending is None:
-                continue
-            by_target.setdefault((id(pending[2]), pending[3]), []).append(state)
+            if pending is not None:
+                by_target.setdefault((id(pending[2]), pending[3]), []).append(state)
         for group in by_target.values():
             group = [state for state in group if state in self._pending]  # an earlier group's build may build one
-            if len(group) <= 1:
-                for state in group:
-                    self._build_one(state)
+            if not group:
                 continue
             waits = [self._pending.pop(state) for state in group]
             try:
                 other = waits[0][2]()
                 self._build_one(other)
-            except BaseException:  # as _build_one: the states wait as before
+            except BaseException:  # a piece too large (ConstraintTooLarge): the states wait as before, not unbuilt
                 self._pending.update(zip(group, waits))
                 raise
             rows, theirs = np.stack([every_byte for every_byte, _, _, _ in waits])[:, self._columns], self._trans[other]
@@ -647,20 +645,4 @@ class ObjectDispatch(GrowingDfa):
             self._unbuilt[at] = False
 
     def _build_one(self, state: int) -> None:
-        if self._unbuilt[state]:
-            self._lay_rest(state)
-        pending = self._pending.pop(state, None)
-        if pending is None:
-            return
-        every_byte, accept, target, take_accept = pending
-        try:
-            other = target()
-            self._build_one(other)
-        except BaseException:  # a piece too large (ConstraintTooLarge): the state waits as before, not unbuilt for good
-            self._pending[state] = pending
-            raise
-        row, theirs = every_byte[self._columns], self._trans[other]
-        assert not ((row >= 0) & (theirs >= 0)).any(), "a lazy object's pieces read apart (checked up front)"
-        self._trans[state] = np.where(row >= 0, row, theirs)
-        self._accept[state] = self._accept[other] if take_accept else accept
-        self._unbuilt[state] = False
+        self._build_many([state])
