@@ -66,7 +66,7 @@ def char_to_byte_dfa(dfa: CharDfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         states, targets = stamps[split]
         rows = tails.stamp(decoder.rows[:, firsts], decoder.left, targets)
         entries[states[:, None], high_cols] = rows[:, high_cols]
-    trans = np.concatenate([entries, *tails.rows]) if tails.rows else entries
+    trans = np.concatenate([entries, tails.rows]) if tails.count else entries
     accept = np.concatenate([dfa.accept, np.full(tails.count, -1)]).astype(np.int32)
     return trans, byte_class, accept
 
@@ -150,13 +150,17 @@ class _Tails:
     def __init__(self, first_id: int, width: int) -> None:
         self.first_id, self.width = first_id, width
         self.max_states = MAX_DFA_TRANSITIONS // max(width, 1)  # the bound is on the table's size
-        self.rows: list[np.ndarray] = []  # the states' rows, in blocks
         self.count = 0  # states interned
+        self._kept = np.zeros((0, width), np.int32)  # by state - first_id: its row (room doubled as it fills)
         self._ids: dict[bytes, int] | None = {}  # by a row's bytes, its state (None: hashed from now on)
         self._weights = hash_weights(width)
         self._keys = np.zeros(0, np.int64)  # hashed: the interned rows' hashes, sorted
         self._key_ids = np.zeros(0, np.int64)  # their states, in that order
-        self._kept = np.zeros((0, width), np.int32)  # by state - first_id: its row (room doubled as it fills)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The interned states' rows, in state order."""
+        return self._kept[:self.count]
 
     def stamp(self, rows: np.ndarray, left: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """The entry rows [N, K] of N character states whose transitions one decoder (`rows` over the byte
@@ -197,23 +201,20 @@ class _Tails:
             key = data[j * size:(j + 1) * size]
             hit = self._ids.get(key)
             if hit is None:
-                hit = self._ids[key] = self.first_id + self.count
-                self.count += 1
+                hit = self._ids[key] = self.first_id + self.count + len(fresh)
                 fresh.append(j)
             state[j] = hit
         if fresh:
-            self.rows.append(distinct[fresh])
+            self._keep(distinct[fresh])
         return state
 
     def _to_hashed(self) -> None:
-        """Moves the interned rows from the dict to the hashed arrays (once a table holds many)."""
+        """Looks the interned rows up by hash from now on (once a table holds many)."""
         self._ids = None
-        if self.rows:
-            kept = np.concatenate(self.rows)
-            self._file(kept, self.first_id + np.arange(len(kept)))
+        self._file(self._hashes(self.rows), self.first_id + np.arange(self.count))
 
     def _by_hash(self, distinct: np.ndarray) -> np.ndarray:
-        keys = distinct.astype(np.int64) @ self._weights  # wraps modulo 2**64, as row_ids' hash
+        keys = self._hashes(distinct)
         state = np.full(len(distinct), -1, np.int64)
         if len(self._keys):
             at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
@@ -222,28 +223,32 @@ class _Tails:
             if hit.any():  # a hash is not a row: each hit checked against the row kept
                 wrong = np.flatnonzero(hit)[(self._kept[state[hit] - self.first_id] != distinct[hit]).any(axis=1)]
                 for j in wrong.tolist():  # a collision (about 2**-64 a pair): the kept rows searched whole
-                    same = np.flatnonzero((self._kept[:self.count] == distinct[j]).all(axis=1))
+                    same = np.flatnonzero((self.rows == distinct[j]).all(axis=1))
                     state[j] = self.first_id + same[0] if len(same) else -1
         fresh = np.flatnonzero(state < 0)
         if len(fresh):
             state[fresh] = self.first_id + self.count + np.arange(len(fresh))
-            self.count += len(fresh)
-            self.rows.append(distinct[fresh])
-            self._file(distinct[fresh], state[fresh])
+            self._keep(distinct[fresh])
+            self._file(keys[fresh], state[fresh])
         return state
 
-    def _file(self, rows: np.ndarray, states: np.ndarray) -> None:
-        """Keeps `rows` (their states `states`: consecutive numbers) for lookups by hash."""
-        start = int(states[0]) - self.first_id
-        end = start + len(rows)
+    def _keep(self, rows: np.ndarray) -> None:
+        """Interns `rows` as the next states."""
+        end = self.count + len(rows)
         if end > len(self._kept):
             kept = np.empty((max(2 * len(self._kept), end, 256), self.width), np.int32)
-            kept[:start] = self._kept[:start]
+            kept[:self.count] = self.rows
             self._kept = kept
-        self._kept[start:end] = rows
-        keys = rows.astype(np.int64) @ self._weights
+        self._kept[self.count:end] = rows
+        self.count = end
+
+    def _hashes(self, rows: np.ndarray) -> np.ndarray:
+        return rows.astype(np.int64) @ self._weights  # wraps modulo 2**64, as row_ids' hash
+
+    def _file(self, keys: np.ndarray, states: np.ndarray) -> None:
+        """Files interned rows (their hashes `keys`, their states `states`) for lookups by hash."""
         order = np.argsort(keys, kind="stable")
-        at = np.searchsorted(self._keys, keys[order])  # merged in: the kept keys stay sorted
+        at = np.searchsorted(self._keys, keys[order])  # merged in: the filed keys stay sorted
         self._keys, self._key_ids = np.insert(self._keys, at, keys[order]), np.insert(self._key_ids, at, states[order])
 
     def too_large(self) -> ConstraintTooLarge:

@@ -118,6 +118,19 @@ def test_mid_character_states_interned_by_hash_are_those_interned_by_dict(patter
     assert all(np.array_equal(a, b) for a, b in zip(utf8.char_to_byte_dfa(chars), want))
 
 
+@pytest.mark.parametrize("colliding", [False, True])
+def test_rows_interned_by_dict_are_found_by_hash_after_the_switch(colliding, monkeypatch):
+    """A table past _HASHED_FROM looks its rows up by hash: rows the dict interned before keep their states."""
+    monkeypatch.setattr(utf8, "_HASHED_FROM", 4)
+    if colliding:
+        monkeypatch.setattr(utf8, "hash_weights", lambda width: np.zeros(width, np.int64))
+    tails = utf8._Tails(100, 3)
+    assert tails._intern(np.array([[1, 2, 3], [4, 5, 6], [1, 2, 3]], np.int32)).tolist() == [100, 101, 100]
+    again = np.array([[7, 8, 9], [4, 5, 6], [9, 9, 9], [1, 2, 3]], np.int32)  # 5 rows in all: hashed from here
+    assert tails._intern(again).tolist() == [102, 101, 103, 100]
+    assert tails._ids is None and tails.rows.tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [9, 9, 9]]
+
+
 @pytest.mark.parametrize("pattern", [r"[a-m]x|[n-z]y|[0-9]+", r"[\w\d\s]{1,16}", r"(é|\w)x|(é|\d)y|中[\w中]",
                                      r"[^\"\\\x00-\x1f]*"])
 def test_byte_classes_are_the_distinct_columns_of_the_byte_table(pattern):
