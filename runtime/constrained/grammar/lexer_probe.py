@@ -22,7 +22,7 @@ import numpy as np
 
 from ..masks.vocab import TokenVocab
 from ..regex import regex_ast as ra
-from ..regex.alphabet import Alphabet, CharDfa, alphabet_of
+from ..regex.alphabet import CharDfa, alphabet_of, owning_classes
 from ..regex.automaton import char_sets, thompson
 from ..regex.fsa import Nfa, reach
 
@@ -77,7 +77,7 @@ class LexerProbe:
         self._size = len(nfa.eps)
         parts, entries, base = [], {}, self._size
         for entry, end, dfa in embedded:
-            of_class = _classes_within(alphabet, dfa)
+            of_class = owning_classes(alphabet, dfa.alphabet).tolist()  # the probe's classes refine the DFA's
             kept = np.array((dfa.trans >= 0).any(axis=1) & (end in coreachable), bool)
             parts.append(_Embedded(base, end, dfa.trans, dfa.accept, of_class, kept))
             entries[entry] = base + dfa.start
@@ -219,20 +219,6 @@ class LexerProbe:
             return q in self._keep
         part = self._moves.part(q)
         return bool(part.kept[q - part.base])
-
-
-def _classes_within(alphabet: Alphabet, dfa: CharDfa) -> list[int]:
-    """By class of `alphabet`: the class of `dfa`'s alphabet holding it (-1: none). The probe's alphabet refines
-    each embedded DFA's (its character sets are among the probe's: a Compiled node's classes, a long repeat's
-    item's sets), so a class's first code point tells."""
-    intervals = sorted((lo, hi, c) for c, ranges in enumerate(dfa.alphabet.classes) for lo, hi in ranges)
-    los = [lo for lo, _, _ in intervals]
-    out = []
-    for ranges in alphabet.classes:
-        first = ranges[0][0]
-        at = bisect.bisect_right(los, first) - 1
-        out.append(intervals[at][2] if at >= 0 and first <= intervals[at][1] else -1)
-    return out
 
 
 def _coreachable(nfa: Nfa, embedded: list[tuple[int, int, CharDfa]]) -> set[int]:

@@ -50,6 +50,20 @@ def alphabet_of(sets: Iterable[ra.Ranges]) -> Alphabet:
     return _small_alphabet(sets, bounds) if len(bounds) <= _SMALL_CUTS else _numpy_alphabet(sets, bounds)
 
 
+def owning_classes(fine: Alphabet, coarse: Alphabet) -> np.ndarray:
+    """By class of `fine`, which refines `coarse` where they meet: the class of `coarse` holding it, or -1 (none):
+    a class's first code point tells."""
+    out = np.full(len(fine.classes), -1, np.int64)
+    if fine.classes and coarse.classes:
+        los, his, owner = (np.array(col, np.int64) for col in zip(*sorted(
+            (lo, hi, c) for c, ranges in enumerate(coarse.classes) for lo, hi in ranges)))
+        firsts = np.array([ranges[0][0] for ranges in fine.classes], np.int64)
+        at = np.maximum(np.searchsorted(los, firsts, side="right") - 1, 0)
+        inside = (los[at] <= firsts) & (firsts <= his[at])
+        out[inside] = owner[at[inside]]
+    return out
+
+
 def _numpy_alphabet(sets: list[ra.Ranges], cuts: list[int]) -> Alphabet:
     """`alphabet_of` vectorised over all sets at once, for large inputs; `cuts`: every range's bounds, sorted."""
     bounds = np.array(cuts)

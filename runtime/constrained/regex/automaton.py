@@ -21,7 +21,7 @@ import numpy as np
 from ...config import MAX_DFA_STATES
 from .. import deadline
 from . import regex_ast as ra
-from .alphabet import Alphabet, CharDfa, alphabet_of
+from .alphabet import Alphabet, CharDfa, alphabet_of, owning_classes
 from .dfa_cache import cached, current
 from .fsa import Nfa, determinize, heights, minimize, row_ids, state_id, too_large, trim
 from .tiling import Tile, expand, item_rows
@@ -208,17 +208,12 @@ def _tiles(patterns: list[ra.Node], alphabet: Alphabet) -> dict[ra.Node, Tile]:
 def _project(dfa: CharDfa, alphabet: Alphabet) -> CharDfa:
     """`dfa` over a finer `alphabet`: each of its classes lies inside one of dfa's classes, or in none
     (then it is dead everywhere). Same states, so still trimmed and minimal."""
-    own = dfa.alphabet.classes
-    if own == alphabet.classes:
+    if dfa.alphabet.classes == alphabet.classes:
         return dfa
     trans = np.full((len(dfa.trans), len(alphabet.classes)), -1, dfa.trans.dtype)
-    if own:
-        los, his, owner = (np.array(col, np.int64) for col in zip(*sorted(
-            (lo, hi, c) for c, ranges in enumerate(own) for lo, hi in ranges)))
-        firsts = np.array([ranges[0][0] for ranges in alphabet.classes], np.int64)
-        at = np.maximum(np.searchsorted(los, firsts, side="right") - 1, 0)
-        inside = (los[at] <= firsts) & (firsts <= his[at])
-        trans[:, inside] = dfa.trans[:, owner[at[inside]]]
+    owner = owning_classes(alphabet, dfa.alphabet)
+    inside = owner >= 0
+    trans[:, inside] = dfa.trans[:, owner[inside]]
     return CharDfa(trans, dfa.accept, alphabet)
 
 
