@@ -685,33 +685,28 @@ void rl_shift_rows(int64_t n, const int32_t *src, int32_t *dst, int32_t offset) 
     for (int64_t i = 0; i < n; i++) dst[i] = src[i] < 0 ? src[i] : src[i] + offset;
 }
 
+/* One row of `src`'s values at `columns` into `out`, every live target moved by `offset`. */
+static void shift_row(const int32_t *row, const int64_t *columns, int64_t n_columns, int32_t *out, int32_t offset) {
+    for (int64_t k = 0; k < n_columns; k++) {
+        int32_t t = row[columns[k]];
+        out[k] = t < 0 ? t : t + offset;
+    }
+}
+
 /* rl_shift_rows over a table's columns (object_dispatch.py's narrower table): `n` rows of `width` values of `src`
    (a part's transitions over all 256 bytes), of each only the values at `columns` (`n_columns` of them: each
    column's first byte), written to `dst` with every live target moved by `offset`. One pass over the rows laid. */
 void rl_shift_columns(int64_t n, const int32_t *src, int64_t width, const int64_t *columns, int64_t n_columns,
                       int32_t *dst, int32_t offset) {
-    for (int64_t i = 0; i < n; i++) {
-        const int32_t *row = src + i * width;
-        int32_t *out = dst + i * n_columns;
-        for (int64_t k = 0; k < n_columns; k++) {
-            int32_t t = row[columns[k]];
-            out[k] = t < 0 ? t : t + offset;
-        }
-    }
+    for (int64_t i = 0; i < n; i++) shift_row(src + i * width, columns, n_columns, dst + i * n_columns, offset);
 }
 
 /* rl_shift_columns of the rows `which` of `src` alone (`n` of them), each written to its own row of `dst`: a value's
    stretch (object_dispatch.py's _lay_rows), whose states lie in many short runs, in one call. */
 void rl_shift_rows_at(int64_t n, const int64_t *which, const int32_t *src, int64_t width, const int64_t *columns,
                       int64_t n_columns, int32_t *dst, int32_t offset) {
-    for (int64_t j = 0; j < n; j++) {
-        const int32_t *row = src + which[j] * width;
-        int32_t *out = dst + which[j] * n_columns;
-        for (int64_t k = 0; k < n_columns; k++) {
-            int32_t t = row[columns[k]];
-            out[k] = t < 0 ? t : t + offset;
-        }
-    }
+    for (int64_t j = 0; j < n; j++)
+        shift_row(src + which[j] * width, columns, n_columns, dst + which[j] * n_columns, offset);
 }
 
 /* Breadth-first distances from `start` over a DFA's `n` rows of `k` columns (object_dispatch.py's _Layers): each
