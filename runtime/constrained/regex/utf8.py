@@ -196,7 +196,7 @@ class _Tails:
         assert self._ids is not None
         data, size = distinct.tobytes(), distinct.shape[1] * distinct.itemsize
         state = np.empty(len(distinct), np.int64)
-        fresh = []
+        fresh: list[int] = []
         for j in range(len(distinct)):
             key = data[j * size:(j + 1) * size]
             hit = self._ids.get(key)
