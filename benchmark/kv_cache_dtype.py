@@ -4,7 +4,8 @@ tokens) against the unquantized KV (`auto`: fp32 on the CPU; the weights are the
 default mode's unless --quantization says otherwise, so the KV is the only difference); and decode tok/s over a
 long context (each sequence's ~2.4k-token prompt cached, then --new-tokens greedy tokens), at batch 1 and batch 4,
 the engines interleaved round by round (the best round counts, so machine load hits them alike), as same-run ratios
-against `auto`.
+against `auto`. On the CPU, also the fixed-order attention op alone (`attention_rows`, the decode's kernel) over
+each format's rows: 4 query rows over 2.4k random keys each, 30 layers' calls, the best of 30 rounds interleaved.
 
     python -m radixlang.benchmark.kv_cache_dtype                       # CPU
     python -m radixlang.benchmark.kv_cache_dtype --quantization none   # fp32 weights
@@ -22,6 +23,9 @@ import torch
 
 from radixlang.benchmark.fidelity import FIXED_TEXT, LONG_TEXT, perplexity
 from radixlang.benchmark.results import save
+from radixlang.kernels import reference
+from radixlang.kernels.cpu import block_kernel
+from radixlang.kernels.kv_quant import quantize, rotate, storage_dtype
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.kv.memory import KVPool
 
@@ -43,6 +47,34 @@ def decode_rate(engine: Engine, prompts: list[str], new_tokens: int) -> float:
     elapsed = time.perf_counter() - t0
     assert all(o.meta.cached_tokens >= o.meta.prompt_tokens - 1 for o in outs), "the long context was cached"
     return sum(o.meta.completion_tokens for o in outs) / elapsed
+
+
+def attention_op_ms(rows: int = 4, context: int = 2400, rounds: int = 30) -> dict[str, float]:
+    """ms of 30 layers' `attention_rows` calls per KV dtype (SmolLM2's heads, `rows` decode rows over `context`
+    random slots each of a 12k-slot cache), the best of `rounds` interleaved; {} where the C++ op is not built."""
+    if not block_kernel.available(wait=True) or (op := reference.rows_op()) is None:
+        return {}
+    layers, kv_heads, head_dim = SMOLLM
+    gen = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(12_000, kv_heads, head_dim, generator=gen), torch.randn(12_000, kv_heads, head_dim, generator=gen)
+    caches = {}
+    for name in KV_DTYPES:
+        if name == "auto":
+            caches[name] = (keys, values, None, None)
+        else:
+            (k, ks), (v, vs) = quantize(rotate(keys), storage_dtype(name, torch.float32)), quantize(values, storage_dtype(name, torch.float32))
+            caches[name] = (k, v, ks, vs)
+    q = torch.randn(rows, 3 * kv_heads, head_dim, generator=gen)
+    slots = torch.cat([torch.randperm(12_000, generator=gen)[:context] for _ in range(rows)])
+    offsets, lengths = torch.arange(rows) * context, torch.full((rows,), context)
+    best = {name: float("inf") for name in caches}
+    for _ in range(rounds):
+        for name, (k, v, ks, vs) in caches.items():
+            t0 = time.perf_counter()
+            for _ in range(layers):
+                op(q, k, v, slots, offsets, lengths, head_dim ** -0.5, ks, vs)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: 1e3 * t for name, t in best.items()}
 
 
 def main() -> None:
@@ -85,6 +117,11 @@ def main() -> None:
             figures[name] |= best[name]
             ratios = " ".join(f"{best[name][w] / best['auto'][w]:.2f}x" for w in workloads)
             print(f"{name:10}" + "".join(f"{best[name][w]:18.1f}" for w in workloads) + f"   vs auto {ratios}")
+        if args.device == "cpu" and (op_ms := attention_op_ms()):
+            print("\nattention_rows, 30 layers, 4 rows over 2.4k keys: " + "  ".join(
+                f"{n} {op_ms[n]:.1f} ms ({op_ms['auto'] / op_ms[n]:.2f}x)" for n in KV_DTYPES))
+            for name in KV_DTYPES:
+                figures[name]["attention op ms"] = op_ms[name]
         for engine in engines.values():
             engine.check_invariants()
     finally:

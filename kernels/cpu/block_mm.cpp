@@ -24,7 +24,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -415,35 +414,48 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-// The caches' rows as fp32 lanes: fp32 as stored, or a quantized KV cache's codes (kernels/kv_quant.py) widened
-// exactly (int8 -> int32 -> fp32; e4m3 through a 256-entry table of its values). A quantized row's scale then
-// multiplies the row's dot product (K) or its softmax weight (V): code * scale summed is the dequantized row's
-// sum up to the fp32 rounding, the same for every row whatever its batch.
+// The caches' rows as fp32 lanes, 8 (load8) or 16 (load16) at a time: fp32 as stored, or a quantized KV cache's
+// codes (kernels/kv_quant.py) widened exactly (int8 -> int32 -> fp32; e4m3 through fp16, below) to kUnit^-1 times
+// their values. A quantized row's scale times kUnit (a power of two: exact) then multiplies the row's dot product
+// (K) or its softmax weight (V): code * scale summed is the dequantized row's sum up to the fp32 rounding, the same
+// for every row whatever its batch.
 struct Fp32Rows {
   using Code = float;
+  static constexpr float kUnit = 1.0f;
   static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static void load16(const float* p, __m256& lo, __m256& hi) { lo = load8(p), hi = load8(p + 8); }
 };
 
 struct Int8Rows {
   using Code = int8_t;
+  static constexpr float kUnit = 1.0f;
   static __m256 load8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  static void load16(const int8_t* p, __m256& lo, __m256& hi) { lo = load8(p), hi = load8(p + 8); }
 };
 
+// float8_e4m3fn (sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities) is fp16's layout with one
+// exponent bit fewer: its bits moved into an fp16's (sign to bit 15, exponent and mantissa to bits 13..7) are the
+// half-precision number 2^-8 times the code's value, subnormals included, and F16C converts it exactly (kUnit 2^8
+// restores the value in the row's factor). 16 codes share each integer step. A 256-entry table read by AVX2's
+// gather gave the same values, but the gather is microcoded on AMD's cores: decodes over a 2.4k-token e4m3 cache
+// ran at 0.36-0.63x the fp32 cache's speed (benchmark/kv_cache_dtype.py). The NaN codes (0x7F, 0xFF) would read
+// as +-480; kv_quant.quantize never writes them (it saturates at 448).
 struct E4m3Rows {
   using Code = uint8_t;
-  static const float* table() {
-    static const std::vector<float> values = [] {
-      std::vector<float> t(256);
-      for (int b = 0; b < 256; ++b) t[b] = static_cast<float>(c10::Float8_e4m3fn(b, c10::Float8_e4m3fn::from_bits()));
-      return t;
-    }();
-    return values.data();
+  static constexpr float kUnit = 256.0f;
+  static __m256i halves(__m256i bits) {  // bits: codes in 16-bit lanes
+    return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(bits, 7), _mm256_set1_epi16(0x3F80)),
+                           _mm256_and_si256(_mm256_slli_epi16(bits, 8), _mm256_set1_epi16(-0x8000)));
   }
   static __m256 load8(const uint8_t* p) {
-    const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_i32gather_ps(table(), index, 4);
+    const __m256i bits = _mm256_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(halves(bits)));
+  }
+  static void load16(const uint8_t* p, __m256& lo, __m256& hi) {
+    const __m256i half = halves(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
   }
 };
 
@@ -452,34 +464,41 @@ template <typename Rows>
 void attend_row(const float* q, const typename Rows::Code* k_cache, const typename Rows::Code* v_cache,
                 const at::Half* k_scale, const at::Half* v_scale, int64_t kv_heads, int64_t kv_head, int64_t d,
                 const int64_t* slots, int64_t len, float scale, float* scores, float* out) {
+  using Code = typename Rows::Code;
   const int64_t vecs = d / 8, slot_stride = kv_heads * d;
   const float* qh = q;
-  auto row = [&](const typename Rows::Code* cache, int64_t j) { return cache + slots[j] * slot_stride + kv_head * d; };
+  auto row = [&](const Code* cache, int64_t j) { return cache + slots[j] * slot_stride + kv_head * d; };
   auto factor = [&](const at::Half* scales, int64_t j) {
-    return scales == nullptr ? 1.0f : static_cast<float>(scales[slots[j] * kv_heads + kv_head]);
+    return scales == nullptr ? 1.0f : static_cast<float>(scales[slots[j] * kv_heads + kv_head]) * Rows::kUnit;
+  };
+  // a + q . k over vectors [t, t + 2) or [t, t + 1) of the head dim, each lane's terms in t order
+  auto dot2 = [&](const Code* k, int64_t t, __m256 a) {
+    __m256 lo, hi;
+    Rows::load16(k + 8 * t, lo, hi);
+    return _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t + 8), hi, _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), lo, a));
+  };
+  auto dot1 = [&](const Code* k, int64_t t, __m256 a) {
+    return _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), Rows::load8(k + 8 * t), a);
   };
   // scores, 4 keys at a time for independent FMA chains (each key's own order is the same)
   int64_t j = 0;
   for (; j + 4 <= len; j += 4) {
-    const typename Rows::Code *k0 = row(k_cache, j), *k1 = row(k_cache, j + 1), *k2 = row(k_cache, j + 2),
-                              *k3 = row(k_cache, j + 3);
+    const Code *k0 = row(k_cache, j), *k1 = row(k_cache, j + 1), *k2 = row(k_cache, j + 2), *k3 = row(k_cache, j + 3);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    for (int64_t t = 0; t < vecs; ++t) {
-      const __m256 qv = _mm256_loadu_ps(qh + 8 * t);
-      a0 = _mm256_fmadd_ps(qv, Rows::load8(k0 + 8 * t), a0);
-      a1 = _mm256_fmadd_ps(qv, Rows::load8(k1 + 8 * t), a1);
-      a2 = _mm256_fmadd_ps(qv, Rows::load8(k2 + 8 * t), a2);
-      a3 = _mm256_fmadd_ps(qv, Rows::load8(k3 + 8 * t), a3);
-    }
+    int64_t t = 0;
+    for (; t + 2 <= vecs; t += 2) a0 = dot2(k0, t, a0), a1 = dot2(k1, t, a1), a2 = dot2(k2, t, a2), a3 = dot2(k3, t, a3);
+    if (t < vecs) a0 = dot1(k0, t, a0), a1 = dot1(k1, t, a1), a2 = dot1(k2, t, a2), a3 = dot1(k3, t, a3);
     scores[j] = hsum8(a0) * factor(k_scale, j) * scale;
     scores[j + 1] = hsum8(a1) * factor(k_scale, j + 1) * scale;
     scores[j + 2] = hsum8(a2) * factor(k_scale, j + 2) * scale;
     scores[j + 3] = hsum8(a3) * factor(k_scale, j + 3) * scale;
   }
   for (; j < len; ++j) {
-    const typename Rows::Code* k0 = row(k_cache, j);
+    const Code* k0 = row(k_cache, j);
     __m256 a0 = _mm256_setzero_ps();
-    for (int64_t t = 0; t < vecs; ++t) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * t), Rows::load8(k0 + 8 * t), a0);
+    int64_t t = 0;
+    for (; t + 2 <= vecs; t += 2) a0 = dot2(k0, t, a0);
+    if (t < vecs) a0 = dot1(k0, t, a0);
     scores[j] = hsum8(a0) * factor(k_scale, j) * scale;
   }
   float top = scores[0];
@@ -508,9 +527,15 @@ void attend_row(const float* q, const typename Rows::Code* k_cache, const typena
   __m256 acc[32];
   for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t jj = 0; jj < len; ++jj) {
-    const typename Rows::Code* v0 = row(v_cache, jj);
+    const Code* v0 = row(v_cache, jj);
     const __m256 p = _mm256_set1_ps(scores[jj] * factor(v_scale, jj));
-    for (int64_t t = 0; t < vecs; ++t) acc[t] = _mm256_fmadd_ps(p, Rows::load8(v0 + 8 * t), acc[t]);
+    int64_t t = 0;
+    for (; t + 2 <= vecs; t += 2) {
+      __m256 lo, hi;
+      Rows::load16(v0 + 8 * t, lo, hi);
+      acc[t] = _mm256_fmadd_ps(p, lo, acc[t]), acc[t + 1] = _mm256_fmadd_ps(p, hi, acc[t + 1]);
+    }
+    if (t < vecs) acc[t] = _mm256_fmadd_ps(p, Rows::load8(v0 + 8 * t), acc[t]);
   }
   const __m256 invv = _mm256_set1_ps(inv);
   for (int64_t t = 0; t < vecs; ++t) _mm256_storeu_ps(out + 8 * t, _mm256_mul_ps(acc[t], invv));

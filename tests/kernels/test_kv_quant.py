@@ -122,3 +122,17 @@ def test_attention_over_quantized_kv_matches_the_definition(name, fmt):
         bound = 0.05 if fmt == torch.int8 else 0.25  # unit-variance K/V: half an int8 step, 2^-4 relative for e4m3
         assert (out - unquantized).abs().max().item() < bound
 
+
+
+@pytest.mark.skipif(not block_kernel.available(wait=True), reason="no block kernel (AVX2 and g++)")
+def test_every_e4m3_code_reads_as_its_value_in_the_cpu_attention():
+    # one key per query row: its softmax weight is exactly 1, so the output is the V row as the kernel widened it
+    # (scale 1), which must be each finite code's value bit for bit (the NaN codes 0x7F / 0xFF are never written)
+    finite = [b for b in range(256) if b & 0x7F != 0x7F] + [0, 0]  # 254 codes and two zeros: four 64-wide rows
+    v_cache = torch.tensor(finite, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(4, 1, 64)
+    slots = torch.arange(len(v_cache))
+    q = torch.randn(len(v_cache), 1, 64)
+    ones = torch.ones(len(v_cache), 1, dtype=torch.float16)
+    out = reference.rows_op()(q, torch.zeros_like(v_cache), v_cache, slots, slots, torch.ones_like(slots), 0.125,
+                              ones, ones)
+    assert torch.equal(out, v_cache.float())  # exact (-0 sums to +0 in the kernel, and equals it)
