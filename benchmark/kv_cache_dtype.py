@@ -55,17 +55,16 @@ def attention_op_ms(rows: int = 4, context: int = 2400, rounds: int = 30) -> dic
     if not block_kernel.available(wait=True) or (op := reference.rows_op()) is None:
         return {}
     layers, kv_heads, head_dim = SMOLLM
+    heads, pool = 3 * kv_heads, 12_000  # SmolLM2's 9 query heads, 3 per KV head
     gen = torch.Generator().manual_seed(0)
-    keys, values = torch.randn(12_000, kv_heads, head_dim, generator=gen), torch.randn(12_000, kv_heads, head_dim, generator=gen)
-    caches = {}
-    for name in KV_DTYPES:
-        if name == "auto":
-            caches[name] = (keys, values, None, None)
-        else:
-            (k, ks), (v, vs) = quantize(rotate(keys), storage_dtype(name, torch.float32)), quantize(values, storage_dtype(name, torch.float32))
-            caches[name] = (k, v, ks, vs)
-    q = torch.randn(rows, 3 * kv_heads, head_dim, generator=gen)
-    slots = torch.cat([torch.randperm(12_000, generator=gen)[:context] for _ in range(rows)])
+    keys, values = (torch.randn(pool, kv_heads, head_dim, generator=gen) for _ in range(2))
+    caches = {"auto": (keys, values, None, None)}
+    for name in KV_DTYPES[1:]:
+        codes = storage_dtype(name, torch.float32)
+        (k, k_scale), (v, v_scale) = quantize(rotate(keys), codes), quantize(values, codes)  # K rotated, as the pool's
+        caches[name] = (k, v, k_scale, v_scale)
+    q = torch.randn(rows, heads, head_dim, generator=gen)
+    slots = torch.cat([torch.randperm(pool, generator=gen)[:context] for _ in range(rows)])
     offsets, lengths = torch.arange(rows) * context, torch.full((rows,), context)
     best = {name: float("inf") for name in caches}
     for _ in range(rounds):

@@ -123,7 +123,6 @@ def test_attention_over_quantized_kv_matches_the_definition(name, fmt):
         assert (out - unquantized).abs().max().item() < bound
 
 
-
 @pytest.mark.skipif(not block_kernel.available(wait=True), reason="no block kernel (AVX2 and g++)")
 def test_every_e4m3_code_reads_as_its_value_in_the_cpu_attention():
     # one key per query row: its softmax weight is exactly 1, so the output is the V row as the kernel widened it
