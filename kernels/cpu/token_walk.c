@@ -414,12 +414,13 @@ static inline int found_at(const Slots *h, int32_t t) { /* t's number among thos
     return h->key[k] == t ? h->at[k] : -1;
 }
 
-int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_states, int64_t no_accept,
-                  int16_t *table, uint64_t *exits, uint64_t *entry) {
+/* The state whose region rl_region builds for q (q itself, or the state one byte in), or -1 where q has none;
+   writes `entry` (5 words) as rl_region says. */
+static int32_t region_root(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t no_accept, uint64_t *entry) {
     memset(entry, 0, 40);
     if (rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known) < min_bytes) {
         /* no loop here: a region one byte in, where most bytes lead (a key's first character, then its body) */
-        if (!a->run_sets || (a->unbuilt && a->unbuilt[q])) return 0;
+        if (!a->run_sets || (a->unbuilt && a->unbuilt[q])) return -1;
         Runs runs = {a->run_sets, a->run_lens, a->run_next, a->run_known, a->unbuilt};
         run_set(q, a->trans, a->width, a->byte_class, &runs);
         const uint64_t *w = a->run_sets + 4 * (int64_t)q;
@@ -427,13 +428,19 @@ int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_s
         if (next < 0 || next == q || (a->unbuilt && a->unbuilt[next]) ||
             __builtin_popcountll(w[0]) + __builtin_popcountll(w[1]) + __builtin_popcountll(w[2]) +
             __builtin_popcountll(w[3]) < min_bytes)
-            return 0;
+            return -1;
         for (int k = 0; k < 4; k++) entry[k] = w[k];
         entry[4] = 1;
         q = next;
-        if (rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known) < min_bytes) return 0;
+        if (rl_start_loops(q, a->trans, a->width, a->byte_class, a->loops, a->known) < min_bytes) return -1;
     }
-    if (no_accept && a->accept[q] >= 0) return 0;
+    return no_accept && a->accept[q] >= 0 ? -1 : q;
+}
+
+int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_states, int64_t no_accept,
+                  int16_t *table, uint64_t *exits, uint64_t *entry) {
+    q = region_root(a, q, min_bytes, no_accept, entry);
+    if (q < 0) return 0;  /* every region found has a member: q */
     if (max_states > REGION_MAX) max_states = REGION_MAX;
     const uint64_t *loop = a->loops + 4 * (int64_t)q;
     int32_t found[REGION_MAX];
@@ -505,6 +512,20 @@ int64_t rl_region(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t max_s
         }
     }
     return m;
+}
+
+/* A state's walk where it has neither a skip set (rl_skip_set) nor, with `regions`, a region (rl_region): most
+   states of a schema (a key's letters, a number's digits, punctuation), walked by one call where the caller's
+   full path makes three. Returns -2, having walked nothing, where q has either (the caller takes that path: the
+   loops and runs found here stay kept); else clears `n_bytes` of `out_bits` and returns rl_walk_args's result. */
+int64_t rl_walk_plain(const WalkArgs *a, int32_t q, int64_t min_bytes, int64_t min_len, int64_t max_len,
+                      int64_t regions, int64_t boundaries, uint8_t *out_bits, int64_t n_bytes, int64_t bounds_cap,
+                      int64_t *scratch, int64_t unbuilt_cap) {
+    uint64_t words[6];
+    if (rl_skip_set(a, q, min_bytes, min_len, max_len, boundaries, words)) return -2;
+    if (regions && region_root(a, q, min_bytes, boundaries, words) >= 0) return -2;
+    memset(out_bits, 0, (size_t)n_bytes);
+    return rl_walk_args(a, q, NULL, NULL, 0, out_bits, bounds_cap, scratch, unbuilt_cap);
 }
 
 /* A canonical signature of what a walk from state q reads (native_trie.py's shared walks): the states reachable

@@ -40,6 +40,8 @@ def library() -> ctypes.CDLL | None:
     lib.rl_walk_args.restype = ctypes.c_int64
     lib.rl_walk_rows.argtypes = [_N, _PTR, _PTR, _N, _PTR, _PTR, _N, _PTR, ctypes.c_int32, _PTR, _PTR, _PTR, _PTR]
     lib.rl_walk_rows.restype = None
+    lib.rl_walk_plain.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _N, _N, _PTR, _N, _N, _PTR, _N]
+    lib.rl_walk_plain.restype = ctypes.c_int64
     lib.rl_region.argtypes = [_PTR, ctypes.c_int32, _N, _N, _N, _PTR, _PTR, _PTR]
     lib.rl_region.restype = ctypes.c_int64
     lib.rl_signature.argtypes = [_PTR, ctypes.c_int32, _N, _N, _PTR, _PTR]

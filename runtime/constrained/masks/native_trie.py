@@ -28,6 +28,7 @@ REGION_MAX_STATES = 48  # a dense state's region (token_walk.c's rl_region): a s
 _REGION_CACHE = 256  # regions' tokens kept per vocabulary (6 KB each): every schema's strings share a few shapes
 _EVERY_BYTE = np.full(4, ~np.uint64(0))
 _NO_ROWS = np.zeros(0, np.int64)
+_NO_ROWS.flags.writeable = False  # shared by every result with none
 _MAPPED_MIN_BYTES = 1 << 20  # zeroed maps arrays from this size on
 # a dense state whose skip set leaves at most this many tokens unsettled walks each of them alone (rl_walk_candidates)
 # instead of the trie: a string's body leaves the ~1,300 tokens with a quote, a backslash, a control or a non-ASCII
@@ -374,6 +375,12 @@ class NativeWalker:
     def walk(self, state: int, boundaries: bool) -> NativeResult:
         t = self.trie
         n_bytes = -(-t.size // 8)
+        work, bits_at = _SCRATCH.get("bits", n_bytes, np.uint8)
+        plain = self._walk_trie(state, boundaries, lambda bounds_cap, scratch_at: t.lib.rl_walk_plain(
+            self._args_at, state, LOOP_MIN_BYTES, RUN_MIN_LENGTH, t.max_len, self.regions, boundaries, bits_at, n_bytes,
+            bounds_cap, scratch_at, _UNBUILT_ROOM), work[:n_bytes])
+        if plain is not None:  # most states: no skip set, no region (one C call; the path below makes three)
+            return plain
         loop, loop_len, dead_tail = self._skip_set(state, boundaries)
         if loop is not None:
             split = t.dense_split(loop, loop_len, dead_tail) if self.dense else None
@@ -392,18 +399,31 @@ class NativeWalker:
             loop_at = loop.ctypes.data  # the copy: contiguous
         else:
             bits.fill(0)
+        walked = self._walk_trie(state, boundaries, lambda bounds_cap, scratch_at: t.lib.rl_walk_args(
+            self._args_at, state, loop_at, entry_at, loop_len, bits_at, bounds_cap, scratch_at, _UNBUILT_ROOM), bits)
+        assert walked is not None
+        return walked
+
+    def _walk_trie(self, state: int, boundaries: bool, call: Callable[[int, int], int],
+                   bits: np.ndarray) -> NativeResult | None:
+        """The result of a trie walk into `bits` by `call(bounds_cap, scratch address)` (rl_walk_args or
+        rl_walk_plain), called again with more room where it found more boundaries than it had room for (the bits
+        come out the same); None where rl_walk_plain declined (-2)."""
         while True:
             cap = self._bounds if boundaries else 0
             # boundaries (3 runs of cap), unbuilt states reached, their count
             scratch, scratch_at = _SCRATCH.get("walk", 3 * cap + _UNBUILT_ROOM + 1, np.int64)
-            found = t.lib.rl_walk_args(self._args_at, state, loop_at, entry_at, loop_len, bits_at,
-                                       cap if boundaries else -1, scratch_at, _UNBUILT_ROOM)
+            found = call(cap if boundaries else -1, scratch_at)
+            if found == -2:
+                return None
             if found < 0:
                 raise RecursionError("the vocabulary trie is deeper than the native walk's stack")
             if found <= cap:
                 break
-            self._bounds = int(found)  # again with room for them (the bits come out the same)
-        rows, counts = t.subtree_rows(scratch[:found]) if found else (_NO_ROWS, _NO_ROWS)
+            self._bounds = int(found)
+        if not found:
+            return self._result(bits, _NO_ROWS, _NO_ROWS, _NO_ROWS, scratch, cap)
+        rows, counts = self.trie.subtree_rows(scratch[:found])
         return self._result(bits, rows, np.repeat(scratch[cap:cap + found], counts),
                             np.repeat(scratch[2 * cap:2 * cap + found], counts), scratch, cap)
 
@@ -431,8 +451,9 @@ class NativeWalker:
                 cap: int) -> NativeResult:
         """The walk's result, copied out of this thread's scratch (`scratch`'s unbuilt states after 3 runs of `cap`)."""
         reached = int(scratch[3 * cap + _UNBUILT_ROOM])
-        hits = scratch[3 * cap: 3 * cap + min(reached, _UNBUILT_ROOM)]
-        return NativeResult(bits.copy(), rows, pos, labels, np.unique(hits) if reached else hits.copy())
+        if not reached:
+            return NativeResult(bits.copy(), rows, pos, labels, _NO_ROWS)
+        return NativeResult(bits.copy(), rows, pos, labels, np.unique(scratch[3 * cap: 3 * cap + min(reached, _UNBUILT_ROOM)]))
 
 
 def zeroed(size: int, dtype: type) -> np.ndarray:

@@ -120,7 +120,7 @@ class TokenIndex:
             bits.flags.writeable = False  # shared (and read-only rows are Matcher.mask_words' own)
             key = xxhash.xxh3_64_intdigest(bits.data)
             same = self._distinct.setdefault(key, bits)
-            hit = self._states[state] = (same if same is bits or np.array_equal(same, bits) else bits, bounds)
+            hit = self._states[state] = (same if same is bits or same.tobytes() == bits.tobytes() else bits, bounds)
         return hit
 
     def _walk(self, state: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
