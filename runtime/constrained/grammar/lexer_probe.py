@@ -12,6 +12,14 @@ of its bytes so far lies in a class the subset reads (the built DFA's UTF-8 deco
 A terminal given as a compiled DFA (`ra.Compiled`: a JSON string's pattern within length bounds, a number's
 multipleOf) is not copied into the NFA (that copy, state by state in Python, was most of a probe's cost): the
 probe walks the DFA in place, its states standing as probe states of their own (`_Embedded`).
+
+A probe is made of one piece per terminal (`ProbePiece`: the terminal's NFA over its own alphabet, walked a subset at a
+time), kept by the grammar across its probes: a lexer a decode meets is most often the keys still allowed after one
+more member, whose terminals the probe before it held. Built whole per lexer, a probe's NFA, alphabet and coreachable
+states were ~0.1-1.5 ms each, a third of the fresh masks of the grammar schemas that take longest (Kubernetes
+kb_684's 16 probes: 12 ms). The patterns' subsets are apart in the lexer's NFA (their start's moves neither read nor
+accept), so a probe's subset is its pieces' subsets side by side, and a character lies in a class of each piece whose
+sets hold it: the answers are the whole NFA's.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from ..regex.automaton import char_sets, thompson
 from ..regex.fsa import Nfa, reach
 
 Subset = frozenset[int]
+Subsets = tuple[tuple[int, Subset], ...]  # a probe's state: (piece, its subset) for each piece alive, in order
 Suffixes = tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray, np.ndarray]]]  # constraint._suffix_walk's
 _VALID = {2: ((0x80, 0x7FF),), 3: ((0x800, 0xD7FF), (0xE000, 0xFFFF)), 4: ((0x10000, ra.MAX_CODE_POINT),)}
 
@@ -65,43 +74,20 @@ class _EmptyMoves:
 
 
 class LexerProbe:
-    """The lexer of `nodes` (named `names`, in preference order) as an NFA walked a byte at a time."""
+    """The lexer of `nodes` (named `names`, in preference order) as an NFA walked a byte at a time: a piece per
+    terminal (`pieces`: the grammar's, kept across its probes by terminal tree), each stepped alone."""
 
-    def __init__(self, nodes: list[ra.Node], names: list[str], readings: bool):
-        alphabet = alphabet_of(char_sets(nodes))
-        embedded: list[tuple[int, int, CharDfa]] = []
-        nfa, start = thompson(nodes, alphabet, nonempty=True, embedded=embedded)
-        self._names, self._readings, self._accepts = names, readings, nfa.accepts
+    def __init__(self, nodes: list[ra.Node], names: list[str], readings: bool,
+                 pieces: dict[ra.Node, ProbePiece] | None = None):
+        pieces = {} if pieces is None else pieces
+        for node in nodes:
+            if node not in pieces:  # stored once built whole (a deadline inside leaves nothing half built)
+                pieces[node] = ProbePiece(node)
+        self._pieces = [pieces[node] for node in nodes]
+        self._names, self._readings = names, readings
         self.walked = 0  # rows walked so far
-        coreachable = _coreachable(nfa, embedded)
-        self._size = len(nfa.eps)
-        parts, entries, base = [], {}, self._size
-        for entry, end, dfa in embedded:
-            of_class = owning_classes(alphabet, dfa.alphabet).tolist()  # the probe's classes refine the DFA's
-            kept = np.array((dfa.trans >= 0).any(axis=1) & (end in coreachable), bool)
-            parts.append(_Embedded(base, end, dfa.trans, dfa.accept, of_class, kept))
-            entries[entry] = base + dfa.start
-            base += len(dfa.trans)
-        self._keep = coreachable & ({q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts))
-        self._moves = _EmptyMoves(nfa.eps, entries, parts)
-        self._edges = nfa.edges
-        self._reading: dict[int, list[tuple[frozenset[int], int]]] = {}  # by state met: its moves, as sets
-        self._closures: dict[int, Subset] = {}
-        self._steps: dict[tuple[Subset, int], Subset] = {}
-        self._live: dict[Subset, list[tuple[int, int]]] = {}  # a subset's multi-byte code points it reads
-        self._ascii = [-1] * 128  # by ASCII byte: its class
-        intervals = []
-        for c, ranges in enumerate(alphabet.classes):
-            for lo, hi in ranges:
-                intervals.append((lo, hi, c))
-                for b in range(lo, min(hi, 127) + 1):
-                    self._ascii[b] = c
-        intervals.sort()
-        self._los = [lo for lo, _, _ in intervals]
-        self._intervals = intervals
-        self._wide = [c for c in range(len(alphabet.classes)) if alphabet.widths[c] > 1]
-        self._classes = alphabet.classes
-        self._start = self._closure(start)
+        self._steps: dict[tuple[Subsets, int], Subsets] = {}
+        self._start: Subsets = tuple((i, piece.start) for i, piece in enumerate(self._pieces) if piece.start)
 
     def suffixes(self, vocab: TokenVocab, rows: np.ndarray, p: int | np.ndarray) -> Suffixes:
         """`rows` (vocabulary rows) walked from the lexer's start from byte p (one for all, or per row): those
@@ -130,8 +116,7 @@ class LexerProbe:
         while i < n:
             b = data[i]
             if b < 0x80:
-                c = self._ascii[b]
-                nxt = self._step(state, c) if c >= 0 else frozenset()
+                nxt = self._step(state, b)
                 if not nxt:
                     return i, self._label(state) if i > first else None
                 state, i = nxt, i + 1
@@ -140,7 +125,7 @@ class LexerProbe:
             code = b & (0x3F >> (width - 1)) if width else 0
             k = 0
             while True:  # bytes of the character read so far: i .. i + k
-                if not width or not self._reads(state, code, width, width - 1 - k):
+                if not width or not any(self._pieces[j].reads(sub, code, width, width - 1 - k) for j, sub in state):
                     return (i + k, None) if k else (i, self._label(state) if i > first else None)
                 k += 1
                 if k == width:
@@ -151,11 +136,90 @@ class LexerProbe:
                 if cont & 0xC0 != 0x80:
                     return i + k, None
                 code = code << 6 | cont & 0x3F
-            state = self._step(state, self._class_of(code))
+            state = self._step(state, code)
             i += width
         return -1, None
 
-    def _reads(self, state: Subset, code: int, width: int, left: int) -> bool:
+    def _step(self, state: Subsets, code: int) -> Subsets:
+        """Each piece's subset after the character `code` (the pieces left alive)."""
+        key = (state, code)
+        hit = self._steps.get(key)
+        if hit is None:
+            out = []
+            for j, sub in state:
+                piece = self._pieces[j]
+                c = piece.class_of(code)
+                nxt = piece.step(sub, c) if c >= 0 else frozenset()
+                if nxt:
+                    out.append((j, nxt))
+            hit = self._steps[key] = tuple(out)
+        return hit
+
+    def _label(self, state: Subsets) -> tuple[str, ...] | None:
+        labels = [j for j, sub in state if self._pieces[j].accepting(sub)]  # in preference order
+        if not labels:
+            return None
+        if self._readings:
+            return tuple(self._names[j] for j in labels)
+        return (self._names[labels[0]],)
+
+
+class ProbePiece:
+    """One terminal's NFA over its own alphabet, walked a subset at a time (a lazy DFA)."""
+
+    def __init__(self, node: ra.Node):
+        alphabet = alphabet_of(char_sets([node]))
+        embedded: list[tuple[int, int, CharDfa]] = []
+        nfa, start = thompson([node], alphabet, nonempty=True, embedded=embedded)
+        self._accepts = nfa.accepts
+        coreachable = _coreachable(nfa, embedded)
+        self._size = len(nfa.eps)
+        parts, entries, base = [], {}, self._size
+        for entry, end, dfa in embedded:
+            of_class = owning_classes(alphabet, dfa.alphabet).tolist()  # the piece's classes refine the DFA's
+            kept = np.array((dfa.trans >= 0).any(axis=1) & (end in coreachable), bool)
+            parts.append(_Embedded(base, end, dfa.trans, dfa.accept, of_class, kept))
+            entries[entry] = base + dfa.start
+            base += len(dfa.trans)
+        self._keep = coreachable & ({q for q, edges in enumerate(nfa.edges) if edges} | set(nfa.accepts))
+        self._moves = _EmptyMoves(nfa.eps, entries, parts)
+        self._edges = nfa.edges
+        self._reading: dict[int, list[tuple[frozenset[int], int]]] = {}  # by state met: its moves, as sets
+        self._closures: dict[int, Subset] = {}
+        self._steps: dict[tuple[Subset, int], Subset] = {}  # by subset and class: kept across the grammar's probes
+        self._live: dict[Subset, list[tuple[int, int]]] = {}  # a subset's multi-byte code points it reads
+        self._ascii = [-1] * 128  # by ASCII byte: its class
+        intervals = []
+        for c, ranges in enumerate(alphabet.classes):
+            for lo, hi in ranges:
+                intervals.append((lo, hi, c))
+                for b in range(lo, min(hi, 127) + 1):
+                    self._ascii[b] = c
+        intervals.sort()
+        self._los = [lo for lo, _, _ in intervals]
+        self._intervals = intervals
+        self._wide = [c for c in range(len(alphabet.classes)) if alphabet.widths[c] > 1]
+        self._classes = alphabet.classes
+        self.start = self._closure(start)
+        self._accepting: dict[Subset, bool] = {}
+
+    def class_of(self, code: int) -> int:
+        """The class holding the character `code`, or -1 where none of the terminal's sets hold it."""
+        if code < 0x80:
+            return self._ascii[code]
+        k = bisect.bisect_right(self._los, code) - 1
+        if k < 0:
+            return -1
+        lo, hi, c = self._intervals[k]
+        return c if lo <= code <= hi else -1
+
+    def accepting(self, state: Subset) -> bool:
+        hit = self._accepting.get(state)
+        if hit is None:
+            hit = self._accepting[state] = any(q in self._accepts for q in state)
+        return hit
+
+    def reads(self, state: Subset, code: int, width: int, left: int) -> bool:
         """Whether some well-formed code point of `width` bytes starting with `code`'s bits (`left` continuation
         bytes still to come) lies in a class `state` reads."""
         lo, hi = code << 6 * left, ((code + 1) << 6 * left) - 1
@@ -168,24 +232,11 @@ class LexerProbe:
     def _live_ranges(self, state: Subset) -> list[tuple[int, int]]:
         hit = self._live.get(state)
         if hit is None:
-            hit = self._live[state] = [r for c in self._wide if self._step(state, c) for r in self._classes[c]]
+            hit = self._live[state] = [r for c in self._wide if self.step(state, c) for r in self._classes[c]]
         return hit
 
-    def _class_of(self, code: int) -> int:
-        k = bisect.bisect_right(self._los, code) - 1
-        lo, hi, c = self._intervals[k]
-        assert lo <= code <= hi, "a character the state reads lies in one of its classes"
-        return c
-
-    def _label(self, state: Subset) -> tuple[str, ...] | None:
-        labels = [self._accepts[q] for q in state if q in self._accepts]
-        if not labels:
-            return None
-        if self._readings:
-            return tuple(self._names[k] for k in sorted(set(labels)))
-        return (self._names[min(labels)],)
-
-    def _step(self, state: Subset, c: int) -> Subset:
+    def step(self, state: Subset, c: int) -> Subset:
+        """`state`'s subset after a character of class `c`."""
         key = (state, c)
         hit = self._steps.get(key)
         if hit is None:

@@ -69,8 +69,9 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
         _walked_states(constraint, texts)
         for names, lex in list(constraint._lexers.items()):
             probe = LexerProbe(*constraint._lexer_nodes(names)[::-1], constraint.grammar.readings)
-            embedded += len(probe._moves.parts)
-            long_repeats += any(len(part.trans) > 300 for part in probe._moves.parts)  # note's 300 characters
+            parts = [part for piece in probe._pieces for part in piece._moves.parts]
+            embedded += len(parts)
+            long_repeats += any(len(part.trans) > 300 for part in parts)  # note's 300 characters
             for p in (0, offsets):
                 ok, nested = probe.suffixes(vocab, rows, p)
                 want_ok, want_nested = _walked(lex, rows, p)
@@ -84,6 +85,33 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
     assert checked > 20, "the rows should exercise lexemes ending part-way"
     assert embedded, "some lexer should read a terminal given as a compiled DFA"
     assert long_repeats, "some probe should embed note's long repeat"
+
+
+def test_a_grammars_probes_share_each_terminals_piece(compiler, vocab):
+    """A probe is a piece per terminal, kept by the grammar across its probes: a probe of the keys left after one
+    more member builds no piece anew, and, its pieces stepped before by the larger probe, walks rows as a probe
+    built on its own does."""
+    constraint = compiler.compile("json_schema", SCHEMA)
+    _walked_states(constraint, TEXTS)
+    names = max(constraint._lexers, key=len)
+    order, nodes = constraint._lexer_nodes(names)
+    assert len(nodes) > 3, sorted(names)
+    rng = np.random.default_rng(1)
+    rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 2000, replace=False),
+                                     np.flatnonzero((vocab.matrix[:, 1:] == ord('"')).any(axis=1))]))
+    pieces: dict = {}
+    larger = LexerProbe(nodes, order, constraint.grammar.readings, pieces)
+    larger.suffixes(vocab, rows, 0)
+    built = len(pieces)
+    smaller = LexerProbe(nodes[1:], order[1:], constraint.grammar.readings, pieces)
+    assert len(pieces) == built and all(a is b for a, b in zip(smaller._pieces, larger._pieces[1:]))
+    alone = LexerProbe(nodes[1:], order[1:], constraint.grammar.readings)
+    for p in (0, 1):
+        (ok, nested), (want_ok, want_nested) = smaller.suffixes(vocab, rows, p), alone.suffixes(vocab, rows, p)
+        assert np.array_equal(ok, want_ok) and len(nested) == len(want_nested)
+        for (got_names, got_rows, got_pos), (want_names, want_rows, want_pos) in zip(nested, want_nested):
+            assert got_names == want_names
+            assert np.array_equal(got_rows, want_rows) and np.array_equal(got_pos, want_pos)
 
 
 class _Built(GrammarConstraint):
