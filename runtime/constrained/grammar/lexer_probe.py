@@ -171,7 +171,7 @@ class ProbePiece:
         alphabet = alphabet_of(char_sets([node]))
         embedded: list[tuple[int, int, CharDfa]] = []
         nfa, start = thompson([node], alphabet, nonempty=True, embedded=embedded)
-        self._accepts = nfa.accepts
+        (self._end,) = nfa.accepts  # the terminal's one accepting state
         coreachable = _coreachable(nfa, embedded)
         self._size = len(nfa.eps)
         parts, entries, base = [], {}, self._size
@@ -201,7 +201,6 @@ class ProbePiece:
         self._wide = [c for c in range(len(alphabet.classes)) if alphabet.widths[c] > 1]
         self._classes = alphabet.classes
         self.start = self._closure(start)
-        self._accepting: dict[Subset, bool] = {}
 
     def class_of(self, code: int) -> int:
         """The class holding the character `code`, or -1 where none of the terminal's sets hold it."""
@@ -214,10 +213,7 @@ class ProbePiece:
         return c if lo <= code <= hi else -1
 
     def accepting(self, state: Subset) -> bool:
-        hit = self._accepting.get(state)
-        if hit is None:
-            hit = self._accepting[state] = any(q in self._accepts for q in state)
-        return hit
+        return self._end in state
 
     def reads(self, state: Subset, code: int, width: int, left: int) -> bool:
         """Whether some well-formed code point of `width` bytes starting with `code`'s bits (`left` continuation
