@@ -27,7 +27,7 @@ from ..regex.automaton import Dfa, collector_paused, compile_dfa, compiled_befor
 from ..regex.dfa_cache import caching, current
 from ..regex.fsa import ConstraintTooLarge
 from .lalr import LalrGrammar, Stack
-from .lexer_probe import LexerProbe, ProbePiece, Suffixes
+from .lexer_probe import LexerProbe, Piece, Suffixes
 
 # Any JSON value, with whitespace allowed between tokens (Lark's JSON example grammar).
 JSON_GRAMMAR = r"""
@@ -75,7 +75,7 @@ class GrammarConstraint:
         self._lexer_at: dict[tuple[Stack, bool], Lexer] = {}  # by (stack, may an ignored lexeme come)
         self._key_at: dict[tuple[Stack, bool], frozenset[str]] = {}  # the terminals its lexer reads, by the same
         self._probes: dict[frozenset[str], LexerProbe] = {}  # lexers suffix walks read before any decode built them
-        self._probe_pieces: dict[ra.Node, ProbePiece] = {}  # the probes' per-terminal pieces, shared by them
+        self._probe_pieces: dict[ra.Node, Piece] = {}  # the probes' per-terminal pieces, shared by them
         self._state_keys: dict[State, Hashable | np.ndarray] = {}  # allowed_bits': a state's mask key, or its bits where no key
         self._masks = MaskCache()  # by mask key; lexers are built on first use: compiling pays only for the first mask's
         self._groups: dict[tuple[Lexer, int], list[tuple[int, int, np.ndarray]]] = {}  # _boundary_groups'

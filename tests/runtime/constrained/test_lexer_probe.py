@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from radixlang.runtime.constrained.grammar.constraint import GrammarConstraint, _walked
-from radixlang.runtime.constrained.grammar.lexer_probe import LexerProbe
+from radixlang.runtime.constrained.grammar.lexer_probe import LexerProbe, LiteralPiece, ProbePiece
 
 # named keys beside free ones, a non-ASCII key and a Unicode-class pattern (multi-byte characters, UTF-8 cut
 # inside a token), recursion (a grammar, so objects are checked members: a lexer per set of keys left); a pattern
@@ -62,15 +62,17 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
     rows = np.unique(np.concatenate([rng.choice(len(vocab.lengths), 3000, replace=False), kw, closing,
                                      rng.choice(wide, min(3000, len(wide)), replace=False)]))
     offsets = (rng.random(len(rows)) * vocab.lengths[rows]).astype(np.int64)
-    checked = embedded = long_repeats = 0
+    checked = embedded = long_repeats = wide_literals = 0
     for kind, spec, texts in [("json_schema", SCHEMA, TEXTS), ("grammar", CALC, ["let é = (x1+ 2);print  é+set;"])]:
         constraint = compiler.compile(kind, spec)
         assert isinstance(constraint, GrammarConstraint)
         _walked_states(constraint, texts)
         for names, lex in list(constraint._lexers.items()):
             probe = LexerProbe(*constraint._lexer_nodes(names)[::-1], constraint.grammar.readings)
-            parts = [part for piece in probe._pieces for part in piece._moves.parts]
+            parts = [part for piece in probe._pieces if isinstance(piece, ProbePiece) for part in piece._moves.parts]
             embedded += len(parts)
+            wide_literals += any(isinstance(piece, LiteralPiece) and max(piece._codes) >= 0x80
+                                 for piece in probe._pieces)  # the key "é" (a keyword: "let", "set")
             long_repeats += any(len(part.trans) > 300 for part in parts)  # note's 300 characters
             for p in (0, offsets):
                 ok, nested = probe.suffixes(vocab, rows, p)
@@ -85,6 +87,7 @@ def test_a_probe_walks_rows_as_the_built_lexer_does(compiler, vocab):
     assert checked > 20, "the rows should exercise lexemes ending part-way"
     assert embedded, "some lexer should read a terminal given as a compiled DFA"
     assert long_repeats, "some probe should embed note's long repeat"
+    assert wide_literals, "some probe should read a fixed string holding a multi-byte character"
 
 
 def test_a_grammars_probes_share_each_terminals_piece(compiler, vocab):
@@ -153,3 +156,24 @@ def test_masks_with_probed_lexers_equal_masks_with_built_ones(compiler, vocab, w
     for tid in vocab.ids.tolist():
         brute[tid] = probed.advance_bytes(deepest, vocab.token_bytes[tid]) is not None
     assert np.array_equal(probed.allowed(deepest), brute)
+
+
+def test_a_fixed_strings_piece_walks_as_its_nfa_does():
+    """A terminal that is one fixed string is a LiteralPiece (no NFA built); a probe of it gives the answers of a
+    probe of the same terminal's NFA piece: over every cut of its UTF-8 bytes, each byte swapped for a byte that
+    starts, continues or breaks a character, and text after it, from every offset (the vocabulary seldom holds a
+    token reaching a key's multi-byte character)."""
+    from radixlang.runtime.constrained.regex import regex_ast as ra
+
+    for text in ['"é"', "a€b", "𝄞x", "set", "ω"]:
+        node = ra.literal(text)
+        fixed = LexerProbe([node], ["T"], False)
+        assert isinstance(fixed._pieces[0], LiteralPiece), text
+        nfa = LexerProbe([node], ["T"], False, {node: ProbePiece(node)})
+        data = text.encode()
+        cases = {data[:k] for k in range(len(data) + 1)} | {data + tail for tail in (b"x", b'"', b"\xc3", b"\xc3\xa9")}
+        cases |= {data[:k] + bytes([v]) + data[k + 1:] for k in range(len(data))
+                  for v in (0x41, 0x22, 0x80, 0xA9, 0xBF, 0xC3, 0xE2, 0xF0, 0xFF)}
+        for case in sorted(cases):
+            for i in range(len(case)):
+                assert fixed._walk(case, i) == nfa._walk(case, i), (text, case, i)
