@@ -17,6 +17,7 @@ from .closing import close_tokens, dfa_close
 from .masks.token_index import TokenIndex
 from .masks.vocab import TokenVocab
 from .regex.automaton import Dfa
+from .warming import byte_edges
 
 _NO_BITS = np.zeros(0, np.uint8)
 _WORDS = np.dtype("<i4")  # a bitmask row's words (a dtype object: a view by name parses it every time)
@@ -153,9 +154,10 @@ class RegexConstraint:
     def _row(self, state: int) -> np.ndarray:
         return self.dfa.row(state)
 
-    def warm_edges(self, state: int) -> list[tuple[int, int]]:
-        """The states one byte on from `state`, none skipping a member (warming.py's)."""
-        return [(t, 0) for t in np.unique(self._row(state)).tolist() if t >= 0]
+    def warm_edges(self, state: int) -> list[tuple[int, int, bool]]:
+        """The states one byte on from `state`, none skipping a member, and whether only rare bytes reach each
+        (warming.py's)."""
+        return [(t, 0, rare) for t, rare in byte_edges(self._row(state))]
 
     def forced_bytes(self, state: int, limit: int = JUMP_FORWARD_MAX_BYTES) -> bytes:
         out = bytearray()

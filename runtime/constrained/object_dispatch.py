@@ -582,10 +582,10 @@ class ObjectDispatch(GrowingDfa):
                                                 finals_to=functools.partial(self._hub, k, written, False, exit))
         return self._value_starts[key]
 
-    def warm_edges(self, state: int) -> list[tuple[int, int]]:
+    def warm_edges(self, state: int) -> list[tuple[int, int, bool]]:
         """The states one byte on from `state`, each with the members its key skips (warming.py's order)."""
         skips = self._skips
-        return [(t, skips.get(t, 0)) for t, _ in super().warm_edges(state)]
+        return [(t, skips.get(t, 0), rare) for t, _, rare in super().warm_edges(state)]
 
     # ---- building on first reach ------------------------------------------------------------------
     def _build(self, states: int | list[int] | np.ndarray) -> None:

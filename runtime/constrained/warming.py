@@ -9,8 +9,9 @@ precomputes its states' masks at compile: a decode then finds most of its masks 
 "Nearest" is in bytes from the start, after the members skipped: in a lazily built object (object_dispatch), a state
 reached by writing a member ahead of declared members still missing comes after every state reached in declared
 order (models write members in the schema's order, and every other order is a table of its own; xgrammar and
-llguidance allow only that one). A constraint offers this through `warm_edges`; one without it (a peer's,
-a wrapper's) is not warmed.
+llguidance allow only that one). Within an order, a state only a rare byte leads to (a non-ASCII character's middle,
+an escape's: RARE_BYTES) comes after every state reached without one. A constraint offers this through `warm_edges`;
+one without it (a peer's, a wrapper's) is not warmed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import itertools
 import time
 from typing import Hashable, Iterable, Protocol
 
+import numpy as np
+
 from . import deadline
 from .regex.fsa import ConstraintTooLarge
 
@@ -28,15 +31,29 @@ from .regex.fsa import ConstraintTooLarge
 # 25 ms of other member orders numbered 65,868 rows in one of JSONSchemaBench's schemas (Snowplow sp_244), past
 # the bound, so the cache would have compiled it afresh at every request
 WARM_GROWTH_SHARE = 0.125
+# the bytes a model's JSON seldom writes (a non-ASCII character's, an escape's): the states only they lead to (a
+# character's middle, an escape's) warm after every state reached without them, however near the start. Warmed
+# by distance alone, a string's first byte's ~10 such states (one per UTF-8 lead byte class, the escapes') came
+# before its object's next member
+RARE_BYTES = np.zeros(256, bool)
+RARE_BYTES[0x80:] = True
+RARE_BYTES[ord("\\")] = True
+
+
+def byte_edges(row: np.ndarray) -> list[tuple[int, bool]]:
+    """The states a byte row (256 targets, -1: dead) leads to, each with whether only rare bytes lead there."""
+    live = row >= 0
+    common = set(np.unique(row[live & ~RARE_BYTES]).tolist())
+    return [(t, t not in common) for t in np.unique(row[live]).tolist()]
 
 
 class Warmable(Protocol):
     def initial(self) -> Hashable: ...
     def allowed_bits(self, state: Hashable) -> object: ...
 
-    def warm_edges(self, state: Hashable) -> Iterable[tuple[Hashable, int]]:
+    def warm_edges(self, state: Hashable) -> Iterable[tuple[Hashable, int, bool]]:
         """The states one byte on from `state` (its mask computed), each with the members it skips (0 but where
-        the step writes a member ahead of declared ones still missing)."""
+        the step writes a member ahead of declared ones still missing) and whether only RARE_BYTES lead there."""
         ...
 
 
@@ -54,7 +71,8 @@ def warm(constraint: object, seconds: float, max_states: int | None = None) -> i
     until = time.perf_counter() + seconds
     start = warmable.initial()
     order = itertools.count()  # ties by arrival
-    queue: list[tuple[int, int, int, Hashable]] = [(0, 0, next(order), start)]  # (skipped, bytes, order, state)
+    # (skipped, rare bytes, bytes, order, state)
+    queue: list[tuple[int, int, int, int, Hashable]] = [(0, 0, 0, next(order), start)]
     seen = {start}
     done = 0
     stops = deadline.limit(seconds) if getattr(constraint, "warm_interruptible", False) else contextlib.nullcontext()
@@ -62,13 +80,13 @@ def warm(constraint: object, seconds: float, max_states: int | None = None) -> i
         with stops:
             while queue and time.perf_counter() < until and (max_states is None or done < max_states) \
                     and getattr(constraint, "grown_share", 0.0) < WARM_GROWTH_SHARE:
-                skipped, depth, _, state = heapq.heappop(queue)
+                skipped, rares, depth, _, state = heapq.heappop(queue)
                 warmable.allowed_bits(state)
                 done += 1
-                for nxt, extra in warmable.warm_edges(state):
+                for nxt, extra, rare in warmable.warm_edges(state):
                     if nxt not in seen:
                         seen.add(nxt)
-                        heapq.heappush(queue, (skipped + extra, depth + 1, next(order), nxt))
+                        heapq.heappush(queue, (skipped + extra, rares + rare, depth + 1, next(order), nxt))
     except (ConstraintTooLarge, deadline.CompileDeadline):
         pass
     return done

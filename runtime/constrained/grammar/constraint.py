@@ -26,6 +26,7 @@ from ..regex import regex_ast as ra
 from ..regex.automaton import Dfa, collector_paused, compile_dfa, compiled_before
 from ..regex.dfa_cache import caching, current
 from ..regex.fsa import ConstraintTooLarge
+from ..warming import byte_edges
 from .lalr import LalrGrammar, Stack
 from .lexer_probe import LexerProbe, Piece, Suffixes
 
@@ -199,15 +200,15 @@ class GrammarConstraint:
         nxt = lex2.dfa.step(lex2.dfa.start, b)
         return None if nxt < 0 else (*after, nxt)
 
-    def warm_edges(self, state: State) -> list[tuple[State, int]]:
+    def warm_edges(self, state: State) -> list[tuple[State, int, bool]]:
         """The states one byte on from `state` (warming.py's): its lexer's, and where its lexeme is complete, the
         next lexer's start (whose mask this one's reads)."""
         stack, run, q = state
         lex = self.lexer(stack, run)
-        out: list[tuple[State, int]] = [((stack, run, t), 0) for t in np.unique(lex.dfa.trans[q]).tolist() if t >= 0]
+        out: list[tuple[State, int, bool]] = [((stack, run, t), 0, rare) for t, rare in byte_edges(lex.dfa.row(q))]
         label = int(lex.dfa.accept[q])
         if label >= 0 and (after := self._after_lexeme(stack, run, lex.terminals[label])) is not None:
-            out.append(((*after, self.lexer(*after).dfa.start), 0))
+            out.append(((*after, self.lexer(*after).dfa.start), 0, False))
         return out
 
     def can_end(self, state: State) -> bool:

@@ -206,3 +206,22 @@ def test_a_negative_budget_is_refused():
 
     with pytest.raises(ValueError, match="constraint_precompute_ms"):
         EngineConfig.from_options(None, constraint_precompute_ms=-1)
+
+
+def test_states_reached_only_through_a_rare_byte_warm_after_every_other(vocab):
+    """A model's JSON is mostly ASCII with few escapes: the states only a non-ASCII byte or a backslash leads to (a
+    character's middle, an escape's) warm after every state reached without one, however near the start. Oracle:
+    the states a breadth-first search reaches over the DFA's other bytes; a budget of that many warms exactly them."""
+    constraint = compiled(vocab, "regex", r'"([a-z]{1,3}|\\[nt]|\\u[0-9a-f]{4}|[é-ü]|中)*",[0-9]{1,12}')
+    rows = constraint.dfa.trans[:, constraint.dfa.byte_class]  # [states, 256]
+    common = np.ones(256, bool)
+    common[0x80:] = common[ord("\\")] = False
+    seen, todo = {constraint.dfa.start}, [constraint.dfa.start]
+    while todo:
+        for t in np.unique(rows[todo.pop()][common]).tolist():
+            if t >= 0 and t not in seen:
+                seen.add(t)
+                todo.append(t)
+    assert len(rows) - len(seen) >= 6  # the escapes' and characters' middles, nearer the start than the digits' end
+    assert warm(constraint, 60.0, max_states=len(seen)) == len(seen)
+    assert set(constraint.index._states) == seen
