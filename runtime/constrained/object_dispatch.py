@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -95,6 +96,30 @@ class _Part:
     layers: _Layers | None = None  # a value's (_split; None: laid whole): its states by distance from the start
     finals: np.ndarray | None = None  # a value's (_split): its final states
     byte_class: np.ndarray | None = None  # [256] its DFA's byte classes, each marker byte apart (None: every byte)
+
+
+_NO_KEY = 1 << 40  # _least_skips' "no key ends here"
+
+
+def _least_skips(trans: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """By state of a hub's DFA (`trans`, any columns): the fewest members skipped by a key or brace it can still
+    end (`own`: a final state's own count, _NO_KEY elsewhere), found backwards from the finals, fewest first."""
+    n = len(trans)
+    sources, columns = np.nonzero(trans >= 0)
+    edges = np.unique(trans[sources, columns].astype(np.int64) * n + sources)  # (target, source), by target
+    before, first = edges % n, np.searchsorted(edges // n, np.arange(n + 1))
+    least = own.copy()
+    queue = [(int(v), q) for q, v in enumerate(own.tolist()) if v != _NO_KEY]
+    heapq.heapify(queue)
+    while queue:
+        v, q = heapq.heappop(queue)
+        if v > least[q]:
+            continue
+        for p in before[first[q]:first[q + 1]].tolist():
+            if v < least[p]:
+                least[p] = v
+                heapq.heappush(queue, (v, p))
+    return least
 
 
 def _shifted(rows: np.ndarray, out: np.ndarray, offset: int, columns: np.ndarray | None = None) -> None:
@@ -321,6 +346,11 @@ class ObjectDispatch(GrowingDfa):
         # a key's final state -> the members its key skips (declared ones still missing before it; an undeclared
         # key, all those still missing): warm_edges' order, the schema's
         self._skips: dict[int, int] = {}
+        # each hub's first row, and its DFA with its finals' skips (a key's states before its end take the fewest of
+        # the keys they can still end: `_least_skips`, found when warming first asks)
+        self._hub_offsets: list[int] = []
+        self._hub_keys: list[tuple[np.ndarray, np.ndarray]] = []
+        self._hub_least: dict[int, np.ndarray] = {}
         # an unbuilt state's own row (over all 256 bytes) and accept, the state whose row it takes in, and whether
         # its accept too
         self._pending: dict[int, tuple[np.ndarray, int, Callable[[], int], bool]] = {}
@@ -514,7 +544,9 @@ class ObjectDispatch(GrowingDfa):
             declared = len(obj.keys)
             finals = np.flatnonzero(part.accept >= 0)
             targets: list[Callable[[], int]] = []
+            own = np.full(len(part.trans), _NO_KEY, np.int64)
             for s, label in zip(finals.tolist(), part.accept[finals].tolist()):
+                own[s] = 0
                 if label == 0:  # the closing brace: on where the marker led
                     targets.append(functools.partial(int, exit))
                 else:  # a key: into its member's value
@@ -523,8 +555,10 @@ class ObjectDispatch(GrowingDfa):
                     targets.append(functools.partial(self._value, k, member, now, exit))
                     missing = ~written & ((1 << min(member, declared)) - 1)
                     if missing:
-                        self._skips[offset + s] = missing.bit_count()
+                        self._skips[offset + s] = own[s] = missing.bit_count()
             self._defer(offset + finals, targets, take_accept=True)
+            self._hub_offsets.append(offset)  # laid in order: sorted
+            self._hub_keys.append((part.trans, own))
             self._hubs[key] = start
         return self._hubs[key]
 
@@ -583,9 +617,23 @@ class ObjectDispatch(GrowingDfa):
         return self._value_starts[key]
 
     def warm_edges(self, state: int) -> list[tuple[int, int, bool]]:
-        """The states one byte on from `state`, each with the members its key skips (warming.py's order)."""
-        skips = self._skips
-        return [(t, skips.get(t, 0), rare) for t, _, rare in super().warm_edges(state)]
+        """The states one byte on from `state`, each with the members its key skips (warming.py's order): at a
+        key's end, its own; before it, the fewest of the keys it can still end (`h` of `"height"` skips `base`, as
+        `"height"` does, where `b` skips none)."""
+        return [(t, self._skipped(t), rare) for t, _, rare in super().warm_edges(state)]
+
+    def _skipped(self, state: int) -> int:
+        hit = self._skips.get(state)
+        if hit is not None:
+            return hit
+        i = bisect.bisect_right(self._hub_offsets, state) - 1
+        if i < 0 or state - self._hub_offsets[i] >= len(self._hub_keys[i][0]):
+            return 0  # not a hub's (a value's)
+        least = self._hub_least.get(i)
+        if least is None:
+            least = self._hub_least[i] = _least_skips(*self._hub_keys[i])
+        skipped = int(least[state - self._hub_offsets[i]])
+        return 0 if skipped == _NO_KEY else skipped
 
     # ---- building on first reach ------------------------------------------------------------------
     def _build(self, states: int | list[int] | np.ndarray) -> None:

@@ -7,11 +7,12 @@ small budget (EngineConfig.constraint_precompute_ms) walking the states nearest 
 precomputes its states' masks at compile: a decode then finds most of its masks ready.
 
 "Nearest" is in bytes from the start, after the members skipped: in a lazily built object (object_dispatch), a state
-reached by writing a member ahead of declared members still missing comes after every state reached in declared
-order (models write members in the schema's order, and every other order is a table of its own; xgrammar and
-llguidance allow only that one). Within an order, a state only a rare byte leads to (a non-ASCII character's middle,
-an escape's: RARE_BYTES) comes after every state reached without one. A constraint offers this through `warm_edges`;
-one without it (a peer's, a wrapper's) is not warmed.
+reached by writing a member ahead of declared members still missing (or a key's first bytes, where every key they
+can still end is such a member's) comes after every state reached in declared order (models write members in the
+schema's order, and every other order is a table of its own; xgrammar and llguidance allow only that one). Within
+an order, a state only a rare byte leads to (a non-ASCII character's middle, an escape's: RARE_BYTES) comes after
+every state reached without one. A constraint offers this through `warm_edges`; one without it (a peer's, a
+wrapper's) is not warmed.
 """
 from __future__ import annotations
 

@@ -225,3 +225,44 @@ def test_states_reached_only_through_a_rare_byte_warm_after_every_other(vocab):
     assert len(rows) - len(seen) >= 6  # the escapes' and characters' middles, nearer the start than the digits' end
     assert warm(constraint, 60.0, max_states=len(seen)) == len(seen)
     assert set(constraint.index._states) == seen
+
+
+def test_a_keys_first_bytes_warm_after_the_declared_order_where_every_key_they_can_end_skips(vocab, tokenizer,
+                                                                                              monkeypatch):
+    """Before a key's end, a state takes the fewest members skipped by the keys it can still end: with a budget just
+    large enough for a decode in declared order to find its masks ready, `{"p3` (which only `p3`, skipping three
+    declared members, ends) is not warmed, while `{"p` (which `p0` ends) is."""
+    declared = '{"p0":1,"p1":2,"p2":3,"p3":4,"p4":5,"p5":6,"p6":7}'
+    budget = 16
+    while True:
+        constraint = compiled(vocab, "json_schema", LAZY)
+        warm(constraint, 60.0, max_states=budget)
+        if walks_along(constraint, tokenizer, declared, monkeypatch) == 0:
+            break
+        budget *= 2
+        assert budget < 100_000, "the declared order never warmed"
+    assert constraint.index.holds(constraint.advance_bytes(constraint.initial(), b'{"p'))
+    for ahead in (b'{"p3', b'{"p6', b'{"p0":1,"p2'):
+        assert not constraint.index.holds(constraint.advance_bytes(constraint.initial(), ahead)), ahead
+
+
+def test_a_hubs_least_skips_are_the_fewest_of_the_finals_each_state_reaches():
+    """_least_skips against brute force: each state's least over the finals it reaches (itself included), on random
+    DFAs with loops and dead moves."""
+    from radixlang.runtime.constrained.object_dispatch import _NO_KEY, _least_skips
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, width = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+        trans = np.where(rng.random((n, width)) < 0.4, rng.integers(0, n, (n, width)), -1).astype(np.int32)
+        own = np.where(rng.random(n) < 0.3, rng.integers(0, 4, n), _NO_KEY)
+        want = []
+        for q in range(n):
+            seen, todo = {q}, [q]
+            while todo:
+                for t in trans[todo.pop()].tolist():
+                    if t >= 0 and t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            want.append(min(int(own[t]) for t in seen))
+        assert _least_skips(trans, own).tolist() == want, (trans, own)
