@@ -343,11 +343,10 @@ class ObjectDispatch(GrowingDfa):
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
         self._value_starts: dict[tuple[int, int, int, int], int] = {}  # (object, member, written, exit) -> start
-        # a key's final state -> the members its key skips (declared ones still missing before it; an undeclared
-        # key, all those still missing): warm_edges' order, the schema's
-        self._skips: dict[int, int] = {}
-        # each hub's first row, and its DFA with its finals' skips (a key's states before its end take the fewest of
-        # the keys they can still end: `_least_skips`, found when warming first asks)
+        # each hub's first row, and its DFA with the members each final state's key skips (declared ones still
+        # missing before it; an undeclared key, all those still missing; the brace, none): warm_edges' order, the
+        # schema's. A key's states before its end take the fewest of the keys they can still end (`_least_skips`,
+        # found when warming first asks)
         self._hub_offsets: list[int] = []
         self._hub_keys: list[tuple[np.ndarray, np.ndarray]] = []
         self._hub_least: dict[int, np.ndarray] = {}
@@ -546,16 +545,14 @@ class ObjectDispatch(GrowingDfa):
             targets: list[Callable[[], int]] = []
             own = np.full(len(part.trans), _NO_KEY, np.int64)
             for s, label in zip(finals.tolist(), part.accept[finals].tolist()):
-                own[s] = 0
                 if label == 0:  # the closing brace: on where the marker led
+                    own[s] = 0
                     targets.append(functools.partial(int, exit))
                 else:  # a key: into its member's value
                     member = label - 1
                     now = written | 1 << member if member < declared else written
                     targets.append(functools.partial(self._value, k, member, now, exit))
-                    missing = ~written & ((1 << min(member, declared)) - 1)
-                    if missing:
-                        self._skips[offset + s] = own[s] = missing.bit_count()
+                    own[s] = (~written & ((1 << min(member, declared)) - 1)).bit_count()
             self._defer(offset + finals, targets, take_accept=True)
             self._hub_offsets.append(offset)  # laid in order: sorted
             self._hub_keys.append((part.trans, own))
@@ -623,16 +620,16 @@ class ObjectDispatch(GrowingDfa):
         return [(t, self._skipped(t), rare) for t, _, rare in super().warm_edges(state)]
 
     def _skipped(self, state: int) -> int:
-        hit = self._skips.get(state)
-        if hit is not None:
-            return hit
         i = bisect.bisect_right(self._hub_offsets, state) - 1
-        if i < 0 or state - self._hub_offsets[i] >= len(self._hub_keys[i][0]):
+        if i < 0 or (q := state - self._hub_offsets[i]) >= len(self._hub_keys[i][0]):
             return 0  # not a hub's (a value's)
+        own = self._hub_keys[i][1]
+        if own[q] != _NO_KEY:  # a key's end: its own
+            return int(own[q])
         least = self._hub_least.get(i)
         if least is None:
             least = self._hub_least[i] = _least_skips(*self._hub_keys[i])
-        skipped = int(least[state - self._hub_offsets[i]])
+        skipped = int(least[q])
         return 0 if skipped == _NO_KEY else skipped
 
     # ---- building on first reach ------------------------------------------------------------------

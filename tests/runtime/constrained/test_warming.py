@@ -53,6 +53,20 @@ def walks_along(constraint, tokenizer, text: str, monkeypatch) -> int:
     return count[0]
 
 
+def warmed_for_declared_order(vocab, tokenizer, monkeypatch) -> tuple[ObjectDispatch, int]:
+    """LAZY warmed with the least power-of-two budget under which a decode writing its members in declared order
+    finds every mask ready, and that budget."""
+    declared = '{"p0":1,"p1":2,"p2":3,"p3":4,"p4":5,"p5":6,"p6":7}'
+    budget = 16
+    while True:
+        constraint = compiled(vocab, "json_schema", LAZY)
+        warm(constraint, 60.0, max_states=budget)
+        if walks_along(constraint, tokenizer, declared, monkeypatch) == 0:
+            return constraint, budget
+        budget *= 2
+        assert budget < 100_000, "the declared order never warmed"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_warmed_constraint_answers_as_one_not_warmed_and_a_decode_finds_its_masks_ready(case, vocab, tokenizer,
                                                                                            monkeypatch):
@@ -172,16 +186,8 @@ def test_a_lazily_built_object_warms_the_declared_order_first(vocab, tokenizer, 
     """Models write members in the schema's order (xgrammar and llguidance allow only that one): with a budget
     just large enough for a decode in declared order to find all its masks ready, one writing the same members
     in reverse still walks."""
-    declared = '{"p0":1,"p1":2,"p2":3,"p3":4,"p4":5,"p5":6,"p6":7}'
     reverse = '{"p6":7,"p5":6,"p4":5,"p3":4,"p2":3,"p1":2,"p0":1}'
-    budget = 16
-    while True:
-        constraint = compiled(vocab, "json_schema", LAZY)
-        warm(constraint, 60.0, max_states=budget)
-        if walks_along(constraint, tokenizer, declared, monkeypatch) == 0:
-            break
-        budget *= 2
-        assert budget < 100_000, "the declared order never warmed"
+    constraint, budget = warmed_for_declared_order(vocab, tokenizer, monkeypatch)
     assert walks_along(constraint, tokenizer, reverse, monkeypatch) > 0, budget
     random_walk(constraint, random.Random(0))  # still a working constraint
 
@@ -232,15 +238,7 @@ def test_a_keys_first_bytes_warm_after_the_declared_order_where_every_key_they_c
     """Before a key's end, a state takes the fewest members skipped by the keys it can still end: with a budget just
     large enough for a decode in declared order to find its masks ready, `{"p3` (which only `p3`, skipping three
     declared members, ends) is not warmed, while `{"p` (which `p0` ends) is."""
-    declared = '{"p0":1,"p1":2,"p2":3,"p3":4,"p4":5,"p5":6,"p6":7}'
-    budget = 16
-    while True:
-        constraint = compiled(vocab, "json_schema", LAZY)
-        warm(constraint, 60.0, max_states=budget)
-        if walks_along(constraint, tokenizer, declared, monkeypatch) == 0:
-            break
-        budget *= 2
-        assert budget < 100_000, "the declared order never warmed"
+    constraint, _ = warmed_for_declared_order(vocab, tokenizer, monkeypatch)
     assert constraint.index.holds(constraint.advance_bytes(constraint.initial(), b'{"p'))
     for ahead in (b'{"p3', b'{"p6', b'{"p0":1,"p2'):
         assert not constraint.index.holds(constraint.advance_bytes(constraint.initial(), ahead)), ahead
