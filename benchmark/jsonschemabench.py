@@ -6,7 +6,7 @@ Per subset (the file-name prefix before `---`) it reports:
 - the share of schemas that compile within the time limit;
 - p50 / p90 / p99 of compile + first mask (the 49,152-token SmolLM2 vocabulary, compact JSON, one thread),
   and the slowest schemas with their times (`--slowest N`); radixlang's compile includes, as the engine's does,
-  the masks it computes at compile within `--precompute-ms` (the engine's constraint_precompute_ms, 25 ms by
+  the masks it computes at compile within `--precompute-ms` (the engine's constraint_precompute_ms, 100 ms by
   default; 0: none), as xgrammar's includes the masks it precomputes;
 - false rejects (valid instances the constraint refuses) and false accepts (invalid instances it
   accepts), over the compiled schemas, with instances written as compact JSON in their own key order;

@@ -57,8 +57,13 @@ CONSTRAINT_CACHE_SIZE = 64  # compiled constraints kept per engine (LRU)
 # table sample (2026-12-06, one run each of its first version, the collector off; fresh mask mean / compile + first
 # mask p50 / p90):
 # none 125 us / 23 / 199 ms, 10 ms 61 us / 32 / 207 ms, 25 ms 44 us / 50 / 244 ms, 50 ms 34 us / 74 / 258 ms: 25 ms
-# is the knee, and keeps the median compile at a fifth of xgrammar's
-CONSTRAINT_PRECOMPUTE_MS = 25.0
+# was the knee then. Since warming orders its states (declared members first, rare bytes last) more budget reaches the
+# states decodes read: 2026-12-07, the 2-core AMD VM, the fresh measure alone, interleaved, 25 / 50 / 100 / 200 ms:
+# 113 / 94 / 76 / 75 ms and 100 / 88 / 62 / 71 ms over 2,046 tokens, so 100 ms is the knee now; on the benchmark
+# (`--no-peers`, 2026-12-07 21:10-22:00, with warming.warm_seconds' cut for slow compiles) fresh mean 47-67 us (eight
+# runs, median 59) at 25 ms against 32-78 us (seven runs, median 40) at 100 ms, compile + first mask p50 57-65 ->
+# 117-132 ms (xgrammar's ~360 ms in a run beside it), p99 0.69-0.92 s (median 0.78) -> 0.67-0.97 s (median 0.87)
+CONSTRAINT_PRECOMPUTE_MS = 100.0
 DFA_CACHE_BYTES = 64 << 20  # automata of repeated sub-languages kept per engine, by transition-table bytes (LRU)
 DFA_CACHE_ENTRIES = 4096  # ... and by count (their keys hold the regex trees)
 MASK_CACHE_SIZE = 512  # token masks kept per compiled constraint (LRU; bitsets of V/8 bytes)
@@ -198,7 +203,9 @@ class EngineConfig:
                                                "limit")
     constraint_precompute_ms: float = option(CONSTRAINT_PRECOMPUTE_MS, "milliseconds a constraint's compile then "
                                              "spends computing the token masks of the states nearest its start, on "
-                                             "the request's thread, so that decode steps find them ready; 0: none")
+                                             "the request's thread, so that decode steps find them ready (a compile "
+                                             "that took long spends less: it stops 0.5 s after the compile began, "
+                                             "but spends at least 25 ms); 0: none")
     kv_cache_dtype: str = option("auto", "KV cache storage: auto (the compute dtype), or int8 / fp8_e4m3 codes with "
                                  "one fp16 scale per token and KV head (about half a 16-bit pool's bytes a token: "
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable
 
@@ -36,7 +37,7 @@ from .structural_tag import parse_structural_tag, structural_tag_grammar
 from .tag_dispatch import dispatch_constraint
 from .think import ThinkParts, ThinkThen
 from .unique_items import UniqueItems, vocab_classes
-from .warming import warm
+from .warming import warm, warm_seconds
 
 JSON_SCHEMA_KINDS = ("json_schema", "json_schema_strict")
 # states of a JSON schema's one DFA (its own semantics) past which it compiles in the strict form instead: on
@@ -101,13 +102,15 @@ class ConstraintCompiler:
         else:
             self._peer_compiler()
         with collector_paused(), caching(self._dfas):
+            began = time.perf_counter()
             with deadline.limit(self.compile_timeout, kind):
                 constraint = self._build(kind, spec, text)
                 start = constraint.initial()
                 if not constraint.can_end(start) and not constraint.allowed(start).any():
                     raise ValueError(f"{kind} matches no text that the vocabulary can spell")
             # its own budget, past the deadline's reach: it never refuses; a uniqueItems scan's masks are its inner's
-            warm(constraint.inner if isinstance(constraint, UniqueItems) else constraint, self.precompute_s)
+            warm(constraint.inner if isinstance(constraint, UniqueItems) else constraint,
+                 warm_seconds(self.precompute_s, time.perf_counter() - began))
         with self._lock:
             self._cache[key] = constraint
             while len(self._cache) > self.cache_size:

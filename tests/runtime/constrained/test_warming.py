@@ -207,6 +207,25 @@ def test_a_compile_warms_unless_told_not_to_and_keeps_identical_masks_once(vocab
     assert warm(cold, 0.0) == 0
 
 
+@pytest.mark.parametrize("budget_ms, compile_s, spent_s", [
+    (100, 0.01, 0.1), (100, 0.45, 0.05), (100, 0.9, 0.025), (10, 0.9, 0.01), (60_000, 0.9, 59.1)])
+def test_a_slow_compile_warms_until_compile_and_warming_reach_the_slow_mark(vocab, monkeypatch, budget_ms,
+                                                                            compile_s, spent_s):
+    """A quick compile spends its whole budget; one that took long warms only until the two together reach
+    warming.WARM_SLOW_COMPILE_S (0.5 s), but at least WARM_FLOOR_S (25 ms) and at most the budget; a budget larger
+    than the mark is the mark. The compile's clock is faked: `compile_s` between its start and its first mask."""
+    import types
+
+    from radixlang.runtime.constrained import compiler as compiler_module
+
+    spent: list[float] = []
+    clock = iter([1000.0, 1000.0 + compile_s])
+    monkeypatch.setattr(compiler_module, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(compiler_module, "warm", lambda constraint, seconds: spent.append(seconds))
+    compiled(vocab, "regex", "a[0-9]", precompute_ms=budget_ms)
+    assert spent == [pytest.approx(spent_s)]
+
+
 def test_a_negative_budget_is_refused():
     from radixlang.runtime.config import EngineConfig
 
