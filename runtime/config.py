@@ -204,8 +204,8 @@ class EngineConfig:
     constraint_precompute_ms: float = option(CONSTRAINT_PRECOMPUTE_MS, "milliseconds a constraint's compile then "
                                              "spends computing the token masks of the states nearest its start, on "
                                              "the request's thread, so that decode steps find them ready (a compile "
-                                             "that took long spends less: it stops 0.5 s after the compile began, "
-                                             "but spends at least 25 ms); 0: none")
+                                             "that took long spends less: warming stops 0.5 s, or this budget if "
+                                             "larger, after the compile began, but takes at least 25 ms); 0: none")
     kv_cache_dtype: str = option("auto", "KV cache storage: auto (the compute dtype), or int8 / fp8_e4m3 codes with "
                                  "one fp16 scale per token and KV head (about half a 16-bit pool's bytes a token: "
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)
