@@ -23,10 +23,10 @@ hold lazy objects of its own.
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import threading
 from dataclasses import dataclass
+from operator import methodcaller
 from typing import Callable, Iterable
 
 import numpy as np
@@ -71,6 +71,14 @@ BUILD_AHEAD_BYTES = 1
 # mask p90 195 / 193 / 205 / 223 ms (a schema of many objects builds keys it never reads), p50 ~22 ms throughout
 EAGER_KEYS_MAX = 64
 ANY_LEVEL = -1  # a marker's object index for ANY_MARKER: a level of any containers (ObjectDispatch._any)
+# where a waiting state's row comes from: called with the dispatch (`target(dispatch)`), never bound to it. The
+# dispatch keeps its targets (_pending, _rests): a bound method there made each dropped constraint a reference
+# cycle, its tables freed only by the cyclic collector, in whichever thread's collection came next
+Target = Callable[["ObjectDispatch"], int]
+
+
+def _to_state(state: int) -> Target:
+    return lambda _: state
 
 
 class NotLazy(ValueError):
@@ -338,7 +346,7 @@ class ObjectDispatch(GrowingDfa):
         # where its finals lead, the distance from the start up to which its states are laid)
         self._copy_offsets: list[int] = []
         self._copies: dict[int, _Part] = {}
-        self._rests: dict[int, tuple[_Part, Callable[[], int], int]] = {}
+        self._rests: dict[int, tuple[_Part, Target, int]] = {}
         self._keys_parts: dict[tuple[int, bool], _Part] = {}  # (object, opening) -> every key's DFA
         self._hub_parts: dict[tuple[int, int, bool], _Part] = {}  # (object, written, opening) -> its DFA
         self._hubs: dict[tuple[int, int, bool, int], int] = {}  # (object, written, opening, exit) -> start
@@ -352,7 +360,7 @@ class ObjectDispatch(GrowingDfa):
         self._hub_least: dict[int, np.ndarray] = {}
         # an unbuilt state's own row (over all 256 bytes) and accept, the state whose row it takes in, and whether
         # its accept too
-        self._pending: dict[int, tuple[np.ndarray, int, Callable[[], int], bool]] = {}
+        self._pending: dict[int, tuple[np.ndarray, int, Target, bool]] = {}
         # the keys DFAs of the objects nearest the root, now: every decode that enters an object reads both (its
         # first key, then the others), and each took a millisecond or more of a first mask
         keys = 0
@@ -383,7 +391,7 @@ class ObjectDispatch(GrowingDfa):
         self._index = TokenIndex(self._table_dfa(start), vocab, unbuilt=self._unbuilt)
 
     # ---- laying out pieces ------------------------------------------------------------------------
-    def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Callable[[], int] | None = None) -> int:
+    def _lay(self, part: _Part, keep_accept: bool = False, finals_to: Target | None = None) -> int:
         """Appends `part`'s rows; its markers lead into their objects' opening hubs and (with `finals_to`)
         its final states into that state's row; returns where its start state went. A value's rows past its
         head are numbered now but laid (`_lay_rows`, a stretch at a time) when a walk first reaches one: unbuilt till
@@ -432,7 +440,7 @@ class ObjectDispatch(GrowingDfa):
         return Dfa(trans, accept, self._byte_class, start=start)
 
     def _lay_rows(self, part: _Part, offset: int, which: np.ndarray | None,
-                  finals_to: Callable[[], int] | None) -> None:
+                  finals_to: Target | None) -> None:
         """Writes `part`'s rows `which` (None: all) at `offset` on, their markers and finals deferred; the others'
         unbuilt marks clear last (a walk reading the marks meanwhile sees each row unbuilt or final)."""
         count = len(part.trans)
@@ -447,8 +455,8 @@ class ObjectDispatch(GrowingDfa):
         marked = [(s, k, after) for s, (k, after) in part.markers.items() if built[s]]
         if marked:
             self._defer(offset + np.array([s for s, _, _ in marked], np.int64),
-                        [functools.partial(self._any, offset + after) if k == ANY_LEVEL else
-                         functools.partial(self._hub, k, 0, True, offset + after) for _, k, after in marked], False)
+                        [methodcaller("_any", offset + after) if k == ANY_LEVEL else
+                         methodcaller("_hub", k, 0, True, offset + after) for _, k, after in marked], False)
             built[[s for s, _, _ in marked]] = False
         if finals_to is not None:
             finals = np.flatnonzero((part.accept >= 0) & built)
@@ -464,7 +472,7 @@ class ObjectDispatch(GrowingDfa):
         offset = self._copy_offsets[at]
         return offset if state < offset + len(self._copies[offset].trans) else None
 
-    def _rest_of(self, state: int) -> tuple[int, _Part, Callable[[], int], int] | None:
+    def _rest_of(self, state: int) -> tuple[int, _Part, Target, int] | None:
         """The value copy holding `state` whose rest a walk from `state` reads into before it is laid: (its offset,
         part, where its finals lead, the distance laid to); None where there is none, or the walk reads laid rows
         only (a state waiting on another row reads its own row, laid already)."""
@@ -519,7 +527,7 @@ class ObjectDispatch(GrowingDfa):
             finally:
                 self._publish(self.dfa.start)
 
-    def _defer(self, states: np.ndarray, targets: Callable[[], int] | list[Callable[[], int]],
+    def _defer(self, states: np.ndarray, targets: Target | list[Target],
                take_accept: bool) -> None:
         """Each of `states` reads its own row and, once built, the row of its target's (`targets`: one for all, or one
         each; and its accept, if asked). The rows are kept over all 256 bytes (building a target may refine the
@@ -542,16 +550,16 @@ class ObjectDispatch(GrowingDfa):
             offset = start - part.start
             declared = len(obj.keys)
             finals = np.flatnonzero(part.accept >= 0)
-            targets: list[Callable[[], int]] = []
+            targets: list[Target] = []
             own = np.full(len(part.trans), _NO_KEY, np.int64)
             for s, label in zip(finals.tolist(), part.accept[finals].tolist()):
                 if label == 0:  # the closing brace: on where the marker led
                     own[s] = 0
-                    targets.append(functools.partial(int, exit))
+                    targets.append(_to_state(exit))
                 else:  # a key: into its member's value
                     member = label - 1
                     now = written | 1 << member if member < declared else written
-                    targets.append(functools.partial(self._value, k, member, now, exit))
+                    targets.append(methodcaller("_value", k, member, now, exit))
                     own[s] = (~written & ((1 << min(member, declared)) - 1)).bit_count()
             self._defer(offset + finals, targets, take_accept=True)
             self._hub_offsets.append(offset)  # laid in order: sorted
@@ -567,7 +575,7 @@ class ObjectDispatch(GrowingDfa):
             assert part is not None, "a table reads ANY_MARKER only where the schema gave its level"
             start = self._lay(part)
             offset = start - part.start
-            self._defer(offset + np.flatnonzero(part.accept >= 0), functools.partial(int, exit), take_accept=True)
+            self._defer(offset + np.flatnonzero(part.accept >= 0), _to_state(exit), take_accept=True)
             self._any_starts[exit] = start
         return self._any_starts[exit]
 
@@ -610,7 +618,7 @@ class ObjectDispatch(GrowingDfa):
             if id(part) not in self._split:
                 self._split[id(part)] = _split(part)
             self._value_starts[key] = self._lay(self._split[id(part)],
-                                                finals_to=functools.partial(self._hub, k, written, False, exit))
+                                                finals_to=methodcaller("_hub", k, written, False, exit))
         return self._value_starts[key]
 
     def warm_edges(self, state: int) -> list[tuple[int, int, bool]]:
@@ -677,7 +685,7 @@ class ObjectDispatch(GrowingDfa):
                 continue
             waits = [self._pending.pop(state) for state in group]
             try:
-                other = waits[0][2]()
+                other = waits[0][2](self)
                 self._build_one(other)
             except BaseException:  # a piece too large (ConstraintTooLarge): the states wait as before, not unbuilt
                 self._pending.update(zip(group, waits))

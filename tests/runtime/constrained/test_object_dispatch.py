@@ -4,13 +4,16 @@ nested large objects) are accepted exactly when valid with unique keys (undeclar
 and random walks of the token masks end in valid objects."""
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import random
+import weakref
 
 import jsonschema
 import numpy as np
 
+from radixlang.runtime.constrained.compiler import ConstraintCompiler
 from radixlang.runtime.constrained.jsonschema.json_objects import ANY_ORDER_MAX_PROPERTIES
 from radixlang.runtime.constrained.object_dispatch import ObjectDispatch
 
@@ -81,6 +84,25 @@ def test_large_objects_take_any_order_exactly_as_jsonschema_says(compiler):
     assert 25 < valid_seen < 125, "the sample should hold valid and invalid objects"
     # required members last, nested objects out of declared order
     assert accepts(constraint, '{"kid":{"q9":1,"q1":2},"kids":[{"q1":0},{"q3":1,"q1":1}],"p5":1,"p0":2,"x":"s"}')
+
+
+def test_a_dropped_table_is_freed_by_its_last_reference_not_left_to_the_cyclic_collector(vocab):
+    """A lazily built table keeps, for each row still waiting, where that row comes from. Kept as methods bound to
+    the table, they made it a reference cycle: a constraint evicted from the compiler's cache lived on, its tables
+    with it, until the cyclic collector ran, in whichever request's thread that was (before: 66 of 145 schemas of
+    JSONSchemaBench left cyclic garbage, up to 3,100 objects each; now none)."""
+    compiler = ConstraintCompiler(lambda: vocab)  # its own cache, which this test empties
+    constraint = compiler.compile("json_schema", OUTER)
+    assert isinstance(constraint, ObjectDispatch)
+    assert accepts(constraint, '{"kid":{"q9":1,"q1":2},"kids":[{"q1":0}],"p5":1,"p0":2,"x":"s"}')
+    assert constraint._pending and constraint._hubs, "hubs built, rows still waiting on their targets"
+    freed = weakref.ref(constraint)
+    gc.disable()
+    try:
+        del constraint, compiler
+        assert freed() is None
+    finally:
+        gc.enable()
 
 
 def test_random_walks_of_the_masks_end_in_valid_objects(compiler, walk):
