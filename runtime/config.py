@@ -64,6 +64,13 @@ CONSTRAINT_CACHE_SIZE = 64  # compiled constraints kept per engine (LRU)
 # runs, median 59) at 25 ms against 32-78 us (seven runs, median 40) at 100 ms, compile + first mask p50 57-65 ->
 # 117-132 ms (xgrammar's ~360 ms in a run beside it), p99 0.69-0.92 s (median 0.78) -> 0.67-0.97 s (median 0.87)
 CONSTRAINT_PRECOMPUTE_MS = 100.0
+# a compile already slow warms less: at most until its compile (to the first mask) and warming together reach this,
+# but never under WARM_FLOOR_S (constrained/warming.py's warm_seconds). The slow tail (the p99 goal's) is the schemas
+# whose compile alone takes 0.4-1 s; the full budget on top of them took JSONSchemaBench's p99 from 0.69 / 0.77 s
+# (25 ms) to 0.96 / 0.85 s (100 ms); with this cut, 0.67-0.97 s in seven runs (median 0.87 s, against 0.78 s in eight
+# at 25 ms): the third-slowest compiles take over 0.5 s, so they warm 25 ms as before, and move by a third between runs
+WARM_SLOW_COMPILE_S = 0.5
+WARM_FLOOR_S = 0.025
 DFA_CACHE_BYTES = 64 << 20  # automata of repeated sub-languages kept per engine, by transition-table bytes (LRU)
 DFA_CACHE_ENTRIES = 4096  # ... and by count (their keys hold the regex trees)
 MASK_CACHE_SIZE = 512  # token masks kept per compiled constraint (LRU; bitsets of V/8 bytes)
@@ -204,8 +211,9 @@ class EngineConfig:
     constraint_precompute_ms: float = option(CONSTRAINT_PRECOMPUTE_MS, "milliseconds a constraint's compile then "
                                              "spends computing the token masks of the states nearest its start, on "
                                              "the request's thread, so that decode steps find them ready (a compile "
-                                             "that took long spends less: warming stops 0.5 s, or this budget if "
-                                             "larger, after the compile began, but takes at least 25 ms); 0: none")
+                                             f"that took long spends less: warming stops {WARM_SLOW_COMPILE_S:g} s, or "
+                                             "this budget if larger, after the compile began, but takes at least "
+                                             f"{WARM_FLOOR_S * 1e3:g} ms); 0: none")
     kv_cache_dtype: str = option("auto", "KV cache storage: auto (the compute dtype), or int8 / fp8_e4m3 codes with "
                                  "one fp16 scale per token and KV head (about half a 16-bit pool's bytes a token: "
                                  "the pool holds ~2x the tokens; MLA models: auto only)", KV_CACHE_DTYPES)

@@ -24,6 +24,7 @@ from typing import Hashable, Iterable, Protocol
 
 import numpy as np
 
+from ..config import WARM_FLOOR_S, WARM_SLOW_COMPILE_S
 from . import deadline
 from .regex.fsa import ConstraintTooLarge
 
@@ -39,13 +40,6 @@ WARM_GROWTH_SHARE = 0.125
 RARE_BYTES = np.zeros(256, bool)
 RARE_BYTES[0x80:] = True
 RARE_BYTES[ord("\\")] = True
-# a compile already slow warms less: at most until its compile (to the first mask) and warming together reach this,
-# but never under WARM_FLOOR_S. The slow tail (the p99 goal's) is the schemas whose compile alone takes 0.4-1 s; the
-# full budget on top of them took JSONSchemaBench's p99 from 0.69 / 0.77 s (25 ms) to 0.96 / 0.85 s (100 ms); with
-# this cut, 0.67-0.97 s in seven runs (median 0.87 s, against 0.78 s in eight at 25 ms): the third-slowest compiles
-# take over 0.5 s, so they warm 25 ms as before, and move by a third between runs
-WARM_SLOW_COMPILE_S = 0.5
-WARM_FLOOR_S = 0.025
 
 
 def byte_edges(row: np.ndarray) -> list[tuple[int, bool]]:
