@@ -212,7 +212,7 @@ def test_a_compile_warms_unless_told_not_to_and_keeps_identical_masks_once(vocab
 def test_a_slow_compile_warms_until_compile_and_warming_reach_the_slow_mark(vocab, monkeypatch, budget_ms,
                                                                             compile_s, spent_s):
     """A quick compile spends its whole budget; one that took long warms only until the two together reach
-    warming.WARM_SLOW_COMPILE_S (0.5 s), but at least WARM_FLOOR_S (25 ms) and at most the budget; a budget larger
+    config.WARM_SLOW_COMPILE_S (0.5 s), but at least WARM_FLOOR_S (25 ms) and at most the budget; a budget larger
     than the mark stands in for it. The compile's clock is faked: `compile_s` between its start and its first mask."""
     import types
 
